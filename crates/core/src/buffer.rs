@@ -1,0 +1,278 @@
+//! Cheap-to-clone, sliceable bytes: owned and 64-byte aligned, or a window of a memory-mapped file.
+
+use std::fmt;
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+
+use crate::error::{Error, Result};
+
+/// 64 bytes with 64-byte alignment: the unit of owned buffers, so every owned buffer starts aligned for any
+/// element type (and for SIMD).
+#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// The memory behind a [`Buffer`].
+enum Backing {
+    /// Owned, 64-byte aligned; `len` bytes of `blocks` are in use.
+    Owned { blocks: Vec<Block>, len: usize },
+    /// A read-only memory map of a file.
+    Mapped(memmap2::Mmap),
+    /// Any other owner of bytes (for example `Vec<u8>` handed over without copying, at its own alignment).
+    Shared(Box<dyn AsRef<[u8]> + Send + Sync>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Owned { blocks, len } => blocks.as_bytes().get(..*len).unwrap_or_default(),
+            Backing::Mapped(m) => m,
+            Backing::Shared(s) => (**s).as_ref(),
+        }
+    }
+}
+
+/// Reference-counted bytes with a window: cloning and slicing never copy.
+///
+/// A `Buffer` is either owned (allocated 64-byte aligned) or a window of a memory-mapped file. Tensors that
+/// share a storage share one `Buffer`; [`Buffer::same_storage`] tells whether two buffers are the same window
+/// of the same memory.
+///
+/// ```
+/// use ckpt_core::Buffer;
+/// let b = Buffer::from_vec(vec![1u8, 2, 3, 4]);
+/// let s = b.slice(1..3).unwrap();
+/// assert_eq!(s.as_bytes(), &[2, 3]);
+/// assert!(b.slice(2..9).is_err());
+/// ```
+#[derive(Clone)]
+pub struct Buffer {
+    backing: Arc<Backing>,
+    start: usize,
+    len: usize,
+}
+
+impl Buffer {
+    /// A zero-filled owned buffer of `len` bytes, 64-byte aligned.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] if the allocation fails.
+    pub fn zeroed(len: usize) -> Result<Self> {
+        let blocks = len.div_ceil(64);
+        let mut v: Vec<Block> = Vec::new();
+        v.try_reserve_exact(blocks)
+            .map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
+        v.resize(blocks, Block::new_zeroed());
+        Ok(Buffer { backing: Arc::new(Backing::Owned { blocks: v, len }), start: 0, len })
+    }
+
+    /// An owned, 64-byte aligned copy of `bytes`.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] if the allocation fails.
+    pub fn copy_from(bytes: &[u8]) -> Result<Self> {
+        let mut b = Self::zeroed(bytes.len())?;
+        if let Some(Backing::Owned { blocks, .. }) = Arc::get_mut(&mut b.backing) {
+            if let Some(dst) = blocks.as_mut_bytes().get_mut(..bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+        Ok(b)
+    }
+
+    /// Wraps a vector without copying. Its alignment is the allocator's (at least 8 on common platforms when
+    /// the vector came from a wider type, 1 in general); typed access checks alignment and
+    /// [`Tensor::to_contiguous`](crate::Tensor::to_contiguous) copies into an aligned buffer when needed.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        let len = v.len();
+        Buffer { backing: Arc::new(Backing::Shared(Box::new(v))), start: 0, len }
+    }
+
+    /// Wraps any owner of bytes without copying.
+    pub fn from_owner(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
+        let len = owner.as_ref().len();
+        Buffer { backing: Arc::new(Backing::Shared(Box::new(owner))), start: 0, len }
+    }
+
+    /// Maps a whole file read-only.
+    ///
+    /// The map is private and read-only. As with every memory map, the file must not be truncated or
+    /// modified by another process while the map (or any buffer sliced from it) is alive.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming `path`.
+    pub fn map_file(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Self::map(&file, path)
+    }
+
+    /// Maps an open file read-only; `path` is used in error messages only.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming `path`.
+    pub fn map(file: &File, path: &Path) -> Result<Self> {
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            // mmap of an empty file fails on Linux; an empty owned buffer is equivalent.
+            return Self::zeroed(0);
+        }
+        // SAFETY: the map is read-only and private. The file may be modified by another process while mapped;
+        // that is the documented contract of this function (as of every memory-mapped reader), and no
+        // invariant of this crate depends on the bytes staying the same.
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
+        let len = map.len();
+        Ok(Buffer { backing: Arc::new(Backing::Mapped(map)), start: 0, len })
+    }
+
+    /// The bytes of this window.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.backing.bytes().get(self.start..self.start + self.len).unwrap_or_default()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this buffer is a window of a memory-mapped file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(*self.backing, Backing::Mapped(_))
+    }
+
+    /// A sub-window, without copying.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `range` is not inside this window.
+    pub fn slice(&self, range: Range<usize>) -> Result<Self> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "slice {}..{} out of a buffer of {} bytes",
+                range.start, range.end, self.len
+            )));
+        }
+        Ok(Buffer { backing: Arc::clone(&self.backing), start: self.start + range.start, len: range.end - range.start })
+    }
+
+    /// A sub-window given as offset and length, with overflow checked.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the window is not inside this buffer.
+    pub fn slice_len(&self, offset: usize, len: usize) -> Result<Self> {
+        let end = offset.checked_add(len).ok_or_else(|| {
+            Error::InvalidArgument(format!("slice at {offset} of {len} bytes overflows"))
+        })?;
+        self.slice(offset..end)
+    }
+
+    /// Whether `self` and `other` are the same window of the same memory (same storage).
+    pub fn same_storage(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.backing, &other.backing) && self.start == other.start && self.len == other.len
+    }
+
+    /// Whether `self` and `other` are windows of the same memory (the same map or allocation).
+    pub fn same_backing(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.backing, &other.backing)
+    }
+
+    /// An identity for the storage: equal for buffers where [`Buffer::same_storage`] holds.
+    pub fn storage_id(&self) -> (usize, usize, usize) {
+        (Arc::as_ptr(&self.backing) as *const u8 as usize, self.start, self.len)
+    }
+
+    /// Offset of this window inside its backing memory (inside the file, for a mapped buffer).
+    pub fn offset_in_backing(&self) -> usize {
+        self.start
+    }
+
+    /// Reinterprets the bytes as a slice of `T` without copying.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the window is not aligned for `T` or its length is not a multiple of
+    /// `size_of::<T>()`.
+    pub fn typed<T: FromBytes + Immutable + KnownLayout>(&self) -> Result<&[T]> {
+        <[T]>::ref_from_bytes(self.as_bytes()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "buffer of {} bytes at address {:#x} is not a whole, aligned slice of {}",
+                self.len,
+                self.as_bytes().as_ptr() as usize,
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// Copies the bytes into a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match *self.backing {
+            Backing::Owned { .. } => "owned",
+            Backing::Mapped(_) => "mapped",
+            Backing::Shared(_) => "shared",
+        };
+        f.debug_struct("Buffer").field("kind", &kind).field("start", &self.start).field("len", &self.len).finish()
+    }
+}
+
+impl PartialEq for Buffer {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl From<Vec<u8>> for Buffer {
+    fn from(v: Vec<u8>) -> Self {
+        Buffer::from_vec(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn owned_is_aligned() {
+        let b = Buffer::copy_from(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(b.as_bytes().as_ptr() as usize % 64, 0);
+        assert_eq!(b.typed::<u32>().unwrap(), &[0x0403_0201, 0x0807_0605]);
+        assert!(b.slice(1..5).unwrap().typed::<u32>().is_err());
+    }
+
+    #[test]
+    fn slices_share_memory() {
+        let b = Buffer::copy_from(&[0; 100]).unwrap();
+        let a = b.slice(10..20).unwrap();
+        let c = b.slice(10..20).unwrap();
+        assert!(a.same_storage(&c));
+        assert!(!a.same_storage(&b));
+        assert!(a.same_backing(&b));
+        assert_eq!(a.as_bytes().as_ptr(), c.as_bytes().as_ptr());
+        assert!(b.slice_len(usize::MAX, 2).is_err());
+        assert_eq!(a.slice(2..4).unwrap().offset_in_backing(), 12);
+    }
+
+    #[test]
+    fn maps_files() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"hello world").unwrap();
+        let b = Buffer::map_file(f.path()).unwrap();
+        assert!(b.is_mapped());
+        assert_eq!(b.slice(6..11).unwrap().as_bytes(), b"world");
+        let empty = tempfile::NamedTempFile::new().unwrap();
+        assert!(Buffer::map_file(empty.path()).unwrap().is_empty());
+        assert!(matches!(Buffer::map_file(Path::new("/nonexistent/x")), Err(Error::Io { .. })));
+    }
+}

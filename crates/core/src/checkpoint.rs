@@ -1,0 +1,94 @@
+//! What every format's reader exposes: entries known before any data is read, then lazy reads.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::value::{OpaqueTensorKind, Value};
+
+/// Metadata of a tensor entry, known without reading its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of the tensor's elements.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+}
+
+/// What an entry holds.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum EntryKind {
+    /// A dense tensor.
+    Tensor(TensorInfo),
+    /// A tensor whose data cannot be read (sparse, quantized, ...).
+    OpaqueTensor(OpaqueTensorKind),
+    /// Any other value (DCP calls these BYTE_IO items).
+    Value,
+}
+
+/// One flattened entry of a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Flattened name (`model.layers.0.weight`).
+    pub name: String,
+    /// What it holds.
+    pub kind: EntryKind,
+}
+
+impl Entry {
+    /// The tensor metadata, if this is a dense tensor.
+    pub fn tensor_info(&self) -> Option<&TensorInfo> {
+        match &self.kind {
+            EntryKind::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// Read access to a checkpoint of any format.
+///
+/// Call order: open (format-specific), then [`entries`](CheckpointRead::entries) — available without
+/// reading tensor data — then [`tensor`](CheckpointRead::tensor) / [`value`](CheckpointRead::value) for the
+/// entries wanted, in any order, as often as wanted.
+pub trait CheckpointRead {
+    /// Short format name (`torch`, `distcp`, `safetensors`, ...).
+    fn format_name(&self) -> &'static str;
+
+    /// Every entry, in the format's order.
+    fn entries(&self) -> Vec<Entry>;
+
+    /// The tensor entry `name`.
+    ///
+    /// # Errors
+    /// If there is no such tensor entry, it is opaque, or its data is invalid.
+    fn tensor(&self, name: &str) -> Result<Tensor>;
+
+    /// The non-tensor entry `name`.
+    ///
+    /// # Errors
+    /// If there is no such entry or it cannot be decoded.
+    fn value(&self, name: &str) -> Result<Value>;
+}
+
+/// The entry a flattened leaf becomes.
+pub fn entry_kind(v: &Value) -> EntryKind {
+    match v {
+        Value::OpaqueTensor { kind, .. } => EntryKind::OpaqueTensor(*kind),
+        other => match other.as_tensor() {
+            Some(t) => EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+            None => EntryKind::Value,
+        },
+    }
+}

@@ -1,0 +1,324 @@
+//! Flattening nested state dicts to dotted keys and back, with `torch.distributed.checkpoint`'s rules
+//! (torch 2.4+ `flatten_state_dict` / `traverse_state_dict`, and `set_element` for the way back).
+
+use std::collections::HashSet;
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::value::{Dict, DictKind, Value};
+
+/// One step of a path into a nested state dict: a mapping key (always a string, as DCP applies `str()`) or
+/// a list index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PathItem {
+    /// A mapping key, after `str()`.
+    Key(String),
+    /// A list (or tuple) index.
+    Index(usize),
+}
+
+impl fmt::Display for PathItem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathItem::Key(k) => f.write_str(k),
+            PathItem::Index(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+/// The dotted key of a path: `".".join(map(str, path))`.
+pub fn join_path(path: &[PathItem]) -> String {
+    let mut s = String::new();
+    for (i, p) in path.iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        s.push_str(&p.to_string());
+    }
+    s
+}
+
+/// One leaf of a flattened state dict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlatEntry<'a> {
+    /// The dotted key (`model.layers.0.weight`).
+    pub key: String,
+    /// The path that leads to the leaf (DCP's `planner_data[key]`).
+    pub path: Vec<PathItem>,
+    /// The leaf: a tensor, or any other value (DCP writes those as BYTE_IO items).
+    pub value: &'a Value,
+}
+
+/// Python's `str()` of a mapping key, for the common key types.
+///
+/// # Errors
+/// [`Error::Unsupported`] for key types whose `str()` this library does not reproduce (objects, tensors).
+pub fn python_str(v: &Value) -> Result<String> {
+    Ok(match v {
+        Value::Str(s) => s.clone(),
+        other => python_repr(other)?,
+    })
+}
+
+/// Python's `repr()` for simple values (used for `str()` of non-string keys).
+fn python_repr(v: &Value) -> Result<String> {
+    Ok(match v {
+        Value::None => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Int(i) => i.to_string(),
+        Value::Float(f) => float_repr(*f),
+        Value::Str(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        Value::Tuple(items) => {
+            let parts: Result<Vec<String>> = items.iter().map(python_repr).collect();
+            let parts = parts?;
+            if parts.len() == 1 { format!("({},)", parts[0]) } else { format!("({})", parts.join(", ")) }
+        }
+        other => {
+            return Err(Error::Unsupported(format!("str() of a {} mapping key", other.type_name())));
+        }
+    })
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, scientific notation outside `1e-4 <= |x| < 1e16`.
+pub fn float_repr(f: f64) -> String {
+    if f.is_nan() {
+        return "nan".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if f == 0.0 {
+        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+    }
+    let sci = format!("{f:e}"); // shortest digits, e.g. "1.2345e-5"
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let s = format!("{f}");
+        if s.contains('.') { s } else { format!("{s}.0") }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    }
+}
+
+/// Flattens a state dict with DCP's rules (torch 2.4+):
+///
+/// - a mapping is always descended into, keys through `str()`; an empty mapping disappears;
+/// - a list is descended into (by index) only if one of its items is a tensor, a mapping, or a list that is
+///   itself descended into; otherwise the whole list is one leaf;
+/// - tuples and every other value are leaves (a tuple of tensors is one leaf).
+///
+/// The top level must be a mapping.
+///
+/// ```
+/// use ckpt_core::{flatten, Value, Tensor};
+/// let t = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
+/// let sd = Value::dict([
+///     ("model", Value::dict([("w", Value::Tensor(t))])),
+///     ("opt", Value::dict([("hp", Value::dict([("name", Value::from("adam"))]))])),
+///     ("lst", Value::List(vec![Value::from(1i64), Value::from(2i64)])),
+/// ]);
+/// let keys: Vec<String> = flatten(&sd).unwrap().into_iter().map(|e| e.key).collect();
+/// assert_eq!(keys, ["model.w", "opt.hp.name", "lst"]);
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if the top level is not a mapping or two leaves get the same key (DCP's
+/// "duplicated flatten key"); [`Error::Unsupported`] for a key whose `str()` is not reproduced.
+pub fn flatten(state_dict: &Value) -> Result<Vec<FlatEntry<'_>>> {
+    let Value::Dict(top) = state_dict else {
+        return Err(Error::InvalidArgument(format!(
+            "a state dict must be a mapping, got {}",
+            state_dict.type_name()
+        )));
+    };
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut path = Vec::new();
+    for (k, v) in &top.items {
+        path.push(PathItem::Key(python_str(k)?));
+        traverse(&mut path, v, &mut out, &mut seen)?;
+        path.pop();
+    }
+    Ok(out)
+}
+
+/// DCP's `_is_terminal` with `keep_traversing = is tensor`.
+fn is_terminal(v: &Value) -> bool {
+    match v {
+        Value::Dict(_) => false,
+        Value::List(items) => !items.iter().any(|e| {
+            e.is_tensor_like() || matches!(e, Value::Dict(_) | Value::List(_)) && !is_terminal(e)
+        }),
+        _ => true,
+    }
+}
+
+fn traverse<'a>(
+    path: &mut Vec<PathItem>,
+    v: &'a Value,
+    out: &mut Vec<FlatEntry<'a>>,
+    seen: &mut HashSet<String>,
+) -> Result<()> {
+    if let Value::Dict(d) = v {
+        for (k, child) in &d.items {
+            path.push(PathItem::Key(python_str(k)?));
+            traverse(path, child, out, seen)?;
+            path.pop();
+        }
+    } else if is_terminal(v) {
+        let key = join_path(path);
+        if !seen.insert(key.clone()) {
+            return Err(Error::InvalidArgument(format!("duplicated flatten key {key}")));
+        }
+        out.push(FlatEntry { key, path: path.clone(), value: v });
+    } else if let Value::List(items) | Value::Tuple(items) = v {
+        for (i, child) in items.iter().enumerate() {
+            path.push(PathItem::Index(i));
+            traverse(path, child, out, seen)?;
+            path.pop();
+        }
+    }
+    Ok(())
+}
+
+/// Largest list index [`unflatten`] pads up to; a larger index in a file is an error, not an allocation.
+pub const MAX_UNFLATTEN_INDEX: usize = 1 << 24;
+
+/// Rebuilds the nested state dict from `(path, value)` leaves, as DCP's `set_element` does: a string step
+/// creates a `dict`, an index step a `list` padded with `None`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an empty path, a path that crosses a leaf, a first step that is an index,
+/// or an index above [`MAX_UNFLATTEN_INDEX`].
+pub fn unflatten(leaves: impl IntoIterator<Item = (Vec<PathItem>, Value)>) -> Result<Value> {
+    let mut root = Value::Dict(Dict::new(DictKind::Dict));
+    for (path, value) in leaves {
+        if !matches!(path.first(), Some(PathItem::Key(_))) {
+            return Err(Error::InvalidArgument(format!(
+                "path {} must start with a key",
+                join_path(&path)
+            )));
+        }
+        set_element(&mut root, &path, value)?;
+    }
+    Ok(root)
+}
+
+fn set_element(root: &mut Value, path: &[PathItem], value: Value) -> Result<()> {
+    let mut cur = root;
+    let Some((last, inner)) = path.split_last() else {
+        return Err(Error::InvalidArgument("empty path".into()));
+    };
+    for (i, step) in inner.iter().enumerate() {
+        let next_is_key = matches!(path.get(i + 1), Some(PathItem::Key(_)));
+        let default = || {
+            if next_is_key { Value::Dict(Dict::new(DictKind::Dict)) } else { Value::List(Vec::new()) }
+        };
+        let slot = child_slot(cur, step, path)?;
+        if matches!(slot, Value::None) {
+            *slot = default();
+        }
+        cur = slot;
+    }
+    *child_slot(cur, last, path)? = value;
+    Ok(())
+}
+
+/// The slot for `step` inside `container`, created (`None`) when missing.
+fn child_slot<'v>(container: &'v mut Value, step: &PathItem, path: &[PathItem]) -> Result<&'v mut Value> {
+    match (container, step) {
+        (Value::Dict(d), PathItem::Key(k)) => {
+            let pos = match d.items.iter().position(|(key, _)| key.as_str() == Some(k)) {
+                Some(p) => p,
+                None => {
+                    d.items.push((Value::Str(k.clone()), Value::None));
+                    d.items.len() - 1
+                }
+            };
+            Ok(&mut d.items[pos].1)
+        }
+        (Value::List(items), PathItem::Index(i)) => {
+            if *i > MAX_UNFLATTEN_INDEX {
+                return Err(Error::InvalidArgument(format!(
+                    "list index {i} in path {} is above the limit {MAX_UNFLATTEN_INDEX}",
+                    join_path(path)
+                )));
+            }
+            if items.len() <= *i {
+                items.resize(i + 1, Value::None);
+            }
+            Ok(&mut items[*i])
+        }
+        (other, step) => Err(Error::InvalidArgument(format!(
+            "path {} crosses a {} at step {step}",
+            join_path(path),
+            other.type_name()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::Tensor;
+
+    fn t() -> Value {
+        Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap())
+    }
+
+    #[test]
+    fn rules() {
+        let mut d = Dict::new(DictKind::OrderedDict);
+        d.insert(Value::Int(0), t());
+        d.insert(Value::Int(1), Value::dict::<&str>([]));
+        let sd = Value::dict([
+            ("a", Value::Dict(d)),
+            ("l", Value::List(vec![t(), Value::Int(3)])),
+            ("tup", Value::Tuple(vec![t(), t()])),
+            ("nested", Value::List(vec![Value::List(vec![t()]), Value::Int(1)])),
+            ("plain", Value::List(vec![Value::List(vec![Value::Int(1)])])),
+            ("emptydictlist", Value::List(vec![Value::dict::<&str>([])])),
+        ]);
+        let flat = flatten(&sd).unwrap();
+        let keys: Vec<&str> = flat.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["a.0", "l.0", "l.1", "tup", "nested.0.0", "nested.1", "plain"]);
+        assert_eq!(flat[1].path, vec![PathItem::Key("l".into()), PathItem::Index(0)]);
+    }
+
+    #[test]
+    fn duplicates_rejected() {
+        let sd = Value::dict([("a.b", t()), ("a", Value::dict([("b", t())]))]);
+        assert!(flatten(&sd).is_err());
+        assert!(flatten(&t()).is_err());
+    }
+
+    #[test]
+    fn unflatten_round_trip() {
+        let sd = Value::dict([
+            ("m", Value::dict([("w", t()), ("b", t())])),
+            ("l", Value::List(vec![t(), Value::Int(3)])),
+            ("x", Value::Int(7)),
+        ]);
+        let leaves: Vec<(Vec<PathItem>, Value)> =
+            flatten(&sd).unwrap().into_iter().map(|e| (e.path, e.value.clone())).collect();
+        assert_eq!(unflatten(leaves).unwrap(), sd);
+        let padded = unflatten([(vec![PathItem::Key("l".into()), PathItem::Index(2)], Value::Int(1))]).unwrap();
+        assert_eq!(padded, Value::dict([("l", Value::List(vec![Value::None, Value::None, Value::Int(1)]))]));
+        assert!(unflatten([(vec![PathItem::Key("l".into()), PathItem::Index(usize::MAX)], Value::None)]).is_err());
+        assert!(unflatten([(vec![PathItem::Index(0)], Value::None)]).is_err());
+    }
+
+    #[test]
+    fn float_reprs() {
+        assert_eq!(float_repr(1.0), "1.0");
+        assert_eq!(float_repr(0.001), "0.001");
+        assert_eq!(float_repr(1e-5), "1e-05");
+        assert_eq!(float_repr(1e16), "1e+16");
+        assert_eq!(float_repr(123456.5), "123456.5");
+        assert_eq!(float_repr(-2.5e-10), "-2.5e-10");
+    }
+}

@@ -1,0 +1,172 @@
+//! Import and export of `.safetensors` files through the `safetensors` crate, zero copy on read.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::atomic::write_atomic_path;
+use crate::buffer::Buffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// The contents of a safetensors file: tensors in file order and the `__metadata__` string map.
+#[derive(Debug, Clone)]
+pub struct SafetensorsFile {
+    /// Tensors in the order of their data in the file; each is a zero-copy window of the file's buffer.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The `__metadata__` map, if the file has one.
+    pub metadata: Option<HashMap<String, String>>,
+}
+
+impl SafetensorsFile {
+    /// The tensor called `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// Parses a safetensors file held in `buffer`. The whole header is validated (by the `safetensors`
+/// crate: header size cap, offsets contiguous and in bounds, sizes matching shapes) before any tensor is
+/// handed out; tensors are windows of `buffer`.
+///
+/// # Errors
+/// [`Error::SafeTensors`] for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
+pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
+    let bytes = buffer.as_bytes();
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)?;
+    let data_start = header_len
+        .checked_add(8)
+        .ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
+    let infos = meta.tensors();
+    let mut tensors = Vec::with_capacity(infos.len());
+    for name in meta.offset_keys() {
+        let Some(info) = infos.get(&name) else { continue };
+        let (begin, end) = info.data_offsets;
+        let start = data_start
+            .checked_add(begin)
+            .ok_or_else(|| Error::Malformed(format!("safetensors offset of {name} overflows")))?;
+        let window = buffer.slice_len(start, end.saturating_sub(begin))?;
+        let dtype = DType::from_safetensors(info.dtype)?;
+        tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
+    }
+    Ok(SafetensorsFile { tensors, metadata: meta.metadata().clone() })
+}
+
+/// Maps and parses a safetensors file.
+///
+/// # Errors
+/// As [`read`], plus [`Error::Io`] naming the path.
+pub fn read_file(path: &Path) -> Result<SafetensorsFile> {
+    read(&Buffer::map_file(path)?)
+}
+
+/// A tensor as the `safetensors` crate's `View`: contiguous data is borrowed, strided views are gathered.
+struct StView<'a> {
+    dtype: safetensors::Dtype,
+    shape: &'a [usize],
+    tensor: &'a Tensor,
+}
+
+impl safetensors::View for StView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // `write` gathered every non-contiguous tensor beforehand, so this borrows.
+        self.tensor.data().unwrap_or(Cow::Borrowed(&[]))
+    }
+    fn data_len(&self) -> usize {
+        self.tensor.nbytes()
+    }
+}
+
+fn prepared<'a>(tensors: &'a [(String, Tensor)]) -> Result<Vec<(String, StView<'a>)>> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            Ok((name.clone(), StView { dtype: t.dtype().to_safetensors()?, shape: t.shape(), tensor: t }))
+        })
+        .collect()
+}
+
+/// Makes every tensor contiguous (zero copy for those already contiguous).
+///
+/// Safetensors cannot express views or shared storage: tensors that share a storage are each written as
+/// their own contiguous bytes (as `safetensors.torch.save_model` does after de-duplication; a shared
+/// storage is never written as overlapping ranges, which safetensors readers reject).
+fn contiguous(tensors: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+    tensors.iter().map(|(n, t)| Ok((n.clone(), t.to_contiguous()?))).collect()
+}
+
+/// Serializes tensors and metadata to safetensors bytes. The layout is the `safetensors` crate's (tensors
+/// sorted by dtype alignment then name, header padded to 8 bytes).
+///
+/// # Errors
+/// [`Error::Unsupported`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
+/// [`Error::SafeTensors`] for duplicate names.
+pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let owned = contiguous(tensors)?;
+    Ok(safetensors::serialize(prepared(&owned)?, metadata)?)
+}
+
+/// Writes a safetensors file atomically (temporary file, fsync, rename, directory fsync).
+///
+/// ```
+/// use ckpt_core::{safetensors, Tensor};
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("m.safetensors");
+/// let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+/// safetensors::write_file(&[("w".to_string(), w.transpose(0, 1).unwrap())], None, &path).unwrap();
+/// let back = safetensors::read_file(&path).unwrap();
+/// assert_eq!(back.get("w").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+/// ```
+///
+/// # Errors
+/// As [`to_bytes`], plus [`Error::Io`] naming the path.
+pub fn write_file(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
+    let owned = contiguous(tensors)?;
+    let views = prepared(&owned)?;
+    // serialize_to_file streams the header and then each tensor's bytes to the file, without building the
+    // whole file in memory.
+    write_atomic_path(path, |tmp| Ok(safetensors::serialize_to_file(views, metadata, tmp)?))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn round_trip_with_metadata_and_views() {
+        let base = Tensor::from_slice(&(0..12).map(|i| i as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
+        let t = base.transpose(0, 1).unwrap();
+        let n = base.narrow(0, 1, 1).unwrap();
+        let h = Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap();
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        let tensors = vec![("t".to_string(), t.clone()), ("n".into(), n.clone()), ("h".into(), h.clone())];
+        let bytes = to_bytes(&tensors, Some(meta.clone())).unwrap();
+        let back = read(&Buffer::from_vec(bytes)).unwrap();
+        assert_eq!(back.metadata, Some(meta));
+        assert_eq!(back.get("t").unwrap(), &t);
+        assert_eq!(back.get("n").unwrap(), &n);
+        assert_eq!(back.get("h").unwrap(), &h);
+        let c = Tensor::zeros(DType::C128, &[1]).unwrap();
+        assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+    }
+
+    #[test]
+    fn rejects_bad_header() {
+        let mut bytes = to_bytes(&[("a".into(), Tensor::zeros(DType::F32, &[2]).unwrap())], None).unwrap();
+        bytes.truncate(bytes.len() - 1);
+        assert!(matches!(read(&Buffer::from_vec(bytes)), Err(Error::SafeTensors(_))));
+        assert!(read(&Buffer::from_vec(vec![255; 8])).is_err());
+    }
+}

@@ -1,0 +1,327 @@
+//! The Python object tree that checkpoints carry besides tensors, kept losslessly.
+
+use crate::buffer::Buffer;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+
+/// Which Python mapping type a [`Dict`] was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DictKind {
+    /// `dict`.
+    Dict,
+    /// `collections.OrderedDict` (every `nn.Module.state_dict()`).
+    OrderedDict,
+    /// `collections.Counter`.
+    Counter,
+}
+
+/// A Python mapping: its kind, its items in insertion order, and the attributes set on it (an
+/// `OrderedDict` state dict carries `{'_metadata': ...}`, restored by pickle's BUILD).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dict {
+    /// dict, OrderedDict or Counter.
+    pub kind: DictKind,
+    /// Items in insertion order; keys may be any value (int keys stay ints).
+    pub items: Vec<(Value, Value)>,
+    /// The object's `__dict__` when it has one (set through BUILD), else `None`.
+    pub attrs: Option<Box<Value>>,
+}
+
+impl Dict {
+    /// An empty mapping of `kind`.
+    pub fn new(kind: DictKind) -> Self {
+        Dict { kind, items: Vec::new(), attrs: None }
+    }
+
+    /// The value of the first item whose key is the string `key`.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.items.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
+    }
+
+    /// Appends an item (no deduplication, like a pickle stream).
+    pub fn insert(&mut self, key: impl Into<Value>, value: impl Into<Value>) {
+        self.items.push((key.into(), value.into()));
+    }
+}
+
+/// An object of a class the library does not model, kept symbolically so it can be written back exactly:
+/// `callable(*args)` (pickle REDUCE) or `cls.__new__(cls, *args)` (NEWOBJ), then items appended or set,
+/// then `__setstate__(state)` (BUILD).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    /// What was called: usually a [`Value::Global`].
+    pub callable: Value,
+    /// The arguments, usually a [`Value::Tuple`].
+    pub args: Value,
+    /// Created with NEWOBJ (`cls.__new__`) rather than REDUCE.
+    pub newobj: bool,
+    /// BUILD state, if any.
+    pub state: Option<Value>,
+    /// Items appended after creation.
+    pub list_items: Vec<Value>,
+    /// Items set after creation.
+    pub dict_items: Vec<(Value, Value)>,
+}
+
+impl Object {
+    /// `(module, name)` of the callable when it is a global.
+    pub fn callable_name(&self) -> Option<(&str, &str)> {
+        match &self.callable {
+            Value::Global { module, name } => Some((module, name)),
+            _ => None,
+        }
+    }
+}
+
+/// Why a tensor's data cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OpaqueTensorKind {
+    /// A sparse tensor (COO, CSR, CSC, BSR, BSC).
+    Sparse,
+    /// A quantized tensor.
+    Quantized,
+    /// A nested tensor.
+    Nested,
+    /// A meta tensor (no storage).
+    Meta,
+    /// A tensor subclass or device tensor the library does not model.
+    Other,
+}
+
+/// A Python value as found in a checkpoint.
+///
+/// Distinctions that matter for round trips are kept: dict vs `OrderedDict` ([`DictKind`]), tuple vs list,
+/// int vs float, `torch.Size` vs tuple, dtypes, devices, and any unknown object ([`Object`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Value {
+    /// `None`.
+    None,
+    /// `bool`.
+    Bool(bool),
+    /// `int` within i64.
+    Int(i64),
+    /// `int` beyond i64: little-endian two's complement bytes, minimal length.
+    BigInt(Vec<u8>),
+    /// `float`.
+    Float(f64),
+    /// `complex`.
+    Complex(f64, f64),
+    /// `str`.
+    Str(String),
+    /// `bytes`.
+    Bytes(Vec<u8>),
+    /// `bytearray`.
+    ByteArray(Vec<u8>),
+    /// `list`.
+    List(Vec<Value>),
+    /// `tuple`.
+    Tuple(Vec<Value>),
+    /// `set`, items in the order they were stored.
+    Set(Vec<Value>),
+    /// `frozenset`.
+    FrozenSet(Vec<Value>),
+    /// `dict`, `OrderedDict` or `Counter`.
+    Dict(Dict),
+    /// A dense tensor (`requires_grad` is on the tensor).
+    Tensor(Tensor),
+    /// A `torch.nn.Parameter`; `state` is the Python `__dict__` when the parameter had attributes
+    /// (`_rebuild_parameter_with_state`).
+    Parameter {
+        /// The data; its `requires_grad` is the parameter's.
+        tensor: Tensor,
+        /// Python attributes, if any.
+        state: Option<Box<Value>>,
+    },
+    /// A tensor rebuilt through `torch._tensor._rebuild_from_type_v2`: a plain tensor with Python attributes
+    /// (`class` = `torch.Tensor`) or a tensor subclass.
+    TensorWithState {
+        /// The tensor (a [`Value::Tensor`] or [`Value::Parameter`]).
+        tensor: Box<Value>,
+        /// The Python type, usually `torch.Tensor`.
+        class: Box<Value>,
+        /// The Python `__dict__` / state.
+        state: Box<Value>,
+    },
+    /// A tensor whose data the library cannot materialise (sparse, quantized, nested, ...), kept as the
+    /// object that rebuilds it. Reading its data is an error naming the kind.
+    OpaqueTensor {
+        /// What kind of tensor.
+        kind: OpaqueTensorKind,
+        /// The rebuild call, for writing it back.
+        object: Box<Object>,
+    },
+    /// A bare storage (a `torch.UntypedStorage` or typed storage saved directly).
+    Storage {
+        /// Element type (`U8` for an untyped storage).
+        dtype: DType,
+        /// The bytes.
+        data: Buffer,
+    },
+    /// `torch.Size`.
+    Size(Vec<i64>),
+    /// A `torch.dtype`.
+    DType(DType),
+    /// A `torch.device`.
+    Device {
+        /// Device type (`cpu`, `cuda`, ...).
+        kind: String,
+        /// Device index, if given.
+        index: Option<i64>,
+    },
+    /// A reference to a global (a class or function) that is not itself a value the library models.
+    Global {
+        /// Module path.
+        module: String,
+        /// Qualified name.
+        name: String,
+    },
+    /// An object of an unmodelled class.
+    Object(Box<Object>),
+}
+
+impl Value {
+    /// The string, if this is a `str`.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is an `int` within i64 (a `bool` is not an int here).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The float, if this is a `float` (or an `int` converted).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// The mapping, if this is a dict-like value.
+    pub fn as_dict(&self) -> Option<&Dict> {
+        match self {
+            Value::Dict(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The items of a list or tuple.
+    pub fn as_sequence(&self) -> Option<&[Value]> {
+        match self {
+            Value::List(v) | Value::Tuple(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The dense tensor inside a tensor, parameter or tensor-with-state value.
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) | Value::Parameter { tensor: t, .. } => Some(t),
+            Value::TensorWithState { tensor, .. } => tensor.as_tensor(),
+            _ => None,
+        }
+    }
+
+    /// Whether this is any kind of tensor, including opaque ones (DCP treats all of them as leaves).
+    pub fn is_tensor_like(&self) -> bool {
+        matches!(
+            self,
+            Value::Tensor(_) | Value::Parameter { .. } | Value::TensorWithState { .. } | Value::OpaqueTensor { .. }
+        )
+    }
+
+    /// A short Python-like type name, for messages (`dict`, `OrderedDict`, `Tensor`, `int`, ...).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Complex(..) => "complex",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::ByteArray(_) => "bytearray",
+            Value::List(_) => "list",
+            Value::Tuple(_) => "tuple",
+            Value::Set(_) => "set",
+            Value::FrozenSet(_) => "frozenset",
+            Value::Dict(d) => match d.kind {
+                DictKind::Dict => "dict",
+                DictKind::OrderedDict => "OrderedDict",
+                DictKind::Counter => "Counter",
+            },
+            Value::Tensor(_) => "Tensor",
+            Value::Parameter { .. } => "Parameter",
+            Value::TensorWithState { .. } => "Tensor (with state)",
+            Value::OpaqueTensor { .. } => "Tensor (opaque)",
+            Value::Storage { .. } => "Storage",
+            Value::Size(_) => "torch.Size",
+            Value::DType(_) => "torch.dtype",
+            Value::Device { .. } => "torch.device",
+            Value::Global { .. } => "global",
+            Value::Object(_) => "object",
+        }
+    }
+
+    /// A plain `dict` built from string keys.
+    pub fn dict<K: Into<String>>(items: impl IntoIterator<Item = (K, Value)>) -> Value {
+        Value::Dict(Dict {
+            kind: DictKind::Dict,
+            items: items.into_iter().map(|(k, v)| (Value::Str(k.into()), v)).collect(),
+            attrs: None,
+        })
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Self {
+        Value::Tensor(t)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Str(s.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Value::Str(s)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(i: i64) -> Self {
+        Value::Int(i)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(f: f64) -> Self {
+        Value::Float(f)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+impl From<Dict> for Value {
+    fn from(d: Dict) -> Self {
+        Value::Dict(d)
+    }
+}
