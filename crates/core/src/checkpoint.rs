@@ -69,6 +69,11 @@ pub trait CheckpointRead {
     /// Every entry, in the format's order.
     fn entries(&self) -> Vec<Entry>;
 
+    /// Format-specific facts worth showing a user (`("container", "zip")`, `("version", "3")`, ...).
+    fn details(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// The tensor entry `name`.
     ///
     /// # Errors

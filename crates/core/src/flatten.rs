@@ -184,6 +184,41 @@ fn traverse<'a>(
     Ok(())
 }
 
+/// Every leaf of a value with its path, descending into every mapping, list and tuple (unlike [`flatten`],
+/// which keeps tuples and tensor-free lists whole). Tensors of every kind are leaves; so are empty
+/// containers, sets and all other values. A top level that is not a container is one leaf with an empty
+/// key.
+///
+/// This names every tensor of a `torch.save` file, wherever it sits.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a mapping key whose `str()` is not reproduced.
+pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
+    fn walk<'a>(path: &mut Vec<PathItem>, v: &'a Value, out: &mut Vec<FlatEntry<'a>>) -> Result<()> {
+        match v {
+            Value::Dict(d) if !d.items.is_empty() => {
+                for (k, child) in &d.items {
+                    path.push(PathItem::Key(python_str(k)?));
+                    walk(path, child, out)?;
+                    path.pop();
+                }
+            }
+            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    path.push(PathItem::Index(i));
+                    walk(path, child, out)?;
+                    path.pop();
+                }
+            }
+            _ => out.push(FlatEntry { key: join_path(path), path: path.clone(), value: v }),
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(&mut Vec::new(), value, &mut out)?;
+    Ok(out)
+}
+
 /// Largest list index [`unflatten`] pads up to; a larger index in a file is an error, not an allocation.
 pub const MAX_UNFLATTEN_INDEX: usize = 1 << 24;
 
@@ -310,6 +345,18 @@ mod tests {
         assert_eq!(padded, Value::dict([("l", Value::List(vec![Value::None, Value::None, Value::Int(1)]))]));
         assert!(unflatten([(vec![PathItem::Key("l".into()), PathItem::Index(usize::MAX)], Value::None)]).is_err());
         assert!(unflatten([(vec![PathItem::Index(0)], Value::None)]).is_err());
+    }
+
+    #[test]
+    fn leaves_descend_everything() {
+        let sd = Value::dict([
+            ("tup", Value::Tuple(vec![t(), Value::Int(1)])),
+            ("e", Value::List(vec![])),
+            ("l", Value::List(vec![Value::Int(1)])),
+        ]);
+        let keys: Vec<String> = leaves(&sd).unwrap().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["tup.0", "tup.1", "e", "l.0"]);
+        assert_eq!(leaves(&t()).unwrap()[0].key, "");
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod atomic;
 mod buffer;
 mod checkpoint;
 mod collective;
+mod display;
 mod dtype;
 mod error;
 mod flatten;
@@ -32,8 +33,11 @@ mod value;
 pub use buffer::Buffer;
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
+pub use display::format_tensor;
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Result};
-pub use flatten::{FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, python_str, unflatten};
+pub use flatten::{
+    FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
+};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{Dict, DictKind, Object, OpaqueTensorKind, Value};

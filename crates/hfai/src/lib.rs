@@ -1,0 +1,1 @@
+//! Read, write and reshard hfai sharded PART_*.pt checkpoints.

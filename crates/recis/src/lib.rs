@@ -1,0 +1,1 @@
+//! Read, write and reshard RecIS sparse hash-table and dense checkpoints.

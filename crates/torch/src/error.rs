@@ -1,0 +1,173 @@
+//! Errors of the torch.save codec: one variant per rule, each saying what was expected.
+
+use std::path::PathBuf;
+
+use crate::zip::ZipError;
+
+/// What went wrong reading or writing a `torch.save` file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An error inside a file, with its path.
+    #[error("{}: {source}", path.display())]
+    At {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+    /// An I/O error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is empty.
+    #[error("the file is empty, not a torch checkpoint")]
+    Empty,
+    /// A git-LFS pointer was found where the weights should be.
+    #[error("this is a git-LFS pointer file, not the weights: run `git lfs pull` to fetch the real file")]
+    GitLfsPointer,
+    /// An HTML page was found where the weights should be.
+    #[error("this is an HTML page, not a checkpoint (a download that returned a web page?)")]
+    Html,
+    /// A safetensors file was given to the torch reader.
+    #[error("this is a safetensors file, not a torch.save file: read it with ckpt_core::safetensors")]
+    Safetensors,
+    /// A pre-0.1.10 TAR checkpoint.
+    #[error("this is a TAR-era torch checkpoint (torch < 0.1.10), which is not supported; load and re-save it with an old torch")]
+    TarFormat,
+    /// The 2018 preview format.
+    #[error("this is a torch preview-release archive (PYTORCH1), which torch itself no longer reads")]
+    PreviewFormat,
+    /// A TorchScript archive (has `constants.pkl`).
+    #[error("this is a TorchScript archive (torch.jit.save), not a torch.save file")]
+    TorchScript,
+    /// Nothing recognisable.
+    #[error("not a torch checkpoint: unrecognised leading bytes {head:02x?}")]
+    Unrecognized {
+        /// The first bytes of the file.
+        head: Vec<u8>,
+    },
+    /// The ZIP container is invalid.
+    #[error("zip container: {0}")]
+    Zip(#[from] ZipError),
+    /// A required record is missing from the archive.
+    #[error("the archive has no record {name:?}")]
+    MissingRecord {
+        /// Record name without the prefix.
+        name: String,
+    },
+    /// The `version` record is not a supported version.
+    #[error("unsupported archive version {found:?} (expected an integer 1..=10)")]
+    BadVersion {
+        /// The record's text.
+        found: String,
+    },
+    /// A record is compressed; torch only writes stored records.
+    #[error("record {name:?} is compressed (method {method}); torch writes stored records only")]
+    Compressed {
+        /// Record name.
+        name: String,
+        /// Compression method.
+        method: u16,
+    },
+    /// The `byteorder` record says big-endian.
+    #[error("the checkpoint was written on a big-endian machine (byteorder = {found:?}); only little-endian data is supported")]
+    BigEndian {
+        /// The record's text.
+        found: String,
+    },
+    /// The pickle stream is invalid.
+    #[error("pickle {part}: {source}")]
+    Pickle {
+        /// Which pickle (`data.pkl`, `legacy object`, ...).
+        part: &'static str,
+        /// The decoder's error.
+        #[source]
+        source: ckpt_pickle::Error,
+    },
+    /// A persistent id is not a storage reference torch would accept.
+    #[error("bad persistent id: {0}")]
+    BadPersistentId(String),
+    /// A storage class the reader does not know.
+    #[error("unknown storage type {module}.{name}")]
+    UnknownStorageType {
+        /// Module.
+        module: String,
+        /// Class name.
+        name: String,
+    },
+    /// A storage record's size disagrees with the element count in its persistent id.
+    #[error("storage {key}: record has {actual} bytes, the pickle says {expected}")]
+    StorageSize {
+        /// Storage key.
+        key: String,
+        /// Bytes the pickle implies.
+        expected: u64,
+        /// Bytes in the record.
+        actual: u64,
+    },
+    /// A rebuild call has arguments of the wrong shape.
+    #[error("{function}: {reason}")]
+    BadRebuild {
+        /// The rebuild function.
+        function: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor view reaches outside its storage.
+    #[error("tensor view outside its storage: {0}")]
+    ViewOutOfBounds(String),
+    /// An unknown dtype name.
+    #[error("unknown dtype torch.{0}")]
+    UnknownDType(String),
+    /// The legacy stream is malformed.
+    #[error("legacy format: {0}")]
+    Legacy(String),
+    /// An entry that does not exist or is not a tensor.
+    #[error("no tensor named {0:?}")]
+    NoSuchTensor(String),
+    /// An entry that does not exist.
+    #[error("no entry named {0:?}")]
+    NoSuchEntry(String),
+    /// A tensor whose data cannot be read.
+    #[error("{name:?} is a {kind:?} tensor; its data cannot be read as a dense tensor")]
+    OpaqueTensor {
+        /// Entry name.
+        name: String,
+        /// What kind.
+        kind: ckpt_core::OpaqueTensorKind,
+    },
+    /// The value cannot be written by the torch.save writer.
+    #[error("cannot write: {0}")]
+    Unwritable(String),
+    /// A core error (bad view, allocation).
+    #[error(transparent)]
+    Core(#[from] ckpt_core::Error),
+}
+
+impl Error {
+    /// This error, attributed to `path`.
+    pub fn at(self, path: impl Into<PathBuf>) -> Self {
+        match self {
+            e @ (Error::At { .. } | Error::Io { .. }) => e,
+            e => Error::At { path: path.into(), source: Box::new(e) },
+        }
+    }
+
+    /// The innermost error (without the path wrapper).
+    pub fn kind(&self) -> &Error {
+        match self {
+            Error::At { source, .. } => source.kind(),
+            e => e,
+        }
+    }
+}
+
+/// `Result` with the torch codec's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,38 @@
+//! Read and write `torch.save` files — the ZIP format of torch ≥ 1.6 and the legacy pickle stream —
+//! byte-compatibly with PyTorch, without Python and without executing pickle code.
+//!
+//! Reading maps the file and hands out tensors that are windows of the map (zero copy); storages shared by
+//! several tensors are read once. Writing reproduces `torch.save`'s exact layout for torch 2.13+ (record
+//! order, 64-byte aligned data, data descriptors, zip64 end records, CRC-32) with a protocol-2 pickle that
+//! `torch.load(weights_only=True)` accepts, streaming tensor bytes straight from memory.
+//!
+//! ```
+//! use ckpt_core::{Tensor, Value};
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("model.pt");
+//! let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+//! let sd = Value::dict([("weight", Value::Tensor(w.transpose(0, 1).unwrap()))]);
+//! ckpt_torch::save(&sd, &path).unwrap();
+//! let back = ckpt_torch::TorchFile::open(&path).unwrap();
+//! let t = back.get("weight").unwrap().as_tensor().unwrap();
+//! assert_eq!(t.strides(), &[1, 2]); // the view is kept
+//! assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+//! ```
+//!
+//! # Safety on hostile input
+//! Every length and offset read from a file is checked before use; the pickle decoder never executes code
+//! and enforces [`ckpt_pickle::Limits`]; unknown classes become opaque [`ckpt_core::Value::Object`]s.
+//! Sparse, quantized and nested tensors come back as [`ckpt_core::Value::OpaqueTensor`].
+
+pub mod detect;
+mod error;
+mod legacy;
+mod read;
+mod rebuild;
+mod write;
+pub mod zip;
+
+pub use detect::{Container, detect};
+pub use error::{Error, Result};
+pub use read::{ReadOptions, TorchFile, load, to_core};
+pub use write::{WriteOptions, prefix_for_path, save, save_to_writer, save_with};

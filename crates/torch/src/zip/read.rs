@@ -1,0 +1,702 @@
+//! Central-directory based, zero-copy reader for torch ZIP archives.
+
+use std::cmp::Ordering;
+use std::ops::Range;
+
+use super::{
+    CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN,
+    LOCAL_HEADER_SIG, U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID,
+    ZIP64_LOCATOR_LEN, ZIP64_LOCATOR_SIG, ZipError,
+};
+
+/// Longest ZIP comment; the EOCD is searched for within the last `MAX_COMMENT + 22` bytes.
+const MAX_COMMENT: u64 = 0xFFFF;
+
+/// Pseudo record name used in [`ZipError::Overlap`] for the central directory.
+const CENTRAL_DIRECTORY: &str = "<central directory>";
+
+/// One entry of the archive, as described by its central directory entry and its local header.
+///
+/// All offsets are relative to the first byte of the slice given to [`Archive::parse`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    name: String,
+    short_start: usize,
+    data_offset: u64,
+    size: u64,
+    compressed_size: u64,
+    crc32: u32,
+    method: u16,
+    flags: u16,
+    local_header_offset: u64,
+}
+
+impl Record {
+    /// Full entry name, e.g. `"archive/data/0"`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Entry name without the archive prefix and its `/`, e.g. `"data/0"`.
+    pub fn short_name(&self) -> &str {
+        self.name.get(self.short_start..).unwrap_or_default()
+    }
+
+    /// Offset of the first data byte (local header offset + 30 + local name length + local extra
+    /// length).
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// Uncompressed size from the central directory (zip64 value where applicable).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Compressed size from the central directory: the number of bytes the record occupies after
+    /// [`data_offset`](Self::data_offset). Equals [`size`](Self::size) for stored records.
+    pub fn compressed_size(&self) -> u64 {
+        self.compressed_size
+    }
+
+    /// Range of the record's (possibly compressed) bytes within the archive slice.
+    pub fn data_range(&self) -> Range<u64> {
+        // `parse` checked that this sum does not overflow and lies inside the slice.
+        self.data_offset..self.data_offset.saturating_add(self.compressed_size)
+    }
+
+    /// CRC-32 from the central directory; 0 means "not computed" for torch-written archives
+    /// (`set_crc32_options(False)`, `skip_data`).
+    pub fn crc32(&self) -> u32 {
+        self.crc32
+    }
+
+    /// Compression method (0 = stored, 8 = deflate).
+    pub fn method(&self) -> u16 {
+        self.method
+    }
+
+    /// General purpose bit flags from the central directory (torch: `0x0808`, or `0x0800` for
+    /// empty records).
+    pub fn flags(&self) -> u16 {
+        self.flags
+    }
+
+    /// Offset of the record's local file header.
+    pub fn local_header_offset(&self) -> u64 {
+        self.local_header_offset
+    }
+}
+
+/// Parsed central directory of a torch ZIP archive. Holds no reference to the bytes: pass the same
+/// slice again to [`Archive::data`] / [`Archive::verify_crc`].
+#[derive(Debug, Clone)]
+pub struct Archive {
+    prefix: String,
+    records: Vec<Record>,
+    /// Indices into `records`, sorted by short name (for `get`).
+    by_name: Vec<usize>,
+    /// Length of the slice the archive was parsed from.
+    len: u64,
+    /// Number of bytes found before the archive proper (prepended junk).
+    shift: u64,
+    /// Offset of the central directory (shift applied).
+    cd_offset: u64,
+}
+
+/// Bounds-checked little-endian reader over a region `[0, end)` of the archive slice.
+struct Cur<'a> {
+    buf: &'a [u8],
+    pos: u64,
+    what: &'static str,
+    start: u64,
+}
+
+impl<'a> Cur<'a> {
+    /// Reader for the structure `what` starting at `pos` that must end before `buf.len()`.
+    fn new(buf: &'a [u8], pos: u64, what: &'static str) -> Self {
+        Cur {
+            buf,
+            pos,
+            what,
+            start: pos,
+        }
+    }
+
+    /// Error for a structure that needs `needed` bytes from its start.
+    fn truncated(&self, needed: u64) -> ZipError {
+        ZipError::Truncated {
+            what: self.what,
+            offset: self.start,
+            needed,
+            available: (self.buf.len() as u64).saturating_sub(self.start),
+        }
+    }
+
+    fn bytes(&mut self, n: u64) -> Result<&'a [u8], ZipError> {
+        let end = self.pos.checked_add(n);
+        let slice = end.and_then(|end| {
+            let (from, to) = (usize::try_from(self.pos).ok()?, usize::try_from(end).ok()?);
+            self.buf.get(from..to)
+        });
+        match (slice, end) {
+            (Some(s), Some(end)) => {
+                self.pos = end;
+                Ok(s)
+            }
+            _ => Err(self.truncated(self.pos.saturating_add(n).saturating_sub(self.start))),
+        }
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ZipError> {
+        let s = self.bytes(N as u64)?;
+        <[u8; N]>::try_from(s).map_err(|_| self.truncated(N as u64))
+    }
+
+    fn u16(&mut self) -> Result<u16, ZipError> {
+        self.array().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, ZipError> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, ZipError> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    /// Reads a signature and checks it.
+    fn sig(&mut self, expected: u32) -> Result<(), ZipError> {
+        let offset = self.pos;
+        let found = self.u32()?;
+        if found == expected {
+            Ok(())
+        } else {
+            Err(ZipError::BadSignature {
+                what: self.what,
+                offset,
+                expected,
+                found,
+            })
+        }
+    }
+}
+
+/// Little-endian u32 at `pos`, if there are 4 bytes there.
+fn peek_u32(bytes: &[u8], pos: u64) -> Option<u32> {
+    Cur::new(bytes, pos, "").u32().ok()
+}
+
+/// Offset of the last EOCD signature that leaves room for a 22-byte EOCD, searching at most
+/// `MAX_COMMENT + 22` bytes back from the end (miniz and Python's `zipfile` do the same).
+fn find_eocd(bytes: &[u8]) -> Option<u64> {
+    let len = bytes.len() as u64;
+    let last = len.checked_sub(EOCD_LEN)?;
+    let first = last.saturating_sub(MAX_COMMENT);
+    let window =
+        bytes.get(usize::try_from(first).ok()?..usize::try_from(last).ok()?.checked_add(4)?)?;
+    let sig = EOCD_SIG.to_le_bytes();
+    window
+        .windows(4)
+        .rposition(|w| w == sig)
+        .map(|i| first + i as u64)
+}
+
+/// Values from the end records that the central directory parse needs.
+struct EndRecords {
+    entries: u64,
+    cd_size: u64,
+    cd_offset: u64,
+    /// Offset of the first end record (zip64 EOCD if present, else EOCD).
+    start: u64,
+}
+
+fn multi_disk(what: &'static str, value: u64) -> ZipError {
+    ZipError::MultiDisk { what, value }
+}
+
+/// Reads the classic EOCD at `eocd_pos` and, if a zip64 locator precedes it, the zip64 EOCD.
+fn read_end_records(bytes: &[u8], eocd_pos: u64) -> Result<EndRecords, ZipError> {
+    let mut c = Cur::new(bytes, eocd_pos, "end of central directory record");
+    c.sig(EOCD_SIG)?;
+    let disk = c.u16()?;
+    let cd_disk = c.u16()?;
+    let entries_disk = c.u16()?;
+    let entries = c.u16()?;
+    let cd_size = c.u32()?;
+    let cd_offset = c.u32()?;
+    // The comment length is not checked: trailing bytes after the archive are tolerated.
+
+    let locator_pos = eocd_pos.checked_sub(ZIP64_LOCATOR_LEN);
+    let locator = locator_pos.filter(|&p| peek_u32(bytes, p) == Some(ZIP64_LOCATOR_SIG));
+    let Some(locator_pos) = locator else {
+        if disk != 0 || cd_disk != 0 {
+            return Err(multi_disk("EOCD disk number", u64::from(disk.max(cd_disk))));
+        }
+        if entries_disk != entries {
+            return Err(multi_disk(
+                "EOCD entries on this disk",
+                u64::from(entries_disk),
+            ));
+        }
+        return Ok(EndRecords {
+            entries: u64::from(entries),
+            cd_size: u64::from(cd_size),
+            cd_offset: u64::from(cd_offset),
+            start: eocd_pos,
+        });
+    };
+
+    let mut c = Cur::new(bytes, locator_pos, "zip64 end of central directory locator");
+    c.sig(ZIP64_LOCATOR_SIG)?;
+    let zip64_disk = c.u32()?;
+    let recorded_pos = c.u64()?;
+    let disks = c.u32()?;
+    if zip64_disk != 0 {
+        return Err(multi_disk("zip64 locator disk", u64::from(zip64_disk)));
+    }
+    if disks > 1 {
+        return Err(multi_disk("zip64 locator total disks", u64::from(disks)));
+    }
+    // Python's zipfile expects the zip64 EOCD right before the locator (this survives prepended
+    // bytes); miniz follows the recorded offset (this survives extensible data). Try both.
+    let adjacent = locator_pos.checked_sub(ZIP64_EOCD_LEN);
+    let zip64_pos = match adjacent {
+        Some(p) if peek_u32(bytes, p) == Some(ZIP64_EOCD_SIG) => p,
+        _ => recorded_pos,
+    };
+    if zip64_pos >= locator_pos {
+        return Err(ZipError::BadSignature {
+            what: "zip64 end of central directory record",
+            offset: zip64_pos,
+            expected: ZIP64_EOCD_SIG,
+            found: peek_u32(bytes, zip64_pos).unwrap_or(0),
+        });
+    }
+    let mut c = Cur::new(bytes, zip64_pos, "zip64 end of central directory record");
+    c.sig(ZIP64_EOCD_SIG)?;
+    let _record_size = c.u64()?;
+    let _made_by = c.u16()?;
+    let _needed = c.u16()?;
+    let disk = c.u32()?;
+    let cd_disk = c.u32()?;
+    let entries_disk = c.u64()?;
+    let entries = c.u64()?;
+    let cd_size = c.u64()?;
+    let cd_offset = c.u64()?;
+    if disk != 0 || cd_disk != 0 {
+        return Err(multi_disk(
+            "zip64 EOCD disk number",
+            u64::from(disk.max(cd_disk)),
+        ));
+    }
+    if entries_disk != entries {
+        return Err(multi_disk("zip64 EOCD entries on this disk", entries_disk));
+    }
+    Ok(EndRecords {
+        entries,
+        cd_size,
+        cd_offset,
+        start: zip64_pos,
+    })
+}
+
+/// The zip64 values of a central directory entry that replace 32-bit sentinels.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Zip64Fields {
+    pub(super) size: Option<u64>,
+    pub(super) compressed_size: Option<u64>,
+    pub(super) local_header_offset: Option<u64>,
+    pub(super) disk: Option<u32>,
+}
+
+/// Resolves the sentinel fields of an entry from its extra field (APPNOTE 4.5.3: the zip64 block
+/// holds, in this order, only the fields whose 32-bit value is the sentinel).
+pub(super) fn parse_zip64_extra(
+    name: &str,
+    extra: &[u8],
+    need_size: bool,
+    need_csize: bool,
+    need_offset: bool,
+    need_disk: bool,
+) -> Result<Zip64Fields, ZipError> {
+    let mut out = Zip64Fields::default();
+    let mut block = None;
+    let mut at = 0usize;
+    // Blocks of (u16 id, u16 len, data). Fewer than 4 trailing bytes are ignored (as zipfile does).
+    while let Some(head) = extra.get(at..at.saturating_add(4)) {
+        let id = u16::from_le_bytes([
+            head.first().copied().unwrap_or(0),
+            head.get(1).copied().unwrap_or(0),
+        ]);
+        let len = usize::from(u16::from_le_bytes([
+            head.get(2).copied().unwrap_or(0),
+            head.get(3).copied().unwrap_or(0),
+        ]));
+        let data_start = at.saturating_add(4);
+        let data = extra
+            .get(data_start..data_start.saturating_add(len))
+            .ok_or_else(|| ZipError::MalformedExtra {
+                name: name.to_owned(),
+                at,
+            })?;
+        if id == ZIP64_EXTRA_ID && block.is_none() {
+            block = Some(data);
+        }
+        at = data_start.saturating_add(len);
+    }
+    if !(need_size || need_csize || need_offset || need_disk) {
+        return Ok(out);
+    }
+    let block = block.unwrap_or_default();
+    let mut c = Cur::new(block, 0, "zip64 extra field");
+    let missing = |field| ZipError::Zip64ExtraMissing {
+        name: name.to_owned(),
+        field,
+    };
+    if need_size {
+        out.size = Some(c.u64().map_err(|_| missing("uncompressed size"))?);
+    }
+    if need_csize {
+        out.compressed_size = Some(c.u64().map_err(|_| missing("compressed size"))?);
+    }
+    if need_offset {
+        out.local_header_offset = Some(c.u64().map_err(|_| missing("local header offset"))?);
+    }
+    if need_disk {
+        out.disk = Some(c.u32().map_err(|_| missing("disk number start"))?);
+    }
+    Ok(out)
+}
+
+impl Archive {
+    /// Parses a torch ZIP archive occupying the whole of `bytes` (which may be a window of a larger
+    /// file: all offsets are relative to `bytes[0]`).
+    ///
+    /// Trailing bytes after the end of central directory record are tolerated (the record is
+    /// searched for backwards within the maximum comment size), and so are bytes prepended before
+    /// the archive (detected like Python's `zipfile`: offsets are shifted by the distance between
+    /// where the central directory should end and where the end records are).
+    pub fn parse(bytes: &[u8]) -> Result<Archive, ZipError> {
+        let len = bytes.len() as u64;
+        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip)?;
+        let end = read_end_records(bytes, eocd_pos)?;
+
+        let misplaced = || ZipError::CentralDirectoryMisplaced {
+            cd_offset: end.cd_offset,
+            cd_size: end.cd_size,
+            end_records: end.start,
+        };
+        let cd_end_claimed = end
+            .cd_offset
+            .checked_add(end.cd_size)
+            .ok_or_else(misplaced)?;
+        let shift = end
+            .start
+            .checked_sub(cd_end_claimed)
+            .ok_or_else(misplaced)?;
+        let cd_offset = end.cd_offset.saturating_add(shift);
+        let cd_end = end.start;
+
+        let max = end.cd_size / CENTRAL_HEADER_LEN;
+        if end.entries > max {
+            return Err(ZipError::EntryCountTooLarge {
+                claimed: end.entries,
+                cd_size: end.cd_size,
+                max,
+            });
+        }
+        if end.entries == 0 {
+            return Err(ZipError::Empty);
+        }
+        // Bounded by cd_size / 46 <= len / 46.
+        let capacity = usize::try_from(end.entries).map_err(|_| ZipError::TooLarge {
+            what: "entry count",
+        })?;
+        let cd_region = bytes
+            .get(..usize::try_from(cd_end).unwrap_or(usize::MAX))
+            .ok_or(ZipError::Truncated {
+                what: "central directory",
+                offset: cd_offset,
+                needed: end.cd_size,
+                available: len.saturating_sub(cd_offset),
+            })?;
+
+        let mut records: Vec<Record> = Vec::with_capacity(capacity);
+        let mut prefix: Option<String> = None;
+        let mut pos = cd_offset;
+        for _ in 0..end.entries {
+            let (record, next) = read_central_entry(cd_region, bytes, pos, shift, &mut prefix)?;
+            records.push(record);
+            pos = next;
+        }
+        let prefix = prefix.unwrap_or_default();
+
+        // Names: sorted index for lookup, duplicates rejected.
+        let mut by_name: Vec<usize> = (0..records.len()).collect();
+        let short = |i: &usize| records.get(*i).map(Record::short_name).unwrap_or_default();
+        by_name.sort_by(|a, b| short(a).cmp(short(b)));
+        for pair in by_name.windows(2) {
+            if let [a, b] = pair {
+                if short(a) == short(b) {
+                    return Err(ZipError::DuplicateName {
+                        name: records.get(*b).map(|r| r.name.clone()).unwrap_or_default(),
+                    });
+                }
+            }
+        }
+
+        check_overlaps(&records, cd_offset, len)?;
+
+        Ok(Archive {
+            prefix,
+            records,
+            by_name,
+            len,
+            shift,
+            cd_offset,
+        })
+    }
+
+    /// The archive prefix: everything before the first `/` of the first central-directory entry
+    /// (`"archive"` for buffers, the file stem for paths).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// All records, in central-directory order (for torch files: write order).
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    /// Looks a record up by its name without prefix (`"data.pkl"`, `"data/0"`, `"version"`,
+    /// `".data/version"`), in O(log n).
+    pub fn get(&self, name_without_prefix: &str) -> Option<&Record> {
+        let idx = self
+            .by_name
+            .binary_search_by(|&i| {
+                self.records
+                    .get(i)
+                    .map_or(Ordering::Less, |r| r.short_name().cmp(name_without_prefix))
+            })
+            .ok()?;
+        self.records.get(*self.by_name.get(idx)?)
+    }
+
+    /// Number of bytes found in front of the archive proper (0 for normal archives; positive for
+    /// self-extractor style files). Already included in every offset this archive reports.
+    pub fn prepended_len(&self) -> u64 {
+        self.shift
+    }
+
+    /// Offset of the central directory within the slice.
+    pub fn central_directory_offset(&self) -> u64 {
+        self.cd_offset
+    }
+
+    /// The bytes of a stored record: a sub-slice of `bytes`, which must be the slice this archive
+    /// was parsed from. Compressed records give [`ZipError::Compressed`] (inflate them elsewhere
+    /// from [`Record::data_range`]), encrypted ones [`ZipError::Encrypted`].
+    pub fn data<'a>(&self, bytes: &'a [u8], rec: &Record) -> Result<&'a [u8], ZipError> {
+        if bytes.len() as u64 != self.len {
+            return Err(ZipError::BufferMismatch {
+                parsed: self.len,
+                given: bytes.len() as u64,
+            });
+        }
+        if rec.flags & FLAG_ENCRYPTED != 0 {
+            return Err(ZipError::Encrypted {
+                name: rec.name.clone(),
+            });
+        }
+        if rec.method != 0 {
+            return Err(ZipError::Compressed {
+                name: rec.name.clone(),
+                method: rec.method,
+            });
+        }
+        Cur::new(bytes, rec.data_offset, "record data").bytes(rec.size)
+    }
+
+    /// Checks a stored record's bytes against the CRC-32 from the central directory.
+    ///
+    /// A recorded CRC of 0 means "not computed" (torch writes 0 under
+    /// `torch.serialization.set_crc32_options(False)` and `skip_data`) and is accepted without
+    /// reading the data; an empty record, whose true CRC is 0, is therefore always accepted too.
+    pub fn verify_crc(&self, bytes: &[u8], rec: &Record) -> Result<(), ZipError> {
+        let data = self.data(bytes, rec)?;
+        if rec.crc32 == 0 {
+            return Ok(());
+        }
+        let actual = crc32fast::hash(data);
+        if actual == rec.crc32 {
+            Ok(())
+        } else {
+            Err(ZipError::CrcMismatch {
+                name: rec.name.clone(),
+                expected: rec.crc32,
+                actual,
+            })
+        }
+    }
+}
+
+/// Parses the central directory entry at `pos` (inside `cd_region`) and the local header it points
+/// at (inside `bytes`). Returns the record and the offset of the next entry.
+fn read_central_entry(
+    cd_region: &[u8],
+    bytes: &[u8],
+    pos: u64,
+    shift: u64,
+    prefix: &mut Option<String>,
+) -> Result<(Record, u64), ZipError> {
+    let mut c = Cur::new(cd_region, pos, "central directory entry");
+    c.sig(CENTRAL_HEADER_SIG)?;
+    let _made_by = c.u16()?;
+    let _needed = c.u16()?;
+    let flags = c.u16()?;
+    let method = c.u16()?;
+    let _time = c.u16()?;
+    let _date = c.u16()?;
+    let crc32 = c.u32()?;
+    let csize32 = c.u32()?;
+    let size32 = c.u32()?;
+    let name_len = c.u16()?;
+    let extra_len = c.u16()?;
+    let comment_len = c.u16()?;
+    let disk16 = c.u16()?;
+    let _internal_attr = c.u16()?;
+    let _external_attr = c.u32()?;
+    let offset32 = c.u32()?;
+    let name_bytes = c.bytes(u64::from(name_len))?;
+    let extra = c.bytes(u64::from(extra_len))?;
+    let _comment = c.bytes(u64::from(comment_len))?;
+
+    let name = std::str::from_utf8(name_bytes)
+        .map_err(|_| ZipError::InvalidName { offset: pos })?
+        .to_owned();
+
+    let z = parse_zip64_extra(
+        &name,
+        extra,
+        u64::from(size32) == U32_SENTINEL,
+        u64::from(csize32) == U32_SENTINEL,
+        u64::from(offset32) == U32_SENTINEL,
+        disk16 == 0xFFFF,
+    )?;
+    let size = z.size.unwrap_or(u64::from(size32));
+    let compressed_size = z.compressed_size.unwrap_or(u64::from(csize32));
+    let local_offset = z.local_header_offset.unwrap_or(u64::from(offset32));
+    let disk = z.disk.unwrap_or(u32::from(disk16));
+    if disk != 0 {
+        return Err(multi_disk("entry disk number start", u64::from(disk)));
+    }
+
+    // Prefix rules of PyTorchStreamReader.
+    let short_start = match prefix {
+        None => {
+            let slash = name
+                .find('/')
+                .ok_or_else(|| ZipError::NotInSubdirectory { name: name.clone() })?;
+            *prefix = Some(name.get(..slash).unwrap_or_default().to_owned());
+            slash.saturating_add(1)
+        }
+        Some(p) => {
+            let under = name
+                .strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.starts_with('/'));
+            if !under {
+                if !name.contains('/') {
+                    return Err(ZipError::NotInSubdirectory { name });
+                }
+                return Err(ZipError::MixedPrefix {
+                    prefix: p.clone(),
+                    name,
+                });
+            }
+            p.len().saturating_add(1)
+        }
+    };
+
+    if method == 0 && size != compressed_size {
+        return Err(ZipError::StoredSizeMismatch {
+            name,
+            compressed: compressed_size,
+            uncompressed: size,
+        });
+    }
+
+    // Local header: signature, name, and where the data starts. Its sizes are ignored.
+    let local_header_offset = local_offset.checked_add(shift).ok_or(ZipError::Truncated {
+        what: "local file header",
+        offset: local_offset,
+        needed: LOCAL_HEADER_LEN,
+        available: 0,
+    })?;
+    let mut l = Cur::new(bytes, local_header_offset, "local file header");
+    l.sig(LOCAL_HEADER_SIG)?;
+    l.bytes(22)?; // version, flags, method, time, date, crc, sizes: not trusted
+    let local_name_len = l.u16()?;
+    let local_extra_len = l.u16()?;
+    let local_name = l.bytes(u64::from(local_name_len))?;
+    if local_name != name_bytes {
+        return Err(ZipError::LocalNameMismatch {
+            central: name,
+            local: String::from_utf8_lossy(local_name).into_owned(),
+            offset: local_header_offset,
+        });
+    }
+    l.bytes(u64::from(local_extra_len))?;
+    let data_offset = l.pos;
+
+    let record = Record {
+        name,
+        short_start,
+        data_offset,
+        size,
+        compressed_size,
+        crc32,
+        method,
+        flags,
+        local_header_offset,
+    };
+    Ok((record, c.pos))
+}
+
+/// Rejects records that extend past the end of the slice, overlap the central directory, or
+/// overlap each other (each record spans its local header and its data).
+fn check_overlaps(records: &[Record], cd_offset: u64, len: u64) -> Result<(), ZipError> {
+    let mut spans: Vec<(u64, u64, &str)> = Vec::with_capacity(records.len());
+    for r in records {
+        let end = r.data_offset.checked_add(r.compressed_size);
+        match end {
+            Some(end) if end <= cd_offset => spans.push((r.local_header_offset, end, &r.name)),
+            Some(end) if end <= len => {
+                return Err(ZipError::Overlap {
+                    a: r.name.clone(),
+                    b: CENTRAL_DIRECTORY.to_owned(),
+                });
+            }
+            _ => {
+                return Err(ZipError::Truncated {
+                    what: "record data",
+                    offset: r.data_offset,
+                    needed: r.compressed_size,
+                    available: len.saturating_sub(r.data_offset),
+                });
+            }
+        }
+    }
+    spans.sort_unstable_by_key(|&(start, end, _)| (start, end));
+    for pair in spans.windows(2) {
+        if let [(_, a_end, a), (b_start, _, b)] = pair {
+            if a_end > b_start {
+                return Err(ZipError::Overlap {
+                    a: (*a).to_owned(),
+                    b: (*b).to_owned(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! ckpt: read, write, inspect and convert PyTorch training checkpoints outside Python.
+//!
+//! One tensor model ([`core`]) under one crate per format, each behind a cargo feature:
+//!
+//! | feature | crate | format |
+//! |---|---|---|
+//! | `torch` (default) | [`torch`] (`ckpt-torch`) | `torch.save` files, ZIP and legacy |
+//! | `safetensors` (default) | [`core::safetensors`] | `.safetensors` files |
+//! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
+//! | `cli` | — | the `ckpt` command-line tool |
+//!
+//! [`open`] detects the format of a file or directory and returns one [`Checkpoint`] interface: entries with
+//! dtype and shape before any data is read, then lazy tensor reads.
+//!
+//! ```
+//! use ckpt::core::{Tensor, Value};
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("m.pt");
+//! let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
+//! ckpt::torch::save(&sd, &path).unwrap();
+//! let ck = ckpt::open(&path).unwrap();
+//! assert_eq!(ck.format(), ckpt::Format::Torch);
+//! assert_eq!(ck.entries()[0].name, "w");
+//! assert_eq!(ck.tensor("w").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+//! ```
+//!
+//! # Security
+//! Checkpoints are untrusted input. No reader executes pickle code; every size read from a file is checked
+//! before it is used; a panic on malformed input is a bug.
+
+mod format;
+
+use std::path::{Path, PathBuf};
+
+pub use ckpt_core as core;
+pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value};
+#[cfg(feature = "torch")]
+pub use ckpt_torch as torch;
+pub use format::{Format, detect};
+
+/// Errors of the facade: which format, which path, and the format crate's error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The format of a path could not be recognised.
+    #[error("{}: unknown checkpoint format ({reason})", path.display())]
+    UnknownFormat {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The format is known but this build lacks its feature.
+    #[error("{}: this is a {format} checkpoint; enable the `{feature}` feature of the ckpt crate to read it", path.display())]
+    FeatureDisabled {
+        /// The path.
+        path: PathBuf,
+        /// The format.
+        format: Format,
+        /// The feature to enable.
+        feature: &'static str,
+    },
+    /// An error from the torch codec.
+    #[cfg(feature = "torch")]
+    #[error(transparent)]
+    Torch(#[from] ckpt_torch::Error),
+    /// An error from the core (safetensors, tensors).
+    #[error("{}: {source}", path.display())]
+    Core {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_core::Error,
+    },
+}
+
+/// `Result` with the facade's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An open checkpoint of any format.
+pub struct Checkpoint {
+    format: Format,
+    path: PathBuf,
+    inner: Box<dyn CheckpointRead + Send + Sync>,
+}
+
+impl Checkpoint {
+    /// The detected format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every entry with its metadata, before any tensor data is read.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.inner.entries()
+    }
+
+    /// Reads the tensor entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::Core`] naming the path.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.inner.tensor(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+    }
+
+    /// Reads the non-tensor entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::Core`] naming the path.
+    pub fn value(&self, name: &str) -> Result<Value> {
+        self.inner.value(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+    }
+
+    /// The format-specific reader, for downcasting-free access to extras.
+    pub fn reader(&self) -> &(dyn CheckpointRead + Send + Sync) {
+        self.inner.as_ref()
+    }
+}
+
+/// A safetensors file as a [`CheckpointRead`].
+struct SafetensorsReader(ckpt_core::safetensors::SafetensorsFile);
+
+impl CheckpointRead for SafetensorsReader {
+    fn format_name(&self) -> &'static str {
+        "safetensors"
+    }
+    fn entries(&self) -> Vec<Entry> {
+        self.0
+            .tensors
+            .iter()
+            .map(|(n, t)| Entry {
+                name: n.clone(),
+                kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+            })
+            .collect()
+    }
+    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+        self.0.get(name).cloned().ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}")))
+    }
+    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+        Err(ckpt_core::Error::InvalidArgument(format!("safetensors files hold only tensors; no value {name:?}")))
+    }
+}
+
+/// Opens a checkpoint of any enabled format, detecting it from the path's contents.
+///
+/// # Errors
+/// [`Error::UnknownFormat`], [`Error::FeatureDisabled`] naming the feature to enable, or the format's own
+/// error.
+pub fn open(path: &Path) -> Result<Checkpoint> {
+    let format = detect(path)?;
+    open_as(path, format)
+}
+
+/// Opens a checkpoint as the given format.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
+    let disabled = || Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() };
+    let inner: Box<dyn CheckpointRead + Send + Sync> = match format {
+        #[cfg(feature = "torch")]
+        Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
+        #[cfg(feature = "safetensors")]
+        Format::Safetensors => Box::new(SafetensorsReader(
+            ckpt_core::safetensors::read_file(path).map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
+        )),
+        _ => return Err(disabled()),
+    };
+    Ok(Checkpoint { format, path: path.to_path_buf(), inner })
+}

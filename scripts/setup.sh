@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine with Rust and Python 3.11:
+# system packages (HDF5 for the PyTorch-BigGraph crate, pkg-config) and the conformance suite's Python
+# virtual environment (.venv) from conformance/requirements.txt. Idempotent: fast when all is in place.
+# Fails loudly when something cannot be installed; it never skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# --- system packages -------------------------------------------------------------------------------------
+APT_PACKAGES=(pkg-config libhdf5-dev)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing system packages: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "need root (or sudo) to install ${missing[*]}"
+    SUDO="sudo"
+  fi
+  $SUDO apt-get update -qq || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    || die "apt-get install ${missing[*]} failed"
+fi
+
+# --- toolchains -----------------------------------------------------------------------------------------
+command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
+PYTHON="${PYTHON:-python3}"
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11"
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else 1)' \
+  || die "Python >= 3.10 needed, found $("$PYTHON" --version 2>&1)"
+
+# --- Python environment ---------------------------------------------------------------------------------
+REQ=conformance/requirements.txt
+STAMP=.venv/.ckpt-requirements.sha256
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  say "creating the Python environment .venv from $REQ (torch is large: a few minutes on a fresh machine)"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv || die "python -m venv failed"
+  .venv/bin/python -m pip install -q --upgrade pip || die "pip upgrade failed"
+  .venv/bin/python -m pip install -q -r "$REQ" || die "pip install -r $REQ failed"
+  echo "$want" > "$STAMP"
+fi
+.venv/bin/python - <<'PY' || die "the Python environment is broken (see above)"
+import torch, numpy, h5py, safetensors, torchbiggraph  # noqa: F401
+assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
+PY
+say "environment ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(cargo --version)"

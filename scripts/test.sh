@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing (scripts/setup.sh), checks formatting and lints, proves the
+# committed fixtures are reproducible by regenerating them with the pinned torch, then runs the whole Rust
+# suite (which loads Rust-written files in real torch), and the tch feature's tests against libtorch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+
+step "setup"
+bash scripts/setup.sh
+
+# tch builds against the torch in .venv; sets LIBTORCH_USE_PYTORCH, PATH and LD_LIBRARY_PATH.
+# shellcheck source=scripts/tch-env.sh
+source scripts/tch-env.sh
+
+step "format"
+cargo fmt --all -- --check
+
+step "lint"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "fixtures are reproducible (regenerated with torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
+fresh=$(mktemp -d)
+trap 'rm -rf "$fresh"' EXIT
+.venv/bin/python conformance/python/make_torch_fixtures.py "$fresh/torch" >/dev/null
+.venv/bin/python conformance/python/check_reproducible.py conformance/fixtures/torch "$fresh/torch"
+.venv/bin/python conformance/python/make_bad.py "$fresh/bad" >/dev/null
+diff -r conformance/bad "$fresh/bad" >/dev/null || { echo "conformance/bad differs from a fresh make_bad.py run" >&2; exit 1; }
+
+step "tests"
+cargo test --workspace --all-features
