@@ -9,8 +9,8 @@ for f in conformance/fixtures/torch/module.pt conformance/fixtures/torch/checkpo
   "$ckpt" inspect "$f"
   echo
 done
-echo "\$ ckpt cat conformance/fixtures/torch/module.pt 0.weight --limit 2"
-"$ckpt" cat conformance/fixtures/torch/module.pt 0.weight --limit 2
+echo "\$ ckpt cat conformance/fixtures/torch/module.pt lin.weight --limit 2"
+"$ckpt" cat conformance/fixtures/torch/module.pt lin.weight --limit 2
 echo
 echo "\$ ckpt inspect conformance/fixtures/torch/dtypes.pt --json | head -20"
 "$ckpt" inspect conformance/fixtures/torch/dtypes.pt --json | head -20

@@ -97,8 +97,17 @@ fn items(vs: &[Value], path: &mut Vec<PathItem>) -> Vec<Json> {
         .collect()
 }
 
+/// The manifests' name for an opaque tensor: `sparse_coo`/`sparse_csr`/... from the layout argument of
+/// `_rebuild_sparse_tensor`, else the kind.
 fn opaque_name(kind: OpaqueTensorKind, o: &ckpt_core::Object) -> String {
-    let _ = o;
+    if kind == OpaqueTensorKind::Sparse {
+        // args[0] is `torch.serialization._get_layout('torch.sparse_coo')`
+        if let Some(Value::Object(layout)) = o.args.as_sequence().and_then(|a| a.first()) {
+            if let Some(Value::Str(l)) = layout.args.as_sequence().and_then(|a| a.first()) {
+                return l.trim_start_matches("torch.").to_owned();
+            }
+        }
+    }
     format!("{kind:?}").to_lowercase()
 }
 
@@ -107,7 +116,7 @@ fn render(v: &Value, path: &mut Vec<PathItem>) -> Json {
         Value::None => json!({"t": "none"}),
         Value::Bool(b) => json!({"t": "bool", "v": b}),
         Value::Int(i) => json!({"t": "int", "v": i.to_string()}),
-        Value::BigInt(b) => json!({"t": "int", "v": bigint_decimal(b)}),
+        Value::BigInt(b) => json!({"t": "int", "v": ckpt_core::bigint_decimal(b)}),
         Value::Float(f) => json!({"t": "float", "v": float_hex(*f)}),
         Value::Complex(re, im) => json!({"t": "complex", "re": float_hex(*re), "im": float_hex(*im)}),
         Value::Str(s) => json!({"t": "str", "v": s}),
@@ -150,46 +159,6 @@ fn render(v: &Value, path: &mut Vec<PathItem>) -> Json {
     }
 }
 
-/// Decimal text of a little-endian two's complement integer.
-pub fn bigint_decimal(le: &[u8]) -> String {
-    let negative = le.last().is_some_and(|b| b & 0x80 != 0);
-    // magnitude as little-endian bytes
-    let mut mag: Vec<u8> = le.to_vec();
-    if negative {
-        let mut carry = 1u16;
-        for b in &mut mag {
-            let v = u16::from(!*b) + carry;
-            *b = v as u8;
-            carry = v >> 8;
-        }
-    }
-    // repeated division by 10 on big-endian digits
-    let mut be: Vec<u8> = mag.into_iter().rev().skip_while(|&b| b == 0).collect();
-    if be.is_empty() {
-        return "0".into();
-    }
-    let mut out = Vec::new();
-    while !be.is_empty() {
-        let mut rem = 0u32;
-        let mut next = Vec::with_capacity(be.len());
-        for &b in &be {
-            let cur = (rem << 8) | u32::from(b);
-            let q = cur / 10;
-            rem = cur % 10;
-            if !(next.is_empty() && q == 0) {
-                next.push(q as u8);
-            }
-        }
-        out.push(b'0' + rem as u8);
-        be = next;
-    }
-    if negative {
-        out.push(b'-');
-    }
-    out.reverse();
-    String::from_utf8(out).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +174,7 @@ mod tests {
 
     #[test]
     fn bigints() {
+        use ckpt_core::bigint_decimal;
         assert_eq!(bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), "18446744073709551616");
         assert_eq!(bigint_decimal(&[0xff]), "-1");
         assert_eq!(bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]), "-9223372036854775808");

@@ -58,7 +58,7 @@ impl Format {
         match self {
             Format::Torch => cfg!(feature = "torch"),
             Format::Safetensors => cfg!(feature = "safetensors"),
-            _ => false,
+            Format::Distcp | Format::Hfai | Format::Pbg | Format::Recis => false,
         }
     }
 }

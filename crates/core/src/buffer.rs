@@ -240,6 +240,7 @@ impl From<Vec<u8>> for Buffer {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use std::io::Write;
 

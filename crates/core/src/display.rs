@@ -129,7 +129,7 @@ fn fmt_dim(out: &mut String, t: &Tensor, data: &[u8], strides: &[usize], dim: us
     for i in 0..n {
         if !show(i) {
             if !skipped {
-                out.push_str(if dim + 1 == t.dim() { ", ..." } else { ",\n...".as_ref() });
+                out.push_str(if dim + 1 == t.dim() { ", ..." } else { ",\n..." });
                 skipped = true;
             }
             continue;

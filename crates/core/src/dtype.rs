@@ -73,6 +73,16 @@ pub enum DType {
     QUInt4x2,
     /// `torch.quint2x4`.
     QUInt2x4,
+    /// `torch.bits8`: an opaque byte.
+    Bits8,
+    /// `torch.bits16`: an opaque 2-byte value.
+    Bits16,
+    /// `torch.bits1x8`: eight packed bits.
+    Bits1x8,
+    /// `torch.bits2x4`: four packed 2-bit values.
+    Bits2x4,
+    /// `torch.bits4x2`: two packed 4-bit values.
+    Bits4x2,
 }
 
 /// How a storage's element count is counted in a `torch.save` persistent id.
@@ -136,11 +146,16 @@ const TABLE: &[Info] = &[
     info(DType::QInt32, "qint32", 4, Typed("QInt32Storage"), None, None),
     info(DType::QUInt4x2, "quint4x2", 1, Typed("QUInt4x2Storage"), None, None),
     info(DType::QUInt2x4, "quint2x4", 1, Typed("QUInt2x4Storage"), None, None),
+    info(DType::Bits8, "bits8", 1, Untyped, None, None),
+    info(DType::Bits16, "bits16", 2, Untyped, None, None),
+    info(DType::Bits1x8, "bits1x8", 1, Untyped, None, None),
+    info(DType::Bits2x4, "bits2x4", 1, Untyped, None, None),
+    info(DType::Bits4x2, "bits4x2", 1, Untyped, None, None),
 ];
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 27] = [
+    pub const ALL: [DType; 32] = [
         DType::Bool,
         DType::U8,
         DType::U16,
@@ -168,6 +183,11 @@ impl DType {
         DType::QInt32,
         DType::QUInt4x2,
         DType::QUInt2x4,
+        DType::Bits8,
+        DType::Bits16,
+        DType::Bits1x8,
+        DType::Bits2x4,
+        DType::Bits4x2,
     ];
 
     fn info(self) -> &'static Info {
@@ -348,6 +368,7 @@ impl fmt::Display for DType {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -67,6 +67,7 @@ fn python_repr(v: &Value) -> Result<String> {
         Value::Bool(true) => "True".into(),
         Value::Bool(false) => "False".into(),
         Value::Int(i) => i.to_string(),
+        Value::BigInt(b) => crate::value::bigint_decimal(b),
         Value::Float(f) => float_repr(*f),
         Value::Str(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
         Value::Tuple(items) => {

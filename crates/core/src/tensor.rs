@@ -47,6 +47,8 @@ pub struct Tensor {
     storage_offset: usize,
     storage: Buffer,
     requires_grad: bool,
+    conj: bool,
+    neg: bool,
 }
 
 /// Row-major (C-contiguous) strides for `shape`, in elements.
@@ -87,6 +89,8 @@ impl Tensor {
             storage_offset: 0,
             storage,
             requires_grad: false,
+            conj: false,
+            neg: false,
         })
     }
 
@@ -130,6 +134,8 @@ impl Tensor {
             storage_offset,
             storage,
             requires_grad: false,
+            conj: false,
+            neg: false,
         })
     }
 
@@ -187,6 +193,31 @@ impl Tensor {
         self.requires_grad = requires_grad;
     }
 
+    /// Whether torch's lazy conjugation bit is set: the logical values are the complex conjugates of the
+    /// stored ones ([`Tensor::data`] applies it; the storage is untouched and still shared).
+    pub fn is_conj(&self) -> bool {
+        self.conj
+    }
+
+    /// Whether torch's lazy negation bit is set: the logical values are the negated stored ones.
+    pub fn is_neg(&self) -> bool {
+        self.neg
+    }
+
+    /// This view with the conjugation and negation bits set as given (what `_rebuild_tensor_v2`'s
+    /// `{'conj': True}` / `{'neg': True}` metadata means).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for the conjugation bit on a non-complex dtype.
+    pub fn with_lazy_bits(mut self, conj: bool, neg: bool) -> Result<Self> {
+        if conj && !self.dtype.is_complex() {
+            return Err(Error::InvalidArgument(format!("conjugation bit on a {} tensor", self.dtype)));
+        }
+        self.conj = conj;
+        self.neg = neg;
+        Ok(self)
+    }
+
     /// This tensor with the `requires_grad` flag set to `requires_grad`.
     #[must_use]
     pub fn with_requires_grad(mut self, requires_grad: bool) -> Self {
@@ -239,6 +270,19 @@ impl Tensor {
     /// # Errors
     /// [`Error::Limit`] if a gather cannot allocate.
     pub fn data(&self) -> Result<Cow<'_, [u8]>> {
+        if self.conj || self.neg {
+            let mut raw = self.stored_data()?.into_owned();
+            apply_lazy_bits(self.dtype, &mut raw, self.conj, self.neg)?;
+            return Ok(Cow::Owned(raw));
+        }
+        self.stored_data()
+    }
+
+    /// The stored elements in row-major order, without applying the conjugation/negation bits.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] if a gather cannot allocate.
+    pub fn stored_data(&self) -> Result<Cow<'_, [u8]>> {
         if self.is_contiguous() {
             let start = self.storage_offset * self.dtype.size();
             let bytes = self
@@ -299,7 +343,7 @@ impl Tensor {
     /// # Errors
     /// [`Error::Limit`] if a gather cannot allocate.
     pub fn to_contiguous(&self) -> Result<Tensor> {
-        let storage = if self.is_contiguous() {
+        let storage = if self.is_contiguous() && !self.conj && !self.neg {
             self.storage.slice_len(self.storage_offset * self.dtype.size(), self.nbytes())?
         } else {
             let data = self.data()?;
@@ -312,6 +356,8 @@ impl Tensor {
             storage_offset: 0,
             storage,
             requires_grad: self.requires_grad,
+            conj: false,
+            neg: false,
         })
     }
 
@@ -322,8 +368,10 @@ impl Tensor {
     /// bytes are not aligned for `T` (use [`Tensor::to_vec`] or [`Tensor::to_contiguous`] then).
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         self.check_dtype::<T>()?;
-        if !self.is_contiguous() {
-            return Err(Error::InvalidArgument("as_slice needs a contiguous tensor".into()));
+        if !self.is_contiguous() || self.conj || self.neg {
+            return Err(Error::InvalidArgument(
+                "as_slice needs a contiguous tensor without conjugation/negation bits".into(),
+            ));
         }
         let start = self.storage_offset * self.dtype.size();
         let bytes = self
@@ -446,6 +494,48 @@ impl Tensor {
     }
 }
 
+/// Applies torch's lazy bits to row-major element bytes: conjugation negates imaginary parts, negation
+/// negates every element (two's complement wrap for integers, like torch).
+fn apply_lazy_bits(dtype: DType, bytes: &mut [u8], conj: bool, neg: bool) -> Result<()> {
+    fn flip_sign_bits(bytes: &mut [u8], width: usize, step: usize, first: usize) {
+        // IEEE floats (f16/bf16/f32/f64 and the complex parts): negation flips the top bit of each value.
+        let mut i = first;
+        while i + width <= bytes.len() {
+            if let Some(b) = bytes.get_mut(i + width - 1) {
+                *b ^= 0x80;
+            }
+            i += step;
+        }
+    }
+    let es = dtype.size();
+    match dtype {
+        DType::C32 | DType::C64 | DType::C128 => {
+            let half_width = es / 2;
+            if conj {
+                flip_sign_bits(bytes, half_width, es, half_width);
+            }
+            if neg {
+                flip_sign_bits(bytes, half_width, half_width, 0);
+            }
+        }
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 if neg => flip_sign_bits(bytes, es, es, 0),
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 if neg => {
+            for chunk in bytes.chunks_exact_mut(es) {
+                // two's complement negation: invert and add one, little-endian
+                let mut carry = true;
+                for b in chunk.iter_mut() {
+                    let (v, c) = (!*b).overflowing_add(u8::from(carry));
+                    *b = v;
+                    carry = c;
+                }
+            }
+        }
+        _ if !neg => {}
+        other => return Err(Error::Unsupported(format!("negation bit on a {other} tensor"))),
+    }
+    Ok(())
+}
+
 /// Elements a view needs in its storage: `offset + Σ (size_i − 1) × stride_i + 1`, or 0 when any size is 0
 /// (torch's `computeStorageNbytes`). `None` on overflow.
 pub fn required_storage_elements(shape: &[usize], strides: &[usize], storage_offset: usize) -> Option<usize> {
@@ -468,6 +558,8 @@ impl fmt::Debug for Tensor {
             .field("storage_offset", &self.storage_offset)
             .field("storage", &self.storage)
             .field("requires_grad", &self.requires_grad)
+            .field("conj", &self.conj)
+            .field("neg", &self.neg)
             .finish()
     }
 }
@@ -544,6 +636,22 @@ mod tests {
         assert!(Tensor::from_parts(DType::F32, &[0], &[1], 100, b.clone()).is_ok());
         assert!(Tensor::from_parts(DType::F32, &[usize::MAX, 2], &[usize::MAX, 1], 0, b.clone()).is_err());
         assert!(Tensor::from_buffer(DType::F32, &[5], b).is_err());
+    }
+
+    #[test]
+    fn lazy_bits() {
+        let z = Tensor::from_slice(&[1.0f32, 2.0, -3.0, 4.0], &[4]);
+        // two complex64 values (1+2j, -3+4j) viewed from f32 bytes
+        let z = Tensor::from_buffer(DType::C64, &[2], z.unwrap().storage().clone()).unwrap();
+        let c = z.clone().with_lazy_bits(true, false).unwrap();
+        let back = Tensor::from_buffer(DType::F32, &[4], Buffer::copy_from(&c.data().unwrap()).unwrap()).unwrap();
+        assert_eq!(back.to_vec::<f32>().unwrap(), vec![1.0, -2.0, -3.0, -4.0]);
+        assert!(c.shares_storage_with(&z));
+        let n = Tensor::from_slice(&[1i16, -5, 0], &[3]).unwrap().with_lazy_bits(false, true).unwrap();
+        assert_eq!(n.to_vec::<i16>().unwrap(), vec![-1, 5, 0]);
+        assert!(n.as_slice::<i16>().is_err());
+        assert!(!n.to_contiguous().unwrap().is_neg());
+        assert!(Tensor::zeros(DType::F32, &[1]).unwrap().with_lazy_bits(true, false).is_err());
     }
 
     #[test]

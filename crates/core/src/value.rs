@@ -284,6 +284,50 @@ impl Value {
     }
 }
 
+/// Decimal text of a little-endian two's complement integer (a [`Value::BigInt`]'s payload).
+///
+/// ```
+/// assert_eq!(ckpt_core::bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), "18446744073709551616");
+/// ```
+pub fn bigint_decimal(le: &[u8]) -> String {
+    let negative = le.last().is_some_and(|b| b & 0x80 != 0);
+    // magnitude as little-endian bytes
+    let mut mag: Vec<u8> = le.to_vec();
+    if negative {
+        let mut carry = 1u16;
+        for b in &mut mag {
+            let v = u16::from(!*b) + carry;
+            *b = v as u8;
+            carry = v >> 8;
+        }
+    }
+    // repeated division by 10 on big-endian digits
+    let mut be: Vec<u8> = mag.into_iter().rev().skip_while(|&b| b == 0).collect();
+    if be.is_empty() {
+        return "0".into();
+    }
+    let mut out = Vec::new();
+    while !be.is_empty() {
+        let mut rem = 0u32;
+        let mut next = Vec::with_capacity(be.len());
+        for &b in &be {
+            let cur = (rem << 8) | u32::from(b);
+            let q = cur / 10;
+            rem = cur % 10;
+            if !(next.is_empty() && q == 0) {
+                next.push(q as u8);
+            }
+        }
+        out.push(b'0' + rem as u8);
+        be = next;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    out.reverse();
+    out.into_iter().map(char::from).collect()
+}
+
 impl From<Tensor> for Value {
     fn from(t: Tensor) -> Self {
         Value::Tensor(t)

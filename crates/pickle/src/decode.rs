@@ -14,7 +14,8 @@ use crate::error::Error;
 use crate::limits::Limits;
 use crate::opcode as op;
 use crate::text::{self, TextError};
-use crate::value::{Object, ObjectKind, Value};
+use crate::tree::{KindShape, Shape, reassemble};
+use crate::value::Value;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -90,7 +91,14 @@ struct ObjNode {
 
 impl ObjNode {
     fn new(kind: KindNode, callable: Item, args: Item) -> Self {
-        ObjNode { callable, args, kind, states: Vec::new(), list_items: Vec::new(), dict_items: Vec::new() }
+        ObjNode {
+            callable,
+            args,
+            kind,
+            states: Vec::new(),
+            list_items: Vec::new(),
+            dict_items: Vec::new(),
+        }
     }
 }
 
@@ -118,7 +126,9 @@ impl Node {
                     return Some(*it);
                 }
                 let i = i - o.list_items.len();
-                o.dict_items.get(i / 2).map(|p| if i % 2 == 0 { p.0 } else { p.1 })
+                o.dict_items
+                    .get(i / 2)
+                    .map(|p| if i % 2 == 0 { p.0 } else { p.1 })
             }
             _ => None,
         }
@@ -225,9 +235,18 @@ impl<'a> Vm<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let remaining = self.data.len() - self.pos.min(self.data.len());
         if n > remaining {
-            return Err(Error::UnexpectedEof { offset: self.pos, needed: usize_to_u64(n - remaining) });
+            return Err(Error::UnexpectedEof {
+                offset: self.pos,
+                needed: usize_to_u64(n - remaining),
+            });
         }
-        let s = self.data.get(self.pos..self.pos + n).ok_or(Error::UnexpectedEof { offset: self.pos, needed: 1 })?;
+        let s = self
+            .data
+            .get(self.pos..self.pos + n)
+            .ok_or(Error::UnexpectedEof {
+                offset: self.pos,
+                needed: 1,
+            })?;
         self.pos += n;
         Ok(s)
     }
@@ -236,7 +255,10 @@ impl<'a> Vm<'a> {
     fn take_len(&mut self, n: u64) -> Result<&'a [u8]> {
         let remaining = usize_to_u64(self.data.len() - self.pos.min(self.data.len()));
         if n > remaining {
-            return Err(Error::UnexpectedEof { offset: self.pos, needed: n - remaining });
+            return Err(Error::UnexpectedEof {
+                offset: self.pos,
+                needed: n - remaining,
+            });
         }
         // n <= remaining <= usize::MAX
         self.take(usize::try_from(n).unwrap_or(usize::MAX))
@@ -278,7 +300,10 @@ impl<'a> Vm<'a> {
                 self.pos += i + 1;
                 Ok(l)
             }
-            None => Err(Error::UnexpectedEof { offset: self.data.len(), needed: 1 }),
+            None => Err(Error::UnexpectedEof {
+                offset: self.data.len(),
+                needed: 1,
+            }),
         }
     }
 
@@ -298,23 +323,41 @@ impl<'a> Vm<'a> {
 
     fn pop(&mut self, at: usize, opcode: u8) -> Result<Item> {
         if self.stack.len() <= self.fence() {
-            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
+            return Err(Error::StackUnderflow {
+                offset: at,
+                opcode: name_of(opcode),
+            });
         }
-        self.stack.pop().ok_or(Error::StackUnderflow { offset: at, opcode: name_of(opcode) })
+        self.stack.pop().ok_or(Error::StackUnderflow {
+            offset: at,
+            opcode: name_of(opcode),
+        })
     }
 
     fn top(&self, at: usize, opcode: u8) -> Result<Item> {
         if self.stack.len() <= self.fence() {
-            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
+            return Err(Error::StackUnderflow {
+                offset: at,
+                opcode: name_of(opcode),
+            });
         }
-        self.stack.last().copied().ok_or(Error::StackUnderflow { offset: at, opcode: name_of(opcode) })
+        self.stack.last().copied().ok_or(Error::StackUnderflow {
+            offset: at,
+            opcode: name_of(opcode),
+        })
     }
 
     /// Pops the innermost MARK and everything above it.
     fn pop_mark(&mut self, at: usize, opcode: u8) -> Result<Vec<Item>> {
-        let m = self.marks.pop().ok_or(Error::MarkNotFound { offset: at, opcode: name_of(opcode) })?;
+        let m = self.marks.pop().ok_or(Error::MarkNotFound {
+            offset: at,
+            opcode: name_of(opcode),
+        })?;
         if m > self.stack.len() {
-            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
+            return Err(Error::StackUnderflow {
+                offset: at,
+                opcode: name_of(opcode),
+            });
         }
         Ok(self.stack.split_off(m))
     }
@@ -325,13 +368,20 @@ impl<'a> Vm<'a> {
         let items = self.pop_mark(at, opcode)?;
         let target = self.stack.len();
         if target <= self.fence() {
-            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
+            return Err(Error::StackUnderflow {
+                offset: at,
+                opcode: name_of(opcode),
+            });
         }
         Ok((target - 1, items))
     }
 
     fn limit(&self, what: &'static str, limit: usize, at: usize) -> Error {
-        Error::Limit { what, limit: usize_to_u64(limit), offset: at }
+        Error::Limit {
+            what,
+            limit: usize_to_u64(limit),
+            offset: at,
+        }
     }
 
     // ----- arena -----
@@ -352,7 +402,8 @@ impl<'a> Vm<'a> {
         if let Node::Dict(v) = &node {
             self.check_len(v.len(), at)?;
         }
-        let id = u32::try_from(self.arena.len()).map_err(|_| self.limit("nodes", self.limits.max_nodes, at))?;
+        let id = u32::try_from(self.arena.len())
+            .map_err(|_| self.limit("nodes", self.limits.max_nodes, at))?;
         self.arena.push(node);
         Ok(Item::Node(id))
     }
@@ -379,7 +430,11 @@ impl<'a> Vm<'a> {
     fn str_node(&mut self, bytes: &[u8], at_payload: usize, at: usize) -> Result<()> {
         let s = match std::str::from_utf8(bytes) {
             Ok(s) => s.to_owned(),
-            Err(e) => return Err(Error::InvalidUtf8 { offset: at_payload + e.valid_up_to() }),
+            Err(e) => {
+                return Err(Error::InvalidUtf8 {
+                    offset: at_payload + e.valid_up_to(),
+                });
+            }
         };
         self.push_node(Node::Str(s), at)
     }
@@ -394,26 +449,39 @@ impl<'a> Vm<'a> {
     fn text_err(&self, e: TextError, at: usize) -> Error {
         match e {
             TextError::Bad(what) => Error::BadText { offset: at, what },
-            TextError::TooManyDigits => self.limit("integer text digits", self.limits.max_int_digits, at),
+            TextError::TooManyDigits => {
+                self.limit("integer text digits", self.limits.max_int_digits, at)
+            }
             TextError::Surrogate(i) => Error::InvalidUtf8 { offset: at + 1 + i },
         }
     }
 
     fn memo_put(&mut self, key: u64, at: usize, opcode: u8) -> Result<()> {
         let item = self.top(at, opcode)?;
-        self.memo.put(key, item, self.limits.max_memo).map_err(|()| self.limit("memo entries", self.limits.max_memo, at))
+        self.memo
+            .put(key, item, self.limits.max_memo)
+            .map_err(|()| self.limit("memo entries", self.limits.max_memo, at))
     }
 
     fn memo_get(&mut self, key: u64, at: usize) -> Result<()> {
-        let item = self.memo.get(key).ok_or(Error::MemoMissing { offset: at, key })?;
+        let item = self
+            .memo
+            .get(key)
+            .ok_or(Error::MemoMissing { offset: at, key })?;
         self.push(item, at)
     }
 
     fn text_key(&mut self, at: usize) -> Result<u64> {
         let line = self.line()?;
         match text::parse_py_int(line, 10, self.limits.max_int_digits) {
-            Ok(IntRepr::Small(v)) => u64::try_from(v).map_err(|_| Error::BadText { offset: at, what: "negative memo key" }),
-            Ok(IntRepr::Big(_)) => Err(Error::BadText { offset: at, what: "memo key out of range" }),
+            Ok(IntRepr::Small(v)) => u64::try_from(v).map_err(|_| Error::BadText {
+                offset: at,
+                what: "negative memo key",
+            }),
+            Ok(IntRepr::Big(_)) => Err(Error::BadText {
+                offset: at,
+                what: "memo key out of range",
+            }),
             Err(e) => Err(self.text_err(e, at)),
         }
     }
@@ -422,7 +490,10 @@ impl<'a> Vm<'a> {
         let module = self.line()?;
         let name = self.line()?;
         if module.is_empty() || name.is_empty() {
-            return Err(Error::BadText { offset: at, what: "empty module or name in GLOBAL/INST" });
+            return Err(Error::BadText {
+                offset: at,
+                what: "empty module or name in GLOBAL/INST",
+            });
         }
         let m = std::str::from_utf8(module).map_err(|_| Error::InvalidUtf8 { offset: at })?;
         let n = std::str::from_utf8(name).map_err(|_| Error::InvalidUtf8 { offset: at })?;
@@ -437,7 +508,13 @@ impl<'a> Vm<'a> {
         let v = match self.arena_mut(target) {
             Some(Node::List(v)) => v,
             Some(Node::Object(o)) => &mut o.list_items,
-            _ => return Err(Error::BadOperand { offset: at, opcode: name_of(opcode), expected: "a list or object" }),
+            _ => {
+                return Err(Error::BadOperand {
+                    offset: at,
+                    opcode: name_of(opcode),
+                    expected: "a list or object",
+                });
+            }
         };
         if v.len().saturating_add(items.len()) > max {
             return Err(cap_err);
@@ -446,13 +523,25 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
-    fn set_items(&mut self, target: Item, pairs: Vec<(Item, Item)>, at: usize, opcode: u8) -> Result<()> {
+    fn set_items(
+        &mut self,
+        target: Item,
+        pairs: Vec<(Item, Item)>,
+        at: usize,
+        opcode: u8,
+    ) -> Result<()> {
         let max = self.limits.max_container_len;
         let cap_err = self.limit("container length", max, at);
         let v = match self.arena_mut(target) {
             Some(Node::Dict(v)) => v,
             Some(Node::Object(o)) => &mut o.dict_items,
-            _ => return Err(Error::BadOperand { offset: at, opcode: name_of(opcode), expected: "a dict or object" }),
+            _ => {
+                return Err(Error::BadOperand {
+                    offset: at,
+                    opcode: name_of(opcode),
+                    expected: "a dict or object",
+                });
+            }
         };
         if v.len().saturating_add(pairs.len()) > max {
             return Err(cap_err);
@@ -463,7 +552,10 @@ impl<'a> Vm<'a> {
 
     fn pairs(items: Vec<Item>, at: usize, opcode: u8) -> Result<Vec<(Item, Item)>> {
         if items.len() % 2 != 0 {
-            return Err(Error::Malformed { offset: at, what: odd_items_message(opcode) });
+            return Err(Error::Malformed {
+                offset: at,
+                what: odd_items_message(opcode),
+            });
         }
         let mut out = Vec::with_capacity(items.len() / 2);
         let mut it = items.into_iter();
@@ -485,19 +577,27 @@ impl<'a> Vm<'a> {
         loop {
             let at = self.pos;
             let Some(&code) = self.data.get(at) else {
-                return Err(Error::NoStop { offset: self.data.len() });
+                return Err(Error::NoStop {
+                    offset: self.data.len(),
+                });
             };
             self.pos += 1;
             match code {
                 op::MARK => {
                     if self.marks.len() >= self.limits.max_mark_depth {
-                        return Err(Error::DepthExceeded { limit: self.limits.max_mark_depth, offset: at });
+                        return Err(Error::DepthExceeded {
+                            limit: self.limits.max_mark_depth,
+                            offset: at,
+                        });
                     }
                     self.marks.push(self.stack.len());
                 }
                 op::STOP => {
                     if !self.marks.is_empty() {
-                        return Err(Error::TrailingMark { offset: at, marks: self.marks.len() });
+                        return Err(Error::TrailingMark {
+                            offset: at,
+                            marks: self.marks.len(),
+                        });
                     }
                     let root = self.pop(at, code)?;
                     return Ok((root, at));
@@ -519,16 +619,24 @@ impl<'a> Vm<'a> {
                 }
                 op::FLOAT => {
                     let line = self.line()?;
-                    let v = text::parse_float(line).ok_or(Error::BadText { offset: at, what: "invalid FLOAT" })?;
+                    let v = text::parse_float(line).ok_or(Error::BadText {
+                        offset: at,
+                        what: "invalid FLOAT",
+                    })?;
                     self.push(Item::Float(v), at)?;
                 }
                 op::INT => {
                     let line = self.line()?;
                     if line.is_empty() {
-                        return Err(Error::BadText { offset: at, what: "empty INT" });
+                        return Err(Error::BadText {
+                            offset: at,
+                            what: "empty INT",
+                        });
                     }
                     match text::strtol_full(line) {
-                        Some(v @ (0 | 1)) if line.len() == 2 => self.push(Item::Bool(v == 1), at)?,
+                        Some(v @ (0 | 1)) if line.len() == 2 => {
+                            self.push(Item::Bool(v == 1), at)?
+                        }
                         Some(v) => self.push(Item::Int(v), at)?,
                         None => {
                             let repr = text::parse_py_int(line, 0, self.limits.max_int_digits)
@@ -552,7 +660,10 @@ impl<'a> Vm<'a> {
                 op::LONG => {
                     let mut line = self.line()?;
                     if line.is_empty() {
-                        return Err(Error::BadText { offset: at, what: "empty LONG" });
+                        return Err(Error::BadText {
+                            offset: at,
+                            what: "empty LONG",
+                        });
                     }
                     if let [rest @ .., b'L'] = line {
                         line = rest;
@@ -568,8 +679,10 @@ impl<'a> Vm<'a> {
                 }
                 op::LONG4 => {
                     let n = self.i32()?;
-                    let n = u64::try_from(n)
-                        .map_err(|_| Error::Malformed { offset: at, what: "LONG4 with negative byte count" })?;
+                    let n = u64::try_from(n).map_err(|_| Error::Malformed {
+                        offset: at,
+                        what: "LONG4 with negative byte count",
+                    })?;
                     let b = self.take_len(n)?;
                     self.int(from_le_twos(b), at)?;
                 }
@@ -579,7 +692,10 @@ impl<'a> Vm<'a> {
                 op::PERSID => {
                     let line = self.line()?;
                     if !line.is_ascii() {
-                        return Err(Error::BadText { offset: at, what: "PERSID must be ASCII" });
+                        return Err(Error::BadText {
+                            offset: at,
+                            what: "PERSID must be ASCII",
+                        });
                     }
                     let s = String::from_utf8_lossy(line).into_owned();
                     let id = self.node(Node::Str(s), at)?;
@@ -601,8 +717,10 @@ impl<'a> Vm<'a> {
                 }
                 op::BINSTRING => {
                     let n = self.i32()?;
-                    let n = u64::try_from(n)
-                        .map_err(|_| Error::Malformed { offset: at, what: "BINSTRING with negative length" })?;
+                    let n = u64::try_from(n).map_err(|_| Error::Malformed {
+                        offset: at,
+                        what: "BINSTRING with negative length",
+                    })?;
                     let b = self.take_len(n)?;
                     self.push_node(Node::Bytes(b.to_vec()), at)?;
                 }
@@ -613,7 +731,8 @@ impl<'a> Vm<'a> {
                 }
                 op::UNICODE => {
                     let line = self.line()?;
-                    let s = text::decode_raw_unicode_escape(line).map_err(|e| self.text_err(e, at))?;
+                    let s =
+                        text::decode_raw_unicode_escape(line).map_err(|e| self.text_err(e, at))?;
                     self.push_node(Node::Str(s), at)?;
                 }
                 op::BINUNICODE => {
@@ -712,7 +831,10 @@ impl<'a> Vm<'a> {
                 op::OBJ => {
                     let mut items = self.pop_mark(at, code)?;
                     if items.is_empty() {
-                        return Err(Error::StackUnderflow { offset: at, opcode: name_of(code) });
+                        return Err(Error::StackUnderflow {
+                            offset: at,
+                            opcode: name_of(code),
+                        });
                     }
                     let cls = items.remove(0);
                     let args = self.node(Node::Tuple(items), at)?;
@@ -761,7 +883,10 @@ impl<'a> Vm<'a> {
                 op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let n = usize::from(code - op::TUPLE1) + 1;
                     if self.stack.len() < self.fence() + n {
-                        return Err(Error::StackUnderflow { offset: at, opcode: name_of(code) });
+                        return Err(Error::StackUnderflow {
+                            offset: at,
+                            opcode: name_of(code),
+                        });
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
                     self.push_node(Node::Tuple(items), at)?;
@@ -773,7 +898,10 @@ impl<'a> Vm<'a> {
                 op::PROTO => {
                     let p = self.u8()?;
                     if p > op::HIGHEST_PROTOCOL {
-                        return Err(Error::Unsupported { offset: at, what: "pickle protocol above 5" });
+                        return Err(Error::Unsupported {
+                            offset: at,
+                            what: "pickle protocol above 5",
+                        });
                     }
                 }
                 op::NEWOBJ => {
@@ -813,7 +941,11 @@ impl<'a> Vm<'a> {
                                 v.extend(items);
                             }
                             _ => {
-                                return Err(Error::BadOperand { offset: at, opcode: name_of(code), expected: "a set" });
+                                return Err(Error::BadOperand {
+                                    offset: at,
+                                    opcode: name_of(code),
+                                    expected: "a set",
+                                });
                             }
                         }
                     }
@@ -828,7 +960,11 @@ impl<'a> Vm<'a> {
                     let (m, n) = match (self.str_of(module), self.str_of(name)) {
                         (Some(m), Some(n)) => (m.to_owned(), n.to_owned()),
                         _ => {
-                            return Err(Error::BadOperand { offset: at, opcode: name_of(code), expected: "two str" });
+                            return Err(Error::BadOperand {
+                                offset: at,
+                                opcode: name_of(code),
+                                expected: "two str",
+                            });
                         }
                     };
                     self.push_node(Node::Global(Box::new((m, n))), at)?;
@@ -837,16 +973,30 @@ impl<'a> Vm<'a> {
                     let n = self.u64()?;
                     let remaining = usize_to_u64(self.data.len() - self.pos.min(self.data.len()));
                     if n > remaining {
-                        return Err(Error::UnexpectedEof { offset: self.pos, needed: n - remaining });
+                        return Err(Error::UnexpectedEof {
+                            offset: self.pos,
+                            needed: n - remaining,
+                        });
                     }
                 }
                 op::NEXT_BUFFER => {
-                    return Err(Error::Unsupported { offset: at, what: "NEXT_BUFFER (out-of-band buffers)" });
+                    return Err(Error::Unsupported {
+                        offset: at,
+                        what: "NEXT_BUFFER (out-of-band buffers)",
+                    });
                 }
                 op::READONLY_BUFFER => {
-                    return Err(Error::Unsupported { offset: at, what: "READONLY_BUFFER (out-of-band buffers)" });
+                    return Err(Error::Unsupported {
+                        offset: at,
+                        what: "READONLY_BUFFER (out-of-band buffers)",
+                    });
                 }
-                _ => return Err(Error::UnknownOpcode { offset: at, opcode: code }),
+                _ => {
+                    return Err(Error::UnknownOpcode {
+                        offset: at,
+                        opcode: code,
+                    });
+                }
             }
         }
     }
@@ -868,8 +1018,12 @@ impl<'a> Vm<'a> {
             return Ok(scalar(root));
         };
         let refs = self.analyse(root_id, stop_at)?;
-        let mut m = Materializer { arena: &mut self.arena, refs, cache: HashMap::new() };
-        Ok(m.node(root_id))
+        let mut m = Materializer {
+            arena: &mut self.arena,
+            refs,
+            cache: HashMap::default(),
+        };
+        Ok(m.run(root_id))
     }
 
     /// Walks the graph reachable from `root` iteratively: rejects cycles, checks depth, expanded node count and
@@ -892,18 +1046,36 @@ impl<'a> Vm<'a> {
 
         let n = self.arena.len();
         let mut state = vec![UNSEEN; n];
-        let mut info = vec![Info { nodes: 0, bytes: 0, depth: 0 }; n];
+        let mut info = vec![
+            Info {
+                nodes: 0,
+                bytes: 0,
+                depth: 0
+            };
+            n
+        ];
         let mut refs = vec![0u32; n];
         let max_nodes = usize_to_u64(self.limits.max_nodes);
         let max_bytes = usize_to_u64(self.limits.max_alloc_bytes);
         let max_depth = self.limits.max_depth;
-        let depth_err = Error::DepthExceeded { limit: max_depth, offset: stop_at };
+        let depth_err = Error::DepthExceeded {
+            limit: max_depth,
+            offset: stop_at,
+        };
         if max_depth == 0 {
             return Err(depth_err);
         }
 
-        let zero = Info { nodes: 0, bytes: 0, depth: 0 };
-        let mut stack: Vec<Frame> = vec![Frame { id: root, next: 0, acc: zero }];
+        let zero = Info {
+            nodes: 0,
+            bytes: 0,
+            depth: 0,
+        };
+        let mut stack: Vec<Frame> = vec![Frame {
+            id: root,
+            next: 0,
+            acc: zero,
+        }];
         if let Some(s) = state.get_mut(root as usize) {
             *s = ACTIVE;
         }
@@ -932,7 +1104,11 @@ impl<'a> Vm<'a> {
                             frame.acc.bytes = frame.acc.bytes.saturating_add(ch.bytes);
                             frame.acc.depth = frame.acc.depth.max(ch.depth);
                             if frame.acc.nodes > max_nodes {
-                                return Err(Error::Limit { what: "materialised nodes", limit: max_nodes, offset: stop_at });
+                                return Err(Error::Limit {
+                                    what: "materialised nodes",
+                                    limit: max_nodes,
+                                    offset: stop_at,
+                                });
                             }
                             if frame.acc.bytes > max_bytes {
                                 return Err(Error::Limit {
@@ -951,7 +1127,11 @@ impl<'a> Vm<'a> {
                             if let Some(s) = state.get_mut(ci) {
                                 *s = ACTIVE;
                             }
-                            stack.push(Frame { id: c, next: 0, acc: zero });
+                            stack.push(Frame {
+                                id: c,
+                                next: 0,
+                                acc: zero,
+                            });
                         }
                         None => {}
                     }
@@ -965,10 +1145,18 @@ impl<'a> Vm<'a> {
                     };
                     let id = frame.id as usize;
                     if done.nodes > max_nodes {
-                        return Err(Error::Limit { what: "materialised nodes", limit: max_nodes, offset: stop_at });
+                        return Err(Error::Limit {
+                            what: "materialised nodes",
+                            limit: max_nodes,
+                            offset: stop_at,
+                        });
                     }
                     if done.bytes > max_bytes {
-                        return Err(Error::Limit { what: "materialised payload bytes", limit: max_bytes, offset: stop_at });
+                        return Err(Error::Limit {
+                            what: "materialised payload bytes",
+                            limit: max_bytes,
+                            offset: stop_at,
+                        });
                     }
                     if done.depth > usize_to_u64(max_depth) {
                         return Err(depth_err);
@@ -985,7 +1173,11 @@ impl<'a> Vm<'a> {
                         parent.acc.bytes = parent.acc.bytes.saturating_add(done.bytes);
                         parent.acc.depth = parent.acc.depth.max(done.depth);
                         if parent.acc.nodes > max_nodes {
-                            return Err(Error::Limit { what: "materialised nodes", limit: max_nodes, offset: stop_at });
+                            return Err(Error::Limit {
+                                what: "materialised nodes",
+                                limit: max_nodes,
+                                offset: stop_at,
+                            });
                         }
                     }
                 }
@@ -996,7 +1188,11 @@ impl<'a> Vm<'a> {
 }
 
 fn odd_items_message(opcode: u8) -> &'static str {
-    if opcode == op::DICT { "odd number of items for DICT" } else { "odd number of items for SETITEMS" }
+    if opcode == op::DICT {
+        "odd number of items for DICT"
+    } else {
+        "odd number of items for SETITEMS"
+    }
 }
 
 fn scalar(item: Item) -> Value {
@@ -1009,110 +1205,177 @@ fn scalar(item: Item) -> Value {
     }
 }
 
-/// Builds the [`Value`] tree. Every node is built at most once: a node referenced once is moved out of the
-/// arena; a shared node is built on first use, cached, cloned for further uses, and moved out of the cache on
-/// its last use. Recursion depth is bounded by the analysis (≤ `max_depth`).
+/// Builds the [`Value`] tree without recursion. Every node is built at most once: a node referenced once is
+/// moved out of the arena; a shared node is built on first use, cached, cloned for further uses, and moved out
+/// of the cache on its last use.
 struct Materializer<'a> {
     arena: &'a mut Vec<Node>,
     refs: Vec<u32>,
-    cache: HashMap<u32, Value>,
+    cache: HashMap<u32, Value, IdHash>,
+}
+
+/// A hasher for `u32` arena ids (already unique and well spread).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
+type IdHash = std::hash::BuildHasherDefault<IdHasher>;
+
+/// A container under construction.
+struct Frame {
+    id: u32,
+    shape: Shape,
+    children: std::vec::IntoIter<Item>,
+    out: Vec<Value>,
+}
+
+/// The result of visiting a node: a finished value, or a container to fill.
+enum Visit {
+    Ready(Value),
+    Open(Frame),
 }
 
 impl Materializer<'_> {
-    fn item(&mut self, item: Item) -> Value {
-        match item {
-            Item::Node(id) => self.node(id),
-            other => scalar(other),
+    fn run(&mut self, root: u32) -> Value {
+        let mut stack: Vec<Frame> = Vec::new();
+        let mut done = match self.visit(root) {
+            Visit::Ready(v) => return v,
+            Visit::Open(frame) => {
+                stack.push(frame);
+                None
+            }
+        };
+        loop {
+            let Some(top) = stack.last_mut() else {
+                return done.unwrap_or_default();
+            };
+            if let Some(d) = done.take() {
+                top.out.push(d);
+            }
+            match top.children.next() {
+                Some(Item::Node(c)) => match self.visit(c) {
+                    Visit::Ready(v) => done = Some(v),
+                    Visit::Open(frame) => stack.push(frame),
+                },
+                Some(scalar_item) => done = Some(scalar(scalar_item)),
+                None => {
+                    let Some(frame) = stack.pop() else {
+                        return Value::None;
+                    };
+                    let v = reassemble(frame.shape, frame.out);
+                    done = Some(self.built(frame.id, v));
+                }
+            }
         }
     }
 
-    fn node(&mut self, id: u32) -> Value {
+    /// One use of node `id`.
+    fn visit(&mut self, id: u32) -> Visit {
         let Some(r) = self.refs.get_mut(id as usize) else {
-            return Value::None;
+            return Visit::Ready(Value::None);
         };
-        if *r <= 1 {
-            *r = 0;
-            return self.build(id);
-        }
-        *r -= 1;
+        *r = r.saturating_sub(1);
         let remaining = *r;
-        if remaining == 0 {
-            return self.cache.remove(&id).unwrap_or_default();
+        if self.cache.contains_key(&id) {
+            // Built before: clone, or move out on the last use.
+            let v = if remaining == 0 {
+                self.cache.remove(&id).unwrap_or_default()
+            } else {
+                self.cache.get(&id).cloned().unwrap_or_default()
+            };
+            return Visit::Ready(v);
         }
-        if let Some(v) = self.cache.get(&id) {
-            return v.clone();
-        }
-        let v = self.build(id);
-        self.cache.insert(id, v.clone());
-        v
-    }
-
-    fn items(&mut self, items: Vec<Item>) -> Vec<Value> {
-        let mut out = Vec::with_capacity(items.len());
-        for it in items {
-            out.push(self.item(it));
-        }
-        out
-    }
-
-    fn pairs(&mut self, pairs: Vec<(Item, Item)>) -> Vec<(Value, Value)> {
-        let mut out = Vec::with_capacity(pairs.len());
-        for (k, v) in pairs {
-            let k = self.item(k);
-            let v = self.item(v);
-            out.push((k, v));
-        }
-        out
-    }
-
-    fn build(&mut self, id: u32) -> Value {
         let Some(slot) = self.arena.get_mut(id as usize) else {
-            return Value::None;
+            return Visit::Ready(Value::None);
         };
-        match std::mem::replace(slot, Node::Taken) {
-            Node::Taken => Value::None,
-            Node::BigInt(b) => Value::BigInt(b),
-            Node::Str(s) => Value::Str(s),
-            Node::Bytes(b) => Value::Bytes(b),
-            Node::ByteArray(b) => Value::ByteArray(b),
-            Node::List(v) => Value::List(self.items(v)),
-            Node::Tuple(v) => Value::Tuple(self.items(v)),
-            Node::Set(v) => Value::Set(self.items(v)),
-            Node::FrozenSet(v) => Value::FrozenSet(self.items(v)),
-            Node::Dict(p) => Value::Dict(self.pairs(p)),
+        let (shape, children) = match std::mem::replace(slot, Node::Taken) {
+            Node::Taken => return Visit::Ready(Value::None),
+            Node::BigInt(b) => return Visit::Ready(self.built(id, Value::BigInt(b))),
+            Node::Str(s) => return Visit::Ready(self.built(id, Value::Str(s))),
+            Node::Bytes(b) => return Visit::Ready(self.built(id, Value::Bytes(b))),
+            Node::ByteArray(b) => return Visit::Ready(self.built(id, Value::ByteArray(b))),
             Node::Global(g) => {
                 let (module, name) = *g;
-                Value::Global { module, name }
+                return Visit::Ready(self.built(id, Value::Global { module, name }));
             }
-            Node::PersistentId(inner) => Value::PersistentId(Box::new(self.item(inner))),
-            Node::Object(o) => self.object(*o),
-        }
+            Node::List(v) => (Shape::List, v),
+            Node::Tuple(v) => (Shape::Tuple, v),
+            Node::Set(v) => (Shape::Set, v),
+            Node::FrozenSet(v) => (Shape::FrozenSet, v),
+            Node::Dict(pairs) => {
+                let mut flat = Vec::with_capacity(pairs.len() * 2);
+                for (k, v) in pairs {
+                    flat.push(k);
+                    flat.push(v);
+                }
+                (Shape::Dict, flat)
+            }
+            Node::PersistentId(inner) => (Shape::PersistentId, vec![inner]),
+            Node::Object(o) => {
+                let ObjNode {
+                    callable,
+                    args,
+                    kind,
+                    states,
+                    list_items,
+                    dict_items,
+                } = *o;
+                let mut flat =
+                    Vec::with_capacity(3 + states.len() + list_items.len() + 2 * dict_items.len());
+                flat.push(callable);
+                flat.push(args);
+                let kind = match kind {
+                    KindNode::Reduce => KindShape::Reduce,
+                    KindNode::NewObj => KindShape::NewObj,
+                    KindNode::NewObjEx(kw) => {
+                        flat.push(kw);
+                        KindShape::NewObjEx
+                    }
+                    KindNode::Inst => KindShape::Inst,
+                    KindNode::Obj => KindShape::Obj,
+                };
+                let shape = Shape::Object {
+                    kind,
+                    n_states: states.len(),
+                    n_list: list_items.len(),
+                    n_dict: dict_items.len(),
+                };
+                flat.extend(states);
+                flat.extend(list_items);
+                for (k, v) in dict_items {
+                    flat.push(k);
+                    flat.push(v);
+                }
+                (shape, flat)
+            }
+        };
+        let n = children.len();
+        Visit::Open(Frame {
+            id,
+            shape,
+            children: children.into_iter(),
+            out: Vec::with_capacity(n),
+        })
     }
 
-    fn object(&mut self, o: ObjNode) -> Value {
-        let ObjNode { callable, args, kind, states, list_items, dict_items } = o;
-        let callable = self.item(callable);
-        let args = self.item(args);
-        let kind = match kind {
-            KindNode::Reduce => ObjectKind::Reduce,
-            KindNode::NewObj => ObjectKind::NewObj,
-            KindNode::NewObjEx(kw) => ObjectKind::NewObjEx { kwargs: self.item(kw) },
-            KindNode::Inst => ObjectKind::Inst,
-            KindNode::Obj => ObjectKind::Obj,
-        };
-        let mut state: Option<Value> = None;
-        for s in states {
-            let s = self.item(s);
-            state = Some(match (state, s) {
-                (Some(Value::Dict(mut acc)), Value::Dict(more)) => {
-                    acc.extend(more);
-                    Value::Dict(acc)
-                }
-                (_, s) => s,
-            });
+    /// Node `id` is complete: keep a copy if it is used again.
+    fn built(&mut self, id: u32, v: Value) -> Value {
+        if self.refs.get(id as usize).copied().unwrap_or(0) > 0 {
+            self.cache.insert(id, v.clone());
         }
-        let list_items = self.items(list_items);
-        let dict_items = self.pairs(dict_items);
-        Value::Object(Box::new(Object { callable, args, kind, state, list_items, dict_items }))
+        v
     }
 }

@@ -23,11 +23,15 @@ const BATCH: usize = 1000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Sharing {
-    /// Every value is a distinct object, except CPython's singletons: the empty str and one-character strs
-    /// below U+0100, empty and one-byte bytes. Matches CPython for objects built at run time (parsed, computed,
-    /// loaded); the default.
+    /// Every value is a distinct object, except CPython's singletons: the empty str, one-character strs below
+    /// U+0100 (as produced by decoding, slicing, `chr`, `json`, `pickle.loads`), and the empty bytes. Matches
+    /// CPython for objects built at run time (parsed, computed, loaded); the default.
     #[default]
     Distinct,
+    /// Additionally, strs that look like Python identifiers (ASCII letters, digits and `_`, not starting with a
+    /// digit) are one object per value, as CPython interns identifier-like code constants and attribute names
+    /// (the keys of a `BUILD` state dict, class and field names). A good model of objects built by Python code.
+    Identifiers,
     /// Additionally, equal strs are one object (as if all were interned), e.g. dict keys shared across many
     /// records written from string literals.
     Strings,
@@ -46,16 +50,16 @@ pub struct EncodeOptions {
     pub protocol: u8,
     /// Which equal values are written once.
     pub sharing: Sharing,
-    /// Maximum nesting depth of the value (counted like [`Limits::max_depth`](crate::Limits::max_depth)).
-    /// Default 1000. The encoder recurses once per level.
-    pub max_depth: usize,
 }
 
 impl EncodeOptions {
-    /// Options for `protocol` with [`Sharing::Distinct`] and depth limit 1000.
+    /// Options for `protocol` with [`Sharing::Distinct`].
     #[must_use]
     pub fn new(protocol: u8) -> Self {
-        EncodeOptions { protocol, sharing: Sharing::Distinct, max_depth: 1000 }
+        EncodeOptions {
+            protocol,
+            sharing: Sharing::Distinct,
+        }
     }
 
     /// Sets the sharing policy.
@@ -90,7 +94,9 @@ pub fn encode_with(value: &Value, options: &EncodeOptions) -> Result<Vec<u8>> {
 /// `dict`/`list`/`set` and for REDUCE list/dict items, protocol-4 framing. Types without an opcode at the chosen
 /// protocol use CPython's REDUCE forms (`bytes` at protocol 2, `bytearray` below 5, `set`/`frozenset` below 4;
 /// see [`Value::desugar`] for reading them back). [`Value::Global`] names are written exactly as given. A
-/// [`Value::BigInt`] that fits `i64` is written as an int. INST/OBJ objects are written with INST/OBJ.
+/// [`Value::BigInt`] that fits `i64` is written as an int. INST/OBJ objects are written with INST/OBJ. The
+/// encoder does not recurse, so any depth can be written (but [`decode`](crate::decode) only reads back what
+/// [`Limits::max_depth`](crate::Limits::max_depth) allows).
 ///
 /// At protocol 2, a value made only of None, bool, int (up to 255 bytes), float, str, list, tuple, dict, globals,
 /// REDUCE/NEWOBJ objects with BUILD state and persistent ids uses only opcodes that torch's `weights_only`
@@ -98,61 +104,55 @@ pub fn encode_with(value: &Value, options: &EncodeOptions) -> Result<Vec<u8>> {
 ///
 /// # Errors
 /// [`Error::Unencodable`] (protocol outside 2-5, NEWOBJ_EX below protocol 4, INST whose callable is not a global
-/// or whose args are not a tuple, OBJ with non-tuple args, bad global names); [`Error::DepthExceeded`];
-/// [`Error::Io`].
+/// or whose args are not a tuple, OBJ with non-tuple args, bad global names); [`Error::Io`].
 pub fn encode_into<W: Write>(value: &Value, writer: W, options: &EncodeOptions) -> Result<W> {
-    check_depth(value, options.max_depth)?;
     let pickler = Pickler::new(writer, options.protocol)?;
-    let mut enc = Encoder { p: pickler, sharing: options.sharing, structural: HashMap::new() };
-    enc.save(value)?;
+    let hashes = if options.sharing == Sharing::Structural {
+        structural_hashes(value)
+    } else {
+        HashMap::new()
+    };
+    let mut enc = Encoder {
+        p: pickler,
+        sharing: options.sharing,
+        hashes,
+        seen: HashMap::new(),
+        tasks: Vec::new(),
+    };
+    enc.run(value)?;
     enc.p.finish()
 }
 
-/// Rejects values nested deeper than `max` without recursing.
-fn check_depth(value: &Value, max: usize) -> Result<()> {
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
-    while let Some((v, d)) = stack.pop() {
-        if d > max {
-            return Err(Error::DepthExceeded { limit: max, offset: 0 });
-        }
-        let d = d + 1;
-        match v {
-            Value::List(items) | Value::Tuple(items) | Value::Set(items) | Value::FrozenSet(items) => {
-                stack.extend(items.iter().map(|i| (i, d)));
-            }
-            Value::Dict(pairs) => {
-                for (k, x) in pairs {
-                    stack.push((k, d));
-                    stack.push((x, d));
-                }
-            }
-            Value::PersistentId(inner) => stack.push((inner, d)),
-            Value::Object(o) => {
-                stack.push((&o.callable, d));
-                stack.push((&o.args, d));
-                if let ObjectKind::NewObjEx { kwargs } = &o.kind {
-                    stack.push((kwargs, d));
-                }
-                if let Some(s) = &o.state {
-                    stack.push((s, d));
-                }
-                stack.extend(o.list_items.iter().map(|i| (i, d)));
-                for (k, x) in &o.dict_items {
-                    stack.push((k, d));
-                    stack.push((x, d));
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
+/// A pending step of the encoder (a stack of these replaces recursion).
+enum Task<'a> {
+    Save(&'a Value),
+    Mark,
+    Append,
+    Appends,
+    SetItem,
+    SetItems,
+    AddItems,
+    FrozenSet,
+    Tuple(usize),
+    Reduce,
+    NewObj,
+    NewObjEx,
+    Inst(&'a str, &'a str),
+    Obj,
+    Build,
+    BinPersId,
+    /// Memoize the top of the stack; with `Some(v)`, remember `v` for structural sharing.
+    Memoize(Option<&'a Value>),
 }
 
 struct Encoder<'a, W: Write> {
     p: Pickler<W>,
     sharing: Sharing,
-    /// Structural sharing: subtree hash -> (value, memo id).
-    structural: HashMap<u64, Vec<(&'a Value, u32)>>,
+    /// Structural sharing: hash of every container, by address.
+    hashes: HashMap<*const Value, u64>,
+    /// Structural sharing: hash -> values written and their memo ids.
+    seen: HashMap<u64, Vec<(&'a Value, u32)>>,
+    tasks: Vec<Task<'a>>,
 }
 
 /// CPython's one-character latin-1 strs and the empty str are singletons.
@@ -165,285 +165,367 @@ fn is_singleton_str(s: &str) -> bool {
     }
 }
 
+/// ASCII Python identifier (what CPython interns among string constants).
+fn is_identifier(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && bytes.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
 impl<'a, W: Write> Encoder<'a, W> {
+    fn run(&mut self, root: &'a Value) -> Result<()> {
+        self.tasks.push(Task::Save(root));
+        while let Some(task) = self.tasks.pop() {
+            match task {
+                Task::Save(v) => self.save(v)?,
+                Task::Mark => self.p.mark()?,
+                Task::Append => self.p.append()?,
+                Task::Appends => self.p.appends()?,
+                Task::SetItem => self.p.setitem()?,
+                Task::SetItems => self.p.setitems()?,
+                Task::AddItems => self.p.additems()?,
+                Task::FrozenSet => self.p.frozenset()?,
+                Task::Tuple(n) => self.p.tuple(n)?,
+                Task::Reduce => self.p.reduce()?,
+                Task::NewObj => self.p.newobj()?,
+                Task::NewObjEx => self.p.newobj_ex()?,
+                Task::Inst(m, n) => self.p.inst(m, n)?,
+                Task::Obj => self.p.obj()?,
+                Task::Build => self.p.build()?,
+                Task::BinPersId => self.p.binpersid()?,
+                Task::Memoize(v) => {
+                    let id = self.p.memoize()?;
+                    if let Some(v) = v {
+                        self.remember(v, id);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `steps` to run next, in order.
+    fn then(&mut self, steps: Vec<Task<'a>>) {
+        self.tasks.extend(steps.into_iter().rev());
+    }
+
+    fn remember(&mut self, v: &'a Value, id: u32) {
+        if let Some(&h) = self.hashes.get(&std::ptr::from_ref(v)) {
+            self.seen.entry(h).or_default().push((v, id));
+        }
+    }
+
+    /// Structural sharing: the memo id of an equal value already written.
+    fn written_before(&self, v: &Value) -> Option<u32> {
+        let h = self.hashes.get(&std::ptr::from_ref(v))?;
+        self.seen
+            .get(h)?
+            .iter()
+            .find(|(o, _)| same(o, v))
+            .map(|&(_, id)| id)
+    }
+
+    /// CPython's `save(obj)`: writes what can be written now and queues the rest.
     fn save(&mut self, v: &'a Value) -> Result<()> {
         self.p.boundary()?;
         match v {
-            Value::None => self.p.none(),
-            Value::Bool(b) => self.p.bool(*b),
-            Value::Int(i) => self.p.int(*i),
-            Value::BigInt(b) => match from_le_twos(b) {
-                IntRepr::Small(i) => self.p.int(i),
-                IntRepr::Big(m) => self.p.big_int(&m),
-            },
-            Value::Float(f) => self.p.float(*f),
-            Value::Str(s) => self.save_str(s),
-            Value::Bytes(b) => self.save_bytes(v, b),
-            Value::Tuple(items) if items.is_empty() => self.p.empty_tuple(),
-            Value::Global { module, name } => self.p.global_memo(module, name),
-            Value::PersistentId(inner) => {
-                self.save(inner)?;
-                self.p.binpersid()
+            Value::None => return self.p.none(),
+            Value::Bool(b) => return self.p.bool(*b),
+            Value::Int(i) => return self.p.int(*i),
+            Value::BigInt(b) => {
+                return match from_le_twos(b) {
+                    IntRepr::Small(i) => self.p.int(i),
+                    IntRepr::Big(m) => self.p.big_int(&m),
+                };
             }
-            _ => self.save_memoizable(v),
-        }
-    }
-
-    fn save_str(&mut self, s: &str) -> Result<()> {
-        if self.sharing != Sharing::Distinct || is_singleton_str(s) {
-            return self.p.shared_str(s);
-        }
-        self.p.str(s)?;
-        self.p.memoize().map(drop)
-    }
-
-    fn save_bytes(&mut self, v: &'a Value, b: &[u8]) -> Result<()> {
-        if b.len() <= 1 {
-            return self.p.shared_bytes(b);
-        }
-        self.shared_or(v, |e| {
-            e.p.bytes(b)?;
-            e.p.memoize()
-        })
-    }
-
-    /// Runs `write` (which must write `v` and return its memo id) unless structural sharing finds an equal value
-    /// already written, in which case a GET is written.
-    fn shared_or(&mut self, v: &'a Value, write: impl FnOnce(&mut Self) -> Result<u32>) -> Result<()> {
-        if self.sharing != Sharing::Structural {
-            return write(self).map(drop);
-        }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        hash_value(v, &mut h);
-        let key = h.finish();
-        if let Some(id) = self.structural.get(&key).and_then(|c| c.iter().find(|(o, _)| same(o, v)).map(|x| x.1)) {
-            return self.p.get(id);
-        }
-        let id = write(self)?;
-        self.structural.entry(key).or_default().push((v, id));
-        Ok(())
-    }
-
-    fn save_memoizable(&mut self, v: &'a Value) -> Result<()> {
-        self.shared_or(v, |e| match v {
-            Value::ByteArray(b) => {
-                e.p.bytearray(b)?;
-                e.p.memoize()
-            }
-            Value::List(items) => {
-                e.p.empty_list()?;
-                let id = e.p.memoize()?;
-                e.list_items_exact(items)?;
-                Ok(id)
-            }
-            Value::Tuple(items) => {
-                e.p.begin_tuple(items.len())?;
-                for it in items {
-                    e.save(it)?;
+            Value::Float(f) => return self.p.float(*f),
+            Value::Str(s) => {
+                let shared = match self.sharing {
+                    Sharing::Distinct => is_singleton_str(s),
+                    Sharing::Identifiers => is_singleton_str(s) || is_identifier(s),
+                    Sharing::Strings | Sharing::Structural => true,
+                };
+                if shared {
+                    return self.p.shared_str(s);
                 }
-                e.p.tuple(items.len())?;
-                e.p.memoize()
+                self.p.str(s)?;
+                return self.p.memoize().map(drop);
             }
-            Value::Dict(pairs) => {
-                e.p.empty_dict()?;
-                let id = e.p.memoize()?;
-                e.dict_items_exact(pairs)?;
-                Ok(id)
-            }
-            Value::Set(items) => e.save_set(items, false),
-            Value::FrozenSet(items) => e.save_set(items, true),
-            Value::Object(o) => e.save_object(o),
-            // Not reached: `save` handles the other variants.
-            _ => Err(Error::Unencodable { what: "internal: not a memoizable value", protocol: e.p.protocol() }),
-        })
-    }
-
-    /// `batch_list_exact`: one item → APPEND; otherwise MARK ... APPENDS per 1000 items.
-    fn list_items_exact(&mut self, items: &'a [Value]) -> Result<()> {
-        if let [only] = items {
-            self.save(only)?;
-            return self.p.append();
-        }
-        for chunk in items.chunks(BATCH) {
-            self.p.mark()?;
-            for it in chunk {
-                self.save(it)?;
-            }
-            self.p.appends()?;
-        }
-        Ok(())
-    }
-
-    /// `batch_dict_exact`: one pair → SETITEM; otherwise MARK ... SETITEMS per 1000 pairs, repeated while the
-    /// previous batch was full (so a multiple of 1000 ends with an empty `MARK SETITEMS`).
-    fn dict_items_exact(&mut self, pairs: &'a [(Value, Value)]) -> Result<()> {
-        match pairs {
-            [] => return Ok(()),
-            [(k, v)] => {
-                self.save(k)?;
-                self.save(v)?;
-                return self.p.setitem();
+            Value::Bytes(b) if b.is_empty() => return self.p.shared_bytes(b),
+            Value::Tuple(items) if items.is_empty() => return self.p.empty_tuple(),
+            Value::Global { module, name } => return self.p.global_memo(module, name),
+            Value::PersistentId(inner) => {
+                self.then(vec![Task::Save(inner), Task::BinPersId]);
+                return Ok(());
             }
             _ => {}
         }
-        let mut rest = pairs;
-        loop {
-            let n = rest.len().min(BATCH);
-            let (chunk, tail) = rest.split_at(n);
-            self.p.mark()?;
-            for (k, v) in chunk {
-                self.save(k)?;
-                self.save(v)?;
-            }
-            self.p.setitems()?;
-            rest = tail;
-            if n < BATCH {
-                return Ok(());
+        if self.sharing == Sharing::Structural {
+            if let Some(id) = self.written_before(v) {
+                return self.p.get(id);
             }
         }
-    }
-
-    /// Generic `batch_list` (REDUCE list items): per batch of 1000, MARK ... APPENDS, or APPEND for a batch of 1.
-    fn list_items_generic(&mut self, items: &'a [Value]) -> Result<()> {
-        for chunk in items.chunks(BATCH) {
-            if let [only] = chunk {
-                self.save(only)?;
-                self.p.append()?;
-            } else {
-                self.p.mark()?;
-                for it in chunk {
-                    self.save(it)?;
-                }
-                self.p.appends()?;
+        let protocol = self.p.protocol();
+        match v {
+            Value::Bytes(b) => {
+                self.p.bytes(b)?;
+                let id = self.p.memoize()?;
+                self.remember(v, id);
             }
+            Value::ByteArray(b) => {
+                self.p.bytearray(b)?;
+                let id = self.p.memoize()?;
+                self.remember(v, id);
+            }
+            Value::List(items) => {
+                self.p.empty_list()?;
+                let id = self.p.memoize()?;
+                self.remember(v, id);
+                let steps = list_batches_exact(items);
+                self.then(steps);
+            }
+            Value::Tuple(items) => {
+                self.p.begin_tuple(items.len())?;
+                let mut steps: Vec<Task<'a>> = items.iter().map(Task::Save).collect();
+                steps.push(Task::Tuple(items.len()));
+                steps.push(Task::Memoize(Some(v)));
+                self.then(steps);
+            }
+            Value::Dict(pairs) => {
+                self.p.empty_dict()?;
+                let id = self.p.memoize()?;
+                self.remember(v, id);
+                let steps = dict_batches_exact(pairs);
+                self.then(steps);
+            }
+            Value::Set(items) | Value::FrozenSet(items) if protocol < 4 => {
+                // CPython: save_reduce(set, (list(obj),), obj=obj).
+                let module = if protocol < 3 {
+                    "__builtin__"
+                } else {
+                    "builtins"
+                };
+                let name = if matches!(v, Value::Set(_)) {
+                    "set"
+                } else {
+                    "frozenset"
+                };
+                self.p.global_memo(module, name)?;
+                self.p.empty_list()?;
+                self.p.memoize()?;
+                let mut steps = list_batches_exact(items);
+                steps.extend([
+                    Task::Tuple(1),
+                    Task::Memoize(None),
+                    Task::Reduce,
+                    Task::Memoize(Some(v)),
+                ]);
+                self.then(steps);
+            }
+            Value::Set(items) => {
+                self.p.empty_set()?;
+                let id = self.p.memoize()?;
+                self.remember(v, id);
+                let steps = set_batches(items);
+                self.then(steps);
+            }
+            Value::FrozenSet(items) => {
+                self.p.mark()?;
+                let mut steps: Vec<Task<'a>> = items.iter().map(Task::Save).collect();
+                steps.push(Task::FrozenSet);
+                steps.push(Task::Memoize(Some(v)));
+                self.then(steps);
+            }
+            Value::Object(o) => self.save_object(v, o)?,
+            // Handled above.
+            _ => {}
         }
         Ok(())
     }
 
-    /// Generic `batch_dict` (REDUCE dict items, e.g. OrderedDict): per batch of 1000, MARK ... SETITEMS, or
-    /// SETITEM for a batch of 1.
-    fn dict_items_generic(&mut self, pairs: &'a [(Value, Value)]) -> Result<()> {
-        for chunk in pairs.chunks(BATCH) {
-            if let [(k, v)] = chunk {
-                self.save(k)?;
-                self.save(v)?;
-                self.p.setitem()?;
-            } else {
-                self.p.mark()?;
-                for (k, v) in chunk {
-                    self.save(k)?;
-                    self.save(v)?;
-                }
-                self.p.setitems()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn save_set(&mut self, items: &'a [Value], frozen: bool) -> Result<u32> {
+    fn save_object(&mut self, v: &'a Value, o: &'a Object) -> Result<()> {
         let protocol = self.p.protocol();
-        if protocol < 4 {
-            // CPython: save_reduce(set, (list(obj),), obj=obj).
-            let module = if protocol < 3 { "__builtin__" } else { "builtins" };
-            self.p.global_memo(module, if frozen { "frozenset" } else { "set" })?;
-            self.p.boundary()?;
-            self.p.empty_list()?;
-            self.p.memoize()?;
-            self.list_items_exact(items)?;
-            self.p.tuple(1)?;
-            self.p.memoize()?;
-            self.p.reduce()?;
-            return self.p.memoize();
-        }
-        if frozen {
-            self.p.mark()?;
-            for it in items {
-                self.save(it)?;
-            }
-            self.p.frozenset()?;
-            return self.p.memoize();
-        }
-        self.p.empty_set()?;
-        let id = self.p.memoize()?;
-        if items.is_empty() {
-            return Ok(id);
-        }
-        let mut rest = items;
-        loop {
-            let n = rest.len().min(BATCH);
-            let (chunk, tail) = rest.split_at(n);
-            self.p.mark()?;
-            for it in chunk {
-                self.save(it)?;
-            }
-            self.p.additems()?;
-            rest = tail;
-            if n < BATCH {
-                return Ok(id);
-            }
-        }
-    }
-
-    fn save_object(&mut self, o: &'a Object) -> Result<u32> {
-        let protocol = self.p.protocol();
+        let mut steps: Vec<Task<'a>> = Vec::new();
         match &o.kind {
             ObjectKind::Reduce => {
-                self.save(&o.callable)?;
-                self.save(&o.args)?;
-                self.p.reduce()?;
+                steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::Reduce])
             }
             ObjectKind::NewObj => {
-                self.save(&o.callable)?;
-                self.save(&o.args)?;
-                self.p.newobj()?;
+                steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::NewObj])
             }
             ObjectKind::NewObjEx { kwargs } => {
                 if protocol < 4 {
-                    return Err(Error::Unencodable { what: "NEWOBJ_EX needs protocol 4", protocol });
+                    return Err(Error::Unencodable {
+                        what: "NEWOBJ_EX needs protocol 4",
+                        protocol,
+                    });
                 }
-                self.save(&o.callable)?;
-                self.save(&o.args)?;
-                self.save(kwargs)?;
-                self.p.newobj_ex()?;
+                steps.extend([
+                    Task::Save(&o.callable),
+                    Task::Save(&o.args),
+                    Task::Save(kwargs),
+                    Task::NewObjEx,
+                ]);
             }
             ObjectKind::Inst => {
-                let (Some((module, name)), Value::Tuple(args)) = (o.callable.as_global(), &o.args) else {
+                let (Some((module, name)), Value::Tuple(args)) = (o.callable.as_global(), &o.args)
+                else {
                     return Err(Error::Unencodable {
                         what: "an INST object needs a global callable and tuple args",
                         protocol,
                     });
                 };
-                self.p.mark()?;
-                for a in args {
-                    self.save(a)?;
-                }
-                self.p.inst(module, name)?;
+                steps.push(Task::Mark);
+                steps.extend(args.iter().map(Task::Save));
+                steps.push(Task::Inst(module, name));
             }
             ObjectKind::Obj => {
                 let Value::Tuple(args) = &o.args else {
-                    return Err(Error::Unencodable { what: "an OBJ object needs tuple args", protocol });
+                    return Err(Error::Unencodable {
+                        what: "an OBJ object needs tuple args",
+                        protocol,
+                    });
                 };
-                self.p.mark()?;
-                self.save(&o.callable)?;
-                for a in args {
-                    self.save(a)?;
-                }
-                self.p.obj()?;
+                steps.push(Task::Mark);
+                steps.push(Task::Save(&o.callable));
+                steps.extend(args.iter().map(Task::Save));
+                steps.push(Task::Obj);
             }
         }
-        let id = self.p.memoize()?;
-        self.list_items_generic(&o.list_items)?;
-        self.dict_items_generic(&o.dict_items)?;
+        steps.push(Task::Memoize(Some(v)));
+        list_batches_generic(&o.list_items, &mut steps);
+        dict_batches_generic(&o.dict_items, &mut steps);
         if let Some(state) = &o.state {
-            self.save(state)?;
-            self.p.build()?;
+            steps.push(Task::Save(state));
+            steps.push(Task::Build);
         }
-        Ok(id)
+        self.then(steps);
+        Ok(())
     }
 }
 
-/// Structural hash (floats by bits), consistent with [`same`]. Depth is bounded by `check_depth`.
-fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
+/// `batch_list_exact`: one item → APPEND; otherwise MARK ... APPENDS per 1000 items.
+fn list_batches_exact(items: &[Value]) -> Vec<Task<'_>> {
+    let mut steps = Vec::with_capacity(items.len() + 2 * items.len().div_ceil(BATCH));
+    if let [only] = items {
+        steps.push(Task::Save(only));
+        steps.push(Task::Append);
+        return steps;
+    }
+    for chunk in items.chunks(BATCH) {
+        steps.push(Task::Mark);
+        steps.extend(chunk.iter().map(Task::Save));
+        steps.push(Task::Appends);
+    }
+    steps
+}
+
+/// `batch_dict_exact`: one pair → SETITEM; otherwise MARK ... SETITEMS per 1000 pairs, repeated while the
+/// previous batch was full (so a multiple of 1000 pairs ends with an empty `MARK SETITEMS`).
+fn dict_batches_exact(pairs: &[(Value, Value)]) -> Vec<Task<'_>> {
+    let mut steps = Vec::with_capacity(2 * pairs.len() + 2 * (pairs.len() / BATCH + 1));
+    match pairs {
+        [] => return steps,
+        [(k, v)] => {
+            steps.extend([Task::Save(k), Task::Save(v), Task::SetItem]);
+            return steps;
+        }
+        _ => {}
+    }
+    let mut rest = pairs;
+    loop {
+        let n = rest.len().min(BATCH);
+        let (chunk, tail) = rest.split_at(n);
+        steps.push(Task::Mark);
+        for (k, v) in chunk {
+            steps.push(Task::Save(k));
+            steps.push(Task::Save(v));
+        }
+        steps.push(Task::SetItems);
+        rest = tail;
+        if n < BATCH {
+            return steps;
+        }
+    }
+}
+
+/// `save_set` (protocol ≥ 4): MARK ... ADDITEMS per 1000 items, repeated while the previous batch was full.
+fn set_batches(items: &[Value]) -> Vec<Task<'_>> {
+    let mut steps = Vec::with_capacity(items.len() + 2 * (items.len() / BATCH + 1));
+    if items.is_empty() {
+        return steps;
+    }
+    let mut rest = items;
+    loop {
+        let n = rest.len().min(BATCH);
+        let (chunk, tail) = rest.split_at(n);
+        steps.push(Task::Mark);
+        steps.extend(chunk.iter().map(Task::Save));
+        steps.push(Task::AddItems);
+        rest = tail;
+        if n < BATCH {
+            return steps;
+        }
+    }
+}
+
+/// Generic `batch_list` (REDUCE list items): per batch of 1000, MARK ... APPENDS, or APPEND for a batch of 1.
+fn list_batches_generic<'a>(items: &'a [Value], steps: &mut Vec<Task<'a>>) {
+    for chunk in items.chunks(BATCH) {
+        if let [only] = chunk {
+            steps.push(Task::Save(only));
+            steps.push(Task::Append);
+        } else {
+            steps.push(Task::Mark);
+            steps.extend(chunk.iter().map(Task::Save));
+            steps.push(Task::Appends);
+        }
+    }
+}
+
+/// Generic `batch_dict` (REDUCE dict items, e.g. OrderedDict): per batch of 1000, MARK ... SETITEMS, or
+/// SETITEM for a batch of 1.
+fn dict_batches_generic<'a>(pairs: &'a [(Value, Value)], steps: &mut Vec<Task<'a>>) {
+    for chunk in pairs.chunks(BATCH) {
+        if let [(k, v)] = chunk {
+            steps.extend([Task::Save(k), Task::Save(v), Task::SetItem]);
+        } else {
+            steps.push(Task::Mark);
+            for (k, v) in chunk {
+                steps.push(Task::Save(k));
+                steps.push(Task::Save(v));
+            }
+            steps.push(Task::SetItems);
+        }
+    }
+}
+
+/// Children of a value, in a fixed order (for hashing and comparison).
+fn children(v: &Value) -> Vec<&Value> {
+    match v {
+        Value::List(items) | Value::Tuple(items) | Value::Set(items) | Value::FrozenSet(items) => {
+            items.iter().collect()
+        }
+        Value::Dict(pairs) => pairs.iter().flat_map(|(k, x)| [k, x]).collect(),
+        Value::PersistentId(inner) => vec![inner],
+        Value::Object(o) => {
+            let mut out = vec![&o.callable, &o.args];
+            if let ObjectKind::NewObjEx { kwargs } = &o.kind {
+                out.push(kwargs);
+            }
+            out.extend(o.state.iter());
+            out.extend(o.list_items.iter());
+            out.extend(o.dict_items.iter().flat_map(|(k, x)| [k, x]));
+            out
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Hashes what distinguishes `v` from another value with the same children (floats by bits).
+fn hash_shallow<H: Hasher>(v: &Value, h: &mut H) {
     std::mem::discriminant(v).hash(h);
     match v {
         Value::None => {}
@@ -454,89 +536,124 @@ fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
         Value::Str(s) => s.hash(h),
         Value::List(items) | Value::Tuple(items) | Value::Set(items) | Value::FrozenSet(items) => {
             items.len().hash(h);
-            for i in items {
-                hash_value(i, h);
-            }
         }
-        Value::Dict(pairs) => hash_pairs(pairs, h),
+        Value::Dict(pairs) => pairs.len().hash(h),
         Value::Global { module, name } => {
             module.hash(h);
             name.hash(h);
         }
         Value::Object(o) => {
-            hash_value(&o.callable, h);
-            hash_value(&o.args, h);
             std::mem::discriminant(&o.kind).hash(h);
-            if let ObjectKind::NewObjEx { kwargs } = &o.kind {
-                hash_value(kwargs, h);
-            }
-            match &o.state {
-                Some(s) => {
-                    1u8.hash(h);
-                    hash_value(s, h);
-                }
-                None => 0u8.hash(h),
-            }
+            o.state.is_some().hash(h);
             o.list_items.len().hash(h);
-            for i in &o.list_items {
-                hash_value(i, h);
+            o.dict_items.len().hash(h);
+        }
+        Value::PersistentId(_) => {}
+    }
+}
+
+/// Structural hashes of every container in `root`, computed bottom-up without recursion.
+fn structural_hashes(root: &Value) -> HashMap<*const Value, u64> {
+    let mut hashes: HashMap<*const Value, u64> = HashMap::new();
+    let mut stack: Vec<(&Value, bool)> = vec![(root, false)];
+    while let Some((v, expanded)) = stack.pop() {
+        let kids = children(v);
+        if kids.is_empty() && !matches!(v, Value::PersistentId(_)) && !is_container(v) {
+            continue;
+        }
+        if !expanded {
+            stack.push((v, true));
+            stack.extend(kids.into_iter().map(|k| (k, false)));
+            continue;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        hash_shallow(v, &mut h);
+        for k in kids {
+            match hashes.get(&std::ptr::from_ref(k)) {
+                Some(kh) => kh.hash(&mut h),
+                None => hash_shallow(k, &mut h),
             }
-            hash_pairs(&o.dict_items, h);
         }
-        Value::PersistentId(inner) => hash_value(inner, h),
+        hashes.insert(std::ptr::from_ref(v), h.finish());
     }
+    // Leaves that are memoized and shared structurally (bytes, bytearray) hash shallowly on demand.
+    let mut leaves: Vec<&Value> = Vec::new();
+    let mut stack = vec![root];
+    while let Some(v) = stack.pop() {
+        if matches!(v, Value::Bytes(_) | Value::ByteArray(_)) {
+            leaves.push(v);
+        }
+        stack.extend(children(v));
+    }
+    for v in leaves {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        hash_shallow(v, &mut h);
+        hashes.insert(std::ptr::from_ref(v), h.finish());
+    }
+    hashes
 }
 
-fn hash_pairs<H: Hasher>(pairs: &[(Value, Value)], h: &mut H) {
-    pairs.len().hash(h);
-    for (k, v) in pairs {
-        hash_value(k, h);
-        hash_value(v, h);
-    }
+fn is_container(v: &Value) -> bool {
+    matches!(
+        v,
+        Value::List(_)
+            | Value::Tuple(_)
+            | Value::Set(_)
+            | Value::FrozenSet(_)
+            | Value::Dict(_)
+            | Value::Object(_)
+            | Value::PersistentId(_)
+    )
 }
 
-/// Structural equality with floats compared by bits (so `0.0` and `-0.0` differ and NaN equals itself).
+/// Structural equality without recursion, floats compared by bits (so `0.0` and `-0.0` differ and NaN equals
+/// itself).
 fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits(),
-        (Value::List(x), Value::List(y))
-        | (Value::Tuple(x), Value::Tuple(y))
-        | (Value::Set(x), Value::Set(y))
-        | (Value::FrozenSet(x), Value::FrozenSet(y)) => same_seq(x, y),
-        (Value::Dict(x), Value::Dict(y)) => same_pairs(x, y),
-        (Value::PersistentId(x), Value::PersistentId(y)) => same(x, y),
-        (Value::Object(x), Value::Object(y)) => {
-            let kinds = match (&x.kind, &y.kind) {
-                (ObjectKind::NewObjEx { kwargs: kx }, ObjectKind::NewObjEx { kwargs: ky }) => same(kx, ky),
-                (kx, ky) => std::mem::discriminant(kx) == std::mem::discriminant(ky),
-            };
-            let states = match (&x.state, &y.state) {
-                (Some(sx), Some(sy)) => same(sx, sy),
-                (None, None) => true,
-                _ => false,
-            };
-            kinds
-                && states
-                && same(&x.callable, &y.callable)
-                && same(&x.args, &y.args)
-                && same_seq(&x.list_items, &y.list_items)
-                && same_pairs(&x.dict_items, &y.dict_items)
+    let mut stack: Vec<(&Value, &Value)> = vec![(a, b)];
+    while let Some((x, y)) = stack.pop() {
+        if std::ptr::eq(x, y) {
+            continue;
         }
-        (Value::None, Value::None) => true,
-        (Value::Bool(x), Value::Bool(y)) => x == y,
-        (Value::Int(x), Value::Int(y)) => x == y,
-        (Value::BigInt(x), Value::BigInt(y)) | (Value::Bytes(x), Value::Bytes(y)) => x == y,
-        (Value::ByteArray(x), Value::ByteArray(y)) => x == y,
-        (Value::Str(x), Value::Str(y)) => x == y,
-        (Value::Global { module: mx, name: nx }, Value::Global { module: my, name: ny }) => mx == my && nx == ny,
-        _ => false,
+        let shallow_equal = match (x, y) {
+            (Value::Float(p), Value::Float(q)) => p.to_bits() == q.to_bits(),
+            (Value::Object(p), Value::Object(q)) => {
+                std::mem::discriminant(&p.kind) == std::mem::discriminant(&q.kind)
+                    && p.state.is_some() == q.state.is_some()
+                    && p.list_items.len() == q.list_items.len()
+                    && p.dict_items.len() == q.dict_items.len()
+            }
+            (Value::List(p), Value::List(q))
+            | (Value::Tuple(p), Value::Tuple(q))
+            | (Value::Set(p), Value::Set(q))
+            | (Value::FrozenSet(p), Value::FrozenSet(q)) => p.len() == q.len(),
+            (Value::Dict(p), Value::Dict(q)) => p.len() == q.len(),
+            (Value::PersistentId(_), Value::PersistentId(_)) => true,
+            (Value::None, Value::None) => true,
+            (Value::Bool(p), Value::Bool(q)) => p == q,
+            (Value::Int(p), Value::Int(q)) => p == q,
+            (Value::BigInt(p), Value::BigInt(q)) | (Value::Bytes(p), Value::Bytes(q)) => p == q,
+            (Value::ByteArray(p), Value::ByteArray(q)) => p == q,
+            (Value::Str(p), Value::Str(q)) => p == q,
+            (
+                Value::Global {
+                    module: pm,
+                    name: pn,
+                },
+                Value::Global {
+                    module: qm,
+                    name: qn,
+                },
+            ) => pm == qm && pn == qn,
+            _ => false,
+        };
+        if !shallow_equal {
+            return false;
+        }
+        let (cx, cy) = (children(x), children(y));
+        if cx.len() != cy.len() {
+            return false;
+        }
+        stack.extend(cx.into_iter().zip(cy));
     }
-}
-
-fn same_seq(x: &[Value], y: &[Value]) -> bool {
-    x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
-}
-
-fn same_pairs(x: &[(Value, Value)], y: &[(Value, Value)]) -> bool {
-    x.len() == y.len() && x.iter().zip(y).all(|((ka, va), (kb, vb))| same(ka, kb) && same(va, vb))
+    true
 }

@@ -2,6 +2,8 @@
 
 #![allow(missing_docs)] // The names are the documentation; see `pickletools` for each opcode.
 
+use crate::error::Error;
+
 // Protocol 0 and 1.
 pub const MARK: u8 = b'(';
 pub const STOP: u8 = b'.';
@@ -162,14 +164,146 @@ pub fn name(op: u8) -> Option<&'static str> {
 /// The opcodes torch's `weights_only` unpickler implements (torch-save spec §6.2); a protocol-2 file that uses
 /// only these (and only allowlisted globals) loads with `torch.load(weights_only=True)`.
 pub const WEIGHTS_ONLY_OPCODES: &[u8] = &[
-    PROTO, STOP, GLOBAL, NEWOBJ, REDUCE, BUILD, APPEND, APPENDS, SETITEM, SETITEMS, MARK, TUPLE, TUPLE1, TUPLE2,
-    TUPLE3, NONE, NEWFALSE, NEWTRUE, EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT, EMPTY_SET, BININT, BININT1, BININT2,
-    BINFLOAT, BINUNICODE, SHORT_BINSTRING, BINPERSID, BINGET, LONG_BINGET, BINPUT, LONG_BINPUT, LONG1,
+    PROTO,
+    STOP,
+    GLOBAL,
+    NEWOBJ,
+    REDUCE,
+    BUILD,
+    APPEND,
+    APPENDS,
+    SETITEM,
+    SETITEMS,
+    MARK,
+    TUPLE,
+    TUPLE1,
+    TUPLE2,
+    TUPLE3,
+    NONE,
+    NEWFALSE,
+    NEWTRUE,
+    EMPTY_TUPLE,
+    EMPTY_LIST,
+    EMPTY_DICT,
+    EMPTY_SET,
+    BININT,
+    BININT1,
+    BININT2,
+    BINFLOAT,
+    BINUNICODE,
+    SHORT_BINSTRING,
+    BINPERSID,
+    BINGET,
+    LONG_BINGET,
+    BINPUT,
+    LONG_BINPUT,
+    LONG1,
 ];
+
+/// Walks the opcodes of the pickle at the start of `data` up to and including STOP, without interpreting them
+/// (like `pickletools.genops`), and returns each opcode with its offset. Useful for checking which opcodes a
+/// pickle uses (e.g. against [`WEIGHTS_ONLY_OPCODES`]).
+///
+/// # Errors
+/// [`Error::UnknownOpcode`], [`Error::UnexpectedEof`], [`Error::Malformed`] (negative length),
+/// [`Error::NoStop`].
+pub fn scan(data: &[u8]) -> Result<Vec<(usize, u8)>, Error> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let eof = |offset: usize, needed: u64| Error::UnexpectedEof { offset, needed };
+    let skip = |pos: usize, n: u64| -> Result<usize, Error> {
+        let remaining = (data.len() - pos.min(data.len())) as u64;
+        if n > remaining {
+            return Err(eof(pos, n - remaining));
+        }
+        Ok(pos + n as usize)
+    };
+    let le = |pos: usize, n: usize| -> Result<u64, Error> {
+        let b = data.get(pos..pos + n).ok_or_else(|| eof(pos, n as u64))?;
+        Ok(b.iter()
+            .rev()
+            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+    };
+    let line = |pos: usize| -> Result<usize, Error> {
+        let rest = data.get(pos..).unwrap_or(&[]);
+        rest.iter()
+            .position(|&b| b == b'\n')
+            .map(|i| pos + i + 1)
+            .ok_or_else(|| eof(data.len(), 1))
+    };
+    loop {
+        let at = pos;
+        let Some(&code) = data.get(pos) else {
+            return Err(Error::NoStop { offset: data.len() });
+        };
+        if name(code).is_none() {
+            return Err(Error::UnknownOpcode {
+                offset: at,
+                opcode: code,
+            });
+        }
+        out.push((at, code));
+        pos += 1;
+        pos = match code {
+            STOP => return Ok(out),
+            FLOAT | INT | LONG | PERSID | STRING | UNICODE | GET | PUT => line(pos)?,
+            GLOBAL | INST => line(line(pos)?)?,
+            BININT1 | BINGET | BINPUT | PROTO | EXT1 => skip(pos, 1)?,
+            BININT2 | EXT2 => skip(pos, 2)?,
+            BININT | LONG_BINGET | LONG_BINPUT | EXT4 => skip(pos, 4)?,
+            BINFLOAT | FRAME => skip(pos, 8)?,
+            LONG1 | SHORT_BINSTRING | SHORT_BINUNICODE | SHORT_BINBYTES => {
+                skip(pos + 1, le(pos, 1)?)?
+            }
+            BINUNICODE | BINBYTES => skip(pos + 4, le(pos, 4)?)?,
+            LONG4 | BINSTRING => {
+                // A signed 32-bit length: the top bit set means negative.
+                let n = le(pos, 4)?;
+                if n > i32::MAX as u64 {
+                    return Err(Error::Malformed {
+                        offset: at,
+                        what: "negative length",
+                    });
+                }
+                skip(pos + 4, n)?
+            }
+            BINUNICODE8 | BINBYTES8 | BYTEARRAY8 => skip(pos + 8, le(pos, 8)?)?,
+            _ => pos,
+        };
+    }
+}
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn scan_lists_opcodes() {
+        let ops = super::scan(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00ae.rest").unwrap();
+        let codes: Vec<u8> = ops.iter().map(|&(_, c)| c).collect();
+        assert_eq!(
+            codes,
+            vec![
+                PROTO, EMPTY_LIST, BINPUT, MARK, BININT1, BINUNICODE, APPENDS, STOP
+            ]
+        );
+        assert_eq!(ops.last().unwrap().0, 15);
+        assert!(matches!(
+            super::scan(b"X\xff\xff\xff\xff"),
+            Err(Error::UnexpectedEof { .. })
+        ));
+        assert!(matches!(
+            super::scan(b"\xff"),
+            Err(Error::UnknownOpcode { opcode: 0xff, .. })
+        ));
+        assert!(matches!(super::scan(b"N"), Err(Error::NoStop { .. })));
+        assert!(matches!(
+            super::scan(b"\x8b\xff\xff\xff\xff."),
+            Err(Error::Malformed { .. })
+        ));
+    }
 
     #[test]
     fn names_cover_all_68_opcodes() {

@@ -64,7 +64,10 @@ impl<W: Write> Pickler<W> {
     /// [`Error::Unencodable`] for another protocol; [`Error::Io`].
     pub fn new(out: W, protocol: u8) -> Result<Self> {
         if !(2..=op::HIGHEST_PROTOCOL).contains(&protocol) {
-            return Err(Error::Unencodable { what: "the encoder supports protocols 2 to 5", protocol });
+            return Err(Error::Unencodable {
+                what: "the encoder supports protocols 2 to 5",
+                protocol,
+            });
         }
         let mut p = Pickler {
             out,
@@ -80,6 +83,7 @@ impl<W: Write> Pickler<W> {
             stopped: false,
         };
         p.raw(&[op::PROTO, protocol])?;
+        p.flush_buf()?;
         p.framing = protocol >= 4;
         Ok(p)
     }
@@ -185,7 +189,10 @@ impl<W: Write> Pickler<W> {
 
     fn need(&self, min: u8, what: &'static str) -> Result<()> {
         if self.protocol < min {
-            return Err(Error::Unencodable { what, protocol: self.protocol });
+            return Err(Error::Unencodable {
+                what,
+                protocol: self.protocol,
+            });
         }
         Ok(())
     }
@@ -235,8 +242,10 @@ impl<W: Write> Pickler<W> {
         if let Ok(n) = u8::try_from(le.len()) {
             self.raw(&[op::LONG1, n])?;
         } else {
-            let n = i32::try_from(le.len())
-                .map_err(|_| Error::Unencodable { what: "integer longer than 2 GiB", protocol: self.protocol })?;
+            let n = i32::try_from(le.len()).map_err(|_| Error::Unencodable {
+                what: "integer longer than 2 GiB",
+                protocol: self.protocol,
+            })?;
             let mut h = [op::LONG4, 0, 0, 0, 0];
             h[1..].copy_from_slice(&n.to_le_bytes());
             self.raw(&h)?;
@@ -349,17 +358,17 @@ impl<W: Write> Pickler<W> {
             h[1..].copy_from_slice(&(b.len() as u64).to_le_bytes());
             return self.header_payload(&h, b);
         }
-        let module = if self.protocol < 3 { "__builtin__" } else { "builtins" };
+        let module = if self.protocol < 3 {
+            "__builtin__"
+        } else {
+            "builtins"
+        };
         self.global_memo(module, "bytearray")?;
         if b.is_empty() {
             self.empty_tuple()?;
         } else {
-            if b.len() == 1 {
-                self.shared_bytes(b)?;
-            } else {
-                self.bytes(b)?;
-                self.memoize()?;
-            }
+            self.bytes(b)?;
+            self.memoize()?;
             self.tuple(1)?;
             self.memoize()?;
         }
@@ -391,10 +400,16 @@ impl<W: Write> Pickler<W> {
 
     fn check_text_name(&self, s: &str) -> Result<()> {
         if s.contains('\n') || s.is_empty() {
-            return Err(Error::Unencodable { what: "global name that is empty or contains a newline", protocol: self.protocol });
+            return Err(Error::Unencodable {
+                what: "global name that is empty or contains a newline",
+                protocol: self.protocol,
+            });
         }
         if self.protocol < 3 && !s.is_ascii() {
-            return Err(Error::Unencodable { what: "non-ASCII global name below protocol 3", protocol: self.protocol });
+            return Err(Error::Unencodable {
+                what: "non-ASCII global name below protocol 3",
+                protocol: self.protocol,
+            });
         }
         Ok(())
     }
@@ -410,7 +425,8 @@ impl<W: Write> Pickler<W> {
         }
         self.global(module, name)?;
         let id = self.memoize()?;
-        self.globals.insert((module.to_owned(), name.to_owned()), id);
+        self.globals
+            .insert((module.to_owned(), name.to_owned()), id);
         Ok(())
     }
 
@@ -429,8 +445,8 @@ impl<W: Write> Pickler<W> {
         Ok(())
     }
 
-    /// A bytes object written once per distinct value (CPython's empty and one-byte bytes are singletons): the
-    /// first call writes [`Pickler::bytes`] and memoizes it, later calls write a GET.
+    /// A bytes object written once per distinct value (CPython's empty bytes is a singleton): the first call
+    /// writes [`Pickler::bytes`] and memoizes it, later calls write a GET.
     ///
     /// # Errors
     /// As [`Pickler::bytes`].
@@ -442,6 +458,17 @@ impl<W: Write> Pickler<W> {
         let id = self.memoize()?;
         self.small_bytes.insert(b.to_vec(), id);
         Ok(())
+    }
+
+    /// STACK_GLOBAL alone (protocol ≥ 4), for a caller that pushed the module and name strings itself: CPython
+    /// shares those strings by identity, not by value, so two equal module names can be two memo entries
+    /// (DCP's `.metadata` pickles `torch.Size`'s `'torch'` apart from the dtypes' `'torch'`).
+    ///
+    /// # Errors
+    /// [`Error::Unencodable`] below protocol 4; [`Error::Io`].
+    pub fn stack_global(&mut self) -> Result<()> {
+        self.need(4, "STACK_GLOBAL needs protocol 4")?;
+        self.op(op::STACK_GLOBAL)
     }
 
     /// EMPTY_TUPLE.
@@ -650,9 +677,10 @@ impl<W: Write> Pickler<W> {
     /// [`Error::Unencodable`] after 2^32 memo entries; [`Error::Io`].
     pub fn memoize(&mut self) -> Result<u32> {
         let id = self.next_memo;
-        self.next_memo = id
-            .checked_add(1)
-            .ok_or(Error::Unencodable { what: "more than 2^32 memo entries", protocol: self.protocol })?;
+        self.next_memo = id.checked_add(1).ok_or(Error::Unencodable {
+            what: "more than 2^32 memo entries",
+            protocol: self.protocol,
+        })?;
         if self.protocol >= 4 {
             self.op(op::MEMOIZE)?;
         } else if let Ok(b) = u8::try_from(id) {

@@ -7,7 +7,10 @@
 /// Objects that the pickle shares through its memo (e.g. `{'x': inner, 'y': inner}`) appear as equal copies;
 /// mutations the pickle applies after memoizing a container (APPEND, SETITEM, BUILD, ...) are visible in every
 /// copy, exactly as in Python.
-#[derive(Debug, Clone, PartialEq, Default)]
+///
+/// `Clone` and `PartialEq` walk the tree with an explicit stack (no recursion). Equality is structural with
+/// `f64` semantics (`NaN != NaN`, `0.0 == -0.0`).
+#[derive(Debug, Default)]
 pub enum Value {
     /// `None`.
     #[default]
@@ -100,7 +103,14 @@ impl Object {
     /// An object of `kind` with no state and no items.
     #[must_use]
     pub fn new(kind: ObjectKind, callable: Value, args: Value) -> Self {
-        Object { callable, args, kind, state: None, list_items: Vec::new(), dict_items: Vec::new() }
+        Object {
+            callable,
+            args,
+            kind,
+            state: None,
+            list_items: Vec::new(),
+            dict_items: Vec::new(),
+        }
     }
 
     /// `callable(*args)` (REDUCE).
@@ -152,6 +162,19 @@ impl Object {
     }
 }
 
+// Clone and equality walk the tree with an explicit stack, so deep values cannot overflow the call stack.
+impl Clone for Value {
+    fn clone(&self) -> Self {
+        crate::tree::deep_clone(self)
+    }
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        crate::tree::deep_eq(self, other)
+    }
+}
+
 impl From<Object> for Value {
     fn from(o: Object) -> Self {
         Value::Object(Box::new(o))
@@ -162,7 +185,10 @@ impl Value {
     /// A [`Value::Global`].
     #[must_use]
     pub fn global(module: impl Into<String>, name: impl Into<String>) -> Self {
-        Value::Global { module: module.into(), name: name.into() }
+        Value::Global {
+            module: module.into(),
+            name: name.into(),
+        }
     }
 
     /// A [`Value::Str`].
@@ -303,60 +329,70 @@ impl Value {
     /// `decode(&encode(v, p)?)?.desugar() == v` holds for every protocol (for canonical `v`).
     #[must_use]
     pub fn desugar(self) -> Value {
-        match self {
-            Value::List(items) => Value::List(items.into_iter().map(Value::desugar).collect()),
-            Value::Tuple(items) => Value::Tuple(items.into_iter().map(Value::desugar).collect()),
-            Value::Set(items) => Value::Set(items.into_iter().map(Value::desugar).collect()),
-            Value::FrozenSet(items) => Value::FrozenSet(items.into_iter().map(Value::desugar).collect()),
-            Value::Dict(pairs) => Value::Dict(pairs.into_iter().map(|(k, v)| (k.desugar(), v.desugar())).collect()),
-            Value::PersistentId(inner) => Value::PersistentId(Box::new(inner.desugar())),
+        crate::tree::map_post_order(self, |v| match v {
             Value::Object(obj) => desugar_object(*obj),
             other => other,
-        }
+        })
     }
 }
 
+/// Rewrites one object whose children are already desugared.
 fn desugar_object(obj: Object) -> Value {
-    let Object { callable, args, kind, state, list_items, dict_items } = obj;
-    let kind = match kind {
-        ObjectKind::NewObjEx { kwargs } => ObjectKind::NewObjEx { kwargs: kwargs.desugar() },
-        k => k,
-    };
-    let obj = Object {
-        callable: callable.desugar(),
-        args: args.desugar(),
-        kind,
-        state: state.map(Value::desugar),
-        list_items: list_items.into_iter().map(Value::desugar).collect(),
-        dict_items: dict_items.into_iter().map(|(k, v)| (k.desugar(), v.desugar())).collect(),
-    };
+    enum Rewrite {
+        Bytes(Vec<u8>),
+        ByteArrayEmpty,
+        ByteArrayFrom,
+        Set,
+        FrozenSet,
+    }
     let plain = obj.kind == ObjectKind::Reduce
         && obj.state.is_none()
         && obj.list_items.is_empty()
         && obj.dict_items.is_empty();
-    if !plain {
-        return Value::Object(Box::new(obj));
-    }
-    let Some((module, name)) = obj.callable.as_global() else {
-        return Value::Object(Box::new(obj));
-    };
-    let (module, name) = normalize_global(module, name);
-    let args = match &obj.args {
-        Value::Tuple(a) => a.as_slice(),
-        _ => return Value::Object(Box::new(obj)),
-    };
-    let replaced = match (module.as_str(), name.as_str(), args) {
-        ("_codecs", "encode", [Value::Str(s), Value::Str(enc)]) if enc == "latin1" => {
-            s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Value::Bytes)
-        }
-        ("builtins", "bytes", []) => Some(Value::Bytes(Vec::new())),
-        ("builtins", "bytearray", []) => Some(Value::ByteArray(Vec::new())),
-        ("builtins", "bytearray", [Value::Bytes(b)]) => Some(Value::ByteArray(b.clone())),
-        ("builtins", "set", [Value::List(items)]) => Some(Value::Set(items.clone())),
-        ("builtins", "frozenset", [Value::List(items)]) => Some(Value::FrozenSet(items.clone())),
+    let target = obj
+        .callable
+        .as_global()
+        .filter(|_| plain)
+        .map(|(m, n)| normalize_global(m, n));
+    let rewrite = match (target, &obj.args) {
+        (Some((m, n)), Value::Tuple(args)) => match (m.as_str(), n.as_str(), args.as_slice()) {
+            ("_codecs", "encode", [Value::Str(s), Value::Str(enc)]) if enc == "latin1" => s
+                .chars()
+                .map(|c| u8::try_from(u32::from(c)).ok())
+                .collect::<Option<Vec<u8>>>()
+                .map(Rewrite::Bytes),
+            ("builtins", "bytes", []) => Some(Rewrite::Bytes(Vec::new())),
+            ("builtins", "bytearray", []) => Some(Rewrite::ByteArrayEmpty),
+            ("builtins", "bytearray", [Value::Bytes(_)]) => Some(Rewrite::ByteArrayFrom),
+            ("builtins", "set", [Value::List(_)]) => Some(Rewrite::Set),
+            ("builtins", "frozenset", [Value::List(_)]) => Some(Rewrite::FrozenSet),
+            _ => None,
+        },
         _ => None,
     };
-    replaced.unwrap_or_else(|| Value::Object(Box::new(obj)))
+    let Some(rewrite) = rewrite else {
+        return Value::Object(Box::new(obj));
+    };
+    let only_arg = || match obj.args {
+        Value::Tuple(args) => args.into_iter().next().unwrap_or_default(),
+        _ => Value::None,
+    };
+    match rewrite {
+        Rewrite::Bytes(b) => Value::Bytes(b),
+        Rewrite::ByteArrayEmpty => Value::ByteArray(Vec::new()),
+        Rewrite::ByteArrayFrom => match only_arg() {
+            Value::Bytes(b) => Value::ByteArray(b),
+            _ => Value::None,
+        },
+        Rewrite::Set => match only_arg() {
+            Value::List(items) => Value::Set(items),
+            _ => Value::None,
+        },
+        Rewrite::FrozenSet => match only_arg() {
+            Value::List(items) => Value::FrozenSet(items),
+            _ => Value::None,
+        },
+    }
 }
 
 /// Maps a Python 2 global name to its Python 3 equivalent the way CPython's unpickler does for protocols < 3
@@ -369,7 +405,10 @@ pub fn normalize_global(module: &str, name: &str) -> (String, String) {
     if module == "exceptions" && PY2_EXCEPTIONS.contains(&name) {
         return ("builtins".to_owned(), name.to_owned());
     }
-    if let Some(&(_, (m, n))) = NAME_MAPPING.iter().find(|((m, n), _)| *m == module && *n == name) {
+    if let Some(&(_, (m, n))) = NAME_MAPPING
+        .iter()
+        .find(|((m, n), _)| *m == module && *n == name)
+    {
         return (m.to_owned(), n.to_owned());
     }
     if let Some(&(_, m)) = IMPORT_MAPPING.iter().find(|(m, _)| *m == module) {
@@ -443,7 +482,10 @@ const IMPORT_MAPPING: &[(&str, &str)] = &[
 type Name = (&'static str, &'static str);
 
 const NAME_MAPPING: &[(Name, Name)] = &[
-    (("UserDict", "IterableUserDict"), ("collections", "UserDict")),
+    (
+        ("UserDict", "IterableUserDict"),
+        ("collections", "UserDict"),
+    ),
     (("UserDict", "UserDict"), ("collections", "UserDict")),
     (("UserList", "UserList"), ("collections", "UserList")),
     (("UserString", "UserString"), ("collections", "UserString")),
@@ -454,7 +496,10 @@ const NAME_MAPPING: &[(Name, Name)] = &[
     (("__builtin__", "unichr"), ("builtins", "chr")),
     (("__builtin__", "unicode"), ("builtins", "str")),
     (("__builtin__", "xrange"), ("builtins", "range")),
-    (("_multiprocessing", "Connection"), ("multiprocessing.connection", "Connection")),
+    (
+        ("_multiprocessing", "Connection"),
+        ("multiprocessing.connection", "Connection"),
+    ),
     (("_socket", "fromfd"), ("socket", "fromfd")),
     (("exceptions", "StandardError"), ("builtins", "Exception")),
     (("itertools", "ifilter"), ("builtins", "filter")),
@@ -462,21 +507,48 @@ const NAME_MAPPING: &[(Name, Name)] = &[
     (("itertools", "imap"), ("builtins", "map")),
     (("itertools", "izip"), ("builtins", "zip")),
     (("itertools", "izip_longest"), ("itertools", "zip_longest")),
-    (("multiprocessing", "AuthenticationError"), ("multiprocessing.context", "AuthenticationError")),
-    (("multiprocessing", "BufferTooShort"), ("multiprocessing.context", "BufferTooShort")),
-    (("multiprocessing", "ProcessError"), ("multiprocessing.context", "ProcessError")),
-    (("multiprocessing", "TimeoutError"), ("multiprocessing.context", "TimeoutError")),
-    (("multiprocessing.forking", "Popen"), ("multiprocessing.popen_fork", "Popen")),
-    (("multiprocessing.process", "Process"), ("multiprocessing.context", "Process")),
+    (
+        ("multiprocessing", "AuthenticationError"),
+        ("multiprocessing.context", "AuthenticationError"),
+    ),
+    (
+        ("multiprocessing", "BufferTooShort"),
+        ("multiprocessing.context", "BufferTooShort"),
+    ),
+    (
+        ("multiprocessing", "ProcessError"),
+        ("multiprocessing.context", "ProcessError"),
+    ),
+    (
+        ("multiprocessing", "TimeoutError"),
+        ("multiprocessing.context", "TimeoutError"),
+    ),
+    (
+        ("multiprocessing.forking", "Popen"),
+        ("multiprocessing.popen_fork", "Popen"),
+    ),
+    (
+        ("multiprocessing.process", "Process"),
+        ("multiprocessing.context", "Process"),
+    ),
     (("socket", "_socketobject"), ("socket", "SocketType")),
-    (("urllib", "ContentTooShortError"), ("urllib.error", "ContentTooShortError")),
+    (
+        ("urllib", "ContentTooShortError"),
+        ("urllib.error", "ContentTooShortError"),
+    ),
     (("urllib", "getproxies"), ("urllib.request", "getproxies")),
-    (("urllib", "pathname2url"), ("urllib.request", "pathname2url")),
+    (
+        ("urllib", "pathname2url"),
+        ("urllib.request", "pathname2url"),
+    ),
     (("urllib", "quote"), ("urllib.parse", "quote")),
     (("urllib", "quote_plus"), ("urllib.parse", "quote_plus")),
     (("urllib", "unquote"), ("urllib.parse", "unquote")),
     (("urllib", "unquote_plus"), ("urllib.parse", "unquote_plus")),
-    (("urllib", "url2pathname"), ("urllib.request", "url2pathname")),
+    (
+        ("urllib", "url2pathname"),
+        ("urllib.request", "url2pathname"),
+    ),
     (("urllib", "urlcleanup"), ("urllib.request", "urlcleanup")),
     (("urllib", "urlencode"), ("urllib.parse", "urlencode")),
     (("urllib", "urlopen"), ("urllib.request", "urlopen")),
@@ -488,12 +560,235 @@ const NAME_MAPPING: &[(Name, Name)] = &[
 
 /// Python 2 `exceptions` names that map to the same name in `builtins`.
 const PY2_EXCEPTIONS: &[&str] = &[
-    "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BufferError", "BytesWarning",
-    "DeprecationWarning", "EOFError", "EnvironmentError", "Exception", "FloatingPointError", "FutureWarning",
-    "GeneratorExit", "IOError", "ImportError", "ImportWarning", "IndentationError", "IndexError", "KeyError",
-    "KeyboardInterrupt", "LookupError", "MemoryError", "NameError", "NotImplementedError", "OSError",
-    "OverflowError", "PendingDeprecationWarning", "ReferenceError", "RuntimeError", "RuntimeWarning",
-    "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError", "SystemExit", "TabError", "TypeError",
-    "UnboundLocalError", "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
-    "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
+    "ArithmeticError",
+    "AssertionError",
+    "AttributeError",
+    "BaseException",
+    "BufferError",
+    "BytesWarning",
+    "DeprecationWarning",
+    "EOFError",
+    "EnvironmentError",
+    "Exception",
+    "FloatingPointError",
+    "FutureWarning",
+    "GeneratorExit",
+    "IOError",
+    "ImportError",
+    "ImportWarning",
+    "IndentationError",
+    "IndexError",
+    "KeyError",
+    "KeyboardInterrupt",
+    "LookupError",
+    "MemoryError",
+    "NameError",
+    "NotImplementedError",
+    "OSError",
+    "OverflowError",
+    "PendingDeprecationWarning",
+    "ReferenceError",
+    "RuntimeError",
+    "RuntimeWarning",
+    "StopIteration",
+    "SyntaxError",
+    "SyntaxWarning",
+    "SystemError",
+    "SystemExit",
+    "TabError",
+    "TypeError",
+    "UnboundLocalError",
+    "UnicodeDecodeError",
+    "UnicodeEncodeError",
+    "UnicodeError",
+    "UnicodeTranslateError",
+    "UnicodeWarning",
+    "UserWarning",
+    "ValueError",
+    "Warning",
+    "ZeroDivisionError",
 ];
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn pair(m: &str, n: &str) -> (String, String) {
+        (m.to_owned(), n.to_owned())
+    }
+
+    #[test]
+    fn normalize_global_maps_python2_names() {
+        assert_eq!(
+            normalize_global("__builtin__", "set"),
+            pair("builtins", "set")
+        );
+        assert_eq!(normalize_global("builtins", "set"), pair("builtins", "set"));
+        assert_eq!(
+            normalize_global("copy_reg", "_reconstructor"),
+            pair("copyreg", "_reconstructor")
+        );
+        assert_eq!(
+            normalize_global("__builtin__", "unicode"),
+            pair("builtins", "str")
+        );
+        assert_eq!(
+            normalize_global("__builtin__", "xrange"),
+            pair("builtins", "range")
+        );
+        assert_eq!(
+            normalize_global("__builtin__", "reduce"),
+            pair("functools", "reduce")
+        );
+        assert_eq!(
+            normalize_global("exceptions", "ValueError"),
+            pair("builtins", "ValueError")
+        );
+        assert_eq!(
+            normalize_global("exceptions", "StandardError"),
+            pair("builtins", "Exception")
+        );
+        assert_eq!(
+            normalize_global("UserDict", "UserDict"),
+            pair("collections", "UserDict")
+        );
+        assert_eq!(
+            normalize_global("UserDict", "IterableUserDict"),
+            pair("collections", "UserDict")
+        );
+        assert_eq!(
+            normalize_global("cPickle", "loads"),
+            pair("pickle", "loads")
+        );
+        assert_eq!(
+            normalize_global("torch._utils", "_rebuild_tensor_v2"),
+            pair("torch._utils", "_rebuild_tensor_v2")
+        );
+        assert_eq!(
+            normalize_global("exceptions", "NotAnException"),
+            pair("exceptions", "NotAnException")
+        );
+    }
+
+    #[test]
+    fn accessors() {
+        let g = Value::global("collections", "OrderedDict");
+        assert_eq!(g.as_global(), Some(("collections", "OrderedDict")));
+        assert_eq!(Value::None.as_global(), None);
+        let o = Object::reduce(g.clone(), Value::Tuple(vec![Value::Int(1)]));
+        assert_eq!(o.callable_name(), Some(("collections", "OrderedDict")));
+        assert_eq!(o.args_tuple(), Some(&[Value::Int(1)][..]));
+        let v = Value::from(o);
+        assert_eq!(v.as_object().unwrap().kind, ObjectKind::Reduce);
+        assert_eq!(v.type_name(), "object");
+        assert_eq!(Value::str("x").as_str(), Some("x"));
+        assert_eq!(Value::Int(3).as_int(), Some(3));
+        assert_eq!(Value::Bool(true).as_int(), None);
+        assert_eq!(Value::Bytes(vec![1]).as_bytes(), Some(&[1u8][..]));
+        assert!(Value::default().is_none());
+    }
+
+    #[test]
+    fn desugar_rewrites_only_exact_reduce_forms() {
+        let reduce = |m: &str, n: &str, args: Vec<Value>| {
+            Value::from(Object::reduce(Value::global(m, n), Value::Tuple(args)))
+        };
+        let latin1 = |s: &str| {
+            reduce(
+                "_codecs",
+                "encode",
+                vec![Value::str(s), Value::str("latin1")],
+            )
+        };
+        assert_eq!(latin1("a\u{ff}").desugar(), Value::Bytes(vec![b'a', 0xff]));
+        // Not representable in latin-1: left alone.
+        assert_eq!(latin1("\u{20ac}").desugar(), latin1("\u{20ac}"));
+        assert_eq!(
+            reduce("__builtin__", "bytes", vec![]).desugar(),
+            Value::Bytes(vec![])
+        );
+        assert_eq!(
+            reduce("builtins", "bytearray", vec![]).desugar(),
+            Value::ByteArray(vec![])
+        );
+        assert_eq!(
+            reduce("__builtin__", "bytearray", vec![latin1("xy")]).desugar(),
+            Value::ByteArray(b"xy".to_vec())
+        );
+        let items = vec![Value::Int(1), latin1("z")];
+        assert_eq!(
+            reduce("__builtin__", "set", vec![Value::List(items.clone())]).desugar(),
+            Value::Set(vec![Value::Int(1), Value::Bytes(b"z".to_vec())])
+        );
+        assert_eq!(
+            reduce("builtins", "frozenset", vec![Value::List(vec![])]).desugar(),
+            Value::FrozenSet(vec![])
+        );
+        // With state, items, another kind or other arguments: untouched (children are still desugared).
+        let with_state = Value::from(
+            Object::reduce(
+                Value::global("builtins", "set"),
+                Value::Tuple(vec![Value::List(vec![])]),
+            )
+            .with_state(latin1("s")),
+        );
+        let Value::Object(o) = with_state.desugar() else {
+            panic!()
+        };
+        assert_eq!(o.state, Some(Value::Bytes(b"s".to_vec())));
+        let newobj = Value::from(Object::new_obj(
+            Value::global("builtins", "set"),
+            Value::Tuple(vec![Value::List(vec![])]),
+        ));
+        assert_eq!(newobj.clone().desugar(), newobj);
+        let odd = reduce("builtins", "set", vec![Value::Int(1)]);
+        assert_eq!(odd.clone().desugar(), odd);
+        // Inside containers and persistent ids.
+        let nested = Value::PersistentId(Box::new(Value::Dict(vec![(
+            latin1("k"),
+            Value::Tuple(vec![latin1("v")]),
+        )])));
+        assert_eq!(
+            nested.desugar(),
+            Value::PersistentId(Box::new(Value::Dict(vec![(
+                Value::Bytes(b"k".to_vec()),
+                Value::Tuple(vec![Value::Bytes(b"v".to_vec())])
+            )])))
+        );
+    }
+
+    #[test]
+    fn clone_and_eq_are_deep() {
+        let mut v = Value::Int(0);
+        for i in 0..100_000 {
+            v = if i % 2 == 0 {
+                Value::List(vec![v, Value::Float(f64::from(i))])
+            } else {
+                Object::reduce(Value::global("m", "f"), Value::Tuple(vec![v]))
+                    .with_state(Value::None)
+                    .into()
+            };
+        }
+        let w = v.clone();
+        assert!(w == v);
+        let mut x = Value::Int(0);
+        for _ in 0..100 {
+            x = Value::List(vec![x]);
+        }
+        assert!(x != Value::List(vec![]));
+        assert!(Value::Float(f64::NAN) != Value::Float(f64::NAN));
+        assert_eq!(Value::Float(0.0), Value::Float(-0.0));
+        // Drop a deep value without recursing: take it apart iteratively.
+        let mut stack = vec![v, w];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::List(items) => stack.extend(items),
+                Value::Object(o) => stack.push(o.args),
+                Value::Tuple(items) => stack.extend(items),
+                _ => {}
+            }
+        }
+    }
+}

@@ -37,6 +37,7 @@ impl ReadOptions {
 /// is one window.
 ///
 /// ```no_run
+/// use ckpt_core::CheckpointRead;
 /// let f = ckpt_torch::TorchFile::open("model.pt".as_ref()).unwrap();
 /// for e in f.entries() {
 ///     println!("{} {:?}", e.name, e.kind);
@@ -280,7 +281,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
         version: Some(version),
-        records: archive.records().iter().map(|r| r.name().to_owned()).collect(),
+        records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
     })
 }
 

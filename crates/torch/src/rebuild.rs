@@ -78,7 +78,7 @@ fn bool_arg(args: &[P], i: usize, function: &str) -> Result<bool> {
     }
 }
 
-fn tuple_items<'a>(v: &'a P) -> &'a [P] {
+fn tuple_items(v: &P) -> &[P] {
     match v {
         P::Tuple(items) | P::List(items) => items,
         _ => &[],
@@ -294,19 +294,26 @@ impl<S: StorageSource> Rebuilder<'_, S> {
                 (dtype, bool_arg(args, 4, name)?, args.get(7))
             }
         };
-        // A conj/neg bit (metadata {'conj': True}) changes what the bytes mean: keep such tensors opaque
-        // rather than hand out values that differ from torch's.
+        // Metadata {'conj': True} / {'neg': True}: torch's lazy conjugation and negation bits, kept on the
+        // tensor (the storage stays shared; reading the data applies them). Anything else stays opaque.
+        let (mut conj, mut neg) = (false, false);
         if let Some(P::Dict(items)) = metadata {
-            if items.iter().any(|(_, v)| matches!(v, P::Bool(true))) {
-                return match self.generic(obj)? {
-                    Value::Object(object) => Ok(Value::OpaqueTensor { kind: OpaqueTensorKind::Other, object }),
-                    other => Ok(other),
-                };
+            for (k, v) in items {
+                match (k, v) {
+                    (P::Str(k), P::Bool(b)) if k == "conj" => conj = *b,
+                    (P::Str(k), P::Bool(b)) if k == "neg" => neg = *b,
+                    _ => {
+                        return match self.generic(obj)? {
+                            Value::Object(object) => Ok(Value::OpaqueTensor { kind: OpaqueTensorKind::Other, object }),
+                            other => Ok(other),
+                        };
+                    }
+                }
             }
         }
-        let tensor = Tensor::from_parts(dtype, &size, &stride, offset, data).map_err(|e| {
-            Error::ViewOutOfBounds(format!("{name}: {e}"))
-        })?;
+        let tensor = Tensor::from_parts(dtype, &size, &stride, offset, data)
+            .and_then(|t| t.with_lazy_bits(conj, neg))
+            .map_err(|e| Error::ViewOutOfBounds(format!("{name}: {e}")))?;
         Ok(Value::Tensor(tensor.with_requires_grad(requires_grad)))
     }
 }

@@ -32,6 +32,30 @@ impl Default for WriteOptions {
     }
 }
 
+impl WriteOptions {
+    /// Compute CRC-32s (default) or write 0 like `set_crc32_options(False)`.
+    #[must_use]
+    pub fn with_crc32(mut self, compute: bool) -> Self {
+        self.compute_crc32 = compute;
+        self
+    }
+
+    /// Data alignment of every record (default 64; torch's `storage_alignment`).
+    #[must_use]
+    pub fn with_storage_alignment(mut self, alignment: u64) -> Self {
+        self.storage_alignment = alignment;
+        self
+    }
+
+    /// Write torch 2.13's `.format_version`, `.storage_alignment`, `byteorder` and `.data/serialization_id`
+    /// records (default), or only `data.pkl`, the storages and `version`.
+    #[must_use]
+    pub fn with_torch_2_13_records(mut self, on: bool) -> Self {
+        self.torch_2_13_records = on;
+        self
+    }
+}
+
 /// The archive prefix torch uses when saving to `path`: the file name without its last extension
 /// (`model.pt` → `model`, `model.tar.gz` → `model.tar`); names that are not ASCII get `archive`, as torch
 /// writes them through a Python file object.
@@ -419,6 +443,7 @@ impl DataPickler {
 
     /// `BINPERSID` of `('storage', storage_class, key, 'cpu', numel)`.
     fn persistent_id(&mut self, data: &Buffer, dtype: DType) -> Result<()> {
+
         let k = self.storage_key(data, dtype)?;
         let (module, class, numel) = match dtype.storage_class() {
             StorageClass::Typed(name) => {
@@ -449,10 +474,21 @@ impl DataPickler {
         self.p.binpersid().map_err(io)
     }
 
-    /// The argument tuple of `_rebuild_tensor_v2`/`v3` for `t`.
+    /// The argument tuple of `_rebuild_tensor_v2`/`v3` for `t`, with the `{'conj': True, 'neg': True}`
+    /// metadata argument when a lazy bit is set.
     fn tensor_args(&mut self, t: &Tensor, requires_grad: bool) -> Result<()> {
+        let dtype = t.dtype();
+        if matches!(dtype, DType::QInt8 | DType::QUInt8 | DType::QInt32 | DType::QUInt4x2 | DType::QUInt2x4) {
+            return Err(unwritable(format!(
+                "a plain {dtype} tensor (quantized dtypes exist only inside quantized tensors)"
+            )));
+        }
         let untyped = t.dtype().storage_class() == StorageClass::Untyped;
-        let n = if untyped { 7 } else { 6 };
+        let bits: Vec<&str> = [("conj", t.is_conj()), ("neg", t.is_neg())]
+            .into_iter()
+            .filter_map(|(k, on)| on.then_some(k))
+            .collect();
+        let n = if untyped { 7 } else { 6 } + usize::from(!bits.is_empty());
         self.tuple(n, |me| {
             me.persistent_id(t.storage(), t.dtype())?;
             me.p.int(i64::try_from(t.storage_offset()).map_err(|_| unwritable("offset above i64"))?).map_err(io)?;
@@ -462,6 +498,13 @@ impl DataPickler {
             me.reduce("collections", "OrderedDict", 0, |_| Ok(()))?;
             if untyped {
                 me.global("torch", t.dtype().torch_name())?;
+            }
+            if !bits.is_empty() {
+                me.p.empty_dict().map_err(io)?;
+                me.memoize()?;
+                let items: Vec<(Value, Value)> =
+                    bits.iter().map(|k| (Value::Str((*k).to_owned()), Value::Bool(true))).collect();
+                me.setitems(&items)?;
             }
             Ok(())
         })
@@ -520,6 +563,8 @@ fn same_view(a: &Tensor, b: &Tensor) -> bool {
         && a.strides() == b.strides()
         && a.storage_offset() == b.storage_offset()
         && a.requires_grad() == b.requires_grad()
+        && a.is_conj() == b.is_conj()
+        && a.is_neg() == b.is_neg()
 }
 
 fn io(e: impl std::fmt::Display) -> Error {

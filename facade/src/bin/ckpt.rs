@@ -54,6 +54,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `ckpt inspect x --json | head`: the reader went away; that is not an error.
+        Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             let mut msg = format!("error: {e}");
             let mut source = std::error::Error::source(&e);
@@ -161,7 +163,9 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
         writeln!(out, "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}", r[0], r[1], r[2], r[3], w0 = widths[0], w1 = widths[1], w2 = widths[2], w3 = widths[3])
             .map_err(io)?;
     }
-    writeln!(out, "{tensors} tensors, {}; {values} other values{}", human_bytes(bytes), if opaque > 0 { format!("; {opaque} opaque tensors") } else { String::new() })
+    let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
+    let opaque_text = if opaque > 0 { format!("; {}", plural(opaque, "opaque tensor")) } else { String::new() };
+    writeln!(out, "{}, {}; {}{opaque_text}", plural(tensors, "tensor"), human_bytes(bytes), plural(values, "other value"))
         .map_err(io)?;
     Ok(())
 }
