@@ -138,7 +138,9 @@ fn render(v: &Value, path: &mut Vec<PathItem>) -> Json {
                 })
                 .collect();
             match d.kind {
-                DictKind::OrderedDict => json!({"t": "odict", "items": pairs, "attrs": d.attrs.as_deref().map(typed_tree)}),
+                DictKind::OrderedDict => {
+                    json!({"t": "odict", "items": pairs, "attrs": d.attrs.as_deref().map(typed_tree)})
+                }
                 DictKind::Counter => json!({"t": "counter", "items": pairs}),
                 _ => json!({"t": "dict", "items": pairs}),
             }

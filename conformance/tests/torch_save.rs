@@ -102,7 +102,8 @@ fn every_fixture_reads_as_its_manifest_says() {
             }
             checked_tensors += 1;
         }
-        let manifest_paths: Vec<&str> = m["tensors"].as_array().unwrap().iter().map(|t| t["path"].as_str().unwrap()).collect();
+        let manifest_paths: Vec<&str> =
+            m["tensors"].as_array().unwrap().iter().map(|t| t["path"].as_str().unwrap()).collect();
         let our_paths: Vec<&str> =
             all.iter().filter(|e| leaf_tensor(e.value).is_some()).map(|e| e.key.as_str()).collect();
         assert_eq!(our_paths, manifest_paths, "{name}: tensor list differs");
@@ -141,11 +142,8 @@ fn every_fixture_reads_as_its_manifest_says() {
 #[test]
 fn opaque_tensors_refuse_data_access() {
     let file = open(&fixtures("torch").join("special.pt"));
-    let opaque: Vec<_> = file
-        .entries()
-        .into_iter()
-        .filter(|e| matches!(e.kind, ckpt_core::EntryKind::OpaqueTensor(_)))
-        .collect();
+    let opaque: Vec<_> =
+        file.entries().into_iter().filter(|e| matches!(e.kind, ckpt_core::EntryKind::OpaqueTensor(_))).collect();
     assert!(opaque.len() >= 3, "sparse COO, sparse CSR and quantized expected: {opaque:?}");
     for e in opaque {
         let err = file.tensor(&e.name).unwrap_err();
@@ -223,7 +221,8 @@ fn rust_built_value() -> Value {
     let cplx = Tensor::from_buffer(DType::C64, &[3], Buffer::from_vec(arange_bytes(24))).unwrap();
     let mut od = Dict::new(DictKind::OrderedDict);
     od.insert("w", Value::Tensor(base.clone()));
-    od.attrs = Some(Box::new(Value::dict([("_metadata", Value::dict([("", Value::dict([("version", Value::Int(1))]))]))])));
+    od.attrs =
+        Some(Box::new(Value::dict([("_metadata", Value::dict([("", Value::dict([("version", Value::Int(1))]))]))])));
     let mut int_keys = Dict::new(DictKind::Dict);
     int_keys.insert(Value::Int(0), Value::Str("zero".into()));
     int_keys.insert(Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]), Value::Float(-0.0));

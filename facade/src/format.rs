@@ -110,7 +110,10 @@ pub fn detect(path: &Path) -> Result<Format, Error> {
                 return Ok(*format);
             }
         }
-        return Err(Error::UnknownFormat { path: path.to_path_buf(), reason: "no marker file in the directory".into() });
+        return Err(Error::UnknownFormat {
+            path: path.to_path_buf(),
+            reason: "no marker file in the directory".into(),
+        });
     }
     let mut head = Vec::new();
     File::open(path).map_err(io)?.take(4096).read_to_end(&mut head).map_err(io)?;

@@ -178,7 +178,8 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
         Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
         #[cfg(feature = "safetensors")]
         Format::Safetensors => Box::new(SafetensorsReader(
-            ckpt_core::safetensors::read_file(path).map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
+            ckpt_core::safetensors::read_file(path)
+                .map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
         )),
         _ => return Err(disabled()),
     };

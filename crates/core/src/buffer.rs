@@ -64,8 +64,7 @@ impl Buffer {
     pub fn zeroed(len: usize) -> Result<Self> {
         let blocks = len.div_ceil(64);
         let mut v: Vec<Block> = Vec::new();
-        v.try_reserve_exact(blocks)
-            .map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
+        v.try_reserve_exact(blocks).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
         v.resize(blocks, Block::new_zeroed());
         Ok(Buffer { backing: Arc::new(Backing::Owned { blocks: v, len }), start: 0, len })
     }
@@ -167,9 +166,9 @@ impl Buffer {
     /// # Errors
     /// [`Error::InvalidArgument`] if the window is not inside this buffer.
     pub fn slice_len(&self, offset: usize, len: usize) -> Result<Self> {
-        let end = offset.checked_add(len).ok_or_else(|| {
-            Error::InvalidArgument(format!("slice at {offset} of {len} bytes overflows"))
-        })?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::InvalidArgument(format!("slice at {offset} of {len} bytes overflows")))?;
         self.slice(offset..end)
     }
 

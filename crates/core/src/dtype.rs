@@ -286,10 +286,7 @@ impl DType {
     /// Parses a numpy type string (`<f4`, `|u1`, also `=f4`/`f4` without the byte-order character).
     pub fn from_numpy_str(s: &str) -> Option<DType> {
         let body = s.trim_start_matches(['<', '|', '=']);
-        TABLE
-            .iter()
-            .find(|i| i.numpy.is_some_and(|n| n.get(1..) == Some(body)))
-            .map(|i| i.dtype)
+        TABLE.iter().find(|i| i.numpy.is_some_and(|n| n.get(1..) == Some(body))).map(|i| i.dtype)
     }
 
     /// The `safetensors` crate's dtype for this dtype.

@@ -130,10 +130,7 @@ pub fn float_repr(f: f64) -> String {
 /// "duplicated flatten key"); [`Error::Unsupported`] for a key whose `str()` is not reproduced.
 pub fn flatten(state_dict: &Value) -> Result<Vec<FlatEntry<'_>>> {
     let Value::Dict(top) = state_dict else {
-        return Err(Error::InvalidArgument(format!(
-            "a state dict must be a mapping, got {}",
-            state_dict.type_name()
-        )));
+        return Err(Error::InvalidArgument(format!("a state dict must be a mapping, got {}", state_dict.type_name())));
     };
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -150,9 +147,9 @@ pub fn flatten(state_dict: &Value) -> Result<Vec<FlatEntry<'_>>> {
 fn is_terminal(v: &Value) -> bool {
     match v {
         Value::Dict(_) => false,
-        Value::List(items) => !items.iter().any(|e| {
-            e.is_tensor_like() || matches!(e, Value::Dict(_) | Value::List(_)) && !is_terminal(e)
-        }),
+        Value::List(items) => {
+            !items.iter().any(|e| e.is_tensor_like() || matches!(e, Value::Dict(_) | Value::List(_)) && !is_terminal(e))
+        }
         _ => true,
     }
 }
@@ -233,10 +230,7 @@ pub fn unflatten(leaves: impl IntoIterator<Item = (Vec<PathItem>, Value)>) -> Re
     let mut root = Value::Dict(Dict::new(DictKind::Dict));
     for (path, value) in leaves {
         if !matches!(path.first(), Some(PathItem::Key(_))) {
-            return Err(Error::InvalidArgument(format!(
-                "path {} must start with a key",
-                join_path(&path)
-            )));
+            return Err(Error::InvalidArgument(format!("path {} must start with a key", join_path(&path))));
         }
         set_element(&mut root, &path, value)?;
     }

@@ -35,9 +35,8 @@ impl SafetensorsFile {
 pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
     let bytes = buffer.as_bytes();
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)?;
-    let data_start = header_len
-        .checked_add(8)
-        .ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
+    let data_start =
+        header_len.checked_add(8).ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
     let infos = meta.tensors();
     let mut tensors = Vec::with_capacity(infos.len());
     for name in meta.offset_keys() {
@@ -87,9 +86,7 @@ impl safetensors::View for StView<'_> {
 fn prepared<'a>(tensors: &'a [(String, Tensor)]) -> Result<Vec<(String, StView<'a>)>> {
     tensors
         .iter()
-        .map(|(name, t)| {
-            Ok((name.clone(), StView { dtype: t.dtype().to_safetensors()?, shape: t.shape(), tensor: t }))
-        })
+        .map(|(name, t)| Ok((name.clone(), StView { dtype: t.dtype().to_safetensors()?, shape: t.shape(), tensor: t })))
         .collect()
 }
 
@@ -127,11 +124,7 @@ pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, S
 ///
 /// # Errors
 /// As [`to_bytes`], plus [`Error::Io`] naming the path.
-pub fn write_file(
-    tensors: &[(String, Tensor)],
-    metadata: Option<HashMap<String, String>>,
-    path: &Path,
-) -> Result<()> {
+pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
     let owned = contiguous(tensors)?;
     let views = prepared(&owned)?;
     // serialize_to_file streams the header and then each tensor's bytes to the file, without building the

@@ -315,8 +315,8 @@ impl Tensor {
         let run_bytes = run * es;
         let mut index = vec![0usize; outer_dims];
         loop {
-            let elem: usize = self.storage_offset
-                + index.iter().zip(&self.strides).map(|(&i, &s)| i * s).sum::<usize>();
+            let elem: usize =
+                self.storage_offset + index.iter().zip(&self.strides).map(|(&i, &s)| i * s).sum::<usize>();
             let start = elem * es;
             if let Some(chunk) = src.get(start..start + run_bytes) {
                 out.extend_from_slice(chunk);

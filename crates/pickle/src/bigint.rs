@@ -79,10 +79,7 @@ pub(crate) struct MagnitudeBuilder {
 
 impl MagnitudeBuilder {
     pub(crate) fn new(radix: u32) -> Self {
-        MagnitudeBuilder {
-            limbs: Vec::new(),
-            radix,
-        }
+        MagnitudeBuilder { limbs: Vec::new(), radix }
     }
 
     /// `self = self * radix + digit` (`digit < radix`).
@@ -119,47 +116,26 @@ mod tests {
         assert_eq!(i64_to_le_min(-129), vec![0x7f, 0xff]);
         assert_eq!(i64_to_le_min(1 << 31), vec![0, 0, 0, 0x80, 0]);
         assert_eq!(i64_to_le_min(i64::MIN), vec![0, 0, 0, 0, 0, 0, 0, 0x80]);
-        assert_eq!(
-            i64_to_le_min(i64::MAX),
-            vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]
-        );
+        assert_eq!(i64_to_le_min(i64::MAX), vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
     }
 
     #[test]
     fn le_twos_roundtrip() {
-        for v in [
-            0i64,
-            1,
-            -1,
-            127,
-            128,
-            -128,
-            -129,
-            1 << 40,
-            -(1 << 40),
-            i64::MIN,
-            i64::MAX,
-        ] {
+        for v in [0i64, 1, -1, 127, 128, -128, -129, 1 << 40, -(1 << 40), i64::MIN, i64::MAX] {
             assert_eq!(from_le_twos(&i64_to_le_min(v)), IntRepr::Small(v));
             let mut padded = v.to_le_bytes().to_vec();
             padded.extend_from_slice(&[if v < 0 { 0xff } else { 0 }; 3]);
             assert_eq!(from_le_twos(&padded), IntRepr::Small(v));
         }
         // 2**64
-        assert_eq!(
-            from_le_twos(&[0, 0, 0, 0, 0, 0, 0, 0, 1]),
-            IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0, 1])
-        );
+        assert_eq!(from_le_twos(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]));
         // 2**63 needs 9 bytes
         assert_eq!(
             from_sign_magnitude(false, &[0, 0, 0, 0, 0, 0, 0, 0x80]),
             IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0x80, 0])
         );
         // -2**63 fits
-        assert_eq!(
-            from_sign_magnitude(true, &[0, 0, 0, 0, 0, 0, 0, 0x80]),
-            IntRepr::Small(i64::MIN)
-        );
+        assert_eq!(from_sign_magnitude(true, &[0, 0, 0, 0, 0, 0, 0, 0x80]), IntRepr::Small(i64::MIN));
         assert_eq!(from_sign_magnitude(true, &[]), IntRepr::Small(0));
     }
 
@@ -169,9 +145,6 @@ mod tests {
         for d in "18446744073709551616".bytes() {
             m.push_digit(u32::from(d - b'0'));
         }
-        assert_eq!(
-            from_sign_magnitude(false, &m.into_le_bytes()),
-            IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0, 1])
-        );
+        assert_eq!(from_sign_magnitude(false, &m.into_le_bytes()), IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]));
     }
 }

@@ -91,14 +91,7 @@ struct ObjNode {
 
 impl ObjNode {
     fn new(kind: KindNode, callable: Item, args: Item) -> Self {
-        ObjNode {
-            callable,
-            args,
-            kind,
-            states: Vec::new(),
-            list_items: Vec::new(),
-            dict_items: Vec::new(),
-        }
+        ObjNode { callable, args, kind, states: Vec::new(), list_items: Vec::new(), dict_items: Vec::new() }
     }
 }
 
@@ -126,9 +119,7 @@ impl Node {
                     return Some(*it);
                 }
                 let i = i - o.list_items.len();
-                o.dict_items
-                    .get(i / 2)
-                    .map(|p| if i % 2 == 0 { p.0 } else { p.1 })
+                o.dict_items.get(i / 2).map(|p| if i % 2 == 0 { p.0 } else { p.1 })
             }
             _ => None,
         }
@@ -235,18 +226,9 @@ impl<'a> Vm<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let remaining = self.data.len() - self.pos.min(self.data.len());
         if n > remaining {
-            return Err(Error::UnexpectedEof {
-                offset: self.pos,
-                needed: usize_to_u64(n - remaining),
-            });
+            return Err(Error::UnexpectedEof { offset: self.pos, needed: usize_to_u64(n - remaining) });
         }
-        let s = self
-            .data
-            .get(self.pos..self.pos + n)
-            .ok_or(Error::UnexpectedEof {
-                offset: self.pos,
-                needed: 1,
-            })?;
+        let s = self.data.get(self.pos..self.pos + n).ok_or(Error::UnexpectedEof { offset: self.pos, needed: 1 })?;
         self.pos += n;
         Ok(s)
     }
@@ -255,10 +237,7 @@ impl<'a> Vm<'a> {
     fn take_len(&mut self, n: u64) -> Result<&'a [u8]> {
         let remaining = usize_to_u64(self.data.len() - self.pos.min(self.data.len()));
         if n > remaining {
-            return Err(Error::UnexpectedEof {
-                offset: self.pos,
-                needed: n - remaining,
-            });
+            return Err(Error::UnexpectedEof { offset: self.pos, needed: n - remaining });
         }
         // n <= remaining <= usize::MAX
         self.take(usize::try_from(n).unwrap_or(usize::MAX))
@@ -300,10 +279,7 @@ impl<'a> Vm<'a> {
                 self.pos += i + 1;
                 Ok(l)
             }
-            None => Err(Error::UnexpectedEof {
-                offset: self.data.len(),
-                needed: 1,
-            }),
+            None => Err(Error::UnexpectedEof { offset: self.data.len(), needed: 1 }),
         }
     }
 
@@ -323,41 +299,23 @@ impl<'a> Vm<'a> {
 
     fn pop(&mut self, at: usize, opcode: u8) -> Result<Item> {
         if self.stack.len() <= self.fence() {
-            return Err(Error::StackUnderflow {
-                offset: at,
-                opcode: name_of(opcode),
-            });
+            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
         }
-        self.stack.pop().ok_or(Error::StackUnderflow {
-            offset: at,
-            opcode: name_of(opcode),
-        })
+        self.stack.pop().ok_or(Error::StackUnderflow { offset: at, opcode: name_of(opcode) })
     }
 
     fn top(&self, at: usize, opcode: u8) -> Result<Item> {
         if self.stack.len() <= self.fence() {
-            return Err(Error::StackUnderflow {
-                offset: at,
-                opcode: name_of(opcode),
-            });
+            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
         }
-        self.stack.last().copied().ok_or(Error::StackUnderflow {
-            offset: at,
-            opcode: name_of(opcode),
-        })
+        self.stack.last().copied().ok_or(Error::StackUnderflow { offset: at, opcode: name_of(opcode) })
     }
 
     /// Pops the innermost MARK and everything above it.
     fn pop_mark(&mut self, at: usize, opcode: u8) -> Result<Vec<Item>> {
-        let m = self.marks.pop().ok_or(Error::MarkNotFound {
-            offset: at,
-            opcode: name_of(opcode),
-        })?;
+        let m = self.marks.pop().ok_or(Error::MarkNotFound { offset: at, opcode: name_of(opcode) })?;
         if m > self.stack.len() {
-            return Err(Error::StackUnderflow {
-                offset: at,
-                opcode: name_of(opcode),
-            });
+            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
         }
         Ok(self.stack.split_off(m))
     }
@@ -368,20 +326,13 @@ impl<'a> Vm<'a> {
         let items = self.pop_mark(at, opcode)?;
         let target = self.stack.len();
         if target <= self.fence() {
-            return Err(Error::StackUnderflow {
-                offset: at,
-                opcode: name_of(opcode),
-            });
+            return Err(Error::StackUnderflow { offset: at, opcode: name_of(opcode) });
         }
         Ok((target - 1, items))
     }
 
     fn limit(&self, what: &'static str, limit: usize, at: usize) -> Error {
-        Error::Limit {
-            what,
-            limit: usize_to_u64(limit),
-            offset: at,
-        }
+        Error::Limit { what, limit: usize_to_u64(limit), offset: at }
     }
 
     // ----- arena -----
@@ -402,8 +353,7 @@ impl<'a> Vm<'a> {
         if let Node::Dict(v) = &node {
             self.check_len(v.len(), at)?;
         }
-        let id = u32::try_from(self.arena.len())
-            .map_err(|_| self.limit("nodes", self.limits.max_nodes, at))?;
+        let id = u32::try_from(self.arena.len()).map_err(|_| self.limit("nodes", self.limits.max_nodes, at))?;
         self.arena.push(node);
         Ok(Item::Node(id))
     }
@@ -431,9 +381,7 @@ impl<'a> Vm<'a> {
         let s = match std::str::from_utf8(bytes) {
             Ok(s) => s.to_owned(),
             Err(e) => {
-                return Err(Error::InvalidUtf8 {
-                    offset: at_payload + e.valid_up_to(),
-                });
+                return Err(Error::InvalidUtf8 { offset: at_payload + e.valid_up_to() });
             }
         };
         self.push_node(Node::Str(s), at)
@@ -449,9 +397,7 @@ impl<'a> Vm<'a> {
     fn text_err(&self, e: TextError, at: usize) -> Error {
         match e {
             TextError::Bad(what) => Error::BadText { offset: at, what },
-            TextError::TooManyDigits => {
-                self.limit("integer text digits", self.limits.max_int_digits, at)
-            }
+            TextError::TooManyDigits => self.limit("integer text digits", self.limits.max_int_digits, at),
             TextError::Surrogate(i) => Error::InvalidUtf8 { offset: at + 1 + i },
         }
     }
@@ -464,24 +410,17 @@ impl<'a> Vm<'a> {
     }
 
     fn memo_get(&mut self, key: u64, at: usize) -> Result<()> {
-        let item = self
-            .memo
-            .get(key)
-            .ok_or(Error::MemoMissing { offset: at, key })?;
+        let item = self.memo.get(key).ok_or(Error::MemoMissing { offset: at, key })?;
         self.push(item, at)
     }
 
     fn text_key(&mut self, at: usize) -> Result<u64> {
         let line = self.line()?;
         match text::parse_py_int(line, 10, self.limits.max_int_digits) {
-            Ok(IntRepr::Small(v)) => u64::try_from(v).map_err(|_| Error::BadText {
-                offset: at,
-                what: "negative memo key",
-            }),
-            Ok(IntRepr::Big(_)) => Err(Error::BadText {
-                offset: at,
-                what: "memo key out of range",
-            }),
+            Ok(IntRepr::Small(v)) => {
+                u64::try_from(v).map_err(|_| Error::BadText { offset: at, what: "negative memo key" })
+            }
+            Ok(IntRepr::Big(_)) => Err(Error::BadText { offset: at, what: "memo key out of range" }),
             Err(e) => Err(self.text_err(e, at)),
         }
     }
@@ -490,10 +429,7 @@ impl<'a> Vm<'a> {
         let module = self.line()?;
         let name = self.line()?;
         if module.is_empty() || name.is_empty() {
-            return Err(Error::BadText {
-                offset: at,
-                what: "empty module or name in GLOBAL/INST",
-            });
+            return Err(Error::BadText { offset: at, what: "empty module or name in GLOBAL/INST" });
         }
         let m = std::str::from_utf8(module).map_err(|_| Error::InvalidUtf8 { offset: at })?;
         let n = std::str::from_utf8(name).map_err(|_| Error::InvalidUtf8 { offset: at })?;
@@ -509,11 +445,7 @@ impl<'a> Vm<'a> {
             Some(Node::List(v)) => v,
             Some(Node::Object(o)) => &mut o.list_items,
             _ => {
-                return Err(Error::BadOperand {
-                    offset: at,
-                    opcode: name_of(opcode),
-                    expected: "a list or object",
-                });
+                return Err(Error::BadOperand { offset: at, opcode: name_of(opcode), expected: "a list or object" });
             }
         };
         if v.len().saturating_add(items.len()) > max {
@@ -523,24 +455,14 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
-    fn set_items(
-        &mut self,
-        target: Item,
-        pairs: Vec<(Item, Item)>,
-        at: usize,
-        opcode: u8,
-    ) -> Result<()> {
+    fn set_items(&mut self, target: Item, pairs: Vec<(Item, Item)>, at: usize, opcode: u8) -> Result<()> {
         let max = self.limits.max_container_len;
         let cap_err = self.limit("container length", max, at);
         let v = match self.arena_mut(target) {
             Some(Node::Dict(v)) => v,
             Some(Node::Object(o)) => &mut o.dict_items,
             _ => {
-                return Err(Error::BadOperand {
-                    offset: at,
-                    opcode: name_of(opcode),
-                    expected: "a dict or object",
-                });
+                return Err(Error::BadOperand { offset: at, opcode: name_of(opcode), expected: "a dict or object" });
             }
         };
         if v.len().saturating_add(pairs.len()) > max {
@@ -552,10 +474,7 @@ impl<'a> Vm<'a> {
 
     fn pairs(items: Vec<Item>, at: usize, opcode: u8) -> Result<Vec<(Item, Item)>> {
         if items.len() % 2 != 0 {
-            return Err(Error::Malformed {
-                offset: at,
-                what: odd_items_message(opcode),
-            });
+            return Err(Error::Malformed { offset: at, what: odd_items_message(opcode) });
         }
         let mut out = Vec::with_capacity(items.len() / 2);
         let mut it = items.into_iter();
@@ -577,27 +496,19 @@ impl<'a> Vm<'a> {
         loop {
             let at = self.pos;
             let Some(&code) = self.data.get(at) else {
-                return Err(Error::NoStop {
-                    offset: self.data.len(),
-                });
+                return Err(Error::NoStop { offset: self.data.len() });
             };
             self.pos += 1;
             match code {
                 op::MARK => {
                     if self.marks.len() >= self.limits.max_mark_depth {
-                        return Err(Error::DepthExceeded {
-                            limit: self.limits.max_mark_depth,
-                            offset: at,
-                        });
+                        return Err(Error::DepthExceeded { limit: self.limits.max_mark_depth, offset: at });
                     }
                     self.marks.push(self.stack.len());
                 }
                 op::STOP => {
                     if !self.marks.is_empty() {
-                        return Err(Error::TrailingMark {
-                            offset: at,
-                            marks: self.marks.len(),
-                        });
+                        return Err(Error::TrailingMark { offset: at, marks: self.marks.len() });
                     }
                     let root = self.pop(at, code)?;
                     return Ok((root, at));
@@ -619,24 +530,16 @@ impl<'a> Vm<'a> {
                 }
                 op::FLOAT => {
                     let line = self.line()?;
-                    let v = text::parse_float(line).ok_or(Error::BadText {
-                        offset: at,
-                        what: "invalid FLOAT",
-                    })?;
+                    let v = text::parse_float(line).ok_or(Error::BadText { offset: at, what: "invalid FLOAT" })?;
                     self.push(Item::Float(v), at)?;
                 }
                 op::INT => {
                     let line = self.line()?;
                     if line.is_empty() {
-                        return Err(Error::BadText {
-                            offset: at,
-                            what: "empty INT",
-                        });
+                        return Err(Error::BadText { offset: at, what: "empty INT" });
                     }
                     match text::strtol_full(line) {
-                        Some(v @ (0 | 1)) if line.len() == 2 => {
-                            self.push(Item::Bool(v == 1), at)?
-                        }
+                        Some(v @ (0 | 1)) if line.len() == 2 => self.push(Item::Bool(v == 1), at)?,
                         Some(v) => self.push(Item::Int(v), at)?,
                         None => {
                             let repr = text::parse_py_int(line, 0, self.limits.max_int_digits)
@@ -660,16 +563,13 @@ impl<'a> Vm<'a> {
                 op::LONG => {
                     let mut line = self.line()?;
                     if line.is_empty() {
-                        return Err(Error::BadText {
-                            offset: at,
-                            what: "empty LONG",
-                        });
+                        return Err(Error::BadText { offset: at, what: "empty LONG" });
                     }
                     if let [rest @ .., b'L'] = line {
                         line = rest;
                     }
-                    let repr = text::parse_py_int(line, 0, self.limits.max_int_digits)
-                        .map_err(|e| self.text_err(e, at))?;
+                    let repr =
+                        text::parse_py_int(line, 0, self.limits.max_int_digits).map_err(|e| self.text_err(e, at))?;
                     self.int(repr, at)?;
                 }
                 op::LONG1 => {
@@ -679,10 +579,8 @@ impl<'a> Vm<'a> {
                 }
                 op::LONG4 => {
                     let n = self.i32()?;
-                    let n = u64::try_from(n).map_err(|_| Error::Malformed {
-                        offset: at,
-                        what: "LONG4 with negative byte count",
-                    })?;
+                    let n = u64::try_from(n)
+                        .map_err(|_| Error::Malformed { offset: at, what: "LONG4 with negative byte count" })?;
                     let b = self.take_len(n)?;
                     self.int(from_le_twos(b), at)?;
                 }
@@ -692,10 +590,7 @@ impl<'a> Vm<'a> {
                 op::PERSID => {
                     let line = self.line()?;
                     if !line.is_ascii() {
-                        return Err(Error::BadText {
-                            offset: at,
-                            what: "PERSID must be ASCII",
-                        });
+                        return Err(Error::BadText { offset: at, what: "PERSID must be ASCII" });
                     }
                     let s = String::from_utf8_lossy(line).into_owned();
                     let id = self.node(Node::Str(s), at)?;
@@ -717,10 +612,8 @@ impl<'a> Vm<'a> {
                 }
                 op::BINSTRING => {
                     let n = self.i32()?;
-                    let n = u64::try_from(n).map_err(|_| Error::Malformed {
-                        offset: at,
-                        what: "BINSTRING with negative length",
-                    })?;
+                    let n = u64::try_from(n)
+                        .map_err(|_| Error::Malformed { offset: at, what: "BINSTRING with negative length" })?;
                     let b = self.take_len(n)?;
                     self.push_node(Node::Bytes(b.to_vec()), at)?;
                 }
@@ -731,8 +624,7 @@ impl<'a> Vm<'a> {
                 }
                 op::UNICODE => {
                     let line = self.line()?;
-                    let s =
-                        text::decode_raw_unicode_escape(line).map_err(|e| self.text_err(e, at))?;
+                    let s = text::decode_raw_unicode_escape(line).map_err(|e| self.text_err(e, at))?;
                     self.push_node(Node::Str(s), at)?;
                 }
                 op::BINUNICODE => {
@@ -831,10 +723,7 @@ impl<'a> Vm<'a> {
                 op::OBJ => {
                     let mut items = self.pop_mark(at, code)?;
                     if items.is_empty() {
-                        return Err(Error::StackUnderflow {
-                            offset: at,
-                            opcode: name_of(code),
-                        });
+                        return Err(Error::StackUnderflow { offset: at, opcode: name_of(code) });
                     }
                     let cls = items.remove(0);
                     let args = self.node(Node::Tuple(items), at)?;
@@ -883,10 +772,7 @@ impl<'a> Vm<'a> {
                 op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                     let n = usize::from(code - op::TUPLE1) + 1;
                     if self.stack.len() < self.fence() + n {
-                        return Err(Error::StackUnderflow {
-                            offset: at,
-                            opcode: name_of(code),
-                        });
+                        return Err(Error::StackUnderflow { offset: at, opcode: name_of(code) });
                     }
                     let items = self.stack.split_off(self.stack.len() - n);
                     self.push_node(Node::Tuple(items), at)?;
@@ -898,10 +784,7 @@ impl<'a> Vm<'a> {
                 op::PROTO => {
                     let p = self.u8()?;
                     if p > op::HIGHEST_PROTOCOL {
-                        return Err(Error::Unsupported {
-                            offset: at,
-                            what: "pickle protocol above 5",
-                        });
+                        return Err(Error::Unsupported { offset: at, what: "pickle protocol above 5" });
                     }
                 }
                 op::NEWOBJ => {
@@ -941,11 +824,7 @@ impl<'a> Vm<'a> {
                                 v.extend(items);
                             }
                             _ => {
-                                return Err(Error::BadOperand {
-                                    offset: at,
-                                    opcode: name_of(code),
-                                    expected: "a set",
-                                });
+                                return Err(Error::BadOperand { offset: at, opcode: name_of(code), expected: "a set" });
                             }
                         }
                     }
@@ -960,11 +839,7 @@ impl<'a> Vm<'a> {
                     let (m, n) = match (self.str_of(module), self.str_of(name)) {
                         (Some(m), Some(n)) => (m.to_owned(), n.to_owned()),
                         _ => {
-                            return Err(Error::BadOperand {
-                                offset: at,
-                                opcode: name_of(code),
-                                expected: "two str",
-                            });
+                            return Err(Error::BadOperand { offset: at, opcode: name_of(code), expected: "two str" });
                         }
                     };
                     self.push_node(Node::Global(Box::new((m, n))), at)?;
@@ -973,29 +848,17 @@ impl<'a> Vm<'a> {
                     let n = self.u64()?;
                     let remaining = usize_to_u64(self.data.len() - self.pos.min(self.data.len()));
                     if n > remaining {
-                        return Err(Error::UnexpectedEof {
-                            offset: self.pos,
-                            needed: n - remaining,
-                        });
+                        return Err(Error::UnexpectedEof { offset: self.pos, needed: n - remaining });
                     }
                 }
                 op::NEXT_BUFFER => {
-                    return Err(Error::Unsupported {
-                        offset: at,
-                        what: "NEXT_BUFFER (out-of-band buffers)",
-                    });
+                    return Err(Error::Unsupported { offset: at, what: "NEXT_BUFFER (out-of-band buffers)" });
                 }
                 op::READONLY_BUFFER => {
-                    return Err(Error::Unsupported {
-                        offset: at,
-                        what: "READONLY_BUFFER (out-of-band buffers)",
-                    });
+                    return Err(Error::Unsupported { offset: at, what: "READONLY_BUFFER (out-of-band buffers)" });
                 }
                 _ => {
-                    return Err(Error::UnknownOpcode {
-                        offset: at,
-                        opcode: code,
-                    });
+                    return Err(Error::UnknownOpcode { offset: at, opcode: code });
                 }
             }
         }
@@ -1018,11 +881,7 @@ impl<'a> Vm<'a> {
             return Ok(scalar(root));
         };
         let refs = self.analyse(root_id, stop_at)?;
-        let mut m = Materializer {
-            arena: &mut self.arena,
-            refs,
-            cache: HashMap::default(),
-        };
+        let mut m = Materializer { arena: &mut self.arena, refs, cache: HashMap::default() };
         Ok(m.run(root_id))
     }
 
@@ -1046,36 +905,18 @@ impl<'a> Vm<'a> {
 
         let n = self.arena.len();
         let mut state = vec![UNSEEN; n];
-        let mut info = vec![
-            Info {
-                nodes: 0,
-                bytes: 0,
-                depth: 0
-            };
-            n
-        ];
+        let mut info = vec![Info { nodes: 0, bytes: 0, depth: 0 }; n];
         let mut refs = vec![0u32; n];
         let max_nodes = usize_to_u64(self.limits.max_nodes);
         let max_bytes = usize_to_u64(self.limits.max_alloc_bytes);
         let max_depth = self.limits.max_depth;
-        let depth_err = Error::DepthExceeded {
-            limit: max_depth,
-            offset: stop_at,
-        };
+        let depth_err = Error::DepthExceeded { limit: max_depth, offset: stop_at };
         if max_depth == 0 {
             return Err(depth_err);
         }
 
-        let zero = Info {
-            nodes: 0,
-            bytes: 0,
-            depth: 0,
-        };
-        let mut stack: Vec<Frame> = vec![Frame {
-            id: root,
-            next: 0,
-            acc: zero,
-        }];
+        let zero = Info { nodes: 0, bytes: 0, depth: 0 };
+        let mut stack: Vec<Frame> = vec![Frame { id: root, next: 0, acc: zero }];
         if let Some(s) = state.get_mut(root as usize) {
             *s = ACTIVE;
         }
@@ -1127,11 +968,7 @@ impl<'a> Vm<'a> {
                             if let Some(s) = state.get_mut(ci) {
                                 *s = ACTIVE;
                             }
-                            stack.push(Frame {
-                                id: c,
-                                next: 0,
-                                acc: zero,
-                            });
+                            stack.push(Frame { id: c, next: 0, acc: zero });
                         }
                         None => {}
                     }
@@ -1145,11 +982,7 @@ impl<'a> Vm<'a> {
                     };
                     let id = frame.id as usize;
                     if done.nodes > max_nodes {
-                        return Err(Error::Limit {
-                            what: "materialised nodes",
-                            limit: max_nodes,
-                            offset: stop_at,
-                        });
+                        return Err(Error::Limit { what: "materialised nodes", limit: max_nodes, offset: stop_at });
                     }
                     if done.bytes > max_bytes {
                         return Err(Error::Limit {
@@ -1173,11 +1006,7 @@ impl<'a> Vm<'a> {
                         parent.acc.bytes = parent.acc.bytes.saturating_add(done.bytes);
                         parent.acc.depth = parent.acc.depth.max(done.depth);
                         if parent.acc.nodes > max_nodes {
-                            return Err(Error::Limit {
-                                what: "materialised nodes",
-                                limit: max_nodes,
-                                offset: stop_at,
-                            });
+                            return Err(Error::Limit { what: "materialised nodes", limit: max_nodes, offset: stop_at });
                         }
                     }
                 }
@@ -1188,11 +1017,7 @@ impl<'a> Vm<'a> {
 }
 
 fn odd_items_message(opcode: u8) -> &'static str {
-    if opcode == op::DICT {
-        "odd number of items for DICT"
-    } else {
-        "odd number of items for SETITEMS"
-    }
+    if opcode == op::DICT { "odd number of items for DICT" } else { "odd number of items for SETITEMS" }
 }
 
 fn scalar(item: Item) -> Value {
@@ -1325,16 +1150,8 @@ impl Materializer<'_> {
             }
             Node::PersistentId(inner) => (Shape::PersistentId, vec![inner]),
             Node::Object(o) => {
-                let ObjNode {
-                    callable,
-                    args,
-                    kind,
-                    states,
-                    list_items,
-                    dict_items,
-                } = *o;
-                let mut flat =
-                    Vec::with_capacity(3 + states.len() + list_items.len() + 2 * dict_items.len());
+                let ObjNode { callable, args, kind, states, list_items, dict_items } = *o;
+                let mut flat = Vec::with_capacity(3 + states.len() + list_items.len() + 2 * dict_items.len());
                 flat.push(callable);
                 flat.push(args);
                 let kind = match kind {
@@ -1347,12 +1164,8 @@ impl Materializer<'_> {
                     KindNode::Inst => KindShape::Inst,
                     KindNode::Obj => KindShape::Obj,
                 };
-                let shape = Shape::Object {
-                    kind,
-                    n_states: states.len(),
-                    n_list: list_items.len(),
-                    n_dict: dict_items.len(),
-                };
+                let shape =
+                    Shape::Object { kind, n_states: states.len(), n_list: list_items.len(), n_dict: dict_items.len() };
                 flat.extend(states);
                 flat.extend(list_items);
                 for (k, v) in dict_items {
@@ -1363,12 +1176,7 @@ impl Materializer<'_> {
             }
         };
         let n = children.len();
-        Visit::Open(Frame {
-            id,
-            shape,
-            children: children.into_iter(),
-            out: Vec::with_capacity(n),
-        })
+        Visit::Open(Frame { id, shape, children: children.into_iter(), out: Vec::with_capacity(n) })
     }
 
     /// Node `id` is complete: keep a copy if it is used again.

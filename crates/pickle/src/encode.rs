@@ -56,10 +56,7 @@ impl EncodeOptions {
     /// Options for `protocol` with [`Sharing::Distinct`].
     #[must_use]
     pub fn new(protocol: u8) -> Self {
-        EncodeOptions {
-            protocol,
-            sharing: Sharing::Distinct,
-        }
+        EncodeOptions { protocol, sharing: Sharing::Distinct }
     }
 
     /// Sets the sharing policy.
@@ -107,18 +104,8 @@ pub fn encode_with(value: &Value, options: &EncodeOptions) -> Result<Vec<u8>> {
 /// or whose args are not a tuple, OBJ with non-tuple args, bad global names); [`Error::Io`].
 pub fn encode_into<W: Write>(value: &Value, writer: W, options: &EncodeOptions) -> Result<W> {
     let pickler = Pickler::new(writer, options.protocol)?;
-    let hashes = if options.sharing == Sharing::Structural {
-        structural_hashes(value)
-    } else {
-        HashMap::new()
-    };
-    let mut enc = Encoder {
-        p: pickler,
-        sharing: options.sharing,
-        hashes,
-        seen: HashMap::new(),
-        tasks: Vec::new(),
-    };
+    let hashes = if options.sharing == Sharing::Structural { structural_hashes(value) } else { HashMap::new() };
+    let mut enc = Encoder { p: pickler, sharing: options.sharing, hashes, seen: HashMap::new(), tasks: Vec::new() };
     enc.run(value)?;
     enc.p.finish()
 }
@@ -168,9 +155,7 @@ fn is_singleton_str(s: &str) -> bool {
 /// ASCII Python identifier (what CPython interns among string constants).
 fn is_identifier(s: &str) -> bool {
     let mut bytes = s.bytes();
-    bytes
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+    bytes.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
         && bytes.all(|c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
@@ -220,11 +205,7 @@ impl<'a, W: Write> Encoder<'a, W> {
     /// Structural sharing: the memo id of an equal value already written.
     fn written_before(&self, v: &Value) -> Option<u32> {
         let h = self.hashes.get(&std::ptr::from_ref(v))?;
-        self.seen
-            .get(h)?
-            .iter()
-            .find(|(o, _)| same(o, v))
-            .map(|&(_, id)| id)
+        self.seen.get(h)?.iter().find(|(o, _)| same(o, v)).map(|&(_, id)| id)
     }
 
     /// CPython's `save(obj)`: writes what can be written now and queues the rest.
@@ -302,26 +283,13 @@ impl<'a, W: Write> Encoder<'a, W> {
             }
             Value::Set(items) | Value::FrozenSet(items) if protocol < 4 => {
                 // CPython: save_reduce(set, (list(obj),), obj=obj).
-                let module = if protocol < 3 {
-                    "__builtin__"
-                } else {
-                    "builtins"
-                };
-                let name = if matches!(v, Value::Set(_)) {
-                    "set"
-                } else {
-                    "frozenset"
-                };
+                let module = if protocol < 3 { "__builtin__" } else { "builtins" };
+                let name = if matches!(v, Value::Set(_)) { "set" } else { "frozenset" };
                 self.p.global_memo(module, name)?;
                 self.p.empty_list()?;
                 self.p.memoize()?;
                 let mut steps = list_batches_exact(items);
-                steps.extend([
-                    Task::Tuple(1),
-                    Task::Memoize(None),
-                    Task::Reduce,
-                    Task::Memoize(Some(v)),
-                ]);
+                steps.extend([Task::Tuple(1), Task::Memoize(None), Task::Reduce, Task::Memoize(Some(v))]);
                 self.then(steps);
             }
             Value::Set(items) => {
@@ -349,29 +317,16 @@ impl<'a, W: Write> Encoder<'a, W> {
         let protocol = self.p.protocol();
         let mut steps: Vec<Task<'a>> = Vec::new();
         match &o.kind {
-            ObjectKind::Reduce => {
-                steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::Reduce])
-            }
-            ObjectKind::NewObj => {
-                steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::NewObj])
-            }
+            ObjectKind::Reduce => steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::Reduce]),
+            ObjectKind::NewObj => steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::NewObj]),
             ObjectKind::NewObjEx { kwargs } => {
                 if protocol < 4 {
-                    return Err(Error::Unencodable {
-                        what: "NEWOBJ_EX needs protocol 4",
-                        protocol,
-                    });
+                    return Err(Error::Unencodable { what: "NEWOBJ_EX needs protocol 4", protocol });
                 }
-                steps.extend([
-                    Task::Save(&o.callable),
-                    Task::Save(&o.args),
-                    Task::Save(kwargs),
-                    Task::NewObjEx,
-                ]);
+                steps.extend([Task::Save(&o.callable), Task::Save(&o.args), Task::Save(kwargs), Task::NewObjEx]);
             }
             ObjectKind::Inst => {
-                let (Some((module, name)), Value::Tuple(args)) = (o.callable.as_global(), &o.args)
-                else {
+                let (Some((module, name)), Value::Tuple(args)) = (o.callable.as_global(), &o.args) else {
                     return Err(Error::Unencodable {
                         what: "an INST object needs a global callable and tuple args",
                         protocol,
@@ -383,10 +338,7 @@ impl<'a, W: Write> Encoder<'a, W> {
             }
             ObjectKind::Obj => {
                 let Value::Tuple(args) = &o.args else {
-                    return Err(Error::Unencodable {
-                        what: "an OBJ object needs tuple args",
-                        protocol,
-                    });
+                    return Err(Error::Unencodable { what: "an OBJ object needs tuple args", protocol });
                 };
                 steps.push(Task::Mark);
                 steps.push(Task::Save(&o.callable));
@@ -634,16 +586,7 @@ fn same(a: &Value, b: &Value) -> bool {
             (Value::BigInt(p), Value::BigInt(q)) | (Value::Bytes(p), Value::Bytes(q)) => p == q,
             (Value::ByteArray(p), Value::ByteArray(q)) => p == q,
             (Value::Str(p), Value::Str(q)) => p == q,
-            (
-                Value::Global {
-                    module: pm,
-                    name: pn,
-                },
-                Value::Global {
-                    module: qm,
-                    name: qn,
-                },
-            ) => pm == qm && pn == qn,
+            (Value::Global { module: pm, name: pn }, Value::Global { module: qm, name: qn }) => pm == qm && pn == qn,
             _ => false,
         };
         if !shallow_equal {

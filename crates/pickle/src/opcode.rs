@@ -220,16 +220,11 @@ pub fn scan(data: &[u8]) -> Result<Vec<(usize, u8)>, Error> {
     };
     let le = |pos: usize, n: usize| -> Result<u64, Error> {
         let b = data.get(pos..pos + n).ok_or_else(|| eof(pos, n as u64))?;
-        Ok(b.iter()
-            .rev()
-            .fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+        Ok(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
     };
     let line = |pos: usize| -> Result<usize, Error> {
         let rest = data.get(pos..).unwrap_or(&[]);
-        rest.iter()
-            .position(|&b| b == b'\n')
-            .map(|i| pos + i + 1)
-            .ok_or_else(|| eof(data.len(), 1))
+        rest.iter().position(|&b| b == b'\n').map(|i| pos + i + 1).ok_or_else(|| eof(data.len(), 1))
     };
     loop {
         let at = pos;
@@ -237,10 +232,7 @@ pub fn scan(data: &[u8]) -> Result<Vec<(usize, u8)>, Error> {
             return Err(Error::NoStop { offset: data.len() });
         };
         if name(code).is_none() {
-            return Err(Error::UnknownOpcode {
-                offset: at,
-                opcode: code,
-            });
+            return Err(Error::UnknownOpcode { offset: at, opcode: code });
         }
         out.push((at, code));
         pos += 1;
@@ -252,18 +244,13 @@ pub fn scan(data: &[u8]) -> Result<Vec<(usize, u8)>, Error> {
             BININT2 | EXT2 => skip(pos, 2)?,
             BININT | LONG_BINGET | LONG_BINPUT | EXT4 => skip(pos, 4)?,
             BINFLOAT | FRAME => skip(pos, 8)?,
-            LONG1 | SHORT_BINSTRING | SHORT_BINUNICODE | SHORT_BINBYTES => {
-                skip(pos + 1, le(pos, 1)?)?
-            }
+            LONG1 | SHORT_BINSTRING | SHORT_BINUNICODE | SHORT_BINBYTES => skip(pos + 1, le(pos, 1)?)?,
             BINUNICODE | BINBYTES => skip(pos + 4, le(pos, 4)?)?,
             LONG4 | BINSTRING => {
                 // A signed 32-bit length: the top bit set means negative.
                 let n = le(pos, 4)?;
                 if n > i32::MAX as u64 {
-                    return Err(Error::Malformed {
-                        offset: at,
-                        what: "negative length",
-                    });
+                    return Err(Error::Malformed { offset: at, what: "negative length" });
                 }
                 skip(pos + 4, n)?
             }
@@ -283,26 +270,12 @@ mod tests {
     fn scan_lists_opcodes() {
         let ops = super::scan(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00ae.rest").unwrap();
         let codes: Vec<u8> = ops.iter().map(|&(_, c)| c).collect();
-        assert_eq!(
-            codes,
-            vec![
-                PROTO, EMPTY_LIST, BINPUT, MARK, BININT1, BINUNICODE, APPENDS, STOP
-            ]
-        );
+        assert_eq!(codes, vec![PROTO, EMPTY_LIST, BINPUT, MARK, BININT1, BINUNICODE, APPENDS, STOP]);
         assert_eq!(ops.last().unwrap().0, 15);
-        assert!(matches!(
-            super::scan(b"X\xff\xff\xff\xff"),
-            Err(Error::UnexpectedEof { .. })
-        ));
-        assert!(matches!(
-            super::scan(b"\xff"),
-            Err(Error::UnknownOpcode { opcode: 0xff, .. })
-        ));
+        assert!(matches!(super::scan(b"X\xff\xff\xff\xff"), Err(Error::UnexpectedEof { .. })));
+        assert!(matches!(super::scan(b"\xff"), Err(Error::UnknownOpcode { opcode: 0xff, .. })));
         assert!(matches!(super::scan(b"N"), Err(Error::NoStop { .. })));
-        assert!(matches!(
-            super::scan(b"\x8b\xff\xff\xff\xff."),
-            Err(Error::Malformed { .. })
-        ));
+        assert!(matches!(super::scan(b"\x8b\xff\xff\xff\xff."), Err(Error::Malformed { .. })));
     }
 
     #[test]

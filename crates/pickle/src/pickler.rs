@@ -64,10 +64,7 @@ impl<W: Write> Pickler<W> {
     /// [`Error::Unencodable`] for another protocol; [`Error::Io`].
     pub fn new(out: W, protocol: u8) -> Result<Self> {
         if !(2..=op::HIGHEST_PROTOCOL).contains(&protocol) {
-            return Err(Error::Unencodable {
-                what: "the encoder supports protocols 2 to 5",
-                protocol,
-            });
+            return Err(Error::Unencodable { what: "the encoder supports protocols 2 to 5", protocol });
         }
         let mut p = Pickler {
             out,
@@ -189,10 +186,7 @@ impl<W: Write> Pickler<W> {
 
     fn need(&self, min: u8, what: &'static str) -> Result<()> {
         if self.protocol < min {
-            return Err(Error::Unencodable {
-                what,
-                protocol: self.protocol,
-            });
+            return Err(Error::Unencodable { what, protocol: self.protocol });
         }
         Ok(())
     }
@@ -242,10 +236,8 @@ impl<W: Write> Pickler<W> {
         if let Ok(n) = u8::try_from(le.len()) {
             self.raw(&[op::LONG1, n])?;
         } else {
-            let n = i32::try_from(le.len()).map_err(|_| Error::Unencodable {
-                what: "integer longer than 2 GiB",
-                protocol: self.protocol,
-            })?;
+            let n = i32::try_from(le.len())
+                .map_err(|_| Error::Unencodable { what: "integer longer than 2 GiB", protocol: self.protocol })?;
             let mut h = [op::LONG4, 0, 0, 0, 0];
             h[1..].copy_from_slice(&n.to_le_bytes());
             self.raw(&h)?;
@@ -358,11 +350,7 @@ impl<W: Write> Pickler<W> {
             h[1..].copy_from_slice(&(b.len() as u64).to_le_bytes());
             return self.header_payload(&h, b);
         }
-        let module = if self.protocol < 3 {
-            "__builtin__"
-        } else {
-            "builtins"
-        };
+        let module = if self.protocol < 3 { "__builtin__" } else { "builtins" };
         self.global_memo(module, "bytearray")?;
         if b.is_empty() {
             self.empty_tuple()?;
@@ -406,10 +394,7 @@ impl<W: Write> Pickler<W> {
             });
         }
         if self.protocol < 3 && !s.is_ascii() {
-            return Err(Error::Unencodable {
-                what: "non-ASCII global name below protocol 3",
-                protocol: self.protocol,
-            });
+            return Err(Error::Unencodable { what: "non-ASCII global name below protocol 3", protocol: self.protocol });
         }
         Ok(())
     }
@@ -425,8 +410,7 @@ impl<W: Write> Pickler<W> {
         }
         self.global(module, name)?;
         let id = self.memoize()?;
-        self.globals
-            .insert((module.to_owned(), name.to_owned()), id);
+        self.globals.insert((module.to_owned(), name.to_owned()), id);
         Ok(())
     }
 
@@ -677,10 +661,9 @@ impl<W: Write> Pickler<W> {
     /// [`Error::Unencodable`] after 2^32 memo entries; [`Error::Io`].
     pub fn memoize(&mut self) -> Result<u32> {
         let id = self.next_memo;
-        self.next_memo = id.checked_add(1).ok_or(Error::Unencodable {
-            what: "more than 2^32 memo entries",
-            protocol: self.protocol,
-        })?;
+        self.next_memo = id
+            .checked_add(1)
+            .ok_or(Error::Unencodable { what: "more than 2^32 memo entries", protocol: self.protocol })?;
         if self.protocol >= 4 {
             self.op(op::MEMOIZE)?;
         } else if let Ok(b) = u8::try_from(id) {

@@ -17,10 +17,7 @@ fn is_c_space(b: u8) -> bool {
 
 fn trim_c_space(s: &[u8]) -> &[u8] {
     let start = s.iter().position(|&b| !is_c_space(b)).unwrap_or(s.len());
-    let end = s
-        .iter()
-        .rposition(|&b| !is_c_space(b))
-        .map_or(start, |i| i + 1);
+    let end = s.iter().rposition(|&b| !is_c_space(b)).map_or(start, |i| i + 1);
     s.get(start..end).unwrap_or(&[])
 }
 
@@ -52,12 +49,7 @@ pub(crate) fn strtol_full(s: &[u8]) -> Option<i64> {
         _ => false,
     };
     let (radix, digits) = match s {
-        [b'0', b'x' | b'X', rest @ ..]
-            if rest
-                .first()
-                .and_then(|&b| digit_value(b))
-                .is_some_and(|d| d < 16) =>
-        {
+        [b'0', b'x' | b'X', rest @ ..] if rest.first().and_then(|&b| digit_value(b)).is_some_and(|d| d < 16) => {
             (16, rest)
         }
         [b'0', ..] => (8, s),
@@ -70,11 +62,7 @@ pub(crate) fn strtol_full(s: &[u8]) -> Option<i64> {
     for &b in digits {
         let d = digit_value(b).filter(|&d| d < radix)?;
         acc = acc.checked_mul(i64::from(radix))?;
-        acc = if negative {
-            acc.checked_sub(i64::from(d))?
-        } else {
-            acc.checked_add(i64::from(d))?
-        };
+        acc = if negative { acc.checked_sub(i64::from(d))? } else { acc.checked_add(i64::from(d))? };
     }
     Some(acc)
 }
@@ -147,10 +135,7 @@ pub(crate) fn parse_py_int(s: &[u8], base: u32, max_digits: usize) -> Result<Int
 /// exponents).
 pub(crate) fn parse_float(s: &[u8]) -> Option<f64> {
     let text = std::str::from_utf8(s).ok()?;
-    if text.is_empty()
-        || text.starts_with(|c: char| c.is_whitespace())
-        || text.ends_with(|c: char| c.is_whitespace())
-    {
+    if text.is_empty() || text.starts_with(|c: char| c.is_whitespace()) || text.ends_with(|c: char| c.is_whitespace()) {
         return None;
     }
     text.parse::<f64>().ok()
@@ -200,14 +185,8 @@ pub(crate) fn decode_string_literal(line: &[u8]) -> Result<Vec<u8>, TextError> {
                 out.push((v & 0xff) as u8); // CPython truncates octal escapes above \377
             }
             b'x' => {
-                let hi = body
-                    .get(i)
-                    .and_then(|&b| digit_value(b))
-                    .filter(|&d| d < 16);
-                let lo = body
-                    .get(i + 1)
-                    .and_then(|&b| digit_value(b))
-                    .filter(|&d| d < 16);
+                let hi = body.get(i).and_then(|&b| digit_value(b)).filter(|&d| d < 16);
+                let lo = body.get(i + 1).and_then(|&b| digit_value(b)).filter(|&d| d < 16);
                 match (hi, lo) {
                     (Some(h), Some(l)) => {
                         out.push((h * 16 + l) as u8);
@@ -267,8 +246,7 @@ pub(crate) fn decode_raw_unicode_escape(s: &[u8]) -> Result<String, TextError> {
         if (0xd800..=0xdfff).contains(&cp) {
             return Err(TextError::Surrogate(escape_at));
         }
-        let ch = char::from_u32(cp)
-            .ok_or(TextError::Bad("\\U escape out of Unicode range in UNICODE"))?;
+        let ch = char::from_u32(cp).ok_or(TextError::Bad("\\U escape out of Unicode range in UNICODE"))?;
         out.push(ch);
     }
     Ok(out)
@@ -312,20 +290,14 @@ mod tests {
             parse_py_int(b"-18446744073709551616", 0, 4300),
             Ok(IntRepr::Big(vec![0, 0, 0, 0, 0, 0, 0, 0, 0xff]))
         );
-        assert_eq!(
-            parse_py_int(&[b'1'; 5000], 0, 4300),
-            Err(TextError::TooManyDigits)
-        );
+        assert_eq!(parse_py_int(&[b'1'; 5000], 0, 4300), Err(TextError::TooManyDigits));
     }
 
     #[test]
     fn string_escapes() {
         assert_eq!(decode_string_literal(b"'a\\nb'").unwrap(), b"a\nb");
         assert_eq!(decode_string_literal(b"\"it's\"").unwrap(), b"it's");
-        assert_eq!(
-            decode_string_literal(b"'\\x00\\xff\\101\\q'").unwrap(),
-            b"\x00\xffA\\q"
-        );
+        assert_eq!(decode_string_literal(b"'\\x00\\xff\\101\\q'").unwrap(), b"\x00\xffA\\q");
         assert_eq!(decode_string_literal(b"'\\777'").unwrap(), vec![0xff]);
         assert!(decode_string_literal(b"'\\x4'").is_err());
         assert!(decode_string_literal(b"abc").is_err());
@@ -336,25 +308,13 @@ mod tests {
     #[test]
     fn raw_unicode_escape() {
         assert_eq!(decode_raw_unicode_escape(b"abc").unwrap(), "abc");
-        assert_eq!(
-            decode_raw_unicode_escape(b"\\u20ac\xe9").unwrap(),
-            "\u{20ac}\u{e9}"
-        );
-        assert_eq!(
-            decode_raw_unicode_escape(b"\\U0001f600").unwrap(),
-            "\u{1f600}"
-        );
-        assert_eq!(
-            decode_raw_unicode_escape(b"\\\\u0041").unwrap(),
-            "\\\\u0041"
-        );
+        assert_eq!(decode_raw_unicode_escape(b"\\u20ac\xe9").unwrap(), "\u{20ac}\u{e9}");
+        assert_eq!(decode_raw_unicode_escape(b"\\U0001f600").unwrap(), "\u{1f600}");
+        assert_eq!(decode_raw_unicode_escape(b"\\\\u0041").unwrap(), "\\\\u0041");
         assert_eq!(decode_raw_unicode_escape(b"\\\\\\u0041").unwrap(), "\\\\A");
         assert_eq!(decode_raw_unicode_escape(b"a\\b").unwrap(), "a\\b");
         assert!(decode_raw_unicode_escape(b"\\u12").is_err());
-        assert_eq!(
-            decode_raw_unicode_escape(b"x\\ud800"),
-            Err(TextError::Surrogate(1))
-        );
+        assert_eq!(decode_raw_unicode_escape(b"x\\ud800"), Err(TextError::Surrogate(1)));
         assert!(decode_raw_unicode_escape(b"\\U00110000").is_err());
     }
 }

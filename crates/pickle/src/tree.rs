@@ -44,14 +44,7 @@ pub(crate) fn decompose(v: Value) -> Result<(Shape, Vec<Value>), Value> {
         Value::Dict(pairs) => Ok((Shape::Dict, flatten_pairs(pairs))),
         Value::PersistentId(inner) => Ok((Shape::PersistentId, vec![*inner])),
         Value::Object(o) => {
-            let Object {
-                callable,
-                args,
-                kind,
-                state,
-                list_items,
-                dict_items,
-            } = *o;
+            let Object { callable, args, kind, state, list_items, dict_items } = *o;
             let n_list = list_items.len();
             let n_dict = dict_items.len();
             let mut children = Vec::with_capacity(4 + n_list + 2 * n_dict);
@@ -71,15 +64,7 @@ pub(crate) fn decompose(v: Value) -> Result<(Shape, Vec<Value>), Value> {
             children.extend(state);
             children.extend(list_items);
             children.extend(flatten_pairs(dict_items));
-            Ok((
-                Shape::Object {
-                    kind,
-                    n_states,
-                    n_list,
-                    n_dict,
-                },
-                children,
-            ))
+            Ok((Shape::Object { kind, n_states, n_list, n_dict }, children))
         }
         leaf => Err(leaf),
     }
@@ -116,24 +101,15 @@ pub(crate) fn reassemble(shape: Shape, children: Vec<Value>) -> Value {
             let n = children.len() / 2;
             Value::Dict(pairs_from(&mut children.into_iter(), n))
         }
-        Shape::PersistentId => {
-            Value::PersistentId(Box::new(children.into_iter().next().unwrap_or_default()))
-        }
-        Shape::Object {
-            kind,
-            n_states,
-            n_list,
-            n_dict,
-        } => {
+        Shape::PersistentId => Value::PersistentId(Box::new(children.into_iter().next().unwrap_or_default())),
+        Shape::Object { kind, n_states, n_list, n_dict } => {
             let mut it = children.into_iter();
             let callable = it.next().unwrap_or_default();
             let args = it.next().unwrap_or_default();
             let kind = match kind {
                 KindShape::Reduce => ObjectKind::Reduce,
                 KindShape::NewObj => ObjectKind::NewObj,
-                KindShape::NewObjEx => ObjectKind::NewObjEx {
-                    kwargs: it.next().unwrap_or_default(),
-                },
+                KindShape::NewObjEx => ObjectKind::NewObjEx { kwargs: it.next().unwrap_or_default() },
                 KindShape::Inst => ObjectKind::Inst,
                 KindShape::Obj => ObjectKind::Obj,
             };
@@ -150,14 +126,7 @@ pub(crate) fn reassemble(shape: Shape, children: Vec<Value>) -> Value {
             }
             let list_items: Vec<Value> = it.by_ref().take(n_list).collect();
             let dict_items = pairs_from(&mut it, n_dict);
-            Value::Object(Box::new(Object {
-                callable,
-                args,
-                kind,
-                state,
-                list_items,
-                dict_items,
-            }))
+            Value::Object(Box::new(Object { callable, args, kind, state, list_items, dict_items }))
         }
     }
 }
@@ -177,11 +146,7 @@ pub(crate) fn map_post_order(v: Value, mut f: impl FnMut(Value) -> Value) -> Val
             Some(v) => match decompose(v) {
                 Ok((shape, children)) => {
                     let n = children.len();
-                    stack.push(Frame {
-                        shape,
-                        children: children.into_iter(),
-                        out: Vec::with_capacity(n),
-                    });
+                    stack.push(Frame { shape, children: children.into_iter(), out: Vec::with_capacity(n) });
                     None
                 }
                 Err(leaf) => Some(f(leaf)),
@@ -259,10 +224,7 @@ fn clone_leaf(v: &Value) -> Value {
         Value::Str(s) => Value::Str(s.clone()),
         Value::Bytes(b) => Value::Bytes(b.clone()),
         Value::ByteArray(b) => Value::ByteArray(b.clone()),
-        Value::Global { module, name } => Value::Global {
-            module: module.clone(),
-            name: name.clone(),
-        },
+        Value::Global { module, name } => Value::Global { module: module.clone(), name: name.clone() },
         // Containers are never passed here; an empty copy keeps this total.
         Value::List(_) => Value::List(Vec::new()),
         Value::Tuple(_) => Value::Tuple(Vec::new()),
@@ -287,11 +249,7 @@ pub(crate) fn deep_clone(v: &Value) -> Value {
             Some(v) => match split_ref(v) {
                 Some((shape, children)) => {
                     let n = children.len();
-                    stack.push(Frame {
-                        shape,
-                        children: children.into_iter(),
-                        out: Vec::with_capacity(n),
-                    });
+                    stack.push(Frame { shape, children: children.into_iter(), out: Vec::with_capacity(n) });
                     None
                 }
                 None => Some(clone_leaf(v)),
@@ -338,16 +296,9 @@ pub(crate) fn deep_eq(a: &Value, b: &Value) -> bool {
                     | (Value::Bytes(p), Value::Bytes(q))
                     | (Value::ByteArray(p), Value::ByteArray(q)) => p == q,
                     (Value::Str(p), Value::Str(q)) => p == q,
-                    (
-                        Value::Global {
-                            module: pm,
-                            name: pn,
-                        },
-                        Value::Global {
-                            module: qm,
-                            name: qn,
-                        },
-                    ) => pm == qm && pn == qn,
+                    (Value::Global { module: pm, name: pn }, Value::Global { module: qm, name: qn }) => {
+                        pm == qm && pn == qn
+                    }
                     _ => false,
                 };
                 if !equal {

@@ -103,14 +103,7 @@ impl Object {
     /// An object of `kind` with no state and no items.
     #[must_use]
     pub fn new(kind: ObjectKind, callable: Value, args: Value) -> Self {
-        Object {
-            callable,
-            args,
-            kind,
-            state: None,
-            list_items: Vec::new(),
-            dict_items: Vec::new(),
-        }
+        Object { callable, args, kind, state: None, list_items: Vec::new(), dict_items: Vec::new() }
     }
 
     /// `callable(*args)` (REDUCE).
@@ -185,10 +178,7 @@ impl Value {
     /// A [`Value::Global`].
     #[must_use]
     pub fn global(module: impl Into<String>, name: impl Into<String>) -> Self {
-        Value::Global {
-            module: module.into(),
-            name: name.into(),
-        }
+        Value::Global { module: module.into(), name: name.into() }
     }
 
     /// A [`Value::Str`].
@@ -345,22 +335,14 @@ fn desugar_object(obj: Object) -> Value {
         Set,
         FrozenSet,
     }
-    let plain = obj.kind == ObjectKind::Reduce
-        && obj.state.is_none()
-        && obj.list_items.is_empty()
-        && obj.dict_items.is_empty();
-    let target = obj
-        .callable
-        .as_global()
-        .filter(|_| plain)
-        .map(|(m, n)| normalize_global(m, n));
+    let plain =
+        obj.kind == ObjectKind::Reduce && obj.state.is_none() && obj.list_items.is_empty() && obj.dict_items.is_empty();
+    let target = obj.callable.as_global().filter(|_| plain).map(|(m, n)| normalize_global(m, n));
     let rewrite = match (target, &obj.args) {
         (Some((m, n)), Value::Tuple(args)) => match (m.as_str(), n.as_str(), args.as_slice()) {
-            ("_codecs", "encode", [Value::Str(s), Value::Str(enc)]) if enc == "latin1" => s
-                .chars()
-                .map(|c| u8::try_from(u32::from(c)).ok())
-                .collect::<Option<Vec<u8>>>()
-                .map(Rewrite::Bytes),
+            ("_codecs", "encode", [Value::Str(s), Value::Str(enc)]) if enc == "latin1" => {
+                s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Rewrite::Bytes)
+            }
             ("builtins", "bytes", []) => Some(Rewrite::Bytes(Vec::new())),
             ("builtins", "bytearray", []) => Some(Rewrite::ByteArrayEmpty),
             ("builtins", "bytearray", [Value::Bytes(_)]) => Some(Rewrite::ByteArrayFrom),
@@ -405,10 +387,7 @@ pub fn normalize_global(module: &str, name: &str) -> (String, String) {
     if module == "exceptions" && PY2_EXCEPTIONS.contains(&name) {
         return ("builtins".to_owned(), name.to_owned());
     }
-    if let Some(&(_, (m, n))) = NAME_MAPPING
-        .iter()
-        .find(|((m, n), _)| *m == module && *n == name)
-    {
+    if let Some(&(_, (m, n))) = NAME_MAPPING.iter().find(|((m, n), _)| *m == module && *n == name) {
         return (m.to_owned(), n.to_owned());
     }
     if let Some(&(_, m)) = IMPORT_MAPPING.iter().find(|(m, _)| *m == module) {
@@ -482,10 +461,7 @@ const IMPORT_MAPPING: &[(&str, &str)] = &[
 type Name = (&'static str, &'static str);
 
 const NAME_MAPPING: &[(Name, Name)] = &[
-    (
-        ("UserDict", "IterableUserDict"),
-        ("collections", "UserDict"),
-    ),
+    (("UserDict", "IterableUserDict"), ("collections", "UserDict")),
     (("UserDict", "UserDict"), ("collections", "UserDict")),
     (("UserList", "UserList"), ("collections", "UserList")),
     (("UserString", "UserString"), ("collections", "UserString")),
@@ -496,10 +472,7 @@ const NAME_MAPPING: &[(Name, Name)] = &[
     (("__builtin__", "unichr"), ("builtins", "chr")),
     (("__builtin__", "unicode"), ("builtins", "str")),
     (("__builtin__", "xrange"), ("builtins", "range")),
-    (
-        ("_multiprocessing", "Connection"),
-        ("multiprocessing.connection", "Connection"),
-    ),
+    (("_multiprocessing", "Connection"), ("multiprocessing.connection", "Connection")),
     (("_socket", "fromfd"), ("socket", "fromfd")),
     (("exceptions", "StandardError"), ("builtins", "Exception")),
     (("itertools", "ifilter"), ("builtins", "filter")),
@@ -507,48 +480,21 @@ const NAME_MAPPING: &[(Name, Name)] = &[
     (("itertools", "imap"), ("builtins", "map")),
     (("itertools", "izip"), ("builtins", "zip")),
     (("itertools", "izip_longest"), ("itertools", "zip_longest")),
-    (
-        ("multiprocessing", "AuthenticationError"),
-        ("multiprocessing.context", "AuthenticationError"),
-    ),
-    (
-        ("multiprocessing", "BufferTooShort"),
-        ("multiprocessing.context", "BufferTooShort"),
-    ),
-    (
-        ("multiprocessing", "ProcessError"),
-        ("multiprocessing.context", "ProcessError"),
-    ),
-    (
-        ("multiprocessing", "TimeoutError"),
-        ("multiprocessing.context", "TimeoutError"),
-    ),
-    (
-        ("multiprocessing.forking", "Popen"),
-        ("multiprocessing.popen_fork", "Popen"),
-    ),
-    (
-        ("multiprocessing.process", "Process"),
-        ("multiprocessing.context", "Process"),
-    ),
+    (("multiprocessing", "AuthenticationError"), ("multiprocessing.context", "AuthenticationError")),
+    (("multiprocessing", "BufferTooShort"), ("multiprocessing.context", "BufferTooShort")),
+    (("multiprocessing", "ProcessError"), ("multiprocessing.context", "ProcessError")),
+    (("multiprocessing", "TimeoutError"), ("multiprocessing.context", "TimeoutError")),
+    (("multiprocessing.forking", "Popen"), ("multiprocessing.popen_fork", "Popen")),
+    (("multiprocessing.process", "Process"), ("multiprocessing.context", "Process")),
     (("socket", "_socketobject"), ("socket", "SocketType")),
-    (
-        ("urllib", "ContentTooShortError"),
-        ("urllib.error", "ContentTooShortError"),
-    ),
+    (("urllib", "ContentTooShortError"), ("urllib.error", "ContentTooShortError")),
     (("urllib", "getproxies"), ("urllib.request", "getproxies")),
-    (
-        ("urllib", "pathname2url"),
-        ("urllib.request", "pathname2url"),
-    ),
+    (("urllib", "pathname2url"), ("urllib.request", "pathname2url")),
     (("urllib", "quote"), ("urllib.parse", "quote")),
     (("urllib", "quote_plus"), ("urllib.parse", "quote_plus")),
     (("urllib", "unquote"), ("urllib.parse", "unquote")),
     (("urllib", "unquote_plus"), ("urllib.parse", "unquote_plus")),
-    (
-        ("urllib", "url2pathname"),
-        ("urllib.request", "url2pathname"),
-    ),
+    (("urllib", "url2pathname"), ("urllib.request", "url2pathname")),
     (("urllib", "urlcleanup"), ("urllib.request", "urlcleanup")),
     (("urllib", "urlencode"), ("urllib.parse", "urlencode")),
     (("urllib", "urlopen"), ("urllib.request", "urlopen")),
@@ -621,55 +567,19 @@ mod tests {
 
     #[test]
     fn normalize_global_maps_python2_names() {
-        assert_eq!(
-            normalize_global("__builtin__", "set"),
-            pair("builtins", "set")
-        );
+        assert_eq!(normalize_global("__builtin__", "set"), pair("builtins", "set"));
         assert_eq!(normalize_global("builtins", "set"), pair("builtins", "set"));
-        assert_eq!(
-            normalize_global("copy_reg", "_reconstructor"),
-            pair("copyreg", "_reconstructor")
-        );
-        assert_eq!(
-            normalize_global("__builtin__", "unicode"),
-            pair("builtins", "str")
-        );
-        assert_eq!(
-            normalize_global("__builtin__", "xrange"),
-            pair("builtins", "range")
-        );
-        assert_eq!(
-            normalize_global("__builtin__", "reduce"),
-            pair("functools", "reduce")
-        );
-        assert_eq!(
-            normalize_global("exceptions", "ValueError"),
-            pair("builtins", "ValueError")
-        );
-        assert_eq!(
-            normalize_global("exceptions", "StandardError"),
-            pair("builtins", "Exception")
-        );
-        assert_eq!(
-            normalize_global("UserDict", "UserDict"),
-            pair("collections", "UserDict")
-        );
-        assert_eq!(
-            normalize_global("UserDict", "IterableUserDict"),
-            pair("collections", "UserDict")
-        );
-        assert_eq!(
-            normalize_global("cPickle", "loads"),
-            pair("pickle", "loads")
-        );
-        assert_eq!(
-            normalize_global("torch._utils", "_rebuild_tensor_v2"),
-            pair("torch._utils", "_rebuild_tensor_v2")
-        );
-        assert_eq!(
-            normalize_global("exceptions", "NotAnException"),
-            pair("exceptions", "NotAnException")
-        );
+        assert_eq!(normalize_global("copy_reg", "_reconstructor"), pair("copyreg", "_reconstructor"));
+        assert_eq!(normalize_global("__builtin__", "unicode"), pair("builtins", "str"));
+        assert_eq!(normalize_global("__builtin__", "xrange"), pair("builtins", "range"));
+        assert_eq!(normalize_global("__builtin__", "reduce"), pair("functools", "reduce"));
+        assert_eq!(normalize_global("exceptions", "ValueError"), pair("builtins", "ValueError"));
+        assert_eq!(normalize_global("exceptions", "StandardError"), pair("builtins", "Exception"));
+        assert_eq!(normalize_global("UserDict", "UserDict"), pair("collections", "UserDict"));
+        assert_eq!(normalize_global("UserDict", "IterableUserDict"), pair("collections", "UserDict"));
+        assert_eq!(normalize_global("cPickle", "loads"), pair("pickle", "loads"));
+        assert_eq!(normalize_global("torch._utils", "_rebuild_tensor_v2"), pair("torch._utils", "_rebuild_tensor_v2"));
+        assert_eq!(normalize_global("exceptions", "NotAnException"), pair("exceptions", "NotAnException"));
     }
 
     #[test]
@@ -692,64 +602,35 @@ mod tests {
 
     #[test]
     fn desugar_rewrites_only_exact_reduce_forms() {
-        let reduce = |m: &str, n: &str, args: Vec<Value>| {
-            Value::from(Object::reduce(Value::global(m, n), Value::Tuple(args)))
-        };
-        let latin1 = |s: &str| {
-            reduce(
-                "_codecs",
-                "encode",
-                vec![Value::str(s), Value::str("latin1")],
-            )
-        };
+        let reduce =
+            |m: &str, n: &str, args: Vec<Value>| Value::from(Object::reduce(Value::global(m, n), Value::Tuple(args)));
+        let latin1 = |s: &str| reduce("_codecs", "encode", vec![Value::str(s), Value::str("latin1")]);
         assert_eq!(latin1("a\u{ff}").desugar(), Value::Bytes(vec![b'a', 0xff]));
         // Not representable in latin-1: left alone.
         assert_eq!(latin1("\u{20ac}").desugar(), latin1("\u{20ac}"));
-        assert_eq!(
-            reduce("__builtin__", "bytes", vec![]).desugar(),
-            Value::Bytes(vec![])
-        );
-        assert_eq!(
-            reduce("builtins", "bytearray", vec![]).desugar(),
-            Value::ByteArray(vec![])
-        );
-        assert_eq!(
-            reduce("__builtin__", "bytearray", vec![latin1("xy")]).desugar(),
-            Value::ByteArray(b"xy".to_vec())
-        );
+        assert_eq!(reduce("__builtin__", "bytes", vec![]).desugar(), Value::Bytes(vec![]));
+        assert_eq!(reduce("builtins", "bytearray", vec![]).desugar(), Value::ByteArray(vec![]));
+        assert_eq!(reduce("__builtin__", "bytearray", vec![latin1("xy")]).desugar(), Value::ByteArray(b"xy".to_vec()));
         let items = vec![Value::Int(1), latin1("z")];
         assert_eq!(
             reduce("__builtin__", "set", vec![Value::List(items.clone())]).desugar(),
             Value::Set(vec![Value::Int(1), Value::Bytes(b"z".to_vec())])
         );
-        assert_eq!(
-            reduce("builtins", "frozenset", vec![Value::List(vec![])]).desugar(),
-            Value::FrozenSet(vec![])
-        );
+        assert_eq!(reduce("builtins", "frozenset", vec![Value::List(vec![])]).desugar(), Value::FrozenSet(vec![]));
         // With state, items, another kind or other arguments: untouched (children are still desugared).
         let with_state = Value::from(
-            Object::reduce(
-                Value::global("builtins", "set"),
-                Value::Tuple(vec![Value::List(vec![])]),
-            )
-            .with_state(latin1("s")),
+            Object::reduce(Value::global("builtins", "set"), Value::Tuple(vec![Value::List(vec![])]))
+                .with_state(latin1("s")),
         );
-        let Value::Object(o) = with_state.desugar() else {
-            panic!()
-        };
+        let Value::Object(o) = with_state.desugar() else { panic!() };
         assert_eq!(o.state, Some(Value::Bytes(b"s".to_vec())));
-        let newobj = Value::from(Object::new_obj(
-            Value::global("builtins", "set"),
-            Value::Tuple(vec![Value::List(vec![])]),
-        ));
+        let newobj =
+            Value::from(Object::new_obj(Value::global("builtins", "set"), Value::Tuple(vec![Value::List(vec![])])));
         assert_eq!(newobj.clone().desugar(), newobj);
         let odd = reduce("builtins", "set", vec![Value::Int(1)]);
         assert_eq!(odd.clone().desugar(), odd);
         // Inside containers and persistent ids.
-        let nested = Value::PersistentId(Box::new(Value::Dict(vec![(
-            latin1("k"),
-            Value::Tuple(vec![latin1("v")]),
-        )])));
+        let nested = Value::PersistentId(Box::new(Value::Dict(vec![(latin1("k"), Value::Tuple(vec![latin1("v")]))])));
         assert_eq!(
             nested.desugar(),
             Value::PersistentId(Box::new(Value::Dict(vec![(
@@ -766,9 +647,7 @@ mod tests {
             v = if i % 2 == 0 {
                 Value::List(vec![v, Value::Float(f64::from(i))])
             } else {
-                Object::reduce(Value::global("m", "f"), Value::Tuple(vec![v]))
-                    .with_state(Value::None)
-                    .into()
+                Object::reduce(Value::global("m", "f"), Value::Tuple(vec![v])).with_state(Value::None).into()
             };
         }
         let w = v.clone();

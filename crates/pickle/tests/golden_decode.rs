@@ -5,10 +5,7 @@ use ckpt_pickle::{Error, Limits, Object, ObjectKind, Value, decode, decode_with}
 
 fn h(hex: &str) -> Vec<u8> {
     assert!(hex.len() % 2 == 0);
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
 }
 
 fn s(text: &str) -> Value {
@@ -31,12 +28,7 @@ fn sample() -> Value {
                 Value::Bytes(h("79")),
                 Value::None,
                 Value::Bool(true),
-                Value::Tuple(vec![
-                    Value::Int(1i64),
-                    Value::Int(2i64),
-                    Value::Int(3i64),
-                    Value::Int(4i64),
-                ]),
+                Value::Tuple(vec![Value::Int(1i64), Value::Int(2i64), Value::Int(3i64), Value::Int(4i64)]),
             ]),
         ),
         (s("b"), Value::Set(vec![Value::Int(1i64), Value::Int(2i64)])),
@@ -98,12 +90,8 @@ fn cpython_sample_all_protocols() {
 fn cpython_sample_raw_forms() {
     // Protocol 2: bytes and set are REDUCE forms until desugared, with the Python 2 module names.
     let v = decode(&h(SAMPLE[2])).unwrap();
-    let Value::Dict(pairs) = &v else {
-        panic!("{v:?}")
-    };
-    let Value::List(a) = &pairs[0].1 else {
-        panic!()
-    };
+    let Value::Dict(pairs) = &v else { panic!("{v:?}") };
+    let Value::List(a) = &pairs[0].1 else { panic!() };
     let obj = a[3].as_object().unwrap();
     assert_eq!(obj.callable_name(), Some(("_codecs", "encode")));
     assert_eq!(obj.kind, ObjectKind::Reduce);
@@ -113,13 +101,8 @@ fn cpython_sample_raw_forms() {
     // Protocol 3 uses the Python 3 name and real bytes.
     let v = decode(&h(SAMPLE[3])).unwrap();
     let Value::Dict(pairs) = &v else { panic!() };
-    assert_eq!(
-        pairs[1].1.as_object().unwrap().callable_name(),
-        Some(("builtins", "set"))
-    );
-    let Value::List(a) = &pairs[0].1 else {
-        panic!()
-    };
+    assert_eq!(pairs[1].1.as_object().unwrap().callable_name(), Some(("builtins", "set")));
+    let Value::List(a) = &pairs[0].1 else { panic!() };
     assert_eq!(a[3], Value::Bytes(b"y".to_vec()));
     // Protocol 4 needs no desugaring at all.
     assert_eq!(decode(&h(SAMPLE[4])).unwrap(), sample());
@@ -137,54 +120,29 @@ fn cpython_scalars_all_protocols() {
 #[test]
 fn protocol_0_and_1_text_forms() {
     // INST with PUT/GET text memo: {'k': Foo('v'), 'k2': <same object>}
-    let foo = Value::from(Object::new(
-        ObjectKind::Inst,
-        g("mod", "Foo"),
-        Value::Tuple(vec![Value::Bytes(b"v".to_vec())]),
-    ));
+    let foo =
+        Value::from(Object::new(ObjectKind::Inst, g("mod", "Foo"), Value::Tuple(vec![Value::Bytes(b"v".to_vec())])));
     assert_eq!(
         decode(b"(dp0\nS'k'\np1\n(S'v'\nimod\nFoo\np2\nsS'k2'\ng2\ns.").unwrap(),
-        Value::Dict(vec![
-            (Value::Bytes(b"k".to_vec()), foo.clone()),
-            (Value::Bytes(b"k2".to_vec()), foo)
-        ])
+        Value::Dict(vec![(Value::Bytes(b"k".to_vec()), foo.clone()), (Value::Bytes(b"k2".to_vec()), foo)])
     );
     // OBJ
     assert_eq!(
         decode(b"(cmod\nFoo\nI5\no.").unwrap(),
-        Value::from(Object::new(
-            ObjectKind::Obj,
-            g("mod", "Foo"),
-            Value::Tuple(vec![Value::Int(5)])
-        ))
+        Value::from(Object::new(ObjectKind::Obj, g("mod", "Foo"), Value::Tuple(vec![Value::Int(5)])))
     );
     // PERSID
-    assert_eq!(
-        decode(b"Pkey-1\n.").unwrap(),
-        Value::PersistentId(Box::new(s("key-1")))
-    );
+    assert_eq!(decode(b"Pkey-1\n.").unwrap(), Value::PersistentId(Box::new(s("key-1"))));
     // LIST, PUT, POP, GET, POP_MARK, DUP
     let l = Value::List(vec![Value::Int(1), Value::Int(2)]);
-    assert_eq!(
-        decode(b"(I1\nI2\nlp0\n0g0\n(I9\n12\x86.").unwrap(),
-        Value::Tuple(vec![l.clone(), l])
-    );
+    assert_eq!(decode(b"(I1\nI2\nlp0\n0g0\n(I9\n12\x86.").unwrap(), Value::Tuple(vec![l.clone(), l]));
     // STRING escapes and quotes (Python 2 str stays bytes)
-    assert_eq!(
-        decode(b"S'a\\nb\\x00'\n.").unwrap(),
-        Value::Bytes(b"a\nb\x00".to_vec())
-    );
-    assert_eq!(
-        decode(b"S\"it's\"\n.").unwrap(),
-        Value::Bytes(b"it's".to_vec())
-    );
+    assert_eq!(decode(b"S'a\\nb\\x00'\n.").unwrap(), Value::Bytes(b"a\nb\x00".to_vec()));
+    assert_eq!(decode(b"S\"it's\"\n.").unwrap(), Value::Bytes(b"it's".to_vec()));
     // UNICODE (raw-unicode-escape)
     assert_eq!(decode(b"V\\u20ac\xe9\n.").unwrap(), s("\u{20ac}\u{e9}"));
     // LONG with and without the L suffix
-    assert_eq!(
-        decode(b"L123456789012345678901234567890L\n.").unwrap(),
-        Value::BigInt(h("d20a3f4eeee073c3f60fe98e01"))
-    );
+    assert_eq!(decode(b"L123456789012345678901234567890L\n.").unwrap(), Value::BigInt(h("d20a3f4eeee073c3f60fe98e01")));
     assert_eq!(decode(b"L-5\n.").unwrap(), Value::Int(-5));
     // FLOAT text
     assert_eq!(decode(b"F-1.25e-3\n.").unwrap(), Value::Float(-1.25e-3));
@@ -204,27 +162,15 @@ fn protocol_0_and_1_text_forms() {
     // BINSTRING / SHORT_BINSTRING
     assert_eq!(
         decode(b"(T\x03\x00\x00\x00abcU\x02hit.").unwrap(),
-        Value::Tuple(vec![
-            Value::Bytes(b"abc".to_vec()),
-            Value::Bytes(b"hi".to_vec())
-        ])
+        Value::Tuple(vec![Value::Bytes(b"abc".to_vec()), Value::Bytes(b"hi".to_vec())])
     );
     // DICT, SETITEMS, EMPTY_SET/ADDITEMS
-    assert_eq!(
-        decode(b"(I1\nI2\nd.").unwrap(),
-        Value::Dict(vec![(Value::Int(1), Value::Int(2))])
-    );
+    assert_eq!(decode(b"(I1\nI2\nd.").unwrap(), Value::Dict(vec![(Value::Int(1), Value::Int(2))]));
     assert_eq!(
         decode(b"}(K\x01K\x02K\x03K\x04u.").unwrap(),
-        Value::Dict(vec![
-            (Value::Int(1), Value::Int(2)),
-            (Value::Int(3), Value::Int(4))
-        ])
+        Value::Dict(vec![(Value::Int(1), Value::Int(2)), (Value::Int(3), Value::Int(4))])
     );
-    assert_eq!(
-        decode(b"\x8f(K\x01K\x02\x90.").unwrap(),
-        Value::Set(vec![Value::Int(1), Value::Int(2)])
-    );
+    assert_eq!(decode(b"\x8f(K\x01K\x02\x90.").unwrap(), Value::Set(vec![Value::Int(1), Value::Int(2)]));
 }
 
 #[test]
@@ -237,14 +183,8 @@ fn protocol_4_newobj_ex_with_shared_args() {
     let args = Value::Tuple(vec![Value::Int(1)]);
     let kwargs = Value::Dict(vec![(s("b"), Value::Int(2))]);
     let expected = Value::from(
-        Object::new(
-            ObjectKind::NewObjEx {
-                kwargs: kwargs.clone(),
-            },
-            g("mod", "K"),
-            args.clone(),
-        )
-        .with_state(Value::Dict(vec![(s("a"), args), (s("kw"), kwargs)])),
+        Object::new(ObjectKind::NewObjEx { kwargs: kwargs.clone() }, g("mod", "K"), args.clone())
+            .with_state(Value::Dict(vec![(s("a"), args), (s("kw"), kwargs)])),
     );
     assert_eq!(decode(&data).unwrap(), expected);
 }
@@ -256,13 +196,7 @@ fn protocol_5_bytearray8_and_protocol_4_bytearray_reduce() {
         Value::ByteArray(b"ab".to_vec())
     );
     let v = decode(&h("8004952c000000000000005d94288c086275696c74696e73948c096279746561727261799493944302616294859452946803295294652e")).unwrap();
-    assert_eq!(
-        v.desugar(),
-        Value::List(vec![
-            Value::ByteArray(b"ab".to_vec()),
-            Value::ByteArray(vec![])
-        ])
-    );
+    assert_eq!(v.desugar(), Value::List(vec![Value::ByteArray(b"ab".to_vec()), Value::ByteArray(vec![])]));
 }
 
 #[test]

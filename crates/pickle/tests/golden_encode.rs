@@ -6,10 +6,7 @@ use ckpt_pickle::{EncodeOptions, Object, Pickler, Sharing, Value, decode, encode
 
 fn h(hex: &str) -> Vec<u8> {
     assert!(hex.len() % 2 == 0);
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
 }
 
 fn s(text: &str) -> Value {
@@ -17,9 +14,7 @@ fn s(text: &str) -> Value {
 }
 
 fn fnv1a64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 enum Expect {
@@ -36,20 +31,12 @@ fn check(name: &str, protocol: u8, sharing: Sharing, value: Value, expect: Expec
         Expect::Hex(hex) => {
             let want = h(hex);
             if out != want {
-                let at = out
-                    .iter()
-                    .zip(&want)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(out.len().min(want.len()));
+                let at = out.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(out.len().min(want.len()));
                 panic!(
                     "{name} p{protocol}: output differs from CPython at byte {at}\n ours: {out:02x?}\n want: {want:02x?}"
                 );
             }
-            assert_eq!(
-                decode(&want).unwrap().desugar(),
-                value,
-                "{name} p{protocol}: decoding CPython's bytes"
-            );
+            assert_eq!(decode(&want).unwrap().desugar(), value, "{name} p{protocol}: decoding CPython's bytes");
         }
         Expect::Digest(len, digest) => {
             assert_eq!(
@@ -59,11 +46,7 @@ fn check(name: &str, protocol: u8, sharing: Sharing, value: Value, expect: Expec
             );
         }
     }
-    assert_eq!(
-        decode(&out).unwrap().desugar(),
-        value,
-        "{name} p{protocol}: round trip"
-    );
+    assert_eq!(decode(&out).unwrap().desugar(), value, "{name} p{protocol}: round trip");
 }
 
 #[test]
@@ -247,12 +230,7 @@ fn torch_like_value() -> Value {
         ])))
     };
     let ints = |v: &[i64]| Value::Tuple(v.iter().map(|&i| Value::Int(i)).collect());
-    let hooks = || {
-        Value::from(Object::reduce(
-            Value::global("collections", "OrderedDict"),
-            Value::Tuple(vec![]),
-        ))
-    };
+    let hooks = || Value::from(Object::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![])));
     let tensor = |key: &str, numel: i64, offset: i64, size: &[i64], stride: &[i64]| {
         Value::from(Object::reduce(
             rebuild.clone(),
@@ -278,11 +256,7 @@ const TORCH_DATA_PKL: &str = "80027d710028580100000077710163746f7263682e5f757469
 
 #[test]
 fn torch_data_pkl_via_encode_with_string_sharing() {
-    let out = encode_with(
-        &torch_like_value(),
-        &EncodeOptions::new(2).sharing(Sharing::Strings),
-    )
-    .unwrap();
+    let out = encode_with(&torch_like_value(), &EncodeOptions::new(2).sharing(Sharing::Strings)).unwrap();
     assert_eq!(out, h(TORCH_DATA_PKL));
     assert_eq!(decode(&out).unwrap(), torch_like_value());
 }
@@ -295,19 +269,9 @@ fn torch_data_pkl_via_low_level_pickler() {
     p.memoize().unwrap();
     p.mark().unwrap();
     // (name, storage key, numel, offset, size, stride)
-    type Spec = (
-        &'static str,
-        &'static str,
-        i64,
-        i64,
-        &'static [i64],
-        &'static [i64],
-    );
-    let tensors: [Spec; 3] = [
-        ("w", "0", 6, 0, &[2, 3], &[3, 1]),
-        ("v", "0", 6, 2, &[2], &[1]),
-        ("bias", "1", 4, 0, &[], &[]),
-    ];
+    type Spec = (&'static str, &'static str, i64, i64, &'static [i64], &'static [i64]);
+    let tensors: [Spec; 3] =
+        [("w", "0", 6, 0, &[2, 3], &[3, 1]), ("v", "0", 6, 2, &[2], &[1]), ("bias", "1", 4, 0, &[], &[])];
     let mut keys = std::collections::HashMap::new();
     for (name, key, numel, offset, size, stride) in tensors {
         p.str(name).unwrap();
@@ -352,10 +316,7 @@ fn torch_data_pkl_via_low_level_pickler() {
         p.memoize().unwrap();
     }
     p.setitems().unwrap();
-    assert_eq!(
-        p.position(),
-        u64::try_from(TORCH_DATA_PKL.len() / 2 - 1).unwrap()
-    );
+    assert_eq!(p.position(), u64::try_from(TORCH_DATA_PKL.len() / 2 - 1).unwrap());
     let out = p.finish().unwrap();
     assert_eq!(out, h(TORCH_DATA_PKL));
 }
@@ -364,10 +325,7 @@ fn torch_data_pkl_via_low_level_pickler() {
 fn protocol_2_uses_only_weights_only_opcodes() {
     let out = encode_with(&torch_like_value(), &EncodeOptions::new(2)).unwrap();
     for (_, op) in ckpt_pickle::opcode::scan(&out).unwrap() {
-        assert!(
-            ckpt_pickle::opcode::WEIGHTS_ONLY_OPCODES.contains(&op),
-            "opcode {op:#04x}"
-        );
+        assert!(ckpt_pickle::opcode::WEIGHTS_ONLY_OPCODES.contains(&op), "opcode {op:#04x}");
     }
 }
 
@@ -381,19 +339,12 @@ fn small_frames_have_no_frame_header() {
         (s("ab"), "80049506000000000000008c026162942e"),
     ];
     for (v, hex) in cases {
-        assert_eq!(
-            encode_with(&v, &EncodeOptions::new(4)).unwrap(),
-            h(hex),
-            "{v:?}"
-        );
+        assert_eq!(encode_with(&v, &EncodeOptions::new(4)).unwrap(), h(hex), "{v:?}");
     }
     // A 64 KiB+ payload is written outside any frame; the 2 bytes after it (MEMOIZE STOP) get no header.
     let big = Value::Bytes(b"abcdefghijklmnopqrstuvwxyz".repeat(2600));
     let out = encode_with(&big, &EncodeOptions::new(4)).unwrap();
     assert_eq!(out.len(), 67609);
-    assert_eq!(
-        out[..7],
-        h("800442100801 00".replace(' ', "").as_str())[..7]
-    );
+    assert_eq!(out[..7], h("800442100801 00".replace(' ', "").as_str())[..7]);
     assert_eq!(out[out.len() - 2..], [0x94, b'.']);
 }

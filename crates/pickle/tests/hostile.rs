@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ckpt_pickle::{
-    EncodeOptions, Error, ErrorKind, Limits, Object, ObjectKind, Value, decode, decode_with,
-    encode, encode_into,
+    EncodeOptions, Error, ErrorKind, Limits, Object, ObjectKind, Value, decode, decode_with, encode, encode_into,
 };
 
 fn s(text: &str) -> Value {
@@ -44,46 +43,21 @@ impl Rng {
 /// Representative valid pickles (CPython 3.11 output, protocols 0-5, plus a torch-style data.pkl).
 fn corpus() -> Vec<Vec<u8>> {
     let sample = Value::Dict(vec![
-        (
-            s("a"),
-            Value::List(vec![
-                Value::Int(1),
-                Value::Float(2.5),
-                s("x"),
-                Value::Bytes(b"y".to_vec()),
-                Value::None,
-            ]),
-        ),
-        (
-            s("b"),
-            Value::Set(vec![
-                Value::Int(1),
-                Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]),
-            ]),
-        ),
+        (s("a"), Value::List(vec![Value::Int(1), Value::Float(2.5), s("x"), Value::Bytes(b"y".to_vec()), Value::None])),
+        (s("b"), Value::Set(vec![Value::Int(1), Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1])])),
         (
             s("o"),
             Value::from(
-                Object::new_obj(Value::global("m", "C"), Value::Tuple(vec![])).with_state(
-                    Value::Dict(vec![(
-                        s("k"),
-                        Value::Tuple(vec![Value::Int(1), Value::Int(2)]),
-                    )]),
-                ),
+                Object::new_obj(Value::global("m", "C"), Value::Tuple(vec![]))
+                    .with_state(Value::Dict(vec![(s("k"), Value::Tuple(vec![Value::Int(1), Value::Int(2)]))])),
             ),
         ),
-        (
-            s("p"),
-            Value::PersistentId(Box::new(Value::Tuple(vec![s("storage"), Value::Int(3)]))),
-        ),
+        (s("p"), Value::PersistentId(Box::new(Value::Tuple(vec![s("storage"), Value::Int(3)])))),
     ]);
     let mut out: Vec<Vec<u8>> = (2..=5).map(|p| encode(&sample, p).unwrap()).collect();
     out.push(b"(dp0\nS'k'\np1\n(S'v'\nimod\nFoo\np2\nsS'k2'\ng2\ns.".to_vec());
     out.push(b"(I1\nI2\nlp0\n0g0\n(I9\n12\x86.".to_vec());
-    out.push(
-        b"(I01\nI00\nI010\nI99999999999999999999\nL-5\nF1.5\nV\\u20ac\nPpid\n(cmod\nFoo\nI5\nol."
-            .to_vec(),
-    );
+    out.push(b"(I01\nI00\nI010\nI99999999999999999999\nL-5\nF1.5\nV\\u20ac\nPpid\n(cmod\nFoo\nI5\nol.".to_vec());
     out
 }
 
@@ -100,184 +74,56 @@ fn error_unexpected_eof_and_huge_lengths_do_not_allocate() {
         }
     }
     // 32-bit lengths.
-    for data in [
-        &b"X\xff\xff\xff\xffab"[..],
-        b"B\xff\xff\xff\xff.",
-        b"T\xff\xff\xff\x7f.",
-        b"\x8b\xff\xff\xff\x7f.",
-    ] {
-        assert!(
-            matches!(err(data), Error::UnexpectedEof { offset: 5, .. }),
-            "{data:02x?}"
-        );
+    for data in [&b"X\xff\xff\xff\xffab"[..], b"B\xff\xff\xff\xff.", b"T\xff\xff\xff\x7f.", b"\x8b\xff\xff\xff\x7f."] {
+        assert!(matches!(err(data), Error::UnexpectedEof { offset: 5, .. }), "{data:02x?}");
     }
     // Truncated fixed-size arguments and lines.
-    assert!(matches!(
-        err(b"J\x01\x02"),
-        Error::UnexpectedEof {
-            offset: 1,
-            needed: 2
-        }
-    ));
-    assert!(matches!(
-        err(b"G\x00"),
-        Error::UnexpectedEof {
-            offset: 1,
-            needed: 7
-        }
-    ));
-    assert!(matches!(
-        err(b"I12"),
-        Error::UnexpectedEof {
-            offset: 3,
-            needed: 1
-        }
-    ));
+    assert!(matches!(err(b"J\x01\x02"), Error::UnexpectedEof { offset: 1, needed: 2 }));
+    assert!(matches!(err(b"G\x00"), Error::UnexpectedEof { offset: 1, needed: 7 }));
+    assert!(matches!(err(b"I12"), Error::UnexpectedEof { offset: 3, needed: 1 }));
     assert!(matches!(err(b"cmod\nname"), Error::UnexpectedEof { .. }));
 }
 
 #[test]
 fn error_unknown_opcode() {
-    assert!(matches!(
-        err(b"\x80\x02\xff."),
-        Error::UnknownOpcode {
-            offset: 2,
-            opcode: 0xff
-        }
-    ));
-    assert!(matches!(
-        err(b"N\x99"),
-        Error::UnknownOpcode {
-            offset: 1,
-            opcode: 0x99
-        }
-    ));
+    assert!(matches!(err(b"\x80\x02\xff."), Error::UnknownOpcode { offset: 2, opcode: 0xff }));
+    assert!(matches!(err(b"N\x99"), Error::UnknownOpcode { offset: 1, opcode: 0x99 }));
 }
 
 #[test]
 fn error_stack_underflow() {
-    assert!(matches!(
-        err(b"a."),
-        Error::StackUnderflow {
-            offset: 0,
-            opcode: "APPEND"
-        }
-    ));
-    assert!(matches!(
-        err(b"."),
-        Error::StackUnderflow {
-            offset: 0,
-            opcode: "STOP"
-        }
-    ));
+    assert!(matches!(err(b"a."), Error::StackUnderflow { offset: 0, opcode: "APPEND" }));
+    assert!(matches!(err(b"."), Error::StackUnderflow { offset: 0, opcode: "STOP" }));
     // Items below a MARK are out of reach.
-    assert!(matches!(
-        err(b"](Na"),
-        Error::StackUnderflow {
-            offset: 3,
-            opcode: "APPEND"
-        }
-    ));
-    assert!(matches!(
-        err(b"N(\x85"),
-        Error::StackUnderflow {
-            offset: 2,
-            opcode: "TUPLE1"
-        }
-    ));
-    assert!(matches!(
-        err(b"NR."),
-        Error::StackUnderflow {
-            opcode: "REDUCE",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"(o."),
-        Error::StackUnderflow { opcode: "OBJ", .. }
-    ));
-    assert!(matches!(
-        err(b"(Ne."),
-        Error::StackUnderflow {
-            opcode: "APPENDS",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"2."),
-        Error::StackUnderflow { opcode: "DUP", .. }
-    ));
-    assert!(matches!(
-        err(b"q\x00."),
-        Error::StackUnderflow {
-            opcode: "BINPUT",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"0."),
-        Error::StackUnderflow { opcode: "POP", .. }
-    ));
+    assert!(matches!(err(b"](Na"), Error::StackUnderflow { offset: 3, opcode: "APPEND" }));
+    assert!(matches!(err(b"N(\x85"), Error::StackUnderflow { offset: 2, opcode: "TUPLE1" }));
+    assert!(matches!(err(b"NR."), Error::StackUnderflow { opcode: "REDUCE", .. }));
+    assert!(matches!(err(b"(o."), Error::StackUnderflow { opcode: "OBJ", .. }));
+    assert!(matches!(err(b"(Ne."), Error::StackUnderflow { opcode: "APPENDS", .. }));
+    assert!(matches!(err(b"2."), Error::StackUnderflow { opcode: "DUP", .. }));
+    assert!(matches!(err(b"q\x00."), Error::StackUnderflow { opcode: "BINPUT", .. }));
+    assert!(matches!(err(b"0."), Error::StackUnderflow { opcode: "POP", .. }));
 }
 
 #[test]
 fn error_mark_not_found() {
-    assert!(matches!(
-        err(b"N1."),
-        Error::MarkNotFound {
-            offset: 1,
-            opcode: "POP_MARK"
-        }
-    ));
-    assert!(matches!(
-        err(b"]Ne."),
-        Error::MarkNotFound {
-            offset: 2,
-            opcode: "APPENDS"
-        }
-    ));
-    assert!(matches!(
-        err(b"Nt."),
-        Error::MarkNotFound {
-            opcode: "TUPLE",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"}NNu."),
-        Error::MarkNotFound {
-            opcode: "SETITEMS",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"imod\nC\n."),
-        Error::MarkNotFound { opcode: "INST", .. }
-    ));
+    assert!(matches!(err(b"N1."), Error::MarkNotFound { offset: 1, opcode: "POP_MARK" }));
+    assert!(matches!(err(b"]Ne."), Error::MarkNotFound { offset: 2, opcode: "APPENDS" }));
+    assert!(matches!(err(b"Nt."), Error::MarkNotFound { opcode: "TUPLE", .. }));
+    assert!(matches!(err(b"}NNu."), Error::MarkNotFound { opcode: "SETITEMS", .. }));
+    assert!(matches!(err(b"imod\nC\n."), Error::MarkNotFound { opcode: "INST", .. }));
 }
 
 #[test]
 fn error_memo_missing() {
-    assert!(matches!(
-        err(b"h\x05."),
-        Error::MemoMissing { offset: 0, key: 5 }
-    ));
-    assert!(matches!(
-        err(b"j\x00\x01\x00\x00."),
-        Error::MemoMissing { key: 256, .. }
-    ));
+    assert!(matches!(err(b"h\x05."), Error::MemoMissing { offset: 0, key: 5 }));
+    assert!(matches!(err(b"j\x00\x01\x00\x00."), Error::MemoMissing { key: 256, .. }));
     assert!(matches!(err(b"g7\n."), Error::MemoMissing { key: 7, .. }));
 }
 
 #[test]
 fn error_trailing_mark_and_no_stop() {
-    assert!(matches!(
-        err(b"(N."),
-        Error::TrailingMark {
-            offset: 2,
-            marks: 1
-        }
-    ));
+    assert!(matches!(err(b"(N."), Error::TrailingMark { offset: 2, marks: 1 }));
     assert!(matches!(err(b"N"), Error::NoStop { offset: 1 }));
     assert!(matches!(err(b""), Error::NoStop { offset: 0 }));
     // POP with a MARK on top of the stack pops the MARK (CPython's behaviour), so this is fine.
@@ -287,18 +133,9 @@ fn error_trailing_mark_and_no_stop() {
 #[test]
 fn error_recursive_structures() {
     // A list appended to itself, a dict containing itself, an object whose state is itself.
-    assert!(matches!(
-        err(b"]q\x00h\x00a."),
-        Error::Recursive { offset: 6 }
-    ));
-    assert!(matches!(
-        err(b"}q\x00K\x01h\x00s."),
-        Error::Recursive { .. }
-    ));
-    assert!(matches!(
-        err(b"cmod\nC\n)\x81q\x00h\x00b."),
-        Error::Recursive { .. }
-    ));
+    assert!(matches!(err(b"]q\x00h\x00a."), Error::Recursive { offset: 6 }));
+    assert!(matches!(err(b"}q\x00K\x01h\x00s."), Error::Recursive { .. }));
+    assert!(matches!(err(b"cmod\nC\n)\x81q\x00h\x00b."), Error::Recursive { .. }));
     // A cycle that is not reachable from the result is harmless.
     assert_eq!(decode(b"]q\x00h\x00a0N.").unwrap(), Value::None);
     assert_eq!(err(b"]q\x00h\x00a.").kind(), ErrorKind::Unsupported);
@@ -307,18 +144,9 @@ fn error_recursive_structures() {
 #[test]
 fn error_invalid_utf8() {
     // UTF-8-encoded lone surrogate (what CPython writes with surrogatepass).
-    assert!(matches!(
-        err(b"X\x03\x00\x00\x00\xed\xa0\x80."),
-        Error::InvalidUtf8 { offset: 5 }
-    ));
-    assert!(matches!(
-        err(b"\x8c\x02a\xff."),
-        Error::InvalidUtf8 { offset: 3 }
-    ));
-    assert!(matches!(
-        err(b"V\\ud800\n."),
-        Error::InvalidUtf8 { offset: 1 }
-    ));
+    assert!(matches!(err(b"X\x03\x00\x00\x00\xed\xa0\x80."), Error::InvalidUtf8 { offset: 5 }));
+    assert!(matches!(err(b"\x8c\x02a\xff."), Error::InvalidUtf8 { offset: 3 }));
+    assert!(matches!(err(b"V\\ud800\n."), Error::InvalidUtf8 { offset: 1 }));
     assert!(matches!(err(b"c\xff\nname\n."), Error::InvalidUtf8 { .. }));
 }
 
@@ -347,86 +175,31 @@ fn error_bad_text() {
 
 #[test]
 fn error_unsupported() {
-    assert!(matches!(
-        err(b"\x82\x01."),
-        Error::Unsupported { offset: 0, .. }
-    ));
+    assert!(matches!(err(b"\x82\x01."), Error::Unsupported { offset: 0, .. }));
     assert!(matches!(err(b"\x83\x01\x00."), Error::Unsupported { .. }));
-    assert!(matches!(
-        err(b"\x84\x01\x00\x00\x00."),
-        Error::Unsupported { .. }
-    ));
+    assert!(matches!(err(b"\x84\x01\x00\x00\x00."), Error::Unsupported { .. }));
     assert!(matches!(err(b"\x97."), Error::Unsupported { .. }));
-    assert!(matches!(
-        err(b"C\x01a\x98."),
-        Error::Unsupported { offset: 3, .. }
-    ));
-    assert!(matches!(
-        err(b"\x80\x06N."),
-        Error::Unsupported { offset: 0, .. }
-    ));
+    assert!(matches!(err(b"C\x01a\x98."), Error::Unsupported { offset: 3, .. }));
+    assert!(matches!(err(b"\x80\x06N."), Error::Unsupported { offset: 0, .. }));
     assert_eq!(err(b"\x97.").kind(), ErrorKind::Unsupported);
 }
 
 #[test]
 fn error_bad_operand() {
-    assert!(matches!(
-        err(b")Na."),
-        Error::BadOperand {
-            offset: 2,
-            opcode: "APPEND",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"K\x01K\x02\x93."),
-        Error::BadOperand {
-            opcode: "STACK_GLOBAL",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"]Nb."),
-        Error::BadOperand {
-            opcode: "BUILD",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"](N\x90."),
-        Error::BadOperand {
-            opcode: "ADDITEMS",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b")NNs."),
-        Error::BadOperand {
-            opcode: "SETITEM",
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(b"N(NNu."),
-        Error::BadOperand {
-            opcode: "SETITEMS",
-            ..
-        }
-    ));
+    assert!(matches!(err(b")Na."), Error::BadOperand { offset: 2, opcode: "APPEND", .. }));
+    assert!(matches!(err(b"K\x01K\x02\x93."), Error::BadOperand { opcode: "STACK_GLOBAL", .. }));
+    assert!(matches!(err(b"]Nb."), Error::BadOperand { opcode: "BUILD", .. }));
+    assert!(matches!(err(b"](N\x90."), Error::BadOperand { opcode: "ADDITEMS", .. }));
+    assert!(matches!(err(b")NNs."), Error::BadOperand { opcode: "SETITEM", .. }));
+    assert!(matches!(err(b"N(NNu."), Error::BadOperand { opcode: "SETITEMS", .. }));
 }
 
 #[test]
 fn error_malformed() {
     assert!(matches!(err(b"}(Nu."), Error::Malformed { offset: 3, .. }));
     assert!(matches!(err(b"(Nd."), Error::Malformed { .. }));
-    assert!(matches!(
-        err(b"\x8b\xff\xff\xff\xff."),
-        Error::Malformed { offset: 0, .. }
-    ));
-    assert!(matches!(
-        err(b"T\xff\xff\xff\xff."),
-        Error::Malformed { .. }
-    ));
+    assert!(matches!(err(b"\x8b\xff\xff\xff\xff."), Error::Malformed { offset: 0, .. }));
+    assert!(matches!(err(b"T\xff\xff\xff\xff."), Error::Malformed { .. }));
     assert_eq!(err(b"(Nd.").kind(), ErrorKind::Malformed);
 }
 
@@ -443,10 +216,7 @@ fn limits_each_one() {
     };
     // memo entries
     let l = small(|l| l.max_memo = 2);
-    assert_eq!(
-        limit_what(err_with(b"Nq\x00q\x01q\x02.", &l)),
-        "memo entries"
-    );
+    assert_eq!(limit_what(err_with(b"Nq\x00q\x01q\x02.", &l)), "memo entries");
     assert!(decode_with(b"Nq\x00q\x01q\x00.", &l).is_ok()); // overwriting a key is not a new entry
     // VM nodes
     let l = small(|l| l.max_nodes = 3);
@@ -465,23 +235,11 @@ fn limits_each_one() {
     assert_eq!(limit_what(err(&long)), "integer text digits");
     // mark depth
     let l = small(|l| l.max_mark_depth = 3);
-    assert!(matches!(
-        err_with(b"((((", &l),
-        Error::DepthExceeded {
-            limit: 3,
-            offset: 3
-        }
-    ));
+    assert!(matches!(err_with(b"((((", &l), Error::DepthExceeded { limit: 3, offset: 3 }));
     // materialised depth
     let l = small(|l| l.max_depth = 3);
     assert!(decode_with(b"]]]aa.", &l).is_ok());
-    assert!(matches!(
-        err_with(b"]]]]aaa.", &l),
-        Error::DepthExceeded {
-            limit: 3,
-            offset: 7
-        }
-    ));
+    assert!(matches!(err_with(b"]]]]aaa.", &l), Error::DepthExceeded { limit: 3, offset: 7 }));
     assert_eq!(err_with(b"]]]]aaa.", &l).kind(), ErrorKind::Limit);
 }
 
@@ -509,11 +267,7 @@ fn memo_bomb_fails_fast() {
     data.push(b'.');
     let t = Instant::now();
     match err(&data) {
-        Error::Limit {
-            what: "materialised nodes",
-            limit,
-            ..
-        } => assert_eq!(limit, 1 << 25),
+        Error::Limit { what: "materialised nodes", limit, .. } => assert_eq!(limit, 1 << 25),
         e => panic!("{e:?}"),
     }
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
@@ -527,13 +281,7 @@ fn memo_bomb_fails_fast() {
     }
     data.extend_from_slice(b"e.");
     let t = Instant::now();
-    assert!(matches!(
-        err(&data),
-        Error::Limit {
-            what: "materialised payload bytes",
-            ..
-        }
-    ));
+    assert!(matches!(err(&data), Error::Limit { what: "materialised payload bytes", .. }));
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 
     // Moderate sharing within the limits is materialised as copies.
@@ -562,27 +310,15 @@ fn million_deep_nesting_fails_cleanly() {
     data.extend(std::iter::repeat_n(b'a', n - 1));
     data.push(b'.');
     let t = Instant::now();
-    assert!(matches!(
-        err(&data),
-        Error::DepthExceeded { limit: 1000, .. }
-    ));
+    assert!(matches!(err(&data), Error::DepthExceeded { limit: 1000, .. }));
     // N then a million TUPLE1: tuples nested a million deep.
     let mut data = vec![b'N'];
     data.extend(std::iter::repeat_n(0x85u8, n));
     data.push(b'.');
-    assert!(matches!(
-        err(&data),
-        Error::DepthExceeded { limit: 1000, .. }
-    ));
+    assert!(matches!(err(&data), Error::DepthExceeded { limit: 1000, .. }));
     // (((( ... : a million open MARKs.
     let data = vec![b'('; n];
-    assert!(matches!(
-        err(&data),
-        Error::DepthExceeded {
-            limit: 1000,
-            offset: 1000
-        }
-    ));
+    assert!(matches!(err(&data), Error::DepthExceeded { limit: 1000, offset: 1000 }));
     // f(f(f(...f(None)...))) 20000 calls deep, written inside out: each level opens a MARK after the global
     // and closes it with TUPLE + REDUCE.
     let levels = 20_000;
@@ -590,14 +326,8 @@ fn million_deep_nesting_fails_cleanly() {
     inner.push(b'N');
     inner.extend(b"tR".repeat(levels));
     inner.push(b'.');
-    let l = Limits {
-        max_mark_depth: usize::MAX,
-        ..Limits::default()
-    };
-    assert!(matches!(
-        err_with(&inner, &l),
-        Error::DepthExceeded { limit: 1000, .. }
-    ));
+    let l = Limits { max_mark_depth: usize::MAX, ..Limits::default() };
+    assert!(matches!(err_with(&inner, &l), Error::DepthExceeded { limit: 1000, .. }));
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }
 
@@ -613,10 +343,7 @@ fn depth_at_the_limit_round_trips() {
         assert_eq!(decode(&data).unwrap(), v);
     }
     let deeper = Value::List(vec![v]);
-    assert!(matches!(
-        err(&encode(&deeper, 2).unwrap()),
-        Error::DepthExceeded { limit: 1000, .. }
-    ));
+    assert!(matches!(err(&encode(&deeper, 2).unwrap()), Error::DepthExceeded { limit: 1000, .. }));
     // 499 nested REDUCE objects (object + args tuple per level).
     let mut o = Value::Int(1);
     for _ in 0..499 {
@@ -642,21 +369,12 @@ fn every_truncation_is_an_error() {
 fn random_bytes_never_panic() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // Opcode-heavy alphabet so that inputs get past the first byte.
-    let alphabet: Vec<u8> = (0u8..=255)
-        .filter(|&b| ckpt_pickle::opcode::name(b).is_some())
-        .collect();
+    let alphabet: Vec<u8> = (0u8..=255).filter(|&b| ckpt_pickle::opcode::name(b).is_some()).collect();
     let mut ok = 0;
     for i in 0..20_000 {
         let len = rng.below(48);
-        let data: Vec<u8> = (0..len)
-            .map(|_| {
-                if i % 2 == 0 {
-                    alphabet[rng.below(alphabet.len())]
-                } else {
-                    rng.next() as u8
-                }
-            })
-            .collect();
+        let data: Vec<u8> =
+            (0..len).map(|_| if i % 2 == 0 { alphabet[rng.below(alphabet.len())] } else { rng.next() as u8 }).collect();
         if decode(&data).is_ok() {
             ok += 1;
         }
@@ -687,12 +405,10 @@ fn random_bytes_never_panic() {
 #[test]
 fn reference_semantics_of_the_memo() {
     // torch-save spec §5.10: {'x': inner, 'y': inner} with inner memoized while empty and filled afterwards.
-    let data = b"\x80\x02}q\x00(X\x01\x00\x00\x00xq\x01}q\x02X\x01\x00\x00\x00aq\x03K\x01sX\x01\x00\x00\x00yq\x04h\x02u.";
+    let data =
+        b"\x80\x02}q\x00(X\x01\x00\x00\x00xq\x01}q\x02X\x01\x00\x00\x00aq\x03K\x01sX\x01\x00\x00\x00yq\x04h\x02u.";
     let inner = Value::Dict(vec![(s("a"), Value::Int(1))]);
-    assert_eq!(
-        decode(data).unwrap(),
-        Value::Dict(vec![(s("x"), inner.clone()), (s("y"), inner)])
-    );
+    assert_eq!(decode(data).unwrap(), Value::Dict(vec![(s("x"), inner.clone()), (s("y"), inner)]));
     // Mutation after the alias was taken: [d, d] first, then d['a'] = 1.
     let data = b"\x80\x02]q\x00(}q\x01h\x01eh\x01X\x01\x00\x00\x00aK\x01s0.";
     let d = Value::Dict(vec![(s("a"), Value::Int(1))]);
@@ -710,27 +426,15 @@ fn reference_semantics_of_the_memo() {
 fn several_builds_merge_dict_states() {
     let data = b"cm\nC\n)\x81}X\x01\x00\x00\x00aK\x01sb}X\x01\x00\x00\x00bK\x02sb.";
     let o = decode(data).unwrap();
-    assert_eq!(
-        o.as_object().unwrap().state,
-        Some(Value::Dict(vec![
-            (s("a"), Value::Int(1)),
-            (s("b"), Value::Int(2))
-        ]))
-    );
+    assert_eq!(o.as_object().unwrap().state, Some(Value::Dict(vec![(s("a"), Value::Int(1)), (s("b"), Value::Int(2))])));
     let data = b"cm\nC\n)\x81}X\x01\x00\x00\x00aK\x01sbK\x05b.";
-    assert_eq!(
-        decode(data).unwrap().as_object().unwrap().state,
-        Some(Value::Int(5))
-    );
+    assert_eq!(decode(data).unwrap().as_object().unwrap().state, Some(Value::Int(5)));
     // APPEND / SETITEM on an object are recorded, not executed.
     let data = b"cm\nC\n)RK\x01a(K\x02K\x03eX\x01\x00\x00\x00kNs.";
     let o = decode(data).unwrap();
     let o = o.as_object().unwrap();
     assert_eq!(o.kind, ObjectKind::Reduce);
-    assert_eq!(
-        o.list_items,
-        vec![Value::Int(1), Value::Int(2), Value::Int(3)]
-    );
+    assert_eq!(o.list_items, vec![Value::Int(1), Value::Int(2), Value::Int(3)]);
     assert_eq!(o.dict_items, vec![(s("k"), Value::None)]);
 }
 
@@ -741,43 +445,21 @@ fn encoder_errors() {
         assert!(matches!(encode(&v, p), Err(Error::Unencodable { protocol, .. }) if protocol == p));
     }
     let ex = Value::from(Object::new(
-        ObjectKind::NewObjEx {
-            kwargs: Value::Dict(vec![]),
-        },
+        ObjectKind::NewObjEx { kwargs: Value::Dict(vec![]) },
         Value::global("m", "C"),
         Value::Tuple(vec![]),
     ));
-    assert!(matches!(
-        encode(&ex, 2),
-        Err(Error::Unencodable { protocol: 2, .. })
-    ));
+    assert!(matches!(encode(&ex, 2), Err(Error::Unencodable { protocol: 2, .. })));
     assert!(encode(&ex, 4).is_ok());
-    let inst = Value::from(Object::new(
-        ObjectKind::Inst,
-        Value::None,
-        Value::Tuple(vec![]),
-    ));
+    let inst = Value::from(Object::new(ObjectKind::Inst, Value::None, Value::Tuple(vec![])));
     assert!(matches!(encode(&inst, 2), Err(Error::Unencodable { .. })));
-    let obj = Value::from(Object::new(
-        ObjectKind::Obj,
-        Value::global("m", "C"),
-        Value::None,
-    ));
+    let obj = Value::from(Object::new(ObjectKind::Obj, Value::global("m", "C"), Value::None));
     assert!(matches!(encode(&obj, 2), Err(Error::Unencodable { .. })));
-    assert!(matches!(
-        encode(&Value::global("a\nb", "c"), 2),
-        Err(Error::Unencodable { .. })
-    ));
-    assert!(matches!(
-        encode(&Value::global("mod", "é"), 2),
-        Err(Error::Unencodable { .. })
-    ));
+    assert!(matches!(encode(&Value::global("a\nb", "c"), 2), Err(Error::Unencodable { .. })));
+    assert!(matches!(encode(&Value::global("mod", "é"), 2), Err(Error::Unencodable { .. })));
     assert!(encode(&Value::global("mod", "é"), 3).is_ok());
     assert!(encode(&Value::global("mod", "é"), 4).is_ok());
-    assert_eq!(
-        encode(&obj, 2).unwrap_err().kind(),
-        ErrorKind::InvalidArgument
-    );
+    assert_eq!(encode(&obj, 2).unwrap_err().kind(), ErrorKind::InvalidArgument);
 
     struct Failing;
     impl std::io::Write for Failing {

@@ -3,9 +3,7 @@
 
 use std::time::Instant;
 
-use ckpt_pickle::{
-    EncodeOptions, Object, ObjectKind, Pickler, Sharing, Value, decode, encode, encode_with, opcode,
-};
+use ckpt_pickle::{EncodeOptions, Object, ObjectKind, Pickler, Sharing, Value, decode, encode, encode_with, opcode};
 
 /// Deterministic xorshift64* generator.
 struct Rng(u64);
@@ -55,9 +53,7 @@ const INTS: &[i64] = &[
 ];
 
 fn gen_str(r: &mut Rng) -> String {
-    const CHARS: &[char] = &[
-        'a', 'Z', '0', '_', ' ', '\n', '\\', '\'', '"', '\0', 'é', 'ÿ', '€', '😀', '\u{ffff}',
-    ];
+    const CHARS: &[char] = &['a', 'Z', '0', '_', ' ', '\n', '\\', '\'', '"', '\0', 'é', 'ÿ', '€', '😀', '\u{ffff}'];
     let len = match r.below(10) {
         0 => 0,
         1 => 1,
@@ -82,9 +78,7 @@ fn gen_bytes(r: &mut Rng) -> Vec<u8> {
 fn gen_name(r: &mut Rng) -> String {
     const CHARS: &[u8] = b"abcxyz_.0";
     let len = 1 + r.below(10);
-    (0..len)
-        .map(|_| char::from(CHARS[r.below(CHARS.len())]))
-        .collect()
+    (0..len).map(|_| char::from(CHARS[r.below(CHARS.len())])).collect()
 }
 
 /// A canonical big integer (does not fit i64, minimal two's complement).
@@ -94,11 +88,7 @@ fn gen_bigint(r: &mut Rng, max_len: usize) -> Vec<u8> {
     // Make the top byte significant so that the encoding is minimal and longer than 8 bytes.
     let negative = r.chance(50);
     let last = b.len() - 1;
-    b[last] = if negative {
-        0x80 | (b[last] & 0x3f)
-    } else {
-        0x40 | (b[last] & 0x3f)
-    };
+    b[last] = if negative { 0x80 | (b[last] & 0x3f) } else { 0x40 | (b[last] & 0x3f) };
     b
 }
 
@@ -138,11 +128,7 @@ fn gen_value(r: &mut Rng, depth: usize, g: Gen) -> Value {
     match r.below(kinds) {
         0 => Value::List((0..n).map(|_| gen_value(r, d, g)).collect()),
         1 => Value::Tuple((0..n.min(7)).map(|_| gen_value(r, d, g)).collect()),
-        2 => Value::Dict(
-            (0..n)
-                .map(|_| (gen_value(r, d, g), gen_value(r, d, g)))
-                .collect(),
-        ),
+        2 => Value::Dict((0..n).map(|_| (gen_value(r, d, g), gen_value(r, d, g))).collect()),
         3 => Value::global(gen_name(r), gen_name(r)),
         4 | 5 => gen_object(r, d, g),
         6 => Value::Set((0..n).map(|_| gen_value(r, d, g)).collect()),
@@ -158,9 +144,7 @@ fn gen_object(r: &mut Rng, d: usize, g: Gen) -> Value {
     let kind = match r.below(if g.weights_only { 2 } else { 5 }) {
         0 => ObjectKind::Reduce,
         1 => ObjectKind::NewObj,
-        2 if g.newobj_ex => ObjectKind::NewObjEx {
-            kwargs: Value::Dict(vec![(Value::str("k"), gen_value(r, d, g))]),
-        },
+        2 if g.newobj_ex => ObjectKind::NewObjEx { kwargs: Value::Dict(vec![(Value::str("k"), gen_value(r, d, g))]) },
         3 => ObjectKind::Inst,
         _ => ObjectKind::Obj,
     };
@@ -174,48 +158,30 @@ fn gen_object(r: &mut Rng, d: usize, g: Gen) -> Value {
     }
     if r.chance(20) {
         let n = gen_size(r);
-        o.dict_items = (0..n)
-            .map(|_| (gen_value(r, 0, g), gen_value(r, 0, g)))
-            .collect();
+        o.dict_items = (0..n).map(|_| (gen_value(r, 0, g), gen_value(r, 0, g))).collect();
     }
     Value::from(o)
 }
 
 /// Makes some subtrees shared (equal) so that structural sharing has something to find.
 fn with_repeats(r: &mut Rng, v: Value) -> Value {
-    if r.chance(30) {
-        Value::List(vec![v.clone(), Value::Int(7), v])
-    } else {
-        v
-    }
+    if r.chance(30) { Value::List(vec![v.clone(), Value::Int(7), v]) } else { v }
 }
 
 #[test]
 fn generated_values_round_trip() {
     let mut r = Rng(0x1234_5678_9abc_def1);
-    let sharings = [
-        Sharing::Distinct,
-        Sharing::Identifiers,
-        Sharing::Strings,
-        Sharing::Structural,
-    ];
+    let sharings = [Sharing::Distinct, Sharing::Identifiers, Sharing::Strings, Sharing::Structural];
     for i in 0..300 {
         for protocol in 2..=5u8 {
-            let g = Gen {
-                newobj_ex: protocol >= 4,
-                weights_only: false,
-            };
+            let g = Gen { newobj_ex: protocol >= 4, weights_only: false };
             let v = gen_value(&mut r, 1 + i % 5, g);
             let v = with_repeats(&mut r, v);
             let sharing = sharings[r.below(4)];
             let out = encode_with(&v, &EncodeOptions::new(protocol).sharing(sharing)).unwrap();
             assert_eq!(out[..2], [0x80, protocol]);
-            let back = decode(&out)
-                .unwrap_or_else(|e| panic!("case {i} p{protocol} {sharing:?}: {e}\n{v:?}"));
-            assert!(
-                back.clone().desugar() == v,
-                "case {i} p{protocol} {sharing:?}:\n{v:?}\n{back:?}"
-            );
+            let back = decode(&out).unwrap_or_else(|e| panic!("case {i} p{protocol} {sharing:?}: {e}\n{v:?}"));
+            assert!(back.clone().desugar() == v, "case {i} p{protocol} {sharing:?}:\n{v:?}\n{back:?}");
             if protocol == 5 {
                 // Protocol 5 has an opcode for every variant: no desugaring needed.
                 assert!(back == v, "case {i} p5 without desugar");
@@ -230,18 +196,8 @@ fn generated_values_round_trip() {
 #[test]
 fn structural_sharing_is_smaller_and_equal() {
     let mut r = Rng(42);
-    let inner = gen_value(
-        &mut r,
-        4,
-        Gen {
-            newobj_ex: true,
-            weights_only: false,
-        },
-    );
-    let v = Value::Dict(vec![
-        (Value::str("x"), inner.clone()),
-        (Value::str("y"), inner),
-    ]);
+    let inner = gen_value(&mut r, 4, Gen { newobj_ex: true, weights_only: false });
+    let v = Value::Dict(vec![(Value::str("x"), inner.clone()), (Value::str("y"), inner)]);
     for p in 2..=5 {
         let plain = encode(&v, p).unwrap();
         let shared = encode_with(&v, &EncodeOptions::new(p).sharing(Sharing::Structural)).unwrap();
@@ -254,14 +210,7 @@ fn structural_sharing_is_smaller_and_equal() {
 fn protocol_2_weights_only_subset() {
     let mut r = Rng(7);
     for i in 0..300 {
-        let v = gen_value(
-            &mut r,
-            1 + i % 5,
-            Gen {
-                newobj_ex: false,
-                weights_only: true,
-            },
-        );
+        let v = gen_value(&mut r, 1 + i % 5, Gen { newobj_ex: false, weights_only: true });
         let out = encode(&v, 2).unwrap();
         for (at, op) in opcode::scan(&out).unwrap() {
             assert!(
@@ -276,14 +225,7 @@ fn protocol_2_weights_only_subset() {
 
 #[test]
 fn floats_keep_their_bits() {
-    for bits in [
-        0u64,
-        1 << 63,
-        0x7ff8_0000_0000_0001,
-        0xfff0_0000_0000_0000,
-        1,
-        0x7fef_ffff_ffff_ffff,
-    ] {
+    for bits in [0u64, 1 << 63, 0x7ff8_0000_0000_0001, 0xfff0_0000_0000_0000, 1, 0x7fef_ffff_ffff_ffff] {
         let v = Value::Float(f64::from_bits(bits));
         for p in 2..=5 {
             let back = decode(&encode(&v, p).unwrap()).unwrap();
@@ -298,10 +240,7 @@ fn non_canonical_big_ints_are_normalised() {
     let v = Value::BigInt(vec![5, 0, 0]);
     assert_eq!(decode(&encode(&v, 2).unwrap()).unwrap(), Value::Int(5));
     let v = Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]);
-    assert_eq!(
-        decode(&encode(&v, 2).unwrap()).unwrap(),
-        Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1])
-    );
+    assert_eq!(decode(&encode(&v, 2).unwrap()).unwrap(), Value::BigInt(vec![0, 0, 0, 0, 0, 0, 0, 0, 1]));
 }
 
 #[test]
@@ -330,11 +269,7 @@ fn pickler_position_tracks_output() {
 /// A `torch.save`-like `data.pkl` with 100k tensors decodes quickly (timed in release builds only).
 #[test]
 fn large_state_dict() {
-    let n: i64 = if cfg!(debug_assertions) {
-        20_000
-    } else {
-        100_000
-    };
+    let n: i64 = if cfg!(debug_assertions) { 20_000 } else { 100_000 };
     let pid = |key: String| {
         Value::PersistentId(Box::new(Value::Tuple(vec![
             Value::str("storage"),
@@ -345,10 +280,7 @@ fn large_state_dict() {
         ])))
     };
     let ints = |v: &[i64]| Value::Tuple(v.iter().map(|&i| Value::Int(i)).collect());
-    let hooks = Value::from(Object::reduce(
-        Value::global("collections", "OrderedDict"),
-        Value::Tuple(vec![]),
-    ));
+    let hooks = Value::from(Object::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![])));
     let entries = (0..n)
         .map(|i| {
             let t = Object::reduce(
@@ -366,11 +298,7 @@ fn large_state_dict() {
         })
         .collect();
     let sd = Value::from(
-        Object::reduce(
-            Value::global("collections", "OrderedDict"),
-            Value::Tuple(vec![]),
-        )
-        .with_dict_items(entries),
+        Object::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![])).with_dict_items(entries),
     );
     let data = encode_with(&sd, &EncodeOptions::new(2).sharing(Sharing::Strings)).unwrap();
     let t = Instant::now();
@@ -378,10 +306,6 @@ fn large_state_dict() {
     let elapsed = t.elapsed();
     assert!(back == sd);
     if !cfg!(debug_assertions) {
-        assert!(
-            elapsed.as_secs_f64() < 1.0,
-            "decoding {} bytes took {elapsed:?}",
-            data.len()
-        );
+        assert!(elapsed.as_secs_f64() < 1.0, "decoding {} bytes took {elapsed:?}", data.len());
     }
 }

@@ -53,7 +53,11 @@ pub fn detect(bytes: &[u8]) -> Result<Container, Error> {
         return Ok(Container::Legacy);
     }
     let text = String::from_utf8_lossy(head).trim_start().to_ascii_lowercase();
-    if text.starts_with("<!doctype html") || text.starts_with("<html") || text.starts_with("<?xml") || text.starts_with('<') {
+    if text.starts_with("<!doctype html")
+        || text.starts_with("<html")
+        || text.starts_with("<?xml")
+        || text.starts_with('<')
+    {
         return Err(Error::Html);
     }
     if looks_like_safetensors(bytes) {

@@ -39,7 +39,9 @@ pub enum Error {
     #[error("this is a safetensors file, not a torch.save file: read it with ckpt_core::safetensors")]
     Safetensors,
     /// A pre-0.1.10 TAR checkpoint.
-    #[error("this is a TAR-era torch checkpoint (torch < 0.1.10), which is not supported; load and re-save it with an old torch")]
+    #[error(
+        "this is a TAR-era torch checkpoint (torch < 0.1.10), which is not supported; load and re-save it with an old torch"
+    )]
     TarFormat,
     /// The 2018 preview format.
     #[error("this is a torch preview-release archive (PYTORCH1), which torch itself no longer reads")]
@@ -77,7 +79,9 @@ pub enum Error {
         method: u16,
     },
     /// The `byteorder` record says big-endian.
-    #[error("the checkpoint was written on a big-endian machine (byteorder = {found:?}); only little-endian data is supported")]
+    #[error(
+        "the checkpoint was written on a big-endian machine (byteorder = {found:?}); only little-endian data is supported"
+    )]
     BigEndian {
         /// The record's text.
         found: String,

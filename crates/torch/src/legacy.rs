@@ -110,8 +110,7 @@ fn collect_refs(v: &P, out: &mut HashMap<String, StorageRef>) -> Result<()> {
 /// Decodes the next pickle at `*pos`, advancing it.
 fn next_pickle(bytes: &[u8], pos: &mut usize, part: &'static str, options: &ReadOptions) -> Result<P> {
     let rest = bytes.get(*pos..).ok_or_else(|| Error::Legacy(format!("stream ends before the {part}")))?;
-    let (v, used) =
-        ckpt_pickle::decode_with(rest, &options.limits).map_err(|source| Error::Pickle { part, source })?;
+    let (v, used) = ckpt_pickle::decode_with(rest, &options.limits).map_err(|source| Error::Pickle { part, source })?;
     *pos += used;
     Ok(v)
 }

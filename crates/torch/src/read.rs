@@ -164,7 +164,9 @@ impl CheckpointRead for TorchFile {
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
         let v = self.get(name).map_err(to_core)?;
         match v {
-            Value::OpaqueTensor { kind, .. } => Err(to_core(Error::OpaqueTensor { name: name.to_owned(), kind: *kind })),
+            Value::OpaqueTensor { kind, .. } => {
+                Err(to_core(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }))
+            }
             other => other.as_tensor().cloned().ok_or_else(|| to_core(Error::NoSuchTensor(name.to_owned()))),
         }
     }

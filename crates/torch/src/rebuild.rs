@@ -213,7 +213,8 @@ impl<S: StorageSource> Rebuilder<'_, S> {
             },
             ("torch", "Size") if reduce && plain => match args {
                 [P::Tuple(dims) | P::List(dims)] => {
-                    let dims: Option<Vec<i64>> = dims.iter().map(|d| if let P::Int(i) = d { Some(*i) } else { None }).collect();
+                    let dims: Option<Vec<i64>> =
+                        dims.iter().map(|d| if let P::Int(i) = d { Some(*i) } else { None }).collect();
                     match dims {
                         Some(d) => Ok(Value::Size(d)),
                         None => self.generic(obj),

@@ -282,7 +282,13 @@ impl DataPickler {
     }
 
     /// `save_reduce(func, args)` for a global func and a tuple of args, then memoize the result.
-    fn reduce(&mut self, module: &str, name: &str, n: usize, args: impl FnOnce(&mut Self) -> Result<()>) -> Result<u32> {
+    fn reduce(
+        &mut self,
+        module: &str,
+        name: &str,
+        n: usize,
+        args: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<u32> {
         self.global(module, name)?;
         self.tuple(n, args)?;
         self.p.reduce().map_err(io)?;
@@ -443,7 +449,6 @@ impl DataPickler {
 
     /// `BINPERSID` of `('storage', storage_class, key, 'cpu', numel)`.
     fn persistent_id(&mut self, data: &Buffer, dtype: DType) -> Result<()> {
-
         let k = self.storage_key(data, dtype)?;
         let (module, class, numel) = match dtype.storage_class() {
             StorageClass::Typed(name) => {
@@ -484,10 +489,8 @@ impl DataPickler {
             )));
         }
         let untyped = t.dtype().storage_class() == StorageClass::Untyped;
-        let bits: Vec<&str> = [("conj", t.is_conj()), ("neg", t.is_neg())]
-            .into_iter()
-            .filter_map(|(k, on)| on.then_some(k))
-            .collect();
+        let bits: Vec<&str> =
+            [("conj", t.is_conj()), ("neg", t.is_neg())].into_iter().filter_map(|(k, on)| on.then_some(k)).collect();
         let n = if untyped { 7 } else { 6 } + usize::from(!bits.is_empty());
         self.tuple(n, |me| {
             me.persistent_id(t.storage(), t.dtype())?;
@@ -524,11 +527,7 @@ impl DataPickler {
     }
 
     fn parameter(&mut self, t: &Tensor, state: Option<&Value>) -> Result<()> {
-        let (name, n) = if state.is_some() {
-            ("_rebuild_parameter_with_state", 4)
-        } else {
-            ("_rebuild_parameter", 3)
-        };
+        let (name, n) = if state.is_some() { ("_rebuild_parameter_with_state", 4) } else { ("_rebuild_parameter", 3) };
         self.reduce("torch._utils", name, n, |me| {
             // `self.data` is a fresh, detached tensor: requires_grad False, never shared by identity.
             let (module, f) = rebuild_fn(t);

@@ -35,12 +35,7 @@
 //! [`ZipWriter::serialization_id`] reproduces the `.data/serialization_id` record of torch wheels
 //! built against libstdc++ (Linux).
 
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::panic
-)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 mod read;
 mod sid;
@@ -110,9 +105,7 @@ pub enum ZipError {
     NotZip,
 
     /// A structure extends past the end of the available bytes.
-    #[error(
-        "truncated archive: {what} at offset {offset} needs {needed} bytes, only {available} available"
-    )]
+    #[error("truncated archive: {what} at offset {offset} needs {needed} bytes, only {available} available")]
     Truncated {
         /// The structure being read.
         what: &'static str,
@@ -125,9 +118,7 @@ pub enum ZipError {
     },
 
     /// A structure does not start with its signature.
-    #[error(
-        "bad signature for {what} at offset {offset}: expected {expected:#010x}, found {found:#010x}"
-    )]
+    #[error("bad signature for {what} at offset {offset}: expected {expected:#010x}, found {found:#010x}")]
     BadSignature {
         /// The structure expected at `offset`.
         what: &'static str,
@@ -179,9 +170,7 @@ pub enum ZipError {
     Empty,
 
     /// An extra field block claims more bytes than the extra field has.
-    #[error(
-        "malformed extra field in entry {name:?}: block at byte {at} of the extra field overruns it"
-    )]
+    #[error("malformed extra field in entry {name:?}: block at byte {at} of the extra field overruns it")]
     MalformedExtra {
         /// Entry name.
         name: String,
@@ -240,9 +229,7 @@ pub enum ZipError {
     },
 
     /// A stored (method 0) entry whose compressed and uncompressed sizes differ.
-    #[error(
-        "stored record {name:?} has compressed size {compressed} but uncompressed size {uncompressed}"
-    )]
+    #[error("stored record {name:?} has compressed size {compressed} but uncompressed size {uncompressed}")]
     StoredSizeMismatch {
         /// Entry name.
         name: String,
@@ -262,9 +249,7 @@ pub enum ZipError {
     },
 
     /// The record is compressed; only stored records can be sliced.
-    #[error(
-        "record {name:?} uses compression method {method}; only stored (0) records can be read in place"
-    )]
+    #[error("record {name:?} uses compression method {method}; only stored (0) records can be read in place")]
     Compressed {
         /// Entry name.
         name: String,
@@ -289,9 +274,7 @@ pub enum ZipError {
     },
 
     /// The record's bytes do not have the CRC-32 recorded in the central directory.
-    #[error(
-        "CRC-32 mismatch in record {name:?}: expected {expected:#010x}, computed {actual:#010x}"
-    )]
+    #[error("CRC-32 mismatch in record {name:?}: expected {expected:#010x}, computed {actual:#010x}")]
     CrcMismatch {
         /// Entry name.
         name: String,

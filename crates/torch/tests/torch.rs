@@ -20,8 +20,8 @@ fn sample() -> Value {
 #[test]
 fn reads_archives_embedded_at_an_offset() {
     let a = save_to_writer(&sample(), Vec::new(), "archive", &WriteOptions::default()).unwrap();
-    let b = save_to_writer(&Value::dict([("x", Value::Int(1))]), Vec::new(), "archive", &WriteOptions::default())
-        .unwrap();
+    let b =
+        save_to_writer(&Value::dict([("x", Value::Int(1))]), Vec::new(), "archive", &WriteOptions::default()).unwrap();
     let mut file = b"leading junk of odd length".to_vec();
     let a_at = file.len();
     file.extend_from_slice(&a);

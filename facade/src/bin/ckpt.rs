@@ -21,7 +21,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// List every entry of a checkpoint: name, dtype, shape and size, with totals.
-    #[command(after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'")]
+    #[command(
+        after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'"
+    )]
     Inspect {
         /// A checkpoint file or directory.
         path: PathBuf,
@@ -145,7 +147,9 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
             EntryKind::Tensor(t) => {
                 [e.name.clone(), t.dtype.torch_name().to_owned(), format!("{:?}", t.shape), human_bytes(t.nbytes())]
             }
-            EntryKind::OpaqueTensor(k) => [e.name.clone(), format!("{k:?} tensor").to_lowercase(), "-".into(), "-".into()],
+            EntryKind::OpaqueTensor(k) => {
+                [e.name.clone(), format!("{k:?} tensor").to_lowercase(), "-".into(), "-".into()]
+            }
             _ => {
                 let ty = c.value(&e.name).map(|v| v.type_name()).unwrap_or("value");
                 [e.name.clone(), ty.to_owned(), "-".into(), "-".into()]
@@ -160,13 +164,30 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
         }
     }
     for r in std::iter::once(&header).chain(&rows) {
-        writeln!(out, "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}", r[0], r[1], r[2], r[3], w0 = widths[0], w1 = widths[1], w2 = widths[2], w3 = widths[3])
-            .map_err(io)?;
+        writeln!(
+            out,
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        )
+        .map_err(io)?;
     }
     let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
     let opaque_text = if opaque > 0 { format!("; {}", plural(opaque, "opaque tensor")) } else { String::new() };
-    writeln!(out, "{}, {}; {}{opaque_text}", plural(tensors, "tensor"), human_bytes(bytes), plural(values, "other value"))
-        .map_err(io)?;
+    writeln!(
+        out,
+        "{}, {}; {}{opaque_text}",
+        plural(tensors, "tensor"),
+        human_bytes(bytes),
+        plural(values, "other value")
+    )
+    .map_err(io)?;
     Ok(())
 }
 

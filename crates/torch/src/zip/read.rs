@@ -4,9 +4,8 @@ use std::cmp::Ordering;
 use std::ops::Range;
 
 use super::{
-    CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN,
-    LOCAL_HEADER_SIG, U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID,
-    ZIP64_LOCATOR_LEN, ZIP64_LOCATOR_SIG, ZipError,
+    CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN, LOCAL_HEADER_SIG,
+    U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_LEN, ZIP64_LOCATOR_SIG, ZipError,
 };
 
 /// Longest ZIP comment; the EOCD is searched for within the last `MAX_COMMENT + 22` bytes.
@@ -115,12 +114,7 @@ struct Cur<'a> {
 impl<'a> Cur<'a> {
     /// Reader for the structure `what` starting at `pos` that must end before `buf.len()`.
     fn new(buf: &'a [u8], pos: u64, what: &'static str) -> Self {
-        Cur {
-            buf,
-            pos,
-            what,
-            start: pos,
-        }
+        Cur { buf, pos, what, start: pos }
     }
 
     /// Error for a structure that needs `needed` bytes from its start.
@@ -172,12 +166,7 @@ impl<'a> Cur<'a> {
         if found == expected {
             Ok(())
         } else {
-            Err(ZipError::BadSignature {
-                what: self.what,
-                offset,
-                expected,
-                found,
-            })
+            Err(ZipError::BadSignature { what: self.what, offset, expected, found })
         }
     }
 }
@@ -193,13 +182,9 @@ fn find_eocd(bytes: &[u8]) -> Option<u64> {
     let len = bytes.len() as u64;
     let last = len.checked_sub(EOCD_LEN)?;
     let first = last.saturating_sub(MAX_COMMENT);
-    let window =
-        bytes.get(usize::try_from(first).ok()?..usize::try_from(last).ok()?.checked_add(4)?)?;
+    let window = bytes.get(usize::try_from(first).ok()?..usize::try_from(last).ok()?.checked_add(4)?)?;
     let sig = EOCD_SIG.to_le_bytes();
-    window
-        .windows(4)
-        .rposition(|w| w == sig)
-        .map(|i| first + i as u64)
+    window.windows(4).rposition(|w| w == sig).map(|i| first + i as u64)
 }
 
 /// Values from the end records that the central directory parse needs.
@@ -234,10 +219,7 @@ fn read_end_records(bytes: &[u8], eocd_pos: u64) -> Result<EndRecords, ZipError>
             return Err(multi_disk("EOCD disk number", u64::from(disk.max(cd_disk))));
         }
         if entries_disk != entries {
-            return Err(multi_disk(
-                "EOCD entries on this disk",
-                u64::from(entries_disk),
-            ));
+            return Err(multi_disk("EOCD entries on this disk", u64::from(entries_disk)));
         }
         return Ok(EndRecords {
             entries: u64::from(entries),
@@ -285,20 +267,12 @@ fn read_end_records(bytes: &[u8], eocd_pos: u64) -> Result<EndRecords, ZipError>
     let cd_size = c.u64()?;
     let cd_offset = c.u64()?;
     if disk != 0 || cd_disk != 0 {
-        return Err(multi_disk(
-            "zip64 EOCD disk number",
-            u64::from(disk.max(cd_disk)),
-        ));
+        return Err(multi_disk("zip64 EOCD disk number", u64::from(disk.max(cd_disk))));
     }
     if entries_disk != entries {
         return Err(multi_disk("zip64 EOCD entries on this disk", entries_disk));
     }
-    Ok(EndRecords {
-        entries,
-        cd_size,
-        cd_offset,
-        start: zip64_pos,
-    })
+    Ok(EndRecords { entries, cd_size, cd_offset, start: zip64_pos })
 }
 
 /// The zip64 values of a central directory entry that replace 32-bit sentinels.
@@ -325,21 +299,13 @@ pub(super) fn parse_zip64_extra(
     let mut at = 0usize;
     // Blocks of (u16 id, u16 len, data). Fewer than 4 trailing bytes are ignored (as zipfile does).
     while let Some(head) = extra.get(at..at.saturating_add(4)) {
-        let id = u16::from_le_bytes([
-            head.first().copied().unwrap_or(0),
-            head.get(1).copied().unwrap_or(0),
-        ]);
-        let len = usize::from(u16::from_le_bytes([
-            head.get(2).copied().unwrap_or(0),
-            head.get(3).copied().unwrap_or(0),
-        ]));
+        let id = u16::from_le_bytes([head.first().copied().unwrap_or(0), head.get(1).copied().unwrap_or(0)]);
+        let len =
+            usize::from(u16::from_le_bytes([head.get(2).copied().unwrap_or(0), head.get(3).copied().unwrap_or(0)]));
         let data_start = at.saturating_add(4);
         let data = extra
             .get(data_start..data_start.saturating_add(len))
-            .ok_or_else(|| ZipError::MalformedExtra {
-                name: name.to_owned(),
-                at,
-            })?;
+            .ok_or_else(|| ZipError::MalformedExtra { name: name.to_owned(), at })?;
         if id == ZIP64_EXTRA_ID && block.is_none() {
             block = Some(data);
         }
@@ -350,10 +316,7 @@ pub(super) fn parse_zip64_extra(
     }
     let block = block.unwrap_or_default();
     let mut c = Cur::new(block, 0, "zip64 extra field");
-    let missing = |field| ZipError::Zip64ExtraMissing {
-        name: name.to_owned(),
-        field,
-    };
+    let missing = |field| ZipError::Zip64ExtraMissing { name: name.to_owned(), field };
     if need_size {
         out.size = Some(c.u64().map_err(|_| missing("uncompressed size"))?);
     }
@@ -387,40 +350,26 @@ impl Archive {
             cd_size: end.cd_size,
             end_records: end.start,
         };
-        let cd_end_claimed = end
-            .cd_offset
-            .checked_add(end.cd_size)
-            .ok_or_else(misplaced)?;
-        let shift = end
-            .start
-            .checked_sub(cd_end_claimed)
-            .ok_or_else(misplaced)?;
+        let cd_end_claimed = end.cd_offset.checked_add(end.cd_size).ok_or_else(misplaced)?;
+        let shift = end.start.checked_sub(cd_end_claimed).ok_or_else(misplaced)?;
         let cd_offset = end.cd_offset.saturating_add(shift);
         let cd_end = end.start;
 
         let max = end.cd_size / CENTRAL_HEADER_LEN;
         if end.entries > max {
-            return Err(ZipError::EntryCountTooLarge {
-                claimed: end.entries,
-                cd_size: end.cd_size,
-                max,
-            });
+            return Err(ZipError::EntryCountTooLarge { claimed: end.entries, cd_size: end.cd_size, max });
         }
         if end.entries == 0 {
             return Err(ZipError::Empty);
         }
         // Bounded by cd_size / 46 <= len / 46.
-        let capacity = usize::try_from(end.entries).map_err(|_| ZipError::TooLarge {
-            what: "entry count",
+        let capacity = usize::try_from(end.entries).map_err(|_| ZipError::TooLarge { what: "entry count" })?;
+        let cd_region = bytes.get(..usize::try_from(cd_end).unwrap_or(usize::MAX)).ok_or(ZipError::Truncated {
+            what: "central directory",
+            offset: cd_offset,
+            needed: end.cd_size,
+            available: len.saturating_sub(cd_offset),
         })?;
-        let cd_region = bytes
-            .get(..usize::try_from(cd_end).unwrap_or(usize::MAX))
-            .ok_or(ZipError::Truncated {
-                what: "central directory",
-                offset: cd_offset,
-                needed: end.cd_size,
-                available: len.saturating_sub(cd_offset),
-            })?;
 
         let mut records: Vec<Record> = Vec::with_capacity(capacity);
         let mut prefix: Option<String> = None;
@@ -448,14 +397,7 @@ impl Archive {
 
         check_overlaps(&records, cd_offset, len)?;
 
-        Ok(Archive {
-            prefix,
-            records,
-            by_name,
-            len,
-            shift,
-            cd_offset,
-        })
+        Ok(Archive { prefix, records, by_name, len, shift, cd_offset })
     }
 
     /// The archive prefix: everything before the first `/` of the first central-directory entry
@@ -475,9 +417,7 @@ impl Archive {
         let idx = self
             .by_name
             .binary_search_by(|&i| {
-                self.records
-                    .get(i)
-                    .map_or(Ordering::Less, |r| r.short_name().cmp(name_without_prefix))
+                self.records.get(i).map_or(Ordering::Less, |r| r.short_name().cmp(name_without_prefix))
             })
             .ok()?;
         self.records.get(*self.by_name.get(idx)?)
@@ -499,21 +439,13 @@ impl Archive {
     /// from [`Record::data_range`]), encrypted ones [`ZipError::Encrypted`].
     pub fn data<'a>(&self, bytes: &'a [u8], rec: &Record) -> Result<&'a [u8], ZipError> {
         if bytes.len() as u64 != self.len {
-            return Err(ZipError::BufferMismatch {
-                parsed: self.len,
-                given: bytes.len() as u64,
-            });
+            return Err(ZipError::BufferMismatch { parsed: self.len, given: bytes.len() as u64 });
         }
         if rec.flags & FLAG_ENCRYPTED != 0 {
-            return Err(ZipError::Encrypted {
-                name: rec.name.clone(),
-            });
+            return Err(ZipError::Encrypted { name: rec.name.clone() });
         }
         if rec.method != 0 {
-            return Err(ZipError::Compressed {
-                name: rec.name.clone(),
-                method: rec.method,
-            });
+            return Err(ZipError::Compressed { name: rec.name.clone(), method: rec.method });
         }
         Cur::new(bytes, rec.data_offset, "record data").bytes(rec.size)
     }
@@ -532,11 +464,7 @@ impl Archive {
         if actual == rec.crc32 {
             Ok(())
         } else {
-            Err(ZipError::CrcMismatch {
-                name: rec.name.clone(),
-                expected: rec.crc32,
-                actual,
-            })
+            Err(ZipError::CrcMismatch { name: rec.name.clone(), expected: rec.crc32, actual })
         }
     }
 }
@@ -572,9 +500,7 @@ fn read_central_entry(
     let extra = c.bytes(u64::from(extra_len))?;
     let _comment = c.bytes(u64::from(comment_len))?;
 
-    let name = std::str::from_utf8(name_bytes)
-        .map_err(|_| ZipError::InvalidName { offset: pos })?
-        .to_owned();
+    let name = std::str::from_utf8(name_bytes).map_err(|_| ZipError::InvalidName { offset: pos })?.to_owned();
 
     let z = parse_zip64_extra(
         &name,
@@ -595,35 +521,24 @@ fn read_central_entry(
     // Prefix rules of PyTorchStreamReader.
     let short_start = match prefix {
         None => {
-            let slash = name
-                .find('/')
-                .ok_or_else(|| ZipError::NotInSubdirectory { name: name.clone() })?;
+            let slash = name.find('/').ok_or_else(|| ZipError::NotInSubdirectory { name: name.clone() })?;
             *prefix = Some(name.get(..slash).unwrap_or_default().to_owned());
             slash.saturating_add(1)
         }
         Some(p) => {
-            let under = name
-                .strip_prefix(p.as_str())
-                .is_some_and(|rest| rest.starts_with('/'));
+            let under = name.strip_prefix(p.as_str()).is_some_and(|rest| rest.starts_with('/'));
             if !under {
                 if !name.contains('/') {
                     return Err(ZipError::NotInSubdirectory { name });
                 }
-                return Err(ZipError::MixedPrefix {
-                    prefix: p.clone(),
-                    name,
-                });
+                return Err(ZipError::MixedPrefix { prefix: p.clone(), name });
             }
             p.len().saturating_add(1)
         }
     };
 
     if method == 0 && size != compressed_size {
-        return Err(ZipError::StoredSizeMismatch {
-            name,
-            compressed: compressed_size,
-            uncompressed: size,
-        });
+        return Err(ZipError::StoredSizeMismatch { name, compressed: compressed_size, uncompressed: size });
     }
 
     // Local header: signature, name, and where the data starts. Its sizes are ignored.
@@ -649,17 +564,8 @@ fn read_central_entry(
     l.bytes(u64::from(local_extra_len))?;
     let data_offset = l.pos;
 
-    let record = Record {
-        name,
-        short_start,
-        data_offset,
-        size,
-        compressed_size,
-        crc32,
-        method,
-        flags,
-        local_header_offset,
-    };
+    let record =
+        Record { name, short_start, data_offset, size, compressed_size, crc32, method, flags, local_header_offset };
     Ok((record, c.pos))
 }
 
@@ -672,10 +578,7 @@ fn check_overlaps(records: &[Record], cd_offset: u64, len: u64) -> Result<(), Zi
         match end {
             Some(end) if end <= cd_offset => spans.push((r.local_header_offset, end, &r.name)),
             Some(end) if end <= len => {
-                return Err(ZipError::Overlap {
-                    a: r.name.clone(),
-                    b: CENTRAL_DIRECTORY.to_owned(),
-                });
+                return Err(ZipError::Overlap { a: r.name.clone(), b: CENTRAL_DIRECTORY.to_owned() });
             }
             _ => {
                 return Err(ZipError::Truncated {
@@ -691,10 +594,7 @@ fn check_overlaps(records: &[Record], cd_offset: u64, len: u64) -> Result<(), Zi
     for pair in spans.windows(2) {
         if let [(_, a_end, a), (b_start, _, b)] = pair {
             if a_end > b_start {
-                return Err(ZipError::Overlap {
-                    a: (*a).to_owned(),
-                    b: (*b).to_owned(),
-                });
+                return Err(ZipError::Overlap { a: (*a).to_owned(), b: (*b).to_owned() });
             }
         }
     }

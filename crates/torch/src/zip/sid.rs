@@ -21,10 +21,7 @@ use std::collections::HashSet;
 
 /// `c10::hash_combine` on 64-bit `size_t`.
 pub(super) fn hash_combine(seed: u64, value: u64) -> u64 {
-    seed ^ value
-        .wrapping_add(0x9e37_79b9)
-        .wrapping_add(seed << 6)
-        .wrapping_add(seed >> 2)
+    seed ^ value.wrapping_add(0x9e37_79b9).wrapping_add(seed << 6).wrapping_add(seed >> 2)
 }
 
 /// libstdc++'s `std::hash<std::string>` on LP64 targets: `_Hash_bytes(data, len, 0xc70f6907)`, a
@@ -46,10 +43,7 @@ pub(super) fn std_string_hash(data: &[u8]) -> u64 {
     }
     let tail = chunks.remainder();
     if !tail.is_empty() {
-        let v = tail
-            .iter()
-            .rev()
-            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        let v = tail.iter().rev().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
         hash ^= v;
         hash = hash.wrapping_mul(MUL);
     }
@@ -111,13 +105,7 @@ struct StdUnorderedSet {
 
 impl StdUnorderedSet {
     fn new() -> Self {
-        StdUnorderedSet {
-            hashes: Vec::new(),
-            next: Vec::new(),
-            head: NIL,
-            buckets: vec![NIL],
-            growth: None,
-        }
+        StdUnorderedSet { hashes: Vec::new(), next: Vec::new(), head: NIL, buckets: vec![NIL], growth: None }
     }
 
     fn bucket_count(&self) -> u64 {
@@ -125,11 +113,7 @@ impl StdUnorderedSet {
     }
 
     fn next_of(&self, node: usize) -> usize {
-        if node == HEAD {
-            self.head
-        } else {
-            self.next.get(node).copied().unwrap_or(NIL)
-        }
+        if node == HEAD { self.head } else { self.next.get(node).copied().unwrap_or(NIL) }
     }
 
     fn set_next(&mut self, node: usize, to: usize) {
@@ -239,9 +223,7 @@ pub(super) fn combined_name_hash<'a>(names: impl IntoIterator<Item = &'a str>) -
             set.insert_new(std_string_hash(name.as_bytes()));
         }
     }
-    set.iter_order()
-        .map(|i| set.hashes.get(i).copied().unwrap_or(0))
-        .fold(0, hash_combine)
+    set.iter_order().map(|i| set.hashes.get(i).copied().unwrap_or(0)).fold(0, hash_combine)
 }
 
 /// The `.data/serialization_id` torch would write (see the module documentation for the rules).
@@ -256,8 +238,6 @@ pub fn serialization_id<'a>(
     names: impl IntoIterator<Item = &'a str>,
     descriptor_crcs: impl IntoIterator<Item = u32>,
 ) -> String {
-    let crc_hash = descriptor_crcs
-        .into_iter()
-        .fold(0, |acc, crc| hash_combine(acc, u64::from(crc)));
+    let crc_hash = descriptor_crcs.into_iter().fold(0, |acc, crc| hash_combine(acc, u64::from(crc)));
     format!("{:020}{:020}", combined_name_hash(names), crc_hash)
 }

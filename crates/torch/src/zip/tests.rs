@@ -1,12 +1,7 @@
 //! Tests of the zip module. Torch-made fixtures live in `crates/torch/tests/zipdata/` (see its
 //! README for the commands that produced them).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::panic
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use std::io::Write;
 
@@ -99,11 +94,8 @@ fn build(entries: &[(&[u8], &[u8])], hook: impl Fn(usize, &mut Vec<u8>)) -> Vec<
     out
 }
 
-const SIMPLE: &[(&[u8], &[u8])] = &[
-    (b"a/data.pkl", b"pickle bytes"),
-    (b"a/data/0", b"0123456789abcdef"),
-    (b"a/version", b"3\n"),
-];
+const SIMPLE: &[(&[u8], &[u8])] =
+    &[(b"a/data.pkl", b"pickle bytes"), (b"a/data/0", b"0123456789abcdef"), (b"a/version", b"3\n")];
 
 fn no_hook(_: usize, _: &mut Vec<u8>) {}
 
@@ -117,10 +109,7 @@ fn cd_entry(b: &[u8], i: usize) -> usize {
     let ar = Archive::parse(b).unwrap();
     let mut pos = ar.central_directory_offset() as usize;
     for _ in 0..i {
-        pos += 46
-            + get16(b, pos + 28) as usize
-            + get16(b, pos + 30) as usize
-            + get16(b, pos + 32) as usize;
+        pos += 46 + get16(b, pos + 28) as usize + get16(b, pos + 30) as usize + get16(b, pos + 32) as usize;
     }
     pos
 }
@@ -164,12 +153,7 @@ impl Write for Capture {
 impl Capture {
     /// The captured write that starts at `pos`.
     fn at(&self, pos: u64) -> &[u8] {
-        &self
-            .writes
-            .iter()
-            .find(|(p, _)| *p == pos)
-            .unwrap_or_else(|| panic!("no write at {pos}"))
-            .1
+        &self.writes.iter().find(|(p, _)| *p == pos).unwrap_or_else(|| panic!("no write at {pos}")).1
     }
 }
 
@@ -258,28 +242,18 @@ fn torch_ref_pt_listing() {
     assert_eq!(ar.prepended_len(), 0);
     assert_eq!(ar.records().len(), expected.len());
     for (r, &(name, lho, size, crc)) in ar.records().iter().zip(expected) {
-        assert_eq!(
-            (r.name(), r.local_header_offset(), r.size(), r.crc32()),
-            (name, lho, size, crc)
-        );
+        assert_eq!((r.name(), r.local_header_offset(), r.size(), r.crc32()), (name, lho, size, crc));
         assert_eq!(r.method(), 0);
         assert_eq!(r.flags(), 0x0808);
         assert_eq!(r.data_offset() % 64, 0, "{name} aligned");
         ar.verify_crc(&bytes, r).unwrap();
     }
     let w = ar.get("data/0").unwrap();
-    let floats: Vec<f32> = ar
-        .data(&bytes, w)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let floats: Vec<f32> =
+        ar.data(&bytes, w).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(floats, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     assert_eq!(ar.data(&bytes, ar.get("version").unwrap()).unwrap(), b"3\n");
-    assert_eq!(
-        ar.data(&bytes, ar.get(".format_version").unwrap()).unwrap(),
-        b"1"
-    );
+    assert_eq!(ar.data(&bytes, ar.get(".format_version").unwrap()).unwrap(), b"1");
     assert!(ar.get("data/2").is_none());
     assert!(ar.get("ref/data/0").is_none());
 }
@@ -314,20 +288,14 @@ fn torch_byte_identical_no_crc_and_empty_record() {
     let empty = ar.get("data/0").unwrap();
     assert_eq!((empty.size(), empty.flags(), empty.crc32()), (0, 0x0800, 0));
     assert!(ar.records().iter().all(|r| r.crc32() == 0));
-    let opts = WriterOptions {
-        compute_crc32: false,
-        ..WriterOptions::default()
-    };
+    let opts = WriterOptions { compute_crc32: false, ..WriterOptions::default() };
     assert_same_bytes(&rewrite(&original, opts), &original);
 }
 
 #[test]
 fn torch_byte_identical_alignment_16() {
     let original = fixture("align16.pt");
-    let opts = WriterOptions {
-        alignment: 16,
-        ..WriterOptions::default()
-    };
+    let opts = WriterOptions { alignment: 16, ..WriterOptions::default() };
     assert_same_bytes(&rewrite(&original, opts), &original);
 }
 
@@ -339,22 +307,14 @@ fn torch_byte_identical_zip64_record_over_4_gib() {
     let tail = fixture("big_tail.bin");
     let big: u64 = (1 << 32) + 10;
     let hole = head.len() as u64..head.len() as u64 + big;
-    let sink = Holey {
-        pos: 0,
-        hole,
-        head: Vec::new(),
-        tail: Vec::new(),
-    };
+    let sink = Holey { pos: 0, hole, head: Vec::new(), tail: Vec::new() };
     let mut w = ZipWriter::new(sink, "big");
     let pkl = &head[64..64 + 263];
     w.write_record("data.pkl", pkl).unwrap();
     w.write_record(".format_version", b"1").unwrap();
     w.write_record(".storage_alignment", b"64").unwrap();
     w.write_record("byteorder", b"little").unwrap();
-    assert_eq!(
-        w.next_data_offset("data/0", big).unwrap(),
-        head.len() as u64
-    );
+    assert_eq!(w.next_data_offset("data/0", big).unwrap(), head.len() as u64);
     w.set_compute_crc32(false);
     let zeros = vec![0u8; 1 << 20];
     let mut parts: Vec<&[u8]> = vec![&zeros[..]; 4096];
@@ -424,23 +384,16 @@ fn writer_parts_equal_single_slice() {
     let mut a = ZipWriter::new(Vec::new(), "m");
     a.write_record("data/0", &data).unwrap();
     let mut b = ZipWriter::new(Vec::new(), "m");
-    b.write_record_parts("data/0", &[&data[..3], &[], &data[3..700], &data[700..]])
-        .unwrap();
+    b.write_record_parts("data/0", &[&data[..3], &[], &data[3..700], &data[700..]]).unwrap();
     assert_eq!(a.serialization_id(), b.serialization_id());
-    assert_eq!(
-        a.record_crcs().collect::<Vec<_>>(),
-        b.record_crcs().collect::<Vec<_>>()
-    );
+    assert_eq!(a.record_crcs().collect::<Vec<_>>(), b.record_crcs().collect::<Vec<_>>());
     assert_eq!(a.finish().unwrap(), b.finish().unwrap());
 }
 
 #[test]
 fn writer_alignments() {
     for alignment in [1u64, 2, 16, 64, 100, 4096, MAX_ALIGNMENT] {
-        let opts = WriterOptions {
-            alignment,
-            ..WriterOptions::default()
-        };
+        let opts = WriterOptions { alignment, ..WriterOptions::default() };
         let mut w = ZipWriter::with_options(Vec::new(), "al", opts);
         let mut predicted = Vec::new();
         for (i, len) in [0usize, 1, 7, 300, 64].into_iter().enumerate() {
@@ -474,26 +427,14 @@ fn writer_next_data_offset_matches() {
 
 #[test]
 fn writer_record_crcs_and_position() {
-    let mut w = ZipWriter::with_options(
-        Vec::new(),
-        "p",
-        WriterOptions {
-            compute_crc32: false,
-            ..WriterOptions::default()
-        },
-    );
+    let mut w =
+        ZipWriter::with_options(Vec::new(), "p", WriterOptions { compute_crc32: false, ..WriterOptions::default() });
     assert_eq!(w.position(), 0);
     w.write_record("a", b"xyz").unwrap();
     w.set_compute_crc32(true);
     w.write_record("b", b"xyz").unwrap();
     let crcs: Vec<(String, u32)> = w.record_crcs().map(|(n, c)| (n.to_owned(), c)).collect();
-    assert_eq!(
-        crcs,
-        [
-            ("p/a".to_owned(), 0),
-            ("p/b".to_owned(), crc32fast::hash(b"xyz"))
-        ]
-    );
+    assert_eq!(crcs, [("p/a".to_owned(), 0), ("p/b".to_owned(), crc32fast::hash(b"xyz"))]);
     let pos = w.position();
     let out = w.finish().unwrap();
     assert_eq!(out.len() as u64, pos + 2 * 46 + 6 + 98);
@@ -509,21 +450,12 @@ fn writer_no_records() {
 #[test]
 fn writer_errors() {
     let mut w = ZipWriter::new(Vec::new(), "");
-    assert!(matches!(
-        w.write_record("x", b""),
-        Err(ZipError::InvalidPrefix { .. })
-    ));
+    assert!(matches!(w.write_record("x", b""), Err(ZipError::InvalidPrefix { .. })));
     let mut w = ZipWriter::new(Vec::new(), "a/b");
-    assert!(matches!(
-        w.write_record("x", b""),
-        Err(ZipError::InvalidPrefix { .. })
-    ));
+    assert!(matches!(w.write_record("x", b""), Err(ZipError::InvalidPrefix { .. })));
 
     for alignment in [0, MAX_ALIGNMENT + 1] {
-        let opts = WriterOptions {
-            alignment,
-            ..WriterOptions::default()
-        };
+        let opts = WriterOptions { alignment, ..WriterOptions::default() };
         let mut w = ZipWriter::with_options(Vec::new(), "a", opts);
         assert!(matches!(
             w.write_record("x", b""),
@@ -533,10 +465,7 @@ fn writer_errors() {
 
     let mut w = ZipWriter::new(Vec::new(), "a");
     let long = "n".repeat(65535 - 1);
-    assert!(matches!(
-        w.write_record(&long, b""),
-        Err(ZipError::NameTooLong { len: 65536, .. })
-    ));
+    assert!(matches!(w.write_record(&long, b""), Err(ZipError::NameTooLong { len: 65536, .. })));
     w.write_record(&long[1..], b"ok").unwrap(); // 65535 bytes: fits
 
     let mut w = ZipWriter::new(Vec::new(), "a");
@@ -554,21 +483,10 @@ fn writer_errors() {
 fn writer_too_large() {
     let mut w = ZipWriter::new(Vec::new(), "a");
     w.pos = u64::MAX - 100;
-    assert!(matches!(
-        w.write_record("x", b"abc"),
-        Err(ZipError::TooLarge {
-            what: "archive offset"
-        })
-    ));
-    assert!(matches!(
-        w.next_data_offset("x", 3),
-        Err(ZipError::TooLarge { .. })
-    ));
+    assert!(matches!(w.write_record("x", b"abc"), Err(ZipError::TooLarge { what: "archive offset" })));
+    assert!(matches!(w.next_data_offset("x", 3), Err(ZipError::TooLarge { .. })));
     w.pos = u64::MAX - 200;
-    assert!(matches!(
-        w.write_record("x", &[0; 300]),
-        Err(ZipError::TooLarge { .. })
-    ));
+    assert!(matches!(w.write_record("x", &[0; 300]), Err(ZipError::TooLarge { .. })));
     assert_eq!(w.position(), u64::MAX - 200, "nothing written");
 }
 
@@ -576,14 +494,8 @@ fn writer_too_large() {
 fn writer_io_error_poisons() {
     let mut w = ZipWriter::new(FailAfter { left: 100 }, "a");
     w.write_record("data.pkl", b"abc").unwrap(); // 64 + 3 + 16 bytes
-    assert!(matches!(
-        w.write_record("data/0", &[0; 64]),
-        Err(ZipError::Io(_))
-    ));
-    assert!(matches!(
-        w.write_record("data/1", b""),
-        Err(ZipError::Poisoned)
-    ));
+    assert!(matches!(w.write_record("data/0", &[0; 64]), Err(ZipError::Io(_))));
+    assert!(matches!(w.write_record("data/1", b""), Err(ZipError::Poisoned)));
     assert!(matches!(w.finish(), Err(ZipError::Poisoned)));
 
     let mut w = ZipWriter::new(FailAfter { left: 83 }, "a");
@@ -608,15 +520,7 @@ fn padding_formula_matches_spec() {
         }
         (align - start % align) % align
     }
-    let cursors = [
-        0,
-        1,
-        300,
-        0xFFFF_FFFE,
-        0xFFFF_FFFF,
-        0x1_0000_0000,
-        0x1_2345_6789,
-    ];
+    let cursors = [0, 1, 300, 0xFFFF_FFFE, 0xFFFF_FFFF, 0x1_0000_0000, 0x1_2345_6789];
     let sizes = [0, 12, 0xFFFF_FFFE, 0xFFFF_FFFF, 0x1_0000_000A];
     for cursor in cursors {
         for size in sizes {
@@ -646,10 +550,7 @@ fn writer_zip64_headers() {
     let mut parts: Vec<&[u8]> = vec![&zeros[..]; 4095];
     parts.push(&zeros[..(1 << 20) - 1]);
     let size: u64 = 0xFFFF_FFFF;
-    let opts = WriterOptions {
-        compute_crc32: false,
-        ..WriterOptions::default()
-    };
+    let opts = WriterOptions { compute_crc32: false, ..WriterOptions::default() };
     let mut w = ZipWriter::with_options(Capture::default(), "archive", opts);
     w.write_record("data.pkl", b"pkl").unwrap();
     let big_lho = w.position(); // 83
@@ -704,10 +605,7 @@ fn writer_zip64_headers() {
     assert_eq!((get16(cd, e0 + 28), get16(cd, e0 + 30)), (16, 0));
     assert_eq!(get32(cd, e0 + 42), 0);
     let e1 = e0 + 46 + 16;
-    assert_eq!(
-        (get32(cd, e1 + 20), get32(cd, e1 + 24)),
-        (u32::MAX, u32::MAX)
-    );
+    assert_eq!((get32(cd, e1 + 20), get32(cd, e1 + 24)), (u32::MAX, u32::MAX));
     assert_eq!((get16(cd, e1 + 28), get16(cd, e1 + 30)), (14, 20));
     assert_eq!(get32(cd, e1 + 42), big_lho as u32);
     let x = e1 + 46 + 14;
@@ -718,26 +616,12 @@ fn writer_zip64_headers() {
     assert_eq!((get16(cd, e2 + 28), get16(cd, e2 + 30)), (14, 12));
     assert_eq!(get32(cd, e2 + 42), u32::MAX);
     let x = e2 + 46 + 14;
-    assert_eq!(
-        (get16(cd, x), get16(cd, x + 2), get64(cd, x + 4)),
-        (1, 8, small_lho)
-    );
+    assert_eq!((get16(cd, x), get16(cd, x + 2), get64(cd, x + 4)), (1, 8, small_lho));
     assert_eq!(cd.len(), x + 12);
 
     // The three parsers' view of the central directory entries.
-    let z = parse_zip64_extra(
-        "archive/data/0",
-        &cd[e1 + 60..e1 + 80],
-        true,
-        true,
-        false,
-        false,
-    )
-    .unwrap();
-    assert_eq!(
-        (z.size, z.compressed_size, z.local_header_offset),
-        (Some(size), Some(size), None)
-    );
+    let z = parse_zip64_extra("archive/data/0", &cd[e1 + 60..e1 + 80], true, true, false, false).unwrap();
+    assert_eq!((z.size, z.compressed_size, z.local_header_offset), (Some(size), Some(size), None));
 
     let end = sink.at(cd_offset + cd.len() as u64);
     assert_eq!(end.len(), 98);
@@ -745,11 +629,7 @@ fn writer_zip64_headers() {
     assert_eq!(get64(end, 40), cd.len() as u64);
     assert_eq!(get64(end, 48), cd_offset);
     assert_eq!(get64(end, 56 + 8), cd_offset + cd.len() as u64);
-    assert_eq!(
-        get32(end, 76 + 16),
-        u32::MAX,
-        "EOCD cd offset clamps to 0xFFFFFFFF"
-    );
+    assert_eq!(get32(end, 76 + 16), u32::MAX, "EOCD cd offset clamps to 0xFFFFFFFF");
     assert_eq!(get16(end, 76 + 10), 3);
 }
 
@@ -759,10 +639,7 @@ fn writer_size_just_below_zip64() {
     let zeros = vec![0u8; 1 << 20];
     let mut parts: Vec<&[u8]> = vec![&zeros[..]; 4095];
     parts.push(&zeros[..(1 << 20) - 2]);
-    let opts = WriterOptions {
-        compute_crc32: false,
-        ..WriterOptions::default()
-    };
+    let opts = WriterOptions { compute_crc32: false, ..WriterOptions::default() };
     let mut w = ZipWriter::with_options(Capture::default(), "archive", opts);
     w.write_record_parts("data/0", &parts).unwrap();
     let next = w.position();
@@ -795,18 +672,9 @@ fn std_string_hash_matches_libstdcxx() {
         assert_eq!(std_string_hash(s.as_bytes()), h, "{s}");
     }
     // hash_combine(0, h) = h + 0x9e3779b9
-    assert_eq!(
-        hash_combine(0, std_string_hash(b"abcdefgh")),
-        8_664_279_050_701_771_380
-    );
-    assert_eq!(
-        hash_combine(0, std_string_hash(b"abcdefghi")),
-        13_036_955_928_578_229_352
-    );
-    assert_eq!(
-        hash_combine(0, std_string_hash(SERIALIZATION_ID_RECORD.as_bytes())),
-        6_612_201_022_957_128_951
-    );
+    assert_eq!(hash_combine(0, std_string_hash(b"abcdefgh")), 8_664_279_050_701_771_380);
+    assert_eq!(hash_combine(0, std_string_hash(b"abcdefghi")), 13_036_955_928_578_229_352);
+    assert_eq!(hash_combine(0, std_string_hash(SERIALIZATION_ID_RECORD.as_bytes())), 6_612_201_022_957_128_951);
 }
 
 #[test]
@@ -827,55 +695,22 @@ fn name_hash_follows_unordered_set_iteration() {
         (5100, 14_612_777_795_382_059_050),
     ];
     for &(n, h) in expected {
-        let mut names: Vec<String> = [
-            "data.pkl",
-            ".format_version",
-            ".storage_alignment",
-            "byteorder",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut names: Vec<String> =
+            ["data.pkl", ".format_version", ".storage_alignment", "byteorder"].iter().map(|s| s.to_string()).collect();
         names.extend((0..n).map(|i| format!("data/{i}")));
         names.push("version".into());
-        assert_eq!(
-            combined_name_hash(names.iter().map(String::as_str)),
-            h,
-            "n = {n}"
-        );
+        assert_eq!(combined_name_hash(names.iter().map(String::as_str)), h, "n = {n}");
     }
     // Duplicates are ignored, as by the set.
-    assert_eq!(
-        combined_name_hash(["a", "b", "a"]),
-        combined_name_hash(["a", "b"])
-    );
+    assert_eq!(combined_name_hash(["a", "b", "a"]), combined_name_hash(["a", "b"]));
 }
 
 #[test]
 fn serialization_id_free_function() {
     // ref.pt: names in write order and descriptor CRCs -> the id torch wrote.
-    let names = [
-        "data.pkl",
-        ".format_version",
-        ".storage_alignment",
-        "byteorder",
-        "data/0",
-        "data/1",
-        "version",
-    ];
-    let crcs = [
-        0x2be6_05a7,
-        0x83dc_efb7,
-        0xe971_773f,
-        0x19e3_3d85,
-        0x91e7_9017,
-        0x7bd5_c66f,
-        0x5567_9ed1,
-    ];
-    assert_eq!(
-        serialization_id(names, crcs),
-        "0561108523619670529415180900430020000284"
-    );
+    let names = ["data.pkl", ".format_version", ".storage_alignment", "byteorder", "data/0", "data/1", "version"];
+    let crcs = [0x2be6_05a7, 0x83dc_efb7, 0xe971_773f, 0x19e3_3d85, 0x91e7_9017, 0x7bd5_c66f, 0x5567_9ed1];
+    assert_eq!(serialization_id(names, crcs), "0561108523619670529415180900430020000284");
     assert_eq!(serialization_id([], []), format!("{:020}{:020}", 0, 0));
 }
 
@@ -892,10 +727,7 @@ fn reads_python_zipfile_layout() {
         assert_eq!(ar.data(&bytes, r).unwrap(), *data);
         ar.verify_crc(&bytes, r).unwrap();
     }
-    assert_eq!(
-        ar.get("data/0").unwrap().local_header_offset(),
-        30 + 10 + 12
-    );
+    assert_eq!(ar.get("data/0").unwrap().local_header_offset(), 30 + 10 + 12);
 }
 
 #[test]
@@ -906,10 +738,7 @@ fn tolerates_trailing_bytes() {
         bytes.resize(archive.len() + trailing, 0);
         let ar = Archive::parse(&bytes).unwrap();
         assert_eq!(ar.prepended_len(), 0);
-        assert_eq!(
-            ar.data(&bytes, ar.get("data/0").unwrap()).unwrap(),
-            TORCH_LIKE[2].1
-        );
+        assert_eq!(ar.data(&bytes, ar.get("data/0").unwrap()).unwrap(), TORCH_LIKE[2].1);
     }
     // Beyond the longest possible comment the EOCD is not searched for.
     let mut bytes = archive.clone();
@@ -929,10 +758,7 @@ fn handles_prepended_bytes() {
         for (a, b) in ar.records().iter().zip(plain.records()) {
             assert_eq!(a.data_offset(), b.data_offset() + 1000);
             assert_eq!(a.local_header_offset(), b.local_header_offset() + 1000);
-            assert_eq!(
-                ar.data(&bytes, a).unwrap(),
-                plain.data(&archive, b).unwrap()
-            );
+            assert_eq!(ar.data(&bytes, a).unwrap(), plain.data(&archive, b).unwrap());
             ar.verify_crc(&bytes, a).unwrap();
         }
     }
@@ -991,45 +817,21 @@ fn zip64_extra_parsing() {
     assert_eq!(z.local_header_offset, Some(0x2_0000_0000));
     assert_eq!(z.disk, Some(7));
     // Only the sentinel fields are present, in order: an offset-only block.
-    let z = parse_zip64_extra(
-        "n",
-        &[1, 0, 8, 0, 9, 0, 0, 0, 1, 0, 0, 0],
-        false,
-        false,
-        true,
-        false,
-    )
-    .unwrap();
+    let z = parse_zip64_extra("n", &[1, 0, 8, 0, 9, 0, 0, 0, 1, 0, 0, 0], false, false, true, false).unwrap();
     assert_eq!(z.local_header_offset, Some(0x1_0000_0009));
     assert_eq!(z.size, None);
     // Nothing needed: the block is not read.
-    assert_eq!(
-        parse_zip64_extra("n", &[], false, false, false, false).unwrap(),
-        Default::default()
-    );
+    assert_eq!(parse_zip64_extra("n", &[], false, false, false, false).unwrap(), Default::default());
     // Trailing bytes shorter than a block header are ignored.
     parse_zip64_extra("n", &[1, 0, 0, 0, 0xFF], false, false, false, false).unwrap();
     // Too short for what is needed.
     assert!(matches!(
-        parse_zip64_extra(
-            "n",
-            &[1, 0, 8, 0, 9, 0, 0, 0, 1, 0, 0, 0],
-            true,
-            true,
-            false,
-            false
-        ),
-        Err(ZipError::Zip64ExtraMissing {
-            field: "compressed size",
-            ..
-        })
+        parse_zip64_extra("n", &[1, 0, 8, 0, 9, 0, 0, 0, 1, 0, 0, 0], true, true, false, false),
+        Err(ZipError::Zip64ExtraMissing { field: "compressed size", .. })
     ));
     assert!(matches!(
         parse_zip64_extra("n", &[0x55, 0x54, 1, 0, 0], false, false, true, false),
-        Err(ZipError::Zip64ExtraMissing {
-            field: "local header offset",
-            ..
-        })
+        Err(ZipError::Zip64ExtraMissing { field: "local header offset", .. })
     ));
 }
 
@@ -1038,12 +840,7 @@ fn zip64_extra_parsing() {
 
 #[test]
 fn err_not_zip() {
-    for bytes in [
-        &b""[..],
-        b"PK\x03\x04",
-        &[0u8; 100],
-        b"version https://git-lfs.github.com/spec/v1\n",
-    ] {
+    for bytes in [&b""[..], b"PK\x03\x04", &[0u8; 100], b"version https://git-lfs.github.com/spec/v1\n"] {
         assert!(matches!(Archive::parse(bytes), Err(ZipError::NotZip)));
     }
 }
@@ -1061,13 +858,7 @@ fn err_truncated() {
     let mut bytes = build(SIMPLE, no_hook);
     let e = cd_entry(&bytes, 2);
     set16(&mut bytes, e + 28, 0x4000);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::Truncated {
-            what: "central directory entry",
-            ..
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::Truncated { what: "central directory entry", .. })));
     // Record data beyond the end of the slice.
     let bytes = build(SIMPLE, |i, e| {
         if i == 0 {
@@ -1077,11 +868,7 @@ fn err_truncated() {
     });
     assert!(matches!(
         Archive::parse(&bytes),
-        Err(ZipError::Truncated {
-            what: "record data",
-            needed: 0x7FFF_FFFF,
-            ..
-        })
+        Err(ZipError::Truncated { what: "record data", needed: 0x7FFF_FFFF, .. })
     ));
     // A local header offset that leaves less than 4 bytes.
     let n = build(SIMPLE, no_hook).len() as u32;
@@ -1090,29 +877,16 @@ fn err_truncated() {
             set32(e, 42, n - 2);
         }
     });
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::Truncated {
-            what: "local file header",
-            ..
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::Truncated { what: "local file header", .. })));
     // Cut in the middle of the central directory: the EOCD is gone.
     let bytes = build(SIMPLE, no_hook);
-    assert!(matches!(
-        Archive::parse(&bytes[..bytes.len() - 30]),
-        Err(ZipError::NotZip)
-    ));
+    assert!(matches!(Archive::parse(&bytes[..bytes.len() - 30]), Err(ZipError::NotZip)));
 }
 
 #[test]
 fn err_bad_signature() {
     let mut bytes = build(SIMPLE, no_hook);
-    let lho = Archive::parse(&bytes)
-        .unwrap()
-        .get("version")
-        .unwrap()
-        .local_header_offset() as usize;
+    let lho = Archive::parse(&bytes).unwrap().get("version").unwrap().local_header_offset() as usize;
     bytes[lho] = b'Q';
     assert!(matches!(
         Archive::parse(&bytes),
@@ -1125,11 +899,7 @@ fn err_bad_signature() {
     bytes[e + 1] = 0;
     assert!(matches!(
         Archive::parse(&bytes),
-        Err(ZipError::BadSignature {
-            what: "central directory entry",
-            expected: CENTRAL_HEADER_SIG,
-            ..
-        })
+        Err(ZipError::BadSignature { what: "central directory entry", expected: CENTRAL_HEADER_SIG, .. })
     ));
 
     // zip64 EOCD neither before the locator nor where the locator says.
@@ -1138,10 +908,7 @@ fn err_bad_signature() {
     bytes[z] = 0;
     assert!(matches!(
         Archive::parse(&bytes),
-        Err(ZipError::BadSignature {
-            what: "zip64 end of central directory record",
-            ..
-        })
+        Err(ZipError::BadSignature { what: "zip64 end of central directory record", .. })
     ));
 }
 
@@ -1150,21 +917,12 @@ fn err_multi_disk() {
     let mut bytes = build(SIMPLE, no_hook);
     let eocd = eocd_pos(&bytes);
     set16(&mut bytes, eocd + 4, 1);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::MultiDisk { .. })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::MultiDisk { .. })));
 
     let mut bytes = writer_output(TORCH_LIKE);
     let locator = bytes.len() - 42;
     set32(&mut bytes, locator + 16, 3);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::MultiDisk {
-            what: "zip64 locator total disks",
-            value: 3
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::MultiDisk { what: "zip64 locator total disks", value: 3 })));
 }
 
 #[test]
@@ -1172,21 +930,12 @@ fn err_central_directory_misplaced() {
     let mut bytes = build(SIMPLE, no_hook);
     let eocd = eocd_pos(&bytes);
     set32(&mut bytes, eocd + 16, 0xFFFF_FF00);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::CentralDirectoryMisplaced {
-            cd_offset: 0xFFFF_FF00,
-            ..
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::CentralDirectoryMisplaced { cd_offset: 0xFFFF_FF00, .. })));
     // zip64: cd_offset + cd_size overflows u64.
     let mut bytes = writer_output(TORCH_LIKE);
     let z = bytes.len() - 98;
     bytes[z + 48..z + 56].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::CentralDirectoryMisplaced { .. })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::CentralDirectoryMisplaced { .. })));
 }
 
 #[test]
@@ -1195,25 +944,12 @@ fn err_entry_count_too_large() {
     let eocd = eocd_pos(&bytes);
     set16(&mut bytes, eocd + 8, 5000);
     set16(&mut bytes, eocd + 10, 5000);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::EntryCountTooLarge {
-            claimed: 5000,
-            max: 3,
-            ..
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::EntryCountTooLarge { claimed: 5000, max: 3, .. })));
     // zip64 count of u64::MAX: refused before any allocation.
     let mut bytes = writer_output(TORCH_LIKE);
     let z = bytes.len() - 98;
     bytes[z + 24..z + 40].copy_from_slice(&[0xFF; 16]);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::EntryCountTooLarge {
-            claimed: u64::MAX,
-            ..
-        })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::EntryCountTooLarge { claimed: u64::MAX, .. })));
 }
 
 #[test]
@@ -1246,10 +982,7 @@ fn err_zip64_extra_missing() {
 #[test]
 fn err_invalid_name() {
     let bytes = build(&[(b"a/\xff\xfe", b"x")], no_hook);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::InvalidName { .. })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::InvalidName { .. })));
 }
 
 #[test]
@@ -1275,22 +1008,12 @@ fn err_mixed_prefix() {
     ));
     // A longer prefix that merely starts with the same characters is another directory.
     let bytes = build(&[(b"a/data.pkl", b"x"), (b"ab/data/0", b"y")], no_hook);
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::MixedPrefix { .. })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::MixedPrefix { .. })));
 }
 
 #[test]
 fn err_duplicate_name() {
-    let bytes = build(
-        &[
-            (b"a/data/0", b"x"),
-            (b"a/data.pkl", b"p"),
-            (b"a/data/0", b"y"),
-        ],
-        no_hook,
-    );
+    let bytes = build(&[(b"a/data/0", b"x"), (b"a/data.pkl", b"p"), (b"a/data/0", b"y")], no_hook);
     assert!(matches!(
         Archive::parse(&bytes),
         Err(ZipError::DuplicateName { name }) if name == "a/data/0"
@@ -1321,11 +1044,7 @@ fn err_stored_size_mismatch() {
     });
     assert!(matches!(
         Archive::parse(&bytes),
-        Err(ZipError::StoredSizeMismatch {
-            compressed: 15,
-            uncompressed: 16,
-            ..
-        })
+        Err(ZipError::StoredSizeMismatch { compressed: 15, uncompressed: 16, .. })
     ));
 }
 
@@ -1360,10 +1079,7 @@ fn err_overlap() {
             set32(e, 42, 0);
         }
     });
-    assert!(matches!(
-        Archive::parse(&bytes),
-        Err(ZipError::LocalNameMismatch { .. })
-    ));
+    assert!(matches!(Archive::parse(&bytes), Err(ZipError::LocalNameMismatch { .. })));
 }
 
 #[test]
@@ -1376,14 +1092,8 @@ fn err_compressed_and_encrypted() {
     let ar = Archive::parse(&bytes).unwrap();
     let r = ar.get("data/0").unwrap();
     assert_eq!(r.method(), 8);
-    assert!(matches!(
-        ar.data(&bytes, r),
-        Err(ZipError::Compressed { method: 8, .. })
-    ));
-    assert!(matches!(
-        ar.verify_crc(&bytes, r),
-        Err(ZipError::Compressed { .. })
-    ));
+    assert!(matches!(ar.data(&bytes, r), Err(ZipError::Compressed { method: 8, .. })));
+    assert!(matches!(ar.verify_crc(&bytes, r), Err(ZipError::Compressed { .. })));
     assert_eq!(r.data_range(), 90..106, "the raw range is still available");
     let r = ar.get("version").unwrap();
     assert!(matches!(ar.data(&bytes, r), Err(ZipError::Encrypted { name }) if name == "a/version"));
@@ -1394,10 +1104,7 @@ fn err_buffer_mismatch() {
     let bytes = build(SIMPLE, no_hook);
     let ar = Archive::parse(&bytes).unwrap();
     let r = ar.get("data/0").unwrap();
-    assert!(matches!(
-        ar.data(&bytes[..10], r),
-        Err(ZipError::BufferMismatch { given: 10, .. })
-    ));
+    assert!(matches!(ar.data(&bytes[..10], r), Err(ZipError::BufferMismatch { given: 10, .. })));
 }
 
 #[test]

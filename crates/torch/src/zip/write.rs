@@ -5,10 +5,9 @@ use std::io::Write;
 
 use super::sid::{combined_name_hash, hash_combine};
 use super::{
-    CENTRAL_HEADER_SIG, DATA_DESCRIPTOR_SIG, DEFAULT_ALIGNMENT, EOCD_SIG, FLAG_DATA_DESCRIPTOR,
-    FLAG_UTF8, LOCAL_HEADER_LEN, LOCAL_HEADER_SIG, MAX_ALIGNMENT, SERIALIZATION_ID_RECORD,
-    U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_SIG, ZipError,
-    padding_len, zip64_local_extra_len,
+    CENTRAL_HEADER_SIG, DATA_DESCRIPTOR_SIG, DEFAULT_ALIGNMENT, EOCD_SIG, FLAG_DATA_DESCRIPTOR, FLAG_UTF8,
+    LOCAL_HEADER_LEN, LOCAL_HEADER_SIG, MAX_ALIGNMENT, SERIALIZATION_ID_RECORD, U32_SENTINEL, ZIP64_EOCD_LEN,
+    ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_SIG, ZipError, padding_len, zip64_local_extra_len,
 };
 
 /// Options of a [`ZipWriter`].
@@ -25,10 +24,7 @@ pub struct WriterOptions {
 
 impl Default for WriterOptions {
     fn default() -> Self {
-        WriterOptions {
-            alignment: DEFAULT_ALIGNMENT,
-            compute_crc32: true,
-        }
+        WriterOptions { alignment: DEFAULT_ALIGNMENT, compute_crc32: true }
     }
 }
 
@@ -145,41 +141,25 @@ impl<W: Write> ZipWriter<W> {
     /// next (what `PyTorchStreamWriter::writeRecordMetadata` returns).
     pub fn next_data_offset(&self, name: &str, size: u64) -> Result<u64, ZipError> {
         let full_len = self.check_name(name)?;
-        let pad = padding_len(self.pos, full_len, size, self.opts.alignment).ok_or(
-            ZipError::TooLarge {
-                what: "archive offset",
-            },
-        )?;
+        let pad = padding_len(self.pos, full_len, size, self.opts.alignment)
+            .ok_or(ZipError::TooLarge { what: "archive offset" })?;
         self.pos
             .checked_add(LOCAL_HEADER_LEN + full_len + zip64_local_extra_len(self.pos, size) + 4)
             .and_then(|v| v.checked_add(pad))
-            .ok_or(ZipError::TooLarge {
-                what: "archive offset",
-            })
+            .ok_or(ZipError::TooLarge { what: "archive offset" })
     }
 
     /// Validates prefix, alignment and name; returns the full name's length.
     fn check_name(&self, name: &str) -> Result<u64, ZipError> {
         if self.prefix.is_empty() || self.prefix.contains(['/', '\\']) {
-            return Err(ZipError::InvalidPrefix {
-                prefix: self.prefix.clone(),
-            });
+            return Err(ZipError::InvalidPrefix { prefix: self.prefix.clone() });
         }
         if self.opts.alignment == 0 || self.opts.alignment > MAX_ALIGNMENT {
-            return Err(ZipError::InvalidAlignment {
-                alignment: self.opts.alignment,
-            });
+            return Err(ZipError::InvalidAlignment { alignment: self.opts.alignment });
         }
-        let len = self
-            .prefix
-            .len()
-            .saturating_add(1)
-            .saturating_add(name.len());
+        let len = self.prefix.len().saturating_add(1).saturating_add(name.len());
         if len > usize::from(u16::MAX) {
-            return Err(ZipError::NameTooLong {
-                name: name.to_owned(),
-                len,
-            });
+            return Err(ZipError::NameTooLong { name: name.to_owned(), len });
         }
         Ok(len as u64)
     }
@@ -200,33 +180,21 @@ impl<W: Write> ZipWriter<W> {
         }
         let full_len = self.check_name(name)?;
         if self.names.contains(name) {
-            return Err(ZipError::DuplicateName {
-                name: name.to_owned(),
-            });
+            return Err(ZipError::DuplicateName { name: name.to_owned() });
         }
         if self.entries.len() as u64 >= u64::from(u32::MAX) - 1 {
-            return Err(ZipError::TooLarge {
-                what: "number of records",
-            });
+            return Err(ZipError::TooLarge { what: "number of records" });
         }
-        let too_large = || ZipError::TooLarge {
-            what: "archive offset",
-        };
-        let size = parts
-            .iter()
-            .try_fold(0u64, |acc, p| acc.checked_add(p.len() as u64))
-            .ok_or_else(too_large)?;
+        let too_large = || ZipError::TooLarge { what: "archive offset" };
+        let size = parts.iter().try_fold(0u64, |acc, p| acc.checked_add(p.len() as u64)).ok_or_else(too_large)?;
         let cursor = self.pos;
         let big_size = size >= U32_SENTINEL;
         let big_offset = cursor >= U32_SENTINEL;
         let pad = padding_len(cursor, full_len, size, self.opts.alignment).ok_or_else(too_large)?;
         let extra_len = zip64_local_extra_len(cursor, size) + 4 + pad;
-        let extra_len16 = u16::try_from(extra_len).map_err(|_| ZipError::InvalidAlignment {
-            alignment: self.opts.alignment,
-        })?;
-        let pad16 = u16::try_from(pad).map_err(|_| ZipError::InvalidAlignment {
-            alignment: self.opts.alignment,
-        })?;
+        let extra_len16 =
+            u16::try_from(extra_len).map_err(|_| ZipError::InvalidAlignment { alignment: self.opts.alignment })?;
+        let pad16 = u16::try_from(pad).map_err(|_| ZipError::InvalidAlignment { alignment: self.opts.alignment })?;
         let descriptor_len: u64 = match (size, big_size || big_offset) {
             (0, _) => 0,
             (_, false) => 16,
@@ -238,11 +206,7 @@ impl<W: Write> ZipWriter<W> {
             .and_then(|v| v.checked_add(size))
             .and_then(|v| v.checked_add(descriptor_len))
             .ok_or_else(too_large)?;
-        let flags = if size == 0 {
-            FLAG_UTF8
-        } else {
-            FLAG_UTF8 | FLAG_DATA_DESCRIPTOR
-        };
+        let flags = if size == 0 { FLAG_UTF8 } else { FLAG_UTF8 | FLAG_DATA_DESCRIPTOR };
         let full_name = format!("{}/{}", self.prefix, name);
 
         // Local header: version 0, method 0 (stored), time/date 0, CRC and sizes 0 (the data
@@ -285,34 +249,17 @@ impl<W: Write> ZipWriter<W> {
         };
         self.pos = end;
         self.names.insert(name.to_owned());
-        self.entries.push(Entry {
-            full_name,
-            crc32,
-            size,
-            local_header_offset: cursor,
-            flags,
-        });
+        self.entries.push(Entry { full_name, crc32, size, local_header_offset: cursor, flags });
         Ok(())
     }
 
     /// Writes header, data and descriptor; returns the CRC recorded. Updates the combined CRC the
     /// way torch's write callback does (see [`serialization_id`](super::serialization_id)).
-    fn emit(
-        &mut self,
-        header: &[u8],
-        parts: &[&[u8]],
-        size: u64,
-        zip64: bool,
-    ) -> Result<u32, ZipError> {
+    fn emit(&mut self, header: &[u8], parts: &[&[u8]], size: u64, zip64: bool) -> Result<u32, ZipError> {
         self.out.write_all(header)?;
         // torch's callback treats any write of >= 8 bytes that starts with the descriptor
         // signature as a descriptor; miniz writes stored data in one call.
-        let head: Vec<u8> = parts
-            .iter()
-            .flat_map(|p| p.iter())
-            .take(8)
-            .copied()
-            .collect();
+        let head: Vec<u8> = parts.iter().flat_map(|p| p.iter()).take(8).copied().collect();
         if let [s0, s1, s2, s3, c0, c1, c2, c3] = head.as_slice() {
             if u32::from_le_bytes([*s0, *s1, *s2, *s3]) == DATA_DESCRIPTOR_SIG {
                 let quirk = u32::from_le_bytes([*c0, *c1, *c2, *c3]);
@@ -354,10 +301,7 @@ impl<W: Write> ZipWriter<W> {
     /// (see [`serialization_id`](super::serialization_id)).
     pub fn serialization_id(&self) -> String {
         let skip = self.prefix.len().saturating_add(1);
-        let names = self
-            .entries
-            .iter()
-            .map(|e| e.full_name.get(skip..).unwrap_or_default());
+        let names = self.entries.iter().map(|e| e.full_name.get(skip..).unwrap_or_default());
         format!("{:020}{:020}", combined_name_hash(names), self.combined_crc)
     }
 
@@ -389,11 +333,7 @@ impl<W: Write> ZipWriter<W> {
             if big_offset {
                 zip64.push(e.local_header_offset);
             }
-            let extra_len = if zip64.is_empty() {
-                0
-            } else {
-                4 + 8 * zip64.len()
-            };
+            let extra_len = if zip64.is_empty() { 0 } else { 4 + 8 * zip64.len() };
             put32(&mut cd, CENTRAL_HEADER_SIG);
             put16(&mut cd, 0); // version made by
             put16(&mut cd, 0); // version needed
@@ -416,13 +356,9 @@ impl<W: Write> ZipWriter<W> {
         }
         let cd_size = cd.len() as u64;
         if cd_size >= U32_SENTINEL {
-            return Err(ZipError::TooLarge {
-                what: "central directory",
-            });
+            return Err(ZipError::TooLarge { what: "central directory" });
         }
-        let zip64_eocd_offset = cd_offset.checked_add(cd_size).ok_or(ZipError::TooLarge {
-            what: "archive offset",
-        })?;
+        let zip64_eocd_offset = cd_offset.checked_add(cd_size).ok_or(ZipError::TooLarge { what: "archive offset" })?;
         let n = self.entries.len() as u64;
 
         let mut end = Vec::with_capacity(98);
