@@ -1,0 +1,200 @@
+//! One checkpoint directory as a whole: the serializer's sparse part plus `model.pt`, `extra.pt` and the
+//! io states, behind ckpt-core's [`CheckpointRead`].
+
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{CheckpointRead, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
+
+use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
+use crate::error::{Error, Result};
+use crate::index::INDEX_FILE;
+use crate::reader::SparseCheckpoint;
+
+/// A RecIS checkpoint directory (`<output_dir>/<ckpt_id>/`), opened.
+///
+/// Entry names, for [`CheckpointRead`]:
+/// * the serializer's tensors under their internal names, as RecIS's `CheckpointReader` lists them:
+///   `child@slot` (slices concatenated, `child@id` row-aligned with every slot) and dense names;
+/// * `model.pt`'s leaves under their state-dict keys (the model's dense parameters and buffers);
+/// * `extra.pt`'s leaves under `extra/<key>`, and shard s's io state under `io_state_<s>/<key>`.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    sparse: SparseCheckpoint,
+    model: Option<Value>,
+    extra: Option<Value>,
+    io_states: Vec<(usize, Value)>,
+    io_state_count: Option<usize>,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint directory: the sparse part (if it has an `index`), `model.pt`, `extra.pt` and
+    /// every `io_state_<s>.pt`.
+    ///
+    /// # Errors
+    /// [`Error::MissingFile`] if the directory has none of `index`, `model.pt`, `extra.pt`; the errors of
+    /// [`SparseCheckpoint::open`] and of the torch reader.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let has = |f: &str| dir.join(f).is_file();
+        if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
+            return Err(Error::MissingFile {
+                path: dir.join(INDEX_FILE),
+                what: "a RecIS checkpoint directory has an `index`, a `model.pt` or an `extra.pt`",
+            });
+        }
+        let sparse = if has(INDEX_FILE) { SparseCheckpoint::open(dir)? } else { SparseCheckpoint::empty(dir) };
+        let model = crate::dense::read_model(dir)?;
+        let extra = crate::dense::read_extra(dir)?;
+        let mut io_states = Vec::new();
+        let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        for entry in listing {
+            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            let name = entry.file_name();
+            let Some(shard) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("io_state_")?.strip_suffix(".pt"))
+                .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+                .and_then(|s| s.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let value = ckpt_torch::TorchFile::open(&entry.path())?.into_value();
+            io_states.push((shard, value));
+        }
+        io_states.sort_by_key(|(s, _)| *s);
+        let io_state_count = if has(IO_STATE_COUNT_FILE) { read_io_state_count(dir)? } else { None };
+        Ok(Checkpoint { dir: dir.into(), sparse, model, extra, io_states, io_state_count })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The serializer's part: hash tables and sparse-side dense tensors.
+    pub fn sparse(&self) -> &SparseCheckpoint {
+        &self.sparse
+    }
+
+    /// `model.pt`'s state dict, if saved.
+    pub fn model(&self) -> Option<&Value> {
+        self.model.as_ref()
+    }
+
+    /// `extra.pt`'s contents, if saved.
+    pub fn extra(&self) -> Option<&Value> {
+        self.extra.as_ref()
+    }
+
+    /// Shard `shard`'s io state, if saved.
+    pub fn io_state(&self, shard: usize) -> Option<&Value> {
+        self.io_states.iter().find(|(s, _)| *s == shard).map(|(_, v)| v)
+    }
+
+    /// The shard count in `io_state_count`, if saved.
+    pub fn io_state_count(&self) -> Option<usize> {
+        self.io_state_count
+    }
+
+    /// The torch-file parts, each with the prefix of its entry names.
+    fn torch_parts(&self) -> Vec<(String, &Value)> {
+        let mut out = Vec::new();
+        if let Some(m) = &self.model {
+            out.push((String::new(), m));
+        }
+        if let Some(e) = &self.extra {
+            out.push(("extra/".to_owned(), e));
+        }
+        for (s, v) in &self.io_states {
+            out.push((format!("io_state_{s}/"), v));
+        }
+        out
+    }
+
+    fn torch_leaf(&self, name: &str) -> Option<Value> {
+        for (prefix, v) in self.torch_parts() {
+            let Some(rest) = name.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
+            if let Ok(all) = leaves(v) {
+                if let Some(l) = all.into_iter().find(|l| l.key == rest) {
+                    return Some(l.value.clone());
+                }
+            }
+        }
+        None
+    }
+}
+
+impl CheckpointRead for Checkpoint {
+    fn format_name(&self) -> &'static str {
+        "recis"
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for name in self.sparse.tensor_names() {
+            if let Some((dtype, shape)) = self.sparse.tensor_info(name) {
+                out.push(Entry { name: name.into(), kind: EntryKind::Tensor(TensorInfo { dtype, shape }) });
+            }
+        }
+        for (prefix, v) in self.torch_parts() {
+            if let Ok(all) = leaves(v) {
+                out.extend(
+                    all.into_iter().map(|l| Entry { name: format!("{prefix}{}", l.key), kind: entry_kind(l.value) }),
+                );
+            }
+        }
+        out
+    }
+
+    fn details(&self) -> Vec<(String, String)> {
+        let s = &self.sparse;
+        let mut d = vec![
+            ("data files".to_owned(), s.data_files().len().to_string()),
+            ("blocks".to_owned(), s.blocks().len().to_string()),
+            ("tables".to_owned(), s.children().join(", ")),
+        ];
+        if let Some(n) = s.shard_num() {
+            d.push(("shards".into(), n.to_string()));
+        }
+        if let Some(p) = s.parallel() {
+            d.push(("parallel".into(), p.to_string()));
+        }
+        for c in s.children() {
+            if let Ok(size) = s.slice_size(c) {
+                d.push((format!("slice_size {c}"), size.to_string()));
+            }
+        }
+        let files: Vec<&str> = [(MODEL_FILE, self.model.is_some()), (EXTRA_FILE, self.extra.is_some())]
+            .iter()
+            .filter(|(_, present)| *present)
+            .map(|(f, _)| *f)
+            .collect();
+        d.push(("dense files".into(), files.join(", ")));
+        if let Some(n) = self.io_state_count {
+            d.push(("io_state_count".into(), n.to_string()));
+        }
+        d
+    }
+
+    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+        if self.sparse.tensor_info(name).is_some() {
+            return Ok(self.sparse.read_tensor(name)?);
+        }
+        match self.torch_leaf(name) {
+            Some(v) => v
+                .as_tensor()
+                .cloned()
+                .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("entry {name:?} is not a tensor"))),
+            None => Err(Error::NotFound { what: "entry", name: name.into() }.into()),
+        }
+    }
+
+    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+        if self.sparse.tensor_info(name).is_some() {
+            return Ok(Value::Tensor(self.sparse.read_tensor(name)?));
+        }
+        self.torch_leaf(name).ok_or_else(|| Error::NotFound { what: "entry", name: name.into() }.into())
+    }
+}

@@ -1,0 +1,404 @@
+//! Data files `model-XXXXXX-of-YYYYYY.safetensors` (`csrc/serialize/table_writer.cc`, `table_reader.cc`).
+//!
+//! A data file is a valid safetensors file laid out by RecIS's own rules:
+//!
+//! ```text
+//! u64 LE N | N bytes: compact JSON + 1..8 spaces (never 0) | block data, concatenated in header order
+//! ```
+//!
+//! The JSON is `{"<key>":{"dtype":…,"shape":[…],"data_offsets":[b,e]},…}` with no whitespace, keys in the
+//! order the blocks were appended, and no `__metadata__` entry (RecIS cannot load a file that has one).
+//! Offsets are cumulative byte counts, so blocks are not aligned.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{Buffer, DType, Tensor, checked_numel};
+use serde_json::Value as Json;
+
+use crate::dtype;
+use crate::error::{Error, Result};
+
+/// The largest header accepted (as the safetensors library: 100 MB).
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// One block as a data-file header describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderEntry {
+    /// The on-disk key: a part name (`tbl.embedding/part_0_2`) or a dense key (`w^ `).
+    pub key: String,
+    /// The element type.
+    pub dtype: DType,
+    /// The dtype string as written (`F32`, `BOOL`, or RecIS's buggy `bool`).
+    pub dtype_str: String,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// Byte range of the data, relative to the start of the data region (`8 + N`).
+    pub data_offsets: (usize, usize),
+}
+
+/// A data file, mapped and validated: every header entry has a known dtype, a size that matches its shape,
+/// and the entries tile the data region exactly (no gaps, no overlaps, nothing after the last one).
+///
+/// Tensors are zero-copy windows of the map. Blocks are not aligned in the file; use
+/// [`Tensor::to_vec`] or [`Tensor::to_contiguous`] when typed slices are needed.
+#[derive(Debug, Clone)]
+pub struct DataFile {
+    path: PathBuf,
+    buffer: Buffer,
+    header_len: usize,
+    entries: Vec<HeaderEntry>,
+    by_key: HashMap<String, usize>,
+}
+
+impl DataFile {
+    /// Maps and validates a data file.
+    ///
+    /// # Errors
+    /// [`Error::Io`], or the variant for the first rule the file breaks ([`Error::FileTooShort`],
+    /// [`Error::HeaderTooLarge`], [`Error::HeaderPastEnd`], [`Error::Json`], [`Error::BadHeader`],
+    /// [`Error::UnknownDtype`], [`Error::BadOffsets`]).
+    pub fn open(path: &Path) -> Result<Self> {
+        let buffer = Buffer::map_file(path).map_err(|e| match e {
+            ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+            e => Error::Core(e),
+        })?;
+        Self::from_buffer(buffer, path)
+    }
+
+    /// Validates a data file held in `buffer`; `path` names it in errors.
+    ///
+    /// # Errors
+    /// As [`DataFile::open`].
+    pub fn from_buffer(buffer: Buffer, path: &Path) -> Result<Self> {
+        let bytes = buffer.as_bytes();
+        let file_len = bytes.len();
+        let Some(prefix) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+            return Err(Error::FileTooShort { path: path.into(), len: file_len });
+        };
+        let n = u64::from_le_bytes(prefix);
+        if n > MAX_HEADER_LEN {
+            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: MAX_HEADER_LEN });
+        }
+        let header_end = usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= file_len);
+        let Some(header_end) = header_end else {
+            return Err(Error::HeaderPastEnd { path: path.into(), header_len: n, file_len });
+        };
+        let header = bytes.get(8..header_end).unwrap_or_default();
+        let json: Json =
+            serde_json::from_slice(header).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
+        let Json::Object(map) = json else {
+            return Err(Error::BadHeader { path: path.into(), reason: "the header is not a JSON object".into() });
+        };
+        let data_len = file_len - header_end;
+        let mut entries = Vec::with_capacity(map.len());
+        for (key, value) in &map {
+            if key == "__metadata__" {
+                // Not a block. RecIS never writes one (and cannot load a file that has one); other
+                // safetensors writers do.
+                continue;
+            }
+            entries.push(parse_entry(path, key, value)?);
+        }
+        check_tiling(path, &entries, data_len)?;
+        let by_key = entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
+        Ok(DataFile { path: path.into(), buffer, header_len: header_end - 8, entries, by_key })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The header length N (JSON plus padding).
+    pub fn header_len(&self) -> usize {
+        self.header_len
+    }
+
+    /// The N header bytes as stored, padding included.
+    pub fn header_bytes(&self) -> &[u8] {
+        self.buffer.as_bytes().get(8..8 + self.header_len).unwrap_or_default()
+    }
+
+    /// The blocks, in header order.
+    pub fn entries(&self) -> &[HeaderEntry] {
+        &self.entries
+    }
+
+    /// The block with on-disk key `key`.
+    pub fn entry(&self, key: &str) -> Option<&HeaderEntry> {
+        self.by_key.get(key).and_then(|&i| self.entries.get(i))
+    }
+
+    /// The block with on-disk key `key`, as a zero-copy tensor.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] if the header has no such block.
+    pub fn tensor(&self, key: &str) -> Result<Tensor> {
+        let entry = self.entry(key).ok_or_else(|| Error::NotFound { what: "block", name: key.into() })?;
+        self.tensor_of(entry)
+    }
+
+    /// The tensor of one of this file's entries.
+    pub(crate) fn tensor_of(&self, entry: &HeaderEntry) -> Result<Tensor> {
+        let (b, e) = entry.data_offsets;
+        let window = self.buffer.slice((8 + self.header_len + b)..(8 + self.header_len + e))?;
+        Ok(Tensor::from_buffer(entry.dtype, &entry.shape, window)?)
+    }
+}
+
+fn parse_entry(path: &Path, key: &str, value: &Json) -> Result<HeaderEntry> {
+    let bad = |reason: String| Error::BadHeader { path: path.into(), reason: format!("block {key:?}: {reason}") };
+    let obj = value.as_object().ok_or_else(|| bad("is not a JSON object".into()))?;
+    let dtype_str = obj.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("has no string `dtype`".into()))?;
+    let dtype = dtype::from_header(dtype_str).ok_or_else(|| Error::UnknownDtype {
+        path: path.into(),
+        key: key.into(),
+        dtype: dtype_str.into(),
+    })?;
+    let uint = |v: &Json| v.as_u64().and_then(|n| usize::try_from(n).ok());
+    let shape = obj
+        .get("shape")
+        .and_then(Json::as_array)
+        .and_then(|a| a.iter().map(uint).collect::<Option<Vec<usize>>>())
+        .ok_or_else(|| bad("has no `shape` array of non-negative integers".into()))?;
+    let offsets = obj
+        .get("data_offsets")
+        .and_then(Json::as_array)
+        .and_then(|a| a.iter().map(uint).collect::<Option<Vec<usize>>>())
+        .ok_or_else(|| bad("has no `data_offsets` array of non-negative integers".into()))?;
+    let [begin, end] = offsets.as_slice() else {
+        return Err(bad(format!("`data_offsets` has {} numbers, expected 2", offsets.len())));
+    };
+    let bad_offsets = |reason: String| Error::BadOffsets { path: path.into(), key: key.into(), reason };
+    if end < begin {
+        return Err(bad_offsets(format!("data_offsets [{begin}, {end}] end before they begin")));
+    }
+    let nbytes = checked_numel(&shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .ok_or_else(|| bad_offsets(format!("shape {shape:?} overflows")))?;
+    if end - begin != nbytes {
+        return Err(bad_offsets(format!(
+            "data_offsets [{begin}, {end}] hold {} bytes, but {dtype_str} {shape:?} needs {nbytes}",
+            end - begin
+        )));
+    }
+    Ok(HeaderEntry { key: key.into(), dtype, dtype_str: dtype_str.into(), shape, data_offsets: (*begin, *end) })
+}
+
+/// The entries must tile `0..data_len` exactly: sorted by offset, each begins where the previous ended, the
+/// last ends at the end of the file (the safetensors rule).
+fn check_tiling(path: &Path, entries: &[HeaderEntry], data_len: usize) -> Result<()> {
+    let mut order: Vec<&HeaderEntry> = entries.iter().collect();
+    order.sort_by_key(|e| (e.data_offsets.0, e.data_offsets.1));
+    let mut cursor = 0usize;
+    for e in order {
+        let (b, end) = e.data_offsets;
+        if b != cursor {
+            let reason = if b < cursor {
+                format!("data_offsets [{b}, {end}] overlap the previous block, which ends at {cursor}")
+            } else {
+                format!("data_offsets [{b}, {end}] leave a gap after the previous block, which ends at {cursor}")
+            };
+            return Err(Error::BadOffsets { path: path.into(), key: e.key.clone(), reason });
+        }
+        if end > data_len {
+            return Err(Error::BadOffsets {
+                path: path.into(),
+                key: e.key.clone(),
+                reason: format!("data_offsets [{b}, {end}] run past the {data_len}-byte data region"),
+            });
+        }
+        cursor = end;
+    }
+    if cursor != data_len {
+        let last = entries.iter().max_by_key(|e| e.data_offsets.1).map(|e| e.key.clone()).unwrap_or_default();
+        return Err(Error::BadOffsets {
+            path: path.into(),
+            key: last,
+            reason: format!("the blocks end at {cursor} but the data region has {data_len} bytes"),
+        });
+    }
+    Ok(())
+}
+
+/// The header JSON RecIS writes for `blocks` (key, header dtype string, shape, byte length), in order:
+/// compact, insertion-ordered, offsets cumulative from 0.
+pub fn header_json(blocks: &[(&str, &str, &[usize], usize)]) -> String {
+    let mut out = String::with_capacity(2 + blocks.len() * 80);
+    out.push('{');
+    let mut offset = 0usize;
+    for (i, (key, dtype, shape, nbytes)) in blocks.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // serde_json escapes exactly as nlohmann's dump() (", \, control characters as \b \f \n \r \t or
+        // \u00xx; everything else, non-ASCII included, raw).
+        out.push_str(&Json::from(*key).to_string());
+        out.push_str(":{\"dtype\":\"");
+        out.push_str(dtype);
+        out.push_str("\",\"shape\":[");
+        for (j, d) in shape.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            out.push_str(&d.to_string());
+        }
+        let end = offset + nbytes;
+        out.push_str(&format!("],\"data_offsets\":[{offset},{end}]}}"));
+        offset = end;
+    }
+    out.push('}');
+    out
+}
+
+/// The first `8 + N` bytes of a data file for a header JSON: the length as u64 LE, the JSON, and RecIS's
+/// padding of `8 - len % 8` spaces (1 to 8, never 0).
+pub fn header_prefix(json: &str) -> Vec<u8> {
+    let pad = 8 - json.len() % 8;
+    let n = (json.len() + pad) as u64;
+    let mut out = Vec::with_capacity(8 + json.len() + pad);
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(json.as_bytes());
+    out.extend(std::iter::repeat_n(b' ', pad));
+    out
+}
+
+/// Writes a data file holding `blocks` (on-disk key, tensor) in order, byte for byte as RecIS's
+/// `TableWriter` would, atomically (temporary file, fsync, rename). Tensor bytes are streamed from memory;
+/// non-contiguous tensors are written in row-major order (RecIS would write their storage order, a bug).
+/// Returns the file's length.
+///
+/// # Errors
+/// [`Error::UnsupportedDtype`] for dtypes RecIS cannot store; [`Error::Io`] naming the path.
+pub fn write(path: &Path, blocks: &[(String, Tensor)]) -> Result<u64> {
+    let mut meta = Vec::with_capacity(blocks.len());
+    for (key, t) in blocks {
+        meta.push((key.as_str(), dtype::to_header(t.dtype(), key)?, t.shape(), t.nbytes()));
+    }
+    let prefix = header_prefix(&header_json(&meta));
+    let mut written = prefix.len() as u64;
+    ckpt_core::atomic::write_atomic(path, |w| {
+        let io = |e: std::io::Error| ckpt_core::Error::io(path, e);
+        w.write_all(&prefix).map_err(io)?;
+        for (_, t) in blocks {
+            let data = t.data()?;
+            w.write_all(&data).map_err(io)?;
+            written += data.len() as u64;
+        }
+        Ok(())
+    })
+    .map_err(from_core)?;
+    Ok(written)
+}
+
+/// A core error as this crate's: I/O errors keep their path.
+pub(crate) fn from_core(e: ckpt_core::Error) -> Error {
+    match e {
+        ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+        e => Error::Core(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn file(bytes: Vec<u8>) -> Result<DataFile> {
+        DataFile::from_buffer(Buffer::from_vec(bytes), Path::new("x.safetensors"))
+    }
+
+    #[test]
+    fn padding_is_one_to_eight() {
+        for len in 0..32 {
+            let json = "x".repeat(len);
+            let p = header_prefix(&json);
+            let n = u64::from_le_bytes(p[..8].try_into().unwrap()) as usize;
+            assert_eq!(n % 8, 0);
+            assert!((1..=8).contains(&(n - len)), "{len}");
+            assert_eq!(p.len(), 8 + n);
+        }
+    }
+
+    #[test]
+    fn round_trip_and_zero_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model-000000-of-000001.safetensors");
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[1, 3]).unwrap();
+        let b = Tensor::from_slice(&[7i64, -1], &[2]).unwrap();
+        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap().transpose(0, 1).unwrap();
+        let blocks = vec![("a/part_0_1".to_string(), a.clone()), ("b^ ".into(), b.clone()), ("t^ ".into(), t.clone())];
+        let len = write(&p, &blocks).unwrap();
+        assert_eq!(len, std::fs::metadata(&p).unwrap().len());
+        let f = DataFile::open(&p).unwrap();
+        assert_eq!(f.entries().iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["a/part_0_1", "b^ ", "t^ "]);
+        assert_eq!(f.tensor("a/part_0_1").unwrap(), a);
+        assert_eq!(f.tensor("b^ ").unwrap().to_vec::<i64>().unwrap(), vec![7, -1]);
+        assert_eq!(f.tensor("t^ ").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+        assert!(f.tensor("a/part_0_1").unwrap().storage().is_mapped());
+        assert_eq!(f.entry("b^ ").unwrap().data_offsets, (12, 28));
+        assert!(matches!(f.tensor("nope"), Err(Error::NotFound { .. })));
+        let c = Tensor::zeros(DType::U32, &[1]).unwrap();
+        assert!(matches!(write(&p, &[("c".into(), c)]), Err(Error::UnsupportedDtype { .. })));
+        // The failed write left the previous file intact and no temporary behind.
+        assert!(DataFile::open(&p).is_ok());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        assert!(matches!(file(vec![1, 2, 3]), Err(Error::FileTooShort { len: 3, .. })));
+        let mut past = 64u64.to_le_bytes().to_vec();
+        past.extend_from_slice(b"{}      ");
+        assert!(matches!(file(past), Err(Error::HeaderPastEnd { header_len: 64, file_len: 16, .. })));
+        assert!(matches!(file(u64::MAX.to_le_bytes().to_vec()), Err(Error::HeaderTooLarge { .. })));
+        let with = |json: &str, data: usize| {
+            let mut v = header_prefix(json);
+            v.extend(std::iter::repeat_n(0u8, data));
+            file(v)
+        };
+        assert!(with("{}", 0).unwrap().entries().is_empty());
+        assert!(matches!(with("{", 0), Err(Error::Json { .. })));
+        assert!(matches!(with("[]", 0), Err(Error::BadHeader { .. })));
+        assert!(matches!(with(r#"{"a":{"shape":[1],"data_offsets":[0,4]}}"#, 4), Err(Error::BadHeader { .. })));
+        assert!(matches!(
+            with(r#"{"a":{"dtype":"Q9","shape":[1],"data_offsets":[0,4]}}"#, 4),
+            Err(Error::UnknownDtype { .. })
+        ));
+        assert!(matches!(
+            with(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, 4),
+            Err(Error::BadOffsets { .. })
+        ));
+        assert!(matches!(
+            with(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 8),
+            Err(Error::BadOffsets { .. })
+        ));
+        assert!(matches!(
+            with(
+                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}}"#,
+                6
+            ),
+            Err(Error::BadOffsets { .. })
+        ));
+        assert!(matches!(
+            with(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#, 8),
+            Err(Error::BadOffsets { .. })
+        ));
+        assert!(matches!(
+            with(r#"{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}}"#, 4),
+            Err(Error::BadOffsets { .. })
+        ));
+        // Trailing bytes other than spaces after the JSON.
+        let mut v = 8u64.to_le_bytes().to_vec();
+        v.extend_from_slice(b"{}    xx");
+        assert!(matches!(file(v), Err(Error::Json { .. })));
+        // __metadata__ is skipped, the lower-case bool accepted.
+        let ok = with(r#"{"__metadata__":{"format":"pt"},"f^ ":{"dtype":"bool","shape":[2],"data_offsets":[0,2]}}"#, 2)
+            .unwrap();
+        assert_eq!(ok.entries().len(), 1);
+        assert_eq!(ok.entries()[0].dtype, DType::Bool);
+        assert_eq!(ok.entries()[0].dtype_str, "bool");
+    }
+}

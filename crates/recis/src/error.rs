@@ -1,0 +1,355 @@
+//! Errors of the RecIS checkpoint codec: one variant per rule, each naming the file or block and saying what
+//! was expected and what was found.
+
+use std::path::PathBuf;
+
+/// What went wrong reading, writing or resharding a RecIS checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error on a path.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file the checkpoint needs is not there (`index`, `tensorkey.json`, `io_state_count`, ...).
+    #[error("{}: missing; {what}", path.display())]
+    MissingFile {
+        /// The file that was looked for.
+        path: PathBuf,
+        /// Why it is needed.
+        what: &'static str,
+    },
+    /// `index` names a data file that does not exist.
+    #[error("{}: the index names data file {file:?} (file id {file_id}), which does not exist", index.display())]
+    MissingDataFile {
+        /// The `index` file.
+        index: PathBuf,
+        /// The data file's name.
+        file: String,
+        /// Its id in `file_index`.
+        file_id: u64,
+    },
+    /// A JSON file (`index`, `tensorkey.json`, a data-file header) is not valid JSON.
+    #[error("{}: invalid JSON: {message}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// serde_json's message (with line and column).
+        message: String,
+    },
+    /// `index` is JSON, but not `{"block_index": {key: file id}, "file_index": {file name: file id}}`.
+    #[error("{}: not a RecIS index: {reason}", path.display())]
+    BadIndex {
+        /// The `index` file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `index` is a newline-separated list of data files: the pre-`tensorkey.json` ("v1") layout.
+    #[error(
+        "{}: this is a legacy (v1) RecIS index, a list of data-file paths; only the current layout with \
+         tensorkey.json is supported (convert it with RecIS's convert_v1_to_v2 first)",
+        path.display()
+    )]
+    LegacyIndex {
+        /// The `index` file.
+        path: PathBuf,
+    },
+    /// `tensorkey.json` is JSON, but not an object of strings.
+    #[error("{}: not a RecIS tensorkey.json: {reason}", path.display())]
+    BadTensorKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A block of `index` refers to a file id that `file_index` does not define.
+    #[error("block {key:?} is in file id {file_id}, which file_index does not define")]
+    UnknownFileId {
+        /// The on-disk block key.
+        key: String,
+        /// The file id.
+        file_id: u64,
+    },
+    /// Two data files share a file id in `file_index`.
+    #[error("file_index gives id {file_id} to both {first:?} and {second:?}")]
+    DuplicateFileId {
+        /// The id.
+        file_id: u64,
+        /// One file.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// An internal block name has no `^` separating the tensor name from the slice string.
+    #[error("block {key:?}: internal block name {name:?} is not `tensor^slice` (expected exactly one `^`)")]
+    BlockNameWithoutCaret {
+        /// The on-disk key.
+        key: String,
+        /// The internal block name (after `tensorkey.json`).
+        name: String,
+    },
+    /// A slice string is not `begin@end@size` with `0 <= begin <= end <= size`, `0 < size <= i32::MAX`.
+    #[error("slice string {slice:?}: {reason}")]
+    BadSlice {
+        /// The slice string.
+        slice: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A name cannot be used: a sparse tensor name without `child@slot`, a name containing `^`, ...
+    #[error("name {name:?}: {reason}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A data file is shorter than its 8-byte header length.
+    #[error("{}: {len} bytes, too short for the 8-byte header length", path.display())]
+    FileTooShort {
+        /// The data file.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+    /// A data file's header length points past the end of the file.
+    #[error("{}: header length {header_len} runs past the end of the {file_len}-byte file", path.display())]
+    HeaderPastEnd {
+        /// The data file.
+        path: PathBuf,
+        /// The header length read from the first 8 bytes.
+        header_len: u64,
+        /// The file's length.
+        file_len: usize,
+    },
+    /// A data file's header length is over the limit (100 MB, as in safetensors).
+    #[error("{}: header length {header_len} exceeds the limit of {limit} bytes", path.display())]
+    HeaderTooLarge {
+        /// The data file.
+        path: PathBuf,
+        /// The header length.
+        header_len: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A data file's header is JSON but not a map of `{dtype, shape, data_offsets}` entries.
+    #[error("{}: bad header: {reason}", path.display())]
+    BadHeader {
+        /// The data file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A block's dtype string is not one RecIS (or safetensors) defines.
+    #[error("{}: block {key:?} has unknown dtype {dtype:?}", path.display())]
+    UnknownDtype {
+        /// The data file.
+        path: PathBuf,
+        /// The block key.
+        key: String,
+        /// The dtype string.
+        dtype: String,
+    },
+    /// A block's `data_offsets` do not match its dtype and shape, overlap another block, leave a gap, or run
+    /// past the data region.
+    #[error("{}: block {key:?}: {reason}", path.display())]
+    BadOffsets {
+        /// The data file.
+        path: PathBuf,
+        /// The block key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `index` places a block in a data file whose header does not list it.
+    #[error("{}: the index places block {key:?} here, but the file's header does not list it", path.display())]
+    BlockNotInFile {
+        /// The data file.
+        path: PathBuf,
+        /// The block key.
+        key: String,
+    },
+    /// Two blocks have the same key or the same internal name (two shards writing one table slice).
+    #[error("block {key:?} is defined twice ({detail})")]
+    DuplicateBlock {
+        /// The key or internal block name.
+        key: String,
+        /// Where.
+        detail: String,
+    },
+    /// A table's id block and one of its slot blocks (or an id list and a slot given by the caller) have
+    /// different row counts.
+    #[error("table {child:?} slice {slice}: {ids} ids but slot {slot:?} has {rows} rows")]
+    RowCountMismatch {
+        /// The child table.
+        child: String,
+        /// The slice string.
+        slice: String,
+        /// Number of ids.
+        ids: usize,
+        /// The slot.
+        slot: String,
+        /// Its row count.
+        rows: usize,
+    },
+    /// A table slice has slot blocks but no `id` block.
+    #[error("table {child:?} slice {slice}: slot blocks without an `{child}@id` block")]
+    MissingIdBlock {
+        /// The child table.
+        child: String,
+        /// The slice string.
+        slice: String,
+    },
+    /// A table slice has an `id` block but no slot block (RecIS's loader rejects this too).
+    #[error("table {child:?} slice {slice}: an id block without any slot block")]
+    NoSlotBlocks {
+        /// The child table.
+        child: String,
+        /// The slice string.
+        slice: String,
+    },
+    /// An id block is not a 1-D int64 tensor.
+    #[error("table {child:?} slice {slice}: the id block is {dtype} {shape:?}, expected a 1-D int64 tensor")]
+    BadIdBlock {
+        /// The child table.
+        child: String,
+        /// The slice string.
+        slice: String,
+        /// Its dtype.
+        dtype: ckpt_core::DType,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A slot's dtype or row shape differs between slices of one table, or is not what the caller expects.
+    #[error("table {child:?} slot {slot:?}: {reason}")]
+    SlotMismatch {
+        /// The child table.
+        child: String,
+        /// The slot.
+        slot: String,
+        /// What differs.
+        reason: String,
+    },
+    /// An id occurs twice in one table.
+    #[error("table {child:?}: id {id} occurs more than once")]
+    DuplicateId {
+        /// The child table.
+        child: String,
+        /// The id.
+        id: i64,
+    },
+    /// A coalesced id names a child index the table does not have.
+    #[error("coalesced id {encoded:#x} has child index {index}, but the table has {children} children")]
+    BadChildIndex {
+        /// The encoded id.
+        encoded: i64,
+        /// The child index in its top 12 bits.
+        index: usize,
+        /// Number of children.
+        children: usize,
+    },
+    /// A table's slices do not share one `slice_size`, or it differs from the one asked for.
+    #[error("table {child:?}: slice_size {found} where {expected} is needed (RecIS skips such blocks silently)")]
+    SliceSizeMismatch {
+        /// The child table.
+        child: String,
+        /// The slice size needed.
+        expected: u32,
+        /// The slice size found.
+        found: u32,
+    },
+    /// The checkpoint has no tensor, table or entry by that name.
+    #[error("no {what} named {name:?} in the checkpoint")]
+    NotFound {
+        /// What was looked for (`tensor`, `table`, `entry`, ...).
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// RecIS cannot write (or read back) a tensor of this dtype.
+    #[error("{name:?}: RecIS cannot store dtype {dtype} (only float64/32/16, bfloat16, int64/32/16/8, uint8, bool)")]
+    UnsupportedDtype {
+        /// The tensor.
+        name: String,
+        /// Its dtype.
+        dtype: ckpt_core::DType,
+    },
+    /// An argument is out of range (`parallel` 0, a shard index not below the shard count, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Another shard of a multi-shard save failed.
+    #[error("shard {shard} failed: {message}")]
+    ShardFailed {
+        /// The shard that failed.
+        shard: usize,
+        /// Its error.
+        message: String,
+    },
+    /// The shards of a multi-shard save disagree or are incomplete.
+    #[error("shard metadata: {0}")]
+    BadShardMeta(String),
+    /// A checkpoint id cannot be used as a directory name or a line of the `checkpoint` list.
+    #[error("checkpoint id {id:?}: {reason}")]
+    BadCheckpointId {
+        /// The id.
+        id: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The `checkpoint` list is missing or empty, so there is no latest checkpoint.
+    #[error("{}: no checkpoint is listed", path.display())]
+    NoCheckpoint {
+        /// The `checkpoint` list file.
+        path: PathBuf,
+    },
+    /// `io_state_count` does not hold a shard count, or differs from the count the caller runs with.
+    #[error("{}: {reason}", path.display())]
+    IoStateCount {
+        /// The `io_state_count` file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A `model.pt` / `extra.pt` / `io_state_*.pt` file could not be read or written.
+    #[error(transparent)]
+    Torch(#[from] ckpt_torch::Error),
+    /// A tensor operation failed (allocation, bad view).
+    #[error(transparent)]
+    Core(#[from] ckpt_core::Error),
+}
+
+impl Error {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}
+
+/// `Result` with the RecIS codec's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Converts to the core error at the facade boundary, keeping who is at fault.
+impl From<Error> for ckpt_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(c) => c,
+            Error::Io { path, source } => ckpt_core::Error::Io { path, source },
+            Error::Torch(t) => ckpt_torch::to_core(t),
+            e @ (Error::NotFound { .. }
+            | Error::InvalidArgument(_)
+            | Error::BadName { .. }
+            | Error::BadCheckpointId { .. }) => ckpt_core::Error::InvalidArgument(e.to_string()),
+            e @ (Error::UnsupportedDtype { .. } | Error::LegacyIndex { .. }) => {
+                ckpt_core::Error::Unsupported(e.to_string())
+            }
+            e @ Error::HeaderTooLarge { .. } => ckpt_core::Error::Limit(e.to_string()),
+            e => ckpt_core::Error::Malformed(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The output directory of RecIS's checkpoint manager (`recis/framework/checkpoint_manager.py`): one
+//! directory per checkpoint id (`ckpt_<global_step>`), and the `checkpoint` list, one id per line, latest
+//! last.
+//!
+//! Differences from RecIS, all on the safe side:
+//! * **Atomic checkpoints.** Every shard writes into a staging directory `.<id>.tmp`; once all shards are
+//!   done, shard 0 renames it to `<id>` and only then lists the id. A crash never leaves a listed but
+//!   incomplete checkpoint, and the list itself is replaced atomically (temporary file, fsync, rename).
+//! * **Rotation across processes.** `max_keep` is applied to the list read from disk, not to an in-memory
+//!   list, so checkpoints saved by earlier processes are evicted too. The list is rewritten without the
+//!   evicted ids before their directories are removed.
+//! * Saving an id that is already listed moves it to the end instead of listing it twice.
+
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{Collective, Tensor, Value};
+
+use crate::checkpoint::Checkpoint;
+use crate::dense;
+use crate::error::{Error, Result};
+use crate::name::Shard;
+use crate::table::HashTable;
+use crate::writer::{SaveOptions, ShardMeta, exchange, shard_blocks, write_meta, write_shard_files, write_text};
+
+/// The name of the list file.
+pub const CHECKPOINT_LIST: &str = "checkpoint";
+
+/// The id RecIS's trainer gives the checkpoint of a global step: `ckpt_<step>`.
+pub fn checkpoint_id(step: i64) -> String {
+    format!("ckpt_{step}")
+}
+
+/// The global step of a `ckpt_<step>` id.
+pub fn checkpoint_step(id: &str) -> Option<i64> {
+    id.strip_prefix("ckpt_")?.parse().ok()
+}
+
+/// What one shard saves: its hash tables, the sparse-side dense tensors (optimizer scalars; written by
+/// shard 0 only), and the torch-saved state (`model.pt` and `extra.pt` by shard 0, each shard's io state).
+#[derive(Debug, Clone, Default)]
+pub struct ShardState {
+    /// This shard's hash tables, in state-dict order.
+    pub tables: Vec<HashTable>,
+    /// Dense tensors saved in the data files (`sparse_adamw_step`, `sparse_adamw_beta1`, ...).
+    pub dense: Vec<(String, Tensor)>,
+    /// `model.pt`: the dense model state dict (shard 0).
+    pub model: Option<Value>,
+    /// `extra.pt`: `{name: state}` (shard 0).
+    pub extra: Option<Value>,
+    /// `io_state_<shard>.pt`: `{io name: io state}`; shard 0 also writes `io_state_count` when it has one.
+    pub io_state: Option<Value>,
+}
+
+/// A checkpoint output directory.
+///
+/// ```
+/// use ckpt_core::{SingleProcess, Tensor, Value};
+/// use ckpt_recis::{CheckpointManager, HashTable, ShardState, SliceInfo, Slot, TableChild, checkpoint_id};
+/// let root = tempfile::tempdir().unwrap();
+/// let manager = CheckpointManager::new(root.path()).with_max_keep(2);
+/// let emb = Tensor::from_slice(&[0.5f32, 1.5], &[2, 1]).unwrap();
+/// let child = TableChild::new("user", vec![7, 9], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
+/// let state = ShardState { tables: vec![HashTable::single(SliceInfo::full(65536).unwrap(), child)], ..Default::default() };
+/// for step in [100, 200, 300] {
+///     manager.save(&checkpoint_id(step), &SingleProcess, &state).unwrap();
+/// }
+/// assert_eq!(manager.list().unwrap(), ["ckpt_200", "ckpt_300"]);
+/// let latest = manager.open_latest().unwrap();
+/// assert_eq!(latest.sparse().child("user").unwrap().position(9).unwrap(), Some(1));
+/// ```
+#[derive(Debug, Clone)]
+pub struct CheckpointManager {
+    root: PathBuf,
+    max_keep: Option<NonZeroUsize>,
+    options: SaveOptions,
+}
+
+impl CheckpointManager {
+    /// The output directory `root`, keeping the latest checkpoint only (RecIS's default `max_keep=1`).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        CheckpointManager { root: root.into(), max_keep: NonZeroUsize::new(1), options: SaveOptions::default() }
+    }
+
+    /// Keeps the latest `max_keep` checkpoints; 0 keeps every checkpoint.
+    pub fn with_max_keep(mut self, max_keep: usize) -> Self {
+        self.max_keep = NonZeroUsize::new(max_keep);
+        self
+    }
+
+    /// Saves with `options` (data files per shard, torch-rank JSON).
+    pub fn with_save_options(mut self, options: SaveOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The output directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The listed checkpoint ids, oldest first (non-empty lines, trimmed, as RecIS reads them). Empty when
+    /// there is no list yet.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn list(&self) -> Result<Vec<String>> {
+        let path = self.root.join(CHECKPOINT_LIST);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(String::from_utf8_lossy(&bytes)
+                .split('\n')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    /// The latest checkpoint id (the last non-empty line of the list).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn latest(&self) -> Result<Option<String>> {
+        Ok(self.list()?.pop())
+    }
+
+    /// The directory of checkpoint `id`.
+    ///
+    /// # Errors
+    /// [`Error::BadCheckpointId`].
+    pub fn path_of(&self, id: &str) -> Result<PathBuf> {
+        check_id(id)?;
+        Ok(self.root.join(id))
+    }
+
+    /// Opens checkpoint `id` (listed or not, as RecIS's `load(ckpt_id=…)`).
+    ///
+    /// # Errors
+    /// [`Error::BadCheckpointId`], and the errors of [`Checkpoint::open`].
+    pub fn open(&self, id: &str) -> Result<Checkpoint> {
+        Checkpoint::open(&self.path_of(id)?)
+    }
+
+    /// Opens the latest listed checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::NoCheckpoint`] when none is listed; as [`CheckpointManager::open`].
+    pub fn open_latest(&self) -> Result<Checkpoint> {
+        let id = self.latest()?.ok_or_else(|| Error::NoCheckpoint { path: self.root.join(CHECKPOINT_LIST) })?;
+        self.open(&id)
+    }
+
+    /// Saves checkpoint `id`: every rank of `collective` calls it with its own state (rank r is shard r of
+    /// `world_size`), and every rank returns once the checkpoint is complete, listed and rotated, with the
+    /// same outcome. Returns the checkpoint's directory.
+    ///
+    /// Shard 0 prepares the staging directory; every shard writes its data files and io state; shard 0
+    /// writes `model.pt`, `extra.pt`, `io_state_count`, merges the shards' metadata into `index`,
+    /// `tensorkey.json` and the torch-rank JSON, renames the staging directory into place, appends `id` to
+    /// the list and evicts the oldest checkpoints beyond `max_keep`.
+    ///
+    /// # Errors
+    /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed.
+    pub fn save<C: Collective + ?Sized>(&self, id: &str, collective: &C, state: &ShardState) -> Result<PathBuf> {
+        check_id(id)?;
+        let final_dir = self.root.join(id);
+        let staging = self.root.join(format!(".{id}.tmp"));
+        let shard = Shard::new(collective.rank(), collective.world_size());
+        // Phase 1: shard 0 prepares an empty staging directory.
+        let prepared = if collective.rank() == 0 { self.prepare(&staging) } else { Ok(()) };
+        let prepare_outcome = match &prepared {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().into_bytes(),
+        };
+        let prepare_outcome = collective.broadcast(prepare_outcome, 0).map_err(crate::data_file::from_core)?;
+        prepared?;
+        if !prepare_outcome.is_empty() {
+            return Err(Error::ShardFailed { shard: 0, message: String::from_utf8_lossy(&prepare_outcome).into() });
+        }
+        // Phase 2: every shard writes; shard 0 merges and commits.
+        let local = shard.and_then(|shard| self.write_shard(&staging, shard, state));
+        let outcome = exchange(collective, local, |metas| {
+            write_meta(&staging, &metas, &self.options)?;
+            self.commit(id, &staging, &final_dir)
+        });
+        if outcome.is_err() && collective.rank() == 0 {
+            // Every rank has stopped writing (the exchange is a barrier): drop the partial checkpoint.
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        outcome.map(|()| final_dir)
+    }
+
+    fn prepare(&self, staging: &Path) -> Result<()> {
+        std::fs::create_dir_all(&self.root).map_err(|e| Error::io(&self.root, e))?;
+        if staging.exists() {
+            std::fs::remove_dir_all(staging).map_err(|e| Error::io(staging, e))?;
+        }
+        std::fs::create_dir(staging).map_err(|e| Error::io(staging, e))
+    }
+
+    fn write_shard(&self, staging: &Path, shard: Shard, state: &ShardState) -> Result<ShardMeta> {
+        let blocks = shard_blocks(&state.tables, &state.dense, shard)?;
+        let meta = write_shard_files(staging, shard, self.options.parallel, &blocks)?;
+        if let Some(io) = &state.io_state {
+            dense::write_io_state(staging, shard.index(), io)?;
+        }
+        if shard.index() == 0 {
+            if let Some(m) = &state.model {
+                dense::write_model(staging, m)?;
+            }
+            if let Some(e) = &state.extra {
+                dense::write_extra(staging, e)?;
+            }
+            if state.io_state.is_some() {
+                dense::write_io_state_count(staging, shard.num())?;
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Shard 0, after every shard has written: move the staging directory into place, list the id, rotate.
+    fn commit(&self, id: &str, staging: &Path, final_dir: &Path) -> Result<()> {
+        ckpt_core::atomic::sync_dir(staging).map_err(crate::data_file::from_core)?;
+        if final_dir.exists() {
+            let old = self.root.join(format!(".{id}.old"));
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+            }
+            std::fs::rename(final_dir, &old).map_err(|e| Error::io(final_dir, e))?;
+            std::fs::rename(staging, final_dir).map_err(|e| Error::io(staging, e))?;
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        } else {
+            std::fs::rename(staging, final_dir).map_err(|e| Error::io(staging, e))?;
+        }
+        ckpt_core::atomic::sync_dir(&self.root).map_err(crate::data_file::from_core)?;
+        let mut list = self.list()?;
+        list.retain(|l| l != id);
+        list.push(id.to_owned());
+        let mut evicted = Vec::new();
+        if let Some(keep) = self.max_keep {
+            while list.len() > keep.get() {
+                evicted.push(list.remove(0));
+            }
+        }
+        self.write_list(&list)?;
+        for old in evicted {
+            // Ids from a hand-edited list may not be valid directory names; never touch those.
+            if check_id(&old).is_err() {
+                continue;
+            }
+            let dir = self.root.join(&old);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(dir, e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_list(&self, ids: &[String]) -> Result<()> {
+        let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
+        write_text(&self.root.join(CHECKPOINT_LIST), &text)
+    }
+}
+
+/// A checkpoint id must be one plain directory name that fits on one line of the list.
+fn check_id(id: &str) -> Result<()> {
+    let bad = |reason| Err(Error::BadCheckpointId { id: id.into(), reason });
+    if id.is_empty() || id.trim() != id {
+        return bad("must be non-empty without surrounding whitespace");
+    }
+    if id.contains(['/', '\\', '\n', '\r', '\0']) {
+        return bad("must be a single directory name on one line");
+    }
+    if id.starts_with('.') {
+        return bad("may not start with `.` (reserved for staging directories, `.` and `..`)");
+    }
+    if id == CHECKPOINT_LIST {
+        return bad("is the name of the checkpoint list");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert_eq!(checkpoint_id(1000), "ckpt_1000");
+        assert_eq!(checkpoint_step("ckpt_1000"), Some(1000));
+        assert_eq!(checkpoint_step("best"), None);
+        for bad in ["", "a/b", "..", ".x", " a", "a\nb", "checkpoint"] {
+            assert!(matches!(check_id(bad), Err(Error::BadCheckpointId { .. })), "{bad:?}");
+        }
+        check_id("ckpt_5").unwrap();
+    }
+}

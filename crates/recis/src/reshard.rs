@@ -1,0 +1,110 @@
+//! Resharding: any shard count into any other, with RecIS's loader rule.
+//!
+//! A shard r of N holds, of every child table, the ids `x` with `partition(x)` in `gen_slice(r, N,
+//! slice_size)`; with [`IdPartition::Unsigned`] that is `(x as u64) % slice_size`, what RecIS's loader
+//! keeps (`MarkIdAcceptable`). Every source slice is scanned, so every id lands in exactly one target shard
+//! whatever rule placed it in the source (see [`SparseCheckpoint::load_child`] and [`IdPartition`] on
+//! negative ids). Dense blocks go to shard 0. `slice_size` is kept per table.
+
+use std::path::Path;
+
+use ckpt_core::Tensor;
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::name::{IdPartition, Shard, gen_slice};
+use crate::reader::SparseCheckpoint;
+use crate::table::{HashTable, TableChild};
+use crate::writer::{SaveOptions, shard_blocks, write_meta, write_shard_files};
+
+/// Options of a reshard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReshardOptions {
+    /// How the new shards are written.
+    pub save: SaveOptions,
+    /// The partition rule deciding which new shard holds an id.
+    pub partition: IdPartition,
+}
+
+impl ReshardOptions {
+    /// Default options with `partition`.
+    pub fn with_partition(mut self, partition: IdPartition) -> Self {
+        self.partition = partition;
+        self
+    }
+
+    /// Default options with `save`.
+    pub fn with_save(mut self, save: SaveOptions) -> Self {
+        self.save = save;
+        self
+    }
+}
+
+/// What shard `shard` of a new job loads from `src`: every child table restricted to the shard's slice
+/// (`gen_slice(shard, shards, slice_size)` of the table's own `slice_size`), in child order.
+///
+/// # Errors
+/// As [`SparseCheckpoint::load_child`].
+pub fn load_shard(src: &SparseCheckpoint, shard: Shard, partition: IdPartition) -> Result<Vec<HashTable>> {
+    src.children()
+        .iter()
+        .map(|child| {
+            let size = src.slice_size(child)?;
+            let slice = gen_slice(shard.index(), shard.num(), size)?;
+            let table: TableChild = src.load_child(child, slice, partition)?;
+            Ok(HashTable::single(slice, table))
+        })
+        .collect()
+}
+
+/// Writes `src`'s tables and dense blocks into `dst` (an existing, empty directory) as `shards` shards,
+/// each holding its [`load_shard`] part, shards written in parallel.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_shard_files`].
+pub fn reshard(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+    if shards == 0 {
+        return Err(Error::InvalidArgument("resharding into 0 shards".into()));
+    }
+    let dense: Vec<(String, Tensor)> =
+        src.dense_names().into_iter().map(|n| Ok((n.to_owned(), src.dense(n)?))).collect::<Result<_>>()?;
+    let metas = (0..shards)
+        .into_par_iter()
+        .map(|r| {
+            let shard = Shard::new(r, shards)?;
+            let tables = load_shard(src, shard, options.partition)?;
+            let blocks = shard_blocks(&tables, &dense, shard)?;
+            write_shard_files(dst, shard, options.save.parallel, &blocks)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    write_meta(dst, &metas, &options.save)
+}
+
+/// Reshards a whole checkpoint directory: the sparse part with [`reshard`], and `model.pt` and `extra.pt`
+/// copied unchanged (atomically). Io states are not copied: they belong to the old workers, and RecIS
+/// refuses to load them with another worker count.
+///
+/// # Errors
+/// As [`reshard`], plus [`Error::Io`].
+pub fn reshard_dir(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+    std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
+    let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
+        SparseCheckpoint::open(src)?
+    } else {
+        SparseCheckpoint::empty(src)
+    };
+    reshard(&sparse, dst, shards, options)?;
+    for f in [crate::dense::MODEL_FILE, crate::dense::EXTRA_FILE] {
+        let from = src.join(f);
+        if from.is_file() {
+            let to = dst.join(f);
+            ckpt_core::atomic::write_atomic(&to, |w| {
+                let mut r = std::fs::File::open(&from).map_err(|e| ckpt_core::Error::io(&from, e))?;
+                std::io::copy(&mut r, w).map(|_| ()).map_err(|e| ckpt_core::Error::io(&to, e))
+            })
+            .map_err(crate::data_file::from_core)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! Writing the serializer's part of a checkpoint, as RecIS's `Saver` (`csrc/serialize/saver.cc`,
+//! `save_bundle.cc`) does, byte for byte: per shard, blocks go round robin to `parallel` data files; shard 0
+//! merges every shard's index and tensor keys into `index`, `tensorkey.json` and
+//! `torch_rank_weights_embs_table_multi_shard.json`.
+//!
+//! Differences from RecIS, all on the safe side: every file is committed atomically (temporary file, fsync,
+//! rename); shards exchange their metadata through a [`Collective`] instead of polling the file system
+//! every 100 s (so there is no deadlock when a shard has fewer blocks than `parallel`); `index` is written
+//! last, so its presence means the other files are complete; names, dtypes and duplicate blocks that RecIS
+//! would write but could not load back are rejected; bool tensors are written as `BOOL`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ckpt_core::{Collective, DType, Tensor};
+use rayon::prelude::*;
+use serde_json::{Value as Json, json};
+
+use crate::data_file;
+use crate::dtype;
+use crate::error::{Error, Result};
+use crate::index::{INDEX_FILE, Index};
+use crate::name::{
+    BlockSlice, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key, part_name,
+    slot_tensor_name, split_tensor_name,
+};
+use crate::table::HashTable;
+use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
+use crate::torch_rank::{self, RankEntry, TORCH_RANK_FILE};
+
+/// Options of a save.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SaveOptions {
+    /// Data files per shard (RecIS's `parallel` / `concurrency`); blocks are dealt to them round robin and
+    /// they are written in parallel. Default 4, as RecIS's checkpoint manager.
+    pub parallel: usize,
+    /// Also write `torch_rank_weights_embs_table_multi_shard.json` (informational; RecIS never reads it).
+    /// Default `true`.
+    pub torch_rank_json: bool,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        SaveOptions { parallel: 4, torch_rank_json: true }
+    }
+}
+
+impl SaveOptions {
+    /// Default options with `parallel` data files per shard.
+    pub fn with_parallel(mut self, parallel: usize) -> Self {
+        self.parallel = parallel;
+        self
+    }
+
+    /// Default options, writing the torch-rank JSON or not.
+    pub fn with_torch_rank_json(mut self, write: bool) -> Self {
+        self.torch_rank_json = write;
+        self
+    }
+}
+
+/// One block to write: an internal tensor name (`child@slot`, or a dense name), its slice, and its data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Block {
+    tensor_name: String,
+    slice: BlockSlice,
+    tensor: Tensor,
+}
+
+impl Block {
+    /// The block of slot `slot` (or `id`) of table child `child`, holding `slice`.
+    ///
+    /// # Errors
+    /// [`Error::BadName`] for names RecIS could not load back; [`Error::UnsupportedDtype`].
+    pub fn table(child: &str, slot: &str, slice: SliceInfo, tensor: Tensor) -> Result<Self> {
+        check_name(child, "table")?;
+        check_name(slot, "slot")?;
+        if slot.contains('@') {
+            return Err(Error::BadName { name: slot.into(), reason: "slot names may not contain `@`".into() });
+        }
+        let tensor_name = slot_tensor_name(child, slot);
+        dtype::to_header(tensor.dtype(), &tensor_name)?;
+        Ok(Block { tensor_name, slice: BlockSlice::Table(slice), tensor })
+    }
+
+    /// A dense tensor block (written only by shard 0, under the key `name^ `).
+    ///
+    /// # Errors
+    /// [`Error::BadName`] for a name containing `^` or `/part_` (RecIS would write a key its loader cannot
+    /// find); [`Error::UnsupportedDtype`].
+    pub fn dense(name: &str, tensor: Tensor) -> Result<Self> {
+        check_name(name, "tensor")?;
+        if name.contains("/part_") {
+            return Err(Error::BadName {
+                name: name.into(),
+                reason: "dense names may not contain `/part_` (RecIS writes such a block under a key it cannot load)"
+                    .into(),
+            });
+        }
+        dtype::to_header(tensor.dtype(), name)?;
+        Ok(Block { tensor_name: name.into(), slice: BlockSlice::Dense, tensor })
+    }
+
+    /// The internal tensor name (`tbl@embedding`, `w`).
+    pub fn tensor_name(&self) -> &str {
+        &self.tensor_name
+    }
+
+    /// The slice (dense or a table slice).
+    pub fn slice(&self) -> BlockSlice {
+        self.slice
+    }
+
+    /// The data.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// Whether this is a dense block.
+    pub fn is_dense(&self) -> bool {
+        self.slice == BlockSlice::Dense
+    }
+
+    /// The internal block name (`tbl@embedding^00000@32768@65536`, `w^ `).
+    pub fn block_name(&self) -> String {
+        block_name(&self.tensor_name, &self.slice)
+    }
+
+    /// The on-disk key this block gets when `shard` writes it: a part name, or `name^ `.
+    pub fn key(&self, shard: Shard) -> String {
+        match self.slice {
+            BlockSlice::Dense => dense_key(&self.tensor_name),
+            BlockSlice::Table(_) => part_name(&self.tensor_name, shard),
+        }
+    }
+}
+
+/// A table's blocks in RecIS's order: for each child, its id block, then one block per slot.
+///
+/// # Errors
+/// [`Error::BadName`] or [`Error::UnsupportedDtype`] from [`Block::table`].
+pub fn table_blocks(table: &HashTable) -> Result<Vec<Block>> {
+    let slice = table.slice();
+    let mut out = Vec::new();
+    for child in table.children() {
+        out.push(Block::table(child.name(), ID_SLOT, slice, child.id_tensor().clone())?);
+        for s in child.slots() {
+            out.push(Block::table(child.name(), s.name(), slice, s.tensor().clone())?);
+        }
+    }
+    Ok(out)
+}
+
+/// The blocks one shard writes, in RecIS's order (`Saver::MakeWriteBlocks`): every table's blocks in
+/// table order, then, on shard 0 only, the dense tensors in order (other shards drop theirs, as RecIS does).
+///
+/// # Errors
+/// As [`table_blocks`] and [`Block::dense`].
+pub fn shard_blocks(tables: &[HashTable], dense: &[(String, Tensor)], shard: Shard) -> Result<Vec<Block>> {
+    let mut out = Vec::new();
+    for t in tables {
+        out.extend(table_blocks(t)?);
+    }
+    if shard.index() == 0 {
+        for (name, t) in dense {
+            out.push(Block::dense(name, t.clone())?);
+        }
+    }
+    Ok(out)
+}
+
+/// What one shard wrote, for shard 0 to merge: its index (local file ids), its tensor keys, and its
+/// header entries (for the torch-rank JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardMeta {
+    /// The shard.
+    pub shard: Shard,
+    /// The shard's index: its data files with local ids `0..`, in order of first use.
+    pub index: Index,
+    /// Part name → internal block name for the shard's table blocks.
+    pub tensorkey: TensorKey,
+    /// Every block written, with its offsets.
+    pub entries: Vec<RankEntry>,
+}
+
+impl ShardMeta {
+    /// Serializes for exchange between shards.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let entries: Vec<Json> = self
+            .entries
+            .iter()
+            .map(|e| json!([e.key, e.dtype, e.shape, [e.data_offsets.0, e.data_offsets.1], e.dense]))
+            .collect();
+        json!({
+            "shard": [self.shard.index(), self.shard.num()],
+            "index": self.index.to_json(),
+            "tensorkey": self.tensorkey.map,
+            "entries": entries,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// Parses [`ShardMeta::to_bytes`] output.
+    ///
+    /// # Errors
+    /// [`Error::BadShardMeta`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad = |what: &str| Error::BadShardMeta(format!("cannot decode a shard's metadata: {what}"));
+        let j: Json = serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
+        let uint = |v: &Json| v.as_u64().and_then(|n| usize::try_from(n).ok());
+        let shard = j.get("shard").and_then(Json::as_array).ok_or_else(|| bad("shard"))?;
+        let (Some(i), Some(n)) = (shard.first().and_then(uint), shard.get(1).and_then(uint)) else {
+            return Err(bad("shard"));
+        };
+        let shard = Shard::new(i, n)?;
+        let index_text = j.get("index").and_then(Json::as_str).ok_or_else(|| bad("index"))?;
+        let index = Index::parse(index_text.as_bytes(), Path::new(INDEX_FILE))?;
+        let tk = j.get("tensorkey").map(Json::to_string).ok_or_else(|| bad("tensorkey"))?;
+        let tensorkey = TensorKey::parse(tk.as_bytes(), Path::new(TENSORKEY_FILE))?;
+        let mut entries = Vec::new();
+        for e in j.get("entries").and_then(Json::as_array).ok_or_else(|| bad("entries"))? {
+            let a = e.as_array().ok_or_else(|| bad("entry"))?;
+            let key = a.first().and_then(Json::as_str).ok_or_else(|| bad("entry key"))?;
+            let dtype = a.get(1).and_then(Json::as_str).ok_or_else(|| bad("entry dtype"))?;
+            let shape = a
+                .get(2)
+                .and_then(Json::as_array)
+                .and_then(|s| s.iter().map(uint).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| bad("entry shape"))?;
+            let off = a.get(3).and_then(Json::as_array).ok_or_else(|| bad("entry offsets"))?;
+            let (Some(b), Some(end)) = (off.first().and_then(uint), off.get(1).and_then(uint)) else {
+                return Err(bad("entry offsets"));
+            };
+            let dense = a.get(4).and_then(Json::as_bool).ok_or_else(|| bad("entry dense"))?;
+            entries.push(RankEntry { key: key.into(), dtype: dtype.into(), shape, data_offsets: (b, end), dense });
+        }
+        Ok(ShardMeta { shard, index, tensorkey, entries })
+    }
+}
+
+/// Writes one shard's data files into `dir` (which must exist): block k goes to writer `k % parallel`,
+/// writer i writes `model-{shard*parallel+i:06}-of-{shards*parallel:06}.safetensors` (writers without blocks
+/// write nothing), all writers in parallel, each file atomically. Returns the shard's metadata for
+/// [`write_meta`].
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for `parallel` 0; [`Error::DuplicateBlock`] for two blocks with one key;
+/// [`Error::Io`].
+pub fn write_shard_files(dir: &Path, shard: Shard, parallel: usize, blocks: &[Block]) -> Result<ShardMeta> {
+    if parallel == 0 {
+        return Err(Error::InvalidArgument("parallel must be at least 1".into()));
+    }
+    let total = parallel
+        .checked_mul(shard.num())
+        .ok_or_else(|| Error::InvalidArgument(format!("{parallel} files for each of {} shards", shard.num())))?;
+    check_tables(blocks)?;
+    let mut tensorkey = TensorKey::default();
+    let mut index = Index::default();
+    let mut writers: Vec<Vec<(String, Tensor)>> = vec![Vec::new(); parallel.min(blocks.len())];
+    let mut seen = std::collections::HashSet::new();
+    for (k, b) in blocks.iter().enumerate() {
+        let key = b.key(shard);
+        if !seen.insert(key.clone()) {
+            return Err(Error::DuplicateBlock { key, detail: format!("twice in shard {}", shard.index()) });
+        }
+        if !b.is_dense() {
+            tensorkey.map.insert(key.clone(), b.block_name());
+        }
+        let w = k % parallel;
+        let file = data_file_name(shard.index() * parallel + w, total);
+        let next = index.file_index.len() as u64;
+        let id = *index.file_index.entry(file).or_insert(next);
+        index.block_index.insert(key.clone(), id);
+        if let Some(list) = writers.get_mut(w) {
+            list.push((key, b.tensor.clone()));
+        }
+    }
+    let results: Vec<Result<Vec<RankEntry>>> = writers
+        .par_iter()
+        .enumerate()
+        .map(|(w, list)| {
+            let path = dir.join(data_file_name(shard.index() * parallel + w, total));
+            data_file::write(&path, list)?;
+            let mut offset = 0;
+            let mut entries = Vec::with_capacity(list.len());
+            for ((key, t), b) in list.iter().zip(blocks.iter().skip(w).step_by(parallel)) {
+                let end = offset + t.nbytes();
+                entries.push(RankEntry {
+                    key: key.clone(),
+                    dtype: dtype::to_header(t.dtype(), key)?.into(),
+                    shape: t.shape().to_vec(),
+                    data_offsets: (offset, end),
+                    dense: b.is_dense(),
+                });
+                offset = end;
+            }
+            Ok(entries)
+        })
+        .collect();
+    let mut entries = Vec::new();
+    for r in results {
+        entries.extend(r?);
+    }
+    Ok(ShardMeta { shard, index, tensorkey, entries })
+}
+
+/// Every table slice among `blocks` must load back: an int64 1-D id block, at least one slot block, every
+/// slot with one row per id.
+fn check_tables(blocks: &[Block]) -> Result<()> {
+    /// (child, slice string) → (id block, slot blocks).
+    type Groups<'a> = BTreeMap<(&'a str, String), (Option<&'a Tensor>, Vec<(&'a str, &'a Tensor)>)>;
+    let mut groups: Groups = BTreeMap::new();
+    for b in blocks {
+        let BlockSlice::Table(slice) = b.slice else {
+            continue;
+        };
+        let (child, slot) = split_tensor_name(&b.tensor_name)?;
+        let g = groups.entry((child, slice.to_string())).or_default();
+        if slot == ID_SLOT {
+            g.0 = Some(&b.tensor);
+        } else {
+            g.1.push((slot, &b.tensor));
+        }
+    }
+    for ((child, slice), (ids, slots)) in groups {
+        let ids = ids.ok_or_else(|| Error::MissingIdBlock { child: child.into(), slice: slice.clone() })?;
+        if ids.dtype() != DType::I64 || ids.dim() != 1 {
+            return Err(Error::BadIdBlock {
+                child: child.into(),
+                slice,
+                dtype: ids.dtype(),
+                shape: ids.shape().to_vec(),
+            });
+        }
+        if slots.is_empty() {
+            return Err(Error::NoSlotBlocks { child: child.into(), slice });
+        }
+        for (slot, t) in slots {
+            let rows = t.shape().first().copied().unwrap_or(0);
+            if t.dim() == 0 || rows != ids.numel() {
+                return Err(Error::RowCountMismatch {
+                    child: child.into(),
+                    slice,
+                    ids: ids.numel(),
+                    slot: slot.into(),
+                    rows,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Merges every shard's metadata (in shard order, as RecIS's shard 0 does when all shards' files are
+/// present) and writes `tensorkey.json`, the torch-rank JSON (if asked) and, last, `index`, each atomically.
+///
+/// # Errors
+/// [`Error::BadShardMeta`] unless `metas` are shards `0..n` of `n`, in order; [`Error::DuplicateBlock`] if
+/// two shards wrote one block or one table slice; [`Error::Io`].
+pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &SaveOptions) -> Result<()> {
+    let n = metas.len();
+    for (i, m) in metas.iter().enumerate() {
+        if m.shard.index() != i || m.shard.num() != n {
+            return Err(Error::BadShardMeta(format!(
+                "expected shards 0..{n} of {n} in order, got shard {} of {} at position {i}",
+                m.shard.index(),
+                m.shard.num()
+            )));
+        }
+    }
+    let mut index = Index::default();
+    let mut tensorkey = TensorKey::default();
+    let mut entries = Vec::new();
+    for m in metas {
+        index.merge_from(&m.index)?;
+        tensorkey.merge_from(&m.tensorkey)?;
+        entries.extend(m.entries.iter().cloned());
+    }
+    write_text(&dir.join(TENSORKEY_FILE), &tensorkey.to_json())?;
+    if options.torch_rank_json {
+        write_text(&dir.join(TORCH_RANK_FILE), &torch_rank::to_json(&entries))?;
+    }
+    write_text(&dir.join(INDEX_FILE), &index.to_json())
+}
+
+/// Writes `text` to `path` atomically.
+pub(crate) fn write_text(path: &Path, text: &str) -> Result<()> {
+    ckpt_core::atomic::write_atomic(path, |w| {
+        std::io::Write::write_all(w, text.as_bytes()).map_err(|e| ckpt_core::Error::io(path, e))
+    })
+    .map_err(data_file::from_core)
+}
+
+/// Saves this rank's blocks as shard `collective.rank()` of `collective.world_size()`: writes its data
+/// files, then rank 0 merges every shard's metadata and writes `index`, `tensorkey.json` and the torch-rank
+/// JSON. Every rank returns once the checkpoint is complete, with the same outcome (a failure on any rank is
+/// reported on every rank, and no rank waits for ever).
+///
+/// Blocks must be in RecIS's order for RecIS-identical files ([`shard_blocks`] builds them); dense blocks
+/// are written only by rank 0, as in RecIS.
+///
+/// # Errors
+/// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed.
+pub fn save<C: Collective + ?Sized>(dir: &Path, collective: &C, blocks: &[Block], options: &SaveOptions) -> Result<()> {
+    let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
+        let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
+        write_shard_files(dir, shard, options.parallel, &blocks)
+    });
+    exchange(collective, local, |metas| write_meta(dir, &metas, options))
+}
+
+/// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save`].
+///
+/// # Errors
+/// As [`save`].
+pub fn save_tables<C: Collective + ?Sized>(
+    dir: &Path,
+    collective: &C,
+    tables: &[HashTable],
+    dense: &[(String, Tensor)],
+    options: &SaveOptions,
+) -> Result<()> {
+    let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
+        let blocks = shard_blocks(tables, dense, shard)?;
+        write_shard_files(dir, shard, options.parallel, &blocks)
+    });
+    exchange(collective, local, |metas| write_meta(dir, &metas, options))
+}
+
+/// The end of a multi-shard save: every rank sends its metadata (or its error) to rank 0, rank 0 runs
+/// `on_root` with all of them when none failed, and the outcome is broadcast so every rank returns the
+/// same result.
+pub(crate) fn exchange<C, F>(collective: &C, local: Result<ShardMeta>, on_root: F) -> Result<()>
+where
+    C: Collective + ?Sized,
+    F: FnOnce(Vec<ShardMeta>) -> Result<()>,
+{
+    let payload = match &local {
+        Ok(m) => [&[1u8][..], &m.to_bytes()].concat(),
+        Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+    };
+    let gathered = collective.gather(payload, 0).map_err(data_file::from_core)?;
+    let mut outcome = Vec::new();
+    if let Some(all) = gathered {
+        let result = (|| {
+            let mut metas = Vec::with_capacity(all.len());
+            for (rank, p) in all.iter().enumerate() {
+                match p.split_first() {
+                    Some((1, body)) => metas.push(ShardMeta::from_bytes(body)?),
+                    Some((_, msg)) => {
+                        return Err(Error::ShardFailed { shard: rank, message: String::from_utf8_lossy(msg).into() });
+                    }
+                    None => {
+                        return Err(Error::ShardFailed { shard: rank, message: "sent nothing".into() });
+                    }
+                }
+            }
+            on_root(metas)
+        })();
+        if let Err(e) = result {
+            outcome = match e {
+                Error::ShardFailed { shard, message } => json!([shard, message]),
+                e => json!([0, e.to_string()]),
+            }
+            .to_string()
+            .into_bytes();
+        }
+    }
+    let outcome = collective.broadcast(outcome, 0).map_err(data_file::from_core)?;
+    local?;
+    if outcome.is_empty() {
+        return Ok(());
+    }
+    let j: Json = serde_json::from_slice(&outcome).unwrap_or(Json::Null);
+    let shard = j.get(0).and_then(Json::as_u64).unwrap_or(0) as usize;
+    let message = j.get(1).and_then(Json::as_str).unwrap_or("unknown failure").to_owned();
+    Err(Error::ShardFailed { shard, message })
+}
