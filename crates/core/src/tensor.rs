@@ -284,19 +284,22 @@ impl Tensor {
     /// [`Error::Limit`] if a gather cannot allocate.
     pub fn stored_data(&self) -> Result<Cow<'_, [u8]>> {
         if self.is_contiguous() {
-            let start = self.storage_offset * self.dtype.size();
-            let bytes = self
-                .storage
-                .as_bytes()
-                .get(start..start + self.nbytes())
-                .ok_or_else(|| Error::Malformed("tensor view outside its storage".into()))?;
-            return Ok(Cow::Borrowed(bytes));
+            return self.window().map(Cow::Borrowed);
         }
         let mut out = Vec::new();
         out.try_reserve_exact(self.nbytes())
             .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", self.nbytes())))?;
         self.gather_into(&mut out);
         Ok(Cow::Owned(out))
+    }
+
+    /// The storage bytes of a contiguous tensor's elements (callers check contiguity).
+    fn window(&self) -> Result<&[u8]> {
+        let start = self.storage_offset * self.dtype.size();
+        self.storage
+            .as_bytes()
+            .get(start..start + self.nbytes())
+            .ok_or_else(|| Error::Malformed("tensor view outside its storage".into()))
     }
 
     /// Appends the elements in row-major order to `out`.
@@ -373,13 +376,7 @@ impl Tensor {
                 "as_slice needs a contiguous tensor without conjugation/negation bits".into(),
             ));
         }
-        let start = self.storage_offset * self.dtype.size();
-        let bytes = self
-            .storage
-            .as_bytes()
-            .get(start..start + self.nbytes())
-            .ok_or_else(|| Error::Malformed("tensor view outside its storage".into()))?;
-        <[T]>::ref_from_bytes(bytes).map_err(|_| {
+        <[T]>::ref_from_bytes(self.window()?).map_err(|_| {
             Error::InvalidArgument(format!("tensor data is not aligned for {}", std::any::type_name::<T>()))
         })
     }
