@@ -295,6 +295,10 @@ impl Tensor {
 
     /// The storage bytes of a contiguous tensor's elements (callers check contiguity).
     fn window(&self) -> Result<&[u8]> {
+        if self.nbytes() == 0 {
+            // an empty view may sit at any offset, even past its storage (torch allows it)
+            return Ok(&[]);
+        }
         let start = self.storage_offset * self.dtype.size();
         self.storage
             .as_bytes()
@@ -346,7 +350,9 @@ impl Tensor {
     /// # Errors
     /// [`Error::Limit`] if a gather cannot allocate.
     pub fn to_contiguous(&self) -> Result<Tensor> {
-        let storage = if self.is_contiguous() && !self.conj && !self.neg {
+        let storage = if self.nbytes() == 0 {
+            self.storage.slice(0..0)?
+        } else if self.is_contiguous() && !self.conj && !self.neg {
             self.storage.slice_len(self.storage_offset * self.dtype.size(), self.nbytes())?
         } else {
             let data = self.data()?;
@@ -630,7 +636,11 @@ mod tests {
         assert!(Tensor::from_parts(DType::F32, &[4], &[1], 0, b.clone()).is_ok());
         assert!(Tensor::from_parts(DType::F32, &[4], &[1], 1, b.clone()).is_err());
         assert!(Tensor::from_parts(DType::F32, &[2, 2], &[3, 1], 0, b.clone()).is_err());
-        assert!(Tensor::from_parts(DType::F32, &[0], &[1], 100, b.clone()).is_ok());
+        let empty = Tensor::from_parts(DType::F32, &[0], &[1], 100, b.clone()).unwrap();
+        assert!(empty.data().unwrap().is_empty());
+        assert!(empty.to_contiguous().unwrap().data().unwrap().is_empty());
+        let narrowed = Tensor::zeros(DType::F32, &[2, 0, 3]).unwrap().narrow(0, 2, 0).unwrap();
+        assert!(narrowed.data().unwrap().is_empty());
         assert!(Tensor::from_parts(DType::F32, &[usize::MAX, 2], &[usize::MAX, 1], 0, b.clone()).is_err());
         assert!(Tensor::from_buffer(DType::F32, &[5], b).is_err());
     }

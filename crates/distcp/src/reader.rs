@@ -1,0 +1,667 @@
+//! Reading a DCP directory lazily: `open` reads only the metadata (and validates it whole), entries are
+//! known before any data is read, and each read maps only the items it needs.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten};
+use rayon::prelude::*;
+
+use crate::chunks::{self, DenseBuf, copy_box, intersect, is_empty};
+use crate::error::{Error, Result, to_core};
+use crate::item::{self, DataFiles, safe_join};
+use crate::metadata::{Metadata, StorageInfo, StorageMetadata, TensorStorageMetadata};
+
+/// Options for opening a checkpoint.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// Map data files and hand out tensors that are windows of the map (zero copy). `false` reads each
+    /// item into its own buffer instead, so memory stays bounded by what is being read (streaming
+    /// conversions use this). Default `true`.
+    pub mmap: bool,
+    /// Check the CRC-32 of every `torch.save` record read (torch never does). Default `false`.
+    pub verify_crc: bool,
+    /// Largest size a zstd-compressed non-tensor item may inflate to (tensor items are bounded by their
+    /// chunk size plus 64 MiB). Default 1 GiB.
+    pub max_object_bytes: u64,
+    /// Limits for the pickle decoder (`.metadata` and items).
+    pub pickle_limits: ckpt_pickle::Limits,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, pickle_limits: Default::default() }
+    }
+}
+
+impl ReadOptions {
+    /// Sets [`ReadOptions::mmap`].
+    #[must_use]
+    pub fn with_mmap(mut self, mmap: bool) -> Self {
+        self.mmap = mmap;
+        self
+    }
+
+    /// Sets [`ReadOptions::verify_crc`].
+    #[must_use]
+    pub fn with_verify_crc(mut self, verify: bool) -> Self {
+        self.verify_crc = verify;
+        self
+    }
+
+    fn torch(&self) -> ckpt_torch::ReadOptions {
+        let mut o = ckpt_torch::ReadOptions::default().with_verify_crc(self.verify_crc);
+        o.limits = self.pickle_limits;
+        o
+    }
+}
+
+/// Where the metadata came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MetadataSource {
+    /// The global `.metadata` pickle, and its pickle protocol.
+    Global {
+        /// Pickle protocol of the file.
+        protocol: u8,
+    },
+    /// Per-rank `__{rank}.metadata` files (`use_collectives=False`, torch 2.9+), merged.
+    PerRank {
+        /// The ranks whose files were merged.
+        ranks: Vec<usize>,
+    },
+    /// The Hugging Face safetensors layout (no pickle; built from the safetensors headers).
+    HfSafetensors,
+}
+
+/// A DCP checkpoint directory, open for reading.
+///
+/// Opening reads the metadata only (`.metadata`; or every `__{rank}.metadata`, merged; or the safetensors
+/// headers of the Hugging Face layout) and validates it whole before anything is handed out: data file
+/// paths stay inside the directory, items lie inside their files, chunks lie inside their tensors, do not
+/// overlap and cover them, and every chunk has an item. Tensors and values are read on demand, each read
+/// touching only the items it needs.
+///
+/// ```
+/// use ckpt_core::{Tensor, Value};
+/// use ckpt_distcp::{DcpReader, WriteOptions, save};
+/// let dir = tempfile::tempdir().unwrap();
+/// let w = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
+/// let sd = Value::dict([("model", Value::dict([("w", Value::Tensor(w))])), ("step", Value::Int(7))]);
+/// save(&sd, dir.path(), &WriteOptions::default()).unwrap();
+///
+/// let r = DcpReader::open(dir.path()).unwrap();
+/// assert_eq!(r.keys().collect::<Vec<_>>(), ["model.w", "step"]);
+/// let row = r.read_region("model.w", &[1, 0], &[1, 3]).unwrap();
+/// assert_eq!(row.to_vec::<f32>().unwrap(), vec![3.0, 4.0, 5.0]);
+/// assert_eq!(r.state_dict().unwrap(), sd);
+/// ```
+pub struct DcpReader {
+    dir: PathBuf,
+    metadata: Metadata,
+    source: MetadataSource,
+    keys: HashMap<String, usize>,
+    items: HashMap<(String, Option<Vec<usize>>), usize>,
+    paths: HashMap<String, Vec<PathItem>>,
+    files: DataFiles,
+    options: ReadOptions,
+}
+
+impl std::fmt::Debug for DcpReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DcpReader")
+            .field("dir", &self.dir)
+            .field("source", &self.source)
+            .field("keys", &self.metadata.state_dict_metadata.len())
+            .field("items", &self.metadata.storage_data.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-rank metadata files `__{rank}.metadata` in `dir`, sorted by rank.
+fn rank_metadata_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rank = name
+            .strip_prefix("__")
+            .and_then(|n| n.strip_suffix(".metadata"))
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(rank) = rank {
+            out.push((rank, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn read_metadata_file(path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let protocol = match bytes.as_slice() {
+        [0x80, p, ..] => *p,
+        _ => 0,
+    };
+    Ok((Metadata::from_pickle_with(&bytes, path, limits)?, protocol))
+}
+
+/// Merges per-rank metadata (every rank describes only its own items): tensors gain the chunks of every
+/// rank (a chunk saved by several ranks is kept once, from the lowest rank), items likewise.
+fn merge(parts: Vec<Metadata>) -> Result<Metadata> {
+    let mut out = Metadata {
+        state_dict_metadata: Vec::new(),
+        planner_data: None,
+        storage_data: Vec::new(),
+        storage_meta: None,
+        version: None,
+    };
+    let mut pos: HashMap<String, usize> = HashMap::new();
+    let mut items: HashSet<(String, Option<Vec<usize>>)> = HashSet::new();
+    for part in parts {
+        if out.storage_meta.is_none() {
+            out.storage_meta = part.storage_meta.clone();
+        }
+        if out.version.is_none() {
+            out.version = part.version.clone();
+        }
+        for (k, md) in part.state_dict_metadata {
+            match pos.get(&k) {
+                None => {
+                    pos.insert(k.clone(), out.state_dict_metadata.len());
+                    out.state_dict_metadata.push((k, md));
+                }
+                Some(&p) => match (&mut out.state_dict_metadata[p].1, md) {
+                    (StorageMetadata::Bytes, StorageMetadata::Bytes) => {}
+                    (StorageMetadata::Tensor(have), StorageMetadata::Tensor(new)) => {
+                        if have.size != new.size || have.properties.dtype != new.properties.dtype {
+                            return Err(Error::MergeConflict {
+                                key: k,
+                                detail: format!(
+                                    "{} {:?} in one file, {} {:?} in another",
+                                    have.properties.dtype, have.size, new.properties.dtype, new.size
+                                ),
+                            });
+                        }
+                        for c in new.chunks {
+                            if !have.chunks.contains(&c) {
+                                have.chunks.push(c);
+                            }
+                        }
+                    }
+                    _ => {
+                        return Err(Error::MergeConflict {
+                            key: k,
+                            detail: "a tensor in one file, a non-tensor value in another".into(),
+                        });
+                    }
+                },
+            }
+        }
+        for (mut ix, info) in part.storage_data {
+            if items.insert((ix.fqn.clone(), ix.offset.clone())) {
+                ix.index = None;
+                out.storage_data.push((ix, info));
+            }
+        }
+        if let Some(pd) = part.planner_data {
+            let have = out.planner_data.get_or_insert_with(Vec::new);
+            let known: HashSet<String> = have.iter().map(|(k, _)| k.clone()).collect();
+            have.extend(pd.into_iter().filter(|(k, _)| !known.contains(k)));
+        }
+    }
+    // Index hints refer to each rank's own chunk lists; recompute them for the merged lists.
+    for (ix, _) in &mut out.storage_data {
+        if let (Some(off), Some(&p)) = (&ix.offset, pos.get(&ix.fqn)) {
+            if let StorageMetadata::Tensor(t) = &out.state_dict_metadata[p].1 {
+                ix.index = t.chunks.iter().position(|c| &c.offsets == off);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl DcpReader {
+    /// Opens `dir` with default options.
+    ///
+    /// # Errors
+    /// [`Error::NotACheckpoint`] if `dir` holds no DCP metadata; the metadata decoder's errors; the first
+    /// validation failure (see the type docs), naming the key and the file.
+    pub fn open(dir: &Path) -> Result<DcpReader> {
+        Self::open_with(dir, &ReadOptions::default())
+    }
+
+    /// Opens `dir`.
+    ///
+    /// # Errors
+    /// As [`DcpReader::open`].
+    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<DcpReader> {
+        let r = Self::open_unchecked(dir, options)?;
+        if let Some(e) = r.metadata_problems(true).into_iter().next() {
+            return Err(e);
+        }
+        Ok(r)
+    }
+
+    /// Reads the metadata without validating it (for [`crate::verify`], which reports every problem).
+    pub(crate) fn open_unchecked(dir: &Path, options: &ReadOptions) -> Result<DcpReader> {
+        if !dir.is_dir() {
+            return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory")));
+        }
+        let global = dir.join(".metadata");
+        let (metadata, source) = if global.is_file() {
+            let (md, protocol) = read_metadata_file(&global, &options.pickle_limits)?;
+            (md, MetadataSource::Global { protocol })
+        } else {
+            let ranks = rank_metadata_files(dir)?;
+            if !ranks.is_empty() {
+                let mut parts = Vec::with_capacity(ranks.len());
+                for (_, path) in &ranks {
+                    parts.push(read_metadata_file(path, &options.pickle_limits)?.0);
+                }
+                (merge(parts)?, MetadataSource::PerRank { ranks: ranks.iter().map(|(r, _)| *r).collect() })
+            } else if crate::hf::detect(dir) {
+                (crate::hf::metadata(dir)?.0, MetadataSource::HfSafetensors)
+            } else {
+                return Err(Error::NotACheckpoint { dir: dir.to_path_buf() });
+            }
+        };
+        let keys = metadata.state_dict_metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let mut items = HashMap::with_capacity(metadata.storage_data.len());
+        for (i, (ix, _)) in metadata.storage_data.iter().enumerate() {
+            // First entry wins, as in a Python dict built by repeated update (later duplicates overwrite in
+            // torch; DCP never writes duplicates).
+            items.entry((ix.fqn.clone(), ix.offset.clone())).or_insert(i);
+        }
+        let paths = metadata.planner_data.iter().flatten().map(|(k, p)| (k.clone(), p.clone())).collect();
+        Ok(DcpReader {
+            dir: dir.to_path_buf(),
+            files: DataFiles::new(dir, options.mmap),
+            metadata,
+            source,
+            keys,
+            items,
+            paths,
+            options: options.clone(),
+        })
+    }
+
+    /// Every metadata-level problem (or just the first): unsafe paths, missing files, items past the end
+    /// of their file, chunk rank/bounds/overlap/coverage, chunks and values without an item.
+    pub(crate) fn metadata_problems(&self, first_only: bool) -> Vec<Error> {
+        let mut problems = Vec::new();
+        let mut file_len: HashMap<&str, Option<u64>> = HashMap::new();
+        for (ix, info) in &self.metadata.storage_data {
+            let Some(path) = safe_join(&self.dir, &info.relative_path) else {
+                problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
+                if first_only {
+                    return problems;
+                }
+                continue;
+            };
+            let len = *file_len
+                .entry(info.relative_path.as_str())
+                .or_insert_with(|| std::fs::metadata(&path).ok().filter(|m| m.is_file()).map(|m| m.len()));
+            match len {
+                None => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
+                Some(l) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
+                    problems.push(Error::ItemOutOfFile {
+                        key: ix.fqn.clone(),
+                        file: info.relative_path.clone(),
+                        offset: info.offset,
+                        length: info.length,
+                        file_len: l,
+                    });
+                }
+                Some(_) => {}
+            }
+            if first_only && !problems.is_empty() {
+                return problems;
+            }
+        }
+        for (key, md) in &self.metadata.state_dict_metadata {
+            match md {
+                StorageMetadata::Tensor(t) => {
+                    if let Err(e) = chunks::check_chunks(key, &t.size, &t.chunks) {
+                        problems.push(e);
+                    }
+                    for c in &t.chunks {
+                        if !self.items.contains_key(&(key.clone(), Some(c.offsets.clone()))) {
+                            problems.push(Error::MissingItem { key: key.clone(), offsets: Some(c.offsets.clone()) });
+                        }
+                    }
+                }
+                StorageMetadata::Bytes => {
+                    if !self.items.contains_key(&(key.clone(), None)) {
+                        problems.push(Error::MissingItem { key: key.clone(), offsets: None });
+                    }
+                }
+            }
+            if first_only && !problems.is_empty() {
+                problems.truncate(1);
+                return problems;
+            }
+        }
+        problems
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The decoded metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Where the metadata came from.
+    pub fn source(&self) -> &MetadataSource {
+        &self.source
+    }
+
+    /// The flattened keys, in the metadata's order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> + '_ {
+        self.metadata.state_dict_metadata.iter().map(|(k, _)| k.as_str())
+    }
+
+    /// What `key` stores.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchEntry`].
+    pub fn storage_metadata(&self, key: &str) -> Result<&StorageMetadata> {
+        self.keys
+            .get(key)
+            .and_then(|&i| self.metadata.state_dict_metadata.get(i))
+            .map(|(_, md)| md)
+            .ok_or_else(|| Error::NoSuchEntry(key.to_owned()))
+    }
+
+    /// The tensor metadata of `key` (dtype, global shape, chunks).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchEntry`], [`Error::NotATensor`].
+    pub fn tensor_metadata(&self, key: &str) -> Result<&TensorStorageMetadata> {
+        self.storage_metadata(key)?.as_tensor().ok_or_else(|| Error::NotATensor(key.to_owned()))
+    }
+
+    /// The path of `key` in the nested state dict (`planner_data`, or the key itself).
+    pub fn path_of(&self, key: &str) -> Vec<PathItem> {
+        self.paths.get(key).cloned().unwrap_or_else(|| vec![PathItem::Key(key.to_owned())])
+    }
+
+    pub(crate) fn storage_info(&self, key: &str, offsets: Option<&[usize]>) -> Result<&StorageInfo> {
+        self.items
+            .get(&(key.to_owned(), offsets.map(<[usize]>::to_vec)))
+            .and_then(|&i| self.metadata.storage_data.get(i))
+            .map(|(_, info)| info)
+            .ok_or_else(|| Error::MissingItem { key: key.to_owned(), offsets: offsets.map(<[usize]>::to_vec) })
+    }
+
+    /// The tensor stored for chunk `chunk` of `key`, as stored (its strides kept), zero copy when the data
+    /// files are mapped and the item is not transformed.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchEntry`], [`Error::NotATensor`], or an item error naming the key and the file.
+    pub fn read_chunk(&self, key: &str, chunk: usize) -> Result<Tensor> {
+        let md = self.tensor_metadata(key)?;
+        let c = md.chunks.get(chunk).ok_or_else(|| Error::NoSuchEntry(format!("{key} chunk {chunk}")))?;
+        let info = self.storage_info(key, Some(&c.offsets))?;
+        let file = &info.relative_path;
+        let dtype = md.properties.dtype;
+        let t = if self.source == MetadataSource::HfSafetensors {
+            let data = self.files.raw(key, info)?;
+            Tensor::from_buffer(dtype, &c.sizes, data).map_err(|_| Error::ChunkShapeMismatch {
+                key: key.to_owned(),
+                file: file.clone(),
+                expected: c.sizes.clone(),
+                found: vec![info.length as usize / dtype.size().max(1)],
+            })?
+        } else {
+            let chunk_bytes = c.numel().and_then(|n| n.checked_mul(dtype.size())).unwrap_or(usize::MAX) as u64;
+            let data = self.files.item(key, info, chunk_bytes.saturating_add(64 << 20))?;
+            let value = item::parse(key, file, &data, &self.options.torch())?;
+            item::tensor_of(key, file, value)?
+        };
+        if t.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                key: key.to_owned(),
+                file: file.clone(),
+                expected: dtype,
+                found: t.dtype(),
+            });
+        }
+        if t.shape() != c.sizes.as_slice() {
+            return Err(Error::ChunkShapeMismatch {
+                key: key.to_owned(),
+                file: file.clone(),
+                expected: c.sizes.clone(),
+                found: t.shape().to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// The whole tensor `key`. When one chunk holds all of it, this is that chunk's tensor as stored (zero
+    /// copy from the map; strides kept); otherwise the chunks are assembled into a new row-major tensor.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchEntry`], [`Error::NotATensor`], or an item error naming the key and the file.
+    pub fn read_tensor(&self, key: &str) -> Result<Tensor> {
+        let md = self.tensor_metadata(key)?;
+        let zeros = vec![0; md.size.len()];
+        self.read_region(key, &zeros, &md.size)
+    }
+
+    /// The region `offsets .. offsets + sizes` of tensor `key`, in global coordinates, reading only the
+    /// items whose chunks overlap it. A region inside a single chunk is a view of that chunk (zero copy
+    /// from the map); otherwise the overlapping parts are copied into a new row-major tensor.
+    ///
+    /// This is how a job with another number of ranks loads its own shard (see [`crate::shard_box`]).
+    ///
+    /// # Errors
+    /// [`Error::RegionOutOfBounds`]; [`Error::IncompleteCoverage`] if chunks leave part of the region
+    /// uncovered; item errors naming the key and the file.
+    pub fn read_region(&self, key: &str, offsets: &[usize], sizes: &[usize]) -> Result<Tensor> {
+        let md = self.tensor_metadata(key)?;
+        let dtype = md.properties.dtype;
+        let inside = offsets.len() == md.size.len()
+            && sizes.len() == md.size.len()
+            && offsets.iter().zip(sizes).zip(&md.size).all(|((&o, &s), &d)| o.checked_add(s).is_some_and(|e| e <= d));
+        if !inside {
+            return Err(Error::RegionOutOfBounds {
+                key: key.to_owned(),
+                offsets: offsets.to_vec(),
+                sizes: sizes.to_vec(),
+                shape: md.size.clone(),
+            });
+        }
+        if is_empty(sizes) {
+            return Ok(Tensor::zeros(dtype, sizes)?);
+        }
+        let hits: Vec<(usize, Vec<usize>, Vec<usize>)> = md
+            .chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| intersect(&c.offsets, &c.sizes, offsets, sizes).map(|(o, l)| (i, o, l)))
+            .collect();
+        let covered: u128 = hits.iter().map(|(_, _, l)| l.iter().map(|&x| x as u128).product::<u128>()).sum();
+        let total: u128 = sizes.iter().map(|&x| x as u128).product();
+        if covered != total {
+            return Err(Error::IncompleteCoverage { key: key.to_owned(), covered, total });
+        }
+        // One chunk holds the whole region: a view of it.
+        if let [(i, o, l)] = hits.as_slice() {
+            let c = &md.chunks[*i];
+            let t = self.read_chunk(key, *i)?;
+            let rel: Vec<usize> = o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect();
+            return Ok(t.region(&rel, l)?);
+        }
+        let nbytes = ckpt_core::checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| ckpt_core::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
+        let mut out = DenseBuf::zeroed(nbytes)?;
+        let copy = |out: &mut DenseBuf, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
+            // Lazy conjugation/negation bits are resolved before the raw bytes are copied.
+            let resolved;
+            let t = if t.is_conj() || t.is_neg() {
+                resolved = t.to_contiguous()?;
+                &resolved
+            } else {
+                t
+            };
+            let c = &md.chunks[i];
+            let src: Vec<usize> = o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect();
+            let dst: Vec<usize> = o.iter().zip(offsets).map(|(a, b)| a - b).collect();
+            copy_box(t, &src, l, out.bytes_mut(), sizes, &dst)
+        };
+        if self.options.mmap {
+            // Items are windows of the maps: decode them in parallel, then copy.
+            let tensors: Vec<Tensor> =
+                hits.par_iter().map(|(i, _, _)| self.read_chunk(key, *i)).collect::<Result<_>>()?;
+            for ((i, o, l), t) in hits.iter().zip(&tensors) {
+                copy(&mut out, *i, o, l, t)?;
+            }
+        } else {
+            // Items are read into memory: one at a time, so at most one chunk is held besides the result.
+            for (i, o, l) in &hits {
+                let t = self.read_chunk(key, *i)?;
+                copy(&mut out, *i, o, l, &t)?;
+            }
+        }
+        out.into_tensor(dtype, sizes)
+    }
+
+    /// The non-tensor value stored under `key` (a BYTE_IO item, unpickled), or the tensor for a tensor key.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchEntry`], or an item error naming the key and the file.
+    pub fn read_value(&self, key: &str) -> Result<Value> {
+        match self.storage_metadata(key)? {
+            StorageMetadata::Tensor(_) => self.read_tensor(key).map(Value::Tensor),
+            StorageMetadata::Bytes => {
+                let info = self.storage_info(key, None)?;
+                let data = self.files.item(key, info, self.options.max_object_bytes)?;
+                item::parse(key, &info.relative_path, &data, &self.options.torch())
+            }
+        }
+    }
+
+    /// The nested state dict: every entry read, placed at its `planner_data` path (torch's
+    /// `_EmptyStateDictLoadPlanner` + `set_element`; int dict keys come back as strings).
+    ///
+    /// # Errors
+    /// Any read error; an invalid path.
+    pub fn state_dict(&self) -> Result<Value> {
+        let keys: Vec<&str> = self.keys().collect();
+        let values: Vec<Value> = keys.par_iter().map(|k| self.read_value(k)).collect::<Result<_>>()?;
+        let leaves = keys.iter().zip(values).map(|(k, v)| (self.path_of(k), v));
+        Ok(unflatten(leaves)?)
+    }
+
+    /// Bytes of every tensor entry's data (sum of dtype size × elements).
+    pub fn tensor_bytes(&self) -> u128 {
+        self.metadata
+            .state_dict_metadata
+            .iter()
+            .filter_map(|(_, md)| md.as_tensor())
+            .map(|t| t.size.iter().fold(t.properties.dtype.size() as u128, |a, &d| a.saturating_mul(d as u128)))
+            .sum()
+    }
+
+    /// The torch releases whose writer produces this metadata's layout (inferred from the classes and
+    /// fields present).
+    pub fn writer_hint(&self) -> &'static str {
+        if self.source == MetadataSource::HfSafetensors {
+            return "HuggingFaceStorageWriter (torch 2.7+)";
+        }
+        let props = self.metadata.state_dict_metadata.iter().filter_map(|(_, m)| m.as_tensor()).map(|t| &t.properties);
+        let (mut legacy, mut strides) = (false, false);
+        for p in props {
+            legacy |= p.legacy_class;
+            strides |= p.strides.is_some();
+        }
+        match (&self.metadata.storage_meta, &self.metadata.version) {
+            _ if strides => "torch 2.15+",
+            (_, Some(_)) => "torch 2.9-2.14",
+            (Some(sm), None) if sm.modules.is_some() => "torch 2.7-2.8",
+            (Some(_), None) => "torch 2.4-2.6",
+            (None, None) if legacy => "torch 2.0-2.2 (or a maximum-compatibility writer)",
+            (None, None) => "torch 2.3",
+        }
+    }
+}
+
+impl CheckpointRead for DcpReader {
+    fn format_name(&self) -> &'static str {
+        "distcp"
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        self.metadata
+            .state_dict_metadata
+            .iter()
+            .map(|(k, md)| Entry {
+                name: k.clone(),
+                kind: match md {
+                    StorageMetadata::Tensor(t) => {
+                        EntryKind::Tensor(TensorInfo { dtype: t.properties.dtype, shape: t.size.clone() })
+                    }
+                    StorageMetadata::Bytes => EntryKind::Value,
+                },
+            })
+            .collect()
+    }
+
+    fn details(&self) -> Vec<(String, String)> {
+        let md = &self.metadata;
+        let mut d = Vec::new();
+        d.push((
+            "metadata".to_owned(),
+            match &self.source {
+                MetadataSource::Global { protocol } => format!(".metadata (pickle protocol {protocol})"),
+                MetadataSource::PerRank { ranks } => {
+                    format!("{} per-rank __<rank>.metadata files, merged (use_collectives=False)", ranks.len())
+                }
+                MetadataSource::HfSafetensors => "Hugging Face safetensors headers".to_owned(),
+            },
+        ));
+        d.push(("writer".into(), self.writer_hint().to_owned()));
+        if let Some(v) = &md.version {
+            d.push(("version".into(), v.clone()));
+        }
+        if let Some(sm) = &md.storage_meta {
+            if let Some(id) = &sm.save_id {
+                d.push(("save_id".into(), id.clone()));
+            }
+            if let Value::Str(p) = &sm.checkpoint_id {
+                d.push(("checkpoint_id".into(), p.clone()));
+            }
+        }
+        let tensors = md.state_dict_metadata.iter().filter(|(_, m)| m.as_tensor().is_some()).count();
+        d.push(("tensors".into(), tensors.to_string()));
+        d.push(("objects".into(), (md.state_dict_metadata.len() - tensors).to_string()));
+        d.push(("tensor bytes".into(), self.tensor_bytes().to_string()));
+        let files: HashSet<&str> = md.storage_data.iter().map(|(_, s)| s.relative_path.as_str()).collect();
+        d.push(("items".into(), md.storage_data.len().to_string()));
+        d.push(("data files".into(), files.len().to_string()));
+        let transforms: HashSet<&str> =
+            md.storage_data.iter().flat_map(|(_, s)| s.transform_descriptors.iter().map(String::as_str)).collect();
+        if !transforms.is_empty() {
+            let mut t: Vec<&str> = transforms.into_iter().collect();
+            t.sort_unstable();
+            d.push(("transforms".into(), t.join(", ")));
+        }
+        d.push(("planner_data".into(), if md.planner_data.is_some() { "yes" } else { "no" }.into()));
+        d
+    }
+
+    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+        self.read_tensor(name).map_err(to_core)
+    }
+
+    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+        self.read_value(name).map_err(to_core)
+    }
+}

@@ -1,0 +1,495 @@
+//! Writing DCP checkpoints like `FileSystemWriter`: every rank writes its own data files (in parallel,
+//! tensor bytes straight from memory), the coordinator writes `.metadata`; replicated items are written
+//! once; the commit is data files + fsync, `.metadata.tmp` + fsync, rename, directory fsync.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{Collective, SingleProcess, Tensor, Value};
+use rayon::prelude::*;
+use serde_json::{Value as Json, json};
+
+use crate::chunks::clone_dense;
+use crate::error::{Error, Result};
+use crate::metadata::{DCP_VERSION, Metadata, MetadataIndex, Profile, StorageInfo, StorageMeta, ZSTD_TRANSFORM};
+use crate::planner::{self, LocalPlan, Payload, ShardSpec};
+
+/// Options for writing (torch's `FileSystemWriter` settings, plus the output profile).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct WriteOptions {
+    /// The `.metadata` and item layout. Default [`Profile::MaxCompat`] (loads in torch 2.0 to 2.15).
+    pub profile: Profile,
+    /// `true` (default): each rank writes `thread_count` files; `false`: one file per item.
+    pub single_file_per_rank: bool,
+    /// Number of data files per rank with `single_file_per_rank` (torch's `thread_count`, default 1);
+    /// items are split as torch splits them. The files are written in parallel.
+    pub thread_count: usize,
+    /// Compress every item with zstd at this level (torch 2.7+'s `_extensions=[ZStandard()]`, descriptor
+    /// `stream.zstd/1`). Default `None`. Such checkpoints load in torch 2.7+ only (with `zstandard`).
+    pub zstd_level: Option<i32>,
+    /// fsync data files, `.metadata.tmp` and the directory (torch's `sync_files`, default `true`).
+    pub sync_files: bool,
+    /// Replace an existing checkpoint in the directory (torch's `overwrite`, default `true`).
+    pub overwrite: bool,
+    /// Deduplicate replicated items to the lowest rank (torch's `dedup_save_to_lowest_rank`) instead of
+    /// the rank with the fewest bytes so far (torch 2.3+'s default). Default `false`.
+    pub dedup_to_lowest_rank: bool,
+    /// [`Profile::Torch213`]: the `storage_meta.save_id` to record (default: a random uuid4).
+    pub save_id: Option<String>,
+    /// [`Profile::Torch213`]: the `storage_meta.checkpoint_id` path to record (default: the directory as
+    /// given).
+    pub checkpoint_id: Option<String>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            profile: Profile::MaxCompat,
+            single_file_per_rank: true,
+            thread_count: 1,
+            zstd_level: None,
+            sync_files: true,
+            overwrite: true,
+            dedup_to_lowest_rank: false,
+            save_id: None,
+            checkpoint_id: None,
+        }
+    }
+}
+
+impl WriteOptions {
+    /// Sets the profile.
+    #[must_use]
+    pub fn profile(mut self, profile: Profile) -> Self {
+        self.profile = profile;
+        self
+    }
+
+    /// One file per item (`single_file_per_rank=False`).
+    #[must_use]
+    pub fn file_per_item(mut self) -> Self {
+        self.single_file_per_rank = false;
+        self
+    }
+
+    /// `n` data files per rank.
+    #[must_use]
+    pub fn thread_count(mut self, n: usize) -> Self {
+        self.thread_count = n;
+        self
+    }
+
+    /// zstd-compressed items at `level`.
+    #[must_use]
+    pub fn zstd(mut self, level: i32) -> Self {
+        self.zstd_level = Some(level);
+        self
+    }
+
+    /// Sets `sync_files`.
+    #[must_use]
+    pub fn sync_files(mut self, sync: bool) -> Self {
+        self.sync_files = sync;
+        self
+    }
+
+    /// Sets `overwrite`.
+    #[must_use]
+    pub fn overwrite(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
+        self
+    }
+
+    /// Sets the recorded save id and checkpoint id ([`Profile::Torch213`]).
+    #[must_use]
+    pub fn storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
+        self.save_id = Some(save_id.to_owned());
+        self.checkpoint_id = Some(checkpoint_id.to_owned());
+        self
+    }
+}
+
+/// Saves a state dict from one process, like `dcp.save(state_dict, checkpoint_id=dir, no_dist=True)`.
+/// Returns the metadata written.
+///
+/// Keys follow torch 2.4+'s flattening ([`ckpt_core::flatten`]); tensors become one item each, every other
+/// leaf a BYTE_IO item (a `torch.save` of the value).
+///
+/// # Errors
+/// [`Error::Unwritable`] for values DCP cannot store; [`Error::AlreadyExists`]; I/O errors naming the
+/// path.
+pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Metadata> {
+    save_distributed(state_dict, &HashMap::new(), dir, options, &SingleProcess)
+}
+
+/// One rank's part of a multi-rank save, like `dcp.save` in every process of a group. Every rank of
+/// `group` calls this with its own state dict; `shards` says which of its tensors are chunks of bigger
+/// tensors (keyed by flattened key; a tensor not listed is whole, and if several ranks hold it, it is
+/// written once). Rank 0 writes `.metadata` after all data files are durable. Every rank returns the
+/// metadata written.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use ckpt_core::{Collective, Tensor, ThreadGroup, Value};
+/// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_distributed, shard_box};
+/// let dir = tempfile::tempdir().unwrap();
+/// let full: Vec<f32> = (0..10).map(|i| i as f32).collect();
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (dir, full) = (dir.path(), &full);
+///         s.spawn(move || {
+///             let (off, len) = shard_box(&[10], 0, g.rank(), 2);
+///             let local = Tensor::from_slice(&full[off[0]..off[0] + len[0]], &len).unwrap();
+///             let sd = Value::dict([("w", Value::Tensor(local))]);
+///             let shards = HashMap::from([("w".to_string(), ShardSpec::new(&[10], &off))]);
+///             save_distributed(&sd, &shards, dir, &WriteOptions::default(), &g).unwrap();
+///         });
+///     }
+/// });
+/// let r = DcpReader::open(dir.path()).unwrap();
+/// assert_eq!(r.read_tensor("w").unwrap().to_vec::<f32>().unwrap(), full);
+/// ```
+///
+/// # Errors
+/// As [`save`]; [`Error::RankFailed`] when another rank failed; collective errors.
+pub fn save_distributed(
+    state_dict: &Value,
+    shards: &HashMap<String, ShardSpec>,
+    dir: &Path,
+    options: &WriteOptions,
+    group: &dyn Collective,
+) -> Result<Metadata> {
+    save_with_source(state_dict, shards, dir, options, group, &|_| Ok(None))
+}
+
+/// Supplies, just before a tensor item is written, the tensor to write in place of the state dict's
+/// tensor (`None`: write it as is). The replacement is dropped right after its item is written, so a
+/// source that reads data on demand keeps memory bounded by one tensor.
+pub(crate) type TensorSource<'s> = dyn Fn(&Tensor) -> Result<Option<Tensor>> + Sync + 's;
+
+/// [`save_distributed`] with a [`TensorSource`].
+pub(crate) fn save_with_source(
+    state_dict: &Value,
+    shards: &HashMap<String, ShardSpec>,
+    dir: &Path,
+    options: &WriteOptions,
+    group: &dyn Collective,
+    source: &TensorSource<'_>,
+) -> Result<Metadata> {
+    let rank = group.rank();
+    let coordinator = 0;
+
+    // 1. Local plans, gathered everywhere; every rank computes the same global plan.
+    let local = plan_locally(state_dict, shards, dir, options, rank == coordinator);
+    let msg = match &local {
+        Ok((plan, _)) => {
+            let mut m = json!({"plan": planner::plan_to_json(plan)});
+            if rank == coordinator {
+                m["save_id"] = json!(options.save_id.clone().unwrap_or_else(uuid4));
+            }
+            m
+        }
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let gathered = exchange(group, &msg)?;
+    let (plan, payloads) = local?;
+    let mut plans = Vec::with_capacity(gathered.len());
+    let mut save_id = None;
+    for (r, m) in gathered.iter().enumerate() {
+        check_peer(r, m)?;
+        plans.push(
+            m.get("plan")
+                .and_then(planner::plan_from_json)
+                .ok_or_else(|| Error::RankFailed { rank: r, message: "sent an unreadable plan".into() })?,
+        );
+        if r == coordinator {
+            save_id = m.get("save_id").and_then(Json::as_str).map(str::to_owned);
+        }
+    }
+    let mut global = planner::global_plan(&plans, options.dedup_to_lowest_rank)?;
+    let legacy = options.profile == Profile::MaxCompat;
+    for (_, md) in &mut global.metadata.state_dict_metadata {
+        if let crate::metadata::StorageMetadata::Tensor(t) = md {
+            t.properties.legacy_class = legacy;
+        }
+    }
+
+    // 2. Every rank writes its items; the write results are gathered everywhere.
+    let mine = global.assignment.get(rank).cloned().unwrap_or_default();
+    let written =
+        write_rank(&RankWrite { dir, rank, plan: &plan, payloads: &payloads, assignment: &mine, options, source });
+    let msg = match &written {
+        Ok(results) => json!({"results": planner::results_to_json(results)}),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    let gathered = exchange(group, &msg)?;
+    written?;
+    let mut metadata = global.metadata;
+    for (r, m) in gathered.iter().enumerate() {
+        check_peer(r, m)?;
+        let results = m
+            .get("results")
+            .and_then(planner::results_from_json)
+            .ok_or_else(|| Error::RankFailed { rank: r, message: "sent unreadable write results".into() })?;
+        metadata.storage_data.extend(results);
+    }
+    if options.profile == Profile::Torch213 {
+        let checkpoint_id = options.checkpoint_id.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
+        metadata.storage_meta = Some(StorageMeta {
+            checkpoint_id: Value::Str(checkpoint_id),
+            save_id,
+            load_id: None,
+            modules: Some(Vec::new()),
+        });
+        metadata.version = Some(DCP_VERSION.to_owned());
+    }
+
+    // 3. The coordinator commits `.metadata`; everyone learns the outcome.
+    let status = if rank == coordinator {
+        match metadata.to_pickle(options.profile).and_then(|bytes| commit_metadata(dir, &bytes, options.sync_files)) {
+            Ok(()) => Vec::new(),
+            Err(e) => e.to_string().into_bytes(),
+        }
+    } else {
+        Vec::new()
+    };
+    let status = group.broadcast(status, coordinator)?;
+    if !status.is_empty() {
+        return Err(Error::RankFailed { rank: coordinator, message: String::from_utf8_lossy(&status).into_owned() });
+    }
+    Ok(metadata)
+}
+
+fn exchange(group: &dyn Collective, msg: &Json) -> Result<Vec<Json>> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| Error::unwritable("", format!("plan message: {e}")))?;
+    let all = group.all_gather(bytes)?;
+    Ok(all.iter().map(|b| serde_json::from_slice(b).unwrap_or(Json::Null)).collect())
+}
+
+fn check_peer(rank: usize, m: &Json) -> Result<()> {
+    match m.get("error") {
+        Some(e) => Err(Error::RankFailed { rank, message: e.as_str().unwrap_or("unknown error").to_owned() }),
+        None if m.is_null() => Err(Error::RankFailed { rank, message: "sent an unreadable message".into() }),
+        None => Ok(()),
+    }
+}
+
+fn plan_locally<'a>(
+    state_dict: &'a Value,
+    shards: &HashMap<String, ShardSpec>,
+    dir: &Path,
+    options: &WriteOptions,
+    coordinator: bool,
+) -> Result<(LocalPlan, Vec<Payload<'a>>)> {
+    if options.single_file_per_rank && options.thread_count == 0 {
+        return Err(Error::unwritable("", "thread_count must be at least 1"));
+    }
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    if coordinator && !options.overwrite && dir.join(".metadata").exists() {
+        return Err(Error::AlreadyExists { path: dir.join(".metadata") });
+    }
+    planner::local_plan(state_dict, shards)
+}
+
+/// The files a rank writes: lists of item positions, each file's objects first, then its tensors.
+fn file_layout(plan: &LocalPlan, assignment: &[Option<Option<usize>>], options: &WriteOptions) -> Vec<Vec<usize>> {
+    let kept: Vec<(usize, Option<u64>)> = plan
+        .items
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| matches!(assignment.get(*i), Some(Some(_))))
+        .map(|(i, it)| (i, it.storage_size()))
+        .collect();
+    if !options.single_file_per_rank {
+        return kept.iter().map(|(i, _)| vec![*i]).collect();
+    }
+    planner::split_buckets(options.thread_count, &kept)
+        .into_iter()
+        .map(|bucket| {
+            let (objects, tensors): (Vec<usize>, Vec<usize>) =
+                bucket.into_iter().partition(|&i| plan.items.get(i).is_some_and(|it| it.tensor.is_none()));
+            objects.into_iter().chain(tensors).collect()
+        })
+        .collect()
+}
+
+/// What one rank writes: its local plan, the payload of every item, which items it keeps (and their
+/// chunk indexes), and how.
+struct RankWrite<'a, 'v, 's> {
+    dir: &'a Path,
+    rank: usize,
+    plan: &'a LocalPlan,
+    payloads: &'a [Payload<'v>],
+    assignment: &'a [Option<Option<usize>>],
+    options: &'a WriteOptions,
+    source: &'a TensorSource<'s>,
+}
+
+fn write_rank(w: &RankWrite<'_, '_, '_>) -> Result<Vec<(MetadataIndex, StorageInfo)>> {
+    let files = file_layout(w.plan, w.assignment, w.options);
+    let per_file: Vec<Vec<(MetadataIndex, StorageInfo)>> = files
+        .par_iter()
+        .enumerate()
+        .map(|(n, items)| write_file(w, &format!("__{}_{n}.distcp", w.rank), items))
+        .collect::<Result<_>>()?;
+    Ok(per_file.into_iter().flatten().collect())
+}
+
+/// Counts the bytes written through it.
+struct Counting<W> {
+    inner: W,
+    pos: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result<Vec<(MetadataIndex, StorageInfo)>> {
+    let RankWrite { plan, payloads, assignment, options, source, .. } = *rw;
+    let path = &rw.dir.join(name);
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut w = Counting { inner: BufWriter::with_capacity(4 << 20, file), pos: 0 };
+    let mut results = Vec::with_capacity(items.len());
+    for &i in items {
+        let (Some(it), Some(payload)) = (plan.items.get(i), payloads.get(i)) else { continue };
+        let start = w.pos;
+        write_item(&mut w, &it.fqn, payload, options, source).map_err(|e| match e {
+            Error::Torch(t) => match t.kind() {
+                ckpt_torch::Error::Io { .. } => Error::Torch(t),
+                _ => Error::unwritable(&it.fqn, t.to_string()),
+            },
+            e => e,
+        })?;
+        let index = MetadataIndex {
+            fqn: it.fqn.clone(),
+            offset: it.tensor.as_ref().map(|t| t.offsets.clone()),
+            index: assignment.get(i).copied().flatten().flatten(),
+        };
+        let info = StorageInfo {
+            relative_path: name.to_owned(),
+            offset: start,
+            length: w.pos - start,
+            transform_descriptors: if options.zstd_level.is_some() {
+                vec![ZSTD_TRANSFORM.to_owned()]
+            } else {
+                Vec::new()
+            },
+        };
+        results.push((index, info));
+    }
+    w.flush().map_err(|e| Error::io(path, e))?;
+    let file = w.inner.into_inner().map_err(|e| Error::io(path, e.into_error()))?;
+    if options.sync_files {
+        file.sync_all().map_err(|e| Error::io(path, e))?;
+    }
+    Ok(results)
+}
+
+/// The tensor torch saves for a write item: detached, and cloned into a storage of exactly its bytes when
+/// it views a bigger storage.
+fn item_tensor(t: &Tensor) -> Result<Tensor> {
+    let t = if t.storage().len() != t.nbytes() { clone_dense(t)? } else { t.clone() };
+    Ok(t.with_requires_grad(false))
+}
+
+fn write_item<W: Write>(
+    w: &mut W,
+    key: &str,
+    payload: &Payload<'_>,
+    options: &WriteOptions,
+    source: &TensorSource<'_>,
+) -> Result<()> {
+    let tensor_value;
+    let value = match payload {
+        Payload::Tensor(t) => {
+            let supplied = source(t)?;
+            tensor_value = Value::Tensor(item_tensor(supplied.as_ref().unwrap_or(t))?);
+            &tensor_value
+        }
+        Payload::Object(v) => *v,
+    };
+    let mut topts = ckpt_torch::WriteOptions::default();
+    topts.torch_2_13_records = options.profile == Profile::Torch213;
+    match options.zstd_level {
+        None => {
+            ckpt_torch::save_to_writer(value, &mut *w, "archive", &topts)?;
+        }
+        Some(level) => {
+            let zerr = |e: std::io::Error| Error::unwritable(key, format!("zstd: {e}"));
+            let enc = zstd::stream::write::Encoder::new(&mut *w, level).map_err(zerr)?;
+            let enc = ckpt_torch::save_to_writer(value, enc, "archive", &topts)?;
+            enc.finish().map_err(zerr)?;
+        }
+    }
+    Ok(())
+}
+
+/// `.metadata.tmp` written and fsync'd, renamed over `.metadata`, directory fsync'd.
+fn commit_metadata(dir: &Path, bytes: &[u8], sync: bool) -> Result<()> {
+    let tmp: PathBuf = dir.join(".metadata.tmp");
+    let target = dir.join(".metadata");
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
+        if sync {
+            f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        }
+        drop(f);
+        fs::rename(&tmp, &target).map_err(|e| Error::io(&target, e))?;
+        if sync {
+            ckpt_core::atomic::sync_dir(dir)?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// A random uuid4 string (`str(uuid.uuid4())`).
+fn uuid4() -> String {
+    let mut b = [0u8; 16];
+    let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok();
+    if !from_os {
+        use std::hash::{BuildHasher, Hasher};
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        for (i, chunk) in b.chunks_mut(8).enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(nanos);
+            h.write_usize(i);
+            h.write_u32(std::process::id());
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn uuid_shape() {
+        let u = uuid4();
+        assert_eq!(u.len(), 36);
+        assert_eq!(u.as_bytes()[14], b'4');
+        assert!(matches!(u.as_bytes()[19], b'8' | b'9' | b'a' | b'b'));
+        assert_ne!(u, uuid4());
+    }
+}

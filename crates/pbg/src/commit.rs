@@ -1,0 +1,341 @@
+//! The commit protocol: write every file of version `V+1`, make them durable, rewrite the version file (the
+//! commit point), optionally snapshot the new version, then drop version `V` unless it is preserved.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::metadata::{Iteration, Metadata};
+use crate::model::Model;
+use crate::names::{FileName, check_entity_name};
+use crate::partition::EntityPartition;
+use crate::storage::{FileCheckpointStorage, dir_sync, write_via_temp};
+
+/// How the version file is rewritten at the commit point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VersionWrite {
+    /// Temporary file, fsync, rename, directory fsync (ckpt's default: never an empty version file).
+    #[default]
+    Rename,
+    /// Truncate, write, fsync in place — PBG's own protocol, for shared file systems without metadata
+    /// consistency (GlusterFS).
+    InPlace,
+}
+
+/// Choices of a [`Commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitOptions {
+    /// Keep the files of the old version `V` (PBG: the checkpoint consumed by the first iteration of a
+    /// preserved epoch). Files a snapshot links to are always kept.
+    pub preserve_old: bool,
+    /// After committing, snapshot the new version as `epoch_<k>/`.
+    pub snapshot_epoch: Option<u64>,
+    /// Copy the files of version `V` that the commit does not rewrite to version `V+1` (default), so the
+    /// new version is complete: PBG reads every partition at the committed version.
+    pub carry_over: bool,
+    /// How the version file is written.
+    pub version_write: VersionWrite,
+}
+
+impl Default for CommitOptions {
+    fn default() -> Self {
+        CommitOptions {
+            preserve_old: false,
+            snapshot_epoch: None,
+            carry_over: true,
+            version_write: VersionWrite::Rename,
+        }
+    }
+}
+
+impl CommitOptions {
+    /// Keep or drop the old version.
+    #[must_use]
+    pub fn preserve_old(mut self, preserve: bool) -> Self {
+        self.preserve_old = preserve;
+        self
+    }
+
+    /// Snapshot the new version as `epoch_<epoch>/`.
+    #[must_use]
+    pub fn snapshot_epoch(mut self, epoch: Option<u64>) -> Self {
+        self.snapshot_epoch = epoch;
+        self
+    }
+
+    /// Carry unchanged files over to the new version, or not.
+    #[must_use]
+    pub fn carry_over(mut self, carry: bool) -> Self {
+        self.carry_over = carry;
+        self
+    }
+
+    /// How to write the version file.
+    #[must_use]
+    pub fn version_write(mut self, how: VersionWrite) -> Self {
+        self.version_write = how;
+        self
+    }
+}
+
+/// What a finished commit did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitReport {
+    /// The version now committed.
+    pub version: u64,
+    /// The version it replaced.
+    pub previous: u64,
+    /// Files written from the data given to the commit.
+    pub written: Vec<PathBuf>,
+    /// Files of the old version copied to the new one.
+    pub carried_over: Vec<PathBuf>,
+    /// Files of the old version deleted.
+    pub dropped: Vec<PathBuf>,
+    /// Files of the new version left by an earlier attempt that crashed before its commit, deleted
+    /// because this commit neither wrote nor carried them over.
+    pub leftovers: Vec<PathBuf>,
+    /// The snapshot directory created, if any.
+    pub snapshot: Option<PathBuf>,
+}
+
+/// A new version under construction: give it partitions and a model, then [`finish`](Commit::finish).
+///
+/// Writing follows PBG's protocol, so PBG can resume from the result and a crash at any point leaves the
+/// committed version intact: (0) `v{V+1}` files left by an earlier attempt that crashed before its commit,
+/// and that this commit neither writes nor carries over, are deleted; (1) every `v{V+1}` file is written (in parallel; each to a temporary name,
+/// fsync'd, renamed); (2) the directory is fsync'd; (3) `checkpoint_version.txt` is rewritten — the commit
+/// point; (4) the new version is snapshotted if asked; (5) the `v{V}` files are deleted unless preserved,
+/// `V` is 0 (v0 files are user data), or a snapshot links to them.
+///
+/// Files given without metadata get the metadata PBG would write for the iteration that produces version
+/// `V+1` ([`Commit::next_metadata`]), when it can be derived.
+///
+/// ```
+/// use ckpt_core::Tensor;
+/// use ckpt_pbg::{CommitOptions, EntityPartition, FileCheckpointStorage, Model};
+/// let dir = tempfile::tempdir().unwrap();
+/// let storage = FileCheckpointStorage::new(dir.path());
+/// storage.prepare().unwrap();
+/// for step in 0..3 {
+///     let mut commit = storage.begin_commit().unwrap();
+///     let e = Tensor::from_slice(&[step as f32; 4], &[2, 2]).unwrap();
+///     commit.partition("user", 0, EntityPartition::new(e)).unwrap();
+///     commit.model(Model::default());
+///     let report = commit.finish(&CommitOptions::default()).unwrap();
+///     assert_eq!(report.version, step + 1);
+/// }
+/// assert_eq!(storage.load_version().unwrap(), 3);
+/// assert!(!storage.entity_partition_file(2, "user", 0).exists()); // v2 dropped
+/// ```
+#[derive(Debug)]
+pub struct Commit<'s> {
+    storage: &'s FileCheckpointStorage,
+    previous: u64,
+    partitions: Vec<(String, u32, EntityPartition)>,
+    model: Option<Model>,
+    next_metadata: Option<Metadata>,
+}
+
+impl FileCheckpointStorage {
+    /// Starts a commit of version `V+1` on top of the committed version `V`.
+    ///
+    /// # Errors
+    /// [`Error::BadVersionFile`], [`Error::Io`].
+    pub fn begin_commit(&self) -> Result<Commit<'_>> {
+        let previous = self.load_version()?;
+        let next_metadata = self.derive_next_metadata(previous);
+        Ok(Commit { storage: self, previous, partitions: Vec::new(), model: None, next_metadata })
+    }
+
+    /// The metadata PBG writes into the files of version `previous + 1`: the config text from the previous
+    /// model file's `config/json` (else `config.json`) and the iteration with index `previous`.
+    fn derive_next_metadata(&self, previous: u64) -> Option<Metadata> {
+        let old = if previous > 0 { self.load_model(previous).ok().map(|m| m.metadata) } else { None };
+        let text = old.as_ref().and_then(|m| m.config_json().map(str::to_owned)).or_else(|| self.load_config().ok())?;
+        let config = crate::config::Config::parse(&text).ok()?;
+        let chunks = config
+            .num_edge_chunks()
+            .or_else(|| old.as_ref()?.iteration().and_then(|it| u64::try_from(it.num_edge_chunks).ok()))?;
+        let it = Iteration::from_index(previous, config.num_epochs(), &config.edge_paths(), chunks)?;
+        Some(Metadata::for_iteration(&text, &it))
+    }
+}
+
+impl Commit<'_> {
+    /// The version being written (`V+1`).
+    pub fn version(&self) -> u64 {
+        self.previous + 1
+    }
+
+    /// The committed version this commit builds on.
+    pub fn previous(&self) -> u64 {
+        self.previous
+    }
+
+    /// The metadata given to files that come without any.
+    pub fn next_metadata(&self) -> Option<&Metadata> {
+        self.next_metadata.as_ref()
+    }
+
+    /// Replaces the metadata given to files that come without any.
+    pub fn set_next_metadata(&mut self, metadata: Option<Metadata>) {
+        self.next_metadata = metadata;
+    }
+
+    /// Adds (or replaces) the new version of an entity partition.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for unusable entity names.
+    pub fn partition(&mut self, entity: &str, partition: u32, data: EntityPartition) -> Result<&mut Self> {
+        check_entity_name(entity)?;
+        self.partitions.retain(|(e, p, _)| !(e == entity && *p == partition));
+        self.partitions.push((entity.to_owned(), partition, data));
+        Ok(self)
+    }
+
+    /// Sets the new version of the model.
+    pub fn model(&mut self, model: Model) -> &mut Self {
+        self.model = Some(model);
+        self
+    }
+
+    /// Writes, commits, snapshots and cleans up (see [`Commit`]).
+    ///
+    /// # Errors
+    /// Any write error before the commit point leaves version `V` committed and intact (the partial `V+1`
+    /// files are overwritten by the next attempt); [`Error::InvalidInput`] if another writer committed in
+    /// the meantime.
+    pub fn finish(mut self, options: &CommitOptions) -> Result<CommitReport> {
+        let storage = self.storage;
+        let (old, new) = (self.previous, self.previous + 1);
+        if let Some(meta) = &self.next_metadata {
+            for (_, _, p) in &mut self.partitions {
+                if p.metadata.attrs.is_empty() {
+                    p.metadata = meta.clone();
+                }
+            }
+            if let Some(m) = &mut self.model {
+                if m.metadata.attrs.is_empty() {
+                    m.metadata = meta.clone();
+                }
+            }
+        }
+
+        // 0. Leftovers of a crashed attempt at the same version are not part of this one.
+        let given: BTreeSet<FileName> = self
+            .partitions
+            .iter()
+            .map(|(e, p, _)| FileName::Embeddings { entity: e.clone(), partition: *p, version: new })
+            .chain(self.model.as_ref().map(|_| FileName::Model { version: new }))
+            .collect();
+        let carried: BTreeSet<FileName> = if options.carry_over && old > 0 {
+            storage
+                .list()?
+                .into_iter()
+                .filter(|(n, _)| n.version() == Some(old))
+                .map(|(n, _)| with_version(&n, new))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let mut leftovers = Vec::new();
+        for (name, path) in storage.list()? {
+            if name.version() == Some(new) && !given.contains(&name) && !carried.contains(&name) {
+                fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                leftovers.push(path);
+            }
+        }
+
+        // 1. Every file of the new version, in parallel.
+        let written_parts: Vec<PathBuf> = self
+            .partitions
+            .par_iter()
+            .map(|(e, p, data)| storage.write_entity_partition(new, e, *p, data))
+            .collect::<Result<_>>()?;
+        let mut written = written_parts;
+        if let Some(m) = &self.model {
+            written.push(storage.write_model(new, m)?);
+        }
+        let mut carried_over = Vec::new();
+        if options.carry_over && old > 0 {
+            let olds: Vec<(FileName, PathBuf)> = storage
+                .list()?
+                .into_iter()
+                .filter(|(n, _)| n.version() == Some(old))
+                .filter(|(n, _)| !given.contains(&with_version(n, new)))
+                .collect();
+            carried_over = olds
+                .par_iter()
+                .map(|(n, src)| {
+                    let src = storage.resolve(src);
+                    let dst = storage.path().join(with_version(n, new).to_string());
+                    write_via_temp(&dst, |tmp| {
+                        fs::copy(&src, tmp).map_err(|e| Error::io(&src, e))?;
+                        fs::File::open(tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(tmp, e))
+                    })?;
+                    Ok(dst)
+                })
+                .collect::<Result<_>>()?;
+        }
+        dir_sync(storage.path())?;
+
+        // 2. The commit point.
+        if storage.load_version()? != old {
+            return Err(Error::InvalidInput {
+                what: format!("version {new} of {}", storage.path().display()),
+                reason: "another writer committed a version since this commit began".into(),
+            });
+        }
+        match options.version_write {
+            VersionWrite::Rename => storage.save_version(new)?,
+            VersionWrite::InPlace => storage.save_version_in_place(new)?,
+        }
+
+        // 3. Snapshot of the new version.
+        let snapshot = match options.snapshot_epoch {
+            Some(epoch) => {
+                storage.prepare_snapshot(epoch)?;
+                for (name, _) in storage.list()?.into_iter().filter(|(n, _)| n.version() == Some(new)) {
+                    match &name {
+                        FileName::Embeddings { entity, partition, .. } => {
+                            storage.copy_entity_partition_to_snapshot(new, entity, *partition, epoch)?;
+                        }
+                        FileName::Model { .. } => storage.copy_model_to_snapshot(new, epoch)?,
+                        _ => {}
+                    }
+                }
+                storage.copy_version_to_snapshot(new, epoch)?;
+                Some(storage.snapshot_path(epoch))
+            }
+            None => None,
+        };
+
+        // 4. Drop the old version.
+        let mut dropped = Vec::new();
+        if !options.preserve_old && old > 0 {
+            let kept: BTreeSet<String> = storage.snapshot_targets()?.into_iter().collect();
+            for (name, path) in storage.list()? {
+                if name.version() == Some(old) && !kept.contains(&name.to_string()) {
+                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                    dropped.push(path);
+                }
+            }
+        }
+        Ok(CommitReport { version: new, previous: old, written, carried_over, dropped, leftovers, snapshot })
+    }
+}
+
+/// The same file at another version.
+fn with_version(name: &FileName, version: u64) -> FileName {
+    match name {
+        FileName::Embeddings { entity, partition, .. } => {
+            FileName::Embeddings { entity: entity.clone(), partition: *partition, version }
+        }
+        FileName::Model { .. } => FileName::Model { version },
+        other => other.clone(),
+    }
+}

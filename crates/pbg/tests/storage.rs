@@ -1,0 +1,284 @@
+//! The commit protocol, the file writers and their validation, without Python (the conformance suite
+//! checks the same files against torchbiggraph).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::fs;
+use std::path::Path;
+
+use ckpt_core::{DType, Tensor, Value};
+use ckpt_pbg::{
+    AttrValue, CommitOptions, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
+    OptimizerState, StateDict, VersionWrite, read_model_file, read_partition_file, write_model_file,
+    write_partition_file,
+};
+use hdf5::plist::group_create::LinkCreationOrder;
+use hdf5::types::TypeDescriptor;
+
+fn embs(rows: usize, dim: usize, seed: f32) -> Tensor {
+    let v: Vec<f32> = (0..rows * dim).map(|i| seed + i as f32 / 8.0).collect();
+    Tensor::from_slice(&v, &[rows, dim]).unwrap()
+}
+
+fn partition(rows: usize, seed: f32) -> EntityPartition {
+    let mut p = EntityPartition::new(embs(rows, 4, seed));
+    let sum = Tensor::from_slice(&vec![seed; rows], &[rows]).unwrap();
+    p.optimizer = Some(OptimizerState::encode(&StateDict::row_adagrad(sum, 0.1)).unwrap());
+    p
+}
+
+fn names(storage: &FileCheckpointStorage) -> Vec<String> {
+    storage.list().unwrap().into_iter().map(|(n, _)| n.to_string()).collect()
+}
+
+const CONFIG: &str = r#"{
+    "entities": {"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
+    "relations": [{"name": "r", "lhs": "user", "rhs": "item", "operator": "translation"}],
+    "dimension": 4,
+    "edge_paths": ["edges/a", "edges/b"],
+    "num_epochs": 2,
+    "num_edge_chunks": 3,
+    "entity_path": "data",
+    "checkpoint_path": "ckpt"
+}"#;
+
+#[test]
+fn commits_write_then_commit_then_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = FileCheckpointStorage::new(dir.path());
+    storage.prepare().unwrap();
+    storage.save_config(CONFIG).unwrap();
+
+    // Version 1: everything.
+    let mut c = storage.begin_commit().unwrap();
+    assert_eq!(c.version(), 1);
+    let meta = c.next_metadata().unwrap().clone();
+    let it = meta.iteration().unwrap();
+    assert_eq!((it.epoch_idx, it.edge_path_idx, it.edge_path.as_str(), it.edge_chunk_idx), (0, 0, "edges/a", 0));
+    assert_eq!(meta.config_json(), Some(CONFIG));
+    c.partition("user", 0, partition(3, 1.0)).unwrap();
+    c.partition("user", 1, partition(2, 2.0)).unwrap();
+    c.partition("item", 0, partition(4, 3.0)).unwrap();
+    c.model(Model::default());
+    let r = c.finish(&CommitOptions::default()).unwrap();
+    assert_eq!((r.previous, r.version, r.written.len()), (0, 1, 4));
+    assert_eq!(storage.load_version().unwrap(), 1);
+    let p = storage.load_entity_partition(1, "user", 0).unwrap();
+    assert_eq!(p.metadata, meta, "files without metadata get the iteration's");
+
+    // A crashed attempt at version 2 left a partition of an entity type that no longer exists.
+    storage.save_entity_partition(2, "gone", 0, &partition(1, 0.0)).unwrap();
+    // Version 2: only user 1 changes; the rest is carried over; v1 is dropped.
+    let mut c = storage.begin_commit().unwrap();
+    assert_eq!(c.next_metadata().unwrap().iteration().unwrap().edge_chunk_idx, 1);
+    c.partition("user", 1, partition(2, 9.0)).unwrap();
+    let r = c.finish(&CommitOptions::default()).unwrap();
+    assert_eq!(r.written.len(), 1);
+    assert_eq!(r.carried_over.len(), 3);
+    assert_eq!(r.dropped.len(), 4);
+    assert_eq!(r.leftovers, vec![storage.entity_partition_file(2, "gone", 0)]);
+    assert_eq!(
+        names(&storage),
+        vec![
+            "embeddings_item_0.v2.h5",
+            "embeddings_user_0.v2.h5",
+            "embeddings_user_1.v2.h5",
+            "model.v2.h5",
+            "checkpoint_version.txt",
+            "config.json"
+        ]
+    );
+    assert_eq!(storage.load_entity_partition(2, "user", 1).unwrap().embeddings, embs(2, 4, 9.0));
+    assert_eq!(storage.load_entity_partition(2, "user", 0).unwrap().embeddings, embs(3, 4, 1.0));
+
+    // Version 3 with a snapshot, keeping v2 (as PBG keeps the checkpoint of a preserved epoch).
+    let mut c = storage.begin_commit().unwrap();
+    c.partition("item", 0, partition(4, 5.0)).unwrap();
+    let r = c.finish(&CommitOptions::default().preserve_old(true).snapshot_epoch(Some(1))).unwrap();
+    assert!(r.dropped.is_empty());
+    let snap = r.snapshot.unwrap();
+    let link = fs::read_link(snap.join("embeddings_item_0.v3.h5")).unwrap();
+    assert_eq!(link, Path::new("../embeddings_item_0.v3.h5"), "relative links");
+    assert_eq!(fs::read_to_string(snap.join("checkpoint_version.txt")).unwrap(), "3\n");
+    assert!(storage.verify(None).unwrap().stale.iter().any(|n| n.version() == Some(2)));
+
+    // Version 4 drops v3's files except those the snapshot links to: here all of them.
+    let r = storage.begin_commit().unwrap().finish(&CommitOptions::default()).unwrap();
+    assert!(r.dropped.is_empty(), "{r:?}");
+    assert_eq!(r.carried_over.len(), 4);
+    // The snapshot still reads after moving the whole directory.
+    let moved =
+        dir.path().parent().unwrap().join(format!("{}-moved", dir.path().file_name().unwrap().to_string_lossy()));
+    fs::rename(dir.path(), &moved).unwrap();
+    let snap = FileCheckpointStorage::new(moved.join("epoch_1"));
+    assert_eq!(snap.load_version().unwrap(), 3);
+    assert_eq!(snap.load_entity_partition(3, "item", 0).unwrap().embeddings, embs(4, 4, 5.0));
+    fs::remove_dir_all(&moved).unwrap();
+}
+
+#[test]
+fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = FileCheckpointStorage::new(dir.path());
+    storage.prepare().unwrap();
+    let a = storage.begin_commit().unwrap();
+    let mut b = storage.begin_commit().unwrap();
+    b.partition("x", 0, partition(1, 0.0)).unwrap();
+    b.finish(&CommitOptions::default().version_write(VersionWrite::InPlace)).unwrap();
+    assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "1\n");
+    assert!(matches!(a.finish(&CommitOptions::default()), Err(Error::InvalidInput { .. })));
+    assert_eq!(storage.load_version().unwrap(), 1);
+}
+
+#[test]
+fn many_partitions_commit_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = FileCheckpointStorage::new(dir.path());
+    storage.prepare().unwrap();
+    let mut c = storage.begin_commit().unwrap();
+    for p in 0..24u32 {
+        c.partition("node", p, partition(100 + p as usize, p as f32)).unwrap();
+    }
+    c.finish(&CommitOptions::default()).unwrap();
+    let ckpt = ckpt_pbg::Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(ckpt.partitions().len(), 24);
+    for (i, p) in ckpt.partitions().iter().enumerate() {
+        assert_eq!(p.partition as usize, i);
+        assert_eq!(p.data.embeddings, embs(100 + i, 4, i as f32));
+        assert_eq!(p.optimizer.as_ref().unwrap().sum(0).unwrap().shape(), &[100 + i]);
+        assert!(p.data.embeddings.storage().is_mapped());
+    }
+}
+
+#[test]
+fn files_carry_h5py_types_and_model_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.v1.h5");
+    let mut meta = Metadata::new();
+    meta.set("config/json", "{\"é\": 1}");
+    meta.set("iteration/epoch_idx", 3i64);
+    meta.attrs.push(("ratio".into(), AttrValue::Float(0.5)));
+    let params = vec![
+        ModelParameter::new("rhs_operators.1.real", Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()).unwrap(),
+        ModelParameter::new("rhs_operators.1.imag", Tensor::from_slice(&[3.0f32, 4.0], &[2]).unwrap()).unwrap(),
+        ModelParameter::new("rhs_operators.0.linear_transformation", embs(2, 2, 0.0)).unwrap(),
+        ModelParameter::new("global_embs.emb_user", Tensor::from_slice(&[0.5f32; 2], &[2]).unwrap()).unwrap(),
+    ];
+    let opt = OptimizerState::encode_value(&Value::dict::<&str>([])).unwrap();
+    let model = Model { parameters: Some(params.clone()), optimizer: Some(opt.clone()), metadata: meta.clone() };
+    write_model_file(&path, &model).unwrap();
+
+    let back = read_model_file(&path).unwrap();
+    assert_eq!(back.metadata.attrs, {
+        let mut sorted = meta.attrs.clone();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        sorted
+    });
+    let order: Vec<&str> = back.parameters.as_ref().unwrap().iter().map(|p| p.public_name.as_str()).collect();
+    assert_eq!(
+        order,
+        vec![
+            "entities/user/global_embedding",
+            "relations/0/operator/rhs/linear_transformation",
+            "relations/1/operator/rhs/imag",
+            "relations/1/operator/rhs/real"
+        ],
+        "h5py visititems order"
+    );
+    for p in &params {
+        assert_eq!(back.get(&p.public_name).unwrap(), p);
+    }
+    assert_eq!(back.optimizer.as_ref().unwrap().bytes().as_bytes(), opt.bytes().as_bytes());
+    assert!(back.optimizer.unwrap().decode().is_ok(), "DummyOptimizer's {{}}");
+
+    // The HDF5 objects, as h5py creates them for PBG.
+    let f = hdf5::File::open(&path).unwrap();
+    assert!(matches!(
+        f.attr("format_version").unwrap().dtype().unwrap().to_descriptor().unwrap(),
+        TypeDescriptor::Integer(_)
+    ));
+    assert_eq!(f.attr("format_version").unwrap().read_scalar::<i64>().unwrap(), 1);
+    assert_eq!(f.attr("config/json").unwrap().dtype().unwrap().to_descriptor().unwrap(), TypeDescriptor::VarLenUnicode);
+    let g = f.group("model").unwrap();
+    assert_eq!(g.gcpl().unwrap().link_creation_order(), LinkCreationOrder::Indexed);
+    assert_eq!(f.group("model/relations").unwrap().gcpl().unwrap().link_creation_order(), LinkCreationOrder::Indexed);
+    let leaf_parent = f.group("model/relations/1/operator/rhs").unwrap();
+    assert_eq!(leaf_parent.gcpl().unwrap().link_creation_order(), LinkCreationOrder::Untracked);
+    let created: Vec<String> =
+        g.member_names_by(hdf5::IndexType::CreationOrder, hdf5::IterationOrder::Increasing).unwrap();
+    assert_eq!(created, vec!["relations", "entities"], "creation order tracked");
+    let ds = f.dataset("model/relations/1/operator/rhs/real").unwrap();
+    assert_eq!(
+        ds.attr("state_dict_key").unwrap().read_scalar::<hdf5::types::VarLenUnicode>().unwrap().as_str(),
+        "rhs_operators.1.real"
+    );
+    assert_eq!(ds.layout(), hdf5::dataset::Layout::Contiguous);
+    assert!(f.dataset("optimizer/state_dict").unwrap().dtype().unwrap().to_descriptor().is_err(), "OPAQUE");
+}
+
+#[test]
+fn model_names_outside_the_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.h5");
+    // A name PBG's mapping does not cover: readable through its state_dict_key attribute.
+    let p = ModelParameter {
+        public_name: "custom/scale".into(),
+        private_name: "scale".into(),
+        tensor: Tensor::from_slice(&[2i64], &[1]).unwrap(),
+    };
+    write_model_file(&path, &Model { parameters: Some(vec![p.clone()]), ..Model::default() }).unwrap();
+    assert_eq!(read_model_file(&path).unwrap().parameters.unwrap(), vec![p]);
+    // ... and an error without it, as in PBG.
+    let f = hdf5::File::create(&path).unwrap();
+    f.new_attr::<i64>().create("format_version").unwrap().write_scalar(&1i64).unwrap();
+    f.create_group("model").unwrap().new_dataset::<f32>().shape([2]).create("oops").unwrap();
+    drop(f);
+    assert!(matches!(read_model_file(&path), Err(Error::UnmappedParameter { .. })));
+    // No model group at all: no state dict.
+    let f = hdf5::File::create(&path).unwrap();
+    f.new_attr::<i64>().create("format_version").unwrap().write_scalar(&1i64).unwrap();
+    drop(f);
+    assert_eq!(read_model_file(&path).unwrap().parameters, None);
+}
+
+#[test]
+fn writers_reject_what_pbg_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.h5");
+    let f64s = Tensor::zeros(DType::F64, &[2, 2]).unwrap();
+    assert!(matches!(write_partition_file(&path, &EntityPartition::new(f64s)), Err(Error::InvalidInput { .. })));
+    let flat = Tensor::zeros(DType::F32, &[4]).unwrap();
+    assert!(matches!(write_partition_file(&path, &EntityPartition::new(flat)), Err(Error::InvalidInput { .. })));
+    let storage = FileCheckpointStorage::new(dir.path());
+    assert!(matches!(storage.save_entity_partition(1, "a/b", 0, &partition(1, 0.0)), Err(Error::InvalidName { .. })));
+    let mut c = storage.begin_commit().unwrap();
+    assert!(c.partition("", 0, partition(1, 0.0)).is_err());
+    let mut p = partition(1, 0.0);
+    p.metadata.set("bad", "nul\0inside");
+    assert!(matches!(write_partition_file(&path, &p), Err(Error::InvalidInput { .. })));
+    let a = ModelParameter::new("rhs_operators.0.x", Tensor::zeros(DType::F32, &[1]).unwrap()).unwrap();
+    let clash = Model { parameters: Some(vec![a.clone(), a]), ..Model::default() };
+    assert!(matches!(write_model_file(&path, &clash), Err(Error::InvalidInput { .. })));
+    let bf16 = ModelParameter::new("rhs_operators.0.x", Tensor::zeros(DType::BF16, &[1]).unwrap()).unwrap();
+    let model = Model { parameters: Some(vec![bf16]), ..Model::default() };
+    assert!(matches!(write_model_file(&path, &model), Err(Error::InvalidInput { .. })));
+}
+
+#[test]
+fn partitions_round_trip_including_empty_and_corrupt_blobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.h5");
+    let empty = partition(0, 1.0);
+    write_partition_file(&path, &empty).unwrap();
+    let back = read_partition_file(&path).unwrap();
+    assert_eq!(back.embeddings.shape(), &[0, 4]);
+    assert_eq!(back.optimizer.unwrap().decode().unwrap().sum(0).unwrap().shape(), &[0]);
+
+    let mut p = partition(3, 2.0);
+    p.optimizer = Some(OptimizerState::from_bytes(b"PK\x03\x04garbage".to_vec()));
+    write_partition_file(&path, &p).unwrap();
+    let back = read_partition_file(&path).unwrap();
+    assert_eq!(back.embeddings, p.embeddings);
+    assert!(matches!(back.optimizer.unwrap().decode(), Err(Error::OptimizerBlob { .. })));
+    assert!(FileName::parse("e.h5").is_none());
+}
