@@ -26,6 +26,10 @@ trap 'rm -rf "$fresh"' EXIT
 .venv/bin/python conformance/python/check_reproducible.py conformance/fixtures/torch "$fresh/torch"
 .venv/bin/python conformance/python/make_bad.py "$fresh/bad" >/dev/null
 .venv/bin/python conformance/python/check_reproducible.py conformance/bad "$fresh/bad"
+.venv/bin/python conformance/python/distcp/make_fixtures.py "$fresh/distcp" >/dev/null
+.venv/bin/python conformance/python/distcp/check_reproducible.py conformance/fixtures/distcp/torch213 "$fresh/distcp"
+.venv/bin/python conformance/python/pbg/make_fixtures.py "$fresh/pbg" >/dev/null
+.venv/bin/python conformance/python/pbg/check_reproducible.py conformance/fixtures/pbg "$fresh/pbg"
 
 step "tests"
 cargo test --workspace --all-features
