@@ -1,1 +1,70 @@
-//! Read, write and reshard hfai sharded PART_*.pt checkpoints.
+//! Read, write and reshard the sharded checkpoints of hfai (High-Flyer AI)'s `hfai.checkpoint.dist_ckpt`:
+//! a directory of `PART_{rank:03d}.pt` `torch.save` files, one per rank, with large tensors chunked across
+//! them.
+//!
+//! - [`HfaiCheckpoint`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
+//!   parts exactly as hfai's `load` does; tensors whole in one part stay windows of its memory map.
+//! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_core::Collective`]
+//!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, with atomic part files
+//!   and a completion check after the barrier, which hfai does not have.
+//! - [`reshard`]: N parts to M parts offline, copying only chunks that span stored chunks.
+//!
+//! ```
+//! use ckpt_core::{Dict, DictKind, Tensor, Value};
+//! use ckpt_hfai::{HfaiCheckpoint, ModelState, SaveState, WriteOptions};
+//!
+//! let mut sd = Dict::new(DictKind::OrderedDict);
+//! sd.insert("embed.weight", Tensor::from_slice(&[0.5f32; 1024], &[64, 16]).unwrap());
+//! sd.insert("head.bias", Tensor::from_slice(&[0.0f32; 4], &[4]).unwrap());
+//! let state = SaveState::default().model(ModelState::new(sd)).other("epoch", Value::Int(7));
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let opts = WriteOptions::default().with_large_size(1024); // 4 KiB embed.weight is chunked
+//! ckpt_hfai::save(dir.path(), &state, 3, &opts).unwrap();
+//!
+//! let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+//! assert_eq!(ckpt.nshards(), 3);
+//! let w = ckpt.model().unwrap().get("embed.weight").unwrap().as_tensor().unwrap();
+//! assert_eq!(w.shape(), &[64, 16]);
+//! assert_eq!(ckpt.other("epoch"), Some(&Value::Int(7)));
+//!
+//! let two = tempfile::tempdir().unwrap();
+//! ckpt_hfai::reshard(dir.path(), two.path(), 2, &Default::default()).unwrap();
+//! assert_eq!(HfaiCheckpoint::open(two.path()).unwrap().nshards(), 2);
+//! ```
+//!
+//! # Format
+//! Each part holds `{"__nshards__": n, "__version__": "2.0.0", "model": [(params, large_params), ...],
+//! "optimizer": [(state_dict, large_tensors), ...]}` and, in part 0, the `others` items. Small model
+//! entries and optimizer state entries are spread over the parts by a greedy byte-size partition; tensors of
+//! more than 256 MiB are flattened and every part holds its `torch.chunk` piece with the stored
+//! `torch.Size`; model buffers are whole in part 0. Checkpoints without `__version__` (hfai 1.0.0) are
+//! rejected with a clear error.
+//!
+//! # Differences from hfai
+//! - Ties in the partition are broken deterministically (equal sizes: later key first, as numpy's
+//!   small-array argsort does); hfai's order for ties can vary with numpy version and CPU. Loaders do not
+//!   care where a key lives.
+//! - Parts are written to a hidden temporary file, fsync'd and renamed; after the barrier stale parts from
+//!   an earlier save with more ranks are removed and every part is checked on disk. hfai writes in place.
+//! - Errors instead of assertion failures, each naming the part and the rule broken; a tensor too small
+//!   for `torch.chunk` to give every rank a piece is refused up front on every rank ([`Error::TooFewChunks`])
+//!   where hfai raises `IndexError` on the last ranks only and leaves the others waiting.
+//! - `others` keys `__nshards__` and `__version__` are refused (hfai would silently overwrite its header).
+
+mod chunked;
+mod commit;
+mod contents;
+mod error;
+mod part;
+mod partition;
+mod reader;
+mod reshard;
+mod writer;
+
+pub use error::{Error, Result, to_core};
+pub use part::{VERSION, part_file_name};
+pub use partition::{assign, chunk_ranges, count_size};
+pub use reader::{HfaiCheckpoint, load};
+pub use reshard::{ReshardOptions, ReshardSummary, reshard};
+pub use writer::{LARGE_SIZE, ModelState, SaveState, WriteOptions, save, save_rank};

@@ -1,0 +1,217 @@
+//! One `PART_{rank:03d}.pt` file: its name, its header (`__nshards__`, `__version__`) and the rank's share
+//! of each model and optimizer, read and checked against the layout hfai writes.
+
+use std::path::{Path, PathBuf};
+
+use ckpt_core::{Buffer, Dict, Tensor, Value, python_str};
+use ckpt_torch::{ReadOptions, TorchFile};
+
+use crate::commit::Fingerprint;
+use crate::error::{Error, Result};
+
+/// hfai's layout version, the `__version__` of every part.
+pub const VERSION: &str = "2.0.0";
+
+/// The file name of rank `rank`'s part: `PART_{rank:03d}.pt` (three digits, more from rank 1000 on).
+///
+/// ```
+/// assert_eq!(ckpt_hfai::part_file_name(7), "PART_007.pt");
+/// assert_eq!(ckpt_hfai::part_file_name(1234), "PART_1234.pt");
+/// ```
+pub fn part_file_name(rank: usize) -> String {
+    format!("PART_{rank:03}.pt")
+}
+
+/// What a directory entry's name is to hfai's loader, which counts `PART_*.pt` (Python's glob: hidden
+/// names never match).
+pub(crate) enum PartName {
+    /// `PART_{rank:03d}.pt` exactly.
+    Rank(usize),
+    /// Matches `PART_*.pt` but is not a part name hfai writes (`PART_1.pt`, `PART_x.pt`).
+    Foreign,
+    /// Not matched by `PART_*.pt`.
+    Other,
+}
+
+pub(crate) fn classify(name: &str) -> PartName {
+    let Some(middle) = name.strip_prefix("PART_").and_then(|n| n.strip_suffix(".pt")) else {
+        return PartName::Other;
+    };
+    match middle.parse::<usize>() {
+        Ok(rank) if middle.bytes().all(|b| b.is_ascii_digit()) && part_file_name(rank) == name => PartName::Rank(rank),
+        _ => PartName::Foreign,
+    }
+}
+
+/// A large tensor's share in one part: the stored `torch.Size` and this rank's flat chunk.
+#[derive(Debug, Clone)]
+pub(crate) struct LargeChunk {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) chunk: Tensor,
+}
+
+/// One model's share: `(params_i, large_params_i)`.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelPart {
+    pub(crate) params: Vec<(Value, Value)>,
+    pub(crate) large: Vec<(Value, LargeChunk)>,
+}
+
+/// One optimizer's share: `(opt_state_j, large_tensors_j)`; `state` is `opt_state_j["state"]`'s items.
+#[derive(Debug, Clone)]
+pub(crate) struct OptimizerPart {
+    pub(crate) dict: Dict,
+    pub(crate) state: Vec<(Value, Value)>,
+    /// Keyed by `(param_id, name)`.
+    pub(crate) large: Vec<((Value, Value), LargeChunk)>,
+}
+
+/// One part file, read and checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    pub(crate) path: PathBuf,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) nshards: usize,
+    /// The whole top-level dict (rank 0's holds `others` after the header).
+    pub(crate) top: Dict,
+    pub(crate) models: Vec<ModelPart>,
+    pub(crate) optimizers: Vec<OptimizerPart>,
+}
+
+/// Python-like text of a value for messages.
+pub(crate) fn show(v: &Value) -> String {
+    match v {
+        Value::Str(s) => format!("{s:?}"),
+        other => python_str(other).unwrap_or_else(|_| other.type_name().to_owned()),
+    }
+}
+
+struct Checker<'a> {
+    path: &'a Path,
+}
+
+impl Checker<'_> {
+    fn layout(&self, at: impl Into<String>, expected: &'static str, found: &Value) -> Error {
+        Error::Layout { path: self.path.to_path_buf(), at: at.into(), expected, found: describe(found) }
+    }
+
+    fn dict<'v>(&self, v: &'v Value, at: &str) -> Result<&'v Dict> {
+        v.as_dict().ok_or_else(|| self.layout(at, "a dict", v))
+    }
+
+    fn pair<'v>(&self, v: &'v Value, at: &str, expected: &'static str) -> Result<(&'v Value, &'v Value)> {
+        match v.as_sequence() {
+            Some([a, b]) => Ok((a, b)),
+            _ => Err(self.layout(at, expected, v)),
+        }
+    }
+
+    fn list<'v>(&self, top: &'v Dict, key: &'static str) -> Result<&'v [Value]> {
+        let v = top.get(key).ok_or_else(|| self.layout(format!("[{key:?}]"), "a list of pairs", &Value::None))?;
+        v.as_sequence().ok_or_else(|| self.layout(format!("[{key:?}]"), "a list of pairs", v))
+    }
+
+    fn large(&self, v: &Value, at: &str) -> Result<LargeChunk> {
+        let (shape, chunk) = self.pair(v, at, "a (torch.Size, tensor) pair")?;
+        let shape = match shape {
+            Value::Size(d) => d.iter().map(|&x| usize::try_from(x).ok()).collect::<Option<Vec<_>>>(),
+            Value::Tuple(d) | Value::List(d) => {
+                d.iter().map(|x| x.as_int().and_then(|x| usize::try_from(x).ok())).collect()
+            }
+            _ => None,
+        }
+        .ok_or_else(|| self.layout(format!("{at}[0]"), "a torch.Size", shape))?;
+        let chunk = chunk.as_tensor().ok_or_else(|| self.layout(format!("{at}[1]"), "a tensor", chunk))?;
+        Ok(LargeChunk { shape, chunk: chunk.clone() })
+    }
+}
+
+/// A short description of a value for layout errors.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::None => "nothing".into(),
+        Value::Int(_) | Value::Str(_) | Value::Bool(_) | Value::Float(_) => format!("{} {}", v.type_name(), show(v)),
+        Value::List(x) | Value::Tuple(x) => format!("a {} of {} item(s)", v.type_name(), x.len()),
+        other => format!("a {}", other.type_name()),
+    }
+}
+
+impl Part {
+    /// Maps and reads `path`, checking the header and the layout of every model and optimizer share.
+    pub(crate) fn open(path: &Path, options: &ReadOptions) -> Result<Part> {
+        let buffer = Buffer::map_file(path).map_err(|e| match e {
+            ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+            e => Error::Core(e),
+        })?;
+        let fingerprint = Fingerprint::of_bytes(buffer.as_bytes());
+        let value = TorchFile::from_buffer(&buffer, options).map_err(|e| e.at(path))?.into_value();
+        let c = Checker { path };
+        let top = match value {
+            Value::Dict(d) => d,
+            other => return Err(c.layout("the top level", "a dict", &other)),
+        };
+        match top.get("__version__") {
+            None => return Err(Error::Version1 { path: path.to_path_buf() }),
+            Some(Value::Str(v)) if v == VERSION => {}
+            Some(other) => return Err(Error::UnsupportedVersion { path: path.to_path_buf(), found: show(other) }),
+        }
+        let nshards = match top.get("__nshards__") {
+            Some(Value::Int(n)) if *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
+            other => {
+                return Err(c.layout("[\"__nshards__\"]", "a positive int", other.unwrap_or(&Value::None)));
+            }
+        };
+
+        let mut models = Vec::new();
+        for (m, share) in c.list(&top, "model")?.iter().enumerate() {
+            let at = format!("[\"model\"][{m}]");
+            let (params, large) = c.pair(share, &at, "a (params, large_params) pair")?;
+            let params = c.dict(params, &format!("{at}[0]"))?.items.clone();
+            let large = c
+                .dict(large, &format!("{at}[1]"))?
+                .items
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), c.large(v, &format!("{at}[1][{}]", show(k)))?)))
+                .collect::<Result<_>>()?;
+            models.push(ModelPart { params, large });
+        }
+
+        let mut optimizers = Vec::new();
+        for (o, share) in c.list(&top, "optimizer")?.iter().enumerate() {
+            let at = format!("[\"optimizer\"][{o}]");
+            let (dict, large) = c.pair(share, &at, "a (state_dict, large_tensors) pair")?;
+            let dict = c.dict(dict, &format!("{at}[0]"))?.clone();
+            let state_value = dict.get("state").unwrap_or(&Value::None);
+            let state = c.dict(state_value, &format!("{at}[0][\"state\"]"))?.items.clone();
+            let large = c
+                .dict(large, &format!("{at}[1]"))?
+                .items
+                .iter()
+                .map(|(k, v)| {
+                    let kat = format!("{at}[1][{}]", show(k));
+                    let (k1, k2) = c.pair(k, &kat, "a (param_id, name) key")?;
+                    Ok(((k1.clone(), k2.clone()), c.large(v, &kat)?))
+                })
+                .collect::<Result<_>>()?;
+            optimizers.push(OptimizerPart { dict, state, large });
+        }
+        Ok(Part { path: path.to_path_buf(), fingerprint, nshards, top, models, optimizers })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(matches!(classify("PART_000.pt"), PartName::Rank(0)));
+        assert!(matches!(classify("PART_1000.pt"), PartName::Rank(1000)));
+        assert!(matches!(classify("PART_0.pt"), PartName::Foreign));
+        assert!(matches!(classify("PART_+01.pt"), PartName::Foreign));
+        assert!(matches!(classify("PART_0001.pt"), PartName::Foreign));
+        assert!(matches!(classify("PART_.pt"), PartName::Foreign));
+        assert!(matches!(classify(".PART_000.pt.tmp.12"), PartName::Other));
+        assert!(matches!(classify("PART_000.pt.tmp"), PartName::Other));
+    }
+}

@@ -1,0 +1,476 @@
+//! Writing a checkpoint directory in hfai's layout: from one process (all parts, in parallel) or from each
+//! rank of a process group (its own part), with atomic part files and a completion check after the barrier.
+
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ckpt_core::{Collective, Dict, DictKind, Tensor, Value};
+use rayon::prelude::*;
+
+use crate::chunked::Chunked;
+use crate::commit::{Fingerprint, Report, check_saved, finish_collective};
+use crate::contents::{Contents, Item, ModelContents, OptimizerContents, StateEntry, optimizer_value};
+use crate::error::{Error, Result};
+use crate::part::{VERSION, part_file_name, show};
+use crate::partition::{assign, chunk_ranges};
+use crate::reader::HEADER_KEYS;
+
+/// hfai's `LARGE_SIZE`: tensors of strictly more bytes are split across the parts (256 MiB).
+pub const LARGE_SIZE: u64 = 256 * (1 << 20);
+
+/// Options for writing.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WriteOptions {
+    /// Strided tensors of strictly more bytes than this are flattened and split over the parts with
+    /// `torch.chunk` (default [`LARGE_SIZE`], as hfai).
+    pub large_size: u64,
+    /// Options for each part's `torch.save` file.
+    pub torch: ckpt_torch::WriteOptions,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { large_size: LARGE_SIZE, torch: ckpt_torch::WriteOptions::default() }
+    }
+}
+
+impl WriteOptions {
+    /// These options with another chunking threshold.
+    #[must_use]
+    pub fn with_large_size(mut self, bytes: u64) -> Self {
+        self.large_size = bytes;
+        self
+    }
+}
+
+/// One model to save: its state dict, and which of its keys are buffers (hfai pops every key of
+/// `model.named_buffers()` and saves them whole in part 0, after rank 0's share of the parameters).
+#[derive(Debug, Clone)]
+pub struct ModelState {
+    /// `model.state_dict()`: names to tensors (or any value), in order.
+    pub state_dict: Dict,
+    /// Names of the buffers among the state dict's keys, in `named_buffers()` order.
+    pub buffers: Vec<String>,
+}
+
+impl ModelState {
+    /// A model with no buffers.
+    pub fn new(state_dict: Dict) -> Self {
+        ModelState { state_dict, buffers: Vec::new() }
+    }
+
+    /// This model with `names` marked as buffers.
+    #[must_use]
+    pub fn with_buffers<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.buffers.extend(names.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// What hfai's `save(fname, model, optimizer, others)` saves: models, optimizer state dicts
+/// (`optimizer.state_dict()`: a dict with `"state"` and `"param_groups"`), and `others`, which go into part 0.
+///
+/// ```
+/// use ckpt_core::{Dict, DictKind, Tensor, Value};
+/// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
+/// let mut sd = Dict::new(DictKind::OrderedDict);
+/// sd.insert("w", Tensor::from_slice(&[1.0f32; 6], &[2, 3]).unwrap());
+/// sd.insert("bn.running_mean", Tensor::from_slice(&[0.0f32; 3], &[3]).unwrap());
+/// let state = SaveState::default()
+///     .model(ModelState::new(sd).with_buffers(["bn.running_mean"]))
+///     .other("epoch", Value::Int(3));
+/// let dir = tempfile::tempdir().unwrap();
+/// ckpt_hfai::save(dir.path(), &state, 2, &WriteOptions::default().with_large_size(16)).unwrap();
+/// let back = ckpt_hfai::HfaiCheckpoint::open(dir.path()).unwrap();
+/// assert_eq!(back.nshards(), 2);
+/// assert_eq!(back.chunked(), ["model.w"]); // 24 bytes > 16: chunked over both parts
+/// assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct SaveState {
+    /// The models (hfai's `model`: a module or a list of them).
+    pub models: Vec<ModelState>,
+    /// The optimizers' state dicts (hfai's `optimizer`: `None`, one, or a list).
+    pub optimizers: Vec<Value>,
+    /// `others`, saved by rank 0 after the header; keys may not be `__nshards__`, `__version__`, `model`
+    /// or `optimizer`.
+    pub others: Vec<(Value, Value)>,
+}
+
+impl SaveState {
+    /// This state with one more model.
+    #[must_use]
+    pub fn model(mut self, model: ModelState) -> Self {
+        self.models.push(model);
+        self
+    }
+
+    /// This state with one more optimizer state dict.
+    #[must_use]
+    pub fn optimizer(mut self, state_dict: Value) -> Self {
+        self.optimizers.push(state_dict);
+        self
+    }
+
+    /// This state with one more `others` item.
+    #[must_use]
+    pub fn other(mut self, key: impl Into<Value>, value: impl Into<Value>) -> Self {
+        self.others.push((key.into(), value.into()));
+        self
+    }
+
+    fn contents(&self) -> Result<Contents> {
+        for (k, _) in &self.others {
+            if let Some(k) = k.as_str().filter(|k| HEADER_KEYS.contains(k)) {
+                return Err(Error::ReservedKey { key: k.to_owned() });
+            }
+        }
+        let models = self
+            .models
+            .iter()
+            .enumerate()
+            .map(|(m, model)| {
+                let is_buffer = |k: &Value| k.as_str().is_some_and(|k| model.buffers.iter().any(|b| b == k));
+                let buffers = model
+                    .buffers
+                    .iter()
+                    .map(|name| {
+                        let v = model
+                            .state_dict
+                            .get(name)
+                            .ok_or_else(|| Error::UnknownBuffer { model: m, name: name.clone() })?;
+                        Ok((Value::Str(name.clone()), v.clone()))
+                    })
+                    .collect::<Result<_>>()?;
+                let entries = model
+                    .state_dict
+                    .items
+                    .iter()
+                    .filter(|(k, _)| !is_buffer(k))
+                    .map(|(k, v)| (k.clone(), Item::Value(v.clone())))
+                    .collect();
+                Ok(ModelContents { entries, buffers })
+            })
+            .collect::<Result<_>>()?;
+        let optimizers = self
+            .optimizers
+            .iter()
+            .enumerate()
+            .map(|(index, sd)| {
+                let bad = |problem: &str| Error::BadOptimizer { index, problem: problem.to_owned() };
+                let dict = sd.as_dict().ok_or_else(|| bad(&format!("a {}, not a state dict", sd.type_name())))?;
+                let state = dict.get("state").ok_or_else(|| bad("no \"state\" key"))?;
+                let state = state.as_dict().ok_or_else(|| bad(&format!("\"state\" is a {}", state.type_name())))?;
+                let state = state.items.iter().map(|(k, v)| (k.clone(), StateEntry::from_value(v.clone()))).collect();
+                Ok(OptimizerContents { dict: dict.clone(), state })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Contents { models, optimizers, others: self.others.clone() })
+    }
+}
+
+/// A model's split: small entries with their rank assignment, buffers, large tensors.
+struct ModelPlan {
+    small: Vec<(Value, Item)>,
+    assignment: Vec<Vec<usize>>,
+    buffers: Vec<(Value, Value)>,
+    large: Vec<(Value, Chunked)>,
+}
+
+/// An optimizer's split: state entries (large tensors removed) with their assignment, large tensors.
+struct OptimizerPlan {
+    dict: Dict,
+    state: Vec<(Value, StateEntry)>,
+    assignment: Vec<Vec<usize>>,
+    large: Vec<((Value, Value), Chunked)>,
+}
+
+/// Who writes what: the same on every rank, computed from the same state.
+pub(crate) struct Plan {
+    nshards: usize,
+    models: Vec<ModelPlan>,
+    optimizers: Vec<OptimizerPlan>,
+    others: Vec<(Value, Value)>,
+    /// Bytes copied to build chunks that span stored chunks, or to rejoin formerly chunked tensors.
+    copied: AtomicU64,
+}
+
+/// The item as a large tensor, if it is one: a strided tensor of more than `large_size` bytes.
+fn as_large(item: &Item, large_size: u64) -> Result<Option<Chunked>> {
+    Ok(match item {
+        Item::Chunked(c) => (c.nbytes() > large_size).then(|| c.clone()),
+        Item::Value(v) => match v.as_tensor() {
+            Some(t) if t.nbytes() as u64 > large_size => Some(Chunked::from_tensor(t)?),
+            _ => None,
+        },
+    })
+}
+
+/// `torch.chunk` must give every rank a chunk (hfai's `chunk(n)[rank]` raises otherwise).
+fn check_chunks(name: impl FnOnce() -> String, c: &Chunked, nshards: usize) -> Result<()> {
+    let chunks = chunk_ranges(c.numel(), nshards);
+    if chunks.len() < nshards {
+        return Err(Error::TooFewChunks {
+            key: name(),
+            numel: c.numel(),
+            nshards,
+            chunks: chunks.len(),
+            chunk_len: chunks.first().map_or(0, |r| r.len()),
+        });
+    }
+    Ok(())
+}
+
+impl Plan {
+    pub(crate) fn new(contents: Contents, nshards: usize, large_size: u64) -> Result<Plan> {
+        if nshards == 0 {
+            return Err(Error::ZeroShards);
+        }
+        let n_models = contents.models.len();
+        let mut models = Vec::with_capacity(n_models);
+        for (m, model) in contents.models.into_iter().enumerate() {
+            let mut small = Vec::new();
+            let mut large = Vec::new();
+            for (k, item) in model.entries {
+                match as_large(&item, large_size)? {
+                    Some(c) => {
+                        check_chunks(|| leaf_name("model", n_models, m, &[&k]), &c, nshards)?;
+                        large.push((k, c));
+                    }
+                    None => small.push((k, item)),
+                }
+            }
+            let sizes: Vec<u64> = small.iter().map(|(_, i)| i.size()).collect();
+            models.push(ModelPlan { assignment: assign(&sizes, nshards), small, buffers: model.buffers, large });
+        }
+        let n_optimizers = contents.optimizers.len();
+        let mut optimizers = Vec::with_capacity(n_optimizers);
+        for (o, opt) in contents.optimizers.into_iter().enumerate() {
+            let mut large = Vec::new();
+            let mut state = Vec::with_capacity(opt.state.len());
+            for (k1, entry) in opt.state {
+                let entry = match entry {
+                    StateEntry::Map { kind, attrs, items } => {
+                        let mut kept = Vec::with_capacity(items.len());
+                        for (k2, item) in items {
+                            match as_large(&item, large_size)? {
+                                Some(c) => {
+                                    let name =
+                                        || leaf_name("optimizer", n_optimizers, o, &[&Value::from("state"), &k1, &k2]);
+                                    check_chunks(name, &c, nshards)?;
+                                    large.push(((k1.clone(), k2), c));
+                                }
+                                None => kept.push((k2, item)),
+                            }
+                        }
+                        StateEntry::Map { kind, attrs, items: kept }
+                    }
+                    other => other,
+                };
+                state.push((k1, entry));
+            }
+            let sizes: Vec<u64> = state.iter().map(|(_, e)| e.size()).collect();
+            optimizers.push(OptimizerPlan { dict: opt.dict, assignment: assign(&sizes, nshards), state, large });
+        }
+        Ok(Plan { nshards, models, optimizers, others: contents.others, copied: AtomicU64::new(0) })
+    }
+
+    pub(crate) fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
+    }
+
+    /// Number of tensors written in chunks.
+    pub(crate) fn chunked_count(&self) -> usize {
+        self.models.iter().map(|m| m.large.len()).sum::<usize>()
+            + self.optimizers.iter().map(|o| o.large.len()).sum::<usize>()
+    }
+
+    fn item_value(&self, item: &Item) -> Result<Value> {
+        match item {
+            Item::Value(v) => Ok(v.clone()),
+            Item::Chunked(c) => {
+                let (t, copied) = c.whole()?;
+                if copied {
+                    self.copied.fetch_add(c.nbytes(), Ordering::Relaxed);
+                }
+                Ok(Value::Tensor(t))
+            }
+        }
+    }
+
+    /// Rank `rank`'s chunk of `c` with its stored shape: `(torch.Size, flat chunk)`.
+    fn chunk(&self, c: &Chunked, rank: usize) -> Result<Value> {
+        let range = chunk_ranges(c.numel(), self.nshards).get(rank).cloned().unwrap_or(0..0);
+        let (t, copied) = c.range(range.start, range.len())?;
+        if copied {
+            self.copied.fetch_add(t.nbytes() as u64, Ordering::Relaxed);
+        }
+        let shape = c.shape().iter().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect();
+        Ok(Value::Tuple(vec![Value::Size(shape), Value::Tensor(t)]))
+    }
+
+    /// The object rank `rank` saves as `PART_{rank:03d}.pt` (spec §3).
+    pub(crate) fn part_value(&self, rank: usize) -> Result<Value> {
+        let mut top = Dict::new(DictKind::Dict);
+        top.insert("__nshards__", Value::Int(i64::try_from(self.nshards).unwrap_or(i64::MAX)));
+        top.insert("__version__", VERSION);
+        let mut models = Vec::with_capacity(self.models.len());
+        for m in &self.models {
+            let mut params = Dict::new(DictKind::OrderedDict);
+            for &i in m.assignment.get(rank).map(Vec::as_slice).unwrap_or_default() {
+                if let Some((k, item)) = m.small.get(i) {
+                    params.items.push((k.clone(), compact(&self.item_value(item)?)?));
+                }
+            }
+            if rank == 0 {
+                for (k, v) in &m.buffers {
+                    params.items.push((k.clone(), compact(v)?));
+                }
+            }
+            let mut large = Dict::new(DictKind::Dict);
+            for (k, c) in &m.large {
+                large.items.push((k.clone(), self.chunk(c, rank)?));
+            }
+            models.push(Value::Tuple(vec![Value::Dict(params), Value::Dict(large)]));
+        }
+        top.insert("model", Value::List(models));
+        let mut optimizers = Vec::with_capacity(self.optimizers.len());
+        for o in &self.optimizers {
+            let mut state = Vec::new();
+            for &i in o.assignment.get(rank).map(Vec::as_slice).unwrap_or_default() {
+                if let Some((k, entry)) = o.state.get(i) {
+                    let v = match entry {
+                        StateEntry::Map { kind, attrs, items } => Value::Dict(Dict {
+                            kind: *kind,
+                            items: items
+                                .iter()
+                                .map(|(k2, i)| Ok((k2.clone(), self.item_value(i)?)))
+                                .collect::<Result<_>>()?,
+                            attrs: attrs.clone(),
+                        }),
+                        StateEntry::Other(v) => v.clone(),
+                    };
+                    state.push((k.clone(), v));
+                }
+            }
+            let mut large = Dict::new(DictKind::Dict);
+            for ((k1, k2), c) in &o.large {
+                large.items.push((Value::Tuple(vec![k1.clone(), k2.clone()]), self.chunk(c, rank)?));
+            }
+            optimizers.push(Value::Tuple(vec![optimizer_value(&o.dict, state), Value::Dict(large)]));
+        }
+        top.insert("optimizer", Value::List(optimizers));
+        if rank == 0 {
+            top.items.extend(self.others.iter().cloned());
+        }
+        Ok(Value::Dict(top))
+    }
+
+    /// Writes rank `rank`'s part atomically and returns its fingerprint.
+    pub(crate) fn write_part(&self, dir: &Path, rank: usize, options: &WriteOptions) -> Result<Fingerprint> {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let value = self.part_value(rank)?;
+        let path = dir.join(part_file_name(rank));
+        ckpt_torch::save_with(&value, &path, &options.torch)?;
+        Fingerprint::of_file(&path)
+    }
+
+    /// Writes every part from this process, in parallel, then runs the completion check.
+    pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
+        let results: Vec<Result<Fingerprint>> =
+            (0..self.nshards).into_par_iter().map(|r| self.write_part(dir, r, options)).collect();
+        let reports: Vec<Report> = results.iter().map(|r| Report::of(r, |f| vec![*f])).collect();
+        for r in results {
+            r?;
+        }
+        check_saved(dir, &reports)
+    }
+}
+
+/// The leaf name of an entry, for messages (`model.w`, `optimizer.1.state.3.exp_avg`).
+fn leaf_name(what: &str, count: usize, index: usize, keys: &[&Value]) -> String {
+    let mut name = what.to_owned();
+    if count > 1 {
+        name.push_str(&format!(".{index}"));
+    }
+    for k in keys {
+        name.push('.');
+        name.push_str(&ckpt_core::python_str(k).unwrap_or_else(|_| show(k)));
+    }
+    name
+}
+
+/// The tensor as hfai's `.clone()` leaves it: a storage of exactly its own elements. A tensor that
+/// already covers its whole storage is kept as is (with its strides, as `clone` keeps them); a contiguous
+/// view becomes a window of exactly its bytes (no copy); any other view is gathered row-major.
+fn compact_tensor(t: &Tensor) -> Result<Tensor> {
+    if t.storage_offset() == 0 && t.storage().len() == t.nbytes() {
+        return Ok(t.clone());
+    }
+    Ok(t.to_contiguous()?)
+}
+
+fn compact(v: &Value) -> Result<Value> {
+    Ok(match v {
+        Value::Tensor(t) => Value::Tensor(compact_tensor(t)?),
+        Value::Parameter { tensor, state } => {
+            Value::Parameter { tensor: compact_tensor(tensor)?, state: state.clone() }
+        }
+        Value::TensorWithState { tensor, class, state } => {
+            Value::TensorWithState { tensor: Box::new(compact(tensor)?), class: class.clone(), state: state.clone() }
+        }
+        other => other.clone(),
+    })
+}
+
+/// Saves `state` as an hfai checkpoint of `nshards` parts in `dir`, from this one process: the parts are
+/// built and written in parallel, each atomically (temporary file, fsync, rename), then stale parts of an
+/// earlier save with more ranks are removed and every part is checked on disk.
+///
+/// The files are what hfai's `save` run on `nshards` ranks writes (spec §2-§4): the same key-to-rank split
+/// (largest first, to the least-loaded rank, ties to the lower rank, equal sizes later-key first), tensors
+/// of more than `options.large_size` bytes flattened and split with `torch.chunk`, buffers whole in part 0,
+/// `others` in part 0. A tensor too small for `torch.chunk` to give every rank a chunk is refused with
+/// [`Error::TooFewChunks`] (hfai raises `IndexError` on the last ranks); a non-contiguous large tensor,
+/// which hfai's `view(-1)` refuses, is gathered first.
+///
+/// # Errors
+/// [`Error::ZeroShards`], [`Error::ReservedKey`], [`Error::UnknownBuffer`], [`Error::BadOptimizer`],
+/// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; [`Error::Incomplete`] or
+/// [`Error::ForeignFiles`] from the completion check.
+pub fn save(dir: &Path, state: &SaveState, nshards: usize, options: &WriteOptions) -> Result<()> {
+    Plan::new(state.contents()?, nshards, options.large_size)?.write_all(dir, options)
+}
+
+/// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
+/// writes its own part, `PART_{rank:03d}.pt` of `group.world_size()` parts. After the barrier rank 0 removes
+/// stale parts and checks every part on disk, and all ranks return the same verdict; a rank that fails
+/// (even before writing) does not leave the others waiting.
+///
+/// ```
+/// use ckpt_core::{Dict, DictKind, Tensor, ThreadGroup};
+/// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
+/// let mut sd = Dict::new(DictKind::OrderedDict);
+/// sd.insert("w", Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap());
+/// let state = SaveState::default().model(ModelState::new(sd));
+/// let dir = tempfile::tempdir().unwrap();
+/// std::thread::scope(|s| {
+///     for rank in ThreadGroup::new(3) {
+///         let (state, dir) = (&state, dir.path());
+///         s.spawn(move || ckpt_hfai::save_rank(dir, state, &rank, &WriteOptions::default()).unwrap());
+///     }
+/// });
+/// assert_eq!(ckpt_hfai::HfaiCheckpoint::open(dir.path()).unwrap().nshards(), 3);
+/// ```
+///
+/// # Errors
+/// As [`save`] for this rank's own failure; [`Error::RankFailed`] naming the rank that failed otherwise.
+pub fn save_rank(dir: &Path, state: &SaveState, group: &dyn Collective, options: &WriteOptions) -> Result<()> {
+    let own = state
+        .contents()
+        .and_then(|c| Plan::new(c, group.world_size(), options.large_size))
+        .and_then(|plan| plan.write_part(dir, group.rank(), options));
+    finish_collective(group, dir, own)
+}
