@@ -58,7 +58,10 @@ impl Format {
         match self {
             Format::Torch => cfg!(feature = "torch"),
             Format::Safetensors => cfg!(feature = "safetensors"),
-            Format::Distcp | Format::Hfai | Format::Pbg | Format::Recis => false,
+            Format::Distcp => cfg!(feature = "distcp"),
+            Format::Pbg => cfg!(feature = "pbg"),
+            Format::Recis => cfg!(feature = "recis"),
+            Format::Hfai => cfg!(feature = "hfai"),
         }
     }
 }
@@ -80,6 +83,7 @@ const MARKERS: &[(&str, Format)] = &[
     (".metadata", Format::Distcp),
     ("model.safetensors.index.json", Format::Distcp),
     ("__*.metadata", Format::Distcp),
+    ("shard-*-model-*-of-*.safetensors", Format::Distcp),
     ("PART_*.pt", Format::Hfai),
     ("checkpoint_version.txt", Format::Pbg),
     ("tensorkey.json", Format::Recis),
@@ -87,11 +91,20 @@ const MARKERS: &[(&str, Format)] = &[
     ("checkpoint", Format::Recis),
 ];
 
+/// Whether `name` matches a pattern where `*` stands for any run of characters.
 fn marker_matches(pattern: &str, name: &str) -> bool {
-    match pattern.split_once('*') {
-        Some((pre, post)) => name.len() >= pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post),
-        None => pattern == name,
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
     }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Detects the format of a file or directory from its contents (magic bytes, marker files).
@@ -145,6 +158,10 @@ mod tests {
         assert!(!marker_matches("PART_*.pt", "PART_000.pth"));
         assert!(marker_matches("__*.metadata", "__0.metadata"));
         assert!(!marker_matches("__*.metadata", ".metadata"));
+        assert!(marker_matches("shard-*-model-*-of-*.safetensors", "shard-00001-model-00001-of-00001.safetensors"));
+        assert!(!marker_matches("shard-*-model-*-of-*.safetensors", "model-00001-of-00002.safetensors"));
+        assert!(marker_matches("index", "index"));
+        assert!(!marker_matches("index", "index.json"));
         for f in Format::ALL {
             assert_eq!(Format::from_name(f.name()), Some(f));
         }

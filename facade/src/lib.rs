@@ -6,6 +6,10 @@
 //! |---|---|---|
 //! | `torch` (default) | [`torch`] (`ckpt-torch`) | `torch.save` files, ZIP and legacy |
 //! | `safetensors` (default) | [`core::safetensors`] | `.safetensors` files |
+//! | `distcp` | `distcp` (`ckpt-distcp`) | `torch.distributed.checkpoint` directories |
+//! | `hfai` | `hfai` (`ckpt-hfai`) | hfai `PART_*.pt` directories |
+//! | `pbg` | `pbg` (`ckpt-pbg`) | PyTorch-BigGraph HDF5 checkpoints |
+//! | `recis` | `recis` (`ckpt-recis`) | RecIS sparse/dense checkpoints |
 //! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //!
@@ -34,6 +38,14 @@ use std::path::{Path, PathBuf};
 
 pub use ckpt_core as core;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value};
+#[cfg(feature = "distcp")]
+pub use ckpt_distcp as distcp;
+#[cfg(feature = "hfai")]
+pub use ckpt_hfai as hfai;
+#[cfg(feature = "pbg")]
+pub use ckpt_pbg as pbg;
+#[cfg(feature = "recis")]
+pub use ckpt_recis as recis;
 #[cfg(feature = "torch")]
 pub use ckpt_torch as torch;
 pub use format::{Format, detect};
@@ -73,6 +85,46 @@ pub enum Error {
     #[cfg(feature = "torch")]
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
+    /// An error from the DCP crate.
+    #[cfg(feature = "distcp")]
+    #[error("{}: {source}", path.display())]
+    Distcp {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_distcp::Error,
+    },
+    /// An error from the hfai crate.
+    #[cfg(feature = "hfai")]
+    #[error("{}: {source}", path.display())]
+    Hfai {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_hfai::Error,
+    },
+    /// An error from the PyTorch-BigGraph crate.
+    #[cfg(feature = "pbg")]
+    #[error("{}: {source}", path.display())]
+    Pbg {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_pbg::Error,
+    },
+    /// An error from the RecIS crate.
+    #[cfg(feature = "recis")]
+    #[error("{}: {source}", path.display())]
+    Recis {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_recis::Error,
+    },
     /// An error from the core (safetensors, tensors).
     #[error("{}: {source}", path.display())]
     Core {
@@ -181,6 +233,30 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
             ckpt_core::safetensors::read_file(path)
                 .map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
         )),
+        #[cfg(feature = "distcp")]
+        Format::Distcp => Box::new(
+            ckpt_distcp::DcpReader::open(path).map_err(|source| Error::Distcp { path: path.to_path_buf(), source })?,
+        ),
+        #[cfg(feature = "hfai")]
+        Format::Hfai => Box::new(
+            ckpt_hfai::HfaiCheckpoint::open(path).map_err(|source| Error::Hfai { path: path.to_path_buf(), source })?,
+        ),
+        #[cfg(feature = "pbg")]
+        Format::Pbg => {
+            Box::new(ckpt_pbg::Checkpoint::open(path).map_err(|source| Error::Pbg { path: path.to_path_buf(), source })?)
+        }
+        #[cfg(feature = "recis")]
+        Format::Recis => {
+            let recis = |source| Error::Recis { path: path.to_path_buf(), source };
+            // A directory with a `checkpoint` list (and no index of its own) holds several checkpoints: open the
+            // latest, as RecIS's checkpoint manager does.
+            let is_list = path.join("checkpoint").is_file() && !path.join("index").is_file();
+            if is_list {
+                Box::new(ckpt_recis::CheckpointManager::new(path).open_latest().map_err(recis)?)
+            } else {
+                Box::new(ckpt_recis::Checkpoint::open(path).map_err(recis)?)
+            }
+        }
         _ => return Err(disabled()),
     };
     Ok(Checkpoint { format, path: path.to_path_buf(), inner })
