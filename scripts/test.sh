@@ -30,6 +30,13 @@ trap 'rm -rf "$fresh"' EXIT
 .venv/bin/python conformance/python/distcp/check_reproducible.py conformance/fixtures/distcp/torch213 "$fresh/distcp"
 .venv/bin/python conformance/python/pbg/make_fixtures.py "$fresh/pbg" >/dev/null
 .venv/bin/python conformance/python/pbg/check_reproducible.py conformance/fixtures/pbg "$fresh/pbg"
+.venv/bin/python conformance/python/hfai/make_fixtures.py "$fresh/hfai" >/dev/null
+.venv/bin/python conformance/python/hfai/check_reproducible.py conformance/fixtures/hfai "$fresh/hfai"
+
+step "the facade builds with each format feature alone"
+for feature in torch safetensors distcp hfai pbg recis cli; do
+  cargo check --quiet -p ckpt --no-default-features --features "$feature"
+done
 
 step "tests"
 cargo test --workspace --all-features

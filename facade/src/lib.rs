@@ -32,6 +32,7 @@
 //! Checkpoints are untrusted input. No reader executes pickle code; every size read from a file is checked
 //! before it is used; a panic on malformed input is a bug.
 
+mod convert;
 mod format;
 
 use std::path::{Path, PathBuf};
@@ -48,6 +49,7 @@ pub use ckpt_pbg as pbg;
 pub use ckpt_recis as recis;
 #[cfg(feature = "torch")]
 pub use ckpt_torch as torch;
+pub use convert::{ConvertOptions, ConvertSummary, convert};
 pub use format::{Format, detect};
 
 /// Errors of the facade: which format, which path, and the format crate's error.
@@ -124,6 +126,16 @@ pub enum Error {
         /// The cause.
         #[source]
         source: ckpt_recis::Error,
+    },
+    /// The target format cannot hold the source's data.
+    #[error("cannot convert {from} to {to}: {reason}")]
+    UnsupportedConversion {
+        /// Source format.
+        from: Format,
+        /// Target format.
+        to: Format,
+        /// Why.
+        reason: String,
     },
     /// An error from the core (safetensors, tensors).
     #[error("{}: {source}", path.display())]
