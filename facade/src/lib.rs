@@ -269,6 +269,8 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
                 Box::new(ckpt_recis::Checkpoint::open(path).map_err(recis)?)
             }
         }
+        // Reached only in builds without some format's feature.
+        #[allow(unreachable_patterns)]
         _ => return Err(disabled()),
     };
     Ok(Checkpoint { format, path: path.to_path_buf(), inner })
