@@ -197,8 +197,10 @@ impl Checkpoint {
 }
 
 /// A safetensors file as a [`CheckpointRead`].
+#[cfg(feature = "safetensors")]
 struct SafetensorsReader(ckpt_core::safetensors::SafetensorsFile);
 
+#[cfg(feature = "safetensors")]
 impl CheckpointRead for SafetensorsReader {
     fn format_name(&self) -> &'static str {
         "safetensors"
