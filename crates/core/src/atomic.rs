@@ -17,11 +17,15 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// flushed, fsync'd and renamed over `path`; finally the directory is fsync'd so the rename is durable.
 /// On any error the temporary file is removed and `path` is untouched.
 ///
+/// The closure's error type is the caller's own (any `E: From<ckpt_core::Error>`), so format crates pass
+/// their errors through unchanged.
+///
 /// # Errors
-/// Whatever `write` returns, or [`Error::Io`] naming the path that failed.
-pub fn write_atomic<F>(path: &Path, write: F) -> Result<()>
+/// Whatever `write` returns, or [`Error::Io`] (converted into `E`) naming the path that failed.
+pub fn write_atomic<F, E>(path: &Path, write: F) -> std::result::Result<(), E>
 where
-    F: FnOnce(&mut BufWriter<File>) -> Result<()>,
+    F: FnOnce(&mut BufWriter<File>) -> std::result::Result<(), E>,
+    E: From<Error>,
 {
     let tmp = temp_path(path);
     let result = (|| {
@@ -32,7 +36,7 @@ where
         let file = w.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&tmp, e))?;
         fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        sync_dir(path.parent().unwrap_or(Path::new(".")))
+        Ok(sync_dir(path.parent().unwrap_or(Path::new(".")))?)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -44,17 +48,18 @@ where
 /// is given; the file is then fsync'd and renamed over `path`, and the directory fsync'd.
 ///
 /// # Errors
-/// Whatever `write` returns, or [`Error::Io`] naming the path that failed.
-pub fn write_atomic_path<F>(path: &Path, write: F) -> Result<()>
+/// Whatever `write` returns, or [`Error::Io`] (converted into `E`) naming the path that failed.
+pub fn write_atomic_path<F, E>(path: &Path, write: F) -> std::result::Result<(), E>
 where
-    F: FnOnce(&Path) -> Result<()>,
+    F: FnOnce(&Path) -> std::result::Result<(), E>,
+    E: From<Error>,
 {
     let tmp = temp_path(path);
     let result = (|| {
         write(&tmp)?;
         File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
         fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        sync_dir(path.parent().unwrap_or(Path::new(".")))
+        Ok(sync_dir(path.parent().unwrap_or(Path::new(".")))?)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -81,6 +86,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f.bin");
         write_atomic(&p, |w| w.write_all(b"abc").map_err(|e| Error::io("x", e))).unwrap();
+        // the caller's own error type passes through unchanged
+        let r: std::result::Result<(), String> = write_atomic(&p, |_| Err("mine".to_string()));
+        assert_eq!(r, Err("mine".to_string()));
         assert_eq!(fs::read(&p).unwrap(), b"abc");
         let r = write_atomic(&p, |w| {
             w.write_all(b"zzz").unwrap();

@@ -36,21 +36,9 @@ fn streaming_reader(dir: &Path) -> Result<DcpReader> {
     DcpReader::open_with(dir, &ReadOptions::default().with_mmap(false))
 }
 
-/// Writes `path` atomically with a closure that returns this crate's errors.
+/// Writes `path` atomically (temporary file, fsync, rename) with this crate's errors.
 fn write_atomic(path: &Path, f: impl FnOnce(&mut BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
-    let mut inner = None;
-    let r = ckpt_core::atomic::write_atomic(path, |w| {
-        f(w).map_err(|e| {
-            let msg = e.to_string();
-            inner = Some(e);
-            ckpt_core::Error::InvalidArgument(msg)
-        })
-    });
-    match (r, inner) {
-        (Ok(()), _) => Ok(()),
-        (Err(_), Some(e)) => Err(e),
-        (Err(e), None) => Err(Error::Core(e)),
-    }
+    ckpt_core::atomic::write_atomic(path, f)
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -101,19 +101,8 @@ pub fn save(value: &Value, path: &Path) -> Result<()> {
 /// As [`save`].
 pub fn save_with(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
     let prefix = prefix_for_path(path)?;
-    let mut inner = None;
-    let result = ckpt_core::atomic::write_atomic(path, |file| {
-        save_to_writer(value, &mut *file, &prefix, options).map(|_| ()).map_err(|e| {
-            let msg = e.to_string();
-            inner = Some(e);
-            ckpt_core::Error::InvalidArgument(msg)
-        })
-    });
-    match (result, inner) {
-        (Ok(()), _) => Ok(()),
-        (Err(_), Some(e)) => Err(e.at(path)),
-        (Err(e), None) => Err(Error::Core(e)),
-    }
+    ckpt_core::atomic::write_atomic(path, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
+        .map_err(|e: Error| e.at(path))
 }
 
 /// Writes `torch.save` output for `value` to `out` with record prefix `prefix` (torch uses `archive` for
