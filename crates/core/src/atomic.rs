@@ -87,8 +87,18 @@ mod tests {
         let p = dir.path().join("f.bin");
         write_atomic(&p, |w| w.write_all(b"abc").map_err(|e| Error::io("x", e))).unwrap();
         // the caller's own error type passes through unchanged
-        let r: std::result::Result<(), String> = write_atomic(&p, |_| Err("mine".to_string()));
-        assert_eq!(r, Err("mine".to_string()));
+        #[derive(Debug, PartialEq)]
+        enum Mine {
+            Custom,
+            Core,
+        }
+        impl From<Error> for Mine {
+            fn from(_: Error) -> Self {
+                Mine::Core
+            }
+        }
+        assert_eq!(write_atomic(&p, |_| Err(Mine::Custom)), Err(Mine::Custom));
+        assert_eq!(write_atomic(Path::new("/nonexistent/dir/f"), |_| Ok::<(), Mine>(())), Err(Mine::Core));
         assert_eq!(fs::read(&p).unwrap(), b"abc");
         let r = write_atomic(&p, |w| {
             w.write_all(b"zzz").unwrap();

@@ -53,6 +53,49 @@ fn float_text(f: f64) -> String {
     }
 }
 
+/// One element of a real dtype as `f64` (integers, bool, float16/bfloat16, every float8 layout), from its
+/// little-endian bytes; `None` for complex, quantized, packed and opaque dtypes. Integers beyond 2^53 round
+/// to the nearest `f64`.
+///
+/// ```
+/// use ckpt_core::{DType, element_f64};
+/// assert_eq!(element_f64(DType::BF16, &[0x80, 0x3f]), Some(1.0));
+/// assert_eq!(element_f64(DType::F8E4M3Fn, &[0x38]), Some(1.0));
+/// assert_eq!(element_f64(DType::C64, &[0; 8]), None);
+/// ```
+pub fn element_f64(dtype: DType, b: &[u8]) -> Option<f64> {
+    let byte = b.first().copied().unwrap_or(0);
+    Some(match dtype {
+        DType::Bool => f64::from(u8::from(byte != 0)),
+        DType::U8 => f64::from(byte),
+        DType::I8 => f64::from(i8::from_le_bytes(le(b))),
+        DType::U16 => f64::from(u16::from_le_bytes(le(b))),
+        DType::I16 => f64::from(i16::from_le_bytes(le(b))),
+        DType::U32 => f64::from(u32::from_le_bytes(le(b))),
+        DType::I32 => f64::from(i32::from_le_bytes(le(b))),
+        #[allow(clippy::cast_precision_loss)]
+        DType::U64 => u64::from_le_bytes(le(b)) as f64,
+        #[allow(clippy::cast_precision_loss)]
+        DType::I64 => i64::from_le_bytes(le(b)) as f64,
+        DType::F16 => f64::from(half::f16::from_le_bytes(le(b)).to_f32()),
+        DType::BF16 => f64::from(half::bf16::from_le_bytes(le(b)).to_f32()),
+        DType::F32 => f64::from(f32::from_le_bytes(le(b))),
+        DType::F64 => f64::from_le_bytes(le(b)),
+        DType::F8E4M3Fn => minifloat(byte, 4, 3, 7, MiniKind::Fn),
+        DType::F8E5M2 => minifloat(byte, 5, 2, 15, MiniKind::Ieee),
+        DType::F8E4M3Fnuz => minifloat(byte, 4, 3, 8, MiniKind::Fnuz),
+        DType::F8E5M2Fnuz => minifloat(byte, 5, 2, 16, MiniKind::Fnuz),
+        DType::F8E8M0Fnu => {
+            if byte == 0xFF {
+                f64::NAN
+            } else {
+                2f64.powi(i32::from(byte) - 127)
+            }
+        }
+        _ => return None,
+    })
+}
+
 /// One element's text.
 fn element(dtype: DType, b: &[u8]) -> String {
     match dtype {

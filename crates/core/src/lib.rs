@@ -33,7 +33,7 @@ mod value;
 pub use buffer::Buffer;
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
-pub use display::format_tensor;
+pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Result};
 pub use flatten::{
