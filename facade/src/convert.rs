@@ -1,20 +1,104 @@
 //! Converting a checkpoint of any format into any other whose model can hold it.
+//!
+//! # What goes where
+//!
+//! | from \ to | torch | safetensors | distcp | hfai | pbg | recis |
+//! |---|---|---|---|---|---|---|
+//! | torch | ✓ | ✓ ¹ | ✓ ² | ✓ ³ | — | — |
+//! | safetensors | ✓ ⁴ | ✓ | ✓ | ✓ ³ | — | — |
+//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ (re-shard) | ✓ ³ | — | — |
+//! | hfai | ✓ | ✓ ¹ | ✓ | ✓ (re-shard) | — | — |
+//! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | — | — |
+//! | recis | ✓ | ✓ ¹ | ✓ | ✓ ³ | — | ✓ (re-shard) ⁶ |
+//!
+//! 1. safetensors holds tensors only: every other entry (non-tensor values, opaque tensors, dtypes safetensors
+//!    lacks) is listed in [`ConvertSummary::dropped`], never silently lost. Tensor names are the source's
+//!    entry names ([`crate::Checkpoint::entries`]). The file's `__metadata__` holds `format = "pt"` (what
+//!    Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source was nested (a
+//!    `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON object from each
+//!    tensor name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list
+//!    indices), so that converting back rebuilds the nesting.
+//! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
+//!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
+//!    would write it: every tensor with at least `N` rows is split on dimension 0 with DTensor's
+//!    `Shard(0)` rule ([`crate::distcp::shard_box`]), every other entry is replicated and written once.
+//! 3. hfai targets: a source whose top level is a mapping with a `model` mapping (hfai's own layout, and
+//!    the usual `{"model": ..., "optimizer": ..., "epoch": ...}` training checkpoint) keeps it: `model` is the
+//!    model state dict, `optimizer` (when it is an optimizer state dict with `state` and `param_groups`)
+//!    the optimizer, every other top-level item goes to hfai's `others`. Any other mapping *is* the model
+//!    state dict, so entry names gain a `model.` prefix (hfai's `load` returns `{"model": state_dict}`).
+//!    [`ConvertOptions::world_size`] is the number of `PART_*.pt` files.
+//! 4. safetensors to torch: with `ckpt.paths` the nesting is rebuilt (DCP's `set_element`: keys make
+//!    dicts, indices make lists), else the file becomes a flat `dict` of name → tensor (what
+//!    `torch.save(safetensors.torch.load_file(f))` writes).
+//! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
+//! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards
+//!    ([`crate::recis::reshard_dir`]); `model.pt` and `extra.pt` are copied; the IO states belong to the old
+//!    workers and are listed in [`ConvertSummary::dropped`].
+//!
+//! PyTorch-BigGraph and RecIS targets are refused ([`Error::UnsupportedConversion`], with the reason) from
+//! every other format: their models (entity partitions, relation operators and a training config; hash
+//! tables of ids with slot rows and a slice layout) are defined by training, and a generic state dict has
+//! nothing to map onto them. Their data converts *from* them to every other format under the entry names
+//! of [`crate::pbg::Checkpoint`] (`embeddings/<entity>/<part>`, `model/<public name>`, ...) and
+//! [`crate::recis::Checkpoint`] (`<table>@id`, `<table>@<slot>`, dense names).
+//!
+//! # Memory
+//! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
+//! memory maps, so writing a target touches each tensor's pages once and memory stays bounded by the page
+//! cache, except for gathers: hfai tensors stored in chunks are concatenated by the reader, DCP tensors
+//! split over several items are assembled, and non-contiguous tensors are made contiguous for safetensors.
+//! distcp → torch streams one tensor at a time.
+
+// The facade's `Error` (lib.rs) carries the format crates' errors by value; boxing it is the crate's call,
+// not this module's.
+#![allow(clippy::result_large_err)]
+// Builds with only some formats use only some of the helpers.
+#![cfg_attr(
+    not(all(feature = "torch", feature = "safetensors", feature = "distcp", feature = "hfai")),
+    allow(dead_code, unused_imports)
+)]
+
+mod source;
+mod target;
 
 use std::path::Path;
 
 use crate::{Error, Format, Result};
 
+/// The `.metadata` layout of distcp targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DcpProfile {
+    /// Loads in every torch from 2.0 to 2.15 (the default).
+    #[default]
+    MaxCompat,
+    /// torch 2.13's own layout, byte for byte.
+    Torch213,
+}
+
 /// Choices for the target layout of [`convert`].
+///
+/// ```
+/// let options = ckpt::ConvertOptions::default().with_world_size(4).with_dcp_profile(ckpt::DcpProfile::Torch213);
+/// assert_eq!(options.world_size, 4);
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConvertOptions {
-    /// Number of ranks/shards/parts for distcp, hfai and recis targets (default 1).
+    /// Number of ranks/shards/parts for distcp, hfai and recis targets (default 1); ignored by single-file
+    /// targets (torch, safetensors).
     pub world_size: usize,
+    /// The `.metadata` layout of distcp targets.
+    pub dcp_profile: DcpProfile,
+    /// hfai targets: tensors of more bytes than this are flattened and split over the parts (default: hfai's
+    /// 256 MiB).
+    pub hfai_large_size: Option<u64>,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { world_size: 1 }
+        ConvertOptions { world_size: 1, dcp_profile: DcpProfile::default(), hfai_large_size: None }
     }
 }
 
@@ -23,6 +107,20 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_world_size(mut self, n: usize) -> Self {
         self.world_size = n;
+        self
+    }
+
+    /// Sets the `.metadata` layout of distcp targets.
+    #[must_use]
+    pub fn with_dcp_profile(mut self, profile: DcpProfile) -> Self {
+        self.dcp_profile = profile;
+        self
+    }
+
+    /// Sets the size above which hfai targets split a tensor over the parts.
+    #[must_use]
+    pub fn with_hfai_large_size(mut self, bytes: u64) -> Self {
+        self.hfai_large_size = Some(bytes);
         self
     }
 }
@@ -43,13 +141,79 @@ pub struct ConvertSummary {
 
 /// Converts the checkpoint at `src` (format detected unless `from` is given) to `to` at `dst`.
 ///
+/// `dst` is a file for torch and safetensors targets and a directory (created if needed) for the others.
+/// The module documentation of `convert` lists the pairs and what each keeps.
+///
+/// ```
+/// use ckpt::core::{Tensor, Value};
+/// use ckpt::{ConvertOptions, Format};
+/// let dir = tempfile::tempdir().unwrap();
+/// let pt = dir.path().join("m.pt");
+/// let sd = Value::dict([
+///     ("model", Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))])),
+///     ("epoch", Value::Int(3)),
+/// ]);
+/// ckpt::torch::save(&sd, &pt).unwrap();
+///
+/// let st = dir.path().join("m.safetensors");
+/// let summary = ckpt::convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
+/// assert_eq!((summary.tensors, summary.bytes), (1, 8));
+/// assert_eq!(summary.dropped, ["epoch"]); // safetensors holds tensors only
+///
+/// // Back to torch: the nesting comes back from the file's `ckpt.paths` metadata.
+/// let back = dir.path().join("back.pt");
+/// ckpt::convert(&st, None, &back, Format::Torch, &ConvertOptions::default()).unwrap();
+/// assert_eq!(ckpt::open(&back).unwrap().entries()[0].name, "model.w");
+/// ```
+///
 /// # Errors
-/// [`Error::UnsupportedConversion`] when the target cannot hold the source's data, or the formats' own errors.
-pub fn convert(src: &Path, from: Option<Format>, dst: &Path, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
-    let _ = (dst, options);
+/// [`Error::UnsupportedConversion`] when the target cannot hold the source's data (see the table above),
+/// [`Error::FeatureDisabled`] when this build lacks a format, or the formats' own errors.
+pub fn convert(
+    src: &Path,
+    from: Option<Format>,
+    dst: &Path,
+    to: Format,
+    options: &ConvertOptions,
+) -> Result<ConvertSummary> {
     let from = match from {
         Some(f) => f,
         None => crate::detect(src)?,
     };
-    Err(Error::UnsupportedConversion { from, to, reason: "not implemented yet".into() })
+    if options.world_size == 0 {
+        return Err(Error::UnsupportedConversion {
+            from,
+            to,
+            reason: "world size 0: a target needs at least one rank".into(),
+        });
+    }
+    for format in [from, to] {
+        if !format.reading_enabled() {
+            return Err(Error::FeatureDisabled { path: src.to_path_buf(), format, feature: format.feature() });
+        }
+    }
+    if let Some(reason) = unsupported_reason(from, to) {
+        return Err(Error::UnsupportedConversion { from, to, reason });
+    }
+    target::write(src, from, dst, to, options)
+}
+
+/// Why `from` cannot be converted to `to`, or `None` when it can.
+pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
+    match (from, to) {
+        (Format::Pbg, Format::Pbg) => Some(
+            "a PyTorch-BigGraph checkpoint is already in its format: copy the directory, or write a new version \
+             with ckpt::pbg::Commit"
+                .into(),
+        ),
+        (_, Format::Pbg) => Some(format!(
+            "a PyTorch-BigGraph checkpoint is entity embedding partitions, relation operators and the training \
+             config.json that defines them; a {from} checkpoint has no such structure to map onto them"
+        )),
+        (_, Format::Recis) if from != Format::Recis => Some(format!(
+            "a RecIS checkpoint is hash tables (ids with embedding and optimizer slot rows, sharded by id slices) \
+             plus RecIS's dense state; a {from} checkpoint has no hash tables to map onto them"
+        )),
+        _ => None,
+    }
 }

@@ -33,7 +33,10 @@
 //! before it is used; a panic on malformed input is a bug.
 
 mod convert;
+mod diff;
 mod format;
+mod reshard;
+mod verify;
 
 use std::path::{Path, PathBuf};
 
@@ -49,8 +52,11 @@ pub use ckpt_pbg as pbg;
 pub use ckpt_recis as recis;
 #[cfg(feature = "torch")]
 pub use ckpt_torch as torch;
-pub use convert::{ConvertOptions, ConvertSummary, convert};
+pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, unsupported_reason};
+pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use format::{Format, detect};
+pub use reshard::{ReshardSummary, reshard, reshard_formats};
+pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 
 /// Errors of the facade: which format, which path, and the format crate's error.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +92,7 @@ pub enum Error {
     /// An error from the torch codec.
     #[cfg(feature = "torch")]
     #[error(transparent)]
-    Torch(#[from] ckpt_torch::Error),
+    Torch(Box<ckpt_torch::Error>),
     /// An error from the DCP crate.
     #[cfg(feature = "distcp")]
     #[error("{}: {source}", path.display())]
@@ -95,7 +101,7 @@ pub enum Error {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: ckpt_distcp::Error,
+        source: Box<ckpt_distcp::Error>,
     },
     /// An error from the hfai crate.
     #[cfg(feature = "hfai")]
@@ -105,7 +111,7 @@ pub enum Error {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: ckpt_hfai::Error,
+        source: Box<ckpt_hfai::Error>,
     },
     /// An error from the PyTorch-BigGraph crate.
     #[cfg(feature = "pbg")]
@@ -115,7 +121,7 @@ pub enum Error {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: ckpt_pbg::Error,
+        source: Box<ckpt_pbg::Error>,
     },
     /// An error from the RecIS crate.
     #[cfg(feature = "recis")]
@@ -125,7 +131,7 @@ pub enum Error {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: ckpt_recis::Error,
+        source: Box<ckpt_recis::Error>,
     },
     /// The target format cannot hold the source's data.
     #[error("cannot convert {from} to {to}: {reason}")]
@@ -146,6 +152,13 @@ pub enum Error {
         #[source]
         source: ckpt_core::Error,
     },
+}
+
+#[cfg(feature = "torch")]
+impl From<ckpt_torch::Error> for Error {
+    fn from(e: ckpt_torch::Error) -> Self {
+        Error::Torch(Box::new(e))
+    }
 }
 
 /// `Result` with the facade's [`Error`].
@@ -249,19 +262,19 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
         )),
         #[cfg(feature = "distcp")]
         Format::Distcp => Box::new(
-            ckpt_distcp::DcpReader::open(path).map_err(|source| Error::Distcp { path: path.to_path_buf(), source })?,
+            ckpt_distcp::DcpReader::open(path).map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?,
         ),
         #[cfg(feature = "hfai")]
         Format::Hfai => Box::new(
-            ckpt_hfai::HfaiCheckpoint::open(path).map_err(|source| Error::Hfai { path: path.to_path_buf(), source })?,
+            ckpt_hfai::HfaiCheckpoint::open(path).map_err(|source| Error::Hfai { path: path.to_path_buf(), source: Box::new(source) })?,
         ),
         #[cfg(feature = "pbg")]
         Format::Pbg => {
-            Box::new(ckpt_pbg::Checkpoint::open(path).map_err(|source| Error::Pbg { path: path.to_path_buf(), source })?)
+            Box::new(ckpt_pbg::Checkpoint::open(path).map_err(|source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) })?)
         }
         #[cfg(feature = "recis")]
         Format::Recis => {
-            let recis = |source| Error::Recis { path: path.to_path_buf(), source };
+            let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };
             // A directory with a `checkpoint` list (and no index of its own) holds several checkpoints: open the
             // latest, as RecIS's checkpoint manager does.
             let is_list = path.join("checkpoint").is_file() && !path.join("index").is_file();

@@ -1,15 +1,29 @@
-//! The `ckpt` command: inspect, print and check PyTorch training checkpoints.
+//! The `ckpt` command: inspect, print, verify, compare, convert and reshard PyTorch training checkpoints.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
-use ckpt::{Checkpoint, EntryKind};
+use ckpt::{Checkpoint, EntryKind, Format};
 use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+const TOP_EXAMPLES: &str = "Examples:
+  ckpt inspect model.pt
+  ckpt inspect dcp_checkpoint/ --json
+  ckpt cat model.pt layer.weight --limit 8
+  ckpt verify dcp_checkpoint/
+  ckpt diff model.pt converted.safetensors --atol 1e-6
+  ckpt convert hfai_ckpt/ model.safetensors --to safetensors
+  ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4
+  ckpt export-tsv pbg/config.json --entities-output entities.tsv --relation-types-output relation_types.tsv
+
+Exit codes: 0 success, 1 a check failed (verify, diff), 2 usage error, 3 bad input, 4 I/O error.";
 
 /// Read, inspect and convert PyTorch training checkpoints without Python.
 #[derive(Parser)]
-#[command(name = "ckpt", version, about, long_about = None, after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect model.pt --json\n  ckpt cat model.pt layer.weight --limit 8")]
+#[command(name = "ckpt", version, about, long_about = None, after_help = TOP_EXAMPLES)]
 struct Cli {
     /// Print nothing but results and errors.
     #[arg(long, short, global = true)]
@@ -42,48 +56,420 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         limit: usize,
     },
+    /// Check a checkpoint end to end: structure, coverage, CRC-32s, the format's commit state, every entry
+    /// readable. Exits 0 when everything holds, 1 listing each problem, 3 when it cannot be read at all.
+    #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify dcp_checkpoint/\n  \
+                            ckpt verify pbg/ckpt   # the committed version, counts against config.json's entity path")]
+    Verify {
+        /// A checkpoint file or directory.
+        path: PathBuf,
+    },
+    /// Compare two checkpoints, of any formats: entries on one side only, dtype and shape changes, the largest
+    /// absolute and relative difference of each tensor, non-tensor values. Exits 0 when equal within
+    /// tolerance (numpy allclose: |a - b| <= atol + rtol * |b|, NaN equal to NaN), 1 otherwise.
+    #[command(after_help = "Examples:\n  ckpt diff a.pt b.pt\n  \
+                            ckpt diff model.pt model.safetensors --rtol 1e-3 --atol 1e-5\n  \
+                            ckpt diff dcp_checkpoint/ hfai_ckpt/ --all")]
+    Diff {
+        /// First checkpoint (`a`).
+        a: PathBuf,
+        /// Second checkpoint (`b`, the reference of the relative tolerance).
+        b: PathBuf,
+        /// Relative tolerance.
+        #[arg(long, default_value_t = 1e-5)]
+        rtol: f64,
+        /// Absolute tolerance.
+        #[arg(long, default_value_t = 1e-8)]
+        atol: f64,
+        /// Also list the tensors that are equal, with their differences.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Convert a checkpoint into another format.
+    #[command(after_help = "Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
+                            ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
+                            ckpt convert model.safetensors model.pt --to torch\n\n\
+                            Formats: torch, safetensors, distcp, hfai, pbg, recis.")]
+    Convert {
+        /// The source checkpoint.
+        src: PathBuf,
+        /// The destination file or directory.
+        dst: PathBuf,
+        /// The target format.
+        #[arg(long, value_parser = parse_format)]
+        to: Format,
+        /// The source format (detected when omitted).
+        #[arg(long, value_parser = parse_format)]
+        from: Option<Format>,
+        /// Ranks, shards or parts of a distcp, hfai or recis target.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        world_size: u32,
+    },
+    /// Rewrite a distcp, hfai or recis checkpoint for another number of ranks, parts or shards.
+    #[command(after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
+                            ckpt reshard hfai_ckpt/ hfai_2parts/ --world-size 2\n  \
+                            ckpt reshard recis_ckpt/ recis_4shards/ --world-size 4")]
+    Reshard {
+        /// The source checkpoint directory.
+        path: PathBuf,
+        /// The destination directory (new or empty).
+        dst: PathBuf,
+        /// The new number of ranks, parts or shards.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        world_size: u32,
+    },
+    /// Export a PyTorch-BigGraph checkpoint's embeddings and relation parameters as TSV, as
+    /// torchbiggraph_export_to_tsv does (outputs must not exist).
+    #[command(
+        name = "export-tsv",
+        after_help = "Examples:\n  \
+                            ckpt export-tsv config.json --entities-output entities.tsv --relation-types-output relation_types.tsv\n  \
+                            ckpt export-tsv pbg/ckpt --entities-output e.tsv --relation-types-output r.tsv\n\n\
+                            CONFIG is PBG's config file (checkpoint_path and entity_path resolved against the working\n\
+                            directory, then the config's directory), or a checkpoint directory (its config.json)."
+    )]
+    ExportTsv {
+        /// PBG's config file, or a checkpoint directory.
+        config: PathBuf,
+        /// Where to write the entity embeddings.
+        #[arg(long)]
+        entities_output: PathBuf,
+        /// Where to write the relation type parameters.
+        #[arg(long)]
+        relation_types_output: PathBuf,
+    },
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    Format::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown format {s:?}; one of {}", names.join(", "))
+    })
 }
 
 /// Exit codes: 0 success, 1 a check failed, 2 usage error (clap), 3 bad input, 4 I/O error.
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
 const EXIT_BAD_INPUT: u8 = 3;
 const EXIT_IO: u8 = 4;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let quiet = cli.quiet;
     let result = match &cli.command {
-        Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)),
-        Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)),
+        Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)).map(|()| true),
+        Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
+        Command::Verify { path } => verify(path, quiet),
+        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
+        Command::Convert { src, dst, to, from, world_size } => convert(src, dst, *to, *from, *world_size, quiet),
+        Command::Reshard { path, dst, world_size } => match reshard_format(path) {
+            Ok(true) => reshard(path, dst, *world_size, quiet),
+            Ok(false) => return ExitCode::from(EXIT_USAGE),
+            Err(e) => Err(e),
+        },
+        Command::ExportTsv { config, entities_output, relation_types_output } => {
+            export_tsv(config, entities_output, relation_types_output, quiet)
+        }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_FAILED),
         // `ckpt inspect x --json | head`: the reader went away; that is not an error.
         Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
-            let mut msg = format!("error: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let text = s.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(&format!("\n  caused by: {text}"));
-                }
-                source = s.source();
-            }
-            eprintln!("{msg}");
+            eprintln!("error: {}", error_chain(&e, "\n  caused by: "));
             ExitCode::from(exit_code(&e))
         }
     }
 }
 
-fn exit_code(e: &ckpt::Error) -> u8 {
-    match e {
-        ckpt::Error::Io { .. } => EXIT_IO,
-        ckpt::Error::Torch(t) if matches!(t.kind(), ckpt::torch::Error::Io { .. }) => EXIT_IO,
-        ckpt::Error::Torch(ckpt::torch::Error::Io { .. }) => EXIT_IO,
-        _ => EXIT_BAD_INPUT,
+/// An error's message followed by each cause not already part of it.
+fn error_chain(e: &dyn std::error::Error, sep: &str) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(sep);
+            msg.push_str(&text);
+        }
+        source = s.source();
     }
+    msg
 }
 
-fn human_bytes(n: usize) -> String {
+/// 4 when an operating-system I/O error (other than malformed data) is in the cause chain, else 3.
+fn exit_code(e: &ckpt::Error) -> u8 {
+    if let ckpt::Error::Torch(t) = e {
+        if matches!(t.kind(), ckpt::torch::Error::Io { .. }) {
+            return EXIT_IO;
+        }
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if !matches!(io.kind(), K::UnexpectedEof | K::InvalidData | K::InvalidInput) {
+                return EXIT_IO;
+            }
+        }
+        source = s.source();
+    }
+    EXIT_BAD_INPUT
+}
+
+/// A progress bar on stderr over `total` units, hidden when quiet or when stderr is not a terminal.
+fn bar(quiet: bool, total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if quiet || !std::io::stderr().is_terminal() {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(what.to_owned());
+    pb
+}
+
+/// A spinner on stderr for work whose size is not known, hidden like [`bar`].
+fn spinner(quiet: bool, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if quiet || !std::io::stderr().is_terminal() {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    } else {
+        pb.enable_steady_tick(Duration::from_millis(100));
+    }
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_owned());
+    pb
+}
+
+fn stdout_err(e: std::io::Error) -> ckpt::Error {
+    ckpt::Error::Io { path: "<stdout>".into(), source: e }
+}
+
+fn verify(path: &Path, quiet: bool) -> ckpt::Result<bool> {
+    let pb = bar(quiet, 0, &format!("verifying {}", path.display()));
+    let progress = |done: u64, total: u64| {
+        pb.set_length(total);
+        pb.set_position(done);
+    };
+    let report = ckpt::verify_with_progress(path, &progress);
+    pb.finish_and_clear();
+    let report = report?;
+    let mut out = std::io::stdout().lock();
+    for w in &report.warnings {
+        if !quiet {
+            writeln!(out, "warning: {w}").map_err(stdout_err)?;
+        }
+    }
+    for p in &report.problems {
+        writeln!(out, "problem: {p}").map_err(stdout_err)?;
+    }
+    let what = format!("{} checkpoint {}", report.format, path.display());
+    if report.is_ok() {
+        if !quiet {
+            writeln!(out, "ok: {what}: {} entries, {} verified", report.checked, human_bytes(report.bytes))
+                .map_err(stdout_err)?;
+        }
+    } else {
+        let n = report.problems.len();
+        writeln!(out, "FAILED: {what}: {n} problem{}", if n == 1 { "" } else { "s" }).map_err(stdout_err)?;
+    }
+    Ok(report.is_ok())
+}
+
+fn diff(a: &Path, b: &Path, rtol: f64, atol: f64, all: bool, quiet: bool) -> ckpt::Result<bool> {
+    let options = ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol);
+    let pb = bar(quiet, 0, "comparing");
+    let progress = |done: u64, total: u64| {
+        pb.set_length(total);
+        pb.set_position(done);
+    };
+    let report = ckpt::diff_with_progress(a, b, &options, &progress);
+    pb.finish_and_clear();
+    let report = report?;
+    let mut out = std::io::stdout().lock();
+    let mut w = |line: String| writeln!(out, "{line}").map_err(stdout_err);
+    for n in &report.only_a {
+        w(format!("only in {}: {n}", a.display()))?;
+    }
+    for n in &report.only_b {
+        w(format!("only in {}: {n}", b.display()))?;
+    }
+    for (n, ka, kb) in &report.kind_changes {
+        w(format!("kind changed: {n}: {ka} -> {kb}"))?;
+    }
+    let mut differing = 0usize;
+    for t in &report.tensors {
+        let equal = t.is_equal();
+        if equal && !all {
+            continue;
+        }
+        differing += usize::from(!equal);
+        let mut notes = Vec::new();
+        if t.dtype.0 != t.dtype.1 {
+            notes.push(format!("dtype {} -> {}", t.dtype.0.torch_name(), t.dtype.1.torch_name()));
+        }
+        if t.shape.0 != t.shape.1 {
+            notes.push(format!("shape {:?} -> {:?}", t.shape.0, t.shape.1));
+        } else if t.bytewise {
+            notes.push(format!("{} of {} elements differ (compared as bytes)", t.mismatched, t.numel));
+        } else {
+            notes.push(format!(
+                "max abs diff {:e}, max rel diff {:e}, {} of {} elements outside tolerance",
+                t.max_abs, t.max_rel, t.mismatched, t.numel
+            ));
+        }
+        w(format!("{}: {}: {}", if equal { "equal" } else { "differs" }, t.name, notes.join("; ")))?;
+    }
+    for n in &report.values_differ {
+        w(format!("value differs: {n}"))?;
+    }
+    for (n, e) in &report.unreadable {
+        w(format!("unreadable: {n}: {e}"))?;
+    }
+    let equal = report.is_equal();
+    if !quiet || !equal {
+        let compared = format!(
+            "{} tensors, {} values compared (rtol {rtol:e}, atol {atol:e})",
+            report.tensors.len(),
+            report.values_equal + report.values_differ.len()
+        );
+        if equal {
+            w(format!("equal: {compared}"))?;
+        } else {
+            let n = report.only_a.len()
+                + report.only_b.len()
+                + report.kind_changes.len()
+                + differing
+                + report.values_differ.len()
+                + report.unreadable.len();
+            w(format!("DIFFERENT: {n} difference{}; {compared}", if n == 1 { "" } else { "s" }))?;
+        }
+    }
+    Ok(equal)
+}
+
+fn convert(src: &Path, dst: &Path, to: Format, from: Option<Format>, world: u32, quiet: bool) -> ckpt::Result<bool> {
+    let options = ckpt::ConvertOptions::default().with_world_size(world as usize);
+    let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
+    let summary = ckpt::convert(src, from, dst, to, &options);
+    pb.finish_and_clear();
+    let summary = summary?;
+    let mut out = std::io::stdout().lock();
+    for d in &summary.dropped {
+        writeln!(out, "dropped (a {to} checkpoint cannot hold it): {d}").map_err(stdout_err)?;
+    }
+    if !quiet {
+        writeln!(
+            out,
+            "converted {} to {to} {}: {} tensors ({}), {} values{}",
+            src.display(),
+            dst.display(),
+            summary.tensors,
+            human_bytes(summary.bytes),
+            summary.values,
+            if summary.dropped.is_empty() { String::new() } else { format!(", {} dropped", summary.dropped.len()) }
+        )
+        .map_err(stdout_err)?;
+    }
+    Ok(true)
+}
+
+/// Whether `path` is of a format `reshard` handles; prints the usage error when not.
+fn reshard_format(path: &Path) -> ckpt::Result<bool> {
+    let format = ckpt::detect(path)?;
+    if ckpt::reshard_formats().contains(&format) {
+        return Ok(true);
+    }
+    let names: Vec<&str> = ckpt::reshard_formats().iter().map(|f| f.name()).collect();
+    eprintln!(
+        "error: {}: a {format} checkpoint has no shards; reshard works on {} checkpoints (see `ckpt convert`)",
+        path.display(),
+        names.join(", ")
+    );
+    Ok(false)
+}
+
+fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool) -> ckpt::Result<bool> {
+    let pb = spinner(quiet, &format!("resharding {} for {world}", src.display()));
+    let summary = ckpt::reshard(src, dst, world as usize);
+    pb.finish_and_clear();
+    let summary = summary?;
+    if !quiet {
+        writeln!(
+            std::io::stdout().lock(),
+            "resharded {} checkpoint {} into {} for world size {}: {} tensors ({})",
+            summary.format,
+            src.display(),
+            dst.display(),
+            summary.world_size,
+            summary.tensors,
+            human_bytes(summary.bytes)
+        )
+        .map_err(stdout_err)?;
+    }
+    Ok(true)
+}
+
+/// `rel` as PBG resolves it (against the working directory), else against `base`.
+#[cfg(feature = "pbg")]
+fn resolve(rel: &str, base: &Path) -> PathBuf {
+    let p = PathBuf::from(rel);
+    if p.is_absolute() || p.exists() { p } else { base.join(p) }
+}
+
+#[cfg(not(feature = "pbg"))]
+fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> {
+    Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
+}
+
+#[cfg(feature = "pbg")]
+fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Path, quiet: bool) -> ckpt::Result<bool> {
+    let pbg = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ckpt::Error::Pbg { path, source: Box::new(source) }
+    };
+    let (config_file, checkpoint_dir) = if config.is_dir() {
+        (config.join(ckpt::pbg::CONFIG_FILE), Some(config.to_path_buf()))
+    } else {
+        (config.to_path_buf(), None)
+    };
+    let cfg = ckpt::pbg::Config::read(&config_file).map_err(pbg(&config_file))?;
+    let base = config_file.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // A checkpoint's own config.json names paths relative to where training ran: its parent directory.
+    let base = if checkpoint_dir.is_some() { base.parent().unwrap_or(Path::new(".")).to_path_buf() } else { base };
+    let checkpoint_dir = match checkpoint_dir {
+        Some(d) => d,
+        None => resolve(cfg.checkpoint_path().unwrap_or("."), &base),
+    };
+    let entity_path = resolve(cfg.entity_path().unwrap_or("."), &base);
+    let pb = spinner(quiet, "exporting");
+    let result = ckpt::pbg::Checkpoint::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
+        let entities = ckpt::pbg::EntityStorage::new(&entity_path);
+        ckpt::pbg::export_tsv(&ck, &cfg, &entities, entities_output, relation_types_output)
+            .map_err(pbg(&checkpoint_dir))
+            .map(|()| ck.version())
+    });
+    pb.finish_and_clear();
+    let version = result?;
+    if !quiet {
+        writeln!(
+            std::io::stdout().lock(),
+            "exported version {version} of {}: {} and {}",
+            checkpoint_dir.display(),
+            entities_output.display(),
+            relation_types_output.display()
+        )
+        .map_err(stdout_err)?;
+    }
+    Ok(true)
+}
+
+fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;
@@ -144,9 +530,12 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
     let rows: Vec<[String; 4]> = entries
         .iter()
         .map(|e| match &e.kind {
-            EntryKind::Tensor(t) => {
-                [e.name.clone(), t.dtype.torch_name().to_owned(), format!("{:?}", t.shape), human_bytes(t.nbytes())]
-            }
+            EntryKind::Tensor(t) => [
+                e.name.clone(),
+                t.dtype.torch_name().to_owned(),
+                format!("{:?}", t.shape),
+                human_bytes(t.nbytes() as u64),
+            ],
             EntryKind::OpaqueTensor(k) => {
                 [e.name.clone(), format!("{k:?} tensor").to_lowercase(), "-".into(), "-".into()]
             }
@@ -184,7 +573,7 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
         out,
         "{}, {}; {}{opaque_text}",
         plural(tensors, "tensor"),
-        human_bytes(bytes),
+        human_bytes(bytes as u64),
         plural(values, "other value")
     )
     .map_err(io)?;

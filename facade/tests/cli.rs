@@ -1,0 +1,317 @@
+//! The `ckpt` command, run as a user would: on every golden fixture and on corrupted copies, checking
+//! output and exit codes (0 ok, 1 check failed, 2 usage, 3 bad input, 4 I/O).
+
+#![cfg(feature = "full")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ckpt::core::{Tensor, Value};
+use ckpt::{EntryKind, Format};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/fixtures")
+}
+
+fn ckpt_cmd(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ckpt"));
+    for a in args {
+        c.arg(a);
+    }
+    c.output().unwrap()
+}
+
+/// Runs `ckpt args...` and returns (exit code, stdout, stderr).
+fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (i32, String, String) {
+    let out = ckpt_cmd(args);
+    let code = out.status.code().unwrap_or_else(|| panic!("killed by a signal: {args:?}", args = out.status));
+    (code, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn sorted(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| keep(p)).collect();
+    v.sort();
+    v
+}
+
+/// Every golden checkpoint of every format.
+fn golden() -> Vec<PathBuf> {
+    let f = fixtures();
+    let mut v = sorted(&f.join("torch"), |p| p.extension().is_some_and(|e| e == "pt"));
+    v.extend(sorted(&f.join("distcp/golden"), |p| p.is_dir()));
+    v.extend(sorted(&f.join("hfai"), |p| p.is_dir()).into_iter().map(|p| p.join("ckpt")));
+    v.push(f.join("pbg/ckpt"));
+    v.extend(sorted(&f.join("recis/golden"), |p| p.is_dir()));
+    v
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        if e.path().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn inspect_json_lists_what_open_lists() {
+    for path in golden() {
+        let (code, out, err) = run(&[&"inspect", &"--json", &path]);
+        assert_eq!(code, 0, "{}: {err}", path.display());
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let ck = ckpt::open(&path).unwrap();
+        assert_eq!(doc["format"], ck.format().name(), "{}", path.display());
+        let listed = doc["entries"].as_array().unwrap();
+        let entries = ck.entries();
+        assert_eq!(listed.len(), entries.len(), "{}", path.display());
+        for (j, e) in listed.iter().zip(&entries) {
+            assert_eq!(j["name"], e.name.as_str());
+            if let EntryKind::Tensor(t) = &e.kind {
+                assert_eq!(j["dtype"], t.dtype.torch_name(), "{} {}", path.display(), e.name);
+                assert_eq!(j["shape"], serde_json::json!(t.shape));
+                assert_eq!(j["nbytes"], t.nbytes());
+            }
+        }
+    }
+}
+
+#[test]
+fn verify_passes_on_every_golden_fixture() {
+    let all = golden();
+    assert!(all.len() > 40, "fixtures missing: {}", all.len());
+    for path in all {
+        let (code, out, err) = run(&[&"verify", &path]);
+        assert_eq!(code, 0, "{}: {out}{err}", path.display());
+        assert!(out.contains("ok: "), "{out}");
+    }
+}
+
+#[test]
+fn verify_reports_a_flipped_byte_in_a_torch_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.pt");
+    let data: Vec<f32> = (0..64u8).map(f32::from).collect();
+    ckpt::torch::save(&Value::dict([("w", Value::Tensor(Tensor::from_slice(&data, &[64]).unwrap()))]), &path).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    // 63.0f32 is the last element: flip a bit of its bytes, wherever the record put them.
+    let needle = 63.0f32.to_le_bytes();
+    let at = bytes.windows(4).position(|w| w == needle).unwrap();
+    bytes[at] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let (code, out, _) = run(&[&"verify", &path]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("CRC-32 mismatch") && out.contains("m/data/0"), "{out}");
+    assert!(out.contains("FAILED"), "{out}");
+}
+
+#[test]
+fn verify_reports_a_truncated_distcp_data_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("d215");
+    copy_dir(&fixtures().join("distcp/golden/d215"), &copy);
+    let data = copy.join("__1_0.distcp");
+    let len = std::fs::metadata(&data).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&data).unwrap().set_len(len / 2).unwrap();
+    let (code, out, err) = run(&[&"verify", &copy]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("problem: ") && out.contains("__1_0.distcp"), "{out}");
+}
+
+#[test]
+fn verify_rejects_every_bad_file() {
+    let bad = sorted(&fixtures().join("../bad"), |p| p.extension().is_some_and(|e| e == "pt"));
+    assert!(bad.len() > 10);
+    for path in bad {
+        let (code, out, err) = run(&[&"verify", &path]);
+        assert!(code == 1 || code == 3, "{}: exit {code}: {out}{err}", path.display());
+        if code == 3 {
+            assert!(err.starts_with("error: ") && err.contains(&*path.to_string_lossy()), "{err}");
+        }
+    }
+}
+
+#[test]
+fn diff_reports_max_abs_difference_and_respects_tolerances() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.pt"), dir.path().join("b.pt"));
+    let sd = |x: f32| {
+        Value::dict([
+            ("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, x, f32::NAN], &[2, 2]).unwrap())),
+            ("step", Value::Int(3)),
+        ])
+    };
+    ckpt::torch::save(&sd(3.0), &a).unwrap();
+    ckpt::torch::save(&sd(3.25), &b).unwrap();
+    // Itself: equal (NaN at the same position is equal).
+    let (code, out, _) = run(&[&"diff", &a, &a]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("equal: 1 tensors, 1 values"), "{out}");
+    let (code, out, _) = run(&[&"diff", &a, &b]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("differs: w: max abs diff 2.5e-1") && out.contains("1 of 4 elements"), "{out}");
+    assert_eq!(run(&[&"diff", &a, &b, &"--atol", &"0.25"]).0, 0);
+    assert_eq!(run(&[&"diff", &a, &b, &"--rtol", &"0.08", &"--atol", &"0"]).0, 0);
+    assert_eq!(run(&[&"diff", &a, &b, &"--rtol", &"0.08", &"--atol", &"0", &"-q"]).1, "");
+
+    // Across formats: the same tensors as safetensors, with a value the other side lacks.
+    let st = dir.path().join("a.safetensors");
+    let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, f32::NAN], &[2, 2]).unwrap();
+    ckpt::core::safetensors::write_file(&[("w".to_owned(), w)], None, &st).unwrap();
+    let (code, out, _) = run(&[&"diff", &a, &st]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("only in {}: step", a.display())), "{out}");
+    assert!(!out.contains("differs: w"), "{out}");
+
+    // A dtype and a shape change.
+    let c = dir.path().join("c.pt");
+    ckpt::torch::save(
+        &Value::dict([
+            ("w", Value::Tensor(Tensor::from_slice(&[1.0f64, 2.0, 3.0, f64::NAN], &[2, 2]).unwrap())),
+            ("step", Value::Tensor(Tensor::from_slice(&[3i64], &[1]).unwrap())),
+        ]),
+        &c,
+    )
+    .unwrap();
+    let (code, out, _) = run(&[&"diff", &a, &c]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("differs: w: dtype float32 -> float64; max abs diff 0e0"), "{out}");
+    assert!(out.contains("kind changed: step: value -> tensor int64 [1]"), "{out}");
+}
+
+#[test]
+fn reshard_then_the_entries_are_the_source_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = fixtures();
+    let cases: [(PathBuf, usize, Format, &[&str]); 3] = [
+        (f.join("distcp/golden/d215"), 3, Format::Distcp, &[]),
+        (f.join("hfai/single_n3/ckpt"), 2, Format::Hfai, &["value differs: __nshards__"]),
+        (f.join("recis/golden/two_shard_adamw"), 3, Format::Recis, &[]),
+    ];
+    for (src, n, format, expected_diff) in cases {
+        let dst = tmp.path().join(format.name());
+        let (code, out, err) = run(&[&"reshard", &src, &dst, &"--world-size", &n.to_string()]);
+        assert_eq!(code, 0, "{}: {out}{err}", src.display());
+        assert!(out.contains(&format!("world size {n}")), "{out}");
+        assert_eq!(ckpt::detect(&dst).unwrap(), format);
+        let (code, out, err) = run(&[&"verify", &dst]);
+        assert_eq!(code, 0, "{}: {out}{err}", dst.display());
+        let (_, inspect_src, _) = run(&[&"inspect", &"--json", &src]);
+        let (_, inspect_dst, _) = run(&[&"inspect", &"--json", &dst]);
+        // The same entries (hfai lists them in part order, which a new part count changes).
+        let entries = |s: &str| {
+            let doc = serde_json::from_str::<serde_json::Value>(s).unwrap();
+            let mut v: Vec<String> = doc["entries"].as_array().unwrap().iter().map(ToString::to_string).collect();
+            v.sort();
+            v
+        };
+        let (a, b) = (entries(&inspect_src), entries(&inspect_dst));
+        assert!(a == b, "{}: entries differ after resharding", src.display());
+        let (code, out, _) = run(&[&"diff", &src, &dst]);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("equal") && !l.starts_with("DIFFERENT")).collect();
+        assert_eq!(lines, expected_diff, "{}: {out}", src.display());
+        assert_eq!(code, i32::from(!expected_diff.is_empty()));
+        // The shard count shows in the format's own terms.
+        let ck = ckpt::open(&dst).unwrap();
+        match format {
+            Format::Distcp => {
+                let files = sorted(&dst, |p| p.extension().is_some_and(|e| e == "distcp"));
+                assert_eq!(files.len(), n);
+            }
+            Format::Hfai => assert_eq!(ck.value("__nshards__").unwrap(), Value::Int(2)),
+            _ => {
+                let details = ck.reader().details();
+                assert!(details.contains(&("shards".to_owned(), n.to_string())), "{details:?}");
+            }
+        }
+        // A destination that is not empty is refused.
+        let (code, _, err) = run(&[&"reshard", &src, &dst, &"--world-size", &"2"]);
+        assert_eq!(code, 3, "{err}");
+        assert!(err.contains("not empty"), "{err}");
+    }
+}
+
+#[test]
+fn export_tsv_equals_torchbiggraph_export_to_tsv() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pbg = fixtures().join("pbg");
+    let (e, r) = (tmp.path().join("entities.tsv"), tmp.path().join("relation_types.tsv"));
+    // As torchbiggraph_export_to_tsv is called: the config file, paths in it relative to the working directory.
+    let out = Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .current_dir(&pbg)
+        .args(["export-tsv", "config.json", "--entities-output"])
+        .arg(&e)
+        .arg("--relation-types-output")
+        .arg(&r)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&e).unwrap(), std::fs::read(pbg.join("export/entities.tsv")).unwrap());
+    assert_eq!(std::fs::read(&r).unwrap(), std::fs::read(pbg.join("export/relation_types.tsv")).unwrap());
+    // Existing outputs are not overwritten ("xt").
+    let (code, _, err) =
+        run(&[&"export-tsv", &pbg.join("ckpt"), &"--entities-output", &e, &"--relation-types-output", &r]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    // A checkpoint directory works too (its config.json).
+    let (e2, r2) = (tmp.path().join("e2.tsv"), tmp.path().join("r2.tsv"));
+    let (code, _, err) =
+        run(&[&"export-tsv", &pbg.join("ckpt"), &"--entities-output", &e2, &"--relation-types-output", &r2]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&e2).unwrap(), std::fs::read(pbg.join("export/entities.tsv")).unwrap());
+}
+
+#[test]
+fn exit_codes_and_help() {
+    let torch = fixtures().join("torch/dtypes.pt");
+    // Usage errors: 2.
+    assert_eq!(run(&[]).0, 2);
+    assert_eq!(run(&[&"frobnicate"]).0, 2);
+    assert_eq!(run(&[&"diff", &torch]).0, 2);
+    assert_eq!(run(&[&"convert", &torch, &"x", &"--to", &"onnx"]).0, 2);
+    assert_eq!(run(&[&"reshard", &torch, &"x", &"--world-size", &"0"]).0, 2);
+    let (code, _, err) = run(&[&"reshard", &torch, &"x", &"--world-size", &"2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("distcp, hfai, recis"), "{err}");
+    // Bad input: 3, with the path.
+    let bad = fixtures().join("../bad/random_bytes.pt");
+    let (code, _, err) = run(&[&"inspect", &bad]);
+    assert_eq!(code, 3);
+    assert!(err.contains("random_bytes.pt"), "{err}");
+    // Missing files: 4.
+    let (code, _, err) = run(&[&"verify", &"/nonexistent/ckpt.pt"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("/nonexistent/ckpt.pt"), "{err}");
+    assert_eq!(run(&[&"diff", &torch, &"/nonexistent/b.pt"]).0, 4);
+    // Help with examples, for the tool and every subcommand.
+    let (code, out, _) = run(&[&"--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Examples:") && out.contains("Exit codes"), "{out}");
+    for sub in ["inspect", "cat", "verify", "diff", "convert", "reshard", "export-tsv"] {
+        let (code, out, _) = run(&[&sub, &"--help"]);
+        assert_eq!(code, 0, "{sub}");
+        assert!(out.contains("Examples:\n  ckpt "), "{sub}: {out}");
+    }
+}
+
+#[test]
+fn convert_prints_its_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("m.safetensors");
+    let (code, out, err) = run(&[&"convert", &fixtures().join("torch/dtypes.pt"), &dst, &"--to", &"safetensors"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("converted ") && out.contains("tensors"), "{out}");
+    // What could not be held is named.
+    assert!(out.contains("dropped (a safetensors checkpoint cannot hold it): complex32"), "{out}");
+    let (code, out, _) = run(&[&"verify", &dst]);
+    assert_eq!(code, 0, "{out}");
+    // Across formats, the converted file differs from its source by the dropped entries only.
+    let src = fixtures().join("torch/dtypes.pt");
+    let (code, out, _) = run(&[&"diff", &src, &dst]);
+    assert_eq!(code, 1, "{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("DIFFERENT")).collect();
+    let only = |n: &str| format!("only in {}: {n}", src.display());
+    assert_eq!(lines, [only("complex32"), only("complex128")], "{out}");
+}

@@ -1,0 +1,306 @@
+//! Cross-format conformance: every golden fixture converted to every format that can hold it and back, with
+//! entries compared (names where the formats share a naming, dtype, shape, bytes), and every converted
+//! output loaded by the Python originals in one Python run (`conformance/python/matrix/check_outputs.py`).
+#![cfg(feature = "full")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use ckpt::{ConvertOptions, ConvertSummary, EntryKind, Error, Format, convert};
+use ckpt_conformance::{fixtures, run_python};
+use sha2::{Digest, Sha256};
+
+/// A tensor entry: torch dtype name, shape, sha256 of its row-major bytes.
+type TensorSnap = (String, Vec<usize>, String);
+
+/// A checkpoint's entries: dense tensors as (dtype, shape, sha256 of row-major bytes), and the names of
+/// every other entry.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Snap {
+    tensors: BTreeMap<String, TensorSnap>,
+    others: BTreeSet<String>,
+}
+
+fn sha(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn snap(path: &Path) -> Snap {
+    let ck = ckpt::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut s = Snap::default();
+    for e in ck.entries() {
+        match &e.kind {
+            EntryKind::Tensor(info) => {
+                let t = ck.tensor(&e.name).unwrap_or_else(|err| panic!("{}: {}: {err}", path.display(), e.name));
+                let t = t.to_contiguous().unwrap();
+                let h = sha(&t.data().unwrap());
+                s.tensors.insert(e.name, (info.dtype.torch_name().to_owned(), info.shape.clone(), h));
+            }
+            _ => {
+                s.others.insert(e.name);
+            }
+        }
+    }
+    s
+}
+
+/// Every golden fixture, as (label, path, format).
+fn sources() -> Vec<(String, PathBuf, Format)> {
+    let mut out = Vec::new();
+    let dirs = |p: PathBuf| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> =
+            std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+        v.sort();
+        v
+    };
+    let mut pts: Vec<PathBuf> = std::fs::read_dir(fixtures("torch"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pt"))
+        .collect();
+    pts.sort();
+    for p in pts {
+        out.push((format!("torch/{}", p.file_name().unwrap().to_string_lossy()), p, Format::Torch));
+    }
+    for sub in ["golden", "torch213"] {
+        for d in dirs(fixtures("distcp").join(sub)) {
+            out.push((format!("distcp/{sub}/{}", d.file_name().unwrap().to_string_lossy()), d, Format::Distcp));
+        }
+    }
+    for d in dirs(fixtures("hfai")) {
+        out.push((format!("hfai/{}", d.file_name().unwrap().to_string_lossy()), d.join("ckpt"), Format::Hfai));
+    }
+    out.push(("pbg/ckpt".into(), fixtures("pbg").join("ckpt"), Format::Pbg));
+    for d in dirs(fixtures("recis").join("golden")) {
+        out.push((format!("recis/{}", d.file_name().unwrap().to_string_lossy()), d, Format::Recis));
+    }
+    out
+}
+
+fn out_path(dir: &Path, label: &str, to: Format) -> PathBuf {
+    let stem = label.replace('/', "_");
+    match to {
+        Format::Torch => dir.join(format!("{stem}.pt")),
+        Format::Safetensors => dir.join(format!("{stem}.safetensors")),
+        _ => dir.join(format!("{stem}.{to}")),
+    }
+}
+
+/// The name `name` of a converted checkpoint has in `reference`: the same, or without the `model.` prefix
+/// hfai targets add to a plain state dict.
+fn map_name<'a>(name: &'a str, reference: &Snap) -> &'a str {
+    if reference.tensors.contains_key(name) || reference.others.contains(name) {
+        return name;
+    }
+    name.strip_prefix("model.").unwrap_or(name)
+}
+
+/// Whether `name` lies inside a non-tensor entry of `s` (DCP keeps a tuple of tensors as one value entry
+/// `tup` where torch names `tup.0`, `tup.1`).
+fn inside_value(name: &str, s: &Snap) -> bool {
+    s.others.iter().any(|o| name.strip_prefix(o.as_str()).is_some_and(|rest| rest.starts_with('.')))
+}
+
+/// Checks that `got` (a conversion of `want`) holds the same tensors: every tensor of `got` is a tensor of
+/// `want` with the same dtype, shape and bytes; every tensor of `want` is in `got` unless `may_drop` says
+/// the target cannot hold it or `got` keeps it inside a value entry.
+fn check_same(ctx: &str, want: &Snap, got: &Snap, may_drop: &dyn Fn(&str, &TensorSnap) -> bool) {
+    let mut seen = BTreeSet::new();
+    for (name, t) in &got.tensors {
+        let mapped = map_name(name, want);
+        match want.tensors.get(mapped) {
+            Some(w) => assert_eq!(w, t, "{ctx}: tensor {name}"),
+            None => assert!(inside_value(mapped, want), "{ctx}: unexpected tensor {name}"),
+        }
+        seen.insert(mapped.to_owned());
+    }
+    for (name, t) in &want.tensors {
+        if seen.contains(name) {
+            continue;
+        }
+        let covered = got.others.iter().any(|o| {
+            let o = map_name(o, want);
+            o == name || name.strip_prefix(o).is_some_and(|rest| rest.starts_with('.'))
+        });
+        assert!(covered || may_drop(name, t), "{ctx}: tensor {name} lost");
+    }
+}
+
+fn st_holds(dtype: &str) -> bool {
+    ckpt::DType::from_torch_name(dtype).is_some_and(|d| d.to_safetensors().is_ok())
+}
+
+/// Targets of a source format: every format `convert` accepts.
+fn targets(from: Format) -> Vec<Format> {
+    Format::ALL.into_iter().filter(|&to| ckpt::unsupported_reason(from, to).is_none()).collect()
+}
+
+#[test]
+fn matrix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let mut python_checks: Vec<(String, Format, PathBuf, Snap)> = Vec::new();
+    let mut conversions = 0;
+    for (label, src, from) in sources() {
+        let want = snap(&src);
+        let dir = tmp.path().join(label.replace('/', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for to in targets(from) {
+            let world = if matches!(to, Format::Distcp | Format::Hfai | Format::Recis) { 2 } else { 1 };
+            let options = ConvertOptions::default().with_world_size(world);
+            let out = out_path(&dir, &label, to);
+            let ctx = format!("{label} -> {to}");
+            let summary: ConvertSummary =
+                convert(&src, Some(from), &out, to, &options).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            conversions += 1;
+            let got = snap(&out);
+            assert!(summary.tensors >= got.tensors.len(), "{ctx}: summary {summary:?}");
+            if to == Format::Safetensors {
+                // Everything not written is reported.
+                let dropped: BTreeSet<&str> = summary.dropped.iter().map(String::as_str).collect();
+                for name in want.tensors.keys().chain(&want.others) {
+                    assert!(
+                        got.tensors.contains_key(name) || dropped.contains(name.as_str()),
+                        "{ctx}: {name} neither written nor dropped"
+                    );
+                }
+                assert!(got.others.is_empty());
+            }
+            let drop_ok = |_: &str, t: &TensorSnap| to == Format::Safetensors && !st_holds(&t.0);
+            check_same(&ctx, &want, &got, &drop_ok);
+            if to != Format::Recis && to != Format::Pbg {
+                python_checks.push((ctx.clone(), to, out.clone(), got.clone()));
+            }
+            // And back, into the source's format where it can be written, else into torch.
+            let back_to = if ckpt::unsupported_reason(to, from).is_none() { from } else { Format::Torch };
+            let back = out_path(&dir, &format!("{label}_via_{to}"), back_to);
+            let back_options = ConvertOptions::default();
+            convert(&out, Some(to), &back, back_to, &back_options)
+                .unwrap_or_else(|e| panic!("{ctx} -> {back_to}: {e}"));
+            conversions += 1;
+            let round = snap(&back);
+            check_same(&format!("{ctx} -> {back_to}"), &want, &round, &drop_ok);
+        }
+    }
+    eprintln!("{conversions} conversions checked in {:.1?}", start.elapsed());
+
+    // The Python originals load every output.
+    let spec = serde_json::json!({
+        "checks": python_checks.iter().map(|(_, f, p, _)| serde_json::json!({"format": f.name(), "path": p})).collect::<Vec<_>>()
+    });
+    let spec_path = tmp.path().join("spec.json");
+    let result_path = tmp.path().join("result.json");
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    run_python("matrix/check_outputs.py", &[&spec_path, &result_path]);
+    let results: serde_json::Value = serde_json::from_slice(&std::fs::read(&result_path).unwrap()).unwrap();
+    let results = results["results"].as_array().unwrap();
+    assert_eq!(results.len(), python_checks.len());
+    for ((ctx, _, _, rust), py) in python_checks.iter().zip(results) {
+        assert!(py.get("error").is_none(), "{ctx}: the Python original failed to load it:\n{}", py["error"]);
+        let mut py_snap = Snap::default();
+        for (name, t) in py["tensors"].as_object().unwrap() {
+            let shape = t[1].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            py_snap
+                .tensors
+                .insert(name.clone(), (t[0].as_str().unwrap().to_owned(), shape, t[2].as_str().unwrap().to_owned()));
+        }
+        // Python sees the same tensors as ckpt (tensors inside DCP value entries included).
+        check_same(&format!("{ctx} (Python)"), rust, &py_snap, &|_, _| false);
+    }
+}
+
+#[test]
+fn unsupported_conversions_say_why() {
+    let src = fixtures("torch").join("checkpoint.pt");
+    let tmp = tempfile::tempdir().unwrap();
+    for to in [Format::Pbg, Format::Recis] {
+        match convert(&src, None, &tmp.path().join("x"), to, &ConvertOptions::default()) {
+            Err(Error::UnsupportedConversion { from, to: t, reason }) => {
+                assert_eq!((from, t), (Format::Torch, to));
+                assert!(reason.contains("torch checkpoint has no"), "{reason}");
+            }
+            other => panic!("torch -> {to}: {other:?}"),
+        }
+    }
+    let pbg = fixtures("pbg").join("ckpt");
+    let e = convert(&pbg, None, &tmp.path().join("p"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::UnsupportedConversion { .. }), "{e}");
+    let e = convert(&src, None, &tmp.path().join("d"), Format::Distcp, &ConvertOptions::default().with_world_size(0))
+        .unwrap_err();
+    assert!(e.to_string().contains("world size 0"), "{e}");
+    // A top level that is not a mapping cannot be a DCP or hfai state dict.
+    let list = tmp.path().join("list.pt");
+    let t = ckpt::Tensor::from_slice(&[1.0f32], &[1]).unwrap();
+    ckpt::torch::save(&ckpt::Value::List(vec![ckpt::Value::Tensor(t)]), &list).unwrap();
+    for to in [Format::Distcp, Format::Hfai] {
+        let e = convert(&list, None, &tmp.path().join(format!("l.{to}")), to, &ConvertOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("top level is a list"), "{to}: {e}");
+    }
+    assert!(nothing_written(tmp.path(), &["list.pt"]));
+}
+
+fn nothing_written(dir: &Path, allowed: &[&str]) -> bool {
+    std::fs::read_dir(dir).unwrap().all(|e| allowed.contains(&e.unwrap().file_name().to_string_lossy().as_ref()))
+}
+
+#[test]
+fn dropped_entries_are_reported() {
+    use ckpt::core::{DType, Tensor, Value};
+    let tmp = tempfile::tempdir().unwrap();
+    let pt = tmp.path().join("m.pt");
+    let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let c = Tensor::zeros(DType::C128, &[2]).unwrap();
+    let sd = Value::dict([
+        ("model", Value::dict([("w", Value::Tensor(w.clone()))])),
+        ("epoch", Value::Int(3)),
+        ("c", Value::Tensor(c)),
+    ]);
+    ckpt::torch::save(&sd, &pt).unwrap();
+    let st = tmp.path().join("m.safetensors");
+    let s = convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
+    assert_eq!((s.tensors, s.bytes, s.values), (1, 16, 0));
+    assert_eq!(s.dropped, ["epoch", "c"]); // a value, and a dtype safetensors lacks
+    // torch and distcp hold everything.
+    let s = convert(&pt, None, &tmp.path().join("m.distcp"), Format::Distcp, &ConvertOptions::default()).unwrap();
+    assert_eq!((s.tensors, s.values, s.dropped.len()), (2, 1, 0));
+    // Back from safetensors: the nesting is restored from `ckpt.paths`.
+    let back = tmp.path().join("back.pt");
+    convert(&st, None, &back, Format::Torch, &ConvertOptions::default()).unwrap();
+    let v = ckpt::torch::load(&back).unwrap();
+    assert_eq!(v.as_dict().unwrap().get("model").unwrap().as_dict().unwrap().get("w").unwrap().as_tensor(), Some(&w));
+    // A plain safetensors file (no `ckpt.paths`) becomes a flat dict.
+    let plain = tmp.path().join("plain.safetensors");
+    ckpt::core::safetensors::write_file(&[("a.b".to_string(), w.clone())], None, &plain).unwrap();
+    convert(&plain, None, &back, Format::Torch, &ConvertOptions::default()).unwrap();
+    let v = ckpt::torch::load(&back).unwrap();
+    assert_eq!(v.as_dict().unwrap().get("a.b").unwrap().as_tensor(), Some(&w));
+}
+
+#[test]
+fn distcp_world_size_shards_rows() {
+    use ckpt::core::{Tensor, Value};
+    let tmp = tempfile::tempdir().unwrap();
+    let st = tmp.path().join("m.safetensors");
+    let w: Vec<f32> = (0..15).map(|i| i as f32).collect();
+    let w = Tensor::from_slice(&w, &[5, 3]).unwrap();
+    let b = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    ckpt::core::safetensors::write_file(&[("w".into(), w.clone()), ("b".into(), b.clone())], None, &st).unwrap();
+    let dir = tmp.path().join("dcp");
+    convert(&st, None, &dir, Format::Distcp, &ConvertOptions::default().with_world_size(3)).unwrap();
+    let r = ckpt::distcp::DcpReader::open(&dir).unwrap();
+    // w: 5 rows over 3 ranks = 2 + 2 + 1; b: 2 rows < 3 ranks, replicated and written once.
+    let chunks = |k: &str| r.tensor_metadata(k).unwrap().chunks.len();
+    assert_eq!((chunks("w"), chunks("b")), (3, 1));
+    assert_eq!(r.read_tensor("w").unwrap(), w);
+    assert_eq!(ckpt::open(&dir).unwrap().tensor("b").unwrap(), b);
+    let _ = Value::None;
+    // hfai: the world size is the number of parts.
+    let hf = tmp.path().join("hfai");
+    convert(&st, None, &hf, Format::Hfai, &ConvertOptions::default().with_world_size(3).with_hfai_large_size(16))
+        .unwrap();
+    let h = ckpt::hfai::HfaiCheckpoint::open(&hf).unwrap();
+    assert_eq!(h.nshards(), 3);
+    assert_eq!(h.chunked(), ["model.w"]);
+    assert_eq!(h.model().unwrap().get("w").unwrap().as_tensor(), Some(&w));
+}
