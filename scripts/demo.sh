@@ -2,7 +2,7 @@
 # The main job on bundled fixtures: builds the `ckpt` tool and inspects checkpoints written by real torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet --release -p ckpt --features cli
+cargo build --quiet --release -p ckpt --features full
 ckpt=target/release/ckpt
 for f in conformance/fixtures/torch/module.pt conformance/fixtures/torch/checkpoint.pt; do
   echo "\$ ckpt inspect $f"

@@ -262,16 +262,19 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
         )),
         #[cfg(feature = "distcp")]
         Format::Distcp => Box::new(
-            ckpt_distcp::DcpReader::open(path).map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?,
+            ckpt_distcp::DcpReader::open(path)
+                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?,
         ),
         #[cfg(feature = "hfai")]
         Format::Hfai => Box::new(
-            ckpt_hfai::HfaiCheckpoint::open(path).map_err(|source| Error::Hfai { path: path.to_path_buf(), source: Box::new(source) })?,
+            ckpt_hfai::HfaiCheckpoint::open(path)
+                .map_err(|source| Error::Hfai { path: path.to_path_buf(), source: Box::new(source) })?,
         ),
         #[cfg(feature = "pbg")]
-        Format::Pbg => {
-            Box::new(ckpt_pbg::Checkpoint::open(path).map_err(|source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) })?)
-        }
+        Format::Pbg => Box::new(
+            ckpt_pbg::Checkpoint::open(path)
+                .map_err(|source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) })?,
+        ),
         #[cfg(feature = "recis")]
         Format::Recis => {
             let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };

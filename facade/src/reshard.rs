@@ -77,11 +77,9 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
         #[cfg(feature = "distcp")]
         Format::Distcp => distcp(src, dst, world_size),
         #[cfg(feature = "hfai")]
-        Format::Hfai => {
-            ckpt_hfai::reshard(src, dst, world_size, &ckpt_hfai::ReshardOptions::default())
-                .map(|_| ())
-                .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) })
-        }
+        Format::Hfai => ckpt_hfai::reshard(src, dst, world_size, &ckpt_hfai::ReshardOptions::default())
+            .map(|_| ())
+            .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) }),
         #[cfg(feature = "recis")]
         Format::Recis => {
             let dir = recis_dir(src)?;

@@ -80,7 +80,8 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
         }
         #[cfg(feature = "distcp")]
         Format::Distcp => {
-            let r = ckpt_distcp::verify(path).map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?;
+            let r = ckpt_distcp::verify(path)
+                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?;
             report.checked = r.items;
             report.bytes = r.bytes;
             report.problems.extend(r.problems.iter().map(ToString::to_string));

@@ -38,7 +38,13 @@ fn check(path: &Path, want: Format) -> usize {
         match &e.kind {
             EntryKind::Tensor(info) => {
                 let t = ck.tensor(&e.name).unwrap_or_else(|err| panic!("{} {}: {err}", path.display(), e.name));
-                assert_eq!((t.dtype(), t.shape()), (info.dtype, info.shape.as_slice()), "{} {}", path.display(), e.name);
+                assert_eq!(
+                    (t.dtype(), t.shape()),
+                    (info.dtype, info.shape.as_slice()),
+                    "{} {}",
+                    path.display(),
+                    e.name
+                );
                 assert_eq!(t.data().unwrap().len(), info.nbytes());
                 tensors += 1;
             }

@@ -360,8 +360,14 @@ fn convert(src: &Path, dst: &Path, to: Format, from: Option<Format>, world: u32,
     pb.finish_and_clear();
     let summary = summary?;
     let mut out = std::io::stdout().lock();
-    for d in &summary.dropped {
-        writeln!(out, "dropped (a {to} checkpoint cannot hold it): {d}").map_err(stdout_err)?;
+    if !summary.dropped.is_empty() {
+        // One line, the first names and a count: a big optimizer state can drop thousands of values.
+        const SHOWN: usize = 12;
+        let names: Vec<&str> = summary.dropped.iter().take(SHOWN).map(String::as_str).collect();
+        let more = summary.dropped.len().saturating_sub(SHOWN);
+        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+        writeln!(out, "dropped (a {to} checkpoint cannot hold them): {}{tail}", names.join(", "))
+            .map_err(stdout_err)?;
     }
     if !quiet {
         writeln!(

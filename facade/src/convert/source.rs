@@ -51,7 +51,8 @@ pub(crate) fn read(src: &Path, from: Format) -> Result<Content> {
         }
         #[cfg(feature = "hfai")]
         Format::Hfai => {
-            let tree = ckpt_hfai::load(src).map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) })?;
+            let tree = ckpt_hfai::load(src)
+                .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) })?;
             Ok(Content { leaves: tree_leaves(&tree, src)?, tree })
         }
         #[cfg(feature = "distcp")]

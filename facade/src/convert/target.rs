@@ -211,7 +211,8 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
     let mut first = None;
     for r in results {
         if let Err(e) = r {
-            let rank_failed = matches!(&e, Error::Distcp { source, .. } if matches!(**source, ckpt_distcp::Error::RankFailed { .. }));
+            let rank_failed =
+                matches!(&e, Error::Distcp { source, .. } if matches!(**source, ckpt_distcp::Error::RankFailed { .. }));
             if first.is_none() || !rank_failed {
                 first = Some(e);
                 if !rank_failed {
