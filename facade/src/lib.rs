@@ -164,11 +164,22 @@ impl From<ckpt_torch::Error> for Error {
 /// `Result` with the facade's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A format's reader, type-erased but downcastable to the format crate's concrete type.
+trait Reader: CheckpointRead + Send + Sync {
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// An open checkpoint of any format.
 pub struct Checkpoint {
     format: Format,
     path: PathBuf,
-    inner: Box<dyn CheckpointRead + Send + Sync>,
+    inner: Box<dyn Reader>,
 }
 
 impl Checkpoint {
@@ -203,9 +214,25 @@ impl Checkpoint {
         self.inner.value(name).map_err(|source| Error::Core { path: self.path.clone(), source })
     }
 
-    /// The format-specific reader, for downcasting-free access to extras.
-    pub fn reader(&self) -> &(dyn CheckpointRead + Send + Sync) {
+    /// The format's reader behind the generic interface.
+    pub fn reader(&self) -> &dyn CheckpointRead {
         self.inner.as_ref()
+    }
+
+    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchFile`,
+    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiCheckpoint`, `ckpt::pbg::Checkpoint`,
+    /// `ckpt::recis::Checkpoint`; `None` when the checkpoint is of another format.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("m.pt");
+    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path).unwrap();
+    /// let ck = ckpt::open(&path).unwrap();
+    /// let file = ck.downcast_ref::<ckpt::torch::TorchFile>().unwrap();
+    /// assert_eq!(file.prefix(), Some("m"));
+    /// ```
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.inner.as_any().downcast_ref::<T>()
     }
 }
 
@@ -252,7 +279,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 /// As [`open`].
 pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
     let disabled = || Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() };
-    let inner: Box<dyn CheckpointRead + Send + Sync> = match format {
+    let inner: Box<dyn Reader> = match format {
         #[cfg(feature = "torch")]
         Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
         #[cfg(feature = "safetensors")]
