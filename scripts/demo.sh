@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The main job on bundled fixtures: builds the `ckpt` tool and inspects checkpoints written by real torch.
+# The main job on bundled fixtures: builds the `ckpt` tool and runs it on checkpoints written by the original
+# software (torch 2.13 and 2.15, DCP across ranks, hfai parts, PyTorch-BigGraph, RecIS's C++ saver).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --quiet --release -p ckpt --features full
 ckpt=target/release/ckpt
-for f in conformance/fixtures/torch/module.pt conformance/fixtures/torch/checkpoint.pt; do
-  echo "\$ ckpt inspect $f"
-  "$ckpt" inspect "$f"
-  echo
-done
-echo "\$ ckpt cat conformance/fixtures/torch/module.pt lin.weight --limit 2"
-"$ckpt" cat conformance/fixtures/torch/module.pt lin.weight --limit 2
-echo
-echo "\$ ckpt inspect conformance/fixtures/torch/dtypes.pt --json | head -20"
-"$ckpt" inspect conformance/fixtures/torch/dtypes.pt --json | head -20
+fx=conformance/fixtures
+run() { echo "\$ ckpt $*"; "$ckpt" "$@"; echo; }
+run inspect $fx/torch/module.pt
+run cat $fx/torch/module.pt lin.weight --limit 2
+run inspect $fx/distcp/golden/d215
+run inspect $fx/hfai/single_n2/ckpt
+run inspect $fx/pbg/ckpt
+run inspect $fx/recis/golden/two_shard_adamw
+run verify $fx/distcp/golden/d215
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+run convert $fx/distcp/golden/d215 "$out/d215.pt" --to torch
+run diff $fx/distcp/golden/d215 "$out/d215.pt"
+echo "\$ ckpt inspect $fx/torch/dtypes.pt --json | head -20"
+"$ckpt" inspect $fx/torch/dtypes.pt --json | head -20
