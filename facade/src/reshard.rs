@@ -111,8 +111,8 @@ pub(crate) fn recis_dir(path: &Path) -> Result<std::path::PathBuf> {
 fn distcp(src: &Path, dst: &Path, world: usize) -> Result<()> {
     use std::collections::HashMap;
 
-    use ckpt_core::{Collective, ThreadGroup, Value};
-    use ckpt_distcp::{DcpReader, ShardSpec, StorageMetadata, WriteOptions, save_distributed, shard_box};
+    use ckpt_core::Value;
+    use ckpt_distcp::{DcpReader, ShardSpec, StorageMetadata, WriteOptions, save_ranks, shard_box};
 
     let dcp = |source| Error::Distcp { path: src.to_path_buf(), source: Box::new(source) };
     let reader = DcpReader::open(src).map_err(dcp)?;
@@ -138,30 +138,7 @@ fn distcp(src: &Path, dst: &Path, world: usize) -> Result<()> {
     // Every rank's state is read before anything is written: a read error leaves no partial checkpoint.
     let states = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
     std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
-    let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ThreadGroup::new(world)
-            .into_iter()
-            .zip(&states)
-            .map(|(g, (sd, shards))| {
-                s.spawn(move || {
-                    save_distributed(sd, shards, dst, &WriteOptions::default(), &g as &dyn Collective)
-                        .map(|_| ())
-                        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Core {
-                        path: dst.to_path_buf(),
-                        source: ckpt_core::Error::InvalidArgument("a resharding thread panicked".into()),
-                    })
-                })
-            })
-            .collect()
-    });
-    // The first failing rank's error comes first; the others usually say that another rank failed.
-    results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    save_ranks(&states, dst, &WriteOptions::default())
+        .map(|_| ())
+        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })
 }

@@ -62,4 +62,4 @@ pub use metadata::{
 pub use planner::ShardSpec;
 pub use reader::{DcpReader, MetadataSource, ReadOptions};
 pub use verify::{VerifyReport, verify};
-pub use writer::{WriteOptions, save, save_distributed};
+pub use writer::{WriteOptions, save, save_distributed, save_ranks};

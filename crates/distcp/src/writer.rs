@@ -7,7 +7,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{Collective, SingleProcess, Tensor, Value};
+use ckpt_core::{Collective, SingleProcess, Tensor, ThreadGroup, Value};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
@@ -163,6 +163,70 @@ pub fn save_distributed(
     group: &dyn Collective,
 ) -> Result<Metadata> {
     save_with_source(state_dict, shards, dir, options, group, &|_| Ok(None))
+}
+
+/// Writes a multi-rank checkpoint from one process: one thread per rank of a [`ThreadGroup`], rank `r` saving
+/// `ranks[r]` (its state dict and shard specs, as for [`save_distributed`]). This is how a checkpoint for
+/// another world size is written offline (resharding, conversion).
+///
+/// ```
+/// use std::collections::HashMap;
+/// use ckpt_core::{Tensor, Value};
+/// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_ranks, shard_box};
+/// let dir = tempfile::tempdir().unwrap();
+/// let full = Tensor::from_slice(&(0..10).map(|i| i as f32).collect::<Vec<_>>(), &[10]).unwrap();
+/// let ranks: Vec<_> = (0..3)
+///     .map(|r| {
+///         let (off, len) = shard_box(&[10], 0, r, 3);
+///         let sd = Value::dict([("w", Value::Tensor(full.narrow(0, off[0], len[0]).unwrap()))]);
+///         (sd, HashMap::from([("w".to_string(), ShardSpec::new(&[10], &off))]))
+///     })
+///     .collect();
+/// save_ranks(&ranks, dir.path(), &WriteOptions::default()).unwrap();
+/// assert_eq!(DcpReader::open(dir.path()).unwrap().read_tensor("w").unwrap(), full);
+/// ```
+///
+/// # Errors
+/// The root cause when a rank fails (a rank's own error, not the [`Error::RankFailed`] the other ranks
+/// report); [`Error::InvalidArgument`] for no ranks or a panicking rank.
+pub fn save_ranks(
+    ranks: &[(Value, HashMap<String, ShardSpec>)],
+    dir: &Path,
+    options: &WriteOptions,
+) -> Result<Metadata> {
+    if ranks.is_empty() {
+        return Err(Error::Core(ckpt_core::Error::InvalidArgument("a save needs at least one rank".into())));
+    }
+    let results: Vec<Result<Metadata>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ThreadGroup::new(ranks.len())
+            .into_iter()
+            .zip(ranks)
+            .map(|(group, (sd, shards))| scope.spawn(move || save_distributed(sd, shards, dir, options, &group)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Core(ckpt_core::Error::InvalidArgument("a writer thread panicked".into())))
+                })
+            })
+            .collect()
+    });
+    let mut metadata = None;
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(m) => metadata = metadata.or(Some(m)),
+            // A rank's own error wins over the "another rank failed" the others report.
+            Err(e) if !matches!(e, Error::RankFailed { .. }) => return Err(e),
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    match (first_err, metadata) {
+        (Some(e), _) => Err(e),
+        (None, Some(m)) => Ok(m),
+        (None, None) => Err(Error::Core(ckpt_core::Error::InvalidArgument("no rank returned".into()))),
+    }
 }
 
 /// Supplies, just before a tensor item is written, the tensor to write in place of the state dict's

@@ -454,3 +454,21 @@ fn storage_meta_paths_of_every_python() {
         }
     }
 }
+
+/// `save_ranks` reports the failing rank's own error, not the "another rank failed" of the others, and
+/// writes no `.metadata`.
+#[test]
+fn save_ranks_reports_the_root_cause() {
+    use ckpt_distcp::{ShardSpec, save_ranks};
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Tensor::from_slice(&[1.0f32; 5], &[5]).unwrap();
+    let too_big = Tensor::from_slice(&[1.0f32; 20], &[20]).unwrap();
+    let ranks = vec![
+        (Value::dict([("w", Value::Tensor(ok))]), HashMap::from([("w".to_string(), ShardSpec::new(&[10], &[0]))])),
+        (Value::dict([("w", Value::Tensor(too_big))]), HashMap::from([("w".to_string(), ShardSpec::new(&[10], &[5]))])),
+    ];
+    let err = save_ranks(&ranks, dir.path(), &WriteOptions::default()).unwrap_err();
+    assert!(!matches!(err, ckpt_distcp::Error::RankFailed { .. }), "{err:?}");
+    assert!(!dir.path().join(".metadata").exists());
+    assert!(save_ranks(&[], dir.path(), &WriteOptions::default()).is_err());
+}

@@ -109,7 +109,6 @@ fn top_mapping(content: &Content, from: Format, to: Format) -> Result<&Dict> {
 fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
     use std::collections::HashMap;
 
-    use ckpt_core::Collective;
     use ckpt_distcp::{Profile, ShardSpec, WriteOptions, shard_box};
 
     top_mapping(content, from, Format::Distcp)?;
@@ -174,57 +173,12 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
         }
         Ok((ckpt_core::unflatten(leaves).map_err(core)?, specs))
     };
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = ckpt_core::ThreadGroup::new(world)
-            .into_iter()
-            .map(|group| {
-                let (rank_state, write, dst) = (&rank_state, &write, dst);
-                scope.spawn(move || -> Result<()> {
-                    // A rank that fails before saving still joins the save, so the others do not wait.
-                    let (sd, specs) = match rank_state(group.rank()) {
-                        Ok(x) => x,
-                        Err(e) => {
-                            let _ = ckpt_distcp::save_distributed(&Value::Int(0), &HashMap::new(), dst, write, &group);
-                            return Err(e);
-                        }
-                    };
-                    ckpt_distcp::save_distributed(&sd, &specs, dst, write, &group)
-                        .map(|_| ())
-                        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::UnsupportedConversion {
-                        from,
-                        to: Format::Distcp,
-                        reason: "a writer thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
-    // Report the root cause: a rank's own error rather than the "another rank failed" of the others.
-    let mut first = None;
-    for r in results {
-        if let Err(e) = r {
-            let rank_failed =
-                matches!(&e, Error::Distcp { source, .. } if matches!(**source, ckpt_distcp::Error::RankFailed { .. }));
-            if first.is_none() || !rank_failed {
-                first = Some(e);
-                if !rank_failed {
-                    break;
-                }
-            }
-        }
-    }
-    match first {
-        Some(e) => Err(e),
-        None => Ok(s),
-    }
+    // Rank states are views (narrowed tensors): building them all first costs no tensor data, and a failure
+    // leaves nothing written.
+    let ranks = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
+    ckpt_distcp::save_ranks(&ranks, dst, &write)
+        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })?;
+    Ok(s)
 }
 
 #[cfg(feature = "hfai")]
