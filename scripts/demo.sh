@@ -18,5 +18,9 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 run convert $fx/distcp/golden/d215 "$out/d215.pt" --to torch
 run diff $fx/distcp/golden/d215 "$out/d215.pt"
+run convert $fx/recis/golden/two_shard_adamw "$out/recis3" --to recis --world-size 3 --slice-size 4096
+run diff $fx/recis/golden/two_shard_adamw "$out/recis3"
+run convert $fx/pbg/ckpt "$out/pbg.safetensors" --to safetensors
+run convert "$out/pbg.safetensors" "$out/pbg" --to pbg
 echo "\$ ckpt inspect $fx/torch/dtypes.pt --json | head -20"
 "$ckpt" inspect $fx/torch/dtypes.pt --json | head -20

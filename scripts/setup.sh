@@ -40,9 +40,16 @@ STAMP=.venv/.ckpt-requirements.sha256
 want=$(sha256sum "$REQ" | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   say "creating the Python environment .venv from $REQ (torch is large: a few minutes on a fresh machine)"
+  # torch with its CUDA libraries takes about 5 GB installed; pip's wheel cache would take as much again, so
+  # it is not used (--no-cache-dir). Say so plainly when the disk cannot hold it, instead of pip's ENOSPC.
+  free_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+  need_kb=$((7 * 1024 * 1024))
+  if [ -n "$free_kb" ] && [ "$free_kb" -lt "$need_kb" ]; then
+    die "the Python environment needs about 7 GiB free next to the checkout ($(pwd)); $((free_kb / 1024)) MiB free"
+  fi
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv || die "python -m venv failed"
-  .venv/bin/python -m pip install -q --upgrade pip || die "pip upgrade failed"
-  .venv/bin/python -m pip install -q -r "$REQ" || die "pip install -r $REQ failed"
+  .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip || die "pip upgrade failed"
+  .venv/bin/python -m pip install -q --no-cache-dir -r "$REQ" || die "pip install -r $REQ failed"
   echo "$want" > "$STAMP"
 fi
 .venv/bin/python - <<'PY' || die "the Python environment is broken (see above)"

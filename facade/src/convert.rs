@@ -4,20 +4,21 @@
 //!
 //! | from \ to | torch | safetensors | distcp | hfai | pbg | recis |
 //! |---|---|---|---|---|---|---|
-//! | torch | ✓ | ✓ ¹ | ✓ ² | ✓ ³ | — | — |
-//! | safetensors | ✓ ⁴ | ✓ | ✓ | ✓ ³ | — | — |
-//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ (re-shard) | ✓ ³ | — | — |
-//! | hfai | ✓ | ✓ ¹ | ✓ | ✓ (re-shard) | — | — |
-//! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | — | — |
-//! | recis | ✓ | ✓ ¹ | ✓ | ✓ ³ | — | ✓ (re-shard) ⁶ |
+//! | torch | ✓ | ✓ ¹ | ✓ ² | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | safetensors | ✓ ⁴ | ✓ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ (re-shard) | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | hfai | ✓ | ✓ ¹ | ✓ | ✓ (re-shard) | ✓ ⁷ | ✓ ⁸ |
+//! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
+//! | recis | ✓ ⁹ | ✓ ¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
 //!
-//! 1. safetensors holds tensors only: every other entry (non-tensor values, opaque tensors, dtypes safetensors
-//!    lacks) is listed in [`ConvertSummary::dropped`], never silently lost. Tensor names are the source's
-//!    entry names ([`crate::Checkpoint::entries`]). The file's `__metadata__` holds `format = "pt"` (what
-//!    Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source was nested (a
-//!    `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON object from each
-//!    tensor name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list
-//!    indices), so that converting back rebuilds the nesting.
+//! 1. safetensors holds tensors; ckpt keeps the non-tensor entries JSON holds exactly (`None`, bools, ints,
+//!    finite floats, strings) in `__metadata__` under `ckpt.values`, and lists every other entry (other
+//!    values, opaque tensors, dtypes safetensors lacks) in [`ConvertSummary::dropped`], never silently lost.
+//!    Tensor names are the source's entry names ([`crate::Checkpoint::entries`]). The file's `__metadata__`
+//!    holds `format = "pt"` (what Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source
+//!    was nested (a `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON
+//!    object from each entry name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys,
+//!    integers list indices), so that converting back rebuilds the nesting.
 //! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
 //!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
 //!    would write it: every tensor with at least `N` rows is split on dimension 0 with DTensor's
@@ -30,24 +31,36 @@
 //!    [`ConvertOptions::world_size`] is the number of `PART_*.pt` files.
 //! 4. safetensors to torch: with `ckpt.paths` the nesting is rebuilt (DCP's `set_element`: keys make
 //!    dicts, indices make lists), else the file becomes a flat `dict` of name → tensor (what
-//!    `torch.save(safetensors.torch.load_file(f))` writes).
+//!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as values.
 //! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
-//! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards
-//!    ([`crate::recis::reshard_dir`]); `model.pt` and `extra.pt` are copied; the IO states belong to the old
-//!    workers and are listed in [`ConvertSummary::dropped`].
-//!
-//! PyTorch-BigGraph and RecIS targets are refused ([`Error::UnsupportedConversion`], with the reason) from
-//! every other format: their models (entity partitions, relation operators and a training config; hash
-//! tables of ids with slot rows and a slice layout) are defined by training, and a generic state dict has
-//! nothing to map onto them. Their data converts *from* them to every other format under the entry names
-//! of [`crate::pbg::Checkpoint`] (`embeddings/<entity>/<part>`, `model/<public name>`, ...) and
-//! [`crate::recis::Checkpoint`] (`<table>@id`, `<table>@<slot>`, dense names).
+//! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
+//!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard_dir`]), each table keeping its
+//!    `slice_size` unless [`ConvertOptions::recis_slice_size`] sets one; `model.pt` and `extra.pt` are
+//!    copied; the IO states belong to the old workers and are listed in [`ConvertSummary::dropped`].
+//! 7. pbg targets read the source's entries under [`crate::pbg::Checkpoint`]'s names
+//!    (`embeddings/<entity>/<part>`, `model/<public name>`, `optimizer/...`, `config`, `version`), which a PBG
+//!    checkpoint keeps in every other format. The layout is the config's (the source's `config`, or
+//!    [`ConvertOptions::pbg_config`]); an entity with another partition count is re-partitioned, and missing
+//!    optimizer `param_groups` are rebuilt as PBG's trainer writes them. A source without entity partitions
+//!    or model parameters is refused with the reason ([`Error::UnsupportedConversion`]), as is RecIS, whose
+//!    hash tables have no PBG counterpart. The module `target::pbg` has the details.
+//! 8. recis targets lay the top-level mapping out as RecIS does: `{"sparse", "model", "extra"}` (what a RecIS
+//!    source becomes, see ⁹) goes back to the serializer, `model.pt` and `extra.pt`; otherwise tensors named
+//!    `<table>@id` / `<table>@<slot>` form hash tables and RecIS's sparse-optimizer scalars
+//!    (`sparse_adamw_step`, ...) its dense blocks, `model` (or the whole mapping) goes to `model.pt` and the
+//!    rest to `extra.pt`. Tables are split over [`ConvertOptions::world_size`] shards by RecIS's loader rule,
+//!    with [`ConvertOptions::recis_slice_size`] and [`ConvertOptions::recis_parallel`]. The module
+//!    `target::recis` has the details.
+//! 9. A RecIS checkpoint converts as the state dict `{"sparse": {<RecIS tensor name>: tensor}, "model":
+//!    <model.pt>, "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts it lacks left out); flat
+//!    targets (safetensors) name entries as [`crate::recis::Checkpoint`] does.
 //!
 //! # Memory
 //! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
 //! memory maps, so writing a target touches each tensor's pages once and memory stays bounded by the page
 //! cache, except for gathers: hfai tensors stored in chunks are concatenated by the reader, DCP tensors
-//! split over several items are assembled, and non-contiguous tensors are made contiguous for safetensors.
+//! split over several items are assembled, non-contiguous tensors are made contiguous for safetensors,
+//! RecIS tables are split per shard (rows copied once) and re-partitioned PBG entities are concatenated.
 //! distcp → torch streams one tensor at a time.
 
 // The facade's `Error` (lib.rs) carries the format crates' errors by value; boxing it is the crate's call,
@@ -62,7 +75,7 @@
 mod source;
 mod target;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{Error, Format, Result};
 
@@ -94,11 +107,27 @@ pub struct ConvertOptions {
     /// hfai targets: tensors of more bytes than this are flattened and split over the parts (default: hfai's
     /// 256 MiB).
     pub hfai_large_size: Option<u64>,
+    /// recis targets: data files per shard (RecIS's `parallel`; default: the source's for a RecIS source,
+    /// else 4, as RecIS's checkpoint manager).
+    pub recis_parallel: Option<usize>,
+    /// recis targets: the id key space of every hash table (RecIS's `slice_size`; default: each table's own
+    /// for a RecIS source, else RecIS's 65536).
+    pub recis_slice_size: Option<u32>,
+    /// pbg targets: the training `config.json` that defines the target layout (entity types and their
+    /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
+    pub pbg_config: Option<PathBuf>,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { world_size: 1, dcp_profile: DcpProfile::default(), hfai_large_size: None }
+        ConvertOptions {
+            world_size: 1,
+            dcp_profile: DcpProfile::default(),
+            hfai_large_size: None,
+            recis_parallel: None,
+            recis_slice_size: None,
+            pbg_config: None,
+        }
     }
 }
 
@@ -121,6 +150,27 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_hfai_large_size(mut self, bytes: u64) -> Self {
         self.hfai_large_size = Some(bytes);
+        self
+    }
+
+    /// Sets the number of data files per shard of recis targets.
+    #[must_use]
+    pub fn with_recis_parallel(mut self, parallel: usize) -> Self {
+        self.recis_parallel = Some(parallel);
+        self
+    }
+
+    /// Sets the id key space (`slice_size`) of every hash table of recis targets.
+    #[must_use]
+    pub fn with_recis_slice_size(mut self, slice_size: u32) -> Self {
+        self.recis_slice_size = Some(slice_size);
+        self
+    }
+
+    /// Sets the `config.json` that defines the layout of pbg targets.
+    #[must_use]
+    pub fn with_pbg_config(mut self, config: impl Into<PathBuf>) -> Self {
+        self.pbg_config = Some(config.into());
         self
     }
 }
@@ -152,13 +202,14 @@ pub struct ConvertSummary {
 /// let sd = Value::dict([
 ///     ("model", Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))])),
 ///     ("epoch", Value::Int(3)),
+///     ("note", Value::Bytes(b"raw".to_vec())),
 /// ]);
 /// ckpt::torch::save(&sd, &pt).unwrap();
 ///
 /// let st = dir.path().join("m.safetensors");
 /// let summary = ckpt::convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
-/// assert_eq!((summary.tensors, summary.bytes), (1, 8));
-/// assert_eq!(summary.dropped, ["epoch"]); // safetensors holds tensors only
+/// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 1)); // `epoch` in `ckpt.values`
+/// assert_eq!(summary.dropped, ["note"]); // bytes: neither a tensor nor a JSON scalar
 ///
 /// // Back to torch: the nesting comes back from the file's `ckpt.paths` metadata.
 /// let back = dir.path().join("back.pt");
@@ -198,22 +249,16 @@ pub fn convert(
     target::write(src, from, dst, to, options)
 }
 
-/// Why `from` cannot be converted to `to`, or `None` when it can.
+/// Why `from` cannot be converted to `to` whatever the checkpoint holds, or `None` when it can be (a
+/// conversion can still be refused for what a particular checkpoint holds, with
+/// [`Error::UnsupportedConversion`] saying why).
 pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
     match (from, to) {
-        (Format::Pbg, Format::Pbg) => Some(
-            "a PyTorch-BigGraph checkpoint is already in its format: copy the directory, or write a new version \
-             with ckpt::pbg::Commit"
+        (Format::Recis, Format::Pbg) => Some(
+            "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; a RecIS \
+             checkpoint's hash tables and dense state have no such structure to map onto them"
                 .into(),
         ),
-        (_, Format::Pbg) => Some(format!(
-            "a PyTorch-BigGraph checkpoint is entity embedding partitions, relation operators and the training \
-             config.json that defines them; a {from} checkpoint has no such structure to map onto them"
-        )),
-        (_, Format::Recis) if from != Format::Recis => Some(format!(
-            "a RecIS checkpoint is hash tables (ids with embedding and optimizer slot rows, sharded by id slices) \
-             plus RecIS's dense state; a {from} checkpoint has no hash tables to map onto them"
-        )),
         _ => None,
     }
 }

@@ -87,6 +87,9 @@ pub struct DiffReport {
     pub values_equal: usize,
     /// Entries that failed to read on either side: name, error.
     pub unreadable: Vec<(String, String)>,
+    /// Hash tables (RecIS's `<table>@id` with its `<table>@<slot>` rows) whose rows are in another order on
+    /// each side (another shard layout) and were compared id by id.
+    pub aligned_by_id: Vec<String>,
 }
 
 impl DiffReport {
@@ -156,6 +159,9 @@ fn diff_checkpoints(
         only_b: eb.iter().filter(|e| !names_a.contains(e.name.as_str())).map(|e| e.name.clone()).collect(),
         ..DiffReport::default()
     };
+    let alignments = id_alignments(ca, cb, &ea, &kinds_b);
+    report.aligned_by_id = alignments.keys().cloned().collect();
+    report.aligned_by_id.sort();
     let total = ea.len() as u64;
     for (i, e) in ea.iter().enumerate() {
         progress(i as u64, total);
@@ -166,10 +172,12 @@ fn diff_checkpoints(
         let name = &e.name;
         match (&e.kind, kb) {
             (EntryKind::Tensor(_), EntryKind::Tensor(_)) => match (ca.tensor(name), cb.tensor(name)) {
-                (Ok(ta), Ok(tb)) => match compare(name, &ta, &tb, options) {
-                    Ok(d) => report.tensors.push(d),
-                    Err(err) => report.unreadable.push((name.clone(), err.to_string())),
-                },
+                (Ok(ta), Ok(tb)) => {
+                    match aligned(name, tb, &alignments).and_then(|tb| compare(name, &ta, &tb, options)) {
+                        Ok(d) => report.tensors.push(d),
+                        Err(err) => report.unreadable.push((name.clone(), err.to_string())),
+                    }
+                }
                 (Err(err), _) | (_, Err(err)) => report.unreadable.push((name.clone(), err.to_string())),
             },
             (EntryKind::OpaqueTensor(x), EntryKind::OpaqueTensor(y)) if x == y => {
@@ -193,6 +201,66 @@ fn diff_checkpoints(
     }
     progress(total, total);
     Ok(report)
+}
+
+/// For every hash table `<table>@id` (1-D int64) on both sides holding the same ids in another order: the
+/// position in `b` of each id of `a`, by table name.
+fn id_alignments(
+    ca: &Checkpoint,
+    cb: &Checkpoint,
+    ea: &[crate::Entry],
+    kinds_b: &std::collections::HashMap<&str, &EntryKind>,
+) -> std::collections::HashMap<String, Vec<usize>> {
+    let mut out = std::collections::HashMap::new();
+    for e in ea {
+        let Some(table) = e.name.strip_suffix("@id") else {
+            continue;
+        };
+        let is_ids = |k: &EntryKind| matches!(k, EntryKind::Tensor(t) if t.dtype == DType::I64 && t.shape.len() == 1);
+        if !is_ids(&e.kind) || !kinds_b.get(e.name.as_str()).is_some_and(|k| is_ids(k)) {
+            continue;
+        }
+        let ids = |c: &Checkpoint| c.tensor(&e.name).ok().and_then(|t| t.to_vec::<i64>().ok());
+        let (Some(a), Some(b)) = (ids(ca), ids(cb)) else {
+            continue;
+        };
+        if a.len() != b.len() || a == b {
+            continue;
+        }
+        let position: std::collections::HashMap<i64, usize> = b.iter().enumerate().map(|(k, id)| (*id, k)).collect();
+        if position.len() != b.len() {
+            continue; // duplicate ids: no one-to-one alignment
+        }
+        if let Some(perm) = a.iter().map(|id| position.get(id).copied()).collect::<Option<Vec<usize>>>() {
+            out.insert(table.to_owned(), perm);
+        }
+    }
+    out
+}
+
+/// `b`'s entry `name` with its rows in the order of `a`'s ids, when `name` is `<table>@...` of an aligned
+/// table and has one row per id; else `b` as it is.
+fn aligned(
+    name: &str,
+    b: Tensor,
+    alignments: &std::collections::HashMap<String, Vec<usize>>,
+) -> ckpt_core::Result<Tensor> {
+    let Some(perm) = name.split_once('@').and_then(|(table, _)| alignments.get(table)) else {
+        return Ok(b);
+    };
+    if b.shape().first() != Some(&perm.len()) {
+        return Ok(b);
+    }
+    let data = b.data()?;
+    let row = data.len() / perm.len().max(1);
+    let mut out = Vec::with_capacity(data.len());
+    for &k in perm {
+        let bytes = data
+            .get(k * row..(k + 1) * row)
+            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len())))?;
+        out.extend_from_slice(bytes);
+    }
+    Tensor::from_buffer(b.dtype(), b.shape(), ckpt_core::Buffer::from_vec(out))
 }
 
 /// The real dtype of a complex dtype's components.

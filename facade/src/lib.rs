@@ -36,6 +36,8 @@ mod convert;
 mod diff;
 mod format;
 mod reshard;
+#[cfg(feature = "safetensors")]
+mod safetensors_records;
 mod verify;
 
 use std::path::{Path, PathBuf};
@@ -236,9 +238,29 @@ impl Checkpoint {
     }
 }
 
-/// A safetensors file as a [`CheckpointRead`].
+/// A safetensors file as a [`CheckpointRead`]: its tensors, and the values ckpt recorded in `ckpt.values`
+/// (see `safetensors_records`).
 #[cfg(feature = "safetensors")]
-struct SafetensorsReader(ckpt_core::safetensors::SafetensorsFile);
+struct SafetensorsReader {
+    file: ckpt_core::safetensors::SafetensorsFile,
+    values: Vec<(String, Value)>,
+}
+
+#[cfg(feature = "safetensors")]
+impl SafetensorsReader {
+    fn new(file: ckpt_core::safetensors::SafetensorsFile) -> Self {
+        let values = file
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(safetensors_records::VALUES_KEY))
+            .and_then(|text| safetensors_records::parse_values(text))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(name, _)| file.get(name).is_none())
+            .collect();
+        SafetensorsReader { file, values }
+    }
+}
 
 #[cfg(feature = "safetensors")]
 impl CheckpointRead for SafetensorsReader {
@@ -246,20 +268,28 @@ impl CheckpointRead for SafetensorsReader {
         "safetensors"
     }
     fn entries(&self) -> Vec<Entry> {
-        self.0
-            .tensors
-            .iter()
-            .map(|(n, t)| Entry {
-                name: n.clone(),
-                kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
-            })
-            .collect()
+        let tensors = self.file.tensors.iter().map(|(n, t)| Entry {
+            name: n.clone(),
+            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+        });
+        let values = self.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: ckpt_core::entry_kind(v) });
+        tensors.chain(values).collect()
     }
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        self.0.get(name).cloned().ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}")))
+        self.file
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}")))
     }
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        Err(ckpt_core::Error::InvalidArgument(format!("safetensors files hold only tensors; no value {name:?}")))
+        if let Some(t) = self.file.get(name) {
+            return Ok(Value::Tensor(t.clone()));
+        }
+        self.values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}")))
     }
 }
 
@@ -283,7 +313,7 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
         #[cfg(feature = "torch")]
         Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
         #[cfg(feature = "safetensors")]
-        Format::Safetensors => Box::new(SafetensorsReader(
+        Format::Safetensors => Box::new(SafetensorsReader::new(
             ckpt_core::safetensors::read_file(path)
                 .map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
         )),

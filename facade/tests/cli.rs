@@ -315,3 +315,56 @@ fn convert_prints_its_summary() {
     let only = |n: &str| format!("only in {}: {n}", src.display());
     assert_eq!(lines, [only("complex32"), only("complex128")], "{out}");
 }
+
+#[test]
+fn convert_takes_the_target_layout_options() {
+    let tmp = tempfile::tempdir().unwrap();
+    // PBG: re-partitioned by another config.
+    let pbg = fixtures().join("pbg/ckpt");
+    let text = std::fs::read_to_string(pbg.join("config.json")).unwrap();
+    let config = tmp.path().join("config.json");
+    std::fs::write(&config, text.replace("\"num_partitions\": 2", "\"num_partitions\": 4")).unwrap();
+    let dst = tmp.path().join("pbg4");
+    let (code, out, err) = run(&[&"convert", &pbg, &dst, &"--to", &"pbg", &"--pbg-config", &config]);
+    assert_eq!(code, 0, "{out}{err}");
+    let ck = ckpt::pbg::Checkpoint::open(&dst).unwrap();
+    assert_eq!(ck.partitions().iter().filter(|p| p.entity == "user_id").count(), 4);
+    // RecIS: shards, data files per shard, slice size.
+    let dst = tmp.path().join("recis");
+    let src = fixtures().join("recis/golden/two_shard_adamw");
+    let args: [&dyn AsRef<std::ffi::OsStr>; 11] = [
+        &"convert",
+        &src,
+        &dst,
+        &"--to",
+        &"recis",
+        &"--world-size",
+        &"3",
+        &"--parallel",
+        &"1",
+        &"--slice-size",
+        &"4096",
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    let sparse = ckpt::recis::SparseCheckpoint::open(&dst).unwrap();
+    assert_eq!((sparse.shard_num(), sparse.parallel(), sparse.slice_size("tbl").unwrap()), (Some(3), Some(1), 4096));
+    // Rows are in the new shards' order: diff compares them id by id.
+    let (code, out, _) = run(&[&"diff", &src, &dst]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("rows compared by id (another shard layout): tbl\n"), "{out}");
+    let (a, b) =
+        (ckpt::recis::SparseCheckpoint::open(&src).unwrap().child("tbl").unwrap(), sparse.child("tbl").unwrap());
+    assert_eq!(a.len(), b.len());
+    for &id in a.ids() {
+        for slot in a.slots() {
+            assert_eq!(a.row_bytes(id, slot.name()).unwrap(), b.row_bytes(id, slot.name()).unwrap(), "id {id}");
+        }
+    }
+    // A checkpoint with nothing PBG could hold: bad input (3), the reason on stderr, nothing written.
+    let dst = tmp.path().join("none");
+    let (code, _, err) = run(&[&"convert", &fixtures().join("torch/dtypes.pt"), &dst, &"--to", &"pbg"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("has no `embeddings/<entity>/<partition>`"), "{err}");
+    assert!(!dst.exists());
+}

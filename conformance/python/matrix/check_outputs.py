@@ -12,7 +12,16 @@ starts once). Each output is loaded the way its users load it:
 * ``safetensors``: ``safetensors.torch.load_file(P)``;
 * ``distcp``: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(P, tmp)`` (``dcp.load`` with
   the empty-state-dict planner, no process group), then ``torch.load(tmp, weights_only=True)``;
-* ``hfai``: ``hfai_ref.load(P, weights_only=True)`` (the hfai reference loader, conformance/python/hfai).
+* ``hfai``: ``hfai_ref.load(P, weights_only=True)`` (the hfai reference loader, conformance/python/hfai);
+* ``pbg``: torchbiggraph 1.0.0's own ``CheckpointManager`` and ``FileCheckpointStorage`` on the committed
+  version, with the layout of the directory's ``config.json`` parsed by ``ConfigSchema``: every entity
+  partition (embeddings and ``RowAdagrad`` state) and the model (state dict and ``Adagrad`` state), named as
+  ckpt names them (``embeddings/<entity>/<part>``, ``model/<public name>``, ``optimizer/...``);
+* ``recis``: RecIS is not installable without CUDA (specs/recis.md section 12), so its loader's rules are
+  applied here: ``index`` and ``tensorkey.json`` resolve every block, the data files are read with the
+  ``safetensors`` library, each tensor's slices are concatenated in slice-string order (RecIS's
+  ``CheckpointReader.read_tensor``), and ``model.pt``/``extra.pt``/``io_state_<s>.pt`` load with
+  ``torch.load(weights_only=True)`` (leaves named as ckpt names them: bare, ``extra/``, ``io_state_<s>/``).
 
 OUT.json gets, per check in order, ``{"tensors": {name: [dtype, shape, sha256]}}`` where names are the
 leaves' dotted paths (``ckpt_core::leaves`` naming: every dict, list and tuple descended into; ``str()`` of
@@ -74,7 +83,73 @@ def load(fmt: str, path: str):
             return torch.load(out, weights_only=True)
     if fmt == "hfai":
         return hfai_ref.load(path, nthreads=0, weights_only=True)
+    if fmt == "pbg":
+        return load_pbg(path)
+    if fmt == "recis":
+        return load_recis(path)
     raise ValueError(f"unknown format {fmt}")
+
+
+def prefixed(prefix: str, value, out: dict) -> None:
+    """Leaves of ``value`` under ``prefix + <dotted leaf name>``."""
+    inner: dict = {}
+    leaves(value, "", inner)
+    for k, v in inner.items():
+        out[prefix + k] = v
+
+
+def load_pbg(path: str) -> dict:
+    from torchbiggraph.checkpoint_manager import CheckpointManager, deserialize_optim_state
+    from torchbiggraph.config import ConfigSchema
+
+    config = ConfigSchema.from_dict(json.loads((Path(path) / "config.json").read_text()))
+    manager = CheckpointManager(path)
+    version = manager.checkpoint_version
+    out: dict = {}
+    described: dict = {}
+    for entity, schema in config.entities.items():
+        for part in range(schema.num_partitions):
+            embs, optim = manager.storage.load_entity_partition(version, entity, part)
+            out[f"embeddings/{entity}/{part}"] = embs
+            if optim is not None:
+                prefixed(f"optimizer/embeddings/{entity}/{part}/", deserialize_optim_state(optim), described)
+    state_dict, optim = manager.read_model()
+    for private, t in (state_dict or {}).items():
+        head, *rest = private.split(".")
+        if head == "global_embs":
+            public = f"entities/{rest[0].removeprefix('emb_')}/global_embedding"
+        else:
+            public = f"relations/{rest[0]}/operator/{head.removesuffix('_operators')}/{rest[1]}"
+        out[f"model/{public}"] = t
+    if optim is not None:
+        prefixed("optimizer/model/", optim, described)
+    return {"tensors": out, "described": described}
+
+
+def load_recis(path: str) -> dict:
+    import safetensors.torch
+
+    root = Path(path)
+    out: dict = {}
+    described: dict = {}
+    if (root / "index").is_file():
+        index = json.loads((root / "index").read_text())
+        tensorkey = json.loads((root / "tensorkey.json").read_text())
+        files = {fid: name for name, fid in index["file_index"].items()}
+        data = {fid: safetensors.torch.load_file(str(root / name)) for fid, name in files.items()}
+        slices: dict = {}
+        for key, fid in index["block_index"].items():
+            tensor, sl = [x for x in tensorkey.get(key, key).split("^") if x]
+            slices.setdefault(tensor, []).append((sl, data[fid][key]))
+        for tensor, parts in slices.items():
+            parts.sort(key=lambda p: p[0])
+            out[tensor] = parts[0][1] if parts[0][0] == " " else torch.cat([t for _, t in parts])
+    for name, prefix in [("model.pt", ""), ("extra.pt", "extra/")]:
+        if (root / name).is_file():
+            prefixed(prefix, torch.load(root / name, weights_only=True), described)
+    for f in sorted(root.glob("io_state_*.pt")):
+        prefixed(f"{f.stem}/", torch.load(f, weights_only=True), described)
+    return {"tensors": out, "described": described}
 
 
 def main() -> int:
@@ -83,7 +158,13 @@ def main() -> int:
     for check in spec["checks"]:
         try:
             out: dict = {}
-            leaves(load(check["format"], check["path"]), "", out)
+            loaded = load(check["format"], check["path"])
+            if check["format"] in ("pbg", "recis"):  # already named as ckpt names them
+                for name, t in loaded["tensors"].items():
+                    leaves(t, name, out)
+                out.update(loaded["described"])
+            else:
+                leaves(loaded, "", out)
             results.append({"tensors": out})
         except Exception:  # reported to the Rust side, which fails the test naming the output
             results.append({"error": traceback.format_exc()})

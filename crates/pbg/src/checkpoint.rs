@@ -36,8 +36,8 @@ pub struct PartitionEntry {
 ///
 /// Entry names: `embeddings/<entity>/<part>` (float32 `[N, D]`), `model/<public name>`
 /// (`model/relations/0/operator/rhs/real`), `optimizer/embeddings/<entity>/<part>/<key>` and
-/// `optimizer/model/<key>` (keys of the decoded state dict, dotted: `state.0.sum`, `param_groups.0.lr`), and
-/// `config` (the config text, when known).
+/// `optimizer/model/<key>` (keys of the decoded state dict, dotted: `state.0.sum`, `param_groups.0.lr`),
+/// `config` (the config text, when known) and `version` (the checkpoint version, an int).
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     storage: FileCheckpointStorage,
@@ -251,6 +251,7 @@ impl CheckpointRead for Checkpoint {
         if self.config.is_some() {
             out.push(Entry { name: "config".into(), kind: EntryKind::Value });
         }
+        out.push(Entry { name: "version".into(), kind: EntryKind::Value });
         out
     }
 
@@ -314,6 +315,11 @@ impl CheckpointRead for Checkpoint {
             if let Some(c) = &self.config {
                 return Ok(Value::Str(c.text().to_owned()));
             }
+        }
+        if name == "version" {
+            return i64::try_from(self.version)
+                .map(Value::Int)
+                .map_err(|_| Error::NoSuchEntry(format!("version {} beyond i64", self.version)).into());
         }
         for (n, item) in self.all() {
             if n == name {

@@ -333,7 +333,7 @@ pub fn export_safetensors(checkpoint: &Checkpoint, path: &Path) -> Result<()> {
         meta.insert("config".into(), c.text().to_owned());
     }
     for e in checkpoint.entries() {
-        if e.tensor_info().is_none() && e.name != "config" {
+        if e.tensor_info().is_none() && e.name != "config" && e.name != "version" {
             let v = checkpoint.value(&e.name)?;
             meta.insert(e.name, value_json(&v).to_string());
         }

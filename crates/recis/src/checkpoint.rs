@@ -91,6 +91,11 @@ impl Checkpoint {
         self.io_states.iter().find(|(s, _)| *s == shard).map(|(_, v)| v)
     }
 
+    /// Every saved io state, by shard, in shard order.
+    pub fn io_states(&self) -> &[(usize, Value)] {
+        &self.io_states
+    }
+
     /// The shard count in `io_state_count`, if saved.
     pub fn io_state_count(&self) -> Option<usize> {
         self.io_state_count

@@ -75,7 +75,7 @@ pub use index::Index;
 pub use manager::{CheckpointManager, ShardState, checkpoint_id, checkpoint_step};
 pub use name::{BlockSlice, DEFAULT_SLICE_SIZE, IdPartition, Shard, SliceInfo, gen_slice};
 pub use reader::{BlockRecord, SparseCheckpoint};
-pub use reshard::{ReshardOptions, load_shard, reshard, reshard_dir};
+pub use reshard::{ReshardOptions, load_shard, reshard, reshard_dir, write_sharded};
 pub use table::{HashTable, Slot, TableChild, coalesce};
 pub use tensorkey::TensorKey;
 pub use writer::{

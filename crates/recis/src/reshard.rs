@@ -81,6 +81,55 @@ pub fn reshard(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &Resh
     write_meta(dst, &metas, &options.save)
 }
 
+/// Writes whole tables (each child with its `slice_size`) and dense tensors into `dst` (an existing,
+/// empty directory) as `shards` shards: shard r holds, of every child, the ids whose partition value lies
+/// in `gen_slice(r, shards, slice_size)` (under `options.partition`), and shard 0 the dense tensors — what
+/// `shards` RecIS workers holding these tables would save. Shards are written in parallel.
+///
+/// ```
+/// use ckpt_core::Tensor;
+/// use ckpt_recis::{ReshardOptions, Slot, SparseCheckpoint, TableChild, write_sharded};
+/// let dir = tempfile::tempdir().unwrap();
+/// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0], &[3, 1]).unwrap();
+/// let tbl = TableChild::new("tbl", vec![7, 40000, 3], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
+/// write_sharded(dir.path(), &[(tbl, 65536)], &[], 2, &ReshardOptions::default()).unwrap();
+/// let ck = SparseCheckpoint::open(dir.path()).unwrap();
+/// assert_eq!(ck.shard_num(), Some(2));
+/// assert_eq!(ck.child("tbl").unwrap().len(), 3);
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for 0 shards; [`Error::BadSlice`] for a bad `slice_size`; as
+/// [`write_shard_files`] and [`write_meta`].
+pub fn write_sharded(
+    dst: &Path,
+    tables: &[(TableChild, u32)],
+    dense: &[(String, Tensor)],
+    shards: usize,
+    options: &ReshardOptions,
+) -> Result<()> {
+    if shards == 0 {
+        return Err(Error::InvalidArgument("writing 0 shards".into()));
+    }
+    let metas = (0..shards)
+        .into_par_iter()
+        .map(|r| {
+            let shard = Shard::new(r, shards)?;
+            let parts = tables
+                .iter()
+                .map(|(child, size)| {
+                    let slice = gen_slice(r, shards, *size)?;
+                    let part = child.filter(|id| slice.holds(id, options.partition))?;
+                    Ok(HashTable::single(slice, part))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let blocks = shard_blocks(&parts, dense, shard)?;
+            write_shard_files(dst, shard, options.save.parallel, &blocks)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    write_meta(dst, &metas, &options.save)
+}
+
 /// Reshards a whole checkpoint directory: the sparse part with [`reshard`], and `model.pt` and `extra.pt`
 /// copied unchanged (atomically). Io states are not copied: they belong to the old workers, and RecIS
 /// refuses to load them with another worker count.

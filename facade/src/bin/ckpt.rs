@@ -88,7 +88,10 @@ enum Command {
     /// Convert a checkpoint into another format.
     #[command(after_help = "Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
                             ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
-                            ckpt convert model.safetensors model.pt --to torch\n\n\
+                            ckpt convert model.safetensors model.pt --to torch\n  \
+                            ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
+                            ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
+                            ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n\n\
                             Formats: torch, safetensors, distcp, hfai, pbg, recis.")]
     Convert {
         /// The source checkpoint.
@@ -101,9 +104,8 @@ enum Command {
         /// The source format (detected when omitted).
         #[arg(long, value_parser = parse_format)]
         from: Option<Format>,
-        /// Ranks, shards or parts of a distcp, hfai or recis target.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-        world_size: u32,
+        #[command(flatten)]
+        layout: LayoutArgs,
     },
     /// Rewrite a distcp, hfai or recis checkpoint for another number of ranks, parts or shards.
     #[command(after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
@@ -161,7 +163,7 @@ fn main() -> ExitCode {
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
         Command::Verify { path } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
-        Command::Convert { src, dst, to, from, world_size } => convert(src, dst, *to, *from, *world_size, quiet),
+        Command::Convert { src, dst, to, from, layout } => convert(src, dst, *to, *from, layout, quiet),
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
             Ok(true) => reshard(path, dst, *world_size, quiet),
             Ok(false) => return ExitCode::from(EXIT_USAGE),
@@ -332,6 +334,9 @@ fn diff(a: &Path, b: &Path, rtol: f64, atol: f64, all: bool, quiet: bool) -> ckp
         w(format!("unreadable: {n}: {e}"))?;
     }
     let equal = report.is_equal();
+    if !quiet && !report.aligned_by_id.is_empty() {
+        w(format!("rows compared by id (another shard layout): {}", report.aligned_by_id.join(", ")))?;
+    }
     if !quiet || !equal {
         let compared = format!(
             "{} tensors, {} values compared (rtol {rtol:e}, atol {atol:e})",
@@ -353,8 +358,62 @@ fn diff(a: &Path, b: &Path, rtol: f64, atol: f64, all: bool, quiet: bool) -> ckp
     Ok(equal)
 }
 
-fn convert(src: &Path, dst: &Path, to: Format, from: Option<Format>, world: u32, quiet: bool) -> ckpt::Result<bool> {
-    let options = ckpt::ConvertOptions::default().with_world_size(world as usize);
+/// The target layout of `ckpt convert`.
+#[derive(clap::Args, Debug)]
+struct LayoutArgs {
+    /// Ranks, shards or parts of a distcp, hfai or recis target.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    world_size: u32,
+    /// distcp targets: `max-compat` (loads in torch 2.0 to 2.15) or `torch213` (torch 2.13's own bytes).
+    #[arg(long, default_value = "max-compat", value_parser = ["max-compat", "torch213"])]
+    dcp_profile: String,
+    /// hfai targets: tensors above this many bytes are split over the parts (default: hfai's 256 MiB).
+    #[arg(long, value_name = "BYTES")]
+    hfai_large_size: Option<u64>,
+    /// recis targets: data files per shard (default: the source's, else 4).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    parallel: Option<u32>,
+    /// recis targets: the id key space of every hash table (default: the source's, else 65536).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    slice_size: Option<u32>,
+    /// pbg targets: the config.json defining entities, partition counts and relations (default: the
+    /// source's own config).
+    #[arg(long, value_name = "FILE")]
+    pbg_config: Option<PathBuf>,
+}
+
+impl LayoutArgs {
+    fn options(&self) -> ckpt::ConvertOptions {
+        let profile = match self.dcp_profile.as_str() {
+            "torch213" => ckpt::DcpProfile::Torch213,
+            _ => ckpt::DcpProfile::MaxCompat,
+        };
+        let mut o = ckpt::ConvertOptions::default().with_world_size(self.world_size as usize).with_dcp_profile(profile);
+        if let Some(b) = self.hfai_large_size {
+            o = o.with_hfai_large_size(b);
+        }
+        if let Some(p) = self.parallel {
+            o = o.with_recis_parallel(p as usize);
+        }
+        if let Some(s) = self.slice_size {
+            o = o.with_recis_slice_size(s);
+        }
+        if let Some(c) = &self.pbg_config {
+            o = o.with_pbg_config(c);
+        }
+        o
+    }
+}
+
+fn convert(
+    src: &Path,
+    dst: &Path,
+    to: Format,
+    from: Option<Format>,
+    layout: &LayoutArgs,
+    quiet: bool,
+) -> ckpt::Result<bool> {
+    let options = layout.options();
     let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
     let summary = ckpt::convert(src, from, dst, to, &options);
     pb.finish_and_clear();

@@ -23,10 +23,6 @@ pub(crate) struct Content {
     pub leaves: Vec<Leaf>,
 }
 
-/// `__metadata__` key of safetensors files that records each tensor's path.
-#[cfg(feature = "safetensors")]
-pub(crate) const PATHS_KEY: &str = "ckpt.paths";
-
 fn core_err(path: &Path) -> impl Fn(ckpt_core::Error) -> Error + '_ {
     move |source| Error::Core { path: path.to_path_buf(), source }
 }
@@ -69,20 +65,36 @@ pub(crate) fn read(src: &Path, from: Format) -> Result<Content> {
         }
         #[cfg(feature = "safetensors")]
         Format::Safetensors => {
+            use crate::safetensors_records::{PATHS_KEY, VALUES_KEY, parse_paths, parse_values};
             let file = ckpt_core::safetensors::read_file(src).map_err(core_err(src))?;
-            let paths = file.metadata.as_ref().and_then(|m| m.get(PATHS_KEY)).and_then(|p| parse_paths(p));
-            let leaves: Vec<Leaf> = file
-                .tensors
-                .into_iter()
-                .map(|(name, t)| {
-                    let path = paths
-                        .as_ref()
-                        .and_then(|p| p.get(&name).cloned())
-                        .unwrap_or_else(|| vec![PathItem::Key(name.clone())]);
-                    Leaf { name, path, value: Value::Tensor(t) }
-                })
-                .collect();
+            let record = |key: &str| file.metadata.as_ref().and_then(|m| m.get(key));
+            let paths = record(PATHS_KEY).and_then(|p| parse_paths(p));
+            let values = record(VALUES_KEY).and_then(|v| parse_values(v)).unwrap_or_default();
+            let path_of = |name: &str| {
+                paths
+                    .as_ref()
+                    .and_then(|p| p.get(name).cloned())
+                    .unwrap_or_else(|| vec![PathItem::Key(name.to_owned())])
+            };
+            let mut leaves: Vec<Leaf> = Vec::with_capacity(file.tensors.len() + values.len());
+            for (name, t) in &file.tensors {
+                leaves.push(Leaf { path: path_of(name), name: name.clone(), value: Value::Tensor(t.clone()) });
+            }
+            for (name, value) in values {
+                if file.get(&name).is_none() {
+                    leaves.push(Leaf { path: path_of(&name), name, value });
+                }
+            }
             Ok(Content { tree: rebuild(&leaves, src)?, leaves })
+        }
+        #[cfg(feature = "recis")]
+        Format::Recis => {
+            let ck = crate::open_as(src, from)?;
+            let recis = ck.downcast_ref::<ckpt_recis::Checkpoint>().ok_or_else(|| Error::Recis {
+                path: src.to_path_buf(),
+                source: Box::new(ckpt_recis::Error::InvalidArgument("not a RecIS checkpoint directory".into())),
+            })?;
+            recis_content(recis, src)
         }
         _ => {
             // pbg, recis and any other reader: the generic interface, one leaf per entry.
@@ -111,49 +123,44 @@ fn rebuild(leaves: &[Leaf], _src: &Path) -> Result<Value> {
     })
 }
 
-/// Parses `ckpt.paths` (`{"name": ["model", 0, "w"], ...}`); `None` when it is not that shape (a foreign
-/// or damaged record is ignored, and the file converts flat).
-#[cfg(feature = "safetensors")]
-fn parse_paths(text: &str) -> Option<std::collections::HashMap<String, Vec<PathItem>>> {
-    let json: serde_json::Value = serde_json::from_str(text).ok()?;
-    let mut out = std::collections::HashMap::new();
-    for (name, steps) in json.as_object()? {
-        let steps = steps.as_array()?;
-        let mut path = Vec::with_capacity(steps.len());
-        for s in steps {
-            path.push(match s {
-                serde_json::Value::String(k) => PathItem::Key(k.clone()),
-                serde_json::Value::Number(n) => PathItem::Index(usize::try_from(n.as_u64()?).ok()?),
-                _ => return None,
-            });
+/// A RecIS checkpoint as a nested state dict: `{"sparse": {name: tensor}, "model": <model.pt>, "extra":
+/// <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts that are absent are left out). `sparse` holds the
+/// serializer's tensors under RecIS's names (`tbl@id`, `tbl@embedding`, dense names). Leaf names are those
+/// of [`ckpt_recis::Checkpoint`]'s entries.
+#[cfg(feature = "recis")]
+fn recis_content(ck: &ckpt_recis::Checkpoint, src: &Path) -> Result<Content> {
+    use ckpt_core::{Dict, DictKind};
+    let err = |source| Error::Recis { path: src.to_path_buf(), source: Box::new(source) };
+    let sparse = ck.sparse();
+    let mut tree = Dict::new(DictKind::Dict);
+    let mut leaves = Vec::new();
+    let names: Vec<String> = sparse.tensor_names().into_iter().map(str::to_owned).collect();
+    if !names.is_empty() {
+        let mut part = Dict::new(DictKind::Dict);
+        for name in names {
+            let value = Value::Tensor(sparse.read_tensor(&name).map_err(err)?);
+            part.insert(name.clone(), value.clone());
+            leaves.push(Leaf { path: vec![PathItem::Key("sparse".into()), PathItem::Key(name.clone())], name, value });
         }
-        if path.is_empty() {
-            return None;
+        tree.insert("sparse", Value::Dict(part));
+    }
+    let mut parts: Vec<(String, String, &Value)> = Vec::new();
+    if let Some(m) = ck.model() {
+        parts.push(("model".into(), String::new(), m));
+    }
+    if let Some(e) = ck.extra() {
+        parts.push(("extra".into(), "extra/".into(), e));
+    }
+    for (s, v) in ck.io_states() {
+        parts.push((format!("io_state_{s}"), format!("io_state_{s}/"), v));
+    }
+    for (key, prefix, value) in parts {
+        for l in ckpt_core::leaves(value).map_err(core_err(src))? {
+            let mut path = vec![PathItem::Key(key.clone())];
+            path.extend(l.path);
+            leaves.push(Leaf { name: format!("{prefix}{}", l.key), path, value: l.value.clone() });
         }
-        out.insert(name.clone(), path);
+        tree.insert(key, value.clone());
     }
-    Some(out)
-}
-
-/// The `ckpt.paths` record of `leaves`, or `None` when every path is just the name (nothing to record).
-#[cfg(feature = "safetensors")]
-pub(crate) fn paths_record(leaves: &[&Leaf]) -> Option<String> {
-    if leaves.iter().all(|l| matches!(l.path.as_slice(), [PathItem::Key(k)] if *k == l.name)) {
-        return None;
-    }
-    let map: serde_json::Map<String, serde_json::Value> = leaves
-        .iter()
-        .map(|l| {
-            let steps = l
-                .path
-                .iter()
-                .map(|p| match p {
-                    PathItem::Key(k) => serde_json::Value::String(k.clone()),
-                    PathItem::Index(i) => serde_json::Value::from(*i),
-                })
-                .collect();
-            (l.name.clone(), serde_json::Value::Array(steps))
-        })
-        .collect();
-    Some(serde_json::Value::Object(map).to_string())
+    Ok(Content { tree: Value::Dict(tree), leaves })
 }

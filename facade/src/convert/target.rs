@@ -9,8 +9,13 @@ use super::source::{self, Content, Leaf};
 use super::{ConvertOptions, ConvertSummary};
 use crate::{Error, Format, Result};
 
-/// Counts the leaves a target that holds every value writes.
-fn summary_all(leaves: &[Leaf]) -> ConvertSummary {
+#[cfg(feature = "pbg")]
+mod pbg;
+#[cfg(feature = "recis")]
+mod recis;
+
+/// The summary of a target that writes every one of `leaves`.
+fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSummary {
     let mut s = ConvertSummary::default();
     for l in leaves {
         match l.value.as_tensor() {
@@ -50,7 +55,7 @@ pub(super) fn write(
         Format::Torch => {
             let content = source::read(src, from)?;
             ckpt_torch::save(&content.tree, dst)?;
-            Ok(summary_all(&content.leaves))
+            Ok(count(&content.leaves))
         }
         #[cfg(feature = "safetensors")]
         Format::Safetensors => safetensors(&source::read(src, from)?, from, dst),
@@ -59,7 +64,19 @@ pub(super) fn write(
         #[cfg(feature = "hfai")]
         Format::Hfai => hfai(&source::read(src, from)?, from, dst, options),
         #[cfg(feature = "recis")]
-        Format::Recis => recis(src, dst, options),
+        Format::Recis => {
+            let content = if from == Format::Recis && options.recis_slice_size.is_none() {
+                // Re-sharded from the files themselves: no need to read the content.
+                Content { tree: Value::None, leaves: Vec::new() }
+            } else {
+                source::read(src, from)?
+            };
+            recis::write(&content, src, from, dst, options)
+        }
+        #[cfg(feature = "pbg")]
+        Format::Pbg => pbg::write(&source::read(src, from)?, from, dst, options),
+        // Reached only in builds without some format's feature.
+        #[allow(unreachable_patterns)]
         _ => {
             let _ = options;
             Err(Error::FeatureDisabled { path: dst.to_path_buf(), format: to, feature: to.feature() })
@@ -69,15 +86,22 @@ pub(super) fn write(
 
 #[cfg(feature = "safetensors")]
 fn safetensors(content: &Content, from: Format, dst: &Path) -> Result<ConvertSummary> {
+    use crate::safetensors_records::{PATHS_KEY, VALUES_KEY, paths_record, value_to_json, values_record};
     let mut s = ConvertSummary::default();
     let mut kept: Vec<&Leaf> = Vec::new();
     let mut tensors = Vec::new();
+    let mut values = Vec::new();
     for l in &content.leaves {
         match l.value.as_tensor() {
             Some(t) if t.dtype().to_safetensors().is_ok() => {
                 s.tensors += 1;
                 s.bytes += t.nbytes() as u64;
                 tensors.push((l.name.clone(), t.clone()));
+                kept.push(l);
+            }
+            None if value_to_json(&l.value).is_some() => {
+                s.values += 1;
+                values.push((l.name.as_str(), &l.value));
                 kept.push(l);
             }
             _ => s.dropped.push(l.name.clone()),
@@ -87,8 +111,11 @@ fn safetensors(content: &Content, from: Format, dst: &Path) -> Result<ConvertSum
         ("format".to_owned(), "pt".to_owned()),
         ("ckpt.source".to_owned(), from.name().to_owned()),
     ]);
-    if let Some(paths) = source::paths_record(&kept) {
-        meta.insert(source::PATHS_KEY.to_owned(), paths);
+    if let Some(paths) = paths_record(kept.iter().map(|l| (l.name.as_str(), l.path.as_slice()))) {
+        meta.insert(PATHS_KEY.to_owned(), paths);
+    }
+    if let Some(values) = values_record(values) {
+        meta.insert(VALUES_KEY.to_owned(), values);
     }
     ckpt_core::safetensors::write_file(&tensors, Some(meta), dst)
         .map_err(|source| Error::Core { path: dst.to_path_buf(), source })?;
@@ -96,7 +123,7 @@ fn safetensors(content: &Content, from: Format, dst: &Path) -> Result<ConvertSum
 }
 
 /// The top-level mapping of a state dict, or the reason the target needs one.
-#[cfg(any(feature = "distcp", feature = "hfai"))]
+#[cfg(any(feature = "distcp", feature = "hfai", feature = "recis", feature = "pbg"))]
 fn top_mapping(content: &Content, from: Format, to: Format) -> Result<&Dict> {
     content.tree.as_dict().ok_or_else(|| Error::UnsupportedConversion {
         from,
@@ -235,43 +262,7 @@ fn hfai(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -
         .leaves
         .iter()
         .partition(|l| dropped_top.is_some_and(|k| matches!(l.path.first(), Some(PathItem::Key(p)) if p == k)));
-    let kept: Vec<Leaf> = kept.into_iter().cloned().collect();
-    let mut s = summary_all(&kept);
+    let mut s = count(kept);
     s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
-    Ok(s)
-}
-
-#[cfg(feature = "recis")]
-fn recis(src: &Path, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    let err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Recis { path: path.clone(), source: Box::new(source) }
-    };
-    // A `checkpoint` list: the latest checkpoint, as RecIS's manager loads it.
-    let dir = if src.join("checkpoint").is_file() && !src.join("index").is_file() {
-        let manager = ckpt_recis::CheckpointManager::new(src);
-        let id = manager.latest().map_err(err(src))?.ok_or_else(|| Error::Recis {
-            path: src.to_path_buf(),
-            source: Box::new(ckpt_recis::Error::NoCheckpoint { path: src.join("checkpoint") }),
-        })?;
-        manager.path_of(&id).map_err(err(src))?
-    } else {
-        src.to_path_buf()
-    };
-    let before = crate::open_as(&dir, Format::Recis)?.entries();
-    ckpt_recis::reshard_dir(&dir, dst, options.world_size, &ckpt_recis::ReshardOptions::default()).map_err(err(dst))?;
-    let after = crate::open_as(dst, Format::Recis)?;
-    let kept = after.entries();
-    let mut s = ConvertSummary::default();
-    for e in &kept {
-        match e.tensor_info() {
-            Some(t) => {
-                s.tensors += 1;
-                s.bytes += t.nbytes() as u64;
-            }
-            None => s.values += 1,
-        }
-    }
-    s.dropped = before.into_iter().filter(|e| !kept.iter().any(|k| k.name == e.name)).map(|e| e.name).collect();
     Ok(s)
 }
