@@ -172,19 +172,19 @@ pub(super) fn write(
     let (children, dense) = tables(&parts.sparse, from)?;
     let recis_err = |source| Error::Recis { path: dst.to_path_buf(), source: Box::new(source) };
     std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
-    // The serializer's part is written even when it holds nothing, as RecIS's saver does: its `index` is
-    // what marks the directory as a RecIS checkpoint.
-    let size = options.recis_slice_size.unwrap_or(DEFAULT_SLICE_SIZE);
-    let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, size)).collect();
-    let save = SaveOptions::default().with_parallel(options.recis_parallel.unwrap_or(SaveOptions::default().parallel));
-    let reshard = ReshardOptions::default().with_save(save);
-    ckpt_recis::write_sharded(dst, &tables, &dense, options.world_size, &reshard).map_err(recis_err)?;
     if let Some(model) = &parts.model {
         ckpt_recis::dense::write_model(dst, model).map_err(recis_err)?;
     }
     if let Some(extra) = &parts.extra {
         ckpt_recis::dense::write_extra(dst, extra).map_err(recis_err)?;
     }
+    // The serializer's part last, and even when it holds nothing, as RecIS's saver does: its `index`, written
+    // after everything else, is what marks the directory as a complete RecIS checkpoint.
+    let size = options.recis_slice_size.unwrap_or(DEFAULT_SLICE_SIZE);
+    let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, size)).collect();
+    let save = SaveOptions::default().with_parallel(options.recis_parallel.unwrap_or(SaveOptions::default().parallel));
+    let reshard = ReshardOptions::default().with_save(save);
+    ckpt_recis::write_sharded(dst, &tables, &dense, options.world_size, &reshard).map_err(recis_err)?;
     let dropped_top = |l: &Leaf| matches!(l.path.first(), Some(PathItem::Key(k)) if parts.dropped_keys.contains(k));
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content.leaves.iter().partition(|l| dropped_top(l));
     let mut s = count(kept);
