@@ -130,6 +130,33 @@ fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
     python_loads(tmp.path(), &[(Format::Pbg, &dst)]);
 }
 
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+        }
+    }
+}
+
+#[test]
+fn pbg_converted_through_safetensors_resumes_training() {
+    // The fixture's version 4 through a safetensors file and back: torchbiggraph resumes training from it at
+    // iteration 4 (the version is kept) and commits versions 5 and 6.
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    copy_dir(&fixtures("pbg").join("data"), &work.join("data"));
+    let st = tmp.path().join("v4.safetensors");
+    convert(&pbg_fixture(), None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
+    convert(&st, None, &work.join("ckpt"), Format::Pbg, &ConvertOptions::default()).unwrap();
+    let out = run_python("pbg/check_resume.py", &[&work, Path::new("4")]);
+    assert!(out.contains("resumed from converted version 4"), "{out}");
+}
+
 #[test]
 fn pbg_layout_mismatches_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
