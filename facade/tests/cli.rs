@@ -368,3 +368,20 @@ fn convert_takes_the_target_layout_options() {
     assert!(err.contains("has no `embeddings/<entity>/<partition>`"), "{err}");
     assert!(!dst.exists());
 }
+
+#[test]
+fn cat_prints_values_too() {
+    let (code, out, err) = run(&[&"cat", &fixtures().join("torch/bytesio.pt"), &"n"]);
+    assert_eq!(code, 0, "{err}");
+    let want = match ckpt::open(&fixtures().join("torch/bytesio.pt")).unwrap().value("n").unwrap() {
+        ckpt::Value::Int(i) => format!("{i}\n"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(out, want);
+    let pbg = fixtures().join("pbg/ckpt");
+    let (code, out, err) = run(&[&"cat", &pbg, &"config"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim_end(), std::fs::read_to_string(pbg.join("config.json")).unwrap().trim_end());
+    let (code, out, _) = run(&[&"cat", &pbg, &"version"]);
+    assert_eq!((code, out.as_str()), (0, "4\n"));
+}

@@ -45,8 +45,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print a tensor's values, numpy-style.
-    #[command(after_help = "Examples:\n  ckpt cat model.pt fc.weight\n  ckpt cat model.pt fc.weight --limit 4")]
+    /// Print a tensor's values, numpy-style, or a value (strings as they are, others as Python's repr).
+    #[command(after_help = "Examples:\n  ckpt cat model.pt fc.weight\n  ckpt cat model.pt fc.weight --limit 4\n  \
+                            ckpt cat pbg/ckpt config   # the training config.json")]
     Cat {
         /// A checkpoint file or directory.
         path: PathBuf,
@@ -646,8 +647,16 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
 }
 
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
-    let t = c.tensor(name)?;
-    let text = ckpt::core::format_tensor(&t, limit);
+    let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some());
+    let text = if is_tensor {
+        ckpt::core::format_tensor(&c.tensor(name)?, limit)
+    } else {
+        // A value: strings as they are (a PBG config prints as its JSON), others as Python's repr.
+        match c.value(name)? {
+            ckpt::Value::Str(s) => s,
+            v => ckpt::core::python_str(&v).unwrap_or_else(|_| format!("<{}>", v.type_name())),
+        }
+    };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })
 }
