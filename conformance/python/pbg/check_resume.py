@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -26,10 +25,8 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 from torchbiggraph.checkpoint_storage import FileCheckpointStorage  # noqa: E402
-from torchbiggraph.config import ConfigSchema  # noqa: E402
-from torchbiggraph.train import train  # noqa: E402
 
-from pbg_setup import config_dict  # noqa: E402
+from pbg_train import train_in  # noqa: E402
 
 ENTITIES = [("user_id", 0), ("user_id", 1), ("item", 0)]
 FINAL = 6
@@ -42,12 +39,7 @@ def main() -> None:
     torch.set_num_threads(1)
     storage = FileCheckpointStorage(str(work / "ckpt"))
     assert storage.load_version() == start, (storage.load_version(), start)
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        train(ConfigSchema.from_dict(config_dict(num_epochs=3)))
-    finally:
-        os.chdir(cwd)
+    train_in(work, num_epochs=3)
     assert storage.load_version() == FINAL, storage.load_version()
     for entity, part in ENTITIES:
         embs, optim = storage.load_entity_partition(FINAL, entity, part)

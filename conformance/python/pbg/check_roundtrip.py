@@ -171,17 +171,10 @@ def check_init(work: Path) -> None:
 
 
 def check_resume(work: Path) -> None:
-    from pbg_setup import config_dict  # noqa: PLC0415
-    from torchbiggraph.config import ConfigSchema  # noqa: PLC0415
-    from torchbiggraph.train import train  # noqa: PLC0415
+    from pbg_train import train_in  # noqa: PLC0415
 
     stats_before = (work / "ckpt" / "training_stats.json").read_text().count("\n")
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        train(ConfigSchema.from_dict(config_dict(num_epochs=3)))
-    finally:
-        os.chdir(cwd)
+    train_in(work, num_epochs=3)
     ckpt = FileCheckpointStorage(str(work / "ckpt"))
     assert ckpt.load_version() == 6, ckpt.load_version()
     for entity, part in ENTITIES:
