@@ -249,15 +249,7 @@ struct SafetensorsReader {
 #[cfg(feature = "safetensors")]
 impl SafetensorsReader {
     fn new(file: ckpt_core::safetensors::SafetensorsFile) -> Self {
-        let values = file
-            .metadata
-            .as_ref()
-            .and_then(|m| m.get(safetensors_records::VALUES_KEY))
-            .and_then(|text| safetensors_records::parse_values(text))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(name, _)| file.get(name).is_none())
-            .collect();
+        let values = safetensors_records::Records::of(&file).values;
         SafetensorsReader { file, values }
     }
 }

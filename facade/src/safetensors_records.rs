@@ -45,11 +45,38 @@ fn value_from_json(json: &serde_json::Value) -> Option<Value> {
     })
 }
 
-/// The `ckpt.values` record of `(name, value)` pairs, or `None` when there are none.
-pub(crate) fn values_record<'a>(values: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Option<String> {
-    let map: serde_json::Map<String, serde_json::Value> =
-        values.into_iter().filter_map(|(name, v)| Some((name.to_owned(), value_to_json(v)?))).collect();
+/// The `ckpt.values` record of `(name, JSON value)` pairs ([`value_to_json`]), or `None` when there are none.
+pub(crate) fn values_record(values: impl IntoIterator<Item = (String, serde_json::Value)>) -> Option<String> {
+    let map: serde_json::Map<String, serde_json::Value> = values.into_iter().collect();
     (!map.is_empty()).then(|| serde_json::Value::Object(map).to_string())
+}
+
+/// What ckpt recorded in a safetensors file: the path of each entry (when recorded), and the values of
+/// `ckpt.values` that no tensor of the file shadows.
+pub(crate) struct Records {
+    paths: Option<HashMap<String, Vec<PathItem>>>,
+    /// Value entries, by name.
+    pub values: Vec<(String, Value)>,
+}
+
+impl Records {
+    /// Reads the records of `file` (a damaged record is ignored).
+    pub(crate) fn of(file: &ckpt_core::safetensors::SafetensorsFile) -> Self {
+        let record = |key: &str| file.metadata.as_ref().and_then(|m| m.get(key));
+        let paths = record(PATHS_KEY).and_then(|p| parse_paths(p));
+        let values = record(VALUES_KEY)
+            .and_then(|v| parse_values(v))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(name, _)| file.get(name).is_none())
+            .collect();
+        Records { paths, values }
+    }
+
+    /// The path of entry `name`: the recorded one, else the name as a single key.
+    pub(crate) fn path_of(&self, name: &str) -> Vec<PathItem> {
+        self.paths.as_ref().and_then(|p| p.get(name).cloned()).unwrap_or_else(|| vec![PathItem::Key(name.to_owned())])
+    }
 }
 
 /// Parses `ckpt.values`; `None` when it is not an object of scalars.
@@ -117,7 +144,7 @@ mod tests {
             ("g", Value::Float(1e-300)),
             ("s", Value::Str("{\"json\": 1}".into())),
         ];
-        let record = values_record(values.iter().map(|(n, v)| (*n, v))).unwrap();
+        let record = values_record(values.iter().map(|(n, v)| ((*n).to_owned(), value_to_json(v).unwrap()))).unwrap();
         let mut back = parse_values(&record).unwrap();
         back.sort_by(|a, b| a.0.cmp(&b.0));
         let mut want: Vec<(String, Value)> = values.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect();
@@ -128,7 +155,8 @@ mod tests {
     #[test]
     fn values_json_cannot_hold_are_left_out() {
         let values = [("nan", Value::Float(f64::NAN)), ("bytes", Value::Bytes(vec![1])), ("l", Value::List(vec![]))];
-        assert_eq!(values_record(values.iter().map(|(n, v)| (*n, v))), None);
+        assert!(values.iter().all(|(_, v)| value_to_json(v).is_none()));
+        assert_eq!(values_record([]), None);
         assert!(parse_values("[1]").is_none());
         assert!(parse_values("{\"a\": [1]}").is_none());
     }

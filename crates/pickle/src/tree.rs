@@ -131,19 +131,24 @@ pub(crate) fn reassemble(shape: Shape, children: Vec<Value>) -> Value {
     }
 }
 
-/// Rebuilds `v` bottom-up without recursion, applying `f` to every value after its children were processed.
-pub(crate) fn map_post_order(v: Value, mut f: impl FnMut(Value) -> Value) -> Value {
-    struct Frame {
+/// Rebuilds a tree bottom-up without recursion: `split` turns a node into its shape and children, or into
+/// the finished value of a leaf; `f` is applied to every value once its children are done.
+fn post_order<T>(
+    root: T,
+    mut split: impl FnMut(T) -> Result<(Shape, Vec<T>), Value>,
+    mut f: impl FnMut(Value) -> Value,
+) -> Value {
+    struct Frame<T> {
         shape: Shape,
-        children: std::vec::IntoIter<Value>,
+        children: std::vec::IntoIter<T>,
         out: Vec<Value>,
     }
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut next = Some(v);
+    let mut stack: Vec<Frame<T>> = Vec::new();
+    let mut next = Some(root);
     loop {
         // Descend into `next`, or produce it if it is a leaf.
         let mut done = match next.take() {
-            Some(v) => match decompose(v) {
+            Some(v) => match split(v) {
                 Ok((shape, children)) => {
                     let n = children.len();
                     stack.push(Frame { shape, children: children.into_iter(), out: Vec::with_capacity(n) });
@@ -171,6 +176,11 @@ pub(crate) fn map_post_order(v: Value, mut f: impl FnMut(Value) -> Value) -> Val
             done = Some(f(reassemble(frame.shape, frame.out)));
         }
     }
+}
+
+/// Rebuilds `v` bottom-up without recursion, applying `f` to every value after its children were processed.
+pub(crate) fn map_post_order(v: Value, f: impl FnMut(Value) -> Value) -> Value {
+    post_order(v, decompose, f)
 }
 
 /// Splits a container into shape and borrowed children (in [`decompose`] order); `None` for a leaf.
@@ -237,42 +247,7 @@ fn clone_leaf(v: &Value) -> Value {
 
 /// A deep copy without recursion.
 pub(crate) fn deep_clone(v: &Value) -> Value {
-    struct Frame<'v> {
-        shape: Shape,
-        children: std::vec::IntoIter<&'v Value>,
-        out: Vec<Value>,
-    }
-    let mut stack: Vec<Frame<'_>> = Vec::new();
-    let mut next = Some(v);
-    loop {
-        let mut done = match next.take() {
-            Some(v) => match split_ref(v) {
-                Some((shape, children)) => {
-                    let n = children.len();
-                    stack.push(Frame { shape, children: children.into_iter(), out: Vec::with_capacity(n) });
-                    None
-                }
-                None => Some(clone_leaf(v)),
-            },
-            None => None,
-        };
-        loop {
-            let Some(top) = stack.last_mut() else {
-                return done.unwrap_or_default();
-            };
-            if let Some(d) = done.take() {
-                top.out.push(d);
-            }
-            if let Some(child) = top.children.next() {
-                next = Some(child);
-                break;
-            }
-            let Some(frame) = stack.pop() else {
-                return Value::None;
-            };
-            done = Some(reassemble(frame.shape, frame.out));
-        }
-    }
+    post_order(v, |v| split_ref(v).ok_or_else(|| clone_leaf(v)), |v| v)
 }
 
 /// Equality without recursion, with the semantics a derived `PartialEq` would have (`f64` compared with `==`).

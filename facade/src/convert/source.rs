@@ -65,25 +65,14 @@ pub(crate) fn read(src: &Path, from: Format) -> Result<Content> {
         }
         #[cfg(feature = "safetensors")]
         Format::Safetensors => {
-            use crate::safetensors_records::{PATHS_KEY, VALUES_KEY, parse_paths, parse_values};
             let file = ckpt_core::safetensors::read_file(src).map_err(core_err(src))?;
-            let record = |key: &str| file.metadata.as_ref().and_then(|m| m.get(key));
-            let paths = record(PATHS_KEY).and_then(|p| parse_paths(p));
-            let values = record(VALUES_KEY).and_then(|v| parse_values(v)).unwrap_or_default();
-            let path_of = |name: &str| {
-                paths
-                    .as_ref()
-                    .and_then(|p| p.get(name).cloned())
-                    .unwrap_or_else(|| vec![PathItem::Key(name.to_owned())])
-            };
-            let mut leaves: Vec<Leaf> = Vec::with_capacity(file.tensors.len() + values.len());
+            let records = crate::safetensors_records::Records::of(&file);
+            let mut leaves: Vec<Leaf> = Vec::with_capacity(file.tensors.len() + records.values.len());
             for (name, t) in &file.tensors {
-                leaves.push(Leaf { path: path_of(name), name: name.clone(), value: Value::Tensor(t.clone()) });
+                leaves.push(Leaf { path: records.path_of(name), name: name.clone(), value: Value::Tensor(t.clone()) });
             }
-            for (name, value) in values {
-                if file.get(&name).is_none() {
-                    leaves.push(Leaf { path: path_of(&name), name, value });
-                }
+            for (name, value) in &records.values {
+                leaves.push(Leaf { path: records.path_of(name), name: name.clone(), value: value.clone() });
             }
             Ok(Content { tree: rebuild(&leaves, src)?, leaves })
         }

@@ -64,15 +64,7 @@ pub(super) fn write(
         #[cfg(feature = "hfai")]
         Format::Hfai => hfai(&source::read(src, from)?, from, dst, options),
         #[cfg(feature = "recis")]
-        Format::Recis => {
-            let content = if from == Format::Recis && options.recis_slice_size.is_none() {
-                // Re-sharded from the files themselves: no need to read the content.
-                Content { tree: Value::None, leaves: Vec::new() }
-            } else {
-                source::read(src, from)?
-            };
-            recis::write(&content, src, from, dst, options)
-        }
+        Format::Recis => recis::write(src, from, dst, options),
         #[cfg(feature = "pbg")]
         Format::Pbg => pbg::write(&source::read(src, from)?, from, dst, options),
         // Reached only in builds without some format's feature.
@@ -99,12 +91,15 @@ fn safetensors(content: &Content, from: Format, dst: &Path) -> Result<ConvertSum
                 tensors.push((l.name.clone(), t.clone()));
                 kept.push(l);
             }
-            None if value_to_json(&l.value).is_some() => {
-                s.values += 1;
-                values.push((l.name.as_str(), &l.value));
-                kept.push(l);
-            }
-            _ => s.dropped.push(l.name.clone()),
+            None => match value_to_json(&l.value) {
+                Some(json) => {
+                    s.values += 1;
+                    values.push((l.name.clone(), json));
+                    kept.push(l);
+                }
+                None => s.dropped.push(l.name.clone()),
+            },
+            Some(_) => s.dropped.push(l.name.clone()),
         }
     }
     let mut meta = std::collections::HashMap::from([

@@ -24,7 +24,7 @@ use std::path::Path;
 use ckpt_core::{Dict, DictKind, PathItem, Tensor, Value};
 use ckpt_recis::{DEFAULT_SLICE_SIZE, ReshardOptions, SaveOptions, Slot, TableChild};
 
-use super::super::source::{Content, Leaf};
+use super::super::source::{self, Leaf};
 use super::super::{ConvertOptions, ConvertSummary};
 use super::{count, top_mapping};
 use crate::{Error, Format, Result};
@@ -157,16 +157,12 @@ fn tables(sparse: &[(String, Tensor)], from: Format) -> Result<(Vec<TableChild>,
     Ok((children, dense))
 }
 
-pub(super) fn write(
-    content: &Content,
-    src: &Path,
-    from: Format,
-    dst: &Path,
-    options: &ConvertOptions,
-) -> Result<ConvertSummary> {
+pub(super) fn write(src: &Path, from: Format, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
     if from == Format::Recis && options.recis_slice_size.is_none() {
+        // Re-sharded from the files themselves, without reading the content into a state dict.
         return reshard(src, dst, options);
     }
+    let content = &source::read(src, from)?;
     let top = top_mapping(content, from, Format::Recis)?;
     let parts = split(top, from)?;
     let (children, dense) = tables(&parts.sparse, from)?;
