@@ -34,10 +34,10 @@
 //!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as values.
 //! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
 //! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
-//!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard_dir`]), each table keeping its
+//!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard`]), each table keeping its
 //!    `slice_size` unless [`ConvertOptions::recis_slice_size`] sets one; `model.pt` and `extra.pt` are
 //!    copied; the IO states belong to the old workers and are listed in [`ConvertSummary::dropped`].
-//! 7. pbg targets read the source's entries under [`crate::pbg::Checkpoint`]'s names
+//! 7. pbg targets read the source's entries under [`crate::pbg::PbgReader`]'s names
 //!    (`embeddings/<entity>/<part>`, `model/<public name>`, `optimizer/...`, `config`, `version`), which a PBG
 //!    checkpoint keeps in every other format. The layout is the config's (the source's `config`, or
 //!    [`ConvertOptions::pbg_config`]); an entity with another partition count is re-partitioned, and missing
@@ -204,7 +204,7 @@ pub struct ConvertSummary {
 ///     ("epoch", Value::Int(3)),
 ///     ("note", Value::Bytes(b"raw".to_vec())),
 /// ]);
-/// ckpt::torch::save(&sd, &pt).unwrap();
+/// ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
 ///
 /// let st = dir.path().join("m.safetensors");
 /// let summary = ckpt::convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
@@ -232,9 +232,8 @@ pub fn convert(
         None => crate::detect(src)?,
     };
     if options.world_size == 0 {
-        return Err(Error::UnsupportedConversion {
-            from,
-            to,
+        return Err(Error::InvalidArgument {
+            path: dst.to_path_buf(),
             reason: "world size 0: a target needs at least one rank".into(),
         });
     }

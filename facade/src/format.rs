@@ -143,7 +143,7 @@ pub fn detect(path: &Path) -> Result<Format, Error> {
     // Let the torch codec name the wrong-file cases (git-LFS pointer, HTML, TAR-era, empty ...).
     #[cfg(feature = "torch")]
     if let Err(e) = ckpt_torch::detect(&head) {
-        return Err(Error::from(e.at(path)));
+        return Err(crate::error::Cause::at(e, path));
     }
     Err(Error::UnknownFormat { path: path.to_path_buf(), reason: "unrecognised leading bytes".into() })
 }

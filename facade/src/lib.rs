@@ -21,7 +21,7 @@
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("m.pt");
 //! let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-//! ckpt::torch::save(&sd, &path).unwrap();
+//! ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 //! let ck = ckpt::open(&path).unwrap();
 //! assert_eq!(ck.format(), ckpt::Format::Torch);
 //! assert_eq!(ck.entries()[0].name, "w");
@@ -34,6 +34,7 @@
 
 mod convert;
 mod diff;
+mod error;
 mod format;
 mod reshard;
 #[cfg(feature = "safetensors")]
@@ -41,6 +42,8 @@ mod safetensors_records;
 mod verify;
 
 use std::path::{Path, PathBuf};
+
+use error::At;
 
 pub use ckpt_core as core;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value};
@@ -56,115 +59,45 @@ pub use ckpt_recis as recis;
 pub use ckpt_torch as torch;
 pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, unsupported_reason};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
+pub use error::{Error, Result};
 pub use format::{Format, detect};
 pub use reshard::{ReshardSummary, reshard, reshard_formats};
 pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 
-/// Errors of the facade: which format, which path, and the format crate's error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// An I/O error.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The format of a path could not be recognised.
-    #[error("{}: unknown checkpoint format ({reason})", path.display())]
-    UnknownFormat {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The format is known but this build lacks its feature.
-    #[error("{}: this is a {format} checkpoint; enable the `{feature}` feature of the ckpt crate to read it", path.display())]
-    FeatureDisabled {
-        /// The path.
-        path: PathBuf,
-        /// The format.
-        format: Format,
-        /// The feature to enable.
-        feature: &'static str,
-    },
-    /// An error from the torch codec.
-    #[cfg(feature = "torch")]
-    #[error(transparent)]
-    Torch(Box<ckpt_torch::Error>),
-    /// An error from the DCP crate.
-    #[cfg(feature = "distcp")]
-    #[error("{}: {source}", path.display())]
-    Distcp {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_distcp::Error>,
-    },
-    /// An error from the hfai crate.
-    #[cfg(feature = "hfai")]
-    #[error("{}: {source}", path.display())]
-    Hfai {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_hfai::Error>,
-    },
-    /// An error from the PyTorch-BigGraph crate.
-    #[cfg(feature = "pbg")]
-    #[error("{}: {source}", path.display())]
-    Pbg {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_pbg::Error>,
-    },
-    /// An error from the RecIS crate.
-    #[cfg(feature = "recis")]
-    #[error("{}: {source}", path.display())]
-    Recis {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_recis::Error>,
-    },
-    /// The target format cannot hold the source's data.
-    #[error("cannot convert {from} to {to}: {reason}")]
-    UnsupportedConversion {
-        /// Source format.
-        from: Format,
-        /// Target format.
-        to: Format,
-        /// Why.
-        reason: String,
-    },
-    /// An error from the core (safetensors, tensors).
-    #[error("{}: {source}", path.display())]
-    Core {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: ckpt_core::Error,
-    },
-}
-
 #[cfg(feature = "torch")]
-impl From<ckpt_torch::Error> for Error {
-    fn from(e: ckpt_torch::Error) -> Self {
-        Error::Torch(Box::new(e))
+impl error::Cause for ckpt_torch::Error {
+    fn at(self, path: &Path) -> Error {
+        error::Cause::at(ckpt_core::Error::from(self), path)
     }
 }
 
-/// `Result` with the facade's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+#[cfg(feature = "distcp")]
+impl error::Cause for ckpt_distcp::Error {
+    fn at(self, path: &Path) -> Error {
+        error::Cause::at(ckpt_core::Error::from(self), path)
+    }
+}
+
+#[cfg(feature = "hfai")]
+impl error::Cause for ckpt_hfai::Error {
+    fn at(self, path: &Path) -> Error {
+        error::Cause::at(ckpt_core::Error::from(self), path)
+    }
+}
+
+#[cfg(feature = "pbg")]
+impl error::Cause for ckpt_pbg::Error {
+    fn at(self, path: &Path) -> Error {
+        error::Cause::at(ckpt_core::Error::from(self), path)
+    }
+}
+
+#[cfg(feature = "recis")]
+impl error::Cause for ckpt_recis::Error {
+    fn at(self, path: &Path) -> Error {
+        error::Cause::at(ckpt_core::Error::from(self), path)
+    }
+}
 
 /// A format's reader, type-erased but downcastable to the format crate's concrete type.
 trait Reader: CheckpointRead + Send + Sync {
@@ -203,17 +136,17 @@ impl Checkpoint {
     /// Reads the tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Core`] naming the path.
+    /// [`Error::Format`] naming the path.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.inner.tensor(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+        self.inner.tensor(name).at(&self.path)
     }
 
     /// Reads the non-tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Core`] naming the path.
+    /// [`Error::Format`] naming the path.
     pub fn value(&self, name: &str) -> Result<Value> {
-        self.inner.value(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+        self.inner.value(name).at(&self.path)
     }
 
     /// The format's reader behind the generic interface.
@@ -221,16 +154,16 @@ impl Checkpoint {
         self.inner.as_ref()
     }
 
-    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchFile`,
-    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiCheckpoint`, `ckpt::pbg::Checkpoint`,
-    /// `ckpt::recis::Checkpoint`; `None` when the checkpoint is of another format.
+    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchReader`,
+    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiReader`, `ckpt::pbg::PbgReader`,
+    /// `ckpt::recis::RecisReader`; `None` when the checkpoint is of another format.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let path = dir.path().join("m.pt");
-    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path).unwrap();
+    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path, &ckpt::torch::WriteOptions::default()).unwrap();
     /// let ck = ckpt::open(&path).unwrap();
-    /// let file = ck.downcast_ref::<ckpt::torch::TorchFile>().unwrap();
+    /// let file = ck.downcast_ref::<ckpt::torch::TorchReader>().unwrap();
     /// assert_eq!(file.prefix(), Some("m"));
     /// ```
     pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
@@ -303,37 +236,24 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
     let disabled = || Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() };
     let inner: Box<dyn Reader> = match format {
         #[cfg(feature = "torch")]
-        Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
+        Format::Torch => Box::new(ckpt_torch::TorchReader::open(path).at(path)?),
         #[cfg(feature = "safetensors")]
-        Format::Safetensors => Box::new(SafetensorsReader::new(
-            ckpt_core::safetensors::read_file(path)
-                .map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
-        )),
+        Format::Safetensors => Box::new(SafetensorsReader::new(ckpt_core::safetensors::read_file(path).at(path)?)),
         #[cfg(feature = "distcp")]
-        Format::Distcp => Box::new(
-            ckpt_distcp::DcpReader::open(path)
-                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
+        Format::Distcp => Box::new(ckpt_distcp::DcpReader::open(path).at(path)?),
         #[cfg(feature = "hfai")]
-        Format::Hfai => Box::new(
-            ckpt_hfai::HfaiCheckpoint::open(path)
-                .map_err(|source| Error::Hfai { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
+        Format::Hfai => Box::new(ckpt_hfai::HfaiReader::open(path).at(path)?),
         #[cfg(feature = "pbg")]
-        Format::Pbg => Box::new(
-            ckpt_pbg::Checkpoint::open(path)
-                .map_err(|source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
+        Format::Pbg => Box::new(ckpt_pbg::PbgReader::open(path).at(path)?),
         #[cfg(feature = "recis")]
         Format::Recis => {
-            let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };
             // A directory with a `checkpoint` list (and no index of its own) holds several checkpoints: open the
             // latest, as RecIS's checkpoint manager does.
             let is_list = path.join("checkpoint").is_file() && !path.join("index").is_file();
             if is_list {
-                Box::new(ckpt_recis::CheckpointManager::new(path).open_latest().map_err(recis)?)
+                Box::new(ckpt_recis::CheckpointManager::new(path).open_latest().at(path)?)
             } else {
-                Box::new(ckpt_recis::Checkpoint::open(path).map_err(recis)?)
+                Box::new(ckpt_recis::RecisReader::open(path).at(path)?)
             }
         }
         // Reached only in builds without some format's feature.

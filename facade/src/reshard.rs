@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::error::At;
 use crate::{Error, Format, Result};
 
 /// What [`reshard`] did.
@@ -30,18 +31,15 @@ pub fn reshard_formats() -> &'static [Format] {
 ///   ([`ckpt_distcp::shard_box`]), each rank's box read with [`ckpt_distcp::DcpReader::read_region`] and
 ///   written with [`ckpt_distcp::save_distributed`] (scalars and non-tensor values replicated, written once);
 /// - hfai: [`ckpt_hfai::reshard`] (hfai's key split and `torch.chunk` chunking for `world_size` parts);
-/// - recis: [`ckpt_recis::reshard_dir`] (ids re-partitioned by RecIS's loader rule, `model.pt` and
+/// - recis: [`ckpt_recis::reshard`] (ids re-partitioned by RecIS's loader rule, `model.pt` and
 ///   `extra.pt` copied); a directory with a `checkpoint` list reshards its latest checkpoint.
 ///
 /// # Errors
-/// [`Error::Core`] with an invalid argument for other formats, a `world_size` of 0 or a non-empty `dst`;
-/// the format's own errors.
+/// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
+/// non-empty `dst`; the format's own errors.
 pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSummary> {
     let format = crate::detect(src)?;
-    let invalid = |path: &Path, msg: String| Error::Core {
-        path: path.to_path_buf(),
-        source: ckpt_core::Error::InvalidArgument(msg),
-    };
+    let invalid = |path: &Path, reason: String| Error::InvalidArgument { path: path.to_path_buf(), reason };
     if !reshard_formats().contains(&format) {
         let names: Vec<&str> = reshard_formats().iter().map(|f| f.name()).collect();
         return Err(invalid(
@@ -56,9 +54,12 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
         return Err(invalid(dst, "the world size must be at least 1".into()));
     }
     if dst.exists() {
-        let mut it = std::fs::read_dir(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
+        let mut it = std::fs::read_dir(dst).at(dst)?;
         if it.next().is_some() {
-            return Err(invalid(dst, "the destination exists and is not empty".into()));
+            return Err(Error::AlreadyExists {
+                path: dst.to_path_buf(),
+                reason: "the destination exists and is not empty".into(),
+            });
         }
     }
     let (tensors, bytes) = {
@@ -77,14 +78,13 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
         #[cfg(feature = "distcp")]
         Format::Distcp => distcp(src, dst, world_size),
         #[cfg(feature = "hfai")]
-        Format::Hfai => ckpt_hfai::reshard(src, dst, world_size, &ckpt_hfai::ReshardOptions::default())
-            .map(|_| ())
-            .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) }),
+        Format::Hfai => {
+            ckpt_hfai::reshard(src, dst, world_size, &ckpt_hfai::ReshardOptions::default()).map(|_| ()).at(src)
+        }
         #[cfg(feature = "recis")]
         Format::Recis => {
             let dir = recis_dir(src)?;
-            ckpt_recis::reshard_dir(&dir, dst, world_size, &ckpt_recis::ReshardOptions::default())
-                .map_err(|source| Error::Recis { path: src.to_path_buf(), source: Box::new(source) })
+            ckpt_recis::reshard(&dir, dst, world_size, &ckpt_recis::ReshardOptions::default()).at(src)
         }
         #[allow(unreachable_patterns)]
         _ => Err(Error::FeatureDisabled { path: src.to_path_buf(), format, feature: format.feature() }),
@@ -98,9 +98,8 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
 pub(crate) fn recis_dir(path: &Path) -> Result<std::path::PathBuf> {
     if path.join("checkpoint").is_file() && !path.join("index").is_file() {
         let m = ckpt_recis::CheckpointManager::new(path);
-        let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };
-        if let Some(id) = m.latest().map_err(recis)? {
-            return m.path_of(&id).map_err(recis);
+        if let Some(id) = m.latest().at(path)? {
+            return m.path_of(&id).at(path);
         }
     }
     Ok(path.to_path_buf())
@@ -114,31 +113,28 @@ fn distcp(src: &Path, dst: &Path, world: usize) -> Result<()> {
     use ckpt_core::Value;
     use ckpt_distcp::{DcpReader, ShardSpec, StorageMetadata, WriteOptions, save_ranks, shard_box};
 
-    let dcp = |source| Error::Distcp { path: src.to_path_buf(), source: Box::new(source) };
-    let reader = DcpReader::open(src).map_err(dcp)?;
+    let reader = DcpReader::open(src).at(src)?;
     let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
     let rank_state = |rank: usize| -> Result<(Value, HashMap<String, ShardSpec>)> {
         let mut leaves = Vec::with_capacity(keys.len());
         let mut shards = HashMap::new();
         for key in &keys {
-            let value = match reader.storage_metadata(key).map_err(dcp)? {
+            let value = match reader.storage_metadata(key).at(src)? {
                 StorageMetadata::Tensor(t) if !t.size.is_empty() => {
                     let (offsets, sizes) = shard_box(&t.size, 0, rank, world);
                     shards.insert(key.clone(), ShardSpec::new(&t.size, &offsets));
-                    Value::Tensor(reader.read_region(key, &offsets, &sizes).map_err(dcp)?)
+                    Value::Tensor(reader.read_region(key, &offsets, &sizes).at(src)?)
                 }
-                StorageMetadata::Tensor(_) => Value::Tensor(reader.read_tensor(key).map_err(dcp)?),
-                StorageMetadata::Bytes => reader.read_value(key).map_err(dcp)?,
+                StorageMetadata::Tensor(_) => Value::Tensor(reader.read_tensor(key).at(src)?),
+                StorageMetadata::Bytes => reader.read_value(key).at(src)?,
             };
             leaves.push((reader.path_of(key), value));
         }
-        let sd = ckpt_core::unflatten(leaves).map_err(|source| Error::Core { path: src.to_path_buf(), source })?;
+        let sd = ckpt_core::unflatten(leaves).at(src)?;
         Ok((sd, shards))
     };
     // Every rank's state is read before anything is written: a read error leaves no partial checkpoint.
     let states = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
-    std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
-    save_ranks(&states, dst, &WriteOptions::default())
-        .map(|_| ())
-        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })
+    std::fs::create_dir_all(dst).at(dst)?;
+    save_ranks(&states, dst, &WriteOptions::default()).map(|_| ()).at(dst)
 }

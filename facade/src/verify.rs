@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::error::At;
 use crate::{Checkpoint, EntryKind, Error, Format, Result};
 
 /// What [`verify`] found.
@@ -50,7 +51,7 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("m.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-/// ckpt::torch::save(&sd, &path).unwrap();
+/// ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 /// let report = ckpt::verify(&path).unwrap();
 /// assert!(report.is_ok(), "{:?}", report.problems);
 /// ```
@@ -80,8 +81,7 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
         }
         #[cfg(feature = "distcp")]
         Format::Distcp => {
-            let r = ckpt_distcp::verify(path)
-                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?;
+            let r = ckpt_distcp::verify(path).at(path)?;
             report.checked = r.items;
             report.bytes = r.bytes;
             report.problems.extend(r.problems.iter().map(ToString::to_string));
@@ -112,10 +112,9 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
 /// The files of `dir` whose names pass `keep`, sorted.
 #[cfg(any(feature = "hfai", feature = "recis"))]
 fn files_with(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<std::path::PathBuf>> {
-    let io = |source| Error::Io { path: dir.to_path_buf(), source };
     let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io)? {
-        let e = e.map_err(io)?;
+    for e in std::fs::read_dir(dir).at(dir)? {
+        let e = e.at(dir)?;
         if e.file_name().to_str().is_some_and(&keep) && e.path().is_file() {
             out.push(e.path());
         }
@@ -127,14 +126,13 @@ fn files_with(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<std::path::
 /// Checks every record CRC-32 of a ZIP `torch.save` file (legacy files have none).
 #[cfg(feature = "torch")]
 fn torch_crcs(path: &Path, report: &mut VerifyReport) -> Result<()> {
-    let buf = ckpt_core::Buffer::map_file(path).map_err(|source| Error::Core { path: path.to_path_buf(), source })?;
+    let buf = ckpt_core::Buffer::map_file(path).at(path)?;
     let bytes = buf.as_bytes();
-    let container = ckpt_torch::detect(bytes).map_err(|e| Error::from(e.at(path)))?;
+    let container = ckpt_torch::detect(bytes).at(path)?;
     if container != ckpt_torch::Container::Zip {
         return Ok(());
     }
-    let archive =
-        ckpt_torch::zip::Archive::parse(bytes).map_err(|e| Error::from(ckpt_torch::Error::from(e).at(path)))?;
+    let archive = ckpt_torch::zip::Archive::parse(bytes).map_err(ckpt_torch::Error::from).at(path)?;
     for rec in archive.records() {
         if let Err(e) = archive.verify_crc(bytes, rec) {
             report.problems.push(format!("{}: record {}: {e}", path.display(), rec.name()));
@@ -149,9 +147,7 @@ fn read_all(ck: &Checkpoint, report: &mut VerifyReport, progress: Progress<'_>) 
     let total = entries.len() as u64;
     for (i, e) in entries.iter().enumerate() {
         match &e.kind {
-            EntryKind::Tensor(_) => match ck.tensor(&e.name).and_then(|t| {
-                t.data().map(|d| d.len()).map_err(|source| Error::Core { path: ck.path().to_path_buf(), source })
-            }) {
+            EntryKind::Tensor(_) => match ck.tensor(&e.name).and_then(|t| t.data().map(|d| d.len()).at(ck.path())) {
                 Ok(n) => report.bytes += n as u64,
                 Err(err) => report.problems.push(format!("{}: {}", e.name, chain(&err))),
             },
@@ -185,7 +181,6 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// PyTorch-BigGraph: the storage's own check of the committed version.
 #[cfg(feature = "pbg")]
 fn pbg(path: &Path, report: &mut VerifyReport) -> Result<()> {
-    let pbg_err = |source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) };
     let storage = ckpt_pbg::FileCheckpointStorage::new(path);
     let entities = pbg_entity_path(path).map(ckpt_pbg::EntityStorage::new);
     if entities.is_none() {
@@ -195,7 +190,7 @@ fn pbg(path: &Path, report: &mut VerifyReport) -> Result<()> {
                 .into(),
         );
     }
-    let r = storage.verify(entities.as_ref()).map_err(pbg_err)?;
+    let r = storage.verify(entities.as_ref()).at(path)?;
     for (entity, part) in &r.missing {
         report.problems.push(format!("version {}: missing partition {part} of entity {entity}", r.version));
     }
@@ -215,7 +210,7 @@ fn pbg(path: &Path, report: &mut VerifyReport) -> Result<()> {
         report.warnings.push(format!("{}: dangling snapshot link", link.display()));
     }
     // Every file of the committed version, read.
-    let ck = ckpt_pbg::Checkpoint::open(path).map_err(pbg_err)?;
+    let ck = ckpt_pbg::PbgReader::open(path).at(path)?;
     let ck = Checkpoint { format: Format::Pbg, path: path.to_path_buf(), inner: Box::new(ck) };
     read_all(&ck, report, &|_, _| {});
     Ok(())

@@ -77,7 +77,7 @@ pub fn dcp_to_torch_save(dir: &Path, out: &Path) -> Result<ConvertReport> {
         Err(Unsupported) => {
             // A value this streaming pickler does not model: fall back to the in-memory writer.
             let sd = reader.state_dict()?;
-            ckpt_torch::save(&sd, out)?;
+            ckpt_torch::save(&sd, out, &ckpt_torch::WriteOptions::default())?;
             report.tensors = tensor_keys.len();
             report.tensor_bytes = u64::try_from(reader.tensor_bytes()).unwrap_or(u64::MAX);
             return Ok(report);

@@ -54,7 +54,7 @@ mod verify;
 mod writer;
 
 pub use chunks::{shard_box, shard_range};
-pub use error::{Error, Result, to_core};
+pub use error::{Error, Result};
 pub use metadata::{
     ChunkStorageMetadata, MemoryFormat, Metadata, MetadataIndex, PlannerData, Profile, StorageInfo, StorageMeta,
     StorageMetadata, TensorProperties, TensorStorageMetadata,

@@ -52,12 +52,12 @@ fn every_option_round_trips() {
     let sd = sample();
     for (name, options) in [
         ("default", WriteOptions::default()),
-        ("213", WriteOptions::default().profile(Profile::Torch213)),
-        ("zstd", WriteOptions::default().zstd(3)),
-        ("zstd-213", WriteOptions::default().profile(Profile::Torch213).zstd(1)),
-        ("three-files", WriteOptions::default().thread_count(3)),
-        ("per-item", WriteOptions::default().file_per_item()),
-        ("no-sync", WriteOptions::default().sync_files(false)),
+        ("213", WriteOptions::default().with_profile(Profile::Torch213)),
+        ("zstd", WriteOptions::default().with_zstd(3)),
+        ("zstd-213", WriteOptions::default().with_profile(Profile::Torch213).with_zstd(1)),
+        ("three-files", WriteOptions::default().with_thread_count(3)),
+        ("per-item", WriteOptions::default().with_single_file_per_rank(false)),
+        ("no-sync", WriteOptions::default().with_sync_files(false)),
     ] {
         let d = tempfile::tempdir().unwrap();
         let md = save(&sd, d.path(), &options).unwrap();
@@ -94,7 +94,7 @@ fn every_option_round_trips() {
 fn empty_buckets_and_empty_state_dicts() {
     let d = tempfile::tempdir().unwrap();
     let one = Value::dict([("w", Value::Tensor(f32s(4, &[4])))]);
-    save(&one, d.path(), &WriteOptions::default().thread_count(3)).unwrap();
+    save(&one, d.path(), &WriteOptions::default().with_thread_count(3)).unwrap();
     let sizes: Vec<u64> = ["__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]
         .iter()
         .map(|f| fs::metadata(d.path().join(f)).unwrap().len())
@@ -112,7 +112,7 @@ fn empty_buckets_and_empty_state_dicts() {
 fn overwrite_and_unwritable_values() {
     let d = tempfile::tempdir().unwrap();
     save(&sample(), d.path(), &WriteOptions::default()).unwrap();
-    let again = save(&sample(), d.path(), &WriteOptions::default().overwrite(false));
+    let again = save(&sample(), d.path(), &WriteOptions::default().with_overwrite(false));
     assert!(matches!(again, Err(Error::AlreadyExists { .. })));
     let other = Value::dict([("x", Value::Int(1))]);
     save(&other, d.path(), &WriteOptions::default()).unwrap();
@@ -132,7 +132,8 @@ fn overwrite_and_unwritable_values() {
     )]);
     let e = save(&bad, tempfile::tempdir().unwrap().path(), &WriteOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Unwritable { key, .. } if key == "s"));
-    let e = save(&sample(), tempfile::tempdir().unwrap().path(), &WriteOptions::default().thread_count(0)).unwrap_err();
+    let e = save(&sample(), tempfile::tempdir().unwrap().path(), &WriteOptions::default().with_thread_count(0))
+        .unwrap_err();
     assert!(matches!(e, Error::Unwritable { .. }));
     let shards = HashMap::from([("step".to_string(), ShardSpec::new(&[4], &[0]))]);
     let e = save_distributed(
@@ -241,9 +242,9 @@ fn random_layouts_reshard_to_random_regions() {
             let local = full.region(&off, &len).unwrap();
             let sd = Value::dict([("x", Value::Tensor(local))]);
             let shards = HashMap::from([("x".to_string(), ShardSpec::new(&shape, &off))]);
-            let mut o = WriteOptions::default().sync_files(false);
+            let mut o = WriteOptions::default().with_sync_files(false);
             if zstd {
-                o = o.zstd(1);
+                o = o.with_zstd(1);
             }
             save_distributed(&sd, &shards, d.path(), &o, &g).unwrap();
         });
@@ -385,9 +386,12 @@ fn conversions() {
 #[test]
 fn metadata_encodings_round_trip() {
     let d = tempfile::tempdir().unwrap();
-    let md =
-        save(&sample(), d.path(), &WriteOptions::default().profile(Profile::Torch213).storage_meta("id", "/abs/ckpt"))
-            .unwrap();
+    let md = save(
+        &sample(),
+        d.path(),
+        &WriteOptions::default().with_profile(Profile::Torch213).with_storage_meta("id", "/abs/ckpt"),
+    )
+    .unwrap();
     let p = Path::new("x");
     let back = Metadata::from_pickle(&md.to_pickle(Profile::Torch213).unwrap(), p).unwrap();
     assert_eq!(back, md);

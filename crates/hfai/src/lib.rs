@@ -2,7 +2,7 @@
 //! a directory of `PART_{rank:03d}.pt` `torch.save` files, one per rank, with large tensors chunked across
 //! them.
 //!
-//! - [`HfaiCheckpoint`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
+//! - [`HfaiReader`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
 //!   parts exactly as hfai's `load` does; tensors whole in one part stay windows of its memory map.
 //! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_core::Collective`]
 //!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, with atomic part files
@@ -11,18 +11,18 @@
 //!
 //! ```
 //! use ckpt_core::{Dict, DictKind, Tensor, Value};
-//! use ckpt_hfai::{HfaiCheckpoint, ModelState, SaveState, WriteOptions};
+//! use ckpt_hfai::{HfaiReader, ModelState, SaveState, WriteOptions};
 //!
 //! let mut sd = Dict::new(DictKind::OrderedDict);
 //! sd.insert("embed.weight", Tensor::from_slice(&[0.5f32; 1024], &[64, 16]).unwrap());
 //! sd.insert("head.bias", Tensor::from_slice(&[0.0f32; 4], &[4]).unwrap());
-//! let state = SaveState::default().model(ModelState::new(sd)).other("epoch", Value::Int(7));
+//! let state = SaveState::default().with_model(ModelState::new(sd)).with_other("epoch", Value::Int(7));
 //!
 //! let dir = tempfile::tempdir().unwrap();
-//! let opts = WriteOptions::default().with_large_size(1024); // 4 KiB embed.weight is chunked
-//! ckpt_hfai::save(dir.path(), &state, 3, &opts).unwrap();
+//! let opts = WriteOptions::default().with_nshards(3).with_large_size(1024); // 4 KiB embed.weight is chunked
+//! ckpt_hfai::save(&state, dir.path(), &opts).unwrap();
 //!
-//! let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+//! let ckpt = HfaiReader::open(dir.path()).unwrap();
 //! assert_eq!(ckpt.nshards(), 3);
 //! let w = ckpt.model().unwrap().get("embed.weight").unwrap().as_tensor().unwrap();
 //! assert_eq!(w.shape(), &[64, 16]);
@@ -30,7 +30,7 @@
 //!
 //! let two = tempfile::tempdir().unwrap();
 //! ckpt_hfai::reshard(dir.path(), two.path(), 2, &Default::default()).unwrap();
-//! assert_eq!(HfaiCheckpoint::open(two.path()).unwrap().nshards(), 2);
+//! assert_eq!(HfaiReader::open(two.path()).unwrap().nshards(), 2);
 //! ```
 //!
 //! # Format
@@ -62,9 +62,10 @@ mod reader;
 mod reshard;
 mod writer;
 
-pub use error::{Error, Result, to_core};
+pub use ckpt_torch::ReadOptions;
+pub use error::{Error, Result};
 pub use part::{VERSION, part_file_name};
 pub use partition::{assign, chunk_ranges, count_size};
-pub use reader::{HfaiCheckpoint, load};
+pub use reader::{HfaiReader, load};
 pub use reshard::{ReshardOptions, ReshardSummary, reshard};
 pub use writer::{LARGE_SIZE, ModelState, SaveState, WriteOptions, save, save_rank};

@@ -10,7 +10,7 @@ use std::path::Path;
 use ckpt_core::{Tensor, Value, safetensors};
 use rayon::prelude::*;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::PbgReader;
 use crate::config::Config;
 use crate::entity_path::EntityStorage;
 use crate::error::{Error, Result};
@@ -97,7 +97,7 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
 /// [`Error::CouldNotLoad`] for a missing partition or names file, [`Error::NamesMismatch`],
 /// [`Error::MissingParameter`] when a global embedding is missing, [`Error::Io`].
 pub fn write_entities_tsv<W: Write>(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     out: W,
@@ -191,7 +191,7 @@ fn shape_text(shape: &[usize]) -> String {
 /// The parameters of relation `index`'s operator on `side`, in `named_parameters()` order (unknown
 /// operators: the model file's order).
 fn ordered_params<'c>(
-    checkpoint: &'c Checkpoint,
+    checkpoint: &'c PbgReader,
     index: usize,
     side: &str,
     operator: &str,
@@ -217,7 +217,7 @@ fn ordered_params<'c>(
 /// [`Error::RelationNameMismatch`] if the names file disagrees with the config, [`Error::MissingParameter`]
 /// for an operator parameter absent from the model, [`Error::Io`].
 pub fn write_relation_types_tsv<W: Write>(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     out: W,
@@ -278,7 +278,7 @@ fn create_new(path: &Path) -> Result<File> {
 /// # Errors
 /// [`Error::AlreadyExists`], and as [`write_entities_tsv`] and [`write_relation_types_tsv`].
 pub fn export_tsv(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     entities_output: &Path,
@@ -317,13 +317,13 @@ fn value_json(v: &Value) -> serde_json::Value {
     }
 }
 
-/// Everything in one safetensors file: every tensor under its [`Checkpoint`] entry name, and as metadata
+/// Everything in one safetensors file: every tensor under its [`PbgReader`] entry name, and as metadata
 /// `format` = `pbg`, `version`, `config` (the config text, when known) and each non-tensor optimizer entry
 /// (JSON).
 ///
 /// # Errors
 /// [`Error::Core`] for safetensors failures, [`Error::Io`].
-pub fn export_safetensors(checkpoint: &Checkpoint, path: &Path) -> Result<()> {
+pub fn export_safetensors(checkpoint: &PbgReader, path: &Path) -> Result<()> {
     use ckpt_core::CheckpointRead;
     let tensors = checkpoint.tensors();
     let mut meta: HashMap<String, String> = HashMap::new();

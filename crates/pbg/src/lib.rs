@@ -11,14 +11,14 @@
 //!   model, config, stats, snapshots), with snapshot links that still resolve after a move.
 //! - [`Commit`]: write version `V+1`, commit, snapshot, drop `V` — PBG's protocol, crash-safe, parallel.
 //! - [`FileCheckpointStorage::verify`]: partial versions, missing or invalid partitions, counts.
-//! - [`Checkpoint`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
+//! - [`PbgReader`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
 //! - [`OptimizerState`] / [`StateDict`]: the `optimizer/state_dict` blobs, decoded and re-encoded through
 //!   ckpt-torch.
 //! - [`export_tsv`] (as `torchbiggraph_export_to_tsv`) and [`export_safetensors`].
 //!
 //! ```
 //! use ckpt_core::Tensor;
-//! use ckpt_pbg::{Checkpoint, CommitOptions, EntityPartition, FileCheckpointStorage, Model, ModelParameter,
+//! use ckpt_pbg::{PbgReader, WriteOptions, EntityPartition, FileCheckpointStorage, Model, ModelParameter,
 //!     StateDict, OptimizerState};
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -33,9 +33,9 @@
 //! let real = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
 //! let param = ModelParameter::new("rhs_operators.0.real", real).unwrap();
 //! commit.model(Model { parameters: Some(vec![param]), ..Model::default() });
-//! commit.finish(&CommitOptions::default()).unwrap();
+//! commit.finish(&WriteOptions::default()).unwrap();
 //!
-//! let ckpt = Checkpoint::open(dir.path()).unwrap();
+//! let ckpt = PbgReader::open(dir.path()).unwrap();
 //! assert_eq!(ckpt.version(), 1);
 //! assert_eq!(ckpt.partition("user", 0).unwrap().data.len(), 3);
 //! assert!(ckpt.model().unwrap().get("relations/0/operator/rhs/real").is_some());
@@ -69,8 +69,8 @@ mod partition;
 mod storage;
 mod verify;
 
-pub use checkpoint::{Checkpoint, PartitionEntry};
-pub use commit::{Commit, CommitOptions, CommitReport, VersionWrite};
+pub use checkpoint::{PartitionEntry, PbgReader, ReadOptions};
+pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
 pub use config::{Config, EntityConfig, RelationConfig, python_json_dumps};
 pub use entity_path::EntityStorage;
 pub use error::{Error, Result};

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use ckpt_core::{DType, Tensor, Value};
 use ckpt_pbg::{
-    AttrValue, CommitOptions, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
-    OptimizerState, StateDict, VersionWrite, read_model_file, read_partition_file, write_model_file,
+    AttrValue, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
+    OptimizerState, StateDict, VersionWrite, WriteOptions, read_model_file, read_partition_file, write_model_file,
     write_partition_file,
 };
 use hdf5::plist::group_create::LinkCreationOrder;
@@ -60,7 +60,7 @@ fn commits_write_then_commit_then_drop() {
     c.partition("user", 1, partition(2, 2.0)).unwrap();
     c.partition("item", 0, partition(4, 3.0)).unwrap();
     c.model(Model::default());
-    let r = c.finish(&CommitOptions::default()).unwrap();
+    let r = c.finish(&WriteOptions::default()).unwrap();
     assert_eq!((r.previous, r.version, r.written.len()), (0, 1, 4));
     assert_eq!(storage.load_version().unwrap(), 1);
     let p = storage.load_entity_partition(1, "user", 0).unwrap();
@@ -72,7 +72,7 @@ fn commits_write_then_commit_then_drop() {
     let mut c = storage.begin_commit().unwrap();
     assert_eq!(c.next_metadata().unwrap().iteration().unwrap().edge_chunk_idx, 1);
     c.partition("user", 1, partition(2, 9.0)).unwrap();
-    let r = c.finish(&CommitOptions::default()).unwrap();
+    let r = c.finish(&WriteOptions::default()).unwrap();
     assert_eq!(r.written.len(), 1);
     assert_eq!(r.carried_over.len(), 3);
     assert_eq!(r.dropped.len(), 4);
@@ -94,7 +94,7 @@ fn commits_write_then_commit_then_drop() {
     // Version 3 with a snapshot, keeping v2 (as PBG keeps the checkpoint of a preserved epoch).
     let mut c = storage.begin_commit().unwrap();
     c.partition("item", 0, partition(4, 5.0)).unwrap();
-    let r = c.finish(&CommitOptions::default().preserve_old(true).snapshot_epoch(Some(1))).unwrap();
+    let r = c.finish(&WriteOptions::default().with_preserve_old(true).with_snapshot_epoch(Some(1))).unwrap();
     assert!(r.dropped.is_empty());
     let snap = r.snapshot.unwrap();
     let link = fs::read_link(snap.join("embeddings_item_0.v3.h5")).unwrap();
@@ -103,7 +103,7 @@ fn commits_write_then_commit_then_drop() {
     assert!(storage.verify(None).unwrap().stale.iter().any(|n| n.version() == Some(2)));
 
     // Version 4 drops v3's files except those the snapshot links to: here all of them.
-    let r = storage.begin_commit().unwrap().finish(&CommitOptions::default()).unwrap();
+    let r = storage.begin_commit().unwrap().finish(&WriteOptions::default()).unwrap();
     assert!(r.dropped.is_empty(), "{r:?}");
     assert_eq!(r.carried_over.len(), 4);
     // The snapshot still reads after moving the whole directory.
@@ -124,9 +124,9 @@ fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request()
     let a = storage.begin_commit().unwrap();
     let mut b = storage.begin_commit().unwrap();
     b.partition("x", 0, partition(1, 0.0)).unwrap();
-    b.finish(&CommitOptions::default().version_write(VersionWrite::InPlace)).unwrap();
+    b.finish(&WriteOptions::default().with_version_write(VersionWrite::InPlace)).unwrap();
     assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "1\n");
-    assert!(matches!(a.finish(&CommitOptions::default()), Err(Error::InvalidInput { .. })));
+    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
     assert_eq!(storage.load_version().unwrap(), 1);
 }
 
@@ -139,8 +139,8 @@ fn many_partitions_commit_in_parallel() {
     for p in 0..24u32 {
         c.partition("node", p, partition(100 + p as usize, p as f32)).unwrap();
     }
-    c.finish(&CommitOptions::default()).unwrap();
-    let ckpt = ckpt_pbg::Checkpoint::open(dir.path()).unwrap();
+    c.finish(&WriteOptions::default()).unwrap();
+    let ckpt = ckpt_pbg::PbgReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.partitions().len(), 24);
     for (i, p) in ckpt.partitions().iter().enumerate() {
         assert_eq!(p.partition as usize, i);

@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 
 use ckpt_core::{Collective, Tensor, Value};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::RecisReader;
 use crate::dense;
 use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::table::HashTable;
-use crate::writer::{SaveOptions, ShardMeta, exchange, shard_blocks, write_meta, write_shard_files, write_text};
+use crate::writer::{ShardMeta, WriteOptions, exchange, shard_blocks, write_meta, write_shard_files, write_text};
 
 /// The name of the list file.
 pub const CHECKPOINT_LIST: &str = "checkpoint";
@@ -63,7 +63,7 @@ pub struct ShardState {
 /// let child = TableChild::new("user", vec![7, 9], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
 /// let state = ShardState { tables: vec![HashTable::single(SliceInfo::full(65536).unwrap(), child)], ..Default::default() };
 /// for step in [100, 200, 300] {
-///     manager.save(&checkpoint_id(step), &SingleProcess, &state).unwrap();
+///     manager.save(&state, &checkpoint_id(step), &SingleProcess).unwrap();
 /// }
 /// assert_eq!(manager.list().unwrap(), ["ckpt_200", "ckpt_300"]);
 /// let latest = manager.open_latest().unwrap();
@@ -73,23 +73,29 @@ pub struct ShardState {
 pub struct CheckpointManager {
     root: PathBuf,
     max_keep: Option<NonZeroUsize>,
-    options: SaveOptions,
+    options: WriteOptions,
 }
 
 impl CheckpointManager {
     /// The output directory `root`, keeping the latest checkpoint only (RecIS's default `max_keep=1`).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        CheckpointManager { root: root.into(), max_keep: NonZeroUsize::new(1), options: SaveOptions::default() }
+    pub fn new(root: impl AsRef<Path>) -> Self {
+        CheckpointManager {
+            root: root.as_ref().to_path_buf(),
+            max_keep: NonZeroUsize::new(1),
+            options: WriteOptions::default(),
+        }
     }
 
     /// Keeps the latest `max_keep` checkpoints; 0 keeps every checkpoint.
+    #[must_use]
     pub fn with_max_keep(mut self, max_keep: usize) -> Self {
         self.max_keep = NonZeroUsize::new(max_keep);
         self
     }
 
     /// Saves with `options` (data files per shard, torch-rank JSON).
-    pub fn with_save_options(mut self, options: SaveOptions) -> Self {
+    #[must_use]
+    pub fn with_write_options(mut self, options: WriteOptions) -> Self {
         self.options = options;
         self
     }
@@ -138,16 +144,16 @@ impl CheckpointManager {
     /// Opens checkpoint `id` (listed or not, as RecIS's `load(ckpt_id=…)`).
     ///
     /// # Errors
-    /// [`Error::BadCheckpointId`], and the errors of [`Checkpoint::open`].
-    pub fn open(&self, id: &str) -> Result<Checkpoint> {
-        Checkpoint::open(&self.path_of(id)?)
+    /// [`Error::BadCheckpointId`], and the errors of [`RecisReader::open`].
+    pub fn open(&self, id: &str) -> Result<RecisReader> {
+        RecisReader::open(&self.path_of(id)?)
     }
 
     /// Opens the latest listed checkpoint.
     ///
     /// # Errors
     /// [`Error::NoCheckpoint`] when none is listed; as [`CheckpointManager::open`].
-    pub fn open_latest(&self) -> Result<Checkpoint> {
+    pub fn open_latest(&self) -> Result<RecisReader> {
         let id = self.latest()?.ok_or_else(|| Error::NoCheckpoint { path: self.root.join(CHECKPOINT_LIST) })?;
         self.open(&id)
     }
@@ -163,7 +169,7 @@ impl CheckpointManager {
     ///
     /// # Errors
     /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed.
-    pub fn save<C: Collective + ?Sized>(&self, id: &str, collective: &C, state: &ShardState) -> Result<PathBuf> {
+    pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
         check_id(id)?;
         let final_dir = self.root.join(id);
         let staging = self.root.join(format!(".{id}.tmp"));

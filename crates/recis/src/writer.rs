@@ -28,10 +28,10 @@ use crate::table::HashTable;
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
 use crate::torch_rank::{self, RankEntry, TORCH_RANK_FILE};
 
-/// Options of a save.
+/// Options for writing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct SaveOptions {
+pub struct WriteOptions {
     /// Data files per shard (RecIS's `parallel` / `concurrency`); blocks are dealt to them round robin and
     /// they are written in parallel. Default 4, as RecIS's checkpoint manager.
     pub parallel: usize,
@@ -40,20 +40,22 @@ pub struct SaveOptions {
     pub torch_rank_json: bool,
 }
 
-impl Default for SaveOptions {
+impl Default for WriteOptions {
     fn default() -> Self {
-        SaveOptions { parallel: 4, torch_rank_json: true }
+        WriteOptions { parallel: 4, torch_rank_json: true }
     }
 }
 
-impl SaveOptions {
-    /// Default options with `parallel` data files per shard.
+impl WriteOptions {
+    /// These options with `parallel` data files per shard.
+    #[must_use]
     pub fn with_parallel(mut self, parallel: usize) -> Self {
         self.parallel = parallel;
         self
     }
 
-    /// Default options, writing the torch-rank JSON or not.
+    /// These options, writing the torch-rank JSON or not.
+    #[must_use]
     pub fn with_torch_rank_json(mut self, write: bool) -> Self {
         self.torch_rank_json = write;
         self
@@ -359,7 +361,7 @@ fn check_tables(blocks: &[Block]) -> Result<()> {
 /// # Errors
 /// [`Error::BadShardMeta`] unless `metas` are shards `0..n` of `n`, in order; [`Error::DuplicateBlock`] if
 /// two shards wrote one block or one table slice; [`Error::Io`].
-pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &SaveOptions) -> Result<()> {
+pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &WriteOptions) -> Result<()> {
     let n = metas.len();
     for (i, m) in metas.iter().enumerate() {
         if m.shard.index() != i || m.shard.num() != n {
@@ -403,7 +405,12 @@ pub(crate) fn write_text(path: &Path, text: &str) -> Result<()> {
 ///
 /// # Errors
 /// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed.
-pub fn save<C: Collective + ?Sized>(dir: &Path, collective: &C, blocks: &[Block], options: &SaveOptions) -> Result<()> {
+pub fn save_blocks<C: Collective + ?Sized>(
+    blocks: &[Block],
+    dir: &Path,
+    options: &WriteOptions,
+    collective: &C,
+) -> Result<()> {
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
         write_shard_files(dir, shard, options.parallel, &blocks)
@@ -411,16 +418,16 @@ pub fn save<C: Collective + ?Sized>(dir: &Path, collective: &C, blocks: &[Block]
     exchange(collective, local, |metas| write_meta(dir, &metas, options))
 }
 
-/// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save`].
+/// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save_blocks`].
 ///
 /// # Errors
-/// As [`save`].
+/// As [`save_blocks`].
 pub fn save_tables<C: Collective + ?Sized>(
-    dir: &Path,
-    collective: &C,
     tables: &[HashTable],
     dense: &[(String, Tensor)],
-    options: &SaveOptions,
+    dir: &Path,
+    options: &WriteOptions,
+    collective: &C,
 ) -> Result<()> {
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks = shard_blocks(tables, dense, shard)?;

@@ -203,13 +203,12 @@ fn error_chain(e: &dyn std::error::Error, sep: &str) -> String {
 
 /// 4 when an operating-system I/O error (other than malformed data) is in the cause chain, else 3.
 fn exit_code(e: &ckpt::Error) -> u8 {
-    if let ckpt::Error::Torch(t) = e {
-        if matches!(t.kind(), ckpt::torch::Error::Io { .. }) {
-            return EXIT_IO;
-        }
-    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
+        // The torch codec's I/O errors (a file that cannot be opened or mapped) are the operating system's.
+        if s.downcast_ref::<ckpt::torch::Error>().is_some_and(|t| matches!(t.kind(), ckpt::torch::Error::Io { .. })) {
+            return EXIT_IO;
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind as K;
             if !matches!(io.kind(), K::UnexpectedEof | K::InvalidData | K::InvalidInput) {
@@ -497,7 +496,7 @@ fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> 
 fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Path, quiet: bool) -> ckpt::Result<bool> {
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| ckpt::Error::Pbg { path, source: Box::new(source) }
+        move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
     };
     let (config_file, checkpoint_dir) = if config.is_dir() {
         (config.join(ckpt::pbg::CONFIG_FILE), Some(config.to_path_buf()))
@@ -514,7 +513,7 @@ fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Pat
     };
     let entity_path = resolve(cfg.entity_path().unwrap_or("."), &base);
     let pb = spinner(quiet, "exporting");
-    let result = ckpt::pbg::Checkpoint::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
+    let result = ckpt::pbg::PbgReader::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
         let entities = ckpt::pbg::EntityStorage::new(&entity_path);
         ckpt::pbg::export_tsv(&ck, &cfg, &entities, entities_output, relation_types_output)
             .map_err(pbg(&checkpoint_dir))

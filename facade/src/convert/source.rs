@@ -4,6 +4,7 @@ use std::path::Path;
 
 use ckpt_core::{PathItem, Value, unflatten};
 
+use crate::error::At;
 use crate::{Error, Format, Result};
 
 /// One entry of a source: its name (as [`crate::Checkpoint::entries`] names it), its path in the nested
@@ -23,15 +24,11 @@ pub(crate) struct Content {
     pub leaves: Vec<Leaf>,
 }
 
-fn core_err(path: &Path) -> impl Fn(ckpt_core::Error) -> Error + '_ {
-    move |source| Error::Core { path: path.to_path_buf(), source }
-}
-
 /// Leaves of every value in `tree` (each mapping, list and tuple descended into), as torch and hfai name
 /// their entries.
 fn tree_leaves(tree: &Value, path: &Path) -> Result<Vec<Leaf>> {
     Ok(ckpt_core::leaves(tree)
-        .map_err(core_err(path))?
+        .at(path)?
         .into_iter()
         .map(|l| Leaf { name: l.key, path: l.path, value: l.value.clone() })
         .collect())
@@ -42,30 +39,28 @@ pub(crate) fn read(src: &Path, from: Format) -> Result<Content> {
     match from {
         #[cfg(feature = "torch")]
         Format::Torch => {
-            let tree = ckpt_torch::TorchFile::open(src)?.into_value();
+            let tree = ckpt_torch::TorchReader::open(src).at(src)?.into_value();
             Ok(Content { leaves: tree_leaves(&tree, src)?, tree })
         }
         #[cfg(feature = "hfai")]
         Format::Hfai => {
-            let tree = ckpt_hfai::load(src)
-                .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) })?;
+            let tree = ckpt_hfai::load(src).at(src)?;
             Ok(Content { leaves: tree_leaves(&tree, src)?, tree })
         }
         #[cfg(feature = "distcp")]
         Format::Distcp => {
-            let err = |source| Error::Distcp { path: src.to_path_buf(), source: Box::new(source) };
-            let reader = ckpt_distcp::DcpReader::open(src).map_err(err)?;
+            let reader = ckpt_distcp::DcpReader::open(src).at(src)?;
             let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
             let mut leaves = Vec::with_capacity(keys.len());
             for name in keys {
-                let value = reader.read_value(&name).map_err(err)?;
+                let value = reader.read_value(&name).at(src)?;
                 leaves.push(Leaf { path: reader.path_of(&name), name, value });
             }
             Ok(Content { tree: rebuild(&leaves, src)?, leaves })
         }
         #[cfg(feature = "safetensors")]
         Format::Safetensors => {
-            let file = ckpt_core::safetensors::read_file(src).map_err(core_err(src))?;
+            let file = ckpt_core::safetensors::read_file(src).at(src)?;
             let records = crate::safetensors_records::Records::of(&file);
             let mut leaves: Vec<Leaf> = Vec::with_capacity(file.tensors.len() + records.values.len());
             for (name, t) in &file.tensors {
@@ -79,9 +74,9 @@ pub(crate) fn read(src: &Path, from: Format) -> Result<Content> {
         #[cfg(feature = "recis")]
         Format::Recis => {
             let ck = crate::open_as(src, from)?;
-            let recis = ck.downcast_ref::<ckpt_recis::Checkpoint>().ok_or_else(|| Error::Recis {
+            let recis = ck.downcast_ref::<ckpt_recis::RecisReader>().ok_or_else(|| Error::InvalidArgument {
                 path: src.to_path_buf(),
-                source: Box::new(ckpt_recis::Error::InvalidArgument("not a RecIS checkpoint directory".into())),
+                reason: "not a RecIS checkpoint directory".into(),
             })?;
             recis_content(recis, src)
         }
@@ -107,8 +102,7 @@ fn rebuild(leaves: &[Leaf], _src: &Path) -> Result<Value> {
     let nested = unflatten(leaves.iter().map(|l| (l.path.clone(), l.value.clone())));
     Ok(match nested {
         Ok(v) => v,
-        Err(_) => unflatten(leaves.iter().map(|l| (vec![PathItem::Key(l.name.clone())], l.value.clone())))
-            .map_err(core_err(_src))?,
+        Err(_) => unflatten(leaves.iter().map(|l| (vec![PathItem::Key(l.name.clone())], l.value.clone()))).at(_src)?,
     })
 }
 
@@ -117,9 +111,8 @@ fn rebuild(leaves: &[Leaf], _src: &Path) -> Result<Value> {
 /// serializer's tensors under RecIS's names (`tbl@id`, `tbl@embedding`, dense names). Leaf names are those
 /// of [`ckpt_recis::Checkpoint`]'s entries.
 #[cfg(feature = "recis")]
-fn recis_content(ck: &ckpt_recis::Checkpoint, src: &Path) -> Result<Content> {
+fn recis_content(ck: &ckpt_recis::RecisReader, src: &Path) -> Result<Content> {
     use ckpt_core::{Dict, DictKind};
-    let err = |source| Error::Recis { path: src.to_path_buf(), source: Box::new(source) };
     let sparse = ck.sparse();
     let mut tree = Dict::new(DictKind::Dict);
     let mut leaves = Vec::new();
@@ -127,7 +120,7 @@ fn recis_content(ck: &ckpt_recis::Checkpoint, src: &Path) -> Result<Content> {
     if !names.is_empty() {
         let mut part = Dict::new(DictKind::Dict);
         for name in names {
-            let value = Value::Tensor(sparse.read_tensor(&name).map_err(err)?);
+            let value = Value::Tensor(sparse.read_tensor(&name).at(src)?);
             part.insert(name.clone(), value.clone());
             leaves.push(Leaf { path: vec![PathItem::Key("sparse".into()), PathItem::Key(name.clone())], name, value });
         }
@@ -144,7 +137,7 @@ fn recis_content(ck: &ckpt_recis::Checkpoint, src: &Path) -> Result<Content> {
         parts.push((format!("io_state_{s}"), format!("io_state_{s}/"), v));
     }
     for (key, prefix, value) in parts {
-        for l in ckpt_core::leaves(value).map_err(core_err(src))? {
+        for l in ckpt_core::leaves(value).at(src)? {
             let mut path = vec![PathItem::Key(key.clone())];
             path.extend(l.path);
             leaves.push(Leaf { name: format!("{prefix}{}", l.key), path, value: l.value.clone() });

@@ -7,6 +7,7 @@ use ckpt_core::{Dict, DictKind, PathItem, Tensor, Value};
 
 use super::source::{self, Content, Leaf};
 use super::{ConvertOptions, ConvertSummary};
+use crate::error::At;
 use crate::{Error, Format, Result};
 
 #[cfg(feature = "pbg")]
@@ -40,9 +41,8 @@ pub(super) fn write(
     match to {
         #[cfg(feature = "distcp")]
         Format::Torch if from == Format::Distcp => {
-            let err = |source| Error::Distcp { path: src.to_path_buf(), source: Box::new(source) };
-            let report = ckpt_distcp::convert::dcp_to_torch_save(src, dst).map_err(err)?;
-            let reader = ckpt_distcp::DcpReader::open(src).map_err(err)?;
+            let report = ckpt_distcp::convert::dcp_to_torch_save(src, dst).at(src)?;
+            let reader = ckpt_distcp::DcpReader::open(src).at(src)?;
             let entries = reader.keys().count();
             Ok(ConvertSummary {
                 tensors: report.tensors,
@@ -54,7 +54,7 @@ pub(super) fn write(
         #[cfg(feature = "torch")]
         Format::Torch => {
             let content = source::read(src, from)?;
-            ckpt_torch::save(&content.tree, dst)?;
+            ckpt_torch::save(&content.tree, dst, &ckpt_torch::WriteOptions::default()).at(dst)?;
             Ok(count(&content.leaves))
         }
         #[cfg(feature = "safetensors")]
@@ -112,8 +112,7 @@ fn safetensors(content: &Content, from: Format, dst: &Path) -> Result<ConvertSum
     if let Some(values) = values_record(values) {
         meta.insert(VALUES_KEY.to_owned(), values);
     }
-    ckpt_core::safetensors::write_file(&tensors, Some(meta), dst)
-        .map_err(|source| Error::Core { path: dst.to_path_buf(), source })?;
+    ckpt_core::safetensors::write_file(&tensors, Some(meta), dst).at(dst)?;
     Ok(s)
 }
 
@@ -138,15 +137,13 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
         super::DcpProfile::MaxCompat => Profile::MaxCompat,
         super::DcpProfile::Torch213 => Profile::Torch213,
     };
-    let write = WriteOptions::default().profile(profile);
-    let err = |source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) };
-    let core = |source| Error::Core { path: dst.to_path_buf(), source };
-    std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
+    let write = WriteOptions::default().with_profile(profile);
+    std::fs::create_dir_all(dst).at(dst)?;
     let mut s = ConvertSummary::default();
     // DCP cannot save sparse, quantized, nested or meta tensors (neither can torch's `dcp.save`): they are
     // reported as dropped.
     let mut flat: Vec<(String, Vec<PathItem>, Value)> = Vec::new();
-    for e in ckpt_core::flatten(&content.tree).map_err(core)? {
+    for e in ckpt_core::flatten(&content.tree).at(dst)? {
         if matches!(e.value, Value::OpaqueTensor { .. }) {
             s.dropped.push(e.key);
         } else {
@@ -168,10 +165,10 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
         let tree = if s.dropped.is_empty() {
             &content.tree
         } else {
-            kept = ckpt_core::unflatten(flat.iter().map(|(_, p, v)| (p.clone(), v.clone()))).map_err(core)?;
+            kept = ckpt_core::unflatten(flat.iter().map(|(_, p, v)| (p.clone(), v.clone()))).at(dst)?;
             &kept
         };
-        ckpt_distcp::save(tree, dst, &write).map_err(err)?;
+        ckpt_distcp::save(tree, dst, &write).at(dst)?;
         return Ok(s);
     }
     // Tensors with at least `world` rows are split on dimension 0; everything else is replicated.
@@ -187,19 +184,18 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
                     let (off, len) = shard_box(global, 0, rank, world);
                     let (start, rows) = (off.first().copied().unwrap_or(0), len.first().copied().unwrap_or(0));
                     specs.insert(k.clone(), ShardSpec::new(global, &off));
-                    Value::Tensor(t.narrow(0, start, rows).map_err(core)?.with_requires_grad(t.requires_grad()))
+                    Value::Tensor(t.narrow(0, start, rows).at(dst)?.with_requires_grad(t.requires_grad()))
                 }
                 _ => v.clone(),
             };
             leaves.push((path.clone(), value));
         }
-        Ok((ckpt_core::unflatten(leaves).map_err(core)?, specs))
+        Ok((ckpt_core::unflatten(leaves).at(dst)?, specs))
     };
     // Rank states are views (narrowed tensors): building them all first costs no tensor data, and a failure
     // leaves nothing written.
     let ranks = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
-    ckpt_distcp::save_ranks(&ranks, dst, &write)
-        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })?;
+    ckpt_distcp::save_ranks(&ranks, dst, &write).at(dst)?;
     Ok(s)
 }
 
@@ -225,34 +221,33 @@ fn hfai(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -
     if models.is_empty() {
         let mut model = top.clone();
         model.kind = DictKind::OrderedDict;
-        state = state.model(ModelState::new(model));
+        state = state.with_model(ModelState::new(model));
     } else {
         for m in models {
-            state = state.model(ModelState::new(m.clone()));
+            state = state.with_model(ModelState::new(m.clone()));
         }
         for (k, v) in &top.items {
             match k.as_str() {
                 // hfai's own header: written again by the writer.
                 Some("model" | "__nshards__" | "__version__") => {}
-                Some("optimizer") if as_optimizer(v) => state = state.optimizer(v.clone()),
+                Some("optimizer") if as_optimizer(v) => state = state.with_optimizer(v.clone()),
                 Some("optimizer") if v.as_sequence().is_some_and(|s| s.iter().all(as_optimizer)) => {
                     for o in v.as_sequence().unwrap_or_default() {
-                        state = state.optimizer(o.clone());
+                        state = state.with_optimizer(o.clone());
                     }
                 }
                 // Not an optimizer state dict (a safetensors file keeps tensors only, so `param_groups` is
                 // gone), and the key is hfai's: reported as dropped.
                 Some("optimizer") => dropped_top = Some("optimizer"),
-                _ => state = state.other(k.clone(), v.clone()),
+                _ => state = state.with_other(k.clone(), v.clone()),
             }
         }
     }
-    let mut write = WriteOptions::default();
+    let mut write = WriteOptions::default().with_nshards(options.world_size);
     if let Some(large) = options.hfai_large_size {
         write = write.with_large_size(large);
     }
-    ckpt_hfai::save(dst, &state, options.world_size, &write)
-        .map_err(|source| Error::Hfai { path: dst.to_path_buf(), source: Box::new(source) })?;
+    ckpt_hfai::save(&state, dst, &write).at(dst)?;
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content
         .leaves
         .iter()

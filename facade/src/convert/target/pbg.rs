@@ -1,6 +1,6 @@
 //! Writing a source as a PyTorch-BigGraph checkpoint directory.
 //!
-//! The source's entries are read under [`ckpt_pbg::Checkpoint`]'s names, which every other format keeps
+//! The source's entries are read under [`ckpt_pbg::PbgReader`]'s names, which every other format keeps
 //! when a PBG checkpoint is converted to it (an hfai target's `model.` prefix is taken off):
 //!
 //! | entry | becomes |
@@ -28,11 +28,12 @@ use std::path::Path;
 
 use ckpt_core::{Dict, DictKind, Tensor, Value};
 use ckpt_pbg::{
-    CommitOptions, Config, EntityPartition, FileCheckpointStorage, Model, ModelParameter, OptimizerState, StateDict,
+    Config, EntityPartition, FileCheckpointStorage, Model, ModelParameter, OptimizerState, StateDict, WriteOptions,
 };
 
 use super::super::source::{Content, Leaf};
 use super::super::{ConvertOptions, ConvertSummary};
+use crate::error::{At, Cause};
 use crate::{Error, Format, Result};
 
 fn unsupported(from: Format, reason: String) -> Error {
@@ -296,13 +297,9 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
             ),
         ));
     }
-    let pbg_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Pbg { path: path.clone(), source: Box::new(source) }
-    };
-    let core = |source| Error::Core { path: dst.to_path_buf(), source };
+    let core = |source: ckpt_core::Error| source.at(dst);
     let text = match (&options.pbg_config, &source.config) {
-        (Some(path), _) => std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.clone(), source })?,
+        (Some(path), _) => std::fs::read_to_string(path).at(path)?,
         (None, Some(text)) => text.clone(),
         (None, None) => {
             return Err(unsupported(
@@ -315,7 +312,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
         }
     };
     let config_path = options.pbg_config.clone().unwrap_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE));
-    let config = Config::parse(&text).map_err(pbg_err(&config_path))?;
+    let config = Config::parse(&text).at(&config_path)?;
     let layout = |reason: String| unsupported(from, format!("{reason} (config {})", config_path.display()));
     for entity in source.embeddings.keys() {
         if config.entity(entity).is_none() {
@@ -356,7 +353,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                 let mut part = EntityPartition::new(t.clone());
                 if let Some(o) = opt(p) {
                     let state = match rebuild_state_dict(o) {
-                        Some(v) => StateDict::from_value(v).map_err(pbg_err(dst))?,
+                        Some(v) => StateDict::from_value(v).at(dst)?,
                         None => match leaf_tensor(o, "state.0.sum") {
                             Some(sum) => StateDict::row_adagrad(sum.clone(), lr_of(p)),
                             None => {
@@ -367,7 +364,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                             }
                         },
                     };
-                    part.optimizer = Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?);
+                    part.optimizer = Some(OptimizerState::encode(&state).at(dst)?);
                 }
                 partitions.push((e.name.clone(), p, part));
             }
@@ -386,7 +383,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                 let mut part = EntityPartition::new(rows(&embeddings, start, len, core)?);
                 if let Some(sum) = &sums {
                     let state = StateDict::row_adagrad(rows(sum, start, len, core)?, lr_of(0));
-                    part.optimizer = Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?);
+                    part.optimizer = Some(OptimizerState::encode(&state).at(dst)?);
                 }
                 partitions.push((e.name.clone(), p, part));
             }
@@ -403,7 +400,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
             .map(|(public, t)| {
                 let private = ckpt_pbg::public_to_private(public)
                     .ok_or_else(|| layout(format!("model/{public} is not a PyTorch-BigGraph parameter name")))?;
-                ModelParameter::new(&private, t.clone()).map_err(pbg_err(dst))
+                ModelParameter::new(&private, t.clone()).at(dst)
             })
             .collect::<Result<Vec<_>>>()?;
         let optimizer = if source.model_optimizer.is_empty() {
@@ -414,8 +411,8 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                 None => model_adagrad(&source.model_optimizer, config.lr()),
             };
             let value = value.ok_or_else(|| layout("the model's optimizer entries do not form a state dict".into()))?;
-            let state = StateDict::from_value(value).map_err(pbg_err(dst))?;
-            Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?)
+            let state = StateDict::from_value(value).at(dst)?;
+            Some(OptimizerState::encode(&state).at(dst)?)
         };
         Some(Model { parameters: Some(parameters), optimizer, ..Model::default() })
     };
@@ -423,28 +420,25 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
     // Write: config first (the commit derives the files' metadata from it), then version V in one commit.
     let storage = FileCheckpointStorage::new(dst);
     if storage.version_file().exists() {
-        return Err(Error::Io {
+        return Err(Error::AlreadyExists {
             path: storage.version_file(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "the target already holds a PyTorch-BigGraph checkpoint; convert into a new directory",
-            ),
+            reason: "the target already holds a PyTorch-BigGraph checkpoint; convert into a new directory".into(),
         });
     }
-    storage.prepare().map_err(pbg_err(dst))?;
-    storage.save_config(config.text()).map_err(pbg_err(dst))?;
+    storage.prepare().at(dst)?;
+    storage.save_config(config.text()).at(dst)?;
     let version = source.version.unwrap_or(1).max(1);
     if version > 1 {
-        storage.save_version(version - 1).map_err(pbg_err(dst))?;
+        storage.save_version(version - 1).at(dst)?;
     }
-    let mut commit = storage.begin_commit().map_err(pbg_err(dst))?;
+    let mut commit = storage.begin_commit().at(dst)?;
     for (entity, p, part) in partitions {
-        commit.partition(&entity, p, part).map_err(pbg_err(dst))?;
+        commit.partition(&entity, p, part).at(dst)?;
     }
     if let Some(m) = model {
         commit.model(m);
     }
-    commit.finish(&CommitOptions::default().carry_over(false)).map_err(pbg_err(dst))?;
+    commit.finish(&WriteOptions::default().with_carry_over(false)).at(dst)?;
 
     let mut s = super::count(&source.written);
     s.dropped = source.dropped;

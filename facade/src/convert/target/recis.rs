@@ -22,11 +22,12 @@
 use std::path::Path;
 
 use ckpt_core::{Dict, DictKind, PathItem, Tensor, Value};
-use ckpt_recis::{DEFAULT_SLICE_SIZE, ReshardOptions, SaveOptions, Slot, TableChild};
+use ckpt_recis::{DEFAULT_SLICE_SIZE, ReshardOptions, Slot, TableChild, WriteOptions};
 
 use super::super::source::{self, Leaf};
 use super::super::{ConvertOptions, ConvertSummary};
 use super::{count, top_mapping};
+use crate::error::At;
 use crate::{Error, Format, Result};
 
 /// Tensors by name.
@@ -166,21 +167,21 @@ pub(super) fn write(src: &Path, from: Format, dst: &Path, options: &ConvertOptio
     let top = top_mapping(content, from, Format::Recis)?;
     let parts = split(top, from)?;
     let (children, dense) = tables(&parts.sparse, from)?;
-    let recis_err = |source| Error::Recis { path: dst.to_path_buf(), source: Box::new(source) };
-    std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
+    std::fs::create_dir_all(dst).at(dst)?;
     if let Some(model) = &parts.model {
-        ckpt_recis::dense::write_model(dst, model).map_err(recis_err)?;
+        ckpt_recis::write_model(dst, model).at(dst)?;
     }
     if let Some(extra) = &parts.extra {
-        ckpt_recis::dense::write_extra(dst, extra).map_err(recis_err)?;
+        ckpt_recis::write_extra(dst, extra).at(dst)?;
     }
     // The serializer's part last, and even when it holds nothing, as RecIS's saver does: its `index`, written
     // after everything else, is what marks the directory as a complete RecIS checkpoint.
     let size = options.recis_slice_size.unwrap_or(DEFAULT_SLICE_SIZE);
     let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, size)).collect();
-    let save = SaveOptions::default().with_parallel(options.recis_parallel.unwrap_or(SaveOptions::default().parallel));
-    let reshard = ReshardOptions::default().with_save(save);
-    ckpt_recis::write_sharded(dst, &tables, &dense, options.world_size, &reshard).map_err(recis_err)?;
+    let save =
+        WriteOptions::default().with_parallel(options.recis_parallel.unwrap_or(WriteOptions::default().parallel));
+    let reshard = ReshardOptions::default().with_write(save);
+    ckpt_recis::write_sharded(dst, &tables, &dense, options.world_size, &reshard).at(dst)?;
     let dropped_top = |l: &Leaf| matches!(l.path.first(), Some(PathItem::Key(k)) if parts.dropped_keys.contains(k));
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content.leaves.iter().partition(|l| dropped_top(l));
     let mut s = count(kept);
@@ -189,20 +190,17 @@ pub(super) fn write(src: &Path, from: Format, dst: &Path, options: &ConvertOptio
 }
 
 /// RecIS to RecIS: the sparse part re-sharded with each table's own `slice_size`, `model.pt` and `extra.pt`
-/// copied ([`ckpt_recis::reshard_dir`]).
+/// copied ([`ckpt_recis::reshard`]).
 fn reshard(src: &Path, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    let err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Recis { path: path.clone(), source: Box::new(source) }
-    };
     // A `checkpoint` list: the latest checkpoint, as RecIS's manager loads it.
     let dir = if src.join("checkpoint").is_file() && !src.join("index").is_file() {
         let manager = ckpt_recis::CheckpointManager::new(src);
-        let id = manager.latest().map_err(err(src))?.ok_or_else(|| Error::Recis {
-            path: src.to_path_buf(),
-            source: Box::new(ckpt_recis::Error::NoCheckpoint { path: src.join("checkpoint") }),
-        })?;
-        manager.path_of(&id).map_err(err(src))?
+        let id = manager
+            .latest()
+            .at(src)?
+            .ok_or_else(|| ckpt_recis::Error::NoCheckpoint { path: src.join("checkpoint") })
+            .at(src)?;
+        manager.path_of(&id).at(src)?
     } else {
         src.to_path_buf()
     };
@@ -210,12 +208,12 @@ fn reshard(src: &Path, dst: &Path, options: &ConvertOptions) -> Result<ConvertSu
     let parallel = match options.recis_parallel {
         Some(p) => p,
         None => before
-            .downcast_ref::<ckpt_recis::Checkpoint>()
+            .downcast_ref::<ckpt_recis::RecisReader>()
             .and_then(|c| c.sparse().parallel())
-            .unwrap_or(SaveOptions::default().parallel),
+            .unwrap_or(WriteOptions::default().parallel),
     };
-    let reshard = ReshardOptions::default().with_save(SaveOptions::default().with_parallel(parallel));
-    ckpt_recis::reshard_dir(&dir, dst, options.world_size, &reshard).map_err(err(dst))?;
+    let reshard = ReshardOptions::default().with_write(WriteOptions::default().with_parallel(parallel));
+    ckpt_recis::reshard(&dir, dst, options.world_size, &reshard).at(dst)?;
     let kept = crate::open_as(dst, Format::Recis)?.entries();
     let mut s = ConvertSummary::default();
     for e in &kept {
