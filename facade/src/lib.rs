@@ -246,16 +246,7 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
         #[cfg(feature = "pbg")]
         Format::Pbg => Box::new(ckpt_pbg::PbgReader::open(path).at(path)?),
         #[cfg(feature = "recis")]
-        Format::Recis => {
-            // A directory with a `checkpoint` list (and no index of its own) holds several checkpoints: open the
-            // latest, as RecIS's checkpoint manager does.
-            let is_list = path.join("checkpoint").is_file() && !path.join("index").is_file();
-            if is_list {
-                Box::new(ckpt_recis::CheckpointManager::new(path).open_latest().at(path)?)
-            } else {
-                Box::new(ckpt_recis::RecisReader::open(path).at(path)?)
-            }
-        }
+        Format::Recis => Box::new(ckpt_recis::RecisReader::open(path).at(path)?),
         // Reached only in builds without some format's feature.
         #[allow(unreachable_patterns)]
         _ => return Err(disabled()),

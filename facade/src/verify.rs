@@ -76,7 +76,7 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
     match format {
         #[cfg(feature = "torch")]
         Format::Torch => {
-            torch_crcs(path, &mut report)?;
+            torch_problems(&ckpt_torch::verify(path).at(path)?, &mut report);
             read_all(&crate::open_as(path, format)?, &mut report, progress);
         }
         #[cfg(feature = "distcp")]
@@ -88,8 +88,8 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
         }
         #[cfg(feature = "hfai")]
         Format::Hfai => {
-            for part in files_with(path, |n| n.starts_with("PART_") && n.ends_with(".pt"))? {
-                torch_crcs(&part, &mut report)?;
+            for part in &ckpt_hfai::verify(path).at(path)?.parts {
+                torch_problems(part, &mut report);
             }
             read_all(&crate::open_as(path, format)?, &mut report, progress);
         }
@@ -98,9 +98,8 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
         #[cfg(feature = "recis")]
         Format::Recis => {
             let ck = crate::open_as(path, format)?;
-            let dir = crate::reshard::recis_dir(path)?;
-            for pt in files_with(&dir, |n| n.ends_with(".pt"))? {
-                torch_crcs(&pt, &mut report)?;
+            for file in &ckpt_recis::verify(path).at(path)?.torch_files {
+                torch_problems(file, &mut report);
             }
             read_all(&ck, &mut report, progress);
         }
@@ -109,36 +108,12 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
     Ok(report)
 }
 
-/// The files of `dir` whose names pass `keep`, sorted.
-#[cfg(any(feature = "hfai", feature = "recis"))]
-fn files_with(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<std::path::PathBuf>> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).at(dir)? {
-        let e = e.at(dir)?;
-        if e.file_name().to_str().is_some_and(&keep) && e.path().is_file() {
-            out.push(e.path());
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Checks every record CRC-32 of a ZIP `torch.save` file (legacy files have none).
+/// The records of a `torch.save` file whose CRC-32 failed, as problems.
 #[cfg(feature = "torch")]
-fn torch_crcs(path: &Path, report: &mut VerifyReport) -> Result<()> {
-    let buf = ckpt_core::Buffer::map_file(path).at(path)?;
-    let bytes = buf.as_bytes();
-    let container = ckpt_torch::detect(bytes).at(path)?;
-    if container != ckpt_torch::Container::Zip {
-        return Ok(());
+fn torch_problems(file: &ckpt_torch::VerifyReport, report: &mut VerifyReport) {
+    for (record, e) in &file.problems {
+        report.problems.push(format!("{}: record {record}: {e}", file.path.display()));
     }
-    let archive = ckpt_torch::zip::Archive::parse(bytes).map_err(ckpt_torch::Error::from).at(path)?;
-    for rec in archive.records() {
-        if let Err(e) = archive.verify_crc(bytes, rec) {
-            report.problems.push(format!("{}: record {}: {e}", path.display(), rec.name()));
-        }
-    }
-    Ok(())
 }
 
 /// Reads every entry: tensors to their last byte, values decoded.
@@ -216,15 +191,9 @@ fn pbg(path: &Path, report: &mut VerifyReport) -> Result<()> {
     Ok(())
 }
 
-/// The entity path of a PBG checkpoint, from its `config.json`: as given (relative to the working directory,
-/// as PBG resolves it), else relative to the checkpoint's parent directory.
+/// The entity path of a PBG checkpoint, from its `config.json` ([`ckpt_pbg::ConfigFile`] resolves it), when
+/// it is a directory.
 #[cfg(feature = "pbg")]
 fn pbg_entity_path(path: &Path) -> Option<std::path::PathBuf> {
-    let config = ckpt_pbg::Config::read(&path.join("config.json")).ok()?;
-    let rel = std::path::PathBuf::from(config.entity_path()?);
-    if rel.is_dir() {
-        return Some(rel);
-    }
-    let p = path.parent()?.join(&rel);
-    p.is_dir().then_some(p)
+    ckpt_pbg::ConfigFile::locate(path).ok()?.entity_path().filter(|p| p.is_dir())
 }

@@ -476,3 +476,67 @@ fn save_ranks_reports_the_root_cause() {
     assert!(!dir.path().join(".metadata").exists());
     assert!(save_ranks(&[], dir.path(), &WriteOptions::default()).is_err());
 }
+
+/// Every entry of a state dict by flattened key, in key order: tensors as their row-major bytes.
+fn entries(v: &Value) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = ckpt_core::flatten(v)
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let bytes = match e.value.as_tensor() {
+                Some(t) => t.data().unwrap().to_vec(),
+                None => format!("{:?}", e.value).into_bytes(),
+            };
+            (e.key, bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn save_sharded_splits_rows_and_replicates_the_rest() {
+    let sd = sample();
+    // 3 ranks: `model.w` (3 rows) and `model.t` (6 rows) are split, `col` (4 rows) too; `scalar` (0-d),
+    // `empty` (0 rows < 3) and the values are replicated and written once.
+    let dir = tempfile::tempdir().unwrap();
+    ckpt_distcp::save_sharded(&sd, dir.path(), 3, &WriteOptions::default()).unwrap();
+    let r = DcpReader::open(dir.path()).unwrap();
+    let chunks = |k: &str| r.tensor_metadata(k).unwrap().chunks.len();
+    assert_eq!((chunks("model.w"), chunks("model.t"), chunks("col")), (3, 3, 3)); // col: 2 + 2 + 0 rows
+    assert_eq!((chunks("scalar"), chunks("empty")), (1, 1));
+    assert_eq!(entries(&r.state_dict().unwrap()), entries(&sd));
+    assert_eq!(files(dir.path()).iter().filter(|f| f.ends_with(".distcp")).count(), 3);
+    // Each rank's part on its own is what it would save in a 3-rank job.
+    let (local, shards) = ckpt_distcp::shard_state_dict(&sd, 2, 3).unwrap();
+    let w = local.as_dict().unwrap().get("model").unwrap().as_dict().unwrap().get("w").unwrap();
+    assert_eq!(w.as_tensor().unwrap().shape(), [1, 4]);
+    assert_eq!(shards["model.w"], ShardSpec::new(&[3, 4], &[2, 0]));
+    assert!(!shards.contains_key("scalar") && !shards.contains_key("empty"));
+    assert!(matches!(ckpt_distcp::shard_state_dict(&sd, 3, 3), Err(Error::Unwritable { .. })));
+}
+
+#[test]
+fn reshard_reads_each_rank_box_and_keeps_every_entry() {
+    let src = tempfile::tempdir().unwrap();
+    let sd = sample();
+    ckpt_distcp::save_sharded(&sd, src.path(), 2, &WriteOptions::default()).unwrap();
+    for world in [1, 3, 5] {
+        let dst = tempfile::tempdir().unwrap();
+        let out = dst.path().join("new");
+        ckpt_distcp::reshard(src.path(), &out, world, &ckpt_distcp::ReshardOptions::default()).unwrap();
+        let r = DcpReader::open(&out).unwrap();
+        assert_eq!(entries(&r.state_dict().unwrap()), entries(&sd), "world {world}");
+        // Every tensor with a first dimension is split over the ranks (6 rows in 2-row pieces over 5 ranks:
+        // 3 ranks hold rows).
+        let holding = (0..world).filter(|&rank| shard_box(&[6, 4], 0, rank, world).1[0] > 0).count();
+        assert!(r.tensor_metadata("model.t").unwrap().chunks.len() >= holding, "world {world}");
+        let (part, _) = DcpReader::open(src.path()).unwrap().shard_state(world - 1, world).unwrap();
+        let t = part.as_dict().unwrap().get("model").unwrap().as_dict().unwrap().get("t").unwrap();
+        let (_, sizes) = shard_box(&[6, 4], 0, world - 1, world);
+        assert_eq!(t.as_tensor().unwrap().shape(), sizes);
+    }
+    let e = ckpt_distcp::reshard(src.path(), &src.path().join("x"), 0, &ckpt_distcp::ReshardOptions::default());
+    assert!(matches!(e, Err(Error::Unwritable { .. })));
+    assert!(!src.path().join("x").exists());
+}

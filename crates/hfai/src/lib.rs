@@ -8,6 +8,21 @@
 //!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, with atomic part files
 //!   and a completion check after the barrier, which hfai does not have.
 //! - [`reshard`]: N parts to M parts offline, copying only chunks that span stored chunks.
+//! - [`verify`]: every part's record CRC-32s; [`SaveState::from_state_dict`]: a training checkpoint's
+//!   mapping laid out as hfai's `save` takes it.
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_hfai::HfaiReader::open(fixture.as_ref())?;               // 3 parts, merged as hfai's load
+//! let bias = ck.tensor("model.module.encoder.layers.1.norm2.bias")?;
+//! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_nshards(2))?; // 2 parts
+//! # assert_eq!(ckpt_hfai::HfaiReader::open(&out)?.tensor("model.module.encoder.layers.1.norm2.bias")?, bias);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::{Dict, DictKind, Tensor, Value};
@@ -60,6 +75,7 @@ mod part;
 mod partition;
 mod reader;
 mod reshard;
+mod verify;
 mod writer;
 
 pub use ckpt_torch::ReadOptions;
@@ -68,4 +84,5 @@ pub use part::{VERSION, part_file_name};
 pub use partition::{assign, chunk_ranges, count_size};
 pub use reader::{HfaiReader, load};
 pub use reshard::{ReshardOptions, ReshardSummary, reshard};
+pub use verify::{VerifyReport, verify};
 pub use writer::{LARGE_SIZE, ModelState, SaveState, WriteOptions, save, save_rank};

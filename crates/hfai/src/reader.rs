@@ -438,6 +438,23 @@ impl HfaiReader {
         self.others().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
     }
 
+    /// What hfai's `save` would take to write this checkpoint again: the models, the optimizers and the
+    /// `others` items. Which model entries are buffers is not recorded in a checkpoint (see
+    /// [`crate::ReshardOptions::buffers`]): none is marked.
+    pub fn save_state(&self) -> crate::SaveState {
+        let mut state = crate::SaveState::default();
+        for m in self.models() {
+            state = state.with_model(crate::ModelState::new(m.clone()));
+        }
+        for o in self.optimizers() {
+            state = state.with_optimizer(Value::Dict(o.clone()));
+        }
+        for (k, v) in self.others() {
+            state = state.with_other(k.clone(), v.clone());
+        }
+        state
+    }
+
     /// Leaf names (as [`CheckpointRead::entries`] names them) of the tensors that were stored in chunks.
     pub fn chunked(&self) -> &[String] {
         &self.chunked

@@ -139,6 +139,65 @@ impl SaveState {
         self
     }
 
+    /// The state hfai's `save` takes, from a training checkpoint's top-level mapping, and the top-level keys
+    /// it leaves out.
+    ///
+    /// A mapping with a `model` mapping (or list of mappings) is laid out as hfai lays it out: `model` is the
+    /// model state dict(s), `optimizer` the optimizer state dict(s) when it has `state` and `param_groups`
+    /// (else it is left out: hfai's `optimizer` key holds nothing else), hfai's own header keys
+    /// (`__nshards__`, `__version__`) are dropped silently (the writer writes them again), and every other
+    /// item goes to `others`. Any other mapping *is* the model state dict (an `OrderedDict`, as
+    /// `model.state_dict()`), so hfai's `load` returns it under `model`.
+    ///
+    /// ```
+    /// use ckpt_core::{Dict, DictKind, Tensor, Value};
+    /// use ckpt_hfai::SaveState;
+    /// let w = Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap());
+    /// let top = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3)), ("optimizer", Value::None)]);
+    /// let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    /// assert_eq!((state.models.len(), state.others.len()), (1, 1));
+    /// assert_eq!(dropped, ["optimizer"]);
+    /// ```
+    pub fn from_state_dict(top: &Dict) -> (SaveState, Vec<String>) {
+        let as_optimizer = |v: &Value| {
+            v.as_dict().is_some_and(|d| {
+                d.get("state").is_some_and(|s| s.as_dict().is_some()) && d.get("param_groups").is_some()
+            })
+        };
+        let models: Vec<&Dict> = match top.get("model") {
+            Some(Value::Dict(d)) => vec![d],
+            Some(Value::List(items)) if !items.is_empty() => {
+                let dicts: Vec<&Dict> = items.iter().filter_map(Value::as_dict).collect();
+                if dicts.len() == items.len() { dicts } else { Vec::new() }
+            }
+            _ => Vec::new(),
+        };
+        let mut state = SaveState::default();
+        let mut dropped = Vec::new();
+        if models.is_empty() {
+            let mut model = top.clone();
+            model.kind = DictKind::OrderedDict;
+            return (state.with_model(ModelState::new(model)), dropped);
+        }
+        for m in models {
+            state = state.with_model(ModelState::new(m.clone()));
+        }
+        for (k, v) in &top.items {
+            match k.as_str() {
+                Some("model" | "__nshards__" | "__version__") => {}
+                Some("optimizer") if as_optimizer(v) => state = state.with_optimizer(v.clone()),
+                Some("optimizer") if v.as_sequence().is_some_and(|s| s.iter().all(as_optimizer)) => {
+                    for o in v.as_sequence().unwrap_or_default() {
+                        state = state.with_optimizer(o.clone());
+                    }
+                }
+                Some("optimizer") => dropped.push("optimizer".to_owned()),
+                _ => state = state.with_other(k.clone(), v.clone()),
+            }
+        }
+        (state, dropped)
+    }
+
     fn contents(&self) -> Result<Contents> {
         for (k, _) in &self.others {
             if let Some(k) = k.as_str().filter(|k| HEADER_KEYS.contains(k)) {

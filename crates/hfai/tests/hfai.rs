@@ -603,3 +603,55 @@ fn dtypes_survive() {
     assert_eq!(ckpt.chunked().len(), 3, "{:?}", ckpt.chunked()); // bf16, f16, f64 are over 400 bytes
     assert_loads_to(&ckpt, &state);
 }
+
+#[test]
+fn a_training_checkpoint_lays_out_as_hfai_save_takes_it() {
+    let opt = adam_state();
+    let sd = Value::Dict(state_dict());
+    // {"model", "optimizer", "epoch"}: hfai's own layout; its header keys are written again, not kept.
+    let top = Value::dict([
+        ("__nshards__", Value::Int(7)),
+        ("model", sd.clone()),
+        ("optimizer", opt.clone()),
+        ("epoch", Value::Int(3)),
+    ]);
+    let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    assert!(dropped.is_empty());
+    assert_eq!((state.models.len(), &state.optimizers, state.others.len()), (1, &vec![opt.clone()], 1));
+    let dir = tempfile::tempdir().unwrap();
+    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    let back = HfaiReader::open(dir.path()).unwrap();
+    assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
+    // An `optimizer` that is not an optimizer state dict is left out, named.
+    let top = Value::dict([("model", sd.clone()), ("optimizer", Value::dict([("lr", Value::Float(0.1))]))]);
+    let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    assert_eq!((dropped, state.optimizers.len()), (vec!["optimizer".to_owned()], 0));
+    // Any other mapping is the model state dict.
+    let (state, _) = SaveState::from_state_dict(sd.as_dict().unwrap());
+    assert_eq!(state.models[0].state_dict.kind, ckpt_core::DictKind::OrderedDict);
+    assert_eq!(state.models[0].state_dict.items.len(), sd.as_dict().unwrap().items.len());
+}
+
+#[test]
+fn verify_names_every_part_with_a_flipped_record() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(3)).unwrap();
+    let report = ckpt_hfai::verify(dir.path()).unwrap();
+    assert!(report.is_ok());
+    assert_eq!(report.parts.len(), 3);
+    let part = dir.path().join(part_file_name(1));
+    let mut bytes = std::fs::read(&part).unwrap();
+    // The last byte of the first storage record: inside tensor data, wherever the record put it.
+    let first = ckpt_torch::zip::Archive::parse(&bytes)
+        .unwrap()
+        .records()
+        .iter()
+        .find(|r| r.short_name().starts_with("data/"))
+        .unwrap()
+        .data_range();
+    bytes[first.end as usize - 1] ^= 1;
+    std::fs::write(&part, &bytes).unwrap();
+    let report = ckpt_hfai::verify(dir.path()).unwrap();
+    let failed: Vec<&std::path::Path> = report.parts.iter().filter(|p| !p.is_ok()).map(|p| p.path.as_path()).collect();
+    assert_eq!(failed, [part.as_path()]);
+}

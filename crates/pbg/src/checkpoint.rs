@@ -213,6 +213,28 @@ impl PbgReader {
         Ok(())
     }
 
+    /// Every entry with its value, in entry order: what [`crate::save`] takes to write this checkpoint again.
+    pub fn entry_values(&self) -> Vec<(String, Value)> {
+        let mut out: Vec<(String, Value)> = self
+            .all()
+            .into_iter()
+            .map(|(name, item)| {
+                let value = match item {
+                    Item::Tensor(t) => Value::Tensor(t.clone()),
+                    Item::Value(v) => v.clone(),
+                };
+                (name, value)
+            })
+            .collect();
+        if let Some(c) = &self.config {
+            out.push(("config".into(), Value::Str(c.text().to_owned())));
+        }
+        if let Ok(v) = i64::try_from(self.version) {
+            out.push(("version".into(), Value::Int(v)));
+        }
+        out
+    }
+
     /// Every tensor under its entry name, in entry order.
     pub fn tensors(&self) -> Vec<(String, Tensor)> {
         self.all()

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::{Iteration, Metadata};
 use crate::model::Model;
@@ -26,7 +27,7 @@ pub enum VersionWrite {
 }
 
 /// Choices of how a new version is written ([`Commit::finish`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct WriteOptions {
     /// Keep the files of the old version `V` (PBG: the checkpoint consumed by the first iteration of a
@@ -39,6 +40,9 @@ pub struct WriteOptions {
     pub carry_over: bool,
     /// How the version file is written.
     pub version_write: VersionWrite,
+    /// [`crate::save`]: the training config that defines the layout, instead of the entries' `config`.
+    /// A commit does not use it.
+    pub config: Option<Config>,
 }
 
 impl Default for WriteOptions {
@@ -48,6 +52,7 @@ impl Default for WriteOptions {
             snapshot_epoch: None,
             carry_over: true,
             version_write: VersionWrite::Rename,
+            config: None,
         }
     }
 }
@@ -78,6 +83,13 @@ impl WriteOptions {
     #[must_use]
     pub fn with_version_write(mut self, how: VersionWrite) -> Self {
         self.version_write = how;
+        self
+    }
+
+    /// [`crate::save`] lays the checkpoint out as `config` says.
+    #[must_use]
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = Some(config);
         self
     }
 }

@@ -242,6 +242,24 @@ pub enum Error {
         /// Name in `dynamic_rel_names.json`.
         found: String,
     },
+    /// Entries given to [`crate::save`] hold neither entity partitions nor model parameters.
+    #[error(
+        "no `embeddings/<entity>/<partition>` or `model/<parameter>` entries: a PyTorch-BigGraph checkpoint is \
+         entity embedding partitions and relation operators"
+    )]
+    NoEmbeddings,
+    /// Entries given to [`crate::save`] without a `config` entry, and no config in the options.
+    #[error(
+        "no `config` entry: a PyTorch-BigGraph checkpoint needs the training config that defines its entities, \
+         partitions and relations"
+    )]
+    NoConfig,
+    /// Entries given to [`crate::save`] that do not fit the config's layout.
+    #[error("the entries do not fit the config: {reason}")]
+    LayoutMismatch {
+        /// What does not fit.
+        reason: String,
+    },
     /// A model parameter that an operation needs is absent from the model file.
     #[error("the model has no parameter {0:?}")]
     MissingParameter(String),
@@ -273,7 +291,10 @@ impl Error {
             | Error::InvalidInput { .. }
             | Error::AlreadyExists { .. }
             | Error::NoSuchEntry(_)
-            | Error::MissingParameter(_) => Fault::InvalidArgument,
+            | Error::MissingParameter(_)
+            | Error::NoEmbeddings
+            | Error::NoConfig
+            | Error::LayoutMismatch { .. } => Fault::InvalidArgument,
             _ => Fault::Malformed,
         }
     }

@@ -14,7 +14,24 @@
 //! - [`PbgReader`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
 //! - [`OptimizerState`] / [`StateDict`]: the `optimizer/state_dict` blobs, decoded and re-encoded through
 //!   ckpt-torch.
+//! - [`save`]: a new checkpoint from entries named as [`PbgReader`] names them (what another format keeps
+//!   of a PBG checkpoint), re-partitioned to the config's layout, optimizer state rebuilt where only its
+//!   tensors were kept.
+//! - [`ConfigFile`]: a config and where the paths it names resolve.
 //! - [`export_tsv`] (as `torchbiggraph_export_to_tsv`) and [`export_safetensors`].
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_pbg::PbgReader::open(fixture.as_ref())?;                 // the committed version, memory-mapped
+//! let users = ck.tensor("embeddings/user_id/0")?;                         // float32 [N, D]
+//! ckpt_pbg::save(&ck.entry_values(), &out, &ckpt_pbg::WriteOptions::default())?; // torchbiggraph resumes from it
+//! # assert_eq!(ckpt_pbg::PbgReader::open(&out)?.tensor("embeddings/user_id/0")?, users);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::Tensor;
@@ -66,12 +83,13 @@ mod model;
 mod names;
 mod optimizer;
 mod partition;
+mod save;
 mod storage;
 mod verify;
 
 pub use checkpoint::{PartitionEntry, PbgReader, ReadOptions};
 pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
-pub use config::{Config, EntityConfig, RelationConfig, python_json_dumps};
+pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_dumps};
 pub use entity_path::EntityStorage;
 pub use error::{Error, Result};
 pub use export::{export_safetensors, export_tsv, write_entities_tsv, write_relation_types_tsv};
@@ -86,5 +104,6 @@ pub use optimizer::{OptimizerState, StateDict};
 pub use partition::{
     EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
 };
+pub use save::{SaveReport, save};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};
 pub use verify::VerifyReport;

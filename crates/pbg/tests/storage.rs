@@ -282,3 +282,114 @@ fn partitions_round_trip_including_empty_and_corrupt_blobs() {
     assert!(matches!(back.optimizer.unwrap().decode(), Err(Error::OptimizerBlob { .. })));
     assert!(FileName::parse("e.h5").is_none());
 }
+
+/// The entries of a checkpoint as another format keeps them: every entry of `ckpt_pbg::PbgReader`, by name.
+fn entries_of(dir: &Path) -> Vec<(String, Value)> {
+    use ckpt_core::CheckpointRead;
+    let ck = ckpt_pbg::PbgReader::open(dir).unwrap();
+    ck.entries().into_iter().map(|e| (e.name.clone(), ck.value(&e.name).unwrap())).collect()
+}
+
+/// A committed two-entity checkpoint written with `CONFIG` (users in 2 partitions of 3 and 2 rows).
+fn small_checkpoint(dir: &Path) {
+    let storage = FileCheckpointStorage::new(dir);
+    storage.prepare().unwrap();
+    storage.save_config(CONFIG).unwrap();
+    let mut c = storage.begin_commit().unwrap();
+    c.partition("user", 0, partition(3, 1.0)).unwrap();
+    c.partition("user", 1, partition(2, 2.0)).unwrap();
+    c.partition("item", 0, partition(4, 3.0)).unwrap();
+    let op = ModelParameter::new("rhs_operators.0.translation", Tensor::zeros(DType::F32, &[4]).unwrap()).unwrap();
+    c.model(Model { parameters: Some(vec![op]), ..Model::default() });
+    c.finish(&WriteOptions::default()).unwrap();
+}
+
+#[test]
+fn save_from_entries_repartitions_and_keeps_rows_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    let entries = entries_of(&src);
+    let rows = |dir: &Path, entity: &str| -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+        let ck = ckpt_pbg::PbgReader::open(dir).unwrap();
+        let parts: Vec<_> = ck.partitions().iter().filter(|p| p.entity == entity).collect();
+        let sizes = parts.iter().map(|p| p.data.len()).collect();
+        let embs = parts.iter().flat_map(|p| p.data.embeddings.to_vec::<f32>().unwrap()).collect();
+        let sums = parts.iter().flat_map(|p| p.optimizer.as_ref().unwrap().sum(0).unwrap().to_vec::<f32>().unwrap());
+        (sizes, embs, sums.collect())
+    };
+    // The same layout: a copy, every entry used.
+    let same = tmp.path().join("same");
+    let report = ckpt_pbg::save(&entries, &same, &WriteOptions::default()).unwrap();
+    assert_eq!((report.version, report.dropped.len()), (1, 0));
+    assert_eq!(rows(&same, "user"), rows(&src, "user"));
+    // Users in 3 partitions: 5 rows cut 2 + 2 + 1, rows and optimizer sums in order.
+    let config = ckpt_pbg::Config::parse(&CONFIG.replace("\"num_partitions\": 2", "\"num_partitions\": 3")).unwrap();
+    let three = tmp.path().join("three");
+    ckpt_pbg::save(&entries, &three, &WriteOptions::default().with_config(config)).unwrap();
+    let (sizes, embs, sums) = rows(&three, "user");
+    let (_, want_embs, want_sums) = rows(&src, "user");
+    assert_eq!((sizes, embs, sums), (vec![2, 2, 1], want_embs, want_sums));
+    // Names nested under `model` (an hfai checkpoint's), unknown names dropped.
+    let mut nested: Vec<(String, Value)> = entries.iter().map(|(n, v)| (format!("model.{n}"), v.clone())).collect();
+    nested.push(("epoch".into(), Value::Int(3)));
+    let n = tmp.path().join("nested");
+    let report = ckpt_pbg::save(&nested, &n, &WriteOptions::default()).unwrap();
+    assert_eq!(report.dropped, ["epoch"]);
+    assert_eq!(rows(&n, "user"), rows(&src, "user"));
+    // The target already holds a checkpoint.
+    assert!(matches!(ckpt_pbg::save(&entries, &same, &WriteOptions::default()), Err(Error::AlreadyExists { .. })));
+}
+
+#[test]
+fn save_rebuilds_optimizer_state_from_tensors_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    // Only the tensors, as a plain safetensors file keeps them, plus the config text.
+    let mut entries: Vec<(String, Value)> =
+        entries_of(&src).into_iter().filter(|(n, v)| v.as_tensor().is_some() || n == "config").collect();
+    let dst = tmp.path().join("dst");
+    ckpt_pbg::save(&entries, &dst, &WriteOptions::default()).unwrap();
+    let ck = ckpt_pbg::PbgReader::open(&dst).unwrap();
+    let lr = ck.config().unwrap().lr();
+    for p in ck.partitions() {
+        let sd = p.optimizer.as_ref().unwrap();
+        assert_eq!(sd.lr(0), Some(lr), "RowAdagrad with the config's lr");
+        assert_eq!(sd.sum(0).unwrap().shape(), [p.data.len()]);
+    }
+    // Without a config, or without anything PBG holds, or in another layout: refused before writing.
+    entries.retain(|(n, _)| n != "config");
+    let e = ckpt_pbg::save(&entries, &tmp.path().join("a"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoConfig), "{e}");
+    let none = [("w".to_owned(), Value::Int(1))];
+    let e = ckpt_pbg::save(&none, &tmp.path().join("b"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoEmbeddings), "{e}");
+    let dim8 = ckpt_pbg::Config::parse(&CONFIG.replace("\"dimension\": 4", "\"dimension\": 8")).unwrap();
+    let e = ckpt_pbg::save(&entries, &tmp.path().join("c"), &WriteOptions::default().with_config(dim8)).unwrap_err();
+    assert!(matches!(&e, Error::LayoutMismatch { reason } if reason.contains("[N, 8]")), "{e}");
+    assert!(["a", "b", "c"].iter().all(|d| !tmp.path().join(d).exists()));
+}
+
+#[test]
+fn config_paths_resolve_from_the_working_directory_then_where_training_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    fs::create_dir_all(run.join("data")).unwrap();
+    // CONFIG names `entity_path` "data" and `checkpoint_path` "ckpt".
+    fs::write(run.join("config.json"), CONFIG).unwrap();
+    small_checkpoint(&run.join("ckpt"));
+    // A config file: paths against its directory (the working directory has no `data`).
+    let from_file = ckpt_pbg::ConfigFile::locate(&run.join("config.json")).unwrap();
+    assert_eq!(from_file.checkpoint_dir(), run.join("ckpt"));
+    assert_eq!(from_file.entity_path(), Some(run.join("data")));
+    // A checkpoint directory: its config.json, paths against the directory training ran in (its parent).
+    let from_dir = ckpt_pbg::ConfigFile::locate(&run.join("ckpt")).unwrap();
+    assert_eq!(from_dir.file(), run.join("ckpt/config.json"));
+    assert_eq!(from_dir.checkpoint_dir(), run.join("ckpt"));
+    assert_eq!(from_dir.entity_path(), Some(run.join("data")));
+    // Absolute paths are taken as they are.
+    let abs = tmp.path().join("elsewhere");
+    assert_eq!(from_dir.resolve(abs.to_str().unwrap()), abs);
+    assert!(matches!(ckpt_pbg::ConfigFile::locate(tmp.path()), Err(Error::CouldNotLoad { .. })));
+}

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{CheckpointRead, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
+use ckpt_core::{CheckpointRead, Dict, DictKind, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
 
 use ckpt_torch::ReadOptions;
 
@@ -31,13 +31,14 @@ pub struct RecisReader {
 
 impl RecisReader {
     /// Opens a checkpoint directory: the sparse part (if it has an `index`), `model.pt`, `extra.pt` and
-    /// every `io_state_<s>.pt`.
+    /// every `io_state_<s>.pt`. An output root with a `checkpoint` list opens its latest checkpoint
+    /// ([`checkpoint_dir`](crate::checkpoint_dir) has the rule).
     ///
     /// # Errors
     /// [`Error::MissingFile`] if the directory has none of `index`, `model.pt`, `extra.pt`; the errors of
-    /// [`SparseCheckpoint::open`] and of the torch reader.
-    pub fn open(dir: &Path) -> Result<Self> {
-        Self::open_with(dir, &ReadOptions::default())
+    /// [`crate::checkpoint_dir`], of [`SparseCheckpoint::open`] and of the torch reader.
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, &ReadOptions::default())
     }
 
     /// [`RecisReader::open`], reading the `torch.save` files (`model.pt`, `extra.pt`, io states) with
@@ -45,7 +46,8 @@ impl RecisReader {
     ///
     /// # Errors
     /// As [`RecisReader::open`].
-    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<Self> {
+    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+        let dir = &crate::manager::checkpoint_dir(path)?;
         let has = |f: &str| dir.join(f).is_file();
         if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
             return Err(Error::MissingFile {
@@ -110,6 +112,35 @@ impl RecisReader {
     /// The shard count in `io_state_count`, if saved.
     pub fn io_state_count(&self) -> Option<usize> {
         self.io_state_count
+    }
+
+    /// The checkpoint as one nested state dict: `{"sparse": {<tensor name>: tensor}, "model": <model.pt>,
+    /// "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}`, parts the directory lacks left out.
+    /// `sparse` holds the serializer's tensors under their names (`tbl@id`, `tbl@embedding`, dense names), read
+    /// whole. This is the RecIS-shaped state dict [`crate::save`] writes back as a checkpoint.
+    ///
+    /// # Errors
+    /// As [`SparseCheckpoint::read_tensor`].
+    pub fn state_dict(&self) -> Result<Value> {
+        let mut tree = Dict::new(DictKind::Dict);
+        let names = self.sparse.tensor_names();
+        if !names.is_empty() {
+            let mut part = Dict::new(DictKind::Dict);
+            for name in names {
+                part.insert(name, Value::Tensor(self.sparse.read_tensor(name)?));
+            }
+            tree.insert("sparse", Value::Dict(part));
+        }
+        if let Some(m) = &self.model {
+            tree.insert("model", m.clone());
+        }
+        if let Some(e) = &self.extra {
+            tree.insert("extra", e.clone());
+        }
+        for (s, v) in &self.io_states {
+            tree.insert(format!("io_state_{s}"), v.clone());
+        }
+        Ok(Value::Dict(tree))
     }
 
     /// The torch-file parts, each with the prefix of its entry names.

@@ -282,6 +282,12 @@ pub enum Error {
         /// Its dtype.
         dtype: ckpt_core::DType,
     },
+    /// A state dict given to [`crate::save`] that cannot be laid out as a RecIS checkpoint.
+    #[error("{reason}")]
+    StateDict {
+        /// Why.
+        reason: String,
+    },
     /// An argument is out of range (`parallel` 0, a shard index not below the shard count, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -346,7 +352,8 @@ impl Error {
             Error::NotFound { .. }
             | Error::InvalidArgument(_)
             | Error::BadName { .. }
-            | Error::BadCheckpointId { .. } => Fault::InvalidArgument,
+            | Error::BadCheckpointId { .. }
+            | Error::StateDict { .. } => Fault::InvalidArgument,
             Error::UnsupportedDtype { .. } | Error::LegacyIndex { .. } => Fault::Unsupported,
             Error::HeaderTooLarge { .. } => Fault::Limit,
             _ => Fault::Malformed,

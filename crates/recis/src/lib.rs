@@ -22,7 +22,23 @@
 //! * [`reshard`] / [`reshard_sparse`]: any shard count into any other, keeping id `x` in the shard whose slice holds
 //!   `(x as u64) % slice_size` ([`IdPartition`] explains negative ids).
 //! * [`CheckpointManager`]: `ckpt_<step>` directories, the `checkpoint` list, `max_keep` rotation read from
-//!   disk, atomic commits.
+//!   disk, atomic commits. Every function taking a path to read accepts an output root for its latest
+//!   checkpoint ([`checkpoint_dir`] has the rule).
+//! * [`save`]: any state dict laid out as RecIS lays out a checkpoint (tables, `model.pt`, `extra.pt`);
+//!   [`verify`]: the `torch.save` files' CRC-32s.
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_recis::RecisReader::open(fixture.as_ref())?;             // RecIS's own 2-shard checkpoint
+//! let ids = ck.tensor("tbl@id")?;                                         // the table's ids, slices concatenated
+//! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_shards(3))?; // 3 shards
+//! # assert_eq!(ckpt_recis::RecisReader::open(&out)?.sparse().child("tbl")?.len(), ids.numel());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::{SingleProcess, Tensor};
@@ -63,9 +79,11 @@ mod manager;
 mod name;
 mod reader;
 mod reshard;
+mod state_dict;
 mod table;
 mod tensorkey;
 mod torch_rank;
+mod verify;
 mod writer;
 
 pub use checkpoint::RecisReader;
@@ -77,7 +95,7 @@ pub use dense::{
 };
 pub use error::{Error, Result};
 pub use index::{INDEX_FILE, Index};
-pub use manager::{CHECKPOINT_LIST, CheckpointManager, ShardState, checkpoint_id, checkpoint_step};
+pub use manager::{CHECKPOINT_LIST, CheckpointManager, ShardState, checkpoint_dir, checkpoint_id, checkpoint_step};
 pub use name::{
     BlockSlice, DEFAULT_SLICE_SIZE, DENSE_SLICE, EMBEDDING_SLOT, ID_SLOT, IdPartition, Shard, SliceInfo, block_name,
     data_file_name, dense_key, gen_slice, parse_block_name, parse_data_file_name, part_name, part_shard,
@@ -85,9 +103,11 @@ pub use name::{
 };
 pub use reader::{BlockRecord, SparseCheckpoint};
 pub use reshard::{ReshardOptions, load_shard, reshard, reshard_sparse, write_sharded};
+pub use state_dict::{SaveReport, save};
 pub use table::{HashTable, ID_BITS, ID_MASK, MAX_CHILDREN, Slot, TableChild, coalesce, decode_id, encode_id};
 pub use tensorkey::{TENSORKEY_FILE, TensorKey};
 pub use torch_rank::{RankEntry, TORCH_RANK_FILE};
+pub use verify::{VerifyReport, verify};
 pub use writer::{
     Block, ShardMeta, WriteOptions, save_blocks, save_tables, shard_blocks, table_blocks, write_meta, write_shard_files,
 };

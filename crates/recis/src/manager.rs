@@ -36,6 +36,35 @@ pub fn checkpoint_step(id: &str) -> Option<i64> {
     id.strip_prefix("ckpt_")?.parse().ok()
 }
 
+/// The checkpoint directory `path` names, by one rule used wherever ckpt-recis takes a path to read
+/// ([`RecisReader::open`], [`crate::reshard`], [`crate::verify`]):
+///
+/// * a directory holding a `checkpoint` list and no `index` of its own is an output root of RecIS's
+///   checkpoint manager (`output_dir`), and names its latest listed checkpoint, `<root>/<last id>`, which is
+///   what RecIS's manager loads;
+/// * any other path names itself (a checkpoint directory `<root>/ckpt_<step>`).
+///
+/// ```
+/// let root = tempfile::tempdir().unwrap();
+/// std::fs::write(root.path().join("checkpoint"), "ckpt_100\nckpt_200\n").unwrap();
+/// assert_eq!(ckpt_recis::checkpoint_dir(root.path()).unwrap(), root.path().join("ckpt_200"));
+/// let dir = root.path().join("ckpt_100");
+/// assert_eq!(ckpt_recis::checkpoint_dir(&dir).unwrap(), dir);
+/// ```
+///
+/// # Errors
+/// [`Error::NoCheckpoint`] for a root whose list names no checkpoint; [`Error::BadCheckpointId`] for a
+/// latest id that is not a plain directory name; [`Error::Io`] reading the list.
+pub fn checkpoint_dir(path: &Path) -> Result<PathBuf> {
+    let is_root = path.join(CHECKPOINT_LIST).is_file() && !path.join(crate::index::INDEX_FILE).is_file();
+    if !is_root {
+        return Ok(path.to_path_buf());
+    }
+    let manager = CheckpointManager::new(path);
+    let id = manager.latest()?.ok_or_else(|| Error::NoCheckpoint { path: path.join(CHECKPOINT_LIST) })?;
+    manager.path_of(&id)
+}
+
 /// What one shard saves: its hash tables, the sparse-side dense tensors (optimizer scalars; written by
 /// shard 0 only), and the torch-saved state (`model.pt` and `extra.pt` by shard 0, each shard's io state).
 #[derive(Debug, Clone, Default)]

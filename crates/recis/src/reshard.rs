@@ -134,11 +134,13 @@ pub fn write_sharded(
 
 /// Reshards a whole checkpoint directory: the sparse part with [`reshard_sparse`], and `model.pt` and `extra.pt`
 /// copied unchanged (atomically). Io states are not copied: they belong to the old workers, and RecIS
-/// refuses to load them with another worker count.
+/// refuses to load them with another worker count. `src` may be an output root: its latest checkpoint is
+/// resharded ([`crate::checkpoint_dir`]).
 ///
 /// # Errors
-/// As [`reshard_sparse`], plus [`Error::Io`].
+/// As [`reshard_sparse`] and [`crate::checkpoint_dir`], plus [`Error::Io`].
 pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+    let src = &crate::manager::checkpoint_dir(src)?;
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
     let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
         SparseCheckpoint::open(src)?

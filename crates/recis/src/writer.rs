@@ -21,8 +21,8 @@ use crate::dtype;
 use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
-    BlockSlice, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key, part_name,
-    slot_tensor_name, split_tensor_name,
+    BlockSlice, DEFAULT_SLICE_SIZE, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key,
+    part_name, slot_tensor_name, split_tensor_name,
 };
 use crate::table::HashTable;
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
@@ -38,11 +38,17 @@ pub struct WriteOptions {
     /// Also write `torch_rank_weights_embs_table_multi_shard.json` (informational; RecIS never reads it).
     /// Default `true`.
     pub torch_rank_json: bool,
+    /// [`crate::save`]: the number of shards to write, as many as RecIS workers (default 1). A save through
+    /// a collective writes one shard per rank and ignores this.
+    pub shards: usize,
+    /// [`crate::save`]: the id key space (`slice_size`) of every hash table it builds (default
+    /// [`DEFAULT_SLICE_SIZE`], RecIS's).
+    pub slice_size: u32,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { parallel: 4, torch_rank_json: true }
+        WriteOptions { parallel: 4, torch_rank_json: true, shards: 1, slice_size: DEFAULT_SLICE_SIZE }
     }
 }
 
@@ -58,6 +64,20 @@ impl WriteOptions {
     #[must_use]
     pub fn with_torch_rank_json(mut self, write: bool) -> Self {
         self.torch_rank_json = write;
+        self
+    }
+
+    /// These options with `shards` shards ([`crate::save`]).
+    #[must_use]
+    pub fn with_shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// These options with `slice_size` as every built table's id key space ([`crate::save`]).
+    #[must_use]
+    pub fn with_slice_size(mut self, slice_size: u32) -> Self {
+        self.slice_size = slice_size;
         self
     }
 }

@@ -753,3 +753,101 @@ fn reshard_dir_copies_dense_state() {
     assert_eq!(c.sparse().shard_num(), Some(2));
     assert_eq!(c.sparse().dense("step").unwrap().to_vec::<i64>().unwrap(), vec![3]);
 }
+
+#[test]
+fn save_lays_a_state_dict_out_as_recis_does() {
+    let root = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = vec![3, 70_000, -5, 999, 1000];
+    let emb = emb(&ids, 2).tensor().clone();
+    let w = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let step = Tensor::from_slice(&[7i64], &[1]).unwrap();
+    // A training checkpoint: tables and sparse-optimizer scalars to the serializer, `model` to model.pt, the
+    // rest to extra.pt.
+    let sd = Value::dict([
+        ("tbl@id", Value::Tensor(Tensor::from_slice(&ids, &[ids.len()]).unwrap())),
+        ("tbl@embedding", Value::Tensor(emb.clone())),
+        ("sparse_adamw_step", Value::Tensor(step.clone())),
+        ("model", Value::dict([("dense.w", Value::Tensor(w.clone()))])),
+        ("epoch", Value::Int(2)),
+    ]);
+    let dir = root.path().join("a");
+    let options = WriteOptions::default().with_shards(3).with_parallel(2).with_slice_size(1000);
+    let report = ckpt_recis::save(&sd, &dir, &options).unwrap();
+    assert!(report.dropped.is_empty());
+    let ck = RecisReader::open(&dir).unwrap();
+    let sparse = ck.sparse();
+    assert_eq!((sparse.shard_num(), sparse.parallel(), sparse.slice_size("tbl").unwrap()), (Some(3), Some(2), 1000));
+    assert_eq!(sparse.child("tbl").unwrap().len(), ids.len());
+    assert_eq!(sparse.dense("sparse_adamw_step").unwrap(), step);
+    assert_eq!(ck.tensor("dense.w").unwrap(), w);
+    assert_eq!(ck.value("extra/epoch").unwrap(), Value::Int(2));
+    // A RecIS-shaped state dict (how a RecIS checkpoint reads as one): parts as they are, io states dropped.
+    let shaped = Value::dict([
+        (
+            "sparse",
+            Value::dict([
+                ("tbl@id", Value::Tensor(Tensor::from_slice(&ids, &[5]).unwrap())),
+                ("tbl@embedding", Value::Tensor(emb)),
+            ]),
+        ),
+        ("model", Value::dict([("dense.w", Value::Tensor(w.clone()))])),
+        ("io_state_0", Value::dict([("pos", Value::Int(4))])),
+    ]);
+    let report = ckpt_recis::save(&shaped, &root.path().join("b"), &WriteOptions::default()).unwrap();
+    assert_eq!(report.dropped, ["io_state_0"]);
+    assert_eq!(RecisReader::open(&root.path().join("b")).unwrap().sparse().child("tbl").unwrap().len(), 5);
+    // What cannot be laid out is refused before anything is written.
+    let orphan = Value::dict([("tbl@embedding", Value::Tensor(Tensor::zeros(DType::F32, &[2, 2]).unwrap()))]);
+    let e = ckpt_recis::save(&orphan, &root.path().join("c"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(&e, Error::StateDict { reason } if reason.contains("no ids `tbl@id`")), "{e}");
+    let e = ckpt_recis::save(&Value::List(vec![]), &root.path().join("d"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(&e, Error::StateDict { reason } if reason.contains("top level is a list")), "{e}");
+    assert!(!root.path().join("c").exists() && !root.path().join("d").exists());
+}
+
+#[test]
+fn an_output_root_names_its_latest_checkpoint_everywhere() {
+    let root = tempfile::tempdir().unwrap();
+    let m = CheckpointManager::new(root.path()).with_max_keep(0);
+    let st = |step: i64| ShardState {
+        tables: vec![table("t", &[1, 2, step], full())],
+        model: Some(Value::dict([("step", Value::Int(step))])),
+        ..Default::default()
+    };
+    m.save(&st(10), "ckpt_10", &SingleProcess).unwrap();
+    m.save(&st(20), "ckpt_20", &SingleProcess).unwrap();
+    // One rule: a root names its latest listed checkpoint, a checkpoint directory itself.
+    assert_eq!(ckpt_recis::checkpoint_dir(root.path()).unwrap(), root.path().join("ckpt_20"));
+    assert_eq!(ckpt_recis::checkpoint_dir(&root.path().join("ckpt_10")).unwrap(), root.path().join("ckpt_10"));
+    let ck = RecisReader::open(root.path()).unwrap();
+    assert_eq!((ck.dir(), ck.value("step").unwrap()), (root.path().join("ckpt_20").as_path(), Value::Int(20)));
+    let dst = root.path().join("resharded");
+    reshard(root.path(), &dst, 2, &ReshardOptions::default()).unwrap();
+    assert_eq!(RecisReader::open(&dst).unwrap().value("step").unwrap(), Value::Int(20));
+    let report = ckpt_recis::verify(root.path()).unwrap();
+    assert!(report.is_ok());
+    assert_eq!((report.dir, report.torch_files.len()), (root.path().join("ckpt_20"), 1));
+    // An empty list names no checkpoint.
+    let empty = tempfile::tempdir().unwrap();
+    fs::write(empty.path().join("checkpoint"), "\n").unwrap();
+    assert!(matches!(RecisReader::open(empty.path()), Err(Error::NoCheckpoint { .. })));
+    assert!(matches!(ckpt_recis::verify(empty.path()), Err(Error::NoCheckpoint { .. })));
+}
+
+#[test]
+fn verify_names_a_flipped_record_of_model_pt() {
+    let dir = tempfile::tempdir().unwrap();
+    small(dir.path());
+    let w: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    ckpt_recis::write_model(dir.path(), &Value::dict([("w", Value::Tensor(Tensor::from_slice(&w, &[32]).unwrap()))]))
+        .unwrap();
+    assert!(ckpt_recis::verify(dir.path()).unwrap().is_ok());
+    let path = dir.path().join("model.pt");
+    let mut bytes = fs::read(&path).unwrap();
+    let at = bytes.windows(4).position(|x| x == 31.0f32.to_le_bytes()).unwrap();
+    bytes[at] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    let report = ckpt_recis::verify(dir.path()).unwrap();
+    assert!(!report.is_ok());
+    assert_eq!(report.torch_files[0].problems[0].0, "model/data/0");
+}

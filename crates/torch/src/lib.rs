@@ -4,7 +4,8 @@
 //! Reading maps the file and hands out tensors that are windows of the map (zero copy); storages shared by
 //! several tensors are read once. Writing reproduces `torch.save`'s exact layout for torch 2.13+ (record
 //! order, 64-byte aligned data, data descriptors, zip64 end records, CRC-32) with a protocol-2 pickle that
-//! `torch.load(weights_only=True)` accepts, streaming tensor bytes straight from memory.
+//! `torch.load(weights_only=True)` accepts, streaming tensor bytes straight from memory. [`verify`] checks
+//! every record's CRC-32 (torch never does).
 //!
 //! Open, read a tensor, save:
 //!
@@ -44,10 +45,12 @@ mod error;
 mod legacy;
 mod read;
 mod rebuild;
+mod verify;
 mod write;
 pub mod zip;
 
 pub use detect::{Container, detect};
 pub use error::{Error, Result};
 pub use read::{ReadOptions, TorchReader, load};
+pub use verify::{VerifyReport, verify};
 pub use write::{WriteOptions, prefix_for_path, save, save_to_writer};

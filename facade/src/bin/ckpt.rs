@@ -480,13 +480,6 @@ fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool) -> ckpt::Result<bool
     Ok(true)
 }
 
-/// `rel` as PBG resolves it (against the working directory), else against `base`.
-#[cfg(feature = "pbg")]
-fn resolve(rel: &str, base: &Path) -> PathBuf {
-    let p = PathBuf::from(rel);
-    if p.is_absolute() || p.exists() { p } else { base.join(p) }
-}
-
 #[cfg(not(feature = "pbg"))]
 fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> {
     Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
@@ -498,24 +491,14 @@ fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Pat
         let path = path.to_path_buf();
         move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
     };
-    let (config_file, checkpoint_dir) = if config.is_dir() {
-        (config.join(ckpt::pbg::CONFIG_FILE), Some(config.to_path_buf()))
-    } else {
-        (config.to_path_buf(), None)
-    };
-    let cfg = ckpt::pbg::Config::read(&config_file).map_err(pbg(&config_file))?;
-    let base = config_file.parent().unwrap_or(Path::new(".")).to_path_buf();
-    // A checkpoint's own config.json names paths relative to where training ran: its parent directory.
-    let base = if checkpoint_dir.is_some() { base.parent().unwrap_or(Path::new(".")).to_path_buf() } else { base };
-    let checkpoint_dir = match checkpoint_dir {
-        Some(d) => d,
-        None => resolve(cfg.checkpoint_path().unwrap_or("."), &base),
-    };
-    let entity_path = resolve(cfg.entity_path().unwrap_or("."), &base);
+    let located = ckpt::pbg::ConfigFile::locate(config).map_err(pbg(config))?;
+    let cfg = located.config();
+    let checkpoint_dir = located.checkpoint_dir();
+    let entity_path = located.entity_path().unwrap_or_else(|| located.resolve("."));
     let pb = spinner(quiet, "exporting");
     let result = ckpt::pbg::PbgReader::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
         let entities = ckpt::pbg::EntityStorage::new(&entity_path);
-        ckpt::pbg::export_tsv(&ck, &cfg, &entities, entities_output, relation_types_output)
+        ckpt::pbg::export_tsv(&ck, cfg, &entities, entities_output, relation_types_output)
             .map_err(pbg(&checkpoint_dir))
             .map(|()| ck.version())
     });

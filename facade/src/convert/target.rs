@@ -128,9 +128,7 @@ fn top_mapping(content: &Content, from: Format, to: Format) -> Result<&Dict> {
 
 #[cfg(feature = "distcp")]
 fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    use std::collections::HashMap;
-
-    use ckpt_distcp::{Profile, ShardSpec, WriteOptions, shard_box};
+    use ckpt_distcp::{Profile, WriteOptions};
 
     top_mapping(content, from, Format::Distcp)?;
     let profile = match options.dcp_profile {
@@ -159,90 +157,23 @@ fn distcp(content: &Content, from: Format, dst: &Path, options: &ConvertOptions)
             None => s.values += 1,
         }
     }
-    let world = options.world_size;
-    if world == 1 {
-        let kept;
-        let tree = if s.dropped.is_empty() {
-            &content.tree
-        } else {
-            kept = ckpt_core::unflatten(flat.iter().map(|(_, p, v)| (p.clone(), v.clone()))).at(dst)?;
-            &kept
-        };
-        ckpt_distcp::save(tree, dst, &write).at(dst)?;
-        return Ok(s);
-    }
-    // Tensors with at least `world` rows are split on dimension 0; everything else is replicated.
-    let sharded = |v: &Value| v.as_tensor().filter(|t| t.shape().first().is_some_and(|&rows| rows >= world)).cloned();
-    let shards: HashMap<&str, Vec<usize>> =
-        flat.iter().filter_map(|(k, _, v)| sharded(v).map(|t| (k.as_str(), t.shape().to_vec()))).collect();
-    let rank_state = |rank: usize| -> Result<(Value, HashMap<String, ShardSpec>)> {
-        let mut specs = HashMap::new();
-        let mut leaves = Vec::with_capacity(flat.len());
-        for (k, path, v) in &flat {
-            let value = match (shards.get(k.as_str()), v.as_tensor()) {
-                (Some(global), Some(t)) => {
-                    let (off, len) = shard_box(global, 0, rank, world);
-                    let (start, rows) = (off.first().copied().unwrap_or(0), len.first().copied().unwrap_or(0));
-                    specs.insert(k.clone(), ShardSpec::new(global, &off));
-                    Value::Tensor(t.narrow(0, start, rows).at(dst)?.with_requires_grad(t.requires_grad()))
-                }
-                _ => v.clone(),
-            };
-            leaves.push((path.clone(), value));
-        }
-        Ok((ckpt_core::unflatten(leaves).at(dst)?, specs))
+    let kept;
+    let tree = if s.dropped.is_empty() {
+        &content.tree
+    } else {
+        kept = ckpt_core::unflatten(flat.iter().map(|(_, p, v)| (p.clone(), v.clone()))).at(dst)?;
+        &kept
     };
-    // Rank states are views (narrowed tensors): building them all first costs no tensor data, and a failure
-    // leaves nothing written.
-    let ranks = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
-    ckpt_distcp::save_ranks(&ranks, dst, &write).at(dst)?;
+    ckpt_distcp::save_sharded(tree, dst, options.world_size, &write).at(dst)?;
     Ok(s)
 }
 
 #[cfg(feature = "hfai")]
 fn hfai(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    use ckpt_hfai::{ModelState, SaveState, WriteOptions};
+    use ckpt_hfai::{SaveState, WriteOptions};
 
     let top = top_mapping(content, from, Format::Hfai)?;
-    let as_optimizer = |v: &Value| {
-        v.as_dict()
-            .is_some_and(|d| d.get("state").is_some_and(|s| s.as_dict().is_some()) && d.get("param_groups").is_some())
-    };
-    let models: Vec<&Dict> = match top.get("model") {
-        Some(Value::Dict(d)) => vec![d],
-        Some(Value::List(items)) if !items.is_empty() => {
-            let dicts: Vec<&Dict> = items.iter().filter_map(Value::as_dict).collect();
-            if dicts.len() == items.len() { dicts } else { Vec::new() }
-        }
-        _ => Vec::new(),
-    };
-    let mut state = SaveState::default();
-    let mut dropped_top = None;
-    if models.is_empty() {
-        let mut model = top.clone();
-        model.kind = DictKind::OrderedDict;
-        state = state.with_model(ModelState::new(model));
-    } else {
-        for m in models {
-            state = state.with_model(ModelState::new(m.clone()));
-        }
-        for (k, v) in &top.items {
-            match k.as_str() {
-                // hfai's own header: written again by the writer.
-                Some("model" | "__nshards__" | "__version__") => {}
-                Some("optimizer") if as_optimizer(v) => state = state.with_optimizer(v.clone()),
-                Some("optimizer") if v.as_sequence().is_some_and(|s| s.iter().all(as_optimizer)) => {
-                    for o in v.as_sequence().unwrap_or_default() {
-                        state = state.with_optimizer(o.clone());
-                    }
-                }
-                // Not an optimizer state dict (a safetensors file keeps tensors only, so `param_groups` is
-                // gone), and the key is hfai's: reported as dropped.
-                Some("optimizer") => dropped_top = Some("optimizer"),
-                _ => state = state.with_other(k.clone(), v.clone()),
-            }
-        }
-    }
+    let (state, dropped_keys) = SaveState::from_state_dict(top);
     let mut write = WriteOptions::default().with_nshards(options.world_size);
     if let Some(large) = options.hfai_large_size {
         write = write.with_large_size(large);
@@ -251,7 +182,7 @@ fn hfai(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content
         .leaves
         .iter()
-        .partition(|l| dropped_top.is_some_and(|k| matches!(l.path.first(), Some(PathItem::Key(p)) if p == k)));
+        .partition(|l| matches!(l.path.first(), Some(PathItem::Key(p)) if dropped_keys.contains(p)));
     let mut s = count(kept);
     s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
     Ok(s)
