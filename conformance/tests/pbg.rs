@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{CheckpointRead, DType, Tensor, leaves};
+use ckpt_core::{CheckpointRead, DType, Tensor, Value, leaves};
 use ckpt_pbg::{
     AttrValue, Config, EntityPartition, EntityStorage, Error, FileCheckpointStorage, Iteration, Metadata, Model,
     ModelParameter, OptimizerState, PbgReader, WriteOptions, export_safetensors, export_tsv, read_model_file,
@@ -322,11 +322,12 @@ fn safetensors_export_holds_every_tensor() {
     for (name, t) in &tensors {
         assert_eq!(st.get(name).unwrap_or_else(|| panic!("{name} missing")), t, "{name}");
     }
-    let meta = st.metadata.unwrap();
-    assert_eq!(meta["version"], "4");
-    assert_eq!(meta["format"], "pbg");
-    assert!(meta["config"].contains("\"num_partitions\": 2"));
-    assert!(meta["optimizer/model/param_groups.0.lr"].starts_with("0.05"));
+    // ckpt's one safetensors convention: `format` = `pt`, the source format, the values in `ckpt.values`.
+    let meta = st.metadata.as_ref().unwrap();
+    assert_eq!((meta["format"].as_str(), meta["ckpt.source"].as_str()), ("pt", "pbg"));
+    assert_eq!(st.value("version").unwrap(), Value::Int(4));
+    assert!(st.value("config").unwrap().as_str().unwrap().contains("\"num_partitions\": 2"));
+    assert!(st.value("optimizer/model/param_groups.0.lr").unwrap().as_f64().unwrap().to_string().starts_with("0.05"));
 }
 
 fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32) -> Tensor {

@@ -23,7 +23,7 @@
 //! let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
 //! ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 //! let ck = ckpt::open(&path).unwrap();
-//! assert_eq!(ck.format(), ckpt::Format::Torch);
+//! assert_eq!(ck.format().name(), "torch");
 //! assert_eq!(ck.entries()[0].name, "w");
 //! assert_eq!(ck.tensor("w").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
 //! ```
@@ -32,83 +32,32 @@
 //! Checkpoints are untrusted input. No reader executes pickle code; every size read from a file is checked
 //! before it is used; a panic on malformed input is a bug.
 
+//! # Layout
+//! The facade glues; what a format is lives in its crate. `formats.rs` is the registry: every [`Format`],
+//! how it is recognised, and the adaptor (`formats/<format>.rs`, one per format, behind its feature) through
+//! which [`open`], [`convert`], [`verify`] and [`reshard`] reach the format crate.
+
+mod adaptor;
 mod convert;
 mod diff;
 mod error;
-mod format;
+mod formats;
 mod reshard;
-#[cfg(feature = "safetensors")]
-mod safetensors_records;
 mod verify;
 
 use std::path::{Path, PathBuf};
 
-use error::At;
-
-pub use ckpt_core as core;
-pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value};
-#[cfg(feature = "distcp")]
-pub use ckpt_distcp as distcp;
-#[cfg(feature = "hfai")]
-pub use ckpt_hfai as hfai;
-#[cfg(feature = "pbg")]
-pub use ckpt_pbg as pbg;
-#[cfg(feature = "recis")]
-pub use ckpt_recis as recis;
-#[cfg(feature = "torch")]
-pub use ckpt_torch as torch;
-pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, unsupported_reason};
+pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
+pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
-pub use format::{Format, detect};
+pub use formats::crates::*;
+pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
 pub use reshard::{ReshardSummary, reshard, reshard_formats};
 pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 
-#[cfg(feature = "torch")]
-impl error::Cause for ckpt_torch::Error {
-    fn at(self, path: &Path) -> Error {
-        error::Cause::at(ckpt_core::Error::from(self), path)
-    }
-}
-
-#[cfg(feature = "distcp")]
-impl error::Cause for ckpt_distcp::Error {
-    fn at(self, path: &Path) -> Error {
-        error::Cause::at(ckpt_core::Error::from(self), path)
-    }
-}
-
-#[cfg(feature = "hfai")]
-impl error::Cause for ckpt_hfai::Error {
-    fn at(self, path: &Path) -> Error {
-        error::Cause::at(ckpt_core::Error::from(self), path)
-    }
-}
-
-#[cfg(feature = "pbg")]
-impl error::Cause for ckpt_pbg::Error {
-    fn at(self, path: &Path) -> Error {
-        error::Cause::at(ckpt_core::Error::from(self), path)
-    }
-}
-
-#[cfg(feature = "recis")]
-impl error::Cause for ckpt_recis::Error {
-    fn at(self, path: &Path) -> Error {
-        error::Cause::at(ckpt_core::Error::from(self), path)
-    }
-}
-
-/// A format's reader, type-erased but downcastable to the format crate's concrete type.
-trait Reader: CheckpointRead + Send + Sync {
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+use adaptor::Reader;
+use error::At;
 
 /// An open checkpoint of any format.
 pub struct Checkpoint {
@@ -118,6 +67,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    pub(crate) fn new(format: Format, path: &Path, inner: Box<dyn Reader>) -> Self {
+        Checkpoint { format, path: path.to_path_buf(), inner }
+    }
+
     /// The detected format.
     pub fn format(&self) -> Format {
         self.format
@@ -171,53 +124,6 @@ impl Checkpoint {
     }
 }
 
-/// A safetensors file as a [`CheckpointRead`]: its tensors, and the values ckpt recorded in `ckpt.values`
-/// (see `safetensors_records`).
-#[cfg(feature = "safetensors")]
-struct SafetensorsReader {
-    file: ckpt_core::safetensors::SafetensorsFile,
-    values: Vec<(String, Value)>,
-}
-
-#[cfg(feature = "safetensors")]
-impl SafetensorsReader {
-    fn new(file: ckpt_core::safetensors::SafetensorsFile) -> Self {
-        let values = safetensors_records::Records::of(&file).values;
-        SafetensorsReader { file, values }
-    }
-}
-
-#[cfg(feature = "safetensors")]
-impl CheckpointRead for SafetensorsReader {
-    fn format_name(&self) -> &'static str {
-        "safetensors"
-    }
-    fn entries(&self) -> Vec<Entry> {
-        let tensors = self.file.tensors.iter().map(|(n, t)| Entry {
-            name: n.clone(),
-            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
-        });
-        let values = self.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: ckpt_core::entry_kind(v) });
-        tensors.chain(values).collect()
-    }
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        self.file
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}")))
-    }
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        if let Some(t) = self.file.get(name) {
-            return Ok(Value::Tensor(t.clone()));
-        }
-        self.values
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}")))
-    }
-}
-
 /// Opens a checkpoint of any enabled format, detecting it from the path's contents.
 ///
 /// # Errors
@@ -233,23 +139,6 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 /// # Errors
 /// As [`open`].
 pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
-    let disabled = || Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() };
-    let inner: Box<dyn Reader> = match format {
-        #[cfg(feature = "torch")]
-        Format::Torch => Box::new(ckpt_torch::TorchReader::open(path).at(path)?),
-        #[cfg(feature = "safetensors")]
-        Format::Safetensors => Box::new(SafetensorsReader::new(ckpt_core::safetensors::read_file(path).at(path)?)),
-        #[cfg(feature = "distcp")]
-        Format::Distcp => Box::new(ckpt_distcp::DcpReader::open(path).at(path)?),
-        #[cfg(feature = "hfai")]
-        Format::Hfai => Box::new(ckpt_hfai::HfaiReader::open(path).at(path)?),
-        #[cfg(feature = "pbg")]
-        Format::Pbg => Box::new(ckpt_pbg::PbgReader::open(path).at(path)?),
-        #[cfg(feature = "recis")]
-        Format::Recis => Box::new(ckpt_recis::RecisReader::open(path).at(path)?),
-        // Reached only in builds without some format's feature.
-        #[allow(unreachable_patterns)]
-        _ => return Err(disabled()),
-    };
-    Ok(Checkpoint { format, path: path.to_path_buf(), inner })
+    let inner = formats::adaptor(format, path)?.open(path)?;
+    Ok(Checkpoint::new(format, path, inner))
 }
