@@ -70,8 +70,9 @@ use crate::adaptor::Source;
 use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
 
-/// The `.metadata` layout of distcp targets.
+/// The `.metadata` layout of distcp targets (`ckpt convert --dcp-profile`: `max-compat`, `torch213`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum DcpProfile {
     /// Loads in every torch from 2.0 to 2.15 (the default).

@@ -391,3 +391,33 @@ fn cat_prints_values_too() {
     let (code, out, _) = run(&[&"cat", &pbg, &"version"]);
     assert_eq!((code, out.as_str()), (0, "4\n"));
 }
+
+#[test]
+fn help_lists_formats_and_profiles_from_the_library() {
+    let (code, out, _) = run(&[&"convert", &"--help"]);
+    assert_eq!(code, 0);
+    for f in Format::ALL {
+        assert!(out.contains(&format!("- {}:", f.name())) && out.contains(f.about()), "{f}: {out}");
+    }
+    let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+    assert!(out.contains(&format!("Formats: {}.", names.join(", "))), "{out}");
+    assert!(out.contains("max-compat") && out.contains("torch213"), "{out}");
+    let (_, out, _) = run(&[&"reshard", &"--help"]);
+    for f in ckpt::reshard_formats() {
+        assert!(out.lines().next().unwrap().contains(f.name()), "{out}");
+    }
+    // The profile is parsed by clap: an unknown one is a usage error, a known one is taken.
+    let src = fixtures().join("torch/checkpoint.pt");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("dcp");
+    assert_eq!(run(&[&"convert", &src, &dst, &"--to", &"distcp", &"--dcp-profile", &"torch999"]).0, 2);
+    let (code, out, err) = run(&[&"convert", &src, &dst, &"--to", &"distcp", &"--dcp-profile", &"torch213"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // torch 2.13's layout records a save id (storage_meta); the maximum-compatibility one does not.
+    let details = ckpt::open(&dst).unwrap().reader().details();
+    assert!(details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
+    let compat = tmp.path().join("compat");
+    assert_eq!(run(&[&"convert", &src, &compat, &"--to", &"distcp"]).0, 0);
+    let details = ckpt::open(&compat).unwrap().reader().details();
+    assert!(!details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
+}
