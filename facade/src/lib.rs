@@ -59,6 +59,12 @@ pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 use adaptor::Reader;
 use error::At;
 
+/// The repository README's Rust examples, compiled and run as doctests (`cargo test --doc -p ckpt --features
+/// full`) so they cannot drift from the API.
+#[cfg(all(doctest, feature = "full"))]
+#[doc = include_str!("../../README.md")]
+mod readme {}
+
 /// An open checkpoint of any format.
 pub struct Checkpoint {
     format: Format,
