@@ -198,7 +198,7 @@ pub struct ConvertSummary {
 /// ]);
 /// ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
 ///
-/// // Formats by name, as on the command line (or `ckpt::Format::Safetensors`).
+/// // Formats by name, as on the command line (`ckpt::Format` has a variant for each).
 /// let st = dir.path().join("m.safetensors");
 /// let summary = ckpt::convert(&pt, None, &st, "safetensors".parse()?, &ConvertOptions::default())?;
 /// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 1)); // `epoch` in `ckpt.values`

@@ -31,7 +31,12 @@
 //! # Security
 //! Checkpoints are untrusted input. No reader executes pickle code; every size read from a file is checked
 //! before it is used; a panic on malformed input is a bug.
-
+//!
+//! # Errors
+//! [`Error`] says what went wrong and where, [`Error::fault`] who is at fault (the file, the library, a
+//! limit, the operating system, the caller), and a format crate's own error stays the source, for
+//! `downcast_ref::<ckpt::torch::Error>()` and the like.
+//!
 //! # Layout
 //! The facade glues; what a format is lives in its crate. `formats.rs` is the registry: every [`Format`],
 //! how it is recognised, and the adaptor (`formats/<format>.rs`, one per format, behind its feature) through

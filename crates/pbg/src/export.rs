@@ -319,7 +319,7 @@ pub fn export_safetensors(checkpoint: &PbgReader, path: &Path) -> Result<Vec<Str
     let report = safetensors::metadata::save_entries(
         entries.iter().zip(&paths).map(|((name, value), p)| (name.as_str(), p.as_slice(), value)),
         path,
-        "pbg",
+        &safetensors::metadata::WriteOptions::default().with_source("pbg"),
     )?;
     Ok(report.dropped)
 }

@@ -40,7 +40,8 @@ impl Adaptor for Safetensors {
     fn write(&self, source: &Source<'_>, dst: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let report = metadata::save_entries(leaves, dst, source.format.name()).at(dst)?;
+        let options = metadata::WriteOptions::default().with_source(source.format.name());
+        let report = metadata::save_entries(leaves, dst, &options).at(dst)?;
         Ok(ConvertSummary {
             tensors: report.tensors,
             bytes: report.bytes,

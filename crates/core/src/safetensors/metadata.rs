@@ -6,7 +6,7 @@
 //! | key | value |
 //! |---|---|
 //! | `format` | `pt`, what Hugging Face loaders expect |
-//! | `ckpt.source` | the format the checkpoint was converted from (`torch`, `distcp`, `pbg`, ...) |
+//! | `ckpt.source` | the format the checkpoint was converted from (`torch`, `distcp`, `pbg`, ...), when known |
 //! | `ckpt.paths` | when the source was nested: a JSON object from each entry name to its path in the nested state dict (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list indices) |
 //! | `ckpt.values` | a JSON object from name to value, for the non-tensor entries JSON holds exactly: `None`, `bool`, `int` (within i64), finite `float` (always written with a fraction or exponent, so it reads back as a float) and `str` |
 //!
@@ -20,7 +20,8 @@
 //! let path = dir.path().join("m.safetensors");
 //! let w = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
 //! let sd = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3)), ("raw", Value::Bytes(vec![1]))]);
-//! let report = metadata::save(&sd, &path, "torch").unwrap();
+//! let options = metadata::WriteOptions::default().with_source("torch");
+//! let report = metadata::save(&sd, &path, &options).unwrap();
 //! assert_eq!((report.tensors, report.values, report.dropped.clone()), (1, 1, vec!["raw".to_owned()]));
 //!
 //! let back = safetensors::SafetensorsReader::open(&path).unwrap();
@@ -91,15 +92,15 @@ fn value_from_json(json: &serde_json::Value) -> Option<Value> {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Metadata {
-    source: String,
+    source: Option<String>,
     paths: Vec<(String, Vec<PathItem>)>,
     values: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Metadata {
-    /// The metadata of a conversion from format `source`.
+    /// The metadata of a conversion from format `source` (without one, [`Metadata::default`]).
     pub fn new(source: &str) -> Self {
-        Metadata { source: source.to_owned(), ..Metadata::default() }
+        Metadata { source: Some(source.to_owned()), ..Metadata::default() }
     }
 
     /// Records the path of entry `name` (every entry written, tensor or value).
@@ -118,11 +119,13 @@ impl Metadata {
         }
     }
 
-    /// The `__metadata__` map: `format`, `ckpt.source`, and `ckpt.paths` (unless every path is just its
-    /// name) and `ckpt.values` (unless there are none).
+    /// The `__metadata__` map: `format`, `ckpt.source` (when known), and `ckpt.paths` (unless every path is
+    /// just its name) and `ckpt.values` (unless there are none).
     pub fn into_map(self) -> HashMap<String, String> {
-        let mut map =
-            HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned()), (SOURCE_KEY.to_owned(), self.source)]);
+        let mut map = HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]);
+        if let Some(source) = self.source {
+            map.insert(SOURCE_KEY.to_owned(), source);
+        }
         let nested = self.paths.iter().any(|(name, path)| !matches!(path.as_slice(), [PathItem::Key(k)] if k == name));
         if nested {
             let paths: serde_json::Map<String, serde_json::Value> = self
@@ -206,6 +209,23 @@ fn parse_paths(text: &str) -> Option<HashMap<String, Vec<PathItem>>> {
     Some(out)
 }
 
+/// Options of [`save`] and [`save_entries`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteOptions {
+    /// The format the checkpoint is converted from (`ckpt.source`), when known.
+    pub source: Option<String>,
+}
+
+impl WriteOptions {
+    /// These options recording `source` as the format converted from.
+    #[must_use]
+    pub fn with_source(mut self, source: &str) -> Self {
+        self.source = Some(source.to_owned());
+        self
+    }
+}
+
 /// What [`save_entries`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -222,7 +242,7 @@ pub struct SaveReport {
 }
 
 /// Writes `entries` (name, path in the nested state dict, value) as one safetensors file at `path`
-/// (atomically), converted from format `source`, following the convention: tensors of dtypes safetensors
+/// (atomically), following the convention: tensors of dtypes safetensors
 /// has under their names, values JSON holds exactly in `ckpt.values`, the paths in `ckpt.paths`; every
 /// other entry is listed in [`SaveReport::dropped`], never silently lost.
 ///
@@ -231,10 +251,10 @@ pub struct SaveReport {
 pub fn save_entries<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     path: &Path,
-    source: &str,
+    options: &WriteOptions,
 ) -> Result<SaveReport> {
     let mut report = SaveReport::default();
-    let mut metadata = Metadata::new(source);
+    let mut metadata = Metadata { source: options.source.clone(), ..Metadata::default() };
     let mut tensors = Vec::new();
     for (name, item_path, value) in entries {
         let kept = match value.as_tensor() {
@@ -262,13 +282,13 @@ pub fn save_entries<'a>(
 }
 
 /// Writes the state dict `value` as one safetensors file at `path`: [`save_entries`] of its leaves (every
-/// mapping, list and tuple descended into, names joined with `.`), converted from format `source`.
+/// mapping, list and tuple descended into, names joined with `.`).
 ///
 /// # Errors
 /// As [`save_entries`]; [`crate::Error::InvalidArgument`] for keys that cannot name a leaf.
-pub fn save(value: &Value, path: &Path, source: &str) -> Result<SaveReport> {
+pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<SaveReport> {
     let leaves = leaves(value)?;
-    save_entries(leaves.iter().map(|l| (l.key.as_str(), l.path.as_slice(), l.value)), path, source)
+    save_entries(leaves.iter().map(|l| (l.key.as_str(), l.path.as_slice(), l.value)), path, options)
 }
 
 #[cfg(test)]
