@@ -196,7 +196,7 @@ pub fn save_distributed(
 ///
 /// # Errors
 /// The root cause when a rank fails (a rank's own error, not the [`Error::RankFailed`] the other ranks
-/// report); [`Error::InvalidArgument`] for no ranks or a panicking rank.
+/// report); [`Error::Core`] with an invalid argument for no ranks or a panicking rank.
 pub fn save_ranks(
     ranks: &[(Value, HashMap<String, ShardSpec>)],
     dir: &Path,
