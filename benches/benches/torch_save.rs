@@ -15,14 +15,14 @@ fn bench(c: &mut Criterion) {
     for (label, size) in [("16MiB", 16usize << 20), ("256MiB", 256 << 20)] {
         let sd = ckpt_benches::model_state_dict(size).unwrap();
         let path = dir.path().join(format!("model_{label}.pt"));
-        ckpt_torch::save(&sd, &path).unwrap();
+        ckpt_torch::save(&sd, &path, &ckpt_torch::WriteOptions::default()).unwrap();
         let bytes = std::fs::metadata(&path).unwrap().len();
         let mut g = c.benchmark_group("torch");
         g.throughput(Throughput::Bytes(bytes));
         g.sample_size(10);
         g.bench_function(format!("read/{label}"), |b| {
             b.iter(|| {
-                let f = ckpt_torch::TorchFile::open(&path).unwrap();
+                let f = ckpt_torch::TorchReader::open(&path).unwrap();
                 let mut sum = 0u64;
                 for e in f.entries() {
                     if let EntryKind::Tensor(_) = e.kind {
@@ -36,7 +36,7 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_function(format!("write/{label}"), |b| {
             let out = dir.path().join(format!("out_{label}.pt"));
-            b.iter(|| ckpt_torch::save(black_box(&sd), &out).unwrap());
+            b.iter(|| ckpt_torch::save(black_box(&sd), &out, &ckpt_torch::WriteOptions::default()).unwrap());
         });
         g.finish();
     }

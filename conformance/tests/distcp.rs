@@ -342,13 +342,13 @@ fn torch213_profile_reproduces_torch_bytes() {
         ("s_mixed", WriteOptions::default()),
         ("s_dtypes", WriteOptions::default()),
         ("s_optim", WriteOptions::default()),
-        ("s_perfile", WriteOptions::default().file_per_item()),
-        ("s_multi", WriteOptions::default().thread_count(3)),
+        ("s_perfile", WriteOptions::default().with_single_file_per_rank(false)),
+        ("s_multi", WriteOptions::default().with_thread_count(3)),
     ] {
         let src = t213(case);
         let sd = open(&src).state_dict().unwrap();
         let dst = out.path().join(case);
-        let options = options.profile(Profile::Torch213).storage_meta(&save_id_of(&src), case);
+        let options = options.with_profile(Profile::Torch213).with_storage_meta(&save_id_of(&src), case);
         save(&sd, &dst, &options).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(files_of(&dst), files_of(&src), "{case}: files");
         for name in files_of(&src) {
@@ -443,7 +443,8 @@ fn multi_rank_writer_matches_torch_213() {
     for (case, world) in [("m2", 2), ("m3", 3)] {
         let src = t213(case);
         let dst = out.path().join(case);
-        let options = WriteOptions::default().profile(Profile::Torch213).storage_meta(&save_id_of(&src), case);
+        let options =
+            WriteOptions::default().with_profile(Profile::Torch213).with_storage_meta(&save_id_of(&src), case);
         let written = save_ranks(case, world, &dst, &options);
         let theirs = open(&src).metadata().clone();
         assert_eq!(written, theirs, "{case}: metadata differs from torch's");
@@ -667,12 +668,12 @@ fn python_round_trips() {
 
     let rich = rich_state_dict();
     let rich_pt = t.join("rich.pt");
-    ckpt_torch::save(&rich, &rich_pt).unwrap();
+    ckpt_torch::save(&rich, &rich_pt, &ckpt_torch::WriteOptions::default()).unwrap();
     for (name, options) in [
         ("rich-maxcompat", WriteOptions::default()),
-        ("rich-213", WriteOptions::default().profile(Profile::Torch213)),
-        ("rich-maxcompat-3files", WriteOptions::default().thread_count(3)),
-        ("rich-213-perfile", WriteOptions::default().profile(Profile::Torch213).file_per_item()),
+        ("rich-213", WriteOptions::default().with_profile(Profile::Torch213)),
+        ("rich-maxcompat-3files", WriteOptions::default().with_thread_count(3)),
+        ("rich-213-perfile", WriteOptions::default().with_profile(Profile::Torch213).with_single_file_per_rank(false)),
     ] {
         let dir = t.join(name);
         save(&rich, &dir, &options).unwrap();
@@ -682,10 +683,10 @@ fn python_round_trips() {
 
     let (global, _) = sharded_global();
     let global_pt = t.join("global.pt");
-    ckpt_torch::save(&global, &global_pt).unwrap();
+    ckpt_torch::save(&global, &global_pt, &ckpt_torch::WriteOptions::default()).unwrap();
     for (name, options) in [
         ("multi3-maxcompat", WriteOptions::default()),
-        ("multi3-213", WriteOptions::default().profile(Profile::Torch213)),
+        ("multi3-213", WriteOptions::default().with_profile(Profile::Torch213)),
     ] {
         let dir = t.join(name);
         save_sharded(&dir, 3, &options);
@@ -731,7 +732,7 @@ fn python_round_trips() {
             .map(|e| (e.name.clone(), Value::Tensor(open(&t213(case)).read_tensor(&e.name).unwrap())))
             .collect();
         let flat_pt = t.join(format!("{case}-flat.pt"));
-        ckpt_torch::save(&Value::dict(flat.clone()), &flat_pt).unwrap();
+        ckpt_torch::save(&Value::dict(flat.clone()), &flat_pt, &ckpt_torch::WriteOptions::default()).unwrap();
         job(
             serde_json::json!({"kind": "hf_load", "name": format!("HuggingFaceStorageReader {case}"), "dir": s(&hf), "expected": s(&flat_pt)}),
         );

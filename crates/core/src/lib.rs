@@ -35,7 +35,7 @@ pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
 pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
-pub use error::{Error, Result};
+pub use error::{Error, Fault, Result};
 pub use flatten::{
     FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
 };

@@ -1,4 +1,7 @@
-//! Import and export of `.safetensors` files through the `safetensors` crate, zero copy on read.
+//! Import and export of `.safetensors` files through the `safetensors` crate, zero copy on read; what ckpt
+//! records in their `__metadata__` is in [`metadata`].
+
+pub mod metadata;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -6,20 +9,38 @@ use std::path::Path;
 
 use crate::atomic::write_atomic_path;
 use crate::buffer::Buffer;
+use crate::checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::value::Value;
+use metadata::Records;
 
-/// The contents of a safetensors file: tensors in file order and the `__metadata__` string map.
+/// A safetensors file, read: tensors in file order and the `__metadata__` string map, and, behind
+/// [`CheckpointRead`], the entries ckpt recorded ([`metadata`]): the tensors, then the `ckpt.values` values.
 #[derive(Debug, Clone)]
-pub struct SafetensorsFile {
+pub struct SafetensorsReader {
     /// Tensors in the order of their data in the file; each is a zero-copy window of the file's buffer.
     pub tensors: Vec<(String, Tensor)>,
     /// The `__metadata__` map, if the file has one.
     pub metadata: Option<HashMap<String, String>>,
+    records: Records,
 }
 
-impl SafetensorsFile {
+impl SafetensorsReader {
+    /// Maps and reads the file at `path` ([`read_file`]).
+    ///
+    /// # Errors
+    /// As [`read`], plus [`Error::Io`] naming the path.
+    pub fn open(path: &Path) -> Result<Self> {
+        read_file(path)
+    }
+
+    /// What ckpt recorded in the file's `__metadata__` (paths of nested entries, values).
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
@@ -32,7 +53,7 @@ impl SafetensorsFile {
 ///
 /// # Errors
 /// [`Error::SafeTensors`] for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
-pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
+pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
     let bytes = buffer.as_bytes();
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)?;
     let data_start =
@@ -49,14 +70,16 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
         let dtype = DType::from_safetensors(info.dtype)?;
         tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
     }
-    Ok(SafetensorsFile { tensors, metadata: meta.metadata().clone() })
+    let metadata = meta.metadata().clone();
+    let records = Records::read(metadata.as_ref(), |name| tensors.iter().any(|(n, _)| n == name));
+    Ok(SafetensorsReader { tensors, metadata, records })
 }
 
 /// Maps and parses a safetensors file.
 ///
 /// # Errors
 /// As [`read`], plus [`Error::Io`] naming the path.
-pub fn read_file(path: &Path) -> Result<SafetensorsFile> {
+pub fn read_file(path: &Path) -> Result<SafetensorsReader> {
     read(&Buffer::map_file(path)?)
 }
 
@@ -130,6 +153,37 @@ pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String,
     // serialize_to_file streams the header and then each tensor's bytes to the file, without building the
     // whole file in memory.
     write_atomic_path(path, |tmp| Ok(safetensors::serialize_to_file(views, metadata, tmp)?))
+}
+
+impl CheckpointRead for SafetensorsReader {
+    fn format_name(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        let tensors = self.tensors.iter().map(|(n, t)| Entry {
+            name: n.clone(),
+            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+        });
+        let values = self.records.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: entry_kind(v) });
+        tensors.chain(values).collect()
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.get(name).cloned().ok_or_else(|| Error::InvalidArgument(format!("no tensor named {name:?}")))
+    }
+
+    fn value(&self, name: &str) -> Result<Value> {
+        if let Some(t) = self.get(name) {
+            return Ok(Value::Tensor(t.clone()));
+        }
+        self.records
+            .values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, 
 use rayon::prelude::*;
 
 use crate::chunks::{self, DenseBuf, copy_box, intersect, is_empty};
-use crate::error::{Error, Result, to_core};
+use crate::error::{Error, Result};
 use crate::item::{self, DataFiles, safe_join};
 use crate::metadata::{Metadata, StorageInfo, StorageMetadata, TensorStorageMetadata};
 
@@ -26,12 +26,12 @@ pub struct ReadOptions {
     /// chunk size plus 64 MiB). Default 1 GiB.
     pub max_object_bytes: u64,
     /// Limits for the pickle decoder (`.metadata` and items).
-    pub pickle_limits: ckpt_pickle::Limits,
+    pub limits: ckpt_pickle::Limits,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, pickle_limits: Default::default() }
+        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, limits: Default::default() }
     }
 }
 
@@ -50,10 +50,22 @@ impl ReadOptions {
         self
     }
 
+    /// Sets [`ReadOptions::max_object_bytes`].
+    #[must_use]
+    pub fn with_max_object_bytes(mut self, bytes: u64) -> Self {
+        self.max_object_bytes = bytes;
+        self
+    }
+
+    /// Sets [`ReadOptions::limits`].
+    #[must_use]
+    pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     fn torch(&self) -> ckpt_torch::ReadOptions {
-        let mut o = ckpt_torch::ReadOptions::default().with_verify_crc(self.verify_crc);
-        o.limits = self.pickle_limits;
-        o
+        ckpt_torch::ReadOptions::default().with_verify_crc(self.verify_crc).with_limits(self.limits)
     }
 }
 
@@ -251,14 +263,14 @@ impl DcpReader {
         }
         let global = dir.join(".metadata");
         let (metadata, source) = if global.is_file() {
-            let (md, protocol) = read_metadata_file(&global, &options.pickle_limits)?;
+            let (md, protocol) = read_metadata_file(&global, &options.limits)?;
             (md, MetadataSource::Global { protocol })
         } else {
             let ranks = rank_metadata_files(dir)?;
             if !ranks.is_empty() {
                 let mut parts = Vec::with_capacity(ranks.len());
                 for (_, path) in &ranks {
-                    parts.push(read_metadata_file(path, &options.pickle_limits)?.0);
+                    parts.push(read_metadata_file(path, &options.limits)?.0);
                 }
                 (merge(parts)?, MetadataSource::PerRank { ranks: ranks.iter().map(|(r, _)| *r).collect() })
             } else if crate::hf::detect(dir) {
@@ -658,10 +670,10 @@ impl CheckpointRead for DcpReader {
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        self.read_tensor(name).map_err(to_core)
+        Ok(self.read_tensor(name)?)
     }
 
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        self.read_value(name).map_err(to_core)
+        Ok(self.read_value(name)?)
     }
 }

@@ -63,49 +63,57 @@ impl Default for WriteOptions {
 impl WriteOptions {
     /// Sets the profile.
     #[must_use]
-    pub fn profile(mut self, profile: Profile) -> Self {
+    pub fn with_profile(mut self, profile: Profile) -> Self {
         self.profile = profile;
         self
     }
 
-    /// One file per item (`single_file_per_rank=False`).
+    /// `true` (default): `thread_count` files per rank; `false`: one file per item
+    /// (`single_file_per_rank=False`).
     #[must_use]
-    pub fn file_per_item(mut self) -> Self {
-        self.single_file_per_rank = false;
+    pub fn with_single_file_per_rank(mut self, single: bool) -> Self {
+        self.single_file_per_rank = single;
         self
     }
 
     /// `n` data files per rank.
     #[must_use]
-    pub fn thread_count(mut self, n: usize) -> Self {
+    pub fn with_thread_count(mut self, n: usize) -> Self {
         self.thread_count = n;
         self
     }
 
     /// zstd-compressed items at `level`.
     #[must_use]
-    pub fn zstd(mut self, level: i32) -> Self {
+    pub fn with_zstd(mut self, level: i32) -> Self {
         self.zstd_level = Some(level);
         self
     }
 
     /// Sets `sync_files`.
     #[must_use]
-    pub fn sync_files(mut self, sync: bool) -> Self {
+    pub fn with_sync_files(mut self, sync: bool) -> Self {
         self.sync_files = sync;
         self
     }
 
     /// Sets `overwrite`.
     #[must_use]
-    pub fn overwrite(mut self, overwrite: bool) -> Self {
+    pub fn with_overwrite(mut self, overwrite: bool) -> Self {
         self.overwrite = overwrite;
+        self
+    }
+
+    /// Sets `dedup_to_lowest_rank`.
+    #[must_use]
+    pub fn with_dedup_to_lowest_rank(mut self, lowest: bool) -> Self {
+        self.dedup_to_lowest_rank = lowest;
         self
     }
 
     /// Sets the recorded save id and checkpoint id ([`Profile::Torch213`]).
     #[must_use]
-    pub fn storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
+    pub fn with_storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
         self.save_id = Some(save_id.to_owned());
         self.checkpoint_id = Some(checkpoint_id.to_owned());
         self
@@ -188,7 +196,7 @@ pub fn save_distributed(
 ///
 /// # Errors
 /// The root cause when a rank fails (a rank's own error, not the [`Error::RankFailed`] the other ranks
-/// report); [`Error::InvalidArgument`] for no ranks or a panicking rank.
+/// report); [`Error::Core`] with an invalid argument for no ranks or a panicking rank.
 pub fn save_ranks(
     ranks: &[(Value, HashMap<String, ShardSpec>)],
     dir: &Path,

@@ -24,9 +24,17 @@ pub struct ReadOptions {
 }
 
 impl ReadOptions {
-    /// Default options with CRC verification switched on or off.
+    /// These options with CRC verification switched on or off.
+    #[must_use]
     pub fn with_verify_crc(mut self, verify: bool) -> Self {
         self.verify_crc = verify;
+        self
+    }
+
+    /// These options with other limits for the pickle decoder.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
+        self.limits = limits;
         self
     }
 }
@@ -38,14 +46,14 @@ impl ReadOptions {
 ///
 /// ```no_run
 /// use ckpt_core::CheckpointRead;
-/// let f = ckpt_torch::TorchFile::open("model.pt".as_ref()).unwrap();
+/// let f = ckpt_torch::TorchReader::open("model.pt".as_ref()).unwrap();
 /// for e in f.entries() {
 ///     println!("{} {:?}", e.name, e.kind);
 /// }
 /// let w = f.tensor("layer.weight").unwrap();
 /// ```
 #[derive(Debug, Clone)]
-pub struct TorchFile {
+pub struct TorchReader {
     value: Value,
     container: Container,
     prefix: Option<String>,
@@ -53,7 +61,7 @@ pub struct TorchFile {
     records: Vec<String>,
 }
 
-impl TorchFile {
+impl TorchReader {
     /// Maps and reads a file with default options.
     ///
     /// # Errors
@@ -84,7 +92,13 @@ impl TorchFile {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
                 let value = legacy::read(buffer, options)?;
-                Ok(TorchFile { value, container: Container::Legacy, prefix: None, version: None, records: Vec::new() })
+                Ok(TorchReader {
+                    value,
+                    container: Container::Legacy,
+                    prefix: None,
+                    version: None,
+                    records: Vec::new(),
+                })
             }
         }
     }
@@ -132,7 +146,7 @@ impl TorchFile {
     }
 }
 
-impl CheckpointRead for TorchFile {
+impl CheckpointRead for TorchReader {
     fn format_name(&self) -> &'static str {
         "torch"
     }
@@ -162,32 +176,14 @@ impl CheckpointRead for TorchFile {
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        let v = self.get(name).map_err(to_core)?;
-        match v {
-            Value::OpaqueTensor { kind, .. } => {
-                Err(to_core(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }))
-            }
-            other => other.as_tensor().cloned().ok_or_else(|| to_core(Error::NoSuchTensor(name.to_owned()))),
+        match self.get(name)? {
+            Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
+            other => other.as_tensor().cloned().ok_or_else(|| Error::NoSuchTensor(name.to_owned()).into()),
         }
     }
 
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        self.get(name).cloned().map_err(to_core)
-    }
-}
-
-/// Maps a torch codec error into the core error, by fault.
-pub fn to_core(e: Error) -> ckpt_core::Error {
-    match e {
-        Error::Core(c) => c,
-        Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-        e @ (Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_)) => {
-            ckpt_core::Error::InvalidArgument(e.to_string())
-        }
-        e @ (Error::OpaqueTensor { .. } | Error::TarFormat | Error::PreviewFormat | Error::BigEndian { .. }) => {
-            ckpt_core::Error::Unsupported(e.to_string())
-        }
-        e => ckpt_core::Error::Malformed(e.to_string()),
+        Ok(self.get(name)?.clone())
     }
 }
 
@@ -247,7 +243,7 @@ impl StorageSource for ZipStorages<'_> {
     }
 }
 
-fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
+fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
     let bytes = buffer.as_bytes();
     let archive = Archive::parse(bytes)?;
     if archive.get("constants.pkl").is_some() {
@@ -278,7 +274,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
     let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
         .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
     let value = Rebuilder { source: &mut storages }.value(&pickled)?;
-    Ok(TorchFile {
+    Ok(TorchReader {
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -287,10 +283,10 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
     })
 }
 
-/// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchFile::open`]).
+/// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
 ///
 /// # Errors
-/// As [`TorchFile::open`].
+/// As [`TorchReader::open`].
 pub fn load(path: &Path) -> Result<Value> {
-    TorchFile::open(path).map(TorchFile::into_value)
+    TorchReader::open(path).map(TorchReader::into_value)
 }

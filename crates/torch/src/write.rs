@@ -82,24 +82,17 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 ///
 /// ```
 /// use ckpt_core::{Tensor, Value};
+/// use ckpt_torch::WriteOptions;
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("w.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-/// ckpt_torch::save(&sd, &path).unwrap();
+/// ckpt_torch::save(&sd, &path, &WriteOptions::default()).unwrap();
 /// assert_eq!(ckpt_torch::load(&path).unwrap(), sd);
 /// ```
 ///
 /// # Errors
 /// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path.
-pub fn save(value: &Value, path: &Path) -> Result<()> {
-    save_with(value, path, &WriteOptions::default())
-}
-
-/// [`save`] with options.
-///
-/// # Errors
-/// As [`save`].
-pub fn save_with(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
+pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
     let prefix = prefix_for_path(path)?;
     ckpt_core::atomic::write_atomic(path, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
         .map_err(|e: Error| e.at(path))
