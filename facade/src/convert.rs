@@ -11,15 +11,19 @@
 //! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
 //! | recis | ✓ ⁹ | ✓ ¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
 //!
-//! 1. safetensors holds tensors; ckpt keeps the non-tensor entries JSON holds exactly (`None`, bools, ints,
-//!    finite floats, strings) in `__metadata__` under `ckpt.values`, and lists every other entry (other
-//!    values, opaque tensors, dtypes safetensors lacks) in [`ConvertSummary::dropped`], never silently lost.
-//!    Tensor names are the source's entry names ([`crate::Checkpoint::entries`]). The file's `__metadata__`
-//!    holds `format = "pt"` (what Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source
-//!    was nested (a `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON
+//! 1. safetensors holds tensors; ckpt keeps every other entry losslessly in `__metadata__` under
+//!    `ckpt.values`, in a typed JSON encoding (tuples vs lists, dicts with their kind and key types, big ints,
+//!    NaN and infinities, bytes, `torch.Size`, dtypes, devices, parameters, opaque tensors, any pickled object;
+//!    the tensors a value holds are tensors of the file it names). Tensors of dtypes safetensors lacks are
+//!    stored as their bytes under a dtype it has, their real dtype recorded. Only what cannot be read at all
+//!    is listed in [`ConvertSummary::dropped`]. Tensor names are the source's entry names
+//!    ([`crate::Checkpoint::entries`]). The file's `__metadata__` holds `format = "pt"` (what Hugging Face
+//!    loaders expect), `ckpt.source = <format>`, and, when the source was nested (a `torch.save` dict of
+//!    dicts, a DCP state dict, an hfai checkpoint) or ordered otherwise than the file, `ckpt.paths`: a JSON
 //!    object from each entry name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys,
-//!    integers list indices), so that converting back rebuilds the nesting: ckpt's one safetensors convention
-//!    ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors files follows.
+//!    integers list indices), so that converting back rebuilds the nesting and the order: ckpt's one
+//!    safetensors convention ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors
+//!    files follows.
 //! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
 //!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
 //!    would write it: every tensor with at least `N` rows is split on dimension 0 with DTensor's
@@ -32,7 +36,8 @@
 //!    [`ConvertOptions::world_size`] is the number of `PART_*.pt` files.
 //! 4. safetensors to torch: with `ckpt.paths` the nesting is rebuilt (DCP's `set_element`: keys make
 //!    dicts, indices make lists), else the file becomes a flat `dict` of name → tensor (what
-//!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as values.
+//!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as the values
+//!    they were.
 //! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
 //! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
 //!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard`]), each table keeping its
@@ -56,6 +61,13 @@
 //!    <model.pt>, "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts it lacks left out); flat
 //!    targets (safetensors) name entries as [`crate::recis::RecisReader`] does.
 //!
+//! # Selection
+//! [`ConvertOptions::selection`] applies to every target, to the entries as [`crate::Checkpoint::entries`]
+//! names them: `include`/`exclude` globs, `strip_prefix`/`add_prefix`, and `dtype` for floating-point tensors
+//! ([`Selection`] says what happens to non-tensor structure: entries are kept or dropped whole, optimizer
+//! indices are not renumbered). With a selection, the distcp → torch and RecIS → RecIS conversions read the
+//! content instead of copying tensors by their own means.
+//!
 //! # Memory
 //! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
 //! memory maps, so writing a target touches each tensor's pages once and memory stays bounded by the page
@@ -65,6 +77,8 @@
 //! distcp → torch streams one tensor at a time.
 
 use std::path::{Path, PathBuf};
+
+use ckpt_core::select::Selection;
 
 use crate::adaptor::Source;
 use crate::formats::{adaptor, unsupported_reason};
@@ -108,6 +122,9 @@ pub struct ConvertOptions {
     /// pbg targets: the training `config.json` that defines the target layout (entity types and their
     /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
     pub pbg_config: Option<PathBuf>,
+    /// Every target: which entries to convert, under which names, in which float dtype (default: all, as
+    /// they are). See [`Selection`] (`ckpt convert --include/--exclude/--strip-prefix/--add-prefix/--dtype`).
+    pub selection: Selection,
 }
 
 impl Default for ConvertOptions {
@@ -119,6 +136,7 @@ impl Default for ConvertOptions {
             recis_parallel: None,
             recis_slice_size: None,
             pbg_config: None,
+            selection: Selection::default(),
         }
     }
 }
@@ -156,6 +174,20 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_recis_slice_size(mut self, slice_size: u32) -> Self {
         self.recis_slice_size = Some(slice_size);
+        self
+    }
+
+    /// Sets which entries to convert, under which names, in which float dtype.
+    ///
+    /// ```
+    /// use ckpt::{ConvertOptions, DType, Selection};
+    /// let only_model = Selection::default().with_include("model.*").with_strip_prefix("model.").with_dtype(DType::BF16);
+    /// let options = ConvertOptions::default().with_selection(only_model);
+    /// assert!(options.selection.keeps("model.fc.weight") && !options.selection.keeps("optimizer.state.0.step"));
+    /// ```
+    #[must_use]
+    pub fn with_selection(mut self, selection: Selection) -> Self {
+        self.selection = selection;
         self
     }
 
@@ -201,8 +233,8 @@ pub struct ConvertSummary {
 /// // Formats by name, as on the command line (`ckpt::Format` has a variant for each).
 /// let st = dir.path().join("m.safetensors");
 /// let summary = ckpt::convert(&pt, None, &st, "safetensors".parse()?, &ConvertOptions::default())?;
-/// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 1)); // `epoch` in `ckpt.values`
-/// assert_eq!(summary.dropped, ["note"]); // bytes: neither a tensor nor a JSON scalar
+/// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 2)); // `epoch`, `note` in `ckpt.values`
+/// assert!(summary.dropped.is_empty()); // nothing lost
 ///
 /// // Back to torch: the nesting comes back from the file's `ckpt.paths` metadata.
 /// let back = dir.path().join("back.pt");
@@ -235,5 +267,5 @@ pub fn convert(
     if let Some(reason) = unsupported_reason(from, to) {
         return Err(Error::UnsupportedConversion { from, to, reason });
     }
-    target.write(&Source::new(src, source), dst, options)
+    target.write(&Source::new(src, source, &options.selection), dst, options)
 }

@@ -52,6 +52,7 @@ mod verify;
 
 use std::path::{Path, PathBuf};
 
+pub use ckpt_core::select::Selection;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};

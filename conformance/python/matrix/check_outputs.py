@@ -9,7 +9,10 @@ SPEC.json is ``{"checks": [{"format": F, "path": P}, ...]}``; every check runs i
 starts once). Each output is loaded the way its users load it:
 
 * ``torch``: ``torch.load(P, weights_only=True)``;
-* ``safetensors``: ``safetensors.torch.load_file(P)``;
+* ``safetensors``: ``safetensors.torch.load_file(P)`` for the tensors, and ckpt's metadata convention read by
+  ``ckpt_metadata.py`` (written from its documentation) for everything else: the entries by name, values
+  decoded to the Python objects they were (tensors of dtypes safetensors lacks restored, tensors held by
+  values not listed on their own);
 * ``distcp``: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(P, tmp)`` (``dcp.load`` with
   the empty-state-dict planner, no process group), then ``torch.load(tmp, weights_only=True)``;
 * ``hfai``: ``hfai_ref.load(P, weights_only=True)`` (the hfai reference loader, conformance/python/hfai);
@@ -41,6 +44,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hfai"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import ckpt_metadata  # noqa: E402
 import hfai_ref  # noqa: E402
 
 
@@ -73,7 +78,13 @@ def load(fmt: str, path: str):
     if fmt == "safetensors":
         from safetensors.torch import load_file
 
-        return load_file(path)
+        plain = load_file(path)
+        entries, _ = ckpt_metadata.load(path)
+        for name, value in entries.items():  # a plain tensor entry is what safetensors itself loads
+            if type(value) is torch.Tensor and name in plain and plain[name].dtype == value.dtype:
+                a, b = plain[name].reshape(-1).view(torch.uint8), value.detach().contiguous().reshape(-1).view(torch.uint8)
+                assert torch.equal(a, b), name
+        return {"tensors": entries, "described": {}}
     if fmt == "distcp":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -159,7 +170,7 @@ def main() -> int:
         try:
             out: dict = {}
             loaded = load(check["format"], check["path"])
-            if check["format"] in ("pbg", "recis"):  # already named as ckpt names them
+            if check["format"] in ("pbg", "recis", "safetensors"):  # already named as ckpt names them
                 for name, t in loaded["tensors"].items():
                     leaves(t, name, out)
                 out.update(loaded["described"])

@@ -9,7 +9,9 @@
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI.
-//! - [`safetensors`]: read and write `.safetensors` files.
+//! - [`safetensors`]: read and write `.safetensors` files, with ckpt's lossless metadata convention.
+//! - [`select`]: selecting, renaming and casting the entries of a checkpoint; [`cast_float`]: torch's float
+//!   conversions, bit for bit.
 //!
 //! # Feature flags
 //! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module [`tch_interop`]).
@@ -18,6 +20,7 @@
 
 pub mod atomic;
 mod buffer;
+mod cast;
 mod checkpoint;
 mod collective;
 mod display;
@@ -25,12 +28,14 @@ mod dtype;
 mod error;
 mod flatten;
 pub mod safetensors;
+pub mod select;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
 mod tensor;
 mod value;
 
 pub use buffer::Buffer;
+pub use cast::{cast_float, is_castable_float};
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
 pub use display::{element_f64, format_tensor};

@@ -65,6 +65,23 @@ pub struct Object {
 }
 
 impl Object {
+    /// Whether two objects are the same ([`Value::same`] on every part).
+    pub fn same(&self, other: &Object) -> bool {
+        let all = |a: &[Value], b: &[Value]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y));
+        let opt = |a: &Option<Value>, b: &Option<Value>| match (a, b) {
+            (Some(x), Some(y)) => x.same(y),
+            (None, None) => true,
+            _ => false,
+        };
+        self.newobj == other.newobj
+            && self.callable.same(&other.callable)
+            && self.args.same(&other.args)
+            && opt(&self.state, &other.state)
+            && all(&self.list_items, &other.list_items)
+            && self.dict_items.len() == other.dict_items.len()
+            && self.dict_items.iter().zip(&other.dict_items).all(|((k, v), (l, w))| k.same(l) && v.same(w))
+    }
+
     /// `(module, name)` of the callable when it is a global.
     pub fn callable_name(&self) -> Option<(&str, &str)> {
         match &self.callable {
@@ -271,6 +288,51 @@ impl Value {
             Value::Device { .. } => "torch.device",
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
+        }
+    }
+
+    /// Whether two values are the same, as a lossless round trip must keep them: like `==`, but floats
+    /// (and complex parts) compare by their bits, so NaN equals a NaN of the same bits and `-0.0` differs
+    /// from `0.0`. Tensors compare by dtype, shape, values and `requires_grad` (`==` on [`Tensor`]).
+    pub fn same(&self, other: &Value) -> bool {
+        fn all(a: &[Value], b: &[Value]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
+        }
+        fn pairs(a: &[(Value, Value)], b: &[(Value, Value)]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|((k, v), (l, w))| k.same(l) && v.same(w))
+        }
+        fn opt(a: Option<&Value>, b: Option<&Value>) -> bool {
+            match (a, b) {
+                (Some(x), Some(y)) => x.same(y),
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        match (self, other) {
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Complex(a, b), Value::Complex(c, d)) => a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits(),
+            (Value::List(a), Value::List(b))
+            | (Value::Tuple(a), Value::Tuple(b))
+            | (Value::Set(a), Value::Set(b))
+            | (Value::FrozenSet(a), Value::FrozenSet(b)) => all(a, b),
+            (Value::Dict(a), Value::Dict(b)) => {
+                a.kind == b.kind && pairs(&a.items, &b.items) && opt(a.attrs.as_deref(), b.attrs.as_deref())
+            }
+            (Value::Parameter { tensor: a, state: s }, Value::Parameter { tensor: b, state: t }) => {
+                a == b && opt(s.as_deref(), t.as_deref())
+            }
+            (
+                Value::TensorWithState { tensor: a, class: c, state: s },
+                Value::TensorWithState { tensor: b, class: d, state: t },
+            ) => a.same(b) && c.same(d) && s.same(t),
+            (Value::OpaqueTensor { kind: k, object: a }, Value::OpaqueTensor { kind: l, object: b }) => {
+                k == l && a.same(b)
+            }
+            (Value::Object(a), Value::Object(b)) => a.same(b),
+            (Value::Storage { dtype: d, data: a }, Value::Storage { dtype: e, data: b }) => {
+                d == e && a.as_bytes() == b.as_bytes()
+            }
+            (a, b) => a == b,
         }
     }
 

@@ -37,7 +37,8 @@ struct Cli {
 enum Command {
     /// List every entry of a checkpoint: name, dtype, shape and size, with totals.
     #[command(
-        after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'"
+        after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'\n  \
+                      ckpt inspect last.ckpt --include 'state_dict.*' --exclude '*.num_batches_tracked'"
     )]
     Inspect {
         /// A checkpoint file or directory.
@@ -45,6 +46,12 @@ enum Command {
         /// Print JSON: {"format", "details", "entries": [{"name", "dtype", "shape", "nbytes"}], "totals"}.
         #[arg(long)]
         json: bool,
+        /// List only entries whose name matches this glob (repeatable; `*` matches dots too).
+        #[arg(long, value_name = "GLOB")]
+        include: Vec<String>,
+        /// Leave out entries whose name matches this glob (repeatable).
+        #[arg(long, value_name = "GLOB")]
+        exclude: Vec<String>,
     },
     /// Print a tensor's values, numpy-style, or a value (strings as they are, others as Python's repr).
     #[command(after_help = "Examples:\n  ckpt cat model.pt fc.weight\n  ckpt cat model.pt fc.weight --limit 4\n  \
@@ -102,6 +109,8 @@ enum Command {
         from: Option<Format>,
         #[command(flatten)]
         layout: LayoutArgs,
+        #[command(flatten)]
+        select: SelectArgs,
     },
     /// Rewrite a sharded checkpoint for another number of ranks, parts or shards.
     #[command(about = reshard_about(), after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
@@ -152,7 +161,9 @@ fn convert_help() -> String {
          ckpt convert model.safetensors model.pt --to torch\n  \
          ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
          ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
-         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n\n\
+         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n  \
+         ckpt convert last.ckpt model.safetensors --to safetensors --include 'state_dict.*' --strip-prefix state_dict.model. --dtype bf16\n  \
+         ckpt convert ddp.pt model.pt --to torch --exclude 'optimizer.*' --strip-prefix model.module.\n\n\
          Formats: {}.",
         formats.join(", ")
     )
@@ -185,11 +196,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let quiet = cli.quiet;
     let result = match &cli.command {
-        Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)).map(|()| true),
+        Command::Inspect { path, json, include, exclude } => {
+            let mut selection = ckpt::Selection::default();
+            selection.include.clone_from(include);
+            selection.exclude.clone_from(exclude);
+            ckpt::open(path).and_then(|c| inspect(&c, *json, &selection)).map(|()| true)
+        }
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
         Command::Verify { path } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
-        Command::Convert { src, dst, to, from, layout } => convert(src, dst, *to, *from, layout, quiet),
+        Command::Convert { src, dst, to, from, layout, select } => convert(src, dst, *to, *from, layout, select, quiet),
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
             Ok(true) => reshard(path, dst, *world_size, quiet),
             Ok(false) => return ExitCode::from(EXIT_USAGE),
@@ -427,15 +443,65 @@ impl LayoutArgs {
     }
 }
 
+/// Which entries `ckpt convert` writes, under which names, in which float dtype.
+#[derive(clap::Args, Debug)]
+struct SelectArgs {
+    /// Convert only entries whose name (as `ckpt inspect` lists it) matches this glob (repeatable; `*`
+    /// matches dots too, `?` one character, `[..]` a set).
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Leave out entries whose name matches this glob (repeatable; applied after --include).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Remove this prefix from entry names that start with it (DDP's `module.`, Lightning's `model.`).
+    #[arg(long, value_name = "PREFIX")]
+    strip_prefix: Option<String>,
+    /// Prepend this to every entry name (after --strip-prefix).
+    #[arg(long, value_name = "PREFIX")]
+    add_prefix: Option<String>,
+    /// Cast floating-point tensors to this dtype, rounding to nearest even as torch's `.to()` does (other
+    /// tensors and values are left as they are).
+    #[arg(long, value_parser = dtype_parser())]
+    dtype: Option<ckpt::DType>,
+}
+
+impl SelectArgs {
+    fn selection(&self) -> ckpt::Selection {
+        let mut s = ckpt::Selection::default();
+        s.include.clone_from(&self.include);
+        s.exclude.clone_from(&self.exclude);
+        s.strip_prefix.clone_from(&self.strip_prefix);
+        s.add_prefix.clone_from(&self.add_prefix);
+        s.dtype = self.dtype;
+        s
+    }
+}
+
+/// `--dtype`: bf16, f16, f32, f64 (or torch's names).
+fn dtype_parser() -> impl clap::builder::TypedValueParser<Value = ckpt::DType> {
+    let values = [
+        ("bf16", "bfloat16", ckpt::DType::BF16),
+        ("f16", "float16", ckpt::DType::F16),
+        ("f32", "float32", ckpt::DType::F32),
+        ("f64", "float64", ckpt::DType::F64),
+    ];
+    let possible = values.map(|(short, long, _)| clap::builder::PossibleValue::new(short).alias(long));
+    clap::builder::PossibleValuesParser::new(possible).map(move |name: String| {
+        values.iter().find(|(short, long, _)| *short == name || *long == name).map_or(ckpt::DType::F32, |v| v.2)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
 fn convert(
     src: &Path,
     dst: &Path,
     to: Format,
     from: Option<Format>,
     layout: &LayoutArgs,
+    select: &SelectArgs,
     quiet: bool,
 ) -> ckpt::Result<bool> {
-    let options = layout.options();
+    let options = layout.options().with_selection(select.selection());
     let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
     let summary = ckpt::convert(src, from, dst, to, &options);
     pb.finish_and_clear();
@@ -550,8 +616,8 @@ fn human_bytes(n: u64) -> String {
     if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
-fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
-    let entries = c.entries();
+fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
+    let entries: Vec<ckpt::Entry> = c.entries().into_iter().filter(|e| selection.keeps(&e.name)).collect();
     let details = c.reader().details();
     let (mut tensors, mut bytes, mut values, mut opaque) = (0usize, 0usize, 0usize, 0usize);
     for e in &entries {
