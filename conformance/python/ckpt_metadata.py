@@ -145,9 +145,20 @@ def float_of(j: Any) -> float:
 
 def load(path: str) -> tuple[dict[str, Any], dict[str, list]]:
     """(entries in order, paths) of a safetensors file ckpt wrote (any safetensors file: plain tensors)."""
-    with safe_open(path, framework="pt") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    entries, paths, _ = load_files([path])
+    return entries, paths
+
+
+def load_files(files: list) -> tuple[dict[str, Any], dict[str, list], set[str]]:
+    """(entries in order, paths, tensors values hold) of the safetensors files of one checkpoint (the shards of
+    a Hugging Face directory: ckpt's records are in the first, tensors in any)."""
+    meta: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for k, v in (f.metadata() or {}).items():
+                meta.setdefault(k, v)
+            tensors.update({k: f.get_tensor(k) for k in f.keys()})
     paths = json.loads(meta.get("ckpt.paths", "{}"), object_pairs_hook=collections.OrderedDict)
     encoded = json.loads(meta.get("ckpt.values", "{}"), object_pairs_hook=collections.OrderedDict)
     decoder = Decoder(tensors)
@@ -161,7 +172,7 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, list]]:
             out[name] = values[name]
         elif name in tensors and name not in hidden:
             out[name] = tensors[name]
-    return out, paths
+    return out, paths, hidden
 
 
 def nest(entries: dict[str, Any], paths: dict[str, list]) -> dict:

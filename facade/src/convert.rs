@@ -122,6 +122,9 @@ pub struct ConvertOptions {
     /// pbg targets: the training `config.json` that defines the target layout (entity types and their
     /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
     pub pbg_config: Option<PathBuf>,
+    /// hf targets: the largest shard in bytes (default 5 GB, as transformers; [`ckpt_hf::parse_size`] reads
+    /// `5GB`, `500MB`, `2GiB`).
+    pub hf_max_shard_size: Option<u64>,
     /// Every target: which entries to convert, under which names, in which float dtype (default: all, as
     /// they are). See [`Selection`] (`ckpt convert --include/--exclude/--strip-prefix/--add-prefix/--dtype`).
     pub selection: Selection,
@@ -136,6 +139,7 @@ impl Default for ConvertOptions {
             recis_parallel: None,
             recis_slice_size: None,
             pbg_config: None,
+            hf_max_shard_size: None,
             selection: Selection::default(),
         }
     }
@@ -174,6 +178,13 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_recis_slice_size(mut self, slice_size: u32) -> Self {
         self.recis_slice_size = Some(slice_size);
+        self
+    }
+
+    /// Sets the largest shard of hf targets, in bytes.
+    #[must_use]
+    pub fn with_hf_max_shard_size(mut self, bytes: u64) -> Self {
+        self.hf_max_shard_size = Some(bytes);
         self
     }
 

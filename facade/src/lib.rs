@@ -10,6 +10,7 @@
 //! | `hfai` | `hfai` (`ckpt-hfai`) | hfai `PART_*.pt` directories |
 //! | `pbg` | `pbg` (`ckpt-pbg`) | PyTorch-BigGraph HDF5 checkpoints |
 //! | `recis` | `recis` (`ckpt-recis`) | RecIS sparse/dense checkpoints |
+//! | `hf` | `hf` (`ckpt-hf`) | Hugging Face sharded safetensors directories |
 //! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //!

@@ -309,17 +309,62 @@ fn convert_prints_its_summary() {
     let (code, out, err) = run(&[&"convert", &fixtures().join("torch/dtypes.pt"), &dst, &"--to", &"safetensors"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("converted ") && out.contains("tensors"), "{out}");
-    // What could not be held is named.
-    assert!(out.contains("dropped (a safetensors checkpoint cannot hold them): complex32, complex128\n"), "{out}");
+    // Nothing is dropped: complex32 and complex128 are stored as their bytes, their dtype recorded.
+    assert!(out.contains("21 tensors") && !out.contains("dropped"), "{out}");
     let (code, out, _) = run(&[&"verify", &dst]);
     assert_eq!(code, 0, "{out}");
-    // Across formats, the converted file differs from its source by the dropped entries only.
+    // Across formats, the converted file equals its source.
     let src = fixtures().join("torch/dtypes.pt");
     let (code, out, _) = run(&[&"diff", &src, &dst]);
-    assert_eq!(code, 1, "{out}");
-    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("DIFFERENT")).collect();
-    let only = |n: &str| format!("only in {}: {n}", src.display());
-    assert_eq!(lines, [only("complex32"), only("complex128")], "{out}");
+    assert_eq!(code, 0, "{out}");
+    // Only part of it, in bfloat16: floating-point tensors cast, others as they are.
+    let part = tmp.path().join("part.safetensors");
+    let (code, out, err) = run(&[
+        &"convert",
+        &src,
+        &part,
+        &"--to",
+        &"safetensors",
+        &"--include",
+        &"float*",
+        &"--include",
+        &"int8",
+        &"--exclude",
+        &"float8_*",
+        &"--dtype",
+        &"bf16",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = run(&[&"inspect", &part]);
+    assert_eq!(code, 0, "{out}");
+    let rows: Vec<(&str, &str)> = out
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().collect::<Vec<_>>().get(..2).map(|v| (v[0], v[1])))
+        .filter(|(n, _)| !n.contains(','))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("int8", "int8"),
+            ("float16", "bfloat16"),
+            ("bfloat16", "bfloat16"),
+            ("float32", "bfloat16"),
+            ("float64", "bfloat16")
+        ],
+        "{out}"
+    );
+    let (code, out, _) = run(&[&"inspect", &src, &"--include", &"complex*", &"--exclude", &"complex64"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("complex32")
+            && out.contains("complex128")
+            && !out.contains("complex64")
+            && !out.contains("float32"),
+        "{out}"
+    );
+    let (code, _, err) = run(&[&"convert", &src, &part, &"--to", &"safetensors", &"--dtype", &"int8"]);
+    assert_eq!(code, 2, "{err}");
 }
 
 #[test]

@@ -83,6 +83,7 @@ fn out_path(dir: &Path, label: &str, to: Format) -> PathBuf {
     match to {
         Format::Torch => dir.join(format!("{stem}.pt")),
         Format::Safetensors => dir.join(format!("{stem}.safetensors")),
+        Format::Hf => dir.join(format!("{stem}.hf")),
         _ => dir.join(format!("{stem}.{to}")),
     }
 }
@@ -168,6 +169,9 @@ fn has_pbg_layout(s: &Snap) -> bool {
     s.tensors.keys().any(|n| n.trim_start_matches("model.").starts_with("embeddings/"))
 }
 
+/// The largest shard of hf targets: small, so that most outputs have several shards.
+const HF_SHARD: u64 = 1024;
+
 /// The differences `ckpt diff` found, in a line.
 fn describe(d: &ckpt::DiffReport) -> String {
     let tensors: Vec<&str> = d.tensors.iter().filter(|t| !t.is_equal()).map(|t| t.name.as_str()).collect();
@@ -190,7 +194,7 @@ fn matrix() {
         std::fs::create_dir_all(&dir).unwrap();
         for to in targets(from) {
             let world = if matches!(to, Format::Distcp | Format::Hfai | Format::Recis) { 2 } else { 1 };
-            let options = ConvertOptions::default().with_world_size(world);
+            let options = ConvertOptions::default().with_world_size(world).with_hf_max_shard_size(HF_SHARD);
             let out = out_path(&dir, &label, to);
             let ctx = format!("{label} -> {to}");
             let summary: ConvertSummary = match convert(&src, Some(from), &out, to, &options) {
@@ -208,7 +212,7 @@ fn matrix() {
             conversions += 1;
             let got = snap(&out);
             assert!(summary.tensors >= got.tensors.len(), "{ctx}: summary {summary:?}");
-            if to == Format::Safetensors {
+            if matches!(to, Format::Safetensors | Format::Hf) {
                 // Lossless: the safetensors file holds every entry, values included (`ckpt diff` exits 0).
                 let d = ckpt::diff(&src, &out, &ckpt::DiffOptions::default().with_rtol(0.0).with_atol(0.0)).unwrap();
                 assert!(d.is_equal(), "{ctx}: ckpt diff: {}", describe(&d));
@@ -224,7 +228,7 @@ fn matrix() {
                 assert!(got.others.is_subset(&want.others), "{ctx}: {:?}", got.others.difference(&want.others));
                 assert_eq!(summary.values, got.others.len(), "{ctx}");
             }
-            let drop_ok = |_: &str, t: &TensorSnap| to == Format::Safetensors && !st_holds(&t.0);
+            let drop_ok = |_: &str, t: &TensorSnap| matches!(to, Format::Safetensors | Format::Hf) && !st_holds(&t.0);
             check_same(&ctx, &want, &got, &drop_ok);
             python_checks.push((ctx.clone(), to, out.clone(), got.clone()));
             // And back, into the source's format where it can be written, else into torch.
@@ -236,7 +240,7 @@ fn matrix() {
             conversions += 1;
             let round = snap(&back);
             let back_ctx = format!("{ctx} -> {back_to}");
-            if to == Format::Safetensors && back_to == from {
+            if matches!(to, Format::Safetensors | Format::Hf) && back_to == from {
                 // And back: an equal checkpoint (DCP -> safetensors -> DCP, torch -> safetensors -> torch, ...),
                 // or, where the format's own writer names entries otherwise than the source (DCP 2.0's
                 // tensor-free dicts as one entry), what a direct conversion into the same format gives.
@@ -260,7 +264,7 @@ fn matrix() {
 
     // The Python originals load every output.
     let spec = serde_json::json!({
-        "checks": python_checks.iter().map(|(_, f, p, _)| serde_json::json!({"format": f.name(), "path": p})).collect::<Vec<_>>()
+        "checks": python_checks.iter().map(|(_, f, p, _)| serde_json::json!({"format": f.name(), "path": p, "max_shard_size": HF_SHARD})).collect::<Vec<_>>()
     });
     let spec_path = tmp.path().join("spec.json");
     let result_path = tmp.path().join("result.json");

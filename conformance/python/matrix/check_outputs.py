@@ -13,6 +13,11 @@ starts once). Each output is loaded the way its users load it:
   ``ckpt_metadata.py`` (written from its documentation) for everything else: the entries by name, values
   decoded to the Python objects they were (tensors of dtypes safetensors lacks restored, tensors held by
   values not listed on their own);
+* ``hf``: ``huggingface_hub.load_torch_model`` (its own sharded loading: index, shard names, every shard) into a
+  module holding every stored tensor, with every key loaded; the index checked against
+  ``huggingface_hub.split_torch_state_dict_into_shards`` run on the loaded tensors in ckpt's entry order with
+  the same ``max_shard_size`` (same files, same tensors in each, same ``total_size``); entries as for
+  safetensors, ckpt's records read from the first shard;
 * ``distcp``: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(P, tmp)`` (``dcp.load`` with
   the empty-state-dict planner, no process group), then ``torch.load(tmp, weights_only=True)``;
 * ``hfai``: ``hfai_ref.load(P, weights_only=True)`` (the hfai reference loader, conformance/python/hfai);
@@ -72,7 +77,67 @@ def leaves(value, prefix: str, out: dict) -> None:
         out[prefix] = [str(value.dtype).removeprefix("torch."), list(value.shape), digest(value)]
 
 
-def load(fmt: str, path: str):
+def module_holding(tensors: dict) -> torch.nn.Module | None:
+    """A module whose state dict is ``tensors`` (buffers in nested modules), or None when names clash."""
+    root = torch.nn.Module()
+    try:
+        for name, t in tensors.items():
+            *parents, leaf = name.split(".")
+            m = root
+            for p in parents:
+                if not hasattr(m, p):
+                    m.add_module(p, torch.nn.Module())
+                m = getattr(m, p)
+                if not isinstance(m, torch.nn.Module):
+                    return None
+            m.register_buffer(leaf, torch.zeros_like(t))
+    except (KeyError, AttributeError, TypeError):
+        return None
+    return root if set(root.state_dict()) == set(tensors) else None
+
+
+def load_hf(path: str, max_shard_size: int) -> dict:
+    from huggingface_hub import load_torch_model, split_torch_state_dict_into_shards
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    if index is not None:
+        # transformers' own text: json.dumps(index, indent=2, sort_keys=True) + "\n"
+        assert index_path.read_text() == json.dumps(index, indent=2, sort_keys=True) + "\n", "index text"
+        files = list(dict.fromkeys(index["weight_map"].values()))
+    else:
+        assert (root / "model.safetensors").is_file(), "no model.safetensors"
+        files = ["model.safetensors"]
+    ours = {f: set(load_file(str(root / f))) for f in files}
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(root / f)))
+    if index is not None:
+        assert set(index["weight_map"]) == set(tensors), "weight_map lists every tensor"
+        assert all(name in ours[f] for name, f in index["weight_map"].items()), "weight_map matches the files"
+    # huggingface_hub's sharded loading.
+    model = module_holding(tensors)
+    if model is not None and tensors:
+        result = load_torch_model(model, path, strict=False)
+        assert not result.missing_keys and not result.unexpected_keys, result
+        for name, t in model.state_dict().items():
+            assert torch.equal(t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8), (tensors[name] if tensors[name].dim() else tensors[name].reshape(1)).view(torch.uint8)), name
+    entries, paths, hidden = ckpt_metadata.load_files([root / f for f in files])
+    # The split huggingface_hub computes for the same tensors in ckpt's order.
+    if not hidden and tensors:  # (without tensors huggingface_hub makes no file; ckpt writes one for the records)
+        order = [n for n in entries if n in tensors] + [n for n in tensors if n not in entries]
+        split = split_torch_state_dict_into_shards({n: tensors[n] for n in order}, max_shard_size=max_shard_size)
+        want = {f: {n for n in names if tensors[n].numel()} for f, names in split.filename_to_tensors.items()}
+        got = {f: {n for n in names if tensors[n].numel()} for f, names in ours.items()}
+        assert want == got, f"shards {got} != huggingface_hub's {want}"
+        if index is not None:
+            assert index["metadata"]["total_size"] == split.metadata["total_size"], "total_size"
+    return {"tensors": entries, "described": {}}
+
+
+def load(fmt: str, path: str, check: dict):
     if fmt == "torch":
         return torch.load(path, weights_only=True)
     if fmt == "safetensors":
@@ -94,6 +159,8 @@ def load(fmt: str, path: str):
             return torch.load(out, weights_only=True)
     if fmt == "hfai":
         return hfai_ref.load(path, nthreads=0, weights_only=True)
+    if fmt == "hf":
+        return load_hf(path, check.get("max_shard_size", 5_000_000_000))
     if fmt == "pbg":
         return load_pbg(path)
     if fmt == "recis":
@@ -169,8 +236,8 @@ def main() -> int:
     for check in spec["checks"]:
         try:
             out: dict = {}
-            loaded = load(check["format"], check["path"])
-            if check["format"] in ("pbg", "recis", "safetensors"):  # already named as ckpt names them
+            loaded = load(check["format"], check["path"], check)
+            if check["format"] in ("pbg", "recis", "safetensors", "hf"):  # already named as ckpt names them
                 for name, t in loaded["tensors"].items():
                     leaves(t, name, out)
                 out.update(loaded["described"])

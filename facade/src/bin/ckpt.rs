@@ -162,6 +162,7 @@ fn convert_help() -> String {
          ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
          ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
          ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n  \
+         ckpt convert dcp_checkpoint/ hf_model/ --to hf --max-shard-size 2GB\n  \
          ckpt convert last.ckpt model.safetensors --to safetensors --include 'state_dict.*' --strip-prefix state_dict.model. --dtype bf16\n  \
          ckpt convert ddp.pt model.pt --to torch --exclude 'optimizer.*' --strip-prefix model.module.\n\n\
          Formats: {}.",
@@ -420,6 +421,21 @@ struct LayoutArgs {
     /// source's own config).
     #[arg(long, value_name = "FILE")]
     pbg_config: Option<PathBuf>,
+    /// hf targets: the largest shard (5GB, 500MB, 64KB, 2GiB or bytes; default 5GB, as transformers).
+    #[arg(long, value_name = "SIZE", value_parser = shard_size)]
+    max_shard_size: Option<u64>,
+}
+
+/// `--max-shard-size`, read as transformers reads it.
+#[cfg(feature = "hf")]
+fn shard_size(text: &str) -> Result<u64, String> {
+    ckpt::hf::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// `--max-shard-size` in a build without the hf format: plain bytes.
+#[cfg(not(feature = "hf"))]
+fn shard_size(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| format!("{text:?}: bytes (this build lacks the hf format)"))
 }
 
 impl LayoutArgs {
@@ -438,6 +454,9 @@ impl LayoutArgs {
         }
         if let Some(c) = &self.pbg_config {
             o = o.with_pbg_config(c);
+        }
+        if let Some(m) = self.max_shard_size {
+            o = o.with_hf_max_shard_size(m);
         }
         o
     }
