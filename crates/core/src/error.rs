@@ -30,6 +30,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A durable commit failed for a reason callers can act on: disk full, read-only, permission denied,
+    /// another save holds the destination's lock (plain I/O errors of a commit are [`Error::Io`]).
+    #[error(transparent)]
+    Commit(crate::commit::CommitError),
     /// A safetensors error from the `safetensors` crate.
     #[error("safetensors: {0}")]
     SafeTensors(#[from] safetensors::SafeTensorError),
@@ -39,6 +43,16 @@ impl Error {
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
+    }
+}
+
+impl From<crate::commit::CommitError> for Error {
+    /// A commit's plain I/O error becomes [`Error::Io`]; every other kind stays a [`Error::Commit`].
+    fn from(e: crate::commit::CommitError) -> Self {
+        match e {
+            crate::commit::CommitError::Io { path, source } => Error::Io { path, source },
+            e => Error::Commit(e),
+        }
     }
 }
 
