@@ -152,7 +152,8 @@ struct DataPickler {
     interned: HashMap<String, u32>,
     storages: Vec<StorageEntry>,
     storage_index: HashMap<(usize, usize, usize), usize>,
-    tensors: Vec<(Tensor, u32)>,
+    /// Tensors pickled so far with their memo ids, by storage and offset (a repeated view is one object).
+    tensors: HashMap<((usize, usize, usize), usize), Vec<(Tensor, u32)>>,
 }
 
 /// Whether CPython would hand out one shared object for this string constant: identifiers made of ASCII
@@ -175,7 +176,7 @@ impl DataPickler {
             interned: HashMap::new(),
             storages: Vec::new(),
             storage_index: HashMap::new(),
-            tensors: Vec::new(),
+            tensors: HashMap::new(),
         })
     }
 
@@ -503,7 +504,8 @@ impl DataPickler {
     }
 
     fn tensor(&mut self, t: &Tensor) -> Result<()> {
-        if let Some(&(_, id)) = self.tensors.iter().find(|(seen, _)| same_view(seen, t)) {
+        let key = (t.storage().storage_id(), t.storage_offset());
+        if let Some(&(_, id)) = self.tensors.get(&key).and_then(|seen| seen.iter().find(|(s, _)| same_view(s, t))) {
             return self.p.get(id).map_err(io);
         }
         let (module, name) = rebuild_fn(t);
@@ -511,7 +513,7 @@ impl DataPickler {
         self.tensor_args(t, t.requires_grad())?;
         self.p.reduce().map_err(io)?;
         let id = self.memoize()?;
-        self.tensors.push((t.clone(), id));
+        self.tensors.entry(key).or_default().push((t.clone(), id));
         Ok(())
     }
 

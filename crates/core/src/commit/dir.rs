@@ -249,6 +249,16 @@ impl DirCommit {
         Ok(StagedFile { commit: self, name: name.to_owned(), path, writer })
     }
 
+    /// Abandons the commit: on rank 0 the staging directory is removed and the lock released; on the other
+    /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
+    /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].
+    pub fn abort(mut self) {
+        if self.rank == 0 {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
+        self.finished = true;
+    }
+
     /// Step 3, called by every rank of `group` once it has finished its files (`own`: its outcome, the
     /// error as text). Rank 0 runs `finalize` (writing the format's final files into the staging directory)
     /// and swaps the directory in. Every rank returns the same verdict.
