@@ -78,7 +78,9 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
     Ok(stem.to_owned())
 }
 
-/// Saves `value` to `path` like `torch.save(value, path)`, atomically (temporary file, fsync, rename).
+/// Saves `value` to `path` like `torch.save(value, path)`, durably and atomically: through
+/// [`ckpt_core::commit`] (an advisory lock, a temporary file beside `path` written with `O_DIRECT` where the
+/// file system allows, `fdatasync`, rename, directory fsync). A crash leaves the old file or the new one.
 ///
 /// ```
 /// use ckpt_core::{Tensor, Value};
@@ -90,7 +92,9 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 /// ```
 ///
 /// # Errors
-/// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path.
+/// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path;
+/// `Error::Core(ckpt_core::Error::Commit(_))` for a full disk (or `RLIMIT_FSIZE`), a read-only file system,
+/// a permission error, or another save holding the destination's lock.
 pub fn save(value: &Value, path: &Path) -> Result<()> {
     save_with(value, path, &WriteOptions::default())
 }
@@ -101,8 +105,14 @@ pub fn save(value: &Value, path: &Path) -> Result<()> {
 /// As [`save`].
 pub fn save_with(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
     let prefix = prefix_for_path(path)?;
+    // The durable commit (ckpt_core::commit): lock, temporary file, O_DIRECT pipeline, fdatasync, rename,
+    // directory fsync, the replaced file freed in the background.
     ckpt_core::atomic::write_atomic(path, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
-        .map_err(|e: Error| e.at(path))
+        .map_err(|e: Error| match e {
+            // Disk full, read-only, permission, locked: already name the path, and stay matchable.
+            e @ Error::Core(ckpt_core::Error::Commit(_)) => e,
+            e => e.at(path),
+        })
 }
 
 /// Writes `torch.save` output for `value` to `out` with record prefix `prefix` (torch uses `archive` for

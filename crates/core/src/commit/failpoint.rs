@@ -8,7 +8,8 @@
 //!   `NAME` (the first hit of that point) or `NAME:N` (its N-th hit).
 //! - `CKPT_FAILPOINT_ACTION=kill` (default) sends `SIGKILL` to the process itself at the armed hit: the
 //!   crash a power loss or an OOM kill produces, without unwinding. `error` makes that step fail with an
-//!   injected `io::Error` instead (the error path, in process).
+//!   injected `io::Error` instead (the error path, in process). `stop` sends `SIGSTOP` (the process
+//!   pauses there until a `SIGCONT`: how a test holds a save half-way, e.g. to try a second writer).
 //! - `CKPT_FAILPOINT_LOG=<file>` appends the name of every hit to `<file>`, one per line, so a test
 //!   harness can count the points a save passes and then kill it at each of them.
 //!
@@ -65,6 +66,8 @@ pub enum Action {
     Kill,
     /// Fail the step with an injected error.
     Error,
+    /// `SIGSTOP` the process (it goes on after `SIGCONT`).
+    Stop,
 }
 
 /// Which hit is armed, and what happens there.
@@ -108,6 +111,7 @@ impl Config {
         let log = std::env::var("CKPT_FAILPOINT_LOG").ok().filter(|s| !s.is_empty());
         let action = match std::env::var("CKPT_FAILPOINT_ACTION").ok().as_deref() {
             Some("error") => Action::Error,
+            Some("stop") => Action::Stop,
             _ => Action::Kill,
         };
         (target.is_some() || log.is_some()).then_some(Config { target, action: Some(action), log, ..Config::default() })
@@ -192,6 +196,13 @@ impl Config {
         }
         match self.action {
             Some(Action::Error) => Err(io::Error::other(format!("injected failure at {name}"))),
+            Some(Action::Stop) => {
+                // SAFETY: kill(2) on our own pid; the process resumes here on SIGCONT.
+                unsafe {
+                    libc::kill(libc::getpid(), libc::SIGSTOP);
+                }
+                Ok(())
+            }
             _ => {
                 // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, so this never returns.
                 unsafe {
