@@ -181,3 +181,25 @@ fn checksum_manifest_catches_a_flipped_bit() {
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(bad[0].to_string().starts_with("__1_0.distcp: bytes "), "{}", bad[0]);
 }
+
+/// Disk full (here: the file size limit, `EFBIG`, which the commit reports like `ENOSPC`): a specific error
+/// naming the destination, the previous checkpoint intact, nothing left behind.
+#[test]
+fn disk_full_is_a_specific_error_and_loses_nothing() {
+    for (format, name) in [("torch", "m.pt"), ("safetensors", "m.safetensors"), ("distcp", "ck")] {
+        let scratch = tempfile::tempdir().unwrap();
+        let dst = scratch.path().join(name);
+        crash::save(format, &dst, 1, 4).unwrap();
+        let out = Command::new(child())
+            .args([format, dst.to_str().unwrap(), "2", "16"])
+            .env("CKPT_TEST_FSIZE_LIMIT", (6u64 << 20).to_string())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{format}");
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(msg.contains("not enough space to save"), "{format}: {msg}");
+        assert!(msg.contains(&dst.display().to_string()), "{format}: names the destination: {msg}");
+        assert_eq!(crash::read_generation(format, &dst, 4, &[1]), Ok(Some(1)), "{format}");
+        assert!(crash::leftovers(&dst).is_empty(), "{format}: {:?}", crash::leftovers(&dst));
+    }
+}

@@ -7,7 +7,9 @@
 //!   directory fsync);
 //! - `raw`, `ckpt_nosync`: the raw write and `ckpt_torch::save_to_writer` into a plain file, no fsync;
 //! - `torch_fsync`, `torch`: `torch.save` (+ `flush` + `os.fsync`) through `.venv/bin/python`;
-//! - the same for 20,000 small tensors (`small_*`).
+//! - the same for 20,000 small tensors (`small_*`);
+//! - `dcp_durable` / `dcp_nosums`: a one-rank DCP save of the same state dict with and without the
+//!   `ckpt.checksums.json` manifest (its cost, issue 12: under 5% of the save).
 //!
 //! and prints medians, min–max and the ratios issue 15 sets targets for. Every measurement starts after a
 //! `sync(2)` and after the previous save's background release finished, so none pays for another.
@@ -169,6 +171,15 @@ fn ckpt_durable(sd: &Value, path: &Path) -> f64 {
     s
 }
 
+fn dcp(sd: &Value, dir: &Path, checksums: bool) -> f64 {
+    let options = ckpt_distcp::WriteOptions::default().with_checksums(checksums);
+    let t = Instant::now();
+    ckpt_distcp::save(sd, dir, &options).unwrap();
+    let s = t.elapsed().as_secs_f64();
+    ckpt_core::commit::wait_for_releases();
+    s
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -207,6 +218,8 @@ fn main() {
         ("ckpt_durable", big_bytes as u64, Box::new(|| ckpt_durable(&big, &d.join("ckpt.pt")))),
         ("raw", big_bytes as u64, Box::new(|| raw_write(&d.join("raw_ns.bin"), big_bytes_slice, false, true))),
         ("ckpt_nosync", big_bytes as u64, Box::new(|| ckpt_nosync(&big, &d.join("ckpt_ns.pt")))),
+        ("dcp_durable", big_bytes as u64, Box::new(|| dcp(&big, &d.join("dcp"), true))),
+        ("dcp_nosums", big_bytes as u64, Box::new(|| dcp(&big, &d.join("dcp_nosums"), false))),
         ("small_ckpt_durable", small_total as u64, Box::new(|| ckpt_durable(&small, &d.join("small.pt")))),
         ("small_ckpt_nosync", small_total as u64, Box::new(|| ckpt_nosync(&small, &d.join("small_ns.pt")))),
     ];
@@ -256,6 +269,8 @@ fn main() {
         (".pt without fsync / torch.save", "torch", "ckpt_nosync", ""),
         ("20k small: .pt write / torch.save", "small_torch", "small_ckpt_nosync", "≥ 4"),
         ("20k small: durable / torch.save + fsync", "small_torch_fsync", "small_ckpt_durable", ""),
+        ("DCP save with checksums / without", "dcp_nosums", "dcp_durable", "≥ 0.95"),
+        ("DCP save / raw write + fsync (fresh file)", "raw_fsync", "dcp_durable", "≥ 0.8"),
     ] {
         println!("| {what} | {:.2} | {target} |", m(num) / m(den));
     }

@@ -14,6 +14,16 @@ fn main() {
     };
     let generation: u32 = generation.parse().expect("GENERATION is a number");
     let mib: usize = args.get(4).map_or(8, |m| m.parse().expect("MIB is a number"));
+    // Fault injection: a file size limit (RLIMIT_FSIZE) makes writes past it fail with EFBIG, as a full disk
+    // fails them with ENOSPC.
+    if let Some(limit) = std::env::var("CKPT_TEST_FSIZE_LIMIT").ok().and_then(|v| v.parse::<u64>().ok()) {
+        let rlim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+        // SAFETY: plain libc calls on this process: ignore SIGXFSZ (get EFBIG instead), then set the limit.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::setrlimit(libc::RLIMIT_FSIZE, &rlim);
+        }
+    }
     if let Err(e) = ckpt_conformance::crash::save(format, std::path::Path::new(dst), generation, mib) {
         eprintln!("{e}");
         std::process::exit(1);
