@@ -5,7 +5,8 @@
 //! - `raw_trunc_fsync`: the same over the previous output (`O_TRUNC`, which frees the old blocks inline);
 //! - `ckpt_durable`: `ckpt_torch::save` (lock, temporary file, `O_DIRECT` pipeline, `fdatasync`, rename,
 //!   directory fsync);
-//! - `raw`, `ckpt_nosync`: the raw write and `ckpt_torch::save_to_writer` into a plain file, no fsync;
+//! - `raw`, `ckpt_nosync`: the raw write and `ckpt_torch::save_to_writer` into a fresh plain file (through
+//!   a 1 MiB `BufWriter`), no fsync;
 //! - `torch_fsync`, `torch`: `torch.save` (+ `flush` + `os.fsync`) through `.venv/bin/python`;
 //! - the same for 20,000 small tensors (`small_*`);
 //! - `dcp_durable` / `dcp_nosums`: a one-rank DCP save of the same state dict with and without the
@@ -156,6 +157,10 @@ fn raw_write(path: &Path, bytes: &[u8], fsync: bool, fresh: bool) -> f64 {
 }
 
 fn ckpt_nosync(sd: &Value, path: &Path) -> f64 {
+    // Like `raw`: a fresh file, the old one's removal outside the timing.
+    let _ = fs::remove_file(path);
+    // SAFETY: sync(2) has no arguments.
+    unsafe { libc::sync() };
     let t = Instant::now();
     let f = BufWriter::with_capacity(1 << 20, File::create(path).unwrap());
     let f = ckpt_torch::save_to_writer(sd, f, "archive", &ckpt_torch::WriteOptions::default()).unwrap();

@@ -5,7 +5,7 @@
 //! The commit is ckpt-core's directory commit ([`ckpt_core::commit::DirCommit`]), not torch's in-place
 //! writes: the coordinator locks the destination and creates `.<dir>.ckpt-staging` beside it; every rank
 //! writes and `fdatasync`s its `__{rank}_{n}.distcp` files there; after the exchange of write results the
-//! coordinator writes `.metadata` and `ckpt.checksums.json` (an XXH3-64 per item, computed while writing)
+//! coordinator writes `.metadata` and `ckpt.checksums.json` (a CRC-32 per item, computed while writing)
 //! into it and swaps it with the destination (`renameat2(RENAME_EXCHANGE)`), then fsyncs the parent. A
 //! crash at any point leaves the previous checkpoint or the new one, whole; files in the destination that
 //! are not DCP's (anything but `.metadata`, `*.distcp`, `__*.metadata`, the manifest) are carried over.
@@ -51,7 +51,7 @@ pub struct WriteOptions {
     /// [`Profile::Torch213`]: the `storage_meta.checkpoint_id` path to record (default: the directory as
     /// given).
     pub checkpoint_id: Option<String>,
-    /// Write `ckpt.checksums.json` (an XXH3-64 per item, computed while writing; torch ignores the file).
+    /// Write `ckpt.checksums.json` (a CRC-32 per item, computed while writing; torch ignores the file).
     /// Default `true`.
     pub checksums: bool,
 }

@@ -11,7 +11,7 @@
 //!   gather; every rank learns the outcome.
 //! - [`DestinationLock`]: an advisory lock per destination; a second writer gets [`CommitError::Locked`]
 //!   naming the holder.
-//! - [`checksum`]: the `ckpt.checksums.json` manifest (XXH3-64 per named byte range), computed while
+//! - [`checksum`]: the `ckpt.checksums.json` manifest (CRC-32 per named byte range), computed while
 //!   writing, merged across ranks, verified by readers.
 //! - [`failpoint`]: named points at every step, for crash tests (`CKPT_FAILPOINT`).
 //! - [`CommitError`]: disk full, read-only, permission denied, locked — matchable, with the OS error as
