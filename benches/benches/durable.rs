@@ -36,7 +36,8 @@ fn bench(c: &mut Criterion) {
     let tensors = 4;
     let each = size / tensors;
     let sd = Value::dict((0..tensors).map(|i| {
-        let t = Tensor::from_buffer(DType::F32, &[each / 4], Buffer::copy_from(&bytes[i * each..(i + 1) * each]).unwrap());
+        let t =
+            Tensor::from_buffer(DType::F32, &[each / 4], Buffer::copy_from(&bytes[i * each..(i + 1) * each]).unwrap());
         (format!("w{i}"), Value::Tensor(t.unwrap()))
     }));
     let mut g = c.benchmark_group("commit");

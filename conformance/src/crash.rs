@@ -23,7 +23,8 @@ pub const FORMATS: &[&str] = &["torch", "safetensors", "distcp"];
 
 /// Deterministic pseudo-random bytes for `(generation, index)` (xorshift64, 8 bytes a step).
 fn pattern(generation: u32, index: usize, n: usize) -> Vec<u8> {
-    let mut x = u64::from(generation).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut x = u64::from(generation).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
     let mut v = vec![0u8; n];
     for c in v.chunks_mut(8) {
         x ^= x << 13;
@@ -64,7 +65,9 @@ pub fn state_dict(generation: u32, mib: usize) -> Value {
 pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(), String> {
     match format {
         "torch" => ckpt_torch::save(&state_dict(generation, mib), dst).map_err(|e| e.to_string()),
-        "safetensors" => ckpt_core::safetensors::write_file(&tensors(generation, mib), None, dst).map_err(|e| e.to_string()),
+        "safetensors" => {
+            ckpt_core::safetensors::write_file(&tensors(generation, mib), None, dst).map_err(|e| e.to_string())
+        }
         "distcp" => {
             // Two ranks (threads), the big tensor row-sharded, two data files per rank.
             let sd = state_dict(generation, mib);
@@ -107,22 +110,27 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
         }
         "safetensors" => {
             let f = ckpt_core::safetensors::read_file(dst).map_err(|e| format!("unreadable: {e}"))?;
-            candidates.iter().copied().find(|&g| {
-                tensors(g, mib).iter().all(|(n, t)| f.get(n) == Some(t)) && f.tensors.len() == 2
-            })
+            candidates
+                .iter()
+                .copied()
+                .find(|&g| tensors(g, mib).iter().all(|(n, t)| f.get(n) == Some(t)) && f.tensors.len() == 2)
         }
         "distcp" => {
             let r = ckpt_distcp::DcpReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
             let v = r.state_dict().map_err(|e| format!("unreadable: {e}"))?;
-            let sums = ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
+            let sums =
+                ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
             let bad = sums.verify_dir(dst).map_err(|e| e.to_string())?;
             if let Some(b) = bad.first() {
                 return Err(format!("checksum manifest: {b}"));
             }
-            let mut names: Vec<String> =
-                fs::read_dir(dst).map_err(|e| e.to_string())?.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+            let mut names: Vec<String> = fs::read_dir(dst)
+                .map_err(|e| e.to_string())?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect();
             names.sort();
-            let expected = [".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", "ckpt.checksums.json"];
+            let expected =
+                [".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", "ckpt.checksums.json"];
             if names != expected {
                 return Err(format!("files {names:?}"));
             }

@@ -105,7 +105,10 @@ fn distcp_fallback_swap_recovers_every_kill() {
         let missing = std::fs::symlink_metadata(&dst).is_err();
         ckpt_core::commit::recover(&dst).unwrap();
         let found = crash::read_generation("distcp", &dst, m.mib, &[1, 2]);
-        println!("distcp-fallback overwrite #{} {p:20} destination missing before recovery: {missing}; after: {found:?}", i + 1);
+        println!(
+            "distcp-fallback overwrite #{} {p:20} destination missing before recovery: {missing}; after: {found:?}",
+            i + 1
+        );
         assert!(matches!(found, Ok(Some(1 | 2))), "#{} {p}: {found:?}", i + 1);
         assert_eq!(missing, p == "dir.half_swapped", "only the half-swapped window lacks a destination");
         assert!(crash::leftovers(&dst).is_empty(), "#{} {p}: {:?}", i + 1, crash::leftovers(&dst));

@@ -24,7 +24,7 @@
 //! 64 tensors), `--small N` (count of 10 KiB tensors), `--python P` (default `.venv/bin/python`;
 //! `--python none` skips torch), `--only a,b` (workload names).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -237,7 +237,11 @@ fn main() {
         ] {
             let py = &py;
             let path = d.join(file);
-            runs.push((name, n as u64, Box::new(move || py.borrow_mut().as_mut().map_or(f64::NAN, |p| p.time(cmd, &path)))));
+            runs.push((
+                name,
+                n as u64,
+                Box::new(move || py.borrow_mut().as_mut().map_or(f64::NAN, |p| p.time(cmd, &path))),
+            ));
         }
     }
     if let Some(only) = &a.only {

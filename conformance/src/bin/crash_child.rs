@@ -4,7 +4,7 @@
 //! `crash_child FORMAT DST GENERATION [MIB]`; exits 0 after a complete save, 1 with the error on stderr.
 //! With `CKPT_FAILPOINT_ACTION=stop` it pauses at the armed point (the lock test holds a save that way).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

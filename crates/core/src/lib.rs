@@ -19,10 +19,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod atomic;
-pub mod commit;
 mod buffer;
 mod checkpoint;
 mod collective;
+pub mod commit;
 mod display;
 mod dtype;
 mod error;

@@ -124,11 +124,14 @@ fn header<'a>(
     for (name, v) in views {
         let n = v.data_len();
         let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
-        infos.push((name, safetensors::tensor::TensorInfo {
-            dtype: v.dtype(),
-            shape: v.shape().to_vec(),
-            data_offsets: (offset, end),
-        }));
+        infos.push((
+            name,
+            safetensors::tensor::TensorInfo {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data_offsets: (offset, end),
+            },
+        ));
         offset = end;
         ordered.push(v);
     }

@@ -163,8 +163,11 @@ struct DataPickler {
     storages: Vec<StorageEntry>,
     storage_index: HashMap<(usize, usize, usize), usize>,
     /// Tensors pickled so far with their memo ids, by storage and offset (a repeated view is one object).
-    tensors: HashMap<((usize, usize, usize), usize), Vec<(Tensor, u32)>>,
+    tensors: HashMap<ViewKey, Vec<(Tensor, u32)>>,
 }
+
+/// A tensor's storage identity and storage offset: where repeated views are looked up.
+type ViewKey = ((usize, usize, usize), usize);
 
 /// Whether CPython would hand out one shared object for this string constant: identifiers made of ASCII
 /// name characters (interned code constants and attribute names) and the empty string.

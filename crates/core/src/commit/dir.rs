@@ -327,13 +327,14 @@ impl DirCommit {
                 continue; // rank 0's digests are read below, with the final files'
             }
             let digests = report.get("digests").and_then(Json::as_str).unwrap_or_default();
-            let part = Manifest::from_json(digests.as_bytes()).map_err(|e| CommitError::RankFailed {
-                rank,
-                message: format!("sent an unreadable report: {e}"),
-            })?;
+            let part = Manifest::from_json(digests.as_bytes())
+                .map_err(|e| CommitError::RankFailed { rank, message: format!("sent an unreadable report: {e}") })?;
             for (name, d) in part.files {
                 if manifest.files.contains_key(&name) {
-                    return Err(CommitError::RankFailed { rank, message: format!("wrote {name}, as another rank did") });
+                    return Err(CommitError::RankFailed {
+                        rank,
+                        message: format!("wrote {name}, as another rank did"),
+                    });
                 }
                 manifest.files.insert(name, d);
             }
@@ -345,7 +346,8 @@ impl DirCommit {
                 manifest.insert(d);
             }
             failpoint::hit("dir.manifest").map_err(at(&self.target))?;
-            let mut f = self.create_file_with(MANIFEST_NAME, WriterOptions { checksums: false, ..self.options.writer })?;
+            let mut f =
+                self.create_file_with(MANIFEST_NAME, WriterOptions { checksums: false, ..self.options.writer })?;
             let bytes = manifest.to_json();
             io::Write::write_all(f.writer(), &bytes).map_err(|e| CommitError::from_io(f.path(), e))?;
             f.finish()?;
@@ -512,7 +514,8 @@ fn exchange_disabled() -> bool {
 fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
-    let cstr = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    let cstr =
+        |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
     let (a, b) = (cstr(from)?, cstr(to)?);
     // SAFETY: two valid NUL-terminated paths relative to the working directory.
     let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
@@ -679,7 +682,10 @@ mod tests {
         assert!(matches!(e, CommitError::Refused { .. }), "{e}");
         let link = root.path().join("l");
         std::os::unix::fs::symlink(root.path(), &link).unwrap();
-        assert!(matches!(DirCommit::begin(&link, &SingleProcess, &DirOptions::default()), Err(CommitError::Refused { .. })));
+        assert!(matches!(
+            DirCommit::begin(&link, &SingleProcess, &DirOptions::default()),
+            Err(CommitError::Refused { .. })
+        ));
         let c = DirCommit::begin(&root.path().join("d"), &SingleProcess, &DirOptions::default()).unwrap();
         assert!(matches!(c.create_file("a/b"), Err(CommitError::Refused { .. })));
         assert!(matches!(c.create_file(".."), Err(CommitError::Refused { .. })));
@@ -702,7 +708,9 @@ mod tests {
                         let own = if g.rank() == 1 {
                             Err("disk on fire".to_string())
                         } else {
-                            write(&c, &format!("__{}_0.distcp", g.rank()), b"new").map(|_| ()).map_err(|e| e.to_string())
+                            write(&c, &format!("__{}_0.distcp", g.rank()), b"new")
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
                         };
                         c.commit(&g, own, |c| write(c, ".metadata", b"meta").map(|_| ()))
                     })

@@ -16,8 +16,8 @@
 //! Tests in one process arm it with [`configure`] instead: that configuration applies to the calling
 //! thread only (other tests running in parallel are not affected), and wins over the environment there.
 
-use std::fs::OpenOptions;
 use std::cell::{Cell, RefCell};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

@@ -124,14 +124,8 @@ impl FileCommit {
             .custom_flags(libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(|e| CommitError::from_io(target, e))?;
-        let mut commit = FileCommit {
-            target: target.to_path_buf(),
-            tmp,
-            writer: None,
-            options: options.clone(),
-            lock,
-            done: false,
-        };
+        let mut commit =
+            FileCommit { target: target.to_path_buf(), tmp, writer: None, options: options.clone(), lock, done: false };
         if let Ok(old) = fs::metadata(target) {
             let _ = file.set_permissions(fs::Permissions::from_mode(old.permissions().mode() & 0o7777));
         }

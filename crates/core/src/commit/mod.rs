@@ -86,7 +86,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), CommitError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     #[test]

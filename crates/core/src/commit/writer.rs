@@ -567,7 +567,7 @@ pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     fn pattern(n: usize, seed: u64) -> Vec<u8> {
