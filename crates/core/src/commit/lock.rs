@@ -8,7 +8,8 @@
 //! kernel with its last file descriptor; its file is reused by the next save.
 //!
 //! `flock` locks are advisory and per open file description; they work across processes on local file
-//! systems and, through the lock manager, on NFSv4.
+//! systems and, through the lock manager, on NFSv4. Where the file system has no `flock` (`ENOLCK`,
+//! `EOPNOTSUPP`), the save goes on unlocked.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -41,20 +42,27 @@ impl DestinationLock {
                 .create(true)
                 .truncate(false)
                 .open(&path)
-                .map_err(at(&path))?;
+                .map_err(at(destination))?;
             // SAFETY: flock on an fd we own.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                    let mut holder = String::new();
-                    let _ = file.read_to_string(&mut holder);
-                    let holder = Some(holder.trim().to_owned()).filter(|h| !h.is_empty());
-                    return Err(CommitError::Locked { path: destination.to_path_buf(), holder });
+                match e.raw_os_error() {
+                    Some(libc::EWOULDBLOCK) => {
+                        let mut holder = String::new();
+                        let _ = file.read_to_string(&mut holder);
+                        let holder = Some(holder.trim().to_owned()).filter(|h| !h.is_empty());
+                        return Err(CommitError::Locked { path: destination.to_path_buf(), holder });
+                    }
+                    // A file system without flock (some network and FUSE mounts): save unlocked, as
+                    // before locks existed, rather than refuse to save.
+                    Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => {
+                        return Ok(DestinationLock { path, file: Some(file) });
+                    }
+                    _ => return Err(CommitError::from_io(&path, e)),
                 }
-                return Err(CommitError::from_io(&path, e));
             }
             // The previous holder may have unlinked the file between our open and our flock.
-            let locked = file.metadata().map_err(at(&path))?;
+            let locked = file.metadata().map_err(at(destination))?;
             match fs::symlink_metadata(&path) {
                 Ok(now) if now.ino() == locked.ino() && now.dev() == locked.dev() => {}
                 _ => continue,

@@ -40,7 +40,30 @@
 //! buffered mode, and through reused aligned buffers with `O_DIRECT`). A directory format calls
 //! [`DirCommit::begin`] on every rank, writes each of the rank's files with [`DirCommit::create_file`]
 //! (calling [`DurableWriter::mark`] at each item boundary when checksums are on), and ends with
-//! [`DirCommit::commit`], passing rank 0's metadata writer as the `finalize` closure.
+//! [`DirCommit::commit`], passing rank 0's metadata writer as the `finalize` closure. A failure the format
+//! finds in its own exchanges (after every rank stopped writing) ends with [`DirCommit::abort`]. `ckpt-distcp`'s
+//! writer is the reference (`crates/distcp/src/writer.rs`).
+//!
+//! The writers still on [`crate::atomic`] (per-file atomic renames inside the destination) move over so:
+//!
+//! - **hfai** (`save`, `save_rank`): `DirCommit::begin(dir, group)`; each rank writes `PART_{rank:03}.pt`
+//!   with `create_file` and `ckpt_torch::save_to_writer` (marking each record); `finish_collective`'s
+//!   report exchange becomes the `own` outcome of `commit` (its fingerprint check runs in `finalize` on the
+//!   staged files); stale wider parts disappear with the old directory, so `remove_stale_parts` goes;
+//!   `owned`: `PART_*.pt` and the manifest.
+//! - **recis** (`CheckpointManager::save`, `writer::save`): the manager's own `.<id>.tmp` staging and
+//!   rename become `DirCommit` on `<root>/<id>` (the exchange replaces its rename-away-then-rename), with
+//!   `index`, `tensorkey.json` and the torch-rank JSON written in `finalize`; the `checkpoint` list stays a
+//!   [`FileCommit`] after the swap (the format's own commit point).
+//! - **PBG as converted** (facade conversions into a fresh directory): `DirCommit` on the output
+//!   directory. PBG's in-place training protocol (`crates/pbg/src/commit.rs`: versioned files, the version
+//!   file as commit point) stays, with its per-file writes moved to [`FileCommit`] (lock, `O_DIRECT`,
+//!   classified errors) through [`crate::atomic`], which it already uses.
+//! - **Hugging Face shards** (`ckpt_distcp::hf`, facade exports): `DirCommit` on the output directory with
+//!   `model.safetensors.index.json` written in `finalize`, `owned` = `*.safetensors` and the index.
+//! - **facade conversions and reshards**: nothing of their own; they get the protocol through the format
+//!   writers they call. A reshard in place (source = destination) becomes safe for free: the staging
+//!   directory is written while the source is still whole.
 
 pub mod checksum;
 mod dir;
