@@ -338,7 +338,12 @@ fn data_files_of(dir: &Path) -> Vec<String> {
     let sums = ckpt_core::commit::Manifest::read(dir).unwrap().expect("ckpt writes a checksum manifest");
     assert!(sums.verify_dir(dir).unwrap().is_empty(), "{}: checksums", dir.display());
     let files: Vec<String> = files_of(dir).into_iter().filter(|f| f != ckpt_core::commit::MANIFEST_NAME).collect();
-    assert_eq!(sums.files.keys().cloned().collect::<Vec<_>>(), files, "{}: the manifest lists every file", dir.display());
+    assert_eq!(
+        sums.files.keys().cloned().collect::<Vec<_>>(),
+        files,
+        "{}: the manifest lists every file",
+        dir.display()
+    );
     files
 }
 
