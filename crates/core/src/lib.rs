@@ -10,6 +10,8 @@
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI.
 //! - [`safetensors`]: read and write `.safetensors` files.
+//! - [`commit`]: the durable commit path every writer uses — crash-safe file and directory commits at the
+//!   disk's speed, advisory locks, checksum manifests, failpoints.
 //!
 //! # Feature flags
 //! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module [`tch_interop`]).
@@ -20,6 +22,7 @@ pub mod atomic;
 mod buffer;
 mod checkpoint;
 mod collective;
+pub mod commit;
 mod display;
 mod dtype;
 mod error;
