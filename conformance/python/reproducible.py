@@ -189,7 +189,6 @@ class Masks:
         return sorted(self.trained + [(d.start, d.end) for d in self.derived])
 
 
-
 def first_difference(a: bytes, b: bytes, spans: list[tuple[int, int]]) -> int | None:
     """Offset of the first byte outside ``spans`` where ``a`` and ``b`` differ (lengths must be equal)."""
     pos = 0
@@ -308,9 +307,9 @@ def load_archive(data: bytes) -> LoadedArchive:
     return LoadedArchive(obj, tree, torchtree.attach_keys(tensors, ids, keys))
 
 
-def pickle_float_spans(a: bytes, b: bytes) -> list[tuple[int, int]] | str:
-    """Spans (in the pickles) of the BINFLOAT arguments that differ between two pickles whose opcodes and
-    other arguments are identical; a description of the first other difference otherwise."""
+def pickle_float_spans(a: bytes, b: bytes) -> list[tuple[int, int, float, float]] | str:
+    """(start, end, committed, fresh) of the BINFLOAT arguments that differ between two pickles whose
+    opcodes and other arguments are identical; a description of the first other difference otherwise."""
     ops_a, ops_b = list(pickletools.genops(a)), list(pickletools.genops(b))
     if len(ops_a) != len(ops_b):
         return f"{len(ops_a)} pickle opcodes vs {len(ops_b)}"
@@ -322,7 +321,7 @@ def pickle_float_spans(a: bytes, b: bytes) -> list[tuple[int, int]] | str:
             continue
         if oa.name != "BINFLOAT":
             return f"pickle {oa.name} argument {arg_a!r} vs {arg_b!r} at {pos_a}"
-        spans.append((pos_a + 1, pos_a + 9))
+        spans.append((pos_a + 1, pos_a + 9, arg_a, arg_b))
     return spans
 
 
@@ -341,8 +340,9 @@ def tree_floats(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[str, st
                 yield from tree_floats(v, (*path, str(i)))
 
 
-def compare_trees(name: str, ta: Any, tb: Any, value_globs: Iterable[str], problems: list[str]) -> None:
-    """Typed trees equal, except floats at ``value_globs`` paths, which must be close (float32 math)."""
+def compare_trees(name: str, ta: Any, tb: Any, value_globs: Iterable[str], problems: list[str]) -> set[tuple[float, float]]:
+    """Typed trees equal, except floats at ``value_globs`` paths, which must be close (float32 math).
+    Returns the (committed, fresh) pairs of those floats that differ."""
     fa, fb = dict(tree_floats(ta)), dict(tree_floats(tb))
     allowed = {p for p in fa if matches(value_globs, p) and p in fb and fa[p] != fb[p]}
 
@@ -370,6 +370,7 @@ def compare_trees(name: str, ta: Any, tb: Any, value_globs: Iterable[str], probl
         why = close(np.array([float.fromhex(fa[p])]), np.array([float.fromhex(fb[p])]), "float32")
         if why:
             problems.append(f"{name}: value {p}: {why}")
+    return {(float.fromhex(fa[p]), float.fromhex(fb[p])) for p in allowed}
 
 
 def compare_archive(name: str, a: bytes, b: bytes, rule: Rule, problems: list[str]) -> tuple[LoadedArchive, LoadedArchive] | None:
@@ -420,12 +421,14 @@ def compare_archive(name: str, a: bytes, b: bytes, rule: Rule, problems: list[st
         masks.trained.append((r.data, r.data + r.size))
     pkl = by_name.get(f"{prefix}data.pkl")
     float_spans: list[tuple[int, int]] = []
+    float_pairs: set[tuple[float, float]] = set()
     if rule.values and pkl is not None:
         spans = pickle_float_spans(a[pkl.data : pkl.data + pkl.size], b[pkl.data : pkl.data + pkl.size])
         if isinstance(spans, str):
             problems.append(f"{name}: {spans}")
             return la, lb
-        float_spans = [(pkl.data + s, pkl.data + e) for s, e in spans]
+        float_spans = [(pkl.data + s, pkl.data + e) for s, e, _, _ in spans]
+        float_pairs = {(x, y) for _, _, x, y in spans}
         masks.trained += float_spans
         if float_spans:
             trained[pkl.name] = "pickle"
@@ -459,7 +462,10 @@ def compare_archive(name: str, a: bytes, b: bytes, rule: Rule, problems: list[st
             paths = [t["path"] for t in la.tensors if f"{prefix}data/{t['storage_key']}" == rec_name]
             problems.append(f"{name}: {rec_name} ({', '.join(paths)}): {why}")
     if float_spans or rule.values:
-        compare_trees(name, la.tree, lb.tree, rule.values, problems)
+        allowed = compare_trees(name, la.tree, lb.tree, rule.values, problems)
+        # every pickled float that differs must be one of the training-derived values of the object tree
+        for x, y in sorted(float_pairs - allowed):
+            problems.append(f"{name}: pickled float {x!r} vs {y!r} is not a training-derived value")
     return la, lb
 
 
