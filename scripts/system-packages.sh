@@ -34,7 +34,12 @@ SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "${missing[*]} missing: run as root, or install sudo"
   # Without a terminal a password prompt would hang: fail instead.
-  if [ -t 0 ]; then SUDO=(sudo); else SUDO=(sudo -n); fi
+  if [ -t 0 ]; then
+    SUDO=(sudo)
+  else
+    sudo -n true 2>/dev/null || die "${missing[*]} missing: sudo needs a password and there is no terminal (run as root)"
+    SUDO=(sudo -n)
+  fi
 fi
 # Wait for a concurrent apt/dpkg run (another user, unattended-upgrades) instead of failing on its lock.
 APT=("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q)
