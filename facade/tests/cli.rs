@@ -1,7 +1,6 @@
 //! The `ckpt` command, run as a user would: on every golden fixture and on corrupted copies, checking
 //! output and exit codes (0 ok, 1 check failed, 2 usage, 3 bad input, 4 I/O).
 
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
