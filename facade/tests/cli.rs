@@ -1,7 +1,6 @@
 //! The `ckpt` command, run as a user would: on every golden fixture and on corrupted copies, checking
 //! output and exit codes (0 ok, 1 check failed, 2 usage, 3 bad input, 4 I/O).
 
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -345,12 +344,7 @@ fn convert_prints_its_summary() {
         .collect();
     assert_eq!(
         rows,
-        [
-            ("int8", "int8"),
-            ("float16", "bfloat16"),
-            ("float32", "bfloat16"),
-            ("float64", "bfloat16")
-        ],
+        [("int8", "int8"), ("float16", "bfloat16"), ("float32", "bfloat16"), ("float64", "bfloat16")],
         "{out}"
     );
     let (code, out, _) = run(&[&"inspect", &src, &"--include", &"complex*", &"--exclude", &"complex64"]);

@@ -2,7 +2,6 @@
 //! re-partitioned by a new config, a tensors-only safetensors file made a PBG checkpoint (optimizer state
 //! rebuilt), hash tables from a plain state dict split over shards with RecIS's rules, and the refusals.
 //! Every output is also loaded by the Python side (torchbiggraph; RecIS's loader rules).
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};

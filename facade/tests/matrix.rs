@@ -1,7 +1,6 @@
 //! Cross-format conformance: every golden fixture converted to every format that can hold it and back, with
 //! entries compared (names where the formats share a naming, dtype, shape, bytes), and every converted
 //! output loaded by the Python originals in one Python run (`conformance/python/matrix/check_outputs.py`).
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,6 @@
 //! `ckpt::open` detects and reads every golden fixture of every format, and every entry it lists reads
 //! back with the dtype and shape it announced.
 
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};

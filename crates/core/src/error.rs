@@ -75,6 +75,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A durable commit failed for a reason callers can act on: disk full, read-only, permission denied,
+    /// another save holds the destination's lock (plain I/O errors of a commit are [`Error::Io`]).
+    #[error(transparent)]
+    Commit(crate::commit::CommitError),
     /// A safetensors error from the `safetensors` crate.
     #[error("safetensors: {0}")]
     SafeTensors(#[from] safetensors::SafeTensorError),
@@ -110,6 +114,7 @@ impl Error {
             Error::Io { .. } | Error::SafeTensors(safetensors::SafeTensorError::IoError(_)) => Fault::Io,
             Error::SafeTensors(_) => Fault::Malformed,
             Error::Format { fault, .. } => *fault,
+            Error::Commit(c) => c.fault(),
         }
     }
 
@@ -118,6 +123,16 @@ impl Error {
         match self {
             Error::Format { source, .. } => source.downcast_ref::<E>(),
             _ => None,
+        }
+    }
+}
+
+impl From<crate::commit::CommitError> for Error {
+    /// A commit's plain I/O error becomes [`Error::Io`]; every other kind stays a [`Error::Commit`].
+    fn from(e: crate::commit::CommitError) -> Self {
+        match e {
+            crate::commit::CommitError::Io { path, source } => Error::Io { path, source },
+            e => Error::Commit(e),
         }
     }
 }

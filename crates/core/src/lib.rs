@@ -12,6 +12,8 @@
 //! - [`safetensors`]: read and write `.safetensors` files, with ckpt's lossless metadata convention.
 //! - [`select`]: selecting, renaming and casting the entries of a checkpoint; [`cast_float`]: torch's float
 //!   conversions, bit for bit.
+//! - [`commit`]: the durable commit path every writer uses — crash-safe file and directory commits at the
+//!   disk's speed, advisory locks, checksum manifests, failpoints.
 //!
 //! # Feature flags
 //! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module [`tch_interop`]).
@@ -23,6 +25,7 @@ mod buffer;
 mod cast;
 mod checkpoint;
 mod collective;
+pub mod commit;
 mod display;
 mod dtype;
 mod error;

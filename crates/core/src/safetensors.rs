@@ -7,9 +7,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::atomic::write_atomic_path;
 use crate::buffer::Buffer;
 use crate::checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
+use crate::commit::FileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -157,7 +157,43 @@ pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, S
     Ok(safetensors::serialize(prepared(&owned)?, metadata)?)
 }
 
-/// Writes a safetensors file atomically (temporary file, fsync, rename, directory fsync).
+/// The header the `safetensors` crate writes for `views` (its `prepare`: tensors sorted by descending dtype
+/// alignment, then name; JSON padded with spaces to 8 bytes), and the views in data order.
+fn header<'a>(
+    mut views: Vec<(String, StView<'a>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(Vec<u8>, Vec<StView<'a>>)> {
+    use safetensors::View;
+    views.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
+    let mut infos = Vec::with_capacity(views.len());
+    let mut ordered = Vec::with_capacity(views.len());
+    let mut offset = 0usize;
+    for (name, v) in views {
+        let n = v.data_len();
+        let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
+        infos.push((
+            name,
+            safetensors::tensor::TensorInfo {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data_offsets: (offset, end),
+            },
+        ));
+        offset = end;
+        ordered.push(v);
+    }
+    let meta = safetensors::tensor::Metadata::new(metadata, infos)?;
+    let mut json = serde_json::to_vec(&meta).map_err(|e| Error::InvalidArgument(format!("safetensors header: {e}")))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    if json.len() > 100_000_000 {
+        return Err(Error::SafeTensors(safetensors::SafeTensorError::HeaderTooLarge));
+    }
+    Ok((json, ordered))
+}
+
+/// Writes a safetensors file durably through [`crate::commit`] (lock, temporary file, `O_DIRECT` writes
+/// straight from each tensor, `fdatasync`, rename, directory fsync), byte for byte what the `safetensors`
+/// crate's `serialize` produces.
 ///
 /// ```
 /// use ckpt_core::{safetensors, Tensor};
@@ -170,13 +206,34 @@ pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, S
 /// ```
 ///
 /// # Errors
-/// As [`to_bytes`], plus [`Error::Io`] naming the path.
+/// As [`to_bytes`], plus [`Error::Io`] naming the path, or [`Error::Commit`] for a full disk, a
+/// read-only file system, a permission error or a concurrent save.
 pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
+    crate::commit::write_file(path, &FileOptions::default(), |w| write_to(tensors, metadata, w, path))?;
+    Ok(())
+}
+
+/// Serializes a safetensors file into `w` (a [`crate::commit`] writer of a directory's staged file, for
+/// example), streaming each tensor's bytes from its memory; the bytes are [`write_file`]'s. `path` names
+/// the file in I/O errors.
+///
+/// # Errors
+/// As [`to_bytes`], plus [`Error::Io`] naming `path`.
+pub fn write_to<W: std::io::Write>(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    w: &mut W,
+    path: &Path,
+) -> Result<()> {
     let owned = contiguous(tensors)?;
-    let views = prepared(&owned)?;
-    // serialize_to_file streams the header and then each tensor's bytes to the file, without building the
-    // whole file in memory.
-    write_atomic_path(path, |tmp| Ok(safetensors::serialize_to_file(views, metadata, tmp)?))
+    let (header, ordered) = header(prepared(&owned)?, metadata)?;
+    let io = |e: std::io::Error| Error::io(path, e);
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    for v in &ordered {
+        w.write_all(&v.tensor.data()?).map_err(io)?;
+    }
+    Ok(())
 }
 
 impl CheckpointRead for SafetensorsReader {
@@ -241,6 +298,23 @@ mod tests {
         assert_eq!(back.get("h").unwrap(), &h);
         let c = Tensor::zeros(DType::C128, &[1]).unwrap();
         assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+    }
+
+    #[test]
+    fn file_is_byte_identical_to_the_crate_serializer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let big = Tensor::from_slice(&(0..3_000_000).map(|i| i as f32).collect::<Vec<_>>(), &[1000, 3000]).unwrap();
+        let tensors = vec![
+            ("b".to_string(), Tensor::from_slice(&[1u8, 2, 3], &[3]).unwrap()),
+            ("a".to_string(), big.transpose(0, 1).unwrap()),
+            ("h".to_string(), Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap()),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        write_file(&tensors, Some(meta.clone()), &path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), to_bytes(&tensors, Some(meta)).unwrap());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.safetensors"]);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! dropped, so memory stays at about the largest tensor plus a constant.
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ckpt_core::{DType, StorageClass, Value, contiguous_strides, unflatten};
@@ -37,7 +37,7 @@ fn streaming_reader(dir: &Path) -> Result<DcpReader> {
 }
 
 /// Writes `path` atomically (temporary file, fsync, rename) with this crate's errors.
-fn write_atomic(path: &Path, f: impl FnOnce(&mut BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
+fn write_atomic(path: &Path, f: impl FnOnce(&mut ckpt_core::commit::DurableWriter) -> Result<()>) -> Result<()> {
     ckpt_core::atomic::write_atomic(path, f)
 }
 

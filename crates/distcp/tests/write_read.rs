@@ -68,10 +68,21 @@ fn every_option_round_trips() {
         assert!(!d.path().join(".metadata.tmp").exists(), "{name}");
         let transforms = md.storage_data.iter().all(|(_, s)| s.transform_descriptors == ["stream.zstd/1"]);
         assert_eq!(transforms, name.starts_with("zstd"), "{name}");
+        const SUMS: &str = "ckpt.checksums.json";
         match name {
-            "three-files" => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]),
-            "per-item" => assert_eq!(files(d.path()).len(), 1 + md.storage_data.len()),
-            _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp"], "{name}"),
+            "three-files" => {
+                assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp", SUMS])
+            }
+            "per-item" => assert_eq!(files(d.path()).len(), 2 + md.storage_data.len()),
+            _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", SUMS], "{name}"),
+        }
+        // The checksum manifest covers every file but itself, one chunk per item, and verifies.
+        let sums = ckpt_core::commit::Manifest::read(d.path()).unwrap().unwrap();
+        assert_eq!(sums.files.len(), files(d.path()).len() - 1, "{name}");
+        assert!(sums.verify_dir(d.path()).unwrap().is_empty(), "{name}");
+        for (_, info) in &md.storage_data {
+            let chunk = sums.chunk_at(&info.relative_path, info.offset).unwrap();
+            assert_eq!(chunk.length, info.length, "{name}: one chunk per item");
         }
         if name == "213" || name == "zstd-213" {
             assert_eq!(md.version.as_deref(), Some("1.0.0"));

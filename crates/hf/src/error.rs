@@ -22,12 +22,6 @@ pub enum Error {
         /// The text given.
         text: String,
     },
-    /// The destination exists and is not an empty directory.
-    #[error("{}: the destination exists and is not an empty directory", path.display())]
-    AlreadyExists {
-        /// The destination.
-        path: PathBuf,
-    },
     /// An I/O error on a path.
     #[error("{}: {source}", path.display())]
     Io {
@@ -47,7 +41,7 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::Malformed { .. } => Fault::Malformed,
-            Error::BadSize { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
+            Error::BadSize { .. } => Fault::InvalidArgument,
             Error::Io { .. } => Fault::Io,
             Error::Core(e) => e.fault(),
         }

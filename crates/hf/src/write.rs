@@ -1,13 +1,15 @@
 //! Writing a Hugging Face sharded checkpoint.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use ckpt_core::commit::{CommitError, DirCommit, DirOptions};
 use ckpt_core::safetensors::metadata::{self, FORMAT_KEY, FORMAT_PT};
 use ckpt_core::{PathItem, Value};
 use serde_json::Value as Json;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::shard::{self, DEFAULT_MAX_SHARD_SIZE};
 
 /// Options of [`save_entries`].
@@ -60,10 +62,10 @@ pub struct SaveReport {
 }
 
 /// Writes `entries` (name, path in the nested state dict, value) as a Hugging Face sharded checkpoint in the
-/// directory `dst` (new, or empty): shards filled in the entries' order as `huggingface_hub` fills them
-/// ([`crate::shard`]), each a safetensors file with `format = "pt"`, and `model.safetensors.index.json`
-/// (`metadata.total_size`, `weight_map` of every tensor, keys sorted and indented as `transformers` writes
-/// it) when there is more than one shard.
+/// directory `dst`: shards filled in the entries' order as `huggingface_hub` fills them ([`crate::shard`]),
+/// each a safetensors file with `format = "pt"`, and `model.safetensors.index.json` (`metadata.total_size`,
+/// `weight_map` of every tensor, keys sorted and indented as `transformers` writes it) when there is more
+/// than one shard.
 ///
 /// Everything that is not a plain tensor is kept with ckpt's safetensors convention
 /// ([`ckpt_core::safetensors::metadata`]): `ckpt.source`, `ckpt.paths` and `ckpt.values` go into the first
@@ -71,18 +73,19 @@ pub struct SaveReport {
 /// hold are tensors of the checkpoint (in whichever shard the filling puts them, listed in the index),
 /// so other loaders see every tensor and ckpt rebuilds every value.
 ///
-/// The write is atomic: the shards and the index are written and synced in a staging directory beside
-/// `dst`, which is then renamed to `dst` (the parent directory synced); on error nothing is left.
+/// The write streams each tensor from its memory into its shard and commits the directory atomically
+/// through [`ckpt_core::commit::DirCommit`]: staged beside `dst`, synced, swapped in whole. The format owns
+/// the `*.safetensors` files and the index of an existing `dst`; other files there (a `config.json`, the
+/// tokenizer) are carried into the new directory.
 ///
 /// # Errors
-/// [`Error::AlreadyExists`] when `dst` is a file or a non-empty directory; I/O errors; errors of the tensors'
-/// data.
+/// The commit's errors (a destination that is a file, a full disk, a concurrent save); errors of the
+/// tensors' data.
 pub fn save_entries<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     dst: &Path,
     options: &WriteOptions,
 ) -> Result<SaveReport> {
-    check_destination(dst)?;
     let mut st_options = metadata::WriteOptions::default();
     if let Some(s) = &options.source {
         st_options = st_options.with_source(s);
@@ -94,17 +97,22 @@ pub fn save_entries<'a>(
         shards.push(Vec::new()); // no tensor: one file with the records
     }
     let n = shards.len();
-    let staging = staging_dir(dst)?;
-    let written = (|| -> Result<Vec<String>> {
-        let mut names = Vec::with_capacity(n);
-        let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
+    let group = ckpt_core::SingleProcess;
+    let dir_options = DirOptions::default().with_owned(owned);
+    let commit = DirCommit::begin(dst, &group, &dir_options).map_err(ckpt_core::Error::from)?;
+    let mut names = Vec::with_capacity(n + 1);
+    let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
+    let written = (|| -> Result<()> {
         for (i, members) in shards.iter().enumerate() {
             let file = shard::file_name(i, n);
             let shard_tensors: Vec<(String, ckpt_core::Tensor)> =
                 members.iter().filter_map(|&k| tensors.get(k).cloned()).collect();
             let meta =
                 if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
-            ckpt_core::safetensors::write_file(&shard_tensors, Some(meta), &staging.join(&file))?;
+            let mut staged = commit.create_file(&file).map_err(ckpt_core::Error::from)?;
+            let path = staged.path().to_path_buf();
+            ckpt_core::safetensors::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            staged.finish().map_err(ckpt_core::Error::from)?;
             for &k in members {
                 if let Some((name, _)) = tensors.get(k) {
                     weight_map.push((name, file.clone()));
@@ -112,29 +120,27 @@ pub fn save_entries<'a>(
             }
             names.push(file);
         }
-        if n > 1 {
-            let total: u64 = sizes.iter().sum();
-            let text = index_json(total, &weight_map);
-            let index = staging.join(crate::INDEX_FILE);
-            std::fs::write(&index, text).map_err(|e| Error::io(&index, e))?;
-            std::fs::File::open(&index).and_then(|f| f.sync_all()).map_err(|e| Error::io(&index, e))?;
-            names.push(crate::INDEX_FILE.to_owned());
-        }
-        ckpt_core::atomic::sync_dir(&staging)?;
-        if dst.is_dir() {
-            std::fs::remove_dir(dst).map_err(|e| Error::io(dst, e))?;
-        }
-        std::fs::rename(&staging, dst).map_err(|e| Error::io(dst, e))?;
-        ckpt_core::atomic::sync_dir(dst.parent().unwrap_or(Path::new(".")))?;
-        Ok(names)
+        Ok(())
     })();
-    let names = match written {
-        Ok(names) => names,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
-        }
-    };
+    if let Err(e) = written {
+        commit.abort();
+        return Err(e);
+    }
+    let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
+    commit
+        .commit(&group, Ok(()), |c| {
+            if let Some(text) = &index {
+                let mut f = c.create_file(crate::INDEX_FILE)?;
+                let path = f.path().to_path_buf();
+                f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
+                f.finish()?;
+            }
+            Ok(())
+        })
+        .map_err(ckpt_core::Error::from)?;
+    if index.is_some() {
+        names.push(crate::INDEX_FILE.to_owned());
+    }
     Ok(SaveReport {
         tensors: prepared.tensors,
         bytes: sizes.iter().sum(),
@@ -144,29 +150,9 @@ pub fn save_entries<'a>(
     })
 }
 
-/// `dst` must not exist, or be an empty directory.
-fn check_destination(dst: &Path) -> Result<()> {
-    if !dst.exists() {
-        return Ok(());
-    }
-    let empty = dst.is_dir() && std::fs::read_dir(dst).map_err(|e| Error::io(dst, e))?.next().is_none();
-    if empty { Ok(()) } else { Err(Error::AlreadyExists { path: dst.to_path_buf() }) }
-}
-
-/// A fresh staging directory beside `dst`.
-fn staging_dir(dst: &Path) -> Result<PathBuf> {
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-    let name = dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "hf".into());
-    let staging = parent.join(format!(".{name}.ckpt-staging-{}", std::process::id()));
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
-    }
-    std::fs::create_dir(&staging).map_err(|e| Error::io(&staging, e))?;
-    Ok(staging)
+/// The names of a destination that belong to the format: shards, the index, the checksum manifest.
+fn owned(name: &str) -> bool {
+    name.ends_with(".safetensors") || name == crate::INDEX_FILE || name == ckpt_core::commit::MANIFEST_NAME
 }
 
 /// The index as `transformers` writes it: `json.dumps(index, indent=2, sort_keys=True) + "\n"` (non-ASCII

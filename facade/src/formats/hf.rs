@@ -11,12 +11,7 @@ pub(crate) struct Hf;
 
 impl Cause for ckpt_hf::Error {
     fn at(self, path: &Path) -> Error {
-        match self {
-            ckpt_hf::Error::AlreadyExists { path } => {
-                Error::AlreadyExists { path, reason: "the destination exists and is not an empty directory".into() }
-            }
-            other => ckpt_core::Error::from(other).at(path),
-        }
+        ckpt_core::Error::from(self).at(path)
     }
 }
 
