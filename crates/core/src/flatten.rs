@@ -70,6 +70,7 @@ fn python_repr(v: &Value) -> Result<String> {
         Value::BigInt(b) => crate::value::bigint_decimal(b),
         Value::Float(f) => float_repr(*f),
         Value::Str(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        Value::Numpy(n) if !n.is_array() => python_repr(&n.value)?,
         Value::Tuple(items) => {
             let parts: Result<Vec<String>> = items.iter().map(python_repr).collect();
             let parts = parts?;

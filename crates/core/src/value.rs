@@ -91,6 +91,51 @@ impl Object {
     }
 }
 
+/// A numpy scalar or array unpickled from a checkpoint (`numpy.core.multiarray.scalar` or `_reconstruct`,
+/// numpy 2's `numpy._core.multiarray`), kept so that writing it back pickles the same numpy object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Numpy {
+    /// A scalar's value (`Bool`, `Int`, `BigInt` for a `uint64` above `i64`, `Float` or `Complex`), or an
+    /// array's data as a [`Value::Tensor`] of the numpy dtype (Fortran-ordered arrays keep their strides).
+    pub value: Value,
+    /// The numpy dtype, as the torch dtype of the same name (`bool`, `int8` ... `uint64`, `float16`,
+    /// `float32`, `float64`, `complex64`, `complex128`).
+    pub dtype: DType,
+    /// The module numpy pickled it under: `numpy._core.multiarray` (numpy 2) or `numpy.core.multiarray`.
+    pub module: String,
+}
+
+impl Numpy {
+    /// Whether this is an array (else a scalar).
+    pub fn is_array(&self) -> bool {
+        matches!(self.value, Value::Tensor(_))
+    }
+
+    /// numpy's name of the value's type: `numpy.ndarray`, `numpy.float64`, `numpy.int64`, `numpy.bool` ...
+    pub fn type_name(&self) -> &'static str {
+        if self.is_array() {
+            return "numpy.ndarray";
+        }
+        match self.dtype {
+            DType::Bool => "numpy.bool",
+            DType::I8 => "numpy.int8",
+            DType::I16 => "numpy.int16",
+            DType::I32 => "numpy.int32",
+            DType::I64 => "numpy.int64",
+            DType::U8 => "numpy.uint8",
+            DType::U16 => "numpy.uint16",
+            DType::U32 => "numpy.uint32",
+            DType::U64 => "numpy.uint64",
+            DType::F16 => "numpy.float16",
+            DType::F32 => "numpy.float32",
+            DType::F64 => "numpy.float64",
+            DType::C64 => "numpy.complex64",
+            DType::C128 => "numpy.complex128",
+            _ => "numpy.generic",
+        }
+    }
+}
+
 /// Why a tensor's data cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -197,6 +242,8 @@ pub enum Value {
     },
     /// An object of an unmodelled class.
     Object(Box<Object>),
+    /// A numpy scalar or array.
+    Numpy(Box<Numpy>),
 }
 
 impl Value {
@@ -208,19 +255,21 @@ impl Value {
         }
     }
 
-    /// The integer, if this is an `int` within i64 (a `bool` is not an int here).
+    /// The integer, if this is an `int` within i64 (a `bool` is not an int here), or a numpy integer scalar.
     pub fn as_int(&self) -> Option<i64> {
         match self {
             Value::Int(i) => Some(*i),
+            Value::Numpy(n) => n.value.as_int(),
             _ => None,
         }
     }
 
-    /// The float, if this is a `float` (or an `int` converted).
+    /// The float, if this is a `float` (or an `int` converted), or a numpy float or integer scalar.
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Value::Float(f) => Some(*f),
             Value::Int(i) => Some(*i as f64),
+            Value::Numpy(n) => n.value.as_f64(),
             _ => None,
         }
     }
@@ -241,11 +290,12 @@ impl Value {
         }
     }
 
-    /// The dense tensor inside a tensor, parameter or tensor-with-state value.
+    /// The dense tensor inside a tensor, parameter, tensor-with-state value or numpy array.
     pub fn as_tensor(&self) -> Option<&Tensor> {
         match self {
             Value::Tensor(t) | Value::Parameter { tensor: t, .. } => Some(t),
             Value::TensorWithState { tensor, .. } => tensor.as_tensor(),
+            Value::Numpy(n) => n.value.as_tensor(),
             _ => None,
         }
     }
@@ -288,6 +338,7 @@ impl Value {
             Value::Device { .. } => "torch.device",
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
+            Value::Numpy(n) => n.type_name(),
         }
     }
 
@@ -329,6 +380,7 @@ impl Value {
                 k == l && a.same(b)
             }
             (Value::Object(a), Value::Object(b)) => a.same(b),
+            (Value::Numpy(a), Value::Numpy(b)) => a.dtype == b.dtype && a.module == b.module && a.value.same(&b.value),
             (Value::Storage { dtype: d, data: a }, Value::Storage { dtype: e, data: b }) => {
                 d == e && a.as_bytes() == b.as_bytes()
             }

@@ -31,6 +31,7 @@
 //! | `opaque_tensor` | `"sparse"`, `"quantized"`, `"nested"`, `"meta"` or `"other"` | `rebuild`: an `object` encoding | a sparse, quantized, ... tensor |
 //! | `storage` | `{"tensor": name}` (its bytes, a 1-D `U8` tensor of the file) | `dtype` | a bare storage |
 //! | `global` | `[module, qualified name]` | | a class or function |
+//! | `numpy` | the value: a scalar's encoding, or a `tensor` encoding for an array | `dtype` (the numpy dtype by torch's name of it), `module` (`numpy._core.multiarray` or `numpy.core.multiarray`) | a numpy scalar or array |
 //! | `object` | the callable's encoding | `args`, `newobj` (when created by `cls.__new__`), `state`, `list_items`, `dict_items` (when present) | any other object, as pickle rebuilds it |
 //!
 //! A tensor whose dtype safetensors lacks is stored as the bytes of its contiguous values under a dtype it
@@ -73,6 +74,7 @@ const TAGS: &[&str] = &[
     "storage",
     "global",
     "object",
+    "numpy",
 ];
 
 /// Encodes values, collecting the tensors they hold under names no other entry of the file uses.
@@ -216,6 +218,13 @@ impl Encoder {
                 tagged("global", Json::Array(vec![Json::String(module.clone()), Json::String(name.clone())]))
             }
             Value::Object(o) => self.object(o, at)?,
+            Value::Numpy(n) => {
+                let mut o = serde_json::Map::new();
+                o.insert("numpy".into(), self.encode(&n.value, at, own)?);
+                o.insert("dtype".into(), Json::String(n.dtype.torch_name().into()));
+                o.insert("module".into(), Json::String(n.module.clone()));
+                Json::Object(o)
+            }
         })
     }
 
@@ -532,6 +541,11 @@ impl<'a> Decoder<'a> {
                     dict_items,
                 }))
             }
+            "numpy" => Value::Numpy(Box::new(crate::value::Numpy {
+                value: self.decode(payload)?,
+                dtype: dtype_from(field("dtype").ok_or("numpy: no dtype")?)?,
+                module: field("module").and_then(Json::as_str).ok_or("numpy: no module")?.to_owned(),
+            })),
             other => return Err(format!("unknown tag {other}")),
         })
     }
