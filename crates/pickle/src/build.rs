@@ -91,6 +91,30 @@ pub enum CallKind<V> {
     Obj,
 }
 
+/// The items of a container opcode, taken off the VM's stack in order.
+pub type Items<'s, V> = std::vec::Drain<'s, V>;
+
+/// The key/value pairs of DICT, SETITEM and SETITEMS, taken off the VM's stack in order.
+#[derive(Debug)]
+pub struct Pairs<'s, V>(std::vec::Drain<'s, V>);
+
+impl<V> Iterator for Pairs<'_, V> {
+    type Item = (V, V);
+
+    fn next(&mut self) -> Option<(V, V)> {
+        let k = self.0.next()?;
+        let v = self.0.next()?;
+        Some((k, v))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.0.len() / 2;
+        (n, Some(n))
+    }
+}
+
+impl<V> ExactSizeIterator for Pairs<'_, V> {}
+
 /// Builds the values of a pickle as [`build`] runs it. Every method may refuse with [`Declined`] (for
 /// example a mutation of something that cannot be mutated, or a shape the builder does not model), which
 /// stops the run.
@@ -120,19 +144,19 @@ pub trait Builder<'a> {
     /// STACK_GLOBAL on two values (which must be `str`s).
     fn stack_global(&mut self, module: Self::Value, name: Self::Value) -> Result<Self::Value, Declined>;
     /// A list, tuple, set or frozenset with these items.
-    fn sequence(&mut self, kind: Sequence, items: Vec<Self::Value>) -> Result<Self::Value, Declined>;
+    fn sequence(&mut self, kind: Sequence, items: Items<'_, Self::Value>) -> Result<Self::Value, Declined>;
     /// A dict with these pairs.
-    fn dict(&mut self, pairs: Vec<(Self::Value, Self::Value)>) -> Result<Self::Value, Declined>;
+    fn dict(&mut self, pairs: Pairs<'_, Self::Value>) -> Result<Self::Value, Declined>;
     /// A persistent id (BINPERSID's argument, or PERSID's text as a `str`).
     fn persistent_id(&mut self, pid: Self::Value) -> Result<Self::Value, Declined>;
     /// The result of a call.
     fn object(&mut self, call: Call<Self::Value>) -> Result<Self::Value, Declined>;
     /// APPEND / APPENDS on `target` (a list, or an object that records appended items).
-    fn append(&mut self, target: &mut Self::Value, items: Vec<Self::Value>) -> Result<(), Declined>;
+    fn append(&mut self, target: &mut Self::Value, items: Items<'_, Self::Value>) -> Result<(), Declined>;
     /// SETITEM / SETITEMS on `target` (a dict, or an object that records set items).
-    fn set_items(&mut self, target: &mut Self::Value, pairs: Vec<(Self::Value, Self::Value)>) -> Result<(), Declined>;
+    fn set_items(&mut self, target: &mut Self::Value, pairs: Pairs<'_, Self::Value>) -> Result<(), Declined>;
     /// ADDITEMS on `target` (a set).
-    fn add_items(&mut self, target: &mut Self::Value, items: Vec<Self::Value>) -> Result<(), Declined>;
+    fn add_items(&mut self, target: &mut Self::Value, items: Items<'_, Self::Value>) -> Result<(), Declined>;
     /// BUILD on `target` (an object) with `state`.
     fn build(&mut self, target: &mut Self::Value, state: Self::Value) -> Result<(), Declined>;
     /// A copy of `v` for one more reference to it (the VM has checked, before calling, that the copy stays
@@ -400,6 +424,15 @@ impl Children {
     }
 }
 
+/// What a mutation opcode does to its target.
+#[derive(Debug, Clone, Copy)]
+enum Mutation {
+    Append,
+    SetItems,
+    AddItems,
+    Build,
+}
+
 struct Shared<V> {
     value: V,
     meta: Meta,
@@ -581,36 +614,56 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
         Ok((m, c))
     }
 
-    fn drain_items(&mut self, from: usize) -> Vec<B::Value> {
-        self.meta.truncate(from);
-        self.vals.split_off(from)
+    /// Makes every value from stack index `from` up owned, and returns their sizes.
+    fn own_from(&mut self, from: usize) -> R<Children> {
+        let mut c = Children::default();
+        for i in from..self.vals.len() {
+            let mm = self.own(i)?;
+            c.add(&mm);
+        }
+        Ok(c)
     }
 
-    fn drain_pairs(&mut self, from: usize) -> R<Vec<(B::Value, B::Value)>> {
-        if (self.vals.len() - from) % 2 != 0 {
+    /// Builds a new container from the (owned) values from stack index `from` up, which it replaces.
+    fn container(&mut self, kind: Option<Sequence>, from: usize, meta: Meta) -> R<()> {
+        self.check(&meta)?;
+        self.count_node(0)?;
+        if from > self.vals.len() {
             return Err(Declined);
         }
         self.meta.truncate(from);
-        let mut out = Vec::with_capacity((self.vals.len() - from) / 2);
-        let mut it = self.vals.drain(from..);
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            out.push((k, v));
-        }
-        Ok(out)
+        let Vm { vals, builder, .. } = self;
+        let v = match kind {
+            Some(k) => builder.sequence(k, vals.drain(from..))?,
+            None => {
+                if (vals.len() - from) % 2 != 0 {
+                    return Err(Declined);
+                }
+                builder.dict(Pairs(vals.drain(from..)))?
+            }
+        };
+        self.push(v, meta)
     }
 
-    /// Applies `f` to the value at stack index `t` (owned in place, or the shared object it refers to), after
-    /// checking that growing it by `add` stays within the limits.
-    fn mutate(&mut self, t: usize, add: Children, f: impl FnOnce(&mut B, &mut B::Value) -> R<()>) -> R<()> {
+    /// Applies `what` to the value at stack index `t` (owned in place, or the shared object it refers to)
+    /// with the (owned) values from stack index `from` up, which it removes, after checking that growing the
+    /// target by `add` stays within the limits.
+    fn mutate(&mut self, t: usize, from: usize, add: Children, what: Mutation) -> R<()> {
+        if t >= from || from > self.vals.len() {
+            return Err(Declined);
+        }
+        if matches!(what, Mutation::SetItems) && (self.vals.len() - from) % 2 != 0 {
+            return Err(Declined);
+        }
         let m = *self.meta.get(t).ok_or(Declined)?;
-        let (value, meta) = if m.shared == NO_ID {
-            (self.vals.get_mut(t).ok_or(Declined)?, self.meta.get_mut(t).ok_or(Declined)?)
+        let meta = if m.shared == NO_ID {
+            self.meta.get_mut(t).ok_or(Declined)?
         } else {
             let s = self.shared.get_mut(m.shared as usize).ok_or(Declined)?;
             if s.frozen {
                 return Err(Declined);
             }
-            (&mut s.value, &mut s.meta)
+            &mut s.meta
         };
         let grown = Meta {
             nodes: meta.nodes.saturating_add(add.nodes),
@@ -628,7 +681,32 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
             return Err(Declined);
         }
         *meta = grown;
-        f(self.builder, value)
+        self.meta.truncate(from);
+        let Vm { vals, builder, shared, .. } = self;
+        // An owned target is taken out of the stack while the items above it are drained.
+        let mut owned = None;
+        let target = if m.shared == NO_ID {
+            let placeholder = builder.none();
+            owned.insert(std::mem::replace(vals.get_mut(t).ok_or(Declined)?, placeholder))
+        } else {
+            &mut shared.get_mut(m.shared as usize).ok_or(Declined)?.value
+        };
+        let result = {
+            let mut items = vals.drain(from..);
+            match what {
+                Mutation::Append => builder.append(target, items),
+                Mutation::SetItems => builder.set_items(target, Pairs(items)),
+                Mutation::AddItems => builder.add_items(target, items),
+                Mutation::Build => match items.next() {
+                    Some(state) => builder.build(target, state),
+                    None => Err(Declined),
+                },
+            }
+        };
+        if let Some(o) = owned {
+            *vals.get_mut(t).ok_or(Declined)? = o;
+        }
+        result
     }
 
     /// The stack index of the value just below the items of a MARK at `m` (the target of APPENDS, ...).
@@ -727,21 +805,12 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
 
     /// Pushes a new sequence of the values above the MARK at `m`.
     fn sequence_from(&mut self, kind: Sequence, m: usize, c: Children) -> R<()> {
-        let meta = c.container(0);
-        self.check(&meta)?;
-        self.count_node(0)?;
-        let items = self.drain_items(m);
-        let v = self.builder.sequence(kind, items)?;
-        self.push(v, meta)
+        self.container(Some(kind), m, c.container(0))
     }
 
     fn empty(&mut self, kind: Option<Sequence>) -> R<()> {
-        self.count_node(0)?;
-        let v = match kind {
-            Some(k) => self.builder.sequence(k, Vec::new())?,
-            None => self.builder.dict(Vec::new())?,
-        };
-        self.push(v, Children::default().container(0))
+        let len = self.vals.len();
+        self.container(kind, len, Children::default().container(0))
     }
 
     fn object(
@@ -977,27 +1046,24 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     self.bytes(b, code == op::BYTEARRAY8)?;
                 }
                 op::APPEND => {
-                    let (v, vm) = self.pop()?;
-                    let t = self.top_index()?;
-                    let mut c = Children::default();
-                    c.add(&vm);
-                    self.mutate(t, c, |b, target| b.append(target, vec![v]))?;
+                    let v = self.top_index()?;
+                    let t = self.target_below(v)?;
+                    let c = self.own_from(v)?;
+                    self.mutate(t, v, c, Mutation::Append)?;
                 }
                 op::APPENDS => {
                     let (m, c) = self.pop_mark()?;
                     let t = self.target_below(m)?;
-                    let items = self.drain_items(m);
-                    if !items.is_empty() {
-                        self.mutate(t, c, |b, target| b.append(target, items))?;
+                    if self.vals.len() > m {
+                        self.mutate(t, m, c, Mutation::Append)?;
                     }
                 }
                 op::BUILD => {
-                    let (state, sm) = self.pop()?;
-                    let t = self.top_index()?;
-                    let mut c = Children::default();
-                    c.add(&sm);
+                    let v = self.top_index()?;
+                    let t = self.target_below(v)?;
+                    let mut c = self.own_from(v)?;
                     c.count = 0;
-                    self.mutate(t, c, |b, target| b.build(target, state))?;
+                    self.mutate(t, v, c, Mutation::Build)?;
                 }
                 op::GLOBAL => {
                     let (m, n) = self.global_names()?;
@@ -1014,11 +1080,7 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                 op::DICT => {
                     let (m, c) = self.pop_mark()?;
                     let meta = Meta { len: c.count / 2, ..c.container(0) };
-                    self.check(&meta)?;
-                    self.count_node(0)?;
-                    let pairs = self.drain_pairs(m)?;
-                    let v = self.builder.dict(pairs)?;
-                    self.push(v, meta)?;
+                    self.container(None, m, meta)?;
                 }
                 op::EMPTY_DICT => self.empty(None)?,
                 op::EMPTY_LIST => self.empty(Some(Sequence::List))?,
@@ -1041,12 +1103,9 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     let (m, c) = self.pop_mark()?;
                     let cls = self.builder.global(module, name)?;
                     self.count_node(module.len() + name.len())?;
-                    let args_meta = c.container(0);
-                    self.check(&args_meta)?;
-                    self.count_node(0)?;
-                    let items = self.drain_items(m);
-                    let args = self.builder.sequence(Sequence::Tuple, items)?;
-                    self.object(CallKind::Inst, (cls, Meta::leaf(module.len() + name.len())), (args, args_meta), None)?;
+                    self.container(Some(Sequence::Tuple), m, c.container(0))?;
+                    let args = self.pop()?;
+                    self.object(CallKind::Inst, (cls, Meta::leaf(module.len() + name.len())), args, None)?;
                 }
                 op::OBJ => {
                     let (m, _) = self.pop_mark()?;
@@ -1055,16 +1114,10 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     for mm in self.meta.get(m + 1..).unwrap_or_default() {
                         c.add(mm);
                     }
-                    let args_meta = c.container(0);
-                    self.check(&args_meta)?;
-                    self.count_node(0)?;
-                    let mut items = self.drain_items(m);
-                    if items.is_empty() {
-                        return Err(Declined);
-                    }
-                    let cls = items.remove(0);
-                    let args = self.builder.sequence(Sequence::Tuple, items)?;
-                    self.object(CallKind::Obj, (cls, cls_meta), (args, args_meta), None)?;
+                    self.container(Some(Sequence::Tuple), m + 1, c.container(0))?;
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    self.object(CallKind::Obj, (cls.0, cls_meta), args, None)?;
                 }
                 op::LIST => {
                     let (m, c) = self.pop_mark()?;
@@ -1084,11 +1137,7 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                         return Err(Declined);
                     }
                     let from = self.vals.len() - n;
-                    let mut c = Children::default();
-                    for i in from..self.vals.len() {
-                        let mm = self.own(i)?;
-                        c.add(&mm);
-                    }
+                    let c = self.own_from(from)?;
                     self.sequence_from(Sequence::Tuple, from, c)?;
                 }
                 op::PUT => {
@@ -1108,30 +1157,28 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     self.memo_put(key)?;
                 }
                 op::SETITEM => {
-                    let (v, vm) = self.pop()?;
-                    let (k, km) = self.pop()?;
-                    let t = self.top_index()?;
-                    let mut c = Children::default();
-                    c.add(&km);
-                    c.add(&vm);
+                    if self.vals.len() < self.fence() + 2 {
+                        return Err(Declined);
+                    }
+                    let k = self.vals.len() - 2;
+                    let t = self.target_below(k)?;
+                    let mut c = self.own_from(k)?;
                     c.count = 1;
-                    self.mutate(t, c, |b, target| b.set_items(target, vec![(k, v)]))?;
+                    self.mutate(t, k, c, Mutation::SetItems)?;
                 }
                 op::SETITEMS => {
                     let (m, mut c) = self.pop_mark()?;
                     let t = self.target_below(m)?;
                     if self.vals.len() > m {
-                        let pairs = self.drain_pairs(m)?;
-                        c.count = usize_u64(pairs.len());
-                        self.mutate(t, c, |b, target| b.set_items(target, pairs))?;
+                        c.count = usize_u64((self.vals.len() - m) / 2);
+                        self.mutate(t, m, c, Mutation::SetItems)?;
                     }
                 }
                 op::ADDITEMS => {
                     let (m, c) = self.pop_mark()?;
                     let t = self.target_below(m)?;
-                    let items = self.drain_items(m);
-                    if !items.is_empty() {
-                        self.mutate(t, c, |b, target| b.add_items(target, items))?;
+                    if self.vals.len() > m {
+                        self.mutate(t, m, c, Mutation::AddItems)?;
                     }
                 }
                 op::BINFLOAT => {

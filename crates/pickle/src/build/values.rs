@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{Builder, Call, CallKind, Declined, Sequence};
+use super::{Builder, Call, CallKind, Declined, Items, Pairs, Sequence};
 use crate::value::{Object, ObjectKind, Value};
 
 /// Builds [`Value`]s.
@@ -51,7 +51,8 @@ impl<'a> Builder<'a> for ValueBuilder {
         }
     }
 
-    fn sequence(&mut self, kind: Sequence, items: Vec<Value>) -> Result<Value, Declined> {
+    fn sequence(&mut self, kind: Sequence, items: Items<'_, Value>) -> Result<Value, Declined> {
+        let items = items.collect();
         Ok(match kind {
             Sequence::List => Value::List(items),
             Sequence::Tuple => Value::Tuple(items),
@@ -60,8 +61,8 @@ impl<'a> Builder<'a> for ValueBuilder {
         })
     }
 
-    fn dict(&mut self, pairs: Vec<(Value, Value)>) -> Result<Value, Declined> {
-        Ok(Value::Dict(pairs))
+    fn dict(&mut self, pairs: Pairs<'_, Value>) -> Result<Value, Declined> {
+        Ok(Value::Dict(pairs.collect()))
     }
 
     fn persistent_id(&mut self, pid: Value) -> Result<Value, Declined> {
@@ -79,7 +80,7 @@ impl<'a> Builder<'a> for ValueBuilder {
         Ok(Value::Object(Box::new(Object::new(kind, call.callable, call.args))))
     }
 
-    fn append(&mut self, target: &mut Value, items: Vec<Value>) -> Result<(), Declined> {
+    fn append(&mut self, target: &mut Value, items: Items<'_, Value>) -> Result<(), Declined> {
         match target {
             Value::List(v) => v.extend(items),
             Value::Object(o) => o.list_items.extend(items),
@@ -88,7 +89,7 @@ impl<'a> Builder<'a> for ValueBuilder {
         Ok(())
     }
 
-    fn set_items(&mut self, target: &mut Value, pairs: Vec<(Value, Value)>) -> Result<(), Declined> {
+    fn set_items(&mut self, target: &mut Value, pairs: Pairs<'_, Value>) -> Result<(), Declined> {
         match target {
             Value::Dict(v) => v.extend(pairs),
             Value::Object(o) => o.dict_items.extend(pairs),
@@ -97,7 +98,7 @@ impl<'a> Builder<'a> for ValueBuilder {
         Ok(())
     }
 
-    fn add_items(&mut self, target: &mut Value, items: Vec<Value>) -> Result<(), Declined> {
+    fn add_items(&mut self, target: &mut Value, items: Items<'_, Value>) -> Result<(), Declined> {
         match target {
             Value::Set(v) => v.extend(items),
             _ => return Err(Declined),
