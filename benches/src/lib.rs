@@ -28,3 +28,5 @@ pub fn model_state_dict(total_bytes: usize) -> ckpt_core::Result<Value> {
     }
     Ok(Value::Dict(sd))
 }
+
+pub mod reads;

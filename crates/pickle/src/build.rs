@@ -176,6 +176,9 @@ pub fn build<'a, B: Builder<'a>>(
     limits: &Limits,
     builder: &mut B,
 ) -> Result<(B::Value, usize), Declined> {
+    if limits.max_depth == 0 {
+        return Err(Declined);
+    }
     let reads = memo_reads(data)?;
     let mut vm = Vm {
         data,
@@ -186,20 +189,28 @@ pub fn build<'a, B: Builder<'a>>(
         meta: Vec::new(),
         marks: Vec::new(),
         shared: Vec::new(),
-        memo: MemoIds::new(&reads),
-        reads,
-        written: KeySet::default(),
+        memo: MemoIds::new(reads),
+        written: Written::default(),
         vm_nodes: 0,
         vm_bytes: 0,
-        copy_budget: (usize_u64(data.len()).saturating_add(1 << 16), usize_u64(data.len()).saturating_add(1 << 20)),
+        copy_budget: (
+            usize_u64(data.len()).saturating_mul(COPY_BUDGET_PER_BYTE).saturating_add(1 << 16),
+            usize_u64(data.len()).saturating_mul(COPY_BUDGET_PER_BYTE).saturating_add(1 << 24),
+        ),
     };
     let root = vm.run()?;
     Ok((root, vm.pos))
 }
 
+/// How many nodes and payload bytes copies of shared objects may take per input byte. A real pickle copies a
+/// few globals and short strings per object (a DCP `.metadata` copies about 2.5 bytes per input byte, a
+/// `data.pkl` less than one); a memo bomb would copy exponentially many.
+const COPY_BUDGET_PER_BYTE: u64 = 16;
+
 // ----- the memo-read scan -----
 
-/// A set of memo keys: a bitmap for the small keys CPython writes, a hash set for sparse huge ones.
+/// A set of memo keys: a bitmap for the small keys CPython writes, a (randomly seeded) hash set for sparse
+/// huge ones.
 #[derive(Default)]
 struct KeySet {
     bits: Vec<u64>,
@@ -208,12 +219,13 @@ struct KeySet {
 }
 
 impl KeySet {
-    /// Keys up to this bound live in the bitmap; it grows with the number of keys (a LONG_BINPUT of
-    /// 0xffffffff must not allocate 512 MiB).
+    /// Keys up to this bound live in the bitmap as it grows; it grows with the number of keys (a LONG_BINPUT
+    /// of 0xffffffff must not allocate 512 MiB).
     fn dense_bound(&self) -> u64 {
         (self.len as u64).saturating_mul(4).saturating_add(4096)
     }
 
+    #[inline]
     fn contains(&self, key: u64) -> bool {
         let word = usize::try_from(key / 64).ok().and_then(|w| self.bits.get(w));
         match word {
@@ -224,22 +236,70 @@ impl KeySet {
 
     /// Inserts `key`; whether it was new.
     fn insert(&mut self, key: u64) -> bool {
-        if self.contains(key) {
-            return false;
-        }
+        self.insert_with_limit(key, self.dense_bound())
+    }
+
+    fn insert_with_limit(&mut self, key: u64, dense_limit: u64) -> bool {
         let word = usize::try_from(key / 64).unwrap_or(usize::MAX);
-        if key <= self.dense_bound() {
-            if word >= self.bits.len() {
-                self.bits.resize(word + 1, 0);
+        let bit = 1u64 << (key % 64);
+        if let Some(w) = self.bits.get_mut(word) {
+            if *w & bit != 0 {
+                return false;
             }
+            *w |= bit;
+        } else if key <= dense_limit {
+            self.bits.resize(word + 1, 0);
             if let Some(w) = self.bits.get_mut(word) {
-                *w |= 1u64 << (key % 64);
+                *w |= bit;
             }
-        } else {
-            self.sparse.insert(key);
+        } else if !self.sparse.insert(key) {
+            return false;
         }
         self.len += 1;
         true
+    }
+}
+
+/// The memo keys PUT so far. CPython writes keys 0, 1, 2, ... in order (MEMOIZE always does), which needs
+/// no set; anything else switches to a [`KeySet`].
+#[derive(Default)]
+struct Written {
+    /// Keys `0..prefix` are written (and, while `set` is `None`, no others).
+    prefix: u64,
+    set: Option<KeySet>,
+}
+
+impl Written {
+    fn len(&self) -> usize {
+        match &self.set {
+            Some(set) => set.len,
+            None => usize::try_from(self.prefix).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Inserts `key`; whether it was new.
+    #[inline]
+    fn insert(&mut self, key: u64) -> bool {
+        if let Some(set) = &mut self.set {
+            return set.insert(key);
+        }
+        if key < self.prefix {
+            return false;
+        }
+        if key == self.prefix {
+            self.prefix += 1;
+            return true;
+        }
+        let mut set = KeySet::default();
+        let full_words = usize::try_from(self.prefix / 64).unwrap_or(0);
+        set.bits = vec![u64::MAX; full_words];
+        set.len = full_words * 64;
+        for k in (full_words as u64 * 64)..self.prefix {
+            set.insert(k);
+        }
+        let new = set.insert(key);
+        self.set = Some(set);
+        new
     }
 }
 
@@ -249,18 +309,114 @@ fn le(data: &[u8], pos: usize, n: usize) -> Option<u64> {
     Some(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
 }
 
+/// How an opcode's argument is laid out (for the memo-read scan).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arg {
+    /// Not an opcode of protocols 0-5.
+    Invalid,
+    Stop,
+    /// No argument, or a fixed number of bytes.
+    Fixed(u8),
+    /// One or two `\n`-terminated lines.
+    Lines(u8),
+    /// A little-endian unsigned length of this many bytes, then that many bytes.
+    Counted(u8),
+    /// A signed 4-byte length (negative is malformed), then that many bytes.
+    SignedCounted,
+    /// BINGET / LONG_BINGET: the key in this many bytes.
+    Get(u8),
+    /// GET: the key as a decimal line.
+    GetLine,
+}
+
+/// [`Arg`] of every byte.
+const ARGS: [Arg; 256] = {
+    let mut t = [Arg::Invalid; 256];
+    let none = [
+        op::MARK,
+        op::POP,
+        op::POP_MARK,
+        op::DUP,
+        op::NONE,
+        op::BINPERSID,
+        op::REDUCE,
+        op::APPEND,
+        op::BUILD,
+        op::DICT,
+        op::EMPTY_DICT,
+        op::APPENDS,
+        op::LIST,
+        op::EMPTY_LIST,
+        op::OBJ,
+        op::SETITEM,
+        op::TUPLE,
+        op::EMPTY_TUPLE,
+        op::SETITEMS,
+        op::NEWOBJ,
+        op::TUPLE1,
+        op::TUPLE2,
+        op::TUPLE3,
+        op::NEWTRUE,
+        op::NEWFALSE,
+        op::EMPTY_SET,
+        op::ADDITEMS,
+        op::FROZENSET,
+        op::NEWOBJ_EX,
+        op::STACK_GLOBAL,
+        op::MEMOIZE,
+        op::NEXT_BUFFER,
+        op::READONLY_BUFFER,
+    ];
+    let mut i = 0;
+    while i < none.len() {
+        t[none[i] as usize] = Arg::Fixed(0);
+        i += 1;
+    }
+    t[op::STOP as usize] = Arg::Stop;
+    t[op::BININT1 as usize] = Arg::Fixed(1);
+    t[op::BINPUT as usize] = Arg::Fixed(1);
+    t[op::PROTO as usize] = Arg::Fixed(1);
+    t[op::EXT1 as usize] = Arg::Fixed(1);
+    t[op::BININT2 as usize] = Arg::Fixed(2);
+    t[op::EXT2 as usize] = Arg::Fixed(2);
+    t[op::BININT as usize] = Arg::Fixed(4);
+    t[op::LONG_BINPUT as usize] = Arg::Fixed(4);
+    t[op::EXT4 as usize] = Arg::Fixed(4);
+    t[op::BINFLOAT as usize] = Arg::Fixed(8);
+    t[op::FRAME as usize] = Arg::Fixed(8);
+    let line = [op::FLOAT, op::INT, op::LONG, op::PERSID, op::STRING, op::UNICODE, op::PUT];
+    let mut i = 0;
+    while i < line.len() {
+        t[line[i] as usize] = Arg::Lines(1);
+        i += 1;
+    }
+    t[op::GLOBAL as usize] = Arg::Lines(2);
+    t[op::INST as usize] = Arg::Lines(2);
+    t[op::LONG1 as usize] = Arg::Counted(1);
+    t[op::SHORT_BINSTRING as usize] = Arg::Counted(1);
+    t[op::SHORT_BINUNICODE as usize] = Arg::Counted(1);
+    t[op::SHORT_BINBYTES as usize] = Arg::Counted(1);
+    t[op::BINUNICODE as usize] = Arg::Counted(4);
+    t[op::BINBYTES as usize] = Arg::Counted(4);
+    t[op::BINUNICODE8 as usize] = Arg::Counted(8);
+    t[op::BINBYTES8 as usize] = Arg::Counted(8);
+    t[op::BYTEARRAY8 as usize] = Arg::Counted(8);
+    t[op::LONG4 as usize] = Arg::SignedCounted;
+    t[op::BINSTRING as usize] = Arg::SignedCounted;
+    t[op::BINGET as usize] = Arg::Get(1);
+    t[op::LONG_BINGET as usize] = Arg::Get(4);
+    t[op::GET as usize] = Arg::GetLine;
+    t
+};
+
 /// The memo keys that GET, BINGET and LONG_BINGET read before the first STOP.
 fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
-    let mut reads = KeySet::default();
-    let mut pos = 0usize;
+    let mut keys = KeySet::default();
     let len = data.len();
-    let skip = |pos: usize, n: u64| -> Result<usize, Declined> {
-        let end = (pos as u64).checked_add(n).ok_or(Declined)?;
-        if end > len as u64 {
-            return Err(Declined);
-        }
-        Ok(end as usize)
-    };
+    // Memo keys are at most one per opcode in what CPython writes; a bitmap up to 8 keys per input byte costs
+    // at most the input's size.
+    let limit = (len as u64).saturating_mul(8).saturating_add(4096);
+    let mut pos = 0usize;
     let line_end = |pos: usize| -> Result<usize, Declined> {
         let rest = data.get(pos..).ok_or(Declined)?;
         rest.iter().position(|&b| b == b'\n').map(|i| pos + i + 1).ok_or(Declined)
@@ -268,105 +424,111 @@ fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
     loop {
         let &code = data.get(pos).ok_or(Declined)?;
         pos += 1;
-        pos = match code {
-            op::STOP => return Ok(reads),
-            op::BINGET => {
-                reads.insert(le(data, pos, 1).ok_or(Declined)?);
-                skip(pos, 1)?
+        match ARGS[usize::from(code)] {
+            Arg::Fixed(n) => pos += usize::from(n),
+            Arg::Get(n) => {
+                let n = usize::from(n);
+                keys.insert_with_limit(le(data, pos, n).ok_or(Declined)?, limit);
+                pos += n;
             }
-            op::LONG_BINGET => {
-                reads.insert(le(data, pos, 4).ok_or(Declined)?);
-                skip(pos, 4)?
+            Arg::Counted(n) => {
+                let n = usize::from(n);
+                let count = le(data, pos, n).ok_or(Declined)?;
+                let count = usize::try_from(count).map_err(|_| Declined)?;
+                pos = pos.checked_add(n).and_then(|p| p.checked_add(count)).ok_or(Declined)?;
             }
-            op::GET => {
+            Arg::SignedCounted => {
+                let count = le(data, pos, 4).ok_or(Declined)?;
+                if count > i32::MAX as u64 {
+                    return Err(Declined);
+                }
+                pos = pos.checked_add(4 + count as usize).ok_or(Declined)?;
+            }
+            Arg::Lines(n) => {
+                pos = line_end(pos)?;
+                if n == 2 {
+                    pos = line_end(pos)?;
+                }
+            }
+            Arg::GetLine => {
                 let end = line_end(pos)?;
                 let line = data.get(pos..end - 1).ok_or(Declined)?;
                 match text::parse_py_int(line, 10, 40) {
                     Ok(IntRepr::Small(v)) if v >= 0 => {
-                        reads.insert(v as u64);
+                        keys.insert_with_limit(v as u64, limit);
                     }
                     _ => return Err(Declined),
                 }
-                end
+                pos = end;
             }
-            op::FLOAT | op::INT | op::LONG | op::PERSID | op::STRING | op::UNICODE | op::PUT => line_end(pos)?,
-            op::GLOBAL | op::INST => line_end(line_end(pos)?)?,
-            op::BININT1 | op::BINPUT | op::PROTO | op::EXT1 => skip(pos, 1)?,
-            op::BININT2 | op::EXT2 => skip(pos, 2)?,
-            op::BININT | op::LONG_BINPUT | op::EXT4 => skip(pos, 4)?,
-            op::BINFLOAT | op::FRAME => skip(pos, 8)?,
-            op::LONG1 | op::SHORT_BINSTRING | op::SHORT_BINUNICODE | op::SHORT_BINBYTES => {
-                skip(pos + 1, le(data, pos, 1).ok_or(Declined)?)?
-            }
-            op::BINUNICODE | op::BINBYTES => skip(pos + 4, le(data, pos, 4).ok_or(Declined)?)?,
-            op::LONG4 | op::BINSTRING => {
-                let n = le(data, pos, 4).ok_or(Declined)?;
-                if n > i32::MAX as u64 {
-                    return Err(Declined);
-                }
-                skip(pos + 4, n)?
-            }
-            op::BINUNICODE8 | op::BINBYTES8 | op::BYTEARRAY8 => skip(pos + 8, le(data, pos, 8).ok_or(Declined)?)?,
-            op::MARK
-            | op::POP
-            | op::POP_MARK
-            | op::DUP
-            | op::NONE
-            | op::BINPERSID
-            | op::REDUCE
-            | op::APPEND
-            | op::BUILD
-            | op::DICT
-            | op::EMPTY_DICT
-            | op::APPENDS
-            | op::LIST
-            | op::EMPTY_LIST
-            | op::OBJ
-            | op::SETITEM
-            | op::TUPLE
-            | op::EMPTY_TUPLE
-            | op::SETITEMS
-            | op::NEWOBJ
-            | op::TUPLE1
-            | op::TUPLE2
-            | op::TUPLE3
-            | op::NEWTRUE
-            | op::NEWFALSE
-            | op::EMPTY_SET
-            | op::ADDITEMS
-            | op::FROZENSET
-            | op::NEWOBJ_EX
-            | op::STACK_GLOBAL
-            | op::MEMOIZE => pos,
-            _ => return Err(Declined),
-        };
+            Arg::Stop => return Ok(keys),
+            Arg::Invalid => return Err(Declined),
+        }
+        if pos > len {
+            return Err(Declined);
+        }
     }
 }
 
-/// Memo key -> shared-table id, for the keys some GET reads.
+/// The memo keys some GET reads, each with the shared-table id it holds (once PUT).
 struct MemoIds {
+    reads: KeySet,
+    /// Number of read keys in the bitmap before each bitmap word (rank of the word's first bit).
+    ranks: Vec<u32>,
+    /// Shared-table id per read key of the bitmap, by rank.
     dense: Vec<u32>,
+    /// Shared-table id per read key outside the bitmap.
     sparse: HashMap<u64, u32>,
 }
 
 const NO_ID: u32 = u32::MAX;
 
 impl MemoIds {
-    fn new(reads: &KeySet) -> Self {
-        MemoIds { dense: vec![NO_ID; reads.bits.len() * 64], sparse: HashMap::new() }
+    fn new(reads: KeySet) -> Self {
+        let mut ranks = Vec::with_capacity(reads.bits.len());
+        let mut total = 0u32;
+        for w in &reads.bits {
+            ranks.push(total);
+            total = total.saturating_add(w.count_ones());
+        }
+        MemoIds { dense: vec![NO_ID; total as usize], ranks, reads, sparse: HashMap::new() }
     }
 
+    /// Whether some GET reads `key`.
+    #[inline]
+    fn is_read(&self, key: u64) -> bool {
+        self.reads.contains(key)
+    }
+
+    /// The slot of a read key in the bitmap.
+    #[inline]
+    fn dense_slot(&self, key: u64) -> Option<usize> {
+        let word = usize::try_from(key / 64).ok()?;
+        let bits = *self.reads.bits.get(word)?;
+        let bit = 1u64 << (key % 64);
+        if bits & bit == 0 {
+            return None;
+        }
+        let rank = *self.ranks.get(word)? as usize + (bits & (bit - 1)).count_ones() as usize;
+        Some(rank)
+    }
+
+    #[inline]
     fn get(&self, key: u64) -> Option<u32> {
-        let id = match usize::try_from(key).ok().and_then(|k| self.dense.get(k)) {
-            Some(&id) => id,
+        let id = match self.dense_slot(key) {
+            Some(slot) => self.dense.get(slot).copied().unwrap_or(NO_ID),
             None => self.sparse.get(&key).copied().unwrap_or(NO_ID),
         };
         (id != NO_ID).then_some(id)
     }
 
     fn set(&mut self, key: u64, id: u32) {
-        match usize::try_from(key).ok().and_then(|k| self.dense.get_mut(k)) {
-            Some(slot) => *slot = id,
+        match self.dense_slot(key) {
+            Some(slot) => {
+                if let Some(s) = self.dense.get_mut(slot) {
+                    *s = id;
+                }
+            }
             None => {
                 self.sparse.insert(key, id);
             }
@@ -382,13 +544,16 @@ impl MemoIds {
 struct Meta {
     nodes: u64,
     bytes: u64,
-    len: u64,
+    /// Items (saturating).
+    len: u32,
     depth: u32,
     shared: u32,
+    /// A scalar, string, bytes, big int or global: nothing can mutate it.
+    leaf: bool,
 }
 
 impl Meta {
-    const SCALAR: Meta = Meta { nodes: 1, bytes: 0, len: 0, depth: 1, shared: NO_ID };
+    const SCALAR: Meta = Meta { nodes: 1, bytes: 0, len: 0, depth: 1, shared: NO_ID, leaf: true };
 
     fn leaf(bytes: usize) -> Meta {
         Meta { bytes: bytes as u64, ..Meta::SCALAR }
@@ -417,9 +582,10 @@ impl Children {
         Meta {
             nodes: self.nodes.saturating_add(1),
             bytes: self.bytes.saturating_add(own as u64),
-            len: self.count,
+            len: u32::try_from(self.count).unwrap_or(u32::MAX),
             depth: self.depth.saturating_add(1),
             shared: NO_ID,
+            leaf: false,
         }
     }
 }
@@ -451,10 +617,8 @@ struct Vm<'a, 'l, 'b, B: Builder<'a>> {
     marks: Vec<usize>,
     shared: Vec<Shared<B::Value>>,
     memo: MemoIds,
-    /// Memo keys some GET reads.
-    reads: KeySet,
     /// Memo keys PUT so far (for `max_memo` and MEMOIZE's key).
-    written: KeySet,
+    written: Written,
     vm_nodes: u64,
     vm_bytes: u64,
     /// Nodes and payload bytes that copies of shared objects may still take.
@@ -520,7 +684,7 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
         if m.nodes > usize_u64(l.max_nodes)
             || m.bytes > usize_u64(l.max_alloc_bytes)
             || m.depth as usize > l.max_depth
-            || m.len > usize_u64(l.max_container_len)
+            || u64::from(m.len) > usize_u64(l.max_container_len)
         {
             return Err(Declined);
         }
@@ -556,13 +720,25 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
     }
 
     fn push_scalar(&mut self, v: B::Value) -> R<()> {
-        self.push(v, Meta::SCALAR)
+        // A scalar is within every limit (`build` has checked that depth 1 is allowed).
+        if self.vals.len() >= self.limits.max_container_len {
+            return Err(Declined);
+        }
+        self.vals.push(v);
+        self.meta.push(Meta::SCALAR);
+        Ok(())
     }
 
     /// Pushes a new leaf node (string, bytes, ...) with `bytes` of payload.
     fn push_leaf(&mut self, v: B::Value, bytes: usize) -> R<()> {
+        // The VM's payload limit, checked here, bounds the leaf's bytes too.
         self.count_node(bytes)?;
-        self.push(v, Meta::leaf(bytes))
+        if self.vals.len() >= self.limits.max_container_len {
+            return Err(Declined);
+        }
+        self.vals.push(v);
+        self.meta.push(Meta::leaf(bytes));
+        Ok(())
     }
 
     /// Makes slot `i` an owned value: a shared reference becomes a copy of the shared object, which is frozen.
@@ -665,18 +841,22 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
             }
             &mut s.meta
         };
+        if meta.leaf {
+            return Err(Declined);
+        }
         let grown = Meta {
             nodes: meta.nodes.saturating_add(add.nodes),
             bytes: meta.bytes.saturating_add(add.bytes),
-            len: meta.len.saturating_add(add.count),
+            len: meta.len.saturating_add(u32::try_from(add.count).unwrap_or(u32::MAX)),
             depth: meta.depth.max(add.depth.saturating_add(1)),
             shared: meta.shared,
+            leaf: false,
         };
         let l = self.limits;
         if grown.nodes > usize_u64(l.max_nodes)
             || grown.bytes > usize_u64(l.max_alloc_bytes)
             || grown.depth as usize > l.max_depth
-            || grown.len > usize_u64(l.max_container_len)
+            || u64::from(grown.len) > usize_u64(l.max_container_len)
         {
             return Err(Declined);
         }
@@ -728,10 +908,10 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
 
     fn memo_put(&mut self, key: u64) -> R<()> {
         let t = self.top_index()?;
-        if self.written.insert(key) && self.written.len > self.limits.max_memo {
+        if self.written.insert(key) && self.written.len() > self.limits.max_memo {
             return Err(Declined);
         }
-        if !self.reads.contains(key) {
+        if !self.memo.is_read(key) {
             return Ok(());
         }
         let m = *self.meta.get(t).ok_or(Declined)?;
@@ -753,6 +933,20 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
 
     fn memo_get(&mut self, key: u64) -> R<()> {
         let id = self.memo.get(key).ok_or(Declined)?;
+        let s = self.shared.get_mut(id as usize).ok_or(Declined)?;
+        if s.meta.leaf {
+            // Nothing can change a leaf: copy it now.
+            let m = Meta { shared: NO_ID, ..s.meta };
+            self.copy_budget.0 = self.copy_budget.0.checked_sub(m.nodes).ok_or(Declined)?;
+            self.copy_budget.1 = self.copy_budget.1.checked_sub(m.bytes).ok_or(Declined)?;
+            let copy = self.builder.share(&s.value)?;
+            if self.vals.len() >= self.limits.max_container_len {
+                return Err(Declined);
+            }
+            self.vals.push(copy);
+            self.meta.push(m);
+            return Ok(());
+        }
         let placeholder = self.builder.none();
         self.push(placeholder, Meta { shared: id, ..Meta::SCALAR })
     }
@@ -975,7 +1169,8 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     let s = std::str::from_utf8(line).map_err(|_| Declined)?;
                     self.count_node(line.len())?;
                     let id = self.builder.str(Cow::Borrowed(s))?;
-                    let meta = Meta { nodes: 2, bytes: usize_u64(line.len()), len: 0, depth: 2, shared: NO_ID };
+                    let meta =
+                        Meta { nodes: 2, bytes: usize_u64(line.len()), len: 0, depth: 2, shared: NO_ID, leaf: false };
                     self.check(&meta)?;
                     self.count_node(0)?;
                     let v = self.builder.persistent_id(id)?;
@@ -1079,7 +1274,7 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                 }
                 op::DICT => {
                     let (m, c) = self.pop_mark()?;
-                    let meta = Meta { len: c.count / 2, ..c.container(0) };
+                    let meta = Meta { len: u32::try_from(c.count / 2).unwrap_or(u32::MAX), ..c.container(0) };
                     self.container(None, m, meta)?;
                 }
                 op::EMPTY_DICT => self.empty(None)?,
@@ -1153,7 +1348,7 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     self.memo_put(u64::from(key))?;
                 }
                 op::MEMOIZE => {
-                    let key = usize_u64(self.written.len);
+                    let key = usize_u64(self.written.len());
                     self.memo_put(key)?;
                 }
                 op::SETITEM => {
