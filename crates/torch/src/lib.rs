@@ -29,6 +29,7 @@ mod error;
 mod legacy;
 mod read;
 mod rebuild;
+mod single_pass;
 mod write;
 pub mod zip;
 
