@@ -10,8 +10,7 @@
 //! - `dcp-open`: open a DCP checkpoint directory (metadata decoded and validated);
 //! - `dcp-read`: open a DCP checkpoint and read every tensor byte (whole tensors, assembled);
 //! - `hfai-read`: open an hfai checkpoint directory and read every tensor byte;
-//! - `pbg-read`: read a PyTorch-BigGraph embedding partition (`embeddings_*.h5`) whole;
-//! - `recis-read`: open a RecIS checkpoint directory and read every tensor and table byte.
+//! - `pbg-read`: read a PyTorch-BigGraph embedding partition (`embeddings_*.h5`) whole.
 //!
 //! With arguments instead of stdin (`ckpt-read-timer <op> <path> [reps]`) it runs one op `reps` times.
 
@@ -30,6 +29,8 @@ fn run(op: &str, path: &Path) -> Result<(f64, u64), String> {
         "pt-read" => reads::pt_read(path),
         "dcp-open" => reads::dcp_open(path),
         "dcp-read" => reads::dcp_read(path),
+        "hfai-read" => reads::hfai_read(path),
+        "pbg-read" => reads::pbg_read(path),
         other => return Err(format!("unknown op {other:?}")),
     }
     .map_err(|e| format!("{op} {}: {e}", path.display()))?;
