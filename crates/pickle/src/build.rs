@@ -303,10 +303,17 @@ impl Written {
     }
 }
 
-/// Little-endian integer of `n` bytes at `pos`.
+/// Little-endian integer of `n` (1, 2, 4 or 8) bytes at `pos`.
+#[inline]
 fn le(data: &[u8], pos: usize, n: usize) -> Option<u64> {
     let b = data.get(pos..pos.checked_add(n)?)?;
-    Some(b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)))
+    Some(match *b {
+        [a] => u64::from(a),
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
+    })
 }
 
 /// How an opcode's argument is laid out (for the memo-read scan).
@@ -782,16 +789,22 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
         if m > self.vals.len() {
             return Err(Declined);
         }
-        let mut c = Children::default();
-        for i in m..self.vals.len() {
-            let mm = self.own(i)?;
-            c.add(&mm);
-        }
+        let c = self.own_from(m)?;
         Ok((m, c))
     }
 
     /// Makes every value from stack index `from` up owned, and returns their sizes.
     fn own_from(&mut self, from: usize) -> R<Children> {
+        let mut c = Children::default();
+        let mut shared = false;
+        for m in self.meta.get(from..).unwrap_or_default() {
+            shared |= m.shared != NO_ID;
+            c.add(m);
+        }
+        if !shared {
+            return Ok(c);
+        }
+        // Some are references to shared objects: copy them, and count the copies' sizes.
         let mut c = Children::default();
         for i in from..self.vals.len() {
             let mm = self.own(i)?;
@@ -818,7 +831,10 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                 builder.dict(Pairs(vals.drain(from..)))?
             }
         };
-        self.push(v, meta)
+        // `meta` was checked above; the stack just shrank, so it has room.
+        self.vals.push(v);
+        self.meta.push(meta);
+        Ok(())
     }
 
     /// Applies `what` to the value at stack index `t` (owned in place, or the shared object it refers to)
