@@ -806,8 +806,8 @@ mod tests {
         let fixtures = fixtures();
         assert!(fixtures.len() >= 20, "{}", fixtures.len());
         for (path, bytes) in &fixtures {
-            let fast = decode(bytes, &ckpt_pickle::Limits::default())
-                .unwrap_or_else(|| panic!("{} declined", path.display()));
+            let fast =
+                decode(bytes, &ckpt_pickle::Limits::default()).unwrap_or_else(|| panic!("{} declined", path.display()));
             assert_eq!(fast, full_decode(bytes).unwrap(), "{}", path.display());
         }
         for profile in [Profile::MaxCompat, Profile::Torch213] {
