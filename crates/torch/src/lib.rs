@@ -45,6 +45,7 @@ mod error;
 mod legacy;
 mod read;
 mod rebuild;
+mod single_pass;
 mod verify;
 mod write;
 pub mod zip;

@@ -2,14 +2,16 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::OnceLock;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, Tensor, Value, entry_kind, leaves};
+use ckpt_core::{Buffer, CheckpointRead, DType, Entry, Tensor, Value, entry_kind, python_str};
 use ckpt_pickle::Value as P;
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::legacy;
 use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
+use crate::single_pass::{self, CoreStorages};
 use crate::zip::Archive;
 
 /// Options for reading.
@@ -59,6 +61,73 @@ pub struct TorchReader {
     prefix: Option<String>,
     version: Option<u64>,
     records: Vec<String>,
+    /// Leaf name -> the child positions that lead to it, built on the first lookup by name.
+    index: OnceLock<LeafIndex>,
+}
+
+/// Leaf name -> child positions, or why the leaves cannot be named.
+type LeafIndex = std::result::Result<HashMap<String, Box<[u32]>>, String>;
+
+/// Every leaf of `value` with its dotted key, in order, exactly as [`ckpt_core::leaves`] names them (every
+/// dict, list and tuple descended into; `str()` of the keys joined by `.`), with the child positions that lead
+/// to each; without building a path per leaf.
+fn leaf_keys(value: &Value) -> ckpt_core::Result<Vec<(String, Vec<u32>, &Value)>> {
+    fn walk<'v>(
+        key: &mut String,
+        at: &mut Vec<u32>,
+        v: &'v Value,
+        out: &mut Vec<(String, Vec<u32>, &'v Value)>,
+    ) -> ckpt_core::Result<()> {
+        let step = |key: &mut String, depth: usize, part: &str| {
+            if depth > 0 {
+                key.push('.');
+            }
+            key.push_str(part);
+        };
+        match v {
+            Value::Dict(d) if !d.items.is_empty() => {
+                for (i, (k, child)) in d.items.iter().enumerate() {
+                    let len = key.len();
+                    match k {
+                        Value::Str(s) => step(key, at.len(), s),
+                        other => step(key, at.len(), &python_str(other)?),
+                    }
+                    at.push(u32::try_from(i).unwrap_or(u32::MAX));
+                    walk(key, at, child, out)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    let len = key.len();
+                    step(key, at.len(), &i.to_string());
+                    at.push(u32::try_from(i).unwrap_or(u32::MAX));
+                    walk(key, at, child, out)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            _ => out.push((key.clone(), at.clone(), v)),
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(&mut String::new(), &mut Vec::new(), value, &mut out)?;
+    Ok(out)
+}
+
+/// The value at child positions `at` (as [`leaf_keys`] records them).
+fn descend<'v>(mut v: &'v Value, at: &[u32]) -> Option<&'v Value> {
+    for &i in at {
+        let i = i as usize;
+        v = match v {
+            Value::Dict(d) => &d.items.get(i)?.1,
+            Value::List(items) | Value::Tuple(items) => items.get(i)?,
+            _ => return None,
+        };
+    }
+    Some(v)
 }
 
 impl TorchReader {
@@ -98,6 +167,7 @@ impl TorchReader {
                     prefix: None,
                     version: None,
                     records: Vec::new(),
+                    index: OnceLock::new(),
                 })
             }
         }
@@ -138,11 +208,17 @@ impl TorchReader {
     /// # Errors
     /// [`Error::NoSuchEntry`].
     pub fn get(&self, name: &str) -> Result<&Value> {
-        leaves(&self.value)?
-            .into_iter()
-            .find(|e| e.key == name)
-            .map(|e| e.value)
-            .ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
+        let index = self.index.get_or_init(|| {
+            let leaves = leaf_keys(&self.value).map_err(|e| e.to_string())?;
+            let mut index = HashMap::with_capacity(leaves.len());
+            for (key, at, _) in leaves {
+                // The first of equal names wins, as a search in order finds it.
+                index.entry(key).or_insert_with(|| at.into_boxed_slice());
+            }
+            Ok(index)
+        });
+        let index = index.as_ref().map_err(|e| Error::Core(ckpt_core::Error::Unsupported(e.clone())))?;
+        index.get(name).and_then(|at| descend(&self.value, at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
     }
 }
 
@@ -152,8 +228,8 @@ impl CheckpointRead for TorchReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        leaves(&self.value)
-            .map(|l| l.into_iter().map(|e| Entry { kind: entry_kind(e.value), name: e.key }).collect())
+        leaf_keys(&self.value)
+            .map(|l| l.into_iter().map(|(name, _, v)| Entry { kind: entry_kind(v), name }).collect())
             .unwrap_or_default()
     }
 
@@ -191,12 +267,24 @@ impl CheckpointRead for TorchReader {
 struct ZipStorages<'a> {
     archive: &'a Archive,
     buffer: &'a Buffer,
-    cache: HashMap<String, Buffer>,
+    /// Storage key (the name after `data/`) -> record index, built on first use.
+    keys: Option<HashMap<&'a str, usize>>,
+    /// The window of each storage record read so far, by record index.
+    cache: Vec<Option<Buffer>>,
 }
 
-impl ZipStorages<'_> {
+impl<'a> ZipStorages<'a> {
+    fn new(archive: &'a Archive, buffer: &'a Buffer) -> Self {
+        ZipStorages { archive, buffer, keys: None, cache: Vec::new() }
+    }
+
     fn record(&self, name: &str) -> Result<Buffer> {
         let rec = self.archive.get(name).ok_or_else(|| Error::MissingRecord { name: name.to_owned() })?;
+        self.record_data(rec)
+    }
+
+    fn record_data(&self, rec: &crate::zip::Record) -> Result<Buffer> {
+        let name = rec.short_name();
         let bytes = self.archive.data(self.buffer.as_bytes(), rec).map_err(|e| match e {
             crate::zip::ZipError::Compressed { method, .. } => Error::Compressed { name: name.to_owned(), method },
             e => Error::Zip(e),
@@ -228,18 +316,50 @@ impl StorageSource for ZipStorages<'_> {
             .ok()
             .and_then(|n| n.checked_mul(dtype.size() as u64))
             .ok_or_else(|| Error::BadPersistentId(format!("storage {key}: bad element count {numel}")))?;
-        let data = match self.cache.get(key) {
-            Some(b) => b.clone(),
-            None => {
-                let b = self.record(&format!("data/{key}"))?;
-                self.cache.insert(key.clone(), b.clone());
-                b
-            }
-        };
+        let data = self.data(key)?;
         if data.len() as u64 != expected {
             return Err(Error::StorageSize { key: key.clone(), expected, actual: data.len() as u64 });
         }
         Ok((data, dtype))
+    }
+}
+
+impl ZipStorages<'_> {
+    /// The bytes of storage `key` (record `data/{key}`), each record's window made once.
+    fn data(&mut self, key: &str) -> Result<Buffer> {
+        let archive = self.archive;
+        let keys = self.keys.get_or_insert_with(|| {
+            let records = archive.records();
+            let mut keys = HashMap::with_capacity(records.len());
+            for (i, r) in records.iter().enumerate() {
+                if let Some(k) = r.short_name().strip_prefix("data/") {
+                    keys.insert(k, i);
+                }
+            }
+            keys
+        });
+        let i = *keys.get(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        if self.cache.len() <= i {
+            self.cache.resize(archive.records().len().max(i + 1), None);
+        }
+        if let Some(Some(b)) = self.cache.get(i) {
+            return Ok(b.clone());
+        }
+        let rec = archive.records().get(i).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        let b = self.record_data(rec)?;
+        if let Some(slot) = self.cache.get_mut(i) {
+            *slot = Some(b.clone());
+        }
+        Ok(b)
+    }
+}
+
+impl CoreStorages for ZipStorages<'_> {
+    fn storage(&mut self, dtype: DType, key: &str, numel: i64) -> Option<Buffer> {
+        // The rules of `StorageSource::storage` (the single pass has checked the tuple and the class).
+        let expected = u64::try_from(numel).ok()?.checked_mul(dtype.size() as u64)?;
+        let data = self.data(key).ok()?;
+        (data.len() as u64 == expected).then_some(data)
     }
 }
 
@@ -254,7 +374,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
             archive.verify_crc(bytes, rec)?;
         }
     }
-    let mut storages = ZipStorages { archive: &archive, buffer, cache: HashMap::new() };
+    let mut storages = ZipStorages::new(&archive, buffer);
     let version_name = if archive.get(".data/version").is_some() { ".data/version" } else { "version" };
     let version_text = storages.record(version_name)?;
     let version_str = String::from_utf8_lossy(version_text.as_bytes()).trim_end_matches(['\n', '\r']).to_owned();
@@ -271,15 +391,23 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
         }
     }
     let pkl = storages.record("data.pkl")?;
-    let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
-        .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
-    let value = Rebuilder { source: &mut storages }.value(&pickled)?;
+    // One pass from the pickle to the values; what it declines goes through the full decoder and the
+    // rebuilder, which give the same value or the precise error.
+    let value = match single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) {
+        Some(value) => value,
+        None => {
+            let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
+                .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
+            Rebuilder { source: &mut storages }.value(&pickled)?
+        }
+    };
     Ok(TorchReader {
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
         version: Some(version),
         records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
+        index: OnceLock::new(),
     })
 }
 
@@ -289,4 +417,146 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
 /// As [`TorchReader::open`].
 pub fn load(path: &Path) -> Result<Value> {
     TorchReader::open(path).map(TorchReader::into_value)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::path::Path;
+
+    use super::*;
+
+    /// The single pass and the full decoder + rebuilder on one `data.pkl` of `archive`: the single pass
+    /// either declines or builds exactly the same value (same Debug rendering: dtypes, shapes, strides,
+    /// offsets, storages). Returns whether it accepted.
+    fn agree(buffer: &Buffer, archive: &Archive, pkl: &[u8]) -> bool {
+        let limits = ckpt_pickle::Limits::default();
+        let mut storages = ZipStorages::new(archive, buffer);
+        let fast = single_pass::rebuild(pkl, &limits, &mut storages);
+        let mut storages = ZipStorages::new(archive, buffer);
+        let full = ckpt_pickle::decode_with(pkl, &limits)
+            .map_err(|source| Error::Pickle { part: "data.pkl", source })
+            .and_then(|(p, _)| Rebuilder { source: &mut storages }.value(&p));
+        match (fast, full) {
+            (None, _) => false,
+            (Some(v), Ok(w)) => {
+                assert_eq!(format!("{v:?}"), format!("{w:?}"));
+                true
+            }
+            (Some(v), Err(e)) => panic!("single pass built {v:?} where the full path fails: {e}"),
+        }
+    }
+
+    fn fixtures() -> Vec<Buffer> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/torch");
+        let mut out = Vec::new();
+        let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        names.sort();
+        for p in names {
+            if p.extension().is_some_and(|e| e == "pt") {
+                let b = Buffer::map_file(&p).unwrap();
+                if detect(b.as_bytes()).ok() == Some(Container::Zip) {
+                    out.push(b);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn leaf_keys_name_leaves_like_core_and_lookups_find_them() {
+        use ckpt_core::{Dict, DictKind, leaves};
+        let t = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
+        let mut inner = Dict::new(DictKind::OrderedDict);
+        inner.insert(Value::Int(3), t.clone());
+        inner.insert("", Value::List(vec![]));
+        inner.insert("x.y", Value::Tuple(vec![Value::Bool(true), t.clone()]));
+        let mut root = Dict::new(DictKind::Dict);
+        root.insert("model", Value::Dict(inner));
+        root.insert("empty", Value::Dict(Dict::new(DictKind::Dict)));
+        root.insert(Value::Tuple(vec![Value::Int(1), Value::Str("a".into())]), Value::Int(7));
+        root.insert("model", Value::Int(9)); // a duplicate name: the first wins
+        let root = Value::Dict(root);
+        let ours: Vec<(String, &Value)> = leaf_keys(&root).unwrap().into_iter().map(|(k, _, v)| (k, v)).collect();
+        let core: Vec<(String, Value)> = leaves(&root).unwrap().into_iter().map(|e| (e.key, e.value.clone())).collect();
+        assert_eq!(ours.into_iter().map(|(k, v)| (k, v.clone())).collect::<Vec<_>>(), core);
+        let f = TorchReader {
+            value: root,
+            container: Container::Zip,
+            prefix: None,
+            version: None,
+            records: Vec::new(),
+            index: OnceLock::new(),
+        };
+        for (k, v) in &core {
+            if k != "model" {
+                assert_eq!(f.get(k).unwrap(), v, "{k}");
+            }
+        }
+        assert_eq!(f.get("model.3").unwrap().as_tensor().unwrap().shape(), &[2]);
+        assert!(matches!(f.get("nope"), Err(Error::NoSuchEntry(_))));
+        let bad = TorchReader {
+            value: Value::Dict(Dict {
+                kind: DictKind::Dict,
+                items: vec![(Value::List(vec![]), Value::Int(1))],
+                attrs: None,
+            }),
+            ..f.clone()
+        };
+        assert!(bad.get("x").is_err());
+        assert!(bad.entries().is_empty());
+    }
+
+    #[test]
+    fn single_pass_builds_what_the_rebuilder_builds() {
+        let fixtures = fixtures();
+        assert!(fixtures.len() >= 15, "{}", fixtures.len());
+        let mut accepted = 0;
+        for b in &fixtures {
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let Some(rec) = archive.get("data.pkl") else { continue };
+            let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+            if agree(b, &archive, &pkl) {
+                accepted += 1;
+            }
+        }
+        // Every fixture torch wrote goes through the single pass.
+        assert_eq!(accepted, fixtures.len());
+    }
+
+    #[test]
+    fn single_pass_declines_or_agrees_on_mutated_pickles() {
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let fixtures = fixtures();
+        let (mut accepted, mut declined) = (0, 0);
+        for _ in 0..4000 {
+            let b = &fixtures[next() as usize % fixtures.len()];
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let Some(rec) = archive.get("data.pkl") else { continue };
+            let mut pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+            for _ in 0..=(next() % 2) {
+                let at = next() as usize % pkl.len();
+                match next() % 3 {
+                    0 => pkl[at] = next() as u8,
+                    1 => pkl[at] ^= 1 << (next() % 8),
+                    _ => {
+                        pkl.remove(at);
+                    }
+                }
+            }
+            if agree(b, &archive, &pkl) {
+                accepted += 1;
+            } else {
+                declined += 1;
+            }
+        }
+        assert!(accepted > 100 && declined > 100, "{accepted} accepted, {declined} declined");
+    }
 }
