@@ -48,4 +48,7 @@ pub use flatten::{
     FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
 };
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
-pub use value::{Dict, DictKind, Numpy, Object, OpaqueTensorKind, Value, bigint_decimal};
+pub use value::{
+    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, bigint_decimal, numpy_dtype_code,
+    numpy_unsupported,
+};

@@ -136,6 +136,58 @@ impl Numpy {
     }
 }
 
+/// The modules numpy pickles `scalar` and `_reconstruct` under (numpy 2, numpy 1).
+pub const NUMPY_MULTIARRAY: [&str; 2] = ["numpy._core.multiarray", "numpy.core.multiarray"];
+
+/// `(type code, byte order)` of a pickled `numpy.dtype(code, False, True)` with its BUILD state.
+pub fn numpy_dtype_code(v: &Value) -> Option<(&str, &str)> {
+    let Value::Object(o) = v else { return None };
+    if o.callable_name() != Some(("numpy", "dtype")) {
+        return None;
+    }
+    let Value::Tuple(args) = &o.args else { return None };
+    let code = args.first()?.as_str()?;
+    let order = match &o.state {
+        Some(Value::Tuple(s)) => s.get(1).and_then(Value::as_str).unwrap_or("|"),
+        _ => "|",
+    };
+    Some((code, order))
+}
+
+fn multiarray(o: &Object, name: &str) -> bool {
+    o.callable_name().is_some_and(|(m, n)| n == name && NUMPY_MULTIARRAY.contains(&m))
+}
+
+/// Why a pickled numpy object has no value here, naming its dtype: `Some` for a numpy scalar or array that
+/// ckpt-torch's reader left as an object (object arrays, structured dtypes, strings, big-endian data).
+pub fn numpy_unsupported(v: &Value) -> Option<String> {
+    let Value::Object(o) = v else { return None };
+    let (what, dtype) = if multiarray(o, "scalar") {
+        let Value::Tuple(args) = &o.args else { return None };
+        ("scalar", args.first()?)
+    } else if multiarray(o, "_reconstruct") {
+        let Some(Value::Tuple(state)) = &o.state else { return Some("a numpy array without its state".into()) };
+        ("array", state.get(2)?)
+    } else {
+        return None;
+    };
+    let Some((code, order)) = numpy_dtype_code(dtype) else {
+        return Some(format!("a numpy {what} of an unreadable dtype"));
+    };
+    let kind = match code.chars().next() {
+        Some('O') => "object",
+        Some('V') => "structured",
+        Some('U') | Some('S') => "string",
+        Some('M') | Some('m') => "datetime",
+        _ if order == ">" => "big-endian",
+        _ => "unsupported",
+    };
+    Some(format!(
+        "a numpy {what} of {kind} dtype '{order}{code}' is not supported: only bool, integer, float16/32/64 and \
+         complex64/128 numpy values are read"
+    ))
+}
+
 /// Why a tensor's data cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

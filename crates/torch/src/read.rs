@@ -10,6 +10,8 @@ use ckpt_pickle::Value as P;
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::legacy;
+use crate::module::{module_classes, module_state_dict};
+use crate::numpy;
 use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
 use crate::single_pass::{self, CoreStorages};
 use crate::zip::Archive;
@@ -61,6 +63,8 @@ pub struct TorchReader {
     prefix: Option<String>,
     version: Option<u64>,
     records: Vec<String>,
+    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
+    state_dict: Option<Value>,
     /// Leaf name -> the child positions that lead to it, built on the first lookup by name.
     index: OnceLock<LeafIndex>,
 }
@@ -161,7 +165,9 @@ impl TorchReader {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
                 let value = legacy::read(buffer, options)?;
+                let value = if numpy::mentions_numpy(buffer.as_bytes()) { numpy::lift(value) } else { value };
                 Ok(TorchReader {
+                    state_dict: module_state_dict(&value),
                     value,
                     container: Container::Legacy,
                     prefix: None,
@@ -171,6 +177,18 @@ impl TorchReader {
                 })
             }
         }
+    }
+
+    /// What entries are named by: the saved object, or a whole module's state dict.
+    fn root(&self) -> &Value {
+        self.state_dict.as_ref().unwrap_or(&self.value)
+    }
+
+    /// For a file written by `torch.save(model)`: the state dict `model.state_dict()` would return (parameters
+    /// and persistent buffers named `0.weight`, `1.running_mean`, ...), which [`CheckpointRead::entries`]
+    /// lists; `None` for any other file. [`TorchReader::value`] is still the whole module object.
+    pub fn module_state_dict(&self) -> Option<&Value> {
+        self.state_dict.as_ref()
     }
 
     /// The saved object.
@@ -209,7 +227,7 @@ impl TorchReader {
     /// [`Error::NoSuchEntry`].
     pub fn get(&self, name: &str) -> Result<&Value> {
         let index = self.index.get_or_init(|| {
-            let leaves = leaf_keys(&self.value).map_err(|e| e.to_string())?;
+            let leaves = leaf_keys(self.root()).map_err(|e| e.to_string())?;
             let mut index = HashMap::with_capacity(leaves.len());
             for (key, at, _) in leaves {
                 // The first of equal names wins, as a search in order finds it.
@@ -218,7 +236,7 @@ impl TorchReader {
             Ok(index)
         });
         let index = index.as_ref().map_err(|e| Error::Core(ckpt_core::Error::Unsupported(e.clone())))?;
-        index.get(name).and_then(|at| descend(&self.value, at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
+        index.get(name).and_then(|at| descend(self.root(), at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
     }
 }
 
@@ -228,7 +246,7 @@ impl CheckpointRead for TorchReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        leaf_keys(&self.value)
+        leaf_keys(self.root())
             .map(|l| l.into_iter().map(|(name, _, v)| Entry { kind: entry_kind(v), name }).collect())
             .unwrap_or_default()
     }
@@ -248,11 +266,20 @@ impl CheckpointRead for TorchReader {
             d.push(("version".into(), v.to_string()));
         }
         d.push(("top level".into(), self.value.type_name().to_owned()));
+        let classes = module_classes(&self.value);
+        if let Some(top) = classes.first() {
+            d.push(("module".into(), top.clone()));
+            d.push(("module classes".into(), classes.join(", ")));
+        }
         d
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        match self.get(name)? {
+        let v = self.get(name)?;
+        if let Some(reason) = ckpt_core::numpy_unsupported(v) {
+            return Err(Error::UnsupportedNumpy { name: name.to_owned(), reason }.into());
+        }
+        match v {
             Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
             other => other.as_tensor().cloned().ok_or_else(|| Error::NoSuchTensor(name.to_owned()).into()),
         }
@@ -401,7 +428,10 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
             Rebuilder { source: &mut storages }.value(&pickled)?
         }
     };
+    // numpy values become numpy values the same way whichever path built the objects.
+    let value = if numpy::mentions_numpy(pkl.as_bytes()) { numpy::lift(value) } else { value };
     Ok(TorchReader {
+        state_dict: module_state_dict(&value),
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -487,6 +517,7 @@ mod tests {
             prefix: None,
             version: None,
             records: Vec::new(),
+            state_dict: None,
             index: OnceLock::new(),
         };
         for (k, v) in &core {

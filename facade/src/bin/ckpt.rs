@@ -736,7 +736,9 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
 }
 
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
-    let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some());
+    // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
+    let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
+        || c.value(name).is_ok_and(|v| ckpt::core::numpy_unsupported(&v).is_some());
     let text = if is_tensor {
         ckpt::core::format_tensor(&c.tensor(name)?, limit)
     } else {
