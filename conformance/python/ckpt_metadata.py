@@ -23,7 +23,7 @@ from safetensors import safe_open
 TAGS = {
     "int", "float", "complex", "bytes", "bytearray", "tuple", "set", "frozenset", "dict", "odict", "counter",
     "torch.Size", "torch.dtype", "torch.device", "tensor", "parameter", "tensor_with_state", "opaque_tensor",
-    "storage", "global", "object",
+    "storage", "global", "object", "numpy",
 }
 
 
@@ -129,6 +129,14 @@ class Decoder:
                 else:
                     obj.__dict__.update(state)
             return obj
+        if tag == "numpy":
+            import numpy as np
+
+            dtype = np.dtype(j["dtype"])
+            v = self.decode(p)
+            if isinstance(v, torch.Tensor):
+                return v.detach().numpy().copy(order="C").astype(dtype, copy=False)
+            return dtype.type(v)
         raise ValueError(f"unknown tag {tag}")
 
 

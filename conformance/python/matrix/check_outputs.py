@@ -62,6 +62,12 @@ def digest(t: torch.Tensor) -> str:
 
 
 def leaves(value, prefix: str, out: dict) -> None:
+    import numpy as np
+
+    if isinstance(value, torch.nn.Module):  # a whole pickled module: its state dict, as ckpt lists it
+        value = value.state_dict()
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.dtype.fields is None:
+        value = torch.from_numpy(value.copy(order="C"))  # numpy arrays are tensors of their dtype
     if isinstance(value, dict) and value:
         for k, v in value.items():
             leaves(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -137,9 +143,50 @@ def load_hf(path: str, max_shard_size: int) -> dict:
     return {"tensors": entries, "described": {}}
 
 
+def load_torch(path: str):
+    """``torch.load(weights_only=True)``, allowing the numpy and ``torch.nn`` globals the file names (numpy
+    values, whole modules) and the classes torch then asks for to build them (numpy 2's dtype classes)."""
+    import importlib
+    import re
+
+    def resolve(name: str):
+        module, _, attr = name.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+
+    allowed = [
+        resolve(g) for g in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        if g.startswith(("numpy.", "torch.nn.modules."))
+    ]
+    for _ in range(64):
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - retried with the class torch names, else raised
+            m = re.search(r"but got <class '(numpy[\w.]+)'>", str(e))
+            if not m:
+                raise
+            allowed.append(resolve(m.group(1)))
+    raise AssertionError("too many classes to allow")
+
+
+def numpy_globals() -> list:
+    """What torch's weights-only unpickler needs allowed to build numpy scalars and arrays (numpy 2)."""
+    import numpy as np
+    from numpy._core import multiarray
+
+    classes = [c for c in vars(np.dtypes).values() if isinstance(c, type) and issubclass(c, np.dtype)]
+    return [multiarray.scalar, multiarray._reconstruct, np.dtype, np.ndarray, *classes]
+
+
 def load(fmt: str, path: str, check: dict):
+    # numpy values are allowed wherever a format embeds torch.save files (DCP's BYTE_IO items, hfai's parts).
+    with torch.serialization.safe_globals(numpy_globals()):
+        return load_format(fmt, path, check)
+
+
+def load_format(fmt: str, path: str, check: dict):
     if fmt == "torch":
-        return torch.load(path, weights_only=True)
+        return load_torch(path)
     if fmt == "safetensors":
         from safetensors.torch import load_file
 

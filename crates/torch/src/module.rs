@@ -93,3 +93,78 @@ pub fn module_classes(v: &Value) -> Vec<String> {
     walk(v, &mut out, 0);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use ckpt_core::Tensor;
+
+    use super::*;
+
+    fn t(v: f32) -> Tensor {
+        Tensor::from_slice(&[v], &[1]).unwrap()
+    }
+
+    fn module(class: &str, params: Vec<(&str, Value)>, buffers: Vec<(&str, Value)>, non_persistent: &[&str], children: Vec<(&str, Value)>) -> Value {
+        let map = |items: Vec<(&str, Value)>| {
+            let mut d = Dict::new(DictKind::Dict);
+            for (k, v) in items {
+                d.insert(k, v);
+            }
+            Value::Dict(d)
+        };
+        let mut state = Dict::new(DictKind::Dict);
+        state.insert("training", Value::Bool(true));
+        state.insert("_parameters", map(params));
+        state.insert("_buffers", map(buffers));
+        state.insert("_non_persistent_buffers_set", Value::Set(non_persistent.iter().map(|s| Value::Str((*s).into())).collect()));
+        state.insert("_modules", map(children));
+        Value::Object(Box::new(Object {
+            callable: Value::Global { module: "torch.nn.modules.x".into(), name: class.into() },
+            args: Value::Tuple(vec![]),
+            newobj: true,
+            state: Some(Value::Dict(state)),
+            list_items: vec![],
+            dict_items: vec![],
+        }))
+    }
+
+    #[test]
+    fn state_dict_names_order_and_skips_as_torch() {
+        let param = |v| Value::Parameter { tensor: t(v).with_requires_grad(true), state: None };
+        let inner = module("Linear", vec![("weight", param(3.0)), ("bias", Value::None)], vec![], &[], vec![]);
+        let bn = module(
+            "BatchNorm1d",
+            vec![("weight", param(1.0))],
+            vec![("running_mean", Value::Tensor(t(2.0))), ("scratch", Value::Tensor(t(9.0))), ("gone", Value::None)],
+            &["scratch"],
+            vec![],
+        );
+        let top = module(
+            "Sequential",
+            vec![],
+            vec![],
+            &[],
+            vec![("0", bn), ("1", module("ReLU", vec![], vec![], &[], vec![])), ("2", Value::None), ("3", inner)],
+        );
+        assert!(is_module(&top));
+        let Some(Value::Dict(sd)) = module_state_dict(&top) else { panic!() };
+        assert_eq!(sd.kind, DictKind::OrderedDict);
+        let names: Vec<&str> = sd.items.iter().map(|(k, _)| k.as_str().unwrap()).collect();
+        assert_eq!(names, ["0.weight", "0.running_mean", "3.weight"]);
+        // Parameters become plain tensors, as state_dict()'s detach() gives.
+        let Value::Tensor(w) = &sd.items[2].1 else { panic!("{:?}", sd.items[2].1) };
+        assert!(!w.requires_grad());
+        assert_eq!(w.to_vec::<f32>().unwrap(), [3.0]);
+        assert_eq!(
+            module_classes(&top),
+            ["torch.nn.modules.x.Sequential", "torch.nn.modules.x.BatchNorm1d", "torch.nn.modules.x.ReLU", "torch.nn.modules.x.Linear"]
+        );
+        // Not modules: a state dict, an object without the module attributes.
+        assert!(module_state_dict(&Value::dict([("w", Value::Tensor(t(1.0)))])).is_none());
+        let Value::Object(mut o) = top else { panic!() };
+        o.state = Some(Value::dict([("_parameters", Value::Int(1))]));
+        assert!(!is_module(&Value::Object(o)));
+    }
+}

@@ -251,3 +251,121 @@ pub(crate) fn lower(n: &Numpy) -> Option<Object> {
         v => object(global("scalar"), Value::Tuple(vec![dtype, Value::Bytes(scalar_bytes(n.dtype, v)?)]), None),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn scalars() -> Vec<(DType, Value)> {
+        vec![
+            (DType::Bool, Value::Bool(true)),
+            (DType::I8, Value::Int(-128)),
+            (DType::I16, Value::Int(-2)),
+            (DType::I32, Value::Int(i64::from(i32::MIN))),
+            (DType::I64, Value::Int(i64::MIN)),
+            (DType::U8, Value::Int(255)),
+            (DType::U16, Value::Int(65535)),
+            (DType::U32, Value::Int(i64::from(u32::MAX))),
+            (DType::U64, Value::Int(7)),
+            (DType::U64, Value::BigInt(u64::MAX.to_le_bytes().iter().copied().chain([0]).collect())),
+            (DType::F16, Value::Float(-2.25)),
+            (DType::F32, Value::Float(f64::from(0.1f32))),
+            (DType::F64, Value::Float(f64::NEG_INFINITY)),
+            (DType::C64, Value::Complex(1.5, -0.25)),
+            (DType::C128, Value::Complex(f64::MAX, 1e-300)),
+        ]
+    }
+
+    #[test]
+    fn scalars_pickle_back_to_what_reads_as_them() {
+        for module in NUMPY_MULTIARRAY {
+            for (dtype, value) in scalars() {
+                let n = Numpy { value: value.clone(), dtype, module: module.into() };
+                let o = lower(&n).unwrap();
+                assert_eq!(o.callable_name(), Some((module, "scalar")));
+                let Value::Tuple(args) = &o.args else { panic!() };
+                assert!(matches!(&args[1], Value::Bytes(b) if b.len() == dtype.size()), "{dtype}");
+                let back = lift(Value::Object(Box::new(o)));
+                assert_eq!(back, Value::Numpy(Box::new(n)), "{dtype}");
+            }
+        }
+    }
+
+    #[test]
+    fn arrays_keep_dtype_shape_values_and_fortran_order() {
+        let c = Tensor::from_slice(&[1i16, 2, 3, 4, 5, 6], &[2, 3]).unwrap();
+        let f = c.transpose(0, 1).unwrap(); // 3x2 column-major
+        for (t, fortran) in [(c.clone(), false), (f.clone(), true)] {
+            let n = Numpy { value: Value::Tensor(t.clone()), dtype: DType::I16, module: NUMPY_MULTIARRAY[0].into() };
+            let o = lower(&n).unwrap();
+            let Some(Value::Tuple(state)) = &o.state else { panic!() };
+            assert_eq!(state[3], Value::Bool(fortran));
+            assert_eq!(numpy_dtype_code(&state[2]), Some(("i2", "<")));
+            let Value::Numpy(back) = lift(Value::Object(Box::new(o))) else { panic!() };
+            let bt = back.value.as_tensor().unwrap();
+            assert_eq!(bt.shape(), t.shape());
+            assert_eq!(bt.strides(), t.strides(), "fortran {fortran}");
+            assert_eq!(bt.to_vec::<i16>().unwrap(), t.to_vec::<i16>().unwrap());
+        }
+        // A strided view that is neither order is pickled in C order.
+        let big = Tensor::from_slice(&(0..24).map(|i| i as f32).collect::<Vec<_>>(), &[4, 6]).unwrap();
+        let view = big.narrow(1, 1, 3).unwrap();
+        let n = Numpy { value: Value::Tensor(view.clone()), dtype: DType::F32, module: NUMPY_MULTIARRAY[1].into() };
+        let Value::Numpy(back) = lift(Value::Object(Box::new(lower(&n).unwrap()))) else { panic!() };
+        assert_eq!(back.value.as_tensor().unwrap().to_vec::<f32>().unwrap(), view.to_vec::<f32>().unwrap());
+        // A value that does not fit its dtype is refused, not written wrongly.
+        let wrong = Numpy { value: Value::Str("x".into()), dtype: DType::F64, module: NUMPY_MULTIARRAY[0].into() };
+        assert!(lower(&wrong).is_none());
+        let other = Numpy { value: Value::Tensor(c), dtype: DType::F32, module: NUMPY_MULTIARRAY[0].into() };
+        assert!(lower(&other).is_none());
+    }
+
+    #[test]
+    fn unsupported_dtypes_stay_objects_and_are_named() {
+        let dtype = |code: &str, order: &str| {
+            let mut d = dtype_object(DType::F64).unwrap();
+            if let Value::Object(o) = &mut d {
+                o.args = Value::Tuple(vec![Value::Str(code.into()), Value::Bool(false), Value::Bool(true)]);
+                if let Some(Value::Tuple(s)) = &mut o.state {
+                    s[1] = Value::Str(order.into());
+                }
+            }
+            d
+        };
+        let array = |d: Value, data: Value| Object {
+            callable: Value::Global { module: NUMPY_MULTIARRAY[0].into(), name: "_reconstruct".into() },
+            args: Value::Tuple(vec![
+                Value::Global { module: "numpy".into(), name: "ndarray".into() },
+                Value::Tuple(vec![Value::Int(0)]),
+                Value::Bytes(b"b".to_vec()),
+            ]),
+            newobj: false,
+            state: Some(Value::Tuple(vec![
+                Value::Int(1),
+                Value::Tuple(vec![Value::Int(1)]),
+                d,
+                Value::Bool(false),
+                data,
+            ])),
+            list_items: vec![],
+            dict_items: vec![],
+        };
+        for (code, order, data, named) in [
+            ("O8", "|", Value::List(vec![Value::None]), "object dtype '|O8'"),
+            ("V12", "|", Value::Bytes(vec![0; 12]), "structured dtype '|V12'"),
+            ("U3", "<", Value::Bytes(vec![0; 12]), "string dtype '<U3'"),
+            ("f8", ">", Value::Bytes(vec![0; 8]), "big-endian dtype '>f8'"),
+        ] {
+            let o = Value::Object(Box::new(array(dtype(code, order), data)));
+            let lifted = lift(o.clone());
+            assert_eq!(lifted, o, "{code}: left as the object it was");
+            let why = ckpt_core::numpy_unsupported(&lifted).unwrap();
+            assert!(why.contains(named), "{why}");
+        }
+        // The supported dtype in the same shape is read.
+        let ok = array(dtype("f8", "<"), Value::Bytes(0.5f64.to_le_bytes().to_vec()));
+        assert!(matches!(lift(Value::Object(Box::new(ok))), Value::Numpy(_)));
+    }
+}

@@ -556,6 +556,95 @@ mod tests {
         assert_eq!(accepted, fixtures.len());
     }
 
+    /// numpy values and whole modules come out the same through the single pass and through the full decoder
+    /// + rebuilder (the fallback), each followed by the numpy lifting `read_zip` applies to either.
+    #[test]
+    fn numpy_values_and_modules_read_alike_on_both_paths() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/values");
+        let mut numpy_values = 0;
+        for name in ["numpy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
+            let b = Buffer::map_file(&dir.join(name)).unwrap();
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let pkl = archive.data(b.as_bytes(), archive.get("data.pkl").unwrap()).unwrap().to_vec();
+            let limits = ckpt_pickle::Limits::default();
+            let mut storages = ZipStorages::new(&archive, &b);
+            let fast = single_pass::rebuild(&pkl, &limits, &mut storages).expect("the single pass accepts torch's files");
+            let mut storages = ZipStorages::new(&archive, &b);
+            let (p, _) = ckpt_pickle::decode_with(&pkl, &limits).unwrap();
+            let full = Rebuilder { source: &mut storages }.value(&p).unwrap();
+            let (fast, full) = (numpy::lift(fast), numpy::lift(full));
+            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{name}");
+            assert_eq!(module_state_dict(&fast), module_state_dict(&full), "{name}");
+            // And what the reader gives is that value.
+            let reader = TorchReader::from_buffer(&b, &ReadOptions::default()).unwrap();
+            assert_eq!(format!("{:?}", reader.value()), format!("{full:?}"), "{name}");
+            if let Value::Dict(d) = &full {
+                numpy_values += d.items.iter().filter(|(_, v)| matches!(v, Value::Numpy(_))).count();
+            }
+        }
+        // numpy.pt: 7 scalars, 4 arrays; numpy_unsupported.pt: 1 scalar (its two arrays stay objects).
+        assert_eq!(numpy_values, 12);
+    }
+
+    /// The fallback path on its own: a numpy file whose pickle the single pass declines (a second BUILD on
+    /// one object) still reads its numpy values through the full decoder and the rebuilder.
+    #[test]
+    fn numpy_values_read_when_the_single_pass_declines() {
+        use ckpt_pickle::Pickler;
+        let mut p = Pickler::new(Vec::new(), 2).unwrap();
+        // {'acc': numpy.float64(0.5), 'o': <an object BUILT twice, which the single pass declines>}
+        p.empty_dict().unwrap();
+        p.mark().unwrap();
+        p.str("acc").unwrap();
+        p.global("numpy._core.multiarray", "scalar").unwrap();
+        p.global("numpy", "dtype").unwrap();
+        p.str("f8").unwrap();
+        p.bool(false).unwrap();
+        p.bool(true).unwrap();
+        p.tuple(3).unwrap();
+        p.reduce().unwrap();
+        p.begin_tuple(8).unwrap();
+        p.int(3).unwrap();
+        p.str("<").unwrap();
+        p.none().unwrap();
+        p.none().unwrap();
+        p.none().unwrap();
+        p.int(-1).unwrap();
+        p.int(-1).unwrap();
+        p.int(0).unwrap();
+        p.tuple(8).unwrap();
+        p.build().unwrap();
+        p.bytes(&0.5f64.to_le_bytes()).unwrap();
+        p.tuple(2).unwrap();
+        p.reduce().unwrap();
+        p.str("o").unwrap();
+        p.global("some.module", "Thing").unwrap();
+        p.empty_tuple().unwrap();
+        p.reduce().unwrap();
+        p.empty_dict().unwrap();
+        p.build().unwrap();
+        p.empty_dict().unwrap();
+        p.build().unwrap();
+        p.setitems().unwrap();
+        let pkl = p.finish().unwrap();
+        let mut zip = crate::zip::ZipWriter::with_options(
+            Vec::new(),
+            "archive",
+            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
+        );
+        zip.write_record("data.pkl", &pkl).unwrap();
+        zip.write_record("version", b"3\n").unwrap();
+        let buffer = Buffer::from_vec(zip.finish().unwrap());
+        let archive = Archive::parse(buffer.as_bytes()).unwrap();
+        let mut storages = ZipStorages::new(&archive, &buffer);
+        let limits = ckpt_pickle::Limits::default();
+        assert!(single_pass::rebuild(&pkl, &limits, &mut storages).is_none(), "the single pass must decline");
+        let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
+        let Value::Numpy(n) = reader.get("acc").unwrap() else { panic!("{:?}", reader.value()) };
+        assert_eq!((n.dtype, &n.value, n.module.as_str()), (DType::F64, &Value::Float(0.5), "numpy._core.multiarray"));
+        assert!(matches!(reader.get("o").unwrap(), Value::Object(_)));
+    }
+
     #[test]
     fn single_pass_declines_or_agrees_on_mutated_pickles() {
         let mut state = 0x1234_5678_9abc_def1u64;
