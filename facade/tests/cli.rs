@@ -480,7 +480,10 @@ fn what_users_load_and_convert() {
     }
     let (code, out, err) = run(&[&"inspect", &np]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["hist", "float32", "[2,", "3]", "24", "B"]), "{out}");
+    assert!(
+        out.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["hist", "float32", "[2,", "3]", "24", "B"]),
+        "{out}"
+    );
     assert!(out.lines().any(|l| l.starts_with("best_acc") && l.contains("numpy.float64")), "{out}");
     // Unsupported numpy dtypes: an error naming them (exit 3, bad input).
     let (code, _, err) = run(&[&"cat", &values.join("numpy_unsupported.pt"), &"objects"]);
@@ -538,12 +541,19 @@ fn what_users_load_and_convert() {
     for n in &names {
         let t = got.tensor(n).unwrap();
         assert_eq!(t.dtype(), ckpt::DType::BF16, "{n}");
-        let want = ckpt::core::cast_float(&src.tensor(&format!("state_dict.model.{n}")).unwrap(), ckpt::DType::BF16).unwrap();
+        let want =
+            ckpt::core::cast_float(&src.tensor(&format!("state_dict.model.{n}")).unwrap(), ckpt::DType::BF16).unwrap();
         assert!(t.bitwise_eq(&want), "{n}");
     }
-    let (code, out, err) = run(&[&"inspect", &lightning, &"--include", &"optimizer_states.*", &"--exclude", &"*.exp_avg_sq"]);
+    let (code, out, err) =
+        run(&[&"inspect", &lightning, &"--include", &"optimizer_states.*", &"--exclude", &"*.exp_avg_sq"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("optimizer_states.0.state.0.exp_avg") && !out.contains("exp_avg_sq") && !out.contains("state_dict."), "{out}");
+    assert!(
+        out.contains("optimizer_states.0.state.0.exp_avg")
+            && !out.contains("exp_avg_sq")
+            && !out.contains("state_dict."),
+        "{out}"
+    );
 
     // Hugging Face shards: read as format hf (not as DCP's HF layout), written with --to hf.
     let hf = values.join("hf_sharded");
@@ -552,7 +562,7 @@ fn what_users_load_and_convert() {
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("hf checkpoint") && out.contains("shards: 4"), "{out}");
     let out_hf = tmp.path().join("numpy_hf");
-    let (code, _, err) = run(&[&"convert", &np, &out_hf, &"--to", &"hf", &"--max-shard-size", &"64B"]);
+    let (code, _, err) = run(&[&"convert", &np, &out_hf, &"--to", &"hf", &"--max-shard-size", &"64"]);
     assert_eq!(code, 0, "{err}");
     assert!(out_hf.join("model.safetensors.index.json").is_file());
     let (code, out, err) = run(&[&"diff", &np, &out_hf]);

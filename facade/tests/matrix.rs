@@ -146,10 +146,9 @@ fn check_same(ctx: &str, want: &Snap, got: &Snap, may_drop: &dyn Fn(&str, &Tenso
             Some(w) => assert_eq!(w, t, "{ctx}: tensor {name}"),
             // A numpy array is a tensor to Python's checker, and a value entry where a format keeps it pickled
             // (DCP's BYTE_IO items list as values without being read).
-            None => assert!(
-                inside_value(&mapped, want) || want.others.contains(&mapped),
-                "{ctx}: unexpected tensor {name}"
-            ),
+            None => {
+                assert!(inside_value(&mapped, want) || want.others.contains(&mapped), "{ctx}: unexpected tensor {name}")
+            }
         }
         seen.insert(mapped);
     }

@@ -106,7 +106,13 @@ mod tests {
         Tensor::from_slice(&[v], &[1]).unwrap()
     }
 
-    fn module(class: &str, params: Vec<(&str, Value)>, buffers: Vec<(&str, Value)>, non_persistent: &[&str], children: Vec<(&str, Value)>) -> Value {
+    fn module(
+        class: &str,
+        params: Vec<(&str, Value)>,
+        buffers: Vec<(&str, Value)>,
+        non_persistent: &[&str],
+        children: Vec<(&str, Value)>,
+    ) -> Value {
         let map = |items: Vec<(&str, Value)>| {
             let mut d = Dict::new(DictKind::Dict);
             for (k, v) in items {
@@ -118,7 +124,10 @@ mod tests {
         state.insert("training", Value::Bool(true));
         state.insert("_parameters", map(params));
         state.insert("_buffers", map(buffers));
-        state.insert("_non_persistent_buffers_set", Value::Set(non_persistent.iter().map(|s| Value::Str((*s).into())).collect()));
+        state.insert(
+            "_non_persistent_buffers_set",
+            Value::Set(non_persistent.iter().map(|s| Value::Str((*s).into())).collect()),
+        );
         state.insert("_modules", map(children));
         Value::Object(Box::new(Object {
             callable: Value::Global { module: "torch.nn.modules.x".into(), name: class.into() },
@@ -159,7 +168,12 @@ mod tests {
         assert_eq!(w.to_vec::<f32>().unwrap(), [3.0]);
         assert_eq!(
             module_classes(&top),
-            ["torch.nn.modules.x.Sequential", "torch.nn.modules.x.BatchNorm1d", "torch.nn.modules.x.ReLU", "torch.nn.modules.x.Linear"]
+            [
+                "torch.nn.modules.x.Sequential",
+                "torch.nn.modules.x.BatchNorm1d",
+                "torch.nn.modules.x.ReLU",
+                "torch.nn.modules.x.Linear"
+            ]
         );
         // Not modules: a state dict, an object without the module attributes.
         assert!(module_state_dict(&Value::dict([("w", Value::Tensor(t(1.0)))])).is_none());

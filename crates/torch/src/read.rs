@@ -568,7 +568,8 @@ mod tests {
             let pkl = archive.data(b.as_bytes(), archive.get("data.pkl").unwrap()).unwrap().to_vec();
             let limits = ckpt_pickle::Limits::default();
             let mut storages = ZipStorages::new(&archive, &b);
-            let fast = single_pass::rebuild(&pkl, &limits, &mut storages).expect("the single pass accepts torch's files");
+            let fast =
+                single_pass::rebuild(&pkl, &limits, &mut storages).expect("the single pass accepts torch's files");
             let mut storages = ZipStorages::new(&archive, &b);
             let (p, _) = ckpt_pickle::decode_with(&pkl, &limits).unwrap();
             let full = Rebuilder { source: &mut storages }.value(&p).unwrap();

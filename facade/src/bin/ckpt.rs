@@ -745,6 +745,10 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
         // A value: strings as they are (a PBG config prints as its JSON), others as Python's repr.
         match c.value(name)? {
             ckpt::Value::Str(s) => s,
+            // A value holding a tensor (a numpy array a format keeps pickled, as DCP's BYTE_IO items).
+            v if v.as_tensor().is_some() => {
+                v.as_tensor().map(|t| ckpt::core::format_tensor(t, limit)).unwrap_or_default()
+            }
             v => ckpt::core::python_str(&v).unwrap_or_else(|_| format!("<{}>", v.type_name())),
         }
     };
