@@ -322,6 +322,9 @@ pub struct SaveReport {
     pub dropped: Vec<String>,
 }
 
+/// What [`prepare`] gives: the file's tensors by name, its `__metadata__`, and what was written or dropped.
+pub type Prepared = (Vec<(String, Tensor)>, HashMap<String, String>, SaveReport);
+
 /// The tensors and metadata of a ckpt safetensors file for `entries` (name, path in the nested state dict,
 /// value), without writing it: plain tensors under their names, everything else in `ckpt.values` with the
 /// tensors it holds.
@@ -331,7 +334,7 @@ pub struct SaveReport {
 pub fn prepare<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     options: &WriteOptions,
-) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>, SaveReport)> {
+) -> Result<Prepared> {
     let entries: Vec<(&str, &[PathItem], &Value)> = entries.into_iter().collect();
     let mut report = SaveReport::default();
     let mut metadata = Metadata { source: options.source.clone(), ..Metadata::default() };
