@@ -10,6 +10,7 @@ Writes into OUTDIR (the committed copy lives in ``conformance/fixtures/values/``
 - ``numpy.pt``: a training checkpoint keeping numpy scalars (float64 best accuracy, int64 step, bool,
   uint64 above 2**63, float32, float16, complex128) and numpy arrays (float32 2x3, a Fortran-ordered
   int16 array, a bool array, a 0-d float64 array) beside a model state dict;
+- ``numpy_legacy.pt``: numpy values in the legacy (non-ZIP) ``torch.save`` stream;
 - ``numpy_unsupported.pt``: a numpy object array and a structured array (dtypes torch has no counterpart
   of);
 - ``module_whole.pt``: ``torch.save(model)`` of a whole ``nn.Sequential`` (Linear, BatchNorm1d with set
@@ -214,9 +215,9 @@ def flat_records(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def save_pt(outdir: Path, name: str, obj: Any, description: str, **extra: Any) -> dict[str, Any]:
+def save_pt(outdir: Path, name: str, obj: Any, description: str, legacy: bool = False, **extra: Any) -> dict[str, Any]:
     path = outdir / name
-    torch.save(obj, str(path))
+    torch.save(obj, str(path), _use_new_zipfile_serialization=not legacy)
     manifest = {
         "file": name,
         "generator": GENERATOR,
@@ -224,7 +225,8 @@ def save_pt(outdir: Path, name: str, obj: Any, description: str, **extra: Any) -
         "torch": torch.__version__.split("+")[0],
         "numpy": np.__version__,
         "weights_only_error": weights_only_ok(path),
-        "unsafe_globals": torch.serialization.get_unsafe_globals_in_checkpoint(str(path)),
+        # (torch lists them for ZIP files only)
+        "unsafe_globals": None if legacy else torch.serialization.get_unsafe_globals_in_checkpoint(str(path)),
         **extra,
     }
     write_json(outdir / (Path(name).stem + ".json"), manifest)
@@ -245,6 +247,10 @@ def main(argv: list[str]) -> int:
     manifests.append(save_pt(outdir, "numpy.pt", ck, "training checkpoint with numpy scalars (float64, int64, bool, "
                              "uint64 > 2**63, float32, float16, complex128) and arrays (float32 2x3, Fortran-ordered int16 "
                              "3x4, bool, 0-d float64) beside a model state dict", entries=flat_records(ck)))
+    old = {"best_acc": np.float64(0.8125), "hist": np.arange(6, dtype=np.float32).reshape(2, 3) / 4}
+    manifests.append(save_pt(outdir, "numpy_legacy.pt", old, "numpy values in the legacy (non-ZIP) torch.save stream "
+                             "(_use_new_zipfile_serialization=False; no tensors, so byte-reproducible)", legacy=True,
+                             entries=flat_records(old)))
     bad = numpy_unsupported()
     manifests.append(save_pt(outdir, "numpy_unsupported.pt", bad, "a numpy object array and a structured array "
                              "(no tensor dtype) beside a float64 scalar", entries=flat_records(bad)))
@@ -338,8 +344,9 @@ byte-reproducible: regenerating into a fresh directory gives the sha256s of `STA
 - `file`, `generator`, `description`, versions.
 - `weights_only_error` (`.pt`/`.ckpt`): null when `torch.load(weights_only=True)` loads the file, else
   the reason torch gives; `unsafe_globals`: what `torch.serialization.get_unsafe_globals_in_checkpoint`
-  lists (the globals a `weights_only=True` load must be allowed).
-- `entries` (`numpy.pt`, `numpy_unsupported.pt`, `lightning.ckpt`): every leaf by its dotted name
+  lists (the globals a `weights_only=True` load must be allowed; null for the legacy stream, which it does
+  not read).
+- `entries` (`numpy.pt`, `numpy_legacy.pt`, `numpy_unsupported.pt`, `lightning.ckpt`): every leaf by its dotted name
   (mapping keys and list/tuple indices joined by `.`), in order: tensors as `{{kind: "tensor", dtype, shape,
   sha256}}` (sha256 of the row-major little-endian bytes), numpy values as `{{kind: "numpy", type, dtype,
   value}}` for scalars (floats as `float.hex()`, complex as `[re, im]`, ints as decimal strings) and

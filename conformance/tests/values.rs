@@ -127,6 +127,19 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
 }
 
 #[test]
+fn numpy_values_read_from_the_legacy_stream() {
+    let m = manifest("numpy_legacy.json");
+    let r = TorchReader::open(&dir().join("numpy_legacy.pt")).unwrap();
+    assert_eq!(r.container(), ckpt_torch::Container::Legacy);
+    let Value::Numpy(acc) = r.get("best_acc").unwrap() else { panic!("{:?}", r.value()) };
+    assert_eq!(
+        (acc.dtype, float_hex(acc.value.as_f64().unwrap())),
+        (DType::F64, m["entries"]["best_acc"]["value"].as_str().unwrap().to_owned())
+    );
+    assert_eq!(tensor_record(&r.tensor("hist").unwrap()), manifest_record(&m["entries"]["hist"]));
+}
+
+#[test]
 fn unsupported_numpy_dtypes_are_named() {
     let r = TorchReader::open(&dir().join("numpy_unsupported.pt")).unwrap();
     for (name, named) in [("objects", "object dtype '|O8'"), ("records", "structured dtype '|V12'")] {
@@ -196,7 +209,7 @@ fn a_lightning_checkpoint_lists_every_leaf() {
 #[test]
 fn written_back_loads_in_torch_as_the_original() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["numpy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
+    for name in ["numpy.pt", "numpy_legacy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
         let src = dir().join(name);
         let value = ckpt_torch::load(&src).unwrap();
         let out = tmp.path().join(Path::new(name).with_extension("pt"));

@@ -2,14 +2,15 @@
 //!
 //! # What goes where
 //!
-//! | from \ to | torch | safetensors | distcp | hfai | pbg | recis |
-//! |---|---|---|---|---|---|---|
-//! | torch | ✓ | ✓ ¹ | ✓ ² | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | safetensors | ✓ ⁴ | ✓ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ (re-shard) | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | hfai | ✓ | ✓ ¹ | ✓ | ✓ (re-shard) | ✓ ⁷ | ✓ ⁸ |
-//! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
-//! | recis | ✓ ⁹ | ✓ ¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
+//! | from \ to | torch | safetensors | hf | distcp | hfai | pbg | recis |
+//! |---|---|---|---|---|---|---|---|
+//! | torch | ✓ ¹⁰ | ✓ ¹ | ✓ ¹¹ | ✓ ² | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | safetensors | ✓ ⁴ | ✓ | ✓ ¹¹ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | hf | ✓ ⁴ | ✓ | ✓ (re-shard) ¹¹ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ ¹¹ | ✓ (re-shard) | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | hfai | ✓ | ✓ ¹ | ✓ ¹¹ | ✓ | ✓ (re-shard) | ✓ ⁷ | ✓ ⁸ |
+//! | pbg | ✓ | ✓ ¹ | ✓ ¹¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
+//! | recis | ✓ ⁹ | ✓ ¹ | ✓ ¹¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
 //!
 //! 1. safetensors holds tensors; ckpt keeps every other entry losslessly in `__metadata__` under
 //!    `ckpt.values`, in a typed JSON encoding (tuples vs lists, dicts with their kind and key types, big ints,
@@ -60,6 +61,15 @@
 //! 9. A RecIS checkpoint converts as the state dict `{"sparse": {<RecIS tensor name>: tensor}, "model":
 //!    <model.pt>, "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts it lacks left out); flat
 //!    targets (safetensors) name entries as [`crate::recis::RecisReader`] does.
+//! 10. A whole pickled module (`torch.save(model)`) converts as its state dict, named as
+//!     `model.state_dict()` names it (`0.weight`, `1.running_mean`); a torch target without a selection gets
+//!     the whole module object back. numpy scalars and arrays inside `.pt` files are values and tensors of
+//!     their numpy dtype; safetensors keeps them as numpy values (`ckpt.values`), so converting back gives
+//!     the numpy objects again.
+//! 11. hf targets write what a safetensors target writes, sharded as `huggingface_hub` splits a state dict
+//!     (`model-0000i-of-0000n.safetensors` and `model.safetensors.index.json` as `transformers` writes it,
+//!     or one `model.safetensors`) at [`ConvertOptions::hf_max_shard_size`] (default 5 GB); ckpt's metadata
+//!     (`ckpt.source`, `ckpt.paths`, `ckpt.values`) goes into the first shard's `__metadata__`.
 //!
 //! # Selection
 //! [`ConvertOptions::selection`] applies to every target, to the entries as [`crate::Checkpoint::entries`]

@@ -76,7 +76,7 @@ fn sources() -> Vec<(String, PathBuf, Format)> {
     }
     // What users load (issue 11): numpy values, a whole pickled module, a Lightning checkpoint, HF shards.
     let values = fixtures("values");
-    for f in ["numpy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
+    for f in ["numpy.pt", "numpy_legacy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
         out.push((format!("values/{f}"), values.join(f), Format::Torch));
     }
     out.push(("values/hf_sharded".into(), values.join("hf_sharded"), Format::Hf));

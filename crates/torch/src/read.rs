@@ -164,8 +164,8 @@ impl TorchReader {
         match detect(buffer.as_bytes())? {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
-                let value = legacy::read(buffer, options)?;
-                let value = if numpy::mentions_numpy(buffer.as_bytes()) { numpy::lift(value) } else { value };
+                // (The legacy stream's pickle is followed by its storages: the tree is walked, not the bytes.)
+                let value = numpy::lift(legacy::read(buffer, options)?);
                 Ok(TorchReader {
                     state_dict: module_state_dict(&value),
                     value,

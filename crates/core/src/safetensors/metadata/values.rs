@@ -640,6 +640,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn numpy_values_round_trip_with_dtype_and_module() {
+        use crate::value::Numpy;
+        let array = Tensor::from_slice(&[1i16, -2, 3, -4], &[2, 2]).unwrap();
+        let values = [
+            Numpy { value: Value::Float(0.8125), dtype: DType::F64, module: "numpy._core.multiarray".into() },
+            Numpy { value: Value::Complex(1.5, -0.25), dtype: DType::C64, module: "numpy.core.multiarray".into() },
+            Numpy {
+                value: Value::BigInt(bigint_from_decimal("9223372036854775813").unwrap()),
+                dtype: DType::U64,
+                module: "numpy._core.multiarray".into(),
+            },
+            Numpy { value: Value::Tensor(array), dtype: DType::I16, module: "numpy._core.multiarray".into() },
+        ];
+        for n in values {
+            let v = Value::Numpy(Box::new(n));
+            let mut enc = Encoder::default();
+            enc.taken.insert("x".into());
+            let j = enc.entry("x", &v).unwrap();
+            assert!(j.get("numpy").is_some(), "{j}");
+            let stored: HashMap<&str, &Tensor> = enc.stored.iter().map(|(k, t)| (k.as_str(), t)).collect();
+            let back = Decoder::new(&stored).decode(&j).unwrap();
+            assert!(back.same(&v), "{back:?} != {v:?}");
+            // An array is stored as the entry's own tensor, which other safetensors readers see.
+            if v.as_tensor().is_some() {
+                assert_eq!(enc.stored.len(), 1);
+                assert_eq!(enc.stored[0].0, "x");
+            }
+        }
+    }
+
+    #[test]
     fn bigints_round_trip() {
         for text in [
             "9223372036854775808",
