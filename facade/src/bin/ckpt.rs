@@ -681,7 +681,11 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
         return Ok(());
     }
     let detail_text: Vec<String> = details.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    writeln!(out, "{} checkpoint {} ({})", c.format(), c.path().display(), detail_text.join(", ")).map_err(io)?;
+    if detail_text.is_empty() {
+        writeln!(out, "{} checkpoint {}", c.format(), c.path().display()).map_err(io)?;
+    } else {
+        writeln!(out, "{} checkpoint {} ({})", c.format(), c.path().display(), detail_text.join(", ")).map_err(io)?;
+    }
     let rows: Vec<[String; 4]> = entries
         .iter()
         .map(|e| match &e.kind {
