@@ -529,16 +529,21 @@ def main() -> int:
     timer = Timer()
     started = time.time()
     try:
-        if "reads" in only:
-            reads(res, timer, raw, work, cfg, not args.no_cold)
-        if "writes" in only:
-            writes(res, timer, raw, work, cfg)
-        if "durable" in only:
-            durable(res, work, cfg)
-        if "scaling" in only:
-            scaling(res, work, cfg)
-        if "convert" in only:
-            convert(res, timer, work, cfg)
+        sections = {
+            "reads": lambda: reads(res, timer, raw, work, cfg, not args.no_cold),
+            "writes": lambda: writes(res, timer, raw, work, cfg),
+            "durable": lambda: durable(res, work, cfg),
+            "scaling": lambda: scaling(res, work, cfg),
+            "convert": lambda: convert(res, timer, work, cfg),
+        }
+        for name, section in sections.items():
+            if name in only:
+                try:
+                    section()
+                except (Exception, SystemExit) as e:  # one failing section must not lose the others' results
+                    res.add(f"\n**section {name} failed**: {e}")
+                    timer.close()
+                    timer = Timer()
     finally:
         timer.close()
         if not args.keep:
