@@ -54,4 +54,4 @@ pub use detect::{Container, detect};
 pub use error::{Error, Result};
 pub use read::{ReadOptions, TorchReader, load};
 pub use verify::{VerifyReport, verify};
-pub use write::{WriteOptions, prefix_for_path, save, save_to_writer};
+pub use write::{WriteOptions, prefix_for_path, save, save_to_durable, save_to_writer};
