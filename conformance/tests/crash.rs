@@ -74,6 +74,23 @@ fn distcp_survives_every_kill() {
     matrix("distcp", &[]);
 }
 
+#[test]
+fn hfai_survives_every_kill() {
+    matrix("hfai", &[]);
+}
+
+#[test]
+fn recis_survives_every_kill() {
+    matrix("recis", &[]);
+}
+
+/// New: `ckpt_pbg::save` staged and swapped in whole; overwrite: a PBG commit of the next version, whose
+/// version file is the commit point.
+#[test]
+fn pbg_survives_every_kill() {
+    matrix("pbg", &[]);
+}
+
 /// Without `RENAME_EXCHANGE` a kill between the two renames leaves no destination for a moment; the next
 /// save's recovery (what `row.cleaned` runs) rolls it forward, so the check runs after `recover`.
 #[test]
@@ -117,16 +134,30 @@ fn distcp_fallback_swap_recovers_every_kill() {
     assert_eq!(rows.len(), points.len());
 }
 
-fn wait_stopped(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// Waits until every thread of `pid` is stopped (`T` in `/proc/<pid>/task/<tid>/stat`): the failpoint's
+/// `stop` action sends `SIGSTOP` to the thread that hit it, which stops the whole process from there. No
+/// sleep decides anything: the writer is known to be paused at its failpoint, holding the lock, before the
+/// second writer and the reader run (a writer that ends instead of pausing fails the test at once).
+fn wait_stopped(child: &mut std::process::Child) {
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path().join("stat")).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .iter()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect();
         // Field 3, after the parenthesised command name: T = stopped.
-        if stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T')) {
+        let stopped = |stat: &String| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'));
+        if !tasks.is_empty() && tasks.iter().all(stopped) {
             return;
         }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the first writer ended ({status}) instead of pausing at its failpoint");
+        }
         assert!(Instant::now() < deadline, "the first writer never reached its pause point");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -141,7 +172,7 @@ fn two_writers(format: &str, pause_at: &str, dst_name: &str) {
         .env("CKPT_FAILPOINT_ACTION", "stop")
         .spawn()
         .unwrap();
-    wait_stopped(a.id());
+    wait_stopped(&mut a);
     // Writer B, another process, gets the lock error naming the destination and A.
     let b = Command::new(child()).args([format, dst.to_str().unwrap(), "3", "4"]).output().unwrap();
     assert!(!b.status.success());
@@ -166,6 +197,9 @@ fn second_writer_gets_the_lock_error_and_readers_see_the_old_checkpoint() {
     two_writers("torch", "file.synced", "m.pt");
     two_writers("safetensors", "file.write", "m.safetensors");
     two_writers("distcp", "dir.staged", "ck");
+    two_writers("hfai", "dir.staged", "ck");
+    two_writers("recis", "dir.staged", "ck");
+    two_writers("pbg", "pbg.written", "ck");
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
+use ckpt_core::commit::DestinationLock;
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -150,17 +151,31 @@ pub struct Commit<'s> {
     partitions: Vec<(String, u32, EntityPartition)>,
     model: Option<Model>,
     next_metadata: Option<Metadata>,
+    /// Held from [`FileCheckpointStorage::begin_commit`] to the end of [`Commit::finish`].
+    lock: Option<DestinationLock>,
 }
 
 impl FileCheckpointStorage {
-    /// Starts a commit of version `V+1` on top of the committed version `V`.
+    /// Starts a commit of version `V+1` on top of the committed version `V`, holding the destination's
+    /// advisory lock (`.<dir>.ckpt-lock` beside the directory, [`ckpt_core::commit::DestinationLock`]) until
+    /// the commit is finished or dropped: a second writer of the same directory gets a lock error naming
+    /// the holder instead of racing this one.
     ///
     /// # Errors
-    /// [`Error::BadVersionFile`], [`Error::Io`].
+    /// [`Error::BadVersionFile`], [`Error::Io`]; `Error::Core(ckpt_core::Error::Commit(_))` when another
+    /// save holds the lock.
     pub fn begin_commit(&self) -> Result<Commit<'_>> {
+        let lock = DestinationLock::acquire(self.path()).map_err(|e| Error::Core(e.into()))?;
+        let mut commit = self.begin_commit_unlocked()?;
+        commit.lock = Some(lock);
+        Ok(commit)
+    }
+
+    /// [`FileCheckpointStorage::begin_commit`] without the lock (for a directory the caller has locked).
+    pub(crate) fn begin_commit_unlocked(&self) -> Result<Commit<'_>> {
         let previous = self.load_version()?;
         let next_metadata = self.derive_next_metadata(previous);
-        Ok(Commit { storage: self, previous, partitions: Vec::new(), model: None, next_metadata })
+        Ok(Commit { storage: self, previous, partitions: Vec::new(), model: None, next_metadata, lock: None })
     }
 
     /// The metadata PBG writes into the files of version `previous + 1`: the config text from the previous
@@ -266,7 +281,11 @@ impl Commit<'_> {
         let written_parts: Vec<PathBuf> = self
             .partitions
             .par_iter()
-            .map(|(e, p, data)| storage.write_entity_partition(new, e, *p, data))
+            .map(|(e, p, data)| {
+                let path = storage.write_entity_partition(new, e, *p, data)?;
+                crash_point("pbg.file", storage)?;
+                Ok(path)
+            })
             .collect::<Result<_>>()?;
         let mut written = written_parts;
         if let Some(m) = &self.model {
@@ -294,6 +313,7 @@ impl Commit<'_> {
                 .collect::<Result<_>>()?;
         }
         dir_sync(storage.path())?;
+        crash_point("pbg.written", storage)?;
 
         // 2. The commit point.
         if storage.load_version()? != old {
@@ -306,6 +326,7 @@ impl Commit<'_> {
             VersionWrite::Rename => storage.save_version(new)?,
             VersionWrite::InPlace => storage.save_version_in_place(new)?,
         }
+        crash_point("pbg.committed", storage)?;
 
         // 3. Snapshot of the new version.
         let snapshot = match options.snapshot_epoch {
@@ -337,8 +358,14 @@ impl Commit<'_> {
                 }
             }
         }
+        crash_point("pbg.done", storage)?;
         Ok(CommitReport { version: new, previous: old, written, carried_over, dropped, leftovers, snapshot })
     }
+}
+
+/// A [failpoint](ckpt_core::commit::failpoint) between the steps of a commit, for crash tests.
+fn crash_point(name: &'static str, storage: &FileCheckpointStorage) -> Result<()> {
+    ckpt_core::commit::failpoint::hit(name).map_err(|e| Error::io(storage.path(), e))
 }
 
 /// The same file at another version.

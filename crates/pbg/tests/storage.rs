@@ -122,12 +122,20 @@ fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request()
     let storage = FileCheckpointStorage::new(dir.path());
     storage.prepare().unwrap();
     let a = storage.begin_commit().unwrap();
+    // A second commit of ckpt's waits for no one: the lock names the holder.
+    let e = storage.begin_commit().unwrap_err();
+    assert!(matches!(&e, Error::Core(ckpt_core::Error::Commit(ckpt_core::commit::CommitError::Locked { .. }))), "{e}");
+    assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+    // A writer that takes no lock (PBG's own trainer) commits version 1 meanwhile: `a` refuses to commit.
+    storage.save_version_in_place(1).unwrap();
+    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
+    assert_eq!(storage.load_version().unwrap(), 1);
+    // The lock went with `a`; PBG's in-place version write on request.
     let mut b = storage.begin_commit().unwrap();
     b.partition("x", 0, partition(1, 0.0)).unwrap();
     b.finish(&WriteOptions::default().with_version_write(VersionWrite::InPlace)).unwrap();
-    assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "1\n");
-    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
-    assert_eq!(storage.load_version().unwrap(), 1);
+    assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "2\n");
+    assert_eq!(storage.load_version().unwrap(), 2);
 }
 
 #[test]
