@@ -7,6 +7,7 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use ckpt_core::commit::PinnedDir;
 use ckpt_core::{Buffer, Tensor, Value};
 use ckpt_torch::TorchReader;
 
@@ -40,15 +41,26 @@ enum Handle {
 }
 
 /// The data files of one checkpoint directory, opened lazily and shared between threads.
+///
+/// Files are opened in the directory pinned when the reader opened ([`PinnedDir`]): a checkpoint swapped in
+/// at the same path meanwhile is never mixed in; files of a pinned directory that was removed meanwhile
+/// are missing.
 pub(crate) struct DataFiles {
     dir: PathBuf,
+    pinned: Arc<PinnedDir>,
     mmap: bool,
     open: Mutex<HashMap<String, Arc<Handle>>>,
 }
 
 impl DataFiles {
-    pub(crate) fn new(dir: &Path, mmap: bool) -> Self {
-        DataFiles { dir: dir.to_path_buf(), mmap, open: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(pinned: Arc<PinnedDir>, mmap: bool) -> Self {
+        DataFiles { dir: pinned.path().to_path_buf(), pinned, mmap, open: Mutex::new(HashMap::new()) }
+    }
+
+    /// The length of the data file `file` (a path the metadata gives, already checked by [`safe_join`]),
+    /// if it is a regular file of the pinned directory.
+    pub(crate) fn file_len(&self, file: &str) -> Option<u64> {
+        self.pinned.file_len(file)
     }
 
     fn handle(&self, key: &str, file: &str) -> Result<Arc<Handle>> {
@@ -59,7 +71,7 @@ impl DataFiles {
         }
         let path = safe_join(&self.dir, file)
             .ok_or_else(|| Error::UnsafePath { key: key.to_owned(), file: file.to_owned() })?;
-        let f = File::open(&path).map_err(|e| {
+        let f = self.pinned.open_file(file).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::MissingFile { key: key.to_owned(), file: file.to_owned() }
             } else {

@@ -247,6 +247,31 @@ impl DirCommit {
         Ok(StagedFile { commit: self, name: name.to_owned(), path, writer })
     }
 
+    /// Records the checksums of `name`, a file of the staging directory written by other means than
+    /// [`DirCommit::create_file`] (a library that writes by path, such as libhdf5), read back from disk
+    /// ([`FileDigest::of_file`]): it is listed in the manifest like the others. Does nothing when the
+    /// commit writes no manifest. Returns the file's size.
+    ///
+    /// # Errors
+    /// [`CommitError::Refused`] for a name that is not a plain file name; the I/O error of reading it.
+    pub fn record_file(&self, name: &str) -> Result<u64, CommitError> {
+        let path = self.target.join(name);
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+            return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
+        }
+        let staged = self.staging.join(name);
+        if !self.options.writer.checksums {
+            return fs::metadata(&staged).map(|m| m.len()).map_err(|e| CommitError::from_io(&path, e));
+        }
+        let mut d = FileDigest::of_file(&staged).map_err(|e| CommitError::from_io(&path, e))?;
+        d.file = name.to_owned();
+        let size = d.size;
+        if let Ok(mut all) = self.digests.lock() {
+            all.push(d);
+        }
+        Ok(size)
+    }
+
     /// Abandons the commit: on rank 0 the staging directory is removed and the lock released; on the other
     /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
     /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].

@@ -71,6 +71,7 @@ mod error;
 pub mod failpoint;
 mod file;
 mod lock;
+mod pinned;
 mod release;
 mod writer;
 
@@ -82,6 +83,7 @@ pub use dir::{DirCommit, DirOptions, StagedFile, recover};
 pub use error::CommitError;
 pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
+pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use writer::{CHUNK, DurableWriter, WriterOptions};
 
