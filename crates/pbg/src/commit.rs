@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
-use ckpt_core::commit::DestinationLock;
+use ckpt_core::commit::{DestinationLock, FileDigest, MANIFEST_NAME, Manifest};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -313,6 +313,22 @@ impl Commit<'_> {
                 .collect::<Result<_>>()?;
         }
         dir_sync(storage.path())?;
+        // A directory with a checksum manifest (written by `ckpt_pbg::save`) keeps it current: the new
+        // version's files are read back once (libhdf5 writes by path; ckpt cannot hash while it writes).
+        let new_digests = match Manifest::read(storage.path()).map_err(Error::Core)? {
+            Some(_) => Some(
+                written
+                    .iter()
+                    .chain(&carried_over)
+                    .map(|p| {
+                        let mut d = FileDigest::of_file(p).map_err(|e| Error::io(p, e))?;
+                        d.file = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                        Ok(d)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            None => None,
+        };
         crash_point("pbg.written", storage)?;
 
         // 2. The commit point.
@@ -347,20 +363,56 @@ impl Commit<'_> {
             None => None,
         };
 
-        // 4. Drop the old version.
-        let mut dropped = Vec::new();
+        // 4. Drop the old version; the checksum manifest, if the directory has one, is rewritten first for
+        // the files that stay (a crash in between leaves old files it does not list, never listed files
+        // that are gone).
+        let mut to_drop = Vec::new();
         if !options.preserve_old && old > 0 {
             let kept: BTreeSet<String> = storage.snapshot_targets()?.into_iter().collect();
             for (name, path) in storage.list()? {
                 if name.version() == Some(old) && !kept.contains(&name.to_string()) {
-                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                    dropped.push(path);
+                    to_drop.push(path);
                 }
             }
+        }
+        if let Some(digests) = new_digests {
+            update_manifest(storage, digests, &to_drop)?;
+        }
+        let mut dropped = Vec::new();
+        for path in to_drop {
+            fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            dropped.push(path);
         }
         crash_point("pbg.done", storage)?;
         Ok(CommitReport { version: new, previous: old, written, carried_over, dropped, leftovers, snapshot })
     }
+}
+
+/// Whether the checksum manifest lists `name`: the versioned HDF5 files and `config.json`, which do not
+/// change once written; not the version file (the commit pointer, rewritten by every commit: a manifest
+/// entry for it would be stale between the commit point and the manifest's rewrite) nor
+/// `training_stats.json` (PBG's trainer appends to it).
+pub(crate) fn in_manifest(name: &str) -> bool {
+    matches!(FileName::parse(name), Some(FileName::Embeddings { .. } | FileName::Model { .. } | FileName::Config))
+}
+
+/// Rewrites the checksum manifest of `storage`'s directory (atomically): `digests` added or replaced, the
+/// entries of `dropping` and of files that no longer exist removed.
+fn update_manifest(storage: &FileCheckpointStorage, digests: Vec<FileDigest>, dropping: &[PathBuf]) -> Result<()> {
+    let dir = storage.path();
+    let mut m = Manifest::read(dir).map_err(Error::Core)?.unwrap_or_default();
+    let gone: BTreeSet<String> =
+        dropping.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    m.files.retain(|name, _| in_manifest(name) && !gone.contains(name) && dir.join(name).is_file());
+    for d in digests {
+        m.insert(d);
+    }
+    let path = dir.join(MANIFEST_NAME);
+    let json = m.to_json();
+    ckpt_core::atomic::write_atomic(&path, |w| {
+        std::io::Write::write_all(w, &json).map_err(|e| ckpt_core::Error::io(&path, e))
+    })
+    .map_err(Error::Core)
 }
 
 /// A [failpoint](ckpt_core::commit::failpoint) between the steps of a commit, for crash tests.

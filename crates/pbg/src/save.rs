@@ -307,7 +307,12 @@ fn commit_error(e: CommitError) -> Error {
 /// them (the module documentation has the table), in the config's layout, re-partitioning entities whose
 /// partition count differs and rebuilding optimizer state dicts of which only the tensors were kept. The
 /// config is written first, then version `V` in one commit (`options`' snapshot and version-file choices
-/// apply; there is no older version to carry over or preserve).
+/// apply; there is no older version to carry over or preserve). The directory is written beside `dst`
+/// (`.<dst>.ckpt-staging`) and swapped in whole ([`ckpt_core::commit::DirCommit`]), with the checksum
+/// manifest `ckpt.checksums.json` (a CRC-32 per 8 MiB of every HDF5 file and the config, which PBG
+/// ignores): a crash leaves no
+/// checkpoint or the whole new one, never a half-written one; files of an existing `dst` that are not PBG's
+/// are carried over.
 ///
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
@@ -328,7 +333,8 @@ fn commit_error(e: CommitError) -> Error {
 /// # Errors
 /// [`Error::NoEmbeddings`] when no entry is an entity partition or a model parameter; [`Error::NoConfig`]
 /// without a config; [`Error::LayoutMismatch`] when the entries do not fit the config's layout;
-/// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors.
+/// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors; the
+/// commit's (`Error::Core(ckpt_core::Error::Commit(_))`: another save to `dst` in progress, a full disk).
 pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
     let source = classify(entries);
     if source.embeddings.is_empty() && source.parameters.is_empty() {
@@ -457,7 +463,7 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
     if FileCheckpointStorage::new(dst).version_file().exists() {
         return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
     }
-    let dir_options = DirOptions::default().with_checksums(false).with_owned(is_pbg_file);
+    let dir_options = DirOptions::default().with_checksums(true).with_owned(is_pbg_file);
     let staged = DirCommit::begin(dst, &SingleProcess, &dir_options).map_err(commit_error)?;
     // Checked again under the lock: another save may have committed since.
     if FileCheckpointStorage::new(dst).version_file().exists() {
@@ -480,6 +486,15 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
     // A new directory: there is no older version to carry over or preserve.
     let options = WriteOptions { carry_over: false, preserve_old: false, config: None, ..options.clone() };
     commit.finish(&options)?;
+    // The checksum manifest (libhdf5 writes by path: each file is read back once).
+    let listing = std::fs::read_dir(staged.staging()).map_err(|e| Error::io(staged.staging(), e))?;
+    for entry in listing {
+        let entry = entry.map_err(|e| Error::io(staged.staging(), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().is_ok_and(|t| t.is_file()) && crate::commit::in_manifest(&name) {
+            staged.record_file(&name).map_err(commit_error)?;
+        }
+    }
     staged.commit(&SingleProcess, Ok(()), |_| Ok(())).map_err(commit_error)?;
 
     Ok(SaveReport { version, dropped: source.dropped })

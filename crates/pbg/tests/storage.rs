@@ -401,3 +401,45 @@ fn config_paths_resolve_from_the_working_directory_then_where_training_ran() {
     assert_eq!(from_dir.resolve(abs.to_str().unwrap()), abs);
     assert!(matches!(ckpt_pbg::ConfigFile::locate(tmp.path()), Err(Error::CouldNotLoad { .. })));
 }
+
+/// `save` writes the checksum manifest (every file, read back once); a later commit keeps it current:
+/// the new version's files added, the dropped version's removed; a flipped bit is caught.
+#[test]
+fn save_writes_a_checksum_manifest_that_commits_keep_current() {
+    use ckpt_core::commit::Manifest;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    let dst = tmp.path().join("dst");
+    ckpt_pbg::save(&entries_of(&src), &dst, &WriteOptions::default()).unwrap();
+    let listed = |dir: &Path| Manifest::read(dir).unwrap().unwrap().files.keys().cloned().collect::<Vec<_>>();
+    let files = |dir: &Path| {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".h5") || n == "config.json")
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed(&dst), files(&dst));
+    assert!(Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap().is_empty());
+
+    let storage = FileCheckpointStorage::new(&dst);
+    let mut c = storage.begin_commit().unwrap();
+    c.partition("user", 0, partition(3, 7.0)).unwrap();
+    c.finish(&WriteOptions::default()).unwrap();
+    assert_eq!(storage.load_version().unwrap(), 2);
+    assert_eq!(listed(&dst), files(&dst), "v2 files listed, v1 files gone from the manifest");
+    assert!(listed(&dst).iter().all(|n| !n.contains(".v1.")), "{:?}", listed(&dst));
+    let bad = Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+
+    let f = dst.join("embeddings_user_0.v2.h5");
+    let mut bytes = fs::read(&f).unwrap();
+    let at = bytes.len() - 20;
+    bytes[at] ^= 1;
+    fs::write(&f, &bytes).unwrap();
+    let bad = Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+}
