@@ -60,11 +60,16 @@ enum Command {
     },
     /// Check a checkpoint end to end: structure, coverage, CRC-32s, the format's commit state, every entry
     /// readable. Exits 0 when everything holds, 1 listing each problem, 3 when it cannot be read at all.
-    #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify dcp_checkpoint/\n  \
+    #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify --deep dcp_checkpoint/\n  \
                             ckpt verify pbg/ckpt   # the committed version, counts against config.json's entity path")]
     Verify {
         /// A checkpoint file or directory.
         path: PathBuf,
+        /// Every checksum the format has (ZIP CRC-32s, DCP item CRCs, ckpt's `ckpt.checksums.json` beside
+        /// distcp, hfai, recis and pbg checkpoints) and every byte read. Verification is always this deep;
+        /// the flag says so explicitly.
+        #[arg(long)]
+        deep: bool,
     },
     /// Compare two checkpoints, of any formats: entries on one side only, dtype and shape changes, the largest
     /// absolute and relative difference of each tensor, non-tensor values. Exits 0 when equal within
@@ -187,7 +192,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)).map(|()| true),
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
-        Command::Verify { path } => verify(path, quiet),
+        Command::Verify { path, deep: _ } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
         Command::Convert { src, dst, to, from, layout } => convert(src, dst, *to, *from, layout, quiet),
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
