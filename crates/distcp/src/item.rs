@@ -57,10 +57,14 @@ impl DataFiles {
         DataFiles { dir: pinned.path().to_path_buf(), pinned, mmap, open: Mutex::new(HashMap::new()) }
     }
 
-    /// The length of the data file `file` (a path the metadata gives, already checked by [`safe_join`]),
-    /// if it is a regular file of the pinned directory.
-    pub(crate) fn file_len(&self, file: &str) -> Option<u64> {
-        self.pinned.file_len(file)
+    /// The length of the data file `file` (a path the metadata gives, already checked by [`safe_join`]):
+    /// `None` when the pinned directory has no regular file of that name.
+    pub(crate) fn file_len(&self, file: &str) -> std::io::Result<Option<u64>> {
+        match self.pinned.open_file(file).and_then(|f| f.metadata()) {
+            Ok(m) => Ok(m.is_file().then_some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn handle(&self, key: &str, file: &str) -> Result<Arc<Handle>> {

@@ -340,12 +340,13 @@ impl DcpReader {
     pub(crate) fn metadata_problems(&self, first_only: bool) -> Vec<Error> {
         let mut problems = Vec::new();
         // Per data file: whether its path is safe, and its length if it is a file (each looked up once).
-        let mut files: HashMap<&str, Option<Option<u64>>> = HashMap::new();
+        let mut files: HashMap<&str, Option<std::result::Result<Option<u64>, std::io::ErrorKind>>> = HashMap::new();
         for (ix, info) in &self.metadata.storage_data {
-            let file = *files.entry(info.relative_path.as_str()).or_insert_with(|| {
-                safe_join(&self.dir, &info.relative_path).map(|_| self.files.file_len(&info.relative_path))
+            let file = files.entry(info.relative_path.as_str()).or_insert_with(|| {
+                safe_join(&self.dir, &info.relative_path)
+                    .map(|_| self.files.file_len(&info.relative_path).map_err(|e| e.kind()))
             });
-            let Some(len) = file else {
+            let Some(len) = file.clone() else {
                 problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
                 if first_only {
                     return problems;
@@ -353,8 +354,9 @@ impl DcpReader {
                 continue;
             };
             match len {
-                None => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
-                Some(l) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
+                Err(kind) => problems.push(Error::io(self.dir.join(&info.relative_path), kind.into())),
+                Ok(None) => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
+                Ok(Some(l)) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
                     problems.push(Error::ItemOutOfFile {
                         key: ix.fqn.clone(),
                         file: info.relative_path.clone(),
@@ -363,7 +365,7 @@ impl DcpReader {
                         file_len: l,
                     });
                 }
-                Some(_) => {}
+                Ok(Some(_)) => {}
             }
             if first_only && !problems.is_empty() {
                 return problems;
