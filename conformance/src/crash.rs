@@ -183,12 +183,15 @@ fn names_of(r: &dyn CheckpointRead) -> Vec<String> {
     r.entries().into_iter().map(|e| e.name).collect()
 }
 
-/// The checksum manifest of `dst` verifies and lists every file but itself.
-fn check_manifest(dst: &Path) -> Result<(), String> {
+/// The checksum manifest of `dst` verifies and (`complete`) lists every file but itself.
+fn check_manifest(dst: &Path, complete: bool) -> Result<(), String> {
     let sums = ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
     let bad = sums.verify_dir(dst).map_err(|e| e.to_string())?;
     if let Some(b) = bad.first() {
         return Err(format!("checksum manifest: {b}"));
+    }
+    if !complete {
+        return Ok(());
     }
     let mut listed: Vec<&String> = sums.files.keys().collect();
     listed.sort();
@@ -251,7 +254,7 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
         }
         "hfai" => {
             let r = ckpt_hfai::HfaiReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
-            check_manifest(dst)?;
+            check_manifest(dst, true)?;
             let names = file_names(dst)?;
             if names != ["PART_000.pt", "PART_001.pt", "ckpt.checksums.json"] {
                 return Err(format!("files {names:?}"));
@@ -260,11 +263,13 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
         }
         "recis" => {
             let r = ckpt_recis::RecisReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
-            check_manifest(dst)?;
+            check_manifest(dst, true)?;
             generation_of(&r, format, mib, candidates)?
         }
         "pbg" => {
             let r = ckpt_pbg::PbgReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
+            // A PBG commit adds the new version's files before it lists them (uncommitted files are not).
+            check_manifest(dst, false)?;
             generation_of(&r, format, mib, candidates)?
         }
         other => return Err(format!("unknown format {other}")),
