@@ -111,6 +111,48 @@ fn verify_reports_a_flipped_byte_in_a_torch_file() {
     assert!(out.contains("FAILED"), "{out}");
 }
 
+/// `ckpt verify --deep` catches one flipped bit in tensor data, in every format with a checksum to check:
+/// torch's record CRC-32s, and ckpt's checksum manifest beside distcp, hfai, recis and pbg checkpoints
+/// (none of which has checksums of its own). safetensors has no checksum at all: a flipped bit in its data
+/// is a valid float, and is not detectable (its header structure is checked).
+#[test]
+fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.pt");
+    ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
+    let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
+    for to in ["torch", "distcp", "hfai", "recis"] {
+        let dst = dir.path().join(format!("out_{to}"));
+        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
+        assert_eq!(code, 0, "{to}: {err}");
+        outputs.push((to, dst));
+    }
+    let pbg = dir.path().join("out_pbg");
+    ckpt_conformance::crash::save("pbg", &pbg, 1, 1).unwrap();
+    outputs.push(("pbg", pbg));
+    for (format, dst) in outputs {
+        let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
+        assert_eq!(code, 0, "{format}: {out}{err}");
+        // The largest file holds the big tensor; flip one bit in the middle of it.
+        let file = if dst.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
+            files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+            files.pop().unwrap()
+        } else {
+            dst.clone()
+        };
+        let mut bytes = std::fs::read(&file).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x04;
+        std::fs::write(&file, &bytes).unwrap();
+        let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
+        assert_eq!(code, 1, "{format}: {out}{err}");
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(out.contains("problem: ") && out.contains(&name), "{format}: names {name}: {out}");
+        assert!(out.contains("FAILED"), "{format}: {out}");
+    }
+}
+
 #[test]
 fn verify_reports_a_truncated_distcp_data_file() {
     let dir = tempfile::tempdir().unwrap();
