@@ -129,6 +129,11 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
                     .map(|(e, t)| (format!("embeddings/{e}/0"), Value::Tensor(t)))
                     .collect();
                 entries.push(("config".into(), Value::Str(PBG_CONFIG.into())));
+                // The relation's operator: a PBG checkpoint has a model file (a commit carries it over).
+                entries.push((
+                    "model/relations/0/operator/rhs/translation".into(),
+                    Value::Tensor(tensor(generation, 2, &[1024])),
+                ));
                 ckpt_pbg::save(&entries, dst, &ckpt_pbg::WriteOptions::default()).map(|_| ()).map_err(|e| e.to_string())
             }
         }
