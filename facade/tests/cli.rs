@@ -462,3 +462,42 @@ fn help_lists_formats_and_profiles_from_the_library() {
     let details = ckpt::open(&compat).unwrap().reader().details();
     assert!(!details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
 }
+
+/// Every `--max-*` flag lowers (or raises) its pickle limit for the run, and each limit, once exceeded, is
+/// its own error (exit 3, bad input) naming what exceeded it; the same file passes with the defaults.
+#[test]
+fn each_limit_flag_is_enforced_with_a_specific_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.pt");
+    let mut nested = Value::Int(1);
+    for _ in 0..12 {
+        nested = Value::dict([("n", nested)]);
+    }
+    let tensors: Vec<(String, Value)> =
+        (0..40).map(|i| (format!("t{i}"), Value::Tensor(Tensor::from_slice(&[i as f32], &[1]).unwrap()))).collect();
+    let sd = Value::dict([
+        ("nested", nested),
+        ("list", Value::List((0..100).map(Value::Int).collect())),
+        ("text", Value::Str("x".repeat(1000))),
+        ("tensors", Value::dict(tensors.iter().map(|(k, v)| (k.as_str(), v.clone())))),
+    ]);
+    ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
+    let (code, _, err) = run(&[&"inspect", &path]);
+    assert_eq!(code, 0, "the defaults accept it: {err}");
+    for (flag, value, says) in [
+        ("--max-depth", "8", "nesting deeper than 8"),
+        ("--max-container-len", "50", "exceeds 50"),
+        ("--max-alloc-bytes", "500", "exceeds 500"),
+        ("--max-memo", "10", "exceeds 10"),
+        ("--max-nodes", "60", "exceeds 60"),
+    ] {
+        let (code, _, err) = run(&[&"inspect", &path, &flag, &value]);
+        assert_eq!(code, 3, "{flag} {value}: {err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        // Raised above what the file needs, the same limit lets it through.
+        let (code, _, err) = run(&[&"inspect", &path, &flag, &"100000"]);
+        assert_eq!(code, 0, "{flag} 100000: {err}");
+    }
+    let (code, _, err) = run(&[&"inspect", &path, &"--trusted", &"--max-depth", &"8"]);
+    assert_eq!(code, 3, "--trusted keeps an explicit depth: {err}");
+}

@@ -29,6 +29,8 @@ struct Cli {
     /// Print nothing but results and errors.
     #[arg(long, short, global = true)]
     quiet: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -189,6 +191,7 @@ const EXIT_IO: u8 = 4;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quiet = cli.quiet;
+    cli.limits.apply();
     let result = match &cli.command {
         Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)).map(|()| true),
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
@@ -668,4 +671,56 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })
+}
+
+/// Resource limits of the readers (README, "Resource limits"): raise them for large input you trust.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Pickle: the deepest nesting of values (default 1000).
+    #[arg(long, global = true, value_name = "N")]
+    max_depth: Option<usize>,
+    /// Pickle: distinct memo entries (default 16777216).
+    #[arg(long, global = true, value_name = "N")]
+    max_memo: Option<usize>,
+    /// Pickle: items in one container, and on the VM stack (default 33554432).
+    #[arg(long, global = true, value_name = "N")]
+    max_container_len: Option<usize>,
+    /// Pickle: objects created, and values in the decoded tree (default 33554432).
+    #[arg(long, global = true, value_name = "N")]
+    max_nodes: Option<usize>,
+    /// Pickle: bytes of strings, bytes and big integers, read and materialised (default 4 GiB).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_alloc_bytes: Option<usize>,
+    /// Pickle: decimal digits of a protocol-0 integer (default 4300).
+    #[arg(long, global = true, value_name = "N")]
+    max_int_digits: Option<usize>,
+    /// Trusted input: every pickle limit off but the nesting depth (the `--max-*` flags still apply).
+    #[arg(long, global = true)]
+    trusted: bool,
+}
+
+impl LimitArgs {
+    /// Makes these the process's default limits, when any flag is given.
+    fn apply(&self) {
+        use ckpt::pickle::Limits;
+        let given = [
+            self.max_depth,
+            self.max_memo,
+            self.max_container_len,
+            self.max_nodes,
+            self.max_alloc_bytes,
+            self.max_int_digits,
+        ];
+        if !self.trusted && given.iter().all(Option::is_none) {
+            return;
+        }
+        let mut l = if self.trusted { Limits::trusted() } else { Limits::BUILTIN };
+        l.max_depth = self.max_depth.unwrap_or(l.max_depth);
+        l.max_memo = self.max_memo.unwrap_or(l.max_memo);
+        l.max_container_len = self.max_container_len.unwrap_or(l.max_container_len);
+        l.max_nodes = self.max_nodes.unwrap_or(l.max_nodes);
+        l.max_alloc_bytes = self.max_alloc_bytes.unwrap_or(l.max_alloc_bytes);
+        l.max_int_digits = self.max_int_digits.unwrap_or(l.max_int_digits);
+        Limits::set_process_default(Some(l));
+    }
 }
