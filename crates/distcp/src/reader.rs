@@ -346,7 +346,7 @@ impl DcpReader {
                 safe_join(&self.dir, &info.relative_path)
                     .map(|_| self.files.file_len(&info.relative_path).map_err(|e| e.kind()))
             });
-            let Some(len) = file.clone() else {
+            let Some(len) = *file else {
                 problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
                 if first_only {
                     return problems;
