@@ -171,6 +171,29 @@ fn expected_tensors(format: &str, generation: u32, mib: usize) -> Vec<(String, T
     }
 }
 
+/// Which generation the reader of `format` (`hfai`, `recis`, `distcp`) finds in `dst`, checking nothing
+/// but the tensors it returns (for readers racing saves, where a separate look at the files could see
+/// another generation than the reader did).
+///
+/// # Errors
+/// Why it could not be read.
+pub fn reader_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32]) -> Result<Option<u32>, String> {
+    let unreadable = |e: &dyn std::fmt::Display| format!("unreadable: {e}");
+    match format {
+        "hfai" => {
+            generation_of(&ckpt_hfai::HfaiReader::open(dst).map_err(|e| unreadable(&e))?, format, mib, candidates)
+        }
+        "recis" => {
+            generation_of(&ckpt_recis::RecisReader::open(dst).map_err(|e| unreadable(&e))?, format, mib, candidates)
+        }
+        "distcp" => {
+            let v = ckpt_distcp::DcpReader::open(dst).and_then(|r| r.state_dict()).map_err(|e| unreadable(&e))?;
+            Ok(candidates.iter().copied().find(|&g| v == state_dict(g, mib)))
+        }
+        other => Err(format!("unknown format {other}")),
+    }
+}
+
 /// Which of `candidates` the reader's tensors are, by name (`None`: none of them).
 fn generation_of(r: &dyn CheckpointRead, format: &str, mib: usize, candidates: &[u32]) -> Result<Option<u32>, String> {
     let first = expected_tensors(format, candidates.first().copied().unwrap_or(1), mib);
