@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use ckpt_core::{Buffer, DType, Tensor, Value};
+use ckpt_core::{Buffer, CheckpointRead, DType, Tensor, Value};
 
 /// The formats the harness knows.
-pub const FORMATS: &[&str] = &["torch", "safetensors", "distcp"];
+pub const FORMATS: &[&str] = &["torch", "safetensors", "distcp", "hfai", "recis", "pbg"];
 
 /// Deterministic pseudo-random bytes for `(generation, index)` (xorshift64, 8 bytes a step).
 fn pattern(generation: u32, index: usize, n: usize) -> Vec<u8> {
@@ -91,8 +91,151 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
             let options = ckpt_distcp::WriteOptions::default().with_thread_count(2);
             ckpt_distcp::save_ranks(&ranks, dst, &options).map(|_| ()).map_err(|e| e.to_string())
         }
+        "hfai" => {
+            // Two parts; the big tensor chunked over both (hfai's `torch.chunk` of large tensors).
+            let top =
+                Value::dict([("model", state_dict(generation, mib)), ("step", Value::Int(i64::from(generation)))]);
+            let (state, _) = ckpt_hfai::SaveState::from_state_dict(top.as_dict().ok_or("no dict")?);
+            let options = ckpt_hfai::WriteOptions::default().with_nshards(2).with_large_size(1 << 20);
+            ckpt_hfai::save(&state, dst, &options).map_err(|e| e.to_string())
+        }
+        "recis" => {
+            // A hash table (ids and the big embedding) over two shards, two data files each, and a dense
+            // tensor in `model.pt`.
+            let t = tensors(generation, mib);
+            let rows = t[0].1.shape()[0];
+            let ids: Vec<i64> = (0..rows as i64).collect();
+            let sd = Value::dict([
+                ("tbl@id", Value::Tensor(Tensor::from_slice(&ids, &[rows]).map_err(|e| e.to_string())?)),
+                ("tbl@embedding", Value::Tensor(t[0].1.clone())),
+                ("small", Value::Tensor(t[1].1.clone())),
+            ]);
+            let options = ckpt_recis::WriteOptions::default().with_shards(2).with_parallel(2);
+            ckpt_recis::save(&sd, dst, &options).map(|_| ()).map_err(|e| e.to_string())
+        }
+        "pbg" => {
+            // A new directory: `ckpt_pbg::save` (staged and swapped in whole); an existing checkpoint: a PBG
+            // commit of the next version (the version file is the commit point).
+            let storage = ckpt_pbg::FileCheckpointStorage::new(dst);
+            if storage.version_file().exists() {
+                let mut commit = storage.begin_commit().map_err(|e| e.to_string())?;
+                for (entity, t) in pbg_partitions(generation, mib) {
+                    commit.partition(entity, 0, ckpt_pbg::EntityPartition::new(t)).map_err(|e| e.to_string())?;
+                }
+                commit.finish(&ckpt_pbg::WriteOptions::default()).map(|_| ()).map_err(|e| e.to_string())
+            } else {
+                let mut entries: Vec<(String, Value)> = pbg_partitions(generation, mib)
+                    .into_iter()
+                    .map(|(e, t)| (format!("embeddings/{e}/0"), Value::Tensor(t)))
+                    .collect();
+                entries.push(("config".into(), Value::Str(PBG_CONFIG.into())));
+                // The relation's operator: a PBG checkpoint has a model file (a commit carries it over).
+                entries.push((
+                    "model/relations/0/operator/rhs/translation".into(),
+                    Value::Tensor(tensor(generation, 2, &[1024])),
+                ));
+                ckpt_pbg::save(&entries, dst, &ckpt_pbg::WriteOptions::default()).map(|_| ()).map_err(|e| e.to_string())
+            }
+        }
         other => Err(format!("unknown format {other}")),
     }
+}
+
+/// The config of the PBG checkpoints the harness writes: two entity types of one partition, 1024 floats
+/// per embedding.
+pub const PBG_CONFIG: &str = r#"{
+    "entities": {"user": {"num_partitions": 1}, "item": {"num_partitions": 1}},
+    "relations": [{"name": "r", "lhs": "user", "rhs": "item", "operator": "translation"}],
+    "dimension": 1024,
+    "edge_paths": ["edges"],
+    "num_epochs": 2,
+    "num_edge_chunks": 1,
+    "entity_path": "data",
+    "checkpoint_path": "ckpt"
+}"#;
+
+/// The embeddings of generation `generation` as PBG partitions: `user` the big tensor, `item` 3 rows.
+pub fn pbg_partitions(generation: u32, mib: usize) -> Vec<(&'static str, Tensor)> {
+    let big = tensors(generation, mib).swap_remove(0).1;
+    vec![("user", big), ("item", tensor(generation, 1, &[3, 1024]))]
+}
+
+/// The tensors a reader of `format` must find for generation `generation`, by entry name.
+fn expected_tensors(format: &str, generation: u32, mib: usize) -> Vec<(String, Tensor)> {
+    let t = tensors(generation, mib);
+    match format {
+        "hfai" => t.into_iter().map(|(n, t)| (format!("model.{n}"), t)).collect(),
+        "recis" => vec![("tbl@embedding".into(), t[0].1.clone()), ("small".into(), t[1].1.clone())],
+        "pbg" => pbg_partitions(generation, mib).into_iter().map(|(e, t)| (format!("embeddings/{e}/0"), t)).collect(),
+        _ => t,
+    }
+}
+
+/// Which generation the reader of `format` (`hfai`, `recis`, `distcp`) finds in `dst`, checking nothing
+/// but the tensors it returns (for readers racing saves, where a separate look at the files could see
+/// another generation than the reader did).
+///
+/// # Errors
+/// Why it could not be read.
+pub fn reader_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32]) -> Result<Option<u32>, String> {
+    let unreadable = |e: &dyn std::fmt::Display| format!("unreadable: {e}");
+    match format {
+        "hfai" => {
+            generation_of(&ckpt_hfai::HfaiReader::open(dst).map_err(|e| unreadable(&e))?, format, mib, candidates)
+        }
+        "recis" => {
+            generation_of(&ckpt_recis::RecisReader::open(dst).map_err(|e| unreadable(&e))?, format, mib, candidates)
+        }
+        "distcp" => {
+            let v = ckpt_distcp::DcpReader::open(dst).and_then(|r| r.state_dict()).map_err(|e| unreadable(&e))?;
+            Ok(candidates.iter().copied().find(|&g| v == state_dict(g, mib)))
+        }
+        other => Err(format!("unknown format {other}")),
+    }
+}
+
+/// Which of `candidates` the reader's tensors are, by name (`None`: none of them).
+fn generation_of(r: &dyn CheckpointRead, format: &str, mib: usize, candidates: &[u32]) -> Result<Option<u32>, String> {
+    let first = expected_tensors(format, candidates.first().copied().unwrap_or(1), mib);
+    let mut got = Vec::new();
+    for (name, _) in &first {
+        got.push(r.tensor(name).map_err(|e| format!("unreadable {name}: {e} (entries {:?})", names_of(r)))?);
+    }
+    Ok(candidates
+        .iter()
+        .copied()
+        .find(|&g| expected_tensors(format, g, mib).iter().zip(&got).all(|((_, want), have)| want == have)))
+}
+
+fn names_of(r: &dyn CheckpointRead) -> Vec<String> {
+    r.entries().into_iter().map(|e| e.name).collect()
+}
+
+/// The checksum manifest of `dst` verifies and (`complete`) lists every file but itself.
+fn check_manifest(dst: &Path, complete: bool) -> Result<(), String> {
+    let sums = ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
+    let bad = sums.verify_dir(dst).map_err(|e| e.to_string())?;
+    if let Some(b) = bad.first() {
+        return Err(format!("checksum manifest: {b}"));
+    }
+    if !complete {
+        return Ok(());
+    }
+    let mut listed: Vec<&String> = sums.files.keys().collect();
+    listed.sort();
+    let files = file_names(dst)?;
+    let files: Vec<&String> = files.iter().filter(|n| *n != ckpt_core::commit::MANIFEST_NAME).collect();
+    if listed != files {
+        return Err(format!("the manifest lists {listed:?}, the directory holds {files:?}"));
+    }
+    Ok(())
+}
+
+fn file_names(dst: &Path) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> =
+        fs::read_dir(dst).map_err(|e| e.to_string())?.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    names.sort();
+    Ok(names)
 }
 
 /// Which generation `dst` holds (`None`: no destination), or why it holds neither a whole generation
@@ -136,6 +279,26 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
                 return Err(format!("files {names:?}"));
             }
             candidates.iter().copied().find(|&g| v == state_dict(g, mib))
+        }
+        "hfai" => {
+            let r = ckpt_hfai::HfaiReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
+            check_manifest(dst, true)?;
+            let names = file_names(dst)?;
+            if names != ["PART_000.pt", "PART_001.pt", "ckpt.checksums.json"] {
+                return Err(format!("files {names:?}"));
+            }
+            generation_of(&r, format, mib, candidates)?
+        }
+        "recis" => {
+            let r = ckpt_recis::RecisReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
+            check_manifest(dst, true)?;
+            generation_of(&r, format, mib, candidates)?
+        }
+        "pbg" => {
+            let r = ckpt_pbg::PbgReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
+            // A PBG commit adds the new version's files before it lists them (uncommitted files are not).
+            check_manifest(dst, false)?;
+            generation_of(&r, format, mib, candidates)?
         }
         other => return Err(format!("unknown format {other}")),
     };

@@ -132,11 +132,19 @@ fn source_state(case: &Case) -> SaveState {
     state
 }
 
+/// The parts ckpt wrote are hfai's byte for byte; beside them, the checksum manifest (hfai writes none and
+/// its loader ignores it) lists every part and verifies.
 fn assert_same_parts(expected: &Path, got: &Path, n: usize, what: &str) {
-    let mut names: Vec<String> =
-        fs::read_dir(got).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let sums = ckpt_core::commit::Manifest::read(got).unwrap().expect("ckpt writes a checksum manifest");
+    assert!(sums.verify_dir(got).unwrap().is_empty(), "{what}: checksums");
+    let mut names: Vec<String> = fs::read_dir(got)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != ckpt_core::commit::MANIFEST_NAME)
+        .collect();
     names.sort();
     assert_eq!(names, (0..n).map(part_file_name).collect::<Vec<_>>(), "{what}: files");
+    assert_eq!(sums.files.keys().cloned().collect::<Vec<_>>(), names, "{what}: the manifest lists every part");
     for name in names {
         let (a, b) = (fs::read(expected.join(&name)).unwrap(), fs::read(got.join(&name)).unwrap());
         let first = a.iter().zip(&b).position(|(x, y)| x != y);

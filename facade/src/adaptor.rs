@@ -78,6 +78,12 @@ pub(crate) trait Adaptor: Sync {
         Ok(())
     }
 
+    /// The directory whose `ckpt.checksums.json` covers the checkpoint at `path` (default: `path` itself;
+    /// a file has none beside it).
+    fn manifest_dir(&self, path: &Path) -> std::path::PathBuf {
+        path.to_path_buf()
+    }
+
     /// Rewrites the checkpoint at `src` in `dst` for `world` ranks, shards or parts, in the format's own
     /// layout. Asked only of formats the registry marks as sharded.
     fn reshard(&self, src: &Path, _dst: &Path, _world: usize) -> Result<()> {

@@ -41,6 +41,9 @@ pub mod crates {
     pub use ckpt_hfai as hfai;
     #[cfg(feature = "pbg")]
     pub use ckpt_pbg as pbg;
+    /// The pickle decoder, whose [`Limits`](ckpt_pickle::Limits) bound what a file can make a reader do.
+    #[cfg(feature = "torch")]
+    pub use ckpt_pickle as pickle;
     #[cfg(feature = "recis")]
     pub use ckpt_recis as recis;
     #[cfg(feature = "torch")]

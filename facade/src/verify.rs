@@ -44,7 +44,12 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// - hfai: every part's CRCs, the parts complete and consistent, every entry readable;
 /// - pbg: the committed version complete, counts against the entity path when it is found, every file
 ///   valid, every entry readable;
-/// - recis: every `.pt` file's CRCs, the index, tensor keys and data files validated, every entry readable.
+/// - recis: every `.pt` file's CRCs, the index, tensor keys and data files validated, every entry readable;
+/// - and, in every format, every byte of every file the checksum manifest `ckpt.checksums.json` lists (ckpt
+///   writes one beside distcp, hfai, recis and pbg checkpoints) against its CRC-32.
+///
+/// Verification is always deep: every checksum the format has (ZIP CRC-32s of `torch.save` records, DCP
+/// item CRCs where present, the manifest) and every byte of tensor data are read.
 ///
 /// ```
 /// use ckpt::core::{Tensor, Value};
@@ -72,7 +77,24 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
     let adaptor = crate::formats::adaptor(format, path)?;
     let mut report = VerifyReport::new(format);
     adaptor.verify(path, &mut report, progress)?;
+    check_manifest(&adaptor.manifest_dir(path), &mut report);
     Ok(report)
+}
+
+/// Checks the checksum manifest ckpt writes beside formats without checksums of their own
+/// ([`ckpt_core::commit::Manifest`]), when `dir` has one: every byte of every file it lists, against the
+/// CRC-32 of its chunk. A manifest that cannot be read is a problem; none at all is not (the originals
+/// write none).
+fn check_manifest(dir: &Path, report: &mut VerifyReport) {
+    if !dir.is_dir() {
+        return;
+    }
+    let name = ckpt_core::commit::MANIFEST_NAME;
+    match ckpt_core::commit::Manifest::read(dir).and_then(|m| m.map(|m| m.verify_dir(dir)).transpose()) {
+        Ok(None) => {}
+        Ok(Some(mismatches)) => report.problems.extend(mismatches.iter().map(|m| format!("{name}: {m}"))),
+        Err(e) => report.problems.push(format!("{name}: {}", chain(&e))),
+    }
 }
 
 impl VerifyReport {

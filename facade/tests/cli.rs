@@ -568,3 +568,84 @@ fn what_users_load_and_convert() {
     let (code, out, err) = run(&[&"diff", &np, &out_hf]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// `ckpt verify --deep` catches one flipped bit in tensor data, in every format with a checksum to check:
+/// torch's record CRC-32s, and ckpt's checksum manifest beside distcp, hfai, recis and pbg checkpoints
+/// (none of which has checksums of its own). safetensors has no checksum at all: a flipped bit in its data
+/// is a valid float, and is not detectable (its header structure is checked).
+#[test]
+fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.pt");
+    ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
+    let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
+    for to in ["torch", "distcp", "hfai", "recis"] {
+        let dst = dir.path().join(format!("out_{to}"));
+        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
+        assert_eq!(code, 0, "{to}: {err}");
+        outputs.push((to, dst));
+    }
+    let pbg = dir.path().join("out_pbg");
+    ckpt_conformance::crash::save("pbg", &pbg, 1, 1).unwrap();
+    outputs.push(("pbg", pbg));
+    for (format, dst) in outputs {
+        let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
+        assert_eq!(code, 0, "{format}: {out}{err}");
+        // The largest file holds the big tensor; flip one bit in the middle of it.
+        let file = if dst.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
+            files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+            files.pop().unwrap()
+        } else {
+            dst.clone()
+        };
+        let mut bytes = std::fs::read(&file).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x04;
+        std::fs::write(&file, &bytes).unwrap();
+        let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
+        assert_eq!(code, 1, "{format}: {out}{err}");
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(out.contains("problem: ") && out.contains(&name), "{format}: names {name}: {out}");
+        assert!(out.contains("FAILED"), "{format}: {out}");
+    }
+}
+
+/// Every `--max-*` flag lowers (or raises) its pickle limit for the run, and each limit, once exceeded, is
+/// its own error (exit 3, bad input) naming what exceeded it; the same file passes with the defaults.
+#[test]
+fn each_limit_flag_is_enforced_with_a_specific_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.pt");
+    let mut nested = Value::Int(1);
+    for _ in 0..12 {
+        nested = Value::dict([("n", nested)]);
+    }
+    let tensors: Vec<(String, Value)> =
+        (0..40).map(|i| (format!("t{i}"), Value::Tensor(Tensor::from_slice(&[i as f32], &[1]).unwrap()))).collect();
+    let sd = Value::dict([
+        ("nested", nested),
+        ("list", Value::List((0..100).map(Value::Int).collect())),
+        ("text", Value::Str("x".repeat(1000))),
+        ("tensors", Value::dict(tensors.iter().map(|(k, v)| (k.as_str(), v.clone())))),
+    ]);
+    ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
+    let (code, _, err) = run(&[&"inspect", &path]);
+    assert_eq!(code, 0, "the defaults accept it: {err}");
+    for (flag, value, says) in [
+        ("--max-depth", "8", "nesting deeper than 8"),
+        ("--max-container-len", "50", "exceeds 50"),
+        ("--max-alloc-bytes", "500", "exceeds 500"),
+        ("--max-memo", "10", "exceeds 10"),
+        ("--max-nodes", "60", "exceeds 60"),
+    ] {
+        let (code, _, err) = run(&[&"inspect", &path, &flag, &value]);
+        assert_eq!(code, 3, "{flag} {value}: {err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        // Raised above what the file needs, the same limit lets it through.
+        let (code, _, err) = run(&[&"inspect", &path, &flag, &"100000"]);
+        assert_eq!(code, 0, "{flag} 100000: {err}");
+    }
+    let (code, _, err) = run(&[&"inspect", &path, &"--trusted", &"--max-depth", &"8"]);
+    assert_eq!(code, 3, "--trusted keeps an explicit depth: {err}");
+}

@@ -3,6 +3,9 @@
 //!
 //! `crash_child FORMAT DST GENERATION [MIB]`; exits 0 after a complete save, 1 with the error on stderr.
 //! With `CKPT_FAILPOINT_ACTION=stop` it pauses at the armed point (the lock test holds a save that way).
+//! `crash_child read:FORMAT DST GENERATION [MIB]` reads instead: prints the generation found (out of
+//! 1..=GENERATION) and exits 0, or prints why not and exits 1. `CKPT_TEST_UID=<uid>` drops root to that
+//! user (and its group) first: permission tests, since root bypasses file permissions.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -24,7 +27,25 @@ fn main() {
             libc::setrlimit(libc::RLIMIT_FSIZE, &rlim);
         }
     }
-    if let Err(e) = ckpt_conformance::crash::save(format, std::path::Path::new(dst), generation, mib) {
+    if let Some(uid) = std::env::var("CKPT_TEST_UID").ok().and_then(|v| v.parse::<u32>().ok()) {
+        // SAFETY: plain libc calls on this process, before any other thread exists.
+        let ok =
+            unsafe { libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(uid) == 0 && libc::setuid(uid) == 0 };
+        assert!(ok, "cannot become uid {uid}: {}", std::io::Error::last_os_error());
+    }
+    let dst = std::path::Path::new(dst);
+    if let Some(format) = format.strip_prefix("read:") {
+        let candidates: Vec<u32> = (1..=generation).collect();
+        match ckpt_conformance::crash::read_generation(format, dst, mib, &candidates) {
+            Ok(g) => println!("{g:?}"),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    if let Err(e) = ckpt_conformance::crash::save(format, dst, generation, mib) {
         eprintln!("{e}");
         std::process::exit(1);
     }

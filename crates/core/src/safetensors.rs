@@ -102,9 +102,24 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
 /// Maps and parses a safetensors file.
 ///
 /// # Errors
-/// As [`read`], plus [`Error::Io`] naming the path.
+/// As [`read`], each error but [`Error::Io`] (which names the path already) as [`Error::Format`] holding an
+/// [`InFile`] that names the file, with the same [`Fault`](crate::Fault).
 pub fn read_file(path: &Path) -> Result<SafetensorsReader> {
-    read(&Buffer::map_file(path)?)
+    read(&Buffer::map_file(path)?).map_err(|e| match e {
+        e @ Error::Io { .. } => e,
+        e => Error::Format { fault: e.fault(), source: Box::new(InFile { path: path.to_path_buf(), source: e }) },
+    })
+}
+
+/// An error of the file `path`: its message names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct InFile {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    #[source]
+    pub source: Error,
 }
 
 /// A tensor as the `safetensors` crate's `View`: contiguous data is borrowed, strided views are gathered.

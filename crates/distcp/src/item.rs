@@ -7,6 +7,7 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use ckpt_core::commit::PinnedDir;
 use ckpt_core::{Buffer, Tensor, Value};
 use ckpt_torch::TorchReader;
 
@@ -40,15 +41,30 @@ enum Handle {
 }
 
 /// The data files of one checkpoint directory, opened lazily and shared between threads.
+///
+/// Files are opened in the directory pinned when the reader opened ([`PinnedDir`]): a checkpoint swapped in
+/// at the same path meanwhile is never mixed in; files of a pinned directory that was removed meanwhile
+/// are missing.
 pub(crate) struct DataFiles {
     dir: PathBuf,
+    pinned: Arc<PinnedDir>,
     mmap: bool,
     open: Mutex<HashMap<String, Arc<Handle>>>,
 }
 
 impl DataFiles {
-    pub(crate) fn new(dir: &Path, mmap: bool) -> Self {
-        DataFiles { dir: dir.to_path_buf(), mmap, open: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(pinned: Arc<PinnedDir>, mmap: bool) -> Self {
+        DataFiles { dir: pinned.path().to_path_buf(), pinned, mmap, open: Mutex::new(HashMap::new()) }
+    }
+
+    /// The length of the data file `file` (a path the metadata gives, already checked by [`safe_join`]):
+    /// `None` when the pinned directory has no regular file of that name.
+    pub(crate) fn file_len(&self, file: &str) -> std::io::Result<Option<u64>> {
+        match self.pinned.open_file(file).and_then(|f| f.metadata()) {
+            Ok(m) => Ok(m.is_file().then_some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn handle(&self, key: &str, file: &str) -> Result<Arc<Handle>> {
@@ -59,7 +75,7 @@ impl DataFiles {
         }
         let path = safe_join(&self.dir, file)
             .ok_or_else(|| Error::UnsafePath { key: key.to_owned(), file: file.to_owned() })?;
-        let f = File::open(&path).map_err(|e| {
+        let f = self.pinned.open_file(file).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::MissingFile { key: key.to_owned(), file: file.to_owned() }
             } else {

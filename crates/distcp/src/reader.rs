@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use ckpt_core::commit::PinnedDir;
 use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten};
 use rayon::prelude::*;
 
@@ -152,13 +154,19 @@ fn rank_metadata_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
     Ok(out)
 }
 
-fn read_metadata_file(path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let protocol = match bytes.as_slice() {
+/// The metadata file `name` of the pinned directory.
+fn read_pinned_metadata(pinned: &PinnedDir, name: &str, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
+    let path = pinned.path().join(name);
+    let bytes = pinned.read(name).map_err(|e| Error::io(&path, e))?;
+    parse_metadata(&bytes, &path, limits)
+}
+
+fn parse_metadata(bytes: &[u8], path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
+    let protocol = match bytes {
         [0x80, p, ..] => *p,
         _ => 0,
     };
-    Ok((Metadata::from_pickle_with(&bytes, path, limits)?, protocol))
+    Ok((Metadata::from_pickle_with(bytes, path, limits)?, protocol))
 }
 
 /// The per-key index of `storage_data` (see [`DcpReader`]'s `items`). Items of keys that
@@ -290,16 +298,19 @@ impl DcpReader {
         if !dir.is_dir() {
             return Err(Error::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory")));
         }
-        let global = dir.join(".metadata");
-        let (metadata, source) = if global.is_file() {
-            let (md, protocol) = read_metadata_file(&global, &options.limits)?;
+        // Every file is opened in the directory pinned now: a checkpoint committed at this path while the
+        // reader lives is never mixed with this one.
+        let pinned = Arc::new(PinnedDir::open(dir).map_err(|e| Error::io(dir, e))?);
+        let (metadata, source) = if pinned.file_len(".metadata").is_some() {
+            let (md, protocol) = read_pinned_metadata(&pinned, ".metadata", &options.limits)?;
             (md, MetadataSource::Global { protocol })
         } else {
             let ranks = rank_metadata_files(dir)?;
             if !ranks.is_empty() {
                 let mut parts = Vec::with_capacity(ranks.len());
                 for (_, path) in &ranks {
-                    parts.push(read_metadata_file(path, &options.limits)?.0);
+                    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    parts.push(read_pinned_metadata(&pinned, &name, &options.limits)?.0);
                 }
                 (merge(parts)?, MetadataSource::PerRank { ranks: ranks.iter().map(|(r, _)| *r).collect() })
             } else if crate::hf::detect(dir) {
@@ -314,7 +325,7 @@ impl DcpReader {
         let paths = metadata.planner_data.iter().flatten().map(|(k, p)| (k.clone(), p.clone())).collect();
         Ok(DcpReader {
             dir: dir.to_path_buf(),
-            files: DataFiles::new(dir, options.mmap),
+            files: DataFiles::new(pinned, options.mmap),
             metadata,
             source,
             keys,
@@ -329,13 +340,13 @@ impl DcpReader {
     pub(crate) fn metadata_problems(&self, first_only: bool) -> Vec<Error> {
         let mut problems = Vec::new();
         // Per data file: whether its path is safe, and its length if it is a file (each looked up once).
-        let mut files: HashMap<&str, Option<Option<u64>>> = HashMap::new();
+        let mut files: HashMap<&str, Option<std::result::Result<Option<u64>, std::io::ErrorKind>>> = HashMap::new();
         for (ix, info) in &self.metadata.storage_data {
-            let file = *files.entry(info.relative_path.as_str()).or_insert_with(|| {
+            let file = files.entry(info.relative_path.as_str()).or_insert_with(|| {
                 safe_join(&self.dir, &info.relative_path)
-                    .map(|path| std::fs::metadata(&path).ok().filter(|m| m.is_file()).map(|m| m.len()))
+                    .map(|_| self.files.file_len(&info.relative_path).map_err(|e| e.kind()))
             });
-            let Some(len) = file else {
+            let Some(len) = *file else {
                 problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
                 if first_only {
                     return problems;
@@ -343,8 +354,9 @@ impl DcpReader {
                 continue;
             };
             match len {
-                None => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
-                Some(l) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
+                Err(kind) => problems.push(Error::io(self.dir.join(&info.relative_path), kind.into())),
+                Ok(None) => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
+                Ok(Some(l)) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
                     problems.push(Error::ItemOutOfFile {
                         key: ix.fqn.clone(),
                         file: info.relative_path.clone(),
@@ -353,7 +365,7 @@ impl DcpReader {
                         file_len: l,
                     });
                 }
-                Some(_) => {}
+                Ok(Some(_)) => {}
             }
             if first_only && !problems.is_empty() {
                 return problems;

@@ -159,12 +159,13 @@ impl ReshardOptions {
 /// ```
 ///
 /// # Errors
-/// As [`DcpReader::open`], [`DcpReader::shard_state`] and [`save_ranks`]; [`Error::Io`] creating `dst`.
+/// As [`DcpReader::open`], [`DcpReader::shard_state`] and [`save_ranks`].
 pub fn reshard(src: &Path, dst: &Path, world: usize, options: &ReshardOptions) -> Result<Metadata> {
     check_rank(0, world)?;
     let reader = DcpReader::open_with(src, &options.read)?;
     let states = (0..world).map(|rank| reader.shard_state(rank, world)).collect::<Result<Vec<_>>>()?;
-    std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
+    // No `create_dir_all(dst)`: the commit creates the parent and swaps the whole directory in, so a crash
+    // leaves no empty destination behind.
     save_ranks(&states, dst, &options.write)
 }
 

@@ -1,7 +1,8 @@
-//! The completion check that hfai lacks: after every rank has written its part (atomically) and passed the
-//! barrier, rank 0 removes stale parts of an earlier, wider save and checks that each part on disk is the
-//! one its rank reported writing; every rank then gets the same verdict. Ranks opening a checkpoint
-//! together use the same fingerprints to agree that they read the same files.
+//! The completion check that hfai lacks: once every rank has written its part into the staging directory,
+//! rank 0 checks that each part there is the one its rank reported writing (length and the CRC-32 of its
+//! tail, as seen from rank 0: on a shared file system, what the other ranks wrote is visible) before the
+//! directory is swapped in ([`ckpt_core::commit::DirCommit`]); every rank then gets the same verdict. Ranks
+//! opening a checkpoint together use the same fingerprints to agree that they read the same files.
 
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
@@ -44,11 +45,11 @@ impl Fingerprint {
         Ok(Fingerprint { len, tail_crc: crc32fast::hash(&tail) })
     }
 
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         format!("{}:{}", self.len, self.tail_crc)
     }
 
-    fn decode(s: &str) -> Option<Self> {
+    pub(crate) fn decode(s: &str) -> Option<Self> {
         let (len, crc) = s.split_once(':')?;
         Some(Fingerprint { len: len.parse().ok()?, tail_crc: crc.parse().ok()? })
     }
@@ -103,23 +104,24 @@ impl Report {
     }
 }
 
-/// Rank 0's check after the barrier. `reports[r]` is rank `r`'s report of the part it wrote.
-pub(crate) fn check_saved(dir: &Path, reports: &[Report]) -> Result<()> {
+/// Rank 0's check before the swap. `reports[r]` is rank `r`'s report of the part it wrote into `staging`;
+/// `target` is the destination, whose `PART_*.pt` names hfai does not write (`PART_1.pt`) would be carried
+/// into the new checkpoint and make hfai's loader reject it.
+pub(crate) fn check_staged(staging: &Path, target: &Path, reports: &[Report]) -> Result<()> {
     for (rank, r) in reports.iter().enumerate() {
         if let Report::Failed(message) = r {
             return Err(Error::RankFailed { rank, message: message.clone() });
         }
     }
-    let nshards = reports.len();
-    remove_stale_parts(dir, nshards)?;
+    refuse_foreign_parts(target)?;
     for (rank, r) in reports.iter().enumerate() {
-        let path = dir.join(part_file_name(rank));
+        let path = target.join(part_file_name(rank));
         let incomplete = |problem: String| Error::Incomplete { path: path.clone(), problem };
         let expected = match r {
             Report::Done(f) if f.len() == 1 => f[0],
             _ => return Err(incomplete(format!("rank {rank} reported {} parts", r.count()))),
         };
-        let found = match Fingerprint::of_file(&path) {
+        let found = match Fingerprint::of_file(&staging.join(part_file_name(rank))) {
             Ok(f) => f,
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Err(incomplete("the file is missing".into()));
@@ -136,48 +138,27 @@ pub(crate) fn check_saved(dir: &Path, reports: &[Report]) -> Result<()> {
     Ok(())
 }
 
-/// Removes `PART_k.pt` for `k >= nshards` (left by an earlier save with more ranks, they would make hfai's
-/// loader reject the directory); other names matching `PART_*.pt` are an error, not removed.
-fn remove_stale_parts(dir: &Path, nshards: usize) -> Result<()> {
-    let mut removed = false;
+/// [`Error::ForeignFiles`] when `dir` (if it exists) holds names matching `PART_*.pt` that hfai does not
+/// write.
+fn refuse_foreign_parts(dir: &Path) -> Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
     let mut foreign = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+    for entry in entries {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        match classify(&name) {
-            PartName::Rank(k) if k >= nshards => {
-                fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-                removed = true;
-            }
-            PartName::Foreign => foreign.push(name),
-            _ => {}
+        if let PartName::Foreign = classify(&name) {
+            foreign.push(name);
         }
-    }
-    if removed {
-        ckpt_core::atomic::sync_dir(dir)?;
     }
     if !foreign.is_empty() {
         foreign.sort();
         return Err(Error::ForeignFiles { dir: dir.to_path_buf(), names: foreign });
     }
     Ok(())
-}
-
-/// The collective end of a save: exchange reports (the barrier), rank 0 checks, every rank returns the
-/// same verdict (its own error first, if it failed itself).
-pub(crate) fn finish_collective(group: &dyn Collective, dir: &Path, own: Result<Fingerprint>) -> Result<()> {
-    let reports = Report::of(&own, |f| vec![*f]).exchange(group)?;
-    let verdict = if group.rank() == 0 { check_saved(dir, &reports) } else { Ok(()) };
-    let message = match &verdict {
-        Ok(()) => Vec::new(),
-        Err(e) => e.to_string().into_bytes(),
-    };
-    let message = group.broadcast(message, 0)?;
-    own?;
-    if group.rank() == 0 || message.is_empty() {
-        return verdict;
-    }
-    Err(Error::RankFailed { rank: 0, message: String::from_utf8_lossy(&message).into_owned() })
 }
 
 #[cfg(test)]
@@ -195,31 +176,35 @@ mod tests {
     }
 
     #[test]
-    fn check_finds_missing_changed_and_failed_parts() {
+    fn check_finds_missing_changed_foreign_and_failed_parts() {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
+        let (d, target) = (dir.path().join("staging"), dir.path().join("ck"));
+        fs::create_dir(&d).unwrap();
         let write = |r: usize, bytes: &[u8]| {
             fs::write(d.join(part_file_name(r)), bytes).unwrap();
             Report::Done(vec![Fingerprint::of_bytes(bytes)])
         };
         let reports = vec![write(0, b"part zero"), write(1, b"part one")];
-        fs::write(d.join("PART_002.pt"), b"stale").unwrap();
-        check_saved(d, &reports).unwrap();
-        assert!(!d.join("PART_002.pt").exists(), "stale part removed");
+        check_staged(&d, &target, &reports).unwrap();
 
         fs::write(d.join("PART_001.pt"), b"part 1ne").unwrap(); // same size, other bytes
-        let e = check_saved(d, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("overwritten")), "{e}");
         fs::write(d.join("PART_001.pt"), b"part one, longer").unwrap();
-        let e = check_saved(d, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("16 bytes on disk")), "{e}");
         fs::remove_file(d.join("PART_001.pt")).unwrap();
-        let e = check_saved(d, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("missing")), "{e}");
 
         let failed = vec![reports[0].clone(), Report::Failed("disk full".into())];
-        let e = check_saved(d, &failed).unwrap_err();
+        let e = check_staged(&d, &target, &failed).unwrap_err();
         assert!(matches!(&e, Error::RankFailed { rank: 1, message } if message == "disk full"), "{e}");
+
+        fs::create_dir(&target).unwrap();
+        fs::write(target.join("PART_1.pt"), b"not hfai's").unwrap();
+        let e = check_staged(&d, &target, &reports[..1]).unwrap_err();
+        assert!(matches!(&e, Error::ForeignFiles { names, .. } if names == &["PART_1.pt"]), "{e}");
     }
 
     #[test]

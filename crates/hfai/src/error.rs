@@ -247,12 +247,6 @@ pub enum Error {
         /// The file names.
         names: Vec<String>,
     },
-    /// Resharding into the directory being read.
-    #[error("{}: resharding into the source directory is not supported; write a new directory and swap", path.display())]
-    SameDirectory {
-        /// The directory.
-        path: PathBuf,
-    },
     /// A core error (bad view, allocation, collective).
     #[error(transparent)]
     Core(#[from] ckpt_core::Error),
@@ -294,8 +288,7 @@ impl Error {
             | Error::ReservedKey { .. }
             | Error::UnknownBuffer { .. }
             | Error::BadOptimizer { .. }
-            | Error::TooFewChunks { .. }
-            | Error::SameDirectory { .. } => Fault::InvalidArgument,
+            | Error::TooFewChunks { .. } => Fault::InvalidArgument,
             _ => Fault::Malformed,
         }
     }

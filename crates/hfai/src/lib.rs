@@ -5,8 +5,8 @@
 //! - [`HfaiReader`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
 //!   parts exactly as hfai's `load` does; tensors whole in one part stay windows of its memory map.
 //! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_core::Collective`]
-//!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, with atomic part files
-//!   and a completion check after the barrier, which hfai does not have.
+//!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, committed as a whole
+//!   directory with a completion check, which hfai does not have.
 //! - [`reshard`]: N parts to M parts offline, copying only chunks that span stored chunks.
 //! - [`verify`]: every part's record CRC-32s; [`SaveState::from_state_dict`]: a training checkpoint's
 //!   mapping laid out as hfai's `save` takes it.
@@ -60,8 +60,15 @@
 //! - Ties in the partition are broken deterministically (equal sizes: later key first, as numpy's
 //!   small-array argsort does); hfai's order for ties can vary with numpy version and CPU. Loaders do not
 //!   care where a key lives.
-//! - Parts are written to a hidden temporary file, fsync'd and renamed; after the barrier stale parts from
-//!   an earlier save with more ranks are removed and every part is checked on disk. hfai writes in place.
+//! - The directory is committed whole ([`ckpt_core::commit::DirCommit`]): every rank writes its part into
+//!   `.<dir>.ckpt-staging` beside the destination, each part `fdatasync`'d; once all ranks are done, rank 0
+//!   checks every part there (length and tail CRC against what its rank reported), writes the checksum
+//!   manifest `ckpt.checksums.json` (a CRC-32 of every record of every part, which hfai's loader ignores)
+//!   and swaps the staging directory with the destination (`renameat2(RENAME_EXCHANGE)`), then fsyncs the
+//!   parent. A crash at any instant leaves the previous checkpoint or the new one, whole; parts of an
+//!   earlier save with more ranks disappear with the old directory; other files in the destination are
+//!   carried over; a second save to the same destination gets a lock error naming the holder. hfai writes
+//!   its parts in place.
 //! - Errors instead of assertion failures, each naming the part and the rule broken; a tensor too small
 //!   for `torch.chunk` to give every rank a piece is refused up front on every rank ([`Error::TooFewChunks`])
 //!   where hfai raises `IndexError` on the last ranks only and leaves the others waiting.

@@ -190,7 +190,23 @@ fn list_parts(dir: &Path) -> Result<(Vec<usize>, Vec<String>)> {
 }
 
 /// Reads every part of `dir` and merges them, leaving large tensors in their chunks.
+///
+/// The parts are opened one by one, by path: a save that swaps a new checkpoint in meanwhile
+/// ([`ckpt_core::commit::DirCommit`]) could hand this reader parts of two generations. The directory is
+/// pinned first and checked after: if the path names another directory by then, the parts are read again
+/// (up to three times), so what is returned is one generation's.
 pub(crate) fn read_merged(dir: &Path, options: &ReadOptions) -> Result<Merged> {
+    for _ in 0..3 {
+        let pinned = ckpt_core::commit::PinnedDir::open(dir).ok();
+        let merged = read_merged_once(dir, options);
+        if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
+            return merged;
+        }
+    }
+    Err(Error::io(dir, std::io::Error::other("replaced by other saves three times while being read")))
+}
+
+fn read_merged_once(dir: &Path, options: &ReadOptions) -> Result<Merged> {
     let (ranks, foreign) = list_parts(dir)?;
     let path = |r: usize| dir.join(part_file_name(r));
     if ranks.first() != Some(&0) {

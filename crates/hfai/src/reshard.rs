@@ -1,6 +1,5 @@
 //! Resharding: rewriting an N-part checkpoint as M parts, offline, from one process.
 
-use std::fs;
 use std::path::Path;
 
 use ckpt_core::Value;
@@ -61,7 +60,9 @@ pub struct ReshardSummary {
     pub copied_bytes: u64,
 }
 
-/// Rewrites the checkpoint in `src` as `nshards` parts in `dst` (a different directory), from one process.
+/// Rewrites the checkpoint in `src` as `nshards` parts in `dst`, from one process. `dst` may be `src`: the
+/// new parts are staged beside it and swapped in whole ([`save`](crate::save)), while the old ones stay
+/// mapped until the reshard is done.
 ///
 /// The result is what hfai's `save` would write on `nshards` ranks for the same state: small entries
 /// re-partitioned over the new parts, large tensors re-chunked with `torch.chunk`, `others` in part 0.
@@ -71,16 +72,9 @@ pub struct ReshardSummary {
 ///
 /// # Errors
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)
-/// for `dst`; [`Error::SameDirectory`] if `dst` is `src`; [`Error::UnknownBuffer`] for a buffer name that is
-/// not an entry of its model.
+/// for `dst`; [`Error::UnknownBuffer`] for a buffer name that is not an entry of its model.
 pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions) -> Result<ReshardSummary> {
     let merged = read_merged(src, &options.read)?;
-    fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
-    let same = fs::canonicalize(src).map_err(|e| Error::io(src, e))?
-        == fs::canonicalize(dst).map_err(|e| Error::io(dst, e))?;
-    if same {
-        return Err(Error::SameDirectory { path: dst.to_path_buf() });
-    }
     let mut contents = merged.contents;
     for (m, names) in options.buffers.iter().enumerate() {
         let Some(model) = contents.models.get_mut(m) else {

@@ -1,18 +1,19 @@
 //! Writing a checkpoint directory in hfai's layout: from one process (all parts, in parallel) or from each
-//! rank of a process group (its own part), with atomic part files and a completion check after the barrier.
+//! rank of a process group (its own part), committed as a whole directory ([`ckpt_core::commit::DirCommit`]):
+//! every part is written into a staging directory beside the destination, checked, and swapped in at once.
 
-use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ckpt_core::{Collective, Dict, DictKind, Tensor, Value};
+use ckpt_core::commit::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
+use ckpt_core::{Collective, Dict, DictKind, SingleProcess, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;
-use crate::commit::{Fingerprint, Report, check_saved, finish_collective};
+use crate::commit::{Fingerprint, Report, check_staged};
 use crate::contents::{Contents, Item, ModelContents, OptimizerContents, StateEntry, optimizer_value};
 use crate::error::{Error, Result};
-use crate::part::{VERSION, part_file_name, show};
+use crate::part::{PartName, VERSION, classify, part_file_name, show};
 use crate::partition::{assign, chunk_ranges};
 use crate::reader::HEADER_KEYS;
 
@@ -31,11 +32,23 @@ pub struct WriteOptions {
     pub large_size: u64,
     /// Options for each part's `torch.save` file.
     pub torch: ckpt_torch::WriteOptions,
+    /// Write `ckpt.checksums.json` beside the parts: a CRC-32 of every record of every part, computed while
+    /// writing (hfai's loader ignores the file). Default `true`.
+    pub checksums: bool,
+    /// `fdatasync` every part and fsync the directories (default `true`). Off, the swap stays atomic for
+    /// readers, but a power failure may lose the new checkpoint.
+    pub sync: bool,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { nshards: 1, large_size: LARGE_SIZE, torch: ckpt_torch::WriteOptions::default() }
+        WriteOptions {
+            nshards: 1,
+            large_size: LARGE_SIZE,
+            torch: ckpt_torch::WriteOptions::default(),
+            checksums: true,
+            sync: true,
+        }
     }
 }
 
@@ -60,6 +73,53 @@ impl WriteOptions {
         self.torch = torch;
         self
     }
+
+    /// These options writing the checksum manifest (default) or not.
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
+    }
+
+    /// These options with syncing on (default) or off.
+    #[must_use]
+    pub fn with_sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    fn dir_options(&self) -> DirOptions {
+        DirOptions::default().with_sync(self.sync).with_checksums(self.checksums).with_owned(hfai_owned)
+    }
+}
+
+/// Names an hfai checkpoint directory holds: its parts (`PART_{rank:03d}.pt`) and the checksum manifest.
+/// Anything else in an existing destination is carried over into the new one; parts of an earlier, wider
+/// save disappear with the old directory.
+fn hfai_owned(name: &str) -> bool {
+    matches!(classify(name), PartName::Rank(_)) || name == MANIFEST_NAME
+}
+
+/// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].
+fn from_commit(e: CommitError) -> Error {
+    match e {
+        CommitError::RankFailed { rank, message } => Error::RankFailed { rank, message },
+        e => Error::Core(e.into()),
+    }
+}
+
+/// Runs the completion check as a commit's `finalize` step: its own error is kept in `failure` (the commit
+/// reports it as refused), so that the caller returns the specific error.
+fn finalize_check(
+    commit: &DirCommit,
+    reports: &[Report],
+    failure: &mut Option<Error>,
+) -> std::result::Result<(), CommitError> {
+    check_staged(commit.staging(), commit.target(), reports).map_err(|e| {
+        let reason = e.to_string();
+        *failure = Some(e);
+        CommitError::Refused { path: commit.target().to_path_buf(), reason }
+    })
 }
 
 /// One model to save: its state dict, and which of its keys are buffers (hfai pops every key of
@@ -445,24 +505,35 @@ impl Plan {
         Ok(Value::Dict(top))
     }
 
-    /// Writes rank `rank`'s part atomically and returns its fingerprint.
-    pub(crate) fn write_part(&self, dir: &Path, rank: usize, options: &WriteOptions) -> Result<Fingerprint> {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    /// Writes rank `rank`'s part into the commit's staging directory (each record marked for the checksum
+    /// manifest) and returns its fingerprint.
+    pub(crate) fn write_part(&self, commit: &DirCommit, rank: usize, options: &WriteOptions) -> Result<Fingerprint> {
         let value = self.part_value(rank)?;
-        let path = dir.join(part_file_name(rank));
-        ckpt_torch::save(&value, &path, &options.torch)?;
-        Fingerprint::of_file(&path)
+        let name = part_file_name(rank);
+        let prefix = ckpt_torch::prefix_for_path(Path::new(&name))?;
+        let mut file = commit.create_file(&name).map_err(from_commit)?;
+        let written = ckpt_torch::save_to_durable(&value, file.writer(), &prefix, &options.torch);
+        if let Some(e) = file.writer().io_error() {
+            return Err(from_commit(CommitError::from_io(file.path(), e)));
+        }
+        written?;
+        file.finish().map_err(from_commit)?;
+        Fingerprint::of_file(&commit.staging().join(&name))
     }
 
-    /// Writes every part from this process, in parallel, then runs the completion check.
+    /// Writes every part from this process, in parallel, into a staging directory beside `dir`; checks
+    /// them and swaps the directory in.
     pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
+        let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options()).map_err(from_commit)?;
         let results: Vec<Result<Fingerprint>> =
-            (0..self.nshards).into_par_iter().map(|r| self.write_part(dir, r, options)).collect();
+            (0..self.nshards).into_par_iter().map(|r| self.write_part(&commit, r, options)).collect();
         let reports: Vec<Report> = results.iter().map(|r| Report::of(r, |f| vec![*f])).collect();
         for r in results {
-            r?;
+            r?; // the commit, dropped, removes its staging directory
         }
-        check_saved(dir, &reports)
+        let mut failure = None;
+        let committed = commit.commit(&SingleProcess, Ok(()), |c| finalize_check(c, &reports, &mut failure));
+        committed.map_err(|e| failure.unwrap_or_else(|| from_commit(e)))
     }
 }
 
@@ -502,9 +573,12 @@ fn compact(v: &Value) -> Result<Value> {
     })
 }
 
-/// Saves `state` as an hfai checkpoint of `options.nshards` parts in `dir`, from this one process: the parts are
-/// built and written in parallel, each atomically (temporary file, fsync, rename), then stale parts of an
-/// earlier save with more ranks are removed and every part is checked on disk.
+/// Saves `state` as an hfai checkpoint of `options.nshards` parts in `dir`, from this one process: the parts
+/// are built and written in parallel into `.<dir>.ckpt-staging` beside `dir`, checked on disk, and the
+/// directory swapped in whole ([`ckpt_core::commit::DirCommit`]): a crash at any point leaves the previous
+/// checkpoint or the new one, parts of an earlier, wider save disappear with it, and files in `dir` that
+/// are not hfai's are carried over. `ckpt.checksums.json` (a CRC-32 of every record) is written beside the
+/// parts unless [`WriteOptions::checksums`] is off.
 ///
 /// The files are what hfai's `save` run on `nshards` ranks writes (spec §2-§4): the same key-to-rank split
 /// (largest first, to the least-loaded rank, ties to the lower rank, equal sizes later-key first), tensors
@@ -515,15 +589,17 @@ fn compact(v: &Value) -> Result<Value> {
 ///
 /// # Errors
 /// [`Error::ZeroShards`], [`Error::ReservedKey`], [`Error::UnknownBuffer`], [`Error::BadOptimizer`],
-/// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; [`Error::Incomplete`] or
-/// [`Error::ForeignFiles`] from the completion check.
+/// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; the commit's errors
+/// (`Error::Core(ckpt_core::Error::Commit(_))`: the destination locked by another save, a full disk, ...);
+/// [`Error::Incomplete`] or [`Error::ForeignFiles`] from the completion check.
 pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()> {
     Plan::new(state.contents()?, options.nshards, options.large_size)?.write_all(dir, options)
 }
 
 /// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
-/// writes its own part, `PART_{rank:03d}.pt` of `group.world_size()` parts. After the barrier rank 0 removes
-/// stale parts and checks every part on disk, and all ranks return the same verdict; a rank that fails
+/// writes its own part, `PART_{rank:03d}.pt` of `group.world_size()` parts, into the staging directory rank
+/// 0 prepares beside `dir`. Once every rank has written, rank 0 checks every part on disk and swaps the
+/// directory in ([`ckpt_core::commit::DirCommit`]); all ranks return the same verdict, and a rank that fails
 /// (even before writing) does not leave the others waiting.
 ///
 /// ```
@@ -545,9 +621,26 @@ pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()>
 /// # Errors
 /// As [`save`] for this rank's own failure; [`Error::RankFailed`] naming the rank that failed otherwise.
 pub fn save_rank(state: &SaveState, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<()> {
+    let commit = DirCommit::begin(dir, group, &options.dir_options()).map_err(from_commit)?;
     let own = state
         .contents()
         .and_then(|c| Plan::new(c, group.world_size(), options.large_size))
-        .and_then(|plan| plan.write_part(dir, group.rank(), options));
-    finish_collective(group, dir, own)
+        .and_then(|plan| plan.write_part(&commit, group.rank(), options));
+    let payload = match &own {
+        Ok(f) => Ok(f.encode().into_bytes()),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut failure = None;
+    let committed = commit.commit_gathered(group, payload, |c, payloads| {
+        let reports: Vec<Report> = payloads
+            .iter()
+            .map(|p| match std::str::from_utf8(p).ok().and_then(Fingerprint::decode) {
+                Some(f) => Report::Done(vec![f]),
+                None => Report::Failed("sent an unreadable fingerprint".into()),
+            })
+            .collect();
+        finalize_check(c, &reports, &mut failure)
+    });
+    own?;
+    committed.map_err(|e| failure.unwrap_or_else(|| from_commit(e)))
 }

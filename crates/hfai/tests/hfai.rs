@@ -139,7 +139,9 @@ fn save_then_open_round_trips_for_1_to_5_parts() {
     for n in 1..=5 {
         let dir = tempfile::tempdir().unwrap();
         save(&state, dir.path(), &opts().with_nshards(n)).unwrap();
-        assert_eq!(files(dir.path()), (0..n).map(part_file_name).collect::<Vec<_>>(), "no temporary files left");
+        let mut expected: Vec<String> = (0..n).map(part_file_name).collect();
+        expected.push("ckpt.checksums.json".into());
+        assert_eq!(files(dir.path()), expected, "no temporary files left");
         let ckpt = HfaiReader::open(dir.path()).unwrap();
         assert_eq!(ckpt.nshards(), n);
         assert_loads_to(&ckpt, &state);
@@ -250,7 +252,10 @@ fn one_process_and_n_ranks_write_the_same_bytes() {
             let f = part_file_name(r);
             assert!(fs::read(a.path().join(&f)).unwrap() == fs::read(b.path().join(&f)).unwrap(), "{n} parts: {f}");
         }
-        assert_eq!(files(b.path()).len(), n);
+        assert_eq!(files(b.path()).len(), n + 1, "the parts and the checksum manifest");
+        let sums = ckpt_core::commit::Manifest::read(b.path()).unwrap().unwrap();
+        assert!(sums.verify_dir(b.path()).unwrap().is_empty());
+        assert_eq!(sums.files.len(), n);
     }
 }
 
@@ -273,10 +278,11 @@ fn a_failing_rank_fails_every_rank() {
     assert!(matches!(&results[1], Err(Error::ReservedKey { key }) if key == "model"), "{:?}", results[1]);
     assert!(matches!(&results[0], Err(Error::RankFailed { rank: 1, .. })), "{:?}", results[0]);
     assert!(
-        matches!(&results[2], Err(Error::RankFailed { rank: 0, message }) if message.contains("rank 1")),
+        matches!(&results[2], Err(Error::RankFailed { rank: 1, message }) if message.contains("reserved")),
         "{:?}",
         results[2]
     );
+    assert!(!dir.path().join("PART_000.pt").exists(), "nothing committed");
 }
 
 #[test]
@@ -285,7 +291,7 @@ fn saving_fewer_parts_removes_stale_ones() {
     let dir = tempfile::tempdir().unwrap();
     save(&state, dir.path(), &opts().with_nshards(4)).unwrap();
     save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
-    assert_eq!(files(dir.path()), ["PART_000.pt", "PART_001.pt"]);
+    assert_eq!(files(dir.path()), ["PART_000.pt", "PART_001.pt", "ckpt.checksums.json"]);
     assert_loads_to(&HfaiReader::open(dir.path()).unwrap(), &state);
 
     // a name hfai's loader would count but that is no part name is reported, not deleted
@@ -428,9 +434,15 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
     assert_eq!((s.chunked, s.copied_bytes), (0, 3 * 1280));
     assert_loads_to(&HfaiReader::open(dst.path()).unwrap(), &state);
 
-    assert!(matches!(reshard(src.path(), src.path(), 2, &reshard_opts), Err(Error::SameDirectory { .. })));
     let bad = ReshardOptions::default().with_buffers(0, ["nope"]);
     assert!(matches!(reshard(src.path(), dst.path(), 2, &bad), Err(Error::UnknownBuffer { .. })));
+
+    // in place: the new parts are staged beside the directory and swapped in whole
+    let s = reshard(src.path(), src.path(), 2, &reshard_opts).unwrap();
+    assert_eq!(s.to, 2);
+    let back = HfaiReader::open(src.path()).unwrap();
+    assert_eq!(back.nshards(), 2);
+    assert_loads_to(&back, &state);
 }
 
 // ------------------------------------------------------------------------------------------------

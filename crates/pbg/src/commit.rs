@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
+use ckpt_core::commit::{DestinationLock, FileDigest, MANIFEST_NAME, Manifest};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -150,17 +151,31 @@ pub struct Commit<'s> {
     partitions: Vec<(String, u32, EntityPartition)>,
     model: Option<Model>,
     next_metadata: Option<Metadata>,
+    /// Held from [`FileCheckpointStorage::begin_commit`] to the end of [`Commit::finish`].
+    lock: Option<DestinationLock>,
 }
 
 impl FileCheckpointStorage {
-    /// Starts a commit of version `V+1` on top of the committed version `V`.
+    /// Starts a commit of version `V+1` on top of the committed version `V`, holding the destination's
+    /// advisory lock (`.<dir>.ckpt-lock` beside the directory, [`ckpt_core::commit::DestinationLock`]) until
+    /// the commit is finished or dropped: a second writer of the same directory gets a lock error naming
+    /// the holder instead of racing this one.
     ///
     /// # Errors
-    /// [`Error::BadVersionFile`], [`Error::Io`].
+    /// [`Error::BadVersionFile`], [`Error::Io`]; `Error::Core(ckpt_core::Error::Commit(_))` when another
+    /// save holds the lock.
     pub fn begin_commit(&self) -> Result<Commit<'_>> {
+        let lock = DestinationLock::acquire(self.path()).map_err(|e| Error::Core(e.into()))?;
+        let mut commit = self.begin_commit_unlocked()?;
+        commit.lock = Some(lock);
+        Ok(commit)
+    }
+
+    /// [`FileCheckpointStorage::begin_commit`] without the lock (for a directory the caller has locked).
+    pub(crate) fn begin_commit_unlocked(&self) -> Result<Commit<'_>> {
         let previous = self.load_version()?;
         let next_metadata = self.derive_next_metadata(previous);
-        Ok(Commit { storage: self, previous, partitions: Vec::new(), model: None, next_metadata })
+        Ok(Commit { storage: self, previous, partitions: Vec::new(), model: None, next_metadata, lock: None })
     }
 
     /// The metadata PBG writes into the files of version `previous + 1`: the config text from the previous
@@ -266,7 +281,11 @@ impl Commit<'_> {
         let written_parts: Vec<PathBuf> = self
             .partitions
             .par_iter()
-            .map(|(e, p, data)| storage.write_entity_partition(new, e, *p, data))
+            .map(|(e, p, data)| {
+                let path = storage.write_entity_partition(new, e, *p, data)?;
+                crash_point("pbg.file", storage)?;
+                Ok(path)
+            })
             .collect::<Result<_>>()?;
         let mut written = written_parts;
         if let Some(m) = &self.model {
@@ -294,6 +313,23 @@ impl Commit<'_> {
                 .collect::<Result<_>>()?;
         }
         dir_sync(storage.path())?;
+        // A directory with a checksum manifest (written by `ckpt_pbg::save`) keeps it current: the new
+        // version's files are read back once (libhdf5 writes by path; ckpt cannot hash while it writes).
+        let new_digests = match Manifest::read(storage.path()).map_err(Error::Core)? {
+            Some(_) => Some(
+                written
+                    .iter()
+                    .chain(&carried_over)
+                    .map(|p| {
+                        let mut d = FileDigest::of_file(p).map_err(|e| Error::io(p, e))?;
+                        d.file = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                        Ok(d)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            None => None,
+        };
+        crash_point("pbg.written", storage)?;
 
         // 2. The commit point.
         if storage.load_version()? != old {
@@ -306,6 +342,7 @@ impl Commit<'_> {
             VersionWrite::Rename => storage.save_version(new)?,
             VersionWrite::InPlace => storage.save_version_in_place(new)?,
         }
+        crash_point("pbg.committed", storage)?;
 
         // 3. Snapshot of the new version.
         let snapshot = match options.snapshot_epoch {
@@ -326,19 +363,61 @@ impl Commit<'_> {
             None => None,
         };
 
-        // 4. Drop the old version.
-        let mut dropped = Vec::new();
+        // 4. Drop the old version; the checksum manifest, if the directory has one, is rewritten first for
+        // the files that stay (a crash in between leaves old files it does not list, never listed files
+        // that are gone).
+        let mut to_drop = Vec::new();
         if !options.preserve_old && old > 0 {
             let kept: BTreeSet<String> = storage.snapshot_targets()?.into_iter().collect();
             for (name, path) in storage.list()? {
                 if name.version() == Some(old) && !kept.contains(&name.to_string()) {
-                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
-                    dropped.push(path);
+                    to_drop.push(path);
                 }
             }
         }
+        if let Some(digests) = new_digests {
+            update_manifest(storage, digests, &to_drop)?;
+        }
+        let mut dropped = Vec::new();
+        for path in to_drop {
+            fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            dropped.push(path);
+        }
+        crash_point("pbg.done", storage)?;
         Ok(CommitReport { version: new, previous: old, written, carried_over, dropped, leftovers, snapshot })
     }
+}
+
+/// Whether the checksum manifest lists `name`: the versioned HDF5 files and `config.json`, which do not
+/// change once written; not the version file (the commit pointer, rewritten by every commit: a manifest
+/// entry for it would be stale between the commit point and the manifest's rewrite) nor
+/// `training_stats.json` (PBG's trainer appends to it).
+pub(crate) fn in_manifest(name: &str) -> bool {
+    matches!(FileName::parse(name), Some(FileName::Embeddings { .. } | FileName::Model { .. } | FileName::Config))
+}
+
+/// Rewrites the checksum manifest of `storage`'s directory (atomically): `digests` added or replaced, the
+/// entries of `dropping` and of files that no longer exist removed.
+fn update_manifest(storage: &FileCheckpointStorage, digests: Vec<FileDigest>, dropping: &[PathBuf]) -> Result<()> {
+    let dir = storage.path();
+    let mut m = Manifest::read(dir).map_err(Error::Core)?.unwrap_or_default();
+    let gone: BTreeSet<String> =
+        dropping.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    m.files.retain(|name, _| in_manifest(name) && !gone.contains(name) && dir.join(name).is_file());
+    for d in digests {
+        m.insert(d);
+    }
+    let path = dir.join(MANIFEST_NAME);
+    let json = m.to_json();
+    ckpt_core::atomic::write_atomic(&path, |w| {
+        std::io::Write::write_all(w, &json).map_err(|e| ckpt_core::Error::io(&path, e))
+    })
+    .map_err(Error::Core)
+}
+
+/// A [failpoint](ckpt_core::commit::failpoint) between the steps of a commit, for crash tests.
+fn crash_point(name: &'static str, storage: &FileCheckpointStorage) -> Result<()> {
+    ckpt_core::commit::failpoint::hit(name).map_err(|e| Error::io(storage.path(), e))
 }
 
 /// The same file at another version.

@@ -25,13 +25,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ckpt_core::{Dict, DictKind, Tensor, Value};
+use ckpt_core::commit::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
+use ckpt_core::{Dict, DictKind, SingleProcess, Tensor, Value};
 
 use crate::commit::WriteOptions;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::{Model, ModelParameter, public_to_private};
-use crate::names::CONFIG_FILE;
+use crate::names::{CONFIG_FILE, FileName};
 use crate::optimizer::{OptimizerState, StateDict};
 use crate::partition::EntityPartition;
 use crate::storage::FileCheckpointStorage;
@@ -291,11 +292,27 @@ fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Names of a PBG checkpoint directory that [`save`] writes (the files of a version, the version file,
+/// `config.json`, snapshots) or the checksum manifest: anything else in an existing destination is carried
+/// into the new one.
+fn is_pbg_file(name: &str) -> bool {
+    FileName::parse(name).is_some() || name == CONFIG_FILE || name == MANIFEST_NAME
+}
+
+fn commit_error(e: CommitError) -> Error {
+    Error::Core(e.into())
+}
+
 /// Writes a new PBG checkpoint in `dst` (which must not hold one) from `entries` named as [`PbgReader`](crate::PbgReader) names
 /// them (the module documentation has the table), in the config's layout, re-partitioning entities whose
 /// partition count differs and rebuilding optimizer state dicts of which only the tensors were kept. The
 /// config is written first, then version `V` in one commit (`options`' snapshot and version-file choices
-/// apply; there is no older version to carry over or preserve).
+/// apply; there is no older version to carry over or preserve). The directory is written beside `dst`
+/// (`.<dst>.ckpt-staging`) and swapped in whole ([`ckpt_core::commit::DirCommit`]), with the checksum
+/// manifest `ckpt.checksums.json` (a CRC-32 per 8 MiB of every HDF5 file and the config, which PBG
+/// ignores): a crash leaves no
+/// checkpoint or the whole new one, never a half-written one; files of an existing `dst` that are not PBG's
+/// are carried over.
 ///
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
@@ -316,7 +333,8 @@ fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
 /// # Errors
 /// [`Error::NoEmbeddings`] when no entry is an entity partition or a model parameter; [`Error::NoConfig`]
 /// without a config; [`Error::LayoutMismatch`] when the entries do not fit the config's layout;
-/// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors.
+/// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors; the
+/// commit's (`Error::Core(ckpt_core::Error::Commit(_))`: another save to `dst` in progress, a full disk).
 pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
     let source = classify(entries);
     if source.embeddings.is_empty() && source.parameters.is_empty() {
@@ -440,18 +458,25 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
         Some(Model { parameters: Some(parameters), optimizer, ..Model::default() })
     };
 
-    // Write: config first (the commit derives the files' metadata from it), then version V in one commit.
-    let storage = FileCheckpointStorage::new(dst);
-    if storage.version_file().exists() {
-        return Err(Error::AlreadyExists { path: storage.version_file() });
+    // Write into a staging directory beside `dst`, swapped in whole (`DirCommit`): config first (the
+    // commit derives the files' metadata from it), then version V in one PBG commit.
+    if FileCheckpointStorage::new(dst).version_file().exists() {
+        return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
     }
+    let dir_options = DirOptions::default().with_checksums(true).with_owned(is_pbg_file);
+    let staged = DirCommit::begin(dst, &SingleProcess, &dir_options).map_err(commit_error)?;
+    // Checked again under the lock: another save may have committed since.
+    if FileCheckpointStorage::new(dst).version_file().exists() {
+        return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
+    }
+    let storage = FileCheckpointStorage::new(staged.staging());
     storage.prepare()?;
     storage.save_config(config.text())?;
     let version = source.version.unwrap_or(1).max(1);
     if version > 1 {
         storage.save_version(version - 1)?;
     }
-    let mut commit = storage.begin_commit()?;
+    let mut commit = storage.begin_commit_unlocked()?;
     for (entity, p, part) in partitions {
         commit.partition(&entity, p, part)?;
     }
@@ -461,6 +486,16 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
     // A new directory: there is no older version to carry over or preserve.
     let options = WriteOptions { carry_over: false, preserve_old: false, config: None, ..options.clone() };
     commit.finish(&options)?;
+    // The checksum manifest (libhdf5 writes by path: each file is read back once).
+    let listing = std::fs::read_dir(staged.staging()).map_err(|e| Error::io(staged.staging(), e))?;
+    for entry in listing {
+        let entry = entry.map_err(|e| Error::io(staged.staging(), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().is_ok_and(|t| t.is_file()) && crate::commit::in_manifest(&name) {
+            staged.record_file(&name).map_err(commit_error)?;
+        }
+    }
+    staged.commit(&SingleProcess, Ok(()), |_| Ok(())).map_err(commit_error)?;
 
     Ok(SaveReport { version, dropped: source.dropped })
 }

@@ -122,12 +122,20 @@ fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request()
     let storage = FileCheckpointStorage::new(dir.path());
     storage.prepare().unwrap();
     let a = storage.begin_commit().unwrap();
+    // A second commit of ckpt's waits for no one: the lock names the holder.
+    let e = storage.begin_commit().unwrap_err();
+    assert!(matches!(&e, Error::Core(ckpt_core::Error::Commit(ckpt_core::commit::CommitError::Locked { .. }))), "{e}");
+    assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+    // A writer that takes no lock (PBG's own trainer) commits version 1 meanwhile: `a` refuses to commit.
+    storage.save_version_in_place(1).unwrap();
+    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
+    assert_eq!(storage.load_version().unwrap(), 1);
+    // The lock went with `a`; PBG's in-place version write on request.
     let mut b = storage.begin_commit().unwrap();
     b.partition("x", 0, partition(1, 0.0)).unwrap();
     b.finish(&WriteOptions::default().with_version_write(VersionWrite::InPlace)).unwrap();
-    assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "1\n");
-    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
-    assert_eq!(storage.load_version().unwrap(), 1);
+    assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "2\n");
+    assert_eq!(storage.load_version().unwrap(), 2);
 }
 
 #[test]
@@ -392,4 +400,46 @@ fn config_paths_resolve_from_the_working_directory_then_where_training_ran() {
     let abs = tmp.path().join("elsewhere");
     assert_eq!(from_dir.resolve(abs.to_str().unwrap()), abs);
     assert!(matches!(ckpt_pbg::ConfigFile::locate(tmp.path()), Err(Error::CouldNotLoad { .. })));
+}
+
+/// `save` writes the checksum manifest (every file, read back once); a later commit keeps it current:
+/// the new version's files added, the dropped version's removed; a flipped bit is caught.
+#[test]
+fn save_writes_a_checksum_manifest_that_commits_keep_current() {
+    use ckpt_core::commit::Manifest;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    let dst = tmp.path().join("dst");
+    ckpt_pbg::save(&entries_of(&src), &dst, &WriteOptions::default()).unwrap();
+    let listed = |dir: &Path| Manifest::read(dir).unwrap().unwrap().files.keys().cloned().collect::<Vec<_>>();
+    let files = |dir: &Path| {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".h5") || n == "config.json")
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed(&dst), files(&dst));
+    assert!(Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap().is_empty());
+
+    let storage = FileCheckpointStorage::new(&dst);
+    let mut c = storage.begin_commit().unwrap();
+    c.partition("user", 0, partition(3, 7.0)).unwrap();
+    c.finish(&WriteOptions::default()).unwrap();
+    assert_eq!(storage.load_version().unwrap(), 2);
+    assert_eq!(listed(&dst), files(&dst), "v2 files listed, v1 files gone from the manifest");
+    assert!(listed(&dst).iter().all(|n| !n.contains(".v1.")), "{:?}", listed(&dst));
+    let bad = Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+
+    let f = dst.join("embeddings_user_0.v2.h5");
+    let mut bytes = fs::read(&f).unwrap();
+    let at = bytes.len() - 20;
+    bytes[at] ^= 1;
+    fs::write(&f, &bytes).unwrap();
+    let bad = Manifest::read(&dst).unwrap().unwrap().verify_dir(&dst).unwrap();
+    assert_eq!(bad.len(), 1, "{bad:?}");
 }

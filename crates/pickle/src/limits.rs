@@ -41,21 +41,47 @@ pub struct Limits {
     pub max_int_digits: usize,
 }
 
+/// The process-wide defaults, when set ([`Limits::set_process_default`]).
+static PROCESS_DEFAULT: std::sync::RwLock<Option<Limits>> = std::sync::RwLock::new(None);
+
 impl Default for Limits {
+    /// [`Limits::BUILTIN`], or what [`Limits::set_process_default`] set.
     fn default() -> Self {
-        Limits {
-            max_depth: 1000,
-            max_mark_depth: 1000,
-            max_memo: 1 << 24,
-            max_container_len: 1 << 25,
-            max_nodes: 1 << 25,
-            max_alloc_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX),
-            max_int_digits: 4300,
-        }
+        PROCESS_DEFAULT.read().ok().and_then(|d| *d).unwrap_or(Limits::BUILTIN)
     }
 }
 
 impl Limits {
+    /// The built-in defaults (the values documented on each field).
+    pub const BUILTIN: Limits = Limits {
+        max_depth: 1000,
+        max_mark_depth: 1000,
+        max_memo: 1 << 24,
+        max_container_len: 1 << 25,
+        max_nodes: 1 << 25,
+        max_alloc_bytes: if usize::BITS >= 64 { 4 << 30 } else { usize::MAX },
+        max_int_digits: 4300,
+    };
+
+    /// Sets what [`Limits::default`] returns in this process from now on (`None`: back to
+    /// [`Limits::BUILTIN`]), so that every reader that takes its limits from `Default` (every format's
+    /// `ReadOptions::default()`, hence `ckpt::open`, `verify`, `convert`) uses them: how a program, such as
+    /// the `ckpt` command with its `--max-*` flags, raises the limits for the input it trusts. Readers
+    /// given explicit limits (`ReadOptions::with_limits`) keep those.
+    ///
+    /// ```
+    /// use ckpt_pickle::Limits;
+    /// Limits::set_process_default(Some(Limits { max_depth: 5000, ..Limits::BUILTIN }));
+    /// assert_eq!(Limits::default().max_depth, 5000);
+    /// Limits::set_process_default(None);
+    /// assert_eq!(Limits::default(), Limits::BUILTIN);
+    /// ```
+    pub fn set_process_default(limits: Option<Limits>) {
+        if let Ok(mut d) = PROCESS_DEFAULT.write() {
+            *d = limits;
+        }
+    }
+
     /// Limits that only guard against crashes (depth, which protects the stack, stays at its default); every
     /// other limit is `usize::MAX`. For trusted input whose size exceeds the defaults.
     #[must_use]
@@ -67,7 +93,7 @@ impl Limits {
             max_nodes: usize::MAX,
             max_alloc_bytes: usize::MAX,
             max_int_digits: usize::MAX,
-            ..Limits::default()
+            ..Limits::BUILTIN
         }
     }
 }

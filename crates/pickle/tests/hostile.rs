@@ -1,7 +1,6 @@
 //! Hostile and malformed input: every error variant, every limit, memo bombs, deep nesting, truncation, fuzzing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-
 use ckpt_pickle::{
     EncodeOptions, Error, ErrorKind, Limits, Object, ObjectKind, Value, decode, decode_with, encode, encode_into,
 };

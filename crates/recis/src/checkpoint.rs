@@ -48,6 +48,20 @@ impl RecisReader {
     /// As [`RecisReader::open`].
     pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
         let dir = &crate::manager::checkpoint_dir(path)?;
+        // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
+        // hand this reader files of two generations. The directory is pinned first and checked after; if
+        // the path names another directory by then, everything is read again (up to three times).
+        for _ in 0..3 {
+            let pinned = ckpt_core::commit::PinnedDir::open(dir).ok();
+            let opened = Self::open_once(dir, options);
+            if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
+                return opened;
+            }
+        }
+        Err(Error::io(dir, std::io::Error::other("replaced by other saves three times while being read")))
+    }
+
+    fn open_once(dir: &Path, options: &ReadOptions) -> Result<Self> {
         let has = |f: &str| dir.join(f).is_file();
         if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
             return Err(Error::MissingFile {

@@ -273,25 +273,45 @@ pub fn header_prefix(json: &str) -> Vec<u8> {
 /// # Errors
 /// [`Error::UnsupportedDtype`] for dtypes RecIS cannot store; [`Error::Io`] naming the path.
 pub fn write(path: &Path, blocks: &[(String, Tensor)]) -> Result<u64> {
+    let mut written = 0;
+    ckpt_core::atomic::write_atomic(path, |w| {
+        written = write_to(w, path, blocks)?;
+        Ok(())
+    })
+    .map_err(|e| match e {
+        Error::Core(c) => from_core(c),
+        e => e,
+    })?;
+    Ok(written)
+}
+
+/// Writes the data file holding `blocks` into `out` (of the file `path`, which errors name), marking the
+/// header and each block for the checksum manifest. Returns the file's length.
+pub(crate) fn write_to(
+    out: &mut ckpt_core::commit::DurableWriter,
+    path: &Path,
+    blocks: &[(String, Tensor)],
+) -> Result<u64> {
     let mut meta = Vec::with_capacity(blocks.len());
     for (key, t) in blocks {
         meta.push((key.as_str(), dtype::to_header(t.dtype(), key)?, t.shape(), t.nbytes()));
     }
     let prefix = header_prefix(&header_json(&meta));
+    let io = |e: std::io::Error| Error::io(path, e);
+    out.mark(HEADER_MARK);
+    out.write_all(&prefix).map_err(io)?;
     let mut written = prefix.len() as u64;
-    ckpt_core::atomic::write_atomic(path, |w| {
-        let io = |e: std::io::Error| ckpt_core::Error::io(path, e);
-        w.write_all(&prefix).map_err(io)?;
-        for (_, t) in blocks {
-            let data = t.data()?;
-            w.write_all(&data).map_err(io)?;
-            written += data.len() as u64;
-        }
-        Ok(())
-    })
-    .map_err(from_core)?;
+    for (key, t) in blocks {
+        let data = t.data()?;
+        out.mark(key.as_str());
+        out.write_all(&data).map_err(io)?;
+        written += data.len() as u64;
+    }
     Ok(written)
 }
+
+/// The checksum manifest's name for a data file's header (its blocks are named by their keys).
+pub(crate) const HEADER_MARK: &str = "(header)";
 
 /// A core error as this crate's: I/O errors keep their path.
 pub(crate) fn from_core(e: ckpt_core::Error) -> Error {

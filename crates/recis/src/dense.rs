@@ -8,7 +8,8 @@
 //! * `io_state_count`: the shard count as decimal text without a newline (shard 0). RecIS refuses to load
 //!   io states with another worker count, so io states are never resharded.
 //!
-//! Every write is atomic (temporary file, fsync, rename).
+//! Every write of these functions is atomic (temporary file, fsync, rename); the save functions write the
+//! files into their directory commit instead.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +18,7 @@ use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::error::{Error, Result};
 use crate::name::Shard;
-use crate::writer::write_text;
+use crate::writer::{Target, write_text};
 
 /// The dense model state dict.
 pub const MODEL_FILE: &str = "model.pt";
@@ -33,6 +34,12 @@ pub fn io_state_file(shard: usize) -> String {
 
 fn save(value: &Value, path: &Path) -> Result<()> {
     Ok(ckpt_torch::save(value, path, &ckpt_torch::WriteOptions::default())?)
+}
+
+/// Writes `value` as the `torch.save` file `name` of `target`, each record marked for the checksum manifest.
+pub(crate) fn write_torch_to(target: Target<'_>, name: &str, value: &Value) -> Result<()> {
+    let prefix = ckpt_torch::prefix_for_path(Path::new(name))?;
+    target.write(name, |w| Ok(ckpt_torch::save_to_durable(value, w, &prefix, &ckpt_torch::WriteOptions::default())?))
 }
 
 /// The value of the `torch.save` file at `path`, if it exists.
@@ -92,7 +99,7 @@ pub fn write_io_state(dir: &Path, shard: usize, state: &Value) -> Result<()> {
 /// # Errors
 /// [`Error::Io`].
 pub fn write_io_state_count(dir: &Path, shard_num: usize) -> Result<()> {
-    write_text(&dir.join(IO_STATE_COUNT_FILE), &shard_num.to_string())
+    write_text(Target::Dir(dir), IO_STATE_COUNT_FILE, &shard_num.to_string())
 }
 
 /// Reads `io_state_count`, if present.

@@ -2,26 +2,46 @@
 //! directory per checkpoint id (`ckpt_<global_step>`), and the `checkpoint` list, one id per line, latest
 //! last.
 //!
+//! The commit protocol, two steps:
+//! 1. **The checkpoint directory, whole** ([`ckpt_core::commit::DirCommit`]): shard 0 locks
+//!    `<root>/.<id>.ckpt-lock` and creates the staging directory `<root>/.<id>.ckpt-staging`; every shard
+//!    writes its data files and io state there (each `fdatasync`'d), shard 0 also `model.pt`, `extra.pt` and
+//!    `io_state_count`; after the exchange shard 0 merges the shards' metadata into `index` (written last),
+//!    `tensorkey.json`, the torch-rank JSON and `ckpt.checksums.json`, and swaps the directory in with
+//!    `renameat2(RENAME_EXCHANGE)` (`RENAME_NOREPLACE` for a new id), then fsyncs the root.
+//! 2. **The `checkpoint` list, the format's own commit point**: shard 0 rewrites it with the id last
+//!    (temporary file, fsync, rename, directory fsync), then removes the checkpoints rotated out by
+//!    `max_keep`. Every shard returns once the list is written, with the same outcome.
+//!
+//! A crash before step 1's swap leaves the previous checkpoint of that id (if any) and the list as they
+//! were; between the swap and the list, a complete checkpoint that the list does not name yet (readers and
+//! RecIS load the listed latest); after the list, the new one. Readers of the root never see a listed but
+//! incomplete checkpoint.
+//!
 //! Differences from RecIS, all on the safe side:
-//! * **Atomic checkpoints.** Every shard writes into a staging directory `.<id>.tmp`; once all shards are
-//!   done, shard 0 renames it to `<id>` and only then lists the id. A crash never leaves a listed but
-//!   incomplete checkpoint, and the list itself is replaced atomically (temporary file, fsync, rename).
+//! * **Atomic checkpoints** (above); RecIS writes into `<id>` in place and lists it when done.
 //! * **Rotation across processes.** `max_keep` is applied to the list read from disk, not to an in-memory
 //!   list, so checkpoints saved by earlier processes are evicted too. The list is rewritten without the
 //!   evicted ids before their directories are removed.
-//! * Saving an id that is already listed moves it to the end instead of listing it twice.
+//! * Saving an id that is already listed replaces its directory whole and moves it to the end instead of
+//!   listing it twice.
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use ckpt_core::{Collective, Tensor, Value};
 
+use ckpt_core::commit::DirCommit;
+
 use crate::checkpoint::RecisReader;
-use crate::dense;
+use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, write_torch_to};
 use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::table::HashTable;
-use crate::writer::{ShardMeta, WriteOptions, exchange, shard_blocks, write_meta, write_shard_files, write_text};
+use crate::writer::{
+    Group, ShardMeta, Target, WriteOptions, commit_shards, from_commit, is_checkpoint_file, shard_blocks,
+    write_shard_files_to, write_text,
+};
 
 /// The name of the list file.
 pub const CHECKPOINT_LIST: &str = "checkpoint";
@@ -191,85 +211,58 @@ impl CheckpointManager {
     /// `world_size`), and every rank returns once the checkpoint is complete, listed and rotated, with the
     /// same outcome. Returns the checkpoint's directory.
     ///
-    /// Shard 0 prepares the staging directory; every shard writes its data files and io state; shard 0
-    /// writes `model.pt`, `extra.pt`, `io_state_count`, merges the shards' metadata into `index`,
-    /// `tensorkey.json` and the torch-rank JSON, renames the staging directory into place, appends `id` to
-    /// the list and evicts the oldest checkpoints beyond `max_keep`.
+    /// The module documentation has the commit protocol: the directory `<root>/<id>` staged and swapped in
+    /// whole, then the `checkpoint` list rewritten and old checkpoints rotated out.
     ///
     /// # Errors
-    /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed.
+    /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed;
+    /// the commit's errors (`Error::Core(ckpt_core::Error::Commit(_))`: another save of the same id in
+    /// progress, a full disk, ...).
     pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
         check_id(id)?;
         let final_dir = self.root.join(id);
-        let staging = self.root.join(format!(".{id}.tmp"));
-        let shard = Shard::new(collective.rank(), collective.world_size());
-        // Phase 1: shard 0 prepares an empty staging directory.
-        let prepared = if collective.rank() == 0 { self.prepare(&staging) } else { Ok(()) };
-        let prepare_outcome = match &prepared {
+        let group = Group(collective);
+        let options = self.options.dir_options(is_checkpoint_file);
+        let commit = DirCommit::begin(&final_dir, &group, &options).map_err(from_commit)?;
+        let local = Shard::new(collective.rank(), collective.world_size())
+            .and_then(|shard| self.write_shard(Target::Staged(&commit), shard, state));
+        commit_shards(commit, &group, local, &self.options)?;
+        // The format's own commit point: the list, written by shard 0; every shard learns the outcome.
+        let listed = if collective.rank() == 0 { self.list_and_rotate(id) } else { Ok(()) };
+        let message = match &listed {
             Ok(()) => Vec::new(),
             Err(e) => e.to_string().into_bytes(),
         };
-        let prepare_outcome = collective.broadcast(prepare_outcome, 0).map_err(crate::data_file::from_core)?;
-        prepared?;
-        if !prepare_outcome.is_empty() {
-            return Err(Error::ShardFailed { shard: 0, message: String::from_utf8_lossy(&prepare_outcome).into() });
+        let message = collective.broadcast(message, 0).map_err(crate::data_file::from_core)?;
+        listed?;
+        if !message.is_empty() {
+            return Err(Error::ShardFailed { shard: 0, message: String::from_utf8_lossy(&message).into() });
         }
-        // Phase 2: every shard writes; shard 0 merges and commits.
-        let local = shard.and_then(|shard| self.write_shard(&staging, shard, state));
-        let outcome = exchange(collective, local, |metas| {
-            write_meta(&staging, &metas, &self.options)?;
-            self.commit(id, &staging, &final_dir)
-        });
-        if outcome.is_err() && collective.rank() == 0 {
-            // Every rank has stopped writing (the exchange is a barrier): drop the partial checkpoint.
-            let _ = std::fs::remove_dir_all(&staging);
-        }
-        outcome.map(|()| final_dir)
+        Ok(final_dir)
     }
 
-    fn prepare(&self, staging: &Path) -> Result<()> {
-        std::fs::create_dir_all(&self.root).map_err(|e| Error::io(&self.root, e))?;
-        if staging.exists() {
-            std::fs::remove_dir_all(staging).map_err(|e| Error::io(staging, e))?;
-        }
-        std::fs::create_dir(staging).map_err(|e| Error::io(staging, e))
-    }
-
-    fn write_shard(&self, staging: &Path, shard: Shard, state: &ShardState) -> Result<ShardMeta> {
+    fn write_shard(&self, target: Target<'_>, shard: Shard, state: &ShardState) -> Result<ShardMeta> {
         let blocks = shard_blocks(&state.tables, &state.dense, shard)?;
-        let meta = write_shard_files(staging, shard, self.options.parallel, &blocks)?;
+        let meta = write_shard_files_to(target, shard, self.options.parallel, &blocks)?;
         if let Some(io) = &state.io_state {
-            dense::write_io_state(staging, shard.index(), io)?;
+            write_torch_to(target, &io_state_file(shard.index()), io)?;
         }
         if shard.index() == 0 {
             if let Some(m) = &state.model {
-                dense::write_model(staging, m)?;
+                write_torch_to(target, MODEL_FILE, m)?;
             }
             if let Some(e) = &state.extra {
-                dense::write_extra(staging, e)?;
+                write_torch_to(target, EXTRA_FILE, e)?;
             }
             if state.io_state.is_some() {
-                dense::write_io_state_count(staging, shard.num())?;
+                write_text(target, IO_STATE_COUNT_FILE, &shard.num().to_string())?;
             }
         }
         Ok(meta)
     }
 
-    /// Shard 0, after every shard has written: move the staging directory into place, list the id, rotate.
-    fn commit(&self, id: &str, staging: &Path, final_dir: &Path) -> Result<()> {
-        ckpt_core::atomic::sync_dir(staging).map_err(crate::data_file::from_core)?;
-        if final_dir.exists() {
-            let old = self.root.join(format!(".{id}.old"));
-            if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-            }
-            std::fs::rename(final_dir, &old).map_err(|e| Error::io(final_dir, e))?;
-            std::fs::rename(staging, final_dir).map_err(|e| Error::io(staging, e))?;
-            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-        } else {
-            std::fs::rename(staging, final_dir).map_err(|e| Error::io(staging, e))?;
-        }
-        ckpt_core::atomic::sync_dir(&self.root).map_err(crate::data_file::from_core)?;
+    /// Shard 0, after the checkpoint directory is in place: list the id last, rotate.
+    fn list_and_rotate(&self, id: &str) -> Result<()> {
         let mut list = self.list()?;
         list.retain(|l| l != id);
         list.push(id.to_owned());
@@ -297,7 +290,7 @@ impl CheckpointManager {
 
     fn write_list(&self, ids: &[String]) -> Result<()> {
         let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
-        write_text(&self.root.join(CHECKPOINT_LIST), &text)
+        write_text(Target::Dir(&self.root), CHECKPOINT_LIST, &text)
     }
 }
 

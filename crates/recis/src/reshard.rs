@@ -15,7 +15,10 @@ use crate::error::{Error, Result};
 use crate::name::{IdPartition, Shard, gen_slice};
 use crate::reader::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
-use crate::writer::{WriteOptions, shard_blocks, write_meta, write_shard_files};
+use crate::writer::{
+    ShardMeta, Target, WriteOptions, commit_local, is_checkpoint_file, is_sparse_file, shard_blocks,
+    write_shard_files_to,
+};
 
 /// Options of a reshard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,33 +63,43 @@ pub fn load_shard(src: &SparseCheckpoint, shard: Shard, partition: IdPartition) 
         .collect()
 }
 
-/// Writes `src`'s tables and dense blocks into `dst` (an existing, empty directory) as `shards` shards,
-/// each holding its [`load_shard`] part, shards written in parallel.
+/// Writes `src`'s tables and dense blocks into `dst` as `shards` shards, each holding its [`load_shard`]
+/// part, shards written in parallel, the directory committed whole (staged beside `dst` and swapped in;
+/// files of an existing `dst` other than the serializer's are carried over).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_shard_files`].
+/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_shard_files`]; the commit's errors.
 pub fn reshard_sparse(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
     if shards == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
+    commit_local(dst, &options.write, is_sparse_file, |target| reshard_sparse_to(target, src, shards, options))
+}
+
+fn reshard_sparse_to(
+    target: Target<'_>,
+    src: &SparseCheckpoint,
+    shards: usize,
+    options: &ReshardOptions,
+) -> Result<Vec<ShardMeta>> {
     let dense: Vec<(String, Tensor)> =
         src.dense_names().into_iter().map(|n| Ok((n.to_owned(), src.dense(n)?))).collect::<Result<_>>()?;
-    let metas = (0..shards)
+    (0..shards)
         .into_par_iter()
         .map(|r| {
             let shard = Shard::new(r, shards)?;
             let tables = load_shard(src, shard, options.partition)?;
             let blocks = shard_blocks(&tables, &dense, shard)?;
-            write_shard_files(dst, shard, options.write.parallel, &blocks)
+            write_shard_files_to(target, shard, options.write.parallel, &blocks)
         })
-        .collect::<Result<Vec<_>>>()?;
-    write_meta(dst, &metas, &options.write)
+        .collect()
 }
 
-/// Writes whole tables (each child with its `slice_size`) and dense tensors into `dst` (an existing,
-/// empty directory) as `shards` shards: shard r holds, of every child, the ids whose partition value lies
-/// in `gen_slice(r, shards, slice_size)` (under `options.partition`), and shard 0 the dense tensors — what
-/// `shards` RecIS workers holding these tables would save. Shards are written in parallel.
+/// Writes whole tables (each child with its `slice_size`) and dense tensors into `dst` as `shards` shards:
+/// shard r holds, of every child, the ids whose partition value lies in `gen_slice(r, shards, slice_size)`
+/// (under `options.partition`), and shard 0 the dense tensors — what `shards` RecIS workers holding these
+/// tables would save. Shards are written in parallel; the directory is committed whole (staged beside `dst`
+/// and swapped in; files of an existing `dst` other than the serializer's are carried over).
 ///
 /// ```
 /// use ckpt_core::Tensor;
@@ -102,7 +115,7 @@ pub fn reshard_sparse(src: &SparseCheckpoint, dst: &Path, shards: usize, options
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for 0 shards; [`Error::BadSlice`] for a bad `slice_size`; as
-/// [`write_shard_files`] and [`write_meta`].
+/// [`write_shard_files`](crate::write_shard_files) and [`write_meta`](crate::write_meta); the commit's errors.
 pub fn write_sharded(
     dst: &Path,
     tables: &[(TableChild, u32)],
@@ -113,7 +126,21 @@ pub fn write_sharded(
     if shards == 0 {
         return Err(Error::InvalidArgument("writing 0 shards".into()));
     }
-    let metas = (0..shards)
+    commit_local(dst, &options.write, is_sparse_file, |target| write_sharded_to(target, tables, dense, shards, options))
+}
+
+/// [`write_sharded`] into a [`Target`]; returns every shard's metadata (for `index`, written by the caller).
+pub(crate) fn write_sharded_to(
+    target: Target<'_>,
+    tables: &[(TableChild, u32)],
+    dense: &[(String, Tensor)],
+    shards: usize,
+    options: &ReshardOptions,
+) -> Result<Vec<ShardMeta>> {
+    if shards == 0 {
+        return Err(Error::InvalidArgument("writing 0 shards".into()));
+    }
+    (0..shards)
         .into_par_iter()
         .map(|r| {
             let shard = Shard::new(r, shards)?;
@@ -126,38 +153,47 @@ pub fn write_sharded(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let blocks = shard_blocks(&parts, dense, shard)?;
-            write_shard_files(dst, shard, options.write.parallel, &blocks)
+            write_shard_files_to(target, shard, options.write.parallel, &blocks)
         })
-        .collect::<Result<Vec<_>>>()?;
-    write_meta(dst, &metas, &options.write)
+        .collect()
 }
 
-/// Reshards a whole checkpoint directory: the sparse part with [`reshard_sparse`], and `model.pt` and `extra.pt`
-/// copied unchanged (atomically). Io states are not copied: they belong to the old workers, and RecIS
-/// refuses to load them with another worker count. `src` may be an output root: its latest checkpoint is
-/// resharded ([`crate::checkpoint_dir`]).
+/// Reshards a whole checkpoint directory: the sparse part as [`reshard_sparse`] does, and `model.pt` and
+/// `extra.pt` copied unchanged, into one directory commit (staged beside `dst` and swapped in whole). Io
+/// states are not copied: they belong to the old workers, and RecIS refuses to load them with another
+/// worker count. `src` may be an output root: its latest checkpoint is resharded ([`crate::checkpoint_dir`]).
+/// `dst` may be `src` itself: the source stays mapped until the new directory is in place.
 ///
 /// # Errors
 /// As [`reshard_sparse`] and [`crate::checkpoint_dir`], plus [`Error::Io`].
 pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
     let src = &crate::manager::checkpoint_dir(src)?;
-    std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
+    if shards == 0 {
+        return Err(Error::InvalidArgument("resharding into 0 shards".into()));
+    }
     let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
         SparseCheckpoint::open(src)?
     } else {
         SparseCheckpoint::empty(src)
     };
-    reshard_sparse(&sparse, dst, shards, options)?;
+    // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
+    let mut dense_files = Vec::new();
     for f in [crate::dense::MODEL_FILE, crate::dense::EXTRA_FILE] {
         let from = src.join(f);
-        if from.is_file() {
-            let to = dst.join(f);
-            ckpt_core::atomic::write_atomic(&to, |w| {
-                let mut r = std::fs::File::open(&from).map_err(|e| ckpt_core::Error::io(&from, e))?;
-                std::io::copy(&mut r, w).map(|_| ()).map_err(|e| ckpt_core::Error::io(&to, e))
-            })
-            .map_err(crate::data_file::from_core)?;
+        match std::fs::File::open(&from) {
+            Ok(file) => dense_files.push((f, from, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(from, e)),
         }
     }
-    Ok(())
+    commit_local(dst, &options.write, is_checkpoint_file, |target| {
+        let metas = reshard_sparse_to(target, &sparse, shards, options)?;
+        for (name, from, mut file) in dense_files {
+            target.write(name, |w| {
+                w.mark(name);
+                std::io::copy(&mut file, w).map(|_| ()).map_err(|e| Error::io(&from, e))
+            })?;
+        }
+        Ok(metas)
+    })
 }

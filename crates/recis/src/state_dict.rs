@@ -19,11 +19,11 @@ use std::path::Path;
 
 use ckpt_core::{Dict, DictKind, Tensor, Value};
 
-use crate::dense::{write_extra, write_model};
+use crate::dense::{EXTRA_FILE, MODEL_FILE, write_torch_to};
 use crate::error::{Error, Result};
-use crate::reshard::{ReshardOptions, write_sharded};
+use crate::reshard::{ReshardOptions, write_sharded_to};
 use crate::table::{Slot, TableChild};
-use crate::writer::WriteOptions;
+use crate::writer::{WriteOptions, commit_local, is_checkpoint_file};
 
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
@@ -154,10 +154,11 @@ pub struct SaveReport {
     pub dropped: Vec<String>,
 }
 
-/// Writes `state_dict` (a mapping) into `dir` (created if needed) laid out as a RecIS checkpoint directory
-/// (the module documentation has the rules): `model.pt` and `extra.pt`, then the serializer's part of
-/// [`WriteOptions::shards`] shards, whose `index`, written last and even when it holds nothing, is what
-/// marks the directory as a complete RecIS checkpoint (as RecIS's saver does).
+/// Writes `state_dict` (a mapping) as the RecIS checkpoint directory `dir` (the module documentation has the
+/// rules): `model.pt` and `extra.pt`, then the serializer's part of [`WriteOptions::shards`] shards, whose
+/// `index`, written last and even when it holds nothing, is what marks the directory as a complete RecIS
+/// checkpoint (as RecIS's saver does). The directory is committed whole (staged beside `dir`, swapped in;
+/// files of an existing `dir` that are not RecIS's are carried over), with `ckpt.checksums.json`.
 ///
 /// ```
 /// use ckpt_core::{Tensor, Value};
@@ -192,17 +193,19 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
     if options.shards == 0 {
         return Err(Error::InvalidArgument("writing 0 shards".into()));
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    if let Some(model) = &parts.model {
-        write_model(dir, model)?;
-    }
-    if let Some(extra) = &parts.extra {
-        write_extra(dir, extra)?;
-    }
-    // The serializer's part last, and even when it holds nothing, as RecIS's saver does: its `index`, written
-    // after everything else, is what marks the directory as a complete RecIS checkpoint.
+    // One directory commit: staged beside `dir`, swapped in whole.
     let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, options.slice_size)).collect();
     let reshard = ReshardOptions::default().with_write(options.clone());
-    write_sharded(dir, &tables, &dense, options.shards, &reshard)?;
+    commit_local(dir, options, is_checkpoint_file, |target| {
+        if let Some(model) = &parts.model {
+            write_torch_to(target, MODEL_FILE, model)?;
+        }
+        if let Some(extra) = &parts.extra {
+            write_torch_to(target, EXTRA_FILE, extra)?;
+        }
+        // The serializer's part last, and even when it holds nothing, as RecIS's saver does: its `index`,
+        // written after everything else, is what marks the directory as a complete RecIS checkpoint.
+        write_sharded_to(target, &tables, &dense, options.shards, &reshard)
+    })?;
     Ok(SaveReport { dropped: parts.dropped_keys })
 }

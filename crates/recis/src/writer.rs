@@ -3,26 +3,33 @@
 //! merges every shard's index and tensor keys into `index`, `tensorkey.json` and
 //! `torch_rank_weights_embs_table_multi_shard.json`.
 //!
-//! Differences from RecIS, all on the safe side: every file is committed atomically (temporary file, fsync,
-//! rename); shards exchange their metadata through a [`Collective`] instead of polling the file system
-//! every 100 s (so there is no deadlock when a shard has fewer blocks than `parallel`); `index` is written
-//! last, so its presence means the other files are complete; names, dtypes and duplicate blocks that RecIS
-//! would write but could not load back are rejected; bool tensors are written as `BOOL`.
+//! Differences from RecIS, all on the safe side: the save functions ([`save_blocks`], [`save_tables`],
+//! [`crate::save`], [`crate::reshard`], [`crate::CheckpointManager::save`]) commit the checkpoint directory
+//! whole ([`ckpt_core::commit::DirCommit`]: every shard writes into a staging directory beside it, shard 0
+//! merges the metadata and swaps it in), with a checksum manifest `ckpt.checksums.json` (a CRC-32 of every
+//! block, which RecIS ignores); shards exchange their metadata through a [`Collective`] instead of polling
+//! the file system every 100 s (so there is no deadlock when a shard has fewer blocks than `parallel`);
+//! `index` is written last, so its presence means the other files are complete; names, dtypes and duplicate
+//! blocks that RecIS would write but could not load back are rejected; bool tensors are written as `BOOL`.
+//! The building blocks [`write_shard_files`] and [`write_meta`] write into an existing directory, each file
+//! atomically, for callers with a commit protocol of their own.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use ckpt_core::{Collective, DType, Tensor};
+use ckpt_core::commit::{CommitError, DirCommit, DirOptions, DurableWriter, MANIFEST_NAME};
+use ckpt_core::{Collective, DType, SingleProcess, Tensor};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
 use crate::data_file;
+use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE};
 use crate::dtype;
 use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
     BlockSlice, DEFAULT_SLICE_SIZE, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key,
-    part_name, slot_tensor_name, split_tensor_name,
+    parse_data_file_name, part_name, slot_tensor_name, split_tensor_name,
 };
 use crate::table::HashTable;
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
@@ -44,11 +51,25 @@ pub struct WriteOptions {
     /// [`crate::save`]: the id key space (`slice_size`) of every hash table it builds (default
     /// [`DEFAULT_SLICE_SIZE`], RecIS's).
     pub slice_size: u32,
+    /// Write `ckpt.checksums.json` beside the checkpoint's files: a CRC-32 of every block of every data file
+    /// and of every record of the `torch.save` files, computed while writing (RecIS ignores the file).
+    /// Default `true`.
+    pub checksums: bool,
+    /// `fdatasync` every file and fsync the directories (default `true`). Off, a commit stays atomic for
+    /// readers, but a power failure may lose the new checkpoint.
+    pub sync: bool,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { parallel: 4, torch_rank_json: true, shards: 1, slice_size: DEFAULT_SLICE_SIZE }
+        WriteOptions {
+            parallel: 4,
+            torch_rank_json: true,
+            shards: 1,
+            slice_size: DEFAULT_SLICE_SIZE,
+            checksums: true,
+            sync: true,
+        }
     }
 }
 
@@ -80,6 +101,162 @@ impl WriteOptions {
         self.slice_size = slice_size;
         self
     }
+
+    /// These options writing the checksum manifest (default) or not.
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
+    }
+
+    /// These options with syncing on (default) or off.
+    #[must_use]
+    pub fn with_sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// The directory commit of a save: whole checkpoints (`owned`: [`is_checkpoint_file`]) or the
+    /// serializer's part alone ([`is_sparse_file`]); other files of an existing destination are carried over.
+    pub(crate) fn dir_options(&self, owned: fn(&str) -> bool) -> DirOptions {
+        DirOptions::default().with_sync(self.sync).with_checksums(self.checksums).with_owned(owned)
+    }
+}
+
+/// Whether `name` is a file of the serializer's part of a checkpoint directory (a data file, `index`,
+/// `tensorkey.json`, the torch-rank JSON) or the checksum manifest.
+pub(crate) fn is_sparse_file(name: &str) -> bool {
+    parse_data_file_name(name).is_some() || [INDEX_FILE, TENSORKEY_FILE, TORCH_RANK_FILE, MANIFEST_NAME].contains(&name)
+}
+
+/// Whether `name` is a file of a RecIS checkpoint directory: the serializer's part, `model.pt`, `extra.pt`,
+/// `io_state_<s>.pt`, `io_state_count`, the checksum manifest.
+pub(crate) fn is_checkpoint_file(name: &str) -> bool {
+    let io_state = name
+        .strip_prefix("io_state_")
+        .and_then(|n| n.strip_suffix(".pt"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
+    is_sparse_file(name) || io_state || [MODEL_FILE, EXTRA_FILE, IO_STATE_COUNT_FILE].contains(&name)
+}
+
+/// Where a writer puts a checkpoint's files: an existing directory, each file committed on its own
+/// ([`ckpt_core::atomic::write_atomic`]), or the staging directory of a directory commit.
+#[derive(Clone, Copy)]
+pub(crate) enum Target<'a> {
+    /// An existing directory.
+    Dir(&'a Path),
+    /// A directory commit's staging directory.
+    Staged(&'a DirCommit),
+}
+
+impl Target<'_> {
+    /// The path `name` will have in the checkpoint (what errors name).
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        match self {
+            Target::Dir(dir) => dir.join(name),
+            Target::Staged(c) => c.target().join(name),
+        }
+    }
+
+    /// Writes the file `name` through `write`.
+    pub(crate) fn write(&self, name: &str, write: impl FnOnce(&mut DurableWriter) -> Result<()>) -> Result<()> {
+        match self {
+            Target::Dir(dir) => ckpt_core::atomic::write_atomic(&dir.join(name), write).map_err(|e| match e {
+                Error::Core(c) => data_file::from_core(c),
+                e => e,
+            }),
+            Target::Staged(c) => {
+                let mut file = c.create_file(name).map_err(from_commit)?;
+                let written = write(file.writer());
+                if let Some(e) = file.writer().io_error() {
+                    return Err(from_commit(CommitError::from_io(file.path(), e)));
+                }
+                written?;
+                file.finish().map(|_| ()).map_err(from_commit)
+            }
+        }
+    }
+}
+
+/// A commit error as this crate's: another rank's failure is [`Error::ShardFailed`].
+pub(crate) fn from_commit(e: CommitError) -> Error {
+    match e {
+        CommitError::RankFailed { rank, message } => Error::ShardFailed { shard: rank, message },
+        e => data_file::from_core(e.into()),
+    }
+}
+
+/// A [`Collective`] behind a reference of any (possibly unsized) type, for the commit's `&dyn Collective`.
+pub(crate) struct Group<'a, C: ?Sized>(pub(crate) &'a C);
+
+impl<C: Collective + ?Sized> Collective for Group<'_, C> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn barrier(&self) -> ckpt_core::Result<()> {
+        self.0.barrier()
+    }
+    fn all_gather(&self, data: Vec<u8>) -> ckpt_core::Result<Vec<Vec<u8>>> {
+        self.0.all_gather(data)
+    }
+    fn gather(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Option<Vec<Vec<u8>>>> {
+        self.0.gather(data, root)
+    }
+    fn broadcast(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Vec<u8>> {
+        self.0.broadcast(data, root)
+    }
+}
+
+/// The end of a multi-shard directory commit: every rank sends its metadata (or its error) to rank 0,
+/// which merges them into `index`, `tensorkey.json` and the torch-rank JSON in the staging directory and
+/// swaps the directory in; every rank returns the same verdict (its own error first).
+pub(crate) fn commit_shards(
+    commit: DirCommit,
+    group: &dyn Collective,
+    local: Result<ShardMeta>,
+    options: &WriteOptions,
+) -> Result<()> {
+    let payload = match &local {
+        Ok(m) => Ok(m.to_bytes()),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut failure = None;
+    let committed = commit.commit_gathered(group, payload, |c, payloads| {
+        let metas = payloads.iter().map(|p| ShardMeta::from_bytes(p)).collect::<Result<Vec<_>>>();
+        finalize(c, metas.and_then(|m| write_meta_to(Target::Staged(c), &m, options)), &mut failure)
+    });
+    local?;
+    committed.map_err(|e| failure.unwrap_or_else(|| from_commit(e)))
+}
+
+/// Commits `dir` whole from this one process: `write` puts every shard's files into the staging directory
+/// and returns their metadata, merged into `index` (last), `tensorkey.json` and the torch-rank JSON.
+pub(crate) fn commit_local(
+    dir: &Path,
+    options: &WriteOptions,
+    owned: fn(&str) -> bool,
+    write: impl FnOnce(Target<'_>) -> Result<Vec<ShardMeta>>,
+) -> Result<()> {
+    let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options(owned)).map_err(from_commit)?;
+    let metas = write(Target::Staged(&commit))?; // on error the commit, dropped, removes its staging directory
+    let mut failure = None;
+    let committed = commit.commit(&SingleProcess, Ok(()), |c| {
+        finalize(c, write_meta_to(Target::Staged(c), &metas, options), &mut failure)
+    });
+    committed.map_err(|e| failure.unwrap_or_else(|| from_commit(e)))
+}
+
+/// The outcome of a commit's `finalize` step; this crate's error is kept in `failure` (the commit reports it
+/// as refused) so that the save returns it.
+fn finalize(commit: &DirCommit, r: Result<()>, failure: &mut Option<Error>) -> std::result::Result<(), CommitError> {
+    r.map_err(|e| {
+        let reason = e.to_string();
+        *failure = Some(e);
+        CommitError::Refused { path: commit.target().to_path_buf(), reason }
+    })
 }
 
 /// One block to write: an internal tensor name (`child@slot`, or a dense name), its slice, and its data.
@@ -271,6 +448,16 @@ impl ShardMeta {
 /// [`Error::InvalidArgument`] for `parallel` 0; [`Error::DuplicateBlock`] for two blocks with one key;
 /// [`Error::Io`].
 pub fn write_shard_files(dir: &Path, shard: Shard, parallel: usize, blocks: &[Block]) -> Result<ShardMeta> {
+    write_shard_files_to(Target::Dir(dir), shard, parallel, blocks)
+}
+
+/// [`write_shard_files`] into a [`Target`].
+pub(crate) fn write_shard_files_to(
+    target: Target<'_>,
+    shard: Shard,
+    parallel: usize,
+    blocks: &[Block],
+) -> Result<ShardMeta> {
     if parallel == 0 {
         return Err(Error::InvalidArgument("parallel must be at least 1".into()));
     }
@@ -303,8 +490,8 @@ pub fn write_shard_files(dir: &Path, shard: Shard, parallel: usize, blocks: &[Bl
         .par_iter()
         .enumerate()
         .map(|(w, list)| {
-            let path = dir.join(data_file_name(shard.index() * parallel + w, total));
-            data_file::write(&path, list)?;
+            let name = data_file_name(shard.index() * parallel + w, total);
+            target.write(&name, |out| data_file::write_to(out, &target.path(&name), list).map(|_| ()))?;
             let mut offset = 0;
             let mut entries = Vec::with_capacity(list.len());
             for ((key, t), b) in list.iter().zip(blocks.iter().skip(w).step_by(parallel)) {
@@ -382,6 +569,11 @@ fn check_tables(blocks: &[Block]) -> Result<()> {
 /// [`Error::BadShardMeta`] unless `metas` are shards `0..n` of `n`, in order; [`Error::DuplicateBlock`] if
 /// two shards wrote one block or one table slice; [`Error::Io`].
 pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &WriteOptions) -> Result<()> {
+    write_meta_to(Target::Dir(dir), metas, options)
+}
+
+/// [`write_meta`] into a [`Target`].
+pub(crate) fn write_meta_to(target: Target<'_>, metas: &[ShardMeta], options: &WriteOptions) -> Result<()> {
     let n = metas.len();
     for (i, m) in metas.iter().enumerate() {
         if m.shard.index() != i || m.shard.num() != n {
@@ -400,42 +592,47 @@ pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &WriteOptions) -> Re
         tensorkey.merge_from(&m.tensorkey)?;
         entries.extend(m.entries.iter().cloned());
     }
-    write_text(&dir.join(TENSORKEY_FILE), &tensorkey.to_json())?;
+    write_text(target, TENSORKEY_FILE, &tensorkey.to_json())?;
     if options.torch_rank_json {
-        write_text(&dir.join(TORCH_RANK_FILE), &torch_rank::to_json(&entries))?;
+        write_text(target, TORCH_RANK_FILE, &torch_rank::to_json(&entries))?;
     }
-    write_text(&dir.join(INDEX_FILE), &index.to_json())
+    write_text(target, INDEX_FILE, &index.to_json())
 }
 
-/// Writes `text` to `path` atomically.
-pub(crate) fn write_text(path: &Path, text: &str) -> Result<()> {
-    ckpt_core::atomic::write_atomic(path, |w| {
-        std::io::Write::write_all(w, text.as_bytes()).map_err(|e| ckpt_core::Error::io(path, e))
+/// Writes `text` as the file `name` of `target`.
+pub(crate) fn write_text(target: Target<'_>, name: &str, text: &str) -> Result<()> {
+    target.write(name, |w| {
+        w.mark(name);
+        std::io::Write::write_all(w, text.as_bytes()).map_err(|e| Error::io(target.path(name), e))
     })
-    .map_err(data_file::from_core)
 }
 
-/// Saves this rank's blocks as shard `collective.rank()` of `collective.world_size()`: writes its data
-/// files, then rank 0 merges every shard's metadata and writes `index`, `tensorkey.json` and the torch-rank
-/// JSON. Every rank returns once the checkpoint is complete, with the same outcome (a failure on any rank is
-/// reported on every rank, and no rank waits for ever).
+/// Saves this rank's blocks as shard `collective.rank()` of `collective.world_size()` in `dir`, committed as
+/// a whole ([`ckpt_core::commit::DirCommit`]): every rank writes its data files into the staging directory
+/// beside `dir`, then rank 0 merges every shard's metadata, writes `index`, `tensorkey.json`, the torch-rank
+/// JSON and the checksum manifest there, and swaps it in. Every rank returns once the checkpoint is
+/// committed, with the same outcome (a failure on any rank is reported on every rank, and no rank waits for
+/// ever). Files of an existing `dir` other than the serializer's (`model.pt`, ...) are carried over.
 ///
 /// Blocks must be in RecIS's order for RecIS-identical files ([`shard_blocks`] builds them); dense blocks
 /// are written only by rank 0, as in RecIS.
 ///
 /// # Errors
-/// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed.
+/// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed; the commit's errors
+/// (`Error::Core(ckpt_core::Error::Commit(_))`: the destination locked by another save, a full disk, ...).
 pub fn save_blocks<C: Collective + ?Sized>(
     blocks: &[Block],
     dir: &Path,
     options: &WriteOptions,
     collective: &C,
 ) -> Result<()> {
+    let group = Group(collective);
+    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
-        write_shard_files(dir, shard, options.parallel, &blocks)
+        write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });
-    exchange(collective, local, |metas| write_meta(dir, &metas, options))
+    commit_shards(commit, &group, local, options)
 }
 
 /// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save_blocks`].
@@ -449,59 +646,11 @@ pub fn save_tables<C: Collective + ?Sized>(
     options: &WriteOptions,
     collective: &C,
 ) -> Result<()> {
+    let group = Group(collective);
+    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks = shard_blocks(tables, dense, shard)?;
-        write_shard_files(dir, shard, options.parallel, &blocks)
+        write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });
-    exchange(collective, local, |metas| write_meta(dir, &metas, options))
-}
-
-/// The end of a multi-shard save: every rank sends its metadata (or its error) to rank 0, rank 0 runs
-/// `on_root` with all of them when none failed, and the outcome is broadcast so every rank returns the
-/// same result.
-pub(crate) fn exchange<C, F>(collective: &C, local: Result<ShardMeta>, on_root: F) -> Result<()>
-where
-    C: Collective + ?Sized,
-    F: FnOnce(Vec<ShardMeta>) -> Result<()>,
-{
-    let payload = match &local {
-        Ok(m) => [&[1u8][..], &m.to_bytes()].concat(),
-        Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
-    };
-    let gathered = collective.gather(payload, 0).map_err(data_file::from_core)?;
-    let mut outcome = Vec::new();
-    if let Some(all) = gathered {
-        let result = (|| {
-            let mut metas = Vec::with_capacity(all.len());
-            for (rank, p) in all.iter().enumerate() {
-                match p.split_first() {
-                    Some((1, body)) => metas.push(ShardMeta::from_bytes(body)?),
-                    Some((_, msg)) => {
-                        return Err(Error::ShardFailed { shard: rank, message: String::from_utf8_lossy(msg).into() });
-                    }
-                    None => {
-                        return Err(Error::ShardFailed { shard: rank, message: "sent nothing".into() });
-                    }
-                }
-            }
-            on_root(metas)
-        })();
-        if let Err(e) = result {
-            outcome = match e {
-                Error::ShardFailed { shard, message } => json!([shard, message]),
-                e => json!([0, e.to_string()]),
-            }
-            .to_string()
-            .into_bytes();
-        }
-    }
-    let outcome = collective.broadcast(outcome, 0).map_err(data_file::from_core)?;
-    local?;
-    if outcome.is_empty() {
-        return Ok(());
-    }
-    let j: Json = serde_json::from_slice(&outcome).unwrap_or(Json::Null);
-    let shard = j.get(0).and_then(Json::as_u64).unwrap_or(0) as usize;
-    let message = j.get(1).and_then(Json::as_str).unwrap_or("unknown failure").to_owned();
-    Err(Error::ShardFailed { shard, message })
+    commit_shards(commit, &group, local, options)
 }

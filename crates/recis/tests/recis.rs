@@ -430,6 +430,7 @@ fn shards_write_their_files_and_shard_0_merges() {
     assert_eq!(
         names,
         [
+            "ckpt.checksums.json",
             "index",
             "model-000000-of-000012.safetensors",
             "model-000001-of-000012.safetensors",
@@ -583,8 +584,8 @@ fn an_interrupted_save_is_never_listed() {
     assert_eq!(m.list().unwrap(), ["ckpt_1"]);
     assert_eq!(dirs(r), ["checkpoint", "ckpt_1"], "the failed save's staging directory is removed");
     // A process killed mid-save leaves its staging directory; the next save of that id starts clean.
-    fs::create_dir(r.join(".ckpt_2.tmp")).unwrap();
-    fs::write(r.join(".ckpt_2.tmp").join("model-000007-of-000009.safetensors"), b"partial").unwrap();
+    fs::create_dir(r.join(".ckpt_2.ckpt-staging")).unwrap();
+    fs::write(r.join(".ckpt_2.ckpt-staging").join("model-000007-of-000009.safetensors"), b"partial").unwrap();
     assert_eq!(m.latest().unwrap().as_deref(), Some("ckpt_1"), "never listed");
     m.save(&state(2), "ckpt_2", &SingleProcess).unwrap();
     assert_eq!(m.list().unwrap(), ["ckpt_1", "ckpt_2"]);
@@ -592,6 +593,7 @@ fn an_interrupted_save_is_never_listed() {
     assert_eq!(
         dirs(&r.join("ckpt_2")),
         [
+            "ckpt.checksums.json",
             "extra.pt",
             "index",
             "model-000000-of-000004.safetensors",

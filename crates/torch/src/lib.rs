@@ -57,4 +57,4 @@ pub use error::{Error, Result};
 pub use module::{is_module, module_classes, module_state_dict};
 pub use read::{ReadOptions, TorchReader, load};
 pub use verify::{VerifyReport, verify};
-pub use write::{WriteOptions, prefix_for_path, save, save_to_writer};
+pub use write::{WriteOptions, prefix_for_path, save, save_to_durable, save_to_writer};

@@ -114,12 +114,59 @@ pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
 /// # Errors
 /// [`Error::Unwritable`] for values the format cannot hold; I/O errors from `out`.
 pub fn save_to_writer<W: Write>(value: &Value, out: W, prefix: &str, options: &WriteOptions) -> Result<W> {
+    save_marked(value, out, prefix, options, None)
+}
+
+/// [`save_to_writer`] into a durable commit's file, [marking](ckpt_core::commit::DurableWriter::mark) each
+/// record's start with its full name (and the central directory's with
+/// [`CENTRAL_DIRECTORY_MARK`](crate::zip::CENTRAL_DIRECTORY_MARK)), so that a checksum manifest
+/// ([`ckpt_core::commit::checksum`]) has one chunk per record.
+///
+/// ```
+/// use std::io::Write;
+/// use ckpt_core::commit::{DirCommit, DirOptions};
+/// use ckpt_core::{SingleProcess, Value};
+/// let root = tempfile::tempdir().unwrap();
+/// let dst = root.path().join("ck");
+/// let c = DirCommit::begin(&dst, &SingleProcess, &DirOptions::default().with_checksums(true)).unwrap();
+/// let mut f = c.create_file("part.pt").unwrap();
+/// ckpt_torch::save_to_durable(&Value::Int(3), f.writer(), "part", &Default::default()).unwrap();
+/// f.finish().unwrap();
+/// c.commit(&SingleProcess, Ok(()), |_| Ok(())).unwrap();
+/// let m = ckpt_core::commit::Manifest::read(&dst).unwrap().unwrap();
+/// assert_eq!(m.files["part.pt"].chunks[0].name, "part/data.pkl");
+/// ```
+///
+/// # Errors
+/// As [`save_to_writer`].
+pub fn save_to_durable(
+    value: &Value,
+    out: &mut ckpt_core::commit::DurableWriter,
+    prefix: &str,
+    options: &WriteOptions,
+) -> Result<()> {
+    fn mark(w: &mut &mut ckpt_core::commit::DurableWriter, name: &str) {
+        w.mark(name);
+    }
+    save_marked(value, out, prefix, options, Some(mark)).map(|_| ())
+}
+
+fn save_marked<W: Write>(
+    value: &Value,
+    out: W,
+    prefix: &str,
+    options: &WriteOptions,
+    marker: Option<fn(&mut W, &str)>,
+) -> Result<W> {
     let mut pickler = DataPickler::new()?;
     pickler.value(value)?;
     let storages = std::mem::take(&mut pickler.storages);
     let pkl = pickler.finish()?;
     let opts = WriterOptions { alignment: options.storage_alignment, compute_crc32: options.compute_crc32 };
     let mut zip = ZipWriter::with_options(out, prefix, opts);
+    if let Some(m) = marker {
+        zip.set_record_marker(m);
+    }
     zip.write_record("data.pkl", &pkl)?;
     if options.torch_2_13_records {
         zip.write_record(".format_version", b"1")?;

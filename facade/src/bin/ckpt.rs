@@ -29,6 +29,8 @@ struct Cli {
     /// Print nothing but results and errors.
     #[arg(long, short, global = true)]
     quiet: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,11 +69,16 @@ enum Command {
     },
     /// Check a checkpoint end to end: structure, coverage, CRC-32s, the format's commit state, every entry
     /// readable. Exits 0 when everything holds, 1 listing each problem, 3 when it cannot be read at all.
-    #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify dcp_checkpoint/\n  \
+    #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify --deep dcp_checkpoint/\n  \
                             ckpt verify pbg/ckpt   # the committed version, counts against config.json's entity path")]
     Verify {
         /// A checkpoint file or directory.
         path: PathBuf,
+        /// Every checksum the format has (ZIP CRC-32s, DCP item CRCs, ckpt's `ckpt.checksums.json` beside
+        /// distcp, hfai, recis and pbg checkpoints) and every byte read. Verification is always this deep;
+        /// the flag says so explicitly.
+        #[arg(long)]
+        deep: bool,
     },
     /// Compare two checkpoints, of any formats: entries on one side only, dtype and shape changes, the largest
     /// absolute and relative difference of each tensor, non-tensor values. Exits 0 when equal within
@@ -196,6 +203,7 @@ const EXIT_IO: u8 = 4;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quiet = cli.quiet;
+    cli.limits.apply();
     let result = match &cli.command {
         Command::Inspect { path, json, include, exclude } => {
             let mut selection = ckpt::Selection::default();
@@ -204,7 +212,7 @@ fn main() -> ExitCode {
             ckpt::open(path).and_then(|c| inspect(&c, *json, &selection)).map(|()| true)
         }
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
-        Command::Verify { path } => verify(path, quiet),
+        Command::Verify { path, deep: _ } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
         Command::Convert { src, dst, to, from, layout, select } => convert(src, dst, *to, *from, layout, select, quiet),
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
@@ -758,4 +766,56 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })
+}
+
+/// Resource limits of the readers (README, "Resource limits"): raise them for large input you trust.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Pickle: the deepest nesting of values (default 1000).
+    #[arg(long, global = true, value_name = "N")]
+    max_depth: Option<usize>,
+    /// Pickle: distinct memo entries (default 16777216).
+    #[arg(long, global = true, value_name = "N")]
+    max_memo: Option<usize>,
+    /// Pickle: items in one container, and on the VM stack (default 33554432).
+    #[arg(long, global = true, value_name = "N")]
+    max_container_len: Option<usize>,
+    /// Pickle: objects created, and values in the decoded tree (default 33554432).
+    #[arg(long, global = true, value_name = "N")]
+    max_nodes: Option<usize>,
+    /// Pickle: bytes of strings, bytes and big integers, read and materialised (default 4 GiB).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_alloc_bytes: Option<usize>,
+    /// Pickle: decimal digits of a protocol-0 integer (default 4300).
+    #[arg(long, global = true, value_name = "N")]
+    max_int_digits: Option<usize>,
+    /// Trusted input: every pickle limit off but the nesting depth (the `--max-*` flags still apply).
+    #[arg(long, global = true)]
+    trusted: bool,
+}
+
+impl LimitArgs {
+    /// Makes these the process's default limits, when any flag is given.
+    fn apply(&self) {
+        use ckpt::pickle::Limits;
+        let given = [
+            self.max_depth,
+            self.max_memo,
+            self.max_container_len,
+            self.max_nodes,
+            self.max_alloc_bytes,
+            self.max_int_digits,
+        ];
+        if !self.trusted && given.iter().all(Option::is_none) {
+            return;
+        }
+        let mut l = if self.trusted { Limits::trusted() } else { Limits::BUILTIN };
+        l.max_depth = self.max_depth.unwrap_or(l.max_depth);
+        l.max_memo = self.max_memo.unwrap_or(l.max_memo);
+        l.max_container_len = self.max_container_len.unwrap_or(l.max_container_len);
+        l.max_nodes = self.max_nodes.unwrap_or(l.max_nodes);
+        l.max_alloc_bytes = self.max_alloc_bytes.unwrap_or(l.max_alloc_bytes);
+        l.max_int_digits = self.max_int_digits.unwrap_or(l.max_int_digits);
+        Limits::set_process_default(Some(l));
+    }
 }

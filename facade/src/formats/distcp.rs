@@ -51,7 +51,6 @@ impl Adaptor for Distcp {
             DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
         };
         let write = ckpt_distcp::WriteOptions::default().with_profile(profile);
-        std::fs::create_dir_all(dst).at(dst)?;
         let mut s = ConvertSummary::default();
         let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
         for e in ckpt_core::flatten(&content.tree).at(dst)? {

@@ -98,6 +98,11 @@ impl Adaptor for Recis {
         Ok(())
     }
 
+    /// The checkpoint directory (an output root's latest checkpoint).
+    fn manifest_dir(&self, path: &Path) -> std::path::PathBuf {
+        ckpt_recis::checkpoint_dir(path).unwrap_or_else(|_| path.to_path_buf())
+    }
+
     /// Ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied ([`ckpt_recis::reshard`]).
     fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
         ckpt_recis::reshard(src, dst, world, &ckpt_recis::ReshardOptions::default()).at(src)

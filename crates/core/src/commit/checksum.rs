@@ -69,6 +69,40 @@ pub struct FileDigest {
     pub chunks: Vec<ChunkDigest>,
 }
 
+impl FileDigest {
+    /// The digest of the file at `path` as it is on disk, in chunks of [`CHUNK`](super::CHUNK) bytes named
+    /// by their number: for files another library wrote (HDF5), which ckpt could not hash while writing.
+    ///
+    /// # Errors
+    /// The I/O error of reading it.
+    pub fn of_file(path: &Path) -> std::io::Result<FileDigest> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path)?;
+        let mut h = ChunkHasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let (mut pos, mut next_mark) = (0u64, 0u64);
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            let mut rest = buf.get(..n).unwrap_or_default();
+            while !rest.is_empty() {
+                if pos == next_mark {
+                    h.mark(format!("{}", pos / super::CHUNK as u64), pos);
+                    next_mark += super::CHUNK as u64;
+                }
+                let take = rest.len().min(usize::try_from(next_mark - pos).unwrap_or(usize::MAX));
+                let (now, later) = rest.split_at(take);
+                h.update(now);
+                pos += now.len() as u64;
+                rest = later;
+            }
+        }
+        Ok(h.finish(pos))
+    }
+}
+
 /// Hashes a stream into named consecutive chunks.
 #[derive(Default)]
 pub(crate) struct ChunkHasher {

@@ -6,8 +6,6 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use serde_json::{Value as Json, json};
-
 use super::checksum::{FileDigest, MANIFEST_NAME, Manifest};
 use super::error::{CommitError, at};
 use super::file::{open_path, parent_of};
@@ -249,6 +247,31 @@ impl DirCommit {
         Ok(StagedFile { commit: self, name: name.to_owned(), path, writer })
     }
 
+    /// Records the checksums of `name`, a file of the staging directory written by other means than
+    /// [`DirCommit::create_file`] (a library that writes by path, such as libhdf5), read back from disk
+    /// ([`FileDigest::of_file`]): it is listed in the manifest like the others. Does nothing when the
+    /// commit writes no manifest. Returns the file's size.
+    ///
+    /// # Errors
+    /// [`CommitError::Refused`] for a name that is not a plain file name; the I/O error of reading it.
+    pub fn record_file(&self, name: &str) -> Result<u64, CommitError> {
+        let path = self.target.join(name);
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+            return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
+        }
+        let staged = self.staging.join(name);
+        if !self.options.writer.checksums {
+            return fs::metadata(&staged).map(|m| m.len()).map_err(|e| CommitError::from_io(&path, e));
+        }
+        let mut d = FileDigest::of_file(&staged).map_err(|e| CommitError::from_io(&path, e))?;
+        d.file = name.to_owned();
+        let size = d.size;
+        if let Ok(mut all) = self.digests.lock() {
+            all.push(d);
+        }
+        Ok(size)
+    }
+
     /// Abandons the commit: on rank 0 the staging directory is removed and the lock released; on the other
     /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
     /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].
@@ -266,24 +289,78 @@ impl DirCommit {
     /// # Errors
     /// On rank 0 its own error, or [`CommitError::RankFailed`] naming the first rank that failed; on the
     /// others [`CommitError::RankFailed`] (a rank that passed `Err` gets its own message back).
-    pub fn commit<F>(mut self, group: &dyn Collective, own: Result<(), String>, finalize: F) -> Result<(), CommitError>
+    pub fn commit<F>(self, group: &dyn Collective, own: Result<(), String>, finalize: F) -> Result<(), CommitError>
     where
         F: FnOnce(&DirCommit) -> Result<(), CommitError>,
     {
+        self.commit_gathered(group, own.map(|()| Vec::new()), |c, _| finalize(c))
+    }
+
+    /// [`DirCommit::commit`] where every rank that succeeded also sends bytes of its own (`own`'s `Ok`: what
+    /// the format's final files need from it, such as its part of an index); rank 0's `finalize` gets them
+    /// in rank order, with the same exchange that carries the outcomes and checksums.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use ckpt_core::{Collective, ThreadGroup};
+    /// use ckpt_core::commit::{CommitError, DirCommit, DirOptions};
+    /// let root = tempfile::tempdir().unwrap();
+    /// let dst = root.path().join("ckpt");
+    /// std::thread::scope(|s| {
+    ///     for g in ThreadGroup::new(2) {
+    ///         let dst = &dst;
+    ///         s.spawn(move || {
+    ///             let c = DirCommit::begin(dst, &g, &DirOptions::default()).unwrap();
+    ///             let name = format!("part{}", g.rank());
+    ///             let mut f = c.create_file(&name).unwrap();
+    ///             f.writer().write_all(b"data").unwrap();
+    ///             f.finish().unwrap();
+    ///             c.commit_gathered(&g, Ok(name.into_bytes()), |c, names| {
+    ///                 let mut index = c.create_file("index")?;
+    ///                 let text = names.iter().map(|n| String::from_utf8_lossy(n)).collect::<Vec<_>>().join(",");
+    ///                 index.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(index.path(), e))?;
+    ///                 index.finish().map(|_| ())
+    ///             })
+    ///             .unwrap();
+    ///         });
+    ///     }
+    /// });
+    /// assert_eq!(std::fs::read_to_string(dst.join("index")).unwrap(), "part0,part1");
+    /// ```
+    ///
+    /// # Errors
+    /// As [`DirCommit::commit`].
+    pub fn commit_gathered<F>(
+        mut self,
+        group: &dyn Collective,
+        own: Result<Vec<u8>, String>,
+        finalize: F,
+    ) -> Result<(), CommitError>
+    where
+        F: FnOnce(&DirCommit, Vec<Vec<u8>>) -> Result<(), CommitError>,
+    {
+        // A report: 1, the length of the checksum digests (u64 LE), the digests, the payload; or 0 and the
+        // error message.
         let report = match &own {
-            Ok(()) => {
+            Ok(payload) => {
                 let mut m = Manifest::default();
                 for d in self.digests.lock().map(|d| d.clone()).unwrap_or_default() {
                     m.insert(d);
                 }
-                json!({"ok": true, "digests": String::from_utf8_lossy(&m.to_json())})
+                let digests = m.to_json();
+                let mut r = Vec::with_capacity(9 + digests.len() + payload.len());
+                r.push(1u8);
+                r.extend_from_slice(&(digests.len() as u64).to_le_bytes());
+                r.extend_from_slice(&digests);
+                r.extend_from_slice(payload);
+                r
             }
-            Err(message) => json!({"error": message}),
+            Err(message) => [&[0u8][..], message.as_bytes()].concat(),
         };
-        let gathered = group.gather(serde_json::to_vec(&report).unwrap_or_default(), 0).map_err(group_error)?;
+        let gathered = group.gather(report, 0).map_err(group_error)?;
         let outcome = match gathered {
             Some(reports) => {
-                let r = self.commit_as_root(&reports, finalize);
+                let r = self.commit_as_root(reports, finalize);
                 if r.is_err() {
                     // Every rank has sent its report: nobody writes into the staging directory any more.
                     let _ = fs::remove_dir_all(&self.staging);
@@ -305,30 +382,38 @@ impl DirCommit {
         }
         self.finished = true;
         if verdict.is_empty() {
-            return own.map_err(|message| CommitError::RankFailed { rank: self.rank, message });
+            return own.map(|_| ()).map_err(|message| CommitError::RankFailed { rank: self.rank, message });
         }
         let text = String::from_utf8_lossy(&verdict);
         let (rank, message) = text.split_once('\n').unwrap_or(("0", &text));
         Err(CommitError::RankFailed { rank: rank.parse().unwrap_or(0), message: message.to_owned() })
     }
 
-    fn commit_as_root<F>(&self, reports: &[Vec<u8>], finalize: F) -> Result<(), CommitError>
+    fn commit_as_root<F>(&self, reports: Vec<Vec<u8>>, finalize: F) -> Result<(), CommitError>
     where
-        F: FnOnce(&DirCommit) -> Result<(), CommitError>,
+        F: FnOnce(&DirCommit, Vec<Vec<u8>>) -> Result<(), CommitError>,
     {
         let mut manifest = Manifest::default();
-        for (rank, bytes) in reports.iter().enumerate() {
-            let report: Json = serde_json::from_slice(bytes).unwrap_or(Json::Null);
-            if let Some(message) = report.get("error") {
-                let message = message.as_str().unwrap_or("an unreadable error").to_owned();
+        let mut payloads = Vec::with_capacity(reports.len());
+        for (rank, bytes) in reports.into_iter().enumerate() {
+            let unreadable =
+                |what: &str| CommitError::RankFailed { rank, message: format!("sent an unreadable report: {what}") };
+            let Some((&tag, body)) = bytes.split_first() else { return Err(unreadable("nothing")) };
+            if tag != 1 {
+                let message = String::from_utf8_lossy(body).into_owned();
                 return Err(CommitError::RankFailed { rank, message });
             }
+            let (len, rest) = body.split_at_checked(8).ok_or_else(|| unreadable("no digest length"))?;
+            let len = u64::from_le_bytes(len.try_into().unwrap_or_default());
+            let (digests, payload) = usize::try_from(len)
+                .ok()
+                .and_then(|n| rest.split_at_checked(n))
+                .ok_or_else(|| unreadable("a digest length past its end"))?;
+            payloads.push(payload.to_vec());
             if rank == 0 {
                 continue; // rank 0's digests are read below, with the final files'
             }
-            let digests = report.get("digests").and_then(Json::as_str).unwrap_or_default();
-            let part = Manifest::from_json(digests.as_bytes())
-                .map_err(|e| CommitError::RankFailed { rank, message: format!("sent an unreadable report: {e}") })?;
+            let part = Manifest::from_json(digests).map_err(|e| unreadable(&e.to_string()))?;
             for (name, d) in part.files {
                 if manifest.files.contains_key(&name) {
                     return Err(CommitError::RankFailed {
@@ -339,7 +424,7 @@ impl DirCommit {
                 manifest.files.insert(name, d);
             }
         }
-        finalize(self)?;
+        finalize(self, payloads)?;
         failpoint::hit("dir.staged").map_err(at(&self.target))?;
         if self.options.writer.checksums {
             for d in self.digests.lock().map(|d| d.clone()).unwrap_or_default() {

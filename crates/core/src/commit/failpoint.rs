@@ -160,6 +160,27 @@ fn process_hit(name: &'static str) -> io::Result<()> {
     guard.as_mut().map_or(Ok(()), |c| c.pass(name))
 }
 
+/// Stops the whole process (`SIGSTOP`) before the calling thread runs another instruction.
+///
+/// `kill(getpid(), SIGSTOP)` is not enough from a thread other than the main one: the kernel hands a
+/// process-directed signal to the main thread, and the caller runs on until the group stop reaches it — a
+/// rank thread of a multi-rank save paused "at" `dir.staged` was seen committing before it stopped. A signal
+/// sent to the calling thread itself (`tgkill`) is taken by that thread on its way back from the system
+/// call, and stops the whole group from there.
+fn stop_here() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: tgkill(2) on our own process and thread ids; the process resumes here on SIGCONT.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid);
+        libc::syscall(libc::SYS_tgkill, libc::getpid() as libc::c_long, tid, libc::SIGSTOP as libc::c_long);
+    }
+    #[cfg(not(target_os = "linux"))]
+    // SAFETY: kill(2) on our own pid; the process resumes here on SIGCONT.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGSTOP);
+    }
+}
+
 /// Hits of any failpoint in this process under the environment's configuration so far.
 pub fn process_hits() -> u64 {
     HITS.load(Ordering::Relaxed)
@@ -197,10 +218,7 @@ impl Config {
         match self.action {
             Some(Action::Error) => Err(io::Error::other(format!("injected failure at {name}"))),
             Some(Action::Stop) => {
-                // SAFETY: kill(2) on our own pid; the process resumes here on SIGCONT.
-                unsafe {
-                    libc::kill(libc::getpid(), libc::SIGSTOP);
-                }
+                stop_here();
                 Ok(())
             }
             _ => {

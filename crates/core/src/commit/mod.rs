@@ -44,26 +44,18 @@
 //! finds in its own exchanges (after every rank stopped writing) ends with [`DirCommit::abort`]. `ckpt-distcp`'s
 //! writer is the reference (`crates/distcp/src/writer.rs`).
 //!
-//! The writers still on [`crate::atomic`] (per-file atomic renames inside the destination) move over so:
+//! Every directory writer commits through [`DirCommit`]: distcp, hfai (`save`, `save_rank`, `reshard`: the
+//! completion check runs in `finalize` on the staged parts), RecIS (every save; the manager's `checkpoint`
+//! list, rewritten after the swap, stays the format's own commit point) and `ckpt_pbg::save` (libhdf5
+//! writes by path into the staging directory; [`DirCommit::record_file`] reads each file back for the
+//! manifest). PBG's in-place training protocol (`ckpt_pbg::Commit`: versioned files, the version file as
+//! commit point) stays, holding the [`DestinationLock`]. Still on per-file renames: the Hugging Face
+//! shard export (`ckpt_distcp::convert::dcp_to_hf`). Facade conversions and reshards get the protocol
+//! through the format writers they call.
 //!
-//! - **hfai** (`save`, `save_rank`): `DirCommit::begin(dir, group)`; each rank writes `PART_{rank:03}.pt`
-//!   with `create_file` and `ckpt_torch::save_to_writer` (marking each record); `finish_collective`'s
-//!   report exchange becomes the `own` outcome of `commit` (its fingerprint check runs in `finalize` on the
-//!   staged files); stale wider parts disappear with the old directory, so `remove_stale_parts` goes;
-//!   `owned`: `PART_*.pt` and the manifest.
-//! - **recis** (`CheckpointManager::save`, `writer::save`): the manager's own `.<id>.tmp` staging and
-//!   rename become `DirCommit` on `<root>/<id>` (the exchange replaces its rename-away-then-rename), with
-//!   `index`, `tensorkey.json` and the torch-rank JSON written in `finalize`; the `checkpoint` list stays a
-//!   [`FileCommit`] after the swap (the format's own commit point).
-//! - **PBG as converted** (facade conversions into a fresh directory): `DirCommit` on the output
-//!   directory. PBG's in-place training protocol (`crates/pbg/src/commit.rs`: versioned files, the version
-//!   file as commit point) stays, with its per-file writes moved to [`FileCommit`] (lock, `O_DIRECT`,
-//!   classified errors) through [`crate::atomic`], which it already uses.
-//! - **Hugging Face shards** (`ckpt_distcp::hf`, facade exports): `DirCommit` on the output directory with
-//!   `model.safetensors.index.json` written in `finalize`, `owned` = `*.safetensors` and the index.
-//! - **facade conversions and reshards**: nothing of their own; they get the protocol through the format
-//!   writers they call. A reshard in place (source = destination) becomes safe for free: the staging
-//!   directory is written while the source is still whole.
+//! Readers that open a directory's files one by one pin it ([`PinnedDir`]) so that a swap never hands
+//! them two generations: the DCP reader opens every file relative to the pinned directory, the hfai and
+//! RecIS readers read again when the path names another directory after they are done.
 
 pub mod checksum;
 mod dir;
@@ -71,6 +63,7 @@ mod error;
 pub mod failpoint;
 mod file;
 mod lock;
+mod pinned;
 mod release;
 mod writer;
 
@@ -82,6 +75,7 @@ pub use dir::{DirCommit, DirOptions, StagedFile, recover};
 pub use error::CommitError;
 pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
+pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use writer::{CHUNK, DurableWriter, WriterOptions};
 

@@ -69,7 +69,13 @@ pub struct ZipWriter<W: Write> {
     poisoned: bool,
     /// Scratch buffer for headers (reused).
     buf: Vec<u8>,
+    /// Called with the output and a record's full name before the record's local header is written, and
+    /// with [`CENTRAL_DIRECTORY_MARK`] before the central directory.
+    marker: Option<fn(&mut W, &str)>,
 }
+
+/// The name [`ZipWriter::set_record_marker`]'s marker is given before the central directory.
+pub const CENTRAL_DIRECTORY_MARK: &str = "(central directory)";
 
 fn put16(buf: &mut Vec<u8>, v: u16) {
     buf.extend_from_slice(&v.to_le_bytes());
@@ -122,7 +128,15 @@ impl<W: Write> ZipWriter<W> {
             combined_crc: 0,
             poisoned: false,
             buf: Vec::new(),
+            marker: None,
         }
+    }
+
+    /// Calls `marker` with the output and each record's full name (`<prefix>/<name>`) just before the
+    /// record's first byte, and with [`CENTRAL_DIRECTORY_MARK`] before the central directory: how a
+    /// checksumming output ([`ckpt_core::commit::DurableWriter::mark`]) learns where each record starts.
+    pub fn set_record_marker(&mut self, marker: fn(&mut W, &str)) {
+        self.marker = Some(marker);
     }
 
     /// Bytes written so far, i.e. the offset the next local header will have.
@@ -199,6 +213,9 @@ impl<W: Write> ZipWriter<W> {
         let extra_len16 =
             u16::try_from(extra_len).map_err(|_| ZipError::InvalidAlignment { alignment: self.opts.alignment })?;
         let pad16 = u16::try_from(pad).map_err(|_| ZipError::InvalidAlignment { alignment: self.opts.alignment })?;
+        if let Some(mark) = self.marker {
+            mark(&mut self.out, &format!("{}/{name}", self.prefix));
+        }
         let descriptor_len: u64 = match (size, big_size || big_offset) {
             (0, _) => 0,
             (_, false) => 16,
@@ -343,6 +360,9 @@ impl<W: Write> ZipWriter<W> {
     pub fn finish(mut self) -> Result<W, ZipError> {
         if self.poisoned {
             return Err(ZipError::Poisoned);
+        }
+        if let Some(mark) = self.marker {
+            mark(&mut self.out, CENTRAL_DIRECTORY_MARK);
         }
         let cd_offset = if self.entries.is_empty() { 0 } else { self.pos };
         let mut cd = Vec::new();
