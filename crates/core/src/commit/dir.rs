@@ -198,6 +198,11 @@ impl DirCommit {
         };
         let message = group.broadcast(message, 0).map_err(group_error)?;
         let lock = prepared?;
+        if rank == 0 {
+            // Tells `unfinished` how many ranks this save has, should it never commit.
+            let marker = format!("{{\"world_size\": {}}}", group.world_size());
+            let _ = fs::write(staging.join(super::unfinished::SAVE_MARKER), marker);
+        }
         if !message.is_empty() {
             return Err(CommitError::RankFailed { rank: 0, message: String::from_utf8_lossy(&message).into_owned() });
         }
@@ -270,6 +275,10 @@ impl DirCommit {
     where
         F: FnOnce(&DirCommit) -> Result<(), CommitError>,
     {
+        if own.is_ok() {
+            // Tells `unfinished` that this rank's files are all durable (removed before the commit).
+            let _ = fs::write(self.staging.join(super::unfinished::rank_marker(self.rank)), b"");
+        }
         let report = match &own {
             Ok(()) => {
                 let mut m = Manifest::default();
@@ -337,6 +346,11 @@ impl DirCommit {
                     });
                 }
                 manifest.files.insert(name, d);
+            }
+        }
+        for entry in fs::read_dir(&self.staging).map_err(at(&self.target))?.flatten() {
+            if entry.file_name().to_str().is_some_and(super::unfinished::is_marker) {
+                fs::remove_file(entry.path()).map_err(at(&self.target))?;
             }
         }
         finalize(self)?;
