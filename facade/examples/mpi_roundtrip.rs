@@ -97,7 +97,9 @@ fn main() -> ExitCode {
     match run(&mpi, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rank {}: error: {e}", mpi.rank());
+            // One write, so that mpirun does not interleave it with other ranks' lines.
+            let line = format!("rank {}: error: {e}\n", mpi.rank());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             ExitCode::FAILURE
         }
     }

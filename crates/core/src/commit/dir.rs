@@ -254,6 +254,13 @@ impl DirCommit {
         Ok(StagedFile { commit: self, name: name.to_owned(), path, writer })
     }
 
+    /// Records that this rank's files are all written and durable, so that a save that never commits (another
+    /// rank killed) tells which ranks finished ([`super::unfinished`]). [`DirCommit::commit`] records it
+    /// too; a writer that exchanges with the other ranks after writing calls it before that exchange.
+    pub fn files_done(&self) {
+        let _ = fs::write(self.staging.join(super::unfinished::rank_marker(self.rank)), b"");
+    }
+
     /// Abandons the commit: on rank 0 the staging directory is removed and the lock released; on the other
     /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
     /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].
@@ -276,8 +283,7 @@ impl DirCommit {
         F: FnOnce(&DirCommit) -> Result<(), CommitError>,
     {
         if own.is_ok() {
-            // Tells `unfinished` that this rank's files are all durable (removed before the commit).
-            let _ = fs::write(self.staging.join(super::unfinished::rank_marker(self.rank)), b"");
+            self.files_done();
         }
         let report = match &own {
             Ok(()) => {
