@@ -5,6 +5,7 @@
 //! cargo build -p ckpt --features mpi,distcp,hfai,recis --example mpi_roundtrip
 //! mpirun -np 4 target/debug/examples/mpi_roundtrip save /tmp/state      # distcp/, hfai/, recis/ in /tmp/state
 //! mpirun -np 2 target/debug/examples/mpi_roundtrip load /tmp/state      # or -np 3: each rank checks its part
+//! mpirun -np 4 target/debug/examples/mpi_roundtrip resume /tmp/state    # each rank its own `rank_state` row
 //! mpirun -np 2 target/debug/examples/mpi_roundtrip load-distcp DIR      # any DCP checkpoint of this state
 //! ```
 //!
@@ -15,7 +16,10 @@
 //!   index `k`;
 //! - AdamW state, per rank for the sharded embedding: `optim.emb.exp_avg = -(16 i + j)`,
 //!   `optim.emb.exp_avg_sq = 16 i + j + 0.5` (sharded like `emb`), `optim.dense.exp_avg = k + 0.25`
-//!   (replicated), `optim.step` (i64, the step given with `--step`, default 1).
+//!   (replicated), `optim.step` (i64, the step given with `--step`, default 1);
+//! - `rank_state` `[W, 4]` i64 in distcp: each rank's own state (RNG seed, data-loader position), which only
+//!   a job of the same `W` ranks can take back (`resume`; another rank count gets
+//!   `ckpt_distcp::Error::RankCountMismatch`).
 //!
 //! In RecIS the embedding is a hash table of ids `67 i` (rows and AdamW slots by id, ranks holding the ids
 //! of their slice of RecIS's key space); in hfai every rank passes the whole state (hfai's `save` takes
@@ -56,6 +60,10 @@ fn exp_avg(i: usize, j: usize) -> f32 {
 }
 fn exp_avg_sq(i: usize, j: usize) -> f32 {
     emb(i, j) + 0.5
+}
+/// Rank `rank`'s own state: `[seed, position, step, rank]`.
+fn rank_row(rank: usize, step: i64) -> [i64; 4] {
+    [1234 + rank as i64, 1000 * step + rank as i64, step, rank as i64]
 }
 fn recis_id(i: usize) -> i64 {
     (i * 67) as i64
@@ -110,7 +118,7 @@ fn flag(args: &[String], name: &str) -> Option<usize> {
 }
 
 fn run(mpi: &MpiCollective, args: &[String]) -> Result<(), Failure> {
-    let usage = "usage: mpi_roundtrip save|load|load-distcp DIR [--step N] [--fail-rank R] [--kill-rank R]";
+    let usage = "usage: mpi_roundtrip save|load|resume|load-distcp DIR [--step N] [--fail-rank R] [--kill-rank R]";
     let (cmd, dir) = match args {
         [cmd, dir, ..] => (cmd.as_str(), PathBuf::from(dir)),
         _ => return Err(usage.into()),
@@ -139,6 +147,15 @@ fn run(mpi: &MpiCollective, args: &[String]) -> Result<(), Failure> {
                 mpi.rank(),
                 mpi.world_size()
             );
+        }
+        "resume" => {
+            // A restart with the same ranks: each rank takes back its own state (RNG, data-loader position).
+            let r = DcpReader::open(&dir.join("distcp"))?;
+            let own = r.read_rank_row("rank_state", mpi.rank(), mpi.world_size())?.to_vec::<i64>()?;
+            if own != rank_row(mpi.rank(), step) {
+                return Err(format!("rank_state is {own:?}, expected {:?}", rank_row(mpi.rank(), step)).into());
+            }
+            println!("rank {} of {}: resumed its own state {own:?}", mpi.rank(), mpi.world_size());
         }
         "load-distcp" => {
             let n = load_dcp(mpi, &dir, step)?;
@@ -175,11 +192,14 @@ fn rank_state(g: &dyn Collective, step: i64) -> Result<(Value, HashMap<String, S
         ("dense", Value::dict([("exp_avg", Value::Tensor(dense(DENSE * D, &[DENSE, D], dense_w)?))])),
         ("step", Value::Tensor(Tensor::from_slice(&[step], &[])?)),
     ]);
-    let shards = ["model.emb", "optim.emb.exp_avg", "optim.emb.exp_avg_sq"]
+    let mut shards: HashMap<String, ShardSpec> = ["model.emb", "optim.emb.exp_avg", "optim.emb.exp_avg_sq"]
         .into_iter()
         .map(|k| (k.to_string(), shard.clone()))
         .collect();
-    Ok((Value::dict([("model", model), ("optim", optim)]), shards))
+    // This rank's own state (its RNG, its data-loader position): row `rank` of a `[world, 4]` tensor.
+    let own = Tensor::from_slice(&rank_row(g.rank(), step), &[1, 4])?;
+    shards.insert("rank_state".into(), ShardSpec::new(&[g.world_size(), 4], &[g.rank(), 0]));
+    Ok((Value::dict([("model", model), ("optim", optim), ("rank_state", Value::Tensor(own))]), shards))
 }
 
 fn save_dcp(g: &dyn Collective, dir: &Path, step: i64) -> Result<(), Failure> {

@@ -301,3 +301,23 @@ fn verify_of_a_killed_first_save_names_the_rank() {
     assert_ne!(v.code, Some(0), "{}", v.out);
     assert!(v.out.contains("the files of rank(s) 3 are missing or incomplete"), "{}", v.out);
 }
+
+/// Per-rank state goes back to a job of the same number of ranks; another rank count gets a specific error
+/// on every rank.
+#[test]
+fn per_rank_state_needs_the_same_rank_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root, &"--step", &"5"]), LIMIT).ok();
+    let r = run(mpirun(4, &example(), &[&"resume", &root, &"--step", &"5"]), LIMIT);
+    r.ok();
+    assert!(r.out.contains("rank 3 of 4: resumed its own state [1237, 5003, 5, 3]"), "{}", r.out);
+    let r = run(mpirun(2, &example(), &[&"resume", &root, &"--step", &"5"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    let e = "rank_state: per-rank state saved by 4 ranks cannot be loaded by 2 ranks";
+    assert!(
+        r.out.contains(&format!("rank 0: error: {e}")) && r.out.contains(&format!("rank 1: error: {e}")),
+        "{}",
+        r.out
+    );
+}
