@@ -197,7 +197,7 @@ fn decode(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     /// Every hosting of a 5-rank job (1 to 7 processes, threads standing in for processes) sees the same
