@@ -165,22 +165,36 @@ impl Wire for () {
 }
 
 impl Wire for ConvertSummary {
+    /// Three counts, then each dropped name length-prefixed (names may hold any character).
     fn to_wire(&self) -> Vec<u8> {
-        let mut lines = vec![self.tensors.to_string(), self.bytes.to_string(), self.values.to_string()];
-        lines.extend(self.dropped.iter().cloned());
-        lines.join("\n").into_bytes()
+        let mut out = Vec::new();
+        for n in [self.tensors as u64, self.bytes, self.values as u64, self.dropped.len() as u64] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for d in &self.dropped {
+            out.extend_from_slice(&(d.len() as u64).to_le_bytes());
+            out.extend_from_slice(d.as_bytes());
+        }
+        out
     }
-    fn from_wire(bytes: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let mut lines = text.split('\n');
-        let mut s = ConvertSummary {
-            tensors: lines.next()?.parse().ok()?,
-            bytes: lines.next()?.parse().ok()?,
-            values: lines.next()?.parse().ok()?,
-            ..ConvertSummary::default()
+    fn from_wire(mut bytes: &[u8]) -> Option<Self> {
+        let word = |b: &mut &[u8]| -> Option<u64> {
+            let (head, rest) = b.split_first_chunk::<8>()?;
+            *b = rest;
+            Some(u64::from_le_bytes(*head))
         };
-        s.dropped = lines.map(str::to_owned).collect();
-        Some(s)
+        let tensors = usize::try_from(word(&mut bytes)?).ok()?;
+        let total = word(&mut bytes)?;
+        let values = usize::try_from(word(&mut bytes)?).ok()?;
+        let count = word(&mut bytes)?;
+        let mut dropped = Vec::new();
+        for _ in 0..count {
+            let len = usize::try_from(word(&mut bytes)?).ok()?;
+            let name = bytes.get(..len)?;
+            dropped.push(String::from_utf8(name.to_vec()).ok()?);
+            bytes = bytes.get(len..)?;
+        }
+        Some(ConvertSummary { tensors, bytes: total, values, dropped })
     }
 }
 
@@ -192,6 +206,14 @@ mod tests {
     use ckpt_core::{Tensor, ThreadGroup, Value};
 
     use super::*;
+
+    #[test]
+    fn summaries_travel_whole() {
+        let s = ConvertSummary { tensors: 3, bytes: 1 << 40, values: 2, dropped: vec!["a\nb".into(), String::new()] };
+        let back = ConvertSummary::from_wire(&s.to_wire()).unwrap();
+        assert_eq!((back.tensors, back.bytes, back.values, back.dropped), (3, 1 << 40, 2, s.dropped.clone()));
+        assert!(ConvertSummary::from_wire(&s.to_wire()[..30]).is_none());
+    }
 
     fn files(d: &Path) -> Vec<(String, Vec<u8>)> {
         let mut v: Vec<_> = std::fs::read_dir(d)
