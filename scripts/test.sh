@@ -37,12 +37,14 @@ trap 'rm -rf "$fresh"' EXIT
 .venv/bin/python conformance/python/pbg/check_reproducible.py conformance/fixtures/pbg "$fresh/pbg"
 .venv/bin/python conformance/python/hfai/make_fixtures.py "$fresh/hfai" >/dev/null
 .venv/bin/python conformance/python/hfai/check_reproducible.py conformance/fixtures/hfai "$fresh/hfai"
+.venv/bin/python conformance/python/make_values_fixtures.py "$fresh/values" >/dev/null
+diff -r conformance/fixtures/values "$fresh/values"
 
 step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
 .venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
-for feature in torch safetensors distcp hfai pbg recis cli; do
+for feature in torch safetensors distcp hfai pbg recis hf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 

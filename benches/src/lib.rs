@@ -29,7 +29,9 @@ pub fn model_state_dict(total_bytes: usize) -> ckpt_core::Result<Value> {
     Ok(Value::Dict(sd))
 }
 
+pub mod anon;
 pub mod reads;
+pub mod writes;
 
 /// An Adam optimizer state dict for `n` parameters as the pickle `torch.save` writes for it: `{'state': {i:
 /// {'step': tensor, 'exp_avg': tensor, 'exp_avg_sq': tensor}}, 'param_groups': [{'lr': ..., 'params': [0,

@@ -4,7 +4,10 @@
 use std::any::Any;
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, unflatten};
+use std::collections::{HashMap, HashSet};
+
+use ckpt_core::select::Selection;
+use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, python_str, unflatten};
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
@@ -128,23 +131,35 @@ pub(crate) struct Source<'a> {
     )]
     pub format: Format,
     adaptor: &'a dyn Adaptor,
+    selection: &'a Selection,
 }
 
 impl<'a> Source<'a> {
-    /// The checkpoint at `path`, of `format`, read through `adaptor`.
-    pub fn new(path: &'a Path, adaptor: &'a dyn Adaptor) -> Self {
-        Source { path, format: adaptor.format(), adaptor }
+    /// The checkpoint at `path`, of `format`, read through `adaptor`, the entries `selection` keeps.
+    pub fn new(path: &'a Path, adaptor: &'a dyn Adaptor, selection: &'a Selection) -> Self {
+        Source { path, format: adaptor.format(), adaptor, selection }
     }
 
-    /// Its content: every entry, and the nested state dict.
+    /// Its content: every entry the selection keeps (renamed and cast as it says), and the nested state dict.
+    /// This is where every target reads its content from, so a selection applies to every target.
     pub fn content(&self) -> Result<Content> {
-        self.adaptor.read(self.path)
+        self.adaptor.read(self.path)?.select(self.selection, self.path)
+    }
+
+    /// Whether the whole checkpoint is converted as it is (no selection), so that a target may copy it by
+    /// its own means instead of reading [`Source::content`].
+    #[cfg_attr(not(feature = "recis"), allow(dead_code))]
+    pub fn is_whole(&self) -> bool {
+        self.selection.is_identity()
     }
 
     /// Writes it as a `torch.save` file at `dst` streaming, when its format can
-    /// ([`Adaptor::stream_to_torch_save`]).
+    /// ([`Adaptor::stream_to_torch_save`]) and nothing is selected.
     #[cfg_attr(not(feature = "torch"), allow(dead_code))]
     pub fn stream_to_torch_save(&self, dst: &Path) -> Option<Result<ConvertSummary>> {
+        if !self.is_whole() {
+            return None;
+        }
         self.adaptor.stream_to_torch_save(self.path, dst)
     }
 
@@ -205,6 +220,101 @@ impl Content {
             }
         };
         Ok(Content { tree, leaves })
+    }
+}
+
+impl Content {
+    /// The part of this content `selection` keeps: entries kept by name, renamed, floating-point tensors cast.
+    /// Without renaming, the tree keeps its shape (mapping kinds, tuples, attributes) less what is not kept
+    /// (an emptied container goes too; list and tuple items after a dropped one move up); with renaming, the
+    /// nesting is rebuilt from the new paths (`Content::from_leaves`).
+    pub fn select(self, selection: &Selection, path: &Path) -> Result<Content> {
+        if selection.is_identity() {
+            return Ok(self);
+        }
+        let invalid = |reason: String| Error::InvalidArgument { path: path.to_path_buf(), reason };
+        selection.validate().map_err(|e| invalid(e.to_string()))?;
+        let mut leaves = Vec::new();
+        let mut kept: HashMap<Vec<PathItem>, Value> = HashMap::new();
+        let mut names = HashSet::new();
+        for l in self.leaves {
+            if !selection.keeps(&l.name) {
+                continue;
+            }
+            let value = match selection.dtype {
+                Some(to) => cast(l.value, to).at(path)?,
+                None => l.value,
+            };
+            let (name, new_path) = match selection.rename(&l.name, &l.path) {
+                Some(renamed) => renamed,
+                None => return Err(invalid(format!("--strip-prefix leaves nothing of the entry {:?}", l.name))),
+            };
+            if !names.insert(name.clone()) {
+                return Err(invalid(format!("two entries would be named {name:?} after renaming")));
+            }
+            kept.insert(l.path, value.clone());
+            leaves.push(Leaf { name, path: new_path, value });
+        }
+        if selection.renames() {
+            return Content::from_leaves(leaves, path);
+        }
+        let tree = prune(&self.tree, &mut Vec::new(), &kept)
+            .unwrap_or_else(|| Value::Dict(Dict::new(ckpt_core::DictKind::Dict)));
+        Ok(Content { tree, leaves })
+    }
+}
+
+/// `value` with its floating-point tensor (a tensor, a parameter's, a tensor-with-state's) cast to `to`.
+fn cast(value: Value, to: ckpt_core::DType) -> ckpt_core::Result<Value> {
+    let castable = |t: &ckpt_core::Tensor| ckpt_core::is_castable_float(t.dtype());
+    Ok(match value {
+        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float(&t, to)?),
+        Value::Parameter { tensor, state } if castable(&tensor) => {
+            Value::Parameter { tensor: ckpt_core::cast_float(&tensor, to)?, state }
+        }
+        Value::TensorWithState { tensor, class, state } => {
+            Value::TensorWithState { tensor: Box::new(cast(*tensor, to)?), class, state }
+        }
+        other => other,
+    })
+}
+
+/// `value` (at `at`) less every leaf not in `kept`, kept leaves replaced by their new value; `None` when
+/// nothing of it is kept.
+fn prune(value: &Value, at: &mut Vec<PathItem>, kept: &HashMap<Vec<PathItem>, Value>) -> Option<Value> {
+    if let Some(v) = kept.get(at.as_slice()) {
+        return Some(v.clone());
+    }
+    match value {
+        Value::Dict(d) => {
+            let mut items = Vec::new();
+            for (k, child) in &d.items {
+                at.push(PathItem::Key(python_str(k).ok()?));
+                if let Some(v) = prune(child, at, kept) {
+                    items.push((k.clone(), v));
+                }
+                at.pop();
+            }
+            (!items.is_empty()).then(|| Value::Dict(Dict { kind: d.kind, items, attrs: d.attrs.clone() }))
+        }
+        Value::List(items) | Value::Tuple(items) => {
+            let mut out = Vec::new();
+            for (i, child) in items.iter().enumerate() {
+                at.push(PathItem::Index(i));
+                if let Some(v) = prune(child, at, kept) {
+                    out.push(v);
+                }
+                at.pop();
+            }
+            if out.is_empty() {
+                None
+            } else if matches!(value, Value::List(_)) {
+                Some(Value::List(out))
+            } else {
+                Some(Value::Tuple(out))
+            }
+        }
+        _ => None,
     }
 }
 

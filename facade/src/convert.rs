@@ -2,24 +2,29 @@
 //!
 //! # What goes where
 //!
-//! | from \ to | torch | safetensors | distcp | hfai | pbg | recis |
-//! |---|---|---|---|---|---|---|
-//! | torch | ✓ | ✓ ¹ | ✓ ² | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | safetensors | ✓ ⁴ | ✓ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ (re-shard) | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
-//! | hfai | ✓ | ✓ ¹ | ✓ | ✓ (re-shard) | ✓ ⁷ | ✓ ⁸ |
-//! | pbg | ✓ | ✓ ¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
-//! | recis | ✓ ⁹ | ✓ ¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
+//! | from \ to | torch | safetensors | hf | distcp | hfai | pbg | recis |
+//! |---|---|---|---|---|---|---|---|
+//! | torch | ✓ ¹⁰ | ✓ ¹ | ✓ ¹¹ | ✓ ² | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | safetensors | ✓ ⁴ | ✓ | ✓ ¹¹ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | hf | ✓ ⁴ | ✓ | ✓ (re-shard) ¹¹ | ✓ | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | distcp | ✓ ⁵ | ✓ ¹ | ✓ ¹¹ | ✓ (re-shard) | ✓ ³ | ✓ ⁷ | ✓ ⁸ |
+//! | hfai | ✓ | ✓ ¹ | ✓ ¹¹ | ✓ | ✓ (re-shard) | ✓ ⁷ | ✓ ⁸ |
+//! | pbg | ✓ | ✓ ¹ | ✓ ¹¹ | ✓ | ✓ ³ | ✓ (re-partition) ⁷ | ✓ ⁸ |
+//! | recis | ✓ ⁹ | ✓ ¹ | ✓ ¹¹ | ✓ ⁹ | ✓ ³ | — | ✓ (re-shard) ⁶ |
 //!
-//! 1. safetensors holds tensors; ckpt keeps the non-tensor entries JSON holds exactly (`None`, bools, ints,
-//!    finite floats, strings) in `__metadata__` under `ckpt.values`, and lists every other entry (other
-//!    values, opaque tensors, dtypes safetensors lacks) in [`ConvertSummary::dropped`], never silently lost.
-//!    Tensor names are the source's entry names ([`crate::Checkpoint::entries`]). The file's `__metadata__`
-//!    holds `format = "pt"` (what Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source
-//!    was nested (a `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON
+//! 1. safetensors holds tensors; ckpt keeps every other entry losslessly in `__metadata__` under
+//!    `ckpt.values`, in a typed JSON encoding (tuples vs lists, dicts with their kind and key types, big ints,
+//!    NaN and infinities, bytes, `torch.Size`, dtypes, devices, parameters, opaque tensors, any pickled object;
+//!    the tensors a value holds are tensors of the file it names). Tensors of dtypes safetensors lacks are
+//!    stored as their bytes under a dtype it has, their real dtype recorded. Only what cannot be read at all
+//!    is listed in [`ConvertSummary::dropped`]. Tensor names are the source's entry names
+//!    ([`crate::Checkpoint::entries`]). The file's `__metadata__` holds `format = "pt"` (what Hugging Face
+//!    loaders expect), `ckpt.source = <format>`, and, when the source was nested (a `torch.save` dict of
+//!    dicts, a DCP state dict, an hfai checkpoint) or ordered otherwise than the file, `ckpt.paths`: a JSON
 //!    object from each entry name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys,
-//!    integers list indices), so that converting back rebuilds the nesting: ckpt's one safetensors convention
-//!    ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors files follows.
+//!    integers list indices), so that converting back rebuilds the nesting and the order: ckpt's one
+//!    safetensors convention ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors
+//!    files follows.
 //! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
 //!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
 //!    would write it: every tensor with at least `N` rows is split on dimension 0 with DTensor's
@@ -32,7 +37,8 @@
 //!    [`ConvertOptions::world_size`] is the number of `PART_*.pt` files.
 //! 4. safetensors to torch: with `ckpt.paths` the nesting is rebuilt (DCP's `set_element`: keys make
 //!    dicts, indices make lists), else the file becomes a flat `dict` of name → tensor (what
-//!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as values.
+//!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as the values
+//!    they were.
 //! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
 //! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
 //!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard`]), each table keeping its
@@ -55,6 +61,22 @@
 //! 9. A RecIS checkpoint converts as the state dict `{"sparse": {<RecIS tensor name>: tensor}, "model":
 //!    <model.pt>, "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts it lacks left out); flat
 //!    targets (safetensors) name entries as [`crate::recis::RecisReader`] does.
+//! 10. A whole pickled module (`torch.save(model)`) converts as its state dict, named as
+//!     `model.state_dict()` names it (`0.weight`, `1.running_mean`); a torch target without a selection gets
+//!     the whole module object back. numpy scalars and arrays inside `.pt` files are values and tensors of
+//!     their numpy dtype; safetensors keeps them as numpy values (`ckpt.values`), so converting back gives
+//!     the numpy objects again.
+//! 11. hf targets write what a safetensors target writes, sharded as `huggingface_hub` splits a state dict
+//!     (`model-0000i-of-0000n.safetensors` and `model.safetensors.index.json` as `transformers` writes it,
+//!     or one `model.safetensors`) at [`ConvertOptions::hf_max_shard_size`] (default 5 GB); ckpt's metadata
+//!     (`ckpt.source`, `ckpt.paths`, `ckpt.values`) goes into the first shard's `__metadata__`.
+//!
+//! # Selection
+//! [`ConvertOptions::selection`] applies to every target, to the entries as [`crate::Checkpoint::entries`]
+//! names them: `include`/`exclude` globs, `strip_prefix`/`add_prefix`, and `dtype` for floating-point tensors
+//! ([`Selection`] says what happens to non-tensor structure: entries are kept or dropped whole, optimizer
+//! indices are not renumbered). With a selection, the distcp → torch and RecIS → RecIS conversions read the
+//! content instead of copying tensors by their own means.
 //!
 //! # Memory
 //! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
@@ -65,6 +87,8 @@
 //! distcp → torch streams one tensor at a time.
 
 use std::path::{Path, PathBuf};
+
+use ckpt_core::select::Selection;
 
 use crate::adaptor::Source;
 use crate::formats::{adaptor, unsupported_reason};
@@ -108,6 +132,12 @@ pub struct ConvertOptions {
     /// pbg targets: the training `config.json` that defines the target layout (entity types and their
     /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
     pub pbg_config: Option<PathBuf>,
+    /// hf targets: the largest shard in bytes (default 5 GB, as transformers; [`ckpt_hf::parse_size`] reads
+    /// `5GB`, `500MB`, `2GiB`).
+    pub hf_max_shard_size: Option<u64>,
+    /// Every target: which entries to convert, under which names, in which float dtype (default: all, as
+    /// they are). See [`Selection`] (`ckpt convert --include/--exclude/--strip-prefix/--add-prefix/--dtype`).
+    pub selection: Selection,
 }
 
 impl Default for ConvertOptions {
@@ -119,6 +149,8 @@ impl Default for ConvertOptions {
             recis_parallel: None,
             recis_slice_size: None,
             pbg_config: None,
+            hf_max_shard_size: None,
+            selection: Selection::default(),
         }
     }
 }
@@ -156,6 +188,27 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_recis_slice_size(mut self, slice_size: u32) -> Self {
         self.recis_slice_size = Some(slice_size);
+        self
+    }
+
+    /// Sets the largest shard of hf targets, in bytes.
+    #[must_use]
+    pub fn with_hf_max_shard_size(mut self, bytes: u64) -> Self {
+        self.hf_max_shard_size = Some(bytes);
+        self
+    }
+
+    /// Sets which entries to convert, under which names, in which float dtype.
+    ///
+    /// ```
+    /// use ckpt::{ConvertOptions, DType, Selection};
+    /// let only_model = Selection::default().with_include("model.*").with_strip_prefix("model.").with_dtype(DType::BF16);
+    /// let options = ConvertOptions::default().with_selection(only_model);
+    /// assert!(options.selection.keeps("model.fc.weight") && !options.selection.keeps("optimizer.state.0.step"));
+    /// ```
+    #[must_use]
+    pub fn with_selection(mut self, selection: Selection) -> Self {
+        self.selection = selection;
         self
     }
 
@@ -201,8 +254,8 @@ pub struct ConvertSummary {
 /// // Formats by name, as on the command line (`ckpt::Format` has a variant for each).
 /// let st = dir.path().join("m.safetensors");
 /// let summary = ckpt::convert(&pt, None, &st, "safetensors".parse()?, &ConvertOptions::default())?;
-/// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 1)); // `epoch` in `ckpt.values`
-/// assert_eq!(summary.dropped, ["note"]); // bytes: neither a tensor nor a JSON scalar
+/// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 2)); // `epoch`, `note` in `ckpt.values`
+/// assert!(summary.dropped.is_empty()); // nothing lost
 ///
 /// // Back to torch: the nesting comes back from the file's `ckpt.paths` metadata.
 /// let back = dir.path().join("back.pt");
@@ -235,5 +288,5 @@ pub fn convert(
     if let Some(reason) = unsupported_reason(from, to) {
         return Err(Error::UnsupportedConversion { from, to, reason });
     }
-    target.write(&Source::new(src, source), dst, options)
+    target.write(&Source::new(src, source, &options.selection), dst, options)
 }

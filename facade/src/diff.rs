@@ -6,8 +6,9 @@ use std::path::Path;
 use crate::verify::Progress;
 use crate::{Checkpoint, DType, EntryKind, Result, Tensor};
 
-/// Tolerances of [`diff`]: two values `a` (first checkpoint) and `b` (second) are equal when
-/// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity.
+/// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
+/// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity. Non-tensor
+/// values are compared exactly ([`crate::Value::same`]: same kinds, floats bit for bit).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct DiffOptions {
@@ -189,7 +190,7 @@ fn diff_checkpoints(
             }
             _ => match (ca.value(name), cb.value(name)) {
                 (Ok(va), Ok(vb)) => {
-                    if va == vb {
+                    if va.same(&vb) {
                         report.values_equal += 1;
                     } else {
                         report.values_differ.push(name.clone());

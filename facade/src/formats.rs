@@ -16,6 +16,8 @@ use crate::error::{At, Error, Result};
 
 #[cfg(feature = "distcp")]
 mod distcp;
+#[cfg(feature = "hf")]
+mod hf;
 #[cfg(feature = "hfai")]
 mod hfai;
 #[cfg(feature = "pbg")]
@@ -33,6 +35,8 @@ pub mod crates {
     pub use ckpt_core as core;
     #[cfg(feature = "distcp")]
     pub use ckpt_distcp as distcp;
+    #[cfg(feature = "hf")]
+    pub use ckpt_hf as hf;
     #[cfg(feature = "hfai")]
     pub use ckpt_hfai as hfai;
     #[cfg(feature = "pbg")]
@@ -57,6 +61,8 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &pbg::Pbg,
     #[cfg(feature = "recis")]
     &recis::Recis,
+    #[cfg(feature = "hf")]
+    &hf::Hf,
 ];
 
 /// A checkpoint format. Exists whatever features are enabled; [`Format::reading_enabled`] says whether this
@@ -76,6 +82,9 @@ pub enum Format {
     Pbg,
     /// RecIS sparse/dense checkpoints.
     Recis,
+    /// Hugging Face sharded safetensors directories (`model-0000i-of-0000n.safetensors` +
+    /// `model.safetensors.index.json`, or one `model.safetensors`).
+    Hf,
 }
 
 /// What the facade knows about a format whether or not this build has it: enough to name it, recognise
@@ -93,7 +102,7 @@ struct Known {
 }
 
 /// Every format, in [`Format`]'s order, which is also the order detection tries them in.
-const KNOWN: [Known; 6] = [
+const KNOWN: [Known; 7] = [
     Known {
         format: Format::Torch,
         name: "torch",
@@ -113,10 +122,11 @@ const KNOWN: [Known; 6] = [
         name: "distcp",
         about: "torch.distributed.checkpoint directories",
         sharded: true,
+        // DCP's own metadata, or its Hugging Face storage layout (`HuggingFaceStorageWriter`: per-rank
+        // `shard-*` files, or transformers' names with `DCP_SHARDING_INFO` in the files' metadata).
         detect: |p| {
-            [".metadata", "model.safetensors.index.json", "__*.metadata", "shard-*-model-*-of-*.safetensors"]
-                .iter()
-                .any(|m| p.marker(m))
+            [".metadata", "__*.metadata", "shard-*-model-*-of-*.safetensors"].iter().any(|m| p.marker(m))
+                || (HF_MARKERS.iter().any(|m| p.marker(m)) && p.safetensors_metadata_key("DCP_SHARDING_INFO"))
         },
     },
     Known {
@@ -140,7 +150,17 @@ const KNOWN: [Known; 6] = [
         sharded: true,
         detect: |p| ["tensorkey.json", "index", "checkpoint"].iter().any(|m| p.marker(m)),
     },
+    Known {
+        format: Format::Hf,
+        name: "hf",
+        about: "Hugging Face sharded safetensors directories (model-0000i-of-0000n.safetensors + index)",
+        sharded: false,
+        detect: |p| HF_MARKERS.iter().any(|m| p.marker(m)),
+    },
 ];
+
+/// The file names of a Hugging Face checkpoint directory (transformers' `save_pretrained`).
+const HF_MARKERS: [&str; 3] = ["model.safetensors.index.json", "model.safetensors", "model-*-of-*.safetensors"];
 
 /// The pickle header of a legacy (pre-1.6) `torch.save` file: protocol 2, then the magic number.
 const LEGACY_TORCH_MAGIC: [u8; 14] =
@@ -156,8 +176,8 @@ const REFUSED: &[(Format, Format, &str)] = &[(
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 6] = {
-        let mut all = [Format::Torch; 6];
+    pub const ALL: [Format; 7] = {
+        let mut all = [Format::Torch; 7];
         let mut i = 0;
         while i < all.len() {
             all[i] = KNOWN[i].format;
@@ -246,8 +266,8 @@ pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
 pub(crate) enum Probe<'a> {
     /// A file's leading bytes.
     File(&'a [u8]),
-    /// A directory's file names.
-    Dir(&'a [String]),
+    /// A directory and its file names.
+    Dir(&'a Path, &'a [String]),
 }
 
 impl Probe<'_> {
@@ -265,7 +285,27 @@ impl Probe<'_> {
 
     /// Whether a directory holds a file named like `pattern`, where `*` stands for any run of characters.
     fn marker(&self, pattern: &str) -> bool {
-        matches!(self, Probe::Dir(names) if names.iter().any(|n| marker_matches(pattern, n)))
+        matches!(self, Probe::Dir(_, names) if names.iter().any(|n| marker_matches(pattern, n)))
+    }
+
+    /// Whether the first (by name) `.safetensors` file of a directory has `key` in its `__metadata__`.
+    fn safetensors_metadata_key(&self, key: &str) -> bool {
+        let Probe::Dir(dir, names) = self else { return false };
+        let Some(first) = names.iter().filter(|n| n.ends_with(".safetensors")).min() else { return false };
+        let Ok(mut f) = File::open(dir.join(first)) else { return false };
+        let mut len = [0u8; 8];
+        if f.read_exact(&mut len).is_err() {
+            return false;
+        }
+        // The header is JSON of at most the safetensors crate's 100 MB.
+        let mut header = Vec::new();
+        if f.take(u64::from_le_bytes(len).min(100_000_000)).read_to_end(&mut header).is_err() {
+            return false;
+        }
+        serde_json::from_slice::<serde_json::Value>(&header)
+            .ok()
+            .and_then(|j| j.get("__metadata__").map(|m| m.get(key).is_some()))
+            .unwrap_or(false)
     }
 }
 
@@ -298,7 +338,7 @@ pub fn detect(path: &Path) -> Result<Format> {
         for entry in std::fs::read_dir(path).at(path)? {
             names.push(entry.at(path)?.file_name().to_string_lossy().into_owned());
         }
-        let probe = Probe::Dir(&names);
+        let probe = Probe::Dir(path, &names);
         return KNOWN.iter().find(|k| (k.detect)(&probe)).map(|k| k.format).ok_or_else(|| Error::UnknownFormat {
             path: path.to_path_buf(),
             reason: "no marker file in the directory".into(),
@@ -356,8 +396,8 @@ mod tests {
         let mut st = 2u64.to_le_bytes().to_vec();
         st.extend_from_slice(b"{}");
         assert!(Probe::File(&st).safetensors_header());
-        assert!(!Probe::Dir(&[]).safetensors_header());
-        assert!(Probe::Dir(&["PART_001.pt".to_owned()]).marker("PART_*.pt"));
+        assert!(!Probe::Dir(Path::new("."), &[]).safetensors_header());
+        assert!(Probe::Dir(Path::new("."), &["PART_001.pt".to_owned()]).marker("PART_*.pt"));
         assert!(!Probe::File(b"PART_001.pt").marker("PART_*.pt"));
     }
 }

@@ -10,6 +10,7 @@
 //! | `hfai` | `hfai` (`ckpt-hfai`) | hfai `PART_*.pt` directories |
 //! | `pbg` | `pbg` (`ckpt-pbg`) | PyTorch-BigGraph HDF5 checkpoints |
 //! | `recis` | `recis` (`ckpt-recis`) | RecIS sparse/dense checkpoints |
+//! | `hf` | `hf` (`ckpt-hf`) | Hugging Face sharded safetensors directories |
 //! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //! | `mpi` | `ckpt-core/mpi` | [`core::MpiCollective`]: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
@@ -60,6 +61,7 @@ mod verify;
 
 use std::path::{Path, PathBuf};
 
+pub use ckpt_core::select::Selection;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};

@@ -67,7 +67,7 @@ pub fn convert_in(
         Ok((source, target))
     })();
     let (source, target) = agree(group, prepared)?;
-    target.write_in(&Source::new(src, source), dst, options, group)
+    target.write_in(&Source::new(src, source, &options.selection), dst, options, group)
 }
 
 /// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion: for distcp

@@ -3,7 +3,7 @@
 
 Usage::
 
-    .venv/bin/python conformance/python/hfai/bench.py [--repeat R] [--fsync] [DIR]
+    .venv/bin/python conformance/python/hfai/bench.py [--repeat R] [--fsync] [--mib M] [--save-only] [DIR]
 
 The state is the one ``crates/hfai/benches/throughput.rs`` uses: a float32 parameter of 512 MiB
 (``big``, 32768 x 4096: chunked, 128 MiB per part) and 32 float32 parameters of 16 MiB
@@ -39,7 +39,10 @@ from torch import nn  # noqa: E402
 
 import hfai_ref  # noqa: E402
 
-TOTAL = 1 << 30
+# --mib scales the state (rows of every tensor); workers get it through the environment
+MIB = int(os.environ.get("CKPT_HFAI_BENCH_MIB", "1024"))
+TOTAL = MIB << 20
+SCALE_ROWS = MIB / 1024
 WORLD = 4
 
 
@@ -51,9 +54,9 @@ def pattern(k: int, shape: tuple[int, int]) -> torch.Tensor:
 class Model(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.big = nn.Parameter(pattern(0, (32768, 4096)), requires_grad=False)
+        self.big = nn.Parameter(pattern(0, (int(32768 * SCALE_ROWS), 4096)), requires_grad=False)
         self.layers = nn.ParameterList(
-            [nn.Parameter(pattern(i + 1, (1024, 4096)), requires_grad=False) for i in range(32)]
+            [nn.Parameter(pattern(i + 1, (int(1024 * SCALE_ROWS), 4096)), requires_grad=False) for i in range(32)]
         )
 
 
@@ -92,7 +95,7 @@ def worker(rank: int, store: Path, out: Path, repeat: int, fsync: bool) -> None:
 def report(what: str, times: list[float]) -> None:
     med, best = statistics.median(times), min(times)
     print(
-        f"python hfai_ref.{what} 1 GiB / 4 parts: median {med:.3f} s ({TOTAL / med / 1e9:.2f} GB/s), "
+        f"python hfai_ref.{what} {MIB} MiB / 4 parts: median {med:.3f} s ({TOTAL / med / 1e9:.2f} GB/s), "
         f"best {best:.3f} s ({TOTAL / best / 1e9:.2f} GB/s), {len(times)} runs"
     )
 
@@ -105,11 +108,13 @@ def main() -> int:
     ap.add_argument("dir", nargs="?", type=Path)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--fsync", action="store_true", help="fsync each part and the directory inside the timed save")
+    ap.add_argument("--mib", type=int, default=MIB, help="state size in MiB (default 1024; rows scale)")
+    ap.add_argument("--save-only", action="store_true", help="time the save only")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(dir=args.dir))
     out = root / "ckpt"
     try:
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", CKPT_HFAI_BENCH_MIB=str(args.mib))
         procs = [
             subprocess.Popen(
                 [
@@ -126,13 +131,14 @@ def main() -> int:
         line = next(line for line in outputs[0].splitlines() if line.startswith("SAVE "))
         report("save" + (" + fsync" if args.fsync else ""), [float(x) for x in line.split()[1:]])
         times = []
-        for _ in range(args.repeat):
+        for _ in range(0 if args.save_only else args.repeat):
             t0 = time.perf_counter()
             state = hfai_ref.load(out)
             times.append(time.perf_counter() - t0)
-            assert state["model"]["big"].shape == (32768, 4096)
+            assert state["model"]["big"].shape == (int(32768 * SCALE_ROWS), 4096)
             del state
-        report("load", times)
+        if times:
+            report("load", times)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

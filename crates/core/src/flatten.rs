@@ -70,6 +70,13 @@ fn python_repr(v: &Value) -> Result<String> {
         Value::BigInt(b) => crate::value::bigint_decimal(b),
         Value::Float(f) => float_repr(*f),
         Value::Str(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        Value::Complex(re, im) => complex_repr(*re, *im, float_repr),
+        // numpy's str() of its scalars: float32 and complex64 with float32's shortest digits.
+        Value::Numpy(n) if !n.is_array() => match (n.dtype, &n.value) {
+            (crate::DType::F32, Value::Float(f)) => float32_repr(*f as f32),
+            (crate::DType::C64, Value::Complex(re, im)) => complex_repr(*re, *im, |x| float32_repr(x as f32)),
+            _ => python_repr(&n.value)?,
+        },
         Value::Tuple(items) => {
             let parts: Result<Vec<String>> = items.iter().map(python_repr).collect();
             let parts = parts?;
@@ -79,6 +86,37 @@ fn python_repr(v: &Value) -> Result<String> {
             return Err(Error::Unsupported(format!("str() of a {} mapping key", other.type_name())));
         }
     })
+}
+
+/// Python's `repr(complex)`: `(re+imj)`, or `imj` when the real part is +0.0; the parts without a trailing
+/// `.0`.
+fn complex_repr(re: f64, im: f64, part: impl Fn(f64) -> String) -> String {
+    let part = |x: f64| {
+        let s = part(x);
+        s.strip_suffix(".0").map(str::to_owned).unwrap_or(s)
+    };
+    if re == 0.0 && !re.is_sign_negative() {
+        return format!("{}j", part(im));
+    }
+    let sign = if im.is_sign_negative() && !im.is_nan() { '-' } else { '+' };
+    format!("({}{sign}{}j)", part(re), part(im.abs()))
+}
+
+/// `repr()` of a float32 as numpy prints it: float32's shortest round-trip digits, Python's notation.
+fn float32_repr(f: f32) -> String {
+    if !f.is_finite() || f == 0.0 {
+        return float_repr(f64::from(f));
+    }
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let s = format!("{f}");
+        if s.contains('.') { s } else { format!("{s}.0") }
+    } else {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    }
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, scientific notation outside `1e-4 <= |x| < 1e16`.

@@ -10,7 +10,9 @@
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI;
 //!   [`host_ranks`] runs a job of `W` ranks on the processes of a group of any size.
-//! - [`safetensors`]: read and write `.safetensors` files.
+//! - [`safetensors`]: read and write `.safetensors` files, with ckpt's lossless metadata convention.
+//! - [`select`]: selecting, renaming and casting the entries of a checkpoint; [`cast_float`]: torch's float
+//!   conversions, bit for bit.
 //! - [`commit`]: the durable commit path every writer uses — crash-safe file and directory commits at the
 //!   disk's speed, advisory locks, checksum manifests, failpoints.
 //!
@@ -23,6 +25,7 @@
 
 pub mod atomic;
 mod buffer;
+mod cast;
 mod checkpoint;
 mod collective;
 pub mod commit;
@@ -34,12 +37,14 @@ mod hosted;
 #[cfg(feature = "mpi")]
 mod mpi_collective;
 pub mod safetensors;
+pub mod select;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
 mod tensor;
 mod value;
 
 pub use buffer::Buffer;
+pub use cast::{cast_float, is_castable_float};
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
 pub use display::{element_f64, format_tensor};
@@ -52,4 +57,7 @@ pub use hosted::{host_ranks, hosted_ranks};
 #[cfg(feature = "mpi")]
 pub use mpi_collective::{MpiCollective, TIMEOUT_ENV as MPI_TIMEOUT_ENV, launched_by_mpi};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
-pub use value::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};
+pub use value::{
+    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, bigint_decimal, numpy_dtype_code,
+    numpy_unsupported,
+};

@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::value::Value;
-use metadata::Records;
+use metadata::{EntryRef, Records};
 
 /// A safetensors file, read: tensors in file order and the `__metadata__` string map, and, behind
 /// [`CheckpointRead`], the entries ckpt recorded ([`metadata`]): the tensors, then the `ckpt.values` values.
@@ -45,6 +45,30 @@ impl SafetensorsReader {
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
     }
+
+    /// Every entry as (name, path in the nested state dict, value), in the source's order when ckpt recorded
+    /// it: plain tensors, and the values of `ckpt.values` with the tensors they hold ([`metadata`]).
+    pub fn leaves(&self) -> Vec<(String, Vec<crate::PathItem>, Value)> {
+        self.records
+            .entries(&self.tensors)
+            .into_iter()
+            .map(|(name, e)| {
+                let value = match e {
+                    EntryRef::Tensor(t) => Value::Tensor(t.clone()),
+                    EntryRef::Value(v) => v.clone(),
+                };
+                (name.to_owned(), self.records.path_of(name), value)
+            })
+            .collect()
+    }
+
+    /// The entry `name`: a stored tensor, or a recorded value.
+    fn entry(&self, name: &str) -> Option<EntryRef<'_>> {
+        if let Some((_, v)) = self.records.values.iter().find(|(n, _)| n == name) {
+            return Some(EntryRef::Value(v));
+        }
+        self.get(name).filter(|_| !self.records.is_hidden(name)).map(EntryRef::Tensor)
+    }
 }
 
 /// Parses a safetensors file held in `buffer`. The whole header is validated (by the `safetensors`
@@ -71,7 +95,7 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
         tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
     }
     let metadata = meta.metadata().clone();
-    let records = Records::read(metadata.as_ref(), |name| tensors.iter().any(|(n, _)| n == name));
+    let records = Records::read(metadata.as_ref(), &tensors);
     Ok(SafetensorsReader { tensors, metadata, records })
 }
 
@@ -185,18 +209,30 @@ fn header<'a>(
 /// As [`to_bytes`], plus [`Error::Io`] naming the path, or [`Error::Commit`] for a full disk, a
 /// read-only file system, a permission error or a concurrent save.
 pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
+    crate::commit::write_file(path, &FileOptions::default(), |w| write_to(tensors, metadata, w, path))?;
+    Ok(())
+}
+
+/// Serializes a safetensors file into `w` (a [`crate::commit`] writer of a directory's staged file, for
+/// example), streaming each tensor's bytes from its memory; the bytes are [`write_file`]'s. `path` names
+/// the file in I/O errors.
+///
+/// # Errors
+/// As [`to_bytes`], plus [`Error::Io`] naming `path`.
+pub fn write_to<W: std::io::Write>(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    w: &mut W,
+    path: &Path,
+) -> Result<()> {
     let owned = contiguous(tensors)?;
     let (header, ordered) = header(prepared(&owned)?, metadata)?;
-    crate::commit::write_file(path, &FileOptions::default(), |w| -> Result<()> {
-        use std::io::Write;
-        let io = |e: std::io::Error| Error::io(path, e);
-        w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
-        w.write_all(&header).map_err(io)?;
-        for v in &ordered {
-            w.write_all(&v.tensor.data()?).map_err(io)?;
-        }
-        Ok(())
-    })?;
+    let io = |e: std::io::Error| Error::io(path, e);
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    for v in &ordered {
+        w.write_all(&v.tensor.data()?).map_err(io)?;
+    }
     Ok(())
 }
 
@@ -206,28 +242,38 @@ impl CheckpointRead for SafetensorsReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        let tensors = self.tensors.iter().map(|(n, t)| Entry {
-            name: n.clone(),
-            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
-        });
-        let values = self.records.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: entry_kind(v) });
-        tensors.chain(values).collect()
+        self.records
+            .entries(&self.tensors)
+            .into_iter()
+            .map(|(name, e)| Entry {
+                name: name.to_owned(),
+                kind: match e {
+                    EntryRef::Tensor(t) => {
+                        EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() })
+                    }
+                    EntryRef::Value(v) => entry_kind(v),
+                },
+            })
+            .collect()
     }
 
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.get(name).cloned().ok_or_else(|| Error::InvalidArgument(format!("no tensor named {name:?}")))
+        match self.entry(name) {
+            Some(EntryRef::Tensor(t)) => Ok(t.clone()),
+            Some(EntryRef::Value(v)) => v
+                .as_tensor()
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument(format!("entry {name:?} is not a dense tensor"))),
+            None => Err(Error::InvalidArgument(format!("no tensor named {name:?}"))),
+        }
     }
 
     fn value(&self, name: &str) -> Result<Value> {
-        if let Some(t) = self.get(name) {
-            return Ok(Value::Tensor(t.clone()));
+        match self.entry(name) {
+            Some(EntryRef::Tensor(t)) => Ok(Value::Tensor(t.clone())),
+            Some(EntryRef::Value(v)) => Ok(v.clone()),
+            None => Err(Error::InvalidArgument(format!("no entry named {name:?}"))),
         }
-        self.records
-            .values
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
     }
 }
 

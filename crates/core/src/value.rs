@@ -65,6 +65,23 @@ pub struct Object {
 }
 
 impl Object {
+    /// Whether two objects are the same ([`Value::same`] on every part).
+    pub fn same(&self, other: &Object) -> bool {
+        let all = |a: &[Value], b: &[Value]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y));
+        let opt = |a: &Option<Value>, b: &Option<Value>| match (a, b) {
+            (Some(x), Some(y)) => x.same(y),
+            (None, None) => true,
+            _ => false,
+        };
+        self.newobj == other.newobj
+            && self.callable.same(&other.callable)
+            && self.args.same(&other.args)
+            && opt(&self.state, &other.state)
+            && all(&self.list_items, &other.list_items)
+            && self.dict_items.len() == other.dict_items.len()
+            && self.dict_items.iter().zip(&other.dict_items).all(|((k, v), (l, w))| k.same(l) && v.same(w))
+    }
+
     /// `(module, name)` of the callable when it is a global.
     pub fn callable_name(&self) -> Option<(&str, &str)> {
         match &self.callable {
@@ -72,6 +89,103 @@ impl Object {
             _ => None,
         }
     }
+}
+
+/// A numpy scalar or array unpickled from a checkpoint (`numpy.core.multiarray.scalar` or `_reconstruct`,
+/// numpy 2's `numpy._core.multiarray`), kept so that writing it back pickles the same numpy object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Numpy {
+    /// A scalar's value (`Bool`, `Int`, `BigInt` for a `uint64` above `i64`, `Float` or `Complex`), or an
+    /// array's data as a [`Value::Tensor`] of the numpy dtype (Fortran-ordered arrays keep their strides).
+    pub value: Value,
+    /// The numpy dtype, as the torch dtype of the same name (`bool`, `int8` ... `uint64`, `float16`,
+    /// `float32`, `float64`, `complex64`, `complex128`).
+    pub dtype: DType,
+    /// The module numpy pickled it under: `numpy._core.multiarray` (numpy 2) or `numpy.core.multiarray`.
+    pub module: String,
+}
+
+impl Numpy {
+    /// Whether this is an array (else a scalar).
+    pub fn is_array(&self) -> bool {
+        matches!(self.value, Value::Tensor(_))
+    }
+
+    /// numpy's name of the value's type: `numpy.ndarray`, `numpy.float64`, `numpy.int64`, `numpy.bool` ...
+    pub fn type_name(&self) -> &'static str {
+        if self.is_array() {
+            return "numpy.ndarray";
+        }
+        match self.dtype {
+            DType::Bool => "numpy.bool",
+            DType::I8 => "numpy.int8",
+            DType::I16 => "numpy.int16",
+            DType::I32 => "numpy.int32",
+            DType::I64 => "numpy.int64",
+            DType::U8 => "numpy.uint8",
+            DType::U16 => "numpy.uint16",
+            DType::U32 => "numpy.uint32",
+            DType::U64 => "numpy.uint64",
+            DType::F16 => "numpy.float16",
+            DType::F32 => "numpy.float32",
+            DType::F64 => "numpy.float64",
+            DType::C64 => "numpy.complex64",
+            DType::C128 => "numpy.complex128",
+            _ => "numpy.generic",
+        }
+    }
+}
+
+/// The modules numpy pickles `scalar` and `_reconstruct` under (numpy 2, numpy 1).
+pub const NUMPY_MULTIARRAY: [&str; 2] = ["numpy._core.multiarray", "numpy.core.multiarray"];
+
+/// `(type code, byte order)` of a pickled `numpy.dtype(code, False, True)` with its BUILD state.
+pub fn numpy_dtype_code(v: &Value) -> Option<(&str, &str)> {
+    let Value::Object(o) = v else { return None };
+    if o.callable_name() != Some(("numpy", "dtype")) {
+        return None;
+    }
+    let Value::Tuple(args) = &o.args else { return None };
+    let code = args.first()?.as_str()?;
+    let order = match &o.state {
+        Some(Value::Tuple(s)) => s.get(1).and_then(Value::as_str).unwrap_or("|"),
+        _ => "|",
+    };
+    Some((code, order))
+}
+
+fn multiarray(o: &Object, name: &str) -> bool {
+    o.callable_name().is_some_and(|(m, n)| n == name && NUMPY_MULTIARRAY.contains(&m))
+}
+
+/// Why a pickled numpy object has no value here, naming its dtype: `Some` for a numpy scalar or array that
+/// ckpt-torch's reader left as an object (object arrays, structured dtypes, strings, big-endian data).
+pub fn numpy_unsupported(v: &Value) -> Option<String> {
+    let Value::Object(o) = v else { return None };
+    let (what, dtype) = if multiarray(o, "scalar") {
+        let Value::Tuple(args) = &o.args else { return None };
+        ("scalar", args.first()?)
+    } else if multiarray(o, "_reconstruct") {
+        let Some(Value::Tuple(state)) = &o.state else { return Some("a numpy array without its state".into()) };
+        ("array", state.get(2)?)
+    } else {
+        return None;
+    };
+    let Some((code, order)) = numpy_dtype_code(dtype) else {
+        return Some(format!("a numpy {what} of an unreadable dtype"));
+    };
+    let kind = match code.chars().next() {
+        Some('O') => "object",
+        Some('V') => "structured",
+        Some('U') | Some('S') => "string",
+        Some('M') | Some('m') => "datetime",
+        _ if order == ">" => "big-endian",
+        _ => "unsupported",
+    };
+    Some(format!(
+        "a numpy {what} of {kind} dtype '{order}{code}' is not supported: only bool, integer, float16/32/64 and \
+         complex64/128 numpy values are read"
+    ))
 }
 
 /// Why a tensor's data cannot be read.
@@ -180,6 +294,8 @@ pub enum Value {
     },
     /// An object of an unmodelled class.
     Object(Box<Object>),
+    /// A numpy scalar or array.
+    Numpy(Box<Numpy>),
 }
 
 impl Value {
@@ -191,19 +307,21 @@ impl Value {
         }
     }
 
-    /// The integer, if this is an `int` within i64 (a `bool` is not an int here).
+    /// The integer, if this is an `int` within i64 (a `bool` is not an int here), or a numpy integer scalar.
     pub fn as_int(&self) -> Option<i64> {
         match self {
             Value::Int(i) => Some(*i),
+            Value::Numpy(n) => n.value.as_int(),
             _ => None,
         }
     }
 
-    /// The float, if this is a `float` (or an `int` converted).
+    /// The float, if this is a `float` (or an `int` converted), or a numpy float or integer scalar.
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Value::Float(f) => Some(*f),
             Value::Int(i) => Some(*i as f64),
+            Value::Numpy(n) => n.value.as_f64(),
             _ => None,
         }
     }
@@ -224,11 +342,12 @@ impl Value {
         }
     }
 
-    /// The dense tensor inside a tensor, parameter or tensor-with-state value.
+    /// The dense tensor inside a tensor, parameter, tensor-with-state value or numpy array.
     pub fn as_tensor(&self) -> Option<&Tensor> {
         match self {
             Value::Tensor(t) | Value::Parameter { tensor: t, .. } => Some(t),
             Value::TensorWithState { tensor, .. } => tensor.as_tensor(),
+            Value::Numpy(n) => n.value.as_tensor(),
             _ => None,
         }
     }
@@ -271,6 +390,53 @@ impl Value {
             Value::Device { .. } => "torch.device",
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
+            Value::Numpy(n) => n.type_name(),
+        }
+    }
+
+    /// Whether two values are the same, as a lossless round trip must keep them: like `==`, but floats
+    /// (and complex parts) compare by their bits, so NaN equals a NaN of the same bits and `-0.0` differs
+    /// from `0.0`. Tensors compare by dtype, shape, values and `requires_grad` (`==` on [`Tensor`]).
+    pub fn same(&self, other: &Value) -> bool {
+        fn all(a: &[Value], b: &[Value]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
+        }
+        fn pairs(a: &[(Value, Value)], b: &[(Value, Value)]) -> bool {
+            a.len() == b.len() && a.iter().zip(b).all(|((k, v), (l, w))| k.same(l) && v.same(w))
+        }
+        fn opt(a: Option<&Value>, b: Option<&Value>) -> bool {
+            match (a, b) {
+                (Some(x), Some(y)) => x.same(y),
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        match (self, other) {
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Complex(a, b), Value::Complex(c, d)) => a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits(),
+            (Value::List(a), Value::List(b))
+            | (Value::Tuple(a), Value::Tuple(b))
+            | (Value::Set(a), Value::Set(b))
+            | (Value::FrozenSet(a), Value::FrozenSet(b)) => all(a, b),
+            (Value::Dict(a), Value::Dict(b)) => {
+                a.kind == b.kind && pairs(&a.items, &b.items) && opt(a.attrs.as_deref(), b.attrs.as_deref())
+            }
+            (Value::Parameter { tensor: a, state: s }, Value::Parameter { tensor: b, state: t }) => {
+                a == b && opt(s.as_deref(), t.as_deref())
+            }
+            (
+                Value::TensorWithState { tensor: a, class: c, state: s },
+                Value::TensorWithState { tensor: b, class: d, state: t },
+            ) => a.same(b) && c.same(d) && s.same(t),
+            (Value::OpaqueTensor { kind: k, object: a }, Value::OpaqueTensor { kind: l, object: b }) => {
+                k == l && a.same(b)
+            }
+            (Value::Object(a), Value::Object(b)) => a.same(b),
+            (Value::Numpy(a), Value::Numpy(b)) => a.dtype == b.dtype && a.module == b.module && a.value.same(&b.value),
+            (Value::Storage { dtype: d, data: a }, Value::Storage { dtype: e, data: b }) => {
+                d == e && a.as_bytes() == b.as_bytes()
+            }
+            (a, b) => a == b,
         }
     }
 

@@ -405,8 +405,9 @@ fn write_safetensors(
 /// Converts the DCP checkpoint in `dir` into one safetensors file at `out`, tensors under their flattened
 /// keys in checkpoint order, with ckpt's safetensors convention ([`ckpt_core::safetensors::metadata`]:
 /// `format` = `pt`, `ckpt.source` = `distcp`, the nested paths from `planner_data` in `ckpt.paths`, the
-/// non-tensor values JSON holds exactly in `ckpt.values`). Other non-tensor values cannot be stored and
-/// are listed in [`ConvertReport::skipped`]. Streams tensor by tensor.
+/// non-tensor values in `ckpt.values`, in its lossless typed encoding). A value holding tensors (a tuple of
+/// tensors) is listed in [`ConvertReport::skipped`] (the facade's `ckpt::convert` keeps those too). Streams
+/// tensor by tensor.
 ///
 /// # Errors
 /// [`Error::Unwritable`] for dtypes safetensors lacks (complex32/128, quantized, float4); read and I/O

@@ -149,6 +149,14 @@ pub enum Error {
         /// What kind.
         kind: ckpt_core::OpaqueTensorKind,
     },
+    /// A numpy value whose dtype has no tensor counterpart (object arrays, structured dtypes, strings).
+    #[error("{name:?}: {reason}")]
+    UnsupportedNumpy {
+        /// Entry name.
+        name: String,
+        /// What it is, naming its dtype.
+        reason: String,
+    },
     /// The value cannot be written by the torch.save writer.
     #[error("cannot write: {0}")]
     Unwritable(String),

@@ -43,6 +43,8 @@
 pub mod detect;
 mod error;
 mod legacy;
+mod module;
+mod numpy;
 mod read;
 mod rebuild;
 mod single_pass;
@@ -52,6 +54,7 @@ pub mod zip;
 
 pub use detect::{Container, detect};
 pub use error::{Error, Result};
+pub use module::{is_module, module_classes, module_state_dict};
 pub use read::{ReadOptions, TorchReader, load};
 pub use verify::{VerifyReport, verify};
 pub use write::{WriteOptions, prefix_for_path, save, save_to_writer};

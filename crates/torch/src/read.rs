@@ -10,6 +10,8 @@ use ckpt_pickle::Value as P;
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::legacy;
+use crate::module::{module_classes, module_state_dict};
+use crate::numpy;
 use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
 use crate::single_pass::{self, CoreStorages};
 use crate::zip::Archive;
@@ -61,6 +63,8 @@ pub struct TorchReader {
     prefix: Option<String>,
     version: Option<u64>,
     records: Vec<String>,
+    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
+    state_dict: Option<Value>,
     /// Leaf name -> the child positions that lead to it, built on the first lookup by name.
     index: OnceLock<LeafIndex>,
 }
@@ -160,8 +164,10 @@ impl TorchReader {
         match detect(buffer.as_bytes())? {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
-                let value = legacy::read(buffer, options)?;
+                // (The legacy stream's pickle is followed by its storages: the tree is walked, not the bytes.)
+                let value = numpy::lift(legacy::read(buffer, options)?);
                 Ok(TorchReader {
+                    state_dict: module_state_dict(&value),
                     value,
                     container: Container::Legacy,
                     prefix: None,
@@ -171,6 +177,18 @@ impl TorchReader {
                 })
             }
         }
+    }
+
+    /// What entries are named by: the saved object, or a whole module's state dict.
+    fn root(&self) -> &Value {
+        self.state_dict.as_ref().unwrap_or(&self.value)
+    }
+
+    /// For a file written by `torch.save(model)`: the state dict `model.state_dict()` would return (parameters
+    /// and persistent buffers named `0.weight`, `1.running_mean`, ...), which [`CheckpointRead::entries`]
+    /// lists; `None` for any other file. [`TorchReader::value`] is still the whole module object.
+    pub fn module_state_dict(&self) -> Option<&Value> {
+        self.state_dict.as_ref()
     }
 
     /// The saved object.
@@ -209,7 +227,7 @@ impl TorchReader {
     /// [`Error::NoSuchEntry`].
     pub fn get(&self, name: &str) -> Result<&Value> {
         let index = self.index.get_or_init(|| {
-            let leaves = leaf_keys(&self.value).map_err(|e| e.to_string())?;
+            let leaves = leaf_keys(self.root()).map_err(|e| e.to_string())?;
             let mut index = HashMap::with_capacity(leaves.len());
             for (key, at, _) in leaves {
                 // The first of equal names wins, as a search in order finds it.
@@ -218,7 +236,7 @@ impl TorchReader {
             Ok(index)
         });
         let index = index.as_ref().map_err(|e| Error::Core(ckpt_core::Error::Unsupported(e.clone())))?;
-        index.get(name).and_then(|at| descend(&self.value, at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
+        index.get(name).and_then(|at| descend(self.root(), at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
     }
 }
 
@@ -228,7 +246,7 @@ impl CheckpointRead for TorchReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        leaf_keys(&self.value)
+        leaf_keys(self.root())
             .map(|l| l.into_iter().map(|(name, _, v)| Entry { kind: entry_kind(v), name }).collect())
             .unwrap_or_default()
     }
@@ -248,11 +266,20 @@ impl CheckpointRead for TorchReader {
             d.push(("version".into(), v.to_string()));
         }
         d.push(("top level".into(), self.value.type_name().to_owned()));
+        let classes = module_classes(&self.value);
+        if let Some(top) = classes.first() {
+            d.push(("module".into(), top.clone()));
+            d.push(("module classes".into(), classes.join(", ")));
+        }
         d
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        match self.get(name)? {
+        let v = self.get(name)?;
+        if let Some(reason) = ckpt_core::numpy_unsupported(v) {
+            return Err(Error::UnsupportedNumpy { name: name.to_owned(), reason }.into());
+        }
+        match v {
             Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
             other => other.as_tensor().cloned().ok_or_else(|| Error::NoSuchTensor(name.to_owned()).into()),
         }
@@ -401,7 +428,10 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
             Rebuilder { source: &mut storages }.value(&pickled)?
         }
     };
+    // numpy values become numpy values the same way whichever path built the objects.
+    let value = if numpy::mentions_numpy(pkl.as_bytes()) { numpy::lift(value) } else { value };
     Ok(TorchReader {
+        state_dict: module_state_dict(&value),
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -487,6 +517,7 @@ mod tests {
             prefix: None,
             version: None,
             records: Vec::new(),
+            state_dict: None,
             index: OnceLock::new(),
         };
         for (k, v) in &core {
@@ -523,6 +554,96 @@ mod tests {
         }
         // Every fixture torch wrote goes through the single pass.
         assert_eq!(accepted, fixtures.len());
+    }
+
+    /// numpy values and whole modules come out the same through the single pass and through the full decoder
+    /// + rebuilder (the fallback), each followed by the numpy lifting `read_zip` applies to either.
+    #[test]
+    fn numpy_values_and_modules_read_alike_on_both_paths() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/values");
+        let mut numpy_values = 0;
+        for name in ["numpy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
+            let b = Buffer::map_file(&dir.join(name)).unwrap();
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let pkl = archive.data(b.as_bytes(), archive.get("data.pkl").unwrap()).unwrap().to_vec();
+            let limits = ckpt_pickle::Limits::default();
+            let mut storages = ZipStorages::new(&archive, &b);
+            let fast =
+                single_pass::rebuild(&pkl, &limits, &mut storages).expect("the single pass accepts torch's files");
+            let mut storages = ZipStorages::new(&archive, &b);
+            let (p, _) = ckpt_pickle::decode_with(&pkl, &limits).unwrap();
+            let full = Rebuilder { source: &mut storages }.value(&p).unwrap();
+            let (fast, full) = (numpy::lift(fast), numpy::lift(full));
+            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{name}");
+            assert_eq!(module_state_dict(&fast), module_state_dict(&full), "{name}");
+            // And what the reader gives is that value.
+            let reader = TorchReader::from_buffer(&b, &ReadOptions::default()).unwrap();
+            assert_eq!(format!("{:?}", reader.value()), format!("{full:?}"), "{name}");
+            if let Value::Dict(d) = &full {
+                numpy_values += d.items.iter().filter(|(_, v)| matches!(v, Value::Numpy(_))).count();
+            }
+        }
+        // numpy.pt: 7 scalars, 4 arrays; numpy_unsupported.pt: 1 scalar (its two arrays stay objects).
+        assert_eq!(numpy_values, 12);
+    }
+
+    /// The fallback path on its own: a numpy file whose pickle the single pass declines (a second BUILD on
+    /// one object) still reads its numpy values through the full decoder and the rebuilder.
+    #[test]
+    fn numpy_values_read_when_the_single_pass_declines() {
+        use ckpt_pickle::Pickler;
+        let mut p = Pickler::new(Vec::new(), 2).unwrap();
+        // {'acc': numpy.float64(0.5), 'o': <an object BUILT twice, which the single pass declines>}
+        p.empty_dict().unwrap();
+        p.mark().unwrap();
+        p.str("acc").unwrap();
+        p.global("numpy._core.multiarray", "scalar").unwrap();
+        p.global("numpy", "dtype").unwrap();
+        p.str("f8").unwrap();
+        p.bool(false).unwrap();
+        p.bool(true).unwrap();
+        p.tuple(3).unwrap();
+        p.reduce().unwrap();
+        p.begin_tuple(8).unwrap();
+        p.int(3).unwrap();
+        p.str("<").unwrap();
+        p.none().unwrap();
+        p.none().unwrap();
+        p.none().unwrap();
+        p.int(-1).unwrap();
+        p.int(-1).unwrap();
+        p.int(0).unwrap();
+        p.tuple(8).unwrap();
+        p.build().unwrap();
+        p.bytes(&0.5f64.to_le_bytes()).unwrap();
+        p.tuple(2).unwrap();
+        p.reduce().unwrap();
+        p.str("o").unwrap();
+        p.global("some.module", "Thing").unwrap();
+        p.empty_tuple().unwrap();
+        p.reduce().unwrap();
+        p.empty_dict().unwrap();
+        p.build().unwrap();
+        p.empty_dict().unwrap();
+        p.build().unwrap();
+        p.setitems().unwrap();
+        let pkl = p.finish().unwrap();
+        let mut zip = crate::zip::ZipWriter::with_options(
+            Vec::new(),
+            "archive",
+            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
+        );
+        zip.write_record("data.pkl", &pkl).unwrap();
+        zip.write_record("version", b"3\n").unwrap();
+        let buffer = Buffer::from_vec(zip.finish().unwrap());
+        let archive = Archive::parse(buffer.as_bytes()).unwrap();
+        let mut storages = ZipStorages::new(&archive, &buffer);
+        let limits = ckpt_pickle::Limits::default();
+        assert!(single_pass::rebuild(&pkl, &limits, &mut storages).is_none(), "the single pass must decline");
+        let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
+        let Value::Numpy(n) = reader.get("acc").unwrap() else { panic!("{:?}", reader.value()) };
+        assert_eq!((n.dtype, &n.value, n.module.as_str()), (DType::F64, &Value::Float(0.5), "numpy._core.multiarray"));
+        assert!(matches!(reader.get("o").unwrap(), Value::Object(_)));
     }
 
     #[test]

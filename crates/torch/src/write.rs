@@ -364,6 +364,12 @@ impl DataPickler {
             }
             Value::Global { module, name } => self.global(module, name),
             Value::Object(o) => self.object(o),
+            Value::Numpy(n) => {
+                let o = crate::numpy::lower(n).ok_or_else(|| {
+                    unwritable(format!("a {} holding a {} value", n.type_name(), n.value.type_name()))
+                })?;
+                self.object(&o)
+            }
             other => Err(unwritable(format!("a {} value", other.type_name()))),
         }
     }

@@ -39,7 +39,8 @@ struct Cli {
 enum Command {
     /// List every entry of a checkpoint: name, dtype, shape and size, with totals.
     #[command(
-        after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'"
+        after_help = "Examples:\n  ckpt inspect model.pt\n  ckpt inspect checkpoint_dir --json | jq '.entries[].name'\n  \
+                      ckpt inspect last.ckpt --include 'state_dict.*' --exclude '*.num_batches_tracked'"
     )]
     Inspect {
         /// A checkpoint file or directory.
@@ -47,6 +48,12 @@ enum Command {
         /// Print JSON: {"format", "details", "entries": [{"name", "dtype", "shape", "nbytes"}], "totals"}.
         #[arg(long)]
         json: bool,
+        /// List only entries whose name matches this glob (repeatable; `*` matches dots too).
+        #[arg(long, value_name = "GLOB")]
+        include: Vec<String>,
+        /// Leave out entries whose name matches this glob (repeatable).
+        #[arg(long, value_name = "GLOB")]
+        exclude: Vec<String>,
     },
     /// Print a tensor's values, numpy-style, or a value (strings as they are, others as Python's repr).
     #[command(after_help = "Examples:\n  ckpt cat model.pt fc.weight\n  ckpt cat model.pt fc.weight --limit 4\n  \
@@ -104,6 +111,8 @@ enum Command {
         from: Option<Format>,
         #[command(flatten)]
         layout: LayoutArgs,
+        #[command(flatten)]
+        select: SelectArgs,
     },
     /// Rewrite a sharded checkpoint for another number of ranks, parts or shards.
     #[command(about = reshard_about(), after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
@@ -154,7 +163,10 @@ fn convert_help() -> String {
          ckpt convert model.safetensors model.pt --to torch\n  \
          ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
          ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
-         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n\n\
+         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n  \
+         ckpt convert dcp_checkpoint/ hf_model/ --to hf --max-shard-size 2GB\n  \
+         ckpt convert last.ckpt model.safetensors --to safetensors --include 'state_dict.*' --strip-prefix state_dict.model. --dtype bf16\n  \
+         ckpt convert ddp.pt model.pt --to torch --exclude 'optimizer.*' --strip-prefix model.module.\n\n\
          Formats: {}.",
         formats.join(", ")
     )
@@ -200,11 +212,18 @@ fn main() -> ExitCode {
     // Under mpirun, only rank 0 reports.
     let quiet = cli.quiet || group.rank() != 0;
     let result = match &cli.command {
-        Command::Inspect { path, json } => ckpt::open(path).and_then(|c| inspect(&c, *json)).map(|()| true),
+        Command::Inspect { path, json, include, exclude } => {
+            let mut selection = ckpt::Selection::default();
+            selection.include.clone_from(include);
+            selection.exclude.clone_from(exclude);
+            ckpt::open(path).and_then(|c| inspect(&c, *json, &selection)).map(|()| true)
+        }
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
         Command::Verify { path } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
-        Command::Convert { src, dst, to, from, layout } => convert(src, dst, *to, *from, layout, quiet, group),
+        Command::Convert { src, dst, to, from, layout, select } => {
+            convert(src, dst, *to, *from, layout, select, quiet, group)
+        }
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
             Ok(true) => reshard(path, dst, *world_size, quiet, group),
             Ok(false) => return ExitCode::from(EXIT_USAGE),
@@ -419,6 +438,21 @@ struct LayoutArgs {
     /// source's own config).
     #[arg(long, value_name = "FILE")]
     pbg_config: Option<PathBuf>,
+    /// hf targets: the largest shard (5GB, 500MB, 64KB, 2GiB or bytes; default 5GB, as transformers).
+    #[arg(long, value_name = "SIZE", value_parser = shard_size)]
+    max_shard_size: Option<u64>,
+}
+
+/// `--max-shard-size`, read as transformers reads it.
+#[cfg(feature = "hf")]
+fn shard_size(text: &str) -> Result<u64, String> {
+    ckpt::hf::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// `--max-shard-size` in a build without the hf format: plain bytes.
+#[cfg(not(feature = "hf"))]
+fn shard_size(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| format!("{text:?}: bytes (this build lacks the hf format)"))
 }
 
 impl LayoutArgs {
@@ -438,20 +472,73 @@ impl LayoutArgs {
         if let Some(c) = &self.pbg_config {
             o = o.with_pbg_config(c);
         }
+        if let Some(m) = self.max_shard_size {
+            o = o.with_hf_max_shard_size(m);
+        }
         o
     }
 }
 
+/// Which entries `ckpt convert` writes, under which names, in which float dtype.
+#[derive(clap::Args, Debug)]
+struct SelectArgs {
+    /// Convert only entries whose name (as `ckpt inspect` lists it) matches this glob (repeatable; `*`
+    /// matches dots too, `?` one character, `[..]` a set).
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Leave out entries whose name matches this glob (repeatable; applied after --include).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Remove this prefix from entry names that start with it (DDP's `module.`, Lightning's `model.`).
+    #[arg(long, value_name = "PREFIX")]
+    strip_prefix: Option<String>,
+    /// Prepend this to every entry name (after --strip-prefix).
+    #[arg(long, value_name = "PREFIX")]
+    add_prefix: Option<String>,
+    /// Cast floating-point tensors to this dtype, rounding to nearest even as torch's `.to()` does (other
+    /// tensors and values are left as they are).
+    #[arg(long, value_parser = dtype_parser())]
+    dtype: Option<ckpt::DType>,
+}
+
+impl SelectArgs {
+    fn selection(&self) -> ckpt::Selection {
+        let mut s = ckpt::Selection::default();
+        s.include.clone_from(&self.include);
+        s.exclude.clone_from(&self.exclude);
+        s.strip_prefix.clone_from(&self.strip_prefix);
+        s.add_prefix.clone_from(&self.add_prefix);
+        s.dtype = self.dtype;
+        s
+    }
+}
+
+/// `--dtype`: bf16, f16, f32, f64 (or torch's names).
+fn dtype_parser() -> impl clap::builder::TypedValueParser<Value = ckpt::DType> {
+    let values = [
+        ("bf16", "bfloat16", ckpt::DType::BF16),
+        ("f16", "float16", ckpt::DType::F16),
+        ("f32", "float32", ckpt::DType::F32),
+        ("f64", "float64", ckpt::DType::F64),
+    ];
+    let possible = values.map(|(short, long, _)| clap::builder::PossibleValue::new(short).alias(long));
+    clap::builder::PossibleValuesParser::new(possible).map(move |name: String| {
+        values.iter().find(|(short, long, _)| *short == name || *long == name).map_or(ckpt::DType::F32, |v| v.2)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
 fn convert(
     src: &Path,
     dst: &Path,
     to: Format,
     from: Option<Format>,
     layout: &LayoutArgs,
+    select: &SelectArgs,
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
-    let options = layout.options();
+    let options = layout.options().with_selection(select.selection());
     let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
     let summary = ckpt::convert_in(src, from, dst, to, &options, group);
     pb.finish_and_clear();
@@ -566,8 +653,8 @@ fn human_bytes(n: u64) -> String {
     if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
-fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
-    let entries = c.entries();
+fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
+    let entries: Vec<ckpt::Entry> = c.entries().into_iter().filter(|e| selection.keeps(&e.name)).collect();
     let details = c.reader().details();
     let (mut tensors, mut bytes, mut values, mut opaque) = (0usize, 0usize, 0usize, 0usize);
     for e in &entries {
@@ -612,7 +699,11 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
         return Ok(());
     }
     let detail_text: Vec<String> = details.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    writeln!(out, "{} checkpoint {} ({})", c.format(), c.path().display(), detail_text.join(", ")).map_err(io)?;
+    if detail_text.is_empty() {
+        writeln!(out, "{} checkpoint {}", c.format(), c.path().display()).map_err(io)?;
+    } else {
+        writeln!(out, "{} checkpoint {} ({})", c.format(), c.path().display(), detail_text.join(", ")).map_err(io)?;
+    }
     let rows: Vec<[String; 4]> = entries
         .iter()
         .map(|e| match &e.kind {
@@ -667,13 +758,19 @@ fn inspect(c: &Checkpoint, json: bool) -> ckpt::Result<()> {
 }
 
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
-    let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some());
+    // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
+    let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
+        || c.value(name).is_ok_and(|v| ckpt::core::numpy_unsupported(&v).is_some());
     let text = if is_tensor {
         ckpt::core::format_tensor(&c.tensor(name)?, limit)
     } else {
         // A value: strings as they are (a PBG config prints as its JSON), others as Python's repr.
         match c.value(name)? {
             ckpt::Value::Str(s) => s,
+            // A value holding a tensor (a numpy array a format keeps pickled, as DCP's BYTE_IO items).
+            v if v.as_tensor().is_some() => {
+                v.as_tensor().map(|t| ckpt::core::format_tensor(t, limit)).unwrap_or_default()
+            }
             v => ckpt::core::python_str(&v).unwrap_or_else(|_| format!("<{}>", v.type_name())),
         }
     };

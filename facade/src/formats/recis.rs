@@ -59,7 +59,7 @@ impl Adaptor for Recis {
     /// workers and are dropped). From any other source: the state dict laid out as RecIS lays it out
     /// ([`ckpt_recis::save`]), in as many shards as the world size.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        if source.format == Format::Recis && options.recis_slice_size.is_none() {
+        if source.format == Format::Recis && options.recis_slice_size.is_none() && source.is_whole() {
             return reshard_files(source.path, dst, options);
         }
         let content = source.content()?;

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use ckpt_core::Value;
 use ckpt_core::safetensors::{SafetensorsReader, metadata};
 
 use crate::Format;
@@ -22,17 +21,11 @@ impl Adaptor for Safetensors {
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
     }
 
-    /// The tensors, then the values ckpt recorded; the nesting from the recorded paths, else a flat dict.
+    /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting
+    /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path) -> Result<Content> {
         let file = SafetensorsReader::open(path).at(path)?;
-        let records = file.records();
-        let mut leaves: Vec<Leaf> = Vec::with_capacity(file.tensors.len() + records.values.len());
-        for (name, t) in &file.tensors {
-            leaves.push(Leaf { path: records.path_of(name), name: name.clone(), value: Value::Tensor(t.clone()) });
-        }
-        for (name, value) in &records.values {
-            leaves.push(Leaf { path: records.path_of(name), name: name.clone(), value: value.clone() });
-        }
+        let leaves = file.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)
     }
 

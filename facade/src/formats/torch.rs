@@ -25,9 +25,30 @@ impl Adaptor for Torch {
         Ok(Box::new(ckpt_torch::TorchReader::open(path).at(path)?))
     }
 
-    /// The saved object, and its leaves.
+    /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as
+    /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
+    /// [`Adaptor::stream_to_torch_save`]).
     fn read(&self, path: &Path) -> Result<Content> {
-        Content::from_tree(ckpt_torch::TorchReader::open(path).at(path)?.into_value(), path)
+        let reader = ckpt_torch::TorchReader::open(path).at(path)?;
+        match reader.module_state_dict() {
+            Some(state_dict) => Content::from_tree(state_dict.clone(), path),
+            None => Content::from_tree(reader.into_value(), path),
+        }
+    }
+
+    /// A whole pickled module is written back whole (the module objects, not only their state dict); any
+    /// other file goes through its content.
+    fn stream_to_torch_save(&self, src: &Path, dst: &Path) -> Option<Result<ConvertSummary>> {
+        let reader = match ckpt_torch::TorchReader::open(src).at(src) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let state_dict = reader.module_state_dict()?;
+        Some((|| {
+            let summary = count(&Content::from_tree(state_dict.clone(), src)?.leaves);
+            ckpt_torch::save(reader.value(), dst, &ckpt_torch::WriteOptions::default()).at(dst)?;
+            Ok(summary)
+        })())
     }
 
     /// The source's state dict, as `torch.save` writes it; a source that can streams itself instead.

@@ -1,17 +1,23 @@
 //! The one `__metadata__` convention of the safetensors files ckpt writes (from any format: the facade's
-//! conversions, `ckpt_pbg::export_safetensors`, `ckpt_distcp::convert`), so that a checkpoint converted
-//! through safetensors loses as little as it can and reads back the same whoever wrote it. `__metadata__` is
-//! a string → string map:
+//! conversions, `ckpt_pbg::export_safetensors`, `ckpt_distcp::convert`, Hugging Face shards), so that a
+//! checkpoint converted through safetensors loses nothing and reads back the same whoever wrote it.
+//! `__metadata__` is a string → string map:
 //!
 //! | key | value |
 //! |---|---|
 //! | `format` | `pt`, what Hugging Face loaders expect |
 //! | `ckpt.source` | the format the checkpoint was converted from (`torch`, `distcp`, `pbg`, ...), when known |
-//! | `ckpt.paths` | when the source was nested: a JSON object from each entry name to its path in the nested state dict (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list indices) |
-//! | `ckpt.values` | a JSON object from name to value, for the non-tensor entries JSON holds exactly: `None`, `bool`, `int` (within i64), finite `float` (always written with a fraction or exponent, so it reads back as a float) and `str` |
+//! | `ckpt.paths` | a JSON object from each entry name to its path in the nested state dict (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list indices), in the source's entry order; left out when every path is its name and the file's own order is the source's |
+//! | `ckpt.values` | a JSON object from entry name to value, in the typed encoding of [`values`], for every entry that is not a plain tensor stored under its name: non-tensor values (`None`, bools, ints of any size, floats with NaN, infinities and -0.0, strings, bytes, tuples, lists, sets, dicts with their kind, key types and attributes, `torch.Size`, dtypes, devices, globals, any pickled object), parameters, tensors with `requires_grad` or attributes, tensors of dtypes safetensors lacks, opaque (sparse, quantized, ...) tensors |
 //!
-//! Other safetensors readers ignore the `ckpt.*` keys. A record that is not of this shape is ignored when
+//! Tensors an encoded value holds (a tuple of tensors, a parameter's data, the storages of a sparse tensor)
+//! are tensors of the file that the encoding names; a value's top-level tensor is stored under the entry's
+//! own name, tensors inside it under `<entry>.<position>`. Other safetensors readers ignore the `ckpt.*`
+//! keys and see every stored tensor. Files of earlier ckpt versions, whose `ckpt.values` held JSON scalars
+//! only, are a subset of this encoding and read the same. A record that is not of this shape is ignored when
 //! read (the file then reads as tensors under flat names).
+//!
+//! Nothing is dropped except what cannot be read at all (a tensor whose data cannot be gathered).
 //!
 //! ```
 //! use ckpt_core::safetensors::{self, metadata};
@@ -19,27 +25,37 @@
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("m.safetensors");
 //! let w = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
-//! let sd = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3)), ("raw", Value::Bytes(vec![1]))]);
-//! let options = metadata::WriteOptions::default().with_source("torch");
-//! let report = metadata::save(&sd, &path, &options).unwrap();
-//! assert_eq!((report.tensors, report.values, report.dropped.clone()), (1, 1, vec!["raw".to_owned()]));
+//! let betas = Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)]);
+//! let sd = Value::dict([("model", Value::dict([("w", w)])), ("betas", betas.clone()), ("raw", Value::Bytes(vec![1]))]);
+//! let options = metadata::WriteOptions::default().with_source("distcp");
+//! // DCP's flattening keeps a tuple whole: one entry `betas`.
+//! let flat = ckpt_core::flatten(&sd).unwrap();
+//! let report = metadata::save_entries(flat.iter().map(|e| (e.key.as_str(), e.path.as_slice(), e.value)), &path, &options).unwrap();
+//! assert_eq!((report.tensors, report.values, report.dropped.len()), (1, 2, 0));
 //!
 //! let back = safetensors::SafetensorsReader::open(&path).unwrap();
-//! assert_eq!(back.metadata.as_ref().unwrap()["ckpt.source"], "torch");
+//! assert_eq!(back.metadata.as_ref().unwrap()["ckpt.source"], "distcp");
 //! let names: Vec<String> = back.entries().into_iter().map(|e| e.name).collect();
-//! assert_eq!(names, ["model.w", "epoch"]);
+//! assert_eq!(names, ["model.w", "betas", "raw"]);
 //! assert_eq!(back.records().path_of("model.w"), [PathItem::Key("model".into()), PathItem::Key("w".into())]);
-//! assert_eq!(back.value("epoch").unwrap(), Value::Int(3));
+//! assert_eq!(back.value("betas").unwrap(), betas);
+//! assert_eq!(back.value("raw").unwrap(), Value::Bytes(vec![1]));
 //! ```
 
-use std::collections::HashMap;
+pub mod values;
+
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
 use crate::flatten::{PathItem, leaves};
+use crate::tensor::Tensor;
 use crate::value::Value;
+use values::{Decoder, Encoder};
 
 use super::write_file;
-use crate::error::Result;
 
 /// `__metadata__` key of the format tag.
 pub const FORMAT_KEY: &str = "format";
@@ -52,49 +68,35 @@ pub const PATHS_KEY: &str = "ckpt.paths";
 /// `__metadata__` key of the values record.
 pub const VALUES_KEY: &str = "ckpt.values";
 
-/// The JSON form of `value`, when it is a scalar JSON holds exactly (what `ckpt.values` keeps).
-pub fn value_to_json(value: &Value) -> Option<serde_json::Value> {
-    Some(match value {
-        Value::None => serde_json::Value::Null,
-        Value::Bool(b) => serde_json::Value::Bool(*b),
-        Value::Int(i) => serde_json::Value::from(*i),
-        Value::Float(f) if f.is_finite() => serde_json::Value::from(*f),
-        Value::Str(s) => serde_json::Value::String(s.clone()),
-        _ => return None,
-    })
-}
-
-fn value_from_json(json: &serde_json::Value) -> Option<Value> {
-    Some(match json {
-        serde_json::Value::Null => Value::None,
-        serde_json::Value::Bool(b) => Value::Bool(*b),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            // serde_json writes an f64 with a fraction or exponent (`3.0`), so an integer literal was an int.
-            Some(i) if !n.is_f64() => Value::Int(i),
-            _ => Value::Float(n.as_f64()?),
-        },
-        serde_json::Value::String(s) => Value::Str(s.clone()),
-        _ => return None,
-    })
+/// Whether a file written by ckpt keeps `value` as a plain tensor under its name (no `ckpt.values` record):
+/// a dense tensor of a dtype safetensors has, without `requires_grad`.
+pub fn is_plain_tensor(value: &Value) -> bool {
+    matches!(value, Value::Tensor(t) if !t.requires_grad() && t.dtype().to_safetensors().is_ok())
 }
 
 /// The `__metadata__` of a file ckpt writes, built entry by entry.
+///
+/// Record every entry's name ([`Metadata::path`]) before the values, so that the tensors a value holds get
+/// names no entry has.
 ///
 /// ```
 /// use ckpt_core::safetensors::metadata::Metadata;
 /// use ckpt_core::{PathItem, Value};
 /// let mut m = Metadata::new("distcp");
 /// m.path("model.w", &[PathItem::Key("model".into()), PathItem::Key("w".into())]);
+/// m.path("step", &[PathItem::Key("step".into())]);
 /// assert!(m.value("step", &Value::Int(3)));
-/// assert!(!m.value("names", &Value::List(vec![])));          // JSON cannot hold it exactly: not recorded
 /// let map = m.into_map();
 /// assert_eq!((map["format"].as_str(), map["ckpt.values"].as_str()), ("pt", r#"{"step":3}"#));
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Metadata {
     source: Option<String>,
     paths: Vec<(String, Vec<PathItem>)>,
-    values: serde_json::Map<String, serde_json::Value>,
+    values: serde_json::Map<String, Json>,
+    encoder: Encoder,
+    /// Whether the entries' order differs from the order of the file's tensors.
+    reordered: bool,
 }
 
 impl Metadata {
@@ -103,108 +105,187 @@ impl Metadata {
         Metadata { source: Some(source.to_owned()), ..Metadata::default() }
     }
 
-    /// Records the path of entry `name` (every entry written, tensor or value).
+    /// Records the path of entry `name` (every entry written, tensor or value), in the source's order.
     pub fn path(&mut self, name: &str, path: &[PathItem]) {
+        self.encoder.taken.insert(name.to_owned());
         self.paths.push((name.to_owned(), path.to_vec()));
     }
 
-    /// Records the non-tensor entry `name`, when JSON holds it exactly; whether it did.
+    /// Records that the file's tensors are not in the order of the entries ([`Metadata::path`]), so that
+    /// `ckpt.paths` is written even for flat names.
+    pub fn set_reordered(&mut self) {
+        self.reordered = true;
+    }
+
+    /// Records the entry `name` when its encoding holds no tensor (every value but tensors and values holding
+    /// tensors); whether it did.
     pub fn value(&mut self, name: &str, value: &Value) -> bool {
-        match value_to_json(value) {
-            Some(json) => {
+        let mut probe = Encoder { taken: self.encoder.taken.clone(), stored: Vec::new() };
+        match probe.entry(name, value) {
+            Ok(json) if probe.stored.is_empty() => {
                 self.values.insert(name.to_owned(), json);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 
+    /// Records the entry `name` whatever it holds; returns the tensors its encoding refers to, which the
+    /// caller writes into the same file under the names given (a top-level tensor under `name` itself).
+    ///
+    /// # Errors
+    /// When a tensor's data cannot be gathered, or a dtype has no safetensors carrier.
+    pub fn value_with_tensors(&mut self, name: &str, value: &Value) -> Result<Vec<(String, Tensor)>> {
+        let json = self.encoder.entry(name, value)?;
+        self.values.insert(name.to_owned(), json);
+        Ok(std::mem::take(&mut self.encoder.stored))
+    }
+
     /// The `__metadata__` map: `format`, `ckpt.source` (when known), and `ckpt.paths` (unless every path is
-    /// just its name) and `ckpt.values` (unless there are none).
+    /// just its name in the file's order) and `ckpt.values` (unless there are none).
     pub fn into_map(self) -> HashMap<String, String> {
         let mut map = HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]);
         if let Some(source) = self.source {
             map.insert(SOURCE_KEY.to_owned(), source);
         }
         let nested = self.paths.iter().any(|(name, path)| !matches!(path.as_slice(), [PathItem::Key(k)] if k == name));
-        if nested {
-            let paths: serde_json::Map<String, serde_json::Value> = self
+        if nested || self.reordered || !self.values.is_empty() {
+            let paths: serde_json::Map<String, Json> = self
                 .paths
                 .into_iter()
                 .map(|(name, path)| {
                     let steps = path
                         .into_iter()
                         .map(|p| match p {
-                            PathItem::Key(k) => serde_json::Value::String(k),
-                            PathItem::Index(i) => serde_json::Value::from(i),
+                            PathItem::Key(k) => Json::String(k),
+                            PathItem::Index(i) => Json::from(i),
                         })
                         .collect();
-                    (name, serde_json::Value::Array(steps))
+                    (name, Json::Array(steps))
                 })
                 .collect();
-            map.insert(PATHS_KEY.to_owned(), serde_json::Value::Object(paths).to_string());
+            map.insert(PATHS_KEY.to_owned(), Json::Object(paths).to_string());
         }
         if !self.values.is_empty() {
-            map.insert(VALUES_KEY.to_owned(), serde_json::Value::Object(self.values).to_string());
+            map.insert(VALUES_KEY.to_owned(), Json::Object(self.values).to_string());
         }
         map
     }
 }
 
-/// What ckpt recorded in a file: the path of each entry (when recorded), and the values of `ckpt.values`
-/// that no tensor of the file shadows.
+/// What ckpt recorded in a file: the entries in the source's order with their paths, and the values of
+/// `ckpt.values` with the tensors they hold resolved.
 #[derive(Debug, Clone, Default)]
 pub struct Records {
-    paths: Option<HashMap<String, Vec<PathItem>>>,
+    /// Entry names with their paths, in the source's order (empty when not recorded).
+    order: Vec<(String, Vec<PathItem>)>,
+    paths: HashMap<String, usize>,
     /// Value entries, by name, in the record's order.
     pub values: Vec<(String, Value)>,
+    /// Tensors of the file that values hold under other names (not entries of their own).
+    hidden: HashSet<String>,
 }
 
 impl Records {
-    /// Reads the records of a file's `__metadata__`, whose tensors are named `tensors` (a damaged record
-    /// is ignored).
-    pub fn read(metadata: Option<&HashMap<String, String>>, is_tensor: impl Fn(&str) -> bool) -> Self {
+    /// Reads the records of a file's `__metadata__`, whose tensors are `tensors` (a damaged record is
+    /// ignored).
+    pub fn read(metadata: Option<&HashMap<String, String>>, tensors: &[(String, Tensor)]) -> Self {
         let record = |key: &str| metadata.and_then(|m| m.get(key));
-        let paths = record(PATHS_KEY).and_then(|p| parse_paths(p));
-        let values = record(VALUES_KEY)
-            .and_then(|v| parse_values(v))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(name, _)| !is_tensor(name))
+        let order = record(PATHS_KEY).and_then(|p| parse_paths(p)).unwrap_or_default();
+        let by_name: HashMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut decoder = Decoder::new(&by_name);
+        let values = record(VALUES_KEY).and_then(|v| parse_values(v, &mut decoder)).unwrap_or_default();
+        let value_names: HashSet<&str> = values.iter().map(|(n, _)| n.as_str()).collect();
+        // A value whose name is a tensor's must be that tensor's record (it refers to it); else the tensor wins.
+        let values: Vec<(String, Value)> = values
+            .iter()
+            .filter(|(name, _)| !by_name.contains_key(name.as_str()) || decoder.used.contains(name))
+            .cloned()
             .collect();
-        Records { paths, values }
+        let hidden =
+            decoder.used.iter().filter(|n| !value_names.contains(n.as_str())).cloned().collect::<HashSet<String>>();
+        let paths = order.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
+        Records { order, paths, values, hidden }
     }
 
     /// The path of entry `name`: the recorded one, else the name as a single key.
     pub fn path_of(&self, name: &str) -> Vec<PathItem> {
-        self.paths.as_ref().and_then(|p| p.get(name).cloned()).unwrap_or_else(|| vec![PathItem::Key(name.to_owned())])
+        match self.paths.get(name).and_then(|&i| self.order.get(i)) {
+            Some((_, p)) => p.clone(),
+            None => vec![PathItem::Key(name.to_owned())],
+        }
+    }
+
+    /// Whether the file's tensor `name` is held by a value rather than an entry of its own.
+    pub fn is_hidden(&self, name: &str) -> bool {
+        self.hidden.contains(name)
+    }
+
+    /// Every entry of a file with `tensors`, as (name, value): in the recorded order, then tensors not
+    /// recorded (file order), then values not recorded. Values win over the tensors they hold.
+    pub fn entries<'a>(&'a self, tensors: &'a [(String, Tensor)]) -> Vec<(&'a str, EntryRef<'a>)> {
+        let values: HashMap<&str, &Value> = self.values.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let stored: HashMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut out = Vec::with_capacity(tensors.len() + self.values.len());
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut push = |name: &'a str, out: &mut Vec<(&'a str, EntryRef<'a>)>| {
+            if seen.contains(name) {
+                return;
+            }
+            if let Some(v) = values.get(name) {
+                seen.insert(name);
+                out.push((name, EntryRef::Value(v)));
+            } else if let Some(t) = stored.get(name).filter(|_| !self.hidden.contains(name)) {
+                seen.insert(name);
+                out.push((name, EntryRef::Tensor(t)));
+            }
+        };
+        for (name, _) in &self.order {
+            push(name, &mut out);
+        }
+        for (name, _) in tensors {
+            push(name, &mut out);
+        }
+        for (name, _) in &self.values {
+            push(name, &mut out);
+        }
+        out
     }
 }
 
-/// Parses `ckpt.values`; `None` when it is not an object of scalars.
-fn parse_values(text: &str) -> Option<Vec<(String, Value)>> {
-    let json: serde_json::Value = serde_json::from_str(text).ok()?;
-    json.as_object()?.iter().map(|(name, v)| Some((name.clone(), value_from_json(v)?))).collect()
+/// An entry of a file: a stored tensor, or a recorded value.
+#[derive(Debug, Clone, Copy)]
+pub enum EntryRef<'a> {
+    /// A plain tensor stored under the entry's name.
+    Tensor(&'a Tensor),
+    /// A value of `ckpt.values` (its tensors resolved).
+    Value(&'a Value),
+}
+
+/// Parses `ckpt.values`; `None` when it is not an object of encoded values.
+fn parse_values(text: &str, decoder: &mut Decoder<'_>) -> Option<Vec<(String, Value)>> {
+    let json: Json = serde_json::from_str(text).ok()?;
+    json.as_object()?.iter().map(|(name, v)| Some((name.clone(), decoder.decode(v).ok()?))).collect()
 }
 
 /// Parses `ckpt.paths` (`{"name": ["model", 0, "w"], ...}`); `None` when it is not that shape.
-fn parse_paths(text: &str) -> Option<HashMap<String, Vec<PathItem>>> {
-    let json: serde_json::Value = serde_json::from_str(text).ok()?;
-    let mut out = HashMap::new();
+fn parse_paths(text: &str) -> Option<Vec<(String, Vec<PathItem>)>> {
+    let json: Json = serde_json::from_str(text).ok()?;
+    let mut out = Vec::new();
     for (name, steps) in json.as_object()? {
         let steps = steps.as_array()?;
         let mut path = Vec::with_capacity(steps.len());
         for s in steps {
             path.push(match s {
-                serde_json::Value::String(k) => PathItem::Key(k.clone()),
-                serde_json::Value::Number(n) => PathItem::Index(usize::try_from(n.as_u64()?).ok()?),
+                Json::String(k) => PathItem::Key(k.clone()),
+                Json::Number(n) => PathItem::Index(usize::try_from(n.as_u64()?).ok()?),
                 _ => return None,
             });
         }
         if path.is_empty() {
             return None;
         }
-        out.insert(name.clone(), path);
+        out.push((name.clone(), path));
     }
     Some(out)
 }
@@ -230,54 +311,97 @@ impl WriteOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SaveReport {
-    /// Tensors written.
+    /// Tensor entries written (every entry holding a dense tensor: tensors, parameters, tensors with
+    /// attributes, tensors of any dtype).
     pub tensors: usize,
-    /// Tensor bytes written.
+    /// Bytes of the tensors of the file (tensor entries and the tensors values hold).
     pub bytes: u64,
-    /// Non-tensor values recorded in `ckpt.values`.
+    /// Other entries (opaque tensors included), recorded in `ckpt.values`.
     pub values: usize,
-    /// Entries a safetensors file cannot hold, by name: values JSON does not hold exactly, opaque tensors,
-    /// dtypes safetensors lacks.
+    /// Entries that could not be written, by name (a tensor whose data cannot be read).
     pub dropped: Vec<String>,
 }
 
-/// Writes `entries` (name, path in the nested state dict, value) as one safetensors file at `path`
-/// (atomically), following the convention: tensors of dtypes safetensors
-/// has under their names, values JSON holds exactly in `ckpt.values`, the paths in `ckpt.paths`; every
-/// other entry is listed in [`SaveReport::dropped`], never silently lost.
+/// What [`prepare`] gives: the file's tensors by name, its `__metadata__`, and what was written or dropped.
+pub type Prepared = (Vec<(String, Tensor)>, HashMap<String, String>, SaveReport);
+
+/// The tensors and metadata of a ckpt safetensors file for `entries` (name, path in the nested state dict,
+/// value), without writing it: plain tensors under their names, everything else in `ckpt.values` with the
+/// tensors it holds.
 ///
 /// # Errors
-/// As [`write_file`].
+/// Never for values; the report lists entries that could not be encoded.
+pub fn prepare<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
+    options: &WriteOptions,
+) -> Result<Prepared> {
+    let entries: Vec<(&str, &[PathItem], &Value)> = entries.into_iter().collect();
+    let mut report = SaveReport::default();
+    let mut metadata = Metadata { source: options.source.clone(), ..Metadata::default() };
+    let mut names = HashSet::new();
+    for (name, path, _) in &entries {
+        if !names.insert(*name) {
+            return Err(Error::InvalidArgument(format!("two entries are named {name:?}")));
+        }
+        metadata.path(name, path);
+    }
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    let mut kept_paths = Vec::with_capacity(entries.len());
+    for (name, path, value) in entries {
+        if is_plain_tensor(value) {
+            if let Some(t) = value.as_tensor() {
+                tensors.push((name.to_owned(), t.clone()));
+                report.tensors += 1;
+                kept_paths.push((name, path));
+                continue;
+            }
+        }
+        match metadata.value_with_tensors(name, value) {
+            Ok(stored) => {
+                if value.as_tensor().is_some() {
+                    report.tensors += 1;
+                } else {
+                    report.values += 1;
+                }
+                tensors.extend(stored);
+                kept_paths.push((name, path));
+            }
+            Err(_) => report.dropped.push(name.to_owned()),
+        }
+    }
+    report.bytes = tensors.iter().map(|(_, t)| t.nbytes() as u64).sum();
+    // Only the entries written keep a path, in the source's order.
+    metadata.paths = kept_paths.into_iter().map(|(n, p)| (n.to_owned(), p.to_vec())).collect();
+    if !in_file_order(&tensors, &metadata.paths) {
+        metadata.set_reordered();
+    }
+    Ok((tensors, metadata.into_map(), report))
+}
+
+/// Whether the entries (all tensors) are already in the order the file stores tensors in (the `safetensors`
+/// crate's: descending dtype alignment, then name).
+fn in_file_order(tensors: &[(String, Tensor)], paths: &[(String, Vec<PathItem>)]) -> bool {
+    if tensors.len() != paths.len() {
+        return false;
+    }
+    let key = |(n, t): &(String, Tensor)| (std::cmp::Reverse(t.dtype().to_safetensors().ok()), n.clone());
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by_key(|e| key(e));
+    sorted.iter().zip(paths).all(|((n, _), (p, _))| n == p)
+}
+
+/// Writes `entries` (name, path in the nested state dict, value) as one safetensors file at `path`
+/// (atomically), following the convention ([`prepare`]).
+///
+/// # Errors
+/// As [`write_file`]; [`crate::Error::InvalidArgument`] for two entries of one name.
 pub fn save_entries<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     path: &Path,
     options: &WriteOptions,
 ) -> Result<SaveReport> {
-    let mut report = SaveReport::default();
-    let mut metadata = Metadata { source: options.source.clone(), ..Metadata::default() };
-    let mut tensors = Vec::new();
-    for (name, item_path, value) in entries {
-        let kept = match value.as_tensor() {
-            Some(t) if t.dtype().to_safetensors().is_ok() => {
-                report.tensors += 1;
-                report.bytes += t.nbytes() as u64;
-                tensors.push((name.to_owned(), t.clone()));
-                true
-            }
-            Some(_) => false,
-            None if metadata.value(name, value) => {
-                report.values += 1;
-                true
-            }
-            None => false,
-        };
-        if kept {
-            metadata.path(name, item_path);
-        } else {
-            report.dropped.push(name.to_owned());
-        }
-    }
-    write_file(&tensors, Some(metadata.into_map()), path)?;
+    let (tensors, metadata, report) = prepare(entries, options)?;
+    write_file(&tensors, Some(metadata), path)?;
     Ok(report)
 }
 
@@ -295,53 +419,153 @@ pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<SaveRe
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+    use crate::{DType, Dict, DictKind, Object, OpaqueTensorKind};
+
+    fn round_trip(entries: &[(&str, Value)]) -> (Vec<(String, Value)>, HashMap<String, String>) {
+        let paths: Vec<Vec<PathItem>> = entries.iter().map(|(n, _)| vec![PathItem::Key((*n).to_owned())]).collect();
+        let (tensors, meta, report) =
+            prepare(entries.iter().zip(&paths).map(|((n, v), p)| (*n, p.as_slice(), v)), &WriteOptions::default())
+                .unwrap();
+        assert!(report.dropped.is_empty(), "{:?}", report.dropped);
+        let bytes = super::super::to_bytes(&tensors, Some(meta.clone())).unwrap();
+        let file = super::super::read(&crate::Buffer::from_vec(bytes)).unwrap();
+        let got = file
+            .records()
+            .entries(&file.tensors)
+            .into_iter()
+            .map(|(n, e)| {
+                let v = match e {
+                    EntryRef::Tensor(t) => Value::Tensor(t.clone()),
+                    EntryRef::Value(v) => v.clone(),
+                };
+                (n.to_owned(), v)
+            })
+            .collect();
+        (got, meta)
+    }
 
     #[test]
-    fn values_round_trip_with_their_types() {
-        let values = [
-            ("n", Value::None),
-            ("b", Value::Bool(true)),
-            ("i", Value::Int(-3)),
-            ("f", Value::Float(3.0)),
-            ("g", Value::Float(1e-300)),
-            ("s", Value::Str("{\"json\": 1}".into())),
+    fn every_value_kind_round_trips() {
+        let t = Tensor::from_slice(&[1.0f32, -2.0], &[2]).unwrap();
+        let c128 = Tensor::from_slice(&[1.0f64, 2.0, -0.0, f64::NAN], &[4]).unwrap().reshape(&[4]).unwrap();
+        let c128 = Tensor::from_buffer(DType::C128, &[2], c128.storage().clone()).unwrap();
+        let mut od = Dict::new(DictKind::OrderedDict);
+        od.insert(Value::Int(0), Value::Str("zero".into()));
+        od.insert(Value::Tuple(vec![Value::Int(1)]), Value::None);
+        od.attrs = Some(Box::new(Value::dict([(
+            "_metadata",
+            Value::dict([("", Value::dict([("version", Value::Int(1))]))]),
+        )])));
+        let object = Object {
+            callable: Value::Global { module: "my.mod".into(), name: "Thing".into() },
+            args: Value::Tuple(vec![]),
+            newobj: true,
+            state: Some(Value::dict([("x", Value::Float(f64::NEG_INFINITY))])),
+            list_items: vec![Value::Int(1)],
+            dict_items: vec![(Value::Str("k".into()), Value::Bool(false))],
+        };
+        let storage = Value::Storage { dtype: DType::F32, data: t.storage().clone() };
+        let entries = vec![
+            ("none", Value::None),
+            ("flag", Value::Bool(true)),
+            ("int", Value::Int(-3)),
+            ("big", Value::BigInt(bigint_from("-1267650600228229401496703205376"))),
+            ("floats", Value::List(vec![Value::Float(-0.0), Value::Float(f64::NAN), Value::Float(1e-310)])),
+            ("complex", Value::Complex(1.5, f64::INFINITY)),
+            ("str", Value::Str("h\u{e9}llo\u{0}".into())),
+            ("bytes", Value::Bytes(vec![0, 255, 128])),
+            ("big_bytes", Value::ByteArray((0..5000u32).map(|i| (i % 251) as u8).collect())),
+            ("betas", Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)])),
+            ("set", Value::Set(vec![Value::Int(1), Value::Str("a".into())])),
+            ("frozen", Value::FrozenSet(vec![])),
+            ("odict", Value::Dict(od)),
+            ("size", Value::Size(vec![2, 3])),
+            ("dtype", Value::DType(DType::BF16)),
+            (
+                "devices",
+                Value::List(vec![
+                    Value::Device { kind: "cuda".into(), index: Some(1) },
+                    Value::Device { kind: "cpu".into(), index: None },
+                ]),
+            ),
+            ("tup", Value::Tuple(vec![Value::Tensor(t.clone()), Value::Int(1)])),
+            (
+                "param",
+                Value::Parameter {
+                    tensor: t.clone().with_requires_grad(true),
+                    state: Some(Box::new(Value::dict([("tag", Value::Str("tied".into()))]))),
+                },
+            ),
+            ("grad", Value::Tensor(t.clone().with_requires_grad(true))),
+            ("c128", Value::Tensor(c128)),
+            (
+                "opaque",
+                Value::OpaqueTensor {
+                    kind: OpaqueTensorKind::Sparse,
+                    object: Box::new(Object {
+                        callable: Value::Global {
+                            module: "torch._utils".into(),
+                            name: "_rebuild_sparse_tensor".into(),
+                        },
+                        args: Value::Tuple(vec![storage.clone()]),
+                        newobj: false,
+                        state: None,
+                        list_items: vec![],
+                        dict_items: vec![],
+                    }),
+                },
+            ),
+            ("object", Value::Object(Box::new(object))),
+            ("storage", storage),
+            ("plain", Value::Tensor(t)),
         ];
-        let mut m = Metadata::new("torch");
-        for (n, v) in &values {
-            assert!(m.value(n, v));
+        let (got, meta) = round_trip(&entries);
+        let want: Vec<(String, Value)> = entries.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect();
+        assert_eq!(got.len(), want.len());
+        for ((gn, gv), (wn, wv)) in got.iter().zip(&want) {
+            assert_eq!(gn, wn);
+            assert!(gv.same(wv), "{gn}: {gv:?} != {wv:?}");
         }
-        let map = m.into_map();
-        let mut back = parse_values(&map[VALUES_KEY]).unwrap();
-        back.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut want: Vec<(String, Value)> = values.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect();
-        want.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(back, want);
+        assert!(meta[VALUES_KEY].contains(r#""betas":{"tuple":[0.9,0.999]}"#), "{}", meta[VALUES_KEY]);
+        assert!(!meta[VALUES_KEY].contains("\"plain\""));
+    }
+
+    fn bigint_from(text: &str) -> Vec<u8> {
+        values::bigint_from_decimal(text).unwrap()
     }
 
     #[test]
-    fn values_json_cannot_hold_are_left_out() {
-        let values = [("nan", Value::Float(f64::NAN)), ("bytes", Value::Bytes(vec![1])), ("l", Value::List(vec![]))];
-        assert!(values.iter().all(|(_, v)| value_to_json(v).is_none()));
-        let map = Metadata::new("torch").into_map();
-        assert!(!map.contains_key(VALUES_KEY) && !map.contains_key(PATHS_KEY));
-        assert_eq!((map[FORMAT_KEY].as_str(), map[SOURCE_KEY].as_str()), ("pt", "torch"));
-        assert!(parse_values("[1]").is_none());
-        assert!(parse_values("{\"a\": [1]}").is_none());
-    }
-
-    #[test]
-    fn paths_round_trip() {
-        let p = vec![PathItem::Key("model".into()), PathItem::Index(0), PathItem::Key("w".into())];
-        let mut m = Metadata::new("torch");
-        m.path("model.0.w", &p);
-        let map = m.into_map();
-        assert_eq!(parse_paths(&map[PATHS_KEY]).unwrap()["model.0.w"], p);
-        let mut flat = Metadata::new("torch");
-        flat.path("w", &[PathItem::Key("w".into())]);
-        assert!(!flat.into_map().contains_key(PATHS_KEY));
-        assert!(parse_paths("{\"a\": []}").is_none());
+    fn old_scalar_records_still_read() {
+        let meta = HashMap::from([
+            (VALUES_KEY.to_owned(), r#"{"epoch": 3, "lr": 0.001, "name": "x", "none": null, "flag": true}"#.to_owned()),
+            (PATHS_KEY.to_owned(), r#"{"w": ["model", "w"], "epoch": ["epoch"]}"#.to_owned()),
+        ]);
+        let t = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
+        let r = Records::read(Some(&meta), &[("w".to_owned(), t)]);
+        assert_eq!(r.values[0], ("epoch".to_owned(), Value::Int(3)));
+        assert_eq!(r.values[1], ("lr".to_owned(), Value::Float(0.001)));
+        assert_eq!(r.path_of("w"), [PathItem::Key("model".into()), PathItem::Key("w".into())]);
         // A damaged record is ignored: names are their own paths.
-        let damaged = HashMap::from([(PATHS_KEY.to_owned(), "{".to_owned())]);
-        assert_eq!(Records::read(Some(&damaged), |_| false).path_of("a.b"), [PathItem::Key("a.b".into())]);
+        let damaged =
+            HashMap::from([(PATHS_KEY.to_owned(), "{".to_owned()), (VALUES_KEY.to_owned(), "[1]".to_owned())]);
+        let r = Records::read(Some(&damaged), &[]);
+        assert_eq!(r.path_of("a.b"), [PathItem::Key("a.b".into())]);
+        assert!(r.values.is_empty());
+    }
+
+    #[test]
+    fn flat_tensors_in_file_order_need_no_paths() {
+        let a = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
+        let b = Tensor::from_slice(&[1u8], &[1]).unwrap();
+        let key = [PathItem::Key("a".into())];
+        let keyb = [PathItem::Key("b".into())];
+        let va = Value::Tensor(a);
+        let vb = Value::Tensor(b);
+        let (_, meta, _) = prepare([("a", &key[..], &va), ("b", &keyb[..], &vb)], &WriteOptions::default()).unwrap();
+        assert!(!meta.contains_key(PATHS_KEY));
+        // U8 sorts after F32 in the file; the other order is recorded.
+        let (_, meta, _) = prepare([("b", &keyb[..], &vb), ("a", &key[..], &va)], &WriteOptions::default()).unwrap();
+        assert_eq!(meta[PATHS_KEY], r#"{"b":["b"],"a":["a"]}"#);
+        assert!(prepare([("a", &key[..], &va), ("a", &key[..], &vb)], &WriteOptions::default()).is_err());
     }
 }
