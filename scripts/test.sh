@@ -48,5 +48,12 @@ for feature in torch safetensors distcp hfai pbg recis hf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 
+# The `mpi` feature (not in `full`): the tests run programs under mpirun (OpenMPI, from setup.sh); the
+# facade's test needs the example binary. The whole-suite run below (--all-features) runs them again.
+step "MPI: mpirun tests (feature mpi)"
+cargo build -p ckpt --features full,mpi --example mpi_roundtrip --bin ckpt
+cargo test -p ckpt-core --features mpi --test mpi
+cargo test -p ckpt --features full,mpi --test mpi
+
 step "tests"
 cargo test --workspace --all-features

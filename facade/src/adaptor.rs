@@ -7,7 +7,7 @@ use std::path::Path;
 use std::collections::{HashMap, HashSet};
 
 use ckpt_core::select::Selection;
-use ckpt_core::{CheckpointRead, Dict, EntryKind, PathItem, Value, python_str, unflatten};
+use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, python_str, unflatten};
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
@@ -91,6 +91,26 @@ pub(crate) trait Adaptor: Sync {
             path: src.to_path_buf(),
             reason: format!("a {} checkpoint has no shards to reshard", self.format()),
         })
+    }
+
+    /// [`write`](Adaptor::write) split over the processes of `group` (see [`crate::convert_in`]). Default: the
+    /// process of rank 0 writes everything, the others wait for its verdict.
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let own = if group.rank() == 0 { Some(self.write(source, dst, options)) } else { None };
+        crate::ranks::agree_with_root(group, own, dst)
+    }
+
+    /// [`reshard`](Adaptor::reshard) split over the processes of `group` (see [`crate::reshard_in`]).
+    /// Default: the process of rank 0 does it all, the others wait for its verdict.
+    fn reshard_in(&self, src: &Path, dst: &Path, world: usize, group: &dyn Collective) -> Result<()> {
+        let own = if group.rank() == 0 { Some(self.reshard(src, dst, world)) } else { None };
+        crate::ranks::agree_with_root(group, own, dst)
     }
 
     /// What a file no format recognised is instead (a git-LFS pointer, an HTML page, ...), when this format

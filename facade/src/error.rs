@@ -76,6 +76,15 @@ pub enum Error {
         /// What is there.
         reason: String,
     },
+    /// Another process of a multi-process run ([`crate::convert_in`], [`crate::reshard_in`]) failed; every
+    /// process returns this (the failing one its own error), so none waits for it.
+    #[error("process {rank} failed: {message}")]
+    RankFailed {
+        /// The first process (rank of the outer group) that failed.
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
 }
 
 impl Error {
@@ -87,6 +96,7 @@ impl Error {
             Error::FeatureDisabled { .. } | Error::UnsupportedConversion { .. } => Fault::Unsupported,
             Error::Format { source, .. } => source.fault(),
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
+            Error::RankFailed { .. } => Fault::Io,
         }
     }
 }

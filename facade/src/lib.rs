@@ -13,6 +13,7 @@
 //! | `hf` | `hf` (`ckpt-hf`) | Hugging Face sharded safetensors directories |
 //! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
+//! | `mpi` | `ckpt-core/mpi` | [`core::MpiCollective`]: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
 //!
 //! [`open`] detects the format of a file or directory and returns one [`Checkpoint`] interface: entries with
 //! dtype and shape before any data is read, then lazy tensor reads.
@@ -42,12 +43,19 @@
 //! The facade glues; what a format is lives in its crate. `formats.rs` is the registry: every [`Format`],
 //! how it is recognised, and the adaptor (`formats/<format>.rs`, one per format, behind its feature) through
 //! which [`open`], [`convert`], [`verify`] and [`reshard`] reach the format crate.
+//!
+//! # Many processes
+//! [`convert_in`] and [`reshard_in`] split a conversion or reshard over the processes of a
+//! [`core::Collective`] (an MPI job through [`core::MpiCollective`] with feature `mpi`, threads, one process):
+//! the `W` ranks of the target are hosted round-robin by the `K` processes ([`core::host_ranks`]), each
+//! writes its ranks' files, and rank 0 writes the metadata last. The files equal a one-process run's.
 
 mod adaptor;
 mod convert;
 mod diff;
 mod error;
 mod formats;
+mod ranks;
 mod reshard;
 mod verify;
 
@@ -60,6 +68,7 @@ pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use formats::crates::*;
 pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
+pub use ranks::{convert_in, reshard_in};
 pub use reshard::{ReshardSummary, reshard, reshard_formats};
 pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 

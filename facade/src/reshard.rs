@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::adaptor::Adaptor;
 use crate::error::At;
 use crate::{EntryKind, Error, Format, Result};
 
@@ -40,6 +41,14 @@ pub fn reshard_formats() -> &'static [Format] {
 /// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
 /// non-empty `dst`; the format's own errors.
 pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSummary> {
+    let (format, adaptor) = check(src, dst, world_size)?;
+    let (tensors, bytes) = count(adaptor, src)?;
+    adaptor.reshard(src, dst, world_size)?;
+    Ok(ReshardSummary { format, world_size, tensors, bytes })
+}
+
+/// The format of `src` and its adaptor, when it is sharded.
+pub(crate) fn check_format(src: &Path) -> Result<(Format, &'static dyn Adaptor)> {
     let format = crate::detect(src)?;
     if !format.is_sharded() {
         let names: Vec<&str> = reshard_formats().iter().map(|f| f.name()).collect();
@@ -48,7 +57,12 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
             reason: format!("a {format} checkpoint has no shards to reshard; reshard works on {}", names.join(", ")),
         });
     }
-    let adaptor = crate::formats::adaptor(format, src)?;
+    Ok((format, crate::formats::adaptor(format, src)?))
+}
+
+/// [`check_format`], then the world size and the destination (new or empty).
+pub(crate) fn check(src: &Path, dst: &Path, world_size: usize) -> Result<(Format, &'static dyn Adaptor)> {
+    let (format, adaptor) = check_format(src)?;
     if world_size == 0 {
         return Err(Error::InvalidArgument {
             path: dst.to_path_buf(),
@@ -61,6 +75,11 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
             reason: "the destination exists and is not empty".into(),
         });
     }
+    Ok((format, adaptor))
+}
+
+/// Tensor entries of `src` and their bytes.
+pub(crate) fn count(adaptor: &dyn Adaptor, src: &Path) -> Result<(usize, u64)> {
     let (mut tensors, mut bytes) = (0, 0u64);
     for e in adaptor.checkpoint(src)?.entries() {
         if let EntryKind::Tensor(t) = &e.kind {
@@ -68,6 +87,5 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
             bytes += t.nbytes() as u64;
         }
     }
-    adaptor.reshard(src, dst, world_size)?;
-    Ok(ReshardSummary { format, world_size, tensors, bytes })
+    Ok((tensors, bytes))
 }

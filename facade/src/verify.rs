@@ -63,7 +63,9 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 ///
 /// # Errors
 /// When the checkpoint cannot be opened at all (not a checkpoint, unreadable structure, I/O); problems found
-/// once it is open are listed in [`VerifyReport::problems`].
+/// once it is open are listed in [`VerifyReport::problems`]. A save of `path` that never committed (a
+/// killed rank) is reported in [`VerifyReport::warnings`], naming the ranks whose files are missing
+/// ([`ckpt_core::commit::unfinished`]); when there is no checkpoint at `path` at all, it is the error.
 pub fn verify(path: &Path) -> Result<VerifyReport> {
     verify_with_progress(path, &|_, _| {})
 }
@@ -73,11 +75,21 @@ pub fn verify(path: &Path) -> Result<VerifyReport> {
 /// # Errors
 /// As [`verify`].
 pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<VerifyReport> {
+    if !path.exists() {
+        if let Some(u) = ckpt_core::commit::unfinished(path) {
+            // A first save that never committed: nothing to verify but what it left.
+            return Err(crate::Error::InvalidArgument { path: path.to_path_buf(), reason: u.to_string() });
+        }
+    }
     let format = crate::detect(path)?;
     let adaptor = crate::formats::adaptor(format, path)?;
     let mut report = VerifyReport::new(format);
     adaptor.verify(path, &mut report, progress)?;
     check_manifest(&adaptor.manifest_dir(path), &mut report);
+    if let Some(u) = ckpt_core::commit::unfinished(path) {
+        // The checkpoint at `path` is whole (the previous one); the new one never committed.
+        report.warnings.push(u.to_string());
+    }
     Ok(report)
 }
 

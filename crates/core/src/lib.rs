@@ -8,7 +8,8 @@
 //! - [`Tensor`]: dtype, shape, strides, storage offset over a shared [`Buffer`].
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
-//! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI.
+//! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI;
+//!   [`host_ranks`] runs a job of `W` ranks on the processes of a group of any size.
 //! - [`safetensors`]: read and write `.safetensors` files, with ckpt's lossless metadata convention.
 //! - [`select`]: selecting, renaming and casting the entries of a checkpoint; [`cast_float`]: torch's float
 //!   conversions, bit for bit.
@@ -17,6 +18,8 @@
 //!
 //! # Feature flags
 //! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module [`tch_interop`]).
+//! - `mpi`: [`MpiCollective`], the processes of an MPI job (`mpirun`) as a [`Collective`] (needs an MPI
+//!   library and libclang to build).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -30,6 +33,9 @@ mod display;
 mod dtype;
 mod error;
 mod flatten;
+mod hosted;
+#[cfg(feature = "mpi")]
+mod mpi_collective;
 pub mod safetensors;
 pub mod select;
 #[cfg(feature = "tch")]
@@ -47,6 +53,9 @@ pub use error::{Error, Fault, Result};
 pub use flatten::{
     FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
 };
+pub use hosted::{host_ranks, hosted_ranks};
+#[cfg(feature = "mpi")]
+pub use mpi_collective::{MpiCollective, TIMEOUT_ENV as MPI_TIMEOUT_ENV, launched_by_mpi};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{
     Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, bigint_decimal, numpy_dtype_code,

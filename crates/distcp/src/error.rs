@@ -299,6 +299,19 @@ pub enum Error {
         /// Its error.
         message: String,
     },
+    /// Per-rank state (one row per rank) saved by one number of ranks, loaded by another
+    /// ([`crate::DcpReader::read_rank_row`]).
+    #[error(
+        "{key}: per-rank state saved by {saved} ranks cannot be loaded by {ranks} ranks: restart with {saved} ranks, or reshard the state"
+    )]
+    RankCountMismatch {
+        /// The entry.
+        key: String,
+        /// Ranks that saved it (its first dimension).
+        saved: usize,
+        /// Ranks loading it.
+        ranks: usize,
+    },
     /// A `torch.save` file (conversion source or target) failed.
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
@@ -329,7 +342,8 @@ impl Error {
             | Error::NotATensor(_)
             | Error::RegionOutOfBounds { .. }
             | Error::Unwritable { .. }
-            | Error::AlreadyExists { .. } => Fault::InvalidArgument,
+            | Error::AlreadyExists { .. }
+            | Error::RankCountMismatch { .. } => Fault::InvalidArgument,
             Error::UnknownTransform { .. } => Fault::Unsupported,
             Error::DecompressedTooLarge { .. } => Fault::Limit,
             _ => Fault::Malformed,

@@ -116,6 +116,57 @@ impl DcpReader {
     }
 }
 
+impl DcpReader {
+    /// Rank `rank`'s row of the per-rank state `key` in a job of `world` ranks: a tensor of shape
+    /// `[saved ranks, ...]` holding one row per rank of the job that saved it (RNG states, data-loader
+    /// positions, a rank's own optimizer counters: what each rank saved with a `ShardSpec` of row `rank`).
+    /// Only the items of that row are read. Such state belongs to a rank and cannot be split or merged.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use ckpt_core::{Collective, Tensor, ThreadGroup, Value};
+    /// use ckpt_distcp::{DcpReader, Error, ShardSpec, WriteOptions, save_distributed};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// std::thread::scope(|s| {
+    ///     for g in ThreadGroup::new(2) {
+    ///         let dir = dir.path();
+    ///         s.spawn(move || {
+    ///             let mine = Tensor::from_slice(&[g.rank() as i64 * 10], &[1, 1]).unwrap();
+    ///             let shards = HashMap::from([("rng".to_string(), ShardSpec::new(&[2, 1], &[g.rank(), 0]))]);
+    ///             save_distributed(&Value::dict([("rng", Value::Tensor(mine))]), &shards, dir, &WriteOptions::default(), &g)
+    ///                 .unwrap();
+    ///         });
+    ///     }
+    /// });
+    /// let r = DcpReader::open(dir.path()).unwrap();
+    /// assert_eq!(r.read_rank_row("rng", 1, 2).unwrap().to_vec::<i64>().unwrap(), [10]);
+    /// assert!(matches!(r.read_rank_row("rng", 0, 3), Err(Error::RankCountMismatch { saved: 2, ranks: 3, .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::RankCountMismatch`] when the first dimension is not `world`; [`Error::NotATensor`] for a value
+    /// without dimensions; [`Error::Unwritable`] for a `rank` not below `world`; read errors.
+    pub fn read_rank_row(&self, key: &str, rank: usize, world: usize) -> Result<ckpt_core::Tensor> {
+        check_rank(rank, world)?;
+        let t = self.tensor_metadata(key)?;
+        let saved = match t.size.first() {
+            Some(&n) => n,
+            None => return Err(Error::NotATensor(key.to_owned())),
+        };
+        if saved != world {
+            return Err(Error::RankCountMismatch { key: key.to_owned(), saved, ranks: world });
+        }
+        let mut offsets = vec![0; t.size.len()];
+        let mut sizes = t.size.clone();
+        if let (Some(o), Some(s)) = (offsets.first_mut(), sizes.first_mut()) {
+            *o = rank;
+            *s = 1;
+        }
+        let row = self.read_region(key, &offsets, &sizes)?;
+        Ok(row.reshape(sizes.get(1..).unwrap_or_default())?)
+    }
+}
+
 /// Options of [`reshard`].
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]

@@ -322,6 +322,9 @@ pub(crate) fn save_with_source(
         options,
         source,
     });
+    if written.is_ok() {
+        commit.files_done(); // before the exchange: a killed peer leaves it waiting there
+    }
     let msg = match &written {
         Ok(results) => json!({"results": planner::results_to_json(results)}),
         Err(e) => json!({"error": e.to_string()}),

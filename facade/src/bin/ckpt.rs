@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ckpt::core::Collective;
 use ckpt::{Checkpoint, EntryKind, Format};
 use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
@@ -18,6 +19,7 @@ const TOP_EXAMPLES: &str = "Examples:
   ckpt diff model.pt converted.safetensors --atol 1e-6
   ckpt convert hfai_ckpt/ model.safetensors --to safetensors
   ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4
+  mpirun -np 2 ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4   (built with feature mpi)
   ckpt export-tsv pbg/config.json --entities-output entities.tsv --relation-types-output relation_types.tsv
 
 Exit codes: 0 success, 1 a check failed (verify, diff), 2 usage error, 3 bad input, 4 I/O error.";
@@ -202,8 +204,21 @@ const EXIT_IO: u8 = 4;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let quiet = cli.quiet;
     cli.limits.apply();
+    let group = match Launch::start() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let group = group.collective();
+    if group.rank() != 0 && !matches!(cli.command, Command::Convert { .. } | Command::Reshard { .. }) {
+        // Under mpirun, commands other than convert and reshard run once, on rank 0.
+        return ExitCode::SUCCESS;
+    }
+    // Under mpirun, only rank 0 reports.
+    let quiet = cli.quiet || group.rank() != 0;
     let result = match &cli.command {
         Command::Inspect { path, json, include, exclude } => {
             let mut selection = ckpt::Selection::default();
@@ -214,9 +229,11 @@ fn main() -> ExitCode {
         Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
         Command::Verify { path, deep: _ } => verify(path, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
-        Command::Convert { src, dst, to, from, layout, select } => convert(src, dst, *to, *from, layout, select, quiet),
+        Command::Convert { src, dst, to, from, layout, select } => {
+            convert(src, dst, *to, *from, layout, select, quiet, group)
+        }
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
-            Ok(true) => reshard(path, dst, *world_size, quiet),
+            Ok(true) => reshard(path, dst, *world_size, quiet, group),
             Ok(false) => return ExitCode::from(EXIT_USAGE),
             Err(e) => Err(e),
         },
@@ -527,14 +544,15 @@ fn convert(
     layout: &LayoutArgs,
     select: &SelectArgs,
     quiet: bool,
+    group: &dyn Collective,
 ) -> ckpt::Result<bool> {
     let options = layout.options().with_selection(select.selection());
     let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
-    let summary = ckpt::convert(src, from, dst, to, &options);
+    let summary = ckpt::convert_in(src, from, dst, to, &options, group);
     pb.finish_and_clear();
     let summary = summary?;
     let mut out = std::io::stdout().lock();
-    if !summary.dropped.is_empty() {
+    if !summary.dropped.is_empty() && group.rank() == 0 {
         // One line, the first names and a count: a big optimizer state can drop thousands of values.
         const SHOWN: usize = 12;
         let names: Vec<&str> = summary.dropped.iter().take(SHOWN).map(String::as_str).collect();
@@ -574,9 +592,9 @@ fn reshard_format(path: &Path) -> ckpt::Result<bool> {
     Ok(false)
 }
 
-fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool) -> ckpt::Result<bool> {
+fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool, group: &dyn Collective) -> ckpt::Result<bool> {
     let pb = spinner(quiet, &format!("resharding {} for {world}", src.display()));
-    let summary = ckpt::reshard(src, dst, world as usize);
+    let summary = ckpt::reshard_in(src, dst, world as usize, group);
     pb.finish_and_clear();
     let summary = summary?;
     if !quiet {
@@ -817,5 +835,48 @@ impl LimitArgs {
         l.max_alloc_bytes = self.max_alloc_bytes.unwrap_or(l.max_alloc_bytes);
         l.max_int_digits = self.max_int_digits.unwrap_or(l.max_int_digits);
         Limits::set_process_default(Some(l));
+    }
+}
+
+/// The processes this run spans: one, or those of an MPI job when started by `mpirun` (feature `mpi`).
+enum Launch {
+    Single(ckpt::core::SingleProcess),
+    #[cfg(feature = "mpi")]
+    Mpi(ckpt::core::MpiCollective),
+}
+
+/// The number of processes an MPI launcher says this job has (OpenMPI, PMI, PMIx variables), if any.
+#[cfg(not(feature = "mpi"))]
+fn mpi_launch_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+impl Launch {
+    #[cfg(feature = "mpi")]
+    fn start() -> Result<Launch, String> {
+        if !ckpt::core::launched_by_mpi() {
+            return Ok(Launch::Single(ckpt::core::SingleProcess));
+        }
+        ckpt::core::MpiCollective::init().map(Launch::Mpi).map_err(|e| format!("cannot start MPI: {e}"))
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn start() -> Result<Launch, String> {
+        match mpi_launch_size() {
+            Some(k) if k > 1 => Err(format!(
+                "started by mpirun with {k} processes, but this ckpt was built without the `mpi` feature: every \
+                 process would do the whole job; rebuild with `--features cli,mpi` (and the format features), or run \
+                 it without mpirun"
+            )),
+            _ => Ok(Launch::Single(ckpt::core::SingleProcess)),
+        }
+    }
+
+    fn collective(&self) -> &dyn Collective {
+        match self {
+            Launch::Single(s) => s,
+            #[cfg(feature = "mpi")]
+            Launch::Mpi(m) => m,
+        }
     }
 }

@@ -2,12 +2,16 @@
 
 use std::path::Path;
 
-use ckpt_core::{PathItem, Value};
+use std::collections::HashMap;
+
+use ckpt_core::{Collective, PathItem, Value, host_ranks, hosted_ranks};
+use ckpt_distcp::{RankState, WriteOptions};
 
 use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
 use crate::error::{At, Cause, Error, Result};
+use crate::ranks::agree;
 use crate::verify::{Progress, VerifyReport};
 
 pub(crate) struct Distcp;
@@ -44,39 +48,37 @@ impl Adaptor for Distcp {
     /// ([`ckpt_distcp::save_sharded`]). DCP cannot save sparse, quantized, nested or meta tensors (neither
     /// can torch's `dcp.save`): they are reported as dropped.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        let content = source.content()?;
-        source.top_mapping(&content, Format::Distcp)?;
-        let profile = match options.dcp_profile {
-            DcpProfile::MaxCompat => ckpt_distcp::Profile::MaxCompat,
-            DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
-        };
-        let write = ckpt_distcp::WriteOptions::default().with_profile(profile);
-        let mut s = ConvertSummary::default();
-        let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
-        for e in ckpt_core::flatten(&content.tree).at(dst)? {
-            if matches!(e.value, Value::OpaqueTensor { .. }) {
-                s.dropped.push(e.key);
-            } else {
-                flat.push((e.path, e.value.clone()));
-            }
-        }
-        for (_, v) in &flat {
-            match v.as_tensor() {
-                Some(t) => {
-                    s.tensors += 1;
-                    s.bytes += t.nbytes() as u64;
-                }
-                None => s.values += 1,
-            }
-        }
-        let kept;
-        let tree = if s.dropped.is_empty() {
-            &content.tree
-        } else {
-            kept = ckpt_core::unflatten(flat).at(dst)?;
-            &kept
-        };
-        ckpt_distcp::save_sharded(tree, dst, options.world_size, &write).at(dst)?;
+        let (s, tree, write) = prepare(source, dst, options)?;
+        ckpt_distcp::save_sharded(&tree, dst, options.world_size, &write).at(dst)?;
+        Ok(s)
+    }
+
+    /// Each process builds the `Shard(0)` state of the ranks it hosts ([`ckpt_distcp::shard_state_dict`]:
+    /// views of the lazily opened source) and saves them with [`ckpt_distcp::save_distributed`].
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let world = options.world_size;
+        let prepared = prepare(source, dst, options).and_then(|(s, tree, write)| {
+            let states = hosted_ranks(group.rank(), group.world_size(), world)
+                .into_iter()
+                .map(|rank| {
+                    if world == 1 {
+                        // As `save_sharded` for one rank: the state dict whole, nothing marked as sharded.
+                        Ok((tree.clone(), HashMap::new()))
+                    } else {
+                        ckpt_distcp::shard_state_dict(&tree, rank, world).at(dst)
+                    }
+                })
+                .collect::<Result<Vec<RankState>>>()?;
+            Ok((s, states, write))
+        });
+        let (s, states, write) = agree(group, prepared)?;
+        save_hosted(group, &states, dst, world, &write)?;
         Ok(s)
     }
 
@@ -109,4 +111,82 @@ impl Adaptor for Distcp {
     fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
         ckpt_distcp::reshard(src, dst, world, &ckpt_distcp::ReshardOptions::default()).map(|_| ()).at(src)
     }
+
+    /// Each process reads the `Shard(0)` boxes of the ranks it hosts from the items they overlap
+    /// ([`ckpt_distcp::DcpReader::shard_state`]) and saves them with [`ckpt_distcp::save_distributed`]; as in
+    /// [`ckpt_distcp::reshard`], every state is read before anything is written.
+    fn reshard_in(&self, src: &Path, dst: &Path, world: usize, group: &dyn Collective) -> Result<()> {
+        let states = ckpt_distcp::DcpReader::open(src).at(src).and_then(|reader| {
+            hosted_ranks(group.rank(), group.world_size(), world)
+                .into_iter()
+                .map(|rank| reader.shard_state(rank, world).at(src))
+                .collect::<Result<Vec<RankState>>>()
+        });
+        let states = agree(group, states)?;
+        save_hosted(group, &states, dst, world, &ckpt_distcp::WriteOptions::default())
+    }
+}
+
+/// The content of `source` as a distcp target takes it: what it writes (counted), the state dict, and the
+/// write options. Creates nothing: the save commits `dst` whole.
+fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<(ConvertSummary, Value, WriteOptions)> {
+    let content = source.content()?;
+    source.top_mapping(&content, Format::Distcp)?;
+    let profile = match options.dcp_profile {
+        DcpProfile::MaxCompat => ckpt_distcp::Profile::MaxCompat,
+        DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
+    };
+    let write = WriteOptions::default().with_profile(profile);
+    let mut s = ConvertSummary::default();
+    let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
+    for e in ckpt_core::flatten(&content.tree).at(dst)? {
+        if matches!(e.value, Value::OpaqueTensor { .. }) {
+            s.dropped.push(e.key);
+        } else {
+            flat.push((e.path, e.value.clone()));
+        }
+    }
+    for (_, v) in &flat {
+        match v.as_tensor() {
+            Some(t) => {
+                s.tensors += 1;
+                s.bytes += t.nbytes() as u64;
+            }
+            None => s.values += 1,
+        }
+    }
+    let tree = if s.dropped.is_empty() { content.tree } else { ckpt_core::unflatten(flat).at(dst)? };
+    Ok((s, tree, write))
+}
+
+/// Saves the states of the ranks this process hosts (`states[i]` for its `i`-th rank), every process of
+/// `group` together forming the `world` ranks of the save; every process returns the same verdict.
+fn save_hosted(
+    group: &dyn Collective,
+    states: &[RankState],
+    dst: &Path,
+    world: usize,
+    write: &WriteOptions,
+) -> Result<()> {
+    let mine = hosted_ranks(group.rank(), group.world_size(), world);
+    let ran = host_ranks(group, world, |g| {
+        let i = mine.iter().position(|&r| r == g.rank()).unwrap_or(0);
+        match states.get(i) {
+            Some((sd, shards)) => ckpt_distcp::save_distributed(sd, shards, dst, write, g).map(|_| ()),
+            None => Err(ckpt_distcp::Error::RankFailed { rank: g.rank(), message: "has no state".into() }),
+        }
+    });
+    let own = ran.at(dst).and_then(|results| {
+        // A rank's own error wins over the "another rank failed" the others report.
+        let mut first = None;
+        for (_, r) in results {
+            match r {
+                Err(e) if !matches!(e, ckpt_distcp::Error::RankFailed { .. }) => return Err(e).at(dst),
+                Err(e) => first = first.or(Some(e)),
+                Ok(()) => {}
+            }
+        }
+        first.map_or(Ok(()), |e| Err(e).at(dst))
+    });
+    agree(group, own)
 }

@@ -2,12 +2,13 @@
 
 use std::path::Path;
 
-use ckpt_core::PathItem;
+use ckpt_core::{Collective, PathItem, host_ranks};
 
 use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::ranks::agree;
 use crate::verify::{Progress, VerifyReport, read_all};
 
 pub(crate) struct Hfai;
@@ -35,20 +36,35 @@ impl Adaptor for Hfai {
     /// The source's state dict laid out as hfai's `save` takes it ([`ckpt_hfai::SaveState::from_state_dict`]),
     /// in as many parts as the world size.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        let content = source.content()?;
-        let top = source.top_mapping(&content, Format::Hfai)?;
-        let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
-        let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
-        if let Some(large) = options.hfai_large_size {
-            write = write.with_large_size(large);
-        }
+        let (s, state, write) = prepare(source, options)?;
         ckpt_hfai::save(&state, dst, &write).at(dst)?;
-        let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content
-            .leaves
-            .iter()
-            .partition(|l| matches!(l.path.first(), Some(PathItem::Key(p)) if dropped_keys.contains(p)));
-        let mut s = count(kept);
-        s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
+        Ok(s)
+    }
+
+    /// Each process writes the parts of the ranks it hosts ([`ckpt_hfai::save_rank`]; every rank plans the
+    /// whole split, tensors are views of the lazily opened source).
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let (s, state, write) = agree(group, prepare(source, options))?;
+        let ran = host_ranks(group, options.world_size, |g| ckpt_hfai::save_rank(&state, dst, &write, g));
+        let own = ran.at(dst).and_then(|results| {
+            // A rank's own error wins over the "another rank failed" the others report.
+            let mut first = None;
+            for (_, r) in results {
+                match r {
+                    Err(e) if !matches!(e, ckpt_hfai::Error::RankFailed { .. }) => return Err(e).at(dst),
+                    Err(e) => first = first.or(Some(e)),
+                    Ok(()) => {}
+                }
+            }
+            first.map_or(Ok(()), |e| Err(e).at(dst))
+        });
+        agree(group, own)?;
         Ok(s)
     }
 
@@ -67,4 +83,26 @@ impl Adaptor for Hfai {
     fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
         ckpt_hfai::reshard(src, dst, world, &ckpt_hfai::ReshardOptions::default()).map(|_| ()).at(src)
     }
+}
+
+/// The content of `source` as an hfai target takes it: what it writes (counted, dropped named), the state
+/// laid out as hfai's `save` takes it, the write options for `options.world_size` parts.
+fn prepare(
+    source: &Source<'_>,
+    options: &ConvertOptions,
+) -> Result<(ConvertSummary, ckpt_hfai::SaveState, ckpt_hfai::WriteOptions)> {
+    let content = source.content()?;
+    let top = source.top_mapping(&content, Format::Hfai)?;
+    let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
+    let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
+    if let Some(large) = options.hfai_large_size {
+        write = write.with_large_size(large);
+    }
+    let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content
+        .leaves
+        .iter()
+        .partition(|l| matches!(l.path.first(), Some(PathItem::Key(p)) if dropped_keys.contains(p)));
+    let mut s = count(kept);
+    s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
+    Ok((s, state, write))
 }

@@ -196,6 +196,11 @@ impl DirCommit {
         };
         let message = group.broadcast(message, 0).map_err(group_error)?;
         let lock = prepared?;
+        if rank == 0 {
+            // Tells `unfinished` how many ranks this save has, should it never commit.
+            let marker = format!("{{\"world_size\": {}}}", group.world_size());
+            let _ = fs::write(staging.join(super::unfinished::SAVE_MARKER), marker);
+        }
         if !message.is_empty() {
             return Err(CommitError::RankFailed { rank: 0, message: String::from_utf8_lossy(&message).into_owned() });
         }
@@ -272,6 +277,13 @@ impl DirCommit {
         Ok(size)
     }
 
+    /// Records that this rank's files are all written and durable, so that a save that never commits (another
+    /// rank killed) tells which ranks finished ([`super::unfinished`]). [`DirCommit::commit`] records it
+    /// too; a writer that exchanges with the other ranks after writing calls it before that exchange.
+    pub fn files_done(&self) {
+        let _ = fs::write(self.staging.join(super::unfinished::rank_marker(self.rank)), b"");
+    }
+
     /// Abandons the commit: on rank 0 the staging directory is removed and the lock released; on the other
     /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
     /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].
@@ -341,6 +353,9 @@ impl DirCommit {
     {
         // A report: 1, the length of the checksum digests (u64 LE), the digests, the payload; or 0 and the
         // error message.
+        if own.is_ok() {
+            self.files_done();
+        }
         let report = match &own {
             Ok(payload) => {
                 let mut m = Manifest::default();
@@ -422,6 +437,11 @@ impl DirCommit {
                     });
                 }
                 manifest.files.insert(name, d);
+            }
+        }
+        for entry in fs::read_dir(&self.staging).map_err(at(&self.target))?.flatten() {
+            if entry.file_name().to_str().is_some_and(super::unfinished::is_marker) {
+                fs::remove_file(entry.path()).map_err(at(&self.target))?;
             }
         }
         finalize(self, payloads)?;

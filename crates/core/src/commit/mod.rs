@@ -14,6 +14,9 @@
 //! - [`checksum`]: the `ckpt.checksums.json` manifest (CRC-32 per named byte range), computed while
 //!   writing, merged across ranks, verified by readers.
 //! - [`failpoint`]: named points at every step, for crash tests (`CKPT_FAILPOINT`).
+//! - [`unfinished`]: what a save that never committed left (a killed rank): which ranks finished their
+//!   files (markers in the staging directory: `.ckpt-save.json` from rank 0, `.ckpt-rank-<r>.done` from each
+//!   rank whose files are durable; removed before the commit).
 //! - [`CommitError`]: disk full, read-only, permission denied, locked — matchable, with the OS error as
 //!   the source.
 //!
@@ -65,6 +68,7 @@ mod file;
 mod lock;
 mod pinned;
 mod release;
+mod unfinished;
 mod writer;
 
 use std::fs::File;
@@ -77,6 +81,7 @@ pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
 pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
+pub use unfinished::{Unfinished, unfinished};
 pub use writer::{CHUNK, DurableWriter, WriterOptions};
 
 /// `.<name>.<suffix>` beside `target`.

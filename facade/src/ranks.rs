@@ -1,0 +1,275 @@
+//! Conversions and reshards split over the processes of a [`Collective`] (an MPI job, threads, one
+//! process): [`convert_in`], [`reshard_in`].
+
+use std::path::Path;
+
+use ckpt_core::Collective;
+
+use crate::adaptor::Source;
+use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::formats::{adaptor, unsupported_reason};
+use crate::{Error, Format, Result};
+
+/// [`crate::convert`] split over the processes of `group`: every process calls it with the same arguments.
+///
+/// The target's `W` ranks ([`ConvertOptions::world_size`]) are hosted round-robin by the `K` processes
+/// ([`ckpt_core::host_ranks`]): each process reads the source regions of its ranks and writes their files,
+/// and rank 0 writes the shared metadata after every rank's files are durable, then commits the directory
+/// atomically. The files are byte for byte those of [`crate::convert`] in one process.
+///
+/// - distcp targets: each rank writes its `Shard(0)` rows of every tensor (a distcp source is read region
+///   by region; other sources are opened lazily, so a rank touches only the pages of its rows).
+/// - hfai targets: each rank writes its `PART_{rank:03d}.pt`.
+/// - other targets: the process of rank 0 writes everything; the others wait for its verdict.
+///
+/// Every process returns the same verdict: a failure on any process makes every process return an error
+/// ([`Error::RankFailed`] on the others), none is left waiting.
+///
+/// ```
+/// use ckpt::core::{SingleProcess, Tensor, Value};
+/// let dir = tempfile::tempdir().unwrap();
+/// let pt = dir.path().join("m.pt");
+/// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap()))]);
+/// ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+/// let options = ckpt::ConvertOptions::default().with_world_size(2);
+/// ckpt::convert_in(&pt, None, &dir.path().join("dcp"), "distcp".parse()?, &options, &SingleProcess)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`crate::convert`]; [`Error::RankFailed`] when another process failed.
+pub fn convert_in(
+    src: &Path,
+    from: Option<Format>,
+    dst: &Path,
+    to: Format,
+    options: &ConvertOptions,
+    group: &dyn Collective,
+) -> Result<ConvertSummary> {
+    if group.world_size() == 1 {
+        return crate::convert(src, from, dst, to, options);
+    }
+    let prepared = (|| {
+        let from = match from {
+            Some(f) => f,
+            None => crate::detect(src)?,
+        };
+        if options.world_size == 0 {
+            return Err(Error::InvalidArgument {
+                path: dst.to_path_buf(),
+                reason: "world size 0: a target needs at least one rank".into(),
+            });
+        }
+        let (source, target) = (adaptor(from, src)?, adaptor(to, src)?);
+        if let Some(reason) = unsupported_reason(from, to) {
+            return Err(Error::UnsupportedConversion { from, to, reason });
+        }
+        Ok((source, target))
+    })();
+    let (source, target) = agree(group, prepared)?;
+    target.write_in(&Source::new(src, source, &options.selection), dst, options, group)
+}
+
+/// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion: for distcp
+/// each of the `world_size` ranks reads only the regions of its `Shard(0)` box from the source and writes
+/// its own data files, rank 0 writes `.metadata` last; for hfai each rank writes its part; RecIS is
+/// resharded by the process of rank 0. The files are those of [`crate::reshard`] in one process.
+///
+/// # Errors
+/// As [`crate::reshard`]; [`Error::RankFailed`] when another process failed.
+pub fn reshard_in(src: &Path, dst: &Path, world_size: usize, group: &dyn Collective) -> Result<crate::ReshardSummary> {
+    if group.world_size() == 1 {
+        return crate::reshard(src, dst, world_size);
+    }
+    // Rank 0 checks the request and the destination; everyone learns the outcome before anything is written.
+    let checked = if group.rank() == 0 { Some(crate::reshard::check(src, dst, world_size)) } else { None };
+    agree_with_root(group, checked.map(|r| r.map(|_| ())), dst)?;
+    let (format, adaptor) = crate::reshard::check_format(src)?;
+    let (tensors, bytes) = crate::reshard::count(adaptor, src)?;
+    adaptor.reshard_in(src, dst, world_size, group)?;
+    Ok(crate::ReshardSummary { format, world_size, tensors, bytes })
+}
+
+/// Every process's outcome, exchanged: `Ok` on every process when all succeeded, else an error on every
+/// process (its own, or [`Error::RankFailed`] naming the first process that failed).
+pub(crate) fn agree<T>(group: &dyn Collective, own: Result<T>) -> Result<T> {
+    let msg = match &own {
+        Ok(_) => Vec::new(),
+        Err(e) => error_text(e).into_bytes(),
+    };
+    let all = group.all_gather(msg).map_err(|e| Error::RankFailed { rank: group.rank(), message: e.to_string() })?;
+    let own = own?;
+    match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+        Some((rank, m)) => Err(Error::RankFailed { rank, message: String::from_utf8_lossy(m).into_owned() }),
+        None => Ok(own),
+    }
+}
+
+/// Rank 0's outcome (`own` is `Some` there) delivered to every process.
+pub(crate) fn agree_with_root<T: Wire>(group: &dyn Collective, own: Option<Result<T>>, at: &Path) -> Result<T> {
+    let msg = match &own {
+        Some(Ok(v)) => {
+            let mut m = vec![0u8];
+            m.extend(v.to_wire());
+            m
+        }
+        Some(Err(e)) => {
+            let mut m = vec![1u8];
+            m.extend(error_text(e).into_bytes());
+            m
+        }
+        None => Vec::new(),
+    };
+    let verdict =
+        group.broadcast(msg, 0).map_err(|e| Error::RankFailed { rank: group.rank(), message: e.to_string() })?;
+    if let Some(own) = own {
+        return own;
+    }
+    match verdict.split_first() {
+        Some((0, body)) => T::from_wire(body).ok_or_else(|| Error::RankFailed {
+            rank: 0,
+            message: format!("{}: sent an unreadable outcome", at.display()),
+        }),
+        Some((_, body)) => Err(Error::RankFailed { rank: 0, message: String::from_utf8_lossy(body).into_owned() }),
+        None => Err(Error::RankFailed { rank: 0, message: "sent no outcome".into() }),
+    }
+}
+
+fn error_text(e: &Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+/// What a process's outcome travels as.
+pub(crate) trait Wire: Sized {
+    fn to_wire(&self) -> Vec<u8>;
+    fn from_wire(bytes: &[u8]) -> Option<Self>;
+}
+
+impl Wire for () {
+    fn to_wire(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn from_wire(_: &[u8]) -> Option<Self> {
+        Some(())
+    }
+}
+
+impl Wire for ConvertSummary {
+    /// Three counts, then each dropped name length-prefixed (names may hold any character).
+    fn to_wire(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for n in [self.tensors as u64, self.bytes, self.values as u64, self.dropped.len() as u64] {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        for d in &self.dropped {
+            out.extend_from_slice(&(d.len() as u64).to_le_bytes());
+            out.extend_from_slice(d.as_bytes());
+        }
+        out
+    }
+    fn from_wire(mut bytes: &[u8]) -> Option<Self> {
+        let word = |b: &mut &[u8]| -> Option<u64> {
+            let (head, rest) = b.split_first_chunk::<8>()?;
+            *b = rest;
+            Some(u64::from_le_bytes(*head))
+        };
+        let tensors = usize::try_from(word(&mut bytes)?).ok()?;
+        let total = word(&mut bytes)?;
+        let values = usize::try_from(word(&mut bytes)?).ok()?;
+        let count = word(&mut bytes)?;
+        let mut dropped = Vec::new();
+        for _ in 0..count {
+            let len = usize::try_from(word(&mut bytes)?).ok()?;
+            let name = bytes.get(..len)?;
+            dropped.push(String::from_utf8(name.to_vec()).ok()?);
+            bytes = bytes.get(len..)?;
+        }
+        Some(ConvertSummary { tensors, bytes: total, values, dropped })
+    }
+}
+
+#[cfg(all(test, feature = "distcp", feature = "hfai"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::Path;
+
+    use ckpt_core::{Tensor, ThreadGroup, Value};
+
+    use super::*;
+
+    #[test]
+    fn summaries_travel_whole() {
+        let s = ConvertSummary { tensors: 3, bytes: 1 << 40, values: 2, dropped: vec!["a\nb".into(), String::new()] };
+        let back = ConvertSummary::from_wire(&s.to_wire()).unwrap();
+        assert_eq!((back.tensors, back.bytes, back.values, back.dropped), (3, 1 << 40, 2, s.dropped.clone()));
+        assert!(ConvertSummary::from_wire(&s.to_wire()[..30]).is_none());
+    }
+
+    fn files(d: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The same calls with threads standing in for processes (2 and 5 of them) write what one process
+    /// writes, byte for byte.
+    #[test]
+    fn processes_as_threads_write_what_one_process_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pt = tmp.path().join("m.pt");
+        let w = Tensor::from_slice(&(0..60).map(|i| i as f32).collect::<Vec<_>>(), &[10, 6]).unwrap();
+        let sd = Value::dict([
+            (
+                "model",
+                Value::dict([
+                    ("w", Value::Tensor(w)),
+                    ("b", Value::Tensor(Tensor::from_slice(&[1.0f32; 3], &[3]).unwrap())),
+                ]),
+            ),
+            ("epoch", Value::Int(3)),
+        ]);
+        crate::torch::save(&sd, &pt, &crate::torch::WriteOptions::default()).unwrap();
+        let options = ConvertOptions::default().with_world_size(4);
+        let one_dcp = tmp.path().join("one_dcp");
+        crate::convert(&pt, None, &one_dcp, Format::Distcp, &options).unwrap();
+        let one_hfai = tmp.path().join("one_hfai");
+        crate::convert(&pt, None, &one_hfai, Format::Hfai, &options).unwrap();
+        let one_re = tmp.path().join("one_re");
+        crate::reshard(&one_dcp, &one_re, 3).unwrap();
+        for processes in [2, 5] {
+            let out = |name: &str| tmp.path().join(format!("{name}{processes}"));
+            std::thread::scope(|s| {
+                for g in ThreadGroup::new(processes) {
+                    let (pt, options, out, one_dcp) = (&pt, &options, &out, &one_dcp);
+                    s.spawn(move || {
+                        convert_in(pt, None, &out("dcp"), Format::Distcp, options, &g).unwrap();
+                        convert_in(pt, None, &out("hfai"), Format::Hfai, options, &g).unwrap();
+                        reshard_in(one_dcp, &out("re"), 3, &g).unwrap();
+                        // A failure on rank 0's checks reaches every process.
+                        let e = reshard_in(one_dcp, &out("re"), 3, &g).unwrap_err();
+                        assert!(e.to_string().contains("not empty"), "{e}");
+                    });
+                }
+            });
+            assert_eq!(files(&one_dcp), files(&out("dcp")));
+            assert_eq!(files(&one_hfai), files(&out("hfai")));
+            assert_eq!(files(&one_re), files(&out("re")));
+        }
+    }
+}

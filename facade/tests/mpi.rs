@@ -1,0 +1,323 @@
+//! The `ckpt` tool and the `mpi_roundtrip` example under `mpirun` (OpenMPI): conversions and reshards split
+//! over processes, byte-equal to one process; a sharded training state saved by 4 ranks and loaded by 2 and
+//! 3; torch interoperability under gloo; failures (a failing rank, a killed rank, a wrong rank count).
+//!
+//! Needs `mpirun` on the `PATH` (scripts/system-packages.sh installs OpenMPI) and the example built:
+//! `cargo build -p ckpt --features full,mpi --example mpi_roundtrip` (scripts/test.sh does both). Every run
+//! has a time limit: a hang fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ckpt_conformance::{fixtures, python, repo_root};
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+struct Run {
+    code: Option<i32>,
+    out: String,
+}
+
+impl Run {
+    fn ok(&self) -> &Self {
+        assert_eq!(self.code, Some(0), "{}", self.out);
+        self
+    }
+}
+
+/// Runs `cmd`, killing it after `limit` (a hang fails the test).
+fn run(mut cmd: Command, limit: Duration) -> Run {
+    let shown = format!("{cmd:?}");
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {shown} (is OpenMPI installed?): {e}"));
+    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            // SIGTERM first: mpirun takes its ranks down with it.
+            unsafe { libc_kill(child.id() as i32, 15) };
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{shown} hung: killed after {limit:?}\n{}{}", t_out.join().unwrap(), t_err.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Run { code: status.code(), out: t_out.join().unwrap() + &t_err.join().unwrap() }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+fn mpirun(np: usize, program: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]).arg(program);
+    for a in args {
+        cmd.arg(a);
+    }
+    cmd
+}
+
+fn ckpt_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ckpt"))
+}
+
+fn example() -> PathBuf {
+    // target/<profile>/deps/mpi-<hash> -> target/<profile>/examples/mpi_roundtrip
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().and_then(Path::parent).unwrap().join("examples").join("mpi_roundtrip");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p ckpt --features full,mpi --example mpi_roundtrip` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Every file of two directories, byte for byte (names and contents).
+fn assert_same_files(a: &Path, b: &Path) {
+    let list = |d: &Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(la, lb, "{} vs {}", a.display(), b.display());
+    assert!(!la.is_empty());
+    for name in la {
+        assert!(
+            std::fs::read(a.join(&name)).unwrap() == std::fs::read(b.join(&name)).unwrap(),
+            "{name} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+/// The 3-rank DCP checkpoint torch 2.13 wrote.
+fn dcp3() -> PathBuf {
+    let p = fixtures("distcp").join("torch213").join("m3");
+    assert!(p.join(".metadata").exists() && p.join("__2_0.distcp").exists(), "{}", p.display());
+    p
+}
+
+#[test]
+fn reshard_3_ranks_to_4_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    let mut c = Command::new(ckpt_bin());
+    c.args(["reshard"]).arg(dcp3()).arg(&one).args(["--world-size", "4"]);
+    run(c, LIMIT).ok();
+    let r = run(mpirun(2, &ckpt_bin(), &[&"reshard", &dcp3(), &two, &"--world-size", &"4"]), LIMIT);
+    r.ok();
+    assert_eq!(r.out.matches("resharded distcp checkpoint").count(), 1, "only rank 0 reports: {}", r.out);
+    assert_same_files(&one, &two);
+    for rank in 0..4 {
+        assert!(two.join(format!("__{rank}_0.distcp")).exists());
+    }
+    let (a, b) = (ckpt::open(&dcp3()).unwrap(), ckpt::open(&two).unwrap());
+    for e in a.entries() {
+        if matches!(e.kind, ckpt::EntryKind::Tensor(_)) {
+            assert_eq!(a.tensor(&e.name).unwrap(), b.tensor(&e.name).unwrap(), "{}", e.name);
+        }
+    }
+}
+
+#[test]
+fn convert_to_hfai_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    let mut c = Command::new(ckpt_bin());
+    c.args(["convert"]).arg(dcp3()).arg(&one).args(["--to", "hfai", "--world-size", "4"]);
+    run(c, LIMIT).ok();
+    run(mpirun(2, &ckpt_bin(), &[&"convert", &dcp3(), &two, &"--to", &"hfai", &"--world-size", &"4"]), LIMIT).ok();
+    assert_same_files(&one, &two);
+    assert_eq!(ckpt::hfai::HfaiReader::open(&two).unwrap().nshards(), 4);
+}
+
+/// More processes than ranks: the processes without a rank take part in the exchanges until the end.
+#[test]
+fn convert_to_distcp_with_more_processes_than_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, three) = (tmp.path().join("one"), tmp.path().join("three"));
+    let mut c = Command::new(ckpt_bin());
+    c.args(["convert"]).arg(dcp3()).arg(&one).args(["--to", "distcp", "--world-size", "2"]);
+    run(c, LIMIT).ok();
+    run(mpirun(3, &ckpt_bin(), &[&"convert", &dcp3(), &three, &"--to", &"distcp", &"--world-size", &"2"]), LIMIT).ok();
+    assert_same_files(&one, &three);
+}
+
+/// Formats resharded by rank 0 alone (RecIS) give the same files too; the others wait for its verdict.
+#[test]
+fn reshard_recis_and_hfai_under_mpirun() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recis = fixtures("recis").join("golden").join("two_shard_adamw");
+    let hfai = fixtures("hfai").join("single_n3").join("ckpt");
+    for (name, src, world) in [("recis", recis, "3"), ("hfai", hfai, "2")] {
+        let (one, two) = (tmp.path().join(format!("{name}1")), tmp.path().join(format!("{name}2")));
+        let mut c = Command::new(ckpt_bin());
+        c.args(["reshard"]).arg(&src).arg(&one).args(["--world-size", world]);
+        run(c, LIMIT).ok();
+        run(mpirun(2, &ckpt_bin(), &[&"reshard", &src, &two, &"--world-size", &world]), LIMIT).ok();
+        assert_same_files(&one, &two);
+    }
+}
+
+/// An error on rank 0's checks reaches every process; the job ends with ckpt's exit code, no hang.
+#[test]
+fn an_error_ends_every_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("full");
+    std::fs::create_dir(&dst).unwrap();
+    std::fs::write(dst.join("keep"), b"x").unwrap();
+    let r = run(mpirun(2, &ckpt_bin(), &[&"reshard", &dcp3(), &dst, &"--world-size", &"4"]), LIMIT);
+    assert_eq!(r.code, Some(3), "{}", r.out);
+    assert!(r.out.contains("the destination exists and is not empty"), "{}", r.out);
+    assert!(r.out.contains("process 0 failed"), "rank 1 reports rank 0's failure: {}", r.out);
+}
+
+/// The example under `-np 4`, loaded under `-np 2` and `-np 3`, every value checked; its distcp output
+/// loads in torch with `dcp.load` under 4 gloo processes.
+#[test]
+fn example_saves_with_4_ranks_and_loads_with_2_and_3_and_in_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    let r = run(mpirun(4, &example(), &[&"save", &root]), LIMIT);
+    r.ok();
+    assert_eq!(r.out.matches("saved distcp, hfai and recis at step 1").count(), 4, "{}", r.out);
+    for rank in 0..4 {
+        assert!(root.join("distcp").join(format!("__{rank}_0.distcp")).exists());
+        assert!(root.join("hfai").join(format!("PART_{rank:03}.pt")).exists());
+    }
+    for np in [2, 3] {
+        let r = run(mpirun(np, &example(), &[&"load", &root]), LIMIT);
+        r.ok();
+        for rank in 0..np {
+            assert!(r.out.contains(&format!("rank {rank} of {np}: checked")), "{}", r.out);
+        }
+    }
+    let script = repo_root().join("conformance/python/mpi/dcp_gloo.py");
+    let mut c = Command::new(python());
+    c.arg(&script).arg("load").arg(root.join("distcp"));
+    let r = run(c, LIMIT);
+    r.ok();
+    for rank in 0..4 {
+        assert!(r.out.contains(&format!("torch rank {rank} of 4: dcp.load checked 13057 values")), "{}", r.out);
+    }
+}
+
+/// A checkpoint torch saves with 4 gloo ranks (DTensor `Shard(0)`) is loaded by the example with 2 ranks,
+/// each checking its region.
+#[test]
+fn torch_4_rank_save_loads_in_the_example_with_2_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("torch");
+    let script = repo_root().join("conformance/python/mpi/dcp_gloo.py");
+    let mut c = Command::new(python());
+    c.arg(&script).arg("save").arg(&dir);
+    run(c, LIMIT).ok();
+    for rank in 0..4 {
+        assert!(dir.join(format!("__{rank}_0.distcp")).exists(), "torch wrote 4 ranks' files");
+    }
+    let r = run(mpirun(2, &example(), &[&"load-distcp", &dir]), LIMIT);
+    r.ok();
+    for rank in 0..2 {
+        assert!(r.out.contains(&format!("rank {rank} of 2: checked 25057 distcp values")), "{}", r.out);
+    }
+}
+
+/// A rank whose write fails makes every rank return an error naming it; the job ends, nobody hangs, and the
+/// previous checkpoint stays.
+#[test]
+fn a_failing_rank_makes_every_rank_fail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root]), LIMIT).ok();
+    let r = run(mpirun(4, &example(), &[&"save", &root, &"--step", &"2", &"--fail-rank", &"2"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    assert!(r.out.contains("injected failure at file.sync"), "{}", r.out);
+    for rank in [0, 1, 3] {
+        assert!(r.out.contains(&format!("rank {rank}: error: rank 2 failed: ")), "{}", r.out);
+    }
+    assert!(!root.join(".distcp.ckpt-staging").exists(), "the failed save's staging directory is removed");
+    run(mpirun(2, &example(), &[&"load", &root, &"--step", &"1"]), LIMIT).ok();
+}
+
+/// A rank killed mid-save: the previous checkpoint stays loadable, and `ckpt verify` names the rank whose
+/// files are missing from the unfinished save.
+#[test]
+fn a_killed_rank_leaves_the_previous_checkpoint_and_verify_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root]), LIMIT).ok();
+    let r = run(mpirun(4, &example(), &[&"save", &root, &"--step", &"2", &"--kill-rank", &"1"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    assert!(r.out.contains("signal 9"), "rank 1 was killed: {}", r.out);
+    assert!(root.join(".distcp.ckpt-staging").exists(), "the unfinished save is left beside the checkpoint");
+    // The previous checkpoint (step 1) loads, every value checked.
+    run(mpirun(2, &example(), &[&"load", &root, &"--step", &"1"]), LIMIT).ok();
+    let mut c = Command::new(ckpt_bin());
+    c.arg("verify").arg(root.join("distcp"));
+    let v = run(c, LIMIT);
+    v.ok();
+    assert!(v.out.contains("warning: an unfinished save is in"), "{}", v.out);
+    assert!(v.out.contains("4 rank(s); the files of rank(s) 1 are missing or incomplete"), "{}", v.out);
+    assert!(v.out.contains("(rank(s) 0, 2, 3 finished)"), "{}", v.out);
+    // The next save removes what the killed one left.
+    run(mpirun(4, &example(), &[&"save", &root, &"--step", &"3"]), LIMIT).ok();
+    assert!(!root.join(".distcp.ckpt-staging").exists());
+    run(mpirun(3, &example(), &[&"load", &root, &"--step", &"3"]), LIMIT).ok();
+}
+
+/// A first save killed before any checkpoint exists: `ckpt verify` fails, naming the missing rank.
+#[test]
+fn verify_of_a_killed_first_save_names_the_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    let r = run(mpirun(4, &example(), &[&"save", &root, &"--kill-rank", &"3"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    let mut c = Command::new(ckpt_bin());
+    c.arg("verify").arg(root.join("distcp"));
+    let v = run(c, LIMIT);
+    assert_ne!(v.code, Some(0), "{}", v.out);
+    assert!(v.out.contains("the files of rank(s) 3 are missing or incomplete"), "{}", v.out);
+}
+
+/// Per-rank state goes back to a job of the same number of ranks; another rank count gets a specific error
+/// on every rank.
+#[test]
+fn per_rank_state_needs_the_same_rank_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root, &"--step", &"5"]), LIMIT).ok();
+    let r = run(mpirun(4, &example(), &[&"resume", &root, &"--step", &"5"]), LIMIT);
+    r.ok();
+    assert!(r.out.contains("rank 3 of 4: resumed its own state [1237, 5003, 5, 3]"), "{}", r.out);
+    let r = run(mpirun(2, &example(), &[&"resume", &root, &"--step", &"5"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    let e = "rank_state: per-rank state saved by 4 ranks cannot be loaded by 2 ranks";
+    assert!(
+        r.out.contains(&format!("rank 0: error: {e}")) && r.out.contains(&format!("rank 1: error: {e}")),
+        "{}",
+        r.out
+    );
+}
