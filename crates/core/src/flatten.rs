@@ -1,7 +1,8 @@
 //! Flattening nested state dicts to dotted keys and back, with `torch.distributed.checkpoint`'s rules
 //! (torch 2.4+ `flatten_state_dict` / `traverse_state_dict`, and `set_element` for the way back).
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::error::{Error, Result};
@@ -217,6 +218,93 @@ pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
     Ok(out)
 }
 
+/// The leaves of a value by name, for reading many entries: one walk (as [`leaves`] makes), then each look-up
+/// is a hash probe and a descent of the leaf's depth, instead of a walk per look-up. The index holds only
+/// positions, not the value: pass the same value to [`LeafIndex::get`]. Where two leaves share a name the
+/// first wins, as with a search of [`leaves`].
+///
+/// ```
+/// use ckpt_core::{LeafIndex, Value};
+/// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::Int(7))]);
+/// let index = LeafIndex::new(&v).unwrap();
+/// assert_eq!(index.get(&v, "model.w"), Some(&Value::Int(1)));
+/// assert_eq!(index.get(&v, "model"), None);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LeafIndex {
+    /// Leaf name → the child position taken at each level.
+    positions: HashMap<String, Vec<usize>>,
+}
+
+impl LeafIndex {
+    /// Indexes every leaf of `value` (named as [`leaves`] names them).
+    ///
+    /// # Errors
+    /// As [`leaves`].
+    pub fn new(value: &Value) -> Result<Self> {
+        // The walk of `leaves`, keeping child positions beside the path.
+        fn walk(
+            path: &mut Vec<PathItem>,
+            at: &mut Vec<usize>,
+            v: &Value,
+            out: &mut HashMap<String, Vec<usize>>,
+        ) -> Result<()> {
+            match v {
+                Value::Dict(d) if !d.items.is_empty() => {
+                    for (i, (k, child)) in d.items.iter().enumerate() {
+                        path.push(PathItem::Key(python_str(k)?));
+                        at.push(i);
+                        walk(path, at, child, out)?;
+                        at.pop();
+                        path.pop();
+                    }
+                }
+                Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
+                    for (i, child) in items.iter().enumerate() {
+                        path.push(PathItem::Index(i));
+                        at.push(i);
+                        walk(path, at, child, out)?;
+                        at.pop();
+                        path.pop();
+                    }
+                }
+                _ => {
+                    if let Entry::Vacant(slot) = out.entry(join_path(path)) {
+                        slot.insert(at.clone());
+                    }
+                }
+            }
+            Ok(())
+        }
+        let mut positions = HashMap::new();
+        walk(&mut Vec::new(), &mut Vec::new(), value, &mut positions)?;
+        Ok(LeafIndex { positions })
+    }
+
+    /// The leaf named `name` of `value` (the value the index was built from).
+    pub fn get<'a>(&self, value: &'a Value, name: &str) -> Option<&'a Value> {
+        let mut v = value;
+        for &i in self.positions.get(name)? {
+            v = match v {
+                Value::Dict(d) => &d.items.get(i)?.1,
+                Value::List(items) | Value::Tuple(items) => items.get(i)?,
+                _ => return None,
+            };
+        }
+        Some(v)
+    }
+
+    /// Number of distinct leaf names.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether there is no leaf.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+}
+
 /// Largest list index [`unflatten`] pads up to; a larger index in a file is an error, not an allocation.
 pub const MAX_UNFLATTEN_INDEX: usize = 1 << 24;
 
@@ -298,6 +386,32 @@ mod tests {
 
     fn t() -> Value {
         Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap())
+    }
+
+    #[test]
+    fn leaf_index_finds_what_a_search_of_leaves_finds() {
+        let mut d = Dict::new(DictKind::OrderedDict);
+        d.insert(Value::Int(0), t());
+        d.insert(Value::Int(1), Value::dict::<&str>([]));
+        d.insert("0", Value::Int(5)); // same name as the int key 0: the first wins
+        let v = Value::dict([
+            ("a", Value::Dict(d)),
+            ("a.0", Value::Int(6)),
+            ("l", Value::List(vec![t(), Value::Int(3), Value::Tuple(vec![])])),
+            ("n", Value::List(vec![Value::List(vec![t()]), Value::None])),
+        ]);
+        let index = LeafIndex::new(&v).unwrap();
+        let all = leaves(&v).unwrap();
+        for leaf in &all {
+            let first = all.iter().find(|l| l.key == leaf.key).unwrap();
+            assert!(std::ptr::eq(index.get(&v, &leaf.key).unwrap(), first.value), "{}", leaf.key);
+        }
+        assert_eq!(index.len(), 7);
+        assert_eq!(index.get(&v, "a"), None);
+        assert_eq!(index.get(&v, "x"), None);
+        assert_eq!(index.get(&Value::None, "l.0"), None, "another value: no panic");
+        let scalar = Value::Int(1);
+        assert_eq!(LeafIndex::new(&scalar).unwrap().get(&scalar, ""), Some(&scalar));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Result};
 pub use flatten::{
-    FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
 };
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};

@@ -2,8 +2,9 @@
 //! io states, behind ckpt-core's [`CheckpointRead`].
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
+use ckpt_core::{CheckpointRead, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves};
 
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
 use crate::error::{Error, Result};
@@ -25,6 +26,9 @@ pub struct Checkpoint {
     extra: Option<Value>,
     io_states: Vec<(usize, Value)>,
     io_state_count: Option<usize>,
+    /// Leaves by name of each torch-file part (in [`Checkpoint::torch_parts`] order), built on the first
+    /// look-up (reading every entry stays linear).
+    leaf_index: OnceLock<Vec<Option<LeafIndex>>>,
 }
 
 impl Checkpoint {
@@ -63,7 +67,7 @@ impl Checkpoint {
         }
         io_states.sort_by_key(|(s, _)| *s);
         let io_state_count = if has(IO_STATE_COUNT_FILE) { read_io_state_count(dir)? } else { None };
-        Ok(Checkpoint { dir: dir.into(), sparse, model, extra, io_states, io_state_count })
+        Ok(Checkpoint { dir: dir.into(), sparse, model, extra, io_states, io_state_count, leaf_index: OnceLock::new() })
     }
 
     /// The directory.
@@ -117,14 +121,14 @@ impl Checkpoint {
     }
 
     fn torch_leaf(&self, name: &str) -> Option<Value> {
-        for (prefix, v) in self.torch_parts() {
+        let parts = self.torch_parts();
+        let indexes = self.leaf_index.get_or_init(|| parts.iter().map(|(_, v)| LeafIndex::new(v).ok()).collect());
+        for ((prefix, v), index) in parts.iter().zip(indexes) {
             let Some(rest) = name.strip_prefix(prefix.as_str()) else {
                 continue;
             };
-            if let Ok(all) = leaves(v) {
-                if let Some(l) = all.into_iter().find(|l| l.key == rest) {
-                    return Some(l.value.clone());
-                }
+            if let Some(leaf) = index.as_ref().and_then(|i| i.get(v, rest)) {
+                return Some(leaf.clone());
             }
         }
         None

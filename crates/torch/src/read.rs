@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::OnceLock;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, Tensor, Value, entry_kind, leaves};
+use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
 use ckpt_pickle::Value as P;
 
 use crate::detect::{Container, detect};
@@ -51,6 +52,8 @@ pub struct TorchFile {
     prefix: Option<String>,
     version: Option<u64>,
     records: Vec<String>,
+    /// Leaves by name, built on the first look-up (reading every entry stays linear).
+    leaf_index: OnceLock<Option<LeafIndex>>,
 }
 
 impl TorchFile {
@@ -84,7 +87,14 @@ impl TorchFile {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
                 let value = legacy::read(buffer, options)?;
-                Ok(TorchFile { value, container: Container::Legacy, prefix: None, version: None, records: Vec::new() })
+                Ok(TorchFile {
+                    value,
+                    container: Container::Legacy,
+                    prefix: None,
+                    version: None,
+                    records: Vec::new(),
+                    leaf_index: OnceLock::new(),
+                })
             }
         }
     }
@@ -124,11 +134,11 @@ impl TorchFile {
     /// # Errors
     /// [`Error::NoSuchEntry`].
     pub fn get(&self, name: &str) -> Result<&Value> {
-        leaves(&self.value)?
-            .into_iter()
-            .find(|e| e.key == name)
-            .map(|e| e.value)
-            .ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
+        match self.leaf_index.get_or_init(|| LeafIndex::new(&self.value).ok()) {
+            Some(index) => index.get(&self.value, name).ok_or_else(|| Error::NoSuchEntry(name.to_owned())),
+            // A key whose str() is not reproduced: leaves() names the error.
+            None => Err(leaves(&self.value).err().map_or_else(|| Error::NoSuchEntry(name.to_owned()), Error::from)),
+        }
     }
 }
 
@@ -284,6 +294,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
         prefix: Some(archive.prefix().to_owned()),
         version: Some(version),
         records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
+        leaf_index: OnceLock::new(),
     })
 }
 
