@@ -1,0 +1,42 @@
+//! A DCP checkpoint directory built from the input (a file-set; bytes before the first separator are
+//! `.metadata`): each metadata pickle decoded in memory and re-encoded, then the directory opened (mapped
+//! or read, by the input's last bit), every entry read, a region of every tensor, the state dict, and
+//! `verify`.
+#![no_main]
+
+use std::path::Path;
+
+use ckpt_core::CheckpointRead;
+use ckpt_distcp::{DcpReader, Metadata, Profile, ReadOptions, StorageMetadata};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let files = ckpt_fuzz::split_files(data, ".metadata");
+    for f in files.iter().filter(|f| f.name.ends_with(".metadata")) {
+        if let Ok(md) = Metadata::from_pickle(f.bytes, Path::new(&f.name)) {
+            for profile in [Profile::MaxCompat, Profile::Torch213] {
+                if let Ok(bytes) = md.to_pickle(profile) {
+                    Metadata::from_pickle(&bytes, Path::new(&f.name)).expect("re-encoded metadata decodes");
+                }
+            }
+        }
+    }
+    let dir = ckpt_fuzz::write_dir("distcp", &files);
+    let mmap = data.last().is_none_or(|b| b & 1 == 0);
+    if let Ok(r) = DcpReader::open_with(&dir, &ReadOptions::default().with_mmap(mmap)) {
+        ckpt_fuzz::read_all(&r);
+        for (key, md) in &r.metadata().state_dict_metadata {
+            if let StorageMetadata::Tensor(t) = md {
+                // The middle of the tensor: crosses chunk boundaries in every dimension.
+                let offsets: Vec<usize> = t.size.iter().map(|d| d / 4).collect();
+                let sizes: Vec<usize> = t.size.iter().map(|d| d / 2).collect();
+                if let Ok(region) = r.read_region(key, &offsets, &sizes) {
+                    ckpt_fuzz::read_tensor(&region);
+                }
+            }
+        }
+        let _ = r.state_dict().map(|v| ckpt_fuzz::read_value(&v));
+        let _ = r.entries();
+    }
+    let _ = ckpt_distcp::verify(&dir);
+});
