@@ -1,5 +1,8 @@
 //! The Python object tree that checkpoints carry besides tensors, kept losslessly.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::tensor::Tensor;
@@ -42,6 +45,88 @@ impl Dict {
     /// Appends an item (no deduplication, like a pickle stream).
     pub fn insert(&mut self, key: impl Into<Value>, value: impl Into<Value>) {
         self.items.push((key.into(), value.into()));
+    }
+
+    /// The mapping Python builds from `items` set one after the other (`d[k] = v`, as unpickling does): a key
+    /// equal to an earlier one keeps the earlier position and takes the later value. Keys are equal as
+    /// Python compares them (`1`, `1.0`, `True` and `1+0j` are one key; `str` and `bytes` never equal); keys
+    /// compared by identity (objects, tensors, NaN) are all distinct.
+    ///
+    /// ```
+    /// use ckpt_core::{Dict, DictKind, Value};
+    /// let w = || Value::Str("w".into());
+    /// let items = [(w(), Value::Int(1)), (Value::Int(1), Value::Int(2)), (w(), Value::Int(3)), (Value::Float(1.0), Value::Int(4))];
+    /// let d = Dict::from_python_items(DictKind::Dict, items);
+    /// assert_eq!(d.items, vec![(w(), Value::Int(3)), (Value::Int(1), Value::Int(4))]);
+    /// ```
+    pub fn from_python_items(kind: DictKind, items: impl IntoIterator<Item = (Value, Value)>) -> Self {
+        let mut out = Dict::new(kind);
+        let mut seen: HashMap<KeyId, usize> = HashMap::new();
+        for (k, v) in items {
+            match KeyId::of(&k) {
+                Some(id) => match seen.entry(id) {
+                    Entry::Occupied(at) => {
+                        if let Some(slot) = out.items.get_mut(*at.get()) {
+                            slot.1 = v;
+                        }
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert(out.items.len());
+                        out.items.push((k, v));
+                    }
+                },
+                None => out.items.push((k, v)),
+            }
+        }
+        out
+    }
+}
+
+/// A hashable key's identity under Python's `==` (`None` for keys compared by identity).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum KeyId {
+    None,
+    /// `bool`, `int` within i64, integral `float`, `complex` with integral real part and no imaginary part.
+    Int(i64),
+    BigInt(Vec<u8>),
+    /// Other floats (and complex numbers without imaginary part), by bits; never NaN.
+    Float(u64),
+    Complex(u64, u64),
+    Str(String),
+    Bytes(Vec<u8>),
+    Tuple(Vec<KeyId>),
+    /// Classes, functions and dtypes: one object per name.
+    Global(String, String),
+    DType(DType),
+}
+
+impl KeyId {
+    fn of(v: &Value) -> Option<KeyId> {
+        fn float(f: f64) -> Option<KeyId> {
+            if f.is_nan() {
+                None
+            } else if f.fract() == 0.0 && f.abs() < 9.0e18 {
+                Some(KeyId::Int(f as i64))
+            } else {
+                Some(KeyId::Float(f.to_bits()))
+            }
+        }
+        Some(match v {
+            Value::None => KeyId::None,
+            Value::Bool(b) => KeyId::Int(i64::from(*b)),
+            Value::Int(i) => KeyId::Int(*i),
+            Value::BigInt(b) => KeyId::BigInt(b.clone()),
+            Value::Float(f) => float(*f)?,
+            Value::Complex(re, im) if *im == 0.0 => float(*re)?,
+            Value::Complex(re, im) if re.is_nan() || im.is_nan() => return None,
+            Value::Complex(re, im) => KeyId::Complex((re + 0.0).to_bits(), im.to_bits()),
+            Value::Str(s) => KeyId::Str(s.clone()),
+            Value::Bytes(b) => KeyId::Bytes(b.clone()),
+            Value::Tuple(items) => KeyId::Tuple(items.iter().map(KeyId::of).collect::<Option<_>>()?),
+            Value::Global { module, name } => KeyId::Global(module.clone(), name.clone()),
+            Value::DType(d) => KeyId::DType(*d),
+            _ => return None,
+        })
     }
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::path::Path;
+
 use ckpt_core::{Buffer, CheckpointRead, Value};
 use ckpt_torch::{ReadOptions, TorchFile, WriteOptions, save_to_writer};
 
@@ -21,4 +23,22 @@ fn fuzz_every_entry_of_a_wide_file_reads_in_linear_time() {
         assert_eq!(CheckpointRead::value(&file, &e.name).unwrap(), Value::Int(i as i64));
     }
     assert!(CheckpointRead::value(&file, "50000").is_err());
+}
+
+/// A dict with a repeated key (`{"w": a, "w": b}`: the fuzzer renamed key `b` of a golden file to `w`).
+/// Unpickling sets items one after the other, so torch.load returns `{"w": b}`, `w` in its first position;
+/// ckpt listed both and read the first, so the entry listed as `[3]` read as the `[2, 3]` tensor.
+/// (`tests/fuzz/duplicate_key.pt` is `conformance/fixtures/torch/bytesio.pt` with that one key renamed
+/// and the CRCs fixed; torch 2.13 loads it as `{'w': <the former b>, 'n': 7}`.)
+#[test]
+fn fuzz_repeated_dict_key_keeps_the_last_value_like_torch_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
+    let file = TorchFile::open(&dir.join("duplicate_key.pt")).unwrap();
+    let names: Vec<String> = file.entries().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["w", "n"]);
+    let original = TorchFile::open(&dir.join("../../../../conformance/fixtures/torch/bytesio.pt")).unwrap();
+    let w = file.tensor("w").unwrap();
+    assert_eq!(w.shape(), [3]);
+    assert!(w.bitwise_eq(&original.tensor("b").unwrap()));
+    assert_eq!(CheckpointRead::value(&file, "n").unwrap(), Value::Int(7));
 }
