@@ -8,10 +8,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = ckpt_pickle::decode(data) else { return };
     let value = value.desugar();
     for protocol in 2..=5 {
-        if let Ok(bytes) = ckpt_pickle::encode(&value, protocol) {
-            if let Err(e) = ckpt_pickle::decode(&bytes) {
-                panic!("protocol {protocol}: the encoder wrote a pickle the decoder rejects: {e}");
-            }
+        if let Ok(bytes) = ckpt_pickle::encode(&value, protocol)
+            && let Err(e) = ckpt_pickle::decode(&bytes)
+        {
+            panic!("protocol {protocol}: the encoder wrote a pickle the decoder rejects: {e}");
         }
     }
 });

@@ -20,11 +20,11 @@ fuzz_target!(|data: &[u8]| {
             }
         } else if f.name.ends_with("tensorkey.json") {
             let _ = TensorKey::parse(f.bytes, path).map(|k| k.to_json());
-        } else if f.name.ends_with(".safetensors") {
-            if let Ok(file) = DataFile::from_buffer(Buffer::from_vec(f.bytes.to_vec()), path) {
-                for e in file.entries() {
-                    let _ = file.tensor(&e.key).map(|t| ckpt_fuzz::read_tensor(&t));
-                }
+        } else if f.name.ends_with(".safetensors")
+            && let Ok(file) = DataFile::from_buffer(Buffer::from_vec(f.bytes.to_vec()), path)
+        {
+            for e in file.entries() {
+                let _ = file.tensor(&e.key).map(|t| ckpt_fuzz::read_tensor(&t));
             }
         }
     }
@@ -41,9 +41,9 @@ fuzz_target!(|data: &[u8]| {
             let _ = sparse.child_slices(child);
         }
     }
-    if dir.join("checkpoint").is_file() {
-        if let Ok(ck) = CheckpointManager::new(&dir).open_latest() {
-            ckpt_fuzz::read_all(&ck);
-        }
+    if dir.join("checkpoint").is_file()
+        && let Ok(ck) = CheckpointManager::new(&dir).open_latest()
+    {
+        ckpt_fuzz::read_all(&ck);
     }
 });

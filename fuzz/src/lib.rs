@@ -83,10 +83,10 @@ pub fn split_files<'a>(data: &'a [u8], default_name: &str) -> Vec<FileEntry<'a>>
         let start = at + SEPARATOR.len();
         let end = find(data, SEPARATOR, start).unwrap_or(data.len());
         let chunk = data.get(start..end).unwrap_or_default();
-        if let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
-            if let (Ok(name), Some(bytes)) = (std::str::from_utf8(&chunk[..nl]), chunk.get(nl + 1..)) {
-                push(name.to_owned(), bytes, &mut out);
-            }
+        if let Some(nl) = chunk.iter().position(|&b| b == b'\n')
+            && let (Ok(name), Some(bytes)) = (std::str::from_utf8(&chunk[..nl]), chunk.get(nl + 1..))
+        {
+            push(name.to_owned(), bytes, &mut out);
         }
         at = end;
     }
