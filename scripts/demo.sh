@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The main job on bundled fixtures: builds the `ckpt` tool and runs it on checkpoints written by the original
 # software (torch 2.13 and 2.15, DCP across ranks, hfai parts, PyTorch-BigGraph, RecIS's C++ saver).
+# Needs Rust; installs the system packages the build links against when they are missing (as root or through
+# sudo: scripts/system-packages.sh, the same as the test command's set-up). No Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/system-packages.sh
+command -v cargo >/dev/null || { echo "demo.sh: cargo not found: install Rust (rustup) first" >&2; exit 1; }
 cargo build --quiet --release -p ckpt --features full
 ckpt=target/release/ckpt
 fx=conformance/fixtures

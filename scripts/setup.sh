@@ -1,31 +1,17 @@
 #!/usr/bin/env bash
-# Installs everything the project needs on a fresh Debian machine with Rust and Python 3.11:
-# system packages (HDF5 for the PyTorch-BigGraph crate, pkg-config) and the conformance suite's Python
-# virtual environment (.venv) from conformance/requirements.txt. Idempotent: fast when all is in place.
-# Fails loudly when something cannot be installed; it never skips.
+# Installs everything the tests need on a fresh Debian machine with Rust and Python 3.11, in this order:
+# system packages (scripts/system-packages.sh, shared with scripts/demo.sh), toolchain checks, tools the
+# tests run, and the conformance suite's Python virtual environment (.venv) from
+# conformance/requirements.txt. Idempotent: fast when all is in place. Fails loudly when something cannot
+# be installed; it never skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[setup] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-# --- system packages -------------------------------------------------------------------------------------
-APT_PACKAGES=(pkg-config libhdf5-dev)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing system packages: ${missing[*]}"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || die "need root (or sudo) to install ${missing[*]}"
-    SUDO="sudo"
-  fi
-  $SUDO apt-get update -qq || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-    || die "apt-get install ${missing[*]} failed"
-fi
+# --- system packages (the same list and code as the main job, scripts/demo.sh) ---------------------------
+bash scripts/system-packages.sh || die "system packages missing (see above)"
 
 # --- toolchains -----------------------------------------------------------------------------------------
 command -v cargo >/dev/null || die "cargo not found: install Rust (rustup) first"
@@ -34,7 +20,9 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else 1)' \
   || die "Python >= 3.10 needed, found $("$PYTHON" --version 2>&1)"
 
-# --- fuzzing: a nightly toolchain and cargo-fuzz (scripts/fuzz.sh, run by scripts/test.sh) ------------------
+# --- tools the tests run (cargo subcommands and the like) -----------------------------------------------
+# Each: check it is present at the pinned version, else install it; die if that fails.
+# Fuzzing: a nightly toolchain and cargo-fuzz (scripts/fuzz.sh, run by scripts/test.sh).
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   command -v rustup >/dev/null || die "rustup not found: the fuzz targets need a nightly Rust toolchain"
   say "installing the nightly Rust toolchain (cargo-fuzz builds with sanitizers, nightly only)"

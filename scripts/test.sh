@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Runs every test: installs what is missing (scripts/setup.sh), checks formatting and lints, proves the
-# committed fixtures are reproducible by regenerating them with the pinned torch, then runs the whole Rust
-# suite (which loads Rust-written files in real torch), and the tch feature's tests against libtorch, then a
-# bounded fuzzing run of every parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60).
+# Runs every test: installs what is missing (scripts/setup.sh), runs the main job (scripts/demo.sh), checks
+# formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
+# torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
+# files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
 
 step "setup"
 bash scripts/setup.sh
+
+# Before tch-env.sh puts the Python environment on PATH: the main job must not need it.
+step "the main job (scripts/demo.sh)"
+bash scripts/demo.sh
 
 # tch builds against the torch in .venv; sets LIBTORCH_USE_PYTORCH, PATH and LD_LIBRARY_PATH.
 # shellcheck source=scripts/tch-env.sh
@@ -34,6 +39,9 @@ trap 'rm -rf "$fresh"' EXIT
 .venv/bin/python conformance/python/pbg/check_reproducible.py conformance/fixtures/pbg "$fresh/pbg"
 .venv/bin/python conformance/python/hfai/make_fixtures.py "$fresh/hfai" >/dev/null
 .venv/bin/python conformance/python/hfai/check_reproducible.py conformance/fixtures/hfai "$fresh/hfai"
+
+step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
+.venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
 for feature in torch safetensors distcp hfai pbg recis cli; do

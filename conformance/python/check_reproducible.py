@@ -6,16 +6,21 @@ Usage::
     .venv/bin/python conformance/python/check_reproducible.py FIXTURE_DIR FRESH_DIR
 
 FIXTURE_DIR is the committed directory (``conformance/fixtures/torch`` or ``conformance/bad``),
-FRESH_DIR the output of running its generator again. Rules:
+FRESH_DIR the output of running its generator again. Rules (``reproducible.py`` and
+``conformance/fixtures/REPRODUCIBILITY.md``):
 
 * both directories must hold the same file names;
 * ``<case>.json`` manifests must be equal as JSON, except the ``python`` field (only warned
-  about); for legacy-format cases (``save_kwargs._use_new_zipfile_serialization == false``) the
-  storage keys are memory addresses, so they are compared after renaming each key to its order
-  of first appearance;
-* ``.pt`` files must be byte-identical, except legacy-format ones, which are loaded with torch
+  about) and the sha256 of training-derived tensors, which must each be the digest of the tensor in
+  their own directory's ``.pt``; for legacy-format cases
+  (``save_kwargs._use_new_zipfile_serialization == false``) the storage keys are memory addresses, so
+  they are compared after renaming each key to its order of first appearance;
+* ``.pt`` files must be byte-identical, except the data of training-derived tensors (STAMP.json's
+  ``training_derived``), compared within the tolerance, and the CRC-32s and serialization checksum
+  computed from it, which must be right for their own file; legacy-format files are loaded with torch
   and compared structurally (values, dtypes, strides, sharing);
-* ``STAMP.json`` must be equal except ``python``, ``numpy`` and ``torch_build`` (warned about);
+* ``STAMP.json`` must be equal except ``python``, ``numpy`` and ``torch_build`` (warned about) and the
+  sha256 of files holding training-derived data, which must each be their own file's digest;
 * every other file must be byte-identical;
 * dotfiles (``.gitattributes``) are not compared.
 
@@ -27,9 +32,12 @@ from __future__ import annotations
 
 import json
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import reproducible  # noqa: E402
 
 WARN_ONLY_MANIFEST = ("python",)
 WARN_ONLY_STAMP = ("python", "numpy", "torch_build")
@@ -50,53 +58,7 @@ def is_legacy(manifest: dict[str, Any]) -> bool:
     return manifest.get("save_kwargs", {}).get("_use_new_zipfile_serialization", True) is False
 
 
-def diff_json(a: Any, b: Any, where: str, out: list[str], limit: int = 8) -> None:
-    """Append up to ``limit`` human-readable differences between two JSON values."""
-    if len(out) >= limit:
-        return
-    if type(a) is not type(b):
-        out.append(f"{where}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}")
-    elif isinstance(a, dict):
-        for k in sorted(set(a) | set(b)):
-            if k not in a or k not in b:
-                out.append(f"{where}.{k}: only in {'committed' if k in a else 'fresh'}")
-            else:
-                diff_json(a[k], b[k], f"{where}.{k}", out, limit)
-    elif isinstance(a, list):
-        if len(a) != len(b):
-            out.append(f"{where}: length {len(a)} != {len(b)}")
-        for i, (x, y) in enumerate(zip(a, b)):
-            label = x.get("path") if isinstance(x, dict) and "path" in x else i
-            diff_json(x, y, f"{where}[{label}]", out, limit)
-    elif a != b:
-        out.append(f"{where}: {json.dumps(a)[:120]} != {json.dumps(b)[:120]}")
-
-
-def zip_record_at(path: Path, offset: int) -> str:
-    """Name of the ZIP record (local header + data + descriptor) that covers ``offset``."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            marks = sorted((i.header_offset, f"record {i.filename!r}") for i in z.infolist())
-            marks.append((z.start_dir, "central directory / end records"))
-    except (zipfile.BadZipFile, OSError):
-        return "a file that is not a readable ZIP"
-    where = "bytes before the first record"
-    for start, label in marks:
-        if offset >= start:
-            where = label
-    return where
-
-
-def compare_bytes(name: str, a: Path, b: Path, problems: list[str]) -> None:
-    x, y = a.read_bytes(), b.read_bytes()
-    if x == y:
-        return
-    n = min(len(x), len(y))
-    first = next((i for i in range(n) if x[i] != y[i]), n)
-    where = zip_record_at(a, first) if x[:4] == b"PK\x03\x04" else "raw bytes"
-    problems.append(
-        f"{name}: bytes differ (sizes {len(x)} vs {len(y)}, first difference at offset {first}, in {where})"
-    )
+diff_json = reproducible.diff_json
 
 
 def compare_legacy_pt(name: str, a: Path, b: Path, problems: list[str]) -> None:
@@ -132,6 +94,12 @@ def main(argv: list[str]) -> int:
     for n in sorted(fa - ca):
         problems.append(f"{n}: generated but not committed")
 
+    rules = reproducible.Rules(None)
+    if "STAMP.json" in ca & fa:
+        sa = json.loads((committed / "STAMP.json").read_text(encoding="utf-8"))
+        sb = json.loads((fresh / "STAMP.json").read_text(encoding="utf-8"))
+        rules = reproducible.stamp_rules(sa, sb, problems)
+
     manifests: dict[str, dict[str, Any]] = {}
     for n in sorted(ca & fa):
         if n.endswith(".json") and n not in ("STAMP.json", "EXPECTED.json"):
@@ -139,6 +107,36 @@ def main(argv: list[str]) -> int:
                 manifests[n[: -len(".json")]] = json.loads((committed / n).read_text(encoding="utf-8"))
             except ValueError:
                 pass
+
+    digests: dict[Path, dict[str, str]] = {}
+
+    def tensor_digest(pt: Path, tensor: str, key: str) -> str | None:
+        """sha256 (or raw_sha256) of a tensor as torchtree renders it from ``pt`` loaded by torch."""
+        if pt not in digests:
+            try:
+                loaded = reproducible.load_archive(pt.read_bytes())
+                digests[pt] = {f"{t['path']}/{k}": t[k] for t in loaded.tensors for k in ("sha256", "raw_sha256") if k in t}
+            except Exception:  # noqa: BLE001 - then no digest is accepted
+                digests[pt] = {}
+        return digests[pt].get(f"{tensor}/{key}")
+
+    def manifest_leaf_ok(stem: str, ja: dict[str, Any]):
+        rule = rules.for_file(f"{stem}.pt")
+
+        def ok(path: str, x: Any, y: Any) -> str | None:
+            parts = path.split(".")
+            if len(parts) == 3 and parts[0] == "tensors" and parts[2] in ("sha256", "raw_sha256"):
+                t = ja["tensors"][int(parts[1])]
+                if t["dtype"] in reproducible.PRECISION and reproducible.matches(rule.tensors, t["path"]):
+                    if x == y and (committed / f"{stem}.pt").read_bytes() == (fresh / f"{stem}.pt").read_bytes():
+                        return None
+                    for side, root, d in (("committed", committed, x), ("fresh", fresh, y)):
+                        if tensor_digest(root / f"{stem}.pt", t["path"], parts[2]) != d:
+                            return f"{parts[2]} of training-derived {t['path']} is not its digest in the {side} {stem}.pt"
+                    return None
+            return None if x == y else f"{json.dumps(x)[:120]} != {json.dumps(y)[:120]}"
+
+        return ok
 
     for n in sorted(ca & fa):
         a, b = committed / n, fresh / n
@@ -152,16 +150,34 @@ def main(argv: list[str]) -> int:
                     warnings.append(f"{n}: {k} {ja.get(k)!r} (committed) vs {jb.get(k)!r} (fresh)")
                 ja.pop(k, None)
                 jb.pop(k, None)
-            if n != "STAMP.json" and is_legacy(ja):
-                ja, jb = canonical_keys(ja), canonical_keys(jb)
-            if ja != jb:
-                out: list[str] = []
-                diff_json(ja, jb, "", out)
+            if n == "STAMP.json":
+                ja.pop("training_derived", None)  # compared by stamp_rules
+                jb.pop("training_derived", None)
+
+                def stamp_ok(path: str, x: Any, y: Any) -> str | None:
+                    if path.startswith("files."):
+                        return reproducible.digest_ok(rules, path[len("files."):], committed, fresh)(x, y)
+                    return f"{json.dumps(x)[:120]} != {json.dumps(y)[:120]}"
+
+                leaf_ok = stamp_ok
+
+                def always(path: str) -> bool:
+                    return path.startswith("files.")
+            else:
+                if is_legacy(ja):
+                    ja, jb = canonical_keys(ja), canonical_keys(jb)
+                leaf_ok = manifest_leaf_ok(stem, ja)
+
+                def always(path: str) -> bool:
+                    return path.startswith("tensors.") and path.endswith("sha256")
+            out: list[str] = []
+            diff_json(ja, jb, "", out, leaf_ok=leaf_ok, always=always)
+            if out:
                 problems.append(f"{n}: manifest differs: " + "; ".join(out))
         elif n.endswith(".pt") and stem in manifests and is_legacy(manifests[stem]):
             compare_legacy_pt(n, a, b, problems)
         else:
-            compare_bytes(n, a, b, problems)
+            reproducible.compare_file(n, a, b, rules.for_file(n), problems)
 
     for w in warnings:
         print(f"warning: {w}")

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod crash;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

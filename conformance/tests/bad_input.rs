@@ -9,7 +9,7 @@ use ckpt_conformance::{bad_dir, fixtures};
 use ckpt_core::Buffer;
 use ckpt_pickle::Error as PickleError;
 use ckpt_torch::zip::ZipError;
-use ckpt_torch::{Error, ReadOptions, TorchFile};
+use ckpt_torch::{Error, ReadOptions, TorchReader};
 
 /// Whether `e` is the error the tag in conformance/bad/EXPECTED.json names.
 fn matches_tag(tag: &str, e: &Error) -> bool {
@@ -45,7 +45,7 @@ fn every_bad_file_gives_its_specific_error() {
     for (file, tag) in &expected {
         let tag = tag.as_str().unwrap();
         let path = bad_dir().join(file);
-        match TorchFile::open_with(&path, &options) {
+        match TorchReader::open_with(&path, &options) {
             Ok(_) => failures.push(format!("{file}: read without error, expected {tag}")),
             Err(e) => {
                 let inner = e.kind();
@@ -71,8 +71,8 @@ impl Rng {
     }
 }
 
-fn read_bytes(bytes: &[u8]) -> Result<TorchFile, Error> {
-    TorchFile::from_buffer(&Buffer::copy_from(bytes).unwrap(), &ReadOptions::default().with_verify_crc(true))
+fn read_bytes(bytes: &[u8]) -> Result<TorchReader, Error> {
+    TorchReader::from_buffer(&Buffer::copy_from(bytes).unwrap(), &ReadOptions::default().with_verify_crc(true))
 }
 
 #[test]

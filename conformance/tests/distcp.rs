@@ -332,6 +332,21 @@ fn files_of(dir: &Path) -> Vec<String> {
     v
 }
 
+/// The files of a checkpoint ckpt wrote, less `ckpt.checksums.json` (torch writes none and ignores it),
+/// after checking that the manifest covers the others and verifies.
+fn data_files_of(dir: &Path) -> Vec<String> {
+    let sums = ckpt_core::commit::Manifest::read(dir).unwrap().expect("ckpt writes a checksum manifest");
+    assert!(sums.verify_dir(dir).unwrap().is_empty(), "{}: checksums", dir.display());
+    let files: Vec<String> = files_of(dir).into_iter().filter(|f| f != ckpt_core::commit::MANIFEST_NAME).collect();
+    assert_eq!(
+        sums.files.keys().cloned().collect::<Vec<_>>(),
+        files,
+        "{}: the manifest lists every file",
+        dir.display()
+    );
+    files
+}
+
 /// The torch 2.13 profile writes what torch 2.13 writes: a state dict read back from a torch-written
 /// checkpoint and saved again gives the same files, byte for byte (`.metadata` included, with the same
 /// save id and checkpoint id).
@@ -342,15 +357,15 @@ fn torch213_profile_reproduces_torch_bytes() {
         ("s_mixed", WriteOptions::default()),
         ("s_dtypes", WriteOptions::default()),
         ("s_optim", WriteOptions::default()),
-        ("s_perfile", WriteOptions::default().file_per_item()),
-        ("s_multi", WriteOptions::default().thread_count(3)),
+        ("s_perfile", WriteOptions::default().with_single_file_per_rank(false)),
+        ("s_multi", WriteOptions::default().with_thread_count(3)),
     ] {
         let src = t213(case);
         let sd = open(&src).state_dict().unwrap();
         let dst = out.path().join(case);
-        let options = options.profile(Profile::Torch213).storage_meta(&save_id_of(&src), case);
+        let options = options.with_profile(Profile::Torch213).with_storage_meta(&save_id_of(&src), case);
         save(&sd, &dst, &options).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert_eq!(files_of(&dst), files_of(&src), "{case}: files");
+        assert_eq!(data_files_of(&dst), files_of(&src), "{case}: files");
         for name in files_of(&src) {
             let (a, b) = (fs::read(src.join(&name)).unwrap(), fs::read(dst.join(&name)).unwrap());
             if case == "s_multi" && name == ".metadata" {
@@ -443,12 +458,13 @@ fn multi_rank_writer_matches_torch_213() {
     for (case, world) in [("m2", 2), ("m3", 3)] {
         let src = t213(case);
         let dst = out.path().join(case);
-        let options = WriteOptions::default().profile(Profile::Torch213).storage_meta(&save_id_of(&src), case);
+        let options =
+            WriteOptions::default().with_profile(Profile::Torch213).with_storage_meta(&save_id_of(&src), case);
         let written = save_ranks(case, world, &dst, &options);
         let theirs = open(&src).metadata().clone();
         assert_eq!(written, theirs, "{case}: metadata differs from torch's");
         assert_eq!(open(&dst).metadata(), &theirs, "{case}: .metadata read back differs");
-        assert_eq!(files_of(&dst), files_of(&src), "{case}: files");
+        assert_eq!(data_files_of(&dst), files_of(&src), "{case}: files");
         for name in files_of(&src).into_iter().filter(|n| n.ends_with(".distcp")) {
             assert!(fs::read(src.join(&name)).unwrap() == fs::read(dst.join(&name)).unwrap(), "{case}/{name} differs");
         }
@@ -667,12 +683,12 @@ fn python_round_trips() {
 
     let rich = rich_state_dict();
     let rich_pt = t.join("rich.pt");
-    ckpt_torch::save(&rich, &rich_pt).unwrap();
+    ckpt_torch::save(&rich, &rich_pt, &ckpt_torch::WriteOptions::default()).unwrap();
     for (name, options) in [
         ("rich-maxcompat", WriteOptions::default()),
-        ("rich-213", WriteOptions::default().profile(Profile::Torch213)),
-        ("rich-maxcompat-3files", WriteOptions::default().thread_count(3)),
-        ("rich-213-perfile", WriteOptions::default().profile(Profile::Torch213).file_per_item()),
+        ("rich-213", WriteOptions::default().with_profile(Profile::Torch213)),
+        ("rich-maxcompat-3files", WriteOptions::default().with_thread_count(3)),
+        ("rich-213-perfile", WriteOptions::default().with_profile(Profile::Torch213).with_single_file_per_rank(false)),
     ] {
         let dir = t.join(name);
         save(&rich, &dir, &options).unwrap();
@@ -682,10 +698,10 @@ fn python_round_trips() {
 
     let (global, _) = sharded_global();
     let global_pt = t.join("global.pt");
-    ckpt_torch::save(&global, &global_pt).unwrap();
+    ckpt_torch::save(&global, &global_pt, &ckpt_torch::WriteOptions::default()).unwrap();
     for (name, options) in [
         ("multi3-maxcompat", WriteOptions::default()),
-        ("multi3-213", WriteOptions::default().profile(Profile::Torch213)),
+        ("multi3-213", WriteOptions::default().with_profile(Profile::Torch213)),
     ] {
         let dir = t.join(name);
         save_sharded(&dir, 3, &options);
@@ -731,7 +747,7 @@ fn python_round_trips() {
             .map(|e| (e.name.clone(), Value::Tensor(open(&t213(case)).read_tensor(&e.name).unwrap())))
             .collect();
         let flat_pt = t.join(format!("{case}-flat.pt"));
-        ckpt_torch::save(&Value::dict(flat.clone()), &flat_pt).unwrap();
+        ckpt_torch::save(&Value::dict(flat.clone()), &flat_pt, &ckpt_torch::WriteOptions::default()).unwrap();
         job(
             serde_json::json!({"kind": "hf_load", "name": format!("HuggingFaceStorageReader {case}"), "dir": s(&hf), "expected": s(&flat_pt)}),
         );

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
 use ckpt_core::{DType, Dict, Tensor, ThreadGroup, Value, leaves};
-use ckpt_hfai::{Error, HfaiCheckpoint, ModelState, ReshardOptions, SaveState, WriteOptions, part_file_name};
+use ckpt_hfai::{Error, HfaiReader, ModelState, ReshardOptions, SaveState, WriteOptions, part_file_name};
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
@@ -79,7 +79,7 @@ fn dims(j: &Json) -> Vec<usize> {
 fn every_fixture_reads_as_the_python_reference_loads_it() {
     let mut checked = 0;
     for case in cases() {
-        let ckpt = HfaiCheckpoint::open(&case.ckpt()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let ckpt = HfaiReader::open(&case.ckpt()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let name = &case.name;
         assert_eq!(ckpt.nshards(), case.nshards(), "{name}");
         assert_eq!(typed_tree(ckpt.value()), case.expected["tree"], "{name}: typed tree differs from hfai_ref.load");
@@ -123,10 +123,10 @@ fn source_state(case: &Case) -> SaveState {
         let m = m.as_dict().unwrap();
         let sd = m.get("state_dict").unwrap().as_dict().unwrap().clone();
         let buffers = m.get("buffers").unwrap().as_sequence().unwrap().iter().map(|b| b.as_str().unwrap().to_owned());
-        state = state.model(ModelState::new(sd).with_buffers(buffers));
+        state = state.with_model(ModelState::new(sd).with_buffers(buffers));
     }
     for o in d.get("optimizers").unwrap().as_sequence().unwrap() {
-        state = state.optimizer(o.clone());
+        state = state.with_optimizer(o.clone());
     }
     state.others = d.get("others").unwrap().as_dict().unwrap().items.clone();
     state
@@ -150,14 +150,14 @@ fn rust_writer_reproduces_the_python_parts_byte_for_byte() {
         let state = source_state(&case);
         let n = case.nshards();
         let one = tempfile::tempdir().unwrap();
-        ckpt_hfai::save(one.path(), &state, n, &case.write_options()).unwrap();
+        ckpt_hfai::save(&state, one.path(), &case.write_options().with_nshards(n)).unwrap();
         assert_same_parts(&case.ckpt(), one.path(), n, &format!("{}: save", case.name));
 
         let ranks = tempfile::tempdir().unwrap();
         std::thread::scope(|s| {
             for g in ThreadGroup::new(n) {
                 let (state, dir, opts) = (&state, ranks.path(), case.write_options());
-                s.spawn(move || ckpt_hfai::save_rank(dir, state, &g, &opts).unwrap());
+                s.spawn(move || ckpt_hfai::save_rank(state, dir, &opts, &g).unwrap());
             }
         });
         assert_same_parts(&case.ckpt(), ranks.path(), n, &format!("{}: save_rank", case.name));
@@ -165,13 +165,14 @@ fn rust_writer_reproduces_the_python_parts_byte_for_byte() {
 }
 
 /// The state of a read checkpoint, to write it again.
-fn state_of(ckpt: &HfaiCheckpoint, buffers: &[Vec<String>]) -> SaveState {
+fn state_of(ckpt: &HfaiReader, buffers: &[Vec<String>]) -> SaveState {
     let mut state = SaveState::default();
     for (m, model) in ckpt.models().into_iter().enumerate() {
-        state = state.model(ModelState::new(model.clone()).with_buffers(buffers.get(m).cloned().unwrap_or_default()));
+        state =
+            state.with_model(ModelState::new(model.clone()).with_buffers(buffers.get(m).cloned().unwrap_or_default()));
     }
     for o in ckpt.optimizers() {
-        state = state.optimizer(Value::Dict(o.clone()));
+        state = state.with_optimizer(Value::Dict(o.clone()));
     }
     state.others = ckpt.others().map(|(k, v)| (k.clone(), v.clone())).collect();
     state
@@ -190,7 +191,7 @@ fn edit_part(dir: &Path, rank: usize, edit: impl FnOnce(&mut Dict)) {
     let path = dir.join(part_file_name(rank));
     let Value::Dict(mut d) = ckpt_torch::load(&path).unwrap() else { panic!("not a dict") };
     edit(&mut d);
-    ckpt_torch::save(&Value::Dict(d), &path).unwrap();
+    ckpt_torch::save(&Value::Dict(d), &path, &ckpt_torch::WriteOptions::default()).unwrap();
 }
 
 /// A bad copy of a fixture: its directory, what is wrong, and whether an error is the one expected.
@@ -250,7 +251,7 @@ fn bad_copies(root: &Path) -> Vec<BadCopy> {
 fn bad_input_gives_specific_errors() {
     let root = tempfile::tempdir().unwrap();
     for (dir, what, expected) in bad_copies(root.path()) {
-        let e = HfaiCheckpoint::open(&dir).unwrap_err();
+        let e = HfaiReader::open(&dir).unwrap_err();
         assert!(expected(&e), "{what}: unexpected error {e:?}");
     }
 }
@@ -268,9 +269,10 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
     let find = |name: &str| all.iter().find(|c| c.name == name).unwrap();
     for case in &all {
         // read with Rust, write again with Rust (same number of parts)
-        let ckpt = HfaiCheckpoint::open(&case.ckpt()).unwrap();
+        let ckpt = HfaiReader::open(&case.ckpt()).unwrap();
         let out = root.path().join(format!("resave_{}", case.name));
-        ckpt_hfai::save(&out, &state_of(&ckpt, &case.buffers()), case.nshards(), &case.write_options()).unwrap();
+        ckpt_hfai::save(&state_of(&ckpt, &case.buffers()), &out, &case.write_options().with_nshards(case.nshards()))
+            .unwrap();
         check(&out, case, case.large_size(), Some(case.buffers()));
     }
     // reshard N -> M (buffers kept whole in part 0), and back
@@ -293,7 +295,7 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
         assert_eq!((s.from, s.to), (case.nshards(), m));
         assert_eq!(s.copied_bytes > 0, copies, "{name} -> {m}: {s:?}");
         check(&out, case, case.large_size(), Some(case.buffers()));
-        assert_eq!(HfaiCheckpoint::open(&out).unwrap().nshards(), m);
+        assert_eq!(HfaiReader::open(&out).unwrap().nshards(), m);
         let back = root.path().join(format!("reshard_{name}_to_{m}_back"));
         ckpt_hfai::reshard(&out, &back, case.nshards(), &options).unwrap();
         check(&back, case, case.large_size(), Some(case.buffers()));
@@ -337,7 +339,7 @@ fn real_256mib_threshold_both_directions() {
     run_python("hfai/big.py", &[Path::new("write"), &py]);
 
     // Python -> Rust
-    let ckpt = HfaiCheckpoint::open(&py).unwrap();
+    let ckpt = HfaiReader::open(&py).unwrap();
     assert_eq!(ckpt.nshards(), 2);
     assert_eq!(ckpt.chunked(), ["model.big"], "just over 256 MiB is chunked, exactly 256 MiB is not");
     let model = ckpt.model().unwrap();
@@ -356,7 +358,7 @@ fn real_256mib_threshold_both_directions() {
 
     // Rust -> Python, with the real threshold (the default)
     let rs = root.path().join("rust");
-    ckpt_hfai::save(&rs, &state_of(&ckpt, &[]), 2, &WriteOptions::default()).unwrap();
+    ckpt_hfai::save(&state_of(&ckpt, &[]), &rs, &WriteOptions::default().with_nshards(2)).unwrap();
     drop(ckpt);
     fs::remove_dir_all(&py).unwrap();
     let out = run_python("hfai/big.py", &[Path::new("check"), &rs]);

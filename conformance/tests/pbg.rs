@@ -9,10 +9,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{CheckpointRead, DType, Tensor, leaves};
+use ckpt_core::{CheckpointRead, DType, Tensor, Value, leaves};
 use ckpt_pbg::{
-    AttrValue, Checkpoint, CommitOptions, Config, EntityPartition, EntityStorage, Error, FileCheckpointStorage,
-    Iteration, Metadata, Model, ModelParameter, OptimizerState, export_safetensors, export_tsv, read_model_file,
+    AttrValue, Config, EntityPartition, EntityStorage, Error, FileCheckpointStorage, Iteration, Metadata, Model,
+    ModelParameter, OptimizerState, PbgReader, WriteOptions, export_safetensors, export_tsv, read_model_file,
     read_partition_file,
 };
 use serde_json::Value as Json;
@@ -169,7 +169,7 @@ fn every_fixture_file_reads_as_its_manifest_says() {
 
 #[test]
 fn committed_version_and_snapshots_read_with_dangling_absolute_links() {
-    let ckpt = Checkpoint::open(root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
     assert_eq!(ckpt.version(), 4);
     let parts: Vec<(&str, u32, usize)> =
         ckpt.partitions().iter().map(|p| (p.entity.as_str(), p.partition, p.data.len())).collect();
@@ -189,10 +189,10 @@ fn committed_version_and_snapshots_read_with_dangling_absolute_links() {
     for (epoch, version) in [(1u64, 2u64), (2, 4)] {
         let link = root().join(format!("ckpt/epoch_{epoch}/model.v{version}.h5"));
         assert!(fs::read_link(&link).unwrap().is_absolute() && !link.exists());
-        let snap = Checkpoint::open(root().join(format!("ckpt/epoch_{epoch}"))).unwrap();
+        let snap = PbgReader::open(&root().join(format!("ckpt/epoch_{epoch}"))).unwrap();
         assert_eq!(snap.version(), version);
         assert!(snap.config().is_some(), "config from the files' config/json");
-        let main = Checkpoint::open_version(FileCheckpointStorage::new(root().join("ckpt")), version).unwrap();
+        let main = PbgReader::open_version(FileCheckpointStorage::new(root().join("ckpt")), version).unwrap();
         assert_eq!(snap.partitions().len(), 3);
         for (a, b) in snap.partitions().iter().zip(main.partitions()) {
             assert_eq!((&a.entity, a.partition, &a.data), (&b.entity, b.partition, &b.data));
@@ -265,7 +265,7 @@ fn counts_disagreeing_with_the_entity_path_are_errors() {
     copy_tree(&root(), dir.path());
     let entities = EntityStorage::new(dir.path().join("data"));
     fs::write(entities.count_file("user_id", 1), "13\n").unwrap();
-    let ckpt = Checkpoint::open(dir.path().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(&dir.path().join("ckpt")).unwrap();
     match ckpt.check_counts(&entities) {
         Err(Error::CountMismatch { expected: 13, found: 14, partition: 1, .. }) => {}
         other => panic!("{other:?}"),
@@ -298,7 +298,7 @@ fn partial_and_missing_versions_are_reported() {
 
 #[test]
 fn tsv_export_equals_torchbiggraph_export_to_tsv() {
-    let ckpt = Checkpoint::open(root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
     let config = Config::read(&root().join("config.json")).unwrap();
     let entities = EntityStorage::new(root().join("data"));
     let dir = tempfile::tempdir().unwrap();
@@ -312,7 +312,7 @@ fn tsv_export_equals_torchbiggraph_export_to_tsv() {
 
 #[test]
 fn safetensors_export_holds_every_tensor() {
-    let ckpt = Checkpoint::open(root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pbg.safetensors");
     export_safetensors(&ckpt, &out).unwrap();
@@ -322,11 +322,12 @@ fn safetensors_export_holds_every_tensor() {
     for (name, t) in &tensors {
         assert_eq!(st.get(name).unwrap_or_else(|| panic!("{name} missing")), t, "{name}");
     }
-    let meta = st.metadata.unwrap();
-    assert_eq!(meta["version"], "4");
-    assert_eq!(meta["format"], "pbg");
-    assert!(meta["config"].contains("\"num_partitions\": 2"));
-    assert!(meta["optimizer/model/param_groups.0.lr"].starts_with("0.05"));
+    // ckpt's one safetensors convention: `format` = `pt`, the source format, the values in `ckpt.values`.
+    let meta = st.metadata.as_ref().unwrap();
+    assert_eq!((meta["format"].as_str(), meta["ckpt.source"].as_str()), ("pt", "pbg"));
+    assert_eq!(st.value("version").unwrap(), Value::Int(4));
+    assert!(st.value("config").unwrap().as_str().unwrap().contains("\"num_partitions\": 2"));
+    assert!(st.value("optimizer/model/param_groups.0.lr").unwrap().as_f64().unwrap().to_string().starts_with("0.05"));
 }
 
 fn map_f32(t: &Tensor, f: impl Fn(f32) -> f32) -> Tensor {
@@ -343,7 +344,7 @@ fn rust_written_version_loads_in_torchbiggraph_and_training_resumes() {
     let work = dir.path();
     copy_tree(&root(), work);
     let storage = FileCheckpointStorage::new(work.join("ckpt"));
-    let old = Checkpoint::open(storage.path()).unwrap();
+    let old = PbgReader::open(storage.path()).unwrap();
     let config = old.config().unwrap().clone();
 
     let mut commit = storage.begin_commit().unwrap();
@@ -378,14 +379,14 @@ fn rust_written_version_loads_in_torchbiggraph_and_training_resumes() {
         optimizer: Some(OptimizerState::encode(&sd).unwrap()),
         ..Model::default()
     });
-    let report = commit.finish(&CommitOptions::default()).unwrap();
+    let report = commit.finish(&WriteOptions::default()).unwrap();
     assert_eq!(report.version, 5);
     assert_eq!(report.written.len(), 4);
     assert!(report.carried_over.is_empty());
     assert!(report.dropped.is_empty(), "v4 is linked from epoch_2 and must be kept: {report:?}");
 
     // Read back in Rust.
-    let new = Checkpoint::open(storage.path()).unwrap();
+    let new = PbgReader::open(storage.path()).unwrap();
     assert_eq!(new.version(), 5);
     for (a, b) in new.partitions().iter().zip(old.partitions()) {
         assert_eq!(a.data.embeddings, map_f32(&b.data.embeddings, |x| x * 2.0 + 0.25));

@@ -14,9 +14,9 @@ use std::time::Instant;
 use ckpt_conformance::{fixtures, run_python};
 use ckpt_core::{Buffer, Collective, DType, SingleProcess, Tensor, ThreadGroup, Value, float_repr, leaves};
 use ckpt_recis::{
-    CheckpointManager, DataFile, HashTable, IdPartition, ReshardOptions, SaveOptions, Shard, ShardState, SliceInfo,
-    Slot, SparseCheckpoint, TableChild, coalesce, gen_slice, load_shard, reshard, save_tables, write_meta,
-    write_shard_files,
+    CheckpointManager, DataFile, HashTable, IdPartition, ReshardOptions, Shard, ShardState, SliceInfo, Slot,
+    SparseCheckpoint, TableChild, WriteOptions, coalesce, gen_slice, load_shard, reshard_sparse, save_tables,
+    write_meta, write_shard_files,
 };
 use serde_json::{Value as Json, json};
 
@@ -239,7 +239,7 @@ fn rewrite(ckpt: &SparseCheckpoint, out: &Path) {
             write_shard_files(out, Shard::new(s, shards).unwrap(), parallel, &ckpt.writable_blocks(s).unwrap()).unwrap()
         })
         .collect();
-    write_meta(out, &metas, &SaveOptions::default()).unwrap();
+    write_meta(out, &metas, &WriteOptions::default()).unwrap();
 }
 
 /// Every file of `golden` that `ours` must reproduce, byte for byte, with `fix` applied to the golden bytes.
@@ -330,7 +330,7 @@ fn saving_the_readme_inputs_gives_recis_bytes() {
             let (dir, table, dense) = (dir.clone(), tables[g.rank()].clone(), dense.clone());
             std::thread::spawn(move || {
                 // Shard 1 is given `w` too and drops it, as RecIS's.
-                save_tables(&dir, &g, &[table], &dense, &SaveOptions::default().with_parallel(2)).unwrap();
+                save_tables(&[table], &dense, &dir, &WriteOptions::default().with_parallel(2), &g).unwrap();
             })
         })
         .collect();
@@ -353,7 +353,7 @@ fn saving_the_readme_inputs_gives_recis_bytes() {
     .unwrap();
     let bf = raw(DType::BF16, &[2], &[0xc0, 0x3f, 0x00, 0xc0]);
     let out = tempfile::tempdir().unwrap();
-    save_tables(out.path(), &SingleProcess, &[table], &[("bf".into(), bf)], &SaveOptions::default().with_parallel(3))
+    save_tables(&[table], &[("bf".into(), bf)], out.path(), &WriteOptions::default().with_parallel(3), &SingleProcess)
         .unwrap();
     assert_same_files("coalesced_bf16", out.path(), |_, b| b);
 
@@ -365,7 +365,7 @@ fn saving_the_readme_inputs_gives_recis_bytes() {
     ];
     let out = tempfile::tempdir().unwrap();
     let table = HashTable::single(SliceInfo::full(65536).unwrap(), t);
-    save_tables(out.path(), &SingleProcess, &[table], &dense, &SaveOptions::default().with_parallel(1)).unwrap();
+    save_tables(&[table], &dense, out.path(), &WriteOptions::default().with_parallel(1), &SingleProcess).unwrap();
     assert_same_files("bool_dtype_bug", out.path(), bool_fix("bool_dtype_bug"));
 }
 
@@ -599,17 +599,17 @@ fn python_reads_and_reshards_rust_output() {
     let d = dir2.clone();
     on_ranks(2, move |g| {
         let shard = Shard::new(g.rank(), 2).unwrap();
-        save_tables(&d, &g, &rich_tables(shard), &rich_dense(), &SaveOptions::default().with_parallel(3)).unwrap();
+        save_tables(&rich_tables(shard), &rich_dense(), &d, &WriteOptions::default().with_parallel(3), &g).unwrap();
     });
     let ckpt2 = open(&dir2);
     let dir3 = r.join("three");
     fs::create_dir(&dir3).unwrap();
-    let opts = ReshardOptions::default().with_save(SaveOptions::default().with_parallel(2));
-    reshard(&ckpt2, &dir3, 3, &opts).unwrap();
+    let opts = ReshardOptions::default().with_write(WriteOptions::default().with_parallel(2));
+    reshard_sparse(&ckpt2, &dir3, 3, &opts).unwrap();
     let ckpt3 = open(&dir3);
     let dir1 = r.join("one");
     fs::create_dir(&dir1).unwrap();
-    reshard(&ckpt3, &dir1, 1, &ReshardOptions::default()).unwrap();
+    reshard_sparse(&ckpt3, &dir1, 1, &ReshardOptions::default()).unwrap();
     let ckpt1 = open(&dir1);
     for (name, dir) in [("two", &dir2), ("three", &dir3), ("one", &dir1)] {
         checkpoints.push(json!({"name": name, "dir": dir, "writer_rules": true}));
@@ -627,7 +627,7 @@ fn python_reads_and_reshards_rust_output() {
             extra: Some(extra_state()),
             io_state: Some(io_state(g.rank())),
         };
-        CheckpointManager::new(&cr).save("ckpt_1000", &g, &state).unwrap();
+        CheckpointManager::new(&cr).save(&state, "ckpt_1000", &g).unwrap();
     });
     let managed = ckroot.join("ckpt_1000");
     checkpoints.push(json!({"name": "managed", "dir": managed, "writer_rules": true}));
@@ -669,7 +669,7 @@ fn python_reads_and_reshards_rust_output() {
     }
     let cpu = r.join("three_by_abs_fmod");
     fs::create_dir(&cpu).unwrap();
-    reshard(&ckpt2, &cpu, 3, &ReshardOptions::default().with_partition(IdPartition::AbsFmod)).unwrap();
+    reshard_sparse(&ckpt2, &cpu, 3, &ReshardOptions::default().with_partition(IdPartition::AbsFmod)).unwrap();
 
     let job = json!({
         "checkpoints": checkpoints,
@@ -734,7 +734,7 @@ fn edit_header(path: &Path, f: impl Fn(&str) -> String) {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let json = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
     let edited = f(json.trim_end_matches(' '));
-    let mut out = ckpt_recis::data_file::header_prefix(&edited);
+    let mut out = ckpt_recis::header_prefix(&edited);
     out.extend_from_slice(&bytes[8 + n..]);
     fs::write(path, out).unwrap();
 }
@@ -784,7 +784,7 @@ fn million_ids_with_adamw_slots_round_trip() {
     let shared = std::sync::Arc::new(tables.clone());
     on_ranks(2, move |g| {
         let dense = vec![("sparse_adamw_step".to_string(), Tensor::from_slice(&[77i64], &[1]).unwrap())];
-        save_tables(&d, &g, &[shared[g.rank()].clone()], &dense, &SaveOptions::default().with_parallel(2)).unwrap();
+        save_tables(&[shared[g.rank()].clone()], &dense, &d, &WriteOptions::default().with_parallel(2), &g).unwrap();
     });
     let saved = t1.elapsed();
 

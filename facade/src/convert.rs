@@ -18,11 +18,12 @@
 //!    holds `format = "pt"` (what Hugging Face loaders expect), `ckpt.source = <format>`, and, when the source
 //!    was nested (a `torch.save` dict of dicts, a DCP state dict, an hfai checkpoint), `ckpt.paths`: a JSON
 //!    object from each entry name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys,
-//!    integers list indices), so that converting back rebuilds the nesting.
+//!    integers list indices), so that converting back rebuilds the nesting: ckpt's one safetensors convention
+//!    ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors files follows.
 //! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
 //!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
 //!    would write it: every tensor with at least `N` rows is split on dimension 0 with DTensor's
-//!    `Shard(0)` rule ([`crate::distcp::shard_box`]), every other entry is replicated and written once.
+//!    `Shard(0)` rule ([`crate::distcp::save_sharded`]), every other entry is replicated and written once.
 //! 3. hfai targets: a source whose top level is a mapping with a `model` mapping (hfai's own layout, and
 //!    the usual `{"model": ..., "optimizer": ..., "epoch": ...}` training checkpoint) keeps it: `model` is the
 //!    model state dict, `optimizer` (when it is an optimizer state dict with `state` and `param_groups`)
@@ -34,26 +35,26 @@
 //!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as values.
 //! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
 //! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
-//!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard_dir`]), each table keeping its
+//!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard`]), each table keeping its
 //!    `slice_size` unless [`ConvertOptions::recis_slice_size`] sets one; `model.pt` and `extra.pt` are
 //!    copied; the IO states belong to the old workers and are listed in [`ConvertSummary::dropped`].
-//! 7. pbg targets read the source's entries under [`crate::pbg::Checkpoint`]'s names
+//! 7. pbg targets read the source's entries under [`crate::pbg::PbgReader`]'s names
 //!    (`embeddings/<entity>/<part>`, `model/<public name>`, `optimizer/...`, `config`, `version`), which a PBG
 //!    checkpoint keeps in every other format. The layout is the config's (the source's `config`, or
 //!    [`ConvertOptions::pbg_config`]); an entity with another partition count is re-partitioned, and missing
 //!    optimizer `param_groups` are rebuilt as PBG's trainer writes them. A source without entity partitions
 //!    or model parameters is refused with the reason ([`Error::UnsupportedConversion`]), as is RecIS, whose
-//!    hash tables have no PBG counterpart. The module `target::pbg` has the details.
+//!    hash tables have no PBG counterpart. [`crate::pbg::save`] has the details.
 //! 8. recis targets lay the top-level mapping out as RecIS does: `{"sparse", "model", "extra"}` (what a RecIS
 //!    source becomes, see ⁹) goes back to the serializer, `model.pt` and `extra.pt`; otherwise tensors named
 //!    `<table>@id` / `<table>@<slot>` form hash tables and RecIS's sparse-optimizer scalars
 //!    (`sparse_adamw_step`, ...) its dense blocks, `model` (or the whole mapping) goes to `model.pt` and the
 //!    rest to `extra.pt`. Tables are split over [`ConvertOptions::world_size`] shards by RecIS's loader rule,
-//!    with [`ConvertOptions::recis_slice_size`] and [`ConvertOptions::recis_parallel`]. The module
-//!    `target::recis` has the details.
+//!    with [`ConvertOptions::recis_slice_size`] and [`ConvertOptions::recis_parallel`].
+//!    [`crate::recis::save`] has the details.
 //! 9. A RecIS checkpoint converts as the state dict `{"sparse": {<RecIS tensor name>: tensor}, "model":
 //!    <model.pt>, "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}` (parts it lacks left out); flat
-//!    targets (safetensors) name entries as [`crate::recis::Checkpoint`] does.
+//!    targets (safetensors) name entries as [`crate::recis::RecisReader`] does.
 //!
 //! # Memory
 //! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
@@ -63,24 +64,15 @@
 //! RecIS tables are split per shard (rows copied once) and re-partitioned PBG entities are concatenated.
 //! distcp → torch streams one tensor at a time.
 
-// The facade's `Error` (lib.rs) carries the format crates' errors by value; boxing it is the crate's call,
-// not this module's.
-#![allow(clippy::result_large_err)]
-// Builds with only some formats use only some of the helpers.
-#![cfg_attr(
-    not(all(feature = "torch", feature = "safetensors", feature = "distcp", feature = "hfai")),
-    allow(dead_code, unused_imports)
-)]
-
-mod source;
-mod target;
-
 use std::path::{Path, PathBuf};
 
+use crate::adaptor::Source;
+use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
 
-/// The `.metadata` layout of distcp targets.
+/// The `.metadata` layout of distcp targets (`ckpt convert --dcp-profile`: `max-compat`, `torch213`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum DcpProfile {
     /// Loads in every torch from 2.0 to 2.15 (the default).
@@ -196,7 +188,7 @@ pub struct ConvertSummary {
 ///
 /// ```
 /// use ckpt::core::{Tensor, Value};
-/// use ckpt::{ConvertOptions, Format};
+/// use ckpt::ConvertOptions;
 /// let dir = tempfile::tempdir().unwrap();
 /// let pt = dir.path().join("m.pt");
 /// let sd = Value::dict([
@@ -204,17 +196,19 @@ pub struct ConvertSummary {
 ///     ("epoch", Value::Int(3)),
 ///     ("note", Value::Bytes(b"raw".to_vec())),
 /// ]);
-/// ckpt::torch::save(&sd, &pt).unwrap();
+/// ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
 ///
+/// // Formats by name, as on the command line (`ckpt::Format` has a variant for each).
 /// let st = dir.path().join("m.safetensors");
-/// let summary = ckpt::convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
+/// let summary = ckpt::convert(&pt, None, &st, "safetensors".parse()?, &ConvertOptions::default())?;
 /// assert_eq!((summary.tensors, summary.bytes, summary.values), (1, 8, 1)); // `epoch` in `ckpt.values`
 /// assert_eq!(summary.dropped, ["note"]); // bytes: neither a tensor nor a JSON scalar
 ///
 /// // Back to torch: the nesting comes back from the file's `ckpt.paths` metadata.
 /// let back = dir.path().join("back.pt");
-/// ckpt::convert(&st, None, &back, Format::Torch, &ConvertOptions::default()).unwrap();
-/// assert_eq!(ckpt::open(&back).unwrap().entries()[0].name, "model.w");
+/// ckpt::convert(&st, None, &back, "torch".parse()?, &ConvertOptions::default())?;
+/// assert_eq!(ckpt::open(&back)?.entries()[0].name, "model.w");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// # Errors
@@ -232,33 +226,14 @@ pub fn convert(
         None => crate::detect(src)?,
     };
     if options.world_size == 0 {
-        return Err(Error::UnsupportedConversion {
-            from,
-            to,
+        return Err(Error::InvalidArgument {
+            path: dst.to_path_buf(),
             reason: "world size 0: a target needs at least one rank".into(),
         });
     }
-    for format in [from, to] {
-        if !format.reading_enabled() {
-            return Err(Error::FeatureDisabled { path: src.to_path_buf(), format, feature: format.feature() });
-        }
-    }
+    let (source, target) = (adaptor(from, src)?, adaptor(to, src)?);
     if let Some(reason) = unsupported_reason(from, to) {
         return Err(Error::UnsupportedConversion { from, to, reason });
     }
-    target::write(src, from, dst, to, options)
-}
-
-/// Why `from` cannot be converted to `to` whatever the checkpoint holds, or `None` when it can be (a
-/// conversion can still be refused for what a particular checkpoint holds, with
-/// [`Error::UnsupportedConversion`] saying why).
-pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
-    match (from, to) {
-        (Format::Recis, Format::Pbg) => Some(
-            "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; a RecIS \
-             checkpoint's hash tables and dense state have no such structure to map onto them"
-                .into(),
-        ),
-        _ => None,
-    }
+    target.write(&Source::new(src, source), dst, options)
 }

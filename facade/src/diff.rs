@@ -112,8 +112,8 @@ impl DiffReport {
 /// let dir = tempfile::tempdir().unwrap();
 /// let (a, b) = (dir.path().join("a.pt"), dir.path().join("b.pt"));
 /// let t = |v: f32| Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, v], &[2]).unwrap()))]);
-/// ckpt::torch::save(&t(2.0), &a).unwrap();
-/// ckpt::torch::save(&t(2.5), &b).unwrap();
+/// ckpt::torch::save(&t(2.0), &a, &ckpt::torch::WriteOptions::default()).unwrap();
+/// ckpt::torch::save(&t(2.5), &b, &ckpt::torch::WriteOptions::default()).unwrap();
 /// let d = ckpt::diff(&a, &b, &ckpt::DiffOptions::default()).unwrap();
 /// assert!(!d.is_equal());
 /// assert_eq!(d.tensors[0].max_abs, 0.5);

@@ -21,9 +21,9 @@
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("m.pt");
 //! let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-//! ckpt::torch::save(&sd, &path).unwrap();
+//! ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 //! let ck = ckpt::open(&path).unwrap();
-//! assert_eq!(ck.format(), ckpt::Format::Torch);
+//! assert_eq!(ck.format().name(), "torch");
 //! assert_eq!(ck.entries()[0].name, "w");
 //! assert_eq!(ck.tensor("w").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
 //! ```
@@ -31,151 +31,44 @@
 //! # Security
 //! Checkpoints are untrusted input. No reader executes pickle code; every size read from a file is checked
 //! before it is used; a panic on malformed input is a bug.
+//!
+//! # Errors
+//! [`Error`] says what went wrong and where, [`Error::fault`] who is at fault (the file, the library, a
+//! limit, the operating system, the caller), and a format crate's own error stays the source, for
+//! `downcast_ref::<ckpt::torch::Error>()` and the like.
+//!
+//! # Layout
+//! The facade glues; what a format is lives in its crate. `formats.rs` is the registry: every [`Format`],
+//! how it is recognised, and the adaptor (`formats/<format>.rs`, one per format, behind its feature) through
+//! which [`open`], [`convert`], [`verify`] and [`reshard`] reach the format crate.
 
+mod adaptor;
 mod convert;
 mod diff;
-mod format;
+mod error;
+mod formats;
 mod reshard;
-#[cfg(feature = "safetensors")]
-mod safetensors_records;
 mod verify;
 
 use std::path::{Path, PathBuf};
 
-pub use ckpt_core as core;
-pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value};
-#[cfg(feature = "distcp")]
-pub use ckpt_distcp as distcp;
-#[cfg(feature = "hfai")]
-pub use ckpt_hfai as hfai;
-#[cfg(feature = "pbg")]
-pub use ckpt_pbg as pbg;
-#[cfg(feature = "recis")]
-pub use ckpt_recis as recis;
-#[cfg(feature = "torch")]
-pub use ckpt_torch as torch;
-pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, unsupported_reason};
+pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
+pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
-pub use format::{Format, detect};
+pub use error::{Error, Result};
+pub use formats::crates::*;
+pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
 pub use reshard::{ReshardSummary, reshard, reshard_formats};
 pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
 
-/// Errors of the facade: which format, which path, and the format crate's error.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// An I/O error.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The format of a path could not be recognised.
-    #[error("{}: unknown checkpoint format ({reason})", path.display())]
-    UnknownFormat {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The format is known but this build lacks its feature.
-    #[error("{}: this is a {format} checkpoint; enable the `{feature}` feature of the ckpt crate to read it", path.display())]
-    FeatureDisabled {
-        /// The path.
-        path: PathBuf,
-        /// The format.
-        format: Format,
-        /// The feature to enable.
-        feature: &'static str,
-    },
-    /// An error from the torch codec.
-    #[cfg(feature = "torch")]
-    #[error(transparent)]
-    Torch(Box<ckpt_torch::Error>),
-    /// An error from the DCP crate.
-    #[cfg(feature = "distcp")]
-    #[error("{}: {source}", path.display())]
-    Distcp {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_distcp::Error>,
-    },
-    /// An error from the hfai crate.
-    #[cfg(feature = "hfai")]
-    #[error("{}: {source}", path.display())]
-    Hfai {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_hfai::Error>,
-    },
-    /// An error from the PyTorch-BigGraph crate.
-    #[cfg(feature = "pbg")]
-    #[error("{}: {source}", path.display())]
-    Pbg {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_pbg::Error>,
-    },
-    /// An error from the RecIS crate.
-    #[cfg(feature = "recis")]
-    #[error("{}: {source}", path.display())]
-    Recis {
-        /// The checkpoint directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<ckpt_recis::Error>,
-    },
-    /// The target format cannot hold the source's data.
-    #[error("cannot convert {from} to {to}: {reason}")]
-    UnsupportedConversion {
-        /// Source format.
-        from: Format,
-        /// Target format.
-        to: Format,
-        /// Why.
-        reason: String,
-    },
-    /// An error from the core (safetensors, tensors).
-    #[error("{}: {source}", path.display())]
-    Core {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: ckpt_core::Error,
-    },
-}
+use adaptor::Reader;
+use error::At;
 
-#[cfg(feature = "torch")]
-impl From<ckpt_torch::Error> for Error {
-    fn from(e: ckpt_torch::Error) -> Self {
-        Error::Torch(Box::new(e))
-    }
-}
-
-/// `Result` with the facade's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// A format's reader, type-erased but downcastable to the format crate's concrete type.
-trait Reader: CheckpointRead + Send + Sync {
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
+/// The repository README's Rust examples, compiled and run as doctests (`cargo test --doc -p ckpt --features
+/// full`) so they cannot drift from the API.
+#[cfg(all(doctest, feature = "full"))]
+#[doc = include_str!("../../README.md")]
+mod readme {}
 
 /// An open checkpoint of any format.
 pub struct Checkpoint {
@@ -185,6 +78,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    pub(crate) fn new(format: Format, path: &Path, inner: Box<dyn Reader>) -> Self {
+        Checkpoint { format, path: path.to_path_buf(), inner }
+    }
+
     /// The detected format.
     pub fn format(&self) -> Format {
         self.format
@@ -203,17 +100,17 @@ impl Checkpoint {
     /// Reads the tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Core`] naming the path.
+    /// [`Error::Format`] naming the path.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.inner.tensor(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+        self.inner.tensor(name).at(&self.path)
     }
 
     /// Reads the non-tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Core`] naming the path.
+    /// [`Error::Format`] naming the path.
     pub fn value(&self, name: &str) -> Result<Value> {
-        self.inner.value(name).map_err(|source| Error::Core { path: self.path.clone(), source })
+        self.inner.value(name).at(&self.path)
     }
 
     /// The format's reader behind the generic interface.
@@ -221,67 +118,20 @@ impl Checkpoint {
         self.inner.as_ref()
     }
 
-    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchFile`,
-    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiCheckpoint`, `ckpt::pbg::Checkpoint`,
-    /// `ckpt::recis::Checkpoint`; `None` when the checkpoint is of another format.
+    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchReader`,
+    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiReader`, `ckpt::pbg::PbgReader`,
+    /// `ckpt::recis::RecisReader`; `None` when the checkpoint is of another format.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().unwrap();
     /// # let path = dir.path().join("m.pt");
-    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path).unwrap();
+    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path, &ckpt::torch::WriteOptions::default()).unwrap();
     /// let ck = ckpt::open(&path).unwrap();
-    /// let file = ck.downcast_ref::<ckpt::torch::TorchFile>().unwrap();
+    /// let file = ck.downcast_ref::<ckpt::torch::TorchReader>().unwrap();
     /// assert_eq!(file.prefix(), Some("m"));
     /// ```
     pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
         self.inner.as_any().downcast_ref::<T>()
-    }
-}
-
-/// A safetensors file as a [`CheckpointRead`]: its tensors, and the values ckpt recorded in `ckpt.values`
-/// (see `safetensors_records`).
-#[cfg(feature = "safetensors")]
-struct SafetensorsReader {
-    file: ckpt_core::safetensors::SafetensorsFile,
-    values: Vec<(String, Value)>,
-}
-
-#[cfg(feature = "safetensors")]
-impl SafetensorsReader {
-    fn new(file: ckpt_core::safetensors::SafetensorsFile) -> Self {
-        let values = safetensors_records::Records::of(&file).values;
-        SafetensorsReader { file, values }
-    }
-}
-
-#[cfg(feature = "safetensors")]
-impl CheckpointRead for SafetensorsReader {
-    fn format_name(&self) -> &'static str {
-        "safetensors"
-    }
-    fn entries(&self) -> Vec<Entry> {
-        let tensors = self.file.tensors.iter().map(|(n, t)| Entry {
-            name: n.clone(),
-            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
-        });
-        let values = self.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: ckpt_core::entry_kind(v) });
-        tensors.chain(values).collect()
-    }
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        self.file
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}")))
-    }
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        if let Some(t) = self.file.get(name) {
-            return Ok(Value::Tensor(t.clone()));
-        }
-        self.values
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}")))
     }
 }
 
@@ -300,45 +150,6 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 /// # Errors
 /// As [`open`].
 pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
-    let disabled = || Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() };
-    let inner: Box<dyn Reader> = match format {
-        #[cfg(feature = "torch")]
-        Format::Torch => Box::new(ckpt_torch::TorchFile::open(path)?),
-        #[cfg(feature = "safetensors")]
-        Format::Safetensors => Box::new(SafetensorsReader::new(
-            ckpt_core::safetensors::read_file(path)
-                .map_err(|source| Error::Core { path: path.to_path_buf(), source })?,
-        )),
-        #[cfg(feature = "distcp")]
-        Format::Distcp => Box::new(
-            ckpt_distcp::DcpReader::open(path)
-                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
-        #[cfg(feature = "hfai")]
-        Format::Hfai => Box::new(
-            ckpt_hfai::HfaiCheckpoint::open(path)
-                .map_err(|source| Error::Hfai { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
-        #[cfg(feature = "pbg")]
-        Format::Pbg => Box::new(
-            ckpt_pbg::Checkpoint::open(path)
-                .map_err(|source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) })?,
-        ),
-        #[cfg(feature = "recis")]
-        Format::Recis => {
-            let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };
-            // A directory with a `checkpoint` list (and no index of its own) holds several checkpoints: open the
-            // latest, as RecIS's checkpoint manager does.
-            let is_list = path.join("checkpoint").is_file() && !path.join("index").is_file();
-            if is_list {
-                Box::new(ckpt_recis::CheckpointManager::new(path).open_latest().map_err(recis)?)
-            } else {
-                Box::new(ckpt_recis::Checkpoint::open(path).map_err(recis)?)
-            }
-        }
-        // Reached only in builds without some format's feature.
-        #[allow(unreachable_patterns)]
-        _ => return Err(disabled()),
-    };
-    Ok(Checkpoint { format, path: path.to_path_buf(), inner })
+    let inner = formats::adaptor(format, path)?.open(path)?;
+    Ok(Checkpoint::new(format, path, inner))
 }

@@ -1,8 +1,10 @@
 //! Resharding a sharded checkpoint (distcp, hfai, RecIS) to another number of ranks, shards or parts.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
-use crate::{Error, Format, Result};
+use crate::error::At;
+use crate::{EntryKind, Error, Format, Result};
 
 /// What [`reshard`] did.
 #[derive(Debug, Clone)]
@@ -18,127 +20,54 @@ pub struct ReshardSummary {
     pub bytes: u64,
 }
 
-/// The formats [`reshard`] handles.
+/// The formats [`reshard`] handles: those whose checkpoints split over ranks, shards or parts
+/// ([`Format::is_sharded`]).
 pub fn reshard_formats() -> &'static [Format] {
-    &[Format::Distcp, Format::Hfai, Format::Recis]
+    static SHARDED: OnceLock<Vec<Format>> = OnceLock::new();
+    SHARDED.get_or_init(|| Format::ALL.into_iter().filter(|f| f.is_sharded()).collect())
 }
 
 /// Rewrites the sharded checkpoint at `src` (format detected) in `dst` (new or empty) for `world_size`
 /// ranks, in the format's own layout:
 ///
-/// - distcp: every tensor sharded on its first dimension as `Shard(0)` over `world_size` ranks
-///   ([`ckpt_distcp::shard_box`]), each rank's box read with [`ckpt_distcp::DcpReader::read_region`] and
-///   written with [`ckpt_distcp::save_distributed`] (scalars and non-tensor values replicated, written once);
-/// - hfai: [`ckpt_hfai::reshard`] (hfai's key split and `torch.chunk` chunking for `world_size` parts);
-/// - recis: [`ckpt_recis::reshard_dir`] (ids re-partitioned by RecIS's loader rule, `model.pt` and
-///   `extra.pt` copied); a directory with a `checkpoint` list reshards its latest checkpoint.
+/// - distcp: every tensor sharded on its first dimension as `Shard(0)` over `world_size` ranks, each rank's
+///   box read from the items it overlaps (scalars and non-tensor values replicated, written once);
+/// - hfai: hfai's key split and `torch.chunk` chunking for `world_size` parts;
+/// - recis: ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied; a directory with a
+///   `checkpoint` list reshards its latest checkpoint.
 ///
 /// # Errors
-/// [`Error::Core`] with an invalid argument for other formats, a `world_size` of 0 or a non-empty `dst`;
-/// the format's own errors.
+/// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
+/// non-empty `dst`; the format's own errors.
 pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSummary> {
     let format = crate::detect(src)?;
-    let invalid = |path: &Path, msg: String| Error::Core {
-        path: path.to_path_buf(),
-        source: ckpt_core::Error::InvalidArgument(msg),
-    };
-    if !reshard_formats().contains(&format) {
+    if !format.is_sharded() {
         let names: Vec<&str> = reshard_formats().iter().map(|f| f.name()).collect();
-        return Err(invalid(
-            src,
-            format!("a {format} checkpoint has no shards to reshard; reshard works on {}", names.join(", ")),
-        ));
+        return Err(Error::InvalidArgument {
+            path: src.to_path_buf(),
+            reason: format!("a {format} checkpoint has no shards to reshard; reshard works on {}", names.join(", ")),
+        });
     }
-    if !format.reading_enabled() {
-        return Err(Error::FeatureDisabled { path: src.to_path_buf(), format, feature: format.feature() });
-    }
+    let adaptor = crate::formats::adaptor(format, src)?;
     if world_size == 0 {
-        return Err(invalid(dst, "the world size must be at least 1".into()));
+        return Err(Error::InvalidArgument {
+            path: dst.to_path_buf(),
+            reason: "the world size must be at least 1".into(),
+        });
     }
-    if dst.exists() {
-        let mut it = std::fs::read_dir(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
-        if it.next().is_some() {
-            return Err(invalid(dst, "the destination exists and is not empty".into()));
+    if dst.exists() && std::fs::read_dir(dst).at(dst)?.next().is_some() {
+        return Err(Error::AlreadyExists {
+            path: dst.to_path_buf(),
+            reason: "the destination exists and is not empty".into(),
+        });
+    }
+    let (mut tensors, mut bytes) = (0, 0u64);
+    for e in adaptor.checkpoint(src)?.entries() {
+        if let EntryKind::Tensor(t) = &e.kind {
+            tensors += 1;
+            bytes += t.nbytes() as u64;
         }
     }
-    let (tensors, bytes) = {
-        let ck = crate::open_as(src, format)?;
-        let mut n = 0;
-        let mut b = 0u64;
-        for e in ck.entries() {
-            if let crate::EntryKind::Tensor(t) = &e.kind {
-                n += 1;
-                b += t.nbytes() as u64;
-            }
-        }
-        (n, b)
-    };
-    let done: Result<()> = match format {
-        #[cfg(feature = "distcp")]
-        Format::Distcp => distcp(src, dst, world_size),
-        #[cfg(feature = "hfai")]
-        Format::Hfai => ckpt_hfai::reshard(src, dst, world_size, &ckpt_hfai::ReshardOptions::default())
-            .map(|_| ())
-            .map_err(|source| Error::Hfai { path: src.to_path_buf(), source: Box::new(source) }),
-        #[cfg(feature = "recis")]
-        Format::Recis => {
-            let dir = recis_dir(src)?;
-            ckpt_recis::reshard_dir(&dir, dst, world_size, &ckpt_recis::ReshardOptions::default())
-                .map_err(|source| Error::Recis { path: src.to_path_buf(), source: Box::new(source) })
-        }
-        #[allow(unreachable_patterns)]
-        _ => Err(Error::FeatureDisabled { path: src.to_path_buf(), format, feature: format.feature() }),
-    };
-    done?;
+    adaptor.reshard(src, dst, world_size)?;
     Ok(ReshardSummary { format, world_size, tensors, bytes })
-}
-
-/// The directory a RecIS checkpoint is in: `path`, or the latest one of its `checkpoint` list.
-#[cfg(feature = "recis")]
-pub(crate) fn recis_dir(path: &Path) -> Result<std::path::PathBuf> {
-    if path.join("checkpoint").is_file() && !path.join("index").is_file() {
-        let m = ckpt_recis::CheckpointManager::new(path);
-        let recis = |source| Error::Recis { path: path.to_path_buf(), source: Box::new(source) };
-        if let Some(id) = m.latest().map_err(recis)? {
-            return m.path_of(&id).map_err(recis);
-        }
-    }
-    Ok(path.to_path_buf())
-}
-
-/// DCP: one thread per new rank, each reading its `Shard(0)` box of every tensor and saving collectively.
-#[cfg(feature = "distcp")]
-fn distcp(src: &Path, dst: &Path, world: usize) -> Result<()> {
-    use std::collections::HashMap;
-
-    use ckpt_core::Value;
-    use ckpt_distcp::{DcpReader, ShardSpec, StorageMetadata, WriteOptions, save_ranks, shard_box};
-
-    let dcp = |source| Error::Distcp { path: src.to_path_buf(), source: Box::new(source) };
-    let reader = DcpReader::open(src).map_err(dcp)?;
-    let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
-    let rank_state = |rank: usize| -> Result<(Value, HashMap<String, ShardSpec>)> {
-        let mut leaves = Vec::with_capacity(keys.len());
-        let mut shards = HashMap::new();
-        for key in &keys {
-            let value = match reader.storage_metadata(key).map_err(dcp)? {
-                StorageMetadata::Tensor(t) if !t.size.is_empty() => {
-                    let (offsets, sizes) = shard_box(&t.size, 0, rank, world);
-                    shards.insert(key.clone(), ShardSpec::new(&t.size, &offsets));
-                    Value::Tensor(reader.read_region(key, &offsets, &sizes).map_err(dcp)?)
-                }
-                StorageMetadata::Tensor(_) => Value::Tensor(reader.read_tensor(key).map_err(dcp)?),
-                StorageMetadata::Bytes => reader.read_value(key).map_err(dcp)?,
-            };
-            leaves.push((reader.path_of(key), value));
-        }
-        let sd = ckpt_core::unflatten(leaves).map_err(|source| Error::Core { path: src.to_path_buf(), source })?;
-        Ok((sd, shards))
-    };
-    // Every rank's state is read before anything is written: a read error leaves no partial checkpoint.
-    let states = (0..world).map(rank_state).collect::<Result<Vec<_>>>()?;
-    std::fs::create_dir_all(dst).map_err(|source| Error::Io { path: dst.to_path_buf(), source })?;
-    save_ranks(&states, dst, &WriteOptions::default())
-        .map(|_| ())
-        .map_err(|source| Error::Distcp { path: dst.to_path_buf(), source: Box::new(source) })
 }

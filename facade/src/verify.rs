@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use crate::{Checkpoint, EntryKind, Error, Format, Result};
+use crate::error::At;
+use crate::{Checkpoint, EntryKind, Format, Result};
 
 /// What [`verify`] found.
 #[derive(Debug, Clone)]
@@ -39,10 +40,10 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 ///
 /// - torch: the archive's structure, every record's CRC-32, every tensor readable;
 /// - safetensors: the header (dtypes, shapes, offsets covering the data) and every tensor readable;
-/// - distcp: [`ckpt_distcp::verify`] (chunks covering their tensors, items in their files, CRCs, contents);
+/// - distcp: chunks covering their tensors, items in their files, CRCs, contents;
 /// - hfai: every part's CRCs, the parts complete and consistent, every entry readable;
-/// - pbg: [`ckpt_pbg::FileCheckpointStorage::verify`] (the committed version complete, counts against the
-///   entity path when it is found, every file valid);
+/// - pbg: the committed version complete, counts against the entity path when it is found, every file
+///   valid, every entry readable;
 /// - recis: every `.pt` file's CRCs, the index, tensor keys and data files validated, every entry readable.
 ///
 /// ```
@@ -50,7 +51,7 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("m.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-/// ckpt::torch::save(&sd, &path).unwrap();
+/// ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 /// let report = ckpt::verify(&path).unwrap();
 /// assert!(report.is_ok(), "{:?}", report.problems);
 /// ```
@@ -68,90 +69,27 @@ pub fn verify(path: &Path) -> Result<VerifyReport> {
 /// As [`verify`].
 pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<VerifyReport> {
     let format = crate::detect(path)?;
-    if !format.reading_enabled() {
-        return Err(Error::FeatureDisabled { path: path.to_path_buf(), format, feature: format.feature() });
-    }
+    let adaptor = crate::formats::adaptor(format, path)?;
     let mut report = VerifyReport::new(format);
-    match format {
-        #[cfg(feature = "torch")]
-        Format::Torch => {
-            torch_crcs(path, &mut report)?;
-            read_all(&crate::open_as(path, format)?, &mut report, progress);
-        }
-        #[cfg(feature = "distcp")]
-        Format::Distcp => {
-            let r = ckpt_distcp::verify(path)
-                .map_err(|source| Error::Distcp { path: path.to_path_buf(), source: Box::new(source) })?;
-            report.checked = r.items;
-            report.bytes = r.bytes;
-            report.problems.extend(r.problems.iter().map(ToString::to_string));
-        }
-        #[cfg(feature = "hfai")]
-        Format::Hfai => {
-            for part in files_with(path, |n| n.starts_with("PART_") && n.ends_with(".pt"))? {
-                torch_crcs(&part, &mut report)?;
-            }
-            read_all(&crate::open_as(path, format)?, &mut report, progress);
-        }
-        #[cfg(feature = "pbg")]
-        Format::Pbg => pbg(path, &mut report)?,
-        #[cfg(feature = "recis")]
-        Format::Recis => {
-            let ck = crate::open_as(path, format)?;
-            let dir = crate::reshard::recis_dir(path)?;
-            for pt in files_with(&dir, |n| n.ends_with(".pt"))? {
-                torch_crcs(&pt, &mut report)?;
-            }
-            read_all(&ck, &mut report, progress);
-        }
-        _ => read_all(&crate::open_as(path, format)?, &mut report, progress),
-    }
+    adaptor.verify(path, &mut report, progress)?;
     Ok(report)
 }
 
-/// The files of `dir` whose names pass `keep`, sorted.
-#[cfg(any(feature = "hfai", feature = "recis"))]
-fn files_with(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<std::path::PathBuf>> {
-    let io = |source| Error::Io { path: dir.to_path_buf(), source };
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io)? {
-        let e = e.map_err(io)?;
-        if e.file_name().to_str().is_some_and(&keep) && e.path().is_file() {
-            out.push(e.path());
-        }
+impl VerifyReport {
+    /// A record of a file that failed its checksum, as a problem.
+    #[cfg_attr(not(any(feature = "torch", feature = "hfai", feature = "recis")), allow(dead_code))]
+    pub(crate) fn record_problem(&mut self, file: &Path, record: &str, error: &dyn std::fmt::Display) {
+        self.problems.push(format!("{}: record {record}: {error}", file.display()));
     }
-    out.sort();
-    Ok(out)
-}
-
-/// Checks every record CRC-32 of a ZIP `torch.save` file (legacy files have none).
-#[cfg(feature = "torch")]
-fn torch_crcs(path: &Path, report: &mut VerifyReport) -> Result<()> {
-    let buf = ckpt_core::Buffer::map_file(path).map_err(|source| Error::Core { path: path.to_path_buf(), source })?;
-    let bytes = buf.as_bytes();
-    let container = ckpt_torch::detect(bytes).map_err(|e| Error::from(e.at(path)))?;
-    if container != ckpt_torch::Container::Zip {
-        return Ok(());
-    }
-    let archive =
-        ckpt_torch::zip::Archive::parse(bytes).map_err(|e| Error::from(ckpt_torch::Error::from(e).at(path)))?;
-    for rec in archive.records() {
-        if let Err(e) = archive.verify_crc(bytes, rec) {
-            report.problems.push(format!("{}: record {}: {e}", path.display(), rec.name()));
-        }
-    }
-    Ok(())
 }
 
 /// Reads every entry: tensors to their last byte, values decoded.
-fn read_all(ck: &Checkpoint, report: &mut VerifyReport, progress: Progress<'_>) {
+pub(crate) fn read_all(ck: &Checkpoint, report: &mut VerifyReport, progress: Progress<'_>) {
     let entries = ck.entries();
     let total = entries.len() as u64;
     for (i, e) in entries.iter().enumerate() {
         match &e.kind {
-            EntryKind::Tensor(_) => match ck.tensor(&e.name).and_then(|t| {
-                t.data().map(|d| d.len()).map_err(|source| Error::Core { path: ck.path().to_path_buf(), source })
-            }) {
+            EntryKind::Tensor(_) => match ck.tensor(&e.name).and_then(|t| t.data().map(|d| d.len()).at(ck.path())) {
                 Ok(n) => report.bytes += n as u64,
                 Err(err) => report.problems.push(format!("{}: {}", e.name, chain(&err))),
             },
@@ -168,7 +106,7 @@ fn read_all(ck: &Checkpoint, report: &mut VerifyReport, progress: Progress<'_>) 
 }
 
 /// An error's message and its causes, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -180,56 +118,4 @@ fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     msg
-}
-
-/// PyTorch-BigGraph: the storage's own check of the committed version.
-#[cfg(feature = "pbg")]
-fn pbg(path: &Path, report: &mut VerifyReport) -> Result<()> {
-    let pbg_err = |source| Error::Pbg { path: path.to_path_buf(), source: Box::new(source) };
-    let storage = ckpt_pbg::FileCheckpointStorage::new(path);
-    let entities = pbg_entity_path(path).map(ckpt_pbg::EntityStorage::new);
-    if entities.is_none() {
-        report.warnings.push(
-            "entity path not found (config.json's entity_path, relative to the working directory or the \
-             checkpoint's parent): embedding counts not checked"
-                .into(),
-        );
-    }
-    let r = storage.verify(entities.as_ref()).map_err(pbg_err)?;
-    for (entity, part) in &r.missing {
-        report.problems.push(format!("version {}: missing partition {part} of entity {entity}", r.version));
-    }
-    if r.missing_model {
-        report.problems.push(format!("version {}: missing model.v{}.h5", r.version, r.version));
-    }
-    for (name, e) in &r.invalid {
-        report.problems.push(format!("{name}: {}", chain(e)));
-    }
-    for name in &r.partial {
-        report.warnings.push(format!("{name}: uncommitted (newer than version {})", r.version));
-    }
-    for name in &r.stale {
-        report.warnings.push(format!("{name}: stale (older version no snapshot links to)"));
-    }
-    for link in &r.dangling_links {
-        report.warnings.push(format!("{}: dangling snapshot link", link.display()));
-    }
-    // Every file of the committed version, read.
-    let ck = ckpt_pbg::Checkpoint::open(path).map_err(pbg_err)?;
-    let ck = Checkpoint { format: Format::Pbg, path: path.to_path_buf(), inner: Box::new(ck) };
-    read_all(&ck, report, &|_, _| {});
-    Ok(())
-}
-
-/// The entity path of a PBG checkpoint, from its `config.json`: as given (relative to the working directory,
-/// as PBG resolves it), else relative to the checkpoint's parent directory.
-#[cfg(feature = "pbg")]
-fn pbg_entity_path(path: &Path) -> Option<std::path::PathBuf> {
-    let config = ckpt_pbg::Config::read(&path.join("config.json")).ok()?;
-    let rel = std::path::PathBuf::from(config.entity_path()?);
-    if rel.is_dir() {
-        return Some(rel);
-    }
-    let p = path.parent()?.join(&rel);
-    p.is_dir().then_some(p)
 }

@@ -1,7 +1,6 @@
 //! The `ckpt` command, run as a user would: on every golden fixture and on corrupted copies, checking
 //! output and exit codes (0 ok, 1 check failed, 2 usage, 3 bad input, 4 I/O).
 
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -94,7 +93,12 @@ fn verify_reports_a_flipped_byte_in_a_torch_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.pt");
     let data: Vec<f32> = (0..64u8).map(f32::from).collect();
-    ckpt::torch::save(&Value::dict([("w", Value::Tensor(Tensor::from_slice(&data, &[64]).unwrap()))]), &path).unwrap();
+    ckpt::torch::save(
+        &Value::dict([("w", Value::Tensor(Tensor::from_slice(&data, &[64]).unwrap()))]),
+        &path,
+        &ckpt::torch::WriteOptions::default(),
+    )
+    .unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     // 63.0f32 is the last element: flip a bit of its bytes, wherever the record put them.
     let needle = 63.0f32.to_le_bytes();
@@ -143,8 +147,8 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
             ("step", Value::Int(3)),
         ])
     };
-    ckpt::torch::save(&sd(3.0), &a).unwrap();
-    ckpt::torch::save(&sd(3.25), &b).unwrap();
+    ckpt::torch::save(&sd(3.0), &a, &ckpt::torch::WriteOptions::default()).unwrap();
+    ckpt::torch::save(&sd(3.25), &b, &ckpt::torch::WriteOptions::default()).unwrap();
     // Itself: equal (NaN at the same position is equal).
     let (code, out, _) = run(&[&"diff", &a, &a]);
     assert_eq!(code, 0, "{out}");
@@ -173,6 +177,7 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
             ("step", Value::Tensor(Tensor::from_slice(&[3i64], &[1]).unwrap())),
         ]),
         &c,
+        &ckpt::torch::WriteOptions::default(),
     )
     .unwrap();
     let (code, out, _) = run(&[&"diff", &a, &c]);
@@ -327,7 +332,7 @@ fn convert_takes_the_target_layout_options() {
     let dst = tmp.path().join("pbg4");
     let (code, out, err) = run(&[&"convert", &pbg, &dst, &"--to", &"pbg", &"--pbg-config", &config]);
     assert_eq!(code, 0, "{out}{err}");
-    let ck = ckpt::pbg::Checkpoint::open(&dst).unwrap();
+    let ck = ckpt::pbg::PbgReader::open(&dst).unwrap();
     assert_eq!(ck.partitions().iter().filter(|p| p.entity == "user_id").count(), 4);
     // RecIS: shards, data files per shard, slice size.
     let dst = tmp.path().join("recis");
@@ -384,4 +389,34 @@ fn cat_prints_values_too() {
     assert_eq!(out.trim_end(), std::fs::read_to_string(pbg.join("config.json")).unwrap().trim_end());
     let (code, out, _) = run(&[&"cat", &pbg, &"version"]);
     assert_eq!((code, out.as_str()), (0, "4\n"));
+}
+
+#[test]
+fn help_lists_formats_and_profiles_from_the_library() {
+    let (code, out, _) = run(&[&"convert", &"--help"]);
+    assert_eq!(code, 0);
+    for f in Format::ALL {
+        assert!(out.contains(&format!("- {}:", f.name())) && out.contains(f.about()), "{f}: {out}");
+    }
+    let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+    assert!(out.contains(&format!("Formats: {}.", names.join(", "))), "{out}");
+    assert!(out.contains("max-compat") && out.contains("torch213"), "{out}");
+    let (_, out, _) = run(&[&"reshard", &"--help"]);
+    for f in ckpt::reshard_formats() {
+        assert!(out.lines().next().unwrap().contains(f.name()), "{out}");
+    }
+    // The profile is parsed by clap: an unknown one is a usage error, a known one is taken.
+    let src = fixtures().join("torch/checkpoint.pt");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("dcp");
+    assert_eq!(run(&[&"convert", &src, &dst, &"--to", &"distcp", &"--dcp-profile", &"torch999"]).0, 2);
+    let (code, out, err) = run(&[&"convert", &src, &dst, &"--to", &"distcp", &"--dcp-profile", &"torch213"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // torch 2.13's layout records a save id (storage_meta); the maximum-compatibility one does not.
+    let details = ckpt::open(&dst).unwrap().reader().details();
+    assert!(details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
+    let compat = tmp.path().join("compat");
+    assert_eq!(run(&[&"convert", &src, &compat, &"--to", &"distcp"]).0, 0);
+    let details = ckpt::open(&compat).unwrap().reader().details();
+    assert!(!details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
 }

@@ -2,7 +2,6 @@
 //! re-partitioned by a new config, a tensors-only safetensors file made a PBG checkpoint (optimizer state
 //! rebuilt), hash tables from a plain state dict split over shards with RecIS's rules, and the refusals.
 //! Every output is also loaded by the Python side (torchbiggraph; RecIS's loader rules).
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -26,7 +25,7 @@ fn config_with(dir: &Path, user_parts: u64, item_parts: u64) -> PathBuf {
     path
 }
 
-fn concat_rows(ck: &ckpt::pbg::Checkpoint, entity: &str) -> (Vec<f32>, Vec<f32>) {
+fn concat_rows(ck: &ckpt::pbg::PbgReader, entity: &str) -> (Vec<f32>, Vec<f32>) {
     let mut embs = Vec::new();
     let mut sums = Vec::new();
     for p in ck.partitions().iter().filter(|p| p.entity == entity) {
@@ -55,7 +54,7 @@ fn python_loads(dir: &Path, checks: &[(Format, &Path)]) -> Vec<serde_json::Value
 #[test]
 fn pbg_repartitioned_by_a_new_config() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = ckpt::pbg::Checkpoint::open(pbg_fixture()).unwrap();
+    let src = ckpt::pbg::PbgReader::open(&pbg_fixture()).unwrap();
     let mut outputs = Vec::new();
     for (users, items) in [(3, 2), (1, 1), (2, 1)] {
         let config = config_with(tmp.path(), users, items);
@@ -63,7 +62,7 @@ fn pbg_repartitioned_by_a_new_config() {
         let options = ConvertOptions::default().with_pbg_config(&config);
         let s = convert(&pbg_fixture(), None, &dst, Format::Pbg, &options).unwrap();
         assert!(s.dropped.is_empty(), "{:?}", s.dropped);
-        let out = ckpt::pbg::Checkpoint::open(&dst).unwrap();
+        let out = ckpt::pbg::PbgReader::open(&dst).unwrap();
         assert_eq!(out.version(), src.version(), "the version is kept, so PBG resumes at the same iteration");
         let count = |e: &str| out.partitions().iter().filter(|p| p.entity == e).count() as u64;
         assert_eq!((count("user_id"), count("item")), (users, items));
@@ -97,7 +96,7 @@ fn pbg_repartitioned_by_a_new_config() {
 fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
     let tmp = tempfile::tempdir().unwrap();
     // A safetensors file with PBG's tensors and nothing else (what another tool would write).
-    let src = ckpt::pbg::Checkpoint::open(pbg_fixture()).unwrap();
+    let src = ckpt::pbg::PbgReader::open(&pbg_fixture()).unwrap();
     let st = tmp.path().join("tensors.safetensors");
     ckpt::core::safetensors::write_file(&src.tensors(), None, &st).unwrap();
     let dst = tmp.path().join("pbg");
@@ -109,7 +108,7 @@ fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
     assert!(!dst.exists());
     let options = ConvertOptions::default().with_pbg_config(pbg_fixture().join("config.json"));
     convert(&st, None, &dst, Format::Pbg, &options).unwrap();
-    let out = ckpt::pbg::Checkpoint::open(&dst).unwrap();
+    let out = ckpt::pbg::PbgReader::open(&dst).unwrap();
     assert_eq!(out.version(), 1, "no version in the source");
     let lr = out.config().unwrap().lr();
     for (p, q) in out.partitions().iter().zip(src.partitions()) {
@@ -218,7 +217,7 @@ fn recis_tables_from_a_state_dict_with_layout_options() {
     let options = ConvertOptions::default().with_world_size(3).with_recis_parallel(2).with_recis_slice_size(1000);
     let s = convert(&st, None, &dst, Format::Recis, &options).unwrap();
     assert_eq!((s.tensors, s.dropped.len()), (5, 0));
-    let ck = ckpt::recis::Checkpoint::open(&dst).unwrap();
+    let ck = ckpt::recis::RecisReader::open(&dst).unwrap();
     let sparse = ck.sparse();
     assert_eq!((sparse.shard_num(), sparse.parallel(), sparse.slice_size("tbl").unwrap()), (Some(3), Some(2), 1000));
     // Every id is in the shard RecIS's loader reads it from: (id as u64) % 1000 in gen_slice(r, 3, 1000).
@@ -255,10 +254,10 @@ fn recis_model_and_extra_from_a_training_checkpoint() {
         ("epoch", Value::Int(3)),
     ]);
     let pt = tmp.path().join("train.pt");
-    ckpt::torch::save(&sd, &pt).unwrap();
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
     let dst = tmp.path().join("recis");
     convert(&pt, None, &dst, Format::Recis, &ConvertOptions::default()).unwrap();
-    let ck = ckpt::recis::Checkpoint::open(&dst).unwrap();
+    let ck = ckpt::recis::RecisReader::open(&dst).unwrap();
     assert_eq!(ck.model().unwrap().as_dict().unwrap().get("layer.weight").unwrap().as_tensor(), Some(&w));
     let extra = ck.extra().unwrap().as_dict().unwrap();
     assert_eq!((extra.get("epoch"), extra.items.len()), (Some(&Value::Int(3)), 2));
@@ -270,7 +269,7 @@ fn recis_model_and_extra_from_a_training_checkpoint() {
     assert_eq!(keys, ["model", "extra"]);
     let again = tmp.path().join("again");
     convert(&back, None, &again, Format::Recis, &ConvertOptions::default()).unwrap();
-    let ck2 = ckpt::recis::Checkpoint::open(&again).unwrap();
+    let ck2 = ckpt::recis::RecisReader::open(&again).unwrap();
     assert_eq!((ck2.model(), ck2.extra()), (ck.model(), ck.extra()));
     python_loads(tmp.path(), &[(Format::Recis, &dst), (Format::Recis, &again)]);
 }

@@ -1,7 +1,6 @@
 //! Cross-format conformance: every golden fixture converted to every format that can hold it and back, with
 //! entries compared (names where the formats share a naming, dtype, shape, bytes), and every converted
 //! output loaded by the Python originals in one Python run (`conformance/python/matrix/check_outputs.py`).
-#![cfg(feature = "full")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -280,7 +279,8 @@ fn unsupported_conversions_say_why() {
     // A top level that is not a mapping cannot be a DCP or hfai state dict.
     let list = tmp.path().join("list.pt");
     let t = ckpt::Tensor::from_slice(&[1.0f32], &[1]).unwrap();
-    ckpt::torch::save(&ckpt::Value::List(vec![ckpt::Value::Tensor(t)]), &list).unwrap();
+    ckpt::torch::save(&ckpt::Value::List(vec![ckpt::Value::Tensor(t)]), &list, &ckpt::torch::WriteOptions::default())
+        .unwrap();
     for to in [Format::Distcp, Format::Hfai, Format::Recis] {
         let e = convert(&list, None, &tmp.path().join(format!("l.{to}")), to, &ConvertOptions::default()).unwrap_err();
         assert!(e.to_string().contains("top level is a list"), "{to}: {e}");
@@ -304,7 +304,7 @@ fn dropped_entries_are_reported() {
         ("epoch", Value::Int(3)),
         ("c", Value::Tensor(c)),
     ]);
-    ckpt::torch::save(&sd, &pt).unwrap();
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
     let st = tmp.path().join("m.safetensors");
     let s = convert(&pt, None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
     assert_eq!((s.tensors, s.bytes, s.values), (1, 16, 1)); // `epoch` is kept in `ckpt.values`
@@ -351,7 +351,7 @@ fn distcp_world_size_shards_rows() {
     let hf = tmp.path().join("hfai");
     convert(&st, None, &hf, Format::Hfai, &ConvertOptions::default().with_world_size(3).with_hfai_large_size(16))
         .unwrap();
-    let h = ckpt::hfai::HfaiCheckpoint::open(&hf).unwrap();
+    let h = ckpt::hfai::HfaiReader::open(&hf).unwrap();
     assert_eq!(h.nshards(), 3);
     assert_eq!(h.chunked(), ["model.w"]);
     assert_eq!(h.model().unwrap().get("w").unwrap().as_tensor(), Some(&w));

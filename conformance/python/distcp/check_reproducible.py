@@ -6,15 +6,17 @@ Usage::
     .venv/bin/python conformance/python/distcp/check_reproducible.py COMMITTED FRESH
 
 COMMITTED is ``conformance/fixtures/distcp/torch213``, FRESH the output of
-``make_fixtures.py FRESH``. Rules:
+``make_fixtures.py FRESH``. Rules (``reproducible.py``, ``conformance/fixtures/REPRODUCIBILITY.md``):
 
 * both trees hold the same files (dotfiles such as ``.metadata`` included);
 * every file is byte-identical, except those STAMP.json lists under ``not_byte_reproducible``:
   a ``.metadata`` pickle is then unpickled with torch and compared as objects (dict equality, so
   the order of ``storage_data`` does not matter), a ``.safetensors`` file by its parsed header and
-  its data bytes;
+  its data bytes; and except, in data files STAMP.json's ``training_derived`` names, the items of
+  training-derived tensors (Adam's model and state in ``s_optim``), compared within the tolerance;
 * ``<case>.json`` manifests and ``STAMP.json`` are compared as JSON, except STAMP's ``python``
-  and ``torch_build`` fields (warned about).
+  and ``torch_build`` fields (warned about) and the sha256 of training-derived tensors and of the files
+  holding them, which must each be the digest of their own tree's data.
 
 Prints one line per difference and exits 1 if there is any, else 0.
 """
@@ -27,6 +29,10 @@ import struct
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import reproducible  # noqa: E402
 
 WARN_ONLY_STAMP = ("python", "torch_build")
 
@@ -61,25 +67,75 @@ def main(argv: list[str]) -> int:
     for name in sorted(b - a):
         problems.append(f"{name}: not committed")
     stamp = json.loads((committed / "STAMP.json").read_text()) if (committed / "STAMP.json").exists() else {}
+    fresh_stamp = json.loads((fresh / "STAMP.json").read_text()) if (fresh / "STAMP.json").exists() else {}
+    rules = reproducible.stamp_rules(stamp, fresh_stamp, problems)
     loose = set(stamp.get("not_byte_reproducible", {}))
+
+    def digest_of(tree: Path, case: str, key: str) -> str | None:
+        import torchtree
+
+        for data in sorted((tree / case).glob("*.distcp")):
+            if reproducible.matches(rules.for_file(f"{case}/{data.name}").items, key):
+                t = reproducible.dcp_item_tensor(data, key)
+                if t is not None:
+                    return torchtree.tensor_sha256(t)
+        return None
+
+    def json_ok(name: str, ja: dict[str, Any]):
+        case = name[: -len(".json")]
+
+        def ok(path: str, x: Any, y: Any) -> str | None:
+            parts = path.split(".")
+            if name == "STAMP.json" and parts[0] == "files" and len(parts) >= 3:
+                return reproducible.digest_ok(rules, f"{parts[1]}/{'.'.join(parts[2:])}", committed, fresh)(x, y)
+            if name != "STAMP.json" and parts[0] == "files" and len(parts) >= 2:
+                return reproducible.digest_ok(rules, f"{case}/{'.'.join(parts[1:])}", committed, fresh)(x, y)
+            if name != "STAMP.json" and len(parts) == 3 and parts[0] == "entries" and parts[2] == "sha256":
+                key = ja["entries"][int(parts[1])]["key"]
+                trained = any(
+                    reproducible.matches(rules.for_file(f"{case}/{p.name}").items, key)
+                    for p in (committed / case).glob("*.distcp")
+                )
+                same = all(p.read_bytes() == (fresh / case / p.name).read_bytes() for p in (committed / case).glob("*.distcp"))
+                if x == y and (same or not trained):
+                    return None
+                if not trained:
+                    return f"{json.dumps(x)[:120]} != {json.dumps(y)[:120]}"
+                for side, tree, d in (("committed", committed, x), ("fresh", fresh, y)):
+                    if digest_of(tree, case, key) != d:
+                        return f"sha256 of {key} is not the digest of a training-derived item in the {side} {case}/"
+                return None
+            return None if x == y else f"{json.dumps(x)[:120]} != {json.dumps(y)[:120]}"
+
+        return ok
+
     for name in sorted(a & b):
         pa, pb = committed / name, fresh / name
         if name.endswith(".json"):
             ja, jb = json.loads(pa.read_text()), json.loads(pb.read_text())
             if name == "STAMP.json":
-                for k in WARN_ONLY_STAMP:
-                    if ja.get(k) != jb.get(k):
+                for k in (*WARN_ONLY_STAMP, "training_derived"):
+                    if k in WARN_ONLY_STAMP and ja.get(k) != jb.get(k):
                         print(f"warning: STAMP.json {k}: {ja.get(k)!r} != {jb.get(k)!r}", file=sys.stderr)
                     ja.pop(k, None)
                     jb.pop(k, None)
-            if ja != jb:
-                problems.append(f"{name}: JSON differs")
+            out: list[str] = []
+            reproducible.diff_json(
+                ja, jb, "", out, leaf_ok=json_ok(name, ja),
+                always=lambda p: p.startswith("files.") or (p.startswith("entries.") and p.endswith(".sha256")),
+            )
+            if out:
+                problems.append(f"{name}: JSON differs: " + "; ".join(out))
             continue
         if pa.read_bytes() == pb.read_bytes():
             continue
         if name in loose and name.endswith(".metadata") and same_metadata(pa, pb):
             continue
         if name in loose and name.endswith(".safetensors") and safetensors_parts(pa) == safetensors_parts(pb):
+            continue
+        rule = rules.for_file(name)
+        if rule.items:
+            reproducible.compare_dcp_file(name, pa, pb, rule, problems)
             continue
         problems.append(f"{name}: bytes differ")
     for p in problems:

@@ -84,6 +84,17 @@ from pbg_setup import (  # noqa: E402
     seed_worker,
 )
 
+#: what comes out of training math (reproducible.py's rules): compared within a tolerance by
+#: check_reproducible.py, everything else exactly. The ranking counts (``violators_*``: how many negatives
+#: score at least as high as the positive, averaged over a chunk's edges) are decided by near-ties between
+#: scores computed by different kernels, so they move by whole counts from one CPU to another.
+TRAINING_DERIVED = {
+    "ckpt/*.h5": {"datasets": ["embeddings", "model/*"], "blob_tensors": ["state.*.sum"]},
+    "ckpt/training_stats.json": {"fields": ["stats.metrics.loss"], "counts": ["stats.metrics.violators_*"]},
+    "export/*.tsv": {"numbers": True},
+}
+
+
 def make_graph(work: Path) -> None:
     rng = random.Random(SEED)
     users = [f"u{i:02d}" for i in range(USERS)]
@@ -362,6 +373,7 @@ def main() -> None:
         "numpy": np.__version__,
         "python": ".".join(map(str, sys.version_info[:3])),
         "pinned_env": PINNED_ENV,
+        "training_derived": TRAINING_DERIVED,
     }
     (out / "STAMP.json").write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(m['files'])} files to {out}")

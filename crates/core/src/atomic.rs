@@ -1,70 +1,66 @@
-//! Atomic file commits: write to a temporary file beside the target, fsync, rename, fsync the directory.
+//! Atomic file commits, kept for the writers that have not moved to [`crate::commit`] yet: both functions
+//! run the [`FileCommit`] protocol (lock, temporary file, `fdatasync`, rename, directory fsync, the old
+//! file freed in the background) and report plain I/O errors as [`Error::Io`], the specific ones (disk
+//! full, read-only, permission, locked) as [`Error::Commit`].
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use crate::commit::{CommitError, DurableWriter, FileCommit, FileOptions};
 use crate::error::{Error, Result};
 
-/// The temporary path used while `path` is being written: a hidden sibling with the process id, so two
-/// processes writing the same target never share a temporary file.
+/// The temporary path a commit of `path` writes: `.<name>.ckpt-tmp` beside it (unique per destination,
+/// since the destination's lock admits one writer).
 pub fn temp_path(path: &Path) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
+    path.with_file_name(format!(".{name}.ckpt-tmp"))
 }
 
-/// Writes `path` atomically: `write` fills a buffered temporary file in the same directory, which is then
-/// flushed, fsync'd and renamed over `path`; finally the directory is fsync'd so the rename is durable.
-/// On any error the temporary file is removed and `path` is untouched.
+/// Writes `path` atomically: `write` fills a [`DurableWriter`] on a temporary file in the same directory,
+/// which is then `fdatasync`'d and renamed over `path`; finally the directory is fsync'd so the rename is
+/// durable. On any error the temporary file is removed and `path` is untouched.
 ///
 /// The closure's error type is the caller's own (any `E: From<ckpt_core::Error>`), so format crates pass
 /// their errors through unchanged.
 ///
 /// # Errors
-/// Whatever `write` returns, or [`Error::Io`] (converted into `E`) naming the path that failed.
+/// Whatever `write` returns, or the commit's error (converted into `E`) naming the path that failed.
 pub fn write_atomic<F, E>(path: &Path, write: F) -> std::result::Result<(), E>
 where
-    F: FnOnce(&mut BufWriter<File>) -> std::result::Result<(), E>,
+    F: FnOnce(&mut DurableWriter) -> std::result::Result<(), E>,
     E: From<Error>,
 {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, file);
-        write(&mut w)?;
-        w.flush().map_err(|e| Error::io(&tmp, e))?;
-        let file = w.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        Ok(sync_dir(path.parent().unwrap_or(Path::new(".")))?)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    let mut commit = FileCommit::create(path, &FileOptions::default()).map_err(Error::from)?;
+    if let Err(e) = write(commit.writer()) {
+        if let Some(io) = commit.writer().io_error() {
+            return Err(Error::from(CommitError::from_io(path, io)).into());
+        }
+        return Err(e);
     }
-    result
+    commit.commit().map_err(Error::from)?;
+    Ok(())
 }
 
 /// Like [`write_atomic`] for writers that insist on a path: `write` creates and fills the temporary path it
-/// is given; the file is then fsync'd and renamed over `path`, and the directory fsync'd.
+/// is given (it may replace the file there); the file is then fsync'd and renamed over `path`, and the
+/// directory fsync'd.
 ///
 /// # Errors
-/// Whatever `write` returns, or [`Error::Io`] (converted into `E`) naming the path that failed.
+/// Whatever `write` returns, or the commit's error (converted into `E`) naming the path that failed.
 pub fn write_atomic_path<F, E>(path: &Path, write: F) -> std::result::Result<(), E>
 where
     F: FnOnce(&Path) -> std::result::Result<(), E>,
     E: From<Error>,
 {
-    let tmp = temp_path(path);
-    let result = (|| {
-        write(&tmp)?;
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::io(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        Ok(sync_dir(path.parent().unwrap_or(Path::new(".")))?)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let commit = FileCommit::create(path, &FileOptions::default().with_sync(false)).map_err(Error::from)?;
+    let tmp = commit.temp_path().to_path_buf();
+    write(&tmp)?;
+    // `write` may have replaced the file at `tmp` (renamed its own temporary file there): sync what the
+    // path names now, then let the commit rename and fsync the directory.
+    File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| Error::from(CommitError::from_io(path, e)))?;
+    commit.commit().map_err(Error::from)?;
+    crate::commit::sync_dir(tmp.parent().unwrap_or(Path::new("."))).map_err(Error::from)?;
+    Ok(())
 }
 
 /// fsyncs a directory so renames and creations inside it are durable.
@@ -72,13 +68,15 @@ where
 /// # Errors
 /// [`Error::Io`] naming the directory.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+    crate::commit::sync_dir(dir).map_err(Error::from)
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use std::fs;
+    use std::io::Write;
+
     use super::*;
 
     #[test]
@@ -107,5 +105,12 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(fs::read(&p).unwrap(), b"abc");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        write_atomic_path(&p, |tmp| fs::write(tmp, b"via path").map_err(|e| Error::io(tmp, e))).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"via path");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert!(matches!(
+            write_atomic(Path::new("/nonexistent/dir/f"), |_| Ok::<(), Error>(())),
+            Err(Error::Io { .. })
+        ));
     }
 }

@@ -1,7 +1,6 @@
 //! Flattening nested state dicts to dotted keys and back, with `torch.distributed.checkpoint`'s rules
 //! (torch 2.4+ `flatten_state_dict` / `traverse_state_dict`, and `set_element` for the way back).
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -218,10 +217,79 @@ pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
     Ok(out)
 }
 
-/// The leaves of a value by name, for reading many entries: one walk (as [`leaves`] makes), then each look-up
-/// is a hash probe and a descent of the leaf's depth, instead of a walk per look-up. The index holds only
-/// positions, not the value: pass the same value to [`LeafIndex::get`]. Where two leaves share a name the
-/// first wins, as with a search of [`leaves`].
+/// Walks every leaf of `value` in order, naming it as [`leaves`] does, and calls `f` with its name, the child
+/// position taken at each level and the leaf. The name is built in one buffer (pushed and truncated), not
+/// joined from a path per leaf.
+fn walk_leaves<'v>(value: &'v Value, f: &mut dyn FnMut(&str, &[u32], &'v Value)) -> Result<()> {
+    fn step(key: &mut String, depth: usize, part: &str) {
+        if depth > 0 {
+            key.push('.');
+        }
+        key.push_str(part);
+    }
+    fn position(i: usize) -> u32 {
+        // A container of 2^32 items cannot be decoded under the pickle limits; saturate rather than wrap.
+        u32::try_from(i).unwrap_or(u32::MAX)
+    }
+    fn walk<'v>(
+        key: &mut String,
+        at: &mut Vec<u32>,
+        v: &'v Value,
+        f: &mut dyn FnMut(&str, &[u32], &'v Value),
+    ) -> Result<()> {
+        match v {
+            Value::Dict(d) if !d.items.is_empty() => {
+                for (i, (k, child)) in d.items.iter().enumerate() {
+                    let len = key.len();
+                    match k {
+                        Value::Str(s) => step(key, at.len(), s),
+                        other => step(key, at.len(), &python_str(other)?),
+                    }
+                    at.push(position(i));
+                    walk(key, at, child, f)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    let len = key.len();
+                    step(key, at.len(), &i.to_string());
+                    at.push(position(i));
+                    walk(key, at, child, f)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            _ => f(key, at, v),
+        }
+        Ok(())
+    }
+    walk(&mut String::new(), &mut Vec::new(), value, f)
+}
+
+/// Every leaf's name and value, in order, exactly as [`leaves`] names them, without building a path per leaf
+/// (for listing entries).
+///
+/// ```
+/// use ckpt_core::{Value, leaf_names};
+/// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::List(vec![]))]);
+/// let names: Vec<String> = leaf_names(&v).unwrap().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["model.w", "step"]);
+/// ```
+///
+/// # Errors
+/// As [`leaves`].
+pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
+    let mut out = Vec::new();
+    walk_leaves(value, &mut |name, _, v| out.push((name.to_owned(), v)))?;
+    Ok(out)
+}
+
+/// The leaves of a value by name, for reading many entries: one walk (naming leaves as [`leaves`] does),
+/// then each look-up is a hash probe and a descent of the leaf's depth, instead of a walk per look-up. The
+/// index holds only positions, not the value: pass the same value to [`LeafIndex::get`]. Where two leaves
+/// share a name the first wins, as with a search of [`leaves`].
 ///
 /// ```
 /// use ckpt_core::{LeafIndex, Value};
@@ -233,7 +301,7 @@ pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
 #[derive(Debug, Clone, Default)]
 pub struct LeafIndex {
     /// Leaf name → the child position taken at each level.
-    positions: HashMap<String, Vec<usize>>,
+    positions: HashMap<String, Box<[u32]>>,
 }
 
 impl LeafIndex {
@@ -242,49 +310,20 @@ impl LeafIndex {
     /// # Errors
     /// As [`leaves`].
     pub fn new(value: &Value) -> Result<Self> {
-        // The walk of `leaves`, keeping child positions beside the path.
-        fn walk(
-            path: &mut Vec<PathItem>,
-            at: &mut Vec<usize>,
-            v: &Value,
-            out: &mut HashMap<String, Vec<usize>>,
-        ) -> Result<()> {
-            match v {
-                Value::Dict(d) if !d.items.is_empty() => {
-                    for (i, (k, child)) in d.items.iter().enumerate() {
-                        path.push(PathItem::Key(python_str(k)?));
-                        at.push(i);
-                        walk(path, at, child, out)?;
-                        at.pop();
-                        path.pop();
-                    }
-                }
-                Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
-                    for (i, child) in items.iter().enumerate() {
-                        path.push(PathItem::Index(i));
-                        at.push(i);
-                        walk(path, at, child, out)?;
-                        at.pop();
-                        path.pop();
-                    }
-                }
-                _ => {
-                    if let Entry::Vacant(slot) = out.entry(join_path(path)) {
-                        slot.insert(at.clone());
-                    }
-                }
-            }
-            Ok(())
-        }
         let mut positions = HashMap::new();
-        walk(&mut Vec::new(), &mut Vec::new(), value, &mut positions)?;
+        walk_leaves(value, &mut |name, at, _| {
+            if !positions.contains_key(name) {
+                positions.insert(name.to_owned(), at.into());
+            }
+        })?;
         Ok(LeafIndex { positions })
     }
 
     /// The leaf named `name` of `value` (the value the index was built from).
     pub fn get<'a>(&self, value: &'a Value, name: &str) -> Option<&'a Value> {
         let mut v = value;
-        for &i in self.positions.get(name)? {
+        for &i in self.positions.get(name)?.iter() {
+            let i = i as usize;
             v = match v {
                 Value::Dict(d) => &d.items.get(i)?.1,
                 Value::List(items) | Value::Tuple(items) => items.get(i)?,
@@ -402,6 +441,12 @@ mod tests {
         ]);
         let index = LeafIndex::new(&v).unwrap();
         let all = leaves(&v).unwrap();
+        let names = leaf_names(&v).unwrap();
+        assert_eq!(names.len(), all.len());
+        for ((name, value), leaf) in names.iter().zip(&all) {
+            assert_eq!(name, &leaf.key);
+            assert!(std::ptr::eq(*value, leaf.value), "{name}");
+        }
         for leaf in &all {
             let first = all.iter().find(|l| l.key == leaf.key).unwrap();
             assert!(std::ptr::eq(index.get(&v, &leaf.key).unwrap(), first.value), "{}", leaf.key);
@@ -412,6 +457,10 @@ mod tests {
         assert_eq!(index.get(&Value::None, "l.0"), None, "another value: no panic");
         let scalar = Value::Int(1);
         assert_eq!(LeafIndex::new(&scalar).unwrap().get(&scalar, ""), Some(&scalar));
+        let mut bad = Dict::new(DictKind::Dict);
+        bad.insert(Value::List(vec![]), Value::Int(1));
+        let bad = Value::Dict(bad);
+        assert!(LeafIndex::new(&bad).is_err() && leaf_names(&bad).is_err() && leaves(&bad).is_err());
     }
 
     #[test]

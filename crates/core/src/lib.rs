@@ -10,6 +10,8 @@
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`Collective`]: rank, world size, barrier, gather, broadcast — one process, threads, or MPI.
 //! - [`safetensors`]: read and write `.safetensors` files.
+//! - [`commit`]: the durable commit path every writer uses — crash-safe file and directory commits at the
+//!   disk's speed, advisory locks, checksum manifests, failpoints.
 //!
 //! # Feature flags
 //! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module [`tch_interop`]).
@@ -20,6 +22,7 @@ pub mod atomic;
 mod buffer;
 mod checkpoint;
 mod collective;
+pub mod commit;
 mod display;
 mod dtype;
 mod error;
@@ -35,9 +38,10 @@ pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
 pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
-pub use error::{Error, Result};
+pub use error::{Error, Fault, Result};
 pub use flatten::{
-    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaf_names, leaves, python_str,
+    unflatten,
 };
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};

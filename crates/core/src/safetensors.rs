@@ -1,25 +1,46 @@
-//! Import and export of `.safetensors` files through the `safetensors` crate, zero copy on read.
+//! Import and export of `.safetensors` files through the `safetensors` crate, zero copy on read; what ckpt
+//! records in their `__metadata__` is in [`metadata`].
+
+pub mod metadata;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::atomic::write_atomic_path;
 use crate::buffer::Buffer;
+use crate::checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
+use crate::commit::FileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::value::Value;
+use metadata::Records;
 
-/// The contents of a safetensors file: tensors in file order and the `__metadata__` string map.
+/// A safetensors file, read: tensors in file order and the `__metadata__` string map, and, behind
+/// [`CheckpointRead`], the entries ckpt recorded ([`metadata`]): the tensors, then the `ckpt.values` values.
 #[derive(Debug, Clone)]
-pub struct SafetensorsFile {
+pub struct SafetensorsReader {
     /// Tensors in the order of their data in the file; each is a zero-copy window of the file's buffer.
     pub tensors: Vec<(String, Tensor)>,
     /// The `__metadata__` map, if the file has one.
     pub metadata: Option<HashMap<String, String>>,
+    records: Records,
 }
 
-impl SafetensorsFile {
+impl SafetensorsReader {
+    /// Maps and reads the file at `path` ([`read_file`]).
+    ///
+    /// # Errors
+    /// As [`read`], plus [`Error::Io`] naming the path.
+    pub fn open(path: &Path) -> Result<Self> {
+        read_file(path)
+    }
+
+    /// What ckpt recorded in the file's `__metadata__` (paths of nested entries, values).
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
@@ -32,7 +53,7 @@ impl SafetensorsFile {
 ///
 /// # Errors
 /// [`Error::SafeTensors`] for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
-pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
+pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
     let bytes = buffer.as_bytes();
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes)?;
     let data_start =
@@ -49,14 +70,16 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsFile> {
         let dtype = DType::from_safetensors(info.dtype)?;
         tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
     }
-    Ok(SafetensorsFile { tensors, metadata: meta.metadata().clone() })
+    let metadata = meta.metadata().clone();
+    let records = Records::read(metadata.as_ref(), |name| tensors.iter().any(|(n, _)| n == name));
+    Ok(SafetensorsReader { tensors, metadata, records })
 }
 
 /// Maps and parses a safetensors file.
 ///
 /// # Errors
 /// As [`read`], plus [`Error::Io`] naming the path.
-pub fn read_file(path: &Path) -> Result<SafetensorsFile> {
+pub fn read_file(path: &Path) -> Result<SafetensorsReader> {
     read(&Buffer::map_file(path)?)
 }
 
@@ -110,7 +133,43 @@ pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, S
     Ok(safetensors::serialize(prepared(&owned)?, metadata)?)
 }
 
-/// Writes a safetensors file atomically (temporary file, fsync, rename, directory fsync).
+/// The header the `safetensors` crate writes for `views` (its `prepare`: tensors sorted by descending dtype
+/// alignment, then name; JSON padded with spaces to 8 bytes), and the views in data order.
+fn header<'a>(
+    mut views: Vec<(String, StView<'a>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(Vec<u8>, Vec<StView<'a>>)> {
+    use safetensors::View;
+    views.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
+    let mut infos = Vec::with_capacity(views.len());
+    let mut ordered = Vec::with_capacity(views.len());
+    let mut offset = 0usize;
+    for (name, v) in views {
+        let n = v.data_len();
+        let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
+        infos.push((
+            name,
+            safetensors::tensor::TensorInfo {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data_offsets: (offset, end),
+            },
+        ));
+        offset = end;
+        ordered.push(v);
+    }
+    let meta = safetensors::tensor::Metadata::new(metadata, infos)?;
+    let mut json = serde_json::to_vec(&meta).map_err(|e| Error::InvalidArgument(format!("safetensors header: {e}")))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    if json.len() > 100_000_000 {
+        return Err(Error::SafeTensors(safetensors::SafeTensorError::HeaderTooLarge));
+    }
+    Ok((json, ordered))
+}
+
+/// Writes a safetensors file durably through [`crate::commit`] (lock, temporary file, `O_DIRECT` writes
+/// straight from each tensor, `fdatasync`, rename, directory fsync), byte for byte what the `safetensors`
+/// crate's `serialize` produces.
 ///
 /// ```
 /// use ckpt_core::{safetensors, Tensor};
@@ -123,13 +182,53 @@ pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, S
 /// ```
 ///
 /// # Errors
-/// As [`to_bytes`], plus [`Error::Io`] naming the path.
+/// As [`to_bytes`], plus [`Error::Io`] naming the path, or [`Error::Commit`] for a full disk, a
+/// read-only file system, a permission error or a concurrent save.
 pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
     let owned = contiguous(tensors)?;
-    let views = prepared(&owned)?;
-    // serialize_to_file streams the header and then each tensor's bytes to the file, without building the
-    // whole file in memory.
-    write_atomic_path(path, |tmp| Ok(safetensors::serialize_to_file(views, metadata, tmp)?))
+    let (header, ordered) = header(prepared(&owned)?, metadata)?;
+    crate::commit::write_file(path, &FileOptions::default(), |w| -> Result<()> {
+        use std::io::Write;
+        let io = |e: std::io::Error| Error::io(path, e);
+        w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+        w.write_all(&header).map_err(io)?;
+        for v in &ordered {
+            w.write_all(&v.tensor.data()?).map_err(io)?;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+impl CheckpointRead for SafetensorsReader {
+    fn format_name(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        let tensors = self.tensors.iter().map(|(n, t)| Entry {
+            name: n.clone(),
+            kind: EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+        });
+        let values = self.records.values.iter().map(|(n, v)| Entry { name: n.clone(), kind: entry_kind(v) });
+        tensors.chain(values).collect()
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.get(name).cloned().ok_or_else(|| Error::InvalidArgument(format!("no tensor named {name:?}")))
+    }
+
+    fn value(&self, name: &str) -> Result<Value> {
+        if let Some(t) = self.get(name) {
+            return Ok(Value::Tensor(t.clone()));
+        }
+        self.records
+            .values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +252,23 @@ mod tests {
         assert_eq!(back.get("h").unwrap(), &h);
         let c = Tensor::zeros(DType::C128, &[1]).unwrap();
         assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+    }
+
+    #[test]
+    fn file_is_byte_identical_to_the_crate_serializer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let big = Tensor::from_slice(&(0..3_000_000).map(|i| i as f32).collect::<Vec<_>>(), &[1000, 3000]).unwrap();
+        let tensors = vec![
+            ("b".to_string(), Tensor::from_slice(&[1u8, 2, 3], &[3]).unwrap()),
+            ("a".to_string(), big.transpose(0, 1).unwrap()),
+            ("h".to_string(), Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap()),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        write_file(&tensors, Some(meta.clone()), &path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), to_bytes(&tensors, Some(meta)).unwrap());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.safetensors"]);
     }
 
     #[test]

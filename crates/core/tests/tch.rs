@@ -1,6 +1,5 @@
 //! Conversions between ckpt tensors and tch tensors (`--features tch`; needs libtorch, see
 //! `scripts/tch-env.sh`).
-#![cfg(feature = "tch")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ckpt_core::tch_interop::{CopyMode, dtype_to_kind, from_tch, from_tch_with, kind_to_dtype, to_tch, to_tch_with};

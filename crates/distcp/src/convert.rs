@@ -5,7 +5,7 @@
 //! dropped, so memory stays at about the largest tensor plus a constant.
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ckpt_core::{DType, StorageClass, Value, contiguous_strides, unflatten};
@@ -37,7 +37,7 @@ fn streaming_reader(dir: &Path) -> Result<DcpReader> {
 }
 
 /// Writes `path` atomically (temporary file, fsync, rename) with this crate's errors.
-fn write_atomic(path: &Path, f: impl FnOnce(&mut BufWriter<std::fs::File>) -> Result<()>) -> Result<()> {
+fn write_atomic(path: &Path, f: impl FnOnce(&mut ckpt_core::commit::DurableWriter) -> Result<()>) -> Result<()> {
     ckpt_core::atomic::write_atomic(path, f)
 }
 
@@ -77,7 +77,7 @@ pub fn dcp_to_torch_save(dir: &Path, out: &Path) -> Result<ConvertReport> {
         Err(Unsupported) => {
             // A value this streaming pickler does not model: fall back to the in-memory writer.
             let sd = reader.state_dict()?;
-            ckpt_torch::save(&sd, out)?;
+            ckpt_torch::save(&sd, out, &ckpt_torch::WriteOptions::default())?;
             report.tensors = tensor_keys.len();
             report.tensor_bytes = u64::try_from(reader.tensor_bytes()).unwrap_or(u64::MAX);
             return Ok(report);
@@ -334,10 +334,12 @@ struct TensorEntry {
 }
 
 /// The safetensors header for `tensors` laid out in order.
-fn safetensors_header(tensors: &[TensorEntry], metadata: &[(&str, &str)]) -> Result<Vec<u8>> {
+fn safetensors_header(tensors: &[TensorEntry], metadata: HashMap<String, String>) -> Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
-        let m: serde_json::Map<String, Json> = metadata.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+        let mut m: Vec<(String, String)> = metadata.into_iter().collect();
+        m.sort();
+        let m: serde_json::Map<String, Json> = m.into_iter().map(|(k, v)| (k, json!(v))).collect();
         header.insert("__metadata__".into(), Json::Object(m));
     }
     let mut at = 0u64;
@@ -381,7 +383,7 @@ fn write_safetensors(
     reader: &DcpReader,
     out: &Path,
     tensors: &[TensorEntry],
-    metadata: &[(&str, &str)],
+    metadata: HashMap<String, String>,
 ) -> Result<u64> {
     let header = safetensors_header(tensors, metadata)?;
     let mut written = 0u64;
@@ -401,7 +403,9 @@ fn write_safetensors(
 }
 
 /// Converts the DCP checkpoint in `dir` into one safetensors file at `out`, tensors under their flattened
-/// keys in checkpoint order (`__metadata__ = {"format": "pt"}`). Non-tensor values cannot be stored and
+/// keys in checkpoint order, with ckpt's safetensors convention ([`ckpt_core::safetensors::metadata`]:
+/// `format` = `pt`, `ckpt.source` = `distcp`, the nested paths from `planner_data` in `ckpt.paths`, the
+/// non-tensor values JSON holds exactly in `ckpt.values`). Other non-tensor values cannot be stored and
 /// are listed in [`ConvertReport::skipped`]. Streams tensor by tensor.
 ///
 /// # Errors
@@ -409,15 +413,29 @@ fn write_safetensors(
 /// errors.
 pub fn dcp_to_safetensors(dir: &Path, out: &Path) -> Result<ConvertReport> {
     let reader = streaming_reader(dir)?;
-    let (tensors, skipped) = tensor_list(&reader)?;
-    let bytes = write_safetensors(&reader, out, &tensors, &[("format", "pt")])?;
+    let (tensors, values) = tensor_list(&reader)?;
+    let mut metadata = ckpt_core::safetensors::metadata::Metadata::new("distcp");
+    let mut skipped = Vec::new();
+    for key in &values {
+        if metadata.value(key, &reader.read_value(key)?) {
+            metadata.path(key, &reader.path_of(key));
+        } else {
+            skipped.push(key.clone());
+        }
+    }
+    for t in &tensors {
+        metadata.path(&t.key, &reader.path_of(&t.key));
+    }
+    let bytes = write_safetensors(&reader, out, &tensors, metadata.into_map())?;
     Ok(ConvertReport { tensors: tensors.len(), tensor_bytes: bytes, skipped, files: vec![out.to_path_buf()] })
 }
 
 /// Converts the DCP checkpoint in `dir` into Hugging Face sharded safetensors in `out_dir`:
 /// `model-0000i-of-0000n.safetensors` files of at most `max_shard_bytes` of tensor data each (a bigger
 /// tensor gets a file of its own), tensors in checkpoint order, plus `model.safetensors.index.json`
-/// (`{"metadata": {"total_size": …}, "weight_map": {key: file}}`). Streams tensor by tensor.
+/// (`{"metadata": {"total_size": …}, "weight_map": {key: file}}`). Each file's `__metadata__` follows
+/// ckpt's safetensors convention for its tensors (`format`, `ckpt.source`, `ckpt.paths`); non-tensor
+/// values are listed in [`ConvertReport::skipped`]. Streams tensor by tensor.
 ///
 /// # Errors
 /// As [`dcp_to_safetensors`].
@@ -448,7 +466,11 @@ pub fn dcp_to_hf(dir: &Path, out_dir: &Path, max_shard_bytes: u64) -> Result<Con
     for (i, shard) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
         let path = out_dir.join(&name);
-        report.tensor_bytes += write_safetensors(&reader, &path, shard, &[("format", "pt")])?;
+        let mut metadata = ckpt_core::safetensors::metadata::Metadata::new("distcp");
+        for t in shard {
+            metadata.path(&t.key, &reader.path_of(&t.key));
+        }
+        report.tensor_bytes += write_safetensors(&reader, &path, shard, metadata.into_map())?;
         report.tensors += shard.len();
         for t in shard {
             weight_map.insert(t.key.clone(), json!(name));

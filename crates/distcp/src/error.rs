@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use ckpt_core::Fault;
+
 /// What went wrong reading, verifying, writing or converting a DCP checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -315,20 +317,33 @@ impl Error {
     }
 }
 
-/// Maps a DCP error into the core error, by fault (for [`ckpt_core::CheckpointRead`]).
-pub fn to_core(e: Error) -> ckpt_core::Error {
-    match e {
-        Error::Core(c) => c,
-        Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-        Error::Torch(t) => ckpt_torch::to_core(t),
-        e @ (Error::NoSuchEntry(_)
-        | Error::NotATensor(_)
-        | Error::RegionOutOfBounds { .. }
-        | Error::Unwritable { .. }
-        | Error::AlreadyExists { .. }) => ckpt_core::Error::InvalidArgument(e.to_string()),
-        e @ Error::UnknownTransform { .. } => ckpt_core::Error::Unsupported(e.to_string()),
-        e @ Error::DecompressedTooLarge { .. } => ckpt_core::Error::Limit(e.to_string()),
-        e => ckpt_core::Error::Malformed(e.to_string()),
+impl Error {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. } => Fault::Io,
+            Error::Core(c) => c.fault(),
+            Error::Torch(t) => t.fault(),
+            Error::BadItem { source, .. } => source.fault(),
+            Error::NoSuchEntry(_)
+            | Error::NotATensor(_)
+            | Error::RegionOutOfBounds { .. }
+            | Error::Unwritable { .. }
+            | Error::AlreadyExists { .. } => Fault::InvalidArgument,
+            Error::UnknownTransform { .. } => Fault::Unsupported,
+            Error::DecompressedTooLarge { .. } => Fault::Limit,
+            _ => Fault::Malformed,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
+impl From<Error> for ckpt_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(c) => c,
+            e => ckpt_core::Error::format(e.fault(), e),
+        }
     }
 }
 

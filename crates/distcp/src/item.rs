@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ckpt_core::{Buffer, Tensor, Value};
-use ckpt_torch::TorchFile;
+use ckpt_torch::TorchReader;
 
 use crate::error::{Error, Result};
 use crate::metadata::{StorageInfo, ZSTD_TRANSFORM};
@@ -158,7 +158,7 @@ fn undo_transform(key: &str, file: &str, descriptor: &str, data: &Buffer, limit:
 
 /// Parses an item as a `torch.save` archive.
 pub(crate) fn parse(key: &str, file: &str, data: &Buffer, options: &ckpt_torch::ReadOptions) -> Result<Value> {
-    TorchFile::from_buffer(data, options).map(TorchFile::into_value).map_err(|e| Error::BadItem {
+    TorchReader::from_buffer(data, options).map(TorchReader::into_value).map_err(|e| Error::BadItem {
         key: key.to_owned(),
         file: file.to_owned(),
         source: Box::new(e),

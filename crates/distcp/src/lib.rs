@@ -23,8 +23,22 @@
 //! [`save`] / [`save_distributed`] write checkpoints like `FileSystemWriter`, in the maximum-compatibility
 //! [`Profile`] by default (loads in torch 2.0 to 2.15) or torch 2.13's own layout; one file per rank or
 //! per item, several files per rank, zstd items; multi-rank saves coordinate through
-//! [`ckpt_core::Collective`] and write replicated items once. [`verify`] checks a checkpoint end to end;
+//! [`ckpt_core::Collective`] and write replicated items once. [`reshard`] and [`save_sharded`] write a
+//! checkpoint for another world size, tensors split on their first dimension (`Shard(0)`). [`verify`] checks a checkpoint end to end;
 //! [`convert`] turns checkpoints into `torch.save`, safetensors and Hugging Face shards, streaming.
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/distcp/golden/d215");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_distcp::DcpReader::open(fixture.as_ref())?;             // torch 2.15's 2 ranks; `.metadata` only
+//! let row = ck.tensor("row")?;                                          // assembled from both ranks' items
+//! ckpt_distcp::save(&ck.state_dict()?, &out, &ckpt_distcp::WriteOptions::default())?; // loads in torch 2.0-2.15
+//! # assert_eq!(ckpt_distcp::DcpReader::open(&out)?.tensor("row")?, row);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Compatibility, as tested
 //! - Reading: the golden checkpoints of torch 2.0.1, 2.2.2, 2.4.1, 2.9.1 and 2.15.0 and fresh torch 2.13
@@ -50,16 +64,18 @@ mod item;
 pub mod metadata;
 mod planner;
 mod reader;
+mod reshard;
 mod verify;
 mod writer;
 
 pub use chunks::{shard_box, shard_range};
-pub use error::{Error, Result, to_core};
+pub use error::{Error, Result};
 pub use metadata::{
     ChunkStorageMetadata, MemoryFormat, Metadata, MetadataIndex, PlannerData, Profile, StorageInfo, StorageMeta,
     StorageMetadata, TensorProperties, TensorStorageMetadata,
 };
 pub use planner::ShardSpec;
 pub use reader::{DcpReader, MetadataSource, ReadOptions};
+pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
 pub use verify::{VerifyReport, verify};
 pub use writer::{WriteOptions, save, save_distributed, save_ranks};

@@ -14,6 +14,7 @@
 
 mod decode;
 mod encode;
+mod single_pass;
 
 use ckpt_core::{DType, PathItem, Value};
 
@@ -232,7 +233,7 @@ impl Metadata {
     /// when an unknown class appears where a DCP class is expected; [`crate::Error::BadField`],
     /// [`crate::Error::MissingField`] and [`crate::Error::UnknownDType`] for malformed fields.
     pub fn from_pickle(bytes: &[u8], path: &std::path::Path) -> crate::Result<Metadata> {
-        decode::decode(bytes, path, &ckpt_pickle::Limits::default())
+        Self::from_pickle_with(bytes, path, &ckpt_pickle::Limits::default())
     }
 
     /// [`Metadata::from_pickle`] with explicit pickle decoder limits (for metadata of tens of millions of
@@ -245,7 +246,12 @@ impl Metadata {
         path: &std::path::Path,
         limits: &ckpt_pickle::Limits,
     ) -> crate::Result<Metadata> {
-        decode::decode(bytes, path, limits)
+        // The single pass builds the structs without a tree of the whole pickle; what it does not handle
+        // (and every malformed file) goes through the full decoder, which gives the value or the error.
+        match single_pass::decode(bytes, limits) {
+            Some(md) => Ok(md),
+            None => decode::decode(bytes, path, limits),
+        }
     }
 
     /// Encodes this metadata as a `.metadata` pickle in `profile`.

@@ -8,7 +8,7 @@ use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, 
 use rayon::prelude::*;
 
 use crate::chunks::{self, DenseBuf, copy_box, intersect, is_empty};
-use crate::error::{Error, Result, to_core};
+use crate::error::{Error, Result};
 use crate::item::{self, DataFiles, safe_join};
 use crate::metadata::{Metadata, StorageInfo, StorageMetadata, TensorStorageMetadata};
 
@@ -26,12 +26,12 @@ pub struct ReadOptions {
     /// chunk size plus 64 MiB). Default 1 GiB.
     pub max_object_bytes: u64,
     /// Limits for the pickle decoder (`.metadata` and items).
-    pub pickle_limits: ckpt_pickle::Limits,
+    pub limits: ckpt_pickle::Limits,
 }
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, pickle_limits: Default::default() }
+        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, limits: Default::default() }
     }
 }
 
@@ -50,10 +50,22 @@ impl ReadOptions {
         self
     }
 
+    /// Sets [`ReadOptions::max_object_bytes`].
+    #[must_use]
+    pub fn with_max_object_bytes(mut self, bytes: u64) -> Self {
+        self.max_object_bytes = bytes;
+        self
+    }
+
+    /// Sets [`ReadOptions::limits`].
+    #[must_use]
+    pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     fn torch(&self) -> ckpt_torch::ReadOptions {
-        let mut o = ckpt_torch::ReadOptions::default().with_verify_crc(self.verify_crc);
-        o.limits = self.pickle_limits;
-        o
+        ckpt_torch::ReadOptions::default().with_verify_crc(self.verify_crc).with_limits(self.limits)
     }
 }
 
@@ -102,7 +114,9 @@ pub struct DcpReader {
     metadata: Metadata,
     source: MetadataSource,
     keys: HashMap<String, usize>,
-    items: HashMap<(String, Option<Vec<usize>>), usize>,
+    /// Per key (as numbered in `keys`), the indices of its `storage_data` entries sorted by chunk offsets
+    /// (the first of equal entries first).
+    items: Vec<Vec<u32>>,
     paths: HashMap<String, Vec<PathItem>>,
     files: DataFiles,
     options: ReadOptions,
@@ -145,6 +159,33 @@ fn read_metadata_file(path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Meta
         _ => 0,
     };
     Ok((Metadata::from_pickle_with(&bytes, path, limits)?, protocol))
+}
+
+/// The per-key index of `storage_data` (see [`DcpReader`]'s `items`). Items of keys that
+/// `state_dict_metadata` does not have are never looked up and are left out.
+fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<Vec<u32>>> {
+    let mut items: Vec<Vec<u32>> = vec![Vec::new(); keys.len()];
+    let mut last: Option<(&str, usize)> = None;
+    for (i, (ix, _)) in metadata.storage_data.iter().enumerate() {
+        let i = u32::try_from(i).map_err(|_| ckpt_core::Error::Limit("more than 2^32 storage items".into()))?;
+        let k = match last {
+            Some((fqn, k)) if fqn == ix.fqn => Some(k),
+            _ => keys.get(ix.fqn.as_str()).copied(),
+        };
+        if let Some(k) = k {
+            last = Some((ix.fqn.as_str(), k));
+            if let Some(list) = items.get_mut(k) {
+                list.push(i);
+            }
+        }
+    }
+    let offset = |i: &u32| metadata.storage_data.get(*i as usize).and_then(|(ix, _)| ix.offset.as_deref());
+    for list in &mut items {
+        // Stable: of equal entries the first stays first, as in a Python dict built by repeated update
+        // (torch lets later duplicates overwrite; DCP never writes duplicates).
+        list.sort_by(|a, b| offset(a).cmp(&offset(b)));
+    }
+    Ok(items)
 }
 
 /// Merges per-rank metadata (every rank describes only its own items): tensors gain the chunks of every
@@ -251,14 +292,14 @@ impl DcpReader {
         }
         let global = dir.join(".metadata");
         let (metadata, source) = if global.is_file() {
-            let (md, protocol) = read_metadata_file(&global, &options.pickle_limits)?;
+            let (md, protocol) = read_metadata_file(&global, &options.limits)?;
             (md, MetadataSource::Global { protocol })
         } else {
             let ranks = rank_metadata_files(dir)?;
             if !ranks.is_empty() {
                 let mut parts = Vec::with_capacity(ranks.len());
                 for (_, path) in &ranks {
-                    parts.push(read_metadata_file(path, &options.pickle_limits)?.0);
+                    parts.push(read_metadata_file(path, &options.limits)?.0);
                 }
                 (merge(parts)?, MetadataSource::PerRank { ranks: ranks.iter().map(|(r, _)| *r).collect() })
             } else if crate::hf::detect(dir) {
@@ -267,13 +308,9 @@ impl DcpReader {
                 return Err(Error::NotACheckpoint { dir: dir.to_path_buf() });
             }
         };
-        let keys = metadata.state_dict_metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
-        let mut items = HashMap::with_capacity(metadata.storage_data.len());
-        for (i, (ix, _)) in metadata.storage_data.iter().enumerate() {
-            // First entry wins, as in a Python dict built by repeated update (later duplicates overwrite in
-            // torch; DCP never writes duplicates).
-            items.entry((ix.fqn.clone(), ix.offset.clone())).or_insert(i);
-        }
+        let keys: HashMap<String, usize> =
+            metadata.state_dict_metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let items = item_index(&metadata, &keys)?;
         let paths = metadata.planner_data.iter().flatten().map(|(k, p)| (k.clone(), p.clone())).collect();
         Ok(DcpReader {
             dir: dir.to_path_buf(),
@@ -291,18 +328,20 @@ impl DcpReader {
     /// of their file, chunk rank/bounds/overlap/coverage, chunks and values without an item.
     pub(crate) fn metadata_problems(&self, first_only: bool) -> Vec<Error> {
         let mut problems = Vec::new();
-        let mut file_len: HashMap<&str, Option<u64>> = HashMap::new();
+        // Per data file: whether its path is safe, and its length if it is a file (each looked up once).
+        let mut files: HashMap<&str, Option<Option<u64>>> = HashMap::new();
         for (ix, info) in &self.metadata.storage_data {
-            let Some(path) = safe_join(&self.dir, &info.relative_path) else {
+            let file = *files.entry(info.relative_path.as_str()).or_insert_with(|| {
+                safe_join(&self.dir, &info.relative_path)
+                    .map(|path| std::fs::metadata(&path).ok().filter(|m| m.is_file()).map(|m| m.len()))
+            });
+            let Some(len) = file else {
                 problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
                 if first_only {
                     return problems;
                 }
                 continue;
             };
-            let len = *file_len
-                .entry(info.relative_path.as_str())
-                .or_insert_with(|| std::fs::metadata(&path).ok().filter(|m| m.is_file()).map(|m| m.len()));
             match len {
                 None => problems.push(Error::MissingFile { key: ix.fqn.clone(), file: info.relative_path.clone() }),
                 Some(l) if info.offset.checked_add(info.length).is_none_or(|end| end > l) => {
@@ -320,20 +359,22 @@ impl DcpReader {
                 return problems;
             }
         }
-        for (key, md) in &self.metadata.state_dict_metadata {
+        for (k, (key, md)) in self.metadata.state_dict_metadata.iter().enumerate() {
+            // The key's number in `keys` (the first of duplicate keys, which only a merge can produce).
+            let k = self.keys.get(key).copied().unwrap_or(k);
             match md {
                 StorageMetadata::Tensor(t) => {
                     if let Err(e) = chunks::check_chunks(key, &t.size, &t.chunks) {
                         problems.push(e);
                     }
                     for c in &t.chunks {
-                        if !self.items.contains_key(&(key.clone(), Some(c.offsets.clone()))) {
+                        if self.item_of(k, Some(&c.offsets)).is_none() {
                             problems.push(Error::MissingItem { key: key.clone(), offsets: Some(c.offsets.clone()) });
                         }
                     }
                 }
                 StorageMetadata::Bytes => {
-                    if !self.items.contains_key(&(key.clone(), None)) {
+                    if self.item_of(k, None).is_none() {
                         problems.push(Error::MissingItem { key: key.clone(), offsets: None });
                     }
                 }
@@ -392,11 +433,24 @@ impl DcpReader {
     }
 
     pub(crate) fn storage_info(&self, key: &str, offsets: Option<&[usize]>) -> Result<&StorageInfo> {
-        self.items
-            .get(&(key.to_owned(), offsets.map(<[usize]>::to_vec)))
-            .and_then(|&i| self.metadata.storage_data.get(i))
+        self.item(key, offsets)
+            .and_then(|i| self.metadata.storage_data.get(i))
             .map(|(_, info)| info)
             .ok_or_else(|| Error::MissingItem { key: key.to_owned(), offsets: offsets.map(<[usize]>::to_vec) })
+    }
+
+    /// The index in `storage_data` of the item of `key` at `offsets` (the first, if several).
+    fn item(&self, key: &str, offsets: Option<&[usize]>) -> Option<usize> {
+        self.item_of(*self.keys.get(key)?, offsets)
+    }
+
+    /// [`Self::item`] by the key's number.
+    fn item_of(&self, key: usize, offsets: Option<&[usize]>) -> Option<usize> {
+        let list = self.items.get(key)?;
+        let offset = |i: u32| self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref());
+        let at = list.partition_point(|&i| offset(i) < offsets);
+        let &i = list.get(at)?;
+        (offset(i) == offsets).then_some(i as usize)
     }
 
     /// The tensor stored for chunk `chunk` of `key`, as stored (its strides kept), zero copy when the data
@@ -658,10 +712,10 @@ impl CheckpointRead for DcpReader {
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        self.read_tensor(name).map_err(to_core)
+        Ok(self.read_tensor(name)?)
     }
 
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        self.read_value(name).map_err(to_core)
+        Ok(self.read_value(name)?)
     }
 }

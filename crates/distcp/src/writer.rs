@@ -1,12 +1,21 @@
 //! Writing DCP checkpoints like `FileSystemWriter`: every rank writes its own data files (in parallel,
 //! tensor bytes straight from memory), the coordinator writes `.metadata`; replicated items are written
-//! once; the commit is data files + fsync, `.metadata.tmp` + fsync, rename, directory fsync.
+//! once.
+//!
+//! The commit is ckpt-core's directory commit ([`ckpt_core::commit::DirCommit`]), not torch's in-place
+//! writes: the coordinator locks the destination and creates `.<dir>.ckpt-staging` beside it; every rank
+//! writes and `fdatasync`s its `__{rank}_{n}.distcp` files there; after the exchange of write results the
+//! coordinator writes `.metadata` and `ckpt.checksums.json` (a CRC-32 per item, computed while writing)
+//! into it and swaps it with the destination (`renameat2(RENAME_EXCHANGE)`), then fsyncs the parent. A
+//! crash at any point leaves the previous checkpoint or the new one, whole; files in the destination that
+//! are not DCP's (anything but `.metadata`, `*.distcp`, `__*.metadata`, the manifest) are carried over.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::{BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
 
+use ckpt_core::commit::{CommitError, DirCommit, DirOptions};
 use ckpt_core::{Collective, SingleProcess, Tensor, ThreadGroup, Value};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
@@ -42,6 +51,9 @@ pub struct WriteOptions {
     /// [`Profile::Torch213`]: the `storage_meta.checkpoint_id` path to record (default: the directory as
     /// given).
     pub checkpoint_id: Option<String>,
+    /// Write `ckpt.checksums.json` (a CRC-32 per item, computed while writing; torch ignores the file).
+    /// Default `true`.
+    pub checksums: bool,
 }
 
 impl Default for WriteOptions {
@@ -56,6 +68,7 @@ impl Default for WriteOptions {
             dedup_to_lowest_rank: false,
             save_id: None,
             checkpoint_id: None,
+            checksums: true,
         }
     }
 }
@@ -63,49 +76,64 @@ impl Default for WriteOptions {
 impl WriteOptions {
     /// Sets the profile.
     #[must_use]
-    pub fn profile(mut self, profile: Profile) -> Self {
+    pub fn with_profile(mut self, profile: Profile) -> Self {
         self.profile = profile;
         self
     }
 
-    /// One file per item (`single_file_per_rank=False`).
+    /// `true` (default): `thread_count` files per rank; `false`: one file per item
+    /// (`single_file_per_rank=False`).
     #[must_use]
-    pub fn file_per_item(mut self) -> Self {
-        self.single_file_per_rank = false;
+    pub fn with_single_file_per_rank(mut self, single: bool) -> Self {
+        self.single_file_per_rank = single;
         self
     }
 
     /// `n` data files per rank.
     #[must_use]
-    pub fn thread_count(mut self, n: usize) -> Self {
+    pub fn with_thread_count(mut self, n: usize) -> Self {
         self.thread_count = n;
         self
     }
 
     /// zstd-compressed items at `level`.
     #[must_use]
-    pub fn zstd(mut self, level: i32) -> Self {
+    pub fn with_zstd(mut self, level: i32) -> Self {
         self.zstd_level = Some(level);
         self
     }
 
     /// Sets `sync_files`.
     #[must_use]
-    pub fn sync_files(mut self, sync: bool) -> Self {
+    pub fn with_sync_files(mut self, sync: bool) -> Self {
         self.sync_files = sync;
         self
     }
 
     /// Sets `overwrite`.
     #[must_use]
-    pub fn overwrite(mut self, overwrite: bool) -> Self {
+    pub fn with_overwrite(mut self, overwrite: bool) -> Self {
         self.overwrite = overwrite;
+        self
+    }
+
+    /// Sets `dedup_to_lowest_rank`.
+    #[must_use]
+    pub fn with_dedup_to_lowest_rank(mut self, lowest: bool) -> Self {
+        self.dedup_to_lowest_rank = lowest;
+        self
+    }
+
+    /// Writes the checksum manifest `ckpt.checksums.json` (default) or not.
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
         self
     }
 
     /// Sets the recorded save id and checkpoint id ([`Profile::Torch213`]).
     #[must_use]
-    pub fn storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
+    pub fn with_storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
         self.save_id = Some(save_id.to_owned());
         self.checkpoint_id = Some(checkpoint_id.to_owned());
         self
@@ -188,7 +216,7 @@ pub fn save_distributed(
 ///
 /// # Errors
 /// The root cause when a rank fails (a rank's own error, not the [`Error::RankFailed`] the other ranks
-/// report); [`Error::InvalidArgument`] for no ranks or a panicking rank.
+/// report); [`Error::Core`] with an invalid argument for no ranks or a panicking rank.
 pub fn save_ranks(
     ranks: &[(Value, HashMap<String, ShardSpec>)],
     dir: &Path,
@@ -281,24 +309,48 @@ pub(crate) fn save_with_source(
         }
     }
 
-    // 2. Every rank writes its items; the write results are gathered everywhere.
+    // 2. The coordinator prepares the staging directory; every rank writes its items into it; the write
+    //    results are gathered everywhere.
+    let commit = DirCommit::begin(dir, group, &dir_options(options)).map_err(from_commit)?;
     let mine = global.assignment.get(rank).cloned().unwrap_or_default();
-    let written =
-        write_rank(&RankWrite { dir, rank, plan: &plan, payloads: &payloads, assignment: &mine, options, source });
+    let written = write_rank(&RankWrite {
+        commit: &commit,
+        rank,
+        plan: &plan,
+        payloads: &payloads,
+        assignment: &mine,
+        options,
+        source,
+    });
     let msg = match &written {
         Ok(results) => json!({"results": planner::results_to_json(results)}),
         Err(e) => json!({"error": e.to_string()}),
     };
-    let gathered = exchange(group, &msg)?;
-    written?;
+    let gathered = exchange(group, &msg);
+    let outcome = gathered.and_then(|gathered| {
+        written?;
+        let mut results = Vec::new();
+        for (r, m) in gathered.iter().enumerate() {
+            check_peer(r, m)?;
+            results.push(
+                m.get("results")
+                    .and_then(planner::results_from_json)
+                    .ok_or_else(|| Error::RankFailed { rank: r, message: "sent unreadable write results".into() })?,
+            );
+        }
+        Ok(results)
+    });
+    let results = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            // Every rank has stopped writing (the exchange is a barrier): drop the staging directory.
+            commit.abort();
+            return Err(e);
+        }
+    };
     let mut metadata = global.metadata;
-    for (r, m) in gathered.iter().enumerate() {
-        check_peer(r, m)?;
-        let results = m
-            .get("results")
-            .and_then(planner::results_from_json)
-            .ok_or_else(|| Error::RankFailed { rank: r, message: "sent unreadable write results".into() })?;
-        metadata.storage_data.extend(results);
+    for r in results {
+        metadata.storage_data.extend(r);
     }
     if options.profile == Profile::Torch213 {
         let checkpoint_id = options.checkpoint_id.clone().unwrap_or_else(|| dir.to_string_lossy().into_owned());
@@ -311,20 +363,42 @@ pub(crate) fn save_with_source(
         metadata.version = Some(DCP_VERSION.to_owned());
     }
 
-    // 3. The coordinator commits `.metadata`; everyone learns the outcome.
-    let status = if rank == coordinator {
-        match metadata.to_pickle(options.profile).and_then(|bytes| commit_metadata(dir, &bytes, options.sync_files)) {
-            Ok(()) => Vec::new(),
-            Err(e) => e.to_string().into_bytes(),
-        }
-    } else {
-        Vec::new()
-    };
-    let status = group.broadcast(status, coordinator)?;
-    if !status.is_empty() {
-        return Err(Error::RankFailed { rank: coordinator, message: String::from_utf8_lossy(&status).into_owned() });
-    }
+    // 3. The coordinator writes `.metadata` into the staging directory and swaps it in; everyone learns the
+    //    outcome.
+    let profile = options.profile;
+    let committed = commit.commit(group, Ok(()), |c| {
+        let bytes = metadata.to_pickle(profile).map_err(|e| CommitError::Refused {
+            path: dir.join(".metadata"),
+            reason: format!("cannot encode the metadata: {e}"),
+        })?;
+        let mut f = c.create_file(".metadata")?;
+        f.writer().mark(".metadata");
+        f.writer().write_all(&bytes).map_err(|e| CommitError::from_io(f.path(), e))?;
+        f.finish().map(|_| ())
+    });
+    committed.map_err(from_commit)?;
     Ok(metadata)
+}
+
+/// Names a DCP checkpoint directory holds; anything else in an existing destination is carried over.
+fn dcp_owned(name: &str) -> bool {
+    name == ".metadata"
+        || name == ".metadata.tmp"
+        || name == ckpt_core::commit::MANIFEST_NAME
+        || name.ends_with(".distcp")
+        || (name.starts_with("__") && name.ends_with(".metadata"))
+}
+
+fn dir_options(options: &WriteOptions) -> DirOptions {
+    DirOptions::default().with_sync(options.sync_files).with_checksums(options.checksums).with_owned(dcp_owned)
+}
+
+/// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].
+fn from_commit(e: CommitError) -> Error {
+    match e {
+        CommitError::RankFailed { rank, message } => Error::RankFailed { rank, message },
+        e => Error::Core(e.into()),
+    }
 }
 
 fn exchange(group: &dyn Collective, msg: &Json) -> Result<Vec<Json>> {
@@ -351,7 +425,6 @@ fn plan_locally<'a>(
     if options.single_file_per_rank && options.thread_count == 0 {
         return Err(Error::unwritable("", "thread_count must be at least 1"));
     }
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     if coordinator && !options.overwrite && dir.join(".metadata").exists() {
         return Err(Error::AlreadyExists { path: dir.join(".metadata") });
     }
@@ -383,7 +456,7 @@ fn file_layout(plan: &LocalPlan, assignment: &[Option<Option<usize>>], options: 
 /// What one rank writes: its local plan, the payload of every item, which items it keeps (and their
 /// chunk indexes), and how.
 struct RankWrite<'a, 'v, 's> {
-    dir: &'a Path,
+    commit: &'a DirCommit,
     rank: usize,
     plan: &'a LocalPlan,
     payloads: &'a [Payload<'v>],
@@ -402,33 +475,21 @@ fn write_rank(w: &RankWrite<'_, '_, '_>) -> Result<Vec<(MetadataIndex, StorageIn
     Ok(per_file.into_iter().flatten().collect())
 }
 
-/// Counts the bytes written through it.
-struct Counting<W> {
-    inner: W,
-    pos: u64,
-}
-
-impl<W: Write> Write for Counting<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result<Vec<(MetadataIndex, StorageInfo)>> {
     let RankWrite { plan, payloads, assignment, options, source, .. } = *rw;
-    let path = &rw.dir.join(name);
-    let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut w = Counting { inner: BufWriter::with_capacity(4 << 20, file), pos: 0 };
+    let mut file = rw.commit.create_file(name).map_err(from_commit)?;
+    let path = file.path().to_path_buf();
     let mut results = Vec::with_capacity(items.len());
     for &i in items {
         let (Some(it), Some(payload)) = (plan.items.get(i), payloads.get(i)) else { continue };
-        let start = w.pos;
-        write_item(&mut w, &it.fqn, payload, options, source).map_err(|e| match e {
+        let w = file.writer();
+        let start = w.position();
+        w.mark(item_name(&it.fqn, it.tensor.as_ref().map(|t| t.offsets.as_slice())));
+        let written = write_item(w, &it.fqn, payload, options, source);
+        if let Some(e) = w.io_error() {
+            return Err(from_commit(CommitError::from_io(&path, e)));
+        }
+        written.map_err(|e| match e {
             Error::Torch(t) => match t.kind() {
                 ckpt_torch::Error::Io { .. } => Error::Torch(t),
                 _ => Error::unwritable(&it.fqn, t.to_string()),
@@ -443,7 +504,7 @@ fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result
         let info = StorageInfo {
             relative_path: name.to_owned(),
             offset: start,
-            length: w.pos - start,
+            length: file.writer().position() - start,
             transform_descriptors: if options.zstd_level.is_some() {
                 vec![ZSTD_TRANSFORM.to_owned()]
             } else {
@@ -452,12 +513,19 @@ fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result
         };
         results.push((index, info));
     }
-    w.flush().map_err(|e| Error::io(path, e))?;
-    let file = w.inner.into_inner().map_err(|e| Error::io(path, e.into_error()))?;
-    if options.sync_files {
-        file.sync_all().map_err(|e| Error::io(path, e))?;
-    }
+    file.finish().map_err(from_commit)?;
     Ok(results)
+}
+
+/// The checksum chunk name of an item: its key, and the chunk's offsets for a tensor chunk (`w@0,5`).
+fn item_name(fqn: &str, offsets: Option<&[usize]>) -> String {
+    match offsets {
+        Some(o) if !o.is_empty() => {
+            let o: Vec<String> = o.iter().map(usize::to_string).collect();
+            format!("{fqn}@{}", o.join(","))
+        }
+        _ => fqn.to_owned(),
+    }
 }
 
 /// The tensor torch saves for a write item: detached, and cloned into a storage of exactly its bytes when
@@ -497,29 +565,6 @@ fn write_item<W: Write>(
         }
     }
     Ok(())
-}
-
-/// `.metadata.tmp` written and fsync'd, renamed over `.metadata`, directory fsync'd.
-fn commit_metadata(dir: &Path, bytes: &[u8], sync: bool) -> Result<()> {
-    let tmp: PathBuf = dir.join(".metadata.tmp");
-    let target = dir.join(".metadata");
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-        if sync {
-            f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        }
-        drop(f);
-        fs::rename(&tmp, &target).map_err(|e| Error::io(&target, e))?;
-        if sync {
-            ckpt_core::atomic::sync_dir(dir)?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// A random uuid4 string (`str(uuid.uuid4())`).

@@ -360,7 +360,7 @@ fn transforms() {
     // a zstd item that inflates past the limit
     let d = tempfile::tempdir().unwrap();
     let sd = Value::dict([("blob", Value::Bytes(vec![0; 1 << 20]))]);
-    save(&sd, d.path(), &WriteOptions::default().zstd(3)).unwrap();
+    save(&sd, d.path(), &WriteOptions::default().with_zstd(3)).unwrap();
     let mut small = ReadOptions::default();
     small.max_object_bytes = 1 << 16;
     let r = DcpReader::open_with(d.path(), &small).unwrap();

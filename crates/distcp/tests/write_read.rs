@@ -52,12 +52,12 @@ fn every_option_round_trips() {
     let sd = sample();
     for (name, options) in [
         ("default", WriteOptions::default()),
-        ("213", WriteOptions::default().profile(Profile::Torch213)),
-        ("zstd", WriteOptions::default().zstd(3)),
-        ("zstd-213", WriteOptions::default().profile(Profile::Torch213).zstd(1)),
-        ("three-files", WriteOptions::default().thread_count(3)),
-        ("per-item", WriteOptions::default().file_per_item()),
-        ("no-sync", WriteOptions::default().sync_files(false)),
+        ("213", WriteOptions::default().with_profile(Profile::Torch213)),
+        ("zstd", WriteOptions::default().with_zstd(3)),
+        ("zstd-213", WriteOptions::default().with_profile(Profile::Torch213).with_zstd(1)),
+        ("three-files", WriteOptions::default().with_thread_count(3)),
+        ("per-item", WriteOptions::default().with_single_file_per_rank(false)),
+        ("no-sync", WriteOptions::default().with_sync_files(false)),
     ] {
         let d = tempfile::tempdir().unwrap();
         let md = save(&sd, d.path(), &options).unwrap();
@@ -68,10 +68,21 @@ fn every_option_round_trips() {
         assert!(!d.path().join(".metadata.tmp").exists(), "{name}");
         let transforms = md.storage_data.iter().all(|(_, s)| s.transform_descriptors == ["stream.zstd/1"]);
         assert_eq!(transforms, name.starts_with("zstd"), "{name}");
+        const SUMS: &str = "ckpt.checksums.json";
         match name {
-            "three-files" => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]),
-            "per-item" => assert_eq!(files(d.path()).len(), 1 + md.storage_data.len()),
-            _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp"], "{name}"),
+            "three-files" => {
+                assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp", SUMS])
+            }
+            "per-item" => assert_eq!(files(d.path()).len(), 2 + md.storage_data.len()),
+            _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", SUMS], "{name}"),
+        }
+        // The checksum manifest covers every file but itself, one chunk per item, and verifies.
+        let sums = ckpt_core::commit::Manifest::read(d.path()).unwrap().unwrap();
+        assert_eq!(sums.files.len(), files(d.path()).len() - 1, "{name}");
+        assert!(sums.verify_dir(d.path()).unwrap().is_empty(), "{name}");
+        for (_, info) in &md.storage_data {
+            let chunk = sums.chunk_at(&info.relative_path, info.offset).unwrap();
+            assert_eq!(chunk.length, info.length, "{name}: one chunk per item");
         }
         if name == "213" || name == "zstd-213" {
             assert_eq!(md.version.as_deref(), Some("1.0.0"));
@@ -94,7 +105,7 @@ fn every_option_round_trips() {
 fn empty_buckets_and_empty_state_dicts() {
     let d = tempfile::tempdir().unwrap();
     let one = Value::dict([("w", Value::Tensor(f32s(4, &[4])))]);
-    save(&one, d.path(), &WriteOptions::default().thread_count(3)).unwrap();
+    save(&one, d.path(), &WriteOptions::default().with_thread_count(3)).unwrap();
     let sizes: Vec<u64> = ["__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]
         .iter()
         .map(|f| fs::metadata(d.path().join(f)).unwrap().len())
@@ -112,7 +123,7 @@ fn empty_buckets_and_empty_state_dicts() {
 fn overwrite_and_unwritable_values() {
     let d = tempfile::tempdir().unwrap();
     save(&sample(), d.path(), &WriteOptions::default()).unwrap();
-    let again = save(&sample(), d.path(), &WriteOptions::default().overwrite(false));
+    let again = save(&sample(), d.path(), &WriteOptions::default().with_overwrite(false));
     assert!(matches!(again, Err(Error::AlreadyExists { .. })));
     let other = Value::dict([("x", Value::Int(1))]);
     save(&other, d.path(), &WriteOptions::default()).unwrap();
@@ -132,7 +143,8 @@ fn overwrite_and_unwritable_values() {
     )]);
     let e = save(&bad, tempfile::tempdir().unwrap().path(), &WriteOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Unwritable { key, .. } if key == "s"));
-    let e = save(&sample(), tempfile::tempdir().unwrap().path(), &WriteOptions::default().thread_count(0)).unwrap_err();
+    let e = save(&sample(), tempfile::tempdir().unwrap().path(), &WriteOptions::default().with_thread_count(0))
+        .unwrap_err();
     assert!(matches!(e, Error::Unwritable { .. }));
     let shards = HashMap::from([("step".to_string(), ShardSpec::new(&[4], &[0]))]);
     let e = save_distributed(
@@ -241,9 +253,9 @@ fn random_layouts_reshard_to_random_regions() {
             let local = full.region(&off, &len).unwrap();
             let sd = Value::dict([("x", Value::Tensor(local))]);
             let shards = HashMap::from([("x".to_string(), ShardSpec::new(&shape, &off))]);
-            let mut o = WriteOptions::default().sync_files(false);
+            let mut o = WriteOptions::default().with_sync_files(false);
             if zstd {
-                o = o.zstd(1);
+                o = o.with_zstd(1);
             }
             save_distributed(&sd, &shards, d.path(), &o, &g).unwrap();
         });
@@ -353,9 +365,11 @@ fn conversions() {
 
     let st = out.path().join("model.safetensors");
     let report = convert::dcp_to_safetensors(d.path(), &st).unwrap();
-    assert_eq!(report.skipped, ["opt.lr", "opt.names", "step"]);
+    // ckpt's safetensors convention: the values JSON holds exactly are kept in `ckpt.values`.
+    assert_eq!(report.skipped, ["opt.names"]);
     let file = ckpt_core::safetensors::read_file(&st).unwrap();
-    assert_eq!(file.metadata.unwrap()["format"], "pt");
+    assert_eq!(file.metadata.as_ref().unwrap()["format"], "pt");
+    assert_eq!(file.value("step").unwrap(), Value::Int(11));
     let r = DcpReader::open(d.path()).unwrap();
     for (name, t) in &file.tensors {
         assert_eq!(t.data().unwrap(), r.read_tensor(name).unwrap().data().unwrap(), "{name}");
@@ -385,9 +399,12 @@ fn conversions() {
 #[test]
 fn metadata_encodings_round_trip() {
     let d = tempfile::tempdir().unwrap();
-    let md =
-        save(&sample(), d.path(), &WriteOptions::default().profile(Profile::Torch213).storage_meta("id", "/abs/ckpt"))
-            .unwrap();
+    let md = save(
+        &sample(),
+        d.path(),
+        &WriteOptions::default().with_profile(Profile::Torch213).with_storage_meta("id", "/abs/ckpt"),
+    )
+    .unwrap();
     let p = Path::new("x");
     let back = Metadata::from_pickle(&md.to_pickle(Profile::Torch213).unwrap(), p).unwrap();
     assert_eq!(back, md);
@@ -471,4 +488,68 @@ fn save_ranks_reports_the_root_cause() {
     assert!(!matches!(err, ckpt_distcp::Error::RankFailed { .. }), "{err:?}");
     assert!(!dir.path().join(".metadata").exists());
     assert!(save_ranks(&[], dir.path(), &WriteOptions::default()).is_err());
+}
+
+/// Every entry of a state dict by flattened key, in key order: tensors as their row-major bytes.
+fn entries(v: &Value) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = ckpt_core::flatten(v)
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let bytes = match e.value.as_tensor() {
+                Some(t) => t.data().unwrap().to_vec(),
+                None => format!("{:?}", e.value).into_bytes(),
+            };
+            (e.key, bytes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn save_sharded_splits_rows_and_replicates_the_rest() {
+    let sd = sample();
+    // 3 ranks: `model.w` (3 rows) and `model.t` (6 rows) are split, `col` (4 rows) too; `scalar` (0-d),
+    // `empty` (0 rows < 3) and the values are replicated and written once.
+    let dir = tempfile::tempdir().unwrap();
+    ckpt_distcp::save_sharded(&sd, dir.path(), 3, &WriteOptions::default()).unwrap();
+    let r = DcpReader::open(dir.path()).unwrap();
+    let chunks = |k: &str| r.tensor_metadata(k).unwrap().chunks.len();
+    assert_eq!((chunks("model.w"), chunks("model.t"), chunks("col")), (3, 3, 3)); // col: 2 + 2 + 0 rows
+    assert_eq!((chunks("scalar"), chunks("empty")), (1, 1));
+    assert_eq!(entries(&r.state_dict().unwrap()), entries(&sd));
+    assert_eq!(files(dir.path()).iter().filter(|f| f.ends_with(".distcp")).count(), 3);
+    // Each rank's part on its own is what it would save in a 3-rank job.
+    let (local, shards) = ckpt_distcp::shard_state_dict(&sd, 2, 3).unwrap();
+    let w = local.as_dict().unwrap().get("model").unwrap().as_dict().unwrap().get("w").unwrap();
+    assert_eq!(w.as_tensor().unwrap().shape(), [1, 4]);
+    assert_eq!(shards["model.w"], ShardSpec::new(&[3, 4], &[2, 0]));
+    assert!(!shards.contains_key("scalar") && !shards.contains_key("empty"));
+    assert!(matches!(ckpt_distcp::shard_state_dict(&sd, 3, 3), Err(Error::Unwritable { .. })));
+}
+
+#[test]
+fn reshard_reads_each_rank_box_and_keeps_every_entry() {
+    let src = tempfile::tempdir().unwrap();
+    let sd = sample();
+    ckpt_distcp::save_sharded(&sd, src.path(), 2, &WriteOptions::default()).unwrap();
+    for world in [1, 3, 5] {
+        let dst = tempfile::tempdir().unwrap();
+        let out = dst.path().join("new");
+        ckpt_distcp::reshard(src.path(), &out, world, &ckpt_distcp::ReshardOptions::default()).unwrap();
+        let r = DcpReader::open(&out).unwrap();
+        assert_eq!(entries(&r.state_dict().unwrap()), entries(&sd), "world {world}");
+        // Every tensor with a first dimension is split over the ranks (6 rows in 2-row pieces over 5 ranks:
+        // 3 ranks hold rows).
+        let holding = (0..world).filter(|&rank| shard_box(&[6, 4], 0, rank, world).1[0] > 0).count();
+        assert!(r.tensor_metadata("model.t").unwrap().chunks.len() >= holding, "world {world}");
+        let (part, _) = DcpReader::open(src.path()).unwrap().shard_state(world - 1, world).unwrap();
+        let t = part.as_dict().unwrap().get("model").unwrap().as_dict().unwrap().get("t").unwrap();
+        let (_, sizes) = shard_box(&[6, 4], 0, world - 1, world);
+        assert_eq!(t.as_tensor().unwrap().shape(), sizes);
+    }
+    let e = ckpt_distcp::reshard(src.path(), &src.path().join("x"), 0, &ckpt_distcp::ReshardOptions::default());
+    assert!(matches!(e, Err(Error::Unwritable { .. })));
+    assert!(!src.path().join("x").exists());
 }

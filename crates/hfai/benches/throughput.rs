@@ -11,7 +11,7 @@
 //!
 //! Benchmarks: `hfai/save/1GiB-4parts` (one process writes the 4 parts in parallel, each atomically
 //! with fsync), `hfai/save_rank/1GiB-4parts` (4 ranks of a `ThreadGroup`), `hfai/load/1GiB-4parts`
-//! (`HfaiCheckpoint::open`: small tensors stay windows of the mapped parts, the chunked one is
+//! (`HfaiReader::open`: small tensors stay windows of the mapped parts, the chunked one is
 //! concatenated) and `hfai/load+read/1GiB-4parts` (open, then read every tensor byte).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ckpt_core::{Dict, DictKind, Tensor, ThreadGroup, Value};
-use ckpt_hfai::{HfaiCheckpoint, ModelState, SaveState, WriteOptions};
+use ckpt_hfai::{HfaiReader, ModelState, SaveState, WriteOptions};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const TOTAL: u64 = 1 << 30;
@@ -37,7 +37,7 @@ fn state() -> SaveState {
     for i in 0..32 {
         sd.insert(format!("layers.{i}"), pattern(i + 1, &[1024, 4096]));
     }
-    SaveState::default().model(ModelState::new(sd)).other("step", Value::Int(1))
+    SaveState::default().with_model(ModelState::new(sd)).with_other("step", Value::Int(1))
 }
 
 fn bench_root() -> tempfile::TempDir {
@@ -47,7 +47,7 @@ fn bench_root() -> tempfile::TempDir {
     }
 }
 
-fn checksum(ckpt: &HfaiCheckpoint) -> u64 {
+fn checksum(ckpt: &HfaiReader) -> u64 {
     let mut sum = 0u64;
     for (_, v) in &ckpt.model().unwrap().items {
         let data = v.as_tensor().unwrap().data().unwrap();
@@ -62,7 +62,7 @@ fn throughput(c: &mut Criterion) {
     let state = state();
     let root = bench_root();
     let dir = root.path().join("ckpt");
-    let opts = WriteOptions::default();
+    let opts = WriteOptions::default().with_nshards(4);
     let mut g = c.benchmark_group("hfai");
     // few iterations: on a disk, dozens of back-to-back 1 GiB saves measure the device's sustained write-back
     // rate rather than the save
@@ -71,20 +71,20 @@ fn throughput(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(10));
 
-    g.bench_function("save/1GiB-4parts", |b| b.iter(|| ckpt_hfai::save(&dir, &state, 4, &opts).unwrap()));
+    g.bench_function("save/1GiB-4parts", |b| b.iter(|| ckpt_hfai::save(&state, &dir, &opts).unwrap()));
     g.bench_function("save_rank/1GiB-4parts", |b| {
         b.iter(|| {
             std::thread::scope(|s| {
                 for rank in ThreadGroup::new(4) {
                     let (state, dir, opts) = (&state, &dir, &opts);
-                    s.spawn(move || ckpt_hfai::save_rank(dir, state, &rank, opts).unwrap());
+                    s.spawn(move || ckpt_hfai::save_rank(state, dir, opts, &rank).unwrap());
                 }
             });
         });
     });
-    ckpt_hfai::save(&dir, &state, 4, &opts).unwrap(); // for the load benches when run alone
-    g.bench_function("load/1GiB-4parts", |b| b.iter(|| HfaiCheckpoint::open(&dir).unwrap()));
-    g.bench_function("load+read/1GiB-4parts", |b| b.iter(|| checksum(&HfaiCheckpoint::open(&dir).unwrap())));
+    ckpt_hfai::save(&state, &dir, &opts).unwrap(); // for the load benches when run alone
+    g.bench_function("load/1GiB-4parts", |b| b.iter(|| HfaiReader::open(&dir).unwrap()));
+    g.bench_function("load+read/1GiB-4parts", |b| b.iter(|| checksum(&HfaiReader::open(&dir).unwrap())));
     g.finish();
 }
 

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use ckpt_core::Fault;
+
 /// What went wrong reading, writing or resharding an hfai checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -280,21 +282,31 @@ impl Error {
 /// `Result` with the hfai [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Maps an hfai error into the core error, by fault (for [`ckpt_core::CheckpointRead`]).
-pub fn to_core(e: Error) -> ckpt_core::Error {
-    match e {
-        Error::Core(c) => c,
-        Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-        Error::Torch(t) => ckpt_torch::to_core(t),
-        e @ Error::Version1 { .. } | e @ Error::UnsupportedVersion { .. } => {
-            ckpt_core::Error::Unsupported(e.to_string())
+impl Error {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. } => Fault::Io,
+            Error::Core(c) => c.fault(),
+            Error::Torch(t) => t.fault(),
+            Error::Version1 { .. } | Error::UnsupportedVersion { .. } => Fault::Unsupported,
+            Error::ZeroShards
+            | Error::ReservedKey { .. }
+            | Error::UnknownBuffer { .. }
+            | Error::BadOptimizer { .. }
+            | Error::TooFewChunks { .. }
+            | Error::SameDirectory { .. } => Fault::InvalidArgument,
+            _ => Fault::Malformed,
         }
-        e @ (Error::ZeroShards
-        | Error::ReservedKey { .. }
-        | Error::UnknownBuffer { .. }
-        | Error::BadOptimizer { .. }
-        | Error::TooFewChunks { .. }
-        | Error::SameDirectory { .. }) => ckpt_core::Error::InvalidArgument(e.to_string()),
-        e => ckpt_core::Error::Malformed(e.to_string()),
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
+impl From<Error> for ckpt_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(c) => c,
+            e => ckpt_core::Error::format(e.fault(), e),
+        }
     }
 }

@@ -2,27 +2,42 @@
 //! a directory of `PART_{rank:03d}.pt` `torch.save` files, one per rank, with large tensors chunked across
 //! them.
 //!
-//! - [`HfaiCheckpoint`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
+//! - [`HfaiReader`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
 //!   parts exactly as hfai's `load` does; tensors whole in one part stay windows of its memory map.
 //! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_core::Collective`]
 //!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, with atomic part files
 //!   and a completion check after the barrier, which hfai does not have.
 //! - [`reshard`]: N parts to M parts offline, copying only chunks that span stored chunks.
+//! - [`verify`]: every part's record CRC-32s; [`SaveState::from_state_dict`]: a training checkpoint's
+//!   mapping laid out as hfai's `save` takes it.
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_hfai::HfaiReader::open(fixture.as_ref())?;               // 3 parts, merged as hfai's load
+//! let bias = ck.tensor("model.module.encoder.layers.1.norm2.bias")?;
+//! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_nshards(2))?; // 2 parts
+//! # assert_eq!(ckpt_hfai::HfaiReader::open(&out)?.tensor("model.module.encoder.layers.1.norm2.bias")?, bias);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::{Dict, DictKind, Tensor, Value};
-//! use ckpt_hfai::{HfaiCheckpoint, ModelState, SaveState, WriteOptions};
+//! use ckpt_hfai::{HfaiReader, ModelState, SaveState, WriteOptions};
 //!
 //! let mut sd = Dict::new(DictKind::OrderedDict);
 //! sd.insert("embed.weight", Tensor::from_slice(&[0.5f32; 1024], &[64, 16]).unwrap());
 //! sd.insert("head.bias", Tensor::from_slice(&[0.0f32; 4], &[4]).unwrap());
-//! let state = SaveState::default().model(ModelState::new(sd)).other("epoch", Value::Int(7));
+//! let state = SaveState::default().with_model(ModelState::new(sd)).with_other("epoch", Value::Int(7));
 //!
 //! let dir = tempfile::tempdir().unwrap();
-//! let opts = WriteOptions::default().with_large_size(1024); // 4 KiB embed.weight is chunked
-//! ckpt_hfai::save(dir.path(), &state, 3, &opts).unwrap();
+//! let opts = WriteOptions::default().with_nshards(3).with_large_size(1024); // 4 KiB embed.weight is chunked
+//! ckpt_hfai::save(&state, dir.path(), &opts).unwrap();
 //!
-//! let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+//! let ckpt = HfaiReader::open(dir.path()).unwrap();
 //! assert_eq!(ckpt.nshards(), 3);
 //! let w = ckpt.model().unwrap().get("embed.weight").unwrap().as_tensor().unwrap();
 //! assert_eq!(w.shape(), &[64, 16]);
@@ -30,7 +45,7 @@
 //!
 //! let two = tempfile::tempdir().unwrap();
 //! ckpt_hfai::reshard(dir.path(), two.path(), 2, &Default::default()).unwrap();
-//! assert_eq!(HfaiCheckpoint::open(two.path()).unwrap().nshards(), 2);
+//! assert_eq!(HfaiReader::open(two.path()).unwrap().nshards(), 2);
 //! ```
 //!
 //! # Format
@@ -60,11 +75,14 @@ mod part;
 mod partition;
 mod reader;
 mod reshard;
+mod verify;
 mod writer;
 
-pub use error::{Error, Result, to_core};
+pub use ckpt_torch::ReadOptions;
+pub use error::{Error, Result};
 pub use part::{VERSION, part_file_name};
 pub use partition::{assign, chunk_ranges, count_size};
-pub use reader::{HfaiCheckpoint, load};
+pub use reader::{HfaiReader, load};
 pub use reshard::{ReshardOptions, ReshardSummary, reshard};
+pub use verify::{VerifyReport, verify};
 pub use writer::{LARGE_SIZE, ModelState, SaveState, WriteOptions, save, save_rank};

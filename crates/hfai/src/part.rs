@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ckpt_core::{Buffer, Dict, Tensor, Value, python_str};
-use ckpt_torch::{ReadOptions, TorchFile};
+use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::commit::Fingerprint;
 use crate::error::{Error, Result};
@@ -144,7 +144,7 @@ impl Part {
             e => Error::Core(e),
         })?;
         let fingerprint = Fingerprint::of_bytes(buffer.as_bytes());
-        let value = TorchFile::from_buffer(&buffer, options).map_err(|e| e.at(path))?.into_value();
+        let value = TorchReader::from_buffer(&buffer, options).map_err(|e| e.at(path))?.into_value();
         let c = Checker { path };
         let top = match value {
             Value::Dict(d) => d,

@@ -21,7 +21,7 @@ pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model"
 
 /// An hfai checkpoint, read: the value hfai's `load` returns, and facts about the parts.
 ///
-/// [`HfaiCheckpoint::value`] is the dict `hfai.checkpoint.load` returns: PART_000.pt's dict (header,
+/// [`HfaiReader::value`] is the dict `hfai.checkpoint.load` returns: PART_000.pt's dict (header,
 /// `others`) with `"model"` replaced by the merged state dict (a `dict`: rank 0's small entries and
 /// buffers, rank 1's, ..., then the large tensors) or a list of them when several models were saved, and
 /// `"optimizer"` by the merged optimizer state dict (`"state"` an `OrderedDict`, `param_groups` from rank 0)
@@ -31,14 +31,14 @@ pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model"
 /// stored as chunks are concatenated, in parallel, into new memory (one window when there is one part).
 ///
 /// ```no_run
-/// use ckpt_hfai::HfaiCheckpoint;
-/// let ckpt = HfaiCheckpoint::open("latest.pt".as_ref())?;
+/// use ckpt_hfai::HfaiReader;
+/// let ckpt = HfaiReader::open("latest.pt".as_ref())?;
 /// let model = ckpt.model().expect("one model");
 /// println!("{} parts, {} entries, epoch {:?}", ckpt.nshards(), model.items.len(), ckpt.other("epoch"));
 /// # Ok::<(), ckpt_hfai::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct HfaiCheckpoint {
+pub struct HfaiReader {
     dir: PathBuf,
     nshards: usize,
     value: Value,
@@ -308,7 +308,7 @@ fn show_key(k: &Value) -> String {
     ckpt_core::python_str(k).unwrap_or_else(|_| show(k))
 }
 
-impl HfaiCheckpoint {
+impl HfaiReader {
     /// Reads the checkpoint directory `dir` with default options.
     ///
     /// # Errors
@@ -322,7 +322,7 @@ impl HfaiCheckpoint {
     /// Reads the checkpoint directory `dir`, each part with `options` (CRC verification, pickle limits).
     ///
     /// # Errors
-    /// As [`HfaiCheckpoint::open`].
+    /// As [`HfaiReader::open`].
     pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<Self> {
         let merged = read_merged(dir, options)?;
         let (models, optimizers, concatenated_bytes) = merged.contents.materialize()?;
@@ -338,7 +338,7 @@ impl HfaiCheckpoint {
                 *v = unwrap_one(merged);
             }
         }
-        Ok(HfaiCheckpoint {
+        Ok(HfaiReader {
             dir: dir.to_path_buf(),
             nshards: merged.nshards,
             value: Value::Dict(top),
@@ -354,9 +354,9 @@ impl HfaiCheckpoint {
     /// they all return an error.
     ///
     /// # Errors
-    /// As [`HfaiCheckpoint::open`] for this rank's own failure; [`Error::RankFailed`] when another rank
+    /// As [`HfaiReader::open`] for this rank's own failure; [`Error::RankFailed`] when another rank
     /// failed; [`Error::Inconsistent`] when a rank read different files than rank 0.
-    pub fn open_collective(dir: &Path, group: &dyn Collective, options: &ReadOptions) -> Result<Self> {
+    pub fn open_collective(dir: &Path, options: &ReadOptions, group: &dyn Collective) -> Result<Self> {
         let own = Self::open_with(dir, options);
         let reports = Report::of(&own, |c| c.fingerprints.clone()).exchange(group)?;
         let ckpt = own?;
@@ -442,6 +442,23 @@ impl HfaiCheckpoint {
         self.others().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v)
     }
 
+    /// What hfai's `save` would take to write this checkpoint again: the models, the optimizers and the
+    /// `others` items. Which model entries are buffers is not recorded in a checkpoint (see
+    /// [`crate::ReshardOptions::buffers`]): none is marked.
+    pub fn save_state(&self) -> crate::SaveState {
+        let mut state = crate::SaveState::default();
+        for m in self.models() {
+            state = state.with_model(crate::ModelState::new(m.clone()));
+        }
+        for o in self.optimizers() {
+            state = state.with_optimizer(Value::Dict(o.clone()));
+        }
+        for (k, v) in self.others() {
+            state = state.with_other(k.clone(), v.clone());
+        }
+        state
+    }
+
     /// Leaf names (as [`CheckpointRead::entries`] names them) of the tensors that were stored in chunks.
     pub fn chunked(&self) -> &[String] {
         &self.chunked
@@ -459,15 +476,15 @@ fn unwrap_one(mut values: Vec<Value>) -> Value {
 }
 
 /// Reads the checkpoint directory `dir` and returns the value hfai's `load` returns (see
-/// [`HfaiCheckpoint::value`]).
+/// [`HfaiReader::value`]).
 ///
 /// # Errors
-/// As [`HfaiCheckpoint::open`].
+/// As [`HfaiReader::open`].
 pub fn load(dir: &Path) -> Result<Value> {
-    HfaiCheckpoint::open(dir).map(HfaiCheckpoint::into_value)
+    HfaiReader::open(dir).map(HfaiReader::into_value)
 }
 
-impl CheckpointRead for HfaiCheckpoint {
+impl CheckpointRead for HfaiReader {
     fn format_name(&self) -> &'static str {
         "hfai"
     }
@@ -506,7 +523,7 @@ impl CheckpointRead for HfaiCheckpoint {
     }
 }
 
-impl HfaiCheckpoint {
+impl HfaiReader {
     fn find(&self, name: &str) -> ckpt_core::Result<&Value> {
         let missing = || ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}"));
         match self.leaf_index.get_or_init(|| LeafIndex::new(&self.value).ok()) {

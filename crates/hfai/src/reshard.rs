@@ -70,7 +70,7 @@ pub struct ReshardSummary {
 /// spanning stored chunks are copied (see [`ReshardSummary::copied_bytes`]).
 ///
 /// # Errors
-/// Any error of [`HfaiCheckpoint::open`](crate::HfaiCheckpoint::open) for `src` or of [`save`](crate::save)
+/// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)
 /// for `dst`; [`Error::SameDirectory`] if `dst` is `src`; [`Error::UnknownBuffer`] for a buffer name that is
 /// not an entry of its model.
 pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions) -> Result<ReshardSummary> {

@@ -23,6 +23,9 @@ pub const LARGE_SIZE: u64 = 256 * (1 << 20);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WriteOptions {
+    /// Number of parts (`PART_*.pt` files) [`save`] writes, as many as hfai's ranks (default 1).
+    /// [`save_rank`] writes one part per rank of its group and ignores this.
+    pub nshards: usize,
     /// Strided tensors of strictly more bytes than this are flattened and split over the parts with
     /// `torch.chunk` (default [`LARGE_SIZE`], as hfai).
     pub large_size: u64,
@@ -32,15 +35,29 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { large_size: LARGE_SIZE, torch: ckpt_torch::WriteOptions::default() }
+        WriteOptions { nshards: 1, large_size: LARGE_SIZE, torch: ckpt_torch::WriteOptions::default() }
     }
 }
 
 impl WriteOptions {
+    /// These options with `nshards` parts.
+    #[must_use]
+    pub fn with_nshards(mut self, nshards: usize) -> Self {
+        self.nshards = nshards;
+        self
+    }
+
     /// These options with another chunking threshold.
     #[must_use]
     pub fn with_large_size(mut self, bytes: u64) -> Self {
         self.large_size = bytes;
+        self
+    }
+
+    /// These options with other options for each part's `torch.save` file.
+    #[must_use]
+    pub fn with_torch(mut self, torch: ckpt_torch::WriteOptions) -> Self {
+        self.torch = torch;
         self
     }
 }
@@ -79,11 +96,12 @@ impl ModelState {
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 6], &[2, 3]).unwrap());
 /// sd.insert("bn.running_mean", Tensor::from_slice(&[0.0f32; 3], &[3]).unwrap());
 /// let state = SaveState::default()
-///     .model(ModelState::new(sd).with_buffers(["bn.running_mean"]))
-///     .other("epoch", Value::Int(3));
+///     .with_model(ModelState::new(sd).with_buffers(["bn.running_mean"]))
+///     .with_other("epoch", Value::Int(3));
 /// let dir = tempfile::tempdir().unwrap();
-/// ckpt_hfai::save(dir.path(), &state, 2, &WriteOptions::default().with_large_size(16)).unwrap();
-/// let back = ckpt_hfai::HfaiCheckpoint::open(dir.path()).unwrap();
+/// let options = WriteOptions::default().with_nshards(2).with_large_size(16);
+/// ckpt_hfai::save(&state, dir.path(), &options).unwrap();
+/// let back = ckpt_hfai::HfaiReader::open(dir.path()).unwrap();
 /// assert_eq!(back.nshards(), 2);
 /// assert_eq!(back.chunked(), ["model.w"]); // 24 bytes > 16: chunked over both parts
 /// assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
@@ -102,23 +120,82 @@ pub struct SaveState {
 impl SaveState {
     /// This state with one more model.
     #[must_use]
-    pub fn model(mut self, model: ModelState) -> Self {
+    pub fn with_model(mut self, model: ModelState) -> Self {
         self.models.push(model);
         self
     }
 
     /// This state with one more optimizer state dict.
     #[must_use]
-    pub fn optimizer(mut self, state_dict: Value) -> Self {
+    pub fn with_optimizer(mut self, state_dict: Value) -> Self {
         self.optimizers.push(state_dict);
         self
     }
 
     /// This state with one more `others` item.
     #[must_use]
-    pub fn other(mut self, key: impl Into<Value>, value: impl Into<Value>) -> Self {
+    pub fn with_other(mut self, key: impl Into<Value>, value: impl Into<Value>) -> Self {
         self.others.push((key.into(), value.into()));
         self
+    }
+
+    /// The state hfai's `save` takes, from a training checkpoint's top-level mapping, and the top-level keys
+    /// it leaves out.
+    ///
+    /// A mapping with a `model` mapping (or list of mappings) is laid out as hfai lays it out: `model` is the
+    /// model state dict(s), `optimizer` the optimizer state dict(s) when it has `state` and `param_groups`
+    /// (else it is left out: hfai's `optimizer` key holds nothing else), hfai's own header keys
+    /// (`__nshards__`, `__version__`) are dropped silently (the writer writes them again), and every other
+    /// item goes to `others`. Any other mapping *is* the model state dict (an `OrderedDict`, as
+    /// `model.state_dict()`), so hfai's `load` returns it under `model`.
+    ///
+    /// ```
+    /// use ckpt_core::{Dict, DictKind, Tensor, Value};
+    /// use ckpt_hfai::SaveState;
+    /// let w = Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap());
+    /// let top = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3)), ("optimizer", Value::None)]);
+    /// let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    /// assert_eq!((state.models.len(), state.others.len()), (1, 1));
+    /// assert_eq!(dropped, ["optimizer"]);
+    /// ```
+    pub fn from_state_dict(top: &Dict) -> (SaveState, Vec<String>) {
+        let as_optimizer = |v: &Value| {
+            v.as_dict().is_some_and(|d| {
+                d.get("state").is_some_and(|s| s.as_dict().is_some()) && d.get("param_groups").is_some()
+            })
+        };
+        let models: Vec<&Dict> = match top.get("model") {
+            Some(Value::Dict(d)) => vec![d],
+            Some(Value::List(items)) if !items.is_empty() => {
+                let dicts: Vec<&Dict> = items.iter().filter_map(Value::as_dict).collect();
+                if dicts.len() == items.len() { dicts } else { Vec::new() }
+            }
+            _ => Vec::new(),
+        };
+        let mut state = SaveState::default();
+        let mut dropped = Vec::new();
+        if models.is_empty() {
+            let mut model = top.clone();
+            model.kind = DictKind::OrderedDict;
+            return (state.with_model(ModelState::new(model)), dropped);
+        }
+        for m in models {
+            state = state.with_model(ModelState::new(m.clone()));
+        }
+        for (k, v) in &top.items {
+            match k.as_str() {
+                Some("model" | "__nshards__" | "__version__") => {}
+                Some("optimizer") if as_optimizer(v) => state = state.with_optimizer(v.clone()),
+                Some("optimizer") if v.as_sequence().is_some_and(|s| s.iter().all(as_optimizer)) => {
+                    for o in v.as_sequence().unwrap_or_default() {
+                        state = state.with_optimizer(o.clone());
+                    }
+                }
+                Some("optimizer") => dropped.push("optimizer".to_owned()),
+                _ => state = state.with_other(k.clone(), v.clone()),
+            }
+        }
+        (state, dropped)
     }
 
     fn contents(&self) -> Result<Contents> {
@@ -373,7 +450,7 @@ impl Plan {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let value = self.part_value(rank)?;
         let path = dir.join(part_file_name(rank));
-        ckpt_torch::save_with(&value, &path, &options.torch)?;
+        ckpt_torch::save(&value, &path, &options.torch)?;
         Fingerprint::of_file(&path)
     }
 
@@ -425,7 +502,7 @@ fn compact(v: &Value) -> Result<Value> {
     })
 }
 
-/// Saves `state` as an hfai checkpoint of `nshards` parts in `dir`, from this one process: the parts are
+/// Saves `state` as an hfai checkpoint of `options.nshards` parts in `dir`, from this one process: the parts are
 /// built and written in parallel, each atomically (temporary file, fsync, rename), then stale parts of an
 /// earlier save with more ranks are removed and every part is checked on disk.
 ///
@@ -440,8 +517,8 @@ fn compact(v: &Value) -> Result<Value> {
 /// [`Error::ZeroShards`], [`Error::ReservedKey`], [`Error::UnknownBuffer`], [`Error::BadOptimizer`],
 /// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; [`Error::Incomplete`] or
 /// [`Error::ForeignFiles`] from the completion check.
-pub fn save(dir: &Path, state: &SaveState, nshards: usize, options: &WriteOptions) -> Result<()> {
-    Plan::new(state.contents()?, nshards, options.large_size)?.write_all(dir, options)
+pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()> {
+    Plan::new(state.contents()?, options.nshards, options.large_size)?.write_all(dir, options)
 }
 
 /// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
@@ -454,20 +531,20 @@ pub fn save(dir: &Path, state: &SaveState, nshards: usize, options: &WriteOption
 /// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
 /// let mut sd = Dict::new(DictKind::OrderedDict);
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap());
-/// let state = SaveState::default().model(ModelState::new(sd));
+/// let state = SaveState::default().with_model(ModelState::new(sd));
 /// let dir = tempfile::tempdir().unwrap();
 /// std::thread::scope(|s| {
 ///     for rank in ThreadGroup::new(3) {
 ///         let (state, dir) = (&state, dir.path());
-///         s.spawn(move || ckpt_hfai::save_rank(dir, state, &rank, &WriteOptions::default()).unwrap());
+///         s.spawn(move || ckpt_hfai::save_rank(state, dir, &WriteOptions::default(), &rank).unwrap());
 ///     }
 /// });
-/// assert_eq!(ckpt_hfai::HfaiCheckpoint::open(dir.path()).unwrap().nshards(), 3);
+/// assert_eq!(ckpt_hfai::HfaiReader::open(dir.path()).unwrap().nshards(), 3);
 /// ```
 ///
 /// # Errors
 /// As [`save`] for this rank's own failure; [`Error::RankFailed`] naming the rank that failed otherwise.
-pub fn save_rank(dir: &Path, state: &SaveState, group: &dyn Collective, options: &WriteOptions) -> Result<()> {
+pub fn save_rank(state: &SaveState, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<()> {
     let own = state
         .contents()
         .and_then(|c| Plan::new(c, group.world_size(), options.large_size))

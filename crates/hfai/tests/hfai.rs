@@ -10,7 +10,7 @@ use std::path::Path;
 
 use ckpt_core::{CheckpointRead, Collective, DType, Dict, DictKind, Tensor, ThreadGroup, Value};
 use ckpt_hfai::{
-    Error, HfaiCheckpoint, ModelState, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name, reshard,
+    Error, HfaiReader, ModelState, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name, reshard,
     save, save_rank,
 };
 
@@ -66,14 +66,14 @@ fn adam_state() -> Value {
 
 fn sample() -> SaveState {
     SaveState::default()
-        .model(ModelState::new(state_dict()).with_buffers([
+        .with_model(ModelState::new(state_dict()).with_buffers([
             "bn.running_mean",
             "bn.running_var",
             "bn.num_batches_tracked",
         ]))
-        .optimizer(adam_state())
-        .other("epoch", Value::Int(3))
-        .other("config", Value::dict([("name", Value::from("tiny")), ("lr", Value::Float(0.01))]))
+        .with_optimizer(adam_state())
+        .with_other("epoch", Value::Int(3))
+        .with_other("config", Value::dict([("name", Value::from("tiny")), ("lr", Value::Float(0.01))]))
 }
 
 fn opts() -> WriteOptions {
@@ -90,7 +90,7 @@ fn assert_tensor_eq(a: &Value, b: &Value, what: &str) {
 }
 
 /// The loaded model equals the state dict (as a set of keys), the optimizer its state dict.
-fn assert_loads_to(ckpt: &HfaiCheckpoint, state: &SaveState) {
+fn assert_loads_to(ckpt: &HfaiReader, state: &SaveState) {
     assert_eq!(ckpt.models().len(), state.models.len());
     for (loaded, original) in ckpt.models().iter().zip(&state.models) {
         assert_eq!(loaded.kind, DictKind::Dict, "hfai's loader merges into a plain dict");
@@ -138,9 +138,9 @@ fn save_then_open_round_trips_for_1_to_5_parts() {
     let state = sample();
     for n in 1..=5 {
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), &state, n, &opts()).unwrap();
+        save(&state, dir.path(), &opts().with_nshards(n)).unwrap();
         assert_eq!(files(dir.path()), (0..n).map(part_file_name).collect::<Vec<_>>(), "no temporary files left");
-        let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+        let ckpt = HfaiReader::open(dir.path()).unwrap();
         assert_eq!(ckpt.nshards(), n);
         assert_loads_to(&ckpt, &state);
         assert_eq!(ckpt.chunked(), ["model.embed.weight", "optimizer.state.0.exp_avg", "optimizer.state.0.exp_avg_sq"]);
@@ -168,7 +168,7 @@ fn every_part_has_hfais_layout() {
     let state = sample();
     let dir = tempfile::tempdir().unwrap();
     let n = 3;
-    save(dir.path(), &state, n, &opts()).unwrap();
+    save(&state, dir.path(), &opts().with_nshards(n)).unwrap();
     let mut owner: HashMap<String, usize> = HashMap::new();
     for r in 0..n {
         let p = part(dir.path(), r);
@@ -239,11 +239,11 @@ fn one_process_and_n_ranks_write_the_same_bytes() {
     for n in [1, 2, 3] {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
-        save(a.path(), &state, n, &opts()).unwrap();
+        save(&state, a.path(), &opts().with_nshards(n)).unwrap();
         std::thread::scope(|s| {
             for g in ThreadGroup::new(n) {
                 let (state, dir) = (&state, b.path());
-                s.spawn(move || save_rank(dir, state, &g, &opts()).unwrap());
+                s.spawn(move || save_rank(state, dir, &opts(), &g).unwrap());
             }
         });
         for r in 0..n {
@@ -257,7 +257,7 @@ fn one_process_and_n_ranks_write_the_same_bytes() {
 #[test]
 fn a_failing_rank_fails_every_rank() {
     let good = sample();
-    let bad = sample().other("model", Value::Int(1));
+    let bad = sample().with_other("model", Value::Int(1));
     let dir = tempfile::tempdir().unwrap();
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = ThreadGroup::new(3)
@@ -265,7 +265,7 @@ fn a_failing_rank_fails_every_rank() {
             .map(|g| {
                 let state = if g.rank() == 1 { &bad } else { &good };
                 let dir = dir.path();
-                s.spawn(move || save_rank(dir, state, &g, &opts()))
+                s.spawn(move || save_rank(state, dir, &opts(), &g))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -283,14 +283,14 @@ fn a_failing_rank_fails_every_rank() {
 fn saving_fewer_parts_removes_stale_ones() {
     let state = sample();
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &state, 4, &opts()).unwrap();
-    save(dir.path(), &state, 2, &opts()).unwrap();
+    save(&state, dir.path(), &opts().with_nshards(4)).unwrap();
+    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
     assert_eq!(files(dir.path()), ["PART_000.pt", "PART_001.pt"]);
-    assert_loads_to(&HfaiCheckpoint::open(dir.path()).unwrap(), &state);
+    assert_loads_to(&HfaiReader::open(dir.path()).unwrap(), &state);
 
     // a name hfai's loader would count but that is no part name is reported, not deleted
     fs::write(dir.path().join("PART_x.pt"), b"").unwrap();
-    let e = save(dir.path(), &state, 2, &opts()).unwrap_err();
+    let e = save(&state, dir.path(), &opts().with_nshards(2)).unwrap_err();
     assert!(matches!(&e, Error::ForeignFiles { names, .. } if names == &["PART_x.pt"]), "{e}");
     assert!(dir.path().join("PART_x.pt").exists());
 }
@@ -300,17 +300,18 @@ fn threshold_is_strict_and_too_few_chunks_are_refused() {
     let mut sd = Dict::new(DictKind::OrderedDict);
     sd.insert("at", f32s(0, &[250])); // exactly 1000 bytes: not large
     sd.insert("over", f32s(1, &[251]));
-    let state = SaveState::default().model(ModelState::new(sd));
+    let state = SaveState::default().with_model(ModelState::new(sd));
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &state, 2, &opts()).unwrap();
-    assert_eq!(HfaiCheckpoint::open(dir.path()).unwrap().chunked(), ["model.over"]);
+    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    assert_eq!(HfaiReader::open(dir.path()).unwrap().chunked(), ["model.over"]);
 
     // 5 elements over 4 parts: torch.chunk gives 3 chunks of 2, hfai's chunk(4)[3] raises IndexError
     let mut sd = Dict::new(DictKind::OrderedDict);
     sd.insert("w", f32s(0, &[5]));
-    let state = SaveState::default().model(ModelState::new(sd));
+    let state = SaveState::default().with_model(ModelState::new(sd));
     let dir = tempfile::tempdir().unwrap();
-    let e = save(&dir.path().join("ckpt"), &state, 4, &WriteOptions::default().with_large_size(8)).unwrap_err();
+    let e = save(&state, &dir.path().join("ckpt"), &WriteOptions::default().with_large_size(8).with_nshards(4))
+        .unwrap_err();
     assert!(
         matches!(&e, Error::TooFewChunks { key, numel: 5, nshards: 4, chunks: 3, chunk_len: 2 } if key == "model.w"),
         "{e}"
@@ -322,10 +323,10 @@ fn threshold_is_strict_and_too_few_chunks_are_refused() {
 fn several_models_and_optimizers_stay_lists_none_stays_raw() {
     let mut second = Dict::new(DictKind::OrderedDict);
     second.insert("w", f32s(9, &[3]));
-    let state = sample().model(ModelState::new(second)).optimizer(adam_state());
+    let state = sample().with_model(ModelState::new(second)).with_optimizer(adam_state());
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &state, 2, &opts()).unwrap();
-    let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    let ckpt = HfaiReader::open(dir.path()).unwrap();
     let top = ckpt.value().as_dict().unwrap();
     assert!(matches!(top.get("model"), Some(Value::List(m)) if m.len() == 2));
     assert!(matches!(top.get("optimizer"), Some(Value::List(o)) if o.len() == 2));
@@ -336,8 +337,8 @@ fn several_models_and_optimizers_stay_lists_none_stays_raw() {
 
     let none = SaveState { optimizers: vec![], others: vec![], ..sample() };
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &none, 3, &opts()).unwrap();
-    let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+    save(&none, dir.path(), &opts().with_nshards(3)).unwrap();
+    let ckpt = HfaiReader::open(dir.path()).unwrap();
     let top = ckpt.value().as_dict().unwrap();
     assert_eq!(top.get("optimizer"), Some(&Value::List(vec![])), "no optimizer: the raw [] of the file");
     assert!(matches!(top.get("model"), Some(Value::Dict(_))), "one model: unwrapped");
@@ -347,8 +348,8 @@ fn several_models_and_optimizers_stay_lists_none_stays_raw() {
 #[test]
 fn generic_reader_lists_entries() {
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &sample(), 2, &opts()).unwrap();
-    let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(2)).unwrap();
+    let ckpt = HfaiReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.format_name(), "hfai");
     let entries = ckpt.entries();
     let w = entries.iter().find(|e| e.name == "model.embed.weight").unwrap();
@@ -366,15 +367,15 @@ fn generic_reader_lists_entries() {
 #[test]
 fn open_collective_agrees_or_fails_everywhere() {
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &sample(), 2, &opts()).unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(2)).unwrap();
     let other = tempfile::tempdir().unwrap();
-    save(other.path(), &sample().other("extra", Value::Int(1)), 2, &opts()).unwrap();
-    let open_all = |dirs: [&Path; 3]| -> Vec<ckpt_hfai::Result<HfaiCheckpoint>> {
+    save(&sample().with_other("extra", Value::Int(1)), other.path(), &opts().with_nshards(2)).unwrap();
+    let open_all = |dirs: [&Path; 3]| -> Vec<ckpt_hfai::Result<HfaiReader>> {
         std::thread::scope(|s| {
             let handles: Vec<_> = ThreadGroup::new(3)
                 .into_iter()
                 .zip(dirs)
-                .map(|(g, d)| s.spawn(move || HfaiCheckpoint::open_collective(d, &g, &Default::default())))
+                .map(|(g, d)| s.spawn(move || HfaiReader::open_collective(d, &Default::default(), &g)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
@@ -397,7 +398,7 @@ fn open_collective_agrees_or_fails_everywhere() {
 fn reshard_round_trips_and_copies_only_spanning_chunks() {
     let state = sample();
     let src = tempfile::tempdir().unwrap();
-    save(src.path(), &state, 3, &opts()).unwrap();
+    save(&state, src.path(), &opts().with_nshards(3)).unwrap();
     let reshard_opts = ReshardOptions::default()
         .with_write(opts())
         .with_buffers(0, ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]);
@@ -407,7 +408,7 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
         assert_eq!((s.from, s.to, s.chunked), (3, m, 3));
         assert_eq!(s.copied_bytes > 0, copied, "3 -> {m}: {s:?}");
         assert!(s.copied_bytes <= 3 * 1280);
-        let back = HfaiCheckpoint::open(dst.path()).unwrap();
+        let back = HfaiReader::open(dst.path()).unwrap();
         assert_eq!(back.nshards(), m);
         assert_loads_to(&back, &state);
         // buffers are whole at the end of part 0
@@ -419,13 +420,13 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
     let dst = tempfile::tempdir().unwrap();
     let s = reshard(src.path(), dst.path(), 6, &ReshardOptions::default().with_write(opts())).unwrap();
     assert!(s.copied_bytes < 3 * 1280, "{s:?}");
-    assert_loads_to(&HfaiCheckpoint::open(dst.path()).unwrap(), &state);
+    assert_loads_to(&HfaiReader::open(dst.path()).unwrap(), &state);
 
     // a larger threshold joins the chunks again (the only copy)
     let dst = tempfile::tempdir().unwrap();
     let s = reshard(src.path(), dst.path(), 2, &ReshardOptions::default()).unwrap();
     assert_eq!((s.chunked, s.copied_bytes), (0, 3 * 1280));
-    assert_loads_to(&HfaiCheckpoint::open(dst.path()).unwrap(), &state);
+    assert_loads_to(&HfaiReader::open(dst.path()).unwrap(), &state);
 
     assert!(matches!(reshard(src.path(), src.path(), 2, &reshard_opts), Err(Error::SameDirectory { .. })));
     let bad = ReshardOptions::default().with_buffers(0, ["nope"]);
@@ -438,7 +439,7 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
 /// A valid 3-part checkpoint in a fresh directory.
 fn saved(n: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &sample(), n, &opts()).unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(n)).unwrap();
     dir
 }
 
@@ -446,7 +447,7 @@ fn saved(n: usize) -> tempfile::TempDir {
 fn edit_part(dir: &Path, rank: usize, edit: impl FnOnce(&mut Dict)) {
     let mut p = part(dir, rank);
     edit(&mut p);
-    ckpt_torch::save(&Value::Dict(p), &dir.join(part_file_name(rank))).unwrap();
+    ckpt_torch::save(&Value::Dict(p), &dir.join(part_file_name(rank)), &ckpt_torch::WriteOptions::default()).unwrap();
 }
 
 /// A part's `(params, large_params)` pair of model 0.
@@ -462,7 +463,7 @@ fn set(d: &mut Dict, key: &str, v: Value) {
 }
 
 fn open_err(dir: &Path) -> Error {
-    HfaiCheckpoint::open(dir).unwrap_err()
+    HfaiReader::open(dir).unwrap_err()
 }
 
 #[test]
@@ -569,14 +570,22 @@ fn rejects_a_key_both_whole_and_chunked() {
 fn rejects_bad_save_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    assert!(matches!(save(d, &sample(), 0, &opts()), Err(Error::ZeroShards)));
-    let e = save(d, &sample().other("__nshards__", Value::Int(2)), 2, &opts()).unwrap_err();
+    assert!(matches!(save(&sample(), d, &opts().with_nshards(0)), Err(Error::ZeroShards)));
+    let e = save(&sample().with_other("__nshards__", Value::Int(2)), d, &opts().with_nshards(2)).unwrap_err();
     assert!(matches!(e, Error::ReservedKey { .. }));
-    let e = save(d, &SaveState::default().model(ModelState::new(state_dict()).with_buffers(["x"])), 2, &opts());
+    let e = save(
+        &SaveState::default().with_model(ModelState::new(state_dict()).with_buffers(["x"])),
+        d,
+        &opts().with_nshards(2),
+    );
     assert!(matches!(e, Err(Error::UnknownBuffer { model: 0, name }) if name == "x"));
-    let e = save(d, &SaveState::default().optimizer(Value::Int(1)), 2, &opts());
+    let e = save(&SaveState::default().with_optimizer(Value::Int(1)), d, &opts().with_nshards(2));
     assert!(matches!(e, Err(Error::BadOptimizer { index: 0, .. })));
-    let e = save(d, &SaveState::default().optimizer(Value::dict([("param_groups", Value::List(vec![]))])), 2, &opts());
+    let e = save(
+        &SaveState::default().with_optimizer(Value::dict([("param_groups", Value::List(vec![]))])),
+        d,
+        &opts().with_nshards(2),
+    );
     assert!(matches!(e, Err(Error::BadOptimizer { index: 0, problem }) if problem.contains("state")));
     assert_eq!(fs::read_dir(d).unwrap().count(), 0, "nothing written");
 }
@@ -587,10 +596,62 @@ fn dtypes_survive() {
     for (i, dt) in [DType::BF16, DType::F16, DType::F64, DType::I8, DType::Bool, DType::U8].into_iter().enumerate() {
         sd.insert(format!("t{i}"), Tensor::zeros(dt, &[300 + i]).unwrap());
     }
-    let state = SaveState::default().model(ModelState::new(sd.clone()));
+    let state = SaveState::default().with_model(ModelState::new(sd.clone()));
     let dir = tempfile::tempdir().unwrap();
-    save(dir.path(), &state, 3, &WriteOptions::default().with_large_size(400)).unwrap();
-    let ckpt = HfaiCheckpoint::open(dir.path()).unwrap();
+    save(&state, dir.path(), &WriteOptions::default().with_large_size(400).with_nshards(3)).unwrap();
+    let ckpt = HfaiReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.chunked().len(), 3, "{:?}", ckpt.chunked()); // bf16, f16, f64 are over 400 bytes
     assert_loads_to(&ckpt, &state);
+}
+
+#[test]
+fn a_training_checkpoint_lays_out_as_hfai_save_takes_it() {
+    let opt = adam_state();
+    let sd = Value::Dict(state_dict());
+    // {"model", "optimizer", "epoch"}: hfai's own layout; its header keys are written again, not kept.
+    let top = Value::dict([
+        ("__nshards__", Value::Int(7)),
+        ("model", sd.clone()),
+        ("optimizer", opt.clone()),
+        ("epoch", Value::Int(3)),
+    ]);
+    let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    assert!(dropped.is_empty());
+    assert_eq!((state.models.len(), &state.optimizers, state.others.len()), (1, &vec![opt.clone()], 1));
+    let dir = tempfile::tempdir().unwrap();
+    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    let back = HfaiReader::open(dir.path()).unwrap();
+    assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
+    // An `optimizer` that is not an optimizer state dict is left out, named.
+    let top = Value::dict([("model", sd.clone()), ("optimizer", Value::dict([("lr", Value::Float(0.1))]))]);
+    let (state, dropped) = SaveState::from_state_dict(top.as_dict().unwrap());
+    assert_eq!((dropped, state.optimizers.len()), (vec!["optimizer".to_owned()], 0));
+    // Any other mapping is the model state dict.
+    let (state, _) = SaveState::from_state_dict(sd.as_dict().unwrap());
+    assert_eq!(state.models[0].state_dict.kind, ckpt_core::DictKind::OrderedDict);
+    assert_eq!(state.models[0].state_dict.items.len(), sd.as_dict().unwrap().items.len());
+}
+
+#[test]
+fn verify_names_every_part_with_a_flipped_record() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(3)).unwrap();
+    let report = ckpt_hfai::verify(dir.path()).unwrap();
+    assert!(report.is_ok());
+    assert_eq!(report.parts.len(), 3);
+    let part = dir.path().join(part_file_name(1));
+    let mut bytes = std::fs::read(&part).unwrap();
+    // The last byte of the first storage record: inside tensor data, wherever the record put it.
+    let first = ckpt_torch::zip::Archive::parse(&bytes)
+        .unwrap()
+        .records()
+        .iter()
+        .find(|r| r.short_name().starts_with("data/"))
+        .unwrap()
+        .data_range();
+    bytes[first.end as usize - 1] ^= 1;
+    std::fs::write(&part, &bytes).unwrap();
+    let report = ckpt_hfai::verify(dir.path()).unwrap();
+    let failed: Vec<&std::path::Path> = report.parts.iter().filter(|p| !p.is_ok()).map(|p| p.path.as_path()).collect();
+    assert_eq!(failed, [part.as_path()]);
 }

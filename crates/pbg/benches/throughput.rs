@@ -11,7 +11,7 @@
 //! ```
 //!
 //! Benchmarks: `pbg/commit/512MiB-8parts` (a new version: 9 files written in parallel, each fsync'd and
-//! renamed, then the version file), `pbg/open/512MiB-8parts` (`Checkpoint::open`: every header validated,
+//! renamed, then the version file), `pbg/open/512MiB-8parts` (`PbgReader::open`: every header validated,
 //! every file mapped, every optimizer blob decoded), `pbg/open+read/512MiB-8parts` (then every embedding
 //! byte summed) and `pbg/export_tsv/32MiB-2parts`.
 
@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use ckpt_core::Tensor;
 use ckpt_pbg::{
-    Checkpoint, CommitOptions, Config, EntityPartition, EntityStorage, FileCheckpointStorage, Model, ModelParameter,
-    OptimizerState, StateDict, export_tsv,
+    Config, EntityPartition, EntityStorage, FileCheckpointStorage, Model, ModelParameter, OptimizerState, PbgReader,
+    StateDict, WriteOptions, export_tsv,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -54,7 +54,7 @@ fn commit(storage: &FileCheckpointStorage, parts: &[EntityPartition]) {
         parameters: Some(vec![ModelParameter::new("rhs_operators.0.translation", t).unwrap()]),
         ..Model::default()
     });
-    c.finish(&CommitOptions::default()).unwrap();
+    c.finish(&WriteOptions::default()).unwrap();
 }
 
 fn config(parts: u32) -> String {
@@ -65,7 +65,7 @@ fn config(parts: u32) -> String {
     )
 }
 
-fn checksum(ckpt: &Checkpoint) -> u64 {
+fn checksum(ckpt: &PbgReader) -> u64 {
     let mut sum = 0u64;
     for p in ckpt.partitions() {
         for c in p.data.embeddings.data().unwrap().chunks_exact(8) {
@@ -84,8 +84,8 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("pbg");
     g.sample_size(10).measurement_time(Duration::from_secs(20)).throughput(Throughput::Bytes(bytes));
     g.bench_function("commit/512MiB-8parts", |b| b.iter(|| commit(&storage, &parts)));
-    g.bench_function("open/512MiB-8parts", |b| b.iter(|| Checkpoint::open(storage.path()).unwrap()));
-    g.bench_function("open+read/512MiB-8parts", |b| b.iter(|| checksum(&Checkpoint::open(storage.path()).unwrap())));
+    g.bench_function("open/512MiB-8parts", |b| b.iter(|| PbgReader::open(storage.path()).unwrap()));
+    g.bench_function("open+read/512MiB-8parts", |b| b.iter(|| checksum(&PbgReader::open(storage.path()).unwrap())));
 
     // TSV export of a smaller checkpoint.
     let small = root.path().join("small");
@@ -100,7 +100,7 @@ fn benches(c: &mut Criterion) {
         entities.save_names("node", p, &names).unwrap();
     }
     let cfg = Config::parse(&config(2)).unwrap();
-    let ckpt = Checkpoint::open(s.path()).unwrap();
+    let ckpt = PbgReader::open(s.path()).unwrap();
     let out = |n: &str| -> PathBuf { small.join(n) };
     g.throughput(Throughput::Bytes((2 * (1usize << 16) * DIM * 4) as u64));
     g.bench_function("export_tsv/32MiB-2parts", |b| {

@@ -16,7 +16,25 @@ use crate::partition::EntityPartition;
 use crate::storage::FileCheckpointStorage;
 use crate::verify::with_path;
 
-/// One entity partition of a [`Checkpoint`].
+/// Options for opening a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// The version to open (default: the committed one, `checkpoint_version.txt`). Older versions are on
+    /// disk when they were preserved.
+    pub version: Option<u64>,
+}
+
+impl ReadOptions {
+    /// These options opening `version`.
+    #[must_use]
+    pub fn with_version(mut self, version: u64) -> Self {
+        self.version = Some(version);
+        self
+    }
+}
+
+/// One entity partition of a [`PbgReader`].
 #[derive(Debug, Clone)]
 pub struct PartitionEntry {
     /// Entity type.
@@ -39,7 +57,7 @@ pub struct PartitionEntry {
 /// `optimizer/model/<key>` (keys of the decoded state dict, dotted: `state.0.sum`, `param_groups.0.lr`),
 /// `config` (the config text, when known) and `version` (the checkpoint version, an int).
 #[derive(Debug, Clone)]
-pub struct Checkpoint {
+pub struct PbgReader {
     storage: FileCheckpointStorage,
     version: u64,
     config: Option<Config>,
@@ -48,22 +66,33 @@ pub struct Checkpoint {
     model_optimizer: Option<StateDict>,
 }
 
-impl Checkpoint {
+impl PbgReader {
     /// Opens the committed version of the checkpoint directory `dir` (or of a snapshot `dir/epoch_<k>`).
     ///
     /// # Errors
     /// The first error of any file of the version (each names its file); [`Error::Io`].
-    pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint> {
+    pub fn open(dir: &Path) -> Result<PbgReader> {
+        Self::open_with(dir, &ReadOptions::default())
+    }
+
+    /// Opens the checkpoint directory `dir` at the version `options` asks for (default: the committed one).
+    ///
+    /// # Errors
+    /// As [`PbgReader::open`].
+    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<PbgReader> {
         let storage = FileCheckpointStorage::new(dir);
-        let version = storage.load_version()?;
+        let version = match options.version {
+            Some(v) => v,
+            None => storage.load_version()?,
+        };
         Self::open_version(storage, version)
     }
 
     /// Opens `version` of a storage.
     ///
     /// # Errors
-    /// As [`Checkpoint::open`].
-    pub fn open_version(storage: FileCheckpointStorage, version: u64) -> Result<Checkpoint> {
+    /// As [`PbgReader::open`].
+    pub fn open_version(storage: FileCheckpointStorage, version: u64) -> Result<PbgReader> {
         let files: Vec<FileName> =
             storage.list()?.into_iter().map(|(n, _)| n).filter(|n| n.version() == Some(version)).collect();
         // The config: config.json, else (snapshots have none) the model's or a partition's config/json.
@@ -112,7 +141,7 @@ impl Checkpoint {
         partitions.sort_by(|a, b| {
             (order(&a.entity), &a.entity, a.partition).cmp(&(order(&b.entity), &b.entity, b.partition))
         });
-        Ok(Checkpoint { storage, version, config, partitions, model, model_optimizer })
+        Ok(PbgReader { storage, version, config, partitions, model, model_optimizer })
     }
 
     /// The storage it was read from.
@@ -184,6 +213,28 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Every entry with its value, in entry order: what [`crate::save`] takes to write this checkpoint again.
+    pub fn entry_values(&self) -> Vec<(String, Value)> {
+        let mut out: Vec<(String, Value)> = self
+            .all()
+            .into_iter()
+            .map(|(name, item)| {
+                let value = match item {
+                    Item::Tensor(t) => Value::Tensor(t.clone()),
+                    Item::Value(v) => v.clone(),
+                };
+                (name, value)
+            })
+            .collect();
+        if let Some(c) = &self.config {
+            out.push(("config".into(), Value::Str(c.text().to_owned())));
+        }
+        if let Ok(v) = i64::try_from(self.version) {
+            out.push(("version".into(), Value::Int(v)));
+        }
+        out
+    }
+
     /// Every tensor under its entry name, in entry order.
     pub fn tensors(&self) -> Vec<(String, Tensor)> {
         self.all()
@@ -231,7 +282,7 @@ fn push_leaves<'a>(out: &mut Vec<(String, Item<'a>)>, prefix: &str, value: &'a V
     }
 }
 
-impl CheckpointRead for Checkpoint {
+impl CheckpointRead for PbgReader {
     fn format_name(&self) -> &'static str {
         "pbg"
     }

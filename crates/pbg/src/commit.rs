@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metadata::{Iteration, Metadata};
 use crate::model::Model;
@@ -25,10 +26,10 @@ pub enum VersionWrite {
     InPlace,
 }
 
-/// Choices of a [`Commit`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Choices of how a new version is written ([`Commit::finish`]).
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub struct CommitOptions {
+pub struct WriteOptions {
     /// Keep the files of the old version `V` (PBG: the checkpoint consumed by the first iteration of a
     /// preserved epoch). Files a snapshot links to are always kept.
     pub preserve_old: bool,
@@ -39,45 +40,56 @@ pub struct CommitOptions {
     pub carry_over: bool,
     /// How the version file is written.
     pub version_write: VersionWrite,
+    /// [`crate::save`]: the training config that defines the layout, instead of the entries' `config`.
+    /// A commit does not use it.
+    pub config: Option<Config>,
 }
 
-impl Default for CommitOptions {
+impl Default for WriteOptions {
     fn default() -> Self {
-        CommitOptions {
+        WriteOptions {
             preserve_old: false,
             snapshot_epoch: None,
             carry_over: true,
             version_write: VersionWrite::Rename,
+            config: None,
         }
     }
 }
 
-impl CommitOptions {
+impl WriteOptions {
     /// Keep or drop the old version.
     #[must_use]
-    pub fn preserve_old(mut self, preserve: bool) -> Self {
+    pub fn with_preserve_old(mut self, preserve: bool) -> Self {
         self.preserve_old = preserve;
         self
     }
 
     /// Snapshot the new version as `epoch_<epoch>/`.
     #[must_use]
-    pub fn snapshot_epoch(mut self, epoch: Option<u64>) -> Self {
+    pub fn with_snapshot_epoch(mut self, epoch: Option<u64>) -> Self {
         self.snapshot_epoch = epoch;
         self
     }
 
     /// Carry unchanged files over to the new version, or not.
     #[must_use]
-    pub fn carry_over(mut self, carry: bool) -> Self {
+    pub fn with_carry_over(mut self, carry: bool) -> Self {
         self.carry_over = carry;
         self
     }
 
     /// How to write the version file.
     #[must_use]
-    pub fn version_write(mut self, how: VersionWrite) -> Self {
+    pub fn with_version_write(mut self, how: VersionWrite) -> Self {
         self.version_write = how;
+        self
+    }
+
+    /// [`crate::save`] lays the checkpoint out as `config` says.
+    #[must_use]
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = Some(config);
         self
     }
 }
@@ -116,7 +128,7 @@ pub struct CommitReport {
 ///
 /// ```
 /// use ckpt_core::Tensor;
-/// use ckpt_pbg::{CommitOptions, EntityPartition, FileCheckpointStorage, Model};
+/// use ckpt_pbg::{WriteOptions, EntityPartition, FileCheckpointStorage, Model};
 /// let dir = tempfile::tempdir().unwrap();
 /// let storage = FileCheckpointStorage::new(dir.path());
 /// storage.prepare().unwrap();
@@ -125,7 +137,7 @@ pub struct CommitReport {
 ///     let e = Tensor::from_slice(&[step as f32; 4], &[2, 2]).unwrap();
 ///     commit.partition("user", 0, EntityPartition::new(e)).unwrap();
 ///     commit.model(Model::default());
-///     let report = commit.finish(&CommitOptions::default()).unwrap();
+///     let report = commit.finish(&WriteOptions::default()).unwrap();
 ///     assert_eq!(report.version, step + 1);
 /// }
 /// assert_eq!(storage.load_version().unwrap(), 3);
@@ -209,7 +221,7 @@ impl Commit<'_> {
     /// Any write error before the commit point leaves version `V` committed and intact (the partial `V+1`
     /// files are overwritten by the next attempt); [`Error::InvalidInput`] if another writer committed in
     /// the meantime.
-    pub fn finish(mut self, options: &CommitOptions) -> Result<CommitReport> {
+    pub fn finish(mut self, options: &WriteOptions) -> Result<CommitReport> {
         let storage = self.storage;
         let (old, new) = (self.previous, self.previous + 1);
         if let Some(meta) = &self.next_metadata {

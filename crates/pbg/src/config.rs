@@ -3,7 +3,7 @@
 //! back byte for byte, and printed the way Python prints JSON when built or changed in Rust.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value as Json};
 
@@ -237,6 +237,80 @@ impl Config {
     /// `lr` (default 0.01).
     pub fn lr(&self) -> f64 {
         self.json.get("lr").and_then(Json::as_f64).unwrap_or(0.01)
+    }
+}
+
+/// A config found on disk, and the directory the relative paths it names (`checkpoint_path`, `entity_path`)
+/// are resolved against: the one rule for every tool that starts from a config or a checkpoint directory.
+///
+/// PBG resolves those paths against the working directory of the training run. A path that exists from the
+/// working directory (or is absolute) is taken as PBG takes it; otherwise it is resolved against where
+/// training presumably ran: the config file's directory, or, for a checkpoint's own `config.json`, the
+/// checkpoint directory's parent.
+///
+/// ```
+/// # let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/pbg");
+/// let located = ckpt_pbg::ConfigFile::locate(&fixture.join("ckpt")).unwrap();   // a checkpoint directory
+/// assert_eq!(located.checkpoint_dir(), fixture.join("ckpt"));
+/// assert_eq!(located.entity_path(), Some(fixture.join("data")));                 // "data", beside it
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    config: Config,
+    file: PathBuf,
+    base: PathBuf,
+    checkpoint: Option<PathBuf>,
+}
+
+impl ConfigFile {
+    /// Reads the config of `path`: a config file, or a checkpoint directory (its `config.json`).
+    ///
+    /// # Errors
+    /// As [`Config::read`].
+    pub fn locate(path: &Path) -> Result<ConfigFile> {
+        let (file, checkpoint) = if path.is_dir() {
+            (path.join(crate::names::CONFIG_FILE), Some(path.to_path_buf()))
+        } else {
+            (path.to_path_buf(), None)
+        };
+        let config = Config::read(&file)?;
+        let parent = |p: &Path| p.parent().unwrap_or(Path::new(".")).to_path_buf();
+        // A checkpoint's own config.json names paths relative to where training ran: its parent directory.
+        let base = match &checkpoint {
+            Some(dir) => parent(dir),
+            None => parent(&file),
+        };
+        Ok(ConfigFile { config, file, base, checkpoint })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The file it was read from.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// `rel` as PBG resolves it (absolute, or existing from the working directory), else against the
+    /// directory training ran in.
+    pub fn resolve(&self, rel: &str) -> PathBuf {
+        let p = PathBuf::from(rel);
+        if p.is_absolute() || p.exists() { p } else { self.base.join(p) }
+    }
+
+    /// The checkpoint directory: the one located, or the config's `checkpoint_path` (default `.`) resolved.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        match &self.checkpoint {
+            Some(dir) => dir.clone(),
+            None => self.resolve(self.config.checkpoint_path().unwrap_or(".")),
+        }
+    }
+
+    /// The config's `entity_path` resolved, when it has one.
+    pub fn entity_path(&self) -> Option<PathBuf> {
+        self.config.entity_path().map(|rel| self.resolve(rel))
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ckpt_core::Fault;
+
 /// What went wrong reading, writing or checking a PyTorch-BigGraph checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -240,6 +242,24 @@ pub enum Error {
         /// Name in `dynamic_rel_names.json`.
         found: String,
     },
+    /// Entries given to [`crate::save`] hold neither entity partitions nor model parameters.
+    #[error(
+        "no `embeddings/<entity>/<partition>` or `model/<parameter>` entries: a PyTorch-BigGraph checkpoint is \
+         entity embedding partitions and relation operators"
+    )]
+    NoEmbeddings,
+    /// Entries given to [`crate::save`] without a `config` entry, and no config in the options.
+    #[error(
+        "no `config` entry: a PyTorch-BigGraph checkpoint needs the training config that defines its entities, \
+         partitions and relations"
+    )]
+    NoConfig,
+    /// Entries given to [`crate::save`] that do not fit the config's layout.
+    #[error("the entries do not fit the config: {reason}")]
+    LayoutMismatch {
+        /// What does not fit.
+        reason: String,
+    },
     /// A model parameter that an operation needs is absent from the model file.
     #[error("the model has no parameter {0:?}")]
     MissingParameter(String),
@@ -261,23 +281,31 @@ impl Error {
     }
 }
 
-impl From<Error> for ckpt_core::Error {
-    /// The core error, split by fault: bad files are `Malformed`, missing files and OS errors `Io`, bad
-    /// arguments `InvalidArgument`.
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-            Error::CouldNotLoad { path } => ckpt_core::Error::Io {
-                path,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "could not load data"),
-            },
-            Error::Core(c) => c,
-            e @ (Error::InvalidName { .. }
+impl Error {
+    /// Who is at fault: bad files are malformed, missing files and OS errors I/O, bad arguments the caller's.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. } | Error::CouldNotLoad { .. } => Fault::Io,
+            Error::Core(c) => c.fault(),
+            Error::InvalidName { .. }
             | Error::InvalidInput { .. }
             | Error::AlreadyExists { .. }
             | Error::NoSuchEntry(_)
-            | Error::MissingParameter(_)) => ckpt_core::Error::InvalidArgument(e.to_string()),
-            e => ckpt_core::Error::Malformed(e.to_string()),
+            | Error::MissingParameter(_)
+            | Error::NoEmbeddings
+            | Error::NoConfig
+            | Error::LayoutMismatch { .. } => Fault::InvalidArgument,
+            _ => Fault::Malformed,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
+impl From<Error> for ckpt_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(c) => c,
+            e => ckpt_core::Error::format(e.fault(), e),
         }
     }
 }

@@ -1,16 +1,15 @@
 //! Export: entity embeddings and relation parameters to TSV exactly as `torchbiggraph_export_to_tsv`
 //! writes them, and the whole checkpoint to safetensors.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use ckpt_core::{Tensor, Value, safetensors};
+use ckpt_core::{Tensor, safetensors};
 use rayon::prelude::*;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::PbgReader;
 use crate::config::Config;
 use crate::entity_path::EntityStorage;
 use crate::error::{Error, Result};
@@ -97,7 +96,7 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
 /// [`Error::CouldNotLoad`] for a missing partition or names file, [`Error::NamesMismatch`],
 /// [`Error::MissingParameter`] when a global embedding is missing, [`Error::Io`].
 pub fn write_entities_tsv<W: Write>(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     out: W,
@@ -191,7 +190,7 @@ fn shape_text(shape: &[usize]) -> String {
 /// The parameters of relation `index`'s operator on `side`, in `named_parameters()` order (unknown
 /// operators: the model file's order).
 fn ordered_params<'c>(
-    checkpoint: &'c Checkpoint,
+    checkpoint: &'c PbgReader,
     index: usize,
     side: &str,
     operator: &str,
@@ -217,7 +216,7 @@ fn ordered_params<'c>(
 /// [`Error::RelationNameMismatch`] if the names file disagrees with the config, [`Error::MissingParameter`]
 /// for an operator parameter absent from the model, [`Error::Io`].
 pub fn write_relation_types_tsv<W: Write>(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     out: W,
@@ -278,7 +277,7 @@ fn create_new(path: &Path) -> Result<File> {
 /// # Errors
 /// [`Error::AlreadyExists`], and as [`write_entities_tsv`] and [`write_relation_types_tsv`].
 pub fn export_tsv(
-    checkpoint: &Checkpoint,
+    checkpoint: &PbgReader,
     config: &Config,
     entities: &EntityStorage,
     entities_output: &Path,
@@ -294,51 +293,35 @@ pub fn export_tsv(
         .map_err(|err| Error::io(relation_types_output, err))
 }
 
-/// A JSON rendering of a non-tensor value for safetensors metadata (numbers, strings, booleans, None,
-/// lists and string-keyed mappings; anything else as its Python type name).
-fn value_json(v: &Value) -> serde_json::Value {
-    use serde_json::Value as J;
-    match v {
-        Value::None => J::Null,
-        Value::Bool(b) => J::Bool(*b),
-        Value::Int(i) => J::from(*i),
-        Value::Float(f) => {
-            serde_json::Number::from_f64(*f).map_or_else(|| J::String(ckpt_core::float_repr(*f)), J::Number)
-        }
-        Value::Str(s) => J::String(s.clone()),
-        Value::List(items) | Value::Tuple(items) => J::Array(items.iter().map(value_json).collect()),
-        Value::Dict(d) => J::Object(
-            d.items
-                .iter()
-                .map(|(k, v)| (ckpt_core::python_str(k).unwrap_or_else(|_| k.type_name().to_owned()), value_json(v)))
-                .collect(),
-        ),
-        other => J::String(format!("<{}>", other.type_name())),
-    }
-}
-
-/// Everything in one safetensors file: every tensor under its [`Checkpoint`] entry name, and as metadata
-/// `format` = `pbg`, `version`, `config` (the config text, when known) and each non-tensor optimizer entry
-/// (JSON).
+/// Everything in one safetensors file, under the [`PbgReader`] entry names, with ckpt's safetensors
+/// convention ([`ckpt_core::safetensors::metadata`]: `format` = `pt`, `ckpt.source` = `pbg`, the non-tensor
+/// entries (`config`, `version`, the optimizers' scalars) in `ckpt.values`), so the file converts back into
+/// a PBG checkpoint ([`crate::save`]). Returns the names of the entries it could not hold (a non-finite
+/// float optimizer scalar).
+///
+/// ```
+/// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
+/// use ckpt_core::CheckpointRead;
+/// let ck = ckpt_pbg::PbgReader::open(fixture.as_ref()).unwrap();
+/// let dir = tempfile::tempdir().unwrap();
+/// let out = dir.path().join("pbg.safetensors");
+/// assert!(ckpt_pbg::export_safetensors(&ck, &out).unwrap().is_empty());
+/// let st = ckpt_core::safetensors::SafetensorsReader::open(&out).unwrap();
+/// assert_eq!(st.value("version").unwrap(), ckpt_core::Value::Int(4));
+/// ```
 ///
 /// # Errors
-/// [`Error::Core`] for safetensors failures, [`Error::Io`].
-pub fn export_safetensors(checkpoint: &Checkpoint, path: &Path) -> Result<()> {
-    use ckpt_core::CheckpointRead;
-    let tensors = checkpoint.tensors();
-    let mut meta: HashMap<String, String> = HashMap::new();
-    meta.insert("format".into(), "pbg".into());
-    meta.insert("version".into(), checkpoint.version().to_string());
-    if let Some(c) = checkpoint.config() {
-        meta.insert("config".into(), c.text().to_owned());
-    }
-    for e in checkpoint.entries() {
-        if e.tensor_info().is_none() && e.name != "config" && e.name != "version" {
-            let v = checkpoint.value(&e.name)?;
-            meta.insert(e.name, value_json(&v).to_string());
-        }
-    }
-    Ok(safetensors::write_file(&tensors, Some(meta), path)?)
+/// [`Error::Core`] for safetensors failures and I/O.
+pub fn export_safetensors(checkpoint: &PbgReader, path: &Path) -> Result<Vec<String>> {
+    let entries = checkpoint.entry_values();
+    let paths: Vec<[ckpt_core::PathItem; 1]> =
+        entries.iter().map(|(name, _)| [ckpt_core::PathItem::Key(name.clone())]).collect();
+    let report = safetensors::metadata::save_entries(
+        entries.iter().zip(&paths).map(|((name, value), p)| (name.as_str(), p.as_slice(), value)),
+        path,
+        &safetensors::metadata::WriteOptions::default().with_source("pbg"),
+    )?;
+    Ok(report.dropped)
 }
 
 #[cfg(test)]

@@ -10,6 +10,9 @@
 //! fill), closes it, then streams every dataset's bytes straight from memory to its allocated offset with
 //! positioned writes. libhdf5 serialises all calls behind one global lock; the data, which is the bulk of a
 //! checkpoint, moves outside it, so files are written in parallel.
+//!
+//! Every file is opened through [`open_file`]: without libhdf5's advisory lock and with its descriptor
+//! closed on exec, so that a program started meanwhile (by any thread) cannot keep a file locked.
 
 use std::borrow::Cow;
 use std::ffi::c_void;
@@ -24,6 +27,7 @@ use hdf5::plist::dataset_create::DatasetCreateBuilder;
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor, VarLenAscii, VarLenUnicode};
 use hdf5::{Attribute, Dataset, Datatype, File, Group, Location, LocationType};
 use hdf5_sys::h5d::{H5Dget_type, H5Dread};
+use hdf5_sys::h5f::H5Fget_vfd_handle;
 use hdf5_sys::h5p::H5P_DEFAULT;
 use hdf5_sys::h5s::H5S_ALL;
 use hdf5_sys::h5t::{H5T_class_t, H5Tcreate, H5Tget_class, H5Tget_size, H5Tset_tag};
@@ -99,6 +103,49 @@ pub fn check_header(path: &Path, bytes: &[u8]) -> Result<usize> {
         }
     }
     Ok(base)
+}
+
+/// Opens (`create` false: read-only) or creates (truncating) an HDF5 file the way this crate needs it.
+///
+/// libhdf5 opens files without `O_CLOEXEC` and, from 1.10, takes a `flock` on them. A process started
+/// while a file is open (any thread's `Command::spawn` forks) inherits the descriptor, and with it the
+/// lock, until that process exits: the file stays locked after it is closed here, and the next open
+/// fails with "unable to lock file, errno = 11". So:
+///
+/// * the lock is not taken (`H5Pset_file_locking(false)`, libhdf5 1.10.7 and later). It guards against
+///   concurrent writers, which the crate's commit protocol excludes already: files are written under
+///   temporary names and renamed into place once complete, and PBG itself never rewrites a committed
+///   version;
+/// * the descriptor is made close-on-exec as soon as the file is open, so child processes do not keep
+///   the file open either (on a libhdf5 without the locking switch this leaves only the moment between
+///   libhdf5's `open` and this call).
+///
+/// The POSIX (sec2) driver is chosen explicitly: its handle is the descriptor.
+fn open_file(path: &Path, create: bool) -> Result<File> {
+    let mut builder = File::with_options();
+    builder.with_fapl(|fapl| {
+        #[cfg(hdf5_file_locking)]
+        fapl.file_locking(false);
+        fapl.sec2()
+    });
+    let file = if create { builder.create(path) } else { builder.open(path) }.map_err(|e| Error::hdf5(path, e))?;
+    let mut handle: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `file` is an open file id; H5Fget_vfd_handle only stores a pointer into the driver's state.
+    let rc = hdf5::sync::sync(|| unsafe { H5Fget_vfd_handle(file.id(), H5P_DEFAULT, &mut handle) });
+    if rc < 0 || handle.is_null() {
+        return Err(Error::hdf5(path, hdf5::Error::from("no POSIX file handle for an open HDF5 file")));
+    }
+    // SAFETY: for the sec2 driver (set above) the handle points to the file's descriptor, an `int` that
+    // lives as long as the file is open. fcntl with F_GETFD/F_SETFD only changes the descriptor's flags.
+    let set = unsafe {
+        let fd = *handle.cast::<libc::c_int>();
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) >= 0
+    };
+    if !set {
+        return Err(Error::io(path, std::io::Error::last_os_error()));
+    }
+    Ok(file)
 }
 
 fn core_err(path: &Path, e: ckpt_core::Error) -> Error {
@@ -214,7 +261,7 @@ impl Reader {
     pub fn open(path: &Path) -> Result<Reader> {
         let map = Buffer::map_file(path).map_err(|e| core_err(path, e))?;
         let base = check_header(path, map.as_bytes())?;
-        let file = File::open(path).map_err(|e| Error::hdf5(path, e))?;
+        let file = open_file(path, false)?;
         Ok(Reader { path: path.to_path_buf(), file, map, base })
     }
 
@@ -622,7 +669,7 @@ impl<'a> Writer<'a> {
     /// # Errors
     /// [`Error::Hdf5`] if the file cannot be created.
     pub fn create(path: &Path) -> Result<Writer<'a>> {
-        let file = File::create(path).map_err(|e| Error::hdf5(path, e))?;
+        let file = open_file(path, true)?;
         Ok(Writer { path: path.to_path_buf(), file: Some(file), raw: Vec::new() })
     }
 
@@ -858,5 +905,31 @@ mod tests {
         let all = r.datasets_below(&model).unwrap();
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].0, "relations/0/operator/rhs/real");
+    }
+
+    /// A child process started while a file is open (another thread spawning a program, as the test
+    /// harness does) must not keep the file locked after it is closed here: once `finish` returns, the file
+    /// opens again, and a file open for reading does not block a rewrite.
+    #[test]
+    fn a_child_process_started_meanwhile_does_not_keep_the_file_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.h5");
+        let t = Tensor::from_slice(&[1.0f32, 2.0], &[1, 2]).unwrap();
+        let sleeper = || std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut w = Writer::create(&path).unwrap();
+        let root = w.root().unwrap();
+        w.add_tensor(&root, "embeddings", &t).unwrap();
+        drop(root);
+        let mut child = sleeper(); // inherits whatever descriptor is not close-on-exec
+        w.finish().unwrap();
+        let opened = Reader::open(&path).map(|r| r.dataset("embeddings").is_ok());
+        let mut reader_child = sleeper();
+        let rewritten = opened.as_ref().ok().map(|_| Writer::create(&path).and_then(Writer::finish));
+        for c in [&mut child, &mut reader_child] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        assert!(matches!(opened, Ok(true)), "reopening after a write: {opened:?}");
+        assert!(matches!(rewritten, Some(Ok(()))), "rewriting a file a child saw open: {rewritten:?}");
     }
 }

@@ -11,14 +11,31 @@
 //!   model, config, stats, snapshots), with snapshot links that still resolve after a move.
 //! - [`Commit`]: write version `V+1`, commit, snapshot, drop `V` — PBG's protocol, crash-safe, parallel.
 //! - [`FileCheckpointStorage::verify`]: partial versions, missing or invalid partitions, counts.
-//! - [`Checkpoint`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
+//! - [`PbgReader`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
 //! - [`OptimizerState`] / [`StateDict`]: the `optimizer/state_dict` blobs, decoded and re-encoded through
 //!   ckpt-torch.
+//! - [`save`]: a new checkpoint from entries named as [`PbgReader`] names them (what another format keeps
+//!   of a PBG checkpoint), re-partitioned to the config's layout, optimizer state rebuilt where only its
+//!   tensors were kept.
+//! - [`ConfigFile`]: a config and where the paths it names resolve.
 //! - [`export_tsv`] (as `torchbiggraph_export_to_tsv`) and [`export_safetensors`].
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_pbg::PbgReader::open(fixture.as_ref())?;                 // the committed version, memory-mapped
+//! let users = ck.tensor("embeddings/user_id/0")?;                         // float32 [N, D]
+//! ckpt_pbg::save(&ck.entry_values(), &out, &ckpt_pbg::WriteOptions::default())?; // torchbiggraph resumes from it
+//! # assert_eq!(ckpt_pbg::PbgReader::open(&out)?.tensor("embeddings/user_id/0")?, users);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::Tensor;
-//! use ckpt_pbg::{Checkpoint, CommitOptions, EntityPartition, FileCheckpointStorage, Model, ModelParameter,
+//! use ckpt_pbg::{PbgReader, WriteOptions, EntityPartition, FileCheckpointStorage, Model, ModelParameter,
 //!     StateDict, OptimizerState};
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -33,9 +50,9 @@
 //! let real = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
 //! let param = ModelParameter::new("rhs_operators.0.real", real).unwrap();
 //! commit.model(Model { parameters: Some(vec![param]), ..Model::default() });
-//! commit.finish(&CommitOptions::default()).unwrap();
+//! commit.finish(&WriteOptions::default()).unwrap();
 //!
-//! let ckpt = Checkpoint::open(dir.path()).unwrap();
+//! let ckpt = PbgReader::open(dir.path()).unwrap();
 //! assert_eq!(ckpt.version(), 1);
 //! assert_eq!(ckpt.partition("user", 0).unwrap().data.len(), 3);
 //! assert!(ckpt.model().unwrap().get("relations/0/operator/rhs/real").is_some());
@@ -66,12 +83,13 @@ mod model;
 mod names;
 mod optimizer;
 mod partition;
+mod save;
 mod storage;
 mod verify;
 
-pub use checkpoint::{Checkpoint, PartitionEntry};
-pub use commit::{Commit, CommitOptions, CommitReport, VersionWrite};
-pub use config::{Config, EntityConfig, RelationConfig, python_json_dumps};
+pub use checkpoint::{PartitionEntry, PbgReader, ReadOptions};
+pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
+pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_dumps};
 pub use entity_path::EntityStorage;
 pub use error::{Error, Result};
 pub use export::{export_safetensors, export_tsv, write_entities_tsv, write_relation_types_tsv};
@@ -86,5 +104,6 @@ pub use optimizer::{OptimizerState, StateDict};
 pub use partition::{
     EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
 };
+pub use save::{SaveReport, save};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};
 pub use verify::VerifyReport;

@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use ckpt_core::{Buffer, Dict, DictKind, Tensor, Value};
-use ckpt_torch::{ReadOptions, TorchFile, WriteOptions, save_to_writer};
+use ckpt_torch::{ReadOptions, TorchReader, WriteOptions, save_to_writer};
 
 use crate::error::{Error, Result};
 
@@ -44,8 +44,8 @@ impl OptimizerState {
     /// # Errors
     /// [`Error::OptimizerBlob`] for anything torch could not load.
     pub fn decode_value(&self) -> Result<Value> {
-        TorchFile::from_buffer(&self.blob, &ReadOptions::default())
-            .map(TorchFile::into_value)
+        TorchReader::from_buffer(&self.blob, &ReadOptions::default())
+            .map(TorchReader::into_value)
             .map_err(|source| Error::OptimizerBlob { path: PathBuf::new(), source })
     }
 

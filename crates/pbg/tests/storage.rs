@@ -8,8 +8,8 @@ use std::path::Path;
 
 use ckpt_core::{DType, Tensor, Value};
 use ckpt_pbg::{
-    AttrValue, CommitOptions, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
-    OptimizerState, StateDict, VersionWrite, read_model_file, read_partition_file, write_model_file,
+    AttrValue, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
+    OptimizerState, StateDict, VersionWrite, WriteOptions, read_model_file, read_partition_file, write_model_file,
     write_partition_file,
 };
 use hdf5::plist::group_create::LinkCreationOrder;
@@ -60,7 +60,7 @@ fn commits_write_then_commit_then_drop() {
     c.partition("user", 1, partition(2, 2.0)).unwrap();
     c.partition("item", 0, partition(4, 3.0)).unwrap();
     c.model(Model::default());
-    let r = c.finish(&CommitOptions::default()).unwrap();
+    let r = c.finish(&WriteOptions::default()).unwrap();
     assert_eq!((r.previous, r.version, r.written.len()), (0, 1, 4));
     assert_eq!(storage.load_version().unwrap(), 1);
     let p = storage.load_entity_partition(1, "user", 0).unwrap();
@@ -72,7 +72,7 @@ fn commits_write_then_commit_then_drop() {
     let mut c = storage.begin_commit().unwrap();
     assert_eq!(c.next_metadata().unwrap().iteration().unwrap().edge_chunk_idx, 1);
     c.partition("user", 1, partition(2, 9.0)).unwrap();
-    let r = c.finish(&CommitOptions::default()).unwrap();
+    let r = c.finish(&WriteOptions::default()).unwrap();
     assert_eq!(r.written.len(), 1);
     assert_eq!(r.carried_over.len(), 3);
     assert_eq!(r.dropped.len(), 4);
@@ -94,7 +94,7 @@ fn commits_write_then_commit_then_drop() {
     // Version 3 with a snapshot, keeping v2 (as PBG keeps the checkpoint of a preserved epoch).
     let mut c = storage.begin_commit().unwrap();
     c.partition("item", 0, partition(4, 5.0)).unwrap();
-    let r = c.finish(&CommitOptions::default().preserve_old(true).snapshot_epoch(Some(1))).unwrap();
+    let r = c.finish(&WriteOptions::default().with_preserve_old(true).with_snapshot_epoch(Some(1))).unwrap();
     assert!(r.dropped.is_empty());
     let snap = r.snapshot.unwrap();
     let link = fs::read_link(snap.join("embeddings_item_0.v3.h5")).unwrap();
@@ -103,7 +103,7 @@ fn commits_write_then_commit_then_drop() {
     assert!(storage.verify(None).unwrap().stale.iter().any(|n| n.version() == Some(2)));
 
     // Version 4 drops v3's files except those the snapshot links to: here all of them.
-    let r = storage.begin_commit().unwrap().finish(&CommitOptions::default()).unwrap();
+    let r = storage.begin_commit().unwrap().finish(&WriteOptions::default()).unwrap();
     assert!(r.dropped.is_empty(), "{r:?}");
     assert_eq!(r.carried_over.len(), 4);
     // The snapshot still reads after moving the whole directory.
@@ -124,9 +124,9 @@ fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request()
     let a = storage.begin_commit().unwrap();
     let mut b = storage.begin_commit().unwrap();
     b.partition("x", 0, partition(1, 0.0)).unwrap();
-    b.finish(&CommitOptions::default().version_write(VersionWrite::InPlace)).unwrap();
+    b.finish(&WriteOptions::default().with_version_write(VersionWrite::InPlace)).unwrap();
     assert_eq!(fs::read_to_string(storage.version_file()).unwrap(), "1\n");
-    assert!(matches!(a.finish(&CommitOptions::default()), Err(Error::InvalidInput { .. })));
+    assert!(matches!(a.finish(&WriteOptions::default()), Err(Error::InvalidInput { .. })));
     assert_eq!(storage.load_version().unwrap(), 1);
 }
 
@@ -139,8 +139,8 @@ fn many_partitions_commit_in_parallel() {
     for p in 0..24u32 {
         c.partition("node", p, partition(100 + p as usize, p as f32)).unwrap();
     }
-    c.finish(&CommitOptions::default()).unwrap();
-    let ckpt = ckpt_pbg::Checkpoint::open(dir.path()).unwrap();
+    c.finish(&WriteOptions::default()).unwrap();
+    let ckpt = ckpt_pbg::PbgReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.partitions().len(), 24);
     for (i, p) in ckpt.partitions().iter().enumerate() {
         assert_eq!(p.partition as usize, i);
@@ -281,4 +281,115 @@ fn partitions_round_trip_including_empty_and_corrupt_blobs() {
     assert_eq!(back.embeddings, p.embeddings);
     assert!(matches!(back.optimizer.unwrap().decode(), Err(Error::OptimizerBlob { .. })));
     assert!(FileName::parse("e.h5").is_none());
+}
+
+/// The entries of a checkpoint as another format keeps them: every entry of `ckpt_pbg::PbgReader`, by name.
+fn entries_of(dir: &Path) -> Vec<(String, Value)> {
+    use ckpt_core::CheckpointRead;
+    let ck = ckpt_pbg::PbgReader::open(dir).unwrap();
+    ck.entries().into_iter().map(|e| (e.name.clone(), ck.value(&e.name).unwrap())).collect()
+}
+
+/// A committed two-entity checkpoint written with `CONFIG` (users in 2 partitions of 3 and 2 rows).
+fn small_checkpoint(dir: &Path) {
+    let storage = FileCheckpointStorage::new(dir);
+    storage.prepare().unwrap();
+    storage.save_config(CONFIG).unwrap();
+    let mut c = storage.begin_commit().unwrap();
+    c.partition("user", 0, partition(3, 1.0)).unwrap();
+    c.partition("user", 1, partition(2, 2.0)).unwrap();
+    c.partition("item", 0, partition(4, 3.0)).unwrap();
+    let op = ModelParameter::new("rhs_operators.0.translation", Tensor::zeros(DType::F32, &[4]).unwrap()).unwrap();
+    c.model(Model { parameters: Some(vec![op]), ..Model::default() });
+    c.finish(&WriteOptions::default()).unwrap();
+}
+
+#[test]
+fn save_from_entries_repartitions_and_keeps_rows_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    let entries = entries_of(&src);
+    let rows = |dir: &Path, entity: &str| -> (Vec<usize>, Vec<f32>, Vec<f32>) {
+        let ck = ckpt_pbg::PbgReader::open(dir).unwrap();
+        let parts: Vec<_> = ck.partitions().iter().filter(|p| p.entity == entity).collect();
+        let sizes = parts.iter().map(|p| p.data.len()).collect();
+        let embs = parts.iter().flat_map(|p| p.data.embeddings.to_vec::<f32>().unwrap()).collect();
+        let sums = parts.iter().flat_map(|p| p.optimizer.as_ref().unwrap().sum(0).unwrap().to_vec::<f32>().unwrap());
+        (sizes, embs, sums.collect())
+    };
+    // The same layout: a copy, every entry used.
+    let same = tmp.path().join("same");
+    let report = ckpt_pbg::save(&entries, &same, &WriteOptions::default()).unwrap();
+    assert_eq!((report.version, report.dropped.len()), (1, 0));
+    assert_eq!(rows(&same, "user"), rows(&src, "user"));
+    // Users in 3 partitions: 5 rows cut 2 + 2 + 1, rows and optimizer sums in order.
+    let config = ckpt_pbg::Config::parse(&CONFIG.replace("\"num_partitions\": 2", "\"num_partitions\": 3")).unwrap();
+    let three = tmp.path().join("three");
+    ckpt_pbg::save(&entries, &three, &WriteOptions::default().with_config(config)).unwrap();
+    let (sizes, embs, sums) = rows(&three, "user");
+    let (_, want_embs, want_sums) = rows(&src, "user");
+    assert_eq!((sizes, embs, sums), (vec![2, 2, 1], want_embs, want_sums));
+    // Names nested under `model` (an hfai checkpoint's), unknown names dropped.
+    let mut nested: Vec<(String, Value)> = entries.iter().map(|(n, v)| (format!("model.{n}"), v.clone())).collect();
+    nested.push(("epoch".into(), Value::Int(3)));
+    let n = tmp.path().join("nested");
+    let report = ckpt_pbg::save(&nested, &n, &WriteOptions::default()).unwrap();
+    assert_eq!(report.dropped, ["epoch"]);
+    assert_eq!(rows(&n, "user"), rows(&src, "user"));
+    // The target already holds a checkpoint.
+    assert!(matches!(ckpt_pbg::save(&entries, &same, &WriteOptions::default()), Err(Error::AlreadyExists { .. })));
+}
+
+#[test]
+fn save_rebuilds_optimizer_state_from_tensors_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    small_checkpoint(&src);
+    // Only the tensors, as a plain safetensors file keeps them, plus the config text.
+    let mut entries: Vec<(String, Value)> =
+        entries_of(&src).into_iter().filter(|(n, v)| v.as_tensor().is_some() || n == "config").collect();
+    let dst = tmp.path().join("dst");
+    ckpt_pbg::save(&entries, &dst, &WriteOptions::default()).unwrap();
+    let ck = ckpt_pbg::PbgReader::open(&dst).unwrap();
+    let lr = ck.config().unwrap().lr();
+    for p in ck.partitions() {
+        let sd = p.optimizer.as_ref().unwrap();
+        assert_eq!(sd.lr(0), Some(lr), "RowAdagrad with the config's lr");
+        assert_eq!(sd.sum(0).unwrap().shape(), [p.data.len()]);
+    }
+    // Without a config, or without anything PBG holds, or in another layout: refused before writing.
+    entries.retain(|(n, _)| n != "config");
+    let e = ckpt_pbg::save(&entries, &tmp.path().join("a"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoConfig), "{e}");
+    let none = [("w".to_owned(), Value::Int(1))];
+    let e = ckpt_pbg::save(&none, &tmp.path().join("b"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoEmbeddings), "{e}");
+    let dim8 = ckpt_pbg::Config::parse(&CONFIG.replace("\"dimension\": 4", "\"dimension\": 8")).unwrap();
+    let e = ckpt_pbg::save(&entries, &tmp.path().join("c"), &WriteOptions::default().with_config(dim8)).unwrap_err();
+    assert!(matches!(&e, Error::LayoutMismatch { reason } if reason.contains("[N, 8]")), "{e}");
+    assert!(["a", "b", "c"].iter().all(|d| !tmp.path().join(d).exists()));
+}
+
+#[test]
+fn config_paths_resolve_from_the_working_directory_then_where_training_ran() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    fs::create_dir_all(run.join("data")).unwrap();
+    // CONFIG names `entity_path` "data" and `checkpoint_path` "ckpt".
+    fs::write(run.join("config.json"), CONFIG).unwrap();
+    small_checkpoint(&run.join("ckpt"));
+    // A config file: paths against its directory (the working directory has no `data`).
+    let from_file = ckpt_pbg::ConfigFile::locate(&run.join("config.json")).unwrap();
+    assert_eq!(from_file.checkpoint_dir(), run.join("ckpt"));
+    assert_eq!(from_file.entity_path(), Some(run.join("data")));
+    // A checkpoint directory: its config.json, paths against the directory training ran in (its parent).
+    let from_dir = ckpt_pbg::ConfigFile::locate(&run.join("ckpt")).unwrap();
+    assert_eq!(from_dir.file(), run.join("ckpt/config.json"));
+    assert_eq!(from_dir.checkpoint_dir(), run.join("ckpt"));
+    assert_eq!(from_dir.entity_path(), Some(run.join("data")));
+    // Absolute paths are taken as they are.
+    let abs = tmp.path().join("elsewhere");
+    assert_eq!(from_dir.resolve(abs.to_str().unwrap()), abs);
+    assert!(matches!(ckpt_pbg::ConfigFile::locate(tmp.path()), Err(Error::CouldNotLoad { .. })));
 }

@@ -35,6 +35,16 @@ pub fn decode(data: &[u8]) -> Result<Value> {
 /// # Errors
 /// Any [`Error`] describing malformed input, unsupported features or exceeded limits.
 pub fn decode_with(data: &[u8], limits: &Limits) -> Result<(Value, usize)> {
+    match crate::build::build(data, limits, &mut crate::build::ValueBuilder) {
+        Ok(done) => Ok(done),
+        Err(crate::build::Declined) => decode_graph(data, limits),
+    }
+}
+
+/// The full decoder: runs the pickle into an arena graph, analyses it (cycles, depth, expanded size) and
+/// materialises it. Handles every pickle the single-pass decoder ([`crate::build`]) declines, and gives the
+/// precise error for bad input.
+pub(crate) fn decode_graph(data: &[u8], limits: &Limits) -> Result<(Value, usize)> {
     let mut vm = Vm::new(data, limits);
     let (root, stop_at) = vm.run()?;
     let value = vm.finish(root, stop_at)?;

@@ -61,7 +61,7 @@ impl EncodeOptions {
 
     /// Sets the sharing policy.
     #[must_use]
-    pub fn sharing(mut self, sharing: Sharing) -> Self {
+    pub fn with_sharing(mut self, sharing: Sharing) -> Self {
         self.sharing = sharing;
         self
     }

@@ -14,6 +14,12 @@
 //! which fail with [`Error::Unsupported`]. The memo has reference semantics (a container memoized before it is
 //! filled is seen filled by later GETs). Self-referential structures fail with [`Error::Recursive`].
 //!
+//! [`build::build`] runs the same opcodes in a single pass and hands every object to a [`build::Builder`], so
+//! a consumer that knows the classes it expects (a DCP `.metadata`, a `torch.save` `data.pkl`) builds its own
+//! compact structs directly, without a [`Value`] tree of the whole pickle; it declines the rare inputs that
+//! need the full decoder (which [`decode_with`] then runs, and which it runs itself first with a builder of
+//! [`Value`]s).
+//!
 //! # Security
 //! The decoder is meant for untrusted files. It never panics on any input, never recurses on file-controlled
 //! depth, checks every length against the remaining input before allocating, and bounds everything a hostile
@@ -39,6 +45,7 @@
 //! ```
 
 mod bigint;
+pub mod build;
 mod decode;
 mod encode;
 mod error;

@@ -26,7 +26,7 @@ enum Expect {
 
 /// Encodes `value` and compares with CPython's output; also checks that CPython's bytes decode to `value`.
 fn check(name: &str, protocol: u8, sharing: Sharing, value: Value, expect: Expect) {
-    let out = encode_with(&value, &EncodeOptions::new(protocol).sharing(sharing)).unwrap();
+    let out = encode_with(&value, &EncodeOptions::new(protocol).with_sharing(sharing)).unwrap();
     match expect {
         Expect::Hex(hex) => {
             let want = h(hex);
@@ -256,7 +256,7 @@ const TORCH_DATA_PKL: &str = "80027d710028580100000077710163746f7263682e5f757469
 
 #[test]
 fn torch_data_pkl_via_encode_with_string_sharing() {
-    let out = encode_with(&torch_like_value(), &EncodeOptions::new(2).sharing(Sharing::Strings)).unwrap();
+    let out = encode_with(&torch_like_value(), &EncodeOptions::new(2).with_sharing(Sharing::Strings)).unwrap();
     assert_eq!(out, h(TORCH_DATA_PKL));
     assert_eq!(decode(&out).unwrap(), torch_like_value());
 }

@@ -178,7 +178,7 @@ fn generated_values_round_trip() {
             let v = gen_value(&mut r, 1 + i % 5, g);
             let v = with_repeats(&mut r, v);
             let sharing = sharings[r.below(4)];
-            let out = encode_with(&v, &EncodeOptions::new(protocol).sharing(sharing)).unwrap();
+            let out = encode_with(&v, &EncodeOptions::new(protocol).with_sharing(sharing)).unwrap();
             assert_eq!(out[..2], [0x80, protocol]);
             let back = decode(&out).unwrap_or_else(|e| panic!("case {i} p{protocol} {sharing:?}: {e}\n{v:?}"));
             assert!(back.clone().desugar() == v, "case {i} p{protocol} {sharing:?}:\n{v:?}\n{back:?}");
@@ -200,7 +200,7 @@ fn structural_sharing_is_smaller_and_equal() {
     let v = Value::Dict(vec![(Value::str("x"), inner.clone()), (Value::str("y"), inner)]);
     for p in 2..=5 {
         let plain = encode(&v, p).unwrap();
-        let shared = encode_with(&v, &EncodeOptions::new(p).sharing(Sharing::Structural)).unwrap();
+        let shared = encode_with(&v, &EncodeOptions::new(p).with_sharing(Sharing::Structural)).unwrap();
         assert!(shared.len() <= plain.len());
         assert_eq!(decode(&shared).unwrap().desugar(), v);
     }
@@ -300,7 +300,7 @@ fn large_state_dict() {
     let sd = Value::from(
         Object::reduce(Value::global("collections", "OrderedDict"), Value::Tuple(vec![])).with_dict_items(entries),
     );
-    let data = encode_with(&sd, &EncodeOptions::new(2).sharing(Sharing::Strings)).unwrap();
+    let data = encode_with(&sd, &EncodeOptions::new(2).with_sharing(Sharing::Strings)).unwrap();
     let t = Instant::now();
     let back = decode(&data).unwrap();
     let elapsed = t.elapsed();

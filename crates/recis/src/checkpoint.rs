@@ -4,7 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves};
+use ckpt_core::{
+    CheckpointRead, Dict, DictKind, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves,
+};
+
+use ckpt_torch::ReadOptions;
 
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
 use crate::error::{Error, Result};
@@ -19,7 +23,7 @@ use crate::reader::SparseCheckpoint;
 /// * `model.pt`'s leaves under their state-dict keys (the model's dense parameters and buffers);
 /// * `extra.pt`'s leaves under `extra/<key>`, and shard s's io state under `io_state_<s>/<key>`.
 #[derive(Debug, Clone)]
-pub struct Checkpoint {
+pub struct RecisReader {
     dir: PathBuf,
     sparse: SparseCheckpoint,
     model: Option<Value>,
@@ -31,14 +35,25 @@ pub struct Checkpoint {
     leaf_index: OnceLock<Vec<Option<LeafIndex>>>,
 }
 
-impl Checkpoint {
+impl RecisReader {
     /// Opens a checkpoint directory: the sparse part (if it has an `index`), `model.pt`, `extra.pt` and
-    /// every `io_state_<s>.pt`.
+    /// every `io_state_<s>.pt`. An output root with a `checkpoint` list opens its latest checkpoint
+    /// ([`checkpoint_dir`](crate::checkpoint_dir) has the rule).
     ///
     /// # Errors
     /// [`Error::MissingFile`] if the directory has none of `index`, `model.pt`, `extra.pt`; the errors of
-    /// [`SparseCheckpoint::open`] and of the torch reader.
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// [`crate::checkpoint_dir`], of [`SparseCheckpoint::open`] and of the torch reader.
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, &ReadOptions::default())
+    }
+
+    /// [`RecisReader::open`], reading the `torch.save` files (`model.pt`, `extra.pt`, io states) with
+    /// `options` (CRC verification, pickle limits).
+    ///
+    /// # Errors
+    /// As [`RecisReader::open`].
+    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+        let dir = &crate::manager::checkpoint_dir(path)?;
         let has = |f: &str| dir.join(f).is_file();
         if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
             return Err(Error::MissingFile {
@@ -47,8 +62,8 @@ impl Checkpoint {
             });
         }
         let sparse = if has(INDEX_FILE) { SparseCheckpoint::open(dir)? } else { SparseCheckpoint::empty(dir) };
-        let model = crate::dense::read_model(dir)?;
-        let extra = crate::dense::read_extra(dir)?;
+        let model = crate::dense::read_torch(&dir.join(MODEL_FILE), options)?;
+        let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), options)?;
         let mut io_states = Vec::new();
         let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
         for entry in listing {
@@ -62,12 +77,12 @@ impl Checkpoint {
             else {
                 continue;
             };
-            let value = ckpt_torch::TorchFile::open(&entry.path())?.into_value();
+            let value = ckpt_torch::TorchReader::open_with(&entry.path(), options)?.into_value();
             io_states.push((shard, value));
         }
         io_states.sort_by_key(|(s, _)| *s);
         let io_state_count = if has(IO_STATE_COUNT_FILE) { read_io_state_count(dir)? } else { None };
-        Ok(Checkpoint { dir: dir.into(), sparse, model, extra, io_states, io_state_count, leaf_index: OnceLock::new() })
+        Ok(RecisReader { dir: dir.into(), sparse, model, extra, io_states, io_state_count, leaf_index: OnceLock::new() })
     }
 
     /// The directory.
@@ -105,6 +120,35 @@ impl Checkpoint {
         self.io_state_count
     }
 
+    /// The checkpoint as one nested state dict: `{"sparse": {<tensor name>: tensor}, "model": <model.pt>,
+    /// "extra": <extra.pt>, "io_state_<s>": <io_state_<s>.pt>}`, parts the directory lacks left out.
+    /// `sparse` holds the serializer's tensors under their names (`tbl@id`, `tbl@embedding`, dense names), read
+    /// whole. This is the RecIS-shaped state dict [`crate::save`] writes back as a checkpoint.
+    ///
+    /// # Errors
+    /// As [`SparseCheckpoint::read_tensor`].
+    pub fn state_dict(&self) -> Result<Value> {
+        let mut tree = Dict::new(DictKind::Dict);
+        let names = self.sparse.tensor_names();
+        if !names.is_empty() {
+            let mut part = Dict::new(DictKind::Dict);
+            for name in names {
+                part.insert(name, Value::Tensor(self.sparse.read_tensor(name)?));
+            }
+            tree.insert("sparse", Value::Dict(part));
+        }
+        if let Some(m) = &self.model {
+            tree.insert("model", m.clone());
+        }
+        if let Some(e) = &self.extra {
+            tree.insert("extra", e.clone());
+        }
+        for (s, v) in &self.io_states {
+            tree.insert(format!("io_state_{s}"), v.clone());
+        }
+        Ok(Value::Dict(tree))
+    }
+
     /// The torch-file parts, each with the prefix of its entry names.
     fn torch_parts(&self) -> Vec<(String, &Value)> {
         let mut out = Vec::new();
@@ -135,7 +179,7 @@ impl Checkpoint {
     }
 }
 
-impl CheckpointRead for Checkpoint {
+impl CheckpointRead for RecisReader {
     fn format_name(&self) -> &'static str {
         "recis"
     }

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use ckpt_core::Value;
-use ckpt_torch::TorchFile;
+use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::error::{Error, Result};
 use crate::name::Shard;
@@ -32,14 +32,19 @@ pub fn io_state_file(shard: usize) -> String {
 }
 
 fn save(value: &Value, path: &Path) -> Result<()> {
-    Ok(ckpt_torch::save(value, path)?)
+    Ok(ckpt_torch::save(value, path, &ckpt_torch::WriteOptions::default())?)
 }
 
-fn load(path: &Path) -> Result<Option<Value>> {
+/// The value of the `torch.save` file at `path`, if it exists.
+pub(crate) fn read_torch(path: &Path, options: &ReadOptions) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    Ok(Some(TorchFile::open(path)?.into_value()))
+    Ok(Some(TorchReader::open_with(path, options)?.into_value()))
+}
+
+fn load(path: &Path) -> Result<Option<Value>> {
+    read_torch(path, &ReadOptions::default())
 }
 
 /// Writes `model.pt` (a `torch.save` file `torch.load(weights_only=True)` reads).

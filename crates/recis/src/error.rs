@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use ckpt_core::Fault;
+
 /// What went wrong reading, writing or resharding a RecIS checkpoint.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -280,6 +282,12 @@ pub enum Error {
         /// Its dtype.
         dtype: ckpt_core::DType,
     },
+    /// A state dict given to [`crate::save`] that cannot be laid out as a RecIS checkpoint.
+    #[error("{reason}")]
+    StateDict {
+        /// Why.
+        reason: String,
+    },
     /// An argument is out of range (`parallel` 0, a shard index not below the shard count, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -334,22 +342,31 @@ impl Error {
 /// `Result` with the RecIS codec's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Converts to the core error at the facade boundary, keeping who is at fault.
+impl Error {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. } => Fault::Io,
+            Error::Core(c) => c.fault(),
+            Error::Torch(t) => t.fault(),
+            Error::NotFound { .. }
+            | Error::InvalidArgument(_)
+            | Error::BadName { .. }
+            | Error::BadCheckpointId { .. }
+            | Error::StateDict { .. } => Fault::InvalidArgument,
+            Error::UnsupportedDtype { .. } | Error::LegacyIndex { .. } => Fault::Unsupported,
+            Error::HeaderTooLarge { .. } => Fault::Limit,
+            _ => Fault::Malformed,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
 impl From<Error> for ckpt_core::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-            Error::Torch(t) => ckpt_torch::to_core(t),
-            e @ (Error::NotFound { .. }
-            | Error::InvalidArgument(_)
-            | Error::BadName { .. }
-            | Error::BadCheckpointId { .. }) => ckpt_core::Error::InvalidArgument(e.to_string()),
-            e @ (Error::UnsupportedDtype { .. } | Error::LegacyIndex { .. }) => {
-                ckpt_core::Error::Unsupported(e.to_string())
-            }
-            e @ Error::HeaderTooLarge { .. } => ckpt_core::Error::Limit(e.to_string()),
-            e => ckpt_core::Error::Malformed(e.to_string()),
+            e => ckpt_core::Error::format(e.fault(), e),
         }
     }
 }

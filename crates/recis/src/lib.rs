@@ -3,30 +3,46 @@
 //!
 //! A RecIS checkpoint directory holds:
 //!
-//! | file | module | what |
+//! | file | type | what |
 //! |---|---|---|
-//! | `model-XXXXXX-of-YYYYYY.safetensors` | [`data_file`] | hash-table blocks (ids, embedding and optimizer slots) and sparse-side dense tensors |
-//! | `index` | [`index`] | block key → data file |
-//! | `tensorkey.json` | [`tensorkey`] | part name → internal block name (`child@slot^begin@end@size`) |
-//! | `torch_rank_weights_embs_table_multi_shard.json` | [`torch_rank`] | informational summary |
-//! | `model.pt`, `extra.pt`, `io_state_<s>.pt`, `io_state_count` | [`dense`] | torch.save state, through `ckpt-torch` |
+//! | `model-XXXXXX-of-YYYYYY.safetensors` | [`DataFile`] | hash-table blocks (ids, embedding and optimizer slots) and sparse-side dense tensors |
+//! | `index` | [`Index`] | block key → data file |
+//! | `tensorkey.json` | [`TensorKey`] | part name → internal block name (`child@slot^begin@end@size`) |
+//! | `torch_rank_weights_embs_table_multi_shard.json` | [`RankEntry`] | informational summary |
+//! | `model.pt`, `extra.pt`, `io_state_<s>.pt`, `io_state_count` | [`read_model`], [`write_model`], ... | torch.save state, through `ckpt-torch` |
 //!
 //! and its parent directory a `checkpoint` list ([`CheckpointManager`]).
 //!
 //! * Reading: [`SparseCheckpoint`] (the serializer's part, validated as a whole before anything is handed
-//!   out, tensors zero-copy) and [`Checkpoint`] (the whole directory, a [`ckpt_core::CheckpointRead`]).
+//!   out, tensors zero-copy) and [`RecisReader`] (the whole directory, a [`ckpt_core::CheckpointRead`]).
 //!   A table comes back as a [`TableChild`]: ids plus one row per slot, with O(1) look-up by id.
-//! * Writing: [`save`] / [`save_tables`] (one call per rank through a [`ckpt_core::Collective`]; shard 0
+//! * Writing: [`save_blocks`] / [`save_tables`] (one call per rank through a [`ckpt_core::Collective`]; shard 0
 //!   merges), or [`write_shard_files`] + [`write_meta`]. For the same blocks in the same order the data
 //!   files, `index` and `tensorkey.json` are byte-identical to RecIS's.
-//! * [`reshard()`]: any shard count into any other, keeping id `x` in the shard whose slice holds
+//! * [`reshard`] / [`reshard_sparse`]: any shard count into any other, keeping id `x` in the shard whose slice holds
 //!   `(x as u64) % slice_size` ([`IdPartition`] explains negative ids).
 //! * [`CheckpointManager`]: `ckpt_<step>` directories, the `checkpoint` list, `max_keep` rotation read from
-//!   disk, atomic commits.
+//!   disk, atomic commits. Every function taking a path to read accepts an output root for its latest
+//!   checkpoint ([`checkpoint_dir`] has the rule).
+//! * [`save`]: any state dict laid out as RecIS lays out a checkpoint (tables, `model.pt`, `extra.pt`);
+//!   [`verify`]: the `torch.save` files' CRC-32s.
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_recis::RecisReader::open(fixture.as_ref())?;             // RecIS's own 2-shard checkpoint
+//! let ids = ck.tensor("tbl@id")?;                                         // the table's ids, slices concatenated
+//! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_shards(3))?; // 3 shards
+//! # assert_eq!(ckpt_recis::RecisReader::open(&out)?.sparse().child("tbl")?.len(), ids.numel());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ```
 //! use ckpt_core::{SingleProcess, Tensor};
-//! use ckpt_recis::{HashTable, SaveOptions, SliceInfo, Slot, SparseCheckpoint, TableChild, save_tables};
+//! use ckpt_recis::{HashTable, WriteOptions, SliceInfo, Slot, SparseCheckpoint, TableChild, save_tables};
 //! let dir = tempfile::tempdir().unwrap();
 //! let emb = Tensor::from_slice(&[5.0f32, 5.5, 1.0, 1.5], &[2, 2]).unwrap();
 //! let adam = Tensor::from_slice(&[0.1f32, 0.1, 0.2, 0.2], &[2, 2]).unwrap();
@@ -38,7 +54,7 @@
 //! .unwrap();
 //! let tables = [HashTable::single(SliceInfo::full(65536).unwrap(), tbl)];
 //! let step = ("sparse_adamw_step".to_string(), Tensor::from_slice(&[42i64], &[1]).unwrap());
-//! save_tables(dir.path(), &SingleProcess, &tables, &[step], &SaveOptions::default()).unwrap();
+//! save_tables(&tables, &[step], dir.path(), &WriteOptions::default(), &SingleProcess).unwrap();
 //!
 //! let ckpt = SparseCheckpoint::open(dir.path()).unwrap();
 //! assert_eq!(ckpt.tensor_names(), ["tbl@id", "tbl@embedding", "tbl@sparse_adamw_exp_avg", "sparse_adamw_step"]);
@@ -53,31 +69,45 @@
 //! file names in `index` must be plain names inside the directory, row counts against id counts. Errors say
 //! which file and block broke which rule ([`Error`]).
 
-pub mod checkpoint;
-pub mod data_file;
-pub mod dense;
-pub mod dtype;
+mod checkpoint;
+mod data_file;
+mod dense;
+mod dtype;
 mod error;
-pub mod index;
-pub mod manager;
-pub mod name;
-pub mod reader;
-pub mod reshard;
-pub mod table;
-pub mod tensorkey;
-pub mod torch_rank;
-pub mod writer;
+mod index;
+mod manager;
+mod name;
+mod reader;
+mod reshard;
+mod state_dict;
+mod table;
+mod tensorkey;
+mod torch_rank;
+mod verify;
+mod writer;
 
-pub use checkpoint::Checkpoint;
-pub use data_file::DataFile;
+pub use checkpoint::RecisReader;
+pub use ckpt_torch::ReadOptions;
+pub use data_file::{DataFile, HeaderEntry, MAX_HEADER_LEN, header_json, header_prefix, write as write_data_file};
+pub use dense::{
+    EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, read_extra, read_io_state, read_io_state_count,
+    read_model, write_extra, write_io_state, write_io_state_count, write_model,
+};
 pub use error::{Error, Result};
-pub use index::Index;
-pub use manager::{CheckpointManager, ShardState, checkpoint_id, checkpoint_step};
-pub use name::{BlockSlice, DEFAULT_SLICE_SIZE, IdPartition, Shard, SliceInfo, gen_slice};
+pub use index::{INDEX_FILE, Index};
+pub use manager::{CHECKPOINT_LIST, CheckpointManager, ShardState, checkpoint_dir, checkpoint_id, checkpoint_step};
+pub use name::{
+    BlockSlice, DEFAULT_SLICE_SIZE, DENSE_SLICE, EMBEDDING_SLOT, ID_SLOT, IdPartition, Shard, SliceInfo, block_name,
+    data_file_name, dense_key, gen_slice, parse_block_name, parse_data_file_name, part_name, part_shard,
+    slot_tensor_name, split_tensor_name,
+};
 pub use reader::{BlockRecord, SparseCheckpoint};
-pub use reshard::{ReshardOptions, load_shard, reshard, reshard_dir, write_sharded};
-pub use table::{HashTable, Slot, TableChild, coalesce};
-pub use tensorkey::TensorKey;
+pub use reshard::{ReshardOptions, load_shard, reshard, reshard_sparse, write_sharded};
+pub use state_dict::{SaveReport, save};
+pub use table::{HashTable, ID_BITS, ID_MASK, MAX_CHILDREN, Slot, TableChild, coalesce, decode_id, encode_id};
+pub use tensorkey::{TENSORKEY_FILE, TensorKey};
+pub use torch_rank::{RankEntry, TORCH_RANK_FILE};
+pub use verify::{VerifyReport, verify};
 pub use writer::{
-    Block, SaveOptions, ShardMeta, save, save_tables, shard_blocks, table_blocks, write_meta, write_shard_files,
+    Block, ShardMeta, WriteOptions, save_blocks, save_tables, shard_blocks, table_blocks, write_meta, write_shard_files,
 };

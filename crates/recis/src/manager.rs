@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 
 use ckpt_core::{Collective, Tensor, Value};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::RecisReader;
 use crate::dense;
 use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::table::HashTable;
-use crate::writer::{SaveOptions, ShardMeta, exchange, shard_blocks, write_meta, write_shard_files, write_text};
+use crate::writer::{ShardMeta, WriteOptions, exchange, shard_blocks, write_meta, write_shard_files, write_text};
 
 /// The name of the list file.
 pub const CHECKPOINT_LIST: &str = "checkpoint";
@@ -34,6 +34,35 @@ pub fn checkpoint_id(step: i64) -> String {
 /// The global step of a `ckpt_<step>` id.
 pub fn checkpoint_step(id: &str) -> Option<i64> {
     id.strip_prefix("ckpt_")?.parse().ok()
+}
+
+/// The checkpoint directory `path` names, by one rule used wherever ckpt-recis takes a path to read
+/// ([`RecisReader::open`], [`crate::reshard`], [`crate::verify`]):
+///
+/// * a directory holding a `checkpoint` list and no `index` of its own is an output root of RecIS's
+///   checkpoint manager (`output_dir`), and names its latest listed checkpoint, `<root>/<last id>`, which is
+///   what RecIS's manager loads;
+/// * any other path names itself (a checkpoint directory `<root>/ckpt_<step>`).
+///
+/// ```
+/// let root = tempfile::tempdir().unwrap();
+/// std::fs::write(root.path().join("checkpoint"), "ckpt_100\nckpt_200\n").unwrap();
+/// assert_eq!(ckpt_recis::checkpoint_dir(root.path()).unwrap(), root.path().join("ckpt_200"));
+/// let dir = root.path().join("ckpt_100");
+/// assert_eq!(ckpt_recis::checkpoint_dir(&dir).unwrap(), dir);
+/// ```
+///
+/// # Errors
+/// [`Error::NoCheckpoint`] for a root whose list names no checkpoint; [`Error::BadCheckpointId`] for a
+/// latest id that is not a plain directory name; [`Error::Io`] reading the list.
+pub fn checkpoint_dir(path: &Path) -> Result<PathBuf> {
+    let is_root = path.join(CHECKPOINT_LIST).is_file() && !path.join(crate::index::INDEX_FILE).is_file();
+    if !is_root {
+        return Ok(path.to_path_buf());
+    }
+    let manager = CheckpointManager::new(path);
+    let id = manager.latest()?.ok_or_else(|| Error::NoCheckpoint { path: path.join(CHECKPOINT_LIST) })?;
+    manager.path_of(&id)
 }
 
 /// What one shard saves: its hash tables, the sparse-side dense tensors (optimizer scalars; written by
@@ -63,7 +92,7 @@ pub struct ShardState {
 /// let child = TableChild::new("user", vec![7, 9], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
 /// let state = ShardState { tables: vec![HashTable::single(SliceInfo::full(65536).unwrap(), child)], ..Default::default() };
 /// for step in [100, 200, 300] {
-///     manager.save(&checkpoint_id(step), &SingleProcess, &state).unwrap();
+///     manager.save(&state, &checkpoint_id(step), &SingleProcess).unwrap();
 /// }
 /// assert_eq!(manager.list().unwrap(), ["ckpt_200", "ckpt_300"]);
 /// let latest = manager.open_latest().unwrap();
@@ -73,23 +102,29 @@ pub struct ShardState {
 pub struct CheckpointManager {
     root: PathBuf,
     max_keep: Option<NonZeroUsize>,
-    options: SaveOptions,
+    options: WriteOptions,
 }
 
 impl CheckpointManager {
     /// The output directory `root`, keeping the latest checkpoint only (RecIS's default `max_keep=1`).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        CheckpointManager { root: root.into(), max_keep: NonZeroUsize::new(1), options: SaveOptions::default() }
+    pub fn new(root: impl AsRef<Path>) -> Self {
+        CheckpointManager {
+            root: root.as_ref().to_path_buf(),
+            max_keep: NonZeroUsize::new(1),
+            options: WriteOptions::default(),
+        }
     }
 
     /// Keeps the latest `max_keep` checkpoints; 0 keeps every checkpoint.
+    #[must_use]
     pub fn with_max_keep(mut self, max_keep: usize) -> Self {
         self.max_keep = NonZeroUsize::new(max_keep);
         self
     }
 
     /// Saves with `options` (data files per shard, torch-rank JSON).
-    pub fn with_save_options(mut self, options: SaveOptions) -> Self {
+    #[must_use]
+    pub fn with_write_options(mut self, options: WriteOptions) -> Self {
         self.options = options;
         self
     }
@@ -138,16 +173,16 @@ impl CheckpointManager {
     /// Opens checkpoint `id` (listed or not, as RecIS's `load(ckpt_id=…)`).
     ///
     /// # Errors
-    /// [`Error::BadCheckpointId`], and the errors of [`Checkpoint::open`].
-    pub fn open(&self, id: &str) -> Result<Checkpoint> {
-        Checkpoint::open(&self.path_of(id)?)
+    /// [`Error::BadCheckpointId`], and the errors of [`RecisReader::open`].
+    pub fn open(&self, id: &str) -> Result<RecisReader> {
+        RecisReader::open(&self.path_of(id)?)
     }
 
     /// Opens the latest listed checkpoint.
     ///
     /// # Errors
     /// [`Error::NoCheckpoint`] when none is listed; as [`CheckpointManager::open`].
-    pub fn open_latest(&self) -> Result<Checkpoint> {
+    pub fn open_latest(&self) -> Result<RecisReader> {
         let id = self.latest()?.ok_or_else(|| Error::NoCheckpoint { path: self.root.join(CHECKPOINT_LIST) })?;
         self.open(&id)
     }
@@ -163,7 +198,7 @@ impl CheckpointManager {
     ///
     /// # Errors
     /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed.
-    pub fn save<C: Collective + ?Sized>(&self, id: &str, collective: &C, state: &ShardState) -> Result<PathBuf> {
+    pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
         check_id(id)?;
         let final_dir = self.root.join(id);
         let staging = self.root.join(format!(".{id}.tmp"));

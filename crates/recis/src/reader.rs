@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
 use ckpt_core::{DType, Tensor};
+use rayon::prelude::*;
 
 use crate::data_file::DataFile;
 use crate::error::{Error, Result};
@@ -94,7 +95,7 @@ impl SparseCheckpoint {
         let tensorkey = TensorKey::parse(&tk_bytes, &tk_path)?;
         let index = Index::parse(&index_bytes, &index_path)?;
         let names = index.file_names()?;
-        let mut files = BTreeMap::new();
+        let mut paths = Vec::with_capacity(names.len());
         for (&id, &name) in &names {
             if !is_plain_file_name(name) {
                 return Err(Error::BadIndex {
@@ -106,7 +107,14 @@ impl SparseCheckpoint {
             if !path.is_file() {
                 return Err(Error::MissingDataFile { index: index_path, file: name.into(), file_id: id });
             }
-            files.insert(id, DataFile::open(&path)?);
+            paths.push((id, path));
+        }
+        // The data files are mapped and their headers checked in parallel; the first failure in file order
+        // is reported, as a sequential open would.
+        let opened: Vec<Result<DataFile>> = paths.par_iter().map(|(_, path)| DataFile::open(path)).collect();
+        let mut files = BTreeMap::new();
+        for ((id, _), file) in paths.into_iter().zip(opened) {
+            files.insert(id, file?);
         }
         Self::build(dir.into(), index, tensorkey, files)
     }

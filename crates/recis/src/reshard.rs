@@ -15,28 +15,30 @@ use crate::error::{Error, Result};
 use crate::name::{IdPartition, Shard, gen_slice};
 use crate::reader::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
-use crate::writer::{SaveOptions, shard_blocks, write_meta, write_shard_files};
+use crate::writer::{WriteOptions, shard_blocks, write_meta, write_shard_files};
 
 /// Options of a reshard.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReshardOptions {
     /// How the new shards are written.
-    pub save: SaveOptions,
+    pub write: WriteOptions,
     /// The partition rule deciding which new shard holds an id.
     pub partition: IdPartition,
 }
 
 impl ReshardOptions {
-    /// Default options with `partition`.
+    /// These options with `partition`.
+    #[must_use]
     pub fn with_partition(mut self, partition: IdPartition) -> Self {
         self.partition = partition;
         self
     }
 
-    /// Default options with `save`.
-    pub fn with_save(mut self, save: SaveOptions) -> Self {
-        self.save = save;
+    /// These options with `write` as the write options.
+    #[must_use]
+    pub fn with_write(mut self, write: WriteOptions) -> Self {
+        self.write = write;
         self
     }
 }
@@ -63,7 +65,7 @@ pub fn load_shard(src: &SparseCheckpoint, shard: Shard, partition: IdPartition) 
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_shard_files`].
-pub fn reshard(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+pub fn reshard_sparse(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
     if shards == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
@@ -75,10 +77,10 @@ pub fn reshard(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &Resh
             let shard = Shard::new(r, shards)?;
             let tables = load_shard(src, shard, options.partition)?;
             let blocks = shard_blocks(&tables, &dense, shard)?;
-            write_shard_files(dst, shard, options.save.parallel, &blocks)
+            write_shard_files(dst, shard, options.write.parallel, &blocks)
         })
         .collect::<Result<Vec<_>>>()?;
-    write_meta(dst, &metas, &options.save)
+    write_meta(dst, &metas, &options.write)
 }
 
 /// Writes whole tables (each child with its `slice_size`) and dense tensors into `dst` (an existing,
@@ -124,26 +126,28 @@ pub fn write_sharded(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let blocks = shard_blocks(&parts, dense, shard)?;
-            write_shard_files(dst, shard, options.save.parallel, &blocks)
+            write_shard_files(dst, shard, options.write.parallel, &blocks)
         })
         .collect::<Result<Vec<_>>>()?;
-    write_meta(dst, &metas, &options.save)
+    write_meta(dst, &metas, &options.write)
 }
 
-/// Reshards a whole checkpoint directory: the sparse part with [`reshard`], and `model.pt` and `extra.pt`
+/// Reshards a whole checkpoint directory: the sparse part with [`reshard_sparse`], and `model.pt` and `extra.pt`
 /// copied unchanged (atomically). Io states are not copied: they belong to the old workers, and RecIS
-/// refuses to load them with another worker count.
+/// refuses to load them with another worker count. `src` may be an output root: its latest checkpoint is
+/// resharded ([`crate::checkpoint_dir`]).
 ///
 /// # Errors
-/// As [`reshard`], plus [`Error::Io`].
-pub fn reshard_dir(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+/// As [`reshard_sparse`] and [`crate::checkpoint_dir`], plus [`Error::Io`].
+pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+    let src = &crate::manager::checkpoint_dir(src)?;
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
     let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
         SparseCheckpoint::open(src)?
     } else {
         SparseCheckpoint::empty(src)
     };
-    reshard(&sparse, dst, shards, options)?;
+    reshard_sparse(&sparse, dst, shards, options)?;
     for f in [crate::dense::MODEL_FILE, crate::dense::EXTRA_FILE] {
         let from = src.join(f);
         if from.is_file() {

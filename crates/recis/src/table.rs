@@ -28,7 +28,7 @@ pub const MAX_CHILDREN: usize = (1 << (64 - ID_BITS)) - 2;
 /// (`ChildrenInfo::EncodeId`). The id's own top 12 bits are lost, as in RecIS.
 ///
 /// ```
-/// use ckpt_recis::table::{decode_id, encode_id};
+/// use ckpt_recis::{decode_id, encode_id};
 /// let e = encode_id(9, 1);
 /// assert_eq!(e, (1 << 52) + 9);
 /// assert_eq!(decode_id(e), (1, 9));

@@ -21,41 +21,63 @@ use crate::dtype;
 use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
-    BlockSlice, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key, part_name,
-    slot_tensor_name, split_tensor_name,
+    BlockSlice, DEFAULT_SLICE_SIZE, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key,
+    part_name, slot_tensor_name, split_tensor_name,
 };
 use crate::table::HashTable;
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
 use crate::torch_rank::{self, RankEntry, TORCH_RANK_FILE};
 
-/// Options of a save.
+/// Options for writing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct SaveOptions {
+pub struct WriteOptions {
     /// Data files per shard (RecIS's `parallel` / `concurrency`); blocks are dealt to them round robin and
     /// they are written in parallel. Default 4, as RecIS's checkpoint manager.
     pub parallel: usize,
     /// Also write `torch_rank_weights_embs_table_multi_shard.json` (informational; RecIS never reads it).
     /// Default `true`.
     pub torch_rank_json: bool,
+    /// [`crate::save`]: the number of shards to write, as many as RecIS workers (default 1). A save through
+    /// a collective writes one shard per rank and ignores this.
+    pub shards: usize,
+    /// [`crate::save`]: the id key space (`slice_size`) of every hash table it builds (default
+    /// [`DEFAULT_SLICE_SIZE`], RecIS's).
+    pub slice_size: u32,
 }
 
-impl Default for SaveOptions {
+impl Default for WriteOptions {
     fn default() -> Self {
-        SaveOptions { parallel: 4, torch_rank_json: true }
+        WriteOptions { parallel: 4, torch_rank_json: true, shards: 1, slice_size: DEFAULT_SLICE_SIZE }
     }
 }
 
-impl SaveOptions {
-    /// Default options with `parallel` data files per shard.
+impl WriteOptions {
+    /// These options with `parallel` data files per shard.
+    #[must_use]
     pub fn with_parallel(mut self, parallel: usize) -> Self {
         self.parallel = parallel;
         self
     }
 
-    /// Default options, writing the torch-rank JSON or not.
+    /// These options, writing the torch-rank JSON or not.
+    #[must_use]
     pub fn with_torch_rank_json(mut self, write: bool) -> Self {
         self.torch_rank_json = write;
+        self
+    }
+
+    /// These options with `shards` shards ([`crate::save`]).
+    #[must_use]
+    pub fn with_shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// These options with `slice_size` as every built table's id key space ([`crate::save`]).
+    #[must_use]
+    pub fn with_slice_size(mut self, slice_size: u32) -> Self {
+        self.slice_size = slice_size;
         self
     }
 }
@@ -359,7 +381,7 @@ fn check_tables(blocks: &[Block]) -> Result<()> {
 /// # Errors
 /// [`Error::BadShardMeta`] unless `metas` are shards `0..n` of `n`, in order; [`Error::DuplicateBlock`] if
 /// two shards wrote one block or one table slice; [`Error::Io`].
-pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &SaveOptions) -> Result<()> {
+pub fn write_meta(dir: &Path, metas: &[ShardMeta], options: &WriteOptions) -> Result<()> {
     let n = metas.len();
     for (i, m) in metas.iter().enumerate() {
         if m.shard.index() != i || m.shard.num() != n {
@@ -403,7 +425,12 @@ pub(crate) fn write_text(path: &Path, text: &str) -> Result<()> {
 ///
 /// # Errors
 /// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed.
-pub fn save<C: Collective + ?Sized>(dir: &Path, collective: &C, blocks: &[Block], options: &SaveOptions) -> Result<()> {
+pub fn save_blocks<C: Collective + ?Sized>(
+    blocks: &[Block],
+    dir: &Path,
+    options: &WriteOptions,
+    collective: &C,
+) -> Result<()> {
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
         write_shard_files(dir, shard, options.parallel, &blocks)
@@ -411,16 +438,16 @@ pub fn save<C: Collective + ?Sized>(dir: &Path, collective: &C, blocks: &[Block]
     exchange(collective, local, |metas| write_meta(dir, &metas, options))
 }
 
-/// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save`].
+/// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save_blocks`].
 ///
 /// # Errors
-/// As [`save`].
+/// As [`save_blocks`].
 pub fn save_tables<C: Collective + ?Sized>(
-    dir: &Path,
-    collective: &C,
     tables: &[HashTable],
     dense: &[(String, Tensor)],
-    options: &SaveOptions,
+    dir: &Path,
+    options: &WriteOptions,
+    collective: &C,
 ) -> Result<()> {
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks = shard_blocks(tables, dense, shard)?;

@@ -8,11 +8,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_core::{CheckpointRead, Collective, DType, EntryKind, SingleProcess, Tensor, ThreadGroup, Value};
-use ckpt_recis::data_file;
 use ckpt_recis::{
-    Block, Checkpoint, CheckpointManager, Error, HashTable, IdPartition, Index, ReshardOptions, SaveOptions, Shard,
-    ShardState, SliceInfo, Slot, SparseCheckpoint, TableChild, TensorKey, checkpoint_id, gen_slice, load_shard,
-    reshard, reshard_dir, save, save_tables, write_meta, write_shard_files,
+    Block, CheckpointManager, Error, HashTable, IdPartition, Index, RecisReader, ReshardOptions, Shard, ShardState,
+    SliceInfo, Slot, SparseCheckpoint, TableChild, TensorKey, WriteOptions, checkpoint_id, gen_slice, load_shard,
+    reshard, reshard_sparse, save_blocks, save_tables, write_data_file, write_meta, write_shard_files,
 };
 
 fn emb(ids: &[i64], width: usize) -> Slot {
@@ -39,11 +38,11 @@ fn full() -> SliceInfo {
 fn small(dir: &Path) {
     let dense = [("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap())];
     save_tables(
-        dir,
-        &SingleProcess,
         &[table("t", &[1, 2, 3], full())],
         &dense,
-        &SaveOptions::default().with_parallel(2),
+        dir,
+        &WriteOptions::default().with_parallel(2),
+        &SingleProcess,
     )
     .unwrap();
 }
@@ -120,7 +119,7 @@ fn slice_string_that_does_not_parse() {
 fn craft(dir: &Path, blocks: &[(&str, Option<&str>, Tensor)]) {
     let file = "model-000000-of-000001.safetensors";
     let list: Vec<(String, Tensor)> = blocks.iter().map(|(k, _, t)| (k.to_string(), t.clone())).collect();
-    data_file::write(&dir.join(file), &list).unwrap();
+    write_data_file(&dir.join(file), &list).unwrap();
     let mut index = Index::default();
     index.file_index.insert(file.into(), 0);
     let mut tk = TensorKey::default();
@@ -421,7 +420,7 @@ fn shards_write_their_files_and_shard_0_merges() {
             let slice = gen_slice(shard.index(), 3, 65536).unwrap();
             let mine: Vec<i64> = all.iter().copied().filter(|&i| slice.holds(i, IdPartition::Unsigned)).collect();
             let dense = [("step".to_string(), Tensor::from_slice(&[5i64], &[1]).unwrap())];
-            save_tables(&dir, &g, &[table("t", &mine, slice)], &dense, &SaveOptions::default().with_parallel(4))
+            save_tables(&[table("t", &mine, slice)], &dense, &dir, &WriteOptions::default().with_parallel(4), &g)
                 .unwrap();
         }
     });
@@ -479,7 +478,7 @@ fn a_failing_shard_fails_every_shard_without_hanging() {
             // The same block twice: rank 1's writer rejects it.
             blocks.push(blocks[1].clone());
         }
-        save(&dir, &g, &blocks, &SaveOptions::default())
+        save_blocks(&blocks, &dir, &WriteOptions::default(), &g)
     });
     assert!(matches!(results[1], Err(Error::DuplicateBlock { .. })), "{:?}", results[1]);
     for r in [0, 2] {
@@ -510,8 +509,8 @@ fn two_shards_cannot_write_one_slice() {
             .unwrap()
         })
         .collect();
-    assert!(matches!(write_meta(d.path(), &metas, &SaveOptions::default()), Err(Error::DuplicateBlock { .. })));
-    assert!(matches!(write_meta(d.path(), &metas[1..], &SaveOptions::default()), Err(Error::BadShardMeta(_))));
+    assert!(matches!(write_meta(d.path(), &metas, &WriteOptions::default()), Err(Error::DuplicateBlock { .. })));
+    assert!(matches!(write_meta(d.path(), &metas[1..], &WriteOptions::default()), Err(Error::BadShardMeta(_))));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -547,27 +546,27 @@ fn rotation_reads_the_list_from_disk() {
     fs::write(r.join("checkpoint"), "ckpt_10\n\n ckpt_20 \n").unwrap();
     let a = CheckpointManager::new(r).with_max_keep(3);
     assert_eq!(a.latest().unwrap().as_deref(), Some("ckpt_20"));
-    a.save(&checkpoint_id(30), &SingleProcess, &state(30)).unwrap();
+    a.save(&state(30), &checkpoint_id(30), &SingleProcess).unwrap();
     assert_eq!(a.list().unwrap(), ["ckpt_10", "ckpt_20", "ckpt_30"]);
     // A second process (a new manager, nothing in memory) evicts the oldest, whoever saved it.
     let b = CheckpointManager::new(r).with_max_keep(3);
-    b.save(&checkpoint_id(40), &SingleProcess, &state(40)).unwrap();
+    b.save(&state(40), &checkpoint_id(40), &SingleProcess).unwrap();
     assert_eq!(b.list().unwrap(), ["ckpt_20", "ckpt_30", "ckpt_40"]);
     assert_eq!(fs::read_to_string(r.join("checkpoint")).unwrap(), "ckpt_20\nckpt_30\nckpt_40\n");
     // A smaller max_keep evicts several at once.
     let c = CheckpointManager::new(r).with_max_keep(1);
-    c.save(&checkpoint_id(50), &SingleProcess, &state(50)).unwrap();
+    c.save(&state(50), &checkpoint_id(50), &SingleProcess).unwrap();
     assert_eq!(c.list().unwrap(), ["ckpt_50"]);
     assert_eq!(dirs(r), ["checkpoint", "ckpt_50"], "evicted directories removed, no temporaries left");
     // Saving an id again replaces it and keeps one line; max_keep 0 keeps everything.
     let keep_all = CheckpointManager::new(r).with_max_keep(0);
-    keep_all.save("ckpt_60", &SingleProcess, &state(60)).unwrap();
-    keep_all.save("ckpt_50", &SingleProcess, &state(51)).unwrap();
+    keep_all.save(&state(60), "ckpt_60", &SingleProcess).unwrap();
+    keep_all.save(&state(51), "ckpt_50", &SingleProcess).unwrap();
     assert_eq!(keep_all.list().unwrap(), ["ckpt_60", "ckpt_50"]);
     let latest = keep_all.open_latest().unwrap();
     assert_eq!(latest.sparse().dense("step").unwrap().to_vec::<i64>().unwrap(), vec![51]);
     assert_eq!(keep_all.open("ckpt_60").unwrap().sparse().child("t").unwrap().ids(), &[60, 61]);
-    assert!(matches!(keep_all.save("../x", &SingleProcess, &state(1)), Err(Error::BadCheckpointId { .. })));
+    assert!(matches!(keep_all.save(&state(1), "../x", &SingleProcess), Err(Error::BadCheckpointId { .. })));
     let empty = tempfile::tempdir().unwrap();
     assert!(matches!(CheckpointManager::new(empty.path()).open_latest(), Err(Error::NoCheckpoint { .. })));
 }
@@ -577,17 +576,17 @@ fn an_interrupted_save_is_never_listed() {
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     let m = CheckpointManager::new(r).with_max_keep(2);
-    m.save("ckpt_1", &SingleProcess, &state(1)).unwrap();
+    m.save(&state(1), "ckpt_1", &SingleProcess).unwrap();
     // A crash mid-save leaves a staging directory and no list entry.
     let bad = ShardState { dense: vec![("u".into(), Tensor::zeros(DType::U16, &[1]).unwrap())], ..state(2) };
-    assert!(matches!(m.save("ckpt_2", &SingleProcess, &bad), Err(Error::UnsupportedDtype { .. })));
+    assert!(matches!(m.save(&bad, "ckpt_2", &SingleProcess), Err(Error::UnsupportedDtype { .. })));
     assert_eq!(m.list().unwrap(), ["ckpt_1"]);
     assert_eq!(dirs(r), ["checkpoint", "ckpt_1"], "the failed save's staging directory is removed");
     // A process killed mid-save leaves its staging directory; the next save of that id starts clean.
     fs::create_dir(r.join(".ckpt_2.tmp")).unwrap();
     fs::write(r.join(".ckpt_2.tmp").join("model-000007-of-000009.safetensors"), b"partial").unwrap();
     assert_eq!(m.latest().unwrap().as_deref(), Some("ckpt_1"), "never listed");
-    m.save("ckpt_2", &SingleProcess, &state(2)).unwrap();
+    m.save(&state(2), "ckpt_2", &SingleProcess).unwrap();
     assert_eq!(m.list().unwrap(), ["ckpt_1", "ckpt_2"]);
     assert_eq!(dirs(r), ["checkpoint", "ckpt_1", "ckpt_2"]);
     assert_eq!(
@@ -622,20 +621,17 @@ fn many_ranks_save_dense_and_io_state() {
                 io_state: Some(Value::dict([("train_io", Value::Int(g.rank() as i64))])),
                 ..state(7)
             };
-            CheckpointManager::new(&r).with_max_keep(5).save("ckpt_7", &g, &st).map(|_| ())
+            CheckpointManager::new(&r).with_max_keep(5).save(&st, "ckpt_7", &g).map(|_| ())
         }
     });
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-    let c = Checkpoint::open(&r.join("ckpt_7")).unwrap();
+    let c = RecisReader::open(&r.join("ckpt_7")).unwrap();
     assert_eq!(c.io_state_count(), Some(3));
     for s in 0..3 {
         assert_eq!(c.io_state(s).unwrap(), &Value::dict([("train_io", Value::Int(s as i64))]));
-        assert!(ckpt_recis::dense::read_io_state(c.dir(), Shard::new(s, 3).unwrap()).unwrap().is_some());
+        assert!(ckpt_recis::read_io_state(c.dir(), Shard::new(s, 3).unwrap()).unwrap().is_some());
     }
-    assert!(matches!(
-        ckpt_recis::dense::read_io_state(c.dir(), Shard::new(0, 2).unwrap()),
-        Err(Error::IoStateCount { .. })
-    ));
+    assert!(matches!(ckpt_recis::read_io_state(c.dir(), Shard::new(0, 2).unwrap()), Err(Error::IoStateCount { .. })));
     assert_eq!(c.sparse().child("t").unwrap().len(), 90);
     assert_eq!(c.sparse().shard_num(), Some(3));
 
@@ -672,13 +668,13 @@ fn any_shard_count_into_any_other() {
         on_ranks(m, move |g| {
             let slice = gen_slice(g.rank(), g.world_size(), 65536).unwrap();
             let mine: Vec<i64> = ids.iter().copied().filter(|&i| slice.holds(i, IdPartition::Unsigned)).collect();
-            save_tables(&dir, &g, &[table("t", &mine, slice)], &[], &SaveOptions::default().with_parallel(2)).unwrap();
+            save_tables(&[table("t", &mine, slice)], &[], &dir, &WriteOptions::default().with_parallel(2), &g).unwrap();
         });
         let c = SparseCheckpoint::open(src.path()).unwrap();
         let reference = c.child("t").unwrap();
         for n in [1usize, 2, 3, 4, 7] {
             let dst = tempfile::tempdir().unwrap();
-            reshard(&c, dst.path(), n, &ReshardOptions::default()).unwrap();
+            reshard_sparse(&c, dst.path(), n, &ReshardOptions::default()).unwrap();
             let out = SparseCheckpoint::open(dst.path()).unwrap();
             assert_eq!(out.shard_num(), Some(n));
             let mut count = 0;
@@ -719,7 +715,7 @@ fn negative_ids_follow_the_chosen_partition() {
     let metas: Vec<_> = (0..2)
         .map(|r| ckpt_recis::ShardMeta::from_bytes(&fs::read(src.path().join(format!("meta{r}"))).unwrap()).unwrap())
         .collect();
-    write_meta(src.path(), &metas, &SaveOptions::default()).unwrap();
+    write_meta(src.path(), &metas, &WriteOptions::default()).unwrap();
     let c = SparseCheckpoint::open(src.path()).unwrap();
     // RecIS's loader rule moves -1 to the shard holding 65535; it is not lost although RecIS would skip its
     // source slice (which does not intersect the target).
@@ -737,7 +733,7 @@ fn negative_ids_follow_the_chosen_partition() {
         .collect();
     assert_eq!(cpu, [vec![-1, 5], vec![40000]]);
     let dst = tempfile::tempdir().unwrap();
-    reshard(&c, dst.path(), 3, &ReshardOptions::default().with_partition(IdPartition::AbsFmod)).unwrap();
+    reshard_sparse(&c, dst.path(), 3, &ReshardOptions::default().with_partition(IdPartition::AbsFmod)).unwrap();
     let out = SparseCheckpoint::open(dst.path()).unwrap();
     assert_eq!(out.child_slices("t").unwrap()[0].1.ids(), &[-1, 5]);
 }
@@ -746,14 +742,112 @@ fn negative_ids_follow_the_chosen_partition() {
 fn reshard_dir_copies_dense_state() {
     let root = tempfile::tempdir().unwrap();
     let m = CheckpointManager::new(root.path());
-    let src = m.save("ckpt_3", &SingleProcess, &ShardState { io_state: Some(Value::Int(1)), ..state(3) }).unwrap();
+    let src = m.save(&ShardState { io_state: Some(Value::Int(1)), ..state(3) }, "ckpt_3", &SingleProcess).unwrap();
     let dst = root.path().join("resharded");
-    reshard_dir(&src, &dst, 2, &ReshardOptions::default()).unwrap();
+    reshard(&src, &dst, 2, &ReshardOptions::default()).unwrap();
     for f in ["model.pt", "extra.pt"] {
         assert_eq!(fs::read(src.join(f)).unwrap(), fs::read(dst.join(f)).unwrap(), "{f}");
     }
     assert!(!dst.join("io_state_0.pt").exists(), "io states belong to the old workers");
-    let c = Checkpoint::open(&dst).unwrap();
+    let c = RecisReader::open(&dst).unwrap();
     assert_eq!(c.sparse().shard_num(), Some(2));
     assert_eq!(c.sparse().dense("step").unwrap().to_vec::<i64>().unwrap(), vec![3]);
+}
+
+#[test]
+fn save_lays_a_state_dict_out_as_recis_does() {
+    let root = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = vec![3, 70_000, -5, 999, 1000];
+    let emb = emb(&ids, 2).tensor().clone();
+    let w = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let step = Tensor::from_slice(&[7i64], &[1]).unwrap();
+    // A training checkpoint: tables and sparse-optimizer scalars to the serializer, `model` to model.pt, the
+    // rest to extra.pt.
+    let sd = Value::dict([
+        ("tbl@id", Value::Tensor(Tensor::from_slice(&ids, &[ids.len()]).unwrap())),
+        ("tbl@embedding", Value::Tensor(emb.clone())),
+        ("sparse_adamw_step", Value::Tensor(step.clone())),
+        ("model", Value::dict([("dense.w", Value::Tensor(w.clone()))])),
+        ("epoch", Value::Int(2)),
+    ]);
+    let dir = root.path().join("a");
+    let options = WriteOptions::default().with_shards(3).with_parallel(2).with_slice_size(1000);
+    let report = ckpt_recis::save(&sd, &dir, &options).unwrap();
+    assert!(report.dropped.is_empty());
+    let ck = RecisReader::open(&dir).unwrap();
+    let sparse = ck.sparse();
+    assert_eq!((sparse.shard_num(), sparse.parallel(), sparse.slice_size("tbl").unwrap()), (Some(3), Some(2), 1000));
+    assert_eq!(sparse.child("tbl").unwrap().len(), ids.len());
+    assert_eq!(sparse.dense("sparse_adamw_step").unwrap(), step);
+    assert_eq!(ck.tensor("dense.w").unwrap(), w);
+    assert_eq!(ck.value("extra/epoch").unwrap(), Value::Int(2));
+    // A RecIS-shaped state dict (how a RecIS checkpoint reads as one): parts as they are, io states dropped.
+    let shaped = Value::dict([
+        (
+            "sparse",
+            Value::dict([
+                ("tbl@id", Value::Tensor(Tensor::from_slice(&ids, &[5]).unwrap())),
+                ("tbl@embedding", Value::Tensor(emb)),
+            ]),
+        ),
+        ("model", Value::dict([("dense.w", Value::Tensor(w.clone()))])),
+        ("io_state_0", Value::dict([("pos", Value::Int(4))])),
+    ]);
+    let report = ckpt_recis::save(&shaped, &root.path().join("b"), &WriteOptions::default()).unwrap();
+    assert_eq!(report.dropped, ["io_state_0"]);
+    assert_eq!(RecisReader::open(&root.path().join("b")).unwrap().sparse().child("tbl").unwrap().len(), 5);
+    // What cannot be laid out is refused before anything is written.
+    let orphan = Value::dict([("tbl@embedding", Value::Tensor(Tensor::zeros(DType::F32, &[2, 2]).unwrap()))]);
+    let e = ckpt_recis::save(&orphan, &root.path().join("c"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(&e, Error::StateDict { reason } if reason.contains("no ids `tbl@id`")), "{e}");
+    let e = ckpt_recis::save(&Value::List(vec![]), &root.path().join("d"), &WriteOptions::default()).unwrap_err();
+    assert!(matches!(&e, Error::StateDict { reason } if reason.contains("top level is a list")), "{e}");
+    assert!(!root.path().join("c").exists() && !root.path().join("d").exists());
+}
+
+#[test]
+fn an_output_root_names_its_latest_checkpoint_everywhere() {
+    let root = tempfile::tempdir().unwrap();
+    let m = CheckpointManager::new(root.path()).with_max_keep(0);
+    let st = |step: i64| ShardState {
+        tables: vec![table("t", &[1, 2, step], full())],
+        model: Some(Value::dict([("step", Value::Int(step))])),
+        ..Default::default()
+    };
+    m.save(&st(10), "ckpt_10", &SingleProcess).unwrap();
+    m.save(&st(20), "ckpt_20", &SingleProcess).unwrap();
+    // One rule: a root names its latest listed checkpoint, a checkpoint directory itself.
+    assert_eq!(ckpt_recis::checkpoint_dir(root.path()).unwrap(), root.path().join("ckpt_20"));
+    assert_eq!(ckpt_recis::checkpoint_dir(&root.path().join("ckpt_10")).unwrap(), root.path().join("ckpt_10"));
+    let ck = RecisReader::open(root.path()).unwrap();
+    assert_eq!((ck.dir(), ck.value("step").unwrap()), (root.path().join("ckpt_20").as_path(), Value::Int(20)));
+    let dst = root.path().join("resharded");
+    reshard(root.path(), &dst, 2, &ReshardOptions::default()).unwrap();
+    assert_eq!(RecisReader::open(&dst).unwrap().value("step").unwrap(), Value::Int(20));
+    let report = ckpt_recis::verify(root.path()).unwrap();
+    assert!(report.is_ok());
+    assert_eq!((report.dir, report.torch_files.len()), (root.path().join("ckpt_20"), 1));
+    // An empty list names no checkpoint.
+    let empty = tempfile::tempdir().unwrap();
+    fs::write(empty.path().join("checkpoint"), "\n").unwrap();
+    assert!(matches!(RecisReader::open(empty.path()), Err(Error::NoCheckpoint { .. })));
+    assert!(matches!(ckpt_recis::verify(empty.path()), Err(Error::NoCheckpoint { .. })));
+}
+
+#[test]
+fn verify_names_a_flipped_record_of_model_pt() {
+    let dir = tempfile::tempdir().unwrap();
+    small(dir.path());
+    let w: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    ckpt_recis::write_model(dir.path(), &Value::dict([("w", Value::Tensor(Tensor::from_slice(&w, &[32]).unwrap()))]))
+        .unwrap();
+    assert!(ckpt_recis::verify(dir.path()).unwrap().is_ok());
+    let path = dir.path().join("model.pt");
+    let mut bytes = fs::read(&path).unwrap();
+    let at = bytes.windows(4).position(|x| x == 31.0f32.to_le_bytes()).unwrap();
+    bytes[at] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    let report = ckpt_recis::verify(dir.path()).unwrap();
+    assert!(!report.is_ok());
+    assert_eq!(report.torch_files[0].problems[0].0, "model/data/0");
 }

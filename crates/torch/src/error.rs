@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use ckpt_core::Fault;
+
 use crate::zip::ZipError;
 
 /// What went wrong reading or writing a `torch.save` file.
@@ -169,6 +171,35 @@ impl Error {
         match self {
             Error::At { source, .. } => source.kind(),
             e => e,
+        }
+    }
+
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::At { source, .. } => source.fault(),
+            Error::Io { .. } => Fault::Io,
+            Error::Core(c) => c.fault(),
+            Error::Pickle { source, .. } => match source.kind() {
+                ckpt_pickle::ErrorKind::Limit => Fault::Limit,
+                ckpt_pickle::ErrorKind::Unsupported => Fault::Unsupported,
+                _ => Fault::Malformed,
+            },
+            Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_) => Fault::InvalidArgument,
+            Error::OpaqueTensor { .. } | Error::TarFormat | Error::PreviewFormat | Error::BigEndian { .. } => {
+                Fault::Unsupported
+            }
+            _ => Fault::Malformed,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
+impl From<Error> for ckpt_core::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Core(c) => c,
+            e => ckpt_core::Error::format(e.fault(), e),
         }
     }
 }

@@ -4,7 +4,23 @@
 //! Reading maps the file and hands out tensors that are windows of the map (zero copy); storages shared by
 //! several tensors are read once. Writing reproduces `torch.save`'s exact layout for torch 2.13+ (record
 //! order, 64-byte aligned data, data descriptors, zip64 end records, CRC-32) with a protocol-2 pickle that
-//! `torch.load(weights_only=True)` accepts, streaming tensor bytes straight from memory.
+//! `torch.load(weights_only=True)` accepts, streaming tensor bytes straight from memory. [`verify`] checks
+//! every record's CRC-32 (torch never does).
+//!
+//! Open, read a tensor, save:
+//!
+//! ```
+//! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/torch/checkpoint.pt");
+//! # let dir = tempfile::tempdir()?; let out = dir.path().join("copy.pt");
+//! use ckpt_core::CheckpointRead;
+//! let ck = ckpt_torch::TorchReader::open(fixture.as_ref())?;          // torch 2.13's file, memory-mapped
+//! let w = ck.tensor("model.lin.weight")?;                               // a window of the map, no copy
+//! ckpt_torch::save(ck.value(), &out, &ckpt_torch::WriteOptions::default())?; // torch.save's bytes
+//! # assert_eq!(ckpt_torch::TorchReader::open(&out)?.tensor("model.lin.weight")?, w);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Views and their strides are kept:
 //!
 //! ```
 //! use ckpt_core::{Tensor, Value};
@@ -12,8 +28,8 @@
 //! let path = dir.path().join("model.pt");
 //! let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
 //! let sd = Value::dict([("weight", Value::Tensor(w.transpose(0, 1).unwrap()))]);
-//! ckpt_torch::save(&sd, &path).unwrap();
-//! let back = ckpt_torch::TorchFile::open(&path).unwrap();
+//! ckpt_torch::save(&sd, &path, &ckpt_torch::WriteOptions::default()).unwrap();
+//! let back = ckpt_torch::TorchReader::open(&path).unwrap();
 //! let t = back.get("weight").unwrap().as_tensor().unwrap();
 //! assert_eq!(t.strides(), &[1, 2]); // the view is kept
 //! assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
@@ -29,10 +45,13 @@ mod error;
 mod legacy;
 mod read;
 mod rebuild;
+mod single_pass;
+mod verify;
 mod write;
 pub mod zip;
 
 pub use detect::{Container, detect};
 pub use error::{Error, Result};
-pub use read::{ReadOptions, TorchFile, load, to_core};
-pub use write::{WriteOptions, prefix_for_path, save, save_to_writer, save_with};
+pub use read::{ReadOptions, TorchReader, load};
+pub use verify::{VerifyReport, verify};
+pub use write::{WriteOptions, prefix_for_path, save, save_to_writer};

@@ -4,13 +4,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
+use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
 use ckpt_pickle::Value as P;
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::legacy;
 use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
+use crate::single_pass::{self, CoreStorages};
 use crate::zip::Archive;
 
 /// Options for reading.
@@ -22,12 +23,31 @@ pub struct ReadOptions {
     pub verify_crc: bool,
     /// Limits for the pickle decoder.
     pub limits: ckpt_pickle::Limits,
+    /// Decode `data.pkl` with the full decoder and rebuilder only, skipping the single pass (which gives the
+    /// same value faster, or declines). Off by default; for differential tests and for telling the two
+    /// paths apart when diagnosing a file.
+    pub full_decoder: bool,
 }
 
 impl ReadOptions {
-    /// Default options with CRC verification switched on or off.
+    /// These options with CRC verification switched on or off.
+    #[must_use]
     pub fn with_verify_crc(mut self, verify: bool) -> Self {
         self.verify_crc = verify;
+        self
+    }
+
+    /// These options with the single pass skipped (`full` true) or used (see [`ReadOptions::full_decoder`]).
+    #[must_use]
+    pub fn with_full_decoder(mut self, full: bool) -> Self {
+        self.full_decoder = full;
+        self
+    }
+
+    /// These options with other limits for the pickle decoder.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
+        self.limits = limits;
         self
     }
 }
@@ -39,14 +59,14 @@ impl ReadOptions {
 ///
 /// ```no_run
 /// use ckpt_core::CheckpointRead;
-/// let f = ckpt_torch::TorchFile::open("model.pt".as_ref()).unwrap();
+/// let f = ckpt_torch::TorchReader::open("model.pt".as_ref()).unwrap();
 /// for e in f.entries() {
 ///     println!("{} {:?}", e.name, e.kind);
 /// }
 /// let w = f.tensor("layer.weight").unwrap();
 /// ```
 #[derive(Debug, Clone)]
-pub struct TorchFile {
+pub struct TorchReader {
     value: Value,
     container: Container,
     prefix: Option<String>,
@@ -56,7 +76,7 @@ pub struct TorchFile {
     leaf_index: OnceLock<Option<LeafIndex>>,
 }
 
-impl TorchFile {
+impl TorchReader {
     /// Maps and reads a file with default options.
     ///
     /// # Errors
@@ -87,7 +107,7 @@ impl TorchFile {
             Container::Zip => read_zip(buffer, options),
             Container::Legacy => {
                 let value = legacy::read(buffer, options)?;
-                Ok(TorchFile {
+                Ok(TorchReader {
                     value,
                     container: Container::Legacy,
                     prefix: None,
@@ -142,14 +162,14 @@ impl TorchFile {
     }
 }
 
-impl CheckpointRead for TorchFile {
+impl CheckpointRead for TorchReader {
     fn format_name(&self) -> &'static str {
         "torch"
     }
 
     fn entries(&self) -> Vec<Entry> {
-        leaves(&self.value)
-            .map(|l| l.into_iter().map(|e| Entry { kind: entry_kind(e.value), name: e.key }).collect())
+        leaf_names(&self.value)
+            .map(|l| l.into_iter().map(|(name, v)| Entry { kind: entry_kind(v), name }).collect())
             .unwrap_or_default()
     }
 
@@ -172,32 +192,14 @@ impl CheckpointRead for TorchFile {
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        let v = self.get(name).map_err(to_core)?;
-        match v {
-            Value::OpaqueTensor { kind, .. } => {
-                Err(to_core(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }))
-            }
-            other => other.as_tensor().cloned().ok_or_else(|| to_core(Error::NoSuchTensor(name.to_owned()))),
+        match self.get(name)? {
+            Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
+            other => other.as_tensor().cloned().ok_or_else(|| Error::NoSuchTensor(name.to_owned()).into()),
         }
     }
 
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        self.get(name).cloned().map_err(to_core)
-    }
-}
-
-/// Maps a torch codec error into the core error, by fault.
-pub fn to_core(e: Error) -> ckpt_core::Error {
-    match e {
-        Error::Core(c) => c,
-        Error::Io { path, source } => ckpt_core::Error::Io { path, source },
-        e @ (Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_)) => {
-            ckpt_core::Error::InvalidArgument(e.to_string())
-        }
-        e @ (Error::OpaqueTensor { .. } | Error::TarFormat | Error::PreviewFormat | Error::BigEndian { .. }) => {
-            ckpt_core::Error::Unsupported(e.to_string())
-        }
-        e => ckpt_core::Error::Malformed(e.to_string()),
+        Ok(self.get(name)?.clone())
     }
 }
 
@@ -205,12 +207,24 @@ pub fn to_core(e: Error) -> ckpt_core::Error {
 struct ZipStorages<'a> {
     archive: &'a Archive,
     buffer: &'a Buffer,
-    cache: HashMap<String, Buffer>,
+    /// Storage key (the name after `data/`) -> record index, built on first use.
+    keys: Option<HashMap<&'a str, usize>>,
+    /// The window of each storage record read so far, by record index.
+    cache: Vec<Option<Buffer>>,
 }
 
-impl ZipStorages<'_> {
+impl<'a> ZipStorages<'a> {
+    fn new(archive: &'a Archive, buffer: &'a Buffer) -> Self {
+        ZipStorages { archive, buffer, keys: None, cache: Vec::new() }
+    }
+
     fn record(&self, name: &str) -> Result<Buffer> {
         let rec = self.archive.get(name).ok_or_else(|| Error::MissingRecord { name: name.to_owned() })?;
+        self.record_data(rec)
+    }
+
+    fn record_data(&self, rec: &crate::zip::Record) -> Result<Buffer> {
+        let name = rec.short_name();
         let bytes = self.archive.data(self.buffer.as_bytes(), rec).map_err(|e| match e {
             crate::zip::ZipError::Compressed { method, .. } => Error::Compressed { name: name.to_owned(), method },
             e => Error::Zip(e),
@@ -242,14 +256,7 @@ impl StorageSource for ZipStorages<'_> {
             .ok()
             .and_then(|n| n.checked_mul(dtype.size() as u64))
             .ok_or_else(|| Error::BadPersistentId(format!("storage {key}: bad element count {numel}")))?;
-        let data = match self.cache.get(key) {
-            Some(b) => b.clone(),
-            None => {
-                let b = self.record(&format!("data/{key}"))?;
-                self.cache.insert(key.clone(), b.clone());
-                b
-            }
-        };
+        let data = self.data(key)?;
         if data.len() as u64 != expected {
             return Err(Error::StorageSize { key: key.clone(), expected, actual: data.len() as u64 });
         }
@@ -257,7 +264,46 @@ impl StorageSource for ZipStorages<'_> {
     }
 }
 
-fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
+impl ZipStorages<'_> {
+    /// The bytes of storage `key` (record `data/{key}`), each record's window made once.
+    fn data(&mut self, key: &str) -> Result<Buffer> {
+        let archive = self.archive;
+        let keys = self.keys.get_or_insert_with(|| {
+            let records = archive.records();
+            let mut keys = HashMap::with_capacity(records.len());
+            for (i, r) in records.iter().enumerate() {
+                if let Some(k) = r.short_name().strip_prefix("data/") {
+                    keys.insert(k, i);
+                }
+            }
+            keys
+        });
+        let i = *keys.get(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        if self.cache.len() <= i {
+            self.cache.resize(archive.records().len().max(i + 1), None);
+        }
+        if let Some(Some(b)) = self.cache.get(i) {
+            return Ok(b.clone());
+        }
+        let rec = archive.records().get(i).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        let b = self.record_data(rec)?;
+        if let Some(slot) = self.cache.get_mut(i) {
+            *slot = Some(b.clone());
+        }
+        Ok(b)
+    }
+}
+
+impl CoreStorages for ZipStorages<'_> {
+    fn storage(&mut self, dtype: DType, key: &str, numel: i64) -> Option<Buffer> {
+        // The rules of `StorageSource::storage` (the single pass has checked the tuple and the class).
+        let expected = u64::try_from(numel).ok()?.checked_mul(dtype.size() as u64)?;
+        let data = self.data(key).ok()?;
+        (data.len() as u64 == expected).then_some(data)
+    }
+}
+
+fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
     let bytes = buffer.as_bytes();
     let archive = Archive::parse(bytes)?;
     if archive.get("constants.pkl").is_some() {
@@ -268,7 +314,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
             archive.verify_crc(bytes, rec)?;
         }
     }
-    let mut storages = ZipStorages { archive: &archive, buffer, cache: HashMap::new() };
+    let mut storages = ZipStorages::new(&archive, buffer);
     let version_name = if archive.get(".data/version").is_some() { ".data/version" } else { "version" };
     let version_text = storages.record(version_name)?;
     let version_str = String::from_utf8_lossy(version_text.as_bytes()).trim_end_matches(['\n', '\r']).to_owned();
@@ -285,10 +331,18 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
         }
     }
     let pkl = storages.record("data.pkl")?;
-    let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
-        .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
-    let value = Rebuilder { source: &mut storages }.value(&pickled)?;
-    Ok(TorchFile {
+    // One pass from the pickle to the values; what it declines goes through the full decoder and the
+    // rebuilder, which give the same value or the precise error.
+    let fast = if options.full_decoder { None } else { single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) };
+    let value = match fast {
+        Some(value) => value,
+        None => {
+            let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
+                .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
+            Rebuilder { source: &mut storages }.value(&pickled)?
+        }
+    };
+    Ok(TorchReader {
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -298,10 +352,170 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchFile> {
     })
 }
 
-/// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchFile::open`]).
+/// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
 ///
 /// # Errors
-/// As [`TorchFile::open`].
+/// As [`TorchReader::open`].
 pub fn load(path: &Path) -> Result<Value> {
-    TorchFile::open(path).map(TorchFile::into_value)
+    TorchReader::open(path).map(TorchReader::into_value)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::path::Path;
+
+    use super::*;
+
+    /// The single pass and the full decoder + rebuilder on one `data.pkl` of `archive`: the single pass
+    /// either declines or builds exactly the same value (same Debug rendering: dtypes, shapes, strides,
+    /// offsets, storages). Returns whether it accepted.
+    fn agree(buffer: &Buffer, archive: &Archive, pkl: &[u8]) -> bool {
+        let limits = ckpt_pickle::Limits::default();
+        let mut storages = ZipStorages::new(archive, buffer);
+        let fast = single_pass::rebuild(pkl, &limits, &mut storages);
+        let mut storages = ZipStorages::new(archive, buffer);
+        let full = ckpt_pickle::decode_with(pkl, &limits)
+            .map_err(|source| Error::Pickle { part: "data.pkl", source })
+            .and_then(|(p, _)| Rebuilder { source: &mut storages }.value(&p));
+        match (fast, full) {
+            (None, _) => false,
+            (Some(v), Ok(w)) => {
+                assert_eq!(format!("{v:?}"), format!("{w:?}"));
+                true
+            }
+            (Some(v), Err(e)) => panic!("single pass built {v:?} where the full path fails: {e}"),
+        }
+    }
+
+    fn fixtures() -> Vec<Buffer> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/torch");
+        let mut out = Vec::new();
+        let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        names.sort();
+        for p in names {
+            if p.extension().is_some_and(|e| e == "pt") {
+                let b = Buffer::map_file(&p).unwrap();
+                if detect(b.as_bytes()).ok() == Some(Container::Zip) {
+                    out.push(b);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn entries_name_leaves_like_core_and_lookups_find_them() {
+        use ckpt_core::{Dict, DictKind, leaves};
+        let t = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
+        let mut inner = Dict::new(DictKind::OrderedDict);
+        inner.insert(Value::Int(3), t.clone());
+        inner.insert("", Value::List(vec![]));
+        inner.insert("x.y", Value::Tuple(vec![Value::Bool(true), t.clone()]));
+        let mut root = Dict::new(DictKind::Dict);
+        root.insert("model", Value::Dict(inner));
+        root.insert("empty", Value::Dict(Dict::new(DictKind::Dict)));
+        root.insert(Value::Tuple(vec![Value::Int(1), Value::Str("a".into())]), Value::Int(7));
+        root.insert("model", Value::Int(9)); // a duplicate name: the first wins
+        let root = Value::Dict(root);
+        let core: Vec<(String, Value)> = leaves(&root).unwrap().into_iter().map(|e| (e.key, e.value.clone())).collect();
+        let f = TorchReader {
+            value: root,
+            container: Container::Zip,
+            prefix: None,
+            version: None,
+            records: Vec::new(),
+            leaf_index: OnceLock::new(),
+        };
+        let names: Vec<String> = f.entries().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, core.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>());
+        for (k, v) in &core {
+            if k != "model" {
+                assert_eq!(f.get(k).unwrap(), v, "{k}");
+            }
+        }
+        assert_eq!(f.get("model.3").unwrap().as_tensor().unwrap().shape(), &[2]);
+        assert!(matches!(f.get("nope"), Err(Error::NoSuchEntry(_))));
+        let bad = TorchReader {
+            value: Value::Dict(Dict {
+                kind: DictKind::Dict,
+                items: vec![(Value::List(vec![]), Value::Int(1))],
+                attrs: None,
+            }),
+            ..f.clone()
+        };
+        assert!(bad.get("x").is_err());
+        assert!(bad.entries().is_empty());
+    }
+
+    /// Dicts with a repeated key (a fuzzer finding, `tests/fuzz_regressions.rs`): the single pass takes the
+    /// file rather than declining it, and builds what the rebuilder builds (the last value, first position).
+    #[test]
+    fn single_pass_takes_and_agrees_on_a_repeated_dict_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/duplicate_key.pt");
+        let b = Buffer::map_file(&path).unwrap();
+        let archive = Archive::parse(b.as_bytes()).unwrap();
+        let rec = archive.get("data.pkl").unwrap();
+        let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+        assert!(agree(&b, &archive, &pkl), "the single pass declined");
+        let mut storages = ZipStorages::new(&archive, &b);
+        let v = single_pass::rebuild(&pkl, &ckpt_pickle::Limits::default(), &mut storages).unwrap();
+        let Value::Dict(d) = v else { panic!("{v:?}") };
+        let keys: Vec<&str> = d.items.iter().filter_map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["w", "n"]);
+        assert_eq!(d.items[0].1.as_tensor().unwrap().shape(), [3]);
+    }
+
+    #[test]
+    fn single_pass_builds_what_the_rebuilder_builds() {
+        let fixtures = fixtures();
+        assert!(fixtures.len() >= 15, "{}", fixtures.len());
+        let mut accepted = 0;
+        for b in &fixtures {
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let Some(rec) = archive.get("data.pkl") else { continue };
+            let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+            if agree(b, &archive, &pkl) {
+                accepted += 1;
+            }
+        }
+        // Every fixture torch wrote goes through the single pass.
+        assert_eq!(accepted, fixtures.len());
+    }
+
+    #[test]
+    fn single_pass_declines_or_agrees_on_mutated_pickles() {
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let fixtures = fixtures();
+        let (mut accepted, mut declined) = (0, 0);
+        for _ in 0..4000 {
+            let b = &fixtures[next() as usize % fixtures.len()];
+            let archive = Archive::parse(b.as_bytes()).unwrap();
+            let Some(rec) = archive.get("data.pkl") else { continue };
+            let mut pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+            for _ in 0..=(next() % 2) {
+                let at = next() as usize % pkl.len();
+                match next() % 3 {
+                    0 => pkl[at] = next() as u8,
+                    1 => pkl[at] ^= 1 << (next() % 8),
+                    _ => {
+                        pkl.remove(at);
+                    }
+                }
+            }
+            if agree(b, &archive, &pkl) {
+                accepted += 1;
+            } else {
+                declined += 1;
+            }
+        }
+        assert!(accepted > 100 && declined > 100, "{accepted} accepted, {declined} declined");
+    }
 }

@@ -86,7 +86,7 @@ fn tuple_items(v: &P) -> &[P] {
 }
 
 /// Latin-1 encoding of a str (what `_codecs.encode(s, 'latin1')` does), `None` for characters above U+00FF.
-fn latin1(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn latin1(s: &str) -> Option<Vec<u8>> {
     s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect()
 }
 
@@ -321,7 +321,7 @@ impl<S: StorageSource> Rebuilder<'_, S> {
 }
 
 /// What kind of opaque tensor a `torch._utils` rebuild function makes, if it makes one.
-fn opaque_kind(function: &str) -> Option<OpaqueTensorKind> {
+pub(crate) fn opaque_kind(function: &str) -> Option<OpaqueTensorKind> {
     Some(match function {
         "_rebuild_sparse_tensor" | "_rebuild_sparse_csr_tensor" => OpaqueTensorKind::Sparse,
         "_rebuild_qtensor" => OpaqueTensorKind::Quantized,

@@ -78,31 +78,34 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
     Ok(stem.to_owned())
 }
 
-/// Saves `value` to `path` like `torch.save(value, path)`, atomically (temporary file, fsync, rename).
+/// Saves `value` to `path` like `torch.save(value, path)`, durably and atomically: through
+/// [`ckpt_core::commit`] (an advisory lock, a temporary file beside `path` written with `O_DIRECT` where the
+/// file system allows, `fdatasync`, rename, directory fsync). A crash leaves the old file or the new one.
 ///
 /// ```
 /// use ckpt_core::{Tensor, Value};
+/// use ckpt_torch::WriteOptions;
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("w.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-/// ckpt_torch::save(&sd, &path).unwrap();
+/// ckpt_torch::save(&sd, &path, &WriteOptions::default()).unwrap();
 /// assert_eq!(ckpt_torch::load(&path).unwrap(), sd);
 /// ```
 ///
 /// # Errors
-/// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path.
-pub fn save(value: &Value, path: &Path) -> Result<()> {
-    save_with(value, path, &WriteOptions::default())
-}
-
-/// [`save`] with options.
-///
-/// # Errors
-/// As [`save`].
-pub fn save_with(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
+/// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path;
+/// `Error::Core(ckpt_core::Error::Commit(_))` for a full disk (or `RLIMIT_FSIZE`), a read-only file system,
+/// a permission error, or another save holding the destination's lock.
+pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
     let prefix = prefix_for_path(path)?;
+    // The durable commit (ckpt_core::commit): lock, temporary file, O_DIRECT pipeline, fdatasync, rename,
+    // directory fsync, the replaced file freed in the background.
     ckpt_core::atomic::write_atomic(path, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
-        .map_err(|e: Error| e.at(path))
+        .map_err(|e: Error| match e {
+            // Disk full, read-only, permission, locked: already name the path, and stay matchable.
+            e @ Error::Core(ckpt_core::Error::Commit(_)) => e,
+            e => e.at(path),
+        })
 }
 
 /// Writes `torch.save` output for `value` to `out` with record prefix `prefix` (torch uses `archive` for
@@ -152,8 +155,12 @@ struct DataPickler {
     interned: HashMap<String, u32>,
     storages: Vec<StorageEntry>,
     storage_index: HashMap<(usize, usize, usize), usize>,
-    tensors: Vec<(Tensor, u32)>,
+    /// Tensors pickled so far with their memo ids, by storage and offset (a repeated view is one object).
+    tensors: HashMap<ViewKey, Vec<(Tensor, u32)>>,
 }
+
+/// A tensor's storage identity and storage offset: where repeated views are looked up.
+type ViewKey = ((usize, usize, usize), usize);
 
 /// Whether CPython would hand out one shared object for this string constant: identifiers made of ASCII
 /// name characters (interned code constants and attribute names) and the empty string.
@@ -175,7 +182,7 @@ impl DataPickler {
             interned: HashMap::new(),
             storages: Vec::new(),
             storage_index: HashMap::new(),
-            tensors: Vec::new(),
+            tensors: HashMap::new(),
         })
     }
 
@@ -503,7 +510,8 @@ impl DataPickler {
     }
 
     fn tensor(&mut self, t: &Tensor) -> Result<()> {
-        if let Some(&(_, id)) = self.tensors.iter().find(|(seen, _)| same_view(seen, t)) {
+        let key = (t.storage().storage_id(), t.storage_offset());
+        if let Some(&(_, id)) = self.tensors.get(&key).and_then(|seen| seen.iter().find(|(s, _)| same_view(s, t))) {
             return self.p.get(id).map_err(io);
         }
         let (module, name) = rebuild_fn(t);
@@ -511,7 +519,7 @@ impl DataPickler {
         self.tensor_args(t, t.requires_grad())?;
         self.p.reduce().map_err(io)?;
         let id = self.memoize()?;
-        self.tensors.push((t.clone(), id));
+        self.tensors.entry(key).or_default().push((t.clone(), id));
         Ok(())
     }
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ckpt_core::{Buffer, CheckpointRead, Value};
-use ckpt_torch::{ReadOptions, TorchFile, WriteOptions, save_to_writer};
+use ckpt_torch::{ReadOptions, TorchReader, WriteOptions, save_to_writer};
 
 /// Reading every entry of a file looked each one up by walking all leaves: quadratic in the number of
 /// entries (a 100 KB pickle of 40 000 small items took minutes, a fuzzer timeout). Look-ups go through a
@@ -16,7 +16,7 @@ fn fuzz_every_entry_of_a_wide_file_reads_in_linear_time() {
     let n = 50_000;
     let value = Value::List((0..n).map(Value::Int).collect());
     let bytes = save_to_writer(&value, Vec::new(), "archive", &WriteOptions::default()).unwrap();
-    let file = TorchFile::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default()).unwrap();
+    let file = TorchReader::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default()).unwrap();
     let entries = file.entries();
     assert_eq!(entries.len(), n as usize);
     for (i, e) in entries.iter().enumerate() {
@@ -33,10 +33,10 @@ fn fuzz_every_entry_of_a_wide_file_reads_in_linear_time() {
 #[test]
 fn fuzz_repeated_dict_key_keeps_the_last_value_like_torch_load() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
-    let file = TorchFile::open(&dir.join("duplicate_key.pt")).unwrap();
+    let file = TorchReader::open(&dir.join("duplicate_key.pt")).unwrap();
     let names: Vec<String> = file.entries().into_iter().map(|e| e.name).collect();
     assert_eq!(names, ["w", "n"]);
-    let original = TorchFile::open(&dir.join("../../../../conformance/fixtures/torch/bytesio.pt")).unwrap();
+    let original = TorchReader::open(&dir.join("../../../../conformance/fixtures/torch/bytesio.pt")).unwrap();
     let w = file.tensor("w").unwrap();
     assert_eq!(w.shape(), [3]);
     assert!(w.bitwise_eq(&original.tensor("b").unwrap()));

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use ckpt_core::{Buffer, DType, Tensor, Value};
-use ckpt_torch::{Container, Error, ReadOptions, TorchFile, WriteOptions, prefix_for_path, save_to_writer};
+use ckpt_torch::{Container, Error, ReadOptions, TorchReader, WriteOptions, prefix_for_path, save_to_writer};
 
 fn sample() -> Value {
     let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
@@ -29,13 +29,13 @@ fn reads_archives_embedded_at_an_offset() {
     file.extend_from_slice(&b);
     file.extend_from_slice(b"trailing");
     let whole = Buffer::from_vec(file);
-    let fa = TorchFile::from_buffer(&whole.slice_len(a_at, a.len()).unwrap(), &ReadOptions::default()).unwrap();
+    let fa = TorchReader::from_buffer(&whole.slice_len(a_at, a.len()).unwrap(), &ReadOptions::default()).unwrap();
     assert_eq!(fa.value(), &sample());
     assert_eq!(fa.prefix(), Some("archive"));
     let wt = fa.value().as_dict().unwrap().get("wt").unwrap().as_tensor().unwrap();
     // zero copy: the tensor's storage is a window of the big buffer
     assert!(wt.storage().same_backing(&whole));
-    let fb = TorchFile::from_buffer(&whole.slice_len(b_at, b.len()).unwrap(), &ReadOptions::default()).unwrap();
+    let fb = TorchReader::from_buffer(&whole.slice_len(b_at, b.len()).unwrap(), &ReadOptions::default()).unwrap();
     assert_eq!(fb.value(), &Value::dict([("x", Value::Int(1))]));
 }
 
@@ -53,7 +53,7 @@ fn prefixes_follow_torch() {
 fn minimal_archive_and_crc_options() {
     let opts = WriteOptions::default().with_crc32(false).with_torch_2_13_records(false);
     let bytes = save_to_writer(&sample(), Vec::new(), "archive", &opts).unwrap();
-    let f = TorchFile::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default().with_verify_crc(true)).unwrap();
+    let f = TorchReader::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default().with_verify_crc(true)).unwrap();
     assert_eq!(f.records(), ["data.pkl", "data/0", "version"]);
     assert_eq!(f.value(), &sample());
 }
@@ -62,14 +62,14 @@ fn minimal_archive_and_crc_options() {
 fn saves_atomically_and_reports_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.pt");
-    ckpt_torch::save(&sample(), &path).unwrap();
+    ckpt_torch::save(&sample(), &path, &ckpt_torch::WriteOptions::default()).unwrap();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left behind");
-    let f = TorchFile::open(&path).unwrap();
+    let f = TorchReader::open(&path).unwrap();
     assert_eq!(f.container(), Container::Zip);
     assert_eq!(f.prefix(), Some("m"));
     let bad = Value::Tensor(Tensor::zeros(DType::QInt8, &[2]).unwrap());
-    let err = ckpt_torch::save(&bad, &path).unwrap_err();
+    let err = ckpt_torch::save(&bad, &path, &ckpt_torch::WriteOptions::default()).unwrap_err();
     assert!(err.to_string().contains("m.pt"), "{err}");
     // the failed save left the old file intact
-    assert_eq!(TorchFile::open(&path).unwrap().value(), &sample());
+    assert_eq!(TorchReader::open(&path).unwrap().value(), &sample());
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use ckpt::{Checkpoint, EntryKind, Format};
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -87,29 +88,23 @@ enum Command {
         all: bool,
     },
     /// Convert a checkpoint into another format.
-    #[command(after_help = "Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
-                            ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
-                            ckpt convert model.safetensors model.pt --to torch\n  \
-                            ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
-                            ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
-                            ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n\n\
-                            Formats: torch, safetensors, distcp, hfai, pbg, recis.")]
+    #[command(after_help = convert_help())]
     Convert {
         /// The source checkpoint.
         src: PathBuf,
         /// The destination file or directory.
         dst: PathBuf,
         /// The target format.
-        #[arg(long, value_parser = parse_format)]
+        #[arg(long, value_parser = format_parser())]
         to: Format,
         /// The source format (detected when omitted).
-        #[arg(long, value_parser = parse_format)]
+        #[arg(long, value_parser = format_parser())]
         from: Option<Format>,
         #[command(flatten)]
         layout: LayoutArgs,
     },
-    /// Rewrite a distcp, hfai or recis checkpoint for another number of ranks, parts or shards.
-    #[command(after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
+    /// Rewrite a sharded checkpoint for another number of ranks, parts or shards.
+    #[command(about = reshard_about(), after_help = "Examples:\n  ckpt reshard dcp_checkpoint/ dcp_3ranks/ --world-size 3\n  \
                             ckpt reshard hfai_ckpt/ hfai_2parts/ --world-size 2\n  \
                             ckpt reshard recis_ckpt/ recis_4shards/ --world-size 4")]
     Reshard {
@@ -143,11 +138,41 @@ enum Command {
     },
 }
 
-fn parse_format(s: &str) -> Result<Format, String> {
-    Format::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
-        format!("unknown format {s:?}; one of {}", names.join(", "))
-    })
+/// `--to` / `--from`: a format by name, the possible values (with what each is) from the registry.
+fn format_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
+    let values = Format::ALL.map(|f| clap::builder::PossibleValue::new(f.name()).help(f.about()));
+    clap::builder::PossibleValuesParser::new(values).try_map(|name| name.parse::<Format>())
+}
+
+fn convert_help() -> String {
+    let formats: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+    format!(
+        "Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
+         ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
+         ckpt convert model.safetensors model.pt --to torch\n  \
+         ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
+         ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
+         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n\n\
+         Formats: {}.",
+        formats.join(", ")
+    )
+}
+
+/// The formats `reshard` handles, from the registry: `distcp, hfai or recis`.
+fn sharded_formats() -> String {
+    let names: Vec<&str> = ckpt::reshard_formats().iter().map(|f| f.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+fn reshard_about() -> String {
+    format!("Rewrite a {} checkpoint for another number of ranks, parts or shards", sharded_formats())
+}
+
+fn world_size_help() -> String {
+    format!("Ranks, shards or parts of a {} target", sharded_formats())
 }
 
 /// Exit codes: 0 success, 1 a check failed, 2 usage error (clap), 3 bad input, 4 I/O error.
@@ -203,13 +228,12 @@ fn error_chain(e: &dyn std::error::Error, sep: &str) -> String {
 
 /// 4 when an operating-system I/O error (other than malformed data) is in the cause chain, else 3.
 fn exit_code(e: &ckpt::Error) -> u8 {
-    if let ckpt::Error::Torch(t) = e {
-        if matches!(t.kind(), ckpt::torch::Error::Io { .. }) {
-            return EXIT_IO;
-        }
-    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
+        // The torch codec's I/O errors (a file that cannot be opened or mapped) are the operating system's.
+        if s.downcast_ref::<ckpt::torch::Error>().is_some_and(|t| matches!(t.kind(), ckpt::torch::Error::Io { .. })) {
+            return EXIT_IO;
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind as K;
             if !matches!(io.kind(), K::UnexpectedEof | K::InvalidData | K::InvalidInput) {
@@ -362,12 +386,11 @@ fn diff(a: &Path, b: &Path, rtol: f64, atol: f64, all: bool, quiet: bool) -> ckp
 /// The target layout of `ckpt convert`.
 #[derive(clap::Args, Debug)]
 struct LayoutArgs {
-    /// Ranks, shards or parts of a distcp, hfai or recis target.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, help = world_size_help(), default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     world_size: u32,
-    /// distcp targets: `max-compat` (loads in torch 2.0 to 2.15) or `torch213` (torch 2.13's own bytes).
-    #[arg(long, default_value = "max-compat", value_parser = ["max-compat", "torch213"])]
-    dcp_profile: String,
+    /// distcp targets: the `.metadata` layout.
+    #[arg(long, value_enum, default_value_t = ckpt::DcpProfile::MaxCompat)]
+    dcp_profile: ckpt::DcpProfile,
     /// hfai targets: tensors above this many bytes are split over the parts (default: hfai's 256 MiB).
     #[arg(long, value_name = "BYTES")]
     hfai_large_size: Option<u64>,
@@ -385,11 +408,9 @@ struct LayoutArgs {
 
 impl LayoutArgs {
     fn options(&self) -> ckpt::ConvertOptions {
-        let profile = match self.dcp_profile.as_str() {
-            "torch213" => ckpt::DcpProfile::Torch213,
-            _ => ckpt::DcpProfile::MaxCompat,
-        };
-        let mut o = ckpt::ConvertOptions::default().with_world_size(self.world_size as usize).with_dcp_profile(profile);
+        let mut o = ckpt::ConvertOptions::default()
+            .with_world_size(self.world_size as usize)
+            .with_dcp_profile(self.dcp_profile);
         if let Some(b) = self.hfai_large_size {
             o = o.with_hfai_large_size(b);
         }
@@ -481,13 +502,6 @@ fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool) -> ckpt::Result<bool
     Ok(true)
 }
 
-/// `rel` as PBG resolves it (against the working directory), else against `base`.
-#[cfg(feature = "pbg")]
-fn resolve(rel: &str, base: &Path) -> PathBuf {
-    let p = PathBuf::from(rel);
-    if p.is_absolute() || p.exists() { p } else { base.join(p) }
-}
-
 #[cfg(not(feature = "pbg"))]
 fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> {
     Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
@@ -497,26 +511,16 @@ fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> 
 fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Path, quiet: bool) -> ckpt::Result<bool> {
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| ckpt::Error::Pbg { path, source: Box::new(source) }
+        move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
     };
-    let (config_file, checkpoint_dir) = if config.is_dir() {
-        (config.join(ckpt::pbg::CONFIG_FILE), Some(config.to_path_buf()))
-    } else {
-        (config.to_path_buf(), None)
-    };
-    let cfg = ckpt::pbg::Config::read(&config_file).map_err(pbg(&config_file))?;
-    let base = config_file.parent().unwrap_or(Path::new(".")).to_path_buf();
-    // A checkpoint's own config.json names paths relative to where training ran: its parent directory.
-    let base = if checkpoint_dir.is_some() { base.parent().unwrap_or(Path::new(".")).to_path_buf() } else { base };
-    let checkpoint_dir = match checkpoint_dir {
-        Some(d) => d,
-        None => resolve(cfg.checkpoint_path().unwrap_or("."), &base),
-    };
-    let entity_path = resolve(cfg.entity_path().unwrap_or("."), &base);
+    let located = ckpt::pbg::ConfigFile::locate(config).map_err(pbg(config))?;
+    let cfg = located.config();
+    let checkpoint_dir = located.checkpoint_dir();
+    let entity_path = located.entity_path().unwrap_or_else(|| located.resolve("."));
     let pb = spinner(quiet, "exporting");
-    let result = ckpt::pbg::Checkpoint::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
+    let result = ckpt::pbg::PbgReader::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
         let entities = ckpt::pbg::EntityStorage::new(&entity_path);
-        ckpt::pbg::export_tsv(&ck, &cfg, &entities, entities_output, relation_types_output)
+        ckpt::pbg::export_tsv(&ck, cfg, &entities, entities_output, relation_types_output)
             .map_err(pbg(&checkpoint_dir))
             .map(|()| ck.version())
     });

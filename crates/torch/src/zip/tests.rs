@@ -1150,3 +1150,21 @@ fn never_panics_on_mutations() {
         check(&archive[i..]);
     }
 }
+
+#[test]
+fn large_records_crc_computed_in_parallel_matches() {
+    let a: Vec<u8> = (0..(3usize << 20)).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    let b: Vec<u8> = (0..(2usize << 20) + 17).map(|i| (i.wrapping_mul(40_503) >> 3) as u8).collect();
+    let mut w = ZipWriter::new(Vec::new(), "archive");
+    w.write_record_parts("big", &[&a, &b]).unwrap();
+    w.write_record("small", &a[..100]).unwrap();
+    let crcs: Vec<(String, u32)> = w.record_crcs().map(|(n, c)| (n.to_owned(), c)).collect();
+    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+    assert_eq!(crcs[0], ("archive/big".to_owned(), crc32fast::hash(&whole)));
+    assert_eq!(crcs[1], ("archive/small".to_owned(), crc32fast::hash(&a[..100])));
+    let bytes = w.finish().unwrap();
+    let ar = Archive::parse(&bytes).unwrap();
+    let rec = ar.get("big").unwrap();
+    assert_eq!(ar.data(&bytes, rec).unwrap(), &whole[..]);
+    ar.verify_crc(&bytes, rec).unwrap();
+}

@@ -10,6 +10,10 @@ use super::{
     ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_SIG, ZipError, padding_len, zip64_local_extra_len,
 };
 
+/// Records of at least this many bytes get their CRC-32 computed on a second thread, overlapped with the
+/// write.
+const PARALLEL_CRC_MIN: u64 = 4 << 20;
+
 /// Options of a [`ZipWriter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterOptions {
@@ -266,14 +270,34 @@ impl<W: Write> ZipWriter<W> {
                 self.combined_crc = hash_combine(self.combined_crc, u64::from(quirk));
             }
         }
-        let mut hasher = self.opts.compute_crc32.then(crc32fast::Hasher::new);
-        for part in parts {
-            if let Some(h) = hasher.as_mut() {
-                h.update(part);
+        let crc = if self.opts.compute_crc32 && size >= PARALLEL_CRC_MIN {
+            // Large records: the CRC-32 is computed on a second thread while the data is written, so the
+            // checksum costs no time on the writing thread (torch computes it inline).
+            let out = &mut self.out;
+            std::thread::scope(|s| {
+                let crc = s.spawn(|| {
+                    let mut h = crc32fast::Hasher::new();
+                    parts.iter().for_each(|p| h.update(p));
+                    h.finalize()
+                });
+                let written = parts.iter().try_for_each(|p| out.write_all(p));
+                let crc = crc.join().unwrap_or_else(|_| {
+                    let mut h = crc32fast::Hasher::new();
+                    parts.iter().for_each(|p| h.update(p));
+                    h.finalize()
+                });
+                written.map(|()| crc)
+            })?
+        } else {
+            let mut hasher = self.opts.compute_crc32.then(crc32fast::Hasher::new);
+            for part in parts {
+                if let Some(h) = hasher.as_mut() {
+                    h.update(part);
+                }
+                self.out.write_all(part)?;
             }
-            self.out.write_all(part)?;
-        }
-        let crc = hasher.map_or(0, crc32fast::Hasher::finalize);
+            hasher.map_or(0, crc32fast::Hasher::finalize)
+        };
         if size > 0 {
             let mut d = Vec::with_capacity(24);
             put32(&mut d, DATA_DESCRIPTOR_SIG);

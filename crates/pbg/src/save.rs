@@ -1,7 +1,5 @@
-//! Writing a source as a PyTorch-BigGraph checkpoint directory.
-//!
-//! The source's entries are read under [`ckpt_pbg::Checkpoint`]'s names, which every other format keeps
-//! when a PBG checkpoint is converted to it (an hfai target's `model.` prefix is taken off):
+//! Writing a new checkpoint from its entries, named as [`PbgReader`](crate::PbgReader) names them — what any other format keeps of
+//! a PBG checkpoint converted to it.
 //!
 //! | entry | becomes |
 //! |---|---|
@@ -12,34 +10,43 @@
 //! | `config` | `config.json` |
 //! | `version` | `V` (default 1) |
 //!
-//! Optimizer keys are the dotted keys of the state dict (`state.0.sum`, `param_groups.0.lr`); when the
-//! source kept only the tensors (a safetensors file keeps no `param_groups` unless ckpt wrote it), the state
-//! dict is rebuilt as PBG's trainer writes it, with the config's `lr`.
+//! A name may carry a `model.` prefix (a PBG checkpoint nested under `model`, as an hfai checkpoint holds
+//! it); it is taken off. Optimizer keys are the dotted keys of the state dict (`state.0.sum`,
+//! `param_groups.0.lr`); when only the tensors were kept (a safetensors file keeps no `param_groups` unless
+//! ckpt wrote it), the state dict is rebuilt as PBG's trainer writes it, with the config's `lr`.
 //!
-//! The layout (entity types, partition counts, dimension, relations) is the config's: the source's own, or
-//! [`ConvertOptions::pbg_config`]. An entity whose partition count in the config differs from the source's
-//! is re-partitioned: its partitions are concatenated in order and cut into the config's count of
-//! consecutive ranges (the first `N % P` one row longer), optimizer sums alike. PBG maps rows to entities
-//! through the files under the config's `entity_path` (`entity_count_*`, `entity_names_*`), which are not
-//! part of a checkpoint: they must be made for the new layout too.
+//! The layout (entity types, partition counts, dimension, relations) is the config's: the `config` entry, or
+//! [`WriteOptions::config`]. An entity whose partition count in the config differs from the entries' is
+//! re-partitioned: its partitions are concatenated in order and cut into the config's count of consecutive
+//! ranges (the first `N % P` one row longer), optimizer sums alike. PBG maps rows to entities through the
+//! files under the config's `entity_path` (`entity_count_*`, `entity_names_*`), which are not part of a
+//! checkpoint: they must be made for the new layout too.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use ckpt_core::{Dict, DictKind, Tensor, Value};
-use ckpt_pbg::{
-    CommitOptions, Config, EntityPartition, FileCheckpointStorage, Model, ModelParameter, OptimizerState, StateDict,
-};
 
-use super::super::source::{Content, Leaf};
-use super::super::{ConvertOptions, ConvertSummary};
-use crate::{Error, Format, Result};
+use crate::commit::WriteOptions;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::model::{Model, ModelParameter, public_to_private};
+use crate::names::CONFIG_FILE;
+use crate::optimizer::{OptimizerState, StateDict};
+use crate::partition::EntityPartition;
+use crate::storage::FileCheckpointStorage;
 
-fn unsupported(from: Format, reason: String) -> Error {
-    Error::UnsupportedConversion { from, to: Format::Pbg, reason }
+/// What [`save`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SaveReport {
+    /// The version committed (the `version` entry, default 1).
+    pub version: u64,
+    /// The names of the entries left out: not PBG names, or not of the kind their name needs.
+    pub dropped: Vec<String>,
 }
 
-/// What the source holds, under PBG's names.
+/// What the entries hold, under PBG's names.
 #[derive(Default)]
 struct Source {
     /// entity → partition → embeddings.
@@ -51,12 +58,11 @@ struct Source {
     model_optimizer: Vec<(String, Value)>,
     config: Option<String>,
     version: Option<u64>,
-    /// Entries counted as written, and the names of those left out.
-    written: Vec<Leaf>,
+    /// The names of the entries left out.
     dropped: Vec<String>,
 }
 
-/// `name` without the `model.` prefix an hfai target adds, when what follows is a PBG name.
+/// `name` without a `model.` prefix (a PBG checkpoint nested under `model`), when what follows is a PBG name.
 fn pbg_name(name: &str) -> &str {
     match name.strip_prefix("model.") {
         Some(rest)
@@ -83,16 +89,16 @@ fn entity_partition(rest: &str) -> Option<(&str, u32, Option<&str>)> {
     Some((entity, part.parse().ok()?, tail))
 }
 
-fn classify(content: &Content) -> Source {
+fn classify(entries: &[(String, Value)]) -> Source {
     let mut s = Source::default();
-    for l in &content.leaves {
-        let name = pbg_name(&l.name);
-        let tensor = l.value.as_tensor();
+    for (full_name, value) in entries {
+        let name = pbg_name(full_name);
+        let tensor = value.as_tensor();
         let used = if name == "config" {
-            s.config = l.value.as_str().map(str::to_owned);
+            s.config = value.as_str().map(str::to_owned);
             s.config.is_some()
         } else if name == "version" {
-            s.version = l.value.as_int().and_then(|v| u64::try_from(v).ok());
+            s.version = value.as_int().and_then(|v| u64::try_from(v).ok());
             s.version.is_some()
         } else if let Some(rest) = name.strip_prefix("embeddings/") {
             match (entity_partition(rest), tensor) {
@@ -111,7 +117,7 @@ fn classify(content: &Content) -> Source {
                 None => false,
             }
         } else if let Some(key) = name.strip_prefix("optimizer/model/") {
-            s.model_optimizer.push((key.to_owned(), l.value.clone()));
+            s.model_optimizer.push((key.to_owned(), value.clone()));
             true
         } else if let Some(rest) = name.strip_prefix("optimizer/embeddings/") {
             match entity_partition(rest) {
@@ -119,7 +125,7 @@ fn classify(content: &Content) -> Source {
                     s.partition_optimizers
                         .entry((entity.to_owned(), part))
                         .or_default()
-                        .push((key.to_owned(), l.value.clone()));
+                        .push((key.to_owned(), value.clone()));
                     true
                 }
                 _ => false,
@@ -127,10 +133,8 @@ fn classify(content: &Content) -> Source {
         } else {
             false
         };
-        if used {
-            s.written.push(l.clone());
-        } else {
-            s.dropped.push(l.name.clone());
+        if !used {
+            s.dropped.push(full_name.clone());
         }
     }
     s
@@ -238,35 +242,38 @@ fn model_adagrad(leaves: &[(String, Value)], lr: f64) -> Option<Value> {
 }
 
 /// Rows `[start, start + len)` of `t` (dimension 0) as a contiguous tensor.
-fn rows(t: &Tensor, start: usize, len: usize, core: impl Fn(ckpt_core::Error) -> Error) -> Result<Tensor> {
-    t.narrow(0, start, len).and_then(|v| v.to_contiguous()).map_err(core)
+fn rows(t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    Ok(t.narrow(0, start, len).and_then(|v| v.to_contiguous())?)
 }
 
 /// `tensors` concatenated on dimension 0 (all of one dtype and row shape).
-fn concat(tensors: &[&Tensor], core: impl Fn(ckpt_core::Error) -> Error) -> Result<Tensor> {
+fn concat(tensors: &[&Tensor]) -> Result<Tensor> {
     let Some(first) = tensors.first() else {
-        return Err(core(ckpt_core::Error::InvalidArgument("concatenating no tensors".into())));
+        return Err(Error::InvalidInput { what: "embeddings".into(), reason: "concatenating no tensors".into() });
     };
     let mut shape = first.shape().to_vec();
     let mut bytes = Vec::new();
     let mut n = 0;
     for t in tensors {
         if t.dtype() != first.dtype() || t.shape().get(1..) != first.shape().get(1..) {
-            return Err(core(ckpt_core::Error::InvalidArgument(format!(
-                "cannot concatenate {} {:?} with {} {:?}",
-                first.dtype(),
-                first.shape(),
-                t.dtype(),
-                t.shape()
-            ))));
+            return Err(Error::InvalidInput {
+                what: "embeddings".into(),
+                reason: format!(
+                    "cannot concatenate {} {:?} with {} {:?}",
+                    first.dtype(),
+                    first.shape(),
+                    t.dtype(),
+                    t.shape()
+                ),
+            });
         }
         n += t.shape().first().copied().unwrap_or(0);
-        bytes.extend_from_slice(&t.data().map_err(&core)?);
+        bytes.extend_from_slice(&t.data()?);
     }
     if let Some(d0) = shape.first_mut() {
         *d0 = n;
     }
-    Tensor::from_buffer(first.dtype(), &shape, ckpt_core::Buffer::from_vec(bytes)).map_err(core)
+    Ok(Tensor::from_buffer(first.dtype(), &shape, ckpt_core::Buffer::from_vec(bytes))?)
 }
 
 /// The `(start, len)` row ranges of `n` rows cut into `parts` consecutive ranges, the first `n % parts`
@@ -284,42 +291,55 @@ fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    let source = classify(content);
+/// Writes a new PBG checkpoint in `dst` (which must not hold one) from `entries` named as [`PbgReader`](crate::PbgReader) names
+/// them (the module documentation has the table), in the config's layout, re-partitioning entities whose
+/// partition count differs and rebuilding optimizer state dicts of which only the tensors were kept. The
+/// config is written first, then version `V` in one commit (`options`' snapshot and version-file choices
+/// apply; there is no older version to carry over or preserve).
+///
+/// ```
+/// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
+/// use ckpt_core::CheckpointRead;
+/// use ckpt_pbg::{PbgReader, WriteOptions};
+/// let src = PbgReader::open(fixture.as_ref()).unwrap();
+/// // Every entry by name, as any other format keeps them; user_id re-partitioned from 2 partitions into 3.
+/// let entries: Vec<_> = src.entries().into_iter().map(|e| (e.name.clone(), src.value(&e.name).unwrap())).collect();
+/// let text = src.config().unwrap().text().replace("\"num_partitions\": 2", "\"num_partitions\": 3");
+/// let options = WriteOptions::default().with_config(ckpt_pbg::Config::parse(&text).unwrap());
+/// let dir = tempfile::tempdir().unwrap();
+/// let report = ckpt_pbg::save(&entries, dir.path(), &options).unwrap();
+/// assert_eq!((report.version, report.dropped.len()), (src.version(), 0));
+/// let out = PbgReader::open(dir.path()).unwrap();
+/// assert_eq!(out.partitions().iter().filter(|p| p.entity == "user_id").count(), 3);
+/// ```
+///
+/// # Errors
+/// [`Error::NoEmbeddings`] when no entry is an entity partition or a model parameter; [`Error::NoConfig`]
+/// without a config; [`Error::LayoutMismatch`] when the entries do not fit the config's layout;
+/// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors.
+pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
+    let source = classify(entries);
     if source.embeddings.is_empty() && source.parameters.is_empty() {
-        return Err(unsupported(
-            from,
-            format!(
-                "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; this {from} \
-                 checkpoint has no `embeddings/<entity>/<partition>` or `model/<parameter>` entries (the names a PBG \
-                 checkpoint converted to {from} keeps)"
-            ),
-        ));
+        return Err(Error::NoEmbeddings);
     }
-    let pbg_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Pbg { path: path.clone(), source: Box::new(source) }
-    };
-    let core = |source| Error::Core { path: dst.to_path_buf(), source };
-    let text = match (&options.pbg_config, &source.config) {
-        (Some(path), _) => std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.clone(), source })?,
-        (None, Some(text)) => text.clone(),
-        (None, None) => {
-            return Err(unsupported(
-                from,
-                "the source has no PyTorch-BigGraph `config` entry, and a PBG checkpoint needs the training config \
-                 that defines its entities, partitions and relations: give one (ConvertOptions::with_pbg_config, \
-                 `ckpt convert --pbg-config config.json`)"
-                    .into(),
-            ));
+    let parsed;
+    let config = match (&options.config, &source.config) {
+        (Some(config), _) => config,
+        (None, Some(text)) => {
+            parsed = Config::parse(text).map_err(|e| match e {
+                Error::BadConfig { reason, .. } => Error::BadConfig { path: dst.join(CONFIG_FILE), reason },
+                e => e,
+            })?;
+            &parsed
         }
+        (None, None) => return Err(Error::NoConfig),
     };
-    let config_path = options.pbg_config.clone().unwrap_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE));
-    let config = Config::parse(&text).map_err(pbg_err(&config_path))?;
-    let layout = |reason: String| unsupported(from, format!("{reason} (config {})", config_path.display()));
+    let layout = |reason: String| Error::LayoutMismatch { reason };
     for entity in source.embeddings.keys() {
         if config.entity(entity).is_none() {
-            return Err(layout(format!("the source has embeddings of entity type {entity:?}, which the config lacks")));
+            return Err(layout(format!(
+                "the entries have embeddings of entity type {entity:?}, which the config lacks"
+            )));
         }
     }
 
@@ -327,7 +347,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
     let mut partitions: Vec<(String, u32, EntityPartition)> = Vec::new();
     for e in config.entities() {
         let Some(parts) = source.embeddings.get(&e.name) else {
-            return Err(layout(format!("the source has no embeddings of entity type {:?}", e.name)));
+            return Err(layout(format!("the entries have no embeddings of entity type {:?}", e.name)));
         };
         let dim = config.entity_dimension(&e.name);
         for (p, t) in parts {
@@ -343,7 +363,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
         let src_count = parts.len();
         if parts.keys().copied().ne(0..src_count as u32) {
             return Err(layout(format!(
-                "the source's partitions of {:?} are {:?}, not 0..{src_count}",
+                "the entries' partitions of {:?} are {:?}, not 0..{src_count}",
                 e.name,
                 parts.keys().collect::<Vec<_>>()
             )));
@@ -356,7 +376,7 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                 let mut part = EntityPartition::new(t.clone());
                 if let Some(o) = opt(p) {
                     let state = match rebuild_state_dict(o) {
-                        Some(v) => StateDict::from_value(v).map_err(pbg_err(dst))?,
+                        Some(v) => StateDict::from_value(v)?,
                         None => match leaf_tensor(o, "state.0.sum") {
                             Some(sum) => StateDict::row_adagrad(sum.clone(), lr_of(p)),
                             None => {
@@ -367,26 +387,26 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                             }
                         },
                     };
-                    part.optimizer = Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?);
+                    part.optimizer = Some(OptimizerState::encode(&state)?);
                 }
                 partitions.push((e.name.clone(), p, part));
             }
         } else {
             let all: Vec<&Tensor> = parts.values().collect();
-            let embeddings = concat(&all, core)?;
+            let embeddings = concat(&all)?;
             let sums: Option<Vec<&Tensor>> =
                 (0..src_count as u32).map(|p| opt(p).and_then(|o| leaf_tensor(o, "state.0.sum"))).collect();
             let sums = match sums {
-                Some(s) => Some(concat(&s, core)?),
+                Some(s) => Some(concat(&s)?),
                 None => None,
             };
             let n = embeddings.shape().first().copied().unwrap_or(0);
             for (p, (start, len)) in ranges(n, want).into_iter().enumerate() {
                 let p = u32::try_from(p).map_err(|_| layout(format!("{want} partitions")))?;
-                let mut part = EntityPartition::new(rows(&embeddings, start, len, core)?);
+                let mut part = EntityPartition::new(rows(&embeddings, start, len)?);
                 if let Some(sum) = &sums {
-                    let state = StateDict::row_adagrad(rows(sum, start, len, core)?, lr_of(0));
-                    part.optimizer = Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?);
+                    let state = StateDict::row_adagrad(rows(sum, start, len)?, lr_of(0));
+                    part.optimizer = Some(OptimizerState::encode(&state)?);
                 }
                 partitions.push((e.name.clone(), p, part));
             }
@@ -401,9 +421,9 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
             .parameters
             .iter()
             .map(|(public, t)| {
-                let private = ckpt_pbg::public_to_private(public)
+                let private = public_to_private(public)
                     .ok_or_else(|| layout(format!("model/{public} is not a PyTorch-BigGraph parameter name")))?;
-                ModelParameter::new(&private, t.clone()).map_err(pbg_err(dst))
+                ModelParameter::new(&private, t.clone())
             })
             .collect::<Result<Vec<_>>>()?;
         let optimizer = if source.model_optimizer.is_empty() {
@@ -414,8 +434,8 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
                 None => model_adagrad(&source.model_optimizer, config.lr()),
             };
             let value = value.ok_or_else(|| layout("the model's optimizer entries do not form a state dict".into()))?;
-            let state = StateDict::from_value(value).map_err(pbg_err(dst))?;
-            Some(OptimizerState::encode(&state).map_err(pbg_err(dst))?)
+            let state = StateDict::from_value(value)?;
+            Some(OptimizerState::encode(&state)?)
         };
         Some(Model { parameters: Some(parameters), optimizer, ..Model::default() })
     };
@@ -423,32 +443,26 @@ pub(super) fn write(content: &Content, from: Format, dst: &Path, options: &Conve
     // Write: config first (the commit derives the files' metadata from it), then version V in one commit.
     let storage = FileCheckpointStorage::new(dst);
     if storage.version_file().exists() {
-        return Err(Error::Io {
-            path: storage.version_file(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "the target already holds a PyTorch-BigGraph checkpoint; convert into a new directory",
-            ),
-        });
+        return Err(Error::AlreadyExists { path: storage.version_file() });
     }
-    storage.prepare().map_err(pbg_err(dst))?;
-    storage.save_config(config.text()).map_err(pbg_err(dst))?;
+    storage.prepare()?;
+    storage.save_config(config.text())?;
     let version = source.version.unwrap_or(1).max(1);
     if version > 1 {
-        storage.save_version(version - 1).map_err(pbg_err(dst))?;
+        storage.save_version(version - 1)?;
     }
-    let mut commit = storage.begin_commit().map_err(pbg_err(dst))?;
+    let mut commit = storage.begin_commit()?;
     for (entity, p, part) in partitions {
-        commit.partition(&entity, p, part).map_err(pbg_err(dst))?;
+        commit.partition(&entity, p, part)?;
     }
     if let Some(m) = model {
         commit.model(m);
     }
-    commit.finish(&CommitOptions::default().carry_over(false)).map_err(pbg_err(dst))?;
+    // A new directory: there is no older version to carry over or preserve.
+    let options = WriteOptions { carry_over: false, preserve_old: false, config: None, ..options.clone() };
+    commit.finish(&options)?;
 
-    let mut s = super::count(&source.written);
-    s.dropped = source.dropped;
-    Ok(s)
+    Ok(SaveReport { version, dropped: source.dropped })
 }
 
 #[cfg(test)]

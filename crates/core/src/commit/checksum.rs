@@ -1,0 +1,376 @@
+//! The checksum manifest `ckpt.checksums.json`: a CRC-32 per named byte range ("chunk") of every file of
+//! a checkpoint directory, for formats that carry no checksums of their own (distcp, hfai, recis, pbg).
+//!
+//! The algorithm is chosen by speed, since it runs on every byte of every save and must cost under 5%
+//! of it: CRC-32 (IEEE, the ZIP polynomial) through `crc32fast`, which picks `PCLMULQDQ` / AVX-512
+//! `VPCLMULQDQ` / ARMv8 at run time. Measured on the development VM over cache-hot 128 KiB pieces:
+//! `crc32fast` 25–38 GB/s, the `crc32c` crate (SSE4.2) 11–12 GB/s, `xxhash-rust` XXH3-64 (SSE2 in a
+//! portable build: it picks SIMD at compile time) 6–9 GB/s. In a 1 GiB DCP save the manifest cost 16%
+//! of the save with CRC32C, 22% with XXH3 and 6% with CRC-32 (interleaved medians, `durable_save`). All
+//! three detect every error burst up to 32 bits, which covers a flipped bit or a torn sector boundary.
+//!
+//! Chunks are computed while writing: a [`DurableWriter`](super::DurableWriter) with checksums on hashes
+//! every byte it is given, and the format writer [marks](super::DurableWriter::mark) item boundaries (a
+//! tensor chunk, a record), so each file is covered completely by consecutive chunks. In a multi-rank save
+//! each rank sends the digests of its files to the coordinator, which writes the merged manifest into the
+//! staging directory before the swap ([`DirCommit::commit`](super::DirCommit::commit)).
+//!
+//! The file (JSON, written by ckpt, ignored by torch and the other originals):
+//!
+//! ```json
+//! {"format": "ckpt.checksums", "version": 1, "algorithm": "crc32",
+//!  "files": {"__0_0.distcp": {"size": 1536, "chunks": [["w", 0, 1024, "8d3ad5f4"], ["b", 1024, 512, "..."]]}}}
+//! ```
+//!
+//! Each chunk is `[name, offset, length, CRC-32 as 8 hex digits]`. [`Manifest::verify_dir`] reads every
+//! byte of every listed file and reports what differs; readers that read one item can check just its
+//! range with [`Manifest::chunk_at`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value as Json, json};
+
+use crate::error::{Error, Result};
+
+/// The manifest's file name.
+pub const MANIFEST_NAME: &str = "ckpt.checksums.json";
+/// The algorithm recorded in the manifest.
+pub const ALGORITHM: &str = "crc32";
+
+/// The checksum of one named byte range of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkDigest {
+    /// What the range holds (a tensor chunk's key, an item name); `""` for bytes before the first mark.
+    pub name: String,
+    /// Offset in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// CRC-32 (IEEE) of the range.
+    pub crc32: u32,
+}
+
+impl ChunkDigest {
+    /// Whether `bytes` (the range's contents) match.
+    pub fn matches(&self, bytes: &[u8]) -> bool {
+        bytes.len() as u64 == self.length && crc32fast::hash(bytes) == self.crc32
+    }
+}
+
+/// The checksums of one file: its size and consecutive chunks covering it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDigest {
+    /// The file's name relative to the checkpoint directory (set by the directory commit).
+    pub file: String,
+    /// The file's size.
+    pub size: u64,
+    /// Consecutive chunks from offset 0 to `size`.
+    pub chunks: Vec<ChunkDigest>,
+}
+
+/// Hashes a stream into named consecutive chunks.
+#[derive(Default)]
+pub(crate) struct ChunkHasher {
+    crc: u32,
+    name: String,
+    start: u64,
+    touched: bool,
+    chunks: Vec<ChunkDigest>,
+}
+
+impl ChunkHasher {
+    pub(crate) fn new() -> Self {
+        ChunkHasher::default()
+    }
+
+    pub(crate) fn update(&mut self, data: &[u8]) {
+        let mut h = crc32fast::Hasher::new_with_initial(self.crc);
+        h.update(data);
+        self.crc = h.finalize();
+        self.touched |= !data.is_empty();
+    }
+
+    fn close(&mut self, end: u64) {
+        if end > self.start || (self.touched && end == self.start) || !self.name.is_empty() {
+            let name = std::mem::take(&mut self.name);
+            self.chunks.push(ChunkDigest { name, offset: self.start, length: end - self.start, crc32: self.crc });
+        }
+        self.crc = 0;
+        self.touched = false;
+        self.start = end;
+    }
+
+    pub(crate) fn mark(&mut self, name: String, pos: u64) {
+        self.close(pos);
+        self.name = name;
+    }
+
+    pub(crate) fn finish(mut self, size: u64) -> FileDigest {
+        self.close(size);
+        FileDigest { file: String::new(), size, chunks: self.chunks }
+    }
+}
+
+/// A checkpoint directory's checksum manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Manifest {
+    /// Per file, by name.
+    pub files: BTreeMap<String, FileDigest>,
+}
+
+/// One thing [`Manifest::verify_dir`] found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch {
+    /// A listed file is missing or unreadable.
+    Missing {
+        /// The file.
+        file: String,
+        /// The error.
+        error: String,
+    },
+    /// A listed file has another size (truncated or appended to).
+    Size {
+        /// The file.
+        file: String,
+        /// The size recorded.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
+    /// A chunk's bytes differ (a flipped bit, an overwritten range).
+    Chunk {
+        /// The file.
+        file: String,
+        /// The chunk's name.
+        name: String,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        length: u64,
+    },
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::Missing { file, error } => write!(f, "{file}: missing ({error})"),
+            Mismatch::Size { file, expected, found } => {
+                write!(f, "{file}: {found} bytes, the manifest says {expected}")
+            }
+            Mismatch::Chunk { file, name, offset, length } => {
+                write!(f, "{file}: bytes {offset}..{} ({name:?}) do not match their checksum", offset + length)
+            }
+        }
+    }
+}
+
+fn malformed(what: &str) -> Error {
+    Error::Malformed(format!("{MANIFEST_NAME}: {what}"))
+}
+
+impl Manifest {
+    /// Adds a file's digest (replacing an earlier one of the same name).
+    pub fn insert(&mut self, digest: FileDigest) {
+        self.files.insert(digest.file.clone(), digest);
+    }
+
+    /// The chunk of `file` that starts at `offset`, if listed.
+    pub fn chunk_at(&self, file: &str, offset: u64) -> Option<&ChunkDigest> {
+        let chunks = &self.files.get(file)?.chunks;
+        let i = chunks.binary_search_by_key(&offset, |c| c.offset).ok()?;
+        chunks.get(i)
+    }
+
+    /// The manifest as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        let files: serde_json::Map<String, Json> = self
+            .files
+            .iter()
+            .map(|(name, d)| {
+                let chunks: Vec<Json> =
+                    d.chunks.iter().map(|c| json!([c.name, c.offset, c.length, format!("{:08x}", c.crc32)])).collect();
+                (name.clone(), json!({"size": d.size, "chunks": chunks}))
+            })
+            .collect();
+        let doc = json!({"format": "ckpt.checksums", "version": 1, "algorithm": ALGORITHM, "files": files});
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// Parses a manifest, checking its structure (every chunk in bounds, consecutive, covering the file).
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] for anything else; [`Error::Unsupported`] for another algorithm or version.
+    pub fn from_json(bytes: &[u8]) -> Result<Manifest> {
+        let doc: Json = serde_json::from_slice(bytes).map_err(|e| malformed(&e.to_string()))?;
+        if doc.get("format").and_then(Json::as_str) != Some("ckpt.checksums") {
+            return Err(malformed("not a ckpt checksum manifest"));
+        }
+        if doc.get("version").and_then(Json::as_u64) != Some(1) {
+            return Err(Error::Unsupported(format!("{MANIFEST_NAME} version {:?}", doc.get("version"))));
+        }
+        if doc.get("algorithm").and_then(Json::as_str) != Some(ALGORITHM) {
+            return Err(Error::Unsupported(format!("{MANIFEST_NAME} algorithm {:?}", doc.get("algorithm"))));
+        }
+        let files = doc.get("files").and_then(Json::as_object).ok_or_else(|| malformed("no \"files\" object"))?;
+        let mut manifest = Manifest::default();
+        for (name, entry) in files {
+            let bad = |what: &str| malformed(&format!("{name}: {what}"));
+            let size = entry.get("size").and_then(Json::as_u64).ok_or_else(|| bad("no size"))?;
+            let list = entry.get("chunks").and_then(Json::as_array).ok_or_else(|| bad("no chunks"))?;
+            let mut chunks = Vec::with_capacity(list.len());
+            let mut at = 0u64;
+            for c in list {
+                let (Some(n), Some(offset), Some(length), Some(hash)) = (
+                    c.get(0).and_then(Json::as_str),
+                    c.get(1).and_then(Json::as_u64),
+                    c.get(2).and_then(Json::as_u64),
+                    c.get(3).and_then(Json::as_str),
+                ) else {
+                    return Err(bad("a chunk is not [name, offset, length, hash]"));
+                };
+                let crc32 = u32::from_str_radix(hash, 16).map_err(|_| bad("a checksum is not 8 hex digits"))?;
+                let end = offset.checked_add(length).ok_or_else(|| bad("a chunk overflows"))?;
+                if offset != at || end > size {
+                    return Err(bad("chunks are not consecutive within the file"));
+                }
+                at = end;
+                chunks.push(ChunkDigest { name: n.to_owned(), offset, length, crc32 });
+            }
+            if at != size {
+                return Err(bad("chunks do not cover the file"));
+            }
+            manifest.files.insert(name.clone(), FileDigest { file: name.clone(), size, chunks });
+        }
+        Ok(manifest)
+    }
+
+    /// Reads `dir/ckpt.checksums.json`; `None` when there is none.
+    ///
+    /// # Errors
+    /// [`Error::Io`]; as [`Manifest::from_json`].
+    pub fn read(dir: &Path) -> Result<Option<Manifest>> {
+        let path = dir.join(MANIFEST_NAME);
+        match std::fs::read(&path) {
+            Ok(bytes) => Manifest::from_json(&bytes).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    /// Reads every byte of every listed file under `dir` and returns what does not match (empty: all
+    /// good). File names must stay inside `dir`.
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] for a file name that leaves the directory.
+    pub fn verify_dir(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        let mut problems = Vec::new();
+        for (name, digest) in &self.files {
+            let path = safe_join(dir, name)?;
+            let map = match std::fs::File::open(&path).and_then(|f| {
+                let len = f.metadata()?.len();
+                // SAFETY: read-only map of a file nobody should be writing; a concurrent truncation
+                // is the caller's risk, as for every mapped read in ckpt.
+                let map = if len == 0 { None } else { Some(unsafe { memmap2::Mmap::map(&f)? }) };
+                Ok((len, map))
+            }) {
+                Ok(m) => m,
+                Err(e) => {
+                    problems.push(Mismatch::Missing { file: name.clone(), error: e.to_string() });
+                    continue;
+                }
+            };
+            let (len, map) = map;
+            if len != digest.size {
+                problems.push(Mismatch::Size { file: name.clone(), expected: digest.size, found: len });
+                continue;
+            }
+            let bytes: &[u8] = map.as_deref().unwrap_or_default();
+            for c in &digest.chunks {
+                let range = usize::try_from(c.offset).ok().zip(usize::try_from(c.offset + c.length).ok());
+                let ok = range.and_then(|(a, b)| bytes.get(a..b)).is_some_and(|b| c.matches(b));
+                if !ok {
+                    problems.push(Mismatch::Chunk {
+                        file: name.clone(),
+                        name: c.name.clone(),
+                        offset: c.offset,
+                        length: c.length,
+                    });
+                }
+            }
+        }
+        Ok(problems)
+    }
+}
+
+/// `dir/name` for a plain relative name (no `..`, no absolute path).
+fn safe_join(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = Path::new(name);
+    let plain = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if name.is_empty() || !plain {
+        return Err(malformed(&format!("file name {name:?} leaves the checkpoint directory")));
+    }
+    Ok(dir.join(p))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_stream_and_round_trip() {
+        let mut h = ChunkHasher::new();
+        h.update(b"head");
+        h.mark("a".into(), 4);
+        h.update(b"aaaa");
+        h.update(b"aa");
+        h.mark("b".into(), 10);
+        h.mark("empty".into(), 10);
+        h.mark("c".into(), 10);
+        h.update(b"c");
+        let mut d = h.finish(11);
+        d.file = "x.bin".into();
+        let names: Vec<_> = d.chunks.iter().map(|c| (c.name.as_str(), c.offset, c.length)).collect();
+        assert_eq!(names, [("", 0, 4), ("a", 4, 6), ("b", 10, 0), ("empty", 10, 0), ("c", 10, 1)]);
+        assert!(d.chunks[1].matches(b"aaaaaa"));
+        assert!(!d.chunks[1].matches(b"aaaaab"));
+        let mut m = Manifest::default();
+        m.insert(d);
+        let back = Manifest::from_json(&m.to_json()).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.chunk_at("x.bin", 4).unwrap().name, "a");
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("x.bin"), b"headaaaaaac").unwrap();
+        assert!(m.verify_dir(dir.path()).unwrap().is_empty());
+        std::fs::write(dir.path().join("x.bin"), b"headaaXaaac").unwrap();
+        let p = m.verify_dir(dir.path()).unwrap();
+        assert_eq!(p, [Mismatch::Chunk { file: "x.bin".into(), name: "a".into(), offset: 4, length: 6 }]);
+        assert_eq!(p[0].to_string(), "x.bin: bytes 4..10 (\"a\") do not match their checksum");
+        std::fs::write(dir.path().join("x.bin"), b"head").unwrap();
+        assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Size { found: 4, .. }));
+        std::fs::remove_file(dir.path().join("x.bin")).unwrap();
+        assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Missing { .. }));
+    }
+
+    #[test]
+    fn rejects_bad_manifests() {
+        for bad in [
+            &br#"{"format":"x"}"#[..],
+            br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"a":{"size":3,"chunks":[["",0,2,"00"]]}}}"#,
+            br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"a":{"size":3,"chunks":[["",1,2,"00"]]}}}"#,
+            br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"a":{"size":3,"chunks":[["",0,3,"zz"]]}}}"#,
+            b"not json",
+        ] {
+            assert!(Manifest::from_json(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let other = br#"{"format":"ckpt.checksums","version":1,"algorithm":"xxh3-64","files":{}}"#;
+        assert!(matches!(Manifest::from_json(other), Err(Error::Unsupported(_))));
+        let m = Manifest::from_json(
+            br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"../x":{"size":0,"chunks":[]}}}"#,
+        )
+        .unwrap();
+        assert!(m.verify_dir(Path::new("/tmp")).is_err());
+    }
+}

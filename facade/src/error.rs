@@ -1,0 +1,133 @@
+//! The facade's error: which path, and the format crate's error kept whole as the cause.
+
+use std::path::{Path, PathBuf};
+
+use ckpt_core::Fault;
+
+use crate::Format;
+
+/// Errors of the facade: what went wrong, with the path it is about; a format crate's error is kept whole as
+/// the [source](std::error::Error::source) (downcast it to `ckpt::torch::Error`, `ckpt::distcp::Error`, ...
+/// for the details), and [`Error::fault`] says who is at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The format of a path could not be recognised.
+    #[error("{}: unknown checkpoint format ({reason})", path.display())]
+    UnknownFormat {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The format is known but this build lacks its feature.
+    #[error("{}: this is a {format} checkpoint; enable the `{feature}` feature of the ckpt crate to read it", path.display())]
+    FeatureDisabled {
+        /// The path.
+        path: PathBuf,
+        /// The format.
+        format: Format,
+        /// The feature to enable.
+        feature: &'static str,
+    },
+    /// An error of a format crate or of the core, about `path`. The core error says who is at fault and
+    /// keeps the format crate's own error as its source ([`ckpt_core::Error::Format`]). The message names
+    /// the path once: the format crate's message, prefixed with the path unless it names it already.
+    #[error("{}", about(path, source))]
+    Format {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ckpt_core::Error,
+    },
+    /// The target format cannot hold the source's data.
+    #[error("cannot convert {from} to {to}: {reason}")]
+    UnsupportedConversion {
+        /// Source format.
+        from: Format,
+        /// Target format.
+        to: Format,
+        /// Why.
+        reason: String,
+    },
+    /// The caller asked for something impossible (a world size of 0, resharding a format without shards).
+    #[error("{}: {reason}", path.display())]
+    InvalidArgument {
+        /// The path the request was about.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The destination already holds what a write would replace or mix with.
+    #[error("{}: {reason}", path.display())]
+    AlreadyExists {
+        /// The destination.
+        path: PathBuf,
+        /// What is there.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Io { .. } => Fault::Io,
+            Error::UnknownFormat { .. } => Fault::Malformed,
+            Error::FeatureDisabled { .. } | Error::UnsupportedConversion { .. } => Fault::Unsupported,
+            Error::Format { source, .. } => source.fault(),
+            Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
+        }
+    }
+}
+
+/// `message` prefixed with `path`, unless it names the path already.
+fn about(path: &Path, message: &impl std::fmt::Display) -> String {
+    let (path, message) = (path.display().to_string(), message.to_string());
+    if message.contains(&path) { message } else { format!("{path}: {message}") }
+}
+
+/// `Result` with the facade's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error the facade can attribute to a path: I/O errors, core errors and every format crate's error
+/// (each format's adaptor implements this for its crate's error).
+pub(crate) trait Cause {
+    /// This error, about `path`.
+    fn at(self, path: &Path) -> Error;
+}
+
+impl Cause for std::io::Error {
+    fn at(self, path: &Path) -> Error {
+        Error::Io { path: path.to_path_buf(), source: self }
+    }
+}
+
+impl Cause for ckpt_core::Error {
+    fn at(self, path: &Path) -> Error {
+        Error::Format { path: path.to_path_buf(), source: self }
+    }
+}
+
+/// Attaches a path to the error of a result: `TorchReader::open(path).at(path)?`. The one place the facade
+/// turns other errors into its own.
+pub(crate) trait At<T> {
+    /// The result, its error about `path`.
+    fn at(self, path: &Path) -> Result<T>;
+}
+
+impl<T, E: Cause> At<T> for std::result::Result<T, E> {
+    fn at(self, path: &Path) -> Result<T> {
+        self.map_err(|e| e.at(path))
+    }
+}

@@ -1,0 +1,363 @@
+//! The registry: every checkpoint format ckpt knows, how each is recognised, and the adaptor that handles it
+//! in this build. This is the one list of formats: [`Format`], [`crate::open`], [`crate::convert`],
+//! [`crate::verify`], [`crate::reshard`] and the `ckpt` tool walk it.
+//!
+//! Adding a format: its crate, its adaptor file `formats/<format>.rs` (an [`Adaptor`]), a variant of
+//! [`Format`] with its row in [`KNOWN`] and its line in [`ADAPTORS`] and [`crates`] here, and the manifests
+//! (the facade's dependency and feature).
+
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use crate::adaptor::Adaptor;
+use crate::error::{At, Error, Result};
+
+#[cfg(feature = "distcp")]
+mod distcp;
+#[cfg(feature = "hfai")]
+mod hfai;
+#[cfg(feature = "pbg")]
+mod pbg;
+#[cfg(feature = "recis")]
+mod recis;
+#[cfg(feature = "safetensors")]
+mod safetensors;
+#[cfg(feature = "torch")]
+mod torch;
+
+/// The crates of the tensor model (`ckpt::core`) and of every format, each re-exported under the format's
+/// name behind its feature (`ckpt::torch`, ...).
+pub mod crates {
+    pub use ckpt_core as core;
+    #[cfg(feature = "distcp")]
+    pub use ckpt_distcp as distcp;
+    #[cfg(feature = "hfai")]
+    pub use ckpt_hfai as hfai;
+    #[cfg(feature = "pbg")]
+    pub use ckpt_pbg as pbg;
+    #[cfg(feature = "recis")]
+    pub use ckpt_recis as recis;
+    #[cfg(feature = "torch")]
+    pub use ckpt_torch as torch;
+}
+
+/// The adaptor of every format this build has, each behind its feature.
+const ADAPTORS: &[&dyn Adaptor] = &[
+    #[cfg(feature = "torch")]
+    &torch::Torch,
+    #[cfg(feature = "safetensors")]
+    &safetensors::Safetensors,
+    #[cfg(feature = "distcp")]
+    &distcp::Distcp,
+    #[cfg(feature = "hfai")]
+    &hfai::Hfai,
+    #[cfg(feature = "pbg")]
+    &pbg::Pbg,
+    #[cfg(feature = "recis")]
+    &recis::Recis,
+];
+
+/// A checkpoint format. Exists whatever features are enabled; [`Format::reading_enabled`] says whether this
+/// build can read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Format {
+    /// `torch.save` files (ZIP or legacy).
+    Torch,
+    /// `.safetensors` files.
+    Safetensors,
+    /// `torch.distributed.checkpoint` directories.
+    Distcp,
+    /// hfai `PART_*.pt` directories.
+    Hfai,
+    /// PyTorch-BigGraph HDF5 checkpoints.
+    Pbg,
+    /// RecIS sparse/dense checkpoints.
+    Recis,
+}
+
+/// What the facade knows about a format whether or not this build has it: enough to name it, recognise
+/// it, and say which feature reads it.
+struct Known {
+    format: Format,
+    /// The name on the command line, in features and in messages.
+    name: &'static str,
+    /// What it is, in a few words (the `ckpt` tool's help).
+    about: &'static str,
+    /// Whether a checkpoint splits over ranks, shards or parts that [`crate::reshard`] can rewrite.
+    sharded: bool,
+    /// Whether a file's leading bytes, or a directory's file names, are this format's.
+    detect: fn(&Probe<'_>) -> bool,
+}
+
+/// Every format, in [`Format`]'s order, which is also the order detection tries them in.
+const KNOWN: [Known; 6] = [
+    Known {
+        format: Format::Torch,
+        name: "torch",
+        about: "torch.save files (.pt, .pth, .bin)",
+        sharded: false,
+        detect: |p| p.magic(0, b"PK\x03\x04") || p.magic(0, &LEGACY_TORCH_MAGIC),
+    },
+    Known {
+        format: Format::Safetensors,
+        name: "safetensors",
+        about: ".safetensors files",
+        sharded: false,
+        detect: |p| p.safetensors_header(),
+    },
+    Known {
+        format: Format::Distcp,
+        name: "distcp",
+        about: "torch.distributed.checkpoint directories",
+        sharded: true,
+        detect: |p| {
+            [".metadata", "model.safetensors.index.json", "__*.metadata", "shard-*-model-*-of-*.safetensors"]
+                .iter()
+                .any(|m| p.marker(m))
+        },
+    },
+    Known {
+        format: Format::Hfai,
+        name: "hfai",
+        about: "hfai PART_*.pt directories",
+        sharded: true,
+        detect: |p| p.marker("PART_*.pt"),
+    },
+    Known {
+        format: Format::Pbg,
+        name: "pbg",
+        about: "PyTorch-BigGraph checkpoints",
+        sharded: false,
+        detect: |p| p.marker("checkpoint_version.txt"),
+    },
+    Known {
+        format: Format::Recis,
+        name: "recis",
+        about: "RecIS checkpoints (or an output root with a `checkpoint` list)",
+        sharded: true,
+        detect: |p| ["tensorkey.json", "index", "checkpoint"].iter().any(|m| p.marker(m)),
+    },
+];
+
+/// The pickle header of a legacy (pre-1.6) `torch.save` file: protocol 2, then the magic number.
+const LEGACY_TORCH_MAGIC: [u8; 14] =
+    [0x80, 0x02, 0x8A, 0x0A, 0x6C, 0xFC, 0x9C, 0x46, 0xF9, 0x20, 0x6A, 0xA8, 0x50, 0x19];
+
+/// Conversions refused whatever the checkpoint holds: (from, to, why).
+const REFUSED: &[(Format, Format, &str)] = &[(
+    Format::Recis,
+    Format::Pbg,
+    "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; a RecIS checkpoint's \
+     hash tables and dense state have no such structure to map onto them",
+)];
+
+impl Format {
+    /// Every format.
+    pub const ALL: [Format; 6] = {
+        let mut all = [Format::Torch; 6];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = KNOWN[i].format;
+            i += 1;
+        }
+        all
+    };
+
+    fn known(self) -> &'static Known {
+        // `KNOWN` lists the formats in declaration order (the `registry_is_in_declaration_order` test).
+        &KNOWN[self as usize]
+    }
+
+    /// The name used on the command line and in features.
+    pub fn name(self) -> &'static str {
+        self.known().name
+    }
+
+    /// What the format is, in a few words.
+    pub fn about(self) -> &'static str {
+        self.known().about
+    }
+
+    /// The format called `name`.
+    pub fn from_name(name: &str) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The cargo feature that enables this format.
+    pub fn feature(self) -> &'static str {
+        self.name()
+    }
+
+    /// Whether this build can read the format.
+    pub fn reading_enabled(self) -> bool {
+        ADAPTORS.iter().any(|a| a.format() == self)
+    }
+
+    /// Whether a checkpoint of this format splits over ranks, shards or parts that [`crate::reshard`]
+    /// rewrites for another number.
+    pub fn is_sharded(self) -> bool {
+        self.known().sharded
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no format's ([`Format::from_name`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown format {name:?}; one of {}", Format::ALL.map(Format::name).join(", "))]
+pub struct UnknownFormatName {
+    /// The name.
+    pub name: String,
+}
+
+/// A format by its name: `"torch".parse::<Format>()`.
+impl std::str::FromStr for Format {
+    type Err = UnknownFormatName;
+
+    fn from_str(name: &str) -> Result<Format, UnknownFormatName> {
+        Format::from_name(name).ok_or_else(|| UnknownFormatName { name: name.to_owned() })
+    }
+}
+
+/// The adaptor of `format`, or [`Error::FeatureDisabled`] naming `path` when this build lacks it.
+pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adaptor> {
+    ADAPTORS.iter().copied().find(|a| a.format() == format).ok_or_else(|| Error::FeatureDisabled {
+        path: path.to_path_buf(),
+        format,
+        feature: format.feature(),
+    })
+}
+
+/// Why `from` cannot be converted to `to` whatever the checkpoint holds, or `None` when it can be (a
+/// conversion can still be refused for what a particular checkpoint holds, with
+/// [`Error::UnsupportedConversion`] saying why).
+pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
+    REFUSED.iter().find(|(f, t, _)| (*f, *t) == (from, to)).map(|(_, _, why)| (*why).to_owned())
+}
+
+/// What detection looks at: the first 4 KiB of a file, or the file names of a directory.
+pub(crate) enum Probe<'a> {
+    /// A file's leading bytes.
+    File(&'a [u8]),
+    /// A directory's file names.
+    Dir(&'a [String]),
+}
+
+impl Probe<'_> {
+    /// Whether a file has `bytes` at `offset`.
+    fn magic(&self, offset: usize, bytes: &[u8]) -> bool {
+        matches!(self, Probe::File(head) if head.get(offset..offset + bytes.len()) == Some(bytes))
+    }
+
+    /// Whether a file starts like a safetensors file: an 8-byte header length, then a JSON object.
+    fn safetensors_header(&self) -> bool {
+        let Probe::File(head) = self else { return false };
+        let len = head.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
+        head.get(8) == Some(&b'{') && len.is_some_and(|len| len > 1)
+    }
+
+    /// Whether a directory holds a file named like `pattern`, where `*` stands for any run of characters.
+    fn marker(&self, pattern: &str) -> bool {
+        matches!(self, Probe::Dir(names) if names.iter().any(|n| marker_matches(pattern, n)))
+    }
+}
+
+/// Whether `name` matches a pattern where `*` stands for any run of characters.
+fn marker_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Detects the format of a file or directory from its contents (magic bytes, marker files), trying the
+/// formats in [`Format::ALL`]'s order. Formats this build cannot read are recognised too, so that opening
+/// one names the feature to enable.
+///
+/// # Errors
+/// [`Error::Io`] if the path cannot be read, [`Error::UnknownFormat`] if nothing matches (or the torch
+/// codec's error naming what the file is instead: a git-LFS pointer, an HTML page, ...).
+pub fn detect(path: &Path) -> Result<Format> {
+    if path.is_dir() {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path).at(path)? {
+            names.push(entry.at(path)?.file_name().to_string_lossy().into_owned());
+        }
+        let probe = Probe::Dir(&names);
+        return KNOWN.iter().find(|k| (k.detect)(&probe)).map(|k| k.format).ok_or_else(|| Error::UnknownFormat {
+            path: path.to_path_buf(),
+            reason: "no marker file in the directory".into(),
+        });
+    }
+    let mut head = Vec::new();
+    File::open(path).at(path)?.take(4096).read_to_end(&mut head).at(path)?;
+    let probe = Probe::File(&head);
+    if let Some(k) = KNOWN.iter().find(|k| (k.detect)(&probe)) {
+        return Ok(k.format);
+    }
+    // Let an adaptor name the wrong-file cases (git-LFS pointer, HTML, TAR-era, empty ...).
+    if let Some(e) = ADAPTORS.iter().find_map(|a| a.explain(&head, path)) {
+        return Err(e);
+    }
+    Err(Error::UnknownFormat { path: path.to_path_buf(), reason: "unrecognised leading bytes".into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_is_in_declaration_order() {
+        for (i, k) in KNOWN.iter().enumerate() {
+            assert_eq!(k.format as usize, i, "{}", k.name);
+            assert_eq!(Format::ALL[i], k.format);
+            assert_eq!(Format::from_name(k.name), Some(k.format));
+        }
+        let mut names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
+        names.dedup();
+        assert_eq!(names.len(), KNOWN.len());
+        for a in ADAPTORS {
+            assert!(a.format().reading_enabled());
+            assert_eq!(ADAPTORS.iter().filter(|b| b.format() == a.format()).count(), 1, "{}", a.format());
+        }
+    }
+
+    #[test]
+    fn markers() {
+        assert!(marker_matches("PART_*.pt", "PART_000.pt"));
+        assert!(!marker_matches("PART_*.pt", "PART_000.pth"));
+        assert!(marker_matches("__*.metadata", "__0.metadata"));
+        assert!(!marker_matches("__*.metadata", ".metadata"));
+        assert!(marker_matches("shard-*-model-*-of-*.safetensors", "shard-00001-model-00001-of-00001.safetensors"));
+        assert!(!marker_matches("shard-*-model-*-of-*.safetensors", "model-00001-of-00002.safetensors"));
+        assert!(marker_matches("index", "index"));
+        assert!(!marker_matches("index", "index.json"));
+    }
+
+    #[test]
+    fn probes() {
+        assert!(Probe::File(b"PK\x03\x04rest").magic(0, b"PK\x03\x04"));
+        assert!(!Probe::File(b"PK").magic(0, b"PK\x03\x04"));
+        let mut st = 2u64.to_le_bytes().to_vec();
+        st.extend_from_slice(b"{}");
+        assert!(Probe::File(&st).safetensors_header());
+        assert!(!Probe::Dir(&[]).safetensors_header());
+        assert!(Probe::Dir(&["PART_001.pt".to_owned()]).marker("PART_*.pt"));
+        assert!(!Probe::File(b"PART_001.pt").marker("PART_*.pt"));
+    }
+}

@@ -1,0 +1,131 @@
+//! RecIS checkpoint directories (or an output root with a `checkpoint` list: its latest checkpoint, by
+//! [`ckpt_recis::checkpoint_dir`]'s rule), through `ckpt-recis`.
+
+use std::path::Path;
+
+use ckpt_core::{CheckpointRead, PathItem};
+
+use crate::Format;
+use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
+use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::error::{At, Cause, Error, Result};
+use crate::verify::{Progress, VerifyReport, read_all};
+
+pub(crate) struct Recis;
+
+impl Cause for ckpt_recis::Error {
+    fn at(self, path: &Path) -> Error {
+        ckpt_core::Error::from(self).at(path)
+    }
+}
+
+impl Adaptor for Recis {
+    fn format(&self) -> Format {
+        Format::Recis
+    }
+
+    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(ckpt_recis::RecisReader::open(path).at(path)?))
+    }
+
+    /// The RecIS-shaped state dict ([`ckpt_recis::RecisReader::state_dict`]: `sparse`, `model`, `extra`,
+    /// `io_state_<s>`), its leaves named as the reader's entries: the serializer's tensors by their own
+    /// names, `model.pt`'s leaves bare, the others under `extra/` and `io_state_<s>/`.
+    fn read(&self, path: &Path) -> Result<Content> {
+        let tree = ckpt_recis::RecisReader::open(path).at(path)?.state_dict().at(path)?;
+        let mut leaves = Vec::new();
+        for (key, value) in tree.as_dict().map(|d| d.items.as_slice()).unwrap_or_default() {
+            let key = key.as_str().unwrap_or_default();
+            if let ("sparse", Some(sparse)) = (key, value.as_dict()) {
+                for (name, t) in &sparse.items {
+                    let name = name.as_str().unwrap_or_default().to_owned();
+                    let path = vec![PathItem::Key("sparse".into()), PathItem::Key(name.clone())];
+                    leaves.push(Leaf { name, path, value: t.clone() });
+                }
+                continue;
+            }
+            let prefix = if key == "model" { String::new() } else { format!("{key}/") };
+            for l in ckpt_core::leaves(value).at(path)? {
+                let mut item_path = vec![PathItem::Key(key.to_owned())];
+                item_path.extend(l.path);
+                leaves.push(Leaf { name: format!("{prefix}{}", l.key), path: item_path, value: l.value.clone() });
+            }
+        }
+        Ok(Content { tree, leaves })
+    }
+
+    /// From a RecIS source without a new `slice_size`: re-sharded from the files themselves
+    /// ([`ckpt_recis::reshard`]: the sparse part, `model.pt` and `extra.pt`; io states belong to the old
+    /// workers and are dropped). From any other source: the state dict laid out as RecIS lays it out
+    /// ([`ckpt_recis::save`]), in as many shards as the world size.
+    fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
+        if source.format == Format::Recis && options.recis_slice_size.is_none() {
+            return reshard_files(source.path, dst, options);
+        }
+        let content = source.content()?;
+        source.top_mapping(&content, Format::Recis)?;
+        let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
+        if let Some(parallel) = options.recis_parallel {
+            write = write.with_parallel(parallel);
+        }
+        if let Some(size) = options.recis_slice_size {
+            write = write.with_slice_size(size);
+        }
+        let report = match ckpt_recis::save(&content.tree, dst, &write) {
+            Ok(r) => r,
+            Err(ckpt_recis::Error::StateDict { reason }) => {
+                return Err(Error::UnsupportedConversion { from: source.format, to: Format::Recis, reason });
+            }
+            Err(e) => return Err(e).at(dst),
+        };
+        let dropped = |l: &Leaf| matches!(l.path.first(), Some(PathItem::Key(k)) if report.dropped.contains(k));
+        let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content.leaves.iter().partition(|l| dropped(l));
+        let mut s = count(kept);
+        s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
+        Ok(s)
+    }
+
+    /// Every `torch.save` file's record CRC-32s ([`ckpt_recis::verify`]); the index, tensor keys and data
+    /// files validated by opening; every entry read.
+    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+        let ck = self.checkpoint(path)?;
+        for file in &ckpt_recis::verify(path).at(path)?.torch_files {
+            for (record, e) in &file.problems {
+                report.record_problem(&file.path, record, e);
+            }
+        }
+        read_all(&ck, report, progress);
+        Ok(())
+    }
+
+    /// Ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied ([`ckpt_recis::reshard`]).
+    fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
+        ckpt_recis::reshard(src, dst, world, &ckpt_recis::ReshardOptions::default()).at(src)
+    }
+}
+
+/// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
+fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
+    let before = ckpt_recis::RecisReader::open(src).at(src)?;
+    let parallel = match options.recis_parallel {
+        Some(p) => p,
+        None => before.sparse().parallel().unwrap_or(ckpt_recis::WriteOptions::default().parallel),
+    };
+    let write = ckpt_recis::WriteOptions::default().with_parallel(parallel);
+    ckpt_recis::reshard(src, dst, options.world_size, &ckpt_recis::ReshardOptions::default().with_write(write))
+        .at(dst)?;
+    let kept = ckpt_recis::RecisReader::open(dst).at(dst)?.entries();
+    let mut s = ConvertSummary::default();
+    for e in &kept {
+        match e.tensor_info() {
+            Some(t) => {
+                s.tensors += 1;
+                s.bytes += t.nbytes() as u64;
+            }
+            None => s.values += 1,
+        }
+    }
+    s.dropped =
+        before.entries().into_iter().filter(|e| !kept.iter().any(|k| k.name == e.name)).map(|e| e.name).collect();
+    Ok(s)
+}
