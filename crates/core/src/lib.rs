@@ -40,8 +40,8 @@ pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Fault, Result};
 pub use flatten::{
-    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaf_names, leaves, python_str,
-    unflatten,
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaf_names, leaves,
+    python_str, unflatten,
 };
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};

@@ -82,7 +82,15 @@ impl RecisReader {
         }
         io_states.sort_by_key(|(s, _)| *s);
         let io_state_count = if has(IO_STATE_COUNT_FILE) { read_io_state_count(dir)? } else { None };
-        Ok(RecisReader { dir: dir.into(), sparse, model, extra, io_states, io_state_count, leaf_index: OnceLock::new() })
+        Ok(RecisReader {
+            dir: dir.into(),
+            sparse,
+            model,
+            extra,
+            io_states,
+            io_state_count,
+            leaf_index: OnceLock::new(),
+        })
     }
 
     /// The directory.

@@ -333,7 +333,8 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
     let pkl = storages.record("data.pkl")?;
     // One pass from the pickle to the values; what it declines goes through the full decoder and the
     // rebuilder, which give the same value or the precise error.
-    let fast = if options.full_decoder { None } else { single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) };
+    let fast =
+        if options.full_decoder { None } else { single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) };
     let value = match fast {
         Some(value) => value,
         None => {
