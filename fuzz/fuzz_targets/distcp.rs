@@ -1,26 +1,40 @@
 //! A DCP checkpoint directory built from the input (a file-set; bytes before the first separator are
-//! `.metadata`): the directory opened (mapped or read), every entry read, a region of every tensor, the
-//! state dict; then either `verify`, or each metadata pickle decoded in memory, re-encoded (in one of the
-//! two profiles) and decoded again. The input's last byte chooses.
+//! `.metadata`): every metadata pickle decoded in memory by both paths, the single pass (`from_pickle`,
+//! falling back to the full decoder when it declines) and the full decoder alone (`from_pickle_full`), which
+//! must give the same metadata or both an error; then the directory opened (mapped or read), every entry
+//! read, a region of every tensor, the state dict; then either `verify`, or the metadata re-encoded (in one
+//! of the two profiles) and decoded again. The input's last byte chooses.
 #![no_main]
 
 use std::path::Path;
 
 use ckpt_distcp::{DcpReader, Metadata, Profile, ReadOptions, StorageMetadata};
+use ckpt_pickle::Limits;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let files = ckpt_fuzz::split_files(data, ".metadata");
     // The input's last byte picks the variants, so that each input decodes the metadata about twice.
     let flags = data.last().copied().unwrap_or(0);
-    if flags & 2 == 0 {
-        let profile = if flags & 4 == 0 { Profile::MaxCompat } else { Profile::Torch213 };
-        for f in files.iter().filter(|f| f.name.ends_with(".metadata")) {
-            if let Ok(md) = Metadata::from_pickle(f.bytes, Path::new(&f.name))
-                && let Ok(bytes) = md.to_pickle(profile)
-            {
-                Metadata::from_pickle(&bytes, Path::new(&f.name)).expect("re-encoded metadata decodes");
+    let limits = Limits::default();
+    let profile = if flags & 4 == 0 { Profile::MaxCompat } else { Profile::Torch213 };
+    for f in files.iter().filter(|f| f.name.ends_with(".metadata")) {
+        let path = Path::new(&f.name);
+        let fast = Metadata::from_pickle_with(f.bytes, path, &limits);
+        let full = Metadata::from_pickle_full(f.bytes, path, &limits);
+        let md = match (fast, full) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "the single pass and the full decoder differ");
+                a
             }
+            (Err(_), Err(_)) => continue,
+            (Ok(a), Err(e)) => panic!("the single pass decodes {a:?} where the full decoder fails: {e}"),
+            (Err(e), Ok(b)) => panic!("the single pass fails ({e}) where the full decoder decodes {b:?}"),
+        };
+        if flags & 2 == 0
+            && let Ok(bytes) = md.to_pickle(profile)
+        {
+            Metadata::from_pickle(&bytes, path).expect("re-encoded metadata decodes");
         }
     }
     let dir = ckpt_fuzz::write_dir("distcp", &files);

@@ -9,7 +9,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use ckpt_core::{Buffer, DType, Dict, DictKind, Tensor, Value};
-use ckpt_hfai::{HfaiCheckpoint, part_file_name};
+use ckpt_hfai::{HfaiReader, part_file_name};
 use ckpt_torch::{WriteOptions, save_to_writer};
 use libfuzzer_sys::fuzz_target;
 
@@ -246,7 +246,7 @@ fuzz_target!(|data: &[u8]| {
         _ => ckpt_fuzz::split_files(data, "PART_000.pt"),
     };
     let dir = ckpt_fuzz::write_dir("hfai", &files);
-    if let Ok(ck) = HfaiCheckpoint::open(&dir) {
+    if let Ok(ck) = HfaiReader::open(&dir) {
         ckpt_fuzz::read_all(&ck);
         let _ = (ck.models().len(), ck.optimizers().len(), ck.others().count(), ck.chunked().len());
     }

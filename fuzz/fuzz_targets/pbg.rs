@@ -13,7 +13,7 @@ use std::path::Path;
 
 use ckpt_core::Buffer;
 use ckpt_pbg::{
-    AttrValue, Checkpoint, Config, EntityStorage, FileCheckpointStorage, FileName, Iteration, Metadata, OptimizerState,
+    AttrValue, Config, EntityStorage, FileCheckpointStorage, FileName, Iteration, Metadata, OptimizerState, PbgReader,
     check_header,
 };
 use libfuzzer_sys::fuzz_target;
@@ -84,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let dir = ckpt_fuzz::write_dir_without_hdf5("pbg", &files);
-    if let Ok(ck) = Checkpoint::open(&dir) {
+    if let Ok(ck) = PbgReader::open(&dir) {
         ckpt_fuzz::read_all(&ck);
     }
     let storage = FileCheckpointStorage::new(&dir);

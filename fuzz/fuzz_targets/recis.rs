@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ckpt_core::Buffer;
-use ckpt_recis::{Checkpoint, CheckpointManager, DataFile, Index, TensorKey};
+use ckpt_recis::{CheckpointManager, DataFile, Index, RecisReader, TensorKey};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let dir = ckpt_fuzz::write_dir("recis", &files);
-    if let Ok(ck) = Checkpoint::open(&dir) {
+    if let Ok(ck) = RecisReader::open(&dir) {
         ckpt_fuzz::read_all(&ck);
         let sparse = ck.sparse();
         for child in sparse.children() {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use ckpt_core::Buffer;
-use ckpt_torch::{Container, ReadOptions, TorchFile, detect};
+use ckpt_torch::{Container, ReadOptions, TorchReader, detect};
 use libfuzzer_sys::fuzz_target;
 
 /// `PROTO 2`, then the magic number as a LONG1 (the first of the stream's five pickles).
@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let bytes =
         if matches!(detect(data), Ok(Container::Legacy)) { data.to_vec() } else { [LEGACY_HEAD, data].concat() };
     let Ok(buffer) = Buffer::copy_from(&bytes) else { return };
-    if let Ok(file) = TorchFile::from_buffer(&buffer, &ReadOptions::default()) {
+    if let Ok(file) = TorchReader::from_buffer(&buffer, &ReadOptions::default()) {
         ckpt_fuzz::read_all(&file);
     }
 });
