@@ -3,7 +3,7 @@
 # formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
 # files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
-# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60).
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
@@ -51,5 +51,5 @@ done
 step "tests"
 cargo test --workspace --all-features
 
-step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus (scripts/fuzz.sh)"
-bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-60}"
+step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-50} s from its corpus (scripts/fuzz.sh)"
+bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-50}"
