@@ -21,7 +21,18 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11"
   || die "Python >= 3.10 needed, found $("$PYTHON" --version 2>&1)"
 
 # --- tools the tests run (cargo subcommands and the like) -----------------------------------------------
-# Each: check it is present at the pinned version, else install it; die if that fails. None yet.
+# Each: check it is present at the pinned version, else install it; die if that fails.
+# Fuzzing: a nightly toolchain and cargo-fuzz (scripts/fuzz.sh, run by scripts/test.sh).
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  command -v rustup >/dev/null || die "rustup not found: the fuzz targets need a nightly Rust toolchain"
+  say "installing the nightly Rust toolchain (cargo-fuzz builds with sanitizers, nightly only)"
+  rustup toolchain install nightly --profile minimal || die "rustup toolchain install nightly failed"
+fi
+if ! command -v cargo-fuzz >/dev/null; then
+  say "installing cargo-fuzz from crates.io (a few minutes)"
+  cargo install --locked cargo-fuzz --version 0.13.2 || die "cargo install cargo-fuzz failed"
+  command -v cargo-fuzz >/dev/null || die "cargo-fuzz installed but not on PATH (add ~/.cargo/bin)"
+fi
 
 # --- Python environment ---------------------------------------------------------------------------------
 REQ=conformance/requirements.txt

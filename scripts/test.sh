@@ -2,7 +2,8 @@
 # Runs every test: installs what is missing (scripts/setup.sh), runs the main job (scripts/demo.sh), checks
 # formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
-# files in real torch), and the tch feature's tests against libtorch.
+# files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
@@ -20,6 +21,7 @@ source scripts/tch-env.sh
 
 step "format"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 step "lint"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
@@ -57,3 +59,6 @@ cargo test -p ckpt --features full,mpi --test mpi
 
 step "tests"
 cargo test --workspace --all-features
+
+step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-50} s from its corpus (scripts/fuzz.sh)"
+bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-50}"

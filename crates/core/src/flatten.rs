@@ -1,7 +1,7 @@
 //! Flattening nested state dicts to dotted keys and back, with `torch.distributed.checkpoint`'s rules
 //! (torch 2.4+ `flatten_state_dict` / `traverse_state_dict`, and `set_element` for the way back).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::error::{Error, Result};
@@ -255,6 +255,133 @@ pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
     Ok(out)
 }
 
+/// Walks every leaf of `value` in order, naming it as [`leaves`] does, and calls `f` with its name, the child
+/// position taken at each level and the leaf. The name is built in one buffer (pushed and truncated), not
+/// joined from a path per leaf.
+fn walk_leaves<'v>(value: &'v Value, f: &mut dyn FnMut(&str, &[u32], &'v Value)) -> Result<()> {
+    fn step(key: &mut String, depth: usize, part: &str) {
+        if depth > 0 {
+            key.push('.');
+        }
+        key.push_str(part);
+    }
+    fn position(i: usize) -> u32 {
+        // A container of 2^32 items cannot be decoded under the pickle limits; saturate rather than wrap.
+        u32::try_from(i).unwrap_or(u32::MAX)
+    }
+    fn walk<'v>(
+        key: &mut String,
+        at: &mut Vec<u32>,
+        v: &'v Value,
+        f: &mut dyn FnMut(&str, &[u32], &'v Value),
+    ) -> Result<()> {
+        match v {
+            Value::Dict(d) if !d.items.is_empty() => {
+                for (i, (k, child)) in d.items.iter().enumerate() {
+                    let len = key.len();
+                    match k {
+                        Value::Str(s) => step(key, at.len(), s),
+                        other => step(key, at.len(), &python_str(other)?),
+                    }
+                    at.push(position(i));
+                    walk(key, at, child, f)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    let len = key.len();
+                    step(key, at.len(), &i.to_string());
+                    at.push(position(i));
+                    walk(key, at, child, f)?;
+                    at.pop();
+                    key.truncate(len);
+                }
+            }
+            _ => f(key, at, v),
+        }
+        Ok(())
+    }
+    walk(&mut String::new(), &mut Vec::new(), value, f)
+}
+
+/// Every leaf's name and value, in order, exactly as [`leaves`] names them, without building a path per leaf
+/// (for listing entries).
+///
+/// ```
+/// use ckpt_core::{Value, leaf_names};
+/// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::List(vec![]))]);
+/// let names: Vec<String> = leaf_names(&v).unwrap().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["model.w", "step"]);
+/// ```
+///
+/// # Errors
+/// As [`leaves`].
+pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
+    let mut out = Vec::new();
+    walk_leaves(value, &mut |name, _, v| out.push((name.to_owned(), v)))?;
+    Ok(out)
+}
+
+/// The leaves of a value by name, for reading many entries: one walk (naming leaves as [`leaves`] does),
+/// then each look-up is a hash probe and a descent of the leaf's depth, instead of a walk per look-up. The
+/// index holds only positions, not the value: pass the same value to [`LeafIndex::get`]. Where two leaves
+/// share a name the first wins, as with a search of [`leaves`].
+///
+/// ```
+/// use ckpt_core::{LeafIndex, Value};
+/// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::Int(7))]);
+/// let index = LeafIndex::new(&v).unwrap();
+/// assert_eq!(index.get(&v, "model.w"), Some(&Value::Int(1)));
+/// assert_eq!(index.get(&v, "model"), None);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LeafIndex {
+    /// Leaf name → the child position taken at each level.
+    positions: HashMap<String, Box<[u32]>>,
+}
+
+impl LeafIndex {
+    /// Indexes every leaf of `value` (named as [`leaves`] names them).
+    ///
+    /// # Errors
+    /// As [`leaves`].
+    pub fn new(value: &Value) -> Result<Self> {
+        let mut positions = HashMap::new();
+        walk_leaves(value, &mut |name, at, _| {
+            if !positions.contains_key(name) {
+                positions.insert(name.to_owned(), at.into());
+            }
+        })?;
+        Ok(LeafIndex { positions })
+    }
+
+    /// The leaf named `name` of `value` (the value the index was built from).
+    pub fn get<'a>(&self, value: &'a Value, name: &str) -> Option<&'a Value> {
+        let mut v = value;
+        for &i in self.positions.get(name)?.iter() {
+            let i = i as usize;
+            v = match v {
+                Value::Dict(d) => &d.items.get(i)?.1,
+                Value::List(items) | Value::Tuple(items) => items.get(i)?,
+                _ => return None,
+            };
+        }
+        Some(v)
+    }
+
+    /// Number of distinct leaf names.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether there is no leaf.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+}
+
 /// Largest list index [`unflatten`] pads up to; a larger index in a file is an error, not an allocation.
 pub const MAX_UNFLATTEN_INDEX: usize = 1 << 24;
 
@@ -336,6 +463,42 @@ mod tests {
 
     fn t() -> Value {
         Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap())
+    }
+
+    #[test]
+    fn leaf_index_finds_what_a_search_of_leaves_finds() {
+        let mut d = Dict::new(DictKind::OrderedDict);
+        d.insert(Value::Int(0), t());
+        d.insert(Value::Int(1), Value::dict::<&str>([]));
+        d.insert("0", Value::Int(5)); // same name as the int key 0: the first wins
+        let v = Value::dict([
+            ("a", Value::Dict(d)),
+            ("a.0", Value::Int(6)),
+            ("l", Value::List(vec![t(), Value::Int(3), Value::Tuple(vec![])])),
+            ("n", Value::List(vec![Value::List(vec![t()]), Value::None])),
+        ]);
+        let index = LeafIndex::new(&v).unwrap();
+        let all = leaves(&v).unwrap();
+        let names = leaf_names(&v).unwrap();
+        assert_eq!(names.len(), all.len());
+        for ((name, value), leaf) in names.iter().zip(&all) {
+            assert_eq!(name, &leaf.key);
+            assert!(std::ptr::eq(*value, leaf.value), "{name}");
+        }
+        for leaf in &all {
+            let first = all.iter().find(|l| l.key == leaf.key).unwrap();
+            assert!(std::ptr::eq(index.get(&v, &leaf.key).unwrap(), first.value), "{}", leaf.key);
+        }
+        assert_eq!(index.len(), 7);
+        assert_eq!(index.get(&v, "a"), None);
+        assert_eq!(index.get(&v, "x"), None);
+        assert_eq!(index.get(&Value::None, "l.0"), None, "another value: no panic");
+        let scalar = Value::Int(1);
+        assert_eq!(LeafIndex::new(&scalar).unwrap().get(&scalar, ""), Some(&scalar));
+        let mut bad = Dict::new(DictKind::Dict);
+        bad.insert(Value::List(vec![]), Value::Int(1));
+        let bad = Value::Dict(bad);
+        assert!(LeafIndex::new(&bad).is_err() && leaf_names(&bad).is_err() && leaves(&bad).is_err());
     }
 
     #[test]

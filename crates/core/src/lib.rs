@@ -51,7 +51,8 @@ pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Fault, Result};
 pub use flatten::{
-    FlatEntry, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaves, python_str, unflatten,
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaf_names, leaves,
+    python_str, unflatten,
 };
 pub use hosted::{host_ranks, hosted_ranks};
 #[cfg(feature = "mpi")]

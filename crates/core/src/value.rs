@@ -1,5 +1,8 @@
 //! The Python object tree that checkpoints carry besides tensors, kept losslessly.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::tensor::Tensor;
@@ -42,6 +45,104 @@ impl Dict {
     /// Appends an item (no deduplication, like a pickle stream).
     pub fn insert(&mut self, key: impl Into<Value>, value: impl Into<Value>) {
         self.items.push((key.into(), value.into()));
+    }
+
+    /// The mapping Python builds from `items` set one after the other (`d[k] = v`, as unpickling does): a key
+    /// equal to an earlier one keeps the earlier position and takes the later value. Keys are equal as
+    /// Python compares them (`1`, `1.0`, `True` and `1+0j` are one key; `str` and `bytes` never equal); keys
+    /// compared by identity (objects, tensors, NaN) are all distinct.
+    ///
+    /// ```
+    /// use ckpt_core::{Dict, DictKind, Value};
+    /// let w = || Value::Str("w".into());
+    /// let items = [(w(), Value::Int(1)), (Value::Int(1), Value::Int(2)), (w(), Value::Int(3)), (Value::Float(1.0), Value::Int(4))];
+    /// let d = Dict::from_python_items(DictKind::Dict, items);
+    /// assert_eq!(d.items, vec![(w(), Value::Int(3)), (Value::Int(1), Value::Int(4))]);
+    /// ```
+    pub fn from_python_items(kind: DictKind, items: impl IntoIterator<Item = (Value, Value)>) -> Self {
+        let mut items: Vec<(Value, Value)> = items.into_iter().collect();
+        // Where each repeated key's value goes: (the later item, the earlier one it repeats). Found with
+        // borrowed keys, so a mapping without repeats (every real state dict) is returned as it came.
+        let repeats: Vec<(usize, usize)> = {
+            let mut first: HashMap<KeyId<'_>, usize> = HashMap::with_capacity(items.len());
+            let mut repeats = Vec::new();
+            for (i, (k, _)) in items.iter().enumerate() {
+                if let Some(id) = KeyId::of(k) {
+                    match first.entry(id) {
+                        Entry::Occupied(at) => repeats.push((i, *at.get())),
+                        Entry::Vacant(slot) => {
+                            slot.insert(i);
+                        }
+                    }
+                }
+            }
+            repeats
+        };
+        if !repeats.is_empty() {
+            // Later values first move into their first positions (the last repeat of a key is applied last),
+            // then the repeated items go.
+            let mut drop = vec![false; items.len()];
+            for &(later, earlier) in &repeats {
+                let value = items.get_mut(later).map(|(_, v)| std::mem::replace(v, Value::None));
+                if let (Some(value), Some((_, slot))) = (value, items.get_mut(earlier)) {
+                    *slot = value;
+                }
+                if let Some(d) = drop.get_mut(later) {
+                    *d = true;
+                }
+            }
+            let mut keep = drop.into_iter().map(|d| !d);
+            items.retain(|_| keep.next().unwrap_or(true));
+        }
+        Dict { kind, items, attrs: None }
+    }
+}
+
+/// A hashable key's identity under Python's `==` (`None` for keys compared by identity), borrowing the key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum KeyId<'a> {
+    None,
+    /// `bool`, `int` within i64, integral `float`, `complex` with integral real part and no imaginary part.
+    Int(i64),
+    BigInt(&'a [u8]),
+    /// Other floats (and complex numbers without imaginary part), by bits; never NaN.
+    Float(u64),
+    Complex(u64, u64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    Tuple(Vec<KeyId<'a>>),
+    /// Classes, functions and dtypes: one object per name.
+    Global(&'a str, &'a str),
+    DType(DType),
+}
+
+impl<'a> KeyId<'a> {
+    fn of(v: &'a Value) -> Option<KeyId<'a>> {
+        fn float(f: f64) -> Option<KeyId<'static>> {
+            if f.is_nan() {
+                None
+            } else if f.fract() == 0.0 && f.abs() < 9.0e18 {
+                Some(KeyId::Int(f as i64))
+            } else {
+                Some(KeyId::Float(f.to_bits()))
+            }
+        }
+        Some(match v {
+            Value::None => KeyId::None,
+            Value::Bool(b) => KeyId::Int(i64::from(*b)),
+            Value::Int(i) => KeyId::Int(*i),
+            Value::BigInt(b) => KeyId::BigInt(b),
+            Value::Float(f) => float(*f)?,
+            Value::Complex(re, im) if *im == 0.0 => float(*re)?,
+            Value::Complex(re, im) if re.is_nan() || im.is_nan() => return None,
+            Value::Complex(re, im) => KeyId::Complex((re + 0.0).to_bits(), im.to_bits()),
+            Value::Str(s) => KeyId::Str(s),
+            Value::Bytes(b) => KeyId::Bytes(b),
+            Value::Tuple(items) => KeyId::Tuple(items.iter().map(KeyId::of).collect::<Option<_>>()?),
+            Value::Global { module, name } => KeyId::Global(module, name),
+            Value::DType(d) => KeyId::DType(*d),
+            _ => return None,
+        })
     }
 }
 
@@ -533,5 +634,50 @@ impl From<bool> for Value {
 impl From<Dict> for Value {
     fn from(d: Dict) -> Self {
         Value::Dict(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn s(x: &str) -> Value {
+        Value::Str(x.into())
+    }
+
+    #[test]
+    fn python_items_keep_the_first_position_and_the_last_value() {
+        let items = vec![
+            (s("a"), Value::Int(1)),
+            (Value::Int(1), Value::Int(2)),
+            (s("b"), Value::Int(3)),
+            (s("a"), Value::Int(4)),
+            (Value::Bool(true), Value::Int(5)),
+            (Value::Float(1.0), Value::Int(6)),
+            (s("a"), Value::Int(7)),
+            (Value::Bytes(b"a".to_vec()), Value::Int(8)),
+            (Value::Float(f64::NAN), Value::Int(9)),
+            (Value::Float(f64::NAN), Value::Int(10)),
+            (Value::Tuple(vec![Value::Int(0), s("x")]), Value::Int(11)),
+            (Value::Tuple(vec![Value::Float(0.0), s("x")]), Value::Int(12)),
+        ];
+        let d = Dict::from_python_items(DictKind::OrderedDict, items);
+        assert_eq!(d.kind, DictKind::OrderedDict);
+        let want = vec![
+            (s("a"), Value::Int(7)),
+            (Value::Int(1), Value::Int(6)),
+            (s("b"), Value::Int(3)),
+            (Value::Bytes(b"a".to_vec()), Value::Int(8)),
+            (Value::Float(f64::NAN), Value::Int(9)),
+            (Value::Float(f64::NAN), Value::Int(10)),
+            (Value::Tuple(vec![Value::Int(0), s("x")]), Value::Int(12)),
+        ];
+        // NaN != NaN: compare renderings.
+        assert_eq!(format!("{:?}", d.items), format!("{want:?}"));
+        let plain: Vec<(Value, Value)> = (0..100).map(|i| (s(&i.to_string()), Value::Int(i))).collect();
+        assert_eq!(Dict::from_python_items(DictKind::Dict, plain.clone()).items, plain);
+        assert!(Dict::from_python_items(DictKind::Dict, []).items.is_empty());
     }
 }

@@ -254,6 +254,21 @@ impl Metadata {
         }
     }
 
+    /// [`Metadata::from_pickle_with`] through the full decoder alone (the pickle decoded into a tree, then the
+    /// DCP classes read from it), skipping the single pass, which builds the same metadata faster or leaves
+    /// the input to this path. For differential tests (both must give the same metadata, or both an error)
+    /// and diagnosis.
+    ///
+    /// # Errors
+    /// As [`Metadata::from_pickle`].
+    pub fn from_pickle_full(
+        bytes: &[u8],
+        path: &std::path::Path,
+        limits: &ckpt_pickle::Limits,
+    ) -> crate::Result<Metadata> {
+        decode::decode(bytes, path, limits)
+    }
+
     /// Encodes this metadata as a `.metadata` pickle in `profile`.
     ///
     /// # Errors

@@ -116,8 +116,8 @@ pub struct DcpReader {
     metadata: Metadata,
     source: MetadataSource,
     keys: HashMap<String, usize>,
-    /// Per key (as numbered in `keys`), the indices of its `storage_data` entries sorted by chunk offsets
-    /// (the first of equal entries first).
+    /// Per key (as numbered in `keys`), the indices of its `storage_data` entries sorted by chunk offsets,
+    /// the last of equal entries only.
     items: Vec<Vec<u32>>,
     paths: HashMap<String, Vec<PathItem>>,
     files: DataFiles,
@@ -189,9 +189,17 @@ fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<
     }
     let offset = |i: &u32| metadata.storage_data.get(*i as usize).and_then(|(ix, _)| ix.offset.as_deref());
     for list in &mut items {
-        // Stable: of equal entries the first stays first, as in a Python dict built by repeated update
-        // (torch lets later duplicates overwrite; DCP never writes duplicates).
+        // Stable: equal entries stay in file order. Of equal entries (a `MetadataIndex` key compares by fqn
+        // and offset) the last is kept, as the dict torch unpickles keeps the last value; DCP never writes
+        // two, a damaged or hand-made file may.
         list.sort_by(|a, b| offset(a).cmp(&offset(b)));
+        list.dedup_by(|later, kept| {
+            let same = offset(later) == offset(kept);
+            if same {
+                *kept = *later;
+            }
+            same
+        });
     }
     Ok(items)
 }
@@ -451,7 +459,7 @@ impl DcpReader {
             .ok_or_else(|| Error::MissingItem { key: key.to_owned(), offsets: offsets.map(<[usize]>::to_vec) })
     }
 
-    /// The index in `storage_data` of the item of `key` at `offsets` (the first, if several).
+    /// The index in `storage_data` of the item of `key` at `offsets` (the last, if several: torch's rule).
     fn item(&self, key: &str, offsets: Option<&[usize]>) -> Option<usize> {
         self.item_of(*self.keys.get(key)?, offsets)
     }

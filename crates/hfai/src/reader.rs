@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, Collective, DType, Dict, Entry, Tensor, Value, entry_kind, leaves};
+use ckpt_core::{CheckpointRead, Collective, DType, Dict, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
 use ckpt_torch::ReadOptions;
 use rayon::prelude::*;
 
@@ -44,6 +45,8 @@ pub struct HfaiReader {
     chunked: Vec<String>,
     concatenated_bytes: u64,
     fingerprints: Vec<Fingerprint>,
+    /// Leaves by name, built on the first look-up (reading every entry stays linear).
+    leaf_index: OnceLock<Option<LeafIndex>>,
 }
 
 /// The parts of a checkpoint merged, with large tensors still in their chunks.
@@ -358,6 +361,7 @@ impl HfaiReader {
             chunked: merged.chunked,
             concatenated_bytes,
             fingerprints: merged.fingerprints,
+            leaf_index: OnceLock::new(),
         })
     }
 
@@ -537,10 +541,11 @@ impl CheckpointRead for HfaiReader {
 
 impl HfaiReader {
     fn find(&self, name: &str) -> ckpt_core::Result<&Value> {
-        leaves(&self.value)?
-            .into_iter()
-            .find(|e| e.key == name)
-            .map(|e| e.value)
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}")))
+        let missing = || ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}"));
+        match self.leaf_index.get_or_init(|| LeafIndex::new(&self.value).ok()) {
+            Some(index) => index.get(&self.value, name).ok_or_else(missing),
+            // A key whose str() is not reproduced: leaves() names the error.
+            None => Err(leaves(&self.value).err().unwrap_or_else(missing)),
+        }
     }
 }

@@ -79,6 +79,32 @@ pub fn is_hdf5(bytes: &[u8]) -> bool {
     signature_offset(bytes).is_some()
 }
 
+/// The checks made on a file's bytes before libhdf5 parses it: an HDF5 signature where libhdf5 looks for
+/// one, and a superblock end-of-file address no larger than the file. Returns the superblock's offset.
+///
+/// ```
+/// use std::path::Path;
+/// assert!(matches!(ckpt_pbg::check_header(Path::new("x.h5"), b"PK\x03\x04"), Err(ckpt_pbg::Error::NotHdf5 { .. })));
+/// ```
+///
+/// # Errors
+/// [`Error::NotHdf5`] without a signature, [`Error::Truncated`] when the file is shorter than recorded;
+/// both name `path`.
+pub fn check_header(path: &Path, bytes: &[u8]) -> Result<usize> {
+    let Some(base) = signature_offset(bytes) else {
+        let head = bytes.iter().take(8).copied().collect();
+        return Err(Error::NotHdf5 { path: path.to_path_buf(), head });
+    };
+    if let Some(expected) = superblock_eof(bytes, base) {
+        // libhdf5 stores the end-of-file address counting the user block (checked with h5py files).
+        let found = bytes.len() as u64;
+        if found < expected {
+            return Err(Error::Truncated { path: path.to_path_buf(), expected, found });
+        }
+    }
+    Ok(base)
+}
+
 /// Opens (`create` false: read-only) or creates (truncating) an HDF5 file the way this crate needs it.
 ///
 /// libhdf5 opens files without `O_CLOEXEC` and, from 1.10, takes a `flock` on them. A process started
@@ -234,17 +260,7 @@ impl Reader {
     /// As above.
     pub fn open(path: &Path) -> Result<Reader> {
         let map = Buffer::map_file(path).map_err(|e| core_err(path, e))?;
-        let Some(base) = signature_offset(map.as_bytes()) else {
-            let head = map.as_bytes().iter().take(8).copied().collect();
-            return Err(Error::NotHdf5 { path: path.to_path_buf(), head });
-        };
-        if let Some(expected) = superblock_eof(map.as_bytes(), base) {
-            // libhdf5 stores the end-of-file address counting the user block (checked with h5py files).
-            let found = map.len() as u64;
-            if found < expected {
-                return Err(Error::Truncated { path: path.to_path_buf(), expected, found });
-            }
-        }
+        let base = check_header(path, map.as_bytes())?;
         let file = open_file(path, false)?;
         Ok(Reader { path: path.to_path_buf(), file, map, base })
     }

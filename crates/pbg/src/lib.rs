@@ -93,7 +93,7 @@ pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_d
 pub use entity_path::EntityStorage;
 pub use error::{Error, Result};
 pub use export::{export_safetensors, export_tsv, write_entities_tsv, write_relation_types_tsv};
-pub use h5::{HDF5_SIGNATURE, is_hdf5};
+pub use h5::{HDF5_SIGNATURE, check_header, is_hdf5};
 pub use metadata::{AttrValue, CONFIG_JSON_ATTR, FORMAT_VERSION, FORMAT_VERSION_ATTR, Iteration, Metadata};
 pub use model::{
     MODEL_GROUP, Model, ModelParameter, STATE_DICT_KEY_ATTR, private_to_public, public_to_private, read_model_file,

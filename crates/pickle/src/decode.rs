@@ -41,10 +41,21 @@ pub fn decode_with(data: &[u8], limits: &Limits) -> Result<(Value, usize)> {
     }
 }
 
-/// The full decoder: runs the pickle into an arena graph, analyses it (cycles, depth, expanded size) and
-/// materialises it. Handles every pickle the single-pass decoder ([`crate::build`]) declines, and gives the
-/// precise error for bad input.
-pub(crate) fn decode_graph(data: &[u8], limits: &Limits) -> Result<(Value, usize)> {
+/// The full decoder alone: runs the pickle into an arena graph, analyses it (cycles, depth, expanded size)
+/// and materialises it. Handles every pickle the single-pass decoder ([`crate::build`]) declines, and gives
+/// the precise error for bad input. [`decode_with`] runs it when the single pass declines; calling it directly
+/// is for differential tests (both must give the same value, or both an error) and diagnosis.
+///
+/// ```
+/// let bytes = ckpt_pickle::encode(&ckpt_pickle::Value::Int(7), 2)?;
+/// let limits = ckpt_pickle::Limits::default();
+/// assert_eq!(ckpt_pickle::decode_graph(&bytes, &limits)?, ckpt_pickle::decode_with(&bytes, &limits)?);
+/// # Ok::<(), ckpt_pickle::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`decode_with`].
+pub fn decode_graph(data: &[u8], limits: &Limits) -> Result<(Value, usize)> {
     let mut vm = Vm::new(data, limits);
     let (root, stop_at) = vm.run()?;
     let value = vm.finish(root, stop_at)?;

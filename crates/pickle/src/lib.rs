@@ -56,7 +56,7 @@ mod text;
 mod tree;
 mod value;
 
-pub use decode::{decode, decode_with};
+pub use decode::{decode, decode_graph, decode_with};
 pub use encode::{EncodeOptions, Sharing, encode, encode_into, encode_with};
 pub use error::{Error, ErrorKind};
 pub use limits::Limits;

@@ -2,8 +2,11 @@
 //! io states, behind ckpt-core's [`CheckpointRead`].
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, Dict, DictKind, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
+use ckpt_core::{
+    CheckpointRead, Dict, DictKind, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves,
+};
 
 use ckpt_torch::ReadOptions;
 
@@ -27,6 +30,9 @@ pub struct RecisReader {
     extra: Option<Value>,
     io_states: Vec<(usize, Value)>,
     io_state_count: Option<usize>,
+    /// Leaves by name of each torch-file part (in [`Checkpoint::torch_parts`] order), built on the first
+    /// look-up (reading every entry stays linear).
+    leaf_index: OnceLock<Vec<Option<LeafIndex>>>,
 }
 
 impl RecisReader {
@@ -90,7 +96,15 @@ impl RecisReader {
         }
         io_states.sort_by_key(|(s, _)| *s);
         let io_state_count = if has(IO_STATE_COUNT_FILE) { read_io_state_count(dir)? } else { None };
-        Ok(RecisReader { dir: dir.into(), sparse, model, extra, io_states, io_state_count })
+        Ok(RecisReader {
+            dir: dir.into(),
+            sparse,
+            model,
+            extra,
+            io_states,
+            io_state_count,
+            leaf_index: OnceLock::new(),
+        })
     }
 
     /// The directory.
@@ -173,14 +187,14 @@ impl RecisReader {
     }
 
     fn torch_leaf(&self, name: &str) -> Option<Value> {
-        for (prefix, v) in self.torch_parts() {
+        let parts = self.torch_parts();
+        let indexes = self.leaf_index.get_or_init(|| parts.iter().map(|(_, v)| LeafIndex::new(v).ok()).collect());
+        for ((prefix, v), index) in parts.iter().zip(indexes) {
             let Some(rest) = name.strip_prefix(prefix.as_str()) else {
                 continue;
             };
-            if let Ok(all) = leaves(v) {
-                if let Some(l) = all.into_iter().find(|l| l.key == rest) {
-                    return Some(l.value.clone());
-                }
+            if let Some(leaf) = index.as_ref().and_then(|i| i.get(v, rest)) {
+                return Some(leaf.clone());
             }
         }
         None

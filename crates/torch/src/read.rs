@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, Tensor, Value, entry_kind, python_str};
+use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
 use ckpt_pickle::Value as P;
 
 use crate::detect::{Container, detect};
@@ -25,6 +25,10 @@ pub struct ReadOptions {
     pub verify_crc: bool,
     /// Limits for the pickle decoder.
     pub limits: ckpt_pickle::Limits,
+    /// Decode `data.pkl` with the full decoder and rebuilder only, skipping the single pass (which gives the
+    /// same value faster, or declines). Off by default; for differential tests and for telling the two
+    /// paths apart when diagnosing a file.
+    pub full_decoder: bool,
 }
 
 impl ReadOptions {
@@ -32,6 +36,13 @@ impl ReadOptions {
     #[must_use]
     pub fn with_verify_crc(mut self, verify: bool) -> Self {
         self.verify_crc = verify;
+        self
+    }
+
+    /// These options with the single pass skipped (`full` true) or used (see [`ReadOptions::full_decoder`]).
+    #[must_use]
+    pub fn with_full_decoder(mut self, full: bool) -> Self {
+        self.full_decoder = full;
         self
     }
 
@@ -65,73 +76,8 @@ pub struct TorchReader {
     records: Vec<String>,
     /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
     state_dict: Option<Value>,
-    /// Leaf name -> the child positions that lead to it, built on the first lookup by name.
-    index: OnceLock<LeafIndex>,
-}
-
-/// Leaf name -> child positions, or why the leaves cannot be named.
-type LeafIndex = std::result::Result<HashMap<String, Box<[u32]>>, String>;
-
-/// Every leaf of `value` with its dotted key, in order, exactly as [`ckpt_core::leaves`] names them (every
-/// dict, list and tuple descended into; `str()` of the keys joined by `.`), with the child positions that lead
-/// to each; without building a path per leaf.
-fn leaf_keys(value: &Value) -> ckpt_core::Result<Vec<(String, Vec<u32>, &Value)>> {
-    fn walk<'v>(
-        key: &mut String,
-        at: &mut Vec<u32>,
-        v: &'v Value,
-        out: &mut Vec<(String, Vec<u32>, &'v Value)>,
-    ) -> ckpt_core::Result<()> {
-        let step = |key: &mut String, depth: usize, part: &str| {
-            if depth > 0 {
-                key.push('.');
-            }
-            key.push_str(part);
-        };
-        match v {
-            Value::Dict(d) if !d.items.is_empty() => {
-                for (i, (k, child)) in d.items.iter().enumerate() {
-                    let len = key.len();
-                    match k {
-                        Value::Str(s) => step(key, at.len(), s),
-                        other => step(key, at.len(), &python_str(other)?),
-                    }
-                    at.push(u32::try_from(i).unwrap_or(u32::MAX));
-                    walk(key, at, child, out)?;
-                    at.pop();
-                    key.truncate(len);
-                }
-            }
-            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
-                for (i, child) in items.iter().enumerate() {
-                    let len = key.len();
-                    step(key, at.len(), &i.to_string());
-                    at.push(u32::try_from(i).unwrap_or(u32::MAX));
-                    walk(key, at, child, out)?;
-                    at.pop();
-                    key.truncate(len);
-                }
-            }
-            _ => out.push((key.clone(), at.clone(), v)),
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    walk(&mut String::new(), &mut Vec::new(), value, &mut out)?;
-    Ok(out)
-}
-
-/// The value at child positions `at` (as [`leaf_keys`] records them).
-fn descend<'v>(mut v: &'v Value, at: &[u32]) -> Option<&'v Value> {
-    for &i in at {
-        let i = i as usize;
-        v = match v {
-            Value::Dict(d) => &d.items.get(i)?.1,
-            Value::List(items) | Value::Tuple(items) => items.get(i)?,
-            _ => return None,
-        };
-    }
-    Some(v)
+    /// Leaves by name, built on the first look-up (reading every entry stays linear).
+    leaf_index: OnceLock<Option<LeafIndex>>,
 }
 
 impl TorchReader {
@@ -173,7 +119,7 @@ impl TorchReader {
                     prefix: None,
                     version: None,
                     records: Vec::new(),
-                    index: OnceLock::new(),
+                    leaf_index: OnceLock::new(),
                 })
             }
         }
@@ -226,17 +172,11 @@ impl TorchReader {
     /// # Errors
     /// [`Error::NoSuchEntry`].
     pub fn get(&self, name: &str) -> Result<&Value> {
-        let index = self.index.get_or_init(|| {
-            let leaves = leaf_keys(self.root()).map_err(|e| e.to_string())?;
-            let mut index = HashMap::with_capacity(leaves.len());
-            for (key, at, _) in leaves {
-                // The first of equal names wins, as a search in order finds it.
-                index.entry(key).or_insert_with(|| at.into_boxed_slice());
-            }
-            Ok(index)
-        });
-        let index = index.as_ref().map_err(|e| Error::Core(ckpt_core::Error::Unsupported(e.clone())))?;
-        index.get(name).and_then(|at| descend(self.root(), at)).ok_or_else(|| Error::NoSuchEntry(name.to_owned()))
+        match self.leaf_index.get_or_init(|| LeafIndex::new(self.root()).ok()) {
+            Some(index) => index.get(self.root(), name).ok_or_else(|| Error::NoSuchEntry(name.to_owned())),
+            // A key whose str() is not reproduced: leaves() names the error.
+            None => Err(leaves(self.root()).err().map_or_else(|| Error::NoSuchEntry(name.to_owned()), Error::from)),
+        }
     }
 }
 
@@ -246,8 +186,8 @@ impl CheckpointRead for TorchReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        leaf_keys(self.root())
-            .map(|l| l.into_iter().map(|(name, _, v)| Entry { kind: entry_kind(v), name }).collect())
+        leaf_names(self.root())
+            .map(|l| l.into_iter().map(|(name, v)| Entry { kind: entry_kind(v), name }).collect())
             .unwrap_or_default()
     }
 
@@ -420,7 +360,9 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
     let pkl = storages.record("data.pkl")?;
     // One pass from the pickle to the values; what it declines goes through the full decoder and the
     // rebuilder, which give the same value or the precise error.
-    let value = match single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) {
+    let fast =
+        if options.full_decoder { None } else { single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) };
+    let value = match fast {
         Some(value) => value,
         None => {
             let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
@@ -437,7 +379,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
         prefix: Some(archive.prefix().to_owned()),
         version: Some(version),
         records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
-        index: OnceLock::new(),
+        leaf_index: OnceLock::new(),
     })
 }
 
@@ -495,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn leaf_keys_name_leaves_like_core_and_lookups_find_them() {
+    fn entries_name_leaves_like_core_and_lookups_find_them() {
         use ckpt_core::{Dict, DictKind, leaves};
         let t = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
         let mut inner = Dict::new(DictKind::OrderedDict);
@@ -508,9 +450,7 @@ mod tests {
         root.insert(Value::Tuple(vec![Value::Int(1), Value::Str("a".into())]), Value::Int(7));
         root.insert("model", Value::Int(9)); // a duplicate name: the first wins
         let root = Value::Dict(root);
-        let ours: Vec<(String, &Value)> = leaf_keys(&root).unwrap().into_iter().map(|(k, _, v)| (k, v)).collect();
         let core: Vec<(String, Value)> = leaves(&root).unwrap().into_iter().map(|e| (e.key, e.value.clone())).collect();
-        assert_eq!(ours.into_iter().map(|(k, v)| (k, v.clone())).collect::<Vec<_>>(), core);
         let f = TorchReader {
             value: root,
             container: Container::Zip,
@@ -518,8 +458,10 @@ mod tests {
             version: None,
             records: Vec::new(),
             state_dict: None,
-            index: OnceLock::new(),
+            leaf_index: OnceLock::new(),
         };
+        let names: Vec<String> = f.entries().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, core.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>());
         for (k, v) in &core {
             if k != "model" {
                 assert_eq!(f.get(k).unwrap(), v, "{k}");
@@ -537,6 +479,24 @@ mod tests {
         };
         assert!(bad.get("x").is_err());
         assert!(bad.entries().is_empty());
+    }
+
+    /// Dicts with a repeated key (a fuzzer finding, `tests/fuzz_regressions.rs`): the single pass takes the
+    /// file rather than declining it, and builds what the rebuilder builds (the last value, first position).
+    #[test]
+    fn single_pass_takes_and_agrees_on_a_repeated_dict_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/duplicate_key.pt");
+        let b = Buffer::map_file(&path).unwrap();
+        let archive = Archive::parse(b.as_bytes()).unwrap();
+        let rec = archive.get("data.pkl").unwrap();
+        let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
+        assert!(agree(&b, &archive, &pkl), "the single pass declined");
+        let mut storages = ZipStorages::new(&archive, &b);
+        let v = single_pass::rebuild(&pkl, &ckpt_pickle::Limits::default(), &mut storages).unwrap();
+        let Value::Dict(d) = v else { panic!("{v:?}") };
+        let keys: Vec<&str> = d.items.iter().filter_map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["w", "n"]);
+        assert_eq!(d.items[0].1.as_tensor().unwrap().shape(), [3]);
     }
 
     #[test]

@@ -106,7 +106,8 @@ impl<S: StorageSource> Rebuilder<'_, S> {
             P::Tuple(items) => Value::Tuple(self.values(items)?),
             P::Set(items) => Value::Set(self.values(items)?),
             P::FrozenSet(items) => Value::FrozenSet(self.values(items)?),
-            P::Dict(items) => Value::Dict(Dict { kind: DictKind::Dict, items: self.pairs(items)?, attrs: None }),
+            // Python's dict: a repeated key keeps its first position and takes its last value.
+            P::Dict(items) => Value::Dict(Dict::from_python_items(DictKind::Dict, self.pairs(items)?)),
             P::Global { module, name } => {
                 let (module, name) = ckpt_pickle::normalize_global(module, name);
                 match DType::from_torch_name(&name).filter(|_| module == "torch") {
@@ -170,7 +171,7 @@ impl<S: StorageSource> Rebuilder<'_, S> {
                 }
                 items.extend(self.pairs(&obj.dict_items)?);
                 let attrs = obj.state.as_ref().map(|s| self.value(s)).transpose()?.map(Box::new);
-                Ok(Value::Dict(Dict { kind, items, attrs }))
+                Ok(Value::Dict(Dict { attrs, ..Dict::from_python_items(kind, items) }))
             }
             ("builtins", "set" | "frozenset") if reduce && plain && args.len() <= 1 => {
                 let items = match args.first() {

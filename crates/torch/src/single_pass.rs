@@ -195,7 +195,8 @@ impl TorchBuilder<'_> {
             T::Global(id) => self.globals.get(id as usize).ok_or(Declined)?.value.clone(),
             T::Tuple(items) => Value::Tuple(self.finish_all(items)?),
             T::List(items) => Value::List(self.finish_all(items)?),
-            T::Dict(pairs) => Value::Dict(Dict { kind: DictKind::Dict, items: self.finish_pairs(pairs)?, attrs: None }),
+            // Python's dict: a repeated key keeps its first position and takes its last value.
+            T::Dict(pairs) => Value::Dict(Dict::from_python_items(DictKind::Dict, self.finish_pairs(pairs)?)),
             T::Call(p) => self.object(*p)?,
             T::Storage(dtype, data) => Value::Storage { dtype, data },
             T::V(v) => *v,
@@ -266,7 +267,7 @@ impl TorchBuilder<'_> {
                 };
                 items.extend(self.finish_pairs(p.dict_items)?);
                 let attrs = p.state.map(|s| self.finish(s)).transpose()?.map(Box::new);
-                Ok(Value::Dict(Dict { kind, items, attrs }))
+                Ok(Value::Dict(Dict { attrs, ..Dict::from_python_items(kind, items) }))
             }
             Known::Set | Known::FrozenSet if reduce && plain && seq_items(&p.args).len() <= 1 => {
                 let items = match seq_items(&p.args).first() {

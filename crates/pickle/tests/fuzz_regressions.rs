@@ -1,0 +1,49 @@
+//! Rules fuzzing established (`fuzz/`, target `pickle`), held in both decoding paths: the single pass that
+//! [`decode_with`] runs first and the full decoder ([`decode_graph`]) it falls back to.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ckpt_pickle::{Limits, Value, decode_graph, decode_with};
+
+/// Both paths on `data`: the same value and end offset.
+fn both(data: &[u8]) -> (Value, usize) {
+    let limits = Limits::default();
+    let fast = decode_with(data, &limits).unwrap();
+    let full = decode_graph(data, &limits).unwrap();
+    assert_eq!(format!("{fast:?}"), format!("{full:?}"));
+    fast
+}
+
+/// A dict with a repeated key keeps every pair in the pickle value, in both paths (the stream is
+/// reproduced as written; Python's rule, the first position with the last value, is applied where the
+/// pickle becomes a checkpoint value: `ckpt_core::Dict::from_python_items`, in both torch read paths).
+#[test]
+fn fuzz_repeated_dict_keys_are_kept_as_written_in_both_paths() {
+    // {} MARK 'a' 1 'b' 2 'a' 3 SETITEMS, protocol 2
+    let data = b"\x80\x02}q\x00(X\x01\x00\x00\x00aK\x01X\x01\x00\x00\x00bK\x02X\x01\x00\x00\x00aK\x03u.";
+    let (v, end) = both(data);
+    assert_eq!(end, data.len());
+    assert_eq!(
+        v,
+        Value::Dict(vec![
+            (Value::str("a"), Value::Int(1)),
+            (Value::str("b"), Value::Int(2)),
+            (Value::str("a"), Value::Int(3)),
+        ])
+    );
+}
+
+/// A list of 40 000 items and a dict of 40 000 keys (the size of the fuzzer's input that showed quadratic
+/// leaf look-ups downstream) decode to the same value in both paths, at every protocol.
+#[test]
+fn fuzz_wide_containers_decode_the_same_in_both_paths() {
+    let n = 40_000i64;
+    let list = Value::List((0..n).map(Value::Int).collect());
+    let dict = Value::Dict((0..n).map(|i| (Value::str(i.to_string()), Value::Int(i))).collect());
+    for v in [list, dict] {
+        for protocol in 2..=5 {
+            let bytes = ckpt_pickle::encode(&v, protocol).unwrap();
+            assert_eq!(both(&bytes).0, v);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every ckpt parser (cargo-fuzz / libFuzzer, nightly Rust); fuzz/README.md explains
+# the targets. Builds every target once (AddressSanitizer, debug assertions: integer overflow panics), then
+# runs each for SECONDS from its committed corpus (fuzz/corpus/<target>), one at a time. Fails on the first
+# crash, panic, leak, timeout (-timeout, default 10 s per input) or out-of-memory (-rss_limit_mb, default
+# 2048), and prints where the reproducer is and how to replay it.
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     50 s per target by default (the test command's bounded run)
+#   scripts/fuzz.sh 3600 distcp pbg           a longer campaign on two targets
+#   scripts/fuzz.sh --merge 3600              ... and fold what it found into fuzz/corpus (minimized)
+#   scripts/fuzz.sh --reseed                  rebuild fuzz/corpus from the fixtures (fuzz/seed.py) + itself
+#   scripts/fuzz.sh --list                    the targets
+#
+# Environment: CKPT_FUZZ_JOBS (parallel fuzzing processes per target, default 1), CKPT_FUZZ_RSS_MB,
+# CKPT_FUZZ_TIMEOUT, CKPT_FUZZ_ARGS (extra libFuzzer flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m[fuzz]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[fuzz] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+TARGETS=(pickle torch_zip torch_legacy distcp recis hfai pbg open_dir)
+dicts_of() {
+  case "$1" in
+    pickle | torch_legacy) echo pickle ;;
+    torch_zip) echo zip pickle ;;
+    distcp) echo files distcp zip pickle ;;
+    recis) echo files recis zip pickle ;;
+    hfai) echo files zip pickle ;;
+    pbg) echo files pbg zip pickle ;;
+    open_dir) echo files distcp recis pbg zip pickle ;;
+    *) die "unknown target $1 (scripts/fuzz.sh --list)" ;;
+  esac
+}
+
+seconds=50 merge=0 reseed=0 chosen=()
+for arg in "$@"; do
+  case "$arg" in
+    --merge) merge=1 ;;
+    --reseed) reseed=1 ;;
+    --list) printf '%s\n' "${TARGETS[@]}"; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *[!0-9]*) dicts_of "$arg" >/dev/null; chosen+=("$arg") ;;
+    *) seconds=$arg ;;
+  esac
+done
+[ ${#chosen[@]} -gt 0 ] || chosen=("${TARGETS[@]}")
+
+command -v cargo-fuzz >/dev/null || die "cargo-fuzz is not installed (bash scripts/setup.sh installs it)"
+rustup run nightly rustc --version >/dev/null 2>&1 || die "no nightly toolchain (bash scripts/setup.sh installs it)"
+
+# Scratch space on tmpfs for the directories the targets write (CKPT_FUZZ_SCRATCH) and the run's corpora.
+shm=/dev/shm; [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
+scratch=$(mktemp -d "$shm/ckpt-fuzz.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export CKPT_FUZZ_SCRATCH="$scratch" RAYON_NUM_THREADS=1
+
+say "building ${#TARGETS[@]} targets (nightly, AddressSanitizer, debug assertions)"
+start=$(date +%s)
+(cd fuzz && cargo +nightly fuzz build --debug-assertions) || die "the fuzz targets do not build"
+say "built in $(($(date +%s) - start)) s"
+bin_dir=fuzz/target/x86_64-unknown-linux-gnu/release
+
+dict_for() {
+  local out="$scratch/$1.dict"
+  for d in $(dicts_of "$1"); do cat "fuzz/dict/$d.dict"; done > "$out"
+  echo "$out"
+}
+
+if [ "$reseed" = 1 ]; then
+  python3 fuzz/seed.py "$scratch/seeds" >&2
+  for t in "${chosen[@]}"; do
+    mkdir -p "fuzz/corpus/$t" "$scratch/seeds/$t" "$scratch/new/$t"
+    say "$t: minimizing $(find "$scratch/seeds/$t" "fuzz/corpus/$t" -type f | wc -l) inputs"
+    "$bin_dir/$t" -merge=1 -rss_limit_mb="${CKPT_FUZZ_RSS_MB:-2048}" -timeout="${CKPT_FUZZ_TIMEOUT:-10}" \
+      "$scratch/new/$t" "fuzz/corpus/$t" "$scratch/seeds/$t" 2>"$scratch/$t.merge.log" \
+      || { tail -30 "$scratch/$t.merge.log" >&2; die "$t: a seed fails (log above)"; }
+    rm -rf "fuzz/corpus/$t" && mv "$scratch/new/$t" "fuzz/corpus/$t"
+    say "$t: $(find "fuzz/corpus/$t" -type f | wc -l) inputs, $(du -sh "fuzz/corpus/$t" | cut -f1)"
+  done
+  exit 0
+fi
+
+summary=()
+jobs=""
+# -jobs=N (N > 1) forks N fuzzing processes sharing the corpus; -jobs=1 would still fork one, so it is left out.
+[ "${CKPT_FUZZ_JOBS:-1}" -gt 1 ] && jobs="-jobs=$CKPT_FUZZ_JOBS -workers=$CKPT_FUZZ_JOBS"
+for t in "${chosen[@]}"; do
+  mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t" "$scratch/run/$t"
+  log="$scratch/$t.log"
+  say "$t: ${seconds} s"
+  set +e
+  "$bin_dir/$t" -max_total_time="$seconds" -rss_limit_mb="${CKPT_FUZZ_RSS_MB:-2048}" \
+    -timeout="${CKPT_FUZZ_TIMEOUT:-10}" $jobs \
+    -dict="$(dict_for "$t")" -artifact_prefix="fuzz/artifacts/$t/" -print_final_stats=1 \
+    ${CKPT_FUZZ_ARGS:-} "$scratch/run/$t" "fuzz/corpus/$t" >"$log" 2>&1
+  rc=$?
+  set -e
+  # With -jobs > 1 libFuzzer writes one fuzz-<n>.log per job in the working directory.
+  [ "${CKPT_FUZZ_JOBS:-1}" -gt 1 ] && cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log
+  stats=$(grep -E '^#[0-9]+' "$log" | tail -1 | sed -E 's/^#([0-9]+)\s+\w+\s+/execs \1 /; s/ (exec\/s|rss|L|MS):.*//')
+  if [ $rc -ne 0 ]; then
+    tail -60 "$log" >&2
+    artifact=$(grep -oE "fuzz/artifacts/$t/[a-z-]+[0-9a-f]+" "$log" | tail -1)
+    die "$t found a problem (exit $rc). Reproducer: ${artifact:-see the log above}
+  replay:   (cd fuzz && cargo +nightly fuzz run --debug-assertions $t ../${artifact:-<reproducer>})
+  minimize: (cd fuzz && cargo +nightly fuzz tmin --debug-assertions $t ../${artifact:-<reproducer>})"
+  fi
+  summary+=("$(printf '%-13s %s' "$t" "$stats")")
+  if [ "$merge" = 1 ]; then
+    mkdir -p "$scratch/new/$t"
+    "$bin_dir/$t" -merge=1 -rss_limit_mb="${CKPT_FUZZ_RSS_MB:-2048}" -timeout="${CKPT_FUZZ_TIMEOUT:-10}" \
+      "$scratch/new/$t" "fuzz/corpus/$t" "$scratch/run/$t" 2>>"$log" || die "$t: merging the corpus failed"
+    rm -rf "fuzz/corpus/$t" && mv "$scratch/new/$t" "fuzz/corpus/$t"
+  fi
+done
+say "no crash, leak, timeout or OOM; last status line per target:"
+printf '  %s\n' "${summary[@]}" >&2
