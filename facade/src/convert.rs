@@ -90,7 +90,7 @@ use std::path::{Path, PathBuf};
 
 use ckpt_core::select::Selection;
 
-use crate::adaptor::Source;
+use crate::adaptor::{Adaptor, Source};
 use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
 
@@ -274,6 +274,19 @@ pub fn convert(
     to: Format,
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
+    let (source, target) = plan(src, from, dst, to, options)?;
+    target.write(&Source::new(src, source, &options.selection), dst, options)
+}
+
+/// The source and target adaptors of a conversion, once the source format is known (`from`, or detected),
+/// the world size is at least 1 and the conversion is supported.
+pub(crate) fn plan(
+    src: &Path,
+    from: Option<Format>,
+    dst: &Path,
+    to: Format,
+    options: &ConvertOptions,
+) -> Result<(&'static dyn Adaptor, &'static dyn Adaptor)> {
     let from = match from {
         Some(f) => f,
         None => crate::detect(src)?,
@@ -288,5 +301,5 @@ pub fn convert(
     if let Some(reason) = unsupported_reason(from, to) {
         return Err(Error::UnsupportedConversion { from, to, reason });
     }
-    target.write(&Source::new(src, source, &options.selection), dst, options)
+    Ok((source, target))
 }

@@ -7,7 +7,6 @@ use ckpt_core::Collective;
 
 use crate::adaptor::Source;
 use crate::convert::{ConvertOptions, ConvertSummary};
-use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
 
 /// [`crate::convert`] split over the processes of `group`: every process calls it with the same arguments.
@@ -49,23 +48,7 @@ pub fn convert_in(
     if group.world_size() == 1 {
         return crate::convert(src, from, dst, to, options);
     }
-    let prepared = (|| {
-        let from = match from {
-            Some(f) => f,
-            None => crate::detect(src)?,
-        };
-        if options.world_size == 0 {
-            return Err(Error::InvalidArgument {
-                path: dst.to_path_buf(),
-                reason: "world size 0: a target needs at least one rank".into(),
-            });
-        }
-        let (source, target) = (adaptor(from, src)?, adaptor(to, src)?);
-        if let Some(reason) = unsupported_reason(from, to) {
-            return Err(Error::UnsupportedConversion { from, to, reason });
-        }
-        Ok((source, target))
-    })();
+    let prepared = crate::convert::plan(src, from, dst, to, options);
     let (source, target) = agree(group, prepared)?;
     target.write_in(&Source::new(src, source, &options.selection), dst, options, group)
 }
@@ -95,7 +78,7 @@ pub fn reshard_in(src: &Path, dst: &Path, world_size: usize, group: &dyn Collect
 pub(crate) fn agree<T>(group: &dyn Collective, own: Result<T>) -> Result<T> {
     let msg = match &own {
         Ok(_) => Vec::new(),
-        Err(e) => error_text(e).into_bytes(),
+        Err(e) => crate::verify::chain(e).into_bytes(),
     };
     let all = group.all_gather(msg).map_err(|e| Error::RankFailed { rank: group.rank(), message: e.to_string() })?;
     let own = own?;
@@ -115,7 +98,7 @@ pub(crate) fn agree_with_root<T: Wire>(group: &dyn Collective, own: Option<Resul
         }
         Some(Err(e)) => {
             let mut m = vec![1u8];
-            m.extend(error_text(e).into_bytes());
+            m.extend(crate::verify::chain(e).into_bytes());
             m
         }
         None => Vec::new(),
@@ -133,20 +116,6 @@ pub(crate) fn agree_with_root<T: Wire>(group: &dyn Collective, own: Option<Resul
         Some((_, body)) => Err(Error::RankFailed { rank: 0, message: String::from_utf8_lossy(body).into_owned() }),
         None => Err(Error::RankFailed { rank: 0, message: "sent no outcome".into() }),
     }
-}
-
-fn error_text(e: &Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
 }
 
 /// What a process's outcome travels as.

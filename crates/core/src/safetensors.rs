@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::buffer::Buffer;
-use crate::checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
+use crate::checkpoint::{CheckpointRead, Entry};
 use crate::commit::FileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::value::Value;
-use metadata::{EntryRef, Records};
+use metadata::Records;
 
 /// A safetensors file, read: tensors in file order and the `__metadata__` string map, and, behind
 /// [`CheckpointRead`], the entries ckpt recorded ([`metadata`]): the tensors, then the `ckpt.values` values.
@@ -49,25 +49,7 @@ impl SafetensorsReader {
     /// Every entry as (name, path in the nested state dict, value), in the source's order when ckpt recorded
     /// it: plain tensors, and the values of `ckpt.values` with the tensors they hold ([`metadata`]).
     pub fn leaves(&self) -> Vec<(String, Vec<crate::PathItem>, Value)> {
-        self.records
-            .entries(&self.tensors)
-            .into_iter()
-            .map(|(name, e)| {
-                let value = match e {
-                    EntryRef::Tensor(t) => Value::Tensor(t.clone()),
-                    EntryRef::Value(v) => v.clone(),
-                };
-                (name.to_owned(), self.records.path_of(name), value)
-            })
-            .collect()
-    }
-
-    /// The entry `name`: a stored tensor, or a recorded value.
-    fn entry(&self, name: &str) -> Option<EntryRef<'_>> {
-        if let Some((_, v)) = self.records.values.iter().find(|(n, _)| n == name) {
-            return Some(EntryRef::Value(v));
-        }
-        self.get(name).filter(|_| !self.records.is_hidden(name)).map(EntryRef::Tensor)
+        self.records.leaves(&self.tensors)
     }
 }
 
@@ -257,38 +239,15 @@ impl CheckpointRead for SafetensorsReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        self.records
-            .entries(&self.tensors)
-            .into_iter()
-            .map(|(name, e)| Entry {
-                name: name.to_owned(),
-                kind: match e {
-                    EntryRef::Tensor(t) => {
-                        EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() })
-                    }
-                    EntryRef::Value(v) => entry_kind(v),
-                },
-            })
-            .collect()
+        self.records.entry_list(&self.tensors)
     }
 
     fn tensor(&self, name: &str) -> Result<Tensor> {
-        match self.entry(name) {
-            Some(EntryRef::Tensor(t)) => Ok(t.clone()),
-            Some(EntryRef::Value(v)) => v
-                .as_tensor()
-                .cloned()
-                .ok_or_else(|| Error::InvalidArgument(format!("entry {name:?} is not a dense tensor"))),
-            None => Err(Error::InvalidArgument(format!("no tensor named {name:?}"))),
-        }
+        self.records.tensor(&self.tensors, name)
     }
 
     fn value(&self, name: &str) -> Result<Value> {
-        match self.entry(name) {
-            Some(EntryRef::Tensor(t)) => Ok(Value::Tensor(t.clone())),
-            Some(EntryRef::Value(v)) => Ok(v.clone()),
-            None => Err(Error::InvalidArgument(format!("no entry named {name:?}"))),
-        }
+        self.records.value(&self.tensors, name)
     }
 }
 

@@ -3,9 +3,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use ckpt_core::safetensors::metadata::{EntryRef, Records};
+use ckpt_core::safetensors::metadata::Records;
 use ckpt_core::safetensors::{SafetensorsReader, read_file};
-use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, entry_kind};
+use ckpt_core::{CheckpointRead, Entry, PathItem, Tensor, Value};
 
 use crate::error::{Error, Result};
 
@@ -117,21 +117,7 @@ impl HfReader {
     /// Every entry as (name, path in the nested state dict, value), in the source's order when ckpt
     /// recorded it.
     pub fn leaves(&self) -> Vec<(String, Vec<PathItem>, Value)> {
-        self.records
-            .entries(&self.tensors)
-            .into_iter()
-            .map(|(name, e)| {
-                let value = match e {
-                    EntryRef::Tensor(t) => Value::Tensor(t.clone()),
-                    EntryRef::Value(v) => v.clone(),
-                };
-                (name.to_owned(), self.records.path_of(name), value)
-            })
-            .collect()
-    }
-
-    fn entry(&self, name: &str) -> Option<EntryRef<'_>> {
-        self.records.entries(&self.tensors).into_iter().find(|(n, _)| *n == name).map(|(_, e)| e)
+        self.records.leaves(&self.tensors)
     }
 }
 
@@ -141,19 +127,7 @@ impl CheckpointRead for HfReader {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        self.records
-            .entries(&self.tensors)
-            .into_iter()
-            .map(|(name, e)| Entry {
-                name: name.to_owned(),
-                kind: match e {
-                    EntryRef::Tensor(t) => {
-                        EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() })
-                    }
-                    EntryRef::Value(v) => entry_kind(v),
-                },
-            })
-            .collect()
+        self.records.entry_list(&self.tensors)
     }
 
     fn details(&self) -> Vec<(String, String)> {
@@ -165,21 +139,10 @@ impl CheckpointRead for HfReader {
     }
 
     fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
-        match self.entry(name) {
-            Some(EntryRef::Tensor(t)) => Ok(t.clone()),
-            Some(EntryRef::Value(v)) => v
-                .as_tensor()
-                .cloned()
-                .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("entry {name:?} is not a dense tensor"))),
-            None => Err(ckpt_core::Error::InvalidArgument(format!("no tensor named {name:?}"))),
-        }
+        self.records.tensor(&self.tensors, name)
     }
 
     fn value(&self, name: &str) -> ckpt_core::Result<Value> {
-        match self.entry(name) {
-            Some(EntryRef::Tensor(t)) => Ok(Value::Tensor(t.clone())),
-            Some(EntryRef::Value(v)) => Ok(v.clone()),
-            None => Err(ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}"))),
-        }
+        self.records.value(&self.tensors, name)
     }
 }

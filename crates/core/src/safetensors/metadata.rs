@@ -53,6 +53,7 @@ use crate::error::{Error, Result};
 use crate::flatten::{PathItem, leaves};
 use crate::tensor::Tensor;
 use crate::value::Value;
+use crate::{Entry, EntryKind, TensorInfo, entry_kind};
 use values::{Decoder, Encoder};
 
 use super::write_file;
@@ -251,6 +252,52 @@ impl Records {
         }
         out
     }
+
+    /// The entry `name` of a file with `tensors`: a recorded value, or a stored tensor that no value holds.
+    pub fn entry<'a>(&'a self, tensors: &'a [(String, Tensor)], name: &str) -> Option<EntryRef<'a>> {
+        if let Some((_, v)) = self.values.iter().find(|(n, _)| n == name) {
+            return Some(EntryRef::Value(v));
+        }
+        if self.hidden.contains(name) {
+            return None;
+        }
+        tensors.iter().find(|(n, _)| n == name).map(|(_, t)| EntryRef::Tensor(t))
+    }
+
+    /// Every entry as (name, path in the nested state dict, value), in [`Records::entries`]' order.
+    pub fn leaves(&self, tensors: &[(String, Tensor)]) -> Vec<(String, Vec<PathItem>, Value)> {
+        self.entries(tensors).into_iter().map(|(name, e)| (name.to_owned(), self.path_of(name), e.to_value())).collect()
+    }
+
+    /// Every entry's name and kind, in [`Records::entries`]' order (what a reader lists).
+    pub fn entry_list(&self, tensors: &[(String, Tensor)]) -> Vec<Entry> {
+        self.entries(tensors).into_iter().map(|(name, e)| Entry { name: name.to_owned(), kind: e.kind() }).collect()
+    }
+
+    /// The dense tensor of entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when there is no such entry, or it is not a dense tensor.
+    pub fn tensor(&self, tensors: &[(String, Tensor)], name: &str) -> Result<Tensor> {
+        match self.entry(tensors, name) {
+            Some(EntryRef::Tensor(t)) => Ok(t.clone()),
+            Some(EntryRef::Value(v)) => v
+                .as_tensor()
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument(format!("entry {name:?} is not a dense tensor"))),
+            None => Err(Error::InvalidArgument(format!("no tensor named {name:?}"))),
+        }
+    }
+
+    /// The value of entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when there is no such entry.
+    pub fn value(&self, tensors: &[(String, Tensor)], name: &str) -> Result<Value> {
+        self.entry(tensors, name)
+            .map(EntryRef::to_value)
+            .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
+    }
 }
 
 /// An entry of a file: a stored tensor, or a recorded value.
@@ -260,6 +307,24 @@ pub enum EntryRef<'a> {
     Tensor(&'a Tensor),
     /// A value of `ckpt.values` (its tensors resolved).
     Value(&'a Value),
+}
+
+impl EntryRef<'_> {
+    /// The entry as a value (a tensor as [`Value::Tensor`]).
+    pub fn to_value(self) -> Value {
+        match self {
+            EntryRef::Tensor(t) => Value::Tensor(t.clone()),
+            EntryRef::Value(v) => v.clone(),
+        }
+    }
+
+    /// What a reader lists for the entry.
+    pub fn kind(self) -> EntryKind {
+        match self {
+            EntryRef::Tensor(t) => EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
+            EntryRef::Value(v) => entry_kind(v),
+        }
+    }
 }
 
 /// Parses `ckpt.values`; `None` when it is not an object of encoded values.
