@@ -5,7 +5,7 @@
 # crash, panic, leak, timeout (-timeout, default 10 s per input) or out-of-memory (-rss_limit_mb, default
 # 2048), and prints where the reproducer is and how to replay it.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     50 s per target by default (the test command's bounded run)
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     20 s per target by default (the test command's bounded run)
 #   scripts/fuzz.sh 3600 distcp pbg           a longer campaign on two targets
 #   scripts/fuzz.sh --merge 3600              ... and fold what it found into fuzz/corpus (minimized)
 #   scripts/fuzz.sh --reseed                  rebuild fuzz/corpus from the fixtures (fuzz/seed.py) + itself
@@ -33,7 +33,7 @@ dicts_of() {
   esac
 }
 
-seconds=50 merge=0 reseed=0 chosen=()
+seconds=20 merge=0 reseed=0 chosen=()
 for arg in "$@"; do
   case "$arg" in
     --merge) merge=1 ;;
@@ -54,6 +54,9 @@ shm=/dev/shm; [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
 scratch=$(mktemp -d "$shm/ckpt-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 export CKPT_FUZZ_SCRATCH="$scratch" RAYON_NUM_THREADS=1
+# The targets are built into fuzz/target (where bin_dir below looks), whatever build directory the caller
+# set (scripts/tch-env.sh, sourced by scripts/test.sh, points CARGO_TARGET_DIR at the tch build).
+unset CARGO_TARGET_DIR
 
 say "building ${#TARGETS[@]} targets (nightly, AddressSanitizer, debug assertions)"
 start=$(date +%s)
@@ -98,7 +101,7 @@ for t in "${chosen[@]}"; do
   set -e
   # With -jobs > 1 libFuzzer writes one fuzz-<n>.log per job in the working directory.
   [ "${CKPT_FUZZ_JOBS:-1}" -gt 1 ] && cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log
-  stats=$(grep -E '^#[0-9]+' "$log" | tail -1 | sed -E 's/^#([0-9]+)\s+\w+\s+/execs \1 /; s/ (exec\/s|rss|L|MS):.*//')
+  stats=$(grep -E '^#[0-9]+' "$log" | tail -1 | sed -E 's/^#([0-9]+)\s+\w+\s+/execs \1 /; s/ (exec\/s|rss|L|MS):.*//' || true)
   if [ $rc -ne 0 ]; then
     tail -60 "$log" >&2
     artifact=$(grep -oE "fuzz/artifacts/$t/[a-z-]+[0-9a-f]+" "$log" | tail -1)

@@ -3,7 +3,7 @@
 # formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
 # files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
-# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 50).
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
@@ -50,15 +50,10 @@ for feature in torch safetensors distcp hfai pbg recis hf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 
-# The `mpi` feature (not in `full`): the tests run programs under mpirun (OpenMPI, from setup.sh); the
-# facade's test needs the example binary. The whole-suite run below (--all-features) runs them again.
-step "MPI: mpirun tests (feature mpi)"
-cargo build -p ckpt --features full,mpi --example mpi_roundtrip --bin ckpt
-cargo test -p ckpt-core --features mpi --test mpi
-cargo test -p ckpt --features full,mpi --test mpi
-
+# --all-features includes `mpi` (not in `full`): the MPI tests run programs under mpirun (OpenMPI, from
+# setup.sh); the facade's MPI test runs the mpi_roundtrip example, which `cargo test` builds with the tests.
 step "tests"
 cargo test --workspace --all-features
 
-step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-50} s from its corpus (scripts/fuzz.sh)"
-bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-50}"
+step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-20} s from its corpus (scripts/fuzz.sh)"
+bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-20}"
