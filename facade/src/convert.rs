@@ -132,7 +132,7 @@ pub struct ConvertOptions {
     /// pbg targets: the training `config.json` that defines the target layout (entity types and their
     /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
     pub pbg_config: Option<PathBuf>,
-    /// hf targets: the largest shard in bytes (default 5 GB, as transformers; [`ckpt_hf::parse_size`] reads
+    /// hf targets: the largest shard in bytes (default 5 GB, as transformers; [`crate::hf::parse_size`] reads
     /// `5GB`, `500MB`, `2GiB`).
     pub hf_max_shard_size: Option<u64>,
     /// Every target: which entries to convert, under which names, in which float dtype (default: all, as

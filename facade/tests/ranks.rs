@@ -1,0 +1,66 @@
+//! `convert_in` and `reshard_in` with threads standing in for the processes of a job: the files are those of
+//! one process, byte for byte (the same calls under mpirun: `tests/mpi.rs`).
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use ckpt::core::{Tensor, ThreadGroup, Value};
+use ckpt::{ConvertOptions, Format, convert_in, reshard_in};
+
+fn files(d: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The same calls with threads standing in for processes (2 and 5 of them) write what one process
+/// writes, byte for byte.
+#[test]
+fn processes_as_threads_write_what_one_process_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pt = tmp.path().join("m.pt");
+    let w = Tensor::from_slice(&(0..60).map(|i| i as f32).collect::<Vec<_>>(), &[10, 6]).unwrap();
+    let sd = Value::dict([
+        (
+            "model",
+            Value::dict([
+                ("w", Value::Tensor(w)),
+                ("b", Value::Tensor(Tensor::from_slice(&[1.0f32; 3], &[3]).unwrap())),
+            ]),
+        ),
+        ("epoch", Value::Int(3)),
+    ]);
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let options = ConvertOptions::default().with_world_size(4);
+    let one_dcp = tmp.path().join("one_dcp");
+    ckpt::convert(&pt, None, &one_dcp, Format::Distcp, &options).unwrap();
+    let one_hfai = tmp.path().join("one_hfai");
+    ckpt::convert(&pt, None, &one_hfai, Format::Hfai, &options).unwrap();
+    let one_re = tmp.path().join("one_re");
+    ckpt::reshard(&one_dcp, &one_re, 3).unwrap();
+    for processes in [2, 5] {
+        let out = |name: &str| tmp.path().join(format!("{name}{processes}"));
+        std::thread::scope(|s| {
+            for g in ThreadGroup::new(processes) {
+                let (pt, options, out, one_dcp) = (&pt, &options, &out, &one_dcp);
+                s.spawn(move || {
+                    convert_in(pt, None, &out("dcp"), Format::Distcp, options, &g).unwrap();
+                    convert_in(pt, None, &out("hfai"), Format::Hfai, options, &g).unwrap();
+                    reshard_in(one_dcp, &out("re"), 3, &g).unwrap();
+                    // A failure on rank 0's checks reaches every process.
+                    let e = reshard_in(one_dcp, &out("re"), 3, &g).unwrap_err();
+                    assert!(e.to_string().contains("not empty"), "{e}");
+                });
+            }
+        });
+        assert_eq!(files(&one_dcp), files(&out("dcp")));
+        assert_eq!(files(&one_hfai), files(&out("hfai")));
+        assert_eq!(files(&one_re), files(&out("re")));
+    }
+}
