@@ -28,18 +28,8 @@ use crate::tensor::Tensor;
 
 /// Whether `dtype` is a floating-point dtype [`cast_float`] converts from.
 pub fn is_castable_float(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::F16
-            | DType::BF16
-            | DType::F32
-            | DType::F64
-            | DType::F8E4M3Fn
-            | DType::F8E5M2
-            | DType::F8E4M3Fnuz
-            | DType::F8E5M2Fnuz
-            | DType::F8E8M0Fnu
-    )
+    // Every floating-point dtype but packed float4, whose elements are not addressable one by one.
+    dtype.is_floating_point() && dtype != DType::F4E2M1FnX2
 }
 
 /// `t` converted to `to` (float16, bfloat16, float32 or float64) as torch's `t.to(to)` converts it (module

@@ -107,16 +107,7 @@ fn float32_repr(f: f32) -> String {
     if !f.is_finite() || f == 0.0 {
         return float_repr(f64::from(f));
     }
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    if (-4..16).contains(&exp) {
-        let s = format!("{f}");
-        if s.contains('.') { s } else { format!("{s}.0") }
-    } else {
-        let sign = if exp < 0 { '-' } else { '+' };
-        format!("{mantissa}e{sign}{:02}", exp.abs())
-    }
+    python_notation(f)
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, scientific notation outside `1e-4 <= |x| < 1e16`.
@@ -130,6 +121,12 @@ pub fn float_repr(f: f64) -> String {
     if f == 0.0 {
         return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
     }
+    python_notation(f)
+}
+
+/// A finite, non-zero float in Python's notation: its shortest round-trip digits, scientific outside
+/// `1e-4 <= |x| < 1e16`.
+fn python_notation<F: std::fmt::Display + std::fmt::LowerExp>(f: F) -> String {
     let sci = format!("{f:e}"); // shortest digits, e.g. "1.2345e-5"
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
