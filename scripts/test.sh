@@ -3,10 +3,38 @@
 # formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
 # files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
-# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 20).
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60, as many targets at once as there are cores).
+# Prints how long each step took, and at the end (pass or fail) every step's time and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+
+# Step timing: `step NAME` closes the previous step (printing its time) and opens the next; the EXIT trap
+# closes the last one and prints the table, also when a step fails (the failing step is marked).
+SECONDS=0
+step_name="" step_start=0 timings=() fresh=""
+mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+step_done() {
+  [ -n "$step_name" ] || return 0
+  local took=$((SECONDS - step_start))
+  timings+=("$(printf '%7s  %s%s' "$(mmss "$took")" "$step_name" "${1:-}")")
+  printf '\033[2m-- %s: %s\033[0m\n' "$step_name" "$(mmss "$took")" >&2
+  step_name=""
+}
+step() {
+  step_done
+  step_name=$*
+  step_start=$SECONDS
+  printf '\n\033[1m== %s\033[0m\n' "$*" >&2
+}
+finish() {
+  local rc=$?
+  [ -z "$fresh" ] || rm -rf "$fresh"
+  if [ $rc -eq 0 ]; then step_done; else step_done "   <- FAILED (exit $rc)"; fi
+  printf '\n\033[1m== time per step\033[0m\n' >&2
+  [ ${#timings[@]} -eq 0 ] || printf '  %s\n' "${timings[@]}" >&2
+  printf '  %7s  total (%s)\n' "$(mmss "$SECONDS")" "$([ $rc -eq 0 ] && echo passed || echo FAILED)" >&2
+}
+trap finish EXIT
 
 step "setup"
 bash scripts/setup.sh
@@ -28,7 +56,6 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "fixtures are reproducible (regenerated with torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
 fresh=$(mktemp -d)
-trap 'rm -rf "$fresh"' EXIT
 .venv/bin/python conformance/python/make_torch_fixtures.py "$fresh/torch" >/dev/null
 .venv/bin/python conformance/python/check_reproducible.py conformance/fixtures/torch "$fresh/torch"
 .venv/bin/python conformance/python/make_bad.py "$fresh/bad" >/dev/null
@@ -55,5 +82,5 @@ done
 step "tests"
 cargo test --workspace --all-features
 
-step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-20} s from its corpus (scripts/fuzz.sh)"
-bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-20}"
+step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
+bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-60}"
