@@ -8,12 +8,17 @@
 //! which says which generation a destination holds, `None` when there is none, or why it is neither.
 //!
 //! Adding a format: an arm in [`save`] and one in [`read_generation`]; [`Matrix::run`] does the rest.
+//!
+//! The kills of a matrix are independent (each in a scratch directory of its own) and run
+//! [`concurrently`]: most of a kill's time is the children's fsyncs and process start-up, not CPU.
 
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use ckpt_core::{Buffer, CheckpointRead, DType, Tensor, Value};
@@ -36,9 +41,69 @@ fn pattern(generation: u32, index: usize, n: usize) -> Vec<u8> {
     v
 }
 
+/// The tensor `index` of generation `generation`. Made once per process and shape, then shared (a test
+/// compares a checkpoint against the same generations many times; the buffer is reference-counted).
 fn tensor(generation: u32, index: usize, shape: &[usize]) -> Tensor {
+    type Made = Mutex<HashMap<(u32, usize, Vec<usize>), Tensor>>;
+    static MADE: OnceLock<Made> = OnceLock::new();
+    let made = MADE.get_or_init(Made::default);
+    let key = (generation, index, shape.to_vec());
+    if let Some(t) = made.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return t.clone();
+    }
     let n: usize = shape.iter().product::<usize>() * 4;
-    Tensor::from_buffer(DType::F32, shape, Buffer::copy_from(&pattern(generation, index, n)).unwrap()).unwrap()
+    let t = Tensor::from_buffer(DType::F32, shape, Buffer::copy_from(&pattern(generation, index, n)).unwrap()).unwrap();
+    made.lock().unwrap_or_else(PoisonError::into_inner).insert(key, t.clone());
+    t
+}
+
+/// How many cases [`concurrently`] runs at once: `CKPT_CRASH_JOBS`, else the number of CPUs.
+pub fn jobs() -> usize {
+    std::env::var("CKPT_CRASH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
+/// Runs `case(0)`, ..., `case(n - 1)` on at most [`jobs`] threads and returns their results in that order.
+/// A case that panics fails the whole run with its own panic (message and all), once the others are done.
+///
+/// # Panics
+/// When a case panics.
+pub fn concurrently<T: Send>(n: usize, case: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let done: Vec<(usize, T)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..jobs().min(n))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return mine;
+                        }
+                        mine.push((i, case(i)));
+                    }
+                })
+            })
+            .collect();
+        let mut done = Vec::with_capacity(n);
+        let mut panicked = None;
+        for w in workers {
+            match w.join() {
+                Ok(mine) => done.extend(mine),
+                Err(payload) => panicked = panicked.or(Some(payload)),
+            }
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
+        done
+    });
+    let mut done = done;
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, t)| t).collect()
 }
 
 /// The tensors of generation `generation`: a big one of about `mib` MiB (`rows` × 1024 floats), a
@@ -397,7 +462,8 @@ impl Matrix {
     }
 
     /// Runs the whole matrix in `scratch` and returns its rows. Each row's check is done here; the
-    /// caller asserts on the rows (and prints them).
+    /// caller asserts on the rows (and prints them). The kills run [`concurrently`], each in a directory
+    /// of its own under `scratch`.
     ///
     /// # Panics
     /// If a child cannot be started.
@@ -416,45 +482,54 @@ impl Matrix {
                 let at = Duration::from_micros(rng % (took.as_micros() as u64).max(1));
                 kills.push((format!("t={}ms", at.as_millis()), None, Some(at)));
             }
-            for (kill, n, at) in kills {
-                let dst = scratch.join("dst");
-                let _ = fs::remove_dir_all(scratch);
-                fs::create_dir_all(scratch).unwrap();
-                if overwrite {
-                    save(&self.format, &dst, 1, self.mib).unwrap();
-                }
-                let mut cmd = self.command(&dst, 2);
-                if let Some(n) = n {
-                    cmd.env("CKPT_FAILPOINT", n.to_string());
-                }
-                let mut child = cmd.spawn().unwrap();
-                if let Some(at) = at {
-                    std::thread::sleep(at);
-                    let _ = child.kill();
-                }
-                let status = ended(child.wait().unwrap());
-                let found = read_generation(&self.format, &dst, self.mib, &[1, 2]);
-                let (found, ok) = match found {
-                    Ok(g) => (g, true),
-                    Err(why) => {
-                        eprintln!("{} {mode} {kill}: {why}", self.format);
-                        (None, false)
-                    }
-                };
-                // The next save cleans what the crashed one left, and readers never needed it to.
-                let next = save(&self.format, &dst, 3, self.mib);
-                let cleaned = ok
-                    && next.is_ok()
-                    && leftovers(&dst).is_empty()
-                    && read_generation(&self.format, &dst, self.mib, &[3]) == Ok(Some(3));
-                if !cleaned {
-                    eprintln!("{} {mode} {kill}: next save {next:?}, leftovers {:?}", self.format, leftovers(&dst));
-                }
-                rows.push(Row { format: self.format.clone(), mode, kill, ended: status, found, cleaned });
-            }
+            rows.extend(concurrently(kills.len(), |i| {
+                let (kill, n, at) = &kills[i];
+                self.kill(&scratch.join(format!("kill{i}")), mode, kill, *n, *at)
+            }));
         }
         let _ = fs::remove_dir_all(scratch);
         rows
+    }
+
+    /// One kill in `case_dir` (its own directory: the destination and whatever a crashed save leaves
+    /// beside it): the old checkpoint when `mode` is `overwrite`, the save of generation 2 killed at
+    /// failpoint `n` or after `at`, the check, the next save (generation 3) and its check.
+    fn kill(&self, case_dir: &Path, mode: &'static str, kill: &str, n: Option<u64>, at: Option<Duration>) -> Row {
+        let dst = case_dir.join("dst");
+        let _ = fs::remove_dir_all(case_dir);
+        fs::create_dir_all(case_dir).unwrap();
+        if mode == "overwrite" {
+            save(&self.format, &dst, 1, self.mib).unwrap();
+        }
+        let mut cmd = self.command(&dst, 2);
+        if let Some(n) = n {
+            cmd.env("CKPT_FAILPOINT", n.to_string());
+        }
+        let mut child = cmd.spawn().unwrap();
+        if let Some(at) = at {
+            std::thread::sleep(at);
+            let _ = child.kill();
+        }
+        let status = ended(child.wait().unwrap());
+        let found = read_generation(&self.format, &dst, self.mib, &[1, 2]);
+        let (found, ok) = match found {
+            Ok(g) => (g, true),
+            Err(why) => {
+                eprintln!("{} {mode} {kill}: {why}", self.format);
+                (None, false)
+            }
+        };
+        // The next save cleans what the crashed one left, and readers never needed it to.
+        let next = save(&self.format, &dst, 3, self.mib);
+        let cleaned = ok
+            && next.is_ok()
+            && leftovers(&dst).is_empty()
+            && read_generation(&self.format, &dst, self.mib, &[3]) == Ok(Some(3));
+        if !cleaned {
+            eprintln!("{} {mode} {kill}: next save {next:?}, leftovers {:?}", self.format, leftovers(&dst));
+        }
+        let _ = fs::remove_dir_all(case_dir);
+        Row { format: self.format.clone(), mode, kill: kill.to_owned(), ended: status, found, cleaned }
     }
 }
 

@@ -107,11 +107,11 @@ fn distcp_fallback_swap_recovers_every_kill() {
     let s = scratch.path().join("s");
     let (points, _) = m.points(&s, true);
     assert!(points.iter().any(|p| p == "dir.half_swapped"), "{points:?}");
-    let mut rows = Vec::new();
-    for (i, p) in points.iter().enumerate() {
-        let dst = s.join("dst");
-        let _ = std::fs::remove_dir_all(&s);
-        std::fs::create_dir_all(&s).unwrap();
+    let rows = crash::concurrently(points.len(), |i| {
+        let p = &points[i];
+        let case_dir = s.join(format!("kill{}", i + 1));
+        let dst = case_dir.join("dst");
+        std::fs::create_dir_all(&case_dir).unwrap();
         crash::save("distcp", &dst, 1, m.mib).unwrap();
         let status = Command::new(child())
             .args(["distcp", dst.to_str().unwrap(), "2", "8"])
@@ -130,8 +130,9 @@ fn distcp_fallback_swap_recovers_every_kill() {
         assert!(matches!(found, Ok(Some(1 | 2))), "#{} {p}: {found:?}", i + 1);
         assert_eq!(missing, p == "dir.half_swapped", "only the half-swapped window lacks a destination");
         assert!(crash::leftovers(&dst).is_empty(), "#{} {p}: {:?}", i + 1, crash::leftovers(&dst));
-        rows.push(p.clone());
-    }
+        std::fs::remove_dir_all(&case_dir).unwrap();
+        p.clone()
+    });
     assert_eq!(rows.len(), points.len());
 }
 
@@ -195,12 +196,15 @@ fn two_writers(format: &str, pause_at: &str, dst_name: &str) {
 
 #[test]
 fn second_writer_gets_the_lock_error_and_readers_see_the_old_checkpoint() {
-    two_writers("torch", "file.synced", "m.pt");
-    two_writers("safetensors", "file.write", "m.safetensors");
-    two_writers("distcp", "dir.staged", "ck");
-    two_writers("hfai", "dir.staged", "ck");
-    two_writers("recis", "dir.staged", "ck");
-    two_writers("pbg", "pbg.written", "ck");
+    let cases = [
+        ("torch", "file.synced", "m.pt"),
+        ("safetensors", "file.write", "m.safetensors"),
+        ("distcp", "dir.staged", "ck"),
+        ("hfai", "dir.staged", "ck"),
+        ("recis", "dir.staged", "ck"),
+        ("pbg", "pbg.written", "ck"),
+    ];
+    crash::concurrently(cases.len(), |i| two_writers(cases[i].0, cases[i].1, cases[i].2));
 }
 
 #[test]

@@ -4,12 +4,17 @@
 //! checkpoint or the new one, whole (it opens, `ckpt verify` passes, and its tensors are one generation's),
 //! and the next run succeeds and leaves nothing beside the destination. Plus a second `ckpt convert` to a
 //! destination being written: the lock error; and readers of it see the old checkpoint.
+//!
+//! The kills of a run are independent (each with a destination directory of its own) and run
+//! concurrently (`crash::concurrently`, `CKPT_CRASH_JOBS` at once, default the number of CPUs): most of a
+//! kill's time is the children's start-up and fsyncs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ckpt_conformance::crash;
@@ -25,8 +30,11 @@ fn ckpt() -> Command {
 }
 
 /// The `torch.save` source of generation `g` in `scratch`.
+/// Made once, by whichever concurrent kill needs it first (the others wait for it).
 fn source(scratch: &Path, g: u32) -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
     let p = scratch.join(format!("src{g}.pt"));
+    let _making = MAKING.lock().unwrap_or_else(PoisonError::into_inner);
     if !p.exists() {
         crash::save("torch", &p, g, MIB).unwrap();
     }
@@ -86,27 +94,31 @@ fn points(mut cmd: Command, log: &Path) -> Vec<String> {
 struct Case<'a> {
     what: String,
     /// Makes the scratch state (`overwrite`: the old checkpoint, generation 1) and the run to interrupt.
-    setup: &'a dyn Fn(&Path, &Path) -> Command,
+    setup: &'a (dyn Fn(&Path, &Path) -> Command + Sync),
     /// The next run after a crash (generation 3).
-    next: &'a dyn Fn(&Path, &Path) -> Command,
+    next: &'a (dyn Fn(&Path, &Path) -> Command + Sync),
     old: Option<u32>,
 }
 
-/// Kills the run at every failpoint it passes and checks the destination after each kill.
+/// Kills the run at every failpoint it passes and checks the destination after each kill. The kills run
+/// concurrently, each with a destination of its own (`out<N>/dst`); the sources in `s/` are shared (the
+/// uninterrupted run makes them first; the setup and next runs only read them, or make one under a lock).
 fn kill_everywhere(case: &Case<'_>) -> Vec<String> {
     let root = tempfile::tempdir().unwrap();
-    let (scratch, dst) = (root.path().join("s"), root.path().join("out").join("dst"));
-    let fresh = || {
-        let _ = std::fs::remove_dir_all(dst.parent().unwrap());
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = root.path().join("s");
+    let fresh = |out: &Path| {
+        let _ = std::fs::remove_dir_all(out);
+        std::fs::create_dir_all(out).unwrap();
+        out.join("dst")
     };
-    fresh();
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dst = fresh(&root.path().join("out"));
     let pts = points((case.setup)(&scratch, &dst), &scratch.join("points.log"));
     assert!(pts.len() >= 5, "{}: only {} failpoints: {pts:?}", case.what, pts.len());
-    let mut rows = Vec::new();
-    for (i, p) in pts.iter().enumerate() {
-        fresh();
+    let rows = crash::concurrently(pts.len(), |i| {
+        let p = &pts[i];
+        let out = root.path().join(format!("out{}", i + 1));
+        let dst = fresh(&out);
         let status = (case.setup)(&scratch, &dst).env("CKPT_FAILPOINT", (i + 1).to_string()).status().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{} #{} {p}: {status}", case.what, i + 1);
         let found = generation(&dst, &[1, 2]);
@@ -115,10 +127,13 @@ fn kill_everywhere(case: &Case<'_>) -> Vec<String> {
         let left = crash::leftovers(&dst);
         let cleaned = next.status.success() && left.is_empty() && generation(&dst, &[3]) == Ok(Some(3));
         let row = format!("{:34} #{:<3} {p:18} found {found:?}, next run cleans up: {cleaned}", case.what, i + 1);
-        println!("{row}");
         assert!(whole, "{row}");
         assert!(cleaned, "{row}: {} leftovers {left:?}", String::from_utf8_lossy(&next.stderr));
-        rows.push(row);
+        let _ = std::fs::remove_dir_all(&out);
+        row
+    });
+    for row in &rows {
+        println!("{row}");
     }
     rows
 }
@@ -197,7 +212,8 @@ fn wait_stopped(child: &mut std::process::Child) {
 /// a reader meanwhile sees the old checkpoint; once the first is done, the new one.
 #[test]
 fn a_second_convert_gets_the_lock_error_and_readers_see_the_old_checkpoint() {
-    for &to in TARGETS {
+    crash::concurrently(TARGETS.len(), |i| {
+        let to = TARGETS[i];
         let root = tempfile::tempdir().unwrap();
         let (scratch, dst) = (root.path().join("s"), root.path().join("out").join("dst"));
         std::fs::create_dir_all(&scratch).unwrap();
@@ -221,5 +237,5 @@ fn a_second_convert_gets_the_lock_error_and_readers_see_the_old_checkpoint() {
         assert!(a.wait().unwrap().success(), "{to}");
         assert_eq!(generation(&dst, &[1, 2, 3]), Ok(Some(2)), "{to}");
         assert!(crash::leftovers(&dst).is_empty(), "{to}: {:?}", crash::leftovers(&dst));
-    }
+    });
 }
