@@ -17,11 +17,12 @@ anonymous memory for open, full read and save at three sizes and three tensor co
 memory of every ``ckpt convert`` and ``ckpt reshard`` pair. Everything is written to ``--out`` as Markdown
 tables (median seconds, min-max, GB/s of the median, ratios of medians), with the machine's description.
 
-Sections (``--only``, comma-separated): ``reads``, ``writes``, ``durable``, ``scaling``, ``convert``.
+Sections (``--only``, comma-separated): ``reads``, ``writes``, ``durable``, ``scaling``, ``convert``, or single
+read workloads (``pt-list``, ``pt-read``, ``dcp-read``, ``hfai-read``, ``pbg-read``, ``recis-read``, ``dcp-open``).
 ``--quick`` uses the issue's shapes at 1/8 of their bytes (256 MiB instead of 2 GiB, 10^6 RecIS ids instead of
 10^7, DCP metadata of 64 and 256 ranks instead of 256 and 1024, no 200k-tensor ``torch.load``; the scaling
-table keeps its 4 GiB point); it takes about 15 minutes on the 2-core development VM, the full run about an hour and 20 GB of
-scratch space.
+table keeps its 4 GiB point); it takes about 15-20 minutes on the 2-core development VM, the full run about 45 minutes
+at a load average of 16 (benches/README.md has the estimate) and 25 GB of scratch space.
 """
 
 from __future__ import annotations
@@ -174,12 +175,15 @@ class Results:
         self.ratios: list[tuple[str, float, str]] = []
 
     def interleave(self, title: str, nbytes: int, sides: list[tuple[str, Callable[[], float]]],
-                   cold: Callable[[], None] | None = None) -> dict[str, list[float]]:
-        """Runs the sides A B C A B C ... (one warm-up each, not with ``cold``), returns their timings."""
-        for _, f in sides:
-            if cold:
-                cold()
-            f()
+                   cold: Callable[[], None] | None = None, warmup: bool = True) -> dict[str, list[float]]:
+        """Runs the sides A B C A B C ... (one warm-up each unless ``warmup`` is false: a warm-up is left out
+        where it warms nothing, e.g. a cold run after the warm one, or a side that starts a fresh process),
+        ``cold()`` before every run; returns their timings."""
+        if warmup:
+            for _, f in sides:
+                if cold:
+                    cold()
+                f()
         times: dict[str, list[float]] = {name: [] for name, _ in sides}
         for _ in range(self.reps):
             for name, f in sides:
@@ -216,14 +220,19 @@ def run(cmd: list, **kw) -> None:
 # sections
 
 
-def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too: bool) -> None:
+READ_WORKLOADS = ("pt-list", "pt-read", "dcp-read", "hfai-read", "pbg-read", "recis-read", "dcp-open")
+
+
+def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too: bool, kinds: set[str]) -> None:
+    """The read workloads named in ``kinds`` (all of :data:`READ_WORKLOADS` for the whole section)."""
     full = work / "full"
-    run([PY, HERE / "read_workloads.py", full, "--mib", cfg["mib"]], stdout=subprocess.DEVNULL)
+    if kinds & {"pt-read", "dcp-read", "hfai-read", "pbg-read"}:
+        run([PY, HERE / "read_workloads.py", full, "--mib", cfg["mib"]], stdout=subprocess.DEVNULL)
     pt20k = work / "pt20k.pt"
-    if not pt20k.exists():
+    if "pt-list" in kinds and not pt20k.exists():
         run([PY, HERE / "pt_many_tensors.py", pt20k, "--tensors", 20000, "--bytes", 10240], stdout=subprocess.DEVNULL)
     recis = work / "recis_src"
-    if not recis.exists():
+    if "recis-read" in kinds and not recis.exists():
         timer.op("recis-save", cfg["recis_ids"], recis)
     workloads = [
         ("pt-list", pt20k, "open + list a 20k-tensor .pt / torch.load(mmap=True)", "≥ 50", False),
@@ -233,7 +242,8 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
         ("pbg-read", full / "embeddings_node_0.v1.h5", "PBG partition read / h5py", "≥ 1.5", True),
         ("recis-read", recis, "RecIS table load (no Python reader; raw read only)", "", True),
     ]
-    if cfg["pt200k"]:
+    workloads = [w for w in workloads if w[0] in kinds]
+    if cfg["pt200k"] and "pt-list" in kinds:
         pt200k = work / "pt200k.pt"
         if not pt200k.exists():
             run([PY, HERE / "pt_many_tensors.py", pt200k, "--tensors", 200000, "--bytes", 1024],
@@ -248,14 +258,19 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
             sides.append(("ckpt", lambda k=kind, p=path: timer.op(k, p)))
             if has_raw:
                 sides.append(("raw read", raw.read(path)))
+            # No warm-up for the cold runs (the warm runs of the same workload came just before: the code is
+            # warm, and the cold run's page cache is dropped anyway), nor for the 200k-tensor listing (its
+            # file was just written; torch.load of 200k entries is the harness's largest single cost).
             t = res.interleave(f"{kind} {path.name} ({nbytes / 2**20:.0f} MiB, {mode})", nbytes, sides,
-                               cold=(lambda p=path: drop_cache(p)) if mode == "cold" else None)
+                               cold=(lambda p=path: drop_cache(p)) if mode == "cold" else None,
+                               warmup=mode == "warm" and path.name != "pt200k.pt")
             if "python" in t:
                 res.ratio(f"{what} ({mode})", t, "python", "ckpt", target)
             if has_raw:
                 res.ratio(f"{kind}: ckpt / raw read of the same bytes ({mode})", t, "raw read", "ckpt")
     # the large DCP job: ckpt inspect as a whole process, with its peak RSS, vs torch's read_metadata()
-    for ranks in cfg["dcp_ranks"]:
+    per_chunk: list[tuple[int, float, float]] = []
+    for ranks in cfg["dcp_ranks"] if "dcp-open" in kinds else []:
         d = work / f"dcp{ranks}"
         if not d.exists():
             run([PY, HERE / "dcp_large_metadata.py", d, "--ranks", ranks], stdout=subprocess.DEVNULL)
@@ -267,13 +282,23 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
             rss.append(kib)
             return secs
 
+        # ckpt inspect is a fresh process every run; read_metadata() warms on the smallest job only
         t = res.interleave(f"dcp-open {ranks} ranks × 400 tensors ({ranks * 400} chunks, .metadata {md / 1e6:.1f} MB)",
-                           0, [("python read_metadata()", rsb.reference("dcp-open", d)), ("ckpt inspect --json", mine)])
+                           0, [("python read_metadata()", rsb.reference("dcp-open", d)), ("ckpt inspect --json", mine)],
+                           warmup=ranks == min(cfg["dcp_ranks"]))
+        chunks = ranks * 400
+        per_chunk.append((chunks, statistics.median(t["ckpt inspect --json"]) / chunks * 1e6,
+                          statistics.median(t["python read_metadata()"]) / chunks * 1e6))
         res.ratio(f"open the large DCP checkpoint, {ranks * 400} chunks / read_metadata()", t,
                   "python read_metadata()", "ckpt inspect --json", "≥ 10")
         limit = 64 * 2**20 + 4 * md
         res.add(f"\nckpt inspect peak RSS {max(rss) / 1024:.0f} MiB; limit 64 MiB + 4 × .metadata = "
                 f"{limit / 2**20:.0f} MiB: {'met' if max(rss) * 1024 <= limit else 'MISSED'}")
+    if len(per_chunk) > 1:  # linear growth: the cost per chunk should stay flat from the smallest job up
+        rows = ["\n#### dcp-open: cost per chunk (median seconds / chunks)\n", "| chunks | ckpt µs/chunk | python µs/chunk |",
+                "|---|---|---|"]
+        rows += [f"| {c} | {a:.2f} | {b:.2f} |" for c, a, b in per_chunk]
+        res.add("\n".join(rows))
 
 
 def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict) -> None:
@@ -318,11 +343,13 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict) -> None:
         line = next(x for x in p.stdout.splitlines() if "save" in x)
         return float(line.split("median ")[1].split(" s")[0])
 
+    # (the reference side is a fresh set of processes every run: its warm-up would warm nothing, and at full
+    # size it is the section's largest cost)
     t = res.interleave(f"hfai save, 4 parts, {hbytes / 2**20:.0f} MiB (both fsync)", hbytes, [
         ("python hfai_ref.save (4 ranks)", hfai_py),
         ("ckpt", lambda: timer.op("hfai-save", hsrc, out / "hfai_ckpt")),
         ("raw write + fsync", raw.write(out / "raw.bin", hbytes, True)),
-    ])
+    ], warmup=False)
     res.ratio("hfai save / hfai_ref.save", t, "python hfai_ref.save (4 ranks)", "ckpt", "≥ 3")
     shutil.rmtree(out / "hfai_ckpt", ignore_errors=True)
 
@@ -412,8 +439,10 @@ def scaling(res: Results, work: Path, cfg: dict) -> None:
         nbytes = count * each
         cells = [label, str(count)]
         for op in ("pt-list", "pt-read", "pt-save"):
-            if op == "pt-save" and shutil.disk_usage(d).free < nbytes + (4 << 30):
-                cells += ["–", "–", "– (disk)"]  # a save needs the file's size again, plus a margin for others
+            # A save needs the file's size again, plus a margin for the other engineers' builds (1 GiB). The
+            # 4 GiB point is one of the issue's; where the disk cannot take it, the table says so.
+            if op == "pt-save" and shutil.disk_usage(d).free < nbytes + (1 << 30):
+                cells += ["–", "–", f"– (disk: {shutil.disk_usage(d).free / 2**30:.1f} GiB free)"]
                 continue
             if op == "pt-save":  # 3 processes, each saving into a fresh file: never two copies on disk
                 lines = []
@@ -526,7 +555,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ckpt-compare"))
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "RESULTS.md")
-    ap.add_argument("--only", default="reads,writes,durable,scaling,convert")
+    ap.add_argument("--only", default="reads,writes,durable,scaling,convert",
+                    help="sections, or read workloads (" + ", ".join(READ_WORKLOADS) + "), comma-separated")
+    ap.add_argument("--dcp-ranks", default="",
+                    help="ranks of the dcp-open jobs (× 400 chunks each), e.g. 64,256,1024; default: quick 64,256, "
+                         "full 64,256,1024 (25,600 / 102,400 / 409,600 chunks)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache read runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated workloads under --dir")
     args = ap.parse_args()
@@ -536,7 +569,15 @@ def main() -> int:
         else {"mib": 2048, "recis_ids": 10_000_000, "dcp_ranks": [64, 256, 1024], "pt200k": True,
               "scale_mib": [64, 512, 4096]}
     )
+    if args.dcp_ranks:
+        cfg["dcp_ranks"] = [int(x) for x in args.dcp_ranks.split(",")]
     only = set(args.only.split(","))
+    unknown = only - {"reads", "writes", "durable", "scaling", "convert", *READ_WORKLOADS}
+    if unknown:
+        ap.error(f"--only: unknown section or workload {sorted(unknown)}")
+    read_kinds = set(READ_WORKLOADS) if "reads" in only else only & set(READ_WORKLOADS)
+    if read_kinds:
+        only.add("reads")
     work: Path = args.dir
     work.mkdir(parents=True, exist_ok=True)
     res = Results(args.reps)
@@ -546,7 +587,7 @@ def main() -> int:
     started = time.time()
     try:
         sections = {
-            "reads": lambda: reads(res, timer, raw, work, cfg, not args.no_cold),
+            "reads": lambda: reads(res, timer, raw, work, cfg, not args.no_cold, read_kinds),
             "writes": lambda: writes(res, timer, raw, work, cfg),
             "durable": lambda: durable(res, work, cfg),
             "scaling": lambda: scaling(res, work, cfg),
