@@ -17,12 +17,14 @@ anonymous memory for open, full read and save at three sizes and three tensor co
 memory of every ``ckpt convert`` and ``ckpt reshard`` pair. Everything is written to ``--out`` as Markdown
 tables (median seconds, min-max, GB/s of the median, ratios of medians), with the machine's description.
 
-Sections (``--only``, comma-separated): ``reads``, ``writes``, ``durable``, ``scaling``, ``convert``, or single
-read workloads (``pt-list``, ``pt-read``, ``dcp-read``, ``hfai-read``, ``pbg-read``, ``recis-read``, ``dcp-open``).
+Sections (``--only``, comma-separated; they run in this order): ``reads``, ``writes``, ``convert``, ``durable``,
+``scaling``, or single read workloads (``pt-list``, ``pt-read``, ``dcp-read``, ``hfai-read``, ``pbg-read``,
+``recis-read``, ``dcp-open``).
 ``--quick`` uses the issue's shapes at 1/8 of their bytes (256 MiB instead of 2 GiB, 10^6 RecIS ids instead of
-10^7, DCP metadata of 64 and 256 ranks instead of 256 and 1024, no 200k-tensor ``torch.load``; the scaling
-table keeps its 4 GiB point); it takes about 15-20 minutes on the 2-core development VM, the full run about 45 minutes
-at a load average of 16 (benches/README.md has the estimate) and 25 GB of scratch space.
+10^7, DCP metadata of 64 and 256 ranks instead of 64, 256 and 1024, no 200k-tensor ``torch.load``; the scaling
+table keeps its 4 GiB point); it takes about 15-20 minutes on the 2-core development VM and 10 GB of scratch,
+the full run about 30-35 minutes on a quiet machine, 45 at a load average of 16-20, and 12 GB of scratch
+(benches/README.md has the estimate and what was trimmed to fit).
 """
 
 from __future__ import annotations
@@ -195,6 +197,8 @@ class Results:
                 if cold:
                     cold()
                 times[name].append(f())
+        if reps and reps != self.reps:
+            title += f" — {reps} repetitions"
         rows = [f"\n#### {title}\n", "| side | median s | min–max s | GB/s |", "|---|---|---|---|"]
         for name, xs in times.items():
             m = statistics.median(xs)
@@ -318,10 +322,12 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
             rss.append(kib)
             return secs
 
-        # ckpt inspect is a fresh process every run; read_metadata() warms on the smallest job only
+        # ckpt inspect is a fresh process every run; read_metadata() warms on the smallest job only. The job
+        # beyond the issue's 256 ranks (its "4× that", 409,600 chunks: read_metadata() alone takes 30-80 s a
+        # run here) is a point of the linear-growth check and runs 3 times.
         t = res.interleave(f"dcp-open {ranks} ranks × 400 tensors ({ranks * 400} chunks, .metadata {md / 1e6:.1f} MB)",
                            0, [("python read_metadata()", rsb.reference("dcp-open", d)), ("ckpt inspect --json", mine)],
-                           warmup=ranks == min(cfg["dcp_ranks"]))
+                           warmup=ranks == min(cfg["dcp_ranks"]), reps=min(res.reps, 3) if ranks > 256 else None)
         chunks = ranks * 400
         per_chunk.append((chunks, statistics.median(t["ckpt inspect --json"]) / chunks * 1e6,
                           statistics.median(t["python read_metadata()"]) / chunks * 1e6))
@@ -371,6 +377,9 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, keep: bo
     import torch
     import torch.distributed.checkpoint as dcp
 
+    # No warm-ups in this section: every run writes a fresh file (nothing to warm but the code, whose first run
+    # falls out of the median of 5), and at 2 GiB a warm-up of every side costs about 1.5 min.
+
     # DCP save: dcp.save (FileSystemWriter syncs its files) vs ckpt's durable one-rank save vs raw + fsync
     src = full / "model.pt"
     sd = torch.load(src, weights_only=True)
@@ -385,7 +394,7 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, keep: bo
         ("python dcp.save", fresh(dcp_py, out / "dcp_py")),
         ("ckpt", fresh(lambda: timer.op("dcp-save", src, out / "dcp_ckpt"), out / "dcp_ckpt")),
         ("raw write + fsync", raw.write(out / "raw.bin", nbytes, True)),
-    ])
+    ], warmup=False)
     res.ratio("DCP save / dcp.save (both fsync)", t, "python dcp.save", "ckpt", "≥ 2")
     res.ratio("DCP save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
     del sd
@@ -432,7 +441,7 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, keep: bo
         ("python h5py + fsync", fresh(h5_py, out / "py.h5")),
         ("ckpt", fresh(lambda: timer.op("pbg-write", h5src, out / "ckpt.h5"), out / "ckpt.h5")),
         ("raw write + fsync", raw.write(out / "raw.bin", emb.nbytes, True)),
-    ])
+    ], warmup=False)
     res.ratio("PBG partition write / h5py (both fsync)", t, "python h5py + fsync", "ckpt", "≥ 1.5")
     del emb
 
@@ -460,7 +469,7 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, keep: bo
         ("python safetensors save_file + fsync", fresh(recis_py, out / "recis_py.safetensors")),
         ("ckpt", fresh(lambda: timer.op("recis-save", ids, out / "recis_ckpt"), out / "recis_ckpt")),
         ("raw write + fsync", raw.write(out / "raw.bin", rbytes, True)),
-    ])
+    ], warmup=False)
     res.ratio("RecIS table save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
     res.ratio("RecIS table save / Python safetensors save_file + fsync", t,
               "python safetensors save_file + fsync", "ckpt")
@@ -630,6 +639,21 @@ def disk_needed(cfg: dict, only: set[str]) -> int:
     return max(v for k, v in peaks.items() if k in only)
 
 
+HARNESS_HEADINGS = ("## Ratios", "## Targets of issue 15", "## Other ratios", "## Time per section", "## Measurements")
+
+
+def kept_sections(out: Path) -> str:
+    """The level-2 sections of an existing ``out`` that this harness does not write (e.g. "MPI scaling", from
+    ``benches/mpi_scaling.sh``), to append after the new results: a run replaces only its own tables."""
+    if not out.exists():
+        return ""
+    lines = out.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("## ") and not line.startswith(HARNESS_HEADINGS):
+            return "\n" + "".join(lines[i:])
+    return ""
+
+
 def machine() -> str:
     def sh(cmd: str) -> str:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
@@ -719,7 +743,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     if "reads" in only and read_kinds & {"dcp-read", "hfai-read", "recis-read"}:
         res.target("distcp, hfai and recis full reads use several threads when they span several files",
-                   "by construction, not timed", "rayon over tensors/files (benches/src/reads.rs, the readers)", None)
+                   "not timed (rayon over tensors, benches/src/reads.rs)", "several threads", None)
     targets = [r for r in res.ratios if r[2]]
     met = sum(r[3] == "met" for r in targets)
     table = ["| target | measured | required | met |", "|---|---|---|---|"]
@@ -737,7 +761,7 @@ def main() -> int:
             + "\n\n## Other ratios\n\n" + "\n".join(others)
             + "\n\n## Time per section\n\n" + "\n".join(timing)
             + "\n\n## Measurements\n" + "\n".join(res.sections) + "\n")
-    args.out.write_text(text)
+    args.out.write_text(text + kept_sections(args.out))
     print(f"\nwrote {args.out}")
     return 0
 
