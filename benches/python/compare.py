@@ -247,7 +247,7 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
           keep: bool) -> None:
     """The read workloads named in ``kinds`` (all of :data:`READ_WORKLOADS` for the whole section). Each
     workload's files are written just before it runs, and those no later section needs are removed after it
-    (unless ``keep``), so that the scratch space holds about 4 × ``--mib`` at most (see ``DISK``)."""
+    (unless ``keep``), so that the scratch space holds about 4 × ``--mib`` at most (see :func:`disk_needed`)."""
     full = work / "full"
     pt20k, pt200k, recis = work / "pt20k.pt", work / "pt200k.pt", work / "recis_src"
     parts = {"pt-read": "model", "dcp-read": "dcp", "hfai-read": "hfai", "pbg-read": "pbg"}
