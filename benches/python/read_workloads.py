@@ -3,9 +3,9 @@
 
 Usage::
 
-    .venv/bin/python benches/python/read_workloads.py OUT_DIR [--mib 1024]
+    .venv/bin/python benches/python/read_workloads.py OUT_DIR [--mib 1024] [--parts model,dcp,hfai,pbg]
 
-Writes, under OUT_DIR:
+Writes, under OUT_DIR (``--parts``: only some; ``hfai-src`` is ``hfai.pt`` alone; what exists is kept):
 
 * ``model.pt``: ``torch.save`` of 64 float32 tensors (``--mib`` / 64 each);
 * ``dcp/``: the same state dict saved by ``torch.distributed.checkpoint.save`` (``no_dist=True``) with a
@@ -37,21 +37,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--parts", default="model,dcp,hfai,pbg",
+                    help="which of model, dcp, hfai, pbg to write (comma-separated; existing ones are kept)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     total = args.mib << 20
-    g = torch.Generator().manual_seed(0)
 
-    each = total // 64 // 4
-    sd = {f"layers.{i}.weight": torch.randn(each // 1024, 1024, generator=g) for i in range(64)}
-    if not (out / "model.pt").exists():
-        torch.save(sd, out / "model.pt")
-    if not (out / "dcp").exists():
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(out / "dcp", thread_count=4), no_dist=True)
-    del sd
+    want_model = "model" in parts and not (out / "model.pt").exists()
+    want_dcp = "dcp" in parts and not (out / "dcp").exists()
+    if want_model or want_dcp:
+        each = total // 64 // 4
+        g = torch.Generator().manual_seed(0)
+        sd = {f"layers.{i}.weight": torch.randn(each // 1024, 1024, generator=g) for i in range(64)}
+        if want_model:
+            torch.save(sd, out / "model.pt")
+        if want_dcp:
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(out / "dcp", thread_count=4), no_dist=True)
+        del sd
 
-    if not (out / "hfai").exists():
+    if parts & {"hfai", "hfai-src"} and not (out / "hfai.pt").exists():
+        g = torch.Generator().manual_seed(1)
         big = total // 2 // 4
         state = {"big": torch.randn(big // 4096, 4096, generator=g)}
         small = total // 2 // 32 // 4
@@ -59,6 +66,7 @@ def main() -> int:
             state[f"layers.{i}"] = torch.randn(small // 1024, 1024, generator=g)
         torch.save(state, out / "hfai.pt")
         del state
+    if "hfai" in parts and not (out / "hfai").exists():
         tool = ROOT / "target" / "release" / "ckpt"
         subprocess.run(
             [tool, "convert", "-q", "--to", "hfai", "--world-size", "4", "--hfai-large-size", str(64 << 20),
@@ -67,7 +75,7 @@ def main() -> int:
         )
 
     h5 = out / "embeddings_node_0.v1.h5"
-    if not h5.exists():
+    if "pbg" in parts and not h5.exists():
         rows = total // 4 // 64
         with h5py.File(h5, "w") as f:
             f.attrs["format_version"] = 1
