@@ -18,7 +18,9 @@
 //! `fdatasync` is short.
 //!
 //! Chunk checksums ([`DurableWriter::mark`]) are computed on the caller's thread, overlapped with the
-//! background writes.
+//! background writes, on bytes still in the cache: each 128 KiB piece is hashed right after it is copied
+//! into the write buffer, and a large buffered write is handed to `write(2)` in 1 MiB pieces, each hashed
+//! just before.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -40,6 +42,8 @@ const BLOCK: usize = 4096;
 const BUFFERS: usize = 3;
 /// Copy-and-hash step (fits the L2 cache).
 const HASH_PIECE: usize = 128 << 10;
+/// Hash-then-write step of large buffered writes with checksums (fits the L2 cache).
+const WRITE_HASH_PIECE: usize = 1 << 20;
 /// Idle buffers kept for the next save (no first-touch cost then).
 const POOL_MAX: usize = 3;
 
@@ -370,14 +374,17 @@ impl DurableWriter {
         self.pos += data.len() as u64;
         // Buffered: large writes go straight from the caller's memory to the kernel.
         if matches!(self.mode, Mode::Buffered) && data.len() >= CHUNK {
-            if let Some(h) = self.hasher.as_mut() {
-                h.update(data);
-            }
             self.write_partial()?;
+            // With checksums, write in pieces that fit the L2 cache, each hashed right before `write(2)`
+            // reads it: one pass over cold memory instead of two.
+            let piece = if self.hasher.is_some() { WRITE_HASH_PIECE } else { CHUNK };
             while !data.is_empty() {
                 failpoint::hit("file.write")?;
-                let n = data.len().min(CHUNK);
+                let n = data.len().min(piece);
                 let (now, rest) = data.split_at(n);
+                if let Some(h) = self.hasher.as_mut() {
+                    h.update(now);
+                }
                 pwrite_all(&self.file, now, self.handed)?;
                 self.handed += n as u64;
                 data = rest;
