@@ -11,7 +11,7 @@ use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, py
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
 use crate::{Checkpoint, Format};
 
 /// A format's reader, type-erased but downcastable to the format crate's concrete type.
@@ -71,10 +71,11 @@ pub(crate) trait Adaptor: Sync {
         None
     }
 
-    /// Checks `path` end to end into `report`: the format's own checks (checksums, coverage, commit state),
-    /// then, by default, every entry read to its last byte.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        read_all(&self.checkpoint(path)?, report, progress);
+    /// Checks `path` into `report` to `depth`: the format's own structural checks (coverage, commit state),
+    /// and deep, its checksums; then, by default, every entry resolved ([`Depth::Structure`]) or read to its
+    /// last byte ([`Depth::Deep`]).
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+        read_all(&self.checkpoint(path)?, depth, report, progress);
         Ok(())
     }
 

@@ -70,7 +70,7 @@ pub use formats::crates::*;
 pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
 pub use ranks::{convert_in, reshard_in};
 pub use reshard::{ReshardSummary, reshard, reshard_formats};
-pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
+pub use verify::{Depth, Progress, VerifyOptions, VerifyReport, verify, verify_with, verify_with_progress};
 
 use adaptor::Reader;
 use error::At;

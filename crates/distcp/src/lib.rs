@@ -77,5 +77,5 @@ pub use metadata::{
 pub use planner::ShardSpec;
 pub use reader::{DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
-pub use verify::{VerifyReport, verify};
+pub use verify::{VerifyReport, verify, verify_structure};
 pub use writer::{WriteOptions, save, save_distributed, save_ranks};

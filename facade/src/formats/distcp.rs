@@ -12,7 +12,7 @@ use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
 use crate::error::{At, Cause, Error, Result};
 use crate::ranks::agree;
-use crate::verify::{Progress, VerifyReport};
+use crate::verify::{Depth, Progress, VerifyReport};
 
 pub(crate) struct Distcp;
 
@@ -98,8 +98,12 @@ impl Adaptor for Distcp {
     }
 
     /// [`ckpt_distcp::verify`]: chunks covering their tensors, items inside their files, CRCs, contents.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
-        let r = ckpt_distcp::verify(path).at(path)?;
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
+        let r = match depth {
+            Depth::Structure => ckpt_distcp::verify_structure(path),
+            Depth::Deep => ckpt_distcp::verify(path),
+        }
+        .at(path)?;
         report.checked = r.items;
         report.bytes = r.bytes;
         report.problems.extend(r.problems.iter().map(ToString::to_string));

@@ -6,6 +6,7 @@ use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
 
 pub(crate) struct Hf;
 
@@ -22,6 +23,19 @@ impl Adaptor for Hf {
 
     fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_hf::HfReader::open(path).at(path)?))
+    }
+
+    /// Every shard's header (and the index against the shards), every entry resolved; deep, every shard's
+    /// per-tensor checksums (ckpt's, [`ckpt_core::safetensors::checksums`]) and every byte.
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+        if depth == Depth::Deep {
+            let reader = ckpt_hf::HfReader::open(path).at(path)?;
+            for file in reader.files() {
+                check_safetensors_checksums(file, report);
+            }
+        }
+        read_all(&self.checkpoint(path)?, depth, report, progress);
+        Ok(())
     }
 
     /// Every entry in the source's order (tensors of every shard, and the values ckpt recorded); the nesting

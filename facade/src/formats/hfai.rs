@@ -9,7 +9,7 @@ use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
 use crate::ranks::agree;
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
 
 pub(crate) struct Hfai;
 
@@ -69,13 +69,15 @@ impl Adaptor for Hfai {
     }
 
     /// Every part's record CRC-32s ([`ckpt_hfai::verify`]), then the parts merged and every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        for part in &ckpt_hfai::verify(path).at(path)?.parts {
-            for (record, e) in &part.problems {
-                report.record_problem(&part.path, record, e);
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+        if depth == Depth::Deep {
+            for part in &ckpt_hfai::verify(path).at(path)?.parts {
+                for (record, e) in &part.problems {
+                    report.record_problem(&part.path, record, e);
+                }
             }
         }
-        read_all(&self.checkpoint(path)?, report, progress);
+        read_all(&self.checkpoint(path)?, depth, report, progress);
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use crate::Format;
 use crate::adaptor::{Adaptor, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Progress, VerifyReport, chain, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, chain, read_all};
 
 pub(crate) struct Pbg;
 
@@ -82,7 +82,7 @@ impl Adaptor for Pbg {
     /// The storage's own check of the committed version ([`ckpt_pbg::FileCheckpointStorage::verify`]: the
     /// version complete, counts against the entity path when the config's resolves
     /// ([`ckpt_pbg::ConfigFile`]), every file valid), then every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
         let storage = ckpt_pbg::FileCheckpointStorage::new(path);
         let entity_path = ckpt_pbg::ConfigFile::locate(path).ok().and_then(|c| c.entity_path()).filter(|p| p.is_dir());
         let entities = entity_path.map(ckpt_pbg::EntityStorage::new);
@@ -112,8 +112,8 @@ impl Adaptor for Pbg {
         for link in &r.dangling_links {
             report.warnings.push(format!("{}: dangling snapshot link", link.display()));
         }
-        // Every file of the committed version, read.
-        read_all(&self.checkpoint(path)?, report, &|_, _| {});
+        // Every file of the committed version: opened, and deep, read.
+        read_all(&self.checkpoint(path)?, depth, report, &|_, _| {});
         Ok(())
     }
 }

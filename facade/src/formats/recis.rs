@@ -9,7 +9,7 @@ use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
 
 pub(crate) struct Recis;
 
@@ -87,14 +87,16 @@ impl Adaptor for Recis {
 
     /// Every `torch.save` file's record CRC-32s ([`ckpt_recis::verify`]); the index, tensor keys and data
     /// files validated by opening; every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
         let ck = self.checkpoint(path)?;
-        for file in &ckpt_recis::verify(path).at(path)?.torch_files {
-            for (record, e) in &file.problems {
-                report.record_problem(&file.path, record, e);
+        if depth == Depth::Deep {
+            for file in &ckpt_recis::verify(path).at(path)?.torch_files {
+                for (record, e) in &file.problems {
+                    report.record_problem(&file.path, record, e);
+                }
             }
         }
-        read_all(&ck, report, progress);
+        read_all(&ck, depth, report, progress);
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Result};
+use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
 
 pub(crate) struct Safetensors;
 
@@ -19,6 +20,16 @@ impl Adaptor for Safetensors {
 
     fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
+    }
+
+    /// The header (dtypes, shapes, offsets covering the data), every entry resolved; deep, the per-tensor
+    /// checksums ckpt records ([`ckpt_core::safetensors::checksums`]) and every byte.
+    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
+        if depth == Depth::Deep {
+            check_safetensors_checksums(path, report);
+        }
+        read_all(&self.checkpoint(path)?, depth, report, progress);
+        Ok(())
     }
 
     /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting

@@ -361,6 +361,19 @@ impl Manifest {
     /// # Errors
     /// [`Error::Malformed`] for a file name that leaves the directory.
     pub fn verify_dir(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        self.check_dir(dir, true)
+    }
+
+    /// The structural part of [`Manifest::verify_dir`]: every listed file is present with its recorded
+    /// size; no byte is read.
+    ///
+    /// # Errors
+    /// As [`Manifest::verify_dir`].
+    pub fn verify_sizes(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        self.check_dir(dir, false)
+    }
+
+    fn check_dir(&self, dir: &Path, read_bytes: bool) -> Result<Vec<Mismatch>> {
         let mut problems = Vec::new();
         for (name, digest) in &self.files {
             let path = safe_join(dir, name)?;
@@ -368,7 +381,7 @@ impl Manifest {
                 let len = f.metadata()?.len();
                 // SAFETY: read-only map of a file nobody should be writing; a concurrent truncation
                 // is the caller's risk, as for every mapped read in ckpt.
-                let map = if len == 0 { None } else { Some(unsafe { memmap2::Mmap::map(&f)? }) };
+                let map = if len == 0 || !read_bytes { None } else { Some(unsafe { memmap2::Mmap::map(&f)? }) };
                 Ok((len, map))
             }) {
                 Ok(m) => m,
@@ -380,6 +393,9 @@ impl Manifest {
             let (len, map) = map;
             if len != digest.size {
                 problems.push(Mismatch::Size { file: name.clone(), expected: digest.size, found: len });
+                continue;
+            }
+            if !read_bytes {
                 continue;
             }
             let bytes: &[u8] = map.as_deref().unwrap_or_default();
@@ -444,11 +460,13 @@ mod tests {
         std::fs::write(dir.path().join("x.bin"), b"headaaaaaac").unwrap();
         assert!(m.verify_dir(dir.path()).unwrap().is_empty());
         std::fs::write(dir.path().join("x.bin"), b"headaaXaaac").unwrap();
+        assert!(m.verify_sizes(dir.path()).unwrap().is_empty(), "sizes only: no byte read");
         let p = m.verify_dir(dir.path()).unwrap();
         assert_eq!(p, [Mismatch::Chunk { file: "x.bin".into(), name: "a".into(), offset: 4, length: 6 }]);
         assert_eq!(p[0].to_string(), "x.bin: bytes 4..10 (\"a\") do not match their checksum");
         std::fs::write(dir.path().join("x.bin"), b"head").unwrap();
         assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Size { found: 4, .. }));
+        assert!(matches!(m.verify_sizes(dir.path()).unwrap()[0], Mismatch::Size { found: 4, .. }));
         std::fs::remove_file(dir.path().join("x.bin")).unwrap();
         assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Missing { .. }));
     }

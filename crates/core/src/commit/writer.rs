@@ -218,6 +218,8 @@ pub struct DurableWriter {
     /// The first I/O error, kept to fail every later call.
     error: Option<(io::ErrorKind, Option<i32>, String)>,
     hasher: Option<ChunkHasher>,
+    /// Bytes to overwrite at offsets already written, applied before the final sync ([`DurableWriter::patch`]).
+    patches: Vec<(u64, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for DurableWriter {
@@ -240,6 +242,7 @@ impl DurableWriter {
             started: 0,
             error: None,
             hasher: options.checksums.then(ChunkHasher::new),
+            patches: Vec::new(),
         }
     }
 
@@ -256,6 +259,22 @@ impl DurableWriter {
         if let Some(h) = self.hasher.as_mut() {
             h.mark(name.into(), self.pos);
         }
+    }
+
+    /// Overwrites `bytes` at `offset` of what was already written, before the file is synced and committed:
+    /// for a header whose fixed-width placeholder (a checksum of the data after it) is only known at the
+    /// end. Chunk checksums ([`DurableWriter::mark`]) keep the bytes first written, so a patched range should
+    /// not be covered by them (the safetensors writer, the one user, writes without chunk checksums).
+    ///
+    /// # Errors
+    /// [`io::ErrorKind::InvalidInput`] when the range reaches past what was written.
+    pub fn patch(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let end = offset.checked_add(bytes.len() as u64);
+        if end.is_none_or(|end| end > self.pos) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "patch past the bytes written"));
+        }
+        self.patches.push((offset, bytes.to_vec()));
+        Ok(())
     }
 
     /// The path errors name.
@@ -476,6 +495,16 @@ impl DurableWriter {
         } else if filled > 0 {
             failpoint::hit("file.write")?;
             self.write_partial()?;
+        }
+        if !self.patches.is_empty() {
+            // Small, unaligned writes: never through O_DIRECT.
+            if matches!(self.mode, Mode::Direct(_)) {
+                set_direct(&self.file, false)?;
+            }
+            for (offset, bytes) in std::mem::take(&mut self.patches) {
+                failpoint::hit("file.write")?;
+                pwrite_all(&self.file, &bytes, offset)?;
+            }
         }
         if self.options.sync {
             failpoint::hit("file.sync")?;
