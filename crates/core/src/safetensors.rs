@@ -433,7 +433,8 @@ mod tests {
         for (name, _) in &tensors {
             let mut bad = bytes.clone();
             let t = back.get(name).unwrap();
-            let start = header_end + back.tensors.iter().take_while(|(n, _)| n != name).map(|(_, t)| t.nbytes()).sum::<usize>();
+            let start =
+                header_end + back.tensors.iter().take_while(|(n, _)| n != name).map(|(_, t)| t.nbytes()).sum::<usize>();
             bad[start + t.nbytes() / 2] ^= 0x10;
             let problems = checksums(&read(&Buffer::from_vec(bad)).unwrap()).unwrap().unwrap();
             assert_eq!(problems.len(), 1, "{name}: {problems:?}");

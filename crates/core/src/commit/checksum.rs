@@ -274,8 +274,11 @@ impl Manifest {
             .files
             .iter()
             .map(|(name, d)| {
-                let chunks: Vec<Json> =
-                    d.chunks.iter().map(|c| json!([c.name, c.offset, c.length, format!("{:08x}", c.checksum)])).collect();
+                let chunks: Vec<Json> = d
+                    .chunks
+                    .iter()
+                    .map(|c| json!([c.name, c.offset, c.length, format!("{:08x}", c.checksum)]))
+                    .collect();
                 let mut entry = json!({"size": d.size, "chunks": chunks});
                 if d.algorithm != ALGORITHM {
                     entry["algorithm"] = json!(d.algorithm.name());
