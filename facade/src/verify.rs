@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::error::At;
-use crate::{Checkpoint, EntryKind, Format, Result};
+use crate::{Checkpoint, EntryKind, Format, ReadLimits, Result};
 
 /// What [`verify`] found.
 #[derive(Debug, Clone)]
@@ -60,22 +60,31 @@ pub struct VerifyOptions {
     /// How much to check (default [`Depth::Deep`]; the `ckpt verify` command's default is
     /// [`Depth::Structure`], `--deep` asks for the rest).
     pub depth: Depth,
+    /// The resource limits the checkpoint is read under (default [`ReadLimits::default`]).
+    pub limits: ReadLimits,
 }
 
 impl VerifyOptions {
     /// The structural check only ([`Depth::Structure`]).
     pub fn structure() -> Self {
-        VerifyOptions { depth: Depth::Structure }
+        VerifyOptions { depth: Depth::Structure, limits: ReadLimits::default() }
     }
 
     /// Every byte and every checksum ([`Depth::Deep`], the default).
     pub fn deep() -> Self {
-        VerifyOptions { depth: Depth::Deep }
+        VerifyOptions { depth: Depth::Deep, limits: ReadLimits::default() }
     }
 
     /// With `depth`.
     pub fn with_depth(mut self, depth: Depth) -> Self {
         self.depth = depth;
+        self
+    }
+
+    /// With the resource `limits` the checkpoint is read under.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.limits = limits;
         self
     }
 }
@@ -140,7 +149,7 @@ pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>)
     let format = crate::detect(path)?;
     let adaptor = crate::formats::adaptor(format, path)?;
     let mut report = VerifyReport::new(format);
-    adaptor.verify(path, options.depth, &mut report, progress)?;
+    adaptor.verify(path, options.depth, &options.limits, &mut report, progress)?;
     check_manifest(&adaptor.manifest_dir(path), options.depth, &mut report);
     if let Some(u) = ckpt_core::commit::unfinished(path) {
         // The checkpoint at `path` is whole (the previous one); the new one never committed.

@@ -40,7 +40,15 @@ impl VerifyReport {
 /// Only when the metadata itself cannot be read (missing, not a pickle, unknown classes); everything else
 /// is reported in [`VerifyReport::problems`].
 pub fn verify(dir: &Path) -> Result<VerifyReport> {
-    let reader = DcpReader::open_unchecked(dir, &ReadOptions::default().with_verify_crc(true))?;
+    verify_with(dir, &ReadOptions::default())
+}
+
+/// [`verify`], reading with `options` (its limits; CRC checking is always on).
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+    let reader = DcpReader::open_unchecked(dir, &options.clone().with_verify_crc(true))?;
     let mut problems = reader.metadata_problems(false);
     let bad_keys: HashSet<String> = problems.iter().filter_map(problem_key).collect();
     let md = reader.metadata();
@@ -83,7 +91,15 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
 /// # Errors
 /// As [`verify`].
 pub fn verify_structure(dir: &Path) -> Result<VerifyReport> {
-    let reader = DcpReader::open_unchecked(dir, &ReadOptions::default())?;
+    verify_structure_with(dir, &ReadOptions::default())
+}
+
+/// [`verify_structure`], reading the metadata with `options` (its limits).
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_structure_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+    let reader = DcpReader::open_unchecked(dir, options)?;
     let problems = reader.metadata_problems(false);
     let md = reader.metadata();
     let items = md.storage_data.len();

@@ -20,7 +20,8 @@ use serde_json::Value as Json;
 use crate::dtype;
 use crate::error::{Error, Result};
 
-/// The largest header accepted (as the safetensors library: 100 MB).
+/// The largest header accepted by default (as the safetensors library: 100 MB); [`DataFile::open_with`]
+/// takes another.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// One block as a data-file header describes it.
@@ -60,11 +61,19 @@ impl DataFile {
     /// [`Error::HeaderTooLarge`], [`Error::HeaderPastEnd`], [`Error::Json`], [`Error::BadHeader`],
     /// [`Error::UnknownDtype`], [`Error::BadOffsets`]).
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, MAX_HEADER_LEN)
+    }
+
+    /// [`DataFile::open`], accepting a header of at most `max_header_len` bytes.
+    ///
+    /// # Errors
+    /// As [`DataFile::open`].
+    pub fn open_with(path: &Path, max_header_len: u64) -> Result<Self> {
         let buffer = Buffer::map_file(path).map_err(|e| match e {
             ckpt_core::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
-        Self::from_buffer(buffer, path)
+        Self::from_buffer_with(buffer, path, max_header_len)
     }
 
     /// Validates a data file held in `buffer`; `path` names it in errors.
@@ -72,14 +81,22 @@ impl DataFile {
     /// # Errors
     /// As [`DataFile::open`].
     pub fn from_buffer(buffer: Buffer, path: &Path) -> Result<Self> {
+        Self::from_buffer_with(buffer, path, MAX_HEADER_LEN)
+    }
+
+    /// [`DataFile::from_buffer`], accepting a header of at most `max_header_len` bytes.
+    ///
+    /// # Errors
+    /// As [`DataFile::open`].
+    pub fn from_buffer_with(buffer: Buffer, path: &Path, max_header_len: u64) -> Result<Self> {
         let bytes = buffer.as_bytes();
         let file_len = bytes.len();
         let Some(prefix) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
             return Err(Error::FileTooShort { path: path.into(), len: file_len });
         };
         let n = u64::from_le_bytes(prefix);
-        if n > MAX_HEADER_LEN {
-            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: MAX_HEADER_LEN });
+        if n > max_header_len {
+            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: max_header_len });
         }
         let header_end = usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= file_len);
         let Some(header_end) = header_end else {

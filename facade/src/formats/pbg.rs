@@ -5,11 +5,11 @@ use std::path::Path;
 
 use ckpt_core::Value;
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
 use crate::verify::{Depth, Progress, VerifyReport, chain, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Pbg;
 
@@ -24,7 +24,8 @@ impl Adaptor for Pbg {
         Format::Pbg
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
+    /// PBG's optimizer blobs are decoded with the process's default pickle limits; no other limit applies.
+    fn open(&self, path: &Path, _: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_pbg::PbgReader::open(path).at(path)?))
     }
 
@@ -82,7 +83,14 @@ impl Adaptor for Pbg {
     /// The storage's own check of the committed version ([`ckpt_pbg::FileCheckpointStorage::verify`]: the
     /// version complete, counts against the entity path when the config's resolves
     /// ([`ckpt_pbg::ConfigFile`]), every file valid), then every entry read.
-    fn verify(&self, path: &Path, depth: Depth, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        _: Progress<'_>,
+    ) -> Result<()> {
         let storage = ckpt_pbg::FileCheckpointStorage::new(path);
         let entity_path = ckpt_pbg::ConfigFile::locate(path).ok().and_then(|c| c.entity_path()).filter(|p| p.is_dir());
         let entities = entity_path.map(ckpt_pbg::EntityStorage::new);
@@ -113,7 +121,7 @@ impl Adaptor for Pbg {
             report.warnings.push(format!("{}: dangling snapshot link", link.display()));
         }
         // Every file of the committed version: opened, and deep, read.
-        read_all(&self.checkpoint(path)?, depth, report, &|_, _| {});
+        read_all(&self.checkpoint(path, limits)?, depth, report, &|_, _| {});
         Ok(())
     }
 }
