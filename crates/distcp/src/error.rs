@@ -348,6 +348,8 @@ impl Error {
             Error::Core(c) => c.fault(),
             Error::Torch(t) => t.fault(),
             Error::BadItem { source, .. } => source.fault(),
+            // Over the decoder's limits is a limit, as for the torch codec.
+            Error::MetadataPickle { source, .. } if source.kind() == ckpt_pickle::ErrorKind::Limit => Fault::Limit,
             Error::NoSuchEntry(_)
             | Error::NotATensor(_)
             | Error::RegionOutOfBounds { .. }
