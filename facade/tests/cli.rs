@@ -690,3 +690,48 @@ fn each_limit_flag_is_enforced_with_a_specific_error() {
     let (code, _, err) = run(&[&"inspect", &path, &"--trusted", &"--max-depth", &"8"]);
     assert_eq!(code, 3, "--trusted keeps an explicit depth: {err}");
 }
+
+/// The format caps' flags (`--max-header-bytes`, `--max-data-header-bytes`, `--max-metadata-bytes`,
+/// `--max-inflated-bytes`): lowered below what a checkpoint needs, the command fails with exit 3 (bad input)
+/// and the limit's own message; raised, the same command succeeds.
+#[test]
+fn each_format_cap_flag_is_enforced_with_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.pt");
+    ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
+    let st = dir.path().join("m.safetensors");
+    let dcp = dir.path().join("dcp");
+    for (dst, to) in [(&st, "safetensors"), (&dcp, "distcp")] {
+        let (code, _, err) = run(&[&"convert", &src, dst, &"--to", &to]);
+        assert_eq!(code, 0, "{to}: {err}");
+    }
+    let recis = dir.path().join("recis");
+    let ids = Tensor::from_slice(&[3i64, 70_000, -5, 12], &[4]).unwrap();
+    let emb = Tensor::from_slice(&[0.5f32; 8], &[4, 2]).unwrap();
+    let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
+    ckpt::recis::save(&sd, &recis, &ckpt::recis::WriteOptions::default()).unwrap();
+    let zstd = dir.path().join("zstd");
+    let sd = Value::dict([("blob", Value::Bytes(vec![7; 1 << 20]))]);
+    ckpt::distcp::save(&sd, &zstd, &ckpt::distcp::WriteOptions::default().with_zstd(3)).unwrap();
+    let back = dir.path().join("back.pt");
+    let dcp3 = dir.path().join("dcp3");
+    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str, &str, &str); 6] = [
+        (vec![&"inspect", &st], "--max-header-bytes", "64", "exceeds the limit of 64 bytes (max_header_bytes"),
+        (vec![&"convert", &st, &back, &"--to", &"torch"], "--max-header-bytes", "64", "(max_header_bytes"),
+        (vec![&"verify", &dcp], "--max-metadata-bytes", "100", "over the limit of 100 bytes (max_metadata_bytes)"),
+        (vec![&"reshard", &dcp, &dcp3, &"--world-size", &"3"], "--max-metadata-bytes", "100", "max_metadata_bytes"),
+        (vec![&"inspect", &recis], "--max-data-header-bytes", "32", "exceeds the limit of 32 bytes"),
+        (vec![&"cat", &zstd, &"blob"], "--max-inflated-bytes", "65536", "decompresses to more than 65536 bytes"),
+    ];
+    for (args, flag, value, says) in cases {
+        let mut tight = args.clone();
+        tight.extend([&flag as &dyn AsRef<std::ffi::OsStr>, &value]);
+        let (code, out, err) = run(&tight);
+        assert_eq!(code, 3, "{flag} {value}: {out}{err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        let mut raised = args.clone();
+        raised.extend([&flag as &dyn AsRef<std::ffi::OsStr>, &"16777216"]);
+        let (code, out, err) = run(&raised);
+        assert_eq!(code, 0, "{flag} 16777216: {out}{err}");
+    }
+}

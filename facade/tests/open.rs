@@ -254,7 +254,10 @@ fn dcp_inflated_item_limit_is_enforced() {
     let tight = ckpt::ReadLimits::default().with_max_inflated_bytes(1 << 16);
     let e = ckpt::open_with(&path, &tight).unwrap().value("blob").unwrap_err();
     assert!(
-        matches!(cause::<ckpt::distcp::Error>(&e), Some(ckpt::distcp::Error::DecompressedTooLarge { limit: 65536, .. })),
+        matches!(
+            cause::<ckpt::distcp::Error>(&e),
+            Some(ckpt::distcp::Error::DecompressedTooLarge { limit: 65536, .. })
+        ),
         "{e:?}"
     );
     assert_eq!(e.fault(), ckpt::Fault::Limit);
