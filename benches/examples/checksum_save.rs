@@ -90,10 +90,21 @@ fn main() {
         let (c_on, c_off) = (median(cpu[0].clone()), median(cpu[1].clone()));
         println!("{format:7} on        {:13.3}  {:12.3}", w_on.as_secs_f64(), c_on.as_secs_f64());
         println!("{format:7} off       {:13.3}  {:12.3}", w_off.as_secs_f64(), c_off.as_secs_f64());
+        // The median of each repetition's own ratio: a load change between repetitions cancels out.
+        let pair = |v: &[Vec<Duration>; 2]| {
+            let mut r: Vec<f64> = v[0].iter().zip(&v[1]).map(|(a, b)| a.as_secs_f64() / b.as_secs_f64()).collect();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
         println!(
-            "{format:7} on/off    wall {:.3}  cpu {:.3}",
+            "{format:7} on/off    ratio of medians: wall {:.3} cpu {:.3}; median of paired ratios: wall {:.3} cpu {:.3}; \
+             checksum CPU {:.1} ms = {:.1}% of the wall time without",
             w_on.as_secs_f64() / w_off.as_secs_f64(),
-            c_on.as_secs_f64() / c_off.as_secs_f64()
+            c_on.as_secs_f64() / c_off.as_secs_f64(),
+            pair(&wall),
+            pair(&cpu),
+            (c_on.as_secs_f64() - c_off.as_secs_f64()) * 1e3,
+            (c_on.as_secs_f64() - c_off.as_secs_f64()) / w_off.as_secs_f64() * 100.0
         );
     }
 }

@@ -578,7 +578,9 @@ fn what_users_load_and_convert() {
 /// written by ckpt, in every format: torch's record CRC-32s, the per-tensor CRC32Cs ckpt records in
 /// safetensors headers (single files and hf shards), and ckpt's checksum manifest beside distcp, hfai, recis
 /// and pbg checkpoints (none of which has checksums of its own). Each problem names the file. The
-/// structural check (plain `ckpt verify`, [`ckpt::Depth::Structure`]) passes on the intact checkpoint.
+/// structural check (plain `ckpt verify`, [`ckpt::Depth::Structure`]) passes on the intact checkpoint, and
+/// still passes after the flip (it reads no tensor data). Legacy (pre-1.6) `.pt` files carry no checksum of
+/// any kind, so a flip in their data is not detectable and they are not part of this test.
 #[test]
 fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
@@ -591,6 +593,12 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         assert_eq!(code, 0, "{to}: {err}");
         outputs.push((to, dst));
     }
+    // hf in several shards (`model-0000i-of-0000n.safetensors` + index).
+    let shards = dir.path().join("out_hf_shards");
+    let (code, _, err) = run(&[&"convert", &src, &shards, &"--to", &"hf", &"--max-shard-size", &"4096"]);
+    assert_eq!(code, 0, "hf shards: {err}");
+    assert!(shards.join("model.safetensors.index.json").is_file());
+    outputs.push(("hf", shards));
     let pbg = dir.path().join("out_pbg");
     ckpt_conformance::crash::save("pbg", &pbg, 1, 1).unwrap();
     outputs.push(("pbg", pbg));
@@ -613,6 +621,10 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         let at = bytes.len() / 2;
         bytes[at] ^= 0x04;
         std::fs::write(&file, &bytes).unwrap();
+        // Plain verify stays structural: it reads no tensor data, so the flip inside it passes.
+        let (code, out, err) = run(&[&"verify", &dst]);
+        assert_eq!(code, 0, "{format}: plain verify read tensor data: {out}{err}");
+        assert!(ckpt::verify_with(&dst, &structure, &|_, _| {}).unwrap().is_ok(), "{format}");
         let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
         assert_eq!(code, 1, "{format}: {out}{err}");
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
