@@ -727,7 +727,8 @@ fn each_format_cap_flag_is_enforced_with_exit_3() {
     ckpt::distcp::save(&sd, &zstd, &ckpt::distcp::WriteOptions::default().with_zstd(3)).unwrap();
     let back = dir.path().join("back.pt");
     let dcp3 = dir.path().join("dcp3");
-    let cases: [(Vec<&dyn AsRef<std::ffi::OsStr>>, &str, &str, &str); 6] = [
+    type Arg<'a> = &'a dyn AsRef<std::ffi::OsStr>;
+    let cases: [(Vec<Arg<'_>>, &str, &str, &str); 6] = [
         (vec![&"inspect", &st], "--max-header-bytes", "64", "exceeds the limit of 64 bytes (max_header_bytes"),
         (vec![&"convert", &st, &back, &"--to", &"torch"], "--max-header-bytes", "64", "(max_header_bytes"),
         (vec![&"verify", &dcp], "--max-metadata-bytes", "100", "over the limit of 100 bytes (max_metadata_bytes)"),
@@ -737,12 +738,12 @@ fn each_format_cap_flag_is_enforced_with_exit_3() {
     ];
     for (args, flag, value, says) in cases {
         let mut tight = args.clone();
-        tight.extend([&flag as &dyn AsRef<std::ffi::OsStr>, &value]);
+        tight.extend([&flag as Arg<'_>, &value]);
         let (code, out, err) = run(&tight);
         assert_eq!(code, 3, "{flag} {value}: {out}{err}");
         assert!(err.contains(says), "{flag} {value}: {err}");
         let mut raised = args.clone();
-        raised.extend([&flag as &dyn AsRef<std::ffi::OsStr>, &"16777216"]);
+        raised.extend([&flag as Arg<'_>, &"16777216"]);
         let (code, out, err) = run(&raised);
         assert_eq!(code, 0, "{flag} 16777216: {out}{err}");
     }
