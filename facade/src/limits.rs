@@ -46,7 +46,9 @@ pub struct ReadLimits {
     /// ([`ckpt_pickle::Limits::set_process_default`]), else the built-in one.
     #[cfg(feature = "torch")]
     pub pickle: ckpt_pickle::Limits,
-    /// The largest safetensors header, in bytes ([`DEFAULT_MAX_HEADER_BYTES`]).
+    /// The largest safetensors header, in bytes ([`DEFAULT_MAX_HEADER_BYTES`]). A lower value is checked by
+    /// ckpt before parsing; a higher one does not lift the `safetensors` crate's own, fixed 100 MB bound,
+    /// which its parser still applies.
     pub max_header_bytes: u64,
     /// The largest RecIS data-file header, in bytes ([`DEFAULT_MAX_DATA_HEADER_BYTES`]).
     pub max_data_header_bytes: u64,
