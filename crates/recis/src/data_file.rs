@@ -385,6 +385,27 @@ mod tests {
     }
 
     #[test]
+    fn header_limit_is_the_callers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model-000000-of-000001.safetensors");
+        write(&p, &[("a/part_0_1".to_string(), Tensor::from_slice(&[1.0f32], &[1]).unwrap())]).unwrap();
+        let header_len = u64::from_le_bytes(std::fs::read(&p).unwrap()[..8].try_into().unwrap());
+        let e = DataFile::open_with(&p, header_len - 1).unwrap_err();
+        assert!(matches!(e, Error::HeaderTooLarge { limit, .. } if limit == header_len - 1), "{e}");
+        assert_eq!(e.fault(), ckpt_core::Fault::Limit);
+        assert!(DataFile::open_with(&p, header_len).is_ok());
+        let sparse_dir = tempfile::tempdir().unwrap();
+        let sd = ckpt_core::Value::dict([
+            ("t@id", ckpt_core::Value::Tensor(Tensor::from_slice(&[1i64, 2], &[2]).unwrap())),
+            ("t@embedding", ckpt_core::Value::Tensor(Tensor::from_slice(&[0.5f32; 4], &[2, 2]).unwrap())),
+        ]);
+        crate::save(&sd, sparse_dir.path(), &crate::WriteOptions::default()).unwrap();
+        let e = crate::SparseCheckpoint::open_with(sparse_dir.path(), 16).unwrap_err();
+        assert!(matches!(e, Error::HeaderTooLarge { limit: 16, .. }), "{e}");
+        assert!(crate::SparseCheckpoint::open_with(sparse_dir.path(), MAX_HEADER_LEN).is_ok());
+    }
+
+    #[test]
     fn rejects_bad_files() {
         assert!(matches!(file(vec![1, 2, 3]), Err(Error::FileTooShort { len: 3, .. })));
         let mut past = 64u64.to_le_bytes().to_vec();
