@@ -266,3 +266,31 @@ fn dcp_inflated_item_limit_is_enforced() {
     let raised = ckpt::ReadLimits::default().with_max_inflated_bytes(2 << 20);
     assert_eq!(ckpt::open_with(&path, &raised).unwrap().value("blob").unwrap(), Value::Bytes(vec![7; 1 << 20]));
 }
+
+/// `ReadLimits::pickle` reaches PyTorch-BigGraph's optimizer blobs (pickled `torch.save` data inside the
+/// HDF5 files): a golden checkpoint with optimizer state fails under a tiny node limit, with the pickle
+/// decoder's limit error, and opens with the defaults.
+#[test]
+fn per_call_pickle_limits_reach_pbg_optimizer_state() {
+    let mut pickle = ckpt::pickle::Limits::BUILTIN;
+    pickle.max_nodes = 2;
+    let tight = ckpt::ReadLimits::default().with_pickle(pickle);
+    let mut limited = 0;
+    let variants = fixtures().join("pbg/variants");
+    let mut dirs = vec![fixtures().join("pbg/ckpt")];
+    if variants.is_dir() {
+        dirs.extend(children(&variants, None).into_iter().filter(|d| ckpt::detect(d).ok() == Some(Format::Pbg)));
+    }
+    for dir in dirs {
+        let ck = ckpt::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        if !ck.entries().iter().any(|e| e.name.starts_with("optimizer/")) {
+            continue;
+        }
+        let e =
+            ckpt::open_with(&dir, &tight).err().unwrap_or_else(|| panic!("{}: max_nodes 2 accepted", dir.display()));
+        assert_eq!(e.fault(), ckpt::Fault::Limit, "{}: {e}", dir.display());
+        assert!(e.to_string().contains("exceeds 2"), "{}: {e}", dir.display());
+        limited += 1;
+    }
+    assert!(limited > 0, "no PBG fixture with optimizer state");
+}

@@ -857,8 +857,8 @@ impl LimitArgs {
         l
     }
 
-    /// Makes the pickle limits the process's default, when any of their flags is given: every reader of the
-    /// run uses them, those [`ckpt::ReadLimits`] reaches and those it does not (PBG's optimizer blobs).
+    /// Makes the pickle limits the process's default, when any of their flags is given, so that
+    /// [`LimitArgs::read_limits`] carries them and readers outside the facade's calls use them too.
     fn apply(&self) {
         use ckpt::pickle::Limits;
         let given = [

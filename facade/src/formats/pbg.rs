@@ -24,9 +24,10 @@ impl Adaptor for Pbg {
         Format::Pbg
     }
 
-    /// PBG's optimizer blobs are decoded with the process's default pickle limits; no other limit applies.
-    fn open(&self, path: &Path, _: &ReadLimits) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_pbg::PbgReader::open(path).at(path)?))
+    /// The optimizer blobs decoded under the pickle limits (no other limit applies to PBG).
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        let options = ckpt_pbg::ReadOptions::default().with_limits(limits.pickle);
+        Ok(Box::new(ckpt_pbg::PbgReader::open_with(path, &options).at(path)?))
     }
 
     /// The source's entries under [`ckpt_pbg::PbgReader`]'s names, which every other format keeps of a PBG
