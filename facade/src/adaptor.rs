@@ -11,8 +11,8 @@ use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, py
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
-use crate::verify::{Progress, VerifyReport, read_all};
-use crate::{Checkpoint, Format};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
+use crate::{Checkpoint, Format, ReadLimits};
 
 /// A format's reader, type-erased but downcastable to the format crate's concrete type.
 pub(crate) trait Reader: CheckpointRead + Send + Sync {
@@ -35,18 +35,19 @@ impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
 /// detected (or declared) as this adaptor's format; [`write`](Adaptor::write) takes a [`Source`] of any
 /// format and writes this format at `dst`; [`explain`](Adaptor::explain) takes any file no format
 /// recognised. Capabilities a format lacks have defaults: the generic reading of every entry, no streaming,
-/// no resharding (asked only of formats the registry marks as sharded).
+/// no resharding (asked only of formats the registry marks as sharded). Every method that reads takes the
+/// call's [`ReadLimits`] and hands them to the format crate's reader options.
 pub(crate) trait Adaptor: Sync {
     /// The format.
     fn format(&self) -> Format;
 
     /// Opens `path` for reading: the format crate's reader behind the generic interface.
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>>;
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>>;
 
     /// The content of `path` for a conversion: every entry as a leaf, and the nested state dict. Default: one
     /// leaf per entry of [`open`](Adaptor::open), the state dict rebuilt from the names.
-    fn read(&self, path: &Path) -> Result<Content> {
-        let ck = self.checkpoint(path)?;
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        let ck = self.checkpoint(path, limits)?;
         let mut leaves = Vec::new();
         for e in ck.entries() {
             let value = match e.kind {
@@ -67,14 +68,22 @@ pub(crate) trait Adaptor: Sync {
     /// memory, when the format can (`None`: it cannot, and the torch target reads the content whole).
     // Asked by the torch target only.
     #[cfg_attr(not(feature = "torch"), allow(dead_code))]
-    fn stream_to_torch_save(&self, _src: &Path, _dst: &Path) -> Option<Result<ConvertSummary>> {
+    fn stream_to_torch_save(&self, _src: &Path, _dst: &Path, _: &ReadLimits) -> Option<Result<ConvertSummary>> {
         None
     }
 
-    /// Checks `path` end to end into `report`: the format's own checks (checksums, coverage, commit state),
-    /// then, by default, every entry read to its last byte.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        read_all(&self.checkpoint(path)?, report, progress);
+    /// Checks `path` into `report` to `depth`: the format's own structural checks (coverage, commit state),
+    /// and deep, its checksums; then, by default, every entry resolved ([`Depth::Structure`]) or read to its
+    /// last byte ([`Depth::Deep`]).
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        read_all(&self.checkpoint(path, limits)?, depth, report, progress);
         Ok(())
     }
 
@@ -86,7 +95,7 @@ pub(crate) trait Adaptor: Sync {
 
     /// Rewrites the checkpoint at `src` in `dst` for `world` ranks, shards or parts, in the format's own
     /// layout. Asked only of formats the registry marks as sharded.
-    fn reshard(&self, src: &Path, _dst: &Path, _world: usize) -> Result<()> {
+    fn reshard(&self, src: &Path, _dst: &Path, _world: usize, _: &ReadLimits) -> Result<()> {
         Err(Error::InvalidArgument {
             path: src.to_path_buf(),
             reason: format!("a {} checkpoint has no shards to reshard", self.format()),
@@ -108,8 +117,15 @@ pub(crate) trait Adaptor: Sync {
 
     /// [`reshard`](Adaptor::reshard) split over the processes of `group` (see [`crate::reshard_in`]).
     /// Default: the process of rank 0 does it all, the others wait for its verdict.
-    fn reshard_in(&self, src: &Path, dst: &Path, world: usize, group: &dyn Collective) -> Result<()> {
-        let own = if group.rank() == 0 { Some(self.reshard(src, dst, world)) } else { None };
+    fn reshard_in(
+        &self,
+        src: &Path,
+        dst: &Path,
+        world: usize,
+        limits: &ReadLimits,
+        group: &dyn Collective,
+    ) -> Result<()> {
+        let own = if group.rank() == 0 { Some(self.reshard(src, dst, world, limits)) } else { None };
         crate::ranks::agree_with_root(group, own, dst)
     }
 
@@ -120,8 +136,8 @@ pub(crate) trait Adaptor: Sync {
     }
 
     /// `path` opened as this format.
-    fn checkpoint(&self, path: &Path) -> Result<Checkpoint> {
-        Ok(Checkpoint::new(self.format(), path, self.open(path)?))
+    fn checkpoint(&self, path: &Path, limits: &ReadLimits) -> Result<Checkpoint> {
+        Ok(Checkpoint::new(self.format(), path, self.open(path, limits)?))
     }
 }
 
@@ -138,18 +154,21 @@ pub(crate) struct Source<'a> {
     pub format: Format,
     adaptor: &'a dyn Adaptor,
     selection: &'a Selection,
+    /// The limits it is read under.
+    pub limits: &'a ReadLimits,
 }
 
 impl<'a> Source<'a> {
-    /// The checkpoint at `path`, of `format`, read through `adaptor`, the entries `selection` keeps.
-    pub fn new(path: &'a Path, adaptor: &'a dyn Adaptor, selection: &'a Selection) -> Self {
-        Source { path, format: adaptor.format(), adaptor, selection }
+    /// The checkpoint at `path`, of `format`, read through `adaptor` under `limits`, the entries `selection`
+    /// keeps.
+    pub fn new(path: &'a Path, adaptor: &'a dyn Adaptor, selection: &'a Selection, limits: &'a ReadLimits) -> Self {
+        Source { path, format: adaptor.format(), adaptor, selection, limits }
     }
 
     /// Its content: every entry the selection keeps (renamed and cast as it says), and the nested state dict.
     /// This is where every target reads its content from, so a selection applies to every target.
     pub fn content(&self) -> Result<Content> {
-        self.adaptor.read(self.path)?.select(self.selection, self.path)
+        self.adaptor.read(self.path, self.limits)?.select(self.selection, self.path)
     }
 
     /// Whether the whole checkpoint is converted as it is (no selection), so that a target may copy it by
@@ -166,7 +185,7 @@ impl<'a> Source<'a> {
         if !self.is_whole() {
             return None;
         }
-        self.adaptor.stream_to_torch_save(self.path, dst)
+        self.adaptor.stream_to_torch_save(self.path, dst, self.limits)
     }
 
     /// The top-level mapping of its state dict, or the reason a `to` checkpoint, which holds one, cannot

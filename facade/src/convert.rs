@@ -90,6 +90,7 @@ use std::path::{Path, PathBuf};
 
 use ckpt_core::select::Selection;
 
+use crate::ReadLimits;
 use crate::adaptor::{Adaptor, Source};
 use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
@@ -138,6 +139,8 @@ pub struct ConvertOptions {
     /// Every target: which entries to convert, under which names, in which float dtype (default: all, as
     /// they are). See [`Selection`] (`ckpt convert --include/--exclude/--strip-prefix/--add-prefix/--dtype`).
     pub selection: Selection,
+    /// The resource limits the source is read under (default [`ReadLimits::default`]).
+    pub limits: ReadLimits,
 }
 
 impl Default for ConvertOptions {
@@ -151,6 +154,7 @@ impl Default for ConvertOptions {
             pbg_config: None,
             hf_max_shard_size: None,
             selection: Selection::default(),
+            limits: ReadLimits::default(),
         }
     }
 }
@@ -209,6 +213,13 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_selection(mut self, selection: Selection) -> Self {
         self.selection = selection;
+        self
+    }
+
+    /// Sets the resource limits the source is read under.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -275,7 +286,7 @@ pub fn convert(
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
     let (source, target) = plan(src, from, dst, to, options)?;
-    target.write(&Source::new(src, source, &options.selection), dst, options)
+    target.write(&Source::new(src, source, &options.selection, &options.limits), dst, options)
 }
 
 /// The source and target adaptors of a conversion, once the source format is known (`from`, or detected),

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::ReadLimits;
 use crate::verify::Progress;
 use crate::{Checkpoint, DType, EntryKind, Result, Tensor};
 
@@ -16,15 +17,24 @@ pub struct DiffOptions {
     pub rtol: f64,
     /// Absolute tolerance (numpy's default 1e-8).
     pub atol: f64,
+    /// The resource limits both checkpoints are read under (default [`ReadLimits::default`]).
+    pub limits: ReadLimits,
 }
 
 impl Default for DiffOptions {
     fn default() -> Self {
-        DiffOptions { rtol: 1e-5, atol: 1e-8 }
+        DiffOptions { rtol: 1e-5, atol: 1e-8, limits: ReadLimits::default() }
     }
 }
 
 impl DiffOptions {
+    /// These options reading both checkpoints under `limits`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// These options with relative tolerance `rtol`.
     #[must_use]
     pub fn with_rtol(mut self, rtol: f64) -> Self {
@@ -133,8 +143,8 @@ pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport> {
 /// # Errors
 /// As [`diff`].
 pub fn diff_with_progress(a: &Path, b: &Path, options: &DiffOptions, progress: Progress<'_>) -> Result<DiffReport> {
-    let ca = crate::open(a)?;
-    let cb = crate::open(b)?;
+    let ca = crate::open_with(a, &options.limits)?;
+    let cb = crate::open_with(b, &options.limits)?;
     diff_checkpoints(&ca, &cb, options, progress)
 }
 

@@ -76,6 +76,21 @@ pub enum Error {
         /// What is there.
         reason: String,
     },
+    /// A resource limit of [`crate::ReadLimits`] that the facade checks itself was exceeded (the format
+    /// crates' own limit errors come as [`Error::Format`], also of [`Fault::Limit`]).
+    #[error("{}: {what} of {value} bytes exceeds the limit of {max} bytes ({limit}; raise it for input you trust)", path.display())]
+    LimitExceeded {
+        /// The file.
+        path: PathBuf,
+        /// The limit's name, as the field of [`crate::ReadLimits`] (the CLI flag is `--max-...` of it).
+        limit: &'static str,
+        /// What exceeded it.
+        what: &'static str,
+        /// Its size.
+        value: u64,
+        /// The limit.
+        max: u64,
+    },
     /// Another process of a multi-process run ([`crate::convert_in`], [`crate::reshard_in`]) failed; every
     /// process returns this (the failing one its own error), so none waits for it.
     #[error("process {rank} failed: {message}")]
@@ -97,6 +112,7 @@ impl Error {
             Error::Format { source, .. } => source.fault(),
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
             Error::RankFailed { .. } => Fault::Io,
+            Error::LimitExceeded { .. } => Fault::Limit,
         }
     }
 }

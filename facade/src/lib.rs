@@ -55,6 +55,7 @@ mod convert;
 mod diff;
 mod error;
 mod formats;
+mod limits;
 mod ranks;
 mod reshard;
 mod verify;
@@ -68,9 +69,13 @@ pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use formats::crates::*;
 pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
-pub use ranks::{convert_in, reshard_in};
-pub use reshard::{ReshardSummary, reshard, reshard_formats};
-pub use verify::{Progress, VerifyReport, verify, verify_with_progress};
+pub use limits::{
+    DEFAULT_MAX_DATA_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLATED_BYTES, DEFAULT_MAX_METADATA_BYTES,
+    ReadLimits,
+};
+pub use ranks::{convert_in, reshard_in, reshard_in_with};
+pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
+pub use verify::{Depth, Progress, VerifyOptions, VerifyReport, verify, verify_with, verify_with_progress};
 
 use adaptor::Reader;
 use error::At;
@@ -152,8 +157,17 @@ impl Checkpoint {
 /// [`Error::UnknownFormat`], [`Error::FeatureDisabled`] naming the feature to enable, or the format's own
 /// error.
 pub fn open(path: &Path) -> Result<Checkpoint> {
+    open_with(path, &ReadLimits::default())
+}
+
+/// [`open`] under the resource `limits` of this call ([`ReadLimits`]: the pickle decoder's, header and
+/// metadata sizes, inflated sizes), instead of the defaults.
+///
+/// # Errors
+/// As [`open`]; a limit exceeded is an error of [`Fault::Limit`] naming it.
+pub fn open_with(path: &Path, limits: &ReadLimits) -> Result<Checkpoint> {
     let format = detect(path)?;
-    open_as(path, format)
+    open_as_with(path, format, limits)
 }
 
 /// Opens a checkpoint as the given format.
@@ -161,6 +175,14 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 /// # Errors
 /// As [`open`].
 pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
-    let inner = formats::adaptor(format, path)?.open(path)?;
+    open_as_with(path, format, &ReadLimits::default())
+}
+
+/// [`open_as`] under the resource `limits` of this call.
+///
+/// # Errors
+/// As [`open_with`].
+pub fn open_as_with(path: &Path, format: Format, limits: &ReadLimits) -> Result<Checkpoint> {
+    let inner = formats::adaptor(format, path)?.open(path, limits)?;
     Ok(Checkpoint::new(format, path, inner))
 }

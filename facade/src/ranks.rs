@@ -50,7 +50,7 @@ pub fn convert_in(
     }
     let prepared = crate::convert::plan(src, from, dst, to, options);
     let (source, target) = agree(group, prepared)?;
-    target.write_in(&Source::new(src, source, &options.selection), dst, options, group)
+    target.write_in(&Source::new(src, source, &options.selection, &options.limits), dst, options, group)
 }
 
 /// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion: for distcp
@@ -61,15 +61,29 @@ pub fn convert_in(
 /// # Errors
 /// As [`crate::reshard`]; [`Error::RankFailed`] when another process failed.
 pub fn reshard_in(src: &Path, dst: &Path, world_size: usize, group: &dyn Collective) -> Result<crate::ReshardSummary> {
+    reshard_in_with(src, dst, world_size, &crate::ReadLimits::default(), group)
+}
+
+/// [`reshard_in`], reading the source under `limits`.
+///
+/// # Errors
+/// As [`reshard_in`].
+pub fn reshard_in_with(
+    src: &Path,
+    dst: &Path,
+    world_size: usize,
+    limits: &crate::ReadLimits,
+    group: &dyn Collective,
+) -> Result<crate::ReshardSummary> {
     if group.world_size() == 1 {
-        return crate::reshard(src, dst, world_size);
+        return crate::reshard_with(src, dst, world_size, limits);
     }
     // Rank 0 checks the request and the destination; everyone learns the outcome before anything is written.
     let checked = if group.rank() == 0 { Some(crate::reshard::check(src, dst, world_size)) } else { None };
     agree_with_root(group, checked.map(|r| r.map(|_| ())), dst)?;
     let (format, adaptor) = crate::reshard::check_format(src)?;
-    let (tensors, bytes) = crate::reshard::count(adaptor, src)?;
-    adaptor.reshard_in(src, dst, world_size, group)?;
+    let (tensors, bytes) = crate::reshard::count(adaptor, src, limits)?;
+    adaptor.reshard_in(src, dst, world_size, limits, group)?;
     Ok(crate::ReshardSummary { format, world_size, tensors, bytes })
 }
 

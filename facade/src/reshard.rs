@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use crate::adaptor::Adaptor;
 use crate::error::At;
-use crate::{EntryKind, Error, Format, Result};
+use crate::{EntryKind, Error, Format, ReadLimits, Result};
 
 /// What [`reshard`] did.
 #[derive(Debug, Clone)]
@@ -41,9 +41,17 @@ pub fn reshard_formats() -> &'static [Format] {
 /// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
 /// non-empty `dst`; the format's own errors.
 pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSummary> {
+    reshard_with(src, dst, world_size, &ReadLimits::default())
+}
+
+/// [`reshard`], reading the source under `limits` ([`ReadLimits`]).
+///
+/// # Errors
+/// As [`reshard`].
+pub fn reshard_with(src: &Path, dst: &Path, world_size: usize, limits: &ReadLimits) -> Result<ReshardSummary> {
     let (format, adaptor) = check(src, dst, world_size)?;
-    let (tensors, bytes) = count(adaptor, src)?;
-    adaptor.reshard(src, dst, world_size)?;
+    let (tensors, bytes) = count(adaptor, src, limits)?;
+    adaptor.reshard(src, dst, world_size, limits)?;
     Ok(ReshardSummary { format, world_size, tensors, bytes })
 }
 
@@ -79,9 +87,9 @@ pub(crate) fn check(src: &Path, dst: &Path, world_size: usize) -> Result<(Format
 }
 
 /// Tensor entries of `src` and their bytes.
-pub(crate) fn count(adaptor: &dyn Adaptor, src: &Path) -> Result<(usize, u64)> {
+pub(crate) fn count(adaptor: &dyn Adaptor, src: &Path, limits: &ReadLimits) -> Result<(usize, u64)> {
     let (mut tensors, mut bytes) = (0, 0u64);
-    for e in adaptor.checkpoint(src)?.entries() {
+    for e in adaptor.checkpoint(src, limits)?.entries() {
         if let EntryKind::Tensor(t) = &e.kind {
             tensors += 1;
             bytes += t.nbytes() as u64;

@@ -85,6 +85,8 @@ fn verify_passes_on_every_golden_fixture() {
         let (code, out, err) = run(&[&"verify", &path]);
         assert_eq!(code, 0, "{}: {out}{err}", path.display());
         assert!(out.contains("ok: "), "{out}");
+        let (code, out, err) = run(&[&"verify", &"--deep", &path]);
+        assert_eq!(code, 0, "{}: --deep: {out}{err}", path.display());
     }
 }
 
@@ -105,7 +107,10 @@ fn verify_reports_a_flipped_byte_in_a_torch_file() {
     let at = bytes.windows(4).position(|w| w == needle).unwrap();
     bytes[at] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
+    // The structural check reads no tensor data: the archive is whole, so it passes.
     let (code, out, _) = run(&[&"verify", &path]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = run(&[&"verify", &"--deep", &path]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("CRC-32 mismatch") && out.contains("m/data/0"), "{out}");
     assert!(out.contains("FAILED"), "{out}");
@@ -129,7 +134,7 @@ fn verify_rejects_every_bad_file() {
     let bad = sorted(&fixtures().join("../bad"), |p| p.extension().is_some_and(|e| e == "pt"));
     assert!(bad.len() > 10);
     for path in bad {
-        let (code, out, err) = run(&[&"verify", &path]);
+        let (code, out, err) = run(&[&"verify", &"--deep", &path]);
         assert!(code == 1 || code == 3, "{}: exit {code}: {out}{err}", path.display());
         if code == 3 {
             assert!(err.starts_with("error: ") && err.contains(&*path.to_string_lossy()), "{err}");
@@ -569,28 +574,41 @@ fn what_users_load_and_convert() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
-/// `ckpt verify --deep` catches one flipped bit in tensor data, in every format with a checksum to check:
-/// torch's record CRC-32s, and ckpt's checksum manifest beside distcp, hfai, recis and pbg checkpoints
-/// (none of which has checksums of its own). safetensors has no checksum at all: a flipped bit in its data
-/// is a valid float, and is not detectable (its header structure is checked).
+/// `ckpt verify --deep` (and `ckpt::verify`, deep by default) catches one flipped bit in tensor data
+/// written by ckpt, in every format: torch's record CRC-32s, the per-tensor CRC32Cs ckpt records in
+/// safetensors headers (single files and hf shards), and ckpt's checksum manifest beside distcp, hfai, recis
+/// and pbg checkpoints (none of which has checksums of its own). Each problem names the file. The
+/// structural check (plain `ckpt verify`, [`ckpt::Depth::Structure`]) passes on the intact checkpoint, and
+/// still passes after the flip (it reads no tensor data). Legacy (pre-1.6) `.pt` files carry no checksum of
+/// any kind, so a flip in their data is not detectable and they are not part of this test.
 #[test]
 fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.pt");
     ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
     let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
-    for to in ["torch", "distcp", "hfai", "recis"] {
+    for to in ["torch", "safetensors", "hf", "distcp", "hfai", "recis"] {
         let dst = dir.path().join(format!("out_{to}"));
         let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
         assert_eq!(code, 0, "{to}: {err}");
         outputs.push((to, dst));
     }
+    // hf in several shards (`model-0000i-of-0000n.safetensors` + index).
+    let shards = dir.path().join("out_hf_shards");
+    let (code, _, err) = run(&[&"convert", &src, &shards, &"--to", &"hf", &"--max-shard-size", &"4096"]);
+    assert_eq!(code, 0, "hf shards: {err}");
+    assert!(shards.join("model.safetensors.index.json").is_file());
+    outputs.push(("hf", shards));
     let pbg = dir.path().join("out_pbg");
     ckpt_conformance::crash::save("pbg", &pbg, 1, 1).unwrap();
     outputs.push(("pbg", pbg));
+    let structure = ckpt::VerifyOptions::structure();
     for (format, dst) in outputs {
+        let (code, out, err) = run(&[&"verify", &dst]);
+        assert_eq!(code, 0, "{format}: {out}{err}");
         let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
         assert_eq!(code, 0, "{format}: {out}{err}");
+        assert!(ckpt::verify_with(&dst, &structure, &|_, _| {}).unwrap().is_ok(), "{format}");
         // The largest file holds the big tensor; flip one bit in the middle of it.
         let file = if dst.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
@@ -603,11 +621,46 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         let at = bytes.len() / 2;
         bytes[at] ^= 0x04;
         std::fs::write(&file, &bytes).unwrap();
+        // Plain verify stays structural: it reads no tensor data, so the flip inside it passes.
+        let (code, out, err) = run(&[&"verify", &dst]);
+        assert_eq!(code, 0, "{format}: plain verify read tensor data: {out}{err}");
+        assert!(ckpt::verify_with(&dst, &structure, &|_, _| {}).unwrap().is_ok(), "{format}");
         let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
         assert_eq!(code, 1, "{format}: {out}{err}");
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
         assert!(out.contains("problem: ") && out.contains(&name), "{format}: names {name}: {out}");
         assert!(out.contains("FAILED"), "{format}: {out}");
+        let report = ckpt::verify(&dst).unwrap();
+        assert!(!report.is_ok() && report.problems.iter().any(|p| p.contains(&name)), "{format}: {report:?}");
+        let deep = ckpt::verify_with(&dst, &ckpt::VerifyOptions::deep(), &|_, _| {}).unwrap();
+        assert_eq!(deep.problems, report.problems, "{format}");
+        if matches!(format, "safetensors" | "hf") {
+            // The problem names the tensor whose checksum failed.
+            assert!(out.contains("tensor \"") && out.contains("CRC32C"), "{format}: {out}");
+        }
+    }
+}
+
+/// Plain `ckpt verify` checks structure without reading tensor data: a missing data file, a truncated one
+/// and a damaged header are problems; the same checks run in the library with [`ckpt::Depth::Structure`].
+#[test]
+fn plain_verify_checks_files_and_sizes_without_reading_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.pt");
+    ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
+    for to in ["distcp", "hfai", "recis", "hf"] {
+        let dst = dir.path().join(format!("out_{to}"));
+        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
+        assert_eq!(code, 0, "{to}: {err}");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+        let file = files.pop().unwrap();
+        let len = std::fs::metadata(&file).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len - 1).unwrap();
+        let (code, out, err) = run(&[&"verify", &dst]);
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(code == 1 || code == 3, "{to}: a truncated {name}: exit {code}: {out}{err}");
+        assert!(format!("{out}{err}").contains(&name), "{to}: names {name}: {out}{err}");
     }
 }
 
@@ -648,4 +701,50 @@ fn each_limit_flag_is_enforced_with_a_specific_error() {
     }
     let (code, _, err) = run(&[&"inspect", &path, &"--trusted", &"--max-depth", &"8"]);
     assert_eq!(code, 3, "--trusted keeps an explicit depth: {err}");
+}
+
+/// The format caps' flags (`--max-header-bytes`, `--max-data-header-bytes`, `--max-metadata-bytes`,
+/// `--max-inflated-bytes`): lowered below what a checkpoint needs, the command fails with exit 3 (bad input)
+/// and the limit's own message; raised, the same command succeeds.
+#[test]
+fn each_format_cap_flag_is_enforced_with_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.pt");
+    ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
+    let st = dir.path().join("m.safetensors");
+    let dcp = dir.path().join("dcp");
+    for (dst, to) in [(&st, "safetensors"), (&dcp, "distcp")] {
+        let (code, _, err) = run(&[&"convert", &src, dst, &"--to", &to]);
+        assert_eq!(code, 0, "{to}: {err}");
+    }
+    let recis = dir.path().join("recis");
+    let ids = Tensor::from_slice(&[3i64, 70_000, -5, 12], &[4]).unwrap();
+    let emb = Tensor::from_slice(&[0.5f32; 8], &[4, 2]).unwrap();
+    let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
+    ckpt::recis::save(&sd, &recis, &ckpt::recis::WriteOptions::default()).unwrap();
+    let zstd = dir.path().join("zstd");
+    let sd = Value::dict([("blob", Value::Bytes(vec![7; 1 << 20]))]);
+    ckpt::distcp::save(&sd, &zstd, &ckpt::distcp::WriteOptions::default().with_zstd(3)).unwrap();
+    let back = dir.path().join("back.pt");
+    let dcp3 = dir.path().join("dcp3");
+    type Arg<'a> = &'a dyn AsRef<std::ffi::OsStr>;
+    let cases: [(Vec<Arg<'_>>, &str, &str, &str); 6] = [
+        (vec![&"inspect", &st], "--max-header-bytes", "64", "exceeds the limit of 64 bytes (max_header_bytes"),
+        (vec![&"convert", &st, &back, &"--to", &"torch"], "--max-header-bytes", "64", "(max_header_bytes"),
+        (vec![&"verify", &dcp], "--max-metadata-bytes", "100", "over the limit of 100 bytes (max_metadata_bytes)"),
+        (vec![&"reshard", &dcp, &dcp3, &"--world-size", &"3"], "--max-metadata-bytes", "100", "max_metadata_bytes"),
+        (vec![&"inspect", &recis], "--max-data-header-bytes", "32", "exceeds the limit of 32 bytes"),
+        (vec![&"cat", &zstd, &"blob"], "--max-inflated-bytes", "65536", "decompresses to more than 65536 bytes"),
+    ];
+    for (args, flag, value, says) in cases {
+        let mut tight = args.clone();
+        tight.extend([&flag as Arg<'_>, &value]);
+        let (code, out, err) = run(&tight);
+        assert_eq!(code, 3, "{flag} {value}: {out}{err}");
+        assert!(err.contains(says), "{flag} {value}: {err}");
+        let mut raised = args.clone();
+        raised.extend([&flag as Arg<'_>, &"16777216"]);
+        let (code, out, err) = run(&raised);
+        assert_eq!(code, 0, "{flag} 16777216: {out}{err}");
+    }
 }

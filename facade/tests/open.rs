@@ -102,3 +102,195 @@ fn wrong_files_are_named() {
     let e = ckpt::open(dir.path()).err().unwrap();
     assert!(matches!(e, ckpt::Error::UnknownFormat { .. }), "{e}");
 }
+
+/// The first error of type `E` in the chain of `e`.
+fn cause<E: std::error::Error + 'static>(e: &ckpt::Error) -> Option<&E> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(found) = s.downcast_ref::<E>() {
+            return Some(found);
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// A `torch.save` file with 40 small tensors and a value nested 12 deep, converted to `to` (a world size of
+/// 2 for the sharded formats) in `dir`.
+fn sample(dir: &Path, to: Format) -> PathBuf {
+    use ckpt::core::{Tensor, Value};
+    let pt = dir.join("src.pt");
+    if !pt.exists() {
+        let mut nested = Value::Int(1);
+        for _ in 0..12 {
+            nested = Value::dict([("n", nested)]);
+        }
+        let tensors: Vec<(String, Value)> = (0..40)
+            .map(|i| (format!("t{i}"), Value::Tensor(Tensor::from_slice(&[i as f32; 16], &[4, 4]).unwrap())))
+            .collect();
+        let sd = Value::dict([
+            ("nested", nested),
+            ("tensors", Value::dict(tensors.iter().map(|(k, v)| (k.as_str(), v.clone())))),
+        ]);
+        ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    }
+    if to == Format::Torch {
+        return pt;
+    }
+    let dst = dir.join(format!("out.{to}"));
+    ckpt::convert(&pt, None, &dst, to, &ckpt::ConvertOptions::default().with_world_size(2)).unwrap();
+    dst
+}
+
+/// `ReadLimits::pickle`, per call: a file nested deeper than a lowered `max_depth` fails with the pickle
+/// decoder's depth error (a limit), in this call only; the defaults load it.
+#[test]
+fn per_call_pickle_limits_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in [Format::Torch, Format::Distcp, Format::Hfai] {
+        let path = sample(dir.path(), format);
+        let mut pickle = ckpt::pickle::Limits::BUILTIN;
+        pickle.max_depth = 8;
+        let tight = ckpt::ReadLimits::default().with_pickle(pickle);
+        let e = ckpt::open_with(&path, &tight).err().unwrap_or_else(|| panic!("{format}: depth 8 accepted"));
+        assert_eq!(e.fault(), ckpt::Fault::Limit, "{format}: {e}");
+        assert!(e.to_string().contains("nesting deeper than 8"), "{format}: {e}");
+        // Not a process default: the next call without limits loads it.
+        assert!(ckpt::open(&path).is_ok(), "{format}");
+        pickle.max_depth = 100;
+        assert!(ckpt::open_with(&path, &ckpt::ReadLimits::default().with_pickle(pickle)).is_ok(), "{format}");
+    }
+}
+
+/// `ReadLimits::max_header_bytes`: a safetensors header (a single file, hf shards) longer than the bound is
+/// `Error::LimitExceeded` naming it, from `open_with`, `verify_with` and `convert`; raised, it loads.
+#[test]
+fn safetensors_header_limit_is_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    for format in [Format::Safetensors, Format::Hf] {
+        let path = sample(dir.path(), format);
+        let tight = ckpt::ReadLimits::default().with_max_header_bytes(64);
+        let is_header_limit =
+            |e: &ckpt::Error| matches!(e, ckpt::Error::LimitExceeded { limit: "max_header_bytes", max: 64, .. });
+        let e = ckpt::open_with(&path, &tight).err().unwrap();
+        assert!(is_header_limit(&e), "{format}: {e:?}");
+        assert_eq!(e.fault(), ckpt::Fault::Limit);
+        assert!(e.to_string().contains("safetensors header") && e.to_string().contains("max_header_bytes"), "{e}");
+        let e = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight), &|_, _| {}).unwrap_err();
+        assert!(is_header_limit(&e), "{format}: {e:?}");
+        let out = dir.path().join(format!("back_{format}.pt"));
+        let options = ckpt::ConvertOptions::default().with_limits(tight);
+        let e = ckpt::convert(&path, None, &out, Format::Torch, &options).unwrap_err();
+        assert!(is_header_limit(&e), "{format}: {e:?}");
+        let raised = ckpt::ReadLimits::default().with_max_header_bytes(1 << 20);
+        let ck = ckpt::open_with(&path, &raised).unwrap();
+        assert_eq!(ck.entries().len(), 40 + 1, "{format}");
+        let options = ckpt::ConvertOptions::default().with_limits(raised);
+        ckpt::convert(&path, None, &out, Format::Torch, &options).unwrap();
+    }
+}
+
+/// `ReadLimits::max_data_header_bytes`: a RecIS data file whose header is longer than the bound is RecIS's
+/// `HeaderTooLarge` (a limit), from `open_with` and `reshard_with`; raised, it loads.
+#[test]
+fn recis_data_header_limit_is_enforced() {
+    use ckpt::core::{Tensor, Value};
+    let dir = tempfile::tempdir().unwrap();
+    // A hash table: its ids and embedding go to the serializer's data files.
+    let path = dir.path().join("recis");
+    let ids = Tensor::from_slice(&[3i64, 70_000, -5, 12], &[4]).unwrap();
+    let emb = Tensor::from_slice(&[0.5f32; 8], &[4, 2]).unwrap();
+    let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
+    ckpt::recis::save(&sd, &path, &ckpt::recis::WriteOptions::default().with_shards(2)).unwrap();
+    let tight = ckpt::ReadLimits::default().with_max_data_header_bytes(32);
+    let e = ckpt::open_with(&path, &tight).err().unwrap();
+    assert!(
+        matches!(cause::<ckpt::recis::Error>(&e), Some(ckpt::recis::Error::HeaderTooLarge { limit: 32, .. })),
+        "{e:?}"
+    );
+    assert_eq!(e.fault(), ckpt::Fault::Limit);
+    let e = ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &tight).unwrap_err();
+    assert!(matches!(cause::<ckpt::recis::Error>(&e), Some(ckpt::recis::Error::HeaderTooLarge { .. })), "{e:?}");
+    let raised = ckpt::ReadLimits::default().with_max_data_header_bytes(1 << 20);
+    assert!(!ckpt::open_with(&path, &raised).unwrap().entries().is_empty());
+    ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &raised).unwrap();
+}
+
+/// `ReadLimits::max_metadata_bytes`: a DCP `.metadata` larger than the bound is distcp's `MetadataTooLarge`
+/// (a limit) before it is read, from `open_with`, `verify_with` (both depths) and `reshard_with`; raised,
+/// it loads.
+#[test]
+fn dcp_metadata_limit_is_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sample(dir.path(), Format::Distcp);
+    let tight = ckpt::ReadLimits::default().with_max_metadata_bytes(100);
+    let too_large = |e: &ckpt::Error| {
+        matches!(cause::<ckpt::distcp::Error>(e), Some(ckpt::distcp::Error::MetadataTooLarge { limit: 100, .. }))
+    };
+    let e = ckpt::open_with(&path, &tight).err().unwrap();
+    assert!(too_large(&e), "{e:?}");
+    assert_eq!(e.fault(), ckpt::Fault::Limit);
+    for options in [ckpt::VerifyOptions::structure(), ckpt::VerifyOptions::deep()] {
+        let e = ckpt::verify_with(&path, &options.with_limits(tight), &|_, _| {}).unwrap_err();
+        assert!(too_large(&e), "{e:?}");
+    }
+    let e = ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &tight).unwrap_err();
+    assert!(too_large(&e), "{e:?}");
+    let raised = ckpt::ReadLimits::default().with_max_metadata_bytes(1 << 24);
+    assert_eq!(ckpt::open_with(&path, &raised).unwrap().entries().len(), 40 + 1);
+    assert!(ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(raised), &|_, _| {}).unwrap().is_ok());
+    ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &raised).unwrap();
+}
+
+/// `ReadLimits::max_inflated_bytes`: a zstd-compressed DCP item that inflates past the bound is distcp's
+/// `DecompressedTooLarge` (a limit) when read; raised, it reads.
+#[test]
+fn dcp_inflated_item_limit_is_enforced() {
+    use ckpt::core::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zstd");
+    let sd = Value::dict([("blob", Value::Bytes(vec![7; 1 << 20]))]);
+    ckpt::distcp::save(&sd, &path, &ckpt::distcp::WriteOptions::default().with_zstd(3)).unwrap();
+    let tight = ckpt::ReadLimits::default().with_max_inflated_bytes(1 << 16);
+    let e = ckpt::open_with(&path, &tight).unwrap().value("blob").unwrap_err();
+    assert!(
+        matches!(
+            cause::<ckpt::distcp::Error>(&e),
+            Some(ckpt::distcp::Error::DecompressedTooLarge { limit: 65536, .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.fault(), ckpt::Fault::Limit);
+    let report = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight), &|_, _| {}).unwrap();
+    assert!(report.problems.iter().any(|p| p.contains("decompresses to more than 65536 bytes")), "{report:?}");
+    let raised = ckpt::ReadLimits::default().with_max_inflated_bytes(2 << 20);
+    assert_eq!(ckpt::open_with(&path, &raised).unwrap().value("blob").unwrap(), Value::Bytes(vec![7; 1 << 20]));
+}
+
+/// `ReadLimits::pickle` reaches PyTorch-BigGraph's optimizer blobs (pickled `torch.save` data inside the
+/// HDF5 files): a golden checkpoint with optimizer state fails under a tiny node limit, with the pickle
+/// decoder's limit error, and opens with the defaults.
+#[test]
+fn per_call_pickle_limits_reach_pbg_optimizer_state() {
+    let mut pickle = ckpt::pickle::Limits::BUILTIN;
+    pickle.max_nodes = 2;
+    let tight = ckpt::ReadLimits::default().with_pickle(pickle);
+    let mut limited = 0;
+    let variants = fixtures().join("pbg/variants");
+    let mut dirs = vec![fixtures().join("pbg/ckpt")];
+    if variants.is_dir() {
+        dirs.extend(children(&variants, None).into_iter().filter(|d| ckpt::detect(d).ok() == Some(Format::Pbg)));
+    }
+    for dir in dirs {
+        let ck = ckpt::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        if !ck.entries().iter().any(|e| e.name.starts_with("optimizer/")) {
+            continue;
+        }
+        let e =
+            ckpt::open_with(&dir, &tight).err().unwrap_or_else(|| panic!("{}: max_nodes 2 accepted", dir.display()));
+        assert_eq!(e.fault(), ckpt::Fault::Limit, "{}: {e}", dir.display());
+        assert!(e.to_string().contains("exceeds 2"), "{}: {e}", dir.display());
+        limited += 1;
+    }
+    assert!(limited > 0, "no PBG fixture with optimizer state");
+}

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::buffer::Buffer;
 use crate::checkpoint::{CheckpointRead, Entry};
-use crate::commit::FileOptions;
+use crate::commit::{Algorithm, DurableWriter, FileOptions};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -188,6 +188,122 @@ fn header<'a>(
     Ok((json, ordered))
 }
 
+/// The `__metadata__` key of the per-tensor checksums ckpt writes ([`write_file_checksummed`]): the CRC32C
+/// of each tensor's bytes as 8 hex digits, concatenated in the order of the tensors' data in the file.
+pub const CHECKSUMS_KEY: &str = "ckpt.crc32c";
+
+/// Hash-then-write step (fits the L2 cache: the writer's copy reads the bytes the hash just read).
+const HASH_PIECE: usize = 1 << 20;
+
+/// [`write_file`] with the CRC32C of every tensor's bytes in the header's `__metadata__`
+/// ([`CHECKSUMS_KEY`]), so that `ckpt verify --deep` detects a changed byte of tensor data ([`checksums`]).
+/// The file stays one atomic file that every safetensors reader loads (the checksums are one more string
+/// of the metadata map): the header is written with a fixed-width placeholder, each tensor is hashed in
+/// 1 MiB pieces just before the writer copies them, and the placeholder is overwritten in the temporary
+/// file before it is synced and renamed ([`DurableWriter::patch`]).
+///
+/// ```
+/// use ckpt_core::{safetensors, Tensor};
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("m.safetensors");
+/// let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+/// safetensors::write_file_checksummed(&[("w".to_string(), w)], None, &path).unwrap();
+/// let back = safetensors::read_file(&path).unwrap();
+/// assert_eq!(safetensors::checksums(&back).unwrap().unwrap(), Vec::<String>::new());
+/// ```
+///
+/// # Errors
+/// As [`write_file`].
+pub fn write_file_checksummed(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
+    crate::commit::write_file(path, &FileOptions::default(), |w| write_checksummed_to(tensors, metadata, w, path))?;
+    Ok(())
+}
+
+/// [`write_to`] into a durable writer, with per-tensor checksums ([`write_file_checksummed`]).
+///
+/// # Errors
+/// As [`write_to`].
+pub fn write_checksummed_to(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    w: &mut DurableWriter,
+    path: &Path,
+) -> Result<()> {
+    use std::io::Write;
+    let owned = contiguous(tensors)?;
+    let n = owned.len();
+    let mut metadata = metadata.unwrap_or_default();
+    if n > 0 {
+        metadata.insert(CHECKSUMS_KEY.to_owned(), "0".repeat(8 * n));
+    }
+    let (header, ordered) = header(prepared(&owned)?, Some(metadata))?;
+    let io = |e: std::io::Error| Error::io(path, e);
+    // Where the placeholder's digits are: right after the key (unique: a key or value holding the same text
+    // is escaped, `\"`, by JSON).
+    let needle = format!("\"{CHECKSUMS_KEY}\":\"");
+    let at = if n > 0 {
+        let pos = header
+            .windows(needle.len())
+            .position(|win| win == needle.as_bytes())
+            .ok_or_else(|| Error::InvalidArgument("safetensors header: checksum placeholder not found".into()))?;
+        Some(w.position() + 8 + (pos + needle.len()) as u64)
+    } else {
+        None
+    };
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    let mut digits = String::with_capacity(8 * n);
+    for v in &ordered {
+        let data = v.tensor.data()?;
+        let mut crc = 0u32;
+        for piece in data.chunks(HASH_PIECE) {
+            crc = Algorithm::Crc32c.append(crc, piece);
+            w.write_all(piece).map_err(io)?;
+        }
+        digits.push_str(&format!("{crc:08x}"));
+    }
+    if let Some(at) = at {
+        w.patch(at, digits.as_bytes()).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Checks the per-tensor checksums ckpt recorded in a file's header ([`write_file_checksummed`]) against
+/// the tensors' bytes (reading every byte). `None` when the file has none (written by another library, or
+/// without them); else the problems found, each naming its tensor (empty: every tensor matches).
+///
+/// # Errors
+/// A tensor whose bytes cannot be read.
+pub fn checksums(file: &SafetensorsReader) -> Result<Option<Vec<String>>> {
+    let Some(digits) = file.metadata.as_ref().and_then(|m| m.get(CHECKSUMS_KEY)) else { return Ok(None) };
+    let mut problems = Vec::new();
+    if digits.len() != 8 * file.tensors.len() || !digits.is_ascii() {
+        problems.push(format!(
+            "{CHECKSUMS_KEY}: {} hex digits for {} tensors (8 per tensor)",
+            digits.len(),
+            file.tensors.len()
+        ));
+        return Ok(Some(problems));
+    }
+    for (i, (name, t)) in file.tensors.iter().enumerate() {
+        let Some(expected) = digits.get(8 * i..8 * i + 8).and_then(|d| u32::from_str_radix(d, 16).ok()) else {
+            problems.push(format!("{CHECKSUMS_KEY}: the checksum of tensor {name:?} is not 8 hex digits"));
+            continue;
+        };
+        let actual = Algorithm::Crc32c.hash(&t.data()?);
+        if actual != expected {
+            problems.push(format!(
+                "tensor {name:?}: bytes do not match their CRC32C (recorded {expected:08x}, found {actual:08x})"
+            ));
+        }
+    }
+    Ok(Some(problems))
+}
+
 /// Writes a safetensors file durably through [`crate::commit`] (lock, temporary file, `O_DIRECT` writes
 /// straight from each tensor, `fdatasync`, rename, directory fsync), byte for byte what the `safetensors`
 /// crate's `serialize` produces.
@@ -287,6 +403,43 @@ mod tests {
         let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
         write_file(&tensors, Some(meta.clone()), &path).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), to_bytes(&tensors, Some(meta)).unwrap());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.safetensors"]);
+    }
+
+    #[test]
+    fn checksummed_file_detects_a_flipped_bit_of_each_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let big = Tensor::from_slice(&(0..3_000_000).map(|i| i as f32).collect::<Vec<_>>(), &[1000, 3000]).unwrap();
+        let tensors = vec![
+            ("b".to_string(), Tensor::from_slice(&[1u8, 2, 3], &[3]).unwrap()),
+            ("a".to_string(), big.transpose(0, 1).unwrap()),
+            ("h".to_string(), Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap()),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        write_file_checksummed(&tensors, Some(meta), &path).unwrap();
+        let back = read_file(&path).unwrap();
+        assert_eq!(checksums(&back).unwrap().unwrap(), Vec::<String>::new());
+        assert_eq!(back.metadata.as_ref().unwrap()["format"], "pt");
+        for (name, t) in &tensors {
+            assert_eq!(back.get(name).unwrap(), &t.to_contiguous().unwrap(), "{name}");
+        }
+        // The same tensors and header keys as the plain writer's, one more metadata string.
+        let plain = read(&Buffer::from_vec(to_bytes(&tensors, None).unwrap())).unwrap();
+        assert!(checksums(&plain).unwrap().is_none());
+        let bytes = std::fs::read(&path).unwrap();
+        let header_end = 8 + usize::try_from(u64::from_le_bytes(bytes[..8].try_into().unwrap())).unwrap();
+        for (name, _) in &tensors {
+            let mut bad = bytes.clone();
+            let t = back.get(name).unwrap();
+            let start =
+                header_end + back.tensors.iter().take_while(|(n, _)| n != name).map(|(_, t)| t.nbytes()).sum::<usize>();
+            bad[start + t.nbytes() / 2] ^= 0x10;
+            let problems = checksums(&read(&Buffer::from_vec(bad)).unwrap()).unwrap().unwrap();
+            assert_eq!(problems.len(), 1, "{name}: {problems:?}");
+            assert!(problems[0].contains(&format!("tensor {name:?}")), "{problems:?}");
+        }
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["m.safetensors"]);
     }

@@ -241,6 +241,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A `.metadata` file is larger than [`ReadOptions::max_metadata_bytes`](crate::ReadOptions).
+    #[error("{}: the metadata file is {len} bytes, over the limit of {limit} bytes (max_metadata_bytes)", path.display())]
+    MetadataTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A zstd-transformed item decompresses to more than the configured limit.
     #[error("{key}: zstd item in {file:?} decompresses to more than {limit} bytes")]
     DecompressedTooLarge {
@@ -338,6 +348,8 @@ impl Error {
             Error::Core(c) => c.fault(),
             Error::Torch(t) => t.fault(),
             Error::BadItem { source, .. } => source.fault(),
+            // Over the decoder's limits is a limit, as for the torch codec.
+            Error::MetadataPickle { source, .. } if source.kind() == ckpt_pickle::ErrorKind::Limit => Fault::Limit,
             Error::NoSuchEntry(_)
             | Error::NotATensor(_)
             | Error::RegionOutOfBounds { .. }
@@ -345,7 +357,7 @@ impl Error {
             | Error::AlreadyExists { .. }
             | Error::RankCountMismatch { .. } => Fault::InvalidArgument,
             Error::UnknownTransform { .. } => Fault::Unsupported,
-            Error::DecompressedTooLarge { .. } => Fault::Limit,
+            Error::DecompressedTooLarge { .. } | Error::MetadataTooLarge { .. } => Fault::Limit,
             _ => Fault::Malformed,
         }
     }

@@ -75,7 +75,7 @@ pub use metadata::{
     StorageMetadata, TensorProperties, TensorStorageMetadata,
 };
 pub use planner::ShardSpec;
-pub use reader::{DcpReader, MetadataSource, ReadOptions};
+pub use reader::{DEFAULT_MAX_METADATA_BYTES, DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
-pub use verify::{VerifyReport, verify};
+pub use verify::{VerifyReport, verify, verify_structure, verify_structure_with, verify_with};
 pub use writer::{WriteOptions, save, save_distributed, save_ranks};

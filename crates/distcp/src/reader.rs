@@ -27,13 +27,25 @@ pub struct ReadOptions {
     /// Largest size a zstd-compressed non-tensor item may inflate to (tensor items are bounded by their
     /// chunk size plus 64 MiB). Default 1 GiB.
     pub max_object_bytes: u64,
+    /// Largest `.metadata` file (and `__<rank>.metadata` part) read, in bytes; a larger one is
+    /// [`Error::MetadataTooLarge`] before anything of it is read. Default 1 GiB.
+    pub max_metadata_bytes: u64,
     /// Limits for the pickle decoder (`.metadata` and items).
     pub limits: ckpt_pickle::Limits,
 }
 
+/// The default of [`ReadOptions::max_metadata_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_METADATA_BYTES: u64 = 1 << 30;
+
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { mmap: true, verify_crc: false, max_object_bytes: 1 << 30, limits: Default::default() }
+        ReadOptions {
+            mmap: true,
+            verify_crc: false,
+            max_object_bytes: 1 << 30,
+            max_metadata_bytes: DEFAULT_MAX_METADATA_BYTES,
+            limits: Default::default(),
+        }
     }
 }
 
@@ -56,6 +68,13 @@ impl ReadOptions {
     #[must_use]
     pub fn with_max_object_bytes(mut self, bytes: u64) -> Self {
         self.max_object_bytes = bytes;
+        self
+    }
+
+    /// Sets [`ReadOptions::max_metadata_bytes`].
+    #[must_use]
+    pub fn with_max_metadata_bytes(mut self, bytes: u64) -> Self {
+        self.max_metadata_bytes = bytes;
         self
     }
 
@@ -155,10 +174,17 @@ fn rank_metadata_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
 }
 
 /// The metadata file `name` of the pinned directory.
-fn read_pinned_metadata(pinned: &PinnedDir, name: &str, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
+fn read_pinned_metadata(pinned: &PinnedDir, name: &str, options: &ReadOptions) -> Result<(Metadata, u8)> {
     let path = pinned.path().join(name);
+    if let Some(len) = pinned.file_len(name).filter(|&len| len > options.max_metadata_bytes) {
+        return Err(Error::MetadataTooLarge { path, len, limit: options.max_metadata_bytes });
+    }
     let bytes = pinned.read(name).map_err(|e| Error::io(&path, e))?;
-    parse_metadata(&bytes, &path, limits)
+    if bytes.len() as u64 > options.max_metadata_bytes {
+        // Grown since it was measured.
+        return Err(Error::MetadataTooLarge { path, len: bytes.len() as u64, limit: options.max_metadata_bytes });
+    }
+    parse_metadata(&bytes, &path, &options.limits)
 }
 
 fn parse_metadata(bytes: &[u8], path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {
@@ -310,7 +336,7 @@ impl DcpReader {
         // reader lives is never mixed with this one.
         let pinned = Arc::new(PinnedDir::open(dir).map_err(|e| Error::io(dir, e))?);
         let (metadata, source) = if pinned.file_len(".metadata").is_some() {
-            let (md, protocol) = read_pinned_metadata(&pinned, ".metadata", &options.limits)?;
+            let (md, protocol) = read_pinned_metadata(&pinned, ".metadata", options)?;
             (md, MetadataSource::Global { protocol })
         } else {
             let ranks = rank_metadata_files(dir)?;
@@ -318,7 +344,7 @@ impl DcpReader {
                 let mut parts = Vec::with_capacity(ranks.len());
                 for (_, path) in &ranks {
                     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    parts.push(read_pinned_metadata(&pinned, &name, &options.limits)?.0);
+                    parts.push(read_pinned_metadata(&pinned, &name, options)?.0);
                 }
                 (merge(parts)?, MetadataSource::PerRank { ranks: ranks.iter().map(|(r, _)| *r).collect() })
             } else if crate::hf::detect(dir) {

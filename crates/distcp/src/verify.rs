@@ -40,7 +40,15 @@ impl VerifyReport {
 /// Only when the metadata itself cannot be read (missing, not a pickle, unknown classes); everything else
 /// is reported in [`VerifyReport::problems`].
 pub fn verify(dir: &Path) -> Result<VerifyReport> {
-    let reader = DcpReader::open_unchecked(dir, &ReadOptions::default().with_verify_crc(true))?;
+    verify_with(dir, &ReadOptions::default())
+}
+
+/// [`verify`], reading with `options` (its limits; CRC checking is always on).
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+    let reader = DcpReader::open_unchecked(dir, &options.clone().with_verify_crc(true))?;
     let mut problems = reader.metadata_problems(false);
     let bad_keys: HashSet<String> = problems.iter().filter_map(problem_key).collect();
     let md = reader.metadata();
@@ -73,6 +81,29 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         bytes += b;
         problems.extend(errs);
     }
+    Ok(VerifyReport { keys: md.state_dict_metadata.len(), items, bytes, problems })
+}
+
+/// The structural part of [`verify`]: the metadata's rules (chunks inside their tensors, not overlapping
+/// and covering them; data file paths relative and inside the directory; every data file present and every
+/// item inside its file), without reading any item.
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_structure(dir: &Path) -> Result<VerifyReport> {
+    verify_structure_with(dir, &ReadOptions::default())
+}
+
+/// [`verify_structure`], reading the metadata with `options` (its limits).
+///
+/// # Errors
+/// As [`verify`].
+pub fn verify_structure_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+    let reader = DcpReader::open_unchecked(dir, options)?;
+    let problems = reader.metadata_problems(false);
+    let md = reader.metadata();
+    let items = md.storage_data.len();
+    let bytes = md.storage_data.iter().map(|(_, s)| s.length).sum();
     Ok(VerifyReport { keys: md.state_dict_metadata.len(), items, bytes, problems })
 }
 

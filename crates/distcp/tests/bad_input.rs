@@ -420,3 +420,21 @@ fn per_rank_metadata_conflicts() {
     assert_eq!(r.tensor_metadata("model.w").unwrap().chunks.len(), 1);
     assert_eq!(r.read_value("step").unwrap(), Value::Int(3));
 }
+
+/// `ReadOptions::max_metadata_bytes`: a `.metadata` over it is `MetadataTooLarge` (a limit) before it is read,
+/// from opening and verifying; at its size, it opens.
+#[test]
+fn metadata_size_limit() {
+    let d = tempfile::tempdir().unwrap();
+    sample(d.path());
+    let len = fs::metadata(d.path().join(".metadata")).unwrap().len();
+    let tight = ReadOptions::default().with_max_metadata_bytes(len - 1);
+    let e = DcpReader::open_with(d.path(), &tight).unwrap_err();
+    assert!(matches!(&e, Error::MetadataTooLarge { len: l, limit, .. } if *l == len && *limit == len - 1), "{e}");
+    assert_eq!(e.fault(), ckpt_core::Fault::Limit);
+    assert!(matches!(ckpt_distcp::verify_structure_with(d.path(), &tight), Err(Error::MetadataTooLarge { .. })));
+    assert!(matches!(ckpt_distcp::verify_with(d.path(), &tight), Err(Error::MetadataTooLarge { .. })));
+    let exact = ReadOptions::default().with_max_metadata_bytes(len);
+    assert!(DcpReader::open_with(d.path(), &exact).is_ok());
+    assert!(ckpt_distcp::verify_with(d.path(), &exact).unwrap().problems.is_empty());
+}

@@ -21,15 +21,26 @@ pub struct WriteOptions {
     pub max_shard_size: u64,
     /// The format the checkpoint is converted from (`ckpt.source`), when known.
     pub source: Option<String>,
+    /// Record the CRC32C of every tensor in its shard's header (default `true`;
+    /// [`ckpt_core::safetensors::write_file_checksummed`]), so that `ckpt verify --deep` detects a changed
+    /// byte of tensor data. `transformers` and every safetensors reader load the shards either way.
+    pub checksums: bool,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { max_shard_size: DEFAULT_MAX_SHARD_SIZE, source: None }
+        WriteOptions { max_shard_size: DEFAULT_MAX_SHARD_SIZE, source: None, checksums: true }
     }
 }
 
 impl WriteOptions {
+    /// Per-tensor checksums on or off ([`WriteOptions::checksums`]).
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
+    }
+
     /// Sets the largest shard, in bytes.
     #[must_use]
     pub fn with_max_shard_size(mut self, bytes: u64) -> Self {
@@ -111,7 +122,11 @@ pub fn save_entries<'a>(
                 if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
             let mut staged = commit.create_file(&file).map_err(ckpt_core::Error::from)?;
             let path = staged.path().to_path_buf();
-            ckpt_core::safetensors::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            if options.checksums {
+                ckpt_core::safetensors::write_checksummed_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            } else {
+                ckpt_core::safetensors::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            }
             staged.finish().map_err(ckpt_core::Error::from)?;
             for &k in members {
                 if let Some((name, _)) = tensors.get(k) {

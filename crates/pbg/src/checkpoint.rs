@@ -23,9 +23,18 @@ pub struct ReadOptions {
     /// The version to open (default: the committed one, `checkpoint_version.txt`). Older versions are on
     /// disk when they were preserved.
     pub version: Option<u64>,
+    /// Limits of the pickle decoder for the optimizer blobs (default: [`ckpt_pickle::Limits::default`]).
+    pub limits: ckpt_pickle::Limits,
 }
 
 impl ReadOptions {
+    /// These options decoding the optimizer blobs under `limits`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// These options opening `version`.
     #[must_use]
     pub fn with_version(mut self, version: u64) -> Self {
@@ -85,7 +94,7 @@ impl PbgReader {
             Some(v) => v,
             None => storage.load_version()?,
         };
-        Self::open_version(storage, version)
+        Self::open_version_with(storage, version, &options.limits)
     }
 
     /// Opens `version` of a storage.
@@ -93,6 +102,18 @@ impl PbgReader {
     /// # Errors
     /// As [`PbgReader::open`].
     pub fn open_version(storage: FileCheckpointStorage, version: u64) -> Result<PbgReader> {
+        Self::open_version_with(storage, version, &ckpt_pickle::Limits::default())
+    }
+
+    /// [`PbgReader::open_version`], decoding the optimizer blobs under `limits`.
+    ///
+    /// # Errors
+    /// As [`PbgReader::open`].
+    pub fn open_version_with(
+        storage: FileCheckpointStorage,
+        version: u64,
+        limits: &ckpt_pickle::Limits,
+    ) -> Result<PbgReader> {
         let files: Vec<FileName> =
             storage.list()?.into_iter().map(|(n, _)| n).filter(|n| n.version() == Some(version)).collect();
         // The config: config.json, else (snapshots have none) the model's or a partition's config/json.
@@ -114,7 +135,7 @@ impl PbgReader {
                 let data = storage.load_entity_partition(version, entity, *partition)?;
                 let optimizer = match &data.optimizer {
                     Some(o) => Some(
-                        o.decode()
+                        o.decode_with(limits)
                             .map_err(|e| with_path(e, storage.entity_partition_file(version, entity, *partition)))?,
                     ),
                     None => None,
@@ -125,7 +146,7 @@ impl PbgReader {
         let model =
             if files.contains(&FileName::Model { version }) { Some(storage.load_model(version)?) } else { None };
         let model_optimizer = match model.as_ref().and_then(|m| m.optimizer.as_ref()) {
-            Some(o) => Some(o.decode().map_err(|e| with_path(e, storage.model_file(version)))?),
+            Some(o) => Some(o.decode_with(limits).map_err(|e| with_path(e, storage.model_file(version)))?),
             None => None,
         };
         if config.is_none() {

@@ -287,6 +287,9 @@ impl Error {
         match self {
             Error::Io { .. } | Error::CouldNotLoad { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
+            // A blob over the pickle decoder's limits is a limit, as for the torch codec; other failures are
+            // damage.
+            Error::OptimizerBlob { source, .. } if source.fault() == Fault::Limit => Fault::Limit,
             Error::InvalidName { .. }
             | Error::InvalidInput { .. }
             | Error::AlreadyExists { .. }

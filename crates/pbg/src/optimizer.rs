@@ -44,7 +44,15 @@ impl OptimizerState {
     /// # Errors
     /// [`Error::OptimizerBlob`] for anything torch could not load.
     pub fn decode_value(&self) -> Result<Value> {
-        TorchReader::from_buffer(&self.blob, &ReadOptions::default())
+        self.decode_value_with(&ckpt_pickle::Limits::default())
+    }
+
+    /// [`OptimizerState::decode_value`] under the pickle decoder's `limits`.
+    ///
+    /// # Errors
+    /// As [`OptimizerState::decode_value`].
+    pub fn decode_value_with(&self, limits: &ckpt_pickle::Limits) -> Result<Value> {
+        TorchReader::from_buffer(&self.blob, &ReadOptions::default().with_limits(*limits))
             .map(TorchReader::into_value)
             .map_err(|source| Error::OptimizerBlob { path: PathBuf::new(), source })
     }
@@ -55,7 +63,15 @@ impl OptimizerState {
     /// [`Error::OptimizerBlob`] for a corrupt blob, [`Error::OptimizerLayout`] for a readable one that is not
     /// shaped like a state dict.
     pub fn decode(&self) -> Result<StateDict> {
-        StateDict::from_value(self.decode_value()?)
+        self.decode_with(&ckpt_pickle::Limits::default())
+    }
+
+    /// [`OptimizerState::decode`] under the pickle decoder's `limits`.
+    ///
+    /// # Errors
+    /// As [`OptimizerState::decode`].
+    pub fn decode_with(&self, limits: &ckpt_pickle::Limits) -> Result<StateDict> {
+        StateDict::from_value(self.decode_value_with(limits)?)
     }
 
     /// Encodes a value as `torch.save` to a buffer does (prefix `archive/`, torch 2.13's records), so that

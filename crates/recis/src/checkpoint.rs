@@ -53,13 +53,22 @@ impl RecisReader {
     /// # Errors
     /// As [`RecisReader::open`].
     pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+        Self::open_with_max_header(path, options, crate::data_file::MAX_HEADER_LEN)
+    }
+
+    /// [`RecisReader::open_with`], accepting data-file headers of at most `max_header_len` bytes
+    /// ([`crate::DataFile::open_with`]; default [`crate::MAX_HEADER_LEN`]).
+    ///
+    /// # Errors
+    /// As [`RecisReader::open`].
+    pub fn open_with_max_header(path: &Path, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
         let dir = &crate::manager::checkpoint_dir(path)?;
         // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
         // hand this reader files of two generations. The directory is pinned first and checked after; if
         // the path names another directory by then, everything is read again (up to three times).
         for _ in 0..3 {
             let pinned = ckpt_core::commit::PinnedDir::open(dir).ok();
-            let opened = Self::open_once(dir, options);
+            let opened = Self::open_once(dir, options, max_header_len);
             if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
                 return opened;
             }
@@ -67,7 +76,7 @@ impl RecisReader {
         Err(Error::io(dir, std::io::Error::other("replaced by other saves three times while being read")))
     }
 
-    fn open_once(dir: &Path, options: &ReadOptions) -> Result<Self> {
+    fn open_once(dir: &Path, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
         let has = |f: &str| dir.join(f).is_file();
         if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
             return Err(Error::MissingFile {
@@ -75,7 +84,11 @@ impl RecisReader {
                 what: "a RecIS checkpoint directory has an `index`, a `model.pt` or an `extra.pt`",
             });
         }
-        let sparse = if has(INDEX_FILE) { SparseCheckpoint::open(dir)? } else { SparseCheckpoint::empty(dir) };
+        let sparse = if has(INDEX_FILE) {
+            SparseCheckpoint::open_with(dir, max_header_len)?
+        } else {
+            SparseCheckpoint::empty(dir)
+        };
         let model = crate::dense::read_torch(&dir.join(MODEL_FILE), options)?;
         let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), options)?;
         let mut io_states = Vec::new();

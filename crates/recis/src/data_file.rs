@@ -20,7 +20,8 @@ use serde_json::Value as Json;
 use crate::dtype;
 use crate::error::{Error, Result};
 
-/// The largest header accepted (as the safetensors library: 100 MB).
+/// The largest header accepted by default (as the safetensors library: 100 MB); [`DataFile::open_with`]
+/// takes another.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// One block as a data-file header describes it.
@@ -60,11 +61,19 @@ impl DataFile {
     /// [`Error::HeaderTooLarge`], [`Error::HeaderPastEnd`], [`Error::Json`], [`Error::BadHeader`],
     /// [`Error::UnknownDtype`], [`Error::BadOffsets`]).
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, MAX_HEADER_LEN)
+    }
+
+    /// [`DataFile::open`], accepting a header of at most `max_header_len` bytes.
+    ///
+    /// # Errors
+    /// As [`DataFile::open`].
+    pub fn open_with(path: &Path, max_header_len: u64) -> Result<Self> {
         let buffer = Buffer::map_file(path).map_err(|e| match e {
             ckpt_core::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
-        Self::from_buffer(buffer, path)
+        Self::from_buffer_with(buffer, path, max_header_len)
     }
 
     /// Validates a data file held in `buffer`; `path` names it in errors.
@@ -72,14 +81,22 @@ impl DataFile {
     /// # Errors
     /// As [`DataFile::open`].
     pub fn from_buffer(buffer: Buffer, path: &Path) -> Result<Self> {
+        Self::from_buffer_with(buffer, path, MAX_HEADER_LEN)
+    }
+
+    /// [`DataFile::from_buffer`], accepting a header of at most `max_header_len` bytes.
+    ///
+    /// # Errors
+    /// As [`DataFile::open`].
+    pub fn from_buffer_with(buffer: Buffer, path: &Path, max_header_len: u64) -> Result<Self> {
         let bytes = buffer.as_bytes();
         let file_len = bytes.len();
         let Some(prefix) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
             return Err(Error::FileTooShort { path: path.into(), len: file_len });
         };
         let n = u64::from_le_bytes(prefix);
-        if n > MAX_HEADER_LEN {
-            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: MAX_HEADER_LEN });
+        if n > max_header_len {
+            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: max_header_len });
         }
         let header_end = usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= file_len);
         let Some(header_end) = header_end else {
@@ -365,6 +382,27 @@ mod tests {
         // The failed write left the previous file intact and no temporary behind.
         assert!(DataFile::open(&p).is_ok());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn header_limit_is_the_callers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model-000000-of-000001.safetensors");
+        write(&p, &[("a/part_0_1".to_string(), Tensor::from_slice(&[1.0f32], &[1]).unwrap())]).unwrap();
+        let header_len = u64::from_le_bytes(std::fs::read(&p).unwrap()[..8].try_into().unwrap());
+        let e = DataFile::open_with(&p, header_len - 1).unwrap_err();
+        assert!(matches!(e, Error::HeaderTooLarge { limit, .. } if limit == header_len - 1), "{e}");
+        assert_eq!(e.fault(), ckpt_core::Fault::Limit);
+        assert!(DataFile::open_with(&p, header_len).is_ok());
+        let sparse_dir = tempfile::tempdir().unwrap();
+        let sd = ckpt_core::Value::dict([
+            ("t@id", ckpt_core::Value::Tensor(Tensor::from_slice(&[1i64, 2], &[2]).unwrap())),
+            ("t@embedding", ckpt_core::Value::Tensor(Tensor::from_slice(&[0.5f32; 4], &[2, 2]).unwrap())),
+        ]);
+        crate::save(&sd, sparse_dir.path(), &crate::WriteOptions::default()).unwrap();
+        let e = crate::SparseCheckpoint::open_with(sparse_dir.path(), 16).unwrap_err();
+        assert!(matches!(e, Error::HeaderTooLarge { limit: 16, .. }), "{e}");
+        assert!(crate::SparseCheckpoint::open_with(sparse_dir.path(), MAX_HEADER_LEN).is_ok());
     }
 
     #[test]

@@ -130,7 +130,7 @@ pub enum Error {
         /// The file's length.
         file_len: usize,
     },
-    /// A data file's header length is over the limit (100 MB, as in safetensors).
+    /// A data file's header length is over the limit (100 MB by default, as in safetensors; `DataFile::open_with`).
     #[error("{}: header length {header_len} exceeds the limit of {limit} bytes", path.display())]
     HeaderTooLarge {
         /// The data file.

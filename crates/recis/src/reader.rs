@@ -88,6 +88,15 @@ impl SparseCheckpoint {
     /// [`Error::MissingFile`] without `index` or `tensorkey.json`, [`Error::MissingDataFile`], and the
     /// variant of the first rule broken.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, crate::data_file::MAX_HEADER_LEN)
+    }
+
+    /// [`SparseCheckpoint::open`], accepting data-file headers of at most `max_header_len` bytes
+    /// ([`DataFile::open_with`]).
+    ///
+    /// # Errors
+    /// As [`SparseCheckpoint::open`].
+    pub fn open_with(dir: &Path, max_header_len: u64) -> Result<Self> {
         let index_path = dir.join(INDEX_FILE);
         let index_bytes = read_required(&index_path, "a RecIS checkpoint directory has an `index` file")?;
         let tk_path = dir.join(TENSORKEY_FILE);
@@ -111,7 +120,8 @@ impl SparseCheckpoint {
         }
         // The data files are mapped and their headers checked in parallel; the first failure in file order
         // is reported, as a sequential open would.
-        let opened: Vec<Result<DataFile>> = paths.par_iter().map(|(_, path)| DataFile::open(path)).collect();
+        let opened: Vec<Result<DataFile>> =
+            paths.par_iter().map(|(_, path)| DataFile::open_with(path, max_header_len)).collect();
         let mut files = BTreeMap::new();
         for ((id, _), file) in paths.into_iter().zip(opened) {
             files.insert(id, file?);

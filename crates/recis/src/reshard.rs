@@ -21,13 +21,25 @@ use crate::writer::{
 };
 
 /// Options of a reshard.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReshardOptions {
     /// How the new shards are written.
     pub write: WriteOptions,
     /// The partition rule deciding which new shard holds an id.
     pub partition: IdPartition,
+    /// The largest data-file header of the source accepted, in bytes (default [`crate::MAX_HEADER_LEN`]).
+    pub max_header_len: u64,
+}
+
+impl Default for ReshardOptions {
+    fn default() -> Self {
+        ReshardOptions {
+            write: WriteOptions::default(),
+            partition: IdPartition::default(),
+            max_header_len: crate::data_file::MAX_HEADER_LEN,
+        }
+    }
 }
 
 impl ReshardOptions {
@@ -35,6 +47,13 @@ impl ReshardOptions {
     #[must_use]
     pub fn with_partition(mut self, partition: IdPartition) -> Self {
         self.partition = partition;
+        self
+    }
+
+    /// These options accepting source data-file headers of at most `bytes` ([`ReshardOptions::max_header_len`]).
+    #[must_use]
+    pub fn with_max_header_len(mut self, bytes: u64) -> Self {
+        self.max_header_len = bytes;
         self
     }
 
@@ -172,7 +191,7 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
     let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
-        SparseCheckpoint::open(src)?
+        SparseCheckpoint::open_with(src, options.max_header_len)?
     } else {
         SparseCheckpoint::empty(src)
     };

@@ -69,16 +69,18 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         limit: usize,
     },
-    /// Check a checkpoint end to end: structure, coverage, CRC-32s, the format's commit state, every entry
-    /// readable. Exits 0 when everything holds, 1 listing each problem, 3 when it cannot be read at all.
+    /// Check a checkpoint's structure (every header and metadata parsed, every entry resolved, every
+    /// referenced file present with its size, the checksum manifest consistent, the format's commit state)
+    /// without reading tensor data; `--deep` also reads every byte and checks every checksum. Exits 0 when
+    /// everything holds, 1 listing each problem, 3 when it cannot be read at all.
     #[command(after_help = "Examples:\n  ckpt verify model.pt\n  ckpt verify --deep dcp_checkpoint/\n  \
                             ckpt verify pbg/ckpt   # the committed version, counts against config.json's entity path")]
     Verify {
         /// A checkpoint file or directory.
         path: PathBuf,
-        /// Every checksum the format has (ZIP CRC-32s, DCP item CRCs, ckpt's `ckpt.checksums.json` beside
-        /// distcp, hfai, recis and pbg checkpoints) and every byte read. Verification is always this deep;
-        /// the flag says so explicitly.
+        /// Also read every byte and check every checksum the format has: ZIP CRC-32s (torch, DCP items,
+        /// hfai parts, RecIS `.pt` files), ckpt's `ckpt.checksums.json` beside distcp, hfai, recis and pbg
+        /// checkpoints, and the per-tensor checksums ckpt writes into safetensors headers.
         #[arg(long)]
         deep: bool,
     },
@@ -205,6 +207,7 @@ const EXIT_IO: u8 = 4;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cli.limits.apply();
+    let limits = &cli.limits.read_limits();
     let group = match Launch::start() {
         Ok(g) => g,
         Err(e) => {
@@ -224,16 +227,19 @@ fn main() -> ExitCode {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
-            ckpt::open(path).and_then(|c| inspect(&c, *json, &selection)).map(|()| true)
+            ckpt::open_with(path, limits).and_then(|c| inspect(&c, *json, &selection)).map(|()| true)
         }
-        Command::Cat { path, name, limit } => ckpt::open(path).and_then(|c| cat(&c, name, *limit)).map(|()| true),
-        Command::Verify { path, deep: _ } => verify(path, quiet),
-        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, quiet),
+        Command::Cat { path, name, limit } => {
+            ckpt::open_with(path, limits).and_then(|c| cat(&c, name, *limit)).map(|()| true)
+        }
+        Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
+        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, limits, quiet),
         Command::Convert { src, dst, to, from, layout, select } => {
-            convert(src, dst, *to, *from, layout, select, quiet, group)
+            let options = layout.options().with_selection(select.selection()).with_limits(*limits);
+            convert(src, dst, *to, *from, &options, quiet, group)
         }
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
-            Ok(true) => reshard(path, dst, *world_size, quiet, group),
+            Ok(true) => reshard(path, dst, *world_size, limits, quiet, group),
             Ok(false) => return ExitCode::from(EXIT_USAGE),
             Err(e) => Err(e),
         },
@@ -319,13 +325,15 @@ fn stdout_err(e: std::io::Error) -> ckpt::Error {
     ckpt::Error::Io { path: "<stdout>".into(), source: e }
 }
 
-fn verify(path: &Path, quiet: bool) -> ckpt::Result<bool> {
+fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, quiet: bool) -> ckpt::Result<bool> {
     let pb = bar(quiet, 0, &format!("verifying {}", path.display()));
     let progress = |done: u64, total: u64| {
         pb.set_length(total);
         pb.set_position(done);
     };
-    let report = ckpt::verify_with_progress(path, &progress);
+    let depth = if deep { ckpt::Depth::Deep } else { ckpt::Depth::Structure };
+    let options = ckpt::VerifyOptions::default().with_depth(depth).with_limits(*limits);
+    let report = ckpt::verify_with(path, &options, &progress);
     pb.finish_and_clear();
     let report = report?;
     let mut out = std::io::stdout().lock();
@@ -350,8 +358,17 @@ fn verify(path: &Path, quiet: bool) -> ckpt::Result<bool> {
     Ok(report.is_ok())
 }
 
-fn diff(a: &Path, b: &Path, rtol: f64, atol: f64, all: bool, quiet: bool) -> ckpt::Result<bool> {
-    let options = ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol);
+#[allow(clippy::too_many_arguments)]
+fn diff(
+    a: &Path,
+    b: &Path,
+    rtol: f64,
+    atol: f64,
+    all: bool,
+    limits: &ckpt::ReadLimits,
+    quiet: bool,
+) -> ckpt::Result<bool> {
+    let options = ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(*limits);
     let pb = bar(quiet, 0, "comparing");
     let progress = |done: u64, total: u64| {
         pb.set_length(total);
@@ -535,20 +552,17 @@ fn dtype_parser() -> impl clap::builder::TypedValueParser<Value = ckpt::DType> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn convert(
     src: &Path,
     dst: &Path,
     to: Format,
     from: Option<Format>,
-    layout: &LayoutArgs,
-    select: &SelectArgs,
+    options: &ckpt::ConvertOptions,
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
-    let options = layout.options().with_selection(select.selection());
     let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
-    let summary = ckpt::convert_in(src, from, dst, to, &options, group);
+    let summary = ckpt::convert_in(src, from, dst, to, options, group);
     pb.finish_and_clear();
     let summary = summary?;
     let mut out = std::io::stdout().lock();
@@ -592,9 +606,16 @@ fn reshard_format(path: &Path) -> ckpt::Result<bool> {
     Ok(false)
 }
 
-fn reshard(src: &Path, dst: &Path, world: u32, quiet: bool, group: &dyn Collective) -> ckpt::Result<bool> {
+fn reshard(
+    src: &Path,
+    dst: &Path,
+    world: u32,
+    limits: &ckpt::ReadLimits,
+    quiet: bool,
+    group: &dyn Collective,
+) -> ckpt::Result<bool> {
     let pb = spinner(quiet, &format!("resharding {} for {world}", src.display()));
-    let summary = ckpt::reshard_in(src, dst, world as usize, group);
+    let summary = ckpt::reshard_in_with(src, dst, world as usize, limits, group);
     pb.finish_and_clear();
     let summary = summary?;
     if !quiet {
@@ -810,10 +831,34 @@ struct LimitArgs {
     /// Trusted input: every pickle limit off but the nesting depth (the `--max-*` flags still apply).
     #[arg(long, global = true)]
     trusted: bool,
+    /// safetensors: bytes of a file's JSON header, checked before it is parsed (default 100000000).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_header_bytes: Option<u64>,
+    /// RecIS: bytes of a data file's JSON header (default 100000000).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_data_header_bytes: Option<u64>,
+    /// distcp: bytes of a `.metadata` file, checked before it is read (default 1 GiB).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_metadata_bytes: Option<u64>,
+    /// distcp: bytes a zstd-compressed non-tensor item may inflate to (default 1 GiB).
+    #[arg(long, global = true, value_name = "BYTES")]
+    max_inflated_bytes: Option<u64>,
 }
 
 impl LimitArgs {
-    /// Makes these the process's default limits, when any flag is given.
+    /// The limits of every read of this run: the pickle limits (the process's default, [`LimitArgs::apply`])
+    /// and the format caps.
+    fn read_limits(&self) -> ckpt::ReadLimits {
+        let mut l = ckpt::ReadLimits::default();
+        l.max_header_bytes = self.max_header_bytes.unwrap_or(l.max_header_bytes);
+        l.max_data_header_bytes = self.max_data_header_bytes.unwrap_or(l.max_data_header_bytes);
+        l.max_metadata_bytes = self.max_metadata_bytes.unwrap_or(l.max_metadata_bytes);
+        l.max_inflated_bytes = self.max_inflated_bytes.unwrap_or(l.max_inflated_bytes);
+        l
+    }
+
+    /// Makes the pickle limits the process's default, when any of their flags is given, so that
+    /// [`LimitArgs::read_limits`] carries them and readers outside the facade's calls use them too.
     fn apply(&self) {
         use ckpt::pickle::Limits;
         let given = [

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use ckpt_core::{Collective, PathItem, Value, host_ranks, hosted_ranks};
 use ckpt_distcp::{RankState, WriteOptions};
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
 use crate::error::{At, Cause, Error, Result};
 use crate::ranks::agree;
-use crate::verify::{Progress, VerifyReport};
+use crate::verify::{Depth, Progress, VerifyReport};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Distcp;
 
@@ -27,13 +27,13 @@ impl Adaptor for Distcp {
         Format::Distcp
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_distcp::DcpReader::open(path).at(path)?))
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(open(path, limits)?))
     }
 
     /// Every key with its path from `planner_data`; the state dict they nest into.
-    fn read(&self, path: &Path) -> Result<Content> {
-        let reader = ckpt_distcp::DcpReader::open(path).at(path)?;
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        let reader = open(path, limits)?;
         let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
         let mut leaves = Vec::with_capacity(keys.len());
         for name in keys {
@@ -83,7 +83,12 @@ impl Adaptor for Distcp {
     }
 
     /// Tensor by tensor ([`ckpt_distcp::convert::dcp_to_torch_save`]).
-    fn stream_to_torch_save(&self, src: &Path, dst: &Path) -> Option<Result<ConvertSummary>> {
+    fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
+        if *limits != ReadLimits::default() {
+            // The streaming conversion reads with the default options; under other limits the content is
+            // read through `read`, which applies them.
+            return None;
+        }
         let streamed = || -> Result<ConvertSummary> {
             let report = ckpt_distcp::convert::dcp_to_torch_save(src, dst).at(src)?;
             let entries = ckpt_distcp::DcpReader::open(src).at(src)?.keys().count();
@@ -98,8 +103,19 @@ impl Adaptor for Distcp {
     }
 
     /// [`ckpt_distcp::verify`]: chunks covering their tensors, items inside their files, CRCs, contents.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
-        let r = ckpt_distcp::verify(path).at(path)?;
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        _: Progress<'_>,
+    ) -> Result<()> {
+        let r = match depth {
+            Depth::Structure => ckpt_distcp::verify_structure_with(path, &read_options(path, limits)?),
+            Depth::Deep => ckpt_distcp::verify_with(path, &read_options(path, limits)?),
+        }
+        .at(path)?;
         report.checked = r.items;
         report.bytes = r.bytes;
         report.problems.extend(r.problems.iter().map(ToString::to_string));
@@ -108,15 +124,23 @@ impl Adaptor for Distcp {
 
     /// Every tensor sharded on its first dimension as `Shard(0)`, each rank's box read from the items it
     /// overlaps ([`ckpt_distcp::reshard`]).
-    fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
-        ckpt_distcp::reshard(src, dst, world, &ckpt_distcp::ReshardOptions::default()).map(|_| ()).at(src)
+    fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
+        let options = ckpt_distcp::ReshardOptions::default().with_read(read_options(src, limits)?);
+        ckpt_distcp::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
 
     /// Each process reads the `Shard(0)` boxes of the ranks it hosts from the items they overlap
     /// ([`ckpt_distcp::DcpReader::shard_state`]) and saves them with [`ckpt_distcp::save_distributed`]; as in
     /// [`ckpt_distcp::reshard`], every state is read before anything is written.
-    fn reshard_in(&self, src: &Path, dst: &Path, world: usize, group: &dyn Collective) -> Result<()> {
-        let states = ckpt_distcp::DcpReader::open(src).at(src).and_then(|reader| {
+    fn reshard_in(
+        &self,
+        src: &Path,
+        dst: &Path,
+        world: usize,
+        limits: &ReadLimits,
+        group: &dyn Collective,
+    ) -> Result<()> {
+        let states = open(src, limits).and_then(|reader| {
             hosted_ranks(group.rank(), group.world_size(), world)
                 .into_iter()
                 .map(|rank| reader.shard_state(rank, world).at(src))
@@ -125,6 +149,21 @@ impl Adaptor for Distcp {
         let states = agree(group, states)?;
         save_hosted(group, &states, dst, world, &ckpt_distcp::WriteOptions::default())
     }
+}
+
+/// The reader options of the checkpoint at `path` under `limits` (pickle limits, `.metadata` size, inflated
+/// item size), once the headers of its safetensors files (the Hugging Face layout) are within theirs.
+fn read_options(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::ReadOptions> {
+    limits.check_safetensors_headers(path)?;
+    Ok(ckpt_distcp::ReadOptions::default()
+        .with_limits(limits.pickle)
+        .with_max_metadata_bytes(limits.max_metadata_bytes)
+        .with_max_object_bytes(limits.max_inflated_bytes))
+}
+
+/// The checkpoint at `path`, opened under `limits`.
+fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::DcpReader> {
+    ckpt_distcp::DcpReader::open_with(path, &read_options(path, limits)?).at(path)
 }
 
 /// The content of `source` as a distcp target takes it: what it writes (counted), the state dict, and the

@@ -2,10 +2,11 @@
 
 use std::path::Path;
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Hf;
 
@@ -20,13 +21,37 @@ impl Adaptor for Hf {
         Format::Hf
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
+    /// Every shard's header length checked against [`ReadLimits::max_header_bytes`] first.
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        limits.check_safetensors_headers(path)?;
         Ok(Box::new(ckpt_hf::HfReader::open(path).at(path)?))
+    }
+
+    /// Every shard's header (and the index against the shards), every entry resolved; deep, every shard's
+    /// per-tensor checksums (ckpt's, [`ckpt_core::safetensors::checksums`]) and every byte.
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        if depth == Depth::Deep {
+            limits.check_safetensors_headers(path)?;
+            let reader = ckpt_hf::HfReader::open(path).at(path)?;
+            for file in reader.files() {
+                check_safetensors_checksums(file, report);
+            }
+        }
+        read_all(&self.checkpoint(path, limits)?, depth, report, progress);
+        Ok(())
     }
 
     /// Every entry in the source's order (tensors of every shard, and the values ckpt recorded); the nesting
     /// from the recorded paths, else a flat dict.
-    fn read(&self, path: &Path) -> Result<Content> {
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        limits.check_safetensors_headers(path)?;
         let reader = ckpt_hf::HfReader::open(path).at(path)?;
         let leaves = reader.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)

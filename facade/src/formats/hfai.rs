@@ -4,12 +4,12 @@ use std::path::Path;
 
 use ckpt_core::{Collective, PathItem, host_ranks};
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
 use crate::ranks::agree;
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Hfai;
 
@@ -24,13 +24,14 @@ impl Adaptor for Hfai {
         Format::Hfai
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_hfai::HfaiReader::open(path).at(path)?))
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &limits.torch()).at(path)?))
     }
 
     /// What hfai's `load` returns, and its leaves.
-    fn read(&self, path: &Path) -> Result<Content> {
-        Content::from_tree(ckpt_hfai::load(path).at(path)?, path)
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        let reader = ckpt_hfai::HfaiReader::open_with(path, &limits.torch()).at(path)?;
+        Content::from_tree(reader.into_value(), path)
     }
 
     /// The source's state dict laid out as hfai's `save` takes it ([`ckpt_hfai::SaveState::from_state_dict`]),
@@ -69,19 +70,30 @@ impl Adaptor for Hfai {
     }
 
     /// Every part's record CRC-32s ([`ckpt_hfai::verify`]), then the parts merged and every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        for part in &ckpt_hfai::verify(path).at(path)?.parts {
-            for (record, e) in &part.problems {
-                report.record_problem(&part.path, record, e);
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        if depth == Depth::Deep {
+            for part in &ckpt_hfai::verify(path).at(path)?.parts {
+                for (record, e) in &part.problems {
+                    report.record_problem(&part.path, record, e);
+                }
             }
         }
-        read_all(&self.checkpoint(path)?, report, progress);
+        read_all(&self.checkpoint(path, limits)?, depth, report, progress);
         Ok(())
     }
 
     /// hfai's key split and `torch.chunk` chunking for `world` parts ([`ckpt_hfai::reshard`]).
-    fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
-        ckpt_hfai::reshard(src, dst, world, &ckpt_hfai::ReshardOptions::default()).map(|_| ()).at(src)
+    fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
+        let mut options = ckpt_hfai::ReshardOptions::default();
+        options.read = limits.torch();
+        ckpt_hfai::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
 }
 

@@ -5,11 +5,11 @@ use std::path::Path;
 
 use ckpt_core::Value;
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Progress, VerifyReport, chain, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, chain, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Pbg;
 
@@ -24,8 +24,10 @@ impl Adaptor for Pbg {
         Format::Pbg
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_pbg::PbgReader::open(path).at(path)?))
+    /// The optimizer blobs decoded under the pickle limits (no other limit applies to PBG).
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        let options = ckpt_pbg::ReadOptions::default().with_limits(limits.pickle);
+        Ok(Box::new(ckpt_pbg::PbgReader::open_with(path, &options).at(path)?))
     }
 
     /// The source's entries under [`ckpt_pbg::PbgReader`]'s names, which every other format keeps of a PBG
@@ -82,7 +84,14 @@ impl Adaptor for Pbg {
     /// The storage's own check of the committed version ([`ckpt_pbg::FileCheckpointStorage::verify`]: the
     /// version complete, counts against the entity path when the config's resolves
     /// ([`ckpt_pbg::ConfigFile`]), every file valid), then every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, _: Progress<'_>) -> Result<()> {
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        _: Progress<'_>,
+    ) -> Result<()> {
         let storage = ckpt_pbg::FileCheckpointStorage::new(path);
         let entity_path = ckpt_pbg::ConfigFile::locate(path).ok().and_then(|c| c.entity_path()).filter(|p| p.is_dir());
         let entities = entity_path.map(ckpt_pbg::EntityStorage::new);
@@ -112,8 +121,8 @@ impl Adaptor for Pbg {
         for link in &r.dangling_links {
             report.warnings.push(format!("{}: dangling snapshot link", link.display()));
         }
-        // Every file of the committed version, read.
-        read_all(&self.checkpoint(path)?, report, &|_, _| {});
+        // Every file of the committed version: opened, and deep, read.
+        read_all(&self.checkpoint(path, limits)?, depth, report, &|_, _| {});
         Ok(())
     }
 }

@@ -5,11 +5,11 @@ use std::path::Path;
 
 use ckpt_core::{CheckpointRead, PathItem};
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Recis;
 
@@ -24,15 +24,15 @@ impl Adaptor for Recis {
         Format::Recis
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_recis::RecisReader::open(path).at(path)?))
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(open(path, limits)?))
     }
 
     /// The RecIS-shaped state dict ([`ckpt_recis::RecisReader::state_dict`]: `sparse`, `model`, `extra`,
     /// `io_state_<s>`), its leaves named as the reader's entries: the serializer's tensors by their own
     /// names, `model.pt`'s leaves bare, the others under `extra/` and `io_state_<s>/`.
-    fn read(&self, path: &Path) -> Result<Content> {
-        let tree = ckpt_recis::RecisReader::open(path).at(path)?.state_dict().at(path)?;
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        let tree = open(path, limits)?.state_dict().at(path)?;
         let mut leaves = Vec::new();
         for (key, value) in tree.as_dict().map(|d| d.items.as_slice()).unwrap_or_default() {
             let key = key.as_str().unwrap_or_default();
@@ -60,7 +60,7 @@ impl Adaptor for Recis {
     /// ([`ckpt_recis::save`]), in as many shards as the world size.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         if source.format == Format::Recis && options.recis_slice_size.is_none() && source.is_whole() {
-            return reshard_files(source.path, dst, options);
+            return reshard_files(source.path, dst, options, source.limits);
         }
         let content = source.content()?;
         source.top_mapping(&content, Format::Recis)?;
@@ -87,14 +87,23 @@ impl Adaptor for Recis {
 
     /// Every `torch.save` file's record CRC-32s ([`ckpt_recis::verify`]); the index, tensor keys and data
     /// files validated by opening; every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        let ck = self.checkpoint(path)?;
-        for file in &ckpt_recis::verify(path).at(path)?.torch_files {
-            for (record, e) in &file.problems {
-                report.record_problem(&file.path, record, e);
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        let ck = self.checkpoint(path, limits)?;
+        if depth == Depth::Deep {
+            for file in &ckpt_recis::verify(path).at(path)?.torch_files {
+                for (record, e) in &file.problems {
+                    report.record_problem(&file.path, record, e);
+                }
             }
         }
-        read_all(&ck, report, progress);
+        read_all(&ck, depth, report, progress);
         Ok(())
     }
 
@@ -104,21 +113,28 @@ impl Adaptor for Recis {
     }
 
     /// Ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied ([`ckpt_recis::reshard`]).
-    fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
-        ckpt_recis::reshard(src, dst, world, &ckpt_recis::ReshardOptions::default()).at(src)
+    fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
+        let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
+        ckpt_recis::reshard(src, dst, world, &options).at(src)
     }
 }
 
+/// The checkpoint at `path` under `limits`: its `.pt` files' pickle limits, its data files' header bound.
+fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
+    ckpt_recis::RecisReader::open_with_max_header(path, &limits.torch(), limits.max_data_header_bytes).at(path)
+}
+
 /// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
-fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-    let before = ckpt_recis::RecisReader::open(src).at(src)?;
+fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<ConvertSummary> {
+    let before = open(src, limits)?;
     let parallel = match options.recis_parallel {
         Some(p) => p,
         None => before.sparse().parallel().unwrap_or(ckpt_recis::WriteOptions::default().parallel),
     };
     let write = ckpt_recis::WriteOptions::default().with_parallel(parallel);
-    ckpt_recis::reshard(src, dst, options.world_size, &ckpt_recis::ReshardOptions::default().with_write(write))
-        .at(dst)?;
+    let reshard =
+        ckpt_recis::ReshardOptions::default().with_write(write).with_max_header_len(limits.max_data_header_bytes);
+    ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;
     let kept = ckpt_recis::RecisReader::open(dst).at(dst)?.entries();
     let mut s = ConvertSummary::default();
     for e in &kept {

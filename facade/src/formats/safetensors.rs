@@ -5,10 +5,11 @@ use std::path::Path;
 
 use ckpt_core::safetensors::{SafetensorsReader, metadata};
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Result};
+use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Safetensors;
 
@@ -17,13 +18,34 @@ impl Adaptor for Safetensors {
         Format::Safetensors
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
+    /// The header's length checked against [`ReadLimits::max_header_bytes`] first.
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        limits.check_safetensors_headers(path)?;
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
+    }
+
+    /// The header (dtypes, shapes, offsets covering the data), every entry resolved; deep, the per-tensor
+    /// checksums ckpt records ([`ckpt_core::safetensors::checksums`]) and every byte.
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        if depth == Depth::Deep {
+            limits.check_safetensors_headers(path)?;
+            check_safetensors_checksums(path, report);
+        }
+        read_all(&self.checkpoint(path, limits)?, depth, report, progress);
+        Ok(())
     }
 
     /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting
     /// from the recorded paths, else a flat dict.
-    fn read(&self, path: &Path) -> Result<Content> {
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        limits.check_safetensors_headers(path)?;
         let file = SafetensorsReader::open(path).at(path)?;
         let leaves = file.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)

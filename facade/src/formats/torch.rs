@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use crate::Format;
 use crate::adaptor::{Adaptor, Content, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Progress, VerifyReport, read_all};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
+use crate::{Format, ReadLimits};
 
 pub(crate) struct Torch;
 
@@ -21,15 +21,15 @@ impl Adaptor for Torch {
         Format::Torch
     }
 
-    fn open(&self, path: &Path) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_torch::TorchReader::open(path).at(path)?))
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &limits.torch()).at(path)?))
     }
 
     /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as
     /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
     /// [`Adaptor::stream_to_torch_save`]).
-    fn read(&self, path: &Path) -> Result<Content> {
-        let reader = ckpt_torch::TorchReader::open(path).at(path)?;
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        let reader = ckpt_torch::TorchReader::open_with(path, &limits.torch()).at(path)?;
         match reader.module_state_dict() {
             Some(state_dict) => Content::from_tree(state_dict.clone(), path),
             None => Content::from_tree(reader.into_value(), path),
@@ -38,8 +38,8 @@ impl Adaptor for Torch {
 
     /// A whole pickled module is written back whole (the module objects, not only their state dict); any
     /// other file goes through its content.
-    fn stream_to_torch_save(&self, src: &Path, dst: &Path) -> Option<Result<ConvertSummary>> {
-        let reader = match ckpt_torch::TorchReader::open(src).at(src) {
+    fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
+        let reader = match ckpt_torch::TorchReader::open_with(src, &limits.torch()).at(src) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
@@ -62,12 +62,21 @@ impl Adaptor for Torch {
     }
 
     /// The archive's structure and every record's CRC-32 ([`ckpt_torch::verify`]), then every entry read.
-    fn verify(&self, path: &Path, report: &mut VerifyReport, progress: Progress<'_>) -> Result<()> {
-        let crcs = ckpt_torch::verify(path).at(path)?;
-        for (record, e) in &crcs.problems {
-            report.record_problem(&crcs.path, record, e);
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        if depth == Depth::Deep {
+            let crcs = ckpt_torch::verify(path).at(path)?;
+            for (record, e) in &crcs.problems {
+                report.record_problem(&crcs.path, record, e);
+            }
         }
-        read_all(&self.checkpoint(path)?, report, progress);
+        read_all(&self.checkpoint(path, limits)?, depth, report, progress);
         Ok(())
     }
 

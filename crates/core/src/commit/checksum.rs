@@ -1,13 +1,18 @@
-//! The checksum manifest `ckpt.checksums.json`: a CRC-32 per named byte range ("chunk") of every file of
+//! The checksum manifest `ckpt.checksums.json`: a CRC32C per named byte range ("chunk") of every file of
 //! a checkpoint directory, for formats that carry no checksums of their own (distcp, hfai, recis, pbg).
 //!
-//! The algorithm is chosen by speed, since it runs on every byte of every save and must cost under 5%
-//! of it: CRC-32 (IEEE, the ZIP polynomial) through `crc32fast`, which picks `PCLMULQDQ` / AVX-512
-//! `VPCLMULQDQ` / ARMv8 at run time. Measured on the development VM over cache-hot 128 KiB pieces:
-//! `crc32fast` 25–38 GB/s, the `crc32c` crate (SSE4.2) 11–12 GB/s, `xxhash-rust` XXH3-64 (SSE2 in a
-//! portable build: it picks SIMD at compile time) 6–9 GB/s. In a 1 GiB DCP save the manifest cost 16%
-//! of the save with CRC32C, 22% with XXH3 and 6% with CRC-32 (interleaved medians, `durable_save`). All
-//! three detect every error burst up to 32 bits, which covers a flipped bit or a torn sector boundary.
+//! The algorithm runs on every byte of every save and must cost under 5% of it. It is CRC32C (Castagnoli)
+//! through the `crc32c` crate, which detects SSE4.2 (x86-64) or the ARMv8 CRC extension at run time and
+//! falls back to a table-driven software CRC on any other CPU, so a manifest written on one machine checks
+//! on every other. The hash runs where the bytes are hot: the durable writer copies the caller's data into
+//! its write buffer in 128 KiB pieces and hashes each piece right after copying it (still in L1/L2), and
+//! its buffered path hashes each 1 MiB piece right before `write(2)` reads it; a separate pass over cold
+//! memory (what an earlier version did) cost 3× more. Measured numbers are in `benches/RESULTS.md` and
+//! `benches/README.md` ("Checksum algorithm"). CRC32C detects every error burst up to 32 bits, which
+//! covers a flipped bit or a torn sector boundary.
+//!
+//! Manifests written before CRC32C (algorithm `"crc32"`: CRC-32/IEEE through `crc32fast`) are still read
+//! and checked; [`Algorithm`] says which one a file's chunks use.
 //!
 //! Chunks are computed while writing: a [`DurableWriter`](super::DurableWriter) with checksums on hashes
 //! every byte it is given, and the format writer [marks](super::DurableWriter::mark) item boundaries (a
@@ -18,13 +23,14 @@
 //! The file (JSON, written by ckpt, ignored by torch and the other originals):
 //!
 //! ```json
-//! {"format": "ckpt.checksums", "version": 1, "algorithm": "crc32",
+//! {"format": "ckpt.checksums", "version": 1, "algorithm": "crc32c",
 //!  "files": {"__0_0.distcp": {"size": 1536, "chunks": [["w", 0, 1024, "8d3ad5f4"], ["b", 1024, 512, "..."]]}}}
 //! ```
 //!
-//! Each chunk is `[name, offset, length, CRC-32 as 8 hex digits]`. [`Manifest::verify_dir`] reads every
-//! byte of every listed file and reports what differs; readers that read one item can check just its
-//! range with [`Manifest::chunk_at`].
+//! Each chunk is `[name, offset, length, checksum as 8 hex digits]`. A file entry may carry its own
+//! `"algorithm"` (a manifest updated in place keeps the older files' digests). [`Manifest::verify_dir`]
+//! reads every byte of every listed file and reports what differs; readers that read one item can check
+//! just its range with [`Manifest::chunk_at`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,8 +41,54 @@ use crate::error::{Error, Result};
 
 /// The manifest's file name.
 pub const MANIFEST_NAME: &str = "ckpt.checksums.json";
-/// The algorithm recorded in the manifest.
-pub const ALGORITHM: &str = "crc32";
+/// The algorithm ckpt writes manifests with.
+pub const ALGORITHM: Algorithm = Algorithm::Crc32c;
+
+/// A checksum algorithm of the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// CRC32C (Castagnoli), the `crc32c` crate: what ckpt writes.
+    #[default]
+    Crc32c,
+    /// CRC-32 (IEEE, the ZIP polynomial), `crc32fast`: manifests written by earlier versions of ckpt.
+    Crc32,
+}
+
+impl Algorithm {
+    /// The name recorded in the manifest (`"crc32c"`, `"crc32"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Crc32c => "crc32c",
+            Algorithm::Crc32 => "crc32",
+        }
+    }
+
+    /// The algorithm of a manifest name.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        match name {
+            "crc32c" => Some(Algorithm::Crc32c),
+            "crc32" => Some(Algorithm::Crc32),
+            _ => None,
+        }
+    }
+
+    /// The checksum of `bytes`.
+    pub fn hash(self, bytes: &[u8]) -> u32 {
+        self.append(0, bytes)
+    }
+
+    /// The checksum of the bytes hashed to `crc` followed by `bytes`.
+    pub fn append(self, crc: u32, bytes: &[u8]) -> u32 {
+        match self {
+            Algorithm::Crc32c => crc32c::crc32c_append(crc, bytes),
+            Algorithm::Crc32 => {
+                let mut h = crc32fast::Hasher::new_with_initial(crc);
+                h.update(bytes);
+                h.finalize()
+            }
+        }
+    }
+}
 
 /// The checksum of one named byte range of a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,14 +99,14 @@ pub struct ChunkDigest {
     pub offset: u64,
     /// Length in bytes.
     pub length: u64,
-    /// CRC-32 (IEEE) of the range.
-    pub crc32: u32,
+    /// The range's checksum, by its file's [`Algorithm`] ([`FileDigest::algorithm`]).
+    pub checksum: u32,
 }
 
 impl ChunkDigest {
-    /// Whether `bytes` (the range's contents) match.
-    pub fn matches(&self, bytes: &[u8]) -> bool {
-        bytes.len() as u64 == self.length && crc32fast::hash(bytes) == self.crc32
+    /// Whether `bytes` (the range's contents) match, hashed with `algorithm` (the file's).
+    pub fn matches(&self, algorithm: Algorithm, bytes: &[u8]) -> bool {
+        bytes.len() as u64 == self.length && algorithm.hash(bytes) == self.checksum
     }
 }
 
@@ -65,6 +117,8 @@ pub struct FileDigest {
     pub file: String,
     /// The file's size.
     pub size: u64,
+    /// The algorithm of its chunks' checksums.
+    pub algorithm: Algorithm,
     /// Consecutive chunks from offset 0 to `size`.
     pub chunks: Vec<ChunkDigest>,
 }
@@ -119,16 +173,14 @@ impl ChunkHasher {
     }
 
     pub(crate) fn update(&mut self, data: &[u8]) {
-        let mut h = crc32fast::Hasher::new_with_initial(self.crc);
-        h.update(data);
-        self.crc = h.finalize();
+        self.crc = ALGORITHM.append(self.crc, data);
         self.touched |= !data.is_empty();
     }
 
     fn close(&mut self, end: u64) {
         if end > self.start || (self.touched && end == self.start) || !self.name.is_empty() {
             let name = std::mem::take(&mut self.name);
-            self.chunks.push(ChunkDigest { name, offset: self.start, length: end - self.start, crc32: self.crc });
+            self.chunks.push(ChunkDigest { name, offset: self.start, length: end - self.start, checksum: self.crc });
         }
         self.crc = 0;
         self.touched = false;
@@ -142,7 +194,7 @@ impl ChunkHasher {
 
     pub(crate) fn finish(mut self, size: u64) -> FileDigest {
         self.close(size);
-        FileDigest { file: String::new(), size, chunks: self.chunks }
+        FileDigest { file: String::new(), size, algorithm: ALGORITHM, chunks: self.chunks }
     }
 }
 
@@ -222,12 +274,19 @@ impl Manifest {
             .files
             .iter()
             .map(|(name, d)| {
-                let chunks: Vec<Json> =
-                    d.chunks.iter().map(|c| json!([c.name, c.offset, c.length, format!("{:08x}", c.crc32)])).collect();
-                (name.clone(), json!({"size": d.size, "chunks": chunks}))
+                let chunks: Vec<Json> = d
+                    .chunks
+                    .iter()
+                    .map(|c| json!([c.name, c.offset, c.length, format!("{:08x}", c.checksum)]))
+                    .collect();
+                let mut entry = json!({"size": d.size, "chunks": chunks});
+                if d.algorithm != ALGORITHM {
+                    entry["algorithm"] = json!(d.algorithm.name());
+                }
+                (name.clone(), entry)
             })
             .collect();
-        let doc = json!({"format": "ckpt.checksums", "version": 1, "algorithm": ALGORITHM, "files": files});
+        let doc = json!({"format": "ckpt.checksums", "version": 1, "algorithm": ALGORITHM.name(), "files": files});
         serde_json::to_vec(&doc).unwrap_or_default()
     }
 
@@ -243,14 +302,21 @@ impl Manifest {
         if doc.get("version").and_then(Json::as_u64) != Some(1) {
             return Err(Error::Unsupported(format!("{MANIFEST_NAME} version {:?}", doc.get("version"))));
         }
-        if doc.get("algorithm").and_then(Json::as_str) != Some(ALGORITHM) {
-            return Err(Error::Unsupported(format!("{MANIFEST_NAME} algorithm {:?}", doc.get("algorithm"))));
-        }
+        let algorithm_of = |v: Option<&Json>| {
+            v.and_then(Json::as_str)
+                .and_then(Algorithm::from_name)
+                .ok_or_else(|| Error::Unsupported(format!("{MANIFEST_NAME} algorithm {v:?}")))
+        };
+        let default_algorithm = algorithm_of(doc.get("algorithm"))?;
         let files = doc.get("files").and_then(Json::as_object).ok_or_else(|| malformed("no \"files\" object"))?;
         let mut manifest = Manifest::default();
         for (name, entry) in files {
             let bad = |what: &str| malformed(&format!("{name}: {what}"));
             let size = entry.get("size").and_then(Json::as_u64).ok_or_else(|| bad("no size"))?;
+            let algorithm = match entry.get("algorithm") {
+                None => default_algorithm,
+                Some(a) => algorithm_of(Some(a))?,
+            };
             let list = entry.get("chunks").and_then(Json::as_array).ok_or_else(|| bad("no chunks"))?;
             let mut chunks = Vec::with_capacity(list.len());
             let mut at = 0u64;
@@ -263,18 +329,18 @@ impl Manifest {
                 ) else {
                     return Err(bad("a chunk is not [name, offset, length, hash]"));
                 };
-                let crc32 = u32::from_str_radix(hash, 16).map_err(|_| bad("a checksum is not 8 hex digits"))?;
+                let checksum = u32::from_str_radix(hash, 16).map_err(|_| bad("a checksum is not 8 hex digits"))?;
                 let end = offset.checked_add(length).ok_or_else(|| bad("a chunk overflows"))?;
                 if offset != at || end > size {
                     return Err(bad("chunks are not consecutive within the file"));
                 }
                 at = end;
-                chunks.push(ChunkDigest { name: n.to_owned(), offset, length, crc32 });
+                chunks.push(ChunkDigest { name: n.to_owned(), offset, length, checksum });
             }
             if at != size {
                 return Err(bad("chunks do not cover the file"));
             }
-            manifest.files.insert(name.clone(), FileDigest { file: name.clone(), size, chunks });
+            manifest.files.insert(name.clone(), FileDigest { file: name.clone(), size, algorithm, chunks });
         }
         Ok(manifest)
     }
@@ -298,6 +364,19 @@ impl Manifest {
     /// # Errors
     /// [`Error::Malformed`] for a file name that leaves the directory.
     pub fn verify_dir(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        self.check_dir(dir, true)
+    }
+
+    /// The structural part of [`Manifest::verify_dir`]: every listed file is present with its recorded
+    /// size; no byte is read.
+    ///
+    /// # Errors
+    /// As [`Manifest::verify_dir`].
+    pub fn verify_sizes(&self, dir: &Path) -> Result<Vec<Mismatch>> {
+        self.check_dir(dir, false)
+    }
+
+    fn check_dir(&self, dir: &Path, read_bytes: bool) -> Result<Vec<Mismatch>> {
         let mut problems = Vec::new();
         for (name, digest) in &self.files {
             let path = safe_join(dir, name)?;
@@ -305,7 +384,7 @@ impl Manifest {
                 let len = f.metadata()?.len();
                 // SAFETY: read-only map of a file nobody should be writing; a concurrent truncation
                 // is the caller's risk, as for every mapped read in ckpt.
-                let map = if len == 0 { None } else { Some(unsafe { memmap2::Mmap::map(&f)? }) };
+                let map = if len == 0 || !read_bytes { None } else { Some(unsafe { memmap2::Mmap::map(&f)? }) };
                 Ok((len, map))
             }) {
                 Ok(m) => m,
@@ -319,10 +398,13 @@ impl Manifest {
                 problems.push(Mismatch::Size { file: name.clone(), expected: digest.size, found: len });
                 continue;
             }
+            if !read_bytes {
+                continue;
+            }
             let bytes: &[u8] = map.as_deref().unwrap_or_default();
             for c in &digest.chunks {
                 let range = usize::try_from(c.offset).ok().zip(usize::try_from(c.offset + c.length).ok());
-                let ok = range.and_then(|(a, b)| bytes.get(a..b)).is_some_and(|b| c.matches(b));
+                let ok = range.and_then(|(a, b)| bytes.get(a..b)).is_some_and(|b| c.matches(digest.algorithm, b));
                 if !ok {
                     problems.push(Mismatch::Chunk {
                         file: name.clone(),
@@ -367,8 +449,10 @@ mod tests {
         d.file = "x.bin".into();
         let names: Vec<_> = d.chunks.iter().map(|c| (c.name.as_str(), c.offset, c.length)).collect();
         assert_eq!(names, [("", 0, 4), ("a", 4, 6), ("b", 10, 0), ("empty", 10, 0), ("c", 10, 1)]);
-        assert!(d.chunks[1].matches(b"aaaaaa"));
-        assert!(!d.chunks[1].matches(b"aaaaab"));
+        assert_eq!(d.algorithm, Algorithm::Crc32c);
+        assert!(d.chunks[1].matches(Algorithm::Crc32c, b"aaaaaa"));
+        assert!(!d.chunks[1].matches(Algorithm::Crc32c, b"aaaaab"));
+        assert_eq!(d.chunks[1].checksum, crc32c::crc32c(b"aaaaaa"));
         let mut m = Manifest::default();
         m.insert(d);
         let back = Manifest::from_json(&m.to_json()).unwrap();
@@ -379,13 +463,52 @@ mod tests {
         std::fs::write(dir.path().join("x.bin"), b"headaaaaaac").unwrap();
         assert!(m.verify_dir(dir.path()).unwrap().is_empty());
         std::fs::write(dir.path().join("x.bin"), b"headaaXaaac").unwrap();
+        assert!(m.verify_sizes(dir.path()).unwrap().is_empty(), "sizes only: no byte read");
         let p = m.verify_dir(dir.path()).unwrap();
         assert_eq!(p, [Mismatch::Chunk { file: "x.bin".into(), name: "a".into(), offset: 4, length: 6 }]);
         assert_eq!(p[0].to_string(), "x.bin: bytes 4..10 (\"a\") do not match their checksum");
         std::fs::write(dir.path().join("x.bin"), b"head").unwrap();
         assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Size { found: 4, .. }));
+        assert!(matches!(m.verify_sizes(dir.path()).unwrap()[0], Mismatch::Size { found: 4, .. }));
         std::fs::remove_file(dir.path().join("x.bin")).unwrap();
         assert!(matches!(m.verify_dir(dir.path()).unwrap()[0], Mismatch::Missing { .. }));
+    }
+
+    #[test]
+    fn reads_crc32_manifests_of_earlier_versions_and_mixed_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("old.bin"), b"abcdef").unwrap();
+        std::fs::write(dir.path().join("new.bin"), b"xyz").unwrap();
+        // What ckpt wrote before CRC32C: CRC-32/IEEE, named "crc32" at the top.
+        let old = format!(
+            r#"{{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{{"old.bin":{{"size":6,"chunks":[["t",0,6,"{:08x}"]]}}}}}}"#,
+            crc32fast::hash(b"abcdef")
+        );
+        let mut m = Manifest::from_json(old.as_bytes()).unwrap();
+        assert_eq!(m.files["old.bin"].algorithm, Algorithm::Crc32);
+        assert!(m.verify_dir(dir.path()).unwrap().is_empty());
+        // Updated in place with a CRC32C digest: each file keeps its own algorithm through a round trip.
+        let mut h = ChunkHasher::new();
+        h.update(b"xyz");
+        let mut d = h.finish(3);
+        d.file = "new.bin".into();
+        m.insert(d);
+        let json = m.to_json();
+        let text = String::from_utf8_lossy(&json);
+        assert!(text.contains(r#""algorithm":"crc32c""#) && text.contains(r#""algorithm":"crc32""#), "{text}");
+        let back = Manifest::from_json(&json).unwrap();
+        assert_eq!(back, m);
+        assert!(back.verify_dir(dir.path()).unwrap().is_empty());
+        std::fs::write(dir.path().join("old.bin"), b"abcdeF").unwrap();
+        assert_eq!(back.verify_dir(dir.path()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn crc32c_is_the_castagnoli_crc() {
+        // The check value of CRC-32C ("123456789"), whichever implementation the CPU gets.
+        assert_eq!(Algorithm::Crc32c.hash(b"123456789"), 0xe306_9283);
+        assert_eq!(Algorithm::Crc32.hash(b"123456789"), 0xcbf4_3926);
+        assert_eq!(Algorithm::Crc32c.append(Algorithm::Crc32c.hash(b"1234"), b"56789"), 0xe306_9283);
     }
 
     #[test]
@@ -400,6 +523,8 @@ mod tests {
             assert!(Manifest::from_json(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         let other = br#"{"format":"ckpt.checksums","version":1,"algorithm":"xxh3-64","files":{}}"#;
+        assert!(matches!(Manifest::from_json(other), Err(Error::Unsupported(_))));
+        let other = br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32c","files":{"a":{"algorithm":"md5","size":0,"chunks":[]}}}"#;
         assert!(matches!(Manifest::from_json(other), Err(Error::Unsupported(_))));
         let m = Manifest::from_json(
             br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"../x":{"size":0,"chunks":[]}}}"#,

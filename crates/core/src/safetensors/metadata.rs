@@ -356,14 +356,31 @@ fn parse_paths(text: &str) -> Option<Vec<(String, Vec<PathItem>)>> {
 }
 
 /// Options of [`save`] and [`save_entries`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriteOptions {
     /// The format the checkpoint is converted from (`ckpt.source`), when known.
     pub source: Option<String>,
+    /// Record the CRC32C of every tensor in the header ([`super::CHECKSUMS_KEY`], default `true`), so that a
+    /// changed byte of tensor data is detected by `ckpt verify --deep`. Every safetensors reader loads the
+    /// file either way; off, the file is byte for byte what the `safetensors` crate's `serialize` writes.
+    pub checksums: bool,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { source: None, checksums: true }
+    }
 }
 
 impl WriteOptions {
+    /// These options with the per-tensor checksums on or off ([`WriteOptions::checksums`]).
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
+    }
+
     /// These options recording `source` as the format converted from.
     #[must_use]
     pub fn with_source(mut self, source: &str) -> Self {
@@ -466,7 +483,11 @@ pub fn save_entries<'a>(
     options: &WriteOptions,
 ) -> Result<SaveReport> {
     let (tensors, metadata, report) = prepare(entries, options)?;
-    write_file(&tensors, Some(metadata), path)?;
+    if options.checksums {
+        super::write_file_checksummed(&tensors, Some(metadata), path)?;
+    } else {
+        write_file(&tensors, Some(metadata), path)?;
+    }
     Ok(report)
 }
 
