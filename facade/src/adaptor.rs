@@ -164,7 +164,7 @@ impl<'a> Source<'a> {
     /// ([`Adaptor::read_outlined`]) for a target that reads only what it writes. With a dtype cast the
     /// content is read whole (a cast reads every value anyway).
     // For the targets split over processes.
-    #[cfg_attr(not(feature = "hfai"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
     pub fn outlined(&self) -> Result<Outlined> {
         if self.selection.dtype.is_some() {
             return Ok(Outlined::whole(self.content()?));
@@ -233,7 +233,7 @@ impl Outlined {
     }
 
     /// The tensor `t` stands for: the source's data for an outline, `t` itself otherwise.
-    #[cfg_attr(not(feature = "hfai"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
     pub fn resolve(&self, t: &Tensor) -> ckpt_core::Result<Tensor> {
         match (self.outlines.get(&t.storage().storage_id()), &self.reader) {
             (Some(name), Some(reader)) => reader.tensor(name),

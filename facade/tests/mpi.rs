@@ -113,6 +113,34 @@ fn assert_same_files(a: &Path, b: &Path) {
     }
 }
 
+/// Every file of two directories equal, `.safetensors` files up to the order of their `__metadata__` keys
+/// (the safetensors header serializer writes its metadata map in hash order, in one process too): the same
+/// header as JSON, the same tensor bytes.
+fn assert_same_files_but_metadata_order(a: &Path, b: &Path) {
+    let mut names: Vec<String> =
+        std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    let mut other: Vec<String> =
+        std::fs::read_dir(b).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    other.sort();
+    assert_eq!(names, other, "{} vs {}", a.display(), b.display());
+    for name in names {
+        let (x, y) = (std::fs::read(a.join(&name)).unwrap(), std::fs::read(b.join(&name)).unwrap());
+        if !name.ends_with(".safetensors") {
+            assert!(x == y, "{name} differs");
+            continue;
+        }
+        let split = |f: &[u8]| {
+            let n = u64::from_le_bytes(f[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(f[8..8 + n].trim_ascii_end()).unwrap();
+            (n, header, f[8 + n..].to_vec())
+        };
+        let ((nx, hx, dx), (ny, hy, dy)) = (split(&x), split(&y));
+        assert_eq!((nx, &hx), (ny, &hy), "{name}: headers differ");
+        assert!(dx == dy, "{name}: tensor bytes differ");
+    }
+}
+
 /// The 3-rank DCP checkpoint torch 2.13 wrote.
 fn dcp3() -> PathBuf {
     let p = fixtures("distcp").join("torch213").join("m3");
@@ -152,6 +180,25 @@ fn convert_to_hfai_with_2_processes_equals_one_process() {
     run(mpirun(2, &ckpt_bin(), &[&"convert", &dcp3(), &two, &"--to", &"hfai", &"--world-size", &"4"]), LIMIT).ok();
     assert_same_files(&one, &two);
     assert_eq!(ckpt::hfai::HfaiReader::open(&two).unwrap().nshards(), 4);
+}
+
+/// hf targets split by shard: each process writes its shards, reading only their tensors; process 0 the
+/// index. More shards than processes, and one shard (written by process 0 alone).
+#[test]
+fn convert_to_hf_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    for max in ["100", "1GB"] {
+        let (one, two) = (tmp.path().join(format!("one{max}")), tmp.path().join(format!("two{max}")));
+        let mut c = Command::new(ckpt_bin());
+        c.args(["convert"]).arg(dcp3()).arg(&one).args(["--to", "hf", "--max-shard-size", max]);
+        run(c, LIMIT).ok();
+        let args: [&dyn AsRef<std::ffi::OsStr>; 7] =
+            [&"convert", &dcp3(), &two, &"--to", &"hf", &"--max-shard-size", &max];
+        run(mpirun(2, &ckpt_bin(), &args), LIMIT).ok();
+        assert_same_files_but_metadata_order(&one, &two);
+        let shards = std::fs::read_dir(&two).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "safetensors")).count();
+        assert!(if max == "100" { shards > 2 } else { shards == 1 }, "{max}: {shards} shards");
+    }
 }
 
 /// More processes than ranks: the processes without a rank take part in the exchanges until the end.
