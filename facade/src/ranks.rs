@@ -18,8 +18,12 @@ use crate::{Error, Format, Result};
 ///
 /// - distcp targets: each rank writes its `Shard(0)` rows of every tensor (a distcp source is read region
 ///   by region; other sources are opened lazily, so a rank touches only the pages of its rows).
-/// - hfai targets: each rank writes its `PART_{rank:03d}.pt`.
-/// - other targets: the process of rank 0 writes everything; the others wait for its verdict.
+/// - hfai targets: each rank writes its `PART_{rank:03d}.pt`, reading from the source only the tensors of its
+///   part (`ckpt::hfai::save_rank_resolved`; the split is planned from dtypes and shapes).
+/// - hf targets: the shards are the files: shard `i` is written by process `i mod K`, which alone reads its
+///   tensors (`ckpt::hf::save_entries_in`); process 0 writes the index.
+/// - other targets (one-file torch and safetensors, RecIS, PyTorch-BigGraph): the process of rank 0 writes
+///   everything; the others wait for its verdict.
 ///
 /// Every process returns the same verdict: a failure on any process makes every process return an error
 /// ([`Error::RankFailed`] on the others), none is left waiting.

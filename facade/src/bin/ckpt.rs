@@ -20,6 +20,8 @@ const TOP_EXAMPLES: &str = "Examples:
   ckpt convert hfai_ckpt/ model.safetensors --to safetensors
   ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4
   mpirun -np 2 ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4   (built with feature mpi)
+    (under mpirun, distcp, hfai and multi-shard hf targets are written by all processes, each its own files;
+     single-file targets (torch, safetensors), recis and pbg by process 0)
   ckpt export-tsv pbg/config.json --entities-output entities.tsv --relation-types-output relation_types.tsv
 
 Exit codes: 0 success, 1 a check failed (verify, diff), 2 usage error, 3 bad input, 4 I/O error.";
