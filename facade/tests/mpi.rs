@@ -196,7 +196,10 @@ fn convert_to_hf_with_2_processes_equals_one_process() {
             [&"convert", &dcp3(), &two, &"--to", &"hf", &"--max-shard-size", &max];
         run(mpirun(2, &ckpt_bin(), &args), LIMIT).ok();
         assert_same_files_but_metadata_order(&one, &two);
-        let shards = std::fs::read_dir(&two).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "safetensors")).count();
+        let shards = std::fs::read_dir(&two)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "safetensors"))
+            .count();
         assert!(if max == "100" { shards > 2 } else { shards == 1 }, "{max}: {shards} shards");
     }
 }
@@ -270,6 +273,27 @@ fn example_saves_with_4_ranks_and_loads_with_2_and_3_and_in_torch() {
     for rank in 0..4 {
         assert!(r.out.contains(&format!("torch rank {rank} of 4: dcp.load checked 13057 values")), "{}", r.out);
     }
+}
+
+/// Each process of an MPI job reads only its own hfai parts: with part 3 damaged, the processes hosting
+/// parts 0-2 still read and check theirs, the one hosting part 3 fails.
+#[test]
+fn hfai_parts_are_read_only_by_their_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root]), LIMIT).ok();
+    let r = run(mpirun(2, &example(), &[&"load-hfai-parts", &root]), LIMIT);
+    r.ok();
+    assert!(r.out.contains("rank 0 of 2: checked") && r.out.contains("of parts [0, 2]"), "{}", r.out);
+    assert!(r.out.contains("rank 1 of 2: checked") && r.out.contains("of parts [1, 3]"), "{}", r.out);
+    std::fs::write(root.join("hfai").join("PART_003.pt"), b"damaged").unwrap();
+    let r = run(mpirun(4, &example(), &[&"load-hfai-parts", &root]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    for rank in 0..3 {
+        assert!(r.out.contains(&format!("rank {rank} of 4: checked")), "{}", r.out);
+        assert!(r.out.contains(&format!("of parts [{rank}]")), "{}", r.out);
+    }
+    assert!(r.out.contains("rank 3: error:") && r.out.contains("PART_003.pt"), "{}", r.out);
 }
 
 /// A checkpoint torch saves with 4 gloo ranks (DTensor `Shard(0)`) is loaded by the example with 2 ranks,

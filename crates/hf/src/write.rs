@@ -167,14 +167,14 @@ pub fn save_entries_in<'a>(
     let own = written.as_ref().map(|()| ()).map_err(ToString::to_string);
     let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
     let committed = commit.commit(group, own, |c| {
-            if let Some(text) = &index {
-                let mut f = c.create_file(crate::INDEX_FILE)?;
-                let path = f.path().to_path_buf();
-                f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
-                f.finish()?;
-            }
-            Ok(())
-        });
+        if let Some(text) = &index {
+            let mut f = c.create_file(crate::INDEX_FILE)?;
+            let path = f.path().to_path_buf();
+            f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
+            f.finish()?;
+        }
+        Ok(())
+    });
     written?;
     committed.map_err(ckpt_core::Error::from)?;
     if index.is_some() {

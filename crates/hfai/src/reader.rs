@@ -603,10 +603,8 @@ impl RankShare {
             return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: foreign, nshards });
         }
         let mine = ckpt_core::hosted_ranks(process, processes, nshards);
-        let parts: Vec<Part> = mine
-            .par_iter()
-            .map(|&r| Part::open(&dir.join(part_file_name(r)), options))
-            .collect::<Result<_>>()?;
+        let parts: Vec<Part> =
+            mine.par_iter().map(|&r| Part::open(&dir.join(part_file_name(r)), options)).collect::<Result<_>>()?;
         for p in &parts {
             if p.nshards != nshards {
                 return Err(Error::NshardsMismatch { path: p.path.clone(), expected: nshards, found: p.nshards });
@@ -699,7 +697,8 @@ fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<
                 entries.set(k.clone(), Item::Value(v.clone()));
             }
             for (k, l) in &share.large {
-                let name = if n_models == 1 { format!("model.{}", show_key(k)) } else { format!("model.{m}.{}", show_key(k)) };
+                let name =
+                    if n_models == 1 { format!("model.{}", show_key(k)) } else { format!("model.{m}.{}", show_key(k)) };
                 chunk(name, l, rank)?;
             }
         }

@@ -539,8 +539,10 @@ impl Plan {
     /// them and swaps the directory in.
     pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
         let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options()).map_err(from_commit)?;
-        let results: Vec<Result<Fingerprint>> =
-            (0..self.nshards).into_par_iter().map(|r| self.write_part(&commit, r, options, &|t| Ok(t.clone()))).collect();
+        let results: Vec<Result<Fingerprint>> = (0..self.nshards)
+            .into_par_iter()
+            .map(|r| self.write_part(&commit, r, options, &|t| Ok(t.clone())))
+            .collect();
         let reports: Vec<Report> = results.iter().map(|r| Report::of(r, |f| vec![*f])).collect();
         for r in results {
             r?; // the commit, dropped, removes its staging directory

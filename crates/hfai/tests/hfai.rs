@@ -11,8 +11,7 @@ use std::path::Path;
 use ckpt_core::{CheckpointRead, Collective, DType, Dict, DictKind, SingleProcess, Tensor, ThreadGroup, Value};
 use ckpt_hfai::{
     Error, HfaiReader, ModelState, RankShare, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name,
-    reshard,
-    save, save_rank,
+    reshard, save, save_rank,
 };
 
 /// Deterministic values: element i of tensor `k` is ((i * (2k + 5) + k) % 17 - 8) / 4.
