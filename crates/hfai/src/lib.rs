@@ -90,6 +90,6 @@ pub use error::{Error, Result};
 pub use part::{VERSION, part_file_name};
 pub use partition::{assign, chunk_ranges, count_size};
 pub use reader::{HfaiReader, PartChunk, RankShare, load};
-pub use reshard::{ReshardOptions, ReshardSummary, reshard};
+pub use reshard::{ReshardOptions, ReshardSummary, reshard, reshard_rank};
 pub use verify::{VerifyReport, verify};
 pub use writer::{LARGE_SIZE, ModelState, Resolve, SaveState, WriteOptions, save, save_rank, save_rank_resolved};

@@ -694,11 +694,22 @@ pub fn save_rank_resolved(
     group: &dyn Collective,
     resolve: Resolve<'_>,
 ) -> Result<()> {
+    let plan = state.contents().and_then(|c| Plan::resolved(c, group.world_size(), options.large_size, resolve));
+    write_rank(plan, dir, options, group, resolve)
+}
+
+/// Writes this rank's part of `plan` (every rank planned the same) into the staging directory rank 0 prepares
+/// beside `dir`; rank 0 checks every part on disk and swaps the directory in; every rank returns the same
+/// verdict (a rank whose plan failed too).
+pub(crate) fn write_rank(
+    plan: Result<Plan>,
+    dir: &Path,
+    options: &WriteOptions,
+    group: &dyn Collective,
+    resolve: Resolve<'_>,
+) -> Result<()> {
     let commit = DirCommit::begin(dir, group, &options.dir_options()).map_err(from_commit)?;
-    let own = state
-        .contents()
-        .and_then(|c| Plan::resolved(c, group.world_size(), options.large_size, resolve))
-        .and_then(|plan| plan.write_part(&commit, group.rank(), options, resolve));
+    let own = plan.and_then(|plan| plan.write_part(&commit, group.rank(), options, resolve));
     let payload = match &own {
         Ok(f) => Ok(f.encode().into_bytes()),
         Err(e) => Err(e.to_string()),

@@ -91,6 +91,15 @@ impl Adaptor for Hfai {
     fn reshard(&self, src: &Path, dst: &Path, world: usize) -> Result<()> {
         ckpt_hfai::reshard(src, dst, world, &ckpt_hfai::ReshardOptions::default()).map(|_| ()).at(src)
     }
+
+    /// Each process writes the new parts of the ranks it hosts ([`ckpt_hfai::reshard_rank`]), reading only
+    /// their entries and chunks from the source's parts; rank 0 checks every part and commits.
+    fn reshard_in(&self, src: &Path, dst: &Path, world: usize, group: &dyn Collective) -> Result<()> {
+        let options = ckpt_hfai::ReshardOptions::default();
+        let ran = host_ranks(group, world, |g| ckpt_hfai::reshard_rank(src, dst, &options, g));
+        let own = crate::ranks::hosted_outcome(ran, |e| matches!(e, ckpt_hfai::Error::RankFailed { .. }), src);
+        agree(group, own.map(|_| ()))
+    }
 }
 
 /// The content of `source` as an hfai target takes it: what it writes (counted, dropped named), the state
