@@ -164,7 +164,7 @@ pub fn save_entries_in<'a>(
         Ok(())
     })();
     // Every process learns every outcome in the commit: a failed one passes its error, and gets it back.
-    let own = written.as_ref().map(|()| ()).map_err(ToString::to_string);
+    let own = written.as_ref().map(|&()| ()).map_err(ToString::to_string);
     let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
     let committed = commit.commit(group, own, |c| {
         if let Some(text) = &index {
