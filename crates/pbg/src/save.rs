@@ -779,6 +779,23 @@ mod tests {
         assert_eq!(group.get("eps"), Some(&Value::Float(1e-10)));
     }
 
+    /// A partition's rows come from the source partitions they lie in, and only those are copied; a whole
+    /// source partition is the source tensor itself (a view, nothing read).
+    #[test]
+    fn rows_of_takes_only_the_rows_asked() {
+        let a = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();
+        let b = Tensor::from_slice(&[6.0f32, 7.0, 8.0, 9.0], &[2, 2]).unwrap();
+        let both = [a.clone(), b.clone()];
+        assert_eq!(rows_of(&both, 2, 2).unwrap().to_vec::<f32>().unwrap(), [4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(rows_of(&both, 3, 2).unwrap().to_vec::<f32>().unwrap(), [6.0, 7.0, 8.0, 9.0]);
+        assert_eq!(rows_of(&both, 1, 0).unwrap().shape(), [0, 2]);
+        let whole = rows_of(std::slice::from_ref(&a), 0, 3).unwrap();
+        assert_eq!(whole.storage().storage_id(), a.storage().storage_id());
+        assert!(rows_of(&both, 4, 2).is_err());
+        assert!(rows_of(&[], 0, 0).is_err());
+        assert!(check_concat(&[a, Tensor::from_slice(&[1.0f32; 3], &[1, 3]).unwrap()]).is_err());
+    }
+
     #[test]
     fn ranges_cut_like_gen_slice() {
         assert_eq!(ranges(5, 2), [(0, 3), (3, 2)]);
