@@ -2,7 +2,7 @@
 # Times `ckpt reshard` and `ckpt convert --to hfai` of a ~2 GiB 3-rank DCP checkpoint under `mpirun -np 1`
 # and `-np 2` (the `mpi` feature), interleaved (np1 np2 np1 np2 ...), and prints each run and the medians.
 #
-#   bash benches/mpi_scaling.sh [GiB (default 2)] [repetitions (default 3)]
+#   bash benches/mpi_scaling.sh [GiB (default 2; fractions work: 0.0625 is 64 MiB)] [repetitions (default 3)]
 #   PROFILE=debug bash benches/mpi_scaling.sh    # the debug build
 #
 # Scratch lives in $SCRATCH (default /tmp/mpi/scaling) and is deleted at the end; it needs about 3x the size
@@ -28,15 +28,19 @@ rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 trap 'rm -rf "$SCRATCH"' EXIT
 
-# The source: GIB GiB of f32 in 128 MiB tensors [32768, 1024] (plus a small one), as 3 ranks save it.
+# The source: GIB GiB of f32 in 128 MiB tensors [32768, 1024] (plus a small one; below 128 MiB one tensor of
+# fewer rows), as 3 ranks save it.
 .venv/bin/python - "$SCRATCH/src.safetensors" "$GIB" <<'PY'
 import sys
 import numpy as np
 from safetensors.numpy import save_file
 path, gib = sys.argv[1], float(sys.argv[2])
+if gib <= 0:
+    sys.exit(f"the size must be positive, got {gib} GiB")
 n = max(1, int(gib * 8))
+rows = min(32768, max(3, int(gib * 2**30 / 4 / 1024)))
 rng = np.random.default_rng(0)
-tensors = {f"layer{i}.weight": rng.standard_normal((32768, 1024), dtype=np.float32) for i in range(n)}
+tensors = {f"layer{i}.weight": rng.standard_normal((rows, 1024), dtype=np.float32) for i in range(n)}
 tensors["head.bias"] = np.arange(1000, dtype=np.float32)
 save_file(tensors, path)
 PY

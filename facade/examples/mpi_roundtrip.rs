@@ -118,7 +118,7 @@ fn flag(args: &[String], name: &str) -> Option<usize> {
 }
 
 fn run(mpi: &MpiCollective, args: &[String]) -> Result<(), Failure> {
-    let usage = "usage: mpi_roundtrip save|load|resume|load-distcp DIR [--step N] [--fail-rank R] [--kill-rank R]";
+    let usage = "usage: mpi_roundtrip save|load|resume|load-distcp|load-hfai-parts DIR [--step N] [--fail-rank R] [--kill-rank R]";
     let (cmd, dir) = match args {
         [cmd, dir, ..] => (cmd.as_str(), PathBuf::from(dir)),
         _ => return Err(usage.into()),
@@ -156,6 +156,15 @@ fn run(mpi: &MpiCollective, args: &[String]) -> Result<(), Failure> {
                 return Err(format!("rank_state is {own:?}, expected {:?}", rank_row(mpi.rank(), step)).into());
             }
             println!("rank {} of {}: resumed its own state {own:?}", mpi.rank(), mpi.world_size());
+        }
+        "load-hfai-parts" => {
+            // Each process reads only the hfai parts it hosts (here without agreeing with the others: a
+            // process whose part is damaged fails alone, the others still check theirs).
+            let share =
+                ckpt::hfai::RankShare::read(&dir.join("hfai"), &Default::default(), mpi.rank(), mpi.world_size());
+            let (parts, n) =
+                share.map_err(Failure::from).and_then(|s| Ok((s.parts().to_vec(), check_hfai_share(&s, step)?)))?;
+            println!("rank {} of {}: checked {n} hfai values of parts {parts:?}", mpi.rank(), mpi.world_size());
         }
         "load-distcp" => {
             let n = load_dcp(mpi, &dir, step)?;
@@ -315,6 +324,34 @@ fn load_hfai(g: &dyn Collective, dir: &Path, step: i64) -> Result<usize, Failure
         .ok_or("hfai: no optimizer state for parameter 0")?;
     let sq = t(p0, "exp_avg_sq")?.narrow(0, start, n)?.to_vec::<f32>()?;
     checked += check("hfai exp_avg_sq", &sq, table_values(start, n, exp_avg_sq))?;
+    Ok(checked)
+}
+
+/// The entries and chunks of the hfai parts one process read, each against the values saved.
+fn check_hfai_share(share: &ckpt::hfai::RankShare, step: i64) -> Result<usize, Failure> {
+    let mut checked = 0;
+    if share.parts().contains(&0) != (share.other("step") == Some(&Value::Int(step))) {
+        return Err(format!("hfai step is {:?} with parts {:?}", share.other("step"), share.parts()).into());
+    }
+    let model = share.model().ok_or("the hfai parts hold no model")?;
+    for (k, v) in &model.items {
+        let got = v.as_tensor().ok_or_else(|| format!("hfai: {k:?} is not a tensor"))?.to_vec::<f32>()?;
+        checked += match k.as_str() {
+            Some("dense.weight") => check("hfai dense.weight", &got, (0..DENSE * D).map(dense_w))?,
+            Some("dense.bias") => check("hfai dense.bias", &got, (0..DENSE).map(dense_b))?,
+            _ => return Err(format!("hfai: unexpected whole entry {k:?}").into()),
+        };
+    }
+    for c in share.chunks() {
+        let f = match c.name.as_str() {
+            "model.emb.weight" => emb,
+            "optimizer.state.0.exp_avg" => exp_avg,
+            "optimizer.state.0.exp_avg_sq" => exp_avg_sq,
+            other => return Err(format!("hfai: unexpected chunk of {other}").into()),
+        };
+        let want = table_values(0, V, f).skip(c.range.start).take(c.range.len());
+        checked += check(&format!("hfai {} part {}", c.name, c.part), &c.tensor.to_vec::<f32>()?, want)?;
+    }
     Ok(checked)
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::collections::{HashMap, HashSet};
 
 use ckpt_core::select::Selection;
-use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Value, python_str, unflatten};
+use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Tensor, Value, python_str, unflatten};
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
@@ -57,6 +57,14 @@ pub(crate) trait Adaptor: Sync {
             leaves.push(Leaf { path: vec![PathItem::Key(e.name.clone())], name: e.name, value });
         }
         Content::from_leaves(leaves, path)
+    }
+
+    /// [`read`](Adaptor::read) for a target that reads a tensor only where it writes it: tensors the reader
+    /// would assemble into new memory may be outlines (their dtype and shape, no data) that
+    /// [`Outlined::resolve`] reads when the target writes them. Default: [`read`](Adaptor::read), no outlines
+    /// (tensors are windows of memory maps, whose pages are read only when touched).
+    fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {
+        Ok(Outlined::whole(self.read(path, limits)?))
     }
 
     /// Writes the content of `source` (any format) as this format at `dst`: a file for single-file formats, a
@@ -171,6 +179,20 @@ impl<'a> Source<'a> {
         self.adaptor.read(self.path, self.limits)?.select(self.selection, self.path)
     }
 
+    /// Its content as [`Source::content`], with the tensors its format would assemble left as outlines
+    /// ([`Adaptor::read_outlined`]) for a target that reads only what it writes. With a dtype cast the
+    /// content is read whole (a cast reads every value anyway).
+    // For the targets split over processes.
+    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
+    pub fn outlined(&self) -> Result<Outlined> {
+        if self.selection.dtype.is_some() {
+            return Ok(Outlined::whole(self.content()?));
+        }
+        let mut outlined = self.adaptor.read_outlined(self.path, self.limits)?;
+        outlined.content = outlined.content.select(self.selection, self.path)?;
+        Ok(outlined)
+    }
+
     /// Whether the whole checkpoint is converted as it is (no selection), so that a target may copy it by
     /// its own means instead of reading [`Source::content`].
     #[cfg_attr(not(feature = "recis"), allow(dead_code))]
@@ -202,6 +224,48 @@ impl<'a> Source<'a> {
             ),
         })
     }
+}
+
+/// A source's content in which some tensors are outlines: tensors of the right dtype and shape whose data
+/// is read from the source only when [`Outlined::resolve`] is asked for it.
+pub(crate) struct Outlined {
+    /// The content; its summary counts ([`count`]) are those of the data.
+    pub content: Content,
+    /// The source entry each outline stands for, by the outline's storage.
+    outlines: HashMap<(usize, usize, usize), String>,
+    /// Where outlines are read from.
+    reader: Option<Box<dyn Reader>>,
+}
+
+impl Outlined {
+    /// Content without outlines.
+    pub fn whole(content: Content) -> Self {
+        Outlined { content, outlines: HashMap::new(), reader: None }
+    }
+
+    /// `content`, in which each of `outlines` (made by [`outline`]) stands for the entry it names in
+    /// `reader`.
+    #[cfg_attr(not(feature = "distcp"), allow(dead_code))]
+    pub fn new(content: Content, reader: Box<dyn Reader>, outlines: Vec<(Tensor, String)>) -> Self {
+        let outlines = outlines.into_iter().map(|(t, name)| (t.storage().storage_id(), name)).collect();
+        Outlined { content, outlines, reader: Some(reader) }
+    }
+
+    /// The tensor `t` stands for: the source's data for an outline, `t` itself otherwise.
+    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
+    pub fn resolve(&self, t: &Tensor) -> ckpt_core::Result<Tensor> {
+        match (self.outlines.get(&t.storage().storage_id()), &self.reader) {
+            (Some(name), Some(reader)) => reader.tensor(name),
+            _ => Ok(t.clone()),
+        }
+    }
+}
+
+/// An outline of a tensor of `dtype` and `shape` ([`Outlined`]): every element one stored zero (stride 0), in
+/// a storage of its own.
+#[cfg_attr(not(feature = "distcp"), allow(dead_code))]
+pub(crate) fn outline(dtype: ckpt_core::DType, shape: &[usize]) -> ckpt_core::Result<Tensor> {
+    Tensor::from_parts(dtype, shape, &vec![0; shape.len()], 0, ckpt_core::Buffer::zeroed(16)?)
 }
 
 /// One entry of a source: its name (as [`Checkpoint::entries`] names it), its path in the nested state dict,

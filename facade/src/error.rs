@@ -139,6 +139,13 @@ impl Cause for std::io::Error {
     }
 }
 
+/// The facade's own errors already say where.
+impl Cause for Error {
+    fn at(self, _: &Path) -> Error {
+        self
+    }
+}
+
 impl Cause for ckpt_core::Error {
     fn at(self, path: &Path) -> Error {
         Error::Format { path: path.to_path_buf(), source: self }

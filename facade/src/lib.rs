@@ -48,7 +48,8 @@
 //! [`convert_in`] and [`reshard_in`] split a conversion or reshard over the processes of a
 //! [`core::Collective`] (an MPI job through [`core::MpiCollective`] with feature `mpi`, threads, one process):
 //! the `W` ranks of the target are hosted round-robin by the `K` processes ([`core::host_ranks`]), each
-//! writes its ranks' files, and rank 0 writes the metadata last. The files equal a one-process run's.
+//! writes its ranks' files (distcp ranks, hfai parts, hf shards, RecIS shards, PyTorch-BigGraph partition
+//! files), and rank 0 writes the metadata last. The files equal a one-process run's.
 
 mod adaptor;
 mod convert;

@@ -18,8 +18,18 @@ use crate::{Error, Format, Result};
 ///
 /// - distcp targets: each rank writes its `Shard(0)` rows of every tensor (a distcp source is read region
 ///   by region; other sources are opened lazily, so a rank touches only the pages of its rows).
-/// - hfai targets: each rank writes its `PART_{rank:03d}.pt`.
-/// - other targets: the process of rank 0 writes everything; the others wait for its verdict.
+/// - hfai targets: each rank writes its `PART_{rank:03d}.pt`, reading from the source only the tensors of its
+///   part (`ckpt::hfai::save_rank_resolved`; the split is planned from dtypes and shapes).
+/// - hf targets: the shards are the files: shard `i` is written by process `i mod K`, which alone reads its
+///   tensors (`ckpt::hf::save_entries_in`); process 0 writes the index.
+/// - RecIS targets: shard `r` (its data files) is written by the process of rank `r`, reading only the ids of
+///   its slice and their rows (`ckpt::recis::save_rank`, or `ckpt::recis::reshard_rank` from a RecIS
+///   source); process 0 writes `model.pt`, `extra.pt`, and the merged `index` last.
+/// - PyTorch-BigGraph targets: the `i`-th entity partition file is written by process `i mod K`, reading only
+///   its rows (`ckpt::pbg::save_rank`); process 0 writes `config.json`, the model file, and the version file
+///   last.
+/// - one-file targets (torch, safetensors, hf with one shard): the process of rank 0 writes it; the others
+///   wait for its verdict.
 ///
 /// Every process returns the same verdict: a failure on any process makes every process return an error
 /// ([`Error::RankFailed`] on the others), none is left waiting.
@@ -53,10 +63,12 @@ pub fn convert_in(
     target.write_in(&Source::new(src, source, &options.selection, &options.limits), dst, options, group)
 }
 
-/// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion: for distcp
-/// each of the `world_size` ranks reads only the regions of its `Shard(0)` box from the source and writes
-/// its own data files, rank 0 writes `.metadata` last; for hfai each rank writes its part; RecIS is
-/// resharded by the process of rank 0. The files are those of [`crate::reshard`] in one process.
+/// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion, the
+/// `world_size` ranks hosted round-robin by the processes: for distcp each rank reads only the regions of its
+/// `Shard(0)` box from the source and writes its own data files, rank 0 writes `.metadata` last; for hfai
+/// each rank writes its part (`ckpt::hfai::reshard_rank`); for RecIS each rank writes its shard's data
+/// files, reading only the ids of its slice (`ckpt::recis::reshard_rank`), rank 0 the merged `index` last.
+/// The files are those of [`crate::reshard`] in one process.
 ///
 /// # Errors
 /// As [`crate::reshard`]; [`Error::RankFailed`] when another process failed.
@@ -99,6 +111,32 @@ pub(crate) fn agree<T>(group: &dyn Collective, own: Result<T>) -> Result<T> {
     match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
         Some((rank, m)) => Err(Error::RankFailed { rank, message: String::from_utf8_lossy(m).into_owned() }),
         None => Ok(own),
+    }
+}
+
+/// The outcome of the ranks this process hosted ([`ckpt_core::host_ranks`]) as one result: the first error of
+/// a rank's own (`is_other` tells the "another rank failed" errors, which a rank's own error wins over), else
+/// the first such report, else the results in rank order.
+// For the targets whose writers run once per rank.
+#[cfg_attr(not(any(feature = "hfai", feature = "recis", feature = "pbg")), allow(dead_code))]
+pub(crate) fn hosted_outcome<T, E: crate::error::Cause>(
+    ran: ckpt_core::Result<Vec<(usize, std::result::Result<T, E>)>>,
+    is_other: impl Fn(&E) -> bool,
+    at: &Path,
+) -> Result<Vec<T>> {
+    use crate::error::At;
+    let mut first = None;
+    let mut out = Vec::new();
+    for (_, r) in ran.at(at)? {
+        match r {
+            Err(e) if !is_other(&e) => return Err(e.at(at)),
+            Err(e) => first = first.or(Some(e)),
+            Ok(v) => out.push(v),
+        }
+    }
+    match first {
+        Some(e) => Err(e.at(at)),
+        None => Ok(out),
     }
 }
 

@@ -113,6 +113,34 @@ fn assert_same_files(a: &Path, b: &Path) {
     }
 }
 
+/// Every file of two directories equal, `.safetensors` files up to the order of their `__metadata__` keys
+/// (the safetensors header serializer writes its metadata map in hash order, in one process too): the same
+/// header as JSON, the same tensor bytes.
+fn assert_same_files_but_metadata_order(a: &Path, b: &Path) {
+    let mut names: Vec<String> =
+        std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    let mut other: Vec<String> =
+        std::fs::read_dir(b).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    other.sort();
+    assert_eq!(names, other, "{} vs {}", a.display(), b.display());
+    for name in names {
+        let (x, y) = (std::fs::read(a.join(&name)).unwrap(), std::fs::read(b.join(&name)).unwrap());
+        if !name.ends_with(".safetensors") {
+            assert!(x == y, "{name} differs");
+            continue;
+        }
+        let split = |f: &[u8]| {
+            let n = u64::from_le_bytes(f[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(f[8..8 + n].trim_ascii_end()).unwrap();
+            (n, header, f[8 + n..].to_vec())
+        };
+        let ((nx, hx, dx), (ny, hy, dy)) = (split(&x), split(&y));
+        assert_eq!((nx, &hx), (ny, &hy), "{name}: headers differ");
+        assert!(dx == dy, "{name}: tensor bytes differ");
+    }
+}
+
 /// The 3-rank DCP checkpoint torch 2.13 wrote.
 fn dcp3() -> PathBuf {
     let p = fixtures("distcp").join("torch213").join("m3");
@@ -154,6 +182,28 @@ fn convert_to_hfai_with_2_processes_equals_one_process() {
     assert_eq!(ckpt::hfai::HfaiReader::open(&two).unwrap().nshards(), 4);
 }
 
+/// hf targets split by shard: each process writes its shards, reading only their tensors; process 0 the
+/// index. More shards than processes, and one shard (written by process 0 alone).
+#[test]
+fn convert_to_hf_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    for max in ["100", "1GB"] {
+        let (one, two) = (tmp.path().join(format!("one{max}")), tmp.path().join(format!("two{max}")));
+        let mut c = Command::new(ckpt_bin());
+        c.args(["convert"]).arg(dcp3()).arg(&one).args(["--to", "hf", "--max-shard-size", max]);
+        run(c, LIMIT).ok();
+        let args: [&dyn AsRef<std::ffi::OsStr>; 7] =
+            [&"convert", &dcp3(), &two, &"--to", &"hf", &"--max-shard-size", &max];
+        run(mpirun(2, &ckpt_bin(), &args), LIMIT).ok();
+        assert_same_files_but_metadata_order(&one, &two);
+        let shards = std::fs::read_dir(&two)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "safetensors"))
+            .count();
+        assert!(if max == "100" { shards > 2 } else { shards == 1 }, "{max}: {shards} shards");
+    }
+}
+
 /// More processes than ranks: the processes without a rank take part in the exchanges until the end.
 #[test]
 fn convert_to_distcp_with_more_processes_than_ranks() {
@@ -166,7 +216,7 @@ fn convert_to_distcp_with_more_processes_than_ranks() {
     assert_same_files(&one, &three);
 }
 
-/// Formats resharded by rank 0 alone (RecIS) give the same files too; the others wait for its verdict.
+/// RecIS and hfai reshards split over the processes give the files of one process.
 #[test]
 fn reshard_recis_and_hfai_under_mpirun() {
     let tmp = tempfile::tempdir().unwrap();
@@ -180,6 +230,123 @@ fn reshard_recis_and_hfai_under_mpirun() {
         run(mpirun(2, &ckpt_bin(), &[&"reshard", &src, &two, &"--world-size", &world]), LIMIT).ok();
         assert_same_files(&one, &two);
     }
+}
+
+/// `mpirun -np 1 ckpt FIRST : -np 1 env ENV... ckpt SECOND`: two processes of one job, the second with its own
+/// arguments and environment (a failpoint armed, a missing file).
+fn mpirun_two(first: &[&dyn AsRef<std::ffi::OsStr>], second: &[&dyn AsRef<std::ffi::OsStr>], env: &[&str]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "1"]).arg(ckpt_bin());
+    for a in first {
+        cmd.arg(a);
+    }
+    cmd.args([":", "-np", "1", "env"]).args(env).arg(ckpt_bin());
+    for a in second {
+        cmd.arg(a);
+    }
+    cmd
+}
+
+/// RecIS targets split by shard: shard `r` is written by the process hosting rank `r`, which reads only
+/// the ids of its slice and their rows; process 0 writes `model.pt` and the merged `index` last. From a
+/// RecIS source (its files resharded) and from a safetensors one (its state dict laid out), with more
+/// shards than processes: the files of one process, byte for byte.
+#[test]
+fn convert_to_recis_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recis = fixtures("recis").join("golden").join("two_shard_adamw");
+    let st = tmp.path().join("flat.safetensors");
+    let mut c = Command::new(ckpt_bin());
+    c.args(["convert"]).arg(&recis).arg(&st).args(["--to", "safetensors"]);
+    run(c, LIMIT).ok();
+    for (name, src) in [("recis", &recis), ("st", &st)] {
+        let (one, two) = (tmp.path().join(format!("{name}1")), tmp.path().join(format!("{name}2")));
+        let mut c = Command::new(ckpt_bin());
+        c.args(["convert"]).arg(src).arg(&one).args(["--to", "recis", "--world-size", "3"]);
+        run(c, LIMIT).ok();
+        let args: [&dyn AsRef<std::ffi::OsStr>; 7] = [&"convert", src, &two, &"--to", &"recis", &"--world-size", &"3"];
+        let r = run(mpirun(2, &ckpt_bin(), &args), LIMIT);
+        r.ok();
+        assert_eq!(r.out.matches("converted").count(), 1, "only rank 0 reports: {}", r.out);
+        assert_same_files(&one, &two);
+        let data = std::fs::read_dir(&two)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("model-"))
+            .count();
+        assert!(data >= 3, "{name}: {data} data files");
+        let (a, b) = (ckpt::open(&recis).unwrap(), ckpt::open(&two).unwrap());
+        for e in a.entries() {
+            if matches!(e.kind, ckpt::EntryKind::Tensor(_)) && e.name.ends_with("@id") {
+                let (mut x, mut y) = (
+                    a.tensor(&e.name).unwrap().to_vec::<i64>().unwrap(),
+                    b.tensor(&e.name).unwrap().to_vec::<i64>().unwrap(),
+                );
+                x.sort_unstable();
+                y.sort_unstable();
+                assert_eq!(x, y, "{name}: {}", e.name);
+            }
+        }
+    }
+}
+
+/// A process that fails writing its RecIS shard makes every process fail, naming it; nothing is committed
+/// and no staging directory is left.
+#[test]
+fn a_failing_process_fails_a_split_recis_conversion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recis = fixtures("recis").join("golden").join("two_shard_adamw");
+    let dst = tmp.path().join("out");
+    let args: [&dyn AsRef<std::ffi::OsStr>; 7] = [&"convert", &recis, &dst, &"--to", &"recis", &"--world-size", &"2"];
+    let r = run(mpirun_two(&args, &args, &["CKPT_FAILPOINT=file.create", "CKPT_FAILPOINT_ACTION=error"]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    assert!(r.out.contains("injected failure at file.create"), "{}", r.out);
+    assert!(r.out.contains("model-000002-of-000004.safetensors"), "process 1 fails at its own file: {}", r.out);
+    assert!(r.out.contains("shard 1 failed"), "process 0 names process 1: {}", r.out);
+    assert!(!dst.exists(), "nothing committed");
+    assert!(!tmp.path().join(".out.ckpt-staging").exists(), "the staging directory is removed");
+}
+
+/// PBG targets split by partition file: the `i`-th entity partition on process `i mod K`, which alone reads
+/// its rows (re-partitioned here: user_id 2 -> 3 partitions, item 1 -> 2); process 0 writes the config, the
+/// model and the version file last. The files of one process, byte for byte; and a failing process fails
+/// every process.
+#[test]
+fn convert_to_pbg_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pbg = fixtures("pbg").join("ckpt");
+    let text = std::fs::read_to_string(pbg.join("config.json")).unwrap();
+    let text = text.replacen("\"num_partitions\": 2", "\"num_partitions\": 3", 1).replacen(
+        "\"num_partitions\": 1",
+        "\"num_partitions\": 2",
+        1,
+    );
+    let config = tmp.path().join("config.json");
+    std::fs::write(&config, text).unwrap();
+    for (name, layout) in [("same", None), ("repartitioned", Some(&config))] {
+        let (one, two) = (tmp.path().join(format!("{name}1")), tmp.path().join(format!("{name}2")));
+        let mut c = Command::new(ckpt_bin());
+        c.args(["convert"]).arg(&pbg).arg(&one).args(["--to", "pbg"]);
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &pbg, &two, &"--to", &"pbg"];
+        if let Some(config) = layout {
+            c.arg("--pbg-config").arg(config);
+            args.extend([&"--pbg-config" as &dyn AsRef<std::ffi::OsStr>, config]);
+        }
+        run(c, LIMIT).ok();
+        run(mpirun(2, &ckpt_bin(), &args), LIMIT).ok();
+        assert_same_files(&one, &two);
+        let parts = ckpt::pbg::PbgReader::open(&two).unwrap().partitions().len();
+        assert_eq!(parts, if layout.is_some() { 5 } else { 3 }, "{name}");
+    }
+    // Process 1 cannot read its config: both processes fail, process 0 naming process 1.
+    let dst = tmp.path().join("failed");
+    let missing = tmp.path().join("missing.json");
+    let first: [&dyn AsRef<std::ffi::OsStr>; 7] = [&"convert", &pbg, &dst, &"--to", &"pbg", &"--pbg-config", &config];
+    let second: [&dyn AsRef<std::ffi::OsStr>; 7] = [&"convert", &pbg, &dst, &"--to", &"pbg", &"--pbg-config", &missing];
+    let r = run(mpirun_two(&first, &second, &[]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    assert!(r.out.contains("missing.json"), "{}", r.out);
+    assert!(r.out.contains("process 1 failed"), "process 0 names process 1: {}", r.out);
+    assert!(!dst.exists(), "nothing committed: {}", r.out);
 }
 
 /// An error on rank 0's checks reaches every process; the job ends with ckpt's exit code, no hang.
@@ -223,6 +390,27 @@ fn example_saves_with_4_ranks_and_loads_with_2_and_3_and_in_torch() {
     for rank in 0..4 {
         assert!(r.out.contains(&format!("torch rank {rank} of 4: dcp.load checked 13057 values")), "{}", r.out);
     }
+}
+
+/// Each process of an MPI job reads only its own hfai parts: with part 3 damaged, the processes hosting
+/// parts 0-2 still read and check theirs, the one hosting part 3 fails.
+#[test]
+fn hfai_parts_are_read_only_by_their_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("state");
+    run(mpirun(4, &example(), &[&"save", &root]), LIMIT).ok();
+    let r = run(mpirun(2, &example(), &[&"load-hfai-parts", &root]), LIMIT);
+    r.ok();
+    assert!(r.out.contains("rank 0 of 2: checked") && r.out.contains("of parts [0, 2]"), "{}", r.out);
+    assert!(r.out.contains("rank 1 of 2: checked") && r.out.contains("of parts [1, 3]"), "{}", r.out);
+    std::fs::write(root.join("hfai").join("PART_003.pt"), b"damaged").unwrap();
+    let r = run(mpirun(4, &example(), &[&"load-hfai-parts", &root]), LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.out);
+    for rank in 0..3 {
+        assert!(r.out.contains(&format!("rank {rank} of 4: checked")), "{}", r.out);
+        assert!(r.out.contains(&format!("of parts [{rank}]")), "{}", r.out);
+    }
+    assert!(r.out.contains("rank 3: error:") && r.out.contains("PART_003.pt"), "{}", r.out);
 }
 
 /// A checkpoint torch saves with 4 gloo ranks (DTensor `Shard(0)`) is loaded by the example with 2 ranks,

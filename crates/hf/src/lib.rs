@@ -36,7 +36,7 @@ mod write;
 pub use error::{Error, Result};
 pub use read::HfReader;
 pub use shard::{DEFAULT_MAX_SHARD_SIZE, parse_size};
-pub use write::{SaveReport, WriteOptions, save_entries};
+pub use write::{SaveReport, WriteOptions, save_entries, save_entries_in};
 
 /// The index file of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

@@ -97,6 +97,41 @@ pub fn save_entries<'a>(
     dst: &Path,
     options: &WriteOptions,
 ) -> Result<SaveReport> {
+    save_entries_in(entries, dst, options, &ckpt_core::SingleProcess, &|t| Ok(t.clone()))
+}
+
+/// [`save_entries`] split over the processes of `group`, every process calling it with the same entries:
+/// the shards are planned from the tensors' sizes on every process, process `p` of `K` writes shards `p,
+/// p + K, ...` (each tensor of its shards passed through `resolve` first, so that entries given as outlines
+/// are read only by the process that writes them), and process 0 writes the index once every shard is
+/// durable and commits the directory. The files are those of [`save_entries`]; every process returns the
+/// same report, or an error (a process's failure reaches every process).
+///
+/// ```
+/// use ckpt_core::{PathItem, Tensor, ThreadGroup, Value};
+/// let dir = tempfile::tempdir().unwrap();
+/// let (a, b) = (Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap()), Value::Int(3));
+/// let entries = [("a", &[PathItem::Key("a".into())][..], &a), ("b", &[PathItem::Key("b".into())][..], &b)];
+/// let options = ckpt_hf::WriteOptions::default().with_max_shard_size(8);
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (entries, dst, options) = (&entries, dir.path(), &options);
+///         s.spawn(move || ckpt_hf::save_entries_in(entries.iter().copied(), dst, options, &g, &|t| Ok(t.clone())).unwrap());
+///     }
+/// });
+/// assert!(dir.path().join("model.safetensors").exists());
+/// ```
+///
+/// # Errors
+/// As [`save_entries`]; `resolve`'s errors; [`ckpt_core::commit::CommitError::RankFailed`] (inside
+/// [`crate::Error`]) when another process failed.
+pub fn save_entries_in<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
+    dst: &Path,
+    options: &WriteOptions,
+    group: &dyn ckpt_core::Collective,
+    resolve: &(dyn Fn(&ckpt_core::Tensor) -> ckpt_core::Result<ckpt_core::Tensor> + Sync),
+) -> Result<SaveReport> {
     let mut st_options = metadata::WriteOptions::default();
     if let Some(s) = &options.source {
         st_options = st_options.with_source(s);
@@ -108,16 +143,28 @@ pub fn save_entries<'a>(
         shards.push(Vec::new()); // no tensor: one file with the records
     }
     let n = shards.len();
-    let group = ckpt_core::SingleProcess;
     let dir_options = DirOptions::default().with_owned(owned);
-    let commit = DirCommit::begin(dst, &group, &dir_options).map_err(ckpt_core::Error::from)?;
+    let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_core::Error::from)?;
     let mut names = Vec::with_capacity(n + 1);
     let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
+    for (i, members) in shards.iter().enumerate() {
+        let file = shard::file_name(i, n);
+        for &k in members {
+            if let Some((name, _)) = tensors.get(k) {
+                weight_map.push((name, file.clone()));
+            }
+        }
+        names.push(file);
+    }
+    let (process, processes) = (group.rank(), group.world_size().max(1));
     let written = (|| -> Result<()> {
-        for (i, members) in shards.iter().enumerate() {
+        for (i, members) in shards.iter().enumerate().filter(|(i, _)| i % processes == process) {
             let file = shard::file_name(i, n);
-            let shard_tensors: Vec<(String, ckpt_core::Tensor)> =
-                members.iter().filter_map(|&k| tensors.get(k).cloned()).collect();
+            let shard_tensors: Vec<(String, ckpt_core::Tensor)> = members
+                .iter()
+                .filter_map(|&k| tensors.get(k))
+                .map(|(name, t)| Ok((name.clone(), resolve(t)?)))
+                .collect::<ckpt_core::Result<_>>()?;
             let meta =
                 if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
             let mut staged = commit.create_file(&file).map_err(ckpt_core::Error::from)?;
@@ -128,31 +175,23 @@ pub fn save_entries<'a>(
                 ckpt_core::safetensors::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
             }
             staged.finish().map_err(ckpt_core::Error::from)?;
-            for &k in members {
-                if let Some((name, _)) = tensors.get(k) {
-                    weight_map.push((name, file.clone()));
-                }
-            }
-            names.push(file);
         }
         Ok(())
     })();
-    if let Err(e) = written {
-        commit.abort();
-        return Err(e);
-    }
+    // Every process learns every outcome in the commit: a failed one passes its error, and gets it back.
+    let own = written.as_ref().map(|&()| ()).map_err(ToString::to_string);
     let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
-    commit
-        .commit(&group, Ok(()), |c| {
-            if let Some(text) = &index {
-                let mut f = c.create_file(crate::INDEX_FILE)?;
-                let path = f.path().to_path_buf();
-                f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
-                f.finish()?;
-            }
-            Ok(())
-        })
-        .map_err(ckpt_core::Error::from)?;
+    let committed = commit.commit(group, own, |c| {
+        if let Some(text) = &index {
+            let mut f = c.create_file(crate::INDEX_FILE)?;
+            let path = f.path().to_path_buf();
+            f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
+            f.finish()?;
+        }
+        Ok(())
+    });
+    written?;
+    committed.map_err(ckpt_core::Error::from)?;
     if index.is_some() {
         names.push(crate::INDEX_FILE.to_owned());
     }

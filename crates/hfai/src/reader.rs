@@ -15,6 +15,7 @@ use crate::commit::{Fingerprint, Report};
 use crate::contents::{Contents, Item, ModelContents, OptimizerContents, StateEntry};
 use crate::error::{Error, Result};
 use crate::part::{LargeChunk, Part, PartName, VERSION, classify, part_file_name, show};
+use crate::partition::chunk_ranges;
 
 /// Keys of the part header; every other top-level key of PART_000.pt is one of `others`.
 pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model", "optimizer"];
@@ -548,4 +549,207 @@ impl HfaiReader {
             None => Err(leaves(&self.value).err().unwrap_or_else(missing)),
         }
     }
+}
+
+/// One large tensor's chunk that a part holds: flat elements `range` of the tensor `name` of `shape`.
+#[derive(Debug, Clone)]
+pub struct PartChunk {
+    /// The tensor's leaf name, as [`HfaiReader`]'s entries name it (`model.<key>`,
+    /// `optimizer.state.<param>.<name>`).
+    pub name: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<usize>,
+    /// The part holding the chunk.
+    pub part: usize,
+    /// The chunk's elements in the flattened tensor (`torch.chunk`'s `part`-th piece).
+    pub range: std::ops::Range<usize>,
+    /// The chunk, 1-D: a window of the part's memory map.
+    pub tensor: Tensor,
+}
+
+/// What one process of a job reads of an hfai checkpoint: only the parts of the ranks it hosts (process `p`
+/// of `K` hosts parts `p, p + K, ...`, [`ckpt_core::hosted_ranks`]); no other part is opened.
+///
+/// [`RankShare::value`] is laid out as [`HfaiReader::value`], holding only what those parts hold: the model
+/// and optimizer entries whole in them, and, when the process hosts part 0, the model buffers and the
+/// `others` items. The chunks of large tensors are in [`RankShare::chunks`]. With one process per part (the
+/// job that saved it), process `r` gets exactly what rank `r` saved as its own.
+#[derive(Debug, Clone)]
+pub struct RankShare {
+    nshards: usize,
+    parts: Vec<usize>,
+    value: Value,
+    chunks: Vec<PartChunk>,
+}
+
+impl RankShare {
+    /// Reads the parts process `process` of `processes` hosts. The number of parts is what the directory
+    /// lists, checked against every part read (`__nshards__`), so a missing last part is an error, not a
+    /// smaller checkpoint.
+    ///
+    /// # Errors
+    /// As [`HfaiReader::open`], for the parts read: [`Error::MissingPart`] when the listed parts are not
+    /// `0..n`, [`Error::NshardsMismatch`] when a part read says otherwise, a part that is not readable.
+    pub fn read(dir: &Path, options: &ReadOptions, process: usize, processes: usize) -> Result<RankShare> {
+        let (ranks, foreign) = list_parts(dir)?;
+        let nshards = ranks.len();
+        if let Some(rank) = (0..nshards).find(|r| ranks.binary_search(r).is_err()) {
+            return Err(Error::MissingPart { path: dir.join(part_file_name(rank)), rank, nshards: None });
+        }
+        if nshards == 0 {
+            return Err(Error::MissingPart { path: dir.join(part_file_name(0)), rank: 0, nshards: None });
+        }
+        if !foreign.is_empty() {
+            return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: foreign, nshards });
+        }
+        let mine = ckpt_core::hosted_ranks(process, processes, nshards);
+        let parts: Vec<Part> =
+            mine.par_iter().map(|&r| Part::open(&dir.join(part_file_name(r)), options)).collect::<Result<_>>()?;
+        for p in &parts {
+            if p.nshards != nshards {
+                return Err(Error::NshardsMismatch { path: p.path.clone(), expected: nshards, found: p.nshards });
+            }
+        }
+        let (value, chunks) = share(&mine, &parts, nshards)?;
+        Ok(RankShare { nshards, parts: mine, value, chunks })
+    }
+
+    /// [`RankShare::read`] on every process of `group`, each reading its own parts; a process that fails
+    /// does not leave the others waiting: they all return an error.
+    ///
+    /// # Errors
+    /// As [`RankShare::read`] for this process's own failure; [`Error::RankFailed`] when another failed.
+    pub fn read_collective(dir: &Path, options: &ReadOptions, group: &dyn Collective) -> Result<RankShare> {
+        let own = Self::read(dir, options, group.rank(), group.world_size());
+        let reports = Report::of(&own, |_| Vec::new()).exchange(group)?;
+        let share = own?;
+        for (rank, r) in reports.iter().enumerate() {
+            if let Report::Failed(message) = r {
+                return Err(Error::RankFailed { rank, message: message.clone() });
+            }
+        }
+        Ok(share)
+    }
+
+    /// The checkpoint's number of parts.
+    pub fn nshards(&self) -> usize {
+        self.nshards
+    }
+
+    /// The parts read, in order.
+    pub fn parts(&self) -> &[usize] {
+        &self.parts
+    }
+
+    /// The parts' entries, laid out as [`HfaiReader::value`].
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The model entries whole in the parts read (one model saved), by key.
+    pub fn model(&self) -> Option<&Dict> {
+        self.value.as_dict().and_then(|t| t.get("model")).and_then(Value::as_dict)
+    }
+
+    /// The `others` item with string key `key` (only the process hosting part 0 has them).
+    pub fn other(&self, key: &str) -> Option<&Value> {
+        let top = self.value.as_dict()?;
+        top.items
+            .iter()
+            .filter(|(k, _)| !k.as_str().is_some_and(|k| HEADER_KEYS.contains(&k)))
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+    }
+
+    /// The chunks of large tensors held by the parts read, in part order.
+    pub fn chunks(&self) -> &[PartChunk] {
+        &self.chunks
+    }
+}
+
+/// The value and chunks of `parts` (the parts `ranks` of `nshards`), merged as hfai's `load` merges, large
+/// tensors left as chunks.
+fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<PartChunk>)> {
+    let n_models = parts.iter().map(|p| p.models.len()).max().unwrap_or(0);
+    let n_optimizers = parts.iter().map(|p| p.optimizers.len()).max().unwrap_or(0);
+    let mut chunks = Vec::new();
+    let mut chunk = |name: String, large: &LargeChunk, rank: usize| {
+        let numel = ckpt_core::checked_numel(&large.shape).unwrap_or(0);
+        let range = chunk_ranges(numel, nshards).get(rank).cloned().unwrap_or(0..0);
+        if range.len() != large.chunk.numel() {
+            return Err(Error::ChunkSizeMismatch {
+                key: name,
+                shape: large.shape.clone(),
+                expected: range.len(),
+                found: large.chunk.numel(),
+                nshards,
+            });
+        }
+        chunks.push(PartChunk { name, shape: large.shape.clone(), part: rank, range, tensor: large.chunk.clone() });
+        Ok(())
+    };
+    let mut models = Vec::with_capacity(n_models);
+    for m in 0..n_models {
+        let mut entries: OrderedMap<Item> = OrderedMap::new();
+        for (p, &rank) in parts.iter().zip(ranks) {
+            let Some(share) = p.models.get(m) else { continue };
+            for (k, v) in &share.params {
+                entries.set(k.clone(), Item::Value(v.clone()));
+            }
+            for (k, l) in &share.large {
+                let name =
+                    if n_models == 1 { format!("model.{}", show_key(k)) } else { format!("model.{m}.{}", show_key(k)) };
+                chunk(name, l, rank)?;
+            }
+        }
+        models.push(ModelContents { entries: entries.items, buffers: Vec::new() });
+    }
+    let mut optimizers = Vec::with_capacity(n_optimizers);
+    for o in 0..n_optimizers {
+        let mut state: OrderedMap<Value> = OrderedMap::new();
+        let mut base = None;
+        for (p, &rank) in parts.iter().zip(ranks) {
+            let Some(share) = p.optimizers.get(o) else { continue };
+            base = base.or(Some(&share.dict));
+            for (k, v) in &share.state {
+                state.set(k.clone(), v.clone());
+            }
+            for ((k1, k2), l) in &share.large {
+                let name = match n_optimizers {
+                    1 => format!("optimizer.state.{}.{}", show_key(k1), show_key(k2)),
+                    _ => format!("optimizer.{o}.state.{}.{}", show_key(k1), show_key(k2)),
+                };
+                chunk(name, l, rank)?;
+            }
+        }
+        let dict = base.cloned().unwrap_or_else(|| Dict::new(ckpt_core::DictKind::Dict));
+        let state = state.items.into_iter().map(|(k, v)| (k, StateEntry::from_value(v))).collect();
+        optimizers.push(OptimizerContents { dict, state });
+    }
+    let contents = Contents { models, optimizers, others: Vec::new() };
+    let (models, optimizers, _) = contents.materialize()?;
+    // Part 0's dict (header, `others`) when it was read, else the header alone.
+    let mut top = match ranks.first().zip(parts.first()) {
+        Some((0, p)) => p.top.clone(),
+        _ => {
+            let mut top = Dict::new(ckpt_core::DictKind::Dict);
+            top.insert("__nshards__", Value::Int(i64::try_from(nshards).unwrap_or(i64::MAX)));
+            top.insert("__version__", VERSION);
+            top.insert("model", Value::List(Vec::new()));
+            top.insert("optimizer", Value::List(Vec::new()));
+            top
+        }
+    };
+    let (mut models, mut optimizers) = (Some(models), Some(optimizers).filter(|o| !o.is_empty()));
+    for (k, v) in &mut top.items {
+        let merged = match k.as_str() {
+            Some("model") => models.take(),
+            Some("optimizer") => optimizers.take(),
+            _ => None,
+        };
+        if let Some(merged) = merged {
+            *v = unwrap_one(merged);
+        }
+    }
+    Ok((Value::Dict(top), chunks))
 }

@@ -1,14 +1,15 @@
-//! Resharding: rewriting an N-part checkpoint as M parts, offline, from one process.
+//! Resharding: rewriting an N-part checkpoint as M parts, offline, from one process ([`reshard`]) or one
+//! call per rank ([`reshard_rank`]).
 
 use std::path::Path;
 
-use ckpt_core::Value;
+use ckpt_core::{Collective, Value};
 use ckpt_torch::ReadOptions;
 
 use crate::contents::Item;
 use crate::error::{Error, Result};
 use crate::reader::read_merged;
-use crate::writer::{Plan, WriteOptions};
+use crate::writer::{Plan, WriteOptions, write_rank};
 
 /// Options for [`reshard`].
 #[derive(Debug, Clone, Default)]
@@ -74,6 +75,45 @@ pub struct ReshardSummary {
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)
 /// for `dst`; [`Error::UnknownBuffer`] for a buffer name that is not an entry of its model.
 pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions) -> Result<ReshardSummary> {
+    let (from, plan) = plan(src, nshards, options)?;
+    plan.write_all(dst, &options.write)?;
+    Ok(ReshardSummary { from, to: nshards, chunked: plan.chunked_count(), copied_bytes: plan.copied_bytes() })
+}
+
+/// [`reshard`] as one rank of a job of `group.world_size()` ranks (the new part count), one call per rank
+/// (threads, processes under MPI, [`ckpt_core::host_ranks`]): every rank plans the split from the source's
+/// parts (their memory maps; nothing is read but the pickles), rank `r` writes `PART_{r:03d}.pt`, reading
+/// only its entries and chunks, into the staging directory beside `dst`; rank 0 checks every part on disk
+/// and swaps the directory in. The parts are [`reshard`]'s, byte for byte. Every rank returns the same
+/// verdict: a failure on any rank is an error on every rank.
+///
+/// ```
+/// use ckpt_core::ThreadGroup;
+/// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
+/// let dir = tempfile::tempdir().unwrap();
+/// let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+/// let options = ckpt_hfai::ReshardOptions::default();
+/// ckpt_hfai::reshard(fixture.as_ref(), &one, 2, &options).unwrap();
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (two, options) = (&two, &options);
+///         s.spawn(move || ckpt_hfai::reshard_rank(fixture.as_ref(), two, options, &g).unwrap());
+///     }
+/// });
+/// for part in ["PART_000.pt", "PART_001.pt"] {
+///     assert_eq!(std::fs::read(one.join(part)).unwrap(), std::fs::read(two.join(part)).unwrap());
+/// }
+/// ```
+///
+/// # Errors
+/// As [`reshard`]; [`Error::RankFailed`] naming the rank that failed on the others.
+pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dyn Collective) -> Result<()> {
+    let plan = plan(src, group.world_size(), options).map(|(_, plan)| plan);
+    write_rank(plan, dst, &options.write, group, &|t| Ok(t.clone()))
+}
+
+/// The source's part count and the split of its contents into `nshards` parts.
+fn plan(src: &Path, nshards: usize, options: &ReshardOptions) -> Result<(usize, Plan)> {
     let merged = read_merged(src, &options.read)?;
     let mut contents = merged.contents;
     for (m, names) in options.buffers.iter().enumerate() {
@@ -97,12 +137,5 @@ pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions)
             model.buffers.push((k, v));
         }
     }
-    let plan = Plan::new(contents, nshards, options.write.large_size)?;
-    plan.write_all(dst, &options.write)?;
-    Ok(ReshardSummary {
-        from: merged.nshards,
-        to: nshards,
-        chunked: plan.chunked_count(),
-        copied_bytes: plan.copied_bytes(),
-    })
+    Ok((merged.nshards, Plan::new(contents, nshards, options.write.large_size)?))
 }

@@ -335,11 +335,11 @@ pub(crate) struct Plan {
 }
 
 /// The item as a large tensor, if it is one: a strided tensor of more than `large_size` bytes.
-fn as_large(item: &Item, large_size: u64) -> Result<Option<Chunked>> {
+fn as_large(item: &Item, large_size: u64, resolve: Resolve<'_>) -> Result<Option<Chunked>> {
     Ok(match item {
         Item::Chunked(c) => (c.nbytes() > large_size).then(|| c.clone()),
         Item::Value(v) => match v.as_tensor() {
-            Some(t) if t.nbytes() as u64 > large_size => Some(Chunked::from_tensor(t)?),
+            Some(t) if t.nbytes() as u64 > large_size => Some(Chunked::from_tensor(&resolve(t)?)?),
             _ => None,
         },
     })
@@ -362,6 +362,12 @@ fn check_chunks(name: impl FnOnce() -> String, c: &Chunked, nshards: usize) -> R
 
 impl Plan {
     pub(crate) fn new(contents: Contents, nshards: usize, large_size: u64) -> Result<Plan> {
+        Plan::resolved(contents, nshards, large_size, &|t| Ok(t.clone()))
+    }
+
+    /// [`Plan::new`] for a state whose tensors may be outlines (see [`save_rank_resolved`]): `resolve` gives
+    /// the tensors of large items, which every rank chunks.
+    pub(crate) fn resolved(contents: Contents, nshards: usize, large_size: u64, resolve: Resolve<'_>) -> Result<Plan> {
         if nshards == 0 {
             return Err(Error::ZeroShards);
         }
@@ -371,7 +377,7 @@ impl Plan {
             let mut small = Vec::new();
             let mut large = Vec::new();
             for (k, item) in model.entries {
-                match as_large(&item, large_size)? {
+                match as_large(&item, large_size, resolve)? {
                     Some(c) => {
                         check_chunks(|| leaf_name("model", n_models, m, &[&k]), &c, nshards)?;
                         large.push((k, c));
@@ -392,7 +398,7 @@ impl Plan {
                     StateEntry::Map { kind, attrs, items } => {
                         let mut kept = Vec::with_capacity(items.len());
                         for (k2, item) in items {
-                            match as_large(&item, large_size)? {
+                            match as_large(&item, large_size, resolve)? {
                                 Some(c) => {
                                     let name =
                                         || leaf_name("optimizer", n_optimizers, o, &[&Value::from("state"), &k1, &k2]);
@@ -449,7 +455,7 @@ impl Plan {
     }
 
     /// The object rank `rank` saves as `PART_{rank:03d}.pt` (spec §3).
-    pub(crate) fn part_value(&self, rank: usize) -> Result<Value> {
+    pub(crate) fn part_value(&self, rank: usize, resolve: Resolve<'_>) -> Result<Value> {
         let mut top = Dict::new(DictKind::Dict);
         top.insert("__nshards__", Value::Int(i64::try_from(self.nshards).unwrap_or(i64::MAX)));
         top.insert("__version__", VERSION);
@@ -458,12 +464,12 @@ impl Plan {
             let mut params = Dict::new(DictKind::OrderedDict);
             for &i in m.assignment.get(rank).map(Vec::as_slice).unwrap_or_default() {
                 if let Some((k, item)) = m.small.get(i) {
-                    params.items.push((k.clone(), compact(&self.item_value(item)?)?));
+                    params.items.push((k.clone(), compact(&resolve_value(&self.item_value(item)?, resolve)?)?));
                 }
             }
             if rank == 0 {
                 for (k, v) in &m.buffers {
-                    params.items.push((k.clone(), compact(v)?));
+                    params.items.push((k.clone(), compact(&resolve_value(v, resolve)?)?));
                 }
             }
             let mut large = Dict::new(DictKind::Dict);
@@ -483,11 +489,11 @@ impl Plan {
                             kind: *kind,
                             items: items
                                 .iter()
-                                .map(|(k2, i)| Ok((k2.clone(), self.item_value(i)?)))
+                                .map(|(k2, i)| Ok((k2.clone(), resolve_value(&self.item_value(i)?, resolve)?)))
                                 .collect::<Result<_>>()?,
                             attrs: attrs.clone(),
                         }),
-                        StateEntry::Other(v) => v.clone(),
+                        StateEntry::Other(v) => resolve_value(v, resolve)?,
                     };
                     state.push((k.clone(), v));
                 }
@@ -500,15 +506,23 @@ impl Plan {
         }
         top.insert("optimizer", Value::List(optimizers));
         if rank == 0 {
-            top.items.extend(self.others.iter().cloned());
+            for (k, v) in &self.others {
+                top.items.push((k.clone(), resolve_value(v, resolve)?));
+            }
         }
         Ok(Value::Dict(top))
     }
 
     /// Writes rank `rank`'s part into the commit's staging directory (each record marked for the checksum
     /// manifest) and returns its fingerprint.
-    pub(crate) fn write_part(&self, commit: &DirCommit, rank: usize, options: &WriteOptions) -> Result<Fingerprint> {
-        let value = self.part_value(rank)?;
+    pub(crate) fn write_part(
+        &self,
+        commit: &DirCommit,
+        rank: usize,
+        options: &WriteOptions,
+        resolve: Resolve<'_>,
+    ) -> Result<Fingerprint> {
+        let value = self.part_value(rank, resolve)?;
         let name = part_file_name(rank);
         let prefix = ckpt_torch::prefix_for_path(Path::new(&name))?;
         let mut file = commit.create_file(&name).map_err(from_commit)?;
@@ -525,8 +539,10 @@ impl Plan {
     /// them and swaps the directory in.
     pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
         let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options()).map_err(from_commit)?;
-        let results: Vec<Result<Fingerprint>> =
-            (0..self.nshards).into_par_iter().map(|r| self.write_part(&commit, r, options)).collect();
+        let results: Vec<Result<Fingerprint>> = (0..self.nshards)
+            .into_par_iter()
+            .map(|r| self.write_part(&commit, r, options, &|t| Ok(t.clone())))
+            .collect();
         let reports: Vec<Report> = results.iter().map(|r| Report::of(r, |f| vec![*f])).collect();
         for r in results {
             r?; // the commit, dropped, removes its staging directory
@@ -558,6 +574,31 @@ fn compact_tensor(t: &Tensor) -> Result<Tensor> {
         return Ok(t.clone());
     }
     Ok(t.to_contiguous()?)
+}
+
+/// How a rank gets the tensors it writes from the tensors of the state it was given (see
+/// [`save_rank_resolved`]).
+pub type Resolve<'a> = &'a (dyn Fn(&Tensor) -> ckpt_core::Result<Tensor> + Sync);
+
+/// `v` with every tensor in it (nested in mappings, lists, tuples, parameters) passed through `resolve`.
+fn resolve_value(v: &Value, resolve: Resolve<'_>) -> Result<Value> {
+    Ok(match v {
+        Value::Tensor(t) => Value::Tensor(resolve(t)?),
+        Value::Parameter { tensor, state } => Value::Parameter { tensor: resolve(tensor)?, state: state.clone() },
+        Value::TensorWithState { tensor, class, state } => Value::TensorWithState {
+            tensor: Box::new(resolve_value(tensor, resolve)?),
+            class: class.clone(),
+            state: state.clone(),
+        },
+        Value::Dict(d) => Value::Dict(Dict {
+            kind: d.kind,
+            items: d.items.iter().map(|(k, v)| Ok((k.clone(), resolve_value(v, resolve)?))).collect::<Result<_>>()?,
+            attrs: d.attrs.clone(),
+        }),
+        Value::List(items) => Value::List(items.iter().map(|v| resolve_value(v, resolve)).collect::<Result<_>>()?),
+        Value::Tuple(items) => Value::Tuple(items.iter().map(|v| resolve_value(v, resolve)).collect::<Result<_>>()?),
+        other => other.clone(),
+    })
 }
 
 fn compact(v: &Value) -> Result<Value> {
@@ -621,11 +662,54 @@ pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()>
 /// # Errors
 /// As [`save`] for this rank's own failure; [`Error::RankFailed`] naming the rank that failed otherwise.
 pub fn save_rank(state: &SaveState, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<()> {
+    save_rank_resolved(state, dir, options, group, &|t| Ok(t.clone()))
+}
+
+/// [`save_rank`] for a state whose tensors stand for data this rank reads only if it writes them: the split
+/// is planned from the tensors' dtypes and shapes (which is all hfai's partition looks at), and each tensor
+/// this rank writes (its entries, buffers and `others` on rank 0, every large tensor it takes a chunk of)
+/// is passed through `resolve` first. A conversion gives outlines of the source's tensors and reads, in
+/// `resolve`, only those of its own part; `resolve` must return a tensor of the same dtype and shape.
+///
+/// ```
+/// use ckpt_core::{Dict, DictKind, SingleProcess, Tensor};
+/// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
+/// let mut sd = Dict::new(DictKind::OrderedDict);
+/// sd.insert("w", Tensor::zeros(ckpt_core::DType::F32, &[4]).unwrap()); // stands for the real `w`
+/// let state = SaveState::default().with_model(ModelState::new(sd));
+/// let dir = tempfile::tempdir().unwrap();
+/// let real = |_: &Tensor| Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]);
+/// ckpt_hfai::save_rank_resolved(&state, dir.path(), &WriteOptions::default(), &SingleProcess, &real).unwrap();
+/// let ck = ckpt_hfai::HfaiReader::open(dir.path()).unwrap();
+/// let w = ck.model().unwrap().get("w").unwrap().as_tensor().unwrap().to_vec::<f32>().unwrap();
+/// assert_eq!(w, [1.0, 2.0, 3.0, 4.0]);
+/// ```
+///
+/// # Errors
+/// As [`save_rank`]; `resolve`'s errors.
+pub fn save_rank_resolved(
+    state: &SaveState,
+    dir: &Path,
+    options: &WriteOptions,
+    group: &dyn Collective,
+    resolve: Resolve<'_>,
+) -> Result<()> {
+    let plan = state.contents().and_then(|c| Plan::resolved(c, group.world_size(), options.large_size, resolve));
+    write_rank(plan, dir, options, group, resolve)
+}
+
+/// Writes this rank's part of `plan` (every rank planned the same) into the staging directory rank 0 prepares
+/// beside `dir`; rank 0 checks every part on disk and swaps the directory in; every rank returns the same
+/// verdict (a rank whose plan failed too).
+pub(crate) fn write_rank(
+    plan: Result<Plan>,
+    dir: &Path,
+    options: &WriteOptions,
+    group: &dyn Collective,
+    resolve: Resolve<'_>,
+) -> Result<()> {
     let commit = DirCommit::begin(dir, group, &options.dir_options()).map_err(from_commit)?;
-    let own = state
-        .contents()
-        .and_then(|c| Plan::new(c, group.world_size(), options.large_size))
-        .and_then(|plan| plan.write_part(&commit, group.rank(), options));
+    let own = plan.and_then(|plan| plan.write_part(&commit, group.rank(), options, resolve));
     let payload = match &own {
         Ok(f) => Ok(f.encode().into_bytes()),
         Err(e) => Err(e.to_string()),

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Collective, DType, Dict, DictKind, Tensor, ThreadGroup, Value};
+use ckpt_core::{CheckpointRead, Collective, DType, Dict, DictKind, SingleProcess, Tensor, ThreadGroup, Value};
 use ckpt_hfai::{
-    Error, HfaiReader, ModelState, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name, reshard,
-    save, save_rank,
+    Error, HfaiReader, ModelState, RankShare, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name,
+    reshard, save, save_rank,
 };
 
 /// Deterministic values: element i of tensor `k` is ((i * (2k + 5) + k) % 17 - 8) / 4.
@@ -666,4 +666,86 @@ fn verify_names_every_part_with_a_flipped_record() {
     let report = ckpt_hfai::verify(dir.path()).unwrap();
     let failed: Vec<&std::path::Path> = report.parts.iter().filter(|p| !p.is_ok()).map(|p| p.path.as_path()).collect();
     assert_eq!(failed, [part.as_path()]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// per-process loads
+
+/// Every process's share of a 4-part checkpoint equals its entries in the whole load, the shares together
+/// hold everything once; a process reads only its own parts: with another process's part corrupted, it
+/// still reads its share, the owner fails, and a collective read fails on every process.
+#[test]
+fn rank_shares_read_only_their_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&sample(), dir.path(), &opts().with_nshards(4)).unwrap();
+    let whole = HfaiReader::open(dir.path()).unwrap();
+    let read = |p: usize, k: usize| RankShare::read(dir.path(), &Default::default(), p, k);
+    for k in [1, 2, 3] {
+        let shares: Vec<RankShare> = if k == 1 {
+            vec![RankShare::read_collective(dir.path(), &Default::default(), &SingleProcess).unwrap()]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = ThreadGroup::new(k)
+                    .into_iter()
+                    .map(|g| {
+                        let d = dir.path();
+                        s.spawn(move || RankShare::read_collective(d, &Default::default(), &g).unwrap())
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let mut model_keys = Vec::new();
+        let mut covered: HashMap<String, usize> = HashMap::new();
+        for (p, share) in shares.iter().enumerate() {
+            assert_eq!(share.parts(), ckpt_core::hosted_ranks(p, k, 4), "process {p} of {k}");
+            assert_eq!(share.nshards(), 4);
+            for (key, v) in &share.model().unwrap().items {
+                let key = ckpt_core::python_str(key).unwrap();
+                assert_tensor_eq(v, whole.model().unwrap().get(key.as_str()).unwrap(), &key);
+                model_keys.push(key);
+            }
+            assert_eq!(share.other("epoch").is_some(), share.parts().contains(&0));
+            for c in share.chunks() {
+                let t = whole.tensor(&c.name).unwrap();
+                let flat = t.reshape(&[t.numel()]).unwrap().narrow(0, c.range.start, c.range.len()).unwrap();
+                assert!(flat.bitwise_eq(&c.tensor), "{} part {}", c.name, c.part);
+                *covered.entry(c.name.clone()).or_default() += c.range.len();
+            }
+        }
+        model_keys.sort();
+        let mut expected: Vec<String> =
+            whole.model().unwrap().items.iter().map(|(k, _)| ckpt_core::python_str(k).unwrap()).collect();
+        expected.retain(|k| !whole.chunked().contains(&format!("model.{k}")));
+        expected.sort();
+        assert_eq!(model_keys, expected, "{k} processes hold every whole model entry once");
+        assert_eq!(covered.len(), whole.chunked().len());
+        for name in whole.chunked() {
+            assert_eq!(covered[name], whole.tensor(name).unwrap().numel(), "{name}");
+        }
+    }
+    // Part 1 (process 1's of 2, process 1's of 3) made unreadable: process 0 does not open it.
+    let before = read(0, 2).unwrap();
+    fs::write(dir.path().join(part_file_name(1)), b"not a torch.save file").unwrap();
+    assert!(HfaiReader::open(dir.path()).is_err(), "the part is unreadable");
+    let after = read(0, 2).unwrap();
+    assert_eq!(after.value(), before.value());
+    assert_eq!(after.chunks().len(), before.chunks().len());
+    assert!(read(2, 3).is_ok());
+    assert!(read(1, 2).is_err());
+    let r: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ThreadGroup::new(2)
+            .into_iter()
+            .map(|g| {
+                let d = dir.path();
+                s.spawn(move || RankShare::read_collective(d, &Default::default(), &g))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(matches!(&r[0], Err(Error::RankFailed { rank: 1, .. })), "{:?}", r[0]);
+    assert!(r[1].is_err());
+    // A missing last part is not a smaller checkpoint.
+    fs::remove_file(dir.path().join(part_file_name(3))).unwrap();
+    assert!(matches!(read(0, 2), Err(Error::NshardsMismatch { expected: 3, found: 4, .. })), "{:?}", read(0, 2));
 }

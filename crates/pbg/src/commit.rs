@@ -183,13 +183,41 @@ impl FileCheckpointStorage {
     fn derive_next_metadata(&self, previous: u64) -> Option<Metadata> {
         let old = if previous > 0 { self.load_model(previous).ok().map(|m| m.metadata) } else { None };
         let text = old.as_ref().and_then(|m| m.config_json().map(str::to_owned)).or_else(|| self.load_config().ok())?;
-        let config = crate::config::Config::parse(&text).ok()?;
-        let chunks = config
-            .num_edge_chunks()
-            .or_else(|| old.as_ref()?.iteration().and_then(|it| u64::try_from(it.num_edge_chunks).ok()))?;
-        let it = Iteration::from_index(previous, config.num_epochs(), &config.edge_paths(), chunks)?;
-        Some(Metadata::for_iteration(&text, &it))
+        let chunks = old.as_ref().and_then(|m| m.iteration()).and_then(|it| u64::try_from(it.num_edge_chunks).ok());
+        metadata_for(&text, previous, chunks)
     }
+}
+
+/// The metadata PBG writes into the files of version `previous + 1` of a new checkpoint whose config is
+/// `config_json` (what [`FileCheckpointStorage::begin_commit`] derives in a directory holding only the
+/// config), when it can be derived.
+pub(crate) fn next_metadata(config_json: &str, previous: u64) -> Option<Metadata> {
+    metadata_for(config_json, previous, None)
+}
+
+/// The metadata of version `previous + 1` from the config text, the edge chunk count the config's or
+/// `chunks`.
+fn metadata_for(text: &str, previous: u64, chunks: Option<u64>) -> Option<Metadata> {
+    let config = crate::config::Config::parse(text).ok()?;
+    let chunks = config.num_edge_chunks().or(chunks)?;
+    let it = Iteration::from_index(previous, config.num_epochs(), &config.edge_paths(), chunks)?;
+    Some(Metadata::for_iteration(text, &it))
+}
+
+/// Snapshots version `version` of `storage` as `epoch_<epoch>/` (links to its files and its version file).
+pub(crate) fn snapshot_version(storage: &FileCheckpointStorage, version: u64, epoch: u64) -> Result<PathBuf> {
+    storage.prepare_snapshot(epoch)?;
+    for (name, _) in storage.list()?.into_iter().filter(|(n, _)| n.version() == Some(version)) {
+        match &name {
+            FileName::Embeddings { entity, partition, .. } => {
+                storage.copy_entity_partition_to_snapshot(version, entity, *partition, epoch)?;
+            }
+            FileName::Model { .. } => storage.copy_model_to_snapshot(version, epoch)?,
+            _ => {}
+        }
+    }
+    storage.copy_version_to_snapshot(version, epoch)?;
+    Ok(storage.snapshot_path(epoch))
 }
 
 impl Commit<'_> {
@@ -346,20 +374,7 @@ impl Commit<'_> {
 
         // 3. Snapshot of the new version.
         let snapshot = match options.snapshot_epoch {
-            Some(epoch) => {
-                storage.prepare_snapshot(epoch)?;
-                for (name, _) in storage.list()?.into_iter().filter(|(n, _)| n.version() == Some(new)) {
-                    match &name {
-                        FileName::Embeddings { entity, partition, .. } => {
-                            storage.copy_entity_partition_to_snapshot(new, entity, *partition, epoch)?;
-                        }
-                        FileName::Model { .. } => storage.copy_model_to_snapshot(new, epoch)?,
-                        _ => {}
-                    }
-                }
-                storage.copy_version_to_snapshot(new, epoch)?;
-                Some(storage.snapshot_path(epoch))
-            }
+            Some(epoch) => Some(snapshot_version(storage, new, epoch)?),
             None => None,
         };
 

@@ -104,6 +104,6 @@ pub use optimizer::{OptimizerState, StateDict};
 pub use partition::{
     EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
 };
-pub use save::{SaveReport, save};
+pub use save::{SaveReport, save, save_rank};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};
 pub use verify::VerifyReport;

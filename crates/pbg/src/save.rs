@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ckpt_core::commit::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_core::{Dict, DictKind, SingleProcess, Tensor, Value};
+use ckpt_core::{Collective, Dict, DictKind, SingleProcess, Tensor, Value};
 
 use crate::commit::WriteOptions;
 use crate::config::Config;
@@ -247,16 +247,13 @@ fn rows(t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
     Ok(t.narrow(0, start, len).and_then(|v| v.to_contiguous())?)
 }
 
-/// `tensors` concatenated on dimension 0 (all of one dtype and row shape).
-fn concat(tensors: &[&Tensor]) -> Result<Tensor> {
+/// Whether `tensors` can be concatenated on dimension 0: at least one, all of one dtype and row shape.
+fn check_concat(tensors: &[Tensor]) -> Result<()> {
     let Some(first) = tensors.first() else {
         return Err(Error::InvalidInput { what: "embeddings".into(), reason: "concatenating no tensors".into() });
     };
-    let mut shape = first.shape().to_vec();
-    let mut bytes = Vec::new();
-    let mut n = 0;
     for t in tensors {
-        if t.dtype() != first.dtype() || t.shape().get(1..) != first.shape().get(1..) {
+        if t.dtype() != first.dtype() || t.shape().get(1..) != first.shape().get(1..) || t.dim() == 0 {
             return Err(Error::InvalidInput {
                 what: "embeddings".into(),
                 reason: format!(
@@ -268,13 +265,8 @@ fn concat(tensors: &[&Tensor]) -> Result<Tensor> {
                 ),
             });
         }
-        n += t.shape().first().copied().unwrap_or(0);
-        bytes.extend_from_slice(&t.data()?);
     }
-    if let Some(d0) = shape.first_mut() {
-        *d0 = n;
-    }
-    Ok(Tensor::from_buffer(first.dtype(), &shape, ckpt_core::Buffer::from_vec(bytes))?)
+    Ok(())
 }
 
 /// The `(start, len)` row ranges of `n` rows cut into `parts` consecutive ranges, the first `n % parts`
@@ -336,6 +328,11 @@ fn commit_error(e: CommitError) -> Error {
 /// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors; the
 /// commit's (`Error::Core(ckpt_core::Error::Commit(_))`: another save to `dst` in progress, a full disk).
 pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
+    write_plan(plan(entries, dst, options)?, dst, options)
+}
+
+/// The layout of a save of `entries` (see [`save`]), nothing read or written yet.
+fn plan(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<Plan> {
     let source = classify(entries);
     if source.embeddings.is_empty() && source.parameters.is_empty() {
         return Err(Error::NoEmbeddings);
@@ -361,8 +358,8 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
         }
     }
 
-    // Entity partitions in the config's layout.
-    let mut partitions: Vec<(String, u32, EntityPartition)> = Vec::new();
+    // Entity partitions in the config's layout, each made (its rows read) only by whoever writes it.
+    let mut partitions: Vec<PlannedPartition> = Vec::new();
     for e in config.entities() {
         let Some(parts) = source.embeddings.get(&e.name) else {
             return Err(layout(format!("the entries have no embeddings of entity type {:?}", e.name)));
@@ -391,12 +388,11 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
         let lr_of = |p: u32| opt(p).and_then(|o| leaf_f64(o, "param_groups.0.lr")).unwrap_or_else(|| config.lr());
         if want == src_count {
             for (&p, t) in parts {
-                let mut part = EntityPartition::new(t.clone());
-                if let Some(o) = opt(p) {
-                    let state = match rebuild_state_dict(o) {
-                        Some(v) => StateDict::from_value(v)?,
+                let optimizer = match opt(p) {
+                    Some(o) => Some(match rebuild_state_dict(o) {
+                        Some(v) => PlannedOptimizer::StateDict(v),
                         None => match leaf_tensor(o, "state.0.sum") {
-                            Some(sum) => StateDict::row_adagrad(sum.clone(), lr_of(p)),
+                            Some(sum) => PlannedOptimizer::RowAdagrad(vec![sum.clone()], lr_of(p)),
                             None => {
                                 return Err(layout(format!(
                                     "optimizer/embeddings/{}/{p} has no `state.0.sum`",
@@ -404,29 +400,36 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
                                 )));
                             }
                         },
-                    };
-                    part.optimizer = Some(OptimizerState::encode(&state)?);
-                }
-                partitions.push((e.name.clone(), p, part));
+                    }),
+                    None => None,
+                };
+                let rows = t.shape().first().copied().unwrap_or(0);
+                partitions.push(PlannedPartition {
+                    entity: e.name.clone(),
+                    partition: p,
+                    embeddings: vec![t.clone()],
+                    rows: (0, rows),
+                    optimizer,
+                });
             }
         } else {
-            let all: Vec<&Tensor> = parts.values().collect();
-            let embeddings = concat(&all)?;
-            let sums: Option<Vec<&Tensor>> =
-                (0..src_count as u32).map(|p| opt(p).and_then(|o| leaf_tensor(o, "state.0.sum"))).collect();
-            let sums = match sums {
-                Some(s) => Some(concat(&s)?),
-                None => None,
-            };
-            let n = embeddings.shape().first().copied().unwrap_or(0);
+            let all: Vec<Tensor> = parts.values().cloned().collect();
+            check_concat(&all)?;
+            let sums: Option<Vec<Tensor>> =
+                (0..src_count as u32).map(|p| opt(p).and_then(|o| leaf_tensor(o, "state.0.sum")).cloned()).collect();
+            if let Some(sums) = &sums {
+                check_concat(sums)?;
+            }
+            let n = all.iter().map(|t| t.shape().first().copied().unwrap_or(0)).sum();
             for (p, (start, len)) in ranges(n, want).into_iter().enumerate() {
                 let p = u32::try_from(p).map_err(|_| layout(format!("{want} partitions")))?;
-                let mut part = EntityPartition::new(rows(&embeddings, start, len)?);
-                if let Some(sum) = &sums {
-                    let state = StateDict::row_adagrad(rows(sum, start, len)?, lr_of(0));
-                    part.optimizer = Some(OptimizerState::encode(&state)?);
-                }
-                partitions.push((e.name.clone(), p, part));
+                partitions.push(PlannedPartition {
+                    entity: e.name.clone(),
+                    partition: p,
+                    embeddings: all.clone(),
+                    rows: (start, len),
+                    optimizer: sums.clone().map(|s| PlannedOptimizer::RowAdagrad(s, lr_of(0))),
+                });
             }
         }
     }
@@ -458,13 +461,23 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
         Some(Model { parameters: Some(parameters), optimizer, ..Model::default() })
     };
 
-    // Write into a staging directory beside `dst`, swapped in whole (`DirCommit`): config first (the
-    // commit derives the files' metadata from it), then version V in one PBG commit.
+    Ok(Plan {
+        config: config.clone(),
+        version: source.version.unwrap_or(1).max(1),
+        partitions,
+        model,
+        dropped: source.dropped,
+    })
+}
+
+/// Writes `plan` into a staging directory beside `dst`, swapped in whole (`DirCommit`): config first (the
+/// commit derives the files' metadata from it), then version V in one PBG commit.
+fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
+    let Plan { config, version, partitions, model, dropped } = plan;
     if FileCheckpointStorage::new(dst).version_file().exists() {
         return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
     }
-    let dir_options = DirOptions::default().with_checksums(true).with_owned(is_pbg_file);
-    let staged = DirCommit::begin(dst, &SingleProcess, &dir_options).map_err(commit_error)?;
+    let staged = DirCommit::begin(dst, &SingleProcess, &dir_options()).map_err(commit_error)?;
     // Checked again under the lock: another save may have committed since.
     if FileCheckpointStorage::new(dst).version_file().exists() {
         return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
@@ -472,13 +485,12 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
     let storage = FileCheckpointStorage::new(staged.staging());
     storage.prepare()?;
     storage.save_config(config.text())?;
-    let version = source.version.unwrap_or(1).max(1);
     if version > 1 {
         storage.save_version(version - 1)?;
     }
     let mut commit = storage.begin_commit_unlocked()?;
-    for (entity, p, part) in partitions {
-        commit.partition(&entity, p, part)?;
+    for planned in &partitions {
+        commit.partition(&planned.entity, planned.partition, planned.make()?)?;
     }
     if let Some(m) = model {
         commit.model(m);
@@ -496,8 +508,235 @@ pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> 
         }
     }
     staged.commit(&SingleProcess, Ok(()), |_| Ok(())).map_err(commit_error)?;
+    Ok(SaveReport { version, dropped })
+}
 
-    Ok(SaveReport { version, dropped: source.dropped })
+/// [`save`] as one rank of a job (threads, processes under MPI, [`ckpt_core::host_ranks`]), one call per
+/// rank with the same `entries`: the files of the new version are dealt round robin, the `i`-th entity
+/// partition file (in the config's entity order, partitions in order) to rank `i % world_size`, which alone
+/// reads its rows from `entries` (a re-partitioned file reads only the source rows it holds) and writes it
+/// into the staging directory beside `dst`; rank 0 also writes `config.json` and the model file, then, once
+/// every rank's files are durable, the version file (the commit point, and a snapshot if `options` asks)
+/// and commits the directory whole, with the checksum manifest. The files are [`save`]'s, byte for byte.
+/// Every rank returns the same verdict: a failure on any rank is an error on every rank, none is left
+/// waiting.
+///
+/// ```
+/// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
+/// use ckpt_core::{CheckpointRead, ThreadGroup};
+/// use ckpt_pbg::{PbgReader, WriteOptions};
+/// let src = PbgReader::open(fixture.as_ref()).unwrap();
+/// let entries: Vec<_> = src.entries().into_iter().map(|e| (e.name.clone(), src.value(&e.name).unwrap())).collect();
+/// let dir = tempfile::tempdir().unwrap();
+/// let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+/// ckpt_pbg::save(&entries, &one, &WriteOptions::default()).unwrap();
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (entries, two) = (&entries, &two);
+///         s.spawn(move || ckpt_pbg::save_rank(entries, two, &WriteOptions::default(), &g).unwrap());
+///     }
+/// });
+/// assert_eq!(PbgReader::open(&two).unwrap().partitions().len(), src.partitions().len());
+/// for f in std::fs::read_dir(&one).unwrap() {
+///     let name = f.unwrap().file_name();
+///     assert_eq!(std::fs::read(one.join(&name)).unwrap(), std::fs::read(two.join(&name)).unwrap(), "{name:?}");
+/// }
+/// ```
+///
+/// # Errors
+/// As [`save`]; on the other ranks `Error::Core(ckpt_core::Error::Commit(RankFailed))` naming the rank that
+/// failed.
+pub fn save_rank<C: Collective + ?Sized>(
+    entries: &[(String, Value)],
+    dst: &Path,
+    options: &WriteOptions,
+    collective: &C,
+) -> Result<SaveReport> {
+    let group = Group(collective);
+    let (rank, world) = (collective.rank(), collective.world_size());
+    let planned = plan(entries, dst, options);
+    let staged = DirCommit::begin(dst, &group, &dir_options()).map_err(commit_error)?;
+    let storage = FileCheckpointStorage::new(staged.staging());
+    let mut report = None;
+    let local = planned.and_then(|plan| {
+        let Plan { config, version, partitions, model, dropped } = plan;
+        let metadata = crate::commit::next_metadata(config.text(), version - 1);
+        let with_metadata = |m: &mut crate::metadata::Metadata| {
+            if let (true, Some(meta)) = (m.attrs.is_empty(), &metadata) {
+                *m = meta.clone();
+            }
+        };
+        if rank == 0 {
+            // Under the commit's lock: another save may have committed.
+            if FileCheckpointStorage::new(dst).version_file().exists() {
+                return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
+            }
+            storage.prepare()?;
+            storage.save_config(config.text())?;
+            if version > 1 {
+                storage.save_version(version - 1)?;
+            }
+        }
+        for planned in partitions.iter().skip(rank).step_by(world.max(1)) {
+            let mut part = planned.make()?;
+            with_metadata(&mut part.metadata);
+            let path = storage.write_entity_partition(version, &planned.entity, planned.partition, &part)?;
+            record(&staged, &path)?;
+        }
+        if rank == 0 {
+            if let Some(mut m) = model {
+                with_metadata(&mut m.metadata);
+                record(&staged, &storage.write_model(version, &m)?)?;
+            }
+            record(&staged, &storage.config_file())?;
+        }
+        crate::storage::dir_sync(storage.path())?;
+        report = Some(SaveReport { version, dropped });
+        Ok(version)
+    });
+    let own = match &local {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut failure = None;
+    let committed = staged.commit(&group, own, |c| {
+        let finalize = || -> Result<()> {
+            let storage = FileCheckpointStorage::new(c.staging());
+            let version = *local
+                .as_ref()
+                .map_err(|_| Error::InvalidInput { what: "the save".into(), reason: "rank 0 failed".into() })?;
+            match options.version_write {
+                crate::commit::VersionWrite::Rename => storage.save_version(version)?,
+                crate::commit::VersionWrite::InPlace => storage.save_version_in_place(version)?,
+            }
+            if let Some(epoch) = options.snapshot_epoch {
+                crate::commit::snapshot_version(&storage, version, epoch)?;
+            }
+            Ok(())
+        };
+        finalize().map_err(|e| {
+            let reason = e.to_string();
+            failure = Some(e);
+            CommitError::Refused { path: c.target().to_path_buf(), reason }
+        })
+    });
+    let version = local?;
+    committed.map_err(|e| failure.unwrap_or_else(|| commit_error(e)))?;
+    report.ok_or_else(|| Error::InvalidInput { what: format!("version {version}"), reason: "no report".into() })
+}
+
+/// Records the checksums of the staged file at `path` for the manifest.
+fn record(staged: &DirCommit, path: &Path) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    staged.record_file(&name).map(|_| ()).map_err(commit_error)
+}
+
+/// The directory commit of a save: PBG's files owned, the checksum manifest written.
+fn dir_options() -> DirOptions {
+    DirOptions::default().with_checksums(true).with_owned(is_pbg_file)
+}
+
+/// A [`Collective`] behind a reference of any (possibly unsized) type, for the commit's `&dyn Collective`.
+struct Group<'a, C: ?Sized>(&'a C);
+
+impl<C: Collective + ?Sized> Collective for Group<'_, C> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn barrier(&self) -> ckpt_core::Result<()> {
+        self.0.barrier()
+    }
+    fn all_gather(&self, data: Vec<u8>) -> ckpt_core::Result<Vec<Vec<u8>>> {
+        self.0.all_gather(data)
+    }
+    fn gather(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Option<Vec<Vec<u8>>>> {
+        self.0.gather(data, root)
+    }
+    fn broadcast(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Vec<u8>> {
+        self.0.broadcast(data, root)
+    }
+}
+
+/// A save laid out: the config, the version, the entity partitions (not read yet), the model, what is left
+/// out.
+struct Plan {
+    config: Config,
+    version: u64,
+    partitions: Vec<PlannedPartition>,
+    model: Option<Model>,
+    dropped: Vec<String>,
+}
+
+/// An entity partition of the new checkpoint: rows `rows` (start, count) of its source partitions
+/// concatenated, and its optimizer state.
+struct PlannedPartition {
+    entity: String,
+    partition: u32,
+    embeddings: Vec<Tensor>,
+    rows: (usize, usize),
+    optimizer: Option<PlannedOptimizer>,
+}
+
+/// The `RowAdagrad` state of a planned partition.
+enum PlannedOptimizer {
+    /// A whole state dict the source kept.
+    StateDict(Value),
+    /// Rebuilt from the sums (the same rows of these tensors concatenated) and the learning rate.
+    RowAdagrad(Vec<Tensor>, f64),
+}
+
+impl PlannedPartition {
+    /// The partition, its rows read from the source: a view of the source tensor when it is one source
+    /// partition whole, else only the rows it holds, copied.
+    fn make(&self) -> Result<EntityPartition> {
+        let (start, len) = self.rows;
+        let mut part = EntityPartition::new(rows_of(&self.embeddings, start, len)?);
+        part.optimizer = match &self.optimizer {
+            None => None,
+            Some(PlannedOptimizer::StateDict(v)) => Some(OptimizerState::encode(&StateDict::from_value(v.clone())?)?),
+            Some(PlannedOptimizer::RowAdagrad(sums, lr)) => {
+                Some(OptimizerState::encode(&StateDict::row_adagrad(rows_of(sums, start, len)?, *lr))?)
+            }
+        };
+        Ok(part)
+    }
+}
+
+/// Rows `[start, start + len)` of `tensors` concatenated on dimension 0: the tensor itself when it is one
+/// tensor whole, else those rows alone, copied into one contiguous tensor.
+fn rows_of(tensors: &[Tensor], start: usize, len: usize) -> Result<Tensor> {
+    if let [only] = tensors {
+        if start == 0 && only.shape().first() == Some(&len) {
+            return Ok(only.clone());
+        }
+    }
+    let Some(first) = tensors.first() else {
+        return Err(Error::InvalidInput { what: "embeddings".into(), reason: "concatenating no tensors".into() });
+    };
+    let mut shape = first.shape().to_vec();
+    let mut bytes = Vec::new();
+    let mut offset = 0;
+    for t in tensors {
+        let n = t.shape().first().copied().unwrap_or(0);
+        let (from, to) = (start.max(offset), (start + len).min(offset + n));
+        if from < to {
+            bytes.extend_from_slice(&rows(t, from - offset, to - from)?.data()?);
+        }
+        offset += n;
+    }
+    if offset < start + len {
+        return Err(Error::InvalidInput {
+            what: "embeddings".into(),
+            reason: format!("rows {start}..{} of {offset} rows", start + len),
+        });
+    }
+    if let Some(d0) = shape.first_mut() {
+        *d0 = len;
+    }
+    Ok(Tensor::from_buffer(first.dtype(), &shape, ckpt_core::Buffer::from_vec(bytes))?)
 }
 
 #[cfg(test)]
@@ -538,6 +777,23 @@ mod tests {
         let group = v.get("param_groups").unwrap().as_sequence().unwrap()[0].as_dict().unwrap();
         assert_eq!(group.get("params"), Some(&Value::List(vec![Value::Int(0), Value::Int(1)])));
         assert_eq!(group.get("eps"), Some(&Value::Float(1e-10)));
+    }
+
+    /// A partition's rows come from the source partitions they lie in, and only those are copied; a whole
+    /// source partition is the source tensor itself (a view, nothing read).
+    #[test]
+    fn rows_of_takes_only_the_rows_asked() {
+        let a = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();
+        let b = Tensor::from_slice(&[6.0f32, 7.0, 8.0, 9.0], &[2, 2]).unwrap();
+        let both = [a.clone(), b.clone()];
+        assert_eq!(rows_of(&both, 2, 2).unwrap().to_vec::<f32>().unwrap(), [4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(rows_of(&both, 3, 2).unwrap().to_vec::<f32>().unwrap(), [6.0, 7.0, 8.0, 9.0]);
+        assert_eq!(rows_of(&both, 1, 0).unwrap().shape(), [0, 2]);
+        let whole = rows_of(std::slice::from_ref(&a), 0, 3).unwrap();
+        assert_eq!(whole.storage().storage_id(), a.storage().storage_id());
+        assert!(rows_of(&both, 4, 2).is_err());
+        assert!(rows_of(&[], 0, 0).is_err());
+        assert!(check_concat(&[a, Tensor::from_slice(&[1.0f32; 3], &[1, 3]).unwrap()]).is_err());
     }
 
     #[test]

@@ -25,6 +25,8 @@
 //!   disk, atomic commits. Every function taking a path to read accepts an output root for its latest
 //!   checkpoint ([`checkpoint_dir`] has the rule).
 //! * [`save`]: any state dict laid out as RecIS lays out a checkpoint (tables, `model.pt`, `extra.pt`);
+//!   [`save_rank`] and [`reshard_rank`] do [`save`] and [`reshard`] one call per rank (each rank reads and
+//!   writes only its shard's data files; rank 0 merges the metadata and commits);
 //!   [`verify`]: the `torch.save` files' CRC-32s.
 //!
 //! Open, read a tensor, save:
@@ -102,8 +104,8 @@ pub use name::{
     slot_tensor_name, split_tensor_name,
 };
 pub use reader::{BlockRecord, SparseCheckpoint};
-pub use reshard::{ReshardOptions, load_shard, reshard, reshard_sparse, write_sharded};
-pub use state_dict::{SaveReport, save};
+pub use reshard::{ReshardOptions, load_shard, reshard, reshard_rank, reshard_sparse, write_sharded};
+pub use state_dict::{SaveReport, save, save_rank};
 pub use table::{HashTable, ID_BITS, ID_MASK, MAX_CHILDREN, Slot, TableChild, coalesce, decode_id, encode_id};
 pub use tensorkey::{TENSORKEY_FILE, TensorKey};
 pub use torch_rank::{RankEntry, TORCH_RANK_FILE};

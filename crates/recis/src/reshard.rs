@@ -8,7 +8,8 @@
 
 use std::path::Path;
 
-use ckpt_core::Tensor;
+use ckpt_core::commit::DirCommit;
+use ckpt_core::{Collective, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -16,8 +17,8 @@ use crate::name::{IdPartition, Shard, gen_slice};
 use crate::reader::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
 use crate::writer::{
-    ShardMeta, Target, WriteOptions, commit_local, is_checkpoint_file, is_sparse_file, shard_blocks,
-    write_shard_files_to,
+    Group, ShardMeta, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file,
+    is_sparse_file, shard_blocks, write_shard_files_to,
 };
 
 /// Options of a reshard.
@@ -161,20 +162,29 @@ pub(crate) fn write_sharded_to(
     }
     (0..shards)
         .into_par_iter()
-        .map(|r| {
-            let shard = Shard::new(r, shards)?;
-            let parts = tables
-                .iter()
-                .map(|(child, size)| {
-                    let slice = gen_slice(r, shards, *size)?;
-                    let part = child.filter(|id| slice.holds(id, options.partition))?;
-                    Ok(HashTable::single(slice, part))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let blocks = shard_blocks(&parts, dense, shard)?;
-            write_shard_files_to(target, shard, options.write.parallel, &blocks)
-        })
+        .map(|r| write_shard_to(target, tables, dense, Shard::new(r, shards)?, options))
         .collect()
+}
+
+/// Shard `shard` of [`write_sharded_to`]: of every child the ids of the shard's slice (their rows copied
+/// once, the others never touched), and on shard 0 the dense tensors.
+pub(crate) fn write_shard_to(
+    target: Target<'_>,
+    tables: &[(TableChild, u32)],
+    dense: &[(String, Tensor)],
+    shard: Shard,
+    options: &ReshardOptions,
+) -> Result<ShardMeta> {
+    let parts = tables
+        .iter()
+        .map(|(child, size)| {
+            let slice = gen_slice(shard.index(), shard.num(), *size)?;
+            let part = child.filter(|id| slice.holds(id, options.partition))?;
+            Ok(HashTable::single(slice, part))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let blocks = shard_blocks(&parts, dense, shard)?;
+    write_shard_files_to(target, shard, options.write.parallel, &blocks)
 }
 
 /// Reshards a whole checkpoint directory: the sparse part as [`reshard_sparse`] does, and `model.pt` and
@@ -190,12 +200,87 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
     if shards == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
-    let sparse = if src.join(crate::index::INDEX_FILE).is_file() {
-        SparseCheckpoint::open_with(src, options.max_header_len)?
-    } else {
-        SparseCheckpoint::empty(src)
-    };
+    let sparse = open_sparse(src, options.max_header_len)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
+    let dense_files = open_dense_files(src)?;
+    commit_local(dst, &options.write, is_checkpoint_file, |target| {
+        let metas = reshard_sparse_to(target, &sparse, shards, options)?;
+        copy_dense_files(target, dense_files)?;
+        Ok(metas)
+    })
+}
+
+/// [`reshard`] as one rank of a job of `collective.world_size()` ranks, one call per rank (threads, processes
+/// under MPI, [`ckpt_core::host_ranks`]): rank `r` reads from `src` only the ids of the new shard `r`'s slice
+/// and their rows ([`load_shard`]) and writes shard `r`'s data files into the staging directory beside `dst`;
+/// rank 0 also copies `model.pt` and `extra.pt`, then, once every rank's files are durable, merges every
+/// shard's metadata into `index` (last), `tensorkey.json` and the torch-rank JSON and commits the directory
+/// whole. The files are those of [`reshard`] into `collective.world_size()` shards, byte for byte. Every rank
+/// returns the same verdict: a failure on any rank is an error on every rank, none is left waiting.
+///
+/// ```
+/// use ckpt_core::{Collective, ThreadGroup};
+/// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
+/// let dir = tempfile::tempdir().unwrap();
+/// let (one, three) = (dir.path().join("one"), dir.path().join("three"));
+/// let options = ckpt_recis::ReshardOptions::default();
+/// ckpt_recis::reshard(fixture.as_ref(), &one, 3, &options).unwrap();
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(3) {
+///         let (three, options) = (&three, &options);
+///         s.spawn(move || ckpt_recis::reshard_rank(fixture.as_ref(), three, options, &g).unwrap());
+///     }
+/// });
+/// for f in ["index", "tensorkey.json", "model-000002-of-000012.safetensors"] {
+///     assert_eq!(std::fs::read(one.join(f)).unwrap(), std::fs::read(three.join(f)).unwrap(), "{f}");
+/// }
+/// ```
+///
+/// # Errors
+/// As [`reshard`]; [`Error::ShardFailed`] naming the rank that failed on the others.
+pub fn reshard_rank<C: Collective + ?Sized>(
+    src: &Path,
+    dst: &Path,
+    options: &ReshardOptions,
+    collective: &C,
+) -> Result<()> {
+    let group = Group(collective);
+    let rank = collective.rank();
+    // Read before the commit begins, so that an in-place reshard reads the old files.
+    let opened = crate::manager::checkpoint_dir(src).and_then(|src| {
+        let dense = if rank == 0 { open_dense_files(&src)? } else { Vec::new() };
+        Ok((open_sparse(&src, options.max_header_len)?, dense))
+    });
+    let commit = DirCommit::begin(dst, &group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
+    let target = Target::Staged(&commit);
+    let local = opened.and_then(|(sparse, dense_files)| {
+        let shard = Shard::new(rank, collective.world_size())?;
+        let tables = load_shard(&sparse, shard, options.partition)?;
+        let dense: Vec<(String, Tensor)> = if rank == 0 {
+            sparse.dense_names().into_iter().map(|n| Ok((n.to_owned(), sparse.dense(n)?))).collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let blocks = shard_blocks(&tables, &dense, shard)?;
+        let meta = write_shard_files_to(target, shard, options.write.parallel, &blocks)?;
+        copy_dense_files(target, dense_files)?;
+        Ok(meta)
+    });
+    commit_shards(commit, &group, local, &options.write)
+}
+
+/// The serializer's part of the checkpoint directory `src` (empty without an `index`), accepting data-file
+/// headers of at most `max_header_len` bytes.
+fn open_sparse(src: &Path, max_header_len: u64) -> Result<SparseCheckpoint> {
+    if src.join(crate::index::INDEX_FILE).is_file() {
+        SparseCheckpoint::open_with(src, max_header_len)
+    } else {
+        Ok(SparseCheckpoint::empty(src))
+    }
+}
+
+/// `model.pt` and `extra.pt` of `src`, those it has, opened.
+fn open_dense_files(src: &Path) -> Result<Vec<(&'static str, std::path::PathBuf, std::fs::File)>> {
     let mut dense_files = Vec::new();
     for f in [crate::dense::MODEL_FILE, crate::dense::EXTRA_FILE] {
         let from = src.join(f);
@@ -205,14 +290,16 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
             Err(e) => return Err(Error::io(from, e)),
         }
     }
-    commit_local(dst, &options.write, is_checkpoint_file, |target| {
-        let metas = reshard_sparse_to(target, &sparse, shards, options)?;
-        for (name, from, mut file) in dense_files {
-            target.write(name, |w| {
-                w.mark(name);
-                std::io::copy(&mut file, w).map(|_| ()).map_err(|e| Error::io(&from, e))
-            })?;
-        }
-        Ok(metas)
-    })
+    Ok(dense_files)
+}
+
+/// Copies [`open_dense_files`]' files into `target` unchanged.
+fn copy_dense_files(target: Target<'_>, files: Vec<(&'static str, std::path::PathBuf, std::fs::File)>) -> Result<()> {
+    for (name, from, mut file) in files {
+        target.write(name, |w| {
+            w.mark(name);
+            std::io::copy(&mut file, w).map(|_| ()).map_err(|e| Error::io(&from, e))
+        })?;
+    }
+    Ok(())
 }

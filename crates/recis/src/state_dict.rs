@@ -17,13 +17,15 @@
 
 use std::path::Path;
 
-use ckpt_core::{Dict, DictKind, Tensor, Value};
+use ckpt_core::commit::DirCommit;
+use ckpt_core::{Collective, Dict, DictKind, Tensor, Value};
 
 use crate::dense::{EXTRA_FILE, MODEL_FILE, write_torch_to};
 use crate::error::{Error, Result};
-use crate::reshard::{ReshardOptions, write_sharded_to};
+use crate::name::Shard;
+use crate::reshard::{ReshardOptions, write_shard_to, write_sharded_to};
 use crate::table::{Slot, TableChild};
-use crate::writer::{WriteOptions, commit_local, is_checkpoint_file};
+use crate::writer::{Group, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file};
 
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
@@ -208,4 +210,79 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
         write_sharded_to(target, &tables, &dense, options.shards, &reshard)
     })?;
     Ok(SaveReport { dropped: parts.dropped_keys })
+}
+
+/// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::shards`]
+/// is ignored), one call per rank with the same `state_dict` (threads, processes under MPI,
+/// [`ckpt_core::host_ranks`]): rank `r` writes shard `r`'s data files (of every table the ids of its slice,
+/// whose rows alone it reads and copies) into the staging directory beside `dir`; rank 0 also writes
+/// `model.pt`, `extra.pt` and the dense blocks, then, once every rank's files are durable, merges every
+/// shard's metadata into `index` (last), `tensorkey.json` and the torch-rank JSON and commits the directory
+/// whole. The files are those of [`save`] with as many shards, byte for byte. Every rank returns the same
+/// verdict: a failure on any rank is an error on every rank, none is left waiting.
+///
+/// ```
+/// use ckpt_core::{Tensor, ThreadGroup, Value};
+/// let dir = tempfile::tempdir().unwrap();
+/// let ids = Tensor::from_slice(&[3i64, 70_000, -5], &[3]).unwrap();
+/// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();
+/// let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
+/// let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+/// let options = ckpt_recis::WriteOptions::default().with_shards(2);
+/// ckpt_recis::save(&sd, &one, &options).unwrap();
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (sd, two, options) = (&sd, &two, &options);
+///         s.spawn(move || ckpt_recis::save_rank(sd, two, options, &g).unwrap());
+///     }
+/// });
+/// let ck = ckpt_recis::RecisReader::open(&two).unwrap();
+/// assert_eq!(ck.sparse().shard_num(), Some(2));
+/// assert_eq!(ck.sparse().child("tbl").unwrap().len(), 3);
+/// for f in std::fs::read_dir(&one).unwrap() {
+///     let name = f.unwrap().file_name();
+///     assert_eq!(std::fs::read(one.join(&name)).unwrap(), std::fs::read(two.join(&name)).unwrap(), "{name:?}");
+/// }
+/// ```
+///
+/// # Errors
+/// As [`save`]; [`Error::ShardFailed`] naming the rank that failed on the others.
+pub fn save_rank<C: Collective + ?Sized>(
+    state_dict: &Value,
+    dir: &Path,
+    options: &WriteOptions,
+    collective: &C,
+) -> Result<SaveReport> {
+    let group = Group(collective);
+    let rank = collective.rank();
+    let planned = state_dict
+        .as_dict()
+        .ok_or_else(|| {
+            unsupported(format!("RecIS checkpoints hold a mapping; the top level is a {}", state_dict.type_name()))
+        })
+        .and_then(split)
+        .and_then(|parts| {
+            let (children, dense) = tables(&parts.sparse)?;
+            Ok((parts, children, dense))
+        });
+    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_checkpoint_file)).map_err(from_commit)?;
+    let target = Target::Staged(&commit);
+    let mut dropped = Vec::new();
+    let local = planned.and_then(|(parts, children, dense)| {
+        dropped = parts.dropped_keys;
+        let shard = Shard::new(rank, collective.world_size())?;
+        if rank == 0 {
+            if let Some(model) = &parts.model {
+                write_torch_to(target, MODEL_FILE, model)?;
+            }
+            if let Some(extra) = &parts.extra {
+                write_torch_to(target, EXTRA_FILE, extra)?;
+            }
+        }
+        let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, options.slice_size)).collect();
+        let reshard = ReshardOptions::default().with_write(options.clone());
+        write_shard_to(target, &tables, &dense, shard, &reshard)
+    });
+    commit_shards(commit, &group, local, options)?;
+    Ok(SaveReport { dropped })
 }

@@ -20,6 +20,9 @@ const TOP_EXAMPLES: &str = "Examples:
   ckpt convert hfai_ckpt/ model.safetensors --to safetensors
   ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4
   mpirun -np 2 ckpt reshard dcp_checkpoint/ dcp_4ranks/ --world-size 4   (built with feature mpi)
+    (under mpirun, every multi-file target is split: distcp ranks, hfai parts, hf shards, recis shards and
+     pbg partition files are written by all processes, each its own files, process 0 the metadata last;
+     single-file targets (torch, safetensors, one-shard hf) by process 0)
   ckpt export-tsv pbg/config.json --entities-output entities.tsv --relation-types-output relation_types.tsv
 
 Exit codes: 0 success, 1 a check failed (verify, diff), 2 usage error, 3 bad input, 4 I/O error.";

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use ckpt_core::{Collective, PathItem, Value, host_ranks, hosted_ranks};
 use ckpt_distcp::{RankState, WriteOptions};
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
+use crate::adaptor::{Adaptor, Content, Leaf, Outlined, Reader, Source, outline};
 use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
 use crate::error::{At, Cause, Error, Result};
 use crate::ranks::agree;
@@ -41,6 +41,28 @@ impl Adaptor for Distcp {
             leaves.push(Leaf { path: reader.path_of(&name), name, value });
         }
         Content::from_leaves(leaves, path)
+    }
+
+    /// As [`read`](Adaptor::read), every tensor stored in several items (which the reader would assemble)
+    /// an outline.
+    fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {
+        let reader = open(path, limits)?;
+        let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
+        let mut leaves = Vec::with_capacity(keys.len());
+        let mut outlines = Vec::new();
+        for name in keys {
+            let value = match reader.storage_metadata(&name).at(path)? {
+                ckpt_distcp::StorageMetadata::Tensor(md) if md.chunks.len() > 1 => {
+                    let t = outline(md.properties.dtype, &md.size).at(path)?;
+                    outlines.push((t.clone(), name.clone()));
+                    Value::Tensor(t)
+                }
+                _ => reader.read_value(&name).at(path)?,
+            };
+            leaves.push(Leaf { path: reader.path_of(&name), name, value });
+        }
+        let content = Content::from_leaves(leaves, path)?;
+        Ok(Outlined::new(content, Box::new(reader), outlines))
     }
 
     /// The source's state dict (a mapping) with DCP's flattening rules, from one process; with a world size

@@ -2,9 +2,12 @@
 
 use std::path::Path;
 
+use ckpt_core::Collective;
+
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::ranks::agree;
 use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
 use crate::{Format, ReadLimits};
 
@@ -62,16 +65,36 @@ impl Adaptor for Hf {
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let mut write = ckpt_hf::WriteOptions::default().with_source(source.format.name());
-        if let Some(max) = options.hf_max_shard_size {
-            write = write.with_max_shard_size(max);
-        }
-        let report = ckpt_hf::save_entries(leaves, dst, &write).at(dst)?;
-        Ok(ConvertSummary {
-            tensors: report.tensors,
-            bytes: report.bytes,
-            values: report.values,
-            dropped: report.dropped,
-        })
+        let report = ckpt_hf::save_entries(leaves, dst, &write_options(source, options)).at(dst)?;
+        Ok(summary(report))
     }
+
+    /// Each process writes its shards ([`ckpt_hf::save_entries_in`]: shards planned from the sizes, process
+    /// `p` of `K` writes shards `p, p + K, ...`, reading only their tensors from the source
+    /// ([`Source::outlined`])); process 0 writes the index last and commits.
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let outlined = agree(group, source.outlined())?;
+        let leaves = outlined.content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
+        let resolve = |t: &ckpt_core::Tensor| outlined.resolve(t);
+        let report = ckpt_hf::save_entries_in(leaves, dst, &write_options(source, options), group, &resolve).at(dst);
+        agree(group, report).map(summary)
+    }
+}
+
+fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_hf::WriteOptions {
+    let mut write = ckpt_hf::WriteOptions::default().with_source(source.format.name());
+    if let Some(max) = options.hf_max_shard_size {
+        write = write.with_max_shard_size(max);
+    }
+    write
+}
+
+fn summary(report: ckpt_hf::SaveReport) -> ConvertSummary {
+    ConvertSummary { tensors: report.tensors, bytes: report.bytes, values: report.values, dropped: report.dropped }
 }

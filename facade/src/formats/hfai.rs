@@ -37,13 +37,15 @@ impl Adaptor for Hfai {
     /// The source's state dict laid out as hfai's `save` takes it ([`ckpt_hfai::SaveState::from_state_dict`]),
     /// in as many parts as the world size.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        let (s, state, write) = prepare(source, options)?;
+        let (s, state, write) = prepare(source, &source.content()?, options)?;
         ckpt_hfai::save(&state, dst, &write).at(dst)?;
         Ok(s)
     }
 
-    /// Each process writes the parts of the ranks it hosts ([`ckpt_hfai::save_rank`]; every rank plans the
-    /// whole split, tensors are views of the lazily opened source).
+    /// Each process writes the parts of the ranks it hosts ([`ckpt_hfai::save_rank_resolved`]): every rank
+    /// plans the whole split from the source's dtypes and shapes ([`Source::outlined`]) and reads only the
+    /// tensors of its part (and its chunk's tensors); the others are never read, or are windows of the lazily
+    /// opened source whose pages are not touched.
     fn write_in(
         &self,
         source: &Source<'_>,
@@ -51,8 +53,14 @@ impl Adaptor for Hfai {
         options: &ConvertOptions,
         group: &dyn Collective,
     ) -> Result<ConvertSummary> {
-        let (s, state, write) = agree(group, prepare(source, options))?;
-        let ran = host_ranks(group, options.world_size, |g| ckpt_hfai::save_rank(&state, dst, &write, g));
+        let prepared = source.outlined().and_then(|o| {
+            let (s, state, write) = prepare(source, &o.content, options)?;
+            Ok((s, state, write, o))
+        });
+        let (s, state, write, outlined) = agree(group, prepared)?;
+        let resolve = |t: &ckpt_core::Tensor| outlined.resolve(t);
+        let ran =
+            host_ranks(group, options.world_size, |g| ckpt_hfai::save_rank_resolved(&state, dst, &write, g, &resolve));
         let own = ran.at(dst).and_then(|results| {
             // A rank's own error wins over the "another rank failed" the others report.
             let mut first = None;
@@ -95,16 +103,33 @@ impl Adaptor for Hfai {
         options.read = limits.torch();
         ckpt_hfai::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
+
+    /// Each process writes the new parts of the ranks it hosts ([`ckpt_hfai::reshard_rank`]), reading only
+    /// their entries and chunks from the source's parts; rank 0 checks every part and commits.
+    fn reshard_in(
+        &self,
+        src: &Path,
+        dst: &Path,
+        world: usize,
+        limits: &ReadLimits,
+        group: &dyn Collective,
+    ) -> Result<()> {
+        let mut options = ckpt_hfai::ReshardOptions::default();
+        options.read = limits.torch();
+        let ran = host_ranks(group, world, |g| ckpt_hfai::reshard_rank(src, dst, &options, g));
+        let own = crate::ranks::hosted_outcome(ran, |e| matches!(e, ckpt_hfai::Error::RankFailed { .. }), src);
+        agree(group, own.map(|_| ()))
+    }
 }
 
 /// The content of `source` as an hfai target takes it: what it writes (counted, dropped named), the state
 /// laid out as hfai's `save` takes it, the write options for `options.world_size` parts.
 fn prepare(
     source: &Source<'_>,
+    content: &Content,
     options: &ConvertOptions,
 ) -> Result<(ConvertSummary, ckpt_hfai::SaveState, ckpt_hfai::WriteOptions)> {
-    let content = source.content()?;
-    let top = source.top_mapping(&content, Format::Hfai)?;
+    let top = source.top_mapping(content, Format::Hfai)?;
     let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
     let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
     if let Some(large) = options.hfai_large_size {

@@ -3,11 +3,12 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use ckpt_core::Value;
+use ckpt_core::{Collective, Value, host_ranks};
 
-use crate::adaptor::{Adaptor, Reader, Source, count};
+use crate::adaptor::{Adaptor, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::ranks::{agree, agree_with_root, hosted_outcome};
 use crate::verify::{Depth, Progress, VerifyReport, chain, read_all};
 use crate::{Format, ReadLimits};
 
@@ -36,49 +37,36 @@ impl Adaptor for Pbg {
     /// A source without entity partitions or model parameters, or without a config, is refused with the
     /// reason.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        let from = source.format;
-        let unsupported = |reason: String| Error::UnsupportedConversion { from, to: Format::Pbg, reason };
-        let content = source.content()?;
-        let entries: Vec<(String, Value)> = content.leaves.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
-        let mut write = ckpt_pbg::WriteOptions::default();
-        if let Some(path) = &options.pbg_config {
-            let text = std::fs::read_to_string(path).at(path)?;
-            write = write.with_config(ckpt_pbg::Config::parse(&text).at(path)?);
-        }
-        let report = match ckpt_pbg::save(&entries, dst, &write) {
-            Ok(r) => r,
-            Err(ckpt_pbg::Error::NoEmbeddings) => {
-                return Err(unsupported(format!(
-                    "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; this \
-                     {from} checkpoint has no `embeddings/<entity>/<partition>` or `model/<parameter>` entries \
-                     (the names a PBG checkpoint converted to {from} keeps)"
-                )));
-            }
-            Err(ckpt_pbg::Error::NoConfig) => {
-                return Err(unsupported(
-                    "the source has no PyTorch-BigGraph `config` entry, and a PBG checkpoint needs the training \
-                     config that defines its entities, partitions and relations: give one \
-                     (ConvertOptions::with_pbg_config, `ckpt convert --pbg-config config.json`)"
-                        .into(),
-                ));
-            }
-            Err(ckpt_pbg::Error::LayoutMismatch { reason }) => {
-                let config = options.pbg_config.clone().unwrap_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE));
-                return Err(unsupported(format!("{reason} (config {})", config.display())));
-            }
-            Err(ckpt_pbg::Error::AlreadyExists { path }) => {
-                return Err(Error::AlreadyExists {
-                    path,
-                    reason: "the target already holds a PyTorch-BigGraph checkpoint; convert into a new directory"
-                        .into(),
-                });
-            }
-            Err(e) => return Err(e).at(dst),
-        };
-        let dropped: HashSet<&str> = report.dropped.iter().map(String::as_str).collect();
-        let mut s = count(content.leaves.iter().filter(|l| !dropped.contains(l.name.as_str())));
-        s.dropped = report.dropped;
-        Ok(s)
+        let (leaves, write) = prepare(source, options)?;
+        let report = ckpt_pbg::save(&entries(&leaves), dst, &write).map_err(|e| save_error(source, dst, options, e))?;
+        Ok(summary(&leaves, report))
+    }
+
+    /// The entity partition files are dealt round robin over the processes ([`ckpt_pbg::save_rank`], one rank
+    /// per process): each reads from the source only the rows of its files (the entries are windows of the
+    /// lazily opened source) and writes them; process 0 writes `config.json` and the model file, then the
+    /// version file last, and commits.
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let (leaves, write) = agree(group, prepare(source, options))?;
+        let entries = entries(&leaves);
+        let ran = host_ranks(group, group.world_size(), |g| {
+            ckpt_pbg::save_rank(&entries, dst, &write, g).map_err(|e| save_error(source, dst, options, e))
+        });
+        let reports = agree(group, hosted_outcome(ran, |e| matches!(e, Error::RankFailed { .. }), dst))?;
+        let own = (group.rank() == 0).then(|| {
+            reports
+                .into_iter()
+                .next()
+                .map(|r| summary(&leaves, r))
+                .ok_or_else(|| Error::RankFailed { rank: 0, message: "hosted no rank of the save".into() })
+        });
+        agree_with_root(group, own, dst)
     }
 
     /// The storage's own check of the committed version ([`ckpt_pbg::FileCheckpointStorage::verify`]: the
@@ -125,4 +113,57 @@ impl Adaptor for Pbg {
         read_all(&self.checkpoint(path, limits)?, depth, report, &|_, _| {});
         Ok(())
     }
+}
+
+/// The source's entries by name and the write options of a conversion into PBG.
+fn prepare(source: &Source<'_>, options: &ConvertOptions) -> Result<(Vec<Leaf>, ckpt_pbg::WriteOptions)> {
+    let content = source.content()?;
+    let mut write = ckpt_pbg::WriteOptions::default();
+    if let Some(path) = &options.pbg_config {
+        let text = std::fs::read_to_string(path).at(path)?;
+        write = write.with_config(ckpt_pbg::Config::parse(&text).at(path)?);
+    }
+    Ok((content.leaves, write))
+}
+
+/// The leaves by name, as [`ckpt_pbg::save`] takes them.
+fn entries(leaves: &[Leaf]) -> Vec<(String, Value)> {
+    leaves.iter().map(|l| (l.name.clone(), l.value.clone())).collect()
+}
+
+/// A save's error, said as a conversion's: what the source lacks for a PBG checkpoint, a target that holds
+/// one already.
+fn save_error(source: &Source<'_>, dst: &Path, options: &ConvertOptions, e: ckpt_pbg::Error) -> Error {
+    let from = source.format;
+    let unsupported = |reason: String| Error::UnsupportedConversion { from, to: Format::Pbg, reason };
+    match e {
+        ckpt_pbg::Error::NoEmbeddings => unsupported(format!(
+            "a PyTorch-BigGraph checkpoint is entity embedding partitions and relation operators; this \
+             {from} checkpoint has no `embeddings/<entity>/<partition>` or `model/<parameter>` entries \
+             (the names a PBG checkpoint converted to {from} keeps)"
+        )),
+        ckpt_pbg::Error::NoConfig => unsupported(
+            "the source has no PyTorch-BigGraph `config` entry, and a PBG checkpoint needs the training \
+             config that defines its entities, partitions and relations: give one \
+             (ConvertOptions::with_pbg_config, `ckpt convert --pbg-config config.json`)"
+                .into(),
+        ),
+        ckpt_pbg::Error::LayoutMismatch { reason } => {
+            let config = options.pbg_config.clone().unwrap_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE));
+            unsupported(format!("{reason} (config {})", config.display()))
+        }
+        ckpt_pbg::Error::AlreadyExists { path } => Error::AlreadyExists {
+            path,
+            reason: "the target already holds a PyTorch-BigGraph checkpoint; convert into a new directory".into(),
+        },
+        e => e.at(dst),
+    }
+}
+
+/// What a conversion into PBG wrote.
+fn summary(leaves: &[Leaf], report: ckpt_pbg::SaveReport) -> ConvertSummary {
+    let dropped: HashSet<&str> = report.dropped.iter().map(String::as_str).collect();
+    let mut s = count(leaves.iter().filter(|l| !dropped.contains(l.name.as_str())));
+    s.dropped = report.dropped;
+    s
 }

@@ -3,11 +3,12 @@
 
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, PathItem};
+use ckpt_core::{CheckpointRead, Collective, PathItem, host_ranks};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::ranks::{agree, agree_with_root, hosted_outcome};
 use crate::verify::{Depth, Progress, VerifyReport, read_all};
 use crate::{Format, ReadLimits};
 
@@ -59,30 +60,62 @@ impl Adaptor for Recis {
     /// workers and are dropped). From any other source: the state dict laid out as RecIS lays it out
     /// ([`ckpt_recis::save`]), in as many shards as the world size.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        if source.format == Format::Recis && options.recis_slice_size.is_none() && source.is_whole() {
+        if copies_files(source, options) {
             return reshard_files(source.path, dst, options, source.limits);
         }
         let content = source.content()?;
         source.top_mapping(&content, Format::Recis)?;
-        let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
-        if let Some(parallel) = options.recis_parallel {
-            write = write.with_parallel(parallel);
-        }
-        if let Some(size) = options.recis_slice_size {
-            write = write.with_slice_size(size);
-        }
-        let report = match ckpt_recis::save(&content.tree, dst, &write) {
+        let report = match ckpt_recis::save(&content.tree, dst, &write_options(options)) {
             Ok(r) => r,
-            Err(ckpt_recis::Error::StateDict { reason }) => {
-                return Err(Error::UnsupportedConversion { from: source.format, to: Format::Recis, reason });
-            }
-            Err(e) => return Err(e).at(dst),
+            Err(e) => return Err(save_error(source, dst, e)),
         };
-        let dropped = |l: &Leaf| matches!(l.path.first(), Some(PathItem::Key(k)) if report.dropped.contains(k));
-        let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content.leaves.iter().partition(|l| dropped(l));
-        let mut s = count(kept);
-        s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
-        Ok(s)
+        Ok(summary(&content, &report))
+    }
+
+    /// Each process writes the shards of the ranks it hosts (shard `r` by the rank `r` of a job of
+    /// [`ConvertOptions::world_size`] ranks, [`host_ranks`]), reading from the source only the ids of its
+    /// slice and their rows: from a RecIS source [`ckpt_recis::reshard_rank`], from any other
+    /// [`ckpt_recis::save_rank`] (the state dict's tensors are windows of the lazily opened source). Rank 0
+    /// writes `model.pt`, `extra.pt`, then the merged `index` last, and commits.
+    fn write_in(
+        &self,
+        source: &Source<'_>,
+        dst: &Path,
+        options: &ConvertOptions,
+        group: &dyn Collective,
+    ) -> Result<ConvertSummary> {
+        let world = options.world_size;
+        if copies_files(source, options) {
+            let (src, limits) = (source.path, source.limits);
+            let parallel = agree(group, source_parallel(src, options, limits))?;
+            let reshard = ckpt_recis::ReshardOptions::default()
+                .with_write(ckpt_recis::WriteOptions::default().with_parallel(parallel))
+                .with_max_header_len(limits.max_data_header_bytes);
+            let ran = host_ranks(group, world, |g| ckpt_recis::reshard_rank(src, dst, &reshard, g));
+            agree(group, hosted_outcome(ran, is_other_rank, dst))?;
+            return files_summary(src, dst, limits);
+        }
+        let content = agree(
+            group,
+            source.content().and_then(|c| {
+                source.top_mapping(&c, Format::Recis)?;
+                Ok(c)
+            }),
+        )?;
+        let write = write_options(options);
+        let ran = host_ranks(group, world, |g| ckpt_recis::save_rank(&content.tree, dst, &write, g));
+        let ran = ran.map(|all| {
+            all.into_iter().map(|(r, out)| (r, out.map_err(|e| save_error(source, dst, e)))).collect::<Vec<_>>()
+        });
+        let reports = agree(group, hosted_outcome(ran, |e| matches!(e, Error::RankFailed { .. }), dst))?;
+        // Rank 0's report, on the process that hosts it, goes to every process (one may host no rank).
+        let own = (group.rank() == 0).then(|| {
+            reports
+                .first()
+                .map(|r| summary(&content, r))
+                .ok_or_else(|| Error::RankFailed { rank: 0, message: "hosted no rank of the save".into() })
+        });
+        agree_with_root(group, own, dst)
     }
 
     /// Every `torch.save` file's record CRC-32s ([`ckpt_recis::verify`]); the index, tensor keys and data
@@ -117,6 +150,76 @@ impl Adaptor for Recis {
         let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
         ckpt_recis::reshard(src, dst, world, &options).at(src)
     }
+
+    /// Each process writes the new shards of the ranks it hosts, reading only their ids and rows
+    /// ([`ckpt_recis::reshard_rank`]); rank 0 copies `model.pt` and `extra.pt` and writes `index` last.
+    fn reshard_in(
+        &self,
+        src: &Path,
+        dst: &Path,
+        world: usize,
+        limits: &ReadLimits,
+        group: &dyn Collective,
+    ) -> Result<()> {
+        let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
+        let ran = host_ranks(group, world, |g| ckpt_recis::reshard_rank(src, dst, &options, g));
+        agree(group, hosted_outcome(ran, is_other_rank, src).map(|_| ()))
+    }
+}
+
+/// Whether a conversion into RecIS copies a RecIS source by its own files (resharding them) instead of
+/// reading its content.
+fn copies_files(source: &Source<'_>, options: &ConvertOptions) -> bool {
+    source.format == Format::Recis && options.recis_slice_size.is_none() && source.is_whole()
+}
+
+/// Another rank's failure, as a rank reports it.
+fn is_other_rank(e: &ckpt_recis::Error) -> bool {
+    matches!(e, ckpt_recis::Error::ShardFailed { .. })
+}
+
+/// The write options of a conversion into RecIS.
+fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
+    let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
+    if let Some(parallel) = options.recis_parallel {
+        write = write.with_parallel(parallel);
+    }
+    if let Some(size) = options.recis_slice_size {
+        write = write.with_slice_size(size);
+    }
+    write
+}
+
+/// A save's error: a state dict RecIS cannot hold is an unsupported conversion; another rank's failure is
+/// [`Error::RankFailed`].
+fn save_error(source: &Source<'_>, dst: &Path, e: ckpt_recis::Error) -> Error {
+    match e {
+        ckpt_recis::Error::StateDict { reason } => {
+            Error::UnsupportedConversion { from: source.format, to: Format::Recis, reason }
+        }
+        ckpt_recis::Error::ShardFailed { shard, message } => Error::RankFailed { rank: shard, message },
+        e => e.at(dst),
+    }
+}
+
+/// What a conversion into RecIS from `content` wrote.
+fn summary(content: &Content, report: &ckpt_recis::SaveReport) -> ConvertSummary {
+    let dropped = |l: &Leaf| matches!(l.path.first(), Some(PathItem::Key(k)) if report.dropped.contains(k));
+    let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content.leaves.iter().partition(|l| dropped(l));
+    let mut s = count(kept);
+    s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
+    s
+}
+
+/// The data files per shard of a RecIS to RecIS conversion: the options', else the source's.
+fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<usize> {
+    match options.recis_parallel {
+        Some(p) => Ok(p),
+        None => {
+            let before = open(src, limits)?;
+            Ok(before.sparse().parallel().unwrap_or(ckpt_recis::WriteOptions::default().parallel))
+        }
+    }
 }
 
 /// The checkpoint at `path` under `limits`: its `.pt` files' pickle limits, its data files' header bound.
@@ -126,15 +229,16 @@ fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
 
 /// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
 fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<ConvertSummary> {
-    let before = open(src, limits)?;
-    let parallel = match options.recis_parallel {
-        Some(p) => p,
-        None => before.sparse().parallel().unwrap_or(ckpt_recis::WriteOptions::default().parallel),
-    };
-    let write = ckpt_recis::WriteOptions::default().with_parallel(parallel);
+    let write = ckpt_recis::WriteOptions::default().with_parallel(source_parallel(src, options, limits)?);
     let reshard =
         ckpt_recis::ReshardOptions::default().with_write(write).with_max_header_len(limits.max_data_header_bytes);
     ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;
+    files_summary(src, dst, limits)
+}
+
+/// What a RecIS to RecIS conversion from `src` (read under `limits`) wrote at `dst`.
+fn files_summary(src: &Path, dst: &Path, limits: &ReadLimits) -> Result<ConvertSummary> {
+    let before = open(src, limits)?;
     let kept = ckpt_recis::RecisReader::open(dst).at(dst)?.entries();
     let mut s = ConvertSummary::default();
     for e in &kept {
