@@ -290,12 +290,7 @@ impl Tensor {
             if self.is_contiguous() && self.storage_offset == 0 && made.len() == self.nbytes() {
                 return Ok(Cow::Owned(made));
             }
-            let view = Tensor {
-                storage: Buffer::from_vec(made),
-                conj: false,
-                neg: false,
-                ..self.clone()
-            };
+            let view = Tensor { storage: Buffer::from_vec(made), conj: false, neg: false, ..self.clone() };
             return Ok(Cow::Owned(view.stored_data()?.into_owned()));
         }
         if self.is_contiguous() {

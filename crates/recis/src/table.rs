@@ -125,7 +125,10 @@ impl Slot {
     pub(crate) fn gather(&self, positions: &Arc<[usize]>) -> Result<Slot> {
         let len = self.row_len();
         let source = self.tensor.storage().clone();
-        if let Some(&p) = positions.iter().find(|&&p| p.checked_add(1).and_then(|e| e.checked_mul(len)).is_none_or(|e| e > source.len())) {
+        if let Some(&p) = positions
+            .iter()
+            .find(|&&p| p.checked_add(1).and_then(|e| e.checked_mul(len)).is_none_or(|e| e > source.len()))
+        {
             return Err(Error::InvalidArgument(format!("row {p} of slot {:?}", self.name)));
         }
         let nbytes = positions
