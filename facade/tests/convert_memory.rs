@@ -289,3 +289,31 @@ fn pbg_is_refused_where_nothing_can_hold_it() {
     let e = ckpt::convert(&pt, None, &dir.path().join("pbg"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
     assert!(matches!(e, ckpt::Error::UnsupportedConversion { .. }), "{e}");
 }
+
+/// A RecIS table whose slots (48 MiB each, three of them) are each near the bound's slack: resharding
+/// gathers each slot's rows for every new shard (`Buffer::deferred`) while shards and their data files are
+/// written in parallel, so it holds at most one slot per writer thread besides the ids.
+#[test]
+fn recis_reshard_of_large_slots_holds_at_most_the_largest_tensor_plus_64_mib() {
+    const SLOT: usize = 48 * MIB;
+    const ROWS: usize = SLOT / (16 * 4);
+    const SLOT_BOUND: usize = SLOT + 64 * MIB;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..ROWS as i64).map(|k| k * 7 + 3).collect();
+    let mut items = vec![("tbl@id".to_owned(), Value::Tensor(Tensor::from_slice(&ids, &[ROWS]).unwrap()))];
+    for (s, slot) in ["embedding", "exp_avg", "exp_avg_sq"].into_iter().enumerate() {
+        items.push((format!("tbl@{slot}"), Value::Tensor(f32_tensor(ROWS * 16, s, &[ROWS, 16]))));
+    }
+    let pt = dir.path().join("tbl.pt");
+    let sd = Value::dict(items.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    drop((sd, items, ids));
+    let src = dir.path().join("recis");
+    ckpt::convert(&pt, None, &src, Format::Recis, &options(Format::Recis)).unwrap();
+    let dst = dir.path().join("re");
+    let peak = pool.install(|| peak_growth(|| drop(ckpt::reshard(&src, &dst, 3).unwrap())));
+    println!("recis reshard 2 → 3 of 3 slots of {} MiB: {:.1} MiB", SLOT / MIB, peak as f64 / MIB as f64);
+    assert!(peak <= SLOT_BOUND, "{peak} > {SLOT_BOUND}");
+}
