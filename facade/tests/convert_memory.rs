@@ -313,7 +313,11 @@ fn recis_reshard_of_large_slots_holds_at_most_the_largest_tensor_plus_64_mib() {
     let src = dir.path().join("recis");
     ckpt::convert(&pt, None, &src, Format::Recis, &options(Format::Recis)).unwrap();
     let dst = dir.path().join("re");
-    let peak = pool.install(|| peak_growth(|| drop(ckpt::reshard(&src, &dst, 3).unwrap())));
+    let peak = pool.install(|| {
+        peak_growth(|| {
+            ckpt::reshard(&src, &dst, 3).unwrap();
+        })
+    });
     println!("recis reshard 2 → 3 of 3 slots of {} MiB: {:.1} MiB", SLOT / MIB, peak as f64 / MIB as f64);
     assert!(peak <= SLOT_BOUND, "{peak} > {SLOT_BOUND}");
 }
