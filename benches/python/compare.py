@@ -576,8 +576,41 @@ def scaling(res: Results, work: Path, cfg: dict) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+NOT_MEASURED = (
+    "recis → pbg (refused by ckpt, `formats.rs` `REFUSED`: RecIS hash tables have no PBG counterpart), and pbg "
+    "from the dense workload or the RecIS tables (no entity partitions: refused with the reason). PBG pairs use "
+    "their own checkpoint (below)."
+)
+
+
+def write_pbg(path: Path, nbytes: int, parts: int = 8, dim: int = 128) -> int:
+    """A PyTorch-BigGraph checkpoint written by torchbiggraph's own ``FileCheckpointStorage``: entity ``node`` in
+    ``parts`` partitions of ``nbytes / parts`` bytes, one linear relation operator. Returns its largest tensor's
+    bytes."""
+    import json
+
+    import torch
+    from torchbiggraph.checkpoint_storage import FileCheckpointStorage, ModelParameter
+
+    rows = max(1, nbytes // parts // (dim * 4))
+    storage = FileCheckpointStorage(str(path))
+    storage.prepare()
+    storage.save_config(json.dumps({
+        "entities": {"node": {"num_partitions": parts}},
+        "relations": [{"name": "r", "lhs": "node", "rhs": "node", "operator": "linear"}],
+        "dimension": dim, "entity_path": "data", "edge_paths": [], "checkpoint_path": str(path),
+    }))
+    for p in range(parts):
+        storage.save_entity_partition(1, "node", p, torch.rand(rows, dim), None, {})
+    op = ModelParameter("rhs_operators.0.linear_transformation", torch.rand(dim, dim))
+    storage.save_model(1, {"relations/0/operator/rhs/linear_transformation": op}, None, {})
+    storage.save_version(1)
+    return rows * dim * 4
+
+
 def convert(res: Results, timer: Timer, work: Path, cfg: dict) -> None:
-    """Peak anonymous memory of every ``ckpt convert`` between the dense formats, and of every reshard."""
+    """Peak anonymous memory of every ``ckpt convert`` between every pair of formats the dense workload (and the
+    RecIS table workload) can be written as, of every reshard, and of PyTorch-BigGraph to every format and back."""
     import torch
 
     d = work / "convert"
@@ -607,46 +640,74 @@ def convert(res: Results, timer: Timer, work: Path, cfg: dict) -> None:
         rows.append(f"| {label_from} | {label_to} | {secs:.2f} | {anon / 2**20:.1f} | {'yes' if good else 'NO'} |")
         print(rows[-1], flush=True)
 
-    srcs = {"torch": src, "safetensors": d / "src.safetensors", "distcp": d / "src_dcp", "hfai": d / "src_hfai"}
-    for fmt in ("safetensors", "distcp", "hfai"):
-        extra = ["--world-size", "2"] if fmt != "safetensors" else []
-        measure("torch", fmt, [TOOL, "convert", "-q", "--to", fmt, *extra, src, srcs[fmt]], limit)
+    # Every format the dense workload can be written as (pbg needs entity partitions: its own checkpoint below).
+    srcs = {"torch": src, "safetensors": d / "src.safetensors", "hf": d / "src_hf", "distcp": d / "src_dcp",
+            "hfai": d / "src_hfai", "recis": d / "src_recis"}
+    sharded = ("distcp", "hfai", "recis")
+
+    def extra(fmt: str) -> list[str]:
+        return ["--world-size", "2"] if fmt in sharded else []
 
     def remove(p: Path) -> None:
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
+    for fmt in srcs:
+        if fmt != "torch":
+            measure("torch", fmt, [TOOL, "convert", "-q", "--to", fmt, *extra(fmt), src, srcs[fmt]], limit)
     for a, pa in srcs.items():
         for b in srcs:
             if a == b or a == "torch":
                 continue
             dst = d / f"{a}_to_{b}"
-            extra = ["--world-size", "2"] if b in ("distcp", "hfai") else []
-            measure(a, b, [TOOL, "convert", "-q", "--to", b, *extra, pa, dst], limit)
+            measure(a, b, [TOOL, "convert", "-q", "--to", b, *extra(b), pa, dst], limit)
             remove(dst)
-    for fmt in ("distcp", "hfai"):
+    for fmt in sharded:
         measure(fmt, f"{fmt} (reshard 2 → 3)", [TOOL, "reshard", "-q", "--world-size", "3", srcs[fmt], d / f"re_{fmt}"],
                 limit)
         remove(d / f"re_{fmt}")
-    for fmt in ("safetensors", "distcp", "hfai"):  # scratch: at most 4 copies of the checkpoint at a time
-        remove(srcs[fmt])
+    for fmt, path in srcs.items():  # scratch: at most 4 copies of the checkpoint at a time
+        if fmt != "torch":
+            remove(path)
     # RecIS: the table checkpoint of the read workloads; its largest tensor is one slot
     recis = work / "recis_src"
     if not recis.exists():
         timer.op("recis-save", cfg["recis_ids"], recis)
     rlimit = cfg["recis_ids"] * 16 * 4 + (64 << 20)
-    measure("recis", "safetensors", [TOOL, "convert", "-q", "--to", "safetensors", recis, d / "recis.safetensors"],
-            rlimit)
+    tables = d / "recis.safetensors"
+    measure("recis (tables)", "safetensors", [TOOL, "convert", "-q", "--to", "safetensors", recis, tables], rlimit)
+    for fmt in ("torch", "hf", "distcp", "hfai"):
+        dst = d / f"recis_tables_to_{fmt}"
+        measure("recis (tables)", fmt, [TOOL, "convert", "-q", "--to", fmt, *extra(fmt), recis, dst], rlimit)
+        remove(dst)
     measure("safetensors (RecIS tables)", "recis",
-            [TOOL, "convert", "-q", "--to", "recis", d / "recis.safetensors", d / "recis_back"], rlimit)
-    remove(d / "recis.safetensors")
+            [TOOL, "convert", "-q", "--to", "recis", tables, d / "recis_back"], rlimit)
+    remove(tables)
     remove(d / "recis_back")
-    measure("recis", "recis (reshard 1 → 2)", [TOOL, "reshard", "-q", "--world-size", "2", recis, d / "re_recis"],
-            rlimit)
+    measure("recis (tables)", "recis (reshard 1 → 2)",
+            [TOOL, "reshard", "-q", "--world-size", "2", recis, d / "re_recis_tables"], rlimit)
+    remove(d / "re_recis_tables")
+    # PyTorch-BigGraph: its checkpoint to every format, and back to pbg from every format that keeps its layout
+    pbg = d / "src_pbg"
+    plimit = write_pbg(pbg, cfg["mib"] << 20) + (64 << 20)
+    kept = {"pbg": pbg}
+    for fmt in ("torch", "safetensors", "hf", "distcp", "hfai", "recis"):
+        dst = d / f"pbg_to_{fmt}"
+        measure("pbg", fmt, [TOOL, "convert", "-q", "--to", fmt, *extra(fmt), pbg, dst], plimit)
+        if fmt == "recis":
+            remove(dst)
+        else:
+            kept[fmt] = dst
+    for fmt, src_path in kept.items():
+        dst = d / f"{fmt}_of_pbg_to_pbg"
+        measure(f"{fmt} (of pbg)", "pbg", [TOOL, "convert", "-q", "--to", "pbg", src_path, dst], plimit)
+        remove(dst)
+    rows.append("\nNot measured: " + NOT_MEASURED)
     rows.append(f"\nEvery pair within largest tensor + 64 MiB: {'yes' if ok else 'NO'}.")
     res.add("\n".join(rows))
     res.target("anonymous memory of every ckpt convert and reshard",
-               f"{within} of {len(peaks)} within; worst {max(peaks) / 2**20:.0f} MiB", 
-               f"≤ largest tensor + 64 MiB ({limit / 2**20:.0f} MiB dense, {rlimit / 2**20:.0f} MiB RecIS)", ok)
+               f"{within} of {len(peaks)} within; worst {max(peaks) / 2**20:.0f} MiB",
+               f"≤ largest tensor + 64 MiB ({limit / 2**20:.0f} MiB dense, {rlimit / 2**20:.0f} MiB RecIS, "
+               f"{plimit / 2**20:.0f} MiB PBG)", ok)
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -1,10 +1,12 @@
-//! Cheap-to-clone, sliceable bytes: owned and 64-byte aligned, or a window of a memory-mapped file.
+//! Cheap-to-clone, sliceable bytes: owned and 64-byte aligned, a window of a memory-mapped file, or bytes
+//! made on demand ([`Buffer::deferred`]).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
@@ -24,7 +26,13 @@ enum Backing {
     Mapped(memmap2::Mmap),
     /// Any other owner of bytes (for example `Vec<u8>` handed over without copying, at its own alignment).
     Shared(Box<dyn AsRef<[u8]> + Send + Sync>),
+    /// `len` bytes that `fill` makes when they are needed: kept in `made` once borrowed
+    /// ([`Buffer::as_bytes`]), made afresh for each caller of [`Buffer::bytes`] until then.
+    Deferred { len: usize, fill: Box<Fill>, made: OnceLock<std::result::Result<Vec<Block>, String>> },
 }
+
+/// What makes the bytes of a deferred buffer: writes all of them into the slice it is given.
+type Fill = dyn Fn(&mut [u8]) -> Result<()> + Send + Sync;
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
@@ -32,8 +40,24 @@ impl Backing {
             Backing::Owned { blocks, len } => blocks.as_bytes().get(..*len).unwrap_or_default(),
             Backing::Mapped(m) => m,
             Backing::Shared(s) => (**s).as_ref(),
+            // A fill that failed leaves no bytes: every view of them is then outside its storage, which
+            // `Tensor::data` reports; `Buffer::bytes` reports the fill's own error.
+            Backing::Deferred { len, fill, made } => match made.get_or_init(|| make_blocks(*len, fill)) {
+                Ok(blocks) => blocks.as_bytes().get(..*len).unwrap_or_default(),
+                Err(_) => &[],
+            },
         }
     }
+}
+
+/// `len` bytes made by `fill` into 64-byte aligned blocks.
+fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<Vec<Block>, String> {
+    let mut v: Vec<Block> = Vec::new();
+    v.try_reserve_exact(len.div_ceil(64)).map_err(|_| format!("cannot allocate {len} bytes"))?;
+    v.resize(len.div_ceil(64), Block::new_zeroed());
+    let bytes = v.as_mut_bytes().get_mut(..len).ok_or_else(|| format!("cannot allocate {len} bytes"))?;
+    fill(bytes).map_err(|e| e.to_string())?;
+    Ok(v)
 }
 
 /// Reference-counted bytes with a window: cloning and slicing never copy.
@@ -95,6 +119,62 @@ impl Buffer {
     pub fn from_owner(owner: impl AsRef<[u8]> + Send + Sync + 'static) -> Self {
         let len = owner.as_ref().len();
         Buffer { backing: Arc::new(Backing::Shared(Box::new(owner))), start: 0, len }
+    }
+
+    /// `len` bytes made by `fill` when they are first needed: a gather of several sources, for example, that a
+    /// writer streams out without the whole set of them being in memory at once.
+    ///
+    /// [`Buffer::bytes`] (and through it [`Tensor::data`](crate::Tensor::data) and what writers stream)
+    /// makes the bytes for its caller alone and keeps nothing; [`Buffer::as_bytes`], which lends them for as
+    /// long as the buffer lives, makes them once and keeps them. `fill` must write every byte of the slice it
+    /// is given (which starts zeroed).
+    ///
+    /// ```
+    /// use ckpt_core::Buffer;
+    /// let b = Buffer::deferred(4, |out: &mut [u8]| {
+    ///     out.copy_from_slice(&[1, 2, 3, 4]);
+    ///     Ok(())
+    /// });
+    /// assert!(b.is_deferred());
+    /// assert_eq!(&*b.slice(1..3).unwrap().bytes().unwrap(), &[2, 3]); // made for this call only
+    /// assert!(b.is_deferred());
+    /// assert_eq!(b.as_bytes(), &[1, 2, 3, 4]); // made and kept
+    /// assert!(!b.is_deferred());
+    /// ```
+    pub fn deferred(len: usize, fill: impl Fn(&mut [u8]) -> Result<()> + Send + Sync + 'static) -> Self {
+        let backing = Backing::Deferred { len, fill: Box::new(fill), made: OnceLock::new() };
+        Buffer { backing: Arc::new(backing), start: 0, len }
+    }
+
+    /// Whether the bytes of this buffer are made on demand and have not been kept yet ([`Buffer::deferred`]).
+    pub fn is_deferred(&self) -> bool {
+        matches!(&*self.backing, Backing::Deferred { made, .. } if made.get().is_none())
+    }
+
+    /// The bytes of this window: borrowed, or, for a deferred buffer whose bytes are not kept, made for
+    /// this call alone (the whole buffer is made, then cut to the window) and dropped with the result.
+    ///
+    /// # Errors
+    /// The fill's error, or [`Error::Limit`] if the bytes cannot be allocated.
+    pub fn bytes(&self) -> Result<Cow<'_, [u8]>> {
+        match &*self.backing {
+            Backing::Deferred { len, fill, made } if made.get().is_none() => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(*len).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
+                v.resize(*len, 0u8);
+                fill(&mut v)?;
+                if self.start != 0 || self.len != *len {
+                    v.truncate(self.start + self.len);
+                    v.drain(..self.start);
+                }
+                Ok(Cow::Owned(v))
+            }
+            Backing::Deferred { made, .. } => match made.get() {
+                Some(Err(e)) => Err(Error::Malformed(e.clone())),
+                _ => Ok(Cow::Borrowed(self.as_bytes())),
+            },
+            _ => Ok(Cow::Borrowed(self.as_bytes())),
+        }
     }
 
     /// Maps a whole file read-only.
@@ -220,6 +300,7 @@ impl fmt::Debug for Buffer {
             Backing::Owned { .. } => "owned",
             Backing::Mapped(_) => "mapped",
             Backing::Shared(_) => "shared",
+            Backing::Deferred { .. } => "deferred",
         };
         f.debug_struct("Buffer").field("kind", &kind).field("start", &self.start).field("len", &self.len).finish()
     }

@@ -119,7 +119,7 @@ impl safetensors::View for StView<'_> {
         self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        // `write` gathered every non-contiguous tensor beforehand, so this borrows.
+        // Borrows contiguous tensors; gathers strided views and bytes made on demand.
         self.tensor.data().unwrap_or(Cow::Borrowed(&[]))
     }
     fn data_len(&self) -> usize {
@@ -338,8 +338,9 @@ pub fn write_to<W: std::io::Write>(
     w: &mut W,
     path: &Path,
 ) -> Result<()> {
-    let owned = contiguous(tensors)?;
-    let (header, ordered) = header(prepared(&owned)?, metadata)?;
+    // Each tensor's bytes are borrowed, or gathered (a strided view, bytes made on demand) just before
+    // they are written, so that at most one gathered tensor is held at a time.
+    let (header, ordered) = header(prepared(tensors)?, metadata)?;
     let io = |e: std::io::Error| Error::io(path, e);
     w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&header).map_err(io)?;

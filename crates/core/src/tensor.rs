@@ -283,6 +283,16 @@ impl Tensor {
     /// # Errors
     /// [`Error::Limit`] if a gather cannot allocate.
     pub fn stored_data(&self) -> Result<Cow<'_, [u8]>> {
+        if self.storage.is_deferred() && self.nbytes() > 0 {
+            // Bytes made on demand ([`Buffer::deferred`]): made for this call alone, so that a writer holds
+            // one such tensor at a time.
+            let made = self.storage.bytes()?.into_owned();
+            if self.is_contiguous() && self.storage_offset == 0 && made.len() == self.nbytes() {
+                return Ok(Cow::Owned(made));
+            }
+            let view = Tensor { storage: Buffer::from_vec(made), conj: false, neg: false, ..self.clone() };
+            return Ok(Cow::Owned(view.stored_data()?.into_owned()));
+        }
         if self.is_contiguous() {
             return self.window().map(Cow::Borrowed);
         }
@@ -290,6 +300,9 @@ impl Tensor {
         out.try_reserve_exact(self.nbytes())
             .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", self.nbytes())))?;
         self.gather_into(&mut out);
+        if out.len() != self.nbytes() {
+            return Err(Error::Malformed("tensor view outside its storage".into()));
+        }
         Ok(Cow::Owned(out))
     }
 

@@ -32,8 +32,11 @@ pub struct ConvertReport {
     pub files: Vec<PathBuf>,
 }
 
+/// The reader of the streaming conversions: items are windows of memory maps (page cache, not heap), so a
+/// tensor split over several items is assembled once, when it is written (`Buffer::deferred`), and nothing
+/// else of it is held.
 fn streaming_reader(dir: &Path) -> Result<DcpReader> {
-    DcpReader::open_with(dir, &ReadOptions::default().with_mmap(false))
+    DcpReader::open_with(dir, &ReadOptions::default())
 }
 
 /// Writes `path` atomically (temporary file, fsync, rename) with this crate's errors.

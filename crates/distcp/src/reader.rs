@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ckpt_core::commit::PinnedDir;
-use ckpt_core::{CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten};
+use ckpt_core::{Buffer, CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten};
 use rayon::prelude::*;
 
 use crate::chunks::{self, DenseBuf, copy_box, intersect, is_empty};
@@ -601,7 +601,6 @@ impl DcpReader {
         let nbytes = ckpt_core::checked_numel(sizes)
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| ckpt_core::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
-        let mut out = DenseBuf::zeroed(nbytes)?;
         let copy = |out: &mut DenseBuf, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
             // Lazy conjugation/negation bits are resolved before the raw bytes are copied.
             let resolved;
@@ -620,17 +619,42 @@ impl DcpReader {
             // Items are windows of the maps: decode them in parallel, then copy.
             let tensors: Vec<Tensor> =
                 hits.par_iter().map(|(i, _, _)| self.read_chunk(key, *i)).collect::<Result<_>>()?;
+            if tensors.iter().all(|t| t.storage().is_mapped() && !t.is_conj() && !t.is_neg()) {
+                // Every part is a window of a map: the region is assembled when its bytes are asked for
+                // ([`Buffer::deferred`]), so that a writer streaming many such regions holds one at a time.
+                let mut parts = Vec::with_capacity(hits.len());
+                for ((i, o, l), t) in hits.iter().zip(tensors) {
+                    let c = &md.chunks[*i];
+                    let src: Vec<usize> = o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect();
+                    let dst: Vec<usize> = o.iter().zip(offsets).map(|(a, b)| a - b).collect();
+                    parts.push((t, src, l.clone(), dst));
+                }
+                let shape = sizes.to_vec();
+                let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+                    for (t, src, l, dst) in &parts {
+                        copy_box(t, src, l, out, &shape, dst).map_err(|e| match e {
+                            Error::Core(e) => e,
+                            e => ckpt_core::Error::Malformed(e.to_string()),
+                        })?;
+                    }
+                    Ok(())
+                };
+                return Ok(Tensor::from_buffer(dtype, sizes, Buffer::deferred(nbytes, fill))?);
+            }
+            let mut out = DenseBuf::zeroed(nbytes)?;
             for ((i, o, l), t) in hits.iter().zip(&tensors) {
                 copy(&mut out, *i, o, l, t)?;
             }
+            out.into_tensor(dtype, sizes)
         } else {
             // Items are read into memory: one at a time, so at most one chunk is held besides the result.
+            let mut out = DenseBuf::zeroed(nbytes)?;
             for (i, o, l) in &hits {
                 let t = self.read_chunk(key, *i)?;
                 copy(&mut out, *i, o, l, &t)?;
             }
+            out.into_tensor(dtype, sizes)
         }
-        out.into_tensor(dtype, sizes)
     }
 
     /// The non-tensor value stored under `key` (a BYTE_IO item, unpickled), or the tensor for a tensor key.

@@ -89,22 +89,33 @@ impl Chunked {
         let (buffer, copied) = match first {
             Some((p, s)) if rest == 1 => (p.storage().slice_len((start - s) * es, len * es)?, false),
             _ => {
-                // Fresh zero pages (no memset; the size is bounded by the chunks' bytes, which exist), then
-                // each piece's part copied into its own section, in parallel.
-                let mut out = vec![0u8; len * es];
-                let mut sections = Vec::new();
-                let mut rest = out.as_mut_slice();
+                // The range spans pieces: concatenated when its bytes are asked for ([`Buffer::deferred`]),
+                // so that a writer streaming many such tensors holds one at a time. The pieces are windows
+                // this reader holds anyway; each one's part is copied into its own section, in parallel.
+                let mut parts = Vec::new();
                 for (p, &s) in overlapping {
                     let (from, to) = (start.max(s) - s, end.min(s + p.numel()) - s);
-                    let src = p.storage().slice(from * es..to * es)?;
-                    let Some((dst, tail)) = rest.split_at_mut_checked(src.len()) else {
-                        return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()).into());
-                    };
-                    sections.push((dst, src));
-                    rest = tail;
+                    parts.push(p.storage().slice(from * es..to * es)?);
                 }
-                sections.into_par_iter().for_each(|(dst, src)| dst.copy_from_slice(src.as_bytes()));
-                (Buffer::from_vec(out), len > 0)
+                if parts.iter().map(Buffer::len).sum::<usize>() != len * es {
+                    return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()).into());
+                }
+                let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+                    let mut sections = Vec::with_capacity(parts.len());
+                    let mut rest = out;
+                    for src in &parts {
+                        let Some((dst, tail)) = rest.split_at_mut_checked(src.len()) else {
+                            return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
+                        };
+                        sections.push((dst, src));
+                        rest = tail;
+                    }
+                    sections.into_par_iter().try_for_each(|(dst, src)| {
+                        dst.copy_from_slice(&src.bytes()?);
+                        Ok(())
+                    })
+                };
+                (Buffer::deferred(len * es, fill), len > 0)
             }
         };
         Ok((Tensor::from_buffer(self.dtype, &[len], buffer)?.with_requires_grad(self.requires_grad), copied))

@@ -522,11 +522,21 @@ impl Plan {
         options: &WriteOptions,
         resolve: Resolve<'_>,
     ) -> Result<Fingerprint> {
-        let value = self.part_value(rank, resolve)?;
+        self.write_part_value(commit, rank, &self.part_value(rank, resolve)?, options)
+    }
+
+    /// [`Plan::write_part`] of the part's value.
+    fn write_part_value(
+        &self,
+        commit: &DirCommit,
+        rank: usize,
+        value: &Value,
+        options: &WriteOptions,
+    ) -> Result<Fingerprint> {
         let name = part_file_name(rank);
         let prefix = ckpt_torch::prefix_for_path(Path::new(&name))?;
         let mut file = commit.create_file(&name).map_err(from_commit)?;
-        let written = ckpt_torch::save_to_durable(&value, file.writer(), &prefix, &options.torch);
+        let written = ckpt_torch::save_to_durable(value, file.writer(), &prefix, &options.torch);
         if let Some(e) = file.writer().io_error() {
             return Err(from_commit(CommitError::from_io(file.path(), e)));
         }
@@ -539,10 +549,17 @@ impl Plan {
     /// them and swaps the directory in.
     pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
         let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options()).map_err(from_commit)?;
-        let results: Vec<Result<Fingerprint>> = (0..self.nshards)
-            .into_par_iter()
-            .map(|r| self.write_part(&commit, r, options, &|t| Ok(t.clone())))
-            .collect();
+        let values: Vec<Value> =
+            (0..self.nshards).map(|r| self.part_value(r, &|t| Ok(t.clone()))).collect::<Result<_>>()?;
+        // Parts holding tensors made as they are written (gathers from another format, chunks joined:
+        // `Buffer::deferred`) are written one after the other, so that one such tensor is in memory at a
+        // time; parts of windows and owned tensors, in parallel.
+        let write = |(r, v): (usize, &Value)| self.write_part_value(&commit, r, v, options);
+        let results: Vec<Result<Fingerprint>> = if values.iter().any(holds_deferred) {
+            values.iter().enumerate().map(write).collect()
+        } else {
+            values.par_iter().enumerate().map(write).collect()
+        };
         let reports: Vec<Report> = results.iter().map(|r| Report::of(r, |f| vec![*f])).collect();
         for r in results {
             r?; // the commit, dropped, removes its staging directory
@@ -550,6 +567,17 @@ impl Plan {
         let mut failure = None;
         let committed = commit.commit(&SingleProcess, Ok(()), |c| finalize_check(c, &reports, &mut failure));
         committed.map_err(|e| failure.unwrap_or_else(|| from_commit(e)))
+    }
+}
+
+/// Whether `value` holds a tensor whose bytes are made on demand ([`ckpt_core::Buffer::deferred`]).
+fn holds_deferred(value: &Value) -> bool {
+    match value {
+        Value::Tensor(t) | Value::Parameter { tensor: t, .. } => t.storage().is_deferred(),
+        Value::TensorWithState { tensor, .. } => holds_deferred(tensor),
+        Value::List(v) | Value::Tuple(v) | Value::Set(v) | Value::FrozenSet(v) => v.iter().any(holds_deferred),
+        Value::Dict(d) => d.items.iter().any(|(k, v)| holds_deferred(k) || holds_deferred(v)),
+        _ => false,
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use ckpt_core::{Buffer, DType, Tensor};
 use zerocopy::IntoBytes;
@@ -122,24 +122,38 @@ impl Slot {
     }
 
     /// The rows at `positions`, in that order, as a new slot.
-    pub(crate) fn gather(&self, positions: &[usize]) -> Result<Slot> {
+    pub(crate) fn gather(&self, positions: &Arc<[usize]>) -> Result<Slot> {
         let len = self.row_len();
-        let bytes = self.tensor.storage().as_bytes();
-        let mut out = AlignedBytes::with_len(positions.len() * len)?;
-        let dst = out.as_mut();
-        for (i, &p) in positions.iter().enumerate() {
-            let src = bytes
-                .get(p * len..(p + 1) * len)
-                .ok_or_else(|| Error::InvalidArgument(format!("row {p} of slot {:?}", self.name)))?;
-            if let Some(d) = dst.get_mut(i * len..(i + 1) * len) {
+        let source = self.tensor.storage().clone();
+        if let Some(&p) = positions
+            .iter()
+            .find(|&&p| p.checked_add(1).and_then(|e| e.checked_mul(len)).is_none_or(|e| e > source.len()))
+        {
+            return Err(Error::InvalidArgument(format!("row {p} of slot {:?}", self.name)));
+        }
+        let nbytes = positions
+            .len()
+            .checked_mul(len)
+            .ok_or_else(|| Error::InvalidArgument(format!("{} rows of slot {:?}", positions.len(), self.name)))?;
+        let rows = Arc::clone(positions);
+        // The rows are copied when the slot's bytes are asked for (`Buffer::deferred`): a writer streaming
+        // the slots of a shard makes one at a time, instead of every slot of every table being copied first.
+        let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+            let bytes = source.bytes()?;
+            for (d, &p) in out.chunks_exact_mut(len.max(1)).zip(rows.iter()) {
+                let src = bytes.get(p * len..(p + 1) * len).ok_or_else(|| {
+                    ckpt_core::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()))
+                })?;
                 d.copy_from_slice(src);
             }
-        }
+            Ok(())
+        };
         let mut shape = self.tensor.shape().to_vec();
         if let Some(d) = shape.first_mut() {
             *d = positions.len();
         }
-        Ok(Slot { name: self.name.clone(), tensor: Tensor::from_buffer(self.dtype(), &shape, out.into_buffer())? })
+        let tensor = Tensor::from_buffer(self.dtype(), &shape, Buffer::deferred(nbytes, fill))?;
+        Ok(Slot { name: self.name.clone(), tensor })
     }
 
     /// Slots with equal names, dtypes and row shapes, rows concatenated.
@@ -148,54 +162,27 @@ impl Slot {
             return Err(Error::InvalidArgument("concatenating no slots".into()));
         };
         let total: usize = parts.iter().map(|s| s.tensor.nbytes()).sum();
-        let mut out = AlignedBytes::with_len(total)?;
-        let dst = out.as_mut();
-        let mut at = 0;
-        for p in parts {
-            let src = p.tensor.storage().as_bytes();
-            if let Some(d) = dst.get_mut(at..at + src.len()) {
-                d.copy_from_slice(src);
+        // Copied when the slot's bytes are asked for (`Buffer::deferred`), each part's bytes made (when they
+        // are themselves deferred) one part at a time.
+        let sources: Vec<Buffer> = parts.iter().map(|p| p.tensor.storage().clone()).collect();
+        let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+            let mut at = 0;
+            for b in &sources {
+                let src = b.bytes()?;
+                let d = out
+                    .get_mut(at..at + src.len())
+                    .ok_or_else(|| ckpt_core::Error::Malformed("slot parts longer than the slot".into()))?;
+                d.copy_from_slice(&src);
+                at += src.len();
             }
-            at += src.len();
-        }
+            Ok(())
+        };
+        let out = Buffer::deferred(total, fill);
         let mut shape = first.tensor.shape().to_vec();
         if let Some(d) = shape.first_mut() {
             *d = parts.iter().map(|s| s.rows()).sum();
         }
-        Ok(Slot { name: first.name.clone(), tensor: Tensor::from_buffer(first.dtype(), &shape, out.into_buffer())? })
-    }
-}
-
-/// Owned bytes with 8-byte alignment (so typed views of gathered rows work), handed to a [`Buffer`] without
-/// copying.
-struct AlignedBytes {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AlignedBytes {
-    fn with_len(len: usize) -> Result<Self> {
-        let mut words = Vec::new();
-        words
-            .try_reserve_exact(len.div_ceil(8))
-            .map_err(|_| ckpt_core::Error::Limit(format!("cannot allocate {len} bytes")))?;
-        words.resize(len.div_ceil(8), 0);
-        Ok(AlignedBytes { words, len })
-    }
-
-    fn as_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        self.words.as_mut_bytes().get_mut(..len).unwrap_or_default()
-    }
-
-    fn into_buffer(self) -> Buffer {
-        Buffer::from_owner(self)
-    }
-}
-
-impl AsRef<[u8]> for AlignedBytes {
-    fn as_ref(&self) -> &[u8] {
-        self.words.as_bytes().get(..self.len).unwrap_or_default()
+        Ok(Slot { name: first.name.clone(), tensor: Tensor::from_buffer(first.dtype(), &shape, out)? })
     }
 }
 
@@ -438,7 +425,7 @@ impl TableChild {
     /// # Errors
     /// Allocation failures.
     pub fn filter(&self, keep: impl Fn(i64) -> bool) -> Result<TableChild> {
-        let positions: Vec<usize> =
+        let positions: Arc<[usize]> =
             self.ids().iter().enumerate().filter(|(_, id)| keep(**id)).map(|(k, _)| k).collect();
         if positions.len() == self.len() {
             return Ok(self.clone());
@@ -571,8 +558,9 @@ impl HashTable {
             i.push(id);
         }
         let mut children = Vec::with_capacity(names.len());
-        for ((name, pos), ids) in names.iter().zip(&positions).zip(ids) {
-            let rows = slots.iter().map(|s| s.gather(pos)).collect::<Result<Vec<_>>>()?;
+        for ((name, pos), ids) in names.iter().zip(positions).zip(ids) {
+            let pos: Arc<[usize]> = pos.into();
+            let rows = slots.iter().map(|s| s.gather(&pos)).collect::<Result<Vec<_>>>()?;
             children.push(TableChild::new(*name, ids, rows)?);
         }
         Self::new(slice, children)

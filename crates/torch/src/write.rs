@@ -174,7 +174,8 @@ fn save_marked<W: Write>(
         zip.write_record("byteorder", b"little")?;
     }
     for (key, storage) in storages.iter().enumerate() {
-        zip.write_record(&format!("data/{key}"), storage.data.as_bytes())?;
+        // `bytes`: a storage made on demand (`Buffer::deferred`) is made for this record alone.
+        zip.write_record(&format!("data/{key}"), &storage.data.bytes()?)?;
     }
     zip.write_record("version", b"3\n")?;
     if options.torch_2_13_records {

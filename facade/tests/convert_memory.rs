@@ -1,0 +1,323 @@
+//! Heap memory of conversions and reshards (issue 15): every `ckpt::convert` between the formats the facade
+//! supports (torch `.pt`, safetensors, hf shards, distcp, hfai, RecIS, PyTorch-BigGraph where convertible)
+//! and every `ckpt::reshard` holds at most the largest tensor plus 64 MiB of heap beyond what it started
+//! with.
+//!
+//! The heap is counted by this test binary's global allocator (every allocation and release, not sampled),
+//! and rayon runs on a pool of 2 threads of its own, so the result depends on neither timing nor the machine's
+//! CPU count. Memory-mapped source files are not heap: a conversion that borrows its source's bytes pays
+//! nothing for them. The counters are process-wide, so every measurement runs under one mutex, one at a
+//! time, and the sources are several times the bound: a conversion that materializes its whole source
+//! fails.
+//!
+//! Run with `--nocapture` to see the table of measured peaks.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ckpt::core::{Tensor, Value};
+use ckpt::{ConvertOptions, Format};
+
+/// The system allocator, counting the bytes in use and their peak.
+struct Counting;
+
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let now = IN_USE.fetch_add(by, Ordering::SeqCst) + by;
+    PEAK.fetch_max(now, Ordering::SeqCst);
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; only counters are updated besides.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) };
+        IN_USE.fetch_sub(layout.size(), Ordering::SeqCst);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            // Counted as the new block allocated before the old one is released (what a moving realloc holds).
+            grew(new_size);
+            IN_USE.fetch_sub(layout.size(), Ordering::SeqCst);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// One measurement at a time: the counters are process-wide.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const MIB: usize = 1 << 20;
+/// The largest tensor of every generated checkpoint.
+const LARGEST: usize = 16 * MIB;
+/// Issue 15's bound.
+const BOUND: usize = LARGEST + 64 * MIB;
+/// Dense tensors of the state dict, `LARGEST` bytes each ([4096, 1024] float32).
+const DENSE: usize = 10;
+/// Rows of the state dict's RecIS hash table `tbl` (ids int64, embedding and one slot `[ROWS, 32]` float32,
+/// `LARGEST` bytes each).
+const ROWS: usize = LARGEST / (32 * 4);
+/// Entity partitions of the PyTorch-BigGraph checkpoint (`[PBG_ROWS, 64]` float32, `LARGEST` bytes each).
+const PBG_PARTS: u32 = 10;
+const PBG_ROWS: usize = LARGEST / (64 * 4);
+const PBG_DIM: usize = 64;
+
+/// Runs `f` and returns the most heap it held at once beyond what was in use when it started.
+fn peak_growth(f: impl FnOnce()) -> usize {
+    let base = IN_USE.load(Ordering::SeqCst);
+    PEAK.store(base, Ordering::SeqCst);
+    f();
+    PEAK.load(Ordering::SeqCst).saturating_sub(base)
+}
+
+fn f32_tensor(len: usize, seed: usize, shape: &[usize]) -> Tensor {
+    let data: Vec<f32> = (0..len).map(|k| (k ^ seed) as f32).collect();
+    Tensor::from_slice(&data, shape).unwrap()
+}
+
+/// A training state dict of about 210 MiB: `DENSE` float32 weights of 16 MiB, and a RecIS hash table
+/// (`tbl@id`, `tbl@embedding`, `tbl@exp_avg`) that RecIS targets write as a sparse table.
+fn state_dict() -> Value {
+    let mut items: Vec<(String, Value)> = (0..DENSE)
+        .map(|i| (format!("layer{i}.weight"), Value::Tensor(f32_tensor(LARGEST / 4, i, &[4096, 1024]))))
+        .collect();
+    let ids: Vec<i64> = (0..ROWS as i64).map(|k| k * 7 + 3).collect();
+    items.push(("tbl@id".into(), Value::Tensor(Tensor::from_slice(&ids, &[ROWS]).unwrap())));
+    for (s, slot) in ["embedding", "exp_avg"].into_iter().enumerate() {
+        items.push((format!("tbl@{slot}"), Value::Tensor(f32_tensor(ROWS * 32, 100 + s, &[ROWS, 32]))));
+    }
+    Value::dict(items.iter().map(|(k, v)| (k.as_str(), v.clone())))
+}
+
+/// A PyTorch-BigGraph checkpoint of about 160 MiB: entity `node` in `PBG_PARTS` partitions with their
+/// RowAdagrad state, one linear relation operator.
+fn write_pbg(dir: &Path) {
+    use ckpt::pbg::{EntityPartition, FileCheckpointStorage, Model, ModelParameter, OptimizerState, StateDict};
+    let storage = FileCheckpointStorage::new(dir);
+    storage.prepare().unwrap();
+    let config = format!(
+        r#"{{"entities": {{"node": {{"num_partitions": {PBG_PARTS}}}}},
+            "relations": [{{"name": "r", "lhs": "node", "rhs": "node", "operator": "linear"}}],
+            "dimension": {PBG_DIM}, "entity_path": "data", "edge_paths": [], "checkpoint_path": "ckpt"}}"#
+    );
+    storage.save_config(&config).unwrap();
+    let mut commit = storage.begin_commit().unwrap();
+    for p in 0..PBG_PARTS {
+        let mut part = EntityPartition::new(f32_tensor(PBG_ROWS * PBG_DIM, p as usize, &[PBG_ROWS, PBG_DIM]));
+        let sum = f32_tensor(PBG_ROWS, 7, &[PBG_ROWS]);
+        part.optimizer = Some(OptimizerState::encode(&StateDict::row_adagrad(sum, 0.1)).unwrap());
+        commit.partition("node", p, part).unwrap();
+    }
+    let op = f32_tensor(PBG_DIM * PBG_DIM, 1, &[PBG_DIM, PBG_DIM]);
+    let param = ModelParameter::new("rhs_operators.0.linear_transformation", op).unwrap();
+    commit.model(Model { parameters: Some(vec![param]), ..Model::default() });
+    commit.finish(&ckpt::pbg::WriteOptions::default()).unwrap();
+}
+
+/// The formats a state dict converts to and from (pbg needs entity partitions: it has its own sources).
+const DENSE_FORMATS: [Format; 6] =
+    [Format::Torch, Format::Safetensors, Format::Hf, Format::Distcp, Format::Hfai, Format::Recis];
+
+/// Target options: the sharded formats over 2 ranks, hfai tensors over 8 MiB chunked over its parts, hf
+/// shards of at most 64 MiB, so that readers gather and writers split.
+fn options(to: Format) -> ConvertOptions {
+    let mut o = ConvertOptions::default().with_world_size(if to.is_sharded() { 2 } else { 1 });
+    o.hfai_large_size = Some(8 << 20);
+    o.hf_max_shard_size = Some(64 << 20);
+    o
+}
+
+fn path_for(dir: &Path, name: &str, to: Format) -> PathBuf {
+    match to {
+        Format::Torch => dir.join(format!("{name}.pt")),
+        Format::Safetensors => dir.join(format!("{name}.safetensors")),
+        _ => dir.join(name),
+    }
+}
+
+fn remove(path: &Path) {
+    if path.is_dir() {
+        std::fs::remove_dir_all(path).unwrap();
+    } else {
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+/// One measured call.
+struct Measured {
+    from: String,
+    to: String,
+    peak: usize,
+}
+
+/// Converts `src` to `to` in `dir` under a measure, then removes the result.
+fn measure_convert(dir: &Path, label: &str, src: &Path, to: Format, out: &mut Vec<Measured>) {
+    let dst = path_for(dir, &format!("{label}_to_{to}"), to);
+    let options = options(to);
+    let peak = peak_growth(|| {
+        ckpt::convert(src, None, &dst, to, &options).unwrap_or_else(|e| panic!("{label} → {to}: {e}"));
+    });
+    out.push(Measured { from: label.into(), to: to.to_string(), peak });
+    remove(&dst);
+}
+
+/// Sources of `format` for each format, converted (unmeasured) from `first`.
+fn sources_from(dir: &Path, label: &str, first: (Format, PathBuf), formats: &[Format]) -> Vec<(Format, PathBuf)> {
+    let mut sources = vec![first.clone()];
+    for &to in formats.iter().filter(|&&f| f != first.0) {
+        let dst = path_for(dir, &format!("{label}_src_{to}"), to);
+        ckpt::convert(&first.1, None, &dst, to, &options(to)).unwrap_or_else(|e| panic!("{label} → {to}: {e}"));
+        sources.push((to, dst));
+    }
+    sources
+}
+
+fn table(measured: &[Measured]) -> String {
+    let mut s = String::from("| from | to | peak heap MiB | within the bound |\n|---|---|---|---|\n");
+    for m in measured {
+        let within = if m.peak <= BOUND { "yes" } else { "NO" };
+        let _ = writeln!(s, "| {} | {} | {:.1} | {} |", m.from, m.to, m.peak as f64 / MIB as f64, within);
+    }
+    s
+}
+
+#[test]
+fn every_conversion_and_reshard_holds_at_most_the_largest_tensor_plus_64_mib() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A fixed pool: the heap held by parallel writers grows with the thread count.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    pool.install(measure_all);
+}
+
+fn measure_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut measured = Vec::new();
+
+    // The state dict in every format but pbg, each converted to every other.
+    let pt = dir.path().join("dense.pt");
+    ckpt::torch::save(&state_dict(), &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let dense = sources_from(dir.path(), "dense", (Format::Torch, pt), &DENSE_FORMATS);
+    for (from, src) in &dense {
+        for to in DENSE_FORMATS.into_iter().filter(|to| to != from) {
+            measure_convert(dir.path(), &from.to_string(), src, to, &mut measured);
+        }
+    }
+    // Every sharded format re-sharded from 2 to 3 ranks (row splits that straddle the old items).
+    for (format, src) in dense.iter().filter(|(f, _)| f.is_sharded()) {
+        let dst = dir.path().join(format!("re_{format}"));
+        let peak = peak_growth(|| {
+            ckpt::reshard(src, &dst, 3).unwrap_or_else(|e| panic!("reshard {format}: {e}"));
+        });
+        measured.push(Measured { from: format.to_string(), to: format!("{format} (reshard 2 → 3)"), peak });
+        remove(&dst);
+    }
+    for (_, src) in dense {
+        remove(&src);
+    }
+
+    // The PyTorch-BigGraph checkpoint to every format, and back from every format that keeps its layout
+    // (RecIS cannot: refused, see `pbg_is_refused_where_nothing_can_hold_it`).
+    let pbg = dir.path().join("pbg");
+    write_pbg(&pbg);
+    let pbg_formats = [DENSE_FORMATS.as_slice(), &[Format::Pbg]].concat();
+    for to in DENSE_FORMATS {
+        measure_convert(dir.path(), "pbg", &pbg, to, &mut measured);
+    }
+    let kept = sources_from(dir.path(), "pbg", (Format::Pbg, pbg), &pbg_formats);
+    for (from, src) in kept.iter().filter(|(f, _)| *f != Format::Recis) {
+        measure_convert(dir.path(), &format!("{from} (of pbg)"), src, Format::Pbg, &mut measured);
+    }
+
+    let table = table(&measured);
+    println!("largest tensor {} MiB, bound {} MiB\n{table}", LARGEST / MIB, BOUND / MIB);
+    // 6 × 5 dense conversions, 3 reshards, pbg to 6 formats, 6 back to pbg (pbg → pbg included).
+    assert_eq!(measured.len(), 30 + 3 + 6 + 6, "{table}");
+    let over: Vec<String> =
+        measured.iter().filter(|m| m.peak > BOUND).map(|m| format!("{} → {}", m.from, m.to)).collect();
+    assert!(over.is_empty(), "over {} MiB: {over:#?}\n{table}", BOUND / MIB);
+}
+
+/// The control: the counter sees a conversion's heap (a tensor gathered from a strided view holds that
+/// tensor), so the bounds above are not met by a counter that counts nothing.
+#[test]
+fn the_counter_sees_a_materialized_tensor() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let grew = peak_growth(|| {
+        let t = Tensor::zeros(ckpt::DType::F32, &[1024, 1024]).unwrap();
+        let gathered = t.transpose(0, 1).unwrap().to_contiguous().unwrap();
+        assert_eq!(gathered.nbytes(), 4 * MIB);
+    });
+    assert!(grew >= 8 * MIB, "{grew}");
+}
+
+/// Why some pairs with pbg are not measured: a state dict without entity partitions has nothing a
+/// PyTorch-BigGraph checkpoint holds, and recis → pbg is refused whatever the checkpoint.
+#[test]
+fn pbg_is_refused_where_nothing_can_hold_it() {
+    assert!(ckpt::unsupported_reason(Format::Recis, Format::Pbg).is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let pt = dir.path().join("m.pt");
+    let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let e = ckpt::convert(&pt, None, &dir.path().join("pbg"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
+    assert!(matches!(e, ckpt::Error::UnsupportedConversion { .. }), "{e}");
+}
+
+/// A RecIS table whose slots (48 MiB each, three of them) are each near the bound's slack: resharding
+/// gathers each slot's rows for every new shard (`Buffer::deferred`) while shards and their data files are
+/// written in parallel, so it holds at most one slot per writer thread besides the ids.
+#[test]
+fn recis_reshard_of_large_slots_holds_at_most_the_largest_tensor_plus_64_mib() {
+    const SLOT: usize = 48 * MIB;
+    const ROWS: usize = SLOT / (16 * 4);
+    const SLOT_BOUND: usize = SLOT + 64 * MIB;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<i64> = (0..ROWS as i64).map(|k| k * 7 + 3).collect();
+    let mut items = vec![("tbl@id".to_owned(), Value::Tensor(Tensor::from_slice(&ids, &[ROWS]).unwrap()))];
+    for (s, slot) in ["embedding", "exp_avg", "exp_avg_sq"].into_iter().enumerate() {
+        items.push((format!("tbl@{slot}"), Value::Tensor(f32_tensor(ROWS * 16, s, &[ROWS, 16]))));
+    }
+    let pt = dir.path().join("tbl.pt");
+    let sd = Value::dict(items.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    drop((sd, items, ids));
+    let src = dir.path().join("recis");
+    ckpt::convert(&pt, None, &src, Format::Recis, &options(Format::Recis)).unwrap();
+    let dst = dir.path().join("re");
+    let peak = pool.install(|| {
+        peak_growth(|| {
+            ckpt::reshard(&src, &dst, 3).unwrap();
+        })
+    });
+    println!("recis reshard 2 → 3 of 3 slots of {} MiB: {:.1} MiB", SLOT / MIB, peak as f64 / MIB as f64);
+    assert!(peak <= SLOT_BOUND, "{peak} > {SLOT_BOUND}");
+}
