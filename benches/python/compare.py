@@ -276,7 +276,15 @@ def reads(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, cold_too:
                 f"{limit / 2**20:.0f} MiB: {'met' if max(rss) * 1024 <= limit else 'MISSED'}")
 
 
-def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict) -> None:
+WRITE_WORKLOADS = ("dcp-save", "hfai-save", "pbg-write", "recis-save")
+
+
+def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict, only: set[str]) -> None:
+    """The write workloads; ``only`` holds ``writes`` (all of them) or some of ``WRITE_WORKLOADS``."""
+
+    def want(name: str) -> bool:
+        return "writes" in only or name in only
+
     full = work / "full"
     run([PY, HERE / "read_workloads.py", full, "--mib", cfg["mib"]], stdout=subprocess.DEVNULL)
     out = work / "out"
@@ -286,98 +294,102 @@ def writes(res: Results, timer: Timer, raw: Raw, work: Path, cfg: dict) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    # DCP save: dcp.save (FileSystemWriter syncs its files) vs ckpt's durable one-rank save vs raw + fsync
-    src = full / "model.pt"
-    sd = torch.load(src, weights_only=True)
-    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    if want("dcp-save"):
+        # DCP save: dcp.save (FileSystemWriter syncs its files) vs ckpt's durable one-rank save vs raw + fsync
+        src = full / "model.pt"
+        sd = torch.load(src, weights_only=True)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
 
-    def dcp_py() -> float:
-        t = time.perf_counter()
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(out / "dcp_py"), no_dist=True)
-        return time.perf_counter() - t
+        def dcp_py() -> float:
+            t = time.perf_counter()
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(out / "dcp_py"), no_dist=True)
+            return time.perf_counter() - t
 
-    t = res.interleave(f"DCP save, one rank, {nbytes / 2**20:.0f} MiB (both fsync)", nbytes, [
-        ("python dcp.save", dcp_py),
-        ("ckpt", lambda: timer.op("dcp-save", src, out / "dcp_ckpt")),
-        ("raw write + fsync", raw.write(out / "raw.bin", nbytes, True)),
-    ])
-    res.ratio("DCP save / dcp.save (both fsync)", t, "python dcp.save", "ckpt", "≥ 2")
-    res.ratio("DCP save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
-    del sd
-    shutil.rmtree(out / "dcp_py", ignore_errors=True)
-    shutil.rmtree(out / "dcp_ckpt", ignore_errors=True)
+        t = res.interleave(f"DCP save, one rank, {nbytes / 2**20:.0f} MiB (both fsync)", nbytes, [
+            ("python dcp.save", dcp_py),
+            ("ckpt", lambda: timer.op("dcp-save", src, out / "dcp_ckpt")),
+            ("raw write + fsync", raw.write(out / "raw.bin", nbytes, True)),
+        ])
+        res.ratio("DCP save / dcp.save (both fsync)", t, "python dcp.save", "ckpt", "≥ 2")
+        res.ratio("DCP save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
+        del sd
+        shutil.rmtree(out / "dcp_py", ignore_errors=True)
+        shutil.rmtree(out / "dcp_ckpt", ignore_errors=True)
 
-    # hfai save: the reference's 4 gloo ranks (conformance/python/hfai/bench.py, + fsync of each part) vs ckpt
-    hsrc = full / "hfai.pt"
-    hbytes = size_of(hsrc)
+    if want("hfai-save"):
+        # hfai save: the reference's 4 gloo ranks (conformance/python/hfai/bench.py, + fsync of each part) vs ckpt
+        hsrc = full / "hfai.pt"
+        hbytes = size_of(hsrc)
 
-    def hfai_py() -> float:
-        p = subprocess.run([PY, ROOT / "conformance/python/hfai/bench.py", "--repeat", "1", "--fsync",
-                            "--mib", str(cfg["mib"]), "--save-only", str(out)],
-                           check=True, capture_output=True, text=True)
-        line = next(x for x in p.stdout.splitlines() if "save" in x)
-        return float(line.split("median ")[1].split(" s")[0])
+        def hfai_py() -> float:
+            p = subprocess.run([PY, ROOT / "conformance/python/hfai/bench.py", "--repeat", "1", "--fsync",
+                                "--mib", str(cfg["mib"]), "--save-only", str(out)],
+                               check=True, capture_output=True, text=True)
+            line = next(x for x in p.stdout.splitlines() if "save" in x)
+            return float(line.split("median ")[1].split(" s")[0])
 
-    t = res.interleave(f"hfai save, 4 parts, {hbytes / 2**20:.0f} MiB (both fsync)", hbytes, [
-        ("python hfai_ref.save (4 ranks)", hfai_py),
-        ("ckpt", lambda: timer.op("hfai-save", hsrc, out / "hfai_ckpt")),
-        ("raw write + fsync", raw.write(out / "raw.bin", hbytes, True)),
-    ])
-    res.ratio("hfai save / hfai_ref.save", t, "python hfai_ref.save (4 ranks)", "ckpt", "≥ 3")
-    shutil.rmtree(out / "hfai_ckpt", ignore_errors=True)
+        t = res.interleave(f"hfai save, 4 parts, {hbytes / 2**20:.0f} MiB (both fsync)", hbytes, [
+            ("python hfai_ref.save (4 ranks)", hfai_py),
+            ("ckpt", lambda: timer.op("hfai-save", hsrc, out / "hfai_ckpt")),
+            ("raw write + fsync", raw.write(out / "raw.bin", hbytes, True)),
+        ])
+        res.ratio("hfai save / hfai_ref.save", t, "python hfai_ref.save (4 ranks)", "ckpt", "≥ 3")
+        shutil.rmtree(out / "hfai_ckpt", ignore_errors=True)
 
-    # PBG partition write: h5py create_dataset vs ckpt-pbg (neither fsyncs)
-    h5src = full / "embeddings_node_0.v1.h5"
-    with h5py.File(h5src, "r") as f:
-        emb = f["embeddings"][...]
+    if want("pbg-write"):
+        # PBG partition write: h5py create_dataset vs ckpt-pbg (neither fsyncs)
+        h5src = full / "embeddings_node_0.v1.h5"
+        with h5py.File(h5src, "r") as f:
+            emb = f["embeddings"][...]
 
-    def h5_py() -> float:
-        t = time.perf_counter()
-        with h5py.File(out / "py.h5", "w") as f:
-            f.attrs["format_version"] = 1
-            f.create_dataset("embeddings", data=emb)
-        fd = os.open(out / "py.h5", os.O_RDONLY)  # ckpt's write_partition_file fsyncs; torchbiggraph does not
-        os.fsync(fd)
-        os.close(fd)
-        return time.perf_counter() - t
+        def h5_py() -> float:
+            t = time.perf_counter()
+            with h5py.File(out / "py.h5", "w") as f:
+                f.attrs["format_version"] = 1
+                f.create_dataset("embeddings", data=emb)
+            fd = os.open(out / "py.h5", os.O_RDONLY)  # ckpt's write_partition_file fsyncs; torchbiggraph does not
+            os.fsync(fd)
+            os.close(fd)
+            return time.perf_counter() - t
 
-    t = res.interleave(f"PBG partition write, {emb.nbytes / 2**20:.0f} MiB (both fsync)", emb.nbytes, [
-        ("python h5py + fsync", h5_py),
-        ("ckpt", lambda: timer.op("pbg-write", h5src, out / "ckpt.h5")),
-        ("raw write + fsync", raw.write(out / "raw.bin", emb.nbytes, True)),
-    ])
-    res.ratio("PBG partition write / h5py (both fsync)", t, "python h5py + fsync", "ckpt", "≥ 1.5")
-    del emb
+        t = res.interleave(f"PBG partition write, {emb.nbytes / 2**20:.0f} MiB (both fsync)", emb.nbytes, [
+            ("python h5py + fsync", h5_py),
+            ("ckpt", lambda: timer.op("pbg-write", h5src, out / "ckpt.h5")),
+            ("raw write + fsync", raw.write(out / "raw.bin", emb.nbytes, True)),
+        ])
+        res.ratio("PBG partition write / h5py (both fsync)", t, "python h5py + fsync", "ckpt", "≥ 1.5")
+        del emb
 
-    # RecIS table save: a RecIS-style safetensors save in Python (save_file + fsync) vs ckpt vs raw + fsync
-    from safetensors.numpy import save_file
+    if want("recis-save"):
+        # RecIS table save: a RecIS-style safetensors save in Python (save_file + fsync) vs ckpt vs raw + fsync
+        from safetensors.numpy import save_file
 
-    ids = cfg["recis_ids"]
-    dim = 16
-    idx = np.arange(ids * dim, dtype=np.int64)
-    table = {"item@id": np.arange(ids, dtype=np.int64) * 7919 + 3}
-    for k, name in enumerate(("embedding", "sparse_adamw_exp_avg", "sparse_adamw_exp_avg_sq")):
-        table[f"item@{name}"] = (((idx + k) % 251).astype(np.float32) / 7.0).reshape(ids, dim)
-    del idx
-    rbytes = sum(a.nbytes for a in table.values())
+        ids = cfg["recis_ids"]
+        dim = 16
+        idx = np.arange(ids * dim, dtype=np.int64)
+        table = {"item@id": np.arange(ids, dtype=np.int64) * 7919 + 3}
+        for k, name in enumerate(("embedding", "sparse_adamw_exp_avg", "sparse_adamw_exp_avg_sq")):
+            table[f"item@{name}"] = (((idx + k) % 251).astype(np.float32) / 7.0).reshape(ids, dim)
+        del idx
+        rbytes = sum(a.nbytes for a in table.values())
 
-    def recis_py() -> float:
-        t = time.perf_counter()
-        save_file(table, str(out / "recis_py.safetensors"))
-        fd = os.open(out / "recis_py.safetensors", os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-        return time.perf_counter() - t
+        def recis_py() -> float:
+            t = time.perf_counter()
+            save_file(table, str(out / "recis_py.safetensors"))
+            fd = os.open(out / "recis_py.safetensors", os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            return time.perf_counter() - t
 
-    t = res.interleave(f"RecIS table save, {ids} ids × 16 + 2 AdamW slots, {rbytes / 2**20:.0f} MiB (fsync)", rbytes, [
-        ("python safetensors save_file + fsync", recis_py),
-        ("ckpt", lambda: timer.op("recis-save", ids, out / "recis_ckpt")),
-        ("raw write + fsync", raw.write(out / "raw.bin", rbytes, True)),
-    ])
-    res.ratio("RecIS table save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
-    res.ratio("RecIS table save / Python safetensors save_file + fsync", t,
-              "python safetensors save_file + fsync", "ckpt")
-    del table
+        t = res.interleave(f"RecIS table save, {ids} ids × 16 + 2 AdamW slots, {rbytes / 2**20:.0f} MiB (fsync)", rbytes, [
+            ("python safetensors save_file + fsync", recis_py),
+            ("ckpt", lambda: timer.op("recis-save", ids, out / "recis_ckpt")),
+            ("raw write + fsync", raw.write(out / "raw.bin", rbytes, True)),
+        ])
+        res.ratio("RecIS table save / raw write + fsync", t, "raw write + fsync", "ckpt", "≥ 0.8")
+        res.ratio("RecIS table save / Python safetensors save_file + fsync", t,
+                  "python safetensors save_file + fsync", "ckpt")
+        del table
     shutil.rmtree(out, ignore_errors=True)
 
 
@@ -526,7 +538,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ckpt-compare"))
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "RESULTS.md")
-    ap.add_argument("--only", default="reads,writes,durable,scaling,convert")
+    ap.add_argument("--only", default="reads,writes,durable,scaling,convert",
+                    help="sections, or single write workloads: " + ",".join(WRITE_WORKLOADS))
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache read runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated workloads under --dir")
     args = ap.parse_args()
@@ -547,13 +560,15 @@ def main() -> int:
     try:
         sections = {
             "reads": lambda: reads(res, timer, raw, work, cfg, not args.no_cold),
-            "writes": lambda: writes(res, timer, raw, work, cfg),
+            "writes": lambda: writes(res, timer, raw, work, cfg, only),
             "durable": lambda: durable(res, work, cfg),
             "scaling": lambda: scaling(res, work, cfg),
             "convert": lambda: convert(res, timer, work, cfg),
         }
+        if only & set(WRITE_WORKLOADS):
+            only.add("writes-some")
         for name, section in sections.items():
-            if name in only:
+            if name in only or (name == "writes" and "writes-some" in only):
                 try:
                     section()
                 except (Exception, SystemExit) as e:  # one failing section must not lose the others' results
