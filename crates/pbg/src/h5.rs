@@ -977,6 +977,50 @@ mod tests {
         assert_eq!(all[0].0, "relations/0/operator/rhs/real");
     }
 
+    /// The durable writer makes the same file, byte for byte, as the in-place one: skeleton bytes between
+    /// and after the datasets, each dataset at its offset, with a dataset larger than the commit's 8 MiB
+    /// buffer (so the `O_DIRECT` pipeline runs) and one that ends inside a buffer. It replaces an existing
+    /// file, leaves no temporary or lock file, and a writer dropped before `finish` leaves the old file.
+    #[test]
+    fn durable_writer_makes_the_in_place_file_and_replaces_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<f32> = (0..(3 << 20) + 5).map(|i| (i % 9973) as f32 * 0.5).collect();
+        let big = Tensor::from_slice(&values, &[values.len(), 1]).unwrap();
+        let small = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]).unwrap();
+        let blob: Vec<u8> = (0..100_003u32).map(|i| (i * 31 % 251) as u8).collect();
+        fn fill<'a>(w: &mut Writer<'a>, big: &'a Tensor, small: &'a Tensor, blob: &'a [u8]) {
+            let root = w.root().unwrap();
+            w.set_attr(&root, "format_version", &AttrValue::Int(1)).unwrap();
+            w.add_tensor(&root, "embeddings", big).unwrap();
+            w.add_opaque(&root, "optimizer/state_dict", blob).unwrap();
+            let g = w.create_tracked_group(&root, "model").unwrap();
+            w.add_tensor(&g, "relations/0/operator/rhs/real", small).unwrap();
+        }
+        let plain = dir.path().join("plain.h5");
+        let mut w = Writer::create(&plain).unwrap();
+        fill(&mut w, &big, &small, &blob);
+        w.finish().unwrap();
+        let durable = dir.path().join("durable.h5");
+        std::fs::write(&durable, b"the old file").unwrap();
+        let mut w = Writer::create_durable(&durable).unwrap();
+        fill(&mut w, &big, &small, &blob);
+        drop(w); // never finished: the old file stays, the temporary file goes
+        assert_eq!(std::fs::read(&durable).unwrap(), b"the old file");
+        let mut w = Writer::create_durable(&durable).unwrap();
+        fill(&mut w, &big, &small, &blob);
+        w.finish().unwrap();
+        let (a, b) = (std::fs::read(&plain).unwrap(), std::fs::read(&durable).unwrap());
+        assert!(b.len() > 12 << 20);
+        assert!(a == b, "durable file differs from the in-place one ({} vs {} bytes)", a.len(), b.len());
+        let names: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        let r = Reader::open(&durable).unwrap();
+        let ds = r.dataset("embeddings").unwrap();
+        let info = r.info("embeddings", &ds).unwrap();
+        assert_eq!(r.read_tensor(&ds, &info).unwrap(), big);
+    }
+
     /// A child process started while a file is open (another thread spawning a program, as the test
     /// harness does) must not keep the file locked after it is closed here: once `finish` returns, the file
     /// opens again, and a file open for reading does not block a rewrite.
