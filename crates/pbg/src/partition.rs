@@ -137,8 +137,10 @@ pub fn read_partition_file(path: &Path) -> Result<EntityPartition> {
 }
 
 /// Writes an embeddings file like PBG's `save_entity_partition` (`format_version` = 1 first, then the
-/// metadata, then `embeddings`, then `optimizer/state_dict`), directly at `path` (truncating it). Use the
-/// storage or the commit for atomic writes.
+/// metadata, then `embeddings`, then `optimizer/state_dict`) at `path`, durably and atomically: a
+/// temporary file beside it, written through ckpt's durable writer (`O_DIRECT` where the file system allows
+/// it), `fdatasync`, rename over `path`, fsync of the directory ([`ckpt_core::commit::FileCommit`]). A crash
+/// leaves the old file or the new one.
 ///
 /// # Errors
 /// [`Error::InvalidInput`] unless the embeddings are float32 of rank 2; [`Error::Hdf5`], [`Error::Io`].
@@ -150,7 +152,7 @@ pub fn write_partition_file(path: &Path, partition: &EntityPartition) -> Result<
             reason: format!("PBG embeddings are float32 [N, D], got {} {:?}", e.dtype(), e.shape()),
         });
     }
-    let mut w = Writer::create(path)?;
+    let mut w = Writer::create_durable(path)?;
     let root = w.root()?;
     w.set_attr(&root, FORMAT_VERSION_ATTR, &AttrValue::Int(FORMAT_VERSION))?;
     for (k, v) in &partition.metadata.attrs {

@@ -249,7 +249,9 @@ impl FileCheckpointStorage {
     ) -> Result<PathBuf> {
         check_entity_name(entity)?;
         let path = self.entity_partition_file(version, entity, partition);
-        write_via_temp(&path, |tmp| write_partition_file(tmp, data))?;
+        // Atomic and durable on its own (temporary file `.<name>.ckpt-tmp`, fdatasync, rename, directory
+        // fsync), with the data through the commit's O_DIRECT writer.
+        write_partition_file(&path, data)?;
         Ok(path)
     }
 
