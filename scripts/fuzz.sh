@@ -11,6 +11,7 @@
 #   scripts/fuzz.sh --merge 3600              ... and fold what it found into fuzz/corpus (minimized)
 #   scripts/fuzz.sh --reseed                  rebuild fuzz/corpus from the fixtures (fuzz/seed.py) + itself
 #   scripts/fuzz.sh --list                    the targets
+#   scripts/fuzz.sh --build-only              build the targets, run nothing (scripts/test.sh, beside the suite)
 #
 # Environment: CKPT_FUZZ_PARALLEL (targets run at once, default nproc), CKPT_FUZZ_JOBS (fuzzing processes
 # per target sharing its corpus, default 1), CKPT_FUZZ_RSS_MB, CKPT_FUZZ_TIMEOUT, CKPT_FUZZ_ARGS (extra
@@ -35,11 +36,12 @@ dicts_of() {
   esac
 }
 
-seconds=60 merge=0 reseed=0 chosen=()
+seconds=60 merge=0 reseed=0 build_only=0 chosen=()
 for arg in "$@"; do
   case "$arg" in
     --merge) merge=1 ;;
     --reseed) reseed=1 ;;
+    --build-only) build_only=1 ;;
     --list) printf '%s\n' "${TARGETS[@]}"; exit 0 ;;
     -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *[!0-9]*) dicts_of "$arg" >/dev/null; chosen+=("$arg") ;;
@@ -64,6 +66,7 @@ say "building ${#TARGETS[@]} targets (nightly, AddressSanitizer, debug assertion
 start=$(date +%s)
 (cd fuzz && cargo +nightly fuzz build --debug-assertions) || die "the fuzz targets do not build"
 say "built in $(($(date +%s) - start)) s"
+[ "$build_only" = 0 ] || exit 0
 bin_dir=fuzz/target/x86_64-unknown-linux-gnu/release
 
 dict_for() {

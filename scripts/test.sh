@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # Step timing: `step NAME` closes the previous step (printing its time) and opens the next; the EXIT trap
 # closes the last one and prints the table, also when a step fails (the failing step is marked).
 SECONDS=0
-step_name="" step_start=0 timings=() fresh=""
+step_name="" step_start=0 timings=() fresh="" fuzz_build="" fuzz_build_log=""
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 step_done() {
   [ -n "$step_name" ] || return 0
@@ -29,6 +29,9 @@ step() {
 finish() {
   local rc=$?
   [ -z "$fresh" ] || rm -rf "$fresh"
+  # A failed step before the fuzzing step leaves the fuzz build running: stop it (its own process group).
+  [ -z "$fuzz_build" ] || kill -- -"$fuzz_build" 2>/dev/null || true
+  [ -z "$fuzz_build_log" ] || rm -f "$fuzz_build_log"
   if [ $rc -eq 0 ]; then step_done; else step_done "   <- FAILED (exit $rc)"; fi
   printf '\n\033[1m== time per step\033[0m\n' >&2
   [ ${#timings[@]} -eq 0 ] || printf '  %s\n' "${timings[@]}" >&2
@@ -79,8 +82,20 @@ done
 
 # --all-features includes `mpi` (not in `full`): the MPI tests run programs under mpirun (OpenMPI, from
 # setup.sh); the facade's MPI test runs the mpi_roundtrip example, which `cargo test` builds with the tests.
+# The fuzz targets (nightly, AddressSanitizer: about 5 minutes of both cores, and nothing else needs them)
+# build at low priority beside the suite, whose crash matrices, MPI jobs and CLI runs leave the CPU partly
+# idle; the fuzzing step waits for that build, and fails with its log if it failed.
+fuzz_build_log=$(mktemp)
+setsid -w nice -n 10 bash scripts/fuzz.sh --build-only >"$fuzz_build_log" 2>&1 &
+fuzz_build=$!
 step "tests"
 cargo test --workspace --all-features
 
 step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
+if ! wait "$fuzz_build"; then
+  cat "$fuzz_build_log" >&2
+  echo "building the fuzz targets failed (log above)" >&2
+  exit 1
+fi
+fuzz_build=""
 bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-60}"
