@@ -138,7 +138,7 @@ fn kill_everywhere(case: &Case<'_>) -> Vec<String> {
     rows
 }
 
-const TARGETS: &[&str] = &["torch", "safetensors", "distcp", "hfai", "recis"];
+const TARGETS: &[&str] = &["torch", "safetensors", "hf", "distcp", "hfai", "recis"];
 
 #[test]
 fn convert_survives_every_kill_into_every_target() {
