@@ -1,8 +1,9 @@
-//! Crash safety of the `ckpt` command (issue 12 point 2): `ckpt convert` into every target format, into a
-//! new destination and over an existing checkpoint, and `ckpt reshard` of every sharded format, each killed
-//! (`SIGKILL`, `CKPT_FAILPOINT`) at every failpoint its run passes. Afterwards the destination is the old
-//! checkpoint or the new one, whole (it opens, `ckpt verify` passes, and its tensors are one generation's),
-//! and the next run succeeds and leaves nothing beside the destination. Plus a second `ckpt convert` to a
+//! Crash safety of the `ckpt` command (issue 12 point 2): `ckpt convert` into every target format (pbg from
+//! a PyTorch-BigGraph source, the others from a `torch.save` file), into a new destination and over an
+//! existing checkpoint, and `ckpt reshard` of every sharded format, each killed (`SIGKILL`,
+//! `CKPT_FAILPOINT`) at every failpoint its run passes. Afterwards the destination is the old checkpoint or
+//! the new one, whole (it opens, `ckpt verify` passes, and its tensors are one generation's), and the next
+//! run succeeds and leaves nothing beside the destination. Plus a second `ckpt convert` to a
 //! destination being written: the lock error; and readers of it see the old checkpoint.
 //!
 //! The kills of a run are independent (each with a destination directory of its own) and run
@@ -98,6 +99,8 @@ struct Case<'a> {
     /// The next run after a crash (generation 3).
     next: &'a (dyn Fn(&Path, &Path) -> Command + Sync),
     old: Option<u32>,
+    /// Which generation a destination holds ([`generation`], the `big`/`small` tensors of a torch source).
+    read: &'a (dyn Fn(&Path, &[u32]) -> Result<Option<u32>, String> + Sync),
 }
 
 /// Kills the run at every failpoint it passes and checks the destination after each kill. The kills run
@@ -121,11 +124,11 @@ fn kill_everywhere(case: &Case<'_>) -> Vec<String> {
         let dst = fresh(&out);
         let status = (case.setup)(&scratch, &dst).env("CKPT_FAILPOINT", (i + 1).to_string()).status().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{} #{} {p}: {status}", case.what, i + 1);
-        let found = generation(&dst, &[1, 2]);
+        let found = (case.read)(&dst, &[1, 2]);
         let whole = matches!(found, Ok(g) if g == case.old || g == Some(2));
         let next = (case.next)(&scratch, &dst).output().unwrap();
         let left = crash::leftovers(&dst);
-        let cleaned = next.status.success() && left.is_empty() && generation(&dst, &[3]) == Ok(Some(3));
+        let cleaned = next.status.success() && left.is_empty() && (case.read)(&dst, &[3]) == Ok(Some(3));
         let row = format!("{:34} #{:<3} {p:18} found {found:?}, next run cleans up: {cleaned}", case.what, i + 1);
         assert!(whole, "{row}");
         assert!(cleaned, "{row}: {} leftovers {left:?}", String::from_utf8_lossy(&next.stderr));
@@ -158,11 +161,59 @@ fn convert_survives_every_kill_into_every_target() {
                 setup: &setup,
                 next: &next,
                 old: overwrite.then_some(1),
+                read: &generation,
             };
             total += kill_everywhere(&case).len();
         }
     }
     assert!(total > 50, "{total} kills");
+}
+
+/// The PyTorch-BigGraph checkpoint of generation `g` in `scratch` (a torch state dict cannot become one: pbg
+/// targets take a pbg source). Made once, by whichever concurrent kill needs it first.
+fn pbg_source(scratch: &Path, g: u32) -> PathBuf {
+    static MAKING: Mutex<()> = Mutex::new(());
+    let p = scratch.join(format!("pbg{g}"));
+    let _making = MAKING.lock().unwrap_or_else(PoisonError::into_inner);
+    if !p.exists() {
+        crash::save("pbg", &p, g, MIB).unwrap();
+    }
+    p
+}
+
+/// `ckpt convert` of the PyTorch-BigGraph checkpoint of generation `g` into `dst` as pbg.
+fn convert_pbg(scratch: &Path, dst: &Path, g: u32) -> Command {
+    let mut c = ckpt();
+    c.arg("convert").arg(pbg_source(scratch, g)).arg(dst).args(["--to", "pbg"]);
+    c
+}
+
+/// Which generation the PyTorch-BigGraph checkpoint `dst` holds: its partitions and manifest read by
+/// [`crash::read_generation`], after `ckpt verify` passes.
+fn pbg_generation(dst: &Path, candidates: &[u32]) -> Result<Option<u32>, String> {
+    if std::fs::symlink_metadata(dst).is_ok() {
+        let report = ckpt::verify(dst).map_err(|e| format!("verify: {e}"))?;
+        if !report.is_ok() {
+            return Err(format!("verify: {:?}", report.problems));
+        }
+    }
+    crash::read_generation("pbg", dst, MIB, candidates)
+}
+
+/// `ckpt convert --to pbg` (a PyTorch-BigGraph source) into a new destination, killed at every failpoint. It
+/// refuses a destination that holds a checkpoint (a PBG checkpoint grows by versions, through the library's
+/// commit), so there is no overwrite case, and the next run goes where the user would put it: the crashed
+/// destination removed, its staging directory and lock file left beside it for that run to clean.
+#[test]
+fn convert_to_pbg_survives_every_kill() {
+    let setup = |scratch: &Path, dst: &Path| convert_pbg(scratch, dst, 2);
+    let next = |scratch: &Path, dst: &Path| {
+        let _ = std::fs::remove_dir_all(dst);
+        convert_pbg(scratch, dst, 3)
+    };
+    let case =
+        Case { what: "convert --to pbg new".into(), setup: &setup, next: &next, old: None, read: &pbg_generation };
+    assert!(kill_everywhere(&case).len() >= 5);
 }
 
 /// `ckpt reshard` into a new directory (it refuses a non-empty one), for every sharded format: the
@@ -184,7 +235,7 @@ fn reshard_survives_every_kill() {
             // non-empty destination).
             convert(scratch, dst, format, 3)
         };
-        let case = Case { what: format!("reshard {format}"), setup: &setup, next: &next, old: None };
+        let case = Case { what: format!("reshard {format}"), setup: &setup, next: &next, old: None, read: &generation };
         kill_everywhere(&case);
     }
 }
