@@ -92,6 +92,9 @@ fn points(mut cmd: Command, log: &Path) -> Vec<String> {
     std::fs::read_to_string(log).unwrap_or_default().lines().map(str::to_owned).collect()
 }
 
+/// Which generation a destination holds (`None`: nothing there), or why it holds neither whole generation.
+type ReadGeneration = dyn Fn(&Path, &[u32]) -> Result<Option<u32>, String> + Sync;
+
 struct Case<'a> {
     what: String,
     /// Makes the scratch state (`overwrite`: the old checkpoint, generation 1) and the run to interrupt.
@@ -100,7 +103,7 @@ struct Case<'a> {
     next: &'a (dyn Fn(&Path, &Path) -> Command + Sync),
     old: Option<u32>,
     /// Which generation a destination holds ([`generation`], the `big`/`small` tensors of a torch source).
-    read: &'a (dyn Fn(&Path, &[u32]) -> Result<Option<u32>, String> + Sync),
+    read: &'a ReadGeneration,
 }
 
 /// Kills the run at every failpoint it passes and checks the destination after each kill. The kills run
