@@ -80,16 +80,21 @@ for feature in torch safetensors distcp hfai pbg recis hf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 
-# --all-features includes `mpi` (not in `full`): the MPI tests run programs under mpirun (OpenMPI, from
-# setup.sh); the facade's MPI test runs the mpi_roundtrip example, which `cargo test` builds with the tests.
+# `mpi` is not in `full`: the MPI tests run programs under mpirun (OpenMPI, from setup.sh); the facade's
+# MPI test runs the mpi_roundtrip example, which `cargo test` builds with the tests.
 # The fuzz targets (nightly, AddressSanitizer: about 5 minutes of both cores, and nothing else needs them)
 # build at low priority beside the suite, whose crash matrices, MPI jobs and CLI runs leave the CPU partly
 # idle; the fuzzing step waits for that build, and fails with its log if it failed.
 fuzz_build_log=$(mktemp)
 setsid -w nice -n 10 bash scripts/fuzz.sh --build-only >"$fuzz_build_log" 2>&1 &
 fuzz_build=$!
+# The suite runs without the `tch` feature, and ckpt-core's tch tests after it on their own: with `tch`
+# every test binary and the `ckpt` tool link libtorch_cpu, and each process start then loads it (about
+# 0.5 s: the CLI crash matrix alone took 143 s instead of 18 s, and every doctest and CLI run paid too).
 step "tests"
-cargo test --workspace --all-features
+cargo test --workspace --features ckpt/full,ckpt/mpi
+step "tests of the tch feature (libtorch conversions)"
+cargo test -p ckpt-core --features tch
 
 step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
 if ! wait "$fuzz_build"; then

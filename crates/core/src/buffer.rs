@@ -28,11 +28,30 @@ enum Backing {
     Shared(Box<dyn AsRef<[u8]> + Send + Sync>),
     /// `len` bytes that `fill` makes when they are needed: kept in `made` once borrowed
     /// ([`Buffer::as_bytes`]), made afresh for each caller of [`Buffer::bytes`] until then.
-    Deferred { len: usize, fill: Box<Fill>, made: OnceLock<std::result::Result<Vec<Block>, String>> },
+    Deferred { len: usize, fill: Fill, made: OnceLock<std::result::Result<Vec<Block>, String>> },
 }
 
-/// What makes the bytes of a deferred buffer: writes all of them into the slice it is given.
-type Fill = dyn Fn(&mut [u8]) -> Result<()> + Send + Sync;
+/// Makes all the bytes of a deferred buffer into the slice it is given.
+type WholeFill = dyn Fn(&mut [u8]) -> Result<()> + Send + Sync;
+/// Makes the bytes of a deferred buffer from the offset it is given on into the slice it is given.
+type RangeFill = dyn Fn(usize, &mut [u8]) -> Result<()> + Send + Sync;
+
+/// What makes the bytes of a deferred buffer.
+enum Fill {
+    /// All of them at once.
+    Whole(Box<WholeFill>),
+    /// Any range of them.
+    Ranged(Box<RangeFill>),
+}
+
+impl Fill {
+    fn whole(&self, out: &mut [u8]) -> Result<()> {
+        match self {
+            Fill::Whole(f) => f(out),
+            Fill::Ranged(f) => f(0, out),
+        }
+    }
+}
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
@@ -56,7 +75,7 @@ fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<Vec<Block>, Strin
     v.try_reserve_exact(len.div_ceil(64)).map_err(|_| format!("cannot allocate {len} bytes"))?;
     v.resize(len.div_ceil(64), Block::new_zeroed());
     let bytes = v.as_mut_bytes().get_mut(..len).ok_or_else(|| format!("cannot allocate {len} bytes"))?;
-    fill(bytes).map_err(|e| e.to_string())?;
+    fill.whole(bytes).map_err(|e| e.to_string())?;
     Ok(v)
 }
 
@@ -142,8 +161,72 @@ impl Buffer {
     /// assert!(!b.is_deferred());
     /// ```
     pub fn deferred(len: usize, fill: impl Fn(&mut [u8]) -> Result<()> + Send + Sync + 'static) -> Self {
-        let backing = Backing::Deferred { len, fill: Box::new(fill), made: OnceLock::new() };
+        let backing = Backing::Deferred { len, fill: Fill::Whole(Box::new(fill)), made: OnceLock::new() };
         Buffer { backing: Arc::new(backing), start: 0, len }
+    }
+
+    /// Like [`Buffer::deferred`], with a `fill_at(offset, out)` that makes any range: the bytes from
+    /// `offset` on, `out.len()` of them. A window ([`Buffer::slice`]) then makes only its own bytes, and
+    /// [`Buffer::pieces`] streams the buffer out a piece at a time: a writer holds one piece, not the
+    /// whole buffer.
+    ///
+    /// ```
+    /// use ckpt_core::Buffer;
+    /// let b = Buffer::deferred_ranged(1000, |offset, out: &mut [u8]| {
+    ///     for (i, o) in out.iter_mut().enumerate() {
+    ///         *o = ((offset + i) % 251) as u8;
+    ///     }
+    ///     Ok(())
+    /// });
+    /// assert_eq!(&*b.slice(500..503).unwrap().bytes().unwrap(), &[249, 250, 0]);
+    /// let mut streamed = Vec::new();
+    /// b.pieces(64, |piece| {
+    ///     assert!(piece.len() <= 64);
+    ///     streamed.extend_from_slice(piece);
+    ///     Ok::<(), ckpt_core::Error>(())
+    /// })
+    /// .unwrap();
+    /// assert_eq!(streamed, b.bytes().unwrap().into_owned());
+    /// assert!(b.is_deferred());
+    /// ```
+    pub fn deferred_ranged(
+        len: usize,
+        fill_at: impl Fn(usize, &mut [u8]) -> Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        let backing = Backing::Deferred { len, fill: Fill::Ranged(Box::new(fill_at)), made: OnceLock::new() };
+        Buffer { backing: Arc::new(backing), start: 0, len }
+    }
+
+    /// Hands the bytes of this window to `f` in order: in pieces of at most `piece` bytes made one at a time
+    /// (into one reused allocation) for a range-made deferred buffer not kept yet
+    /// ([`Buffer::deferred_ranged`]), at once otherwise (as [`Buffer::bytes`] gives them).
+    ///
+    /// # Errors
+    /// The first error of `f`, or of making the bytes.
+    pub fn pieces<E: From<Error>>(
+        &self,
+        piece: usize,
+        mut f: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let Backing::Deferred { fill: Fill::Ranged(fill_at), made, .. } = &*self.backing else {
+            return f(&self.bytes()?);
+        };
+        if made.get().is_some() {
+            return f(&self.bytes()?);
+        }
+        let piece = piece.clamp(1, self.len.max(1));
+        let mut v = Vec::new();
+        v.try_reserve_exact(piece).map_err(|_| Error::Limit(format!("cannot allocate {piece} bytes")))?;
+        let mut at = 0;
+        while at < self.len {
+            let n = piece.min(self.len - at);
+            v.clear();
+            v.resize(n, 0u8);
+            fill_at(self.start + at, &mut v)?;
+            f(&v)?;
+            at += n;
+        }
+        Ok(())
     }
 
     /// Whether the bytes of this buffer are made on demand and have not been kept yet ([`Buffer::deferred`]).
@@ -152,17 +235,27 @@ impl Buffer {
     }
 
     /// The bytes of this window: borrowed, or, for a deferred buffer whose bytes are not kept, made for
-    /// this call alone (the whole buffer is made, then cut to the window) and dropped with the result.
+    /// this call alone (the whole buffer is made, then cut to the window; only the window for
+    /// [`Buffer::deferred_ranged`]) and dropped with the result.
     ///
     /// # Errors
     /// The fill's error, or [`Error::Limit`] if the bytes cannot be allocated.
     pub fn bytes(&self) -> Result<Cow<'_, [u8]>> {
         match &*self.backing {
+            Backing::Deferred { fill: Fill::Ranged(fill_at), made, .. } if made.get().is_none() => {
+                // Only this window's bytes.
+                let mut v = Vec::new();
+                v.try_reserve_exact(self.len)
+                    .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", self.len)))?;
+                v.resize(self.len, 0u8);
+                fill_at(self.start, &mut v)?;
+                Ok(Cow::Owned(v))
+            }
             Backing::Deferred { len, fill, made } if made.get().is_none() => {
                 let mut v = Vec::new();
                 v.try_reserve_exact(*len).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
                 v.resize(*len, 0u8);
-                fill(&mut v)?;
+                fill.whole(&mut v)?;
                 if self.start != 0 || self.len != *len {
                     v.truncate(self.start + self.len);
                     v.drain(..self.start);
@@ -323,6 +416,74 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::io::Write;
+
+    /// A range-made deferred buffer makes only what is asked: a window's bytes, or one piece at a time;
+    /// a whole-made one is made whole and handed over in one piece; errors reach the caller.
+    #[test]
+    fn ranged_deferred_makes_only_what_is_asked() {
+        use std::sync::Mutex;
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&asked);
+        let b = Buffer::deferred_ranged(100, move |offset, out: &mut [u8]| {
+            log.lock().unwrap().push((offset, out.len()));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (offset + i) as u8;
+            }
+            Ok(())
+        });
+        let window = b.slice(10..30).unwrap();
+        assert_eq!(&*window.bytes().unwrap(), (10u8..30).collect::<Vec<_>>().as_slice());
+        assert_eq!(asked.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![(10, 20)]);
+        let mut got = Vec::new();
+        window
+            .pieces(8, |p| {
+                got.extend_from_slice(p);
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        assert_eq!(got, (10u8..30).collect::<Vec<_>>());
+        assert_eq!(asked.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![(10, 8), (18, 8), (26, 4)]);
+        // Once kept (`as_bytes`), pieces hand over the kept bytes at once.
+        assert_eq!(b.as_bytes().len(), 100);
+        assert_eq!(asked.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![(0, 100)]);
+        let mut calls = 0;
+        b.pieces(8, |p| {
+            calls += 1;
+            assert_eq!(p.len(), 100);
+            Ok::<(), Error>(())
+        })
+        .unwrap();
+        assert_eq!((calls, asked.lock().unwrap().len()), (1, 0));
+
+        let whole = Buffer::deferred(10, |out: &mut [u8]| {
+            out.fill(7);
+            Ok(())
+        });
+        let mut sizes = Vec::new();
+        whole
+            .pieces(4, |p| {
+                sizes.push(p.len());
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        assert_eq!(sizes, vec![10]);
+
+        let failing = Buffer::deferred_ranged(10, |_, _: &mut [u8]| Err(Error::Malformed("no".into())));
+        assert!(matches!(failing.bytes(), Err(Error::Malformed(_))));
+        assert!(matches!(failing.pieces(4, |_| Ok::<(), Error>(())), Err(Error::Malformed(_))));
+        // The first error of the consumer stops the stream.
+        let fresh = Buffer::deferred_ranged(10, |_, out: &mut [u8]| {
+            out.fill(1);
+            Ok(())
+        });
+        let mut calls = 0;
+        let r = fresh.pieces(2, |_| {
+            calls += 1;
+            Err(Error::Limit("full".into()))
+        });
+        assert!(matches!(r, Err(Error::Limit(_))));
+        assert_eq!(calls, 1);
+    }
 
     #[test]
     fn owned_is_aligned() {

@@ -48,6 +48,29 @@ pub trait Collective: Send + Sync {
     }
 }
 
+/// A borrowed group is a group: a generic `&C` (even `C = dyn Collective`) passes where the commit takes
+/// `&dyn Collective`.
+impl<C: Collective + ?Sized> Collective for &C {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+    fn all_gather(&self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        (**self).all_gather(data)
+    }
+    fn gather(&self, data: Vec<u8>, root: usize) -> Result<Option<Vec<Vec<u8>>>> {
+        (**self).gather(data, root)
+    }
+    fn broadcast(&self, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        (**self).broadcast(data, root)
+    }
+}
+
 /// The group of one: rank 0 of 1.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SingleProcess;
@@ -177,6 +200,33 @@ impl Collective for ThreadGroup {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Every operation of a borrowed group, even of an unsized `dyn Collective`, reaches the group itself.
+    #[test]
+    fn borrowed_group_forwards_every_operation() {
+        fn as_dyn<C: Collective + ?Sized>(c: &C) -> Vec<Vec<u8>> {
+            let borrowed: &dyn Collective = &c;
+            assert_eq!((borrowed.rank(), borrowed.world_size()), (c.rank(), c.world_size()));
+            borrowed.barrier().unwrap();
+            let root = borrowed.broadcast(vec![b'r', c.rank() as u8], 1).unwrap();
+            assert_eq!(root, vec![b'r', 1]);
+            let gathered = borrowed.gather(vec![c.rank() as u8], 0).unwrap();
+            assert_eq!(gathered.is_some(), c.rank() == 0);
+            borrowed.all_gather(vec![c.rank() as u8 * 10]).unwrap()
+        }
+        let handles: Vec<_> = ThreadGroup::new(3)
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    let unsized_group: &dyn Collective = &g;
+                    as_dyn(unsized_group)
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), vec![vec![0], vec![10], vec![20]]);
+        }
+    }
 
     #[test]
     fn many_rounds() {

@@ -194,6 +194,8 @@ pub const CHECKSUMS_KEY: &str = "ckpt.crc32c";
 
 /// Hash-then-write step (fits the L2 cache: the writer's copy reads the bytes the hash just read).
 const HASH_PIECE: usize = 1 << 20;
+/// Bytes of a tensor made on demand that are made and written at a time ([`Tensor::data_pieces`]).
+const STREAM_PIECE: usize = 1 << 20;
 
 /// [`write_file`] with the CRC32C of every tensor's bytes in the header's `__metadata__`
 /// ([`CHECKSUMS_KEY`]), so that `ckpt verify --deep` detects a changed byte of tensor data ([`checksums`]).
@@ -258,12 +260,15 @@ pub fn write_checksummed_to(
     w.write_all(&header).map_err(io)?;
     let mut digits = String::with_capacity(8 * n);
     for v in &ordered {
-        let data = v.tensor.data()?;
         let mut crc = 0u32;
-        for piece in data.chunks(HASH_PIECE) {
-            crc = Algorithm::Crc32c.append(crc, piece);
-            w.write_all(piece).map_err(io)?;
-        }
+        // Bytes made on demand stream out a piece at a time (`Tensor::data_pieces`).
+        v.tensor.data_pieces(HASH_PIECE, |data| {
+            for piece in data.chunks(HASH_PIECE) {
+                crc = Algorithm::Crc32c.append(crc, piece);
+                w.write_all(piece).map_err(io)?;
+            }
+            Ok::<(), Error>(())
+        })?;
         digits.push_str(&format!("{crc:08x}"));
     }
     if let Some(at) = at {
@@ -345,7 +350,7 @@ pub fn write_to<W: std::io::Write>(
     w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&header).map_err(io)?;
     for v in &ordered {
-        w.write_all(&v.tensor.data()?).map_err(io)?;
+        v.tensor.data_pieces(STREAM_PIECE, |data| w.write_all(data).map_err(io))?;
     }
     Ok(())
 }

@@ -278,6 +278,25 @@ impl Tensor {
         self.stored_data()
     }
 
+    /// Hands the tensor's elements, in row-major order as [`Tensor::data`] gives them, to `f`: in pieces of
+    /// at most `piece` bytes, made one at a time, when the tensor is a contiguous view of a range-made
+    /// deferred storage ([`Buffer::deferred_ranged`], e.g. rows gathered for a writer); at once otherwise.
+    /// A writer streaming such a tensor holds one piece of it instead of all of it.
+    ///
+    /// # Errors
+    /// The first error of `f`, or of making the bytes.
+    pub fn data_pieces<E: From<Error>>(
+        &self,
+        piece: usize,
+        mut f: impl FnMut(&[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        if self.storage.is_deferred() && self.is_contiguous() && !self.conj && !self.neg && self.nbytes() > 0 {
+            let window = self.storage.slice_len(self.storage_offset * self.dtype.size(), self.nbytes())?;
+            return window.pieces(piece, f);
+        }
+        f(&self.data()?)
+    }
+
     /// The stored elements in row-major order, without applying the conjugation/negation bits.
     ///
     /// # Errors
@@ -286,6 +305,11 @@ impl Tensor {
         if self.storage.is_deferred() && self.nbytes() > 0 {
             // Bytes made on demand ([`Buffer::deferred`]): made for this call alone, so that a writer holds
             // one such tensor at a time.
+            if self.is_contiguous() {
+                // Only the tensor's own bytes where the storage can make a range.
+                let window = self.storage.slice_len(self.storage_offset * self.dtype.size(), self.nbytes())?;
+                return Ok(Cow::Owned(window.bytes()?.into_owned()));
+            }
             let made = self.storage.bytes()?.into_owned();
             if self.is_contiguous() && self.storage_offset == 0 && made.len() == self.nbytes() {
                 return Ok(Cow::Owned(made));

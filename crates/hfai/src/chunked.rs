@@ -89,9 +89,10 @@ impl Chunked {
         let (buffer, copied) = match first {
             Some((p, s)) if rest == 1 => (p.storage().slice_len((start - s) * es, len * es)?, false),
             _ => {
-                // The range spans pieces: concatenated when its bytes are asked for ([`Buffer::deferred`]),
-                // so that a writer streaming many such tensors holds one at a time. The pieces are windows
-                // this reader holds anyway; each one's part is copied into its own section, in parallel.
+                // The range spans pieces: concatenated when its bytes are asked for
+                // ([`Buffer::deferred_ranged`]), so that a writer streaming such tensors holds a piece of
+                // one at a time. The pieces are windows this reader holds anyway; the part of each that a
+                // range asks for is copied into its own section, in parallel.
                 let mut parts = Vec::new();
                 for (p, &s) in overlapping {
                     let (from, to) = (start.max(s) - s, end.min(s + p.numel()) - s);
@@ -100,22 +101,31 @@ impl Chunked {
                 if parts.iter().map(Buffer::len).sum::<usize>() != len * es {
                     return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()).into());
                 }
-                let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+                let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+                    let end = offset + out.len();
                     let mut sections = Vec::with_capacity(parts.len());
-                    let mut rest = out;
+                    let (mut rest, mut at, mut rest_at) = (out, 0, offset);
                     for src in &parts {
-                        let Some((dst, tail)) = rest.split_at_mut_checked(src.len()) else {
-                            return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
-                        };
-                        sections.push((dst, src));
-                        rest = tail;
+                        let (lo, hi) = (offset.max(at), end.min(at + src.len()));
+                        if lo < hi {
+                            let Some((dst, tail)) = rest.split_at_mut_checked(hi - rest_at) else {
+                                return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
+                            };
+                            sections.push((dst, src.slice(lo - at..hi - at)?));
+                            rest = tail;
+                            rest_at = hi;
+                        }
+                        at += src.len();
+                    }
+                    if !rest.is_empty() {
+                        return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
                     }
                     sections.into_par_iter().try_for_each(|(dst, src)| {
                         dst.copy_from_slice(&src.bytes()?);
                         Ok(())
                     })
                 };
-                (Buffer::deferred(len * es, fill), len > 0)
+                (Buffer::deferred_ranged(len * es, fill_at), len > 0)
             }
         };
         Ok((Tensor::from_buffer(self.dtype, &[len], buffer)?.with_requires_grad(self.requires_grad), copied))
@@ -162,6 +172,33 @@ mod tests {
         let (w, copied) = c.whole().unwrap();
         assert!(copied);
         assert_eq!(w.to_vec::<f32>().unwrap(), all);
+    }
+
+    /// A concatenated range makes any byte range of itself from the pieces it spans alone, and streams in
+    /// pieces of any size (`Buffer::deferred_ranged`).
+    #[test]
+    fn concatenated_ranges_make_any_sub_range() {
+        let (p, all) = pieces(&[3, 0, 5, 1, 4]);
+        let c = Chunked::new("w", DType::F32, vec![13], p).unwrap();
+        let (t, copied) = c.range(1, 11).unwrap();
+        assert!(copied);
+        let want = all[1..12].iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let storage = t.storage();
+        for a in 0..want.len() {
+            for b in a..=want.len() {
+                assert_eq!(&*storage.slice(a..b).unwrap().bytes().unwrap(), &want[a..b], "{a}..{b}");
+            }
+        }
+        for piece in [1, 5, 16, 1 << 20] {
+            let mut streamed = Vec::new();
+            t.data_pieces(piece, |d| {
+                streamed.extend_from_slice(d);
+                Ok::<(), ckpt_core::Error>(())
+            })
+            .unwrap();
+            assert_eq!(streamed, want, "piece {piece}");
+        }
+        assert!(storage.is_deferred(), "nothing kept");
     }
 
     #[test]

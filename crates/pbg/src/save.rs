@@ -552,10 +552,10 @@ pub fn save_rank<C: Collective + ?Sized>(
     options: &WriteOptions,
     collective: &C,
 ) -> Result<SaveReport> {
-    let group = Group(collective);
+    let group: &dyn Collective = &collective;
     let (rank, world) = (collective.rank(), collective.world_size());
     let planned = plan(entries, dst, options);
-    let staged = DirCommit::begin(dst, &group, &dir_options()).map_err(commit_error)?;
+    let staged = DirCommit::begin(dst, group, &dir_options()).map_err(commit_error)?;
     let storage = FileCheckpointStorage::new(staged.staging());
     let mut report = None;
     let local = planned.and_then(|plan| {
@@ -599,7 +599,7 @@ pub fn save_rank<C: Collective + ?Sized>(
         Err(e) => Err(e.to_string()),
     };
     let mut failure = None;
-    let committed = staged.commit(&group, own, |c| {
+    let committed = staged.commit(group, own, |c| {
         let finalize = || -> Result<()> {
             let storage = FileCheckpointStorage::new(c.staging());
             let version = *local
@@ -634,30 +634,6 @@ fn record(staged: &DirCommit, path: &Path) -> Result<()> {
 /// The directory commit of a save: PBG's files owned, the checksum manifest written.
 fn dir_options() -> DirOptions {
     DirOptions::default().with_checksums(true).with_owned(is_pbg_file)
-}
-
-/// A [`Collective`] behind a reference of any (possibly unsized) type, for the commit's `&dyn Collective`.
-struct Group<'a, C: ?Sized>(&'a C);
-
-impl<C: Collective + ?Sized> Collective for Group<'_, C> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn barrier(&self) -> ckpt_core::Result<()> {
-        self.0.barrier()
-    }
-    fn all_gather(&self, data: Vec<u8>) -> ckpt_core::Result<Vec<Vec<u8>>> {
-        self.0.all_gather(data)
-    }
-    fn gather(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Option<Vec<Vec<u8>>>> {
-        self.0.gather(data, root)
-    }
-    fn broadcast(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Vec<u8>> {
-        self.0.broadcast(data, root)
-    }
 }
 
 /// A save laid out: the config, the version, the entity partitions (not read yet), the model, what is left

@@ -319,13 +319,20 @@ pub(crate) fn write_to(
     out.write_all(&prefix).map_err(io)?;
     let mut written = prefix.len() as u64;
     for (key, t) in blocks {
-        let data = t.data()?;
         out.mark(key.as_str());
-        out.write_all(&data).map_err(io)?;
-        written += data.len() as u64;
+        // Gathered rows are made a piece at a time as they are written (`Tensor::data_pieces`).
+        t.data_pieces(STREAM_PIECE, |data| {
+            out.write_all(data).map_err(io)?;
+            written += data.len() as u64;
+            Ok::<(), Error>(())
+        })?;
     }
     Ok(written)
 }
+
+/// Bytes of a gathered block made and written at a time: fits the L2 cache, so the writer's copy reads
+/// what the gather just wrote.
+const STREAM_PIECE: usize = 1 << 20;
 
 /// The checksum manifest's name for a data file's header (its blocks are named by their keys).
 pub(crate) const HEADER_MARK: &str = "(header)";

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::table::HashTable;
 use crate::writer::{
-    Group, ShardMeta, Target, WriteOptions, commit_shards, from_commit, is_checkpoint_file, shard_blocks,
+    ShardMeta, Target, WriteOptions, commit_shards, from_commit, is_checkpoint_file, shard_blocks,
     write_shard_files_to, write_text,
 };
 
@@ -221,12 +221,12 @@ impl CheckpointManager {
     pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
         check_id(id)?;
         let final_dir = self.root.join(id);
-        let group = Group(collective);
+        let group: &dyn Collective = &collective;
         let options = self.options.dir_options(is_checkpoint_file);
-        let commit = DirCommit::begin(&final_dir, &group, &options).map_err(from_commit)?;
+        let commit = DirCommit::begin(&final_dir, group, &options).map_err(from_commit)?;
         let local = Shard::new(collective.rank(), collective.world_size())
             .and_then(|shard| self.write_shard(Target::Staged(&commit), shard, state));
-        commit_shards(commit, &group, local, &self.options)?;
+        commit_shards(commit, group, local, &self.options)?;
         // The format's own commit point: the list, written by shard 0; every shard learns the outcome.
         let listed = if collective.rank() == 0 { self.list_and_rotate(id) } else { Ok(()) };
         let message = match &listed {

@@ -17,8 +17,8 @@ use crate::name::{IdPartition, Shard, gen_slice};
 use crate::reader::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
 use crate::writer::{
-    Group, ShardMeta, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file,
-    is_sparse_file, shard_blocks, write_shard_files_to,
+    ShardMeta, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file, is_sparse_file,
+    shard_blocks, write_shard_files_to,
 };
 
 /// Options of a reshard.
@@ -244,14 +244,14 @@ pub fn reshard_rank<C: Collective + ?Sized>(
     options: &ReshardOptions,
     collective: &C,
 ) -> Result<()> {
-    let group = Group(collective);
+    let group: &dyn Collective = &collective;
     let rank = collective.rank();
     // Read before the commit begins, so that an in-place reshard reads the old files.
     let opened = crate::manager::checkpoint_dir(src).and_then(|src| {
         let dense = if rank == 0 { open_dense_files(&src)? } else { Vec::new() };
         Ok((open_sparse(&src, options.max_header_len)?, dense))
     });
-    let commit = DirCommit::begin(dst, &group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
+    let commit = DirCommit::begin(dst, group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
     let local = opened.and_then(|(sparse, dense_files)| {
         let shard = Shard::new(rank, collective.world_size())?;
@@ -266,7 +266,7 @@ pub fn reshard_rank<C: Collective + ?Sized>(
         copy_dense_files(target, dense_files)?;
         Ok(meta)
     });
-    commit_shards(commit, &group, local, &options.write)
+    commit_shards(commit, group, local, &options.write)
 }
 
 /// The serializer's part of the checkpoint directory `src` (empty without an `index`), accepting data-file

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::reshard::{ReshardOptions, write_shard_to, write_sharded_to};
 use crate::table::{Slot, TableChild};
-use crate::writer::{Group, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file};
+use crate::writer::{Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file};
 
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
@@ -253,7 +253,7 @@ pub fn save_rank<C: Collective + ?Sized>(
     options: &WriteOptions,
     collective: &C,
 ) -> Result<SaveReport> {
-    let group = Group(collective);
+    let group: &dyn Collective = &collective;
     let rank = collective.rank();
     let planned = state_dict
         .as_dict()
@@ -265,7 +265,7 @@ pub fn save_rank<C: Collective + ?Sized>(
             let (children, dense) = tables(&parts.sparse)?;
             Ok((parts, children, dense))
         });
-    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_checkpoint_file)).map_err(from_commit)?;
+    let commit = DirCommit::begin(dir, group, &options.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
     let mut dropped = Vec::new();
     let local = planned.and_then(|(parts, children, dense)| {
@@ -283,6 +283,6 @@ pub fn save_rank<C: Collective + ?Sized>(
         let reshard = ReshardOptions::default().with_write(options.clone());
         write_shard_to(target, &tables, &dense, shard, &reshard)
     });
-    commit_shards(commit, &group, local, options)?;
+    commit_shards(commit, group, local, options)?;
     Ok(SaveReport { dropped })
 }

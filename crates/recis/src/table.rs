@@ -136,15 +136,30 @@ impl Slot {
             .checked_mul(len)
             .ok_or_else(|| Error::InvalidArgument(format!("{} rows of slot {:?}", positions.len(), self.name)))?;
         let rows = Arc::clone(positions);
-        // The rows are copied when the slot's bytes are asked for (`Buffer::deferred`): a writer streaming
-        // the slots of a shard makes one at a time, instead of every slot of every table being copied first.
-        let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+        // The rows are copied when the slot's bytes are asked for (`Buffer::deferred_ranged`): a writer
+        // streaming the slots of a shard makes one piece of one slot at a time, instead of every slot of
+        // every table being copied first.
+        let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+            if out.is_empty() {
+                return Ok(());
+            }
             let bytes = source.bytes()?;
-            for (d, &p) in out.chunks_exact_mut(len.max(1)).zip(rows.iter()) {
-                let src = bytes.get(p * len..(p + 1) * len).ok_or_else(|| {
-                    ckpt_core::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()))
-                })?;
+            let outside =
+                |p: usize| ckpt_core::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()));
+            let (mut row, mut skip) = (offset / len.max(1), offset % len.max(1));
+            let mut done = 0;
+            while done < out.len() {
+                let &p =
+                    rows.get(row).ok_or_else(|| ckpt_core::Error::Malformed(format!("row {row} past the gather")))?;
+                let src = bytes.get(p * len + skip..(p + 1) * len).ok_or_else(|| outside(p))?;
+                let n = src.len().min(out.len() - done);
+                let (Some(d), Some(src)) = (out.get_mut(done..done + n), src.get(..n)) else {
+                    return Err(outside(p));
+                };
                 d.copy_from_slice(src);
+                done += n;
+                row += 1;
+                skip = 0;
             }
             Ok(())
         };
@@ -152,7 +167,7 @@ impl Slot {
         if let Some(d) = shape.first_mut() {
             *d = positions.len();
         }
-        let tensor = Tensor::from_buffer(self.dtype(), &shape, Buffer::deferred(nbytes, fill))?;
+        let tensor = Tensor::from_buffer(self.dtype(), &shape, Buffer::deferred_ranged(nbytes, fill_at))?;
         Ok(Slot { name: self.name.clone(), tensor })
     }
 
@@ -162,22 +177,30 @@ impl Slot {
             return Err(Error::InvalidArgument("concatenating no slots".into()));
         };
         let total: usize = parts.iter().map(|s| s.tensor.nbytes()).sum();
-        // Copied when the slot's bytes are asked for (`Buffer::deferred`), each part's bytes made (when they
-        // are themselves deferred) one part at a time.
+        // Copied when the slot's bytes are asked for (`Buffer::deferred_ranged`): of each part only the
+        // range asked for is made (when the part is itself deferred), one part at a time.
         let sources: Vec<Buffer> = parts.iter().map(|p| p.tensor.storage().clone()).collect();
-        let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+        let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+            let end = offset + out.len();
             let mut at = 0;
             for b in &sources {
-                let src = b.bytes()?;
-                let d = out
-                    .get_mut(at..at + src.len())
-                    .ok_or_else(|| ckpt_core::Error::Malformed("slot parts longer than the slot".into()))?;
-                d.copy_from_slice(&src);
-                at += src.len();
+                let (lo, hi) = (offset.max(at), end.min(at + b.len()));
+                if lo < hi {
+                    let window = b.slice(lo - at..hi - at)?;
+                    let src = window.bytes()?;
+                    let d = out
+                        .get_mut(lo - offset..hi - offset)
+                        .ok_or_else(|| ckpt_core::Error::Malformed("slot parts longer than the slot".into()))?;
+                    d.copy_from_slice(&src);
+                }
+                at += b.len();
+            }
+            if at < end {
+                return Err(ckpt_core::Error::Malformed("slot parts shorter than the slot".into()));
             }
             Ok(())
         };
-        let out = Buffer::deferred(total, fill);
+        let out = Buffer::deferred_ranged(total, fill_at);
         let mut shape = first.tensor.shape().to_vec();
         if let Some(d) = shape.first_mut() {
             *d = parts.iter().map(|s| s.rows()).sum();
@@ -620,6 +643,42 @@ mod tests {
         assert_eq!(f.slot("embedding").unwrap().tensor().as_slice::<f32>().unwrap().len(), 4);
         let dup = TableChild::new("d", vec![1, 1], vec![emb(&[[0.0, 0.0], [1.0, 1.0]])]).unwrap();
         assert!(matches!(dup.position(1), Err(Error::DuplicateId { id: 1, .. })));
+    }
+
+    /// Gathered and concatenated slots make any byte range on its own (`Buffer::deferred_ranged`): every
+    /// range, row-aligned or not, and every streamed piece size equal the same bytes of the whole.
+    #[test]
+    fn gathers_and_concats_make_any_range() {
+        let rows: Vec<[f32; 2]> = (0..9).map(|r| [r as f32, r as f32 + 0.5]).collect();
+        let slot = emb(&rows);
+        let picked: Arc<[usize]> = Arc::from(vec![8, 0, 3, 3, 5]);
+        let gathered = slot.gather(&picked).unwrap();
+        let tail = slot.gather(&Arc::from(vec![1, 2])).unwrap();
+        let joined = Slot::concat(&[&gathered, &tail]).unwrap();
+        let want: Vec<f32> = [8, 0, 3, 3, 5, 1, 2].iter().flat_map(|&r| rows[r]).collect();
+        let want = want.as_bytes();
+        for (made, whole) in [(&gathered, &want[..40]), (&joined, want)] {
+            let storage = made.tensor().storage();
+            assert!(storage.is_deferred());
+            for start in 0..whole.len() {
+                for end in start..=whole.len() {
+                    assert_eq!(&*storage.slice(start..end).unwrap().bytes().unwrap(), &whole[start..end]);
+                }
+            }
+            for piece in [1, 3, 8, 13, 64] {
+                let mut streamed = Vec::new();
+                made.tensor()
+                    .data_pieces(piece, |p| {
+                        assert!(p.len() <= piece);
+                        streamed.extend_from_slice(p);
+                        Ok::<(), ckpt_core::Error>(())
+                    })
+                    .unwrap();
+                assert_eq!(streamed, whole, "piece {piece}");
+            }
+            assert!(storage.is_deferred(), "streaming keeps nothing");
+        }
+        assert!(slot.gather(&Arc::from(vec![9])).is_err(), "a row past the slot");
     }
 
     #[test]

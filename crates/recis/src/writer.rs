@@ -186,30 +186,6 @@ pub(crate) fn from_commit(e: CommitError) -> Error {
     }
 }
 
-/// A [`Collective`] behind a reference of any (possibly unsized) type, for the commit's `&dyn Collective`.
-pub(crate) struct Group<'a, C: ?Sized>(pub(crate) &'a C);
-
-impl<C: Collective + ?Sized> Collective for Group<'_, C> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn barrier(&self) -> ckpt_core::Result<()> {
-        self.0.barrier()
-    }
-    fn all_gather(&self, data: Vec<u8>) -> ckpt_core::Result<Vec<Vec<u8>>> {
-        self.0.all_gather(data)
-    }
-    fn gather(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Option<Vec<Vec<u8>>>> {
-        self.0.gather(data, root)
-    }
-    fn broadcast(&self, data: Vec<u8>, root: usize) -> ckpt_core::Result<Vec<u8>> {
-        self.0.broadcast(data, root)
-    }
-}
-
 /// The end of a multi-shard directory commit: every rank sends its metadata (or its error) to rank 0,
 /// which merges them into `index`, `tensorkey.json` and the torch-rank JSON in the staging directory and
 /// swaps the directory in; every rank returns the same verdict (its own error first).
@@ -626,13 +602,13 @@ pub fn save_blocks<C: Collective + ?Sized>(
     options: &WriteOptions,
     collective: &C,
 ) -> Result<()> {
-    let group = Group(collective);
-    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
+    let group: &dyn Collective = &collective;
+    let commit = DirCommit::begin(dir, group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
         write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });
-    commit_shards(commit, &group, local, options)
+    commit_shards(commit, group, local, options)
 }
 
 /// Saves hash tables and dense tensors as shard `collective.rank()`: [`shard_blocks`] then [`save_blocks`].
@@ -646,11 +622,11 @@ pub fn save_tables<C: Collective + ?Sized>(
     options: &WriteOptions,
     collective: &C,
 ) -> Result<()> {
-    let group = Group(collective);
-    let commit = DirCommit::begin(dir, &group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
+    let group: &dyn Collective = &collective;
+    let commit = DirCommit::begin(dir, group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
     let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
         let blocks = shard_blocks(tables, dense, shard)?;
         write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });
-    commit_shards(commit, &group, local, options)
+    commit_shards(commit, group, local, options)
 }

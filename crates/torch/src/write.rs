@@ -174,14 +174,50 @@ fn save_marked<W: Write>(
         zip.write_record("byteorder", b"little")?;
     }
     for (key, storage) in storages.iter().enumerate() {
-        // `bytes`: a storage made on demand (`Buffer::deferred`) is made for this record alone.
-        zip.write_record(&format!("data/{key}"), &storage.data.bytes()?)?;
+        let name = format!("data/{key}");
+        if storage.data.is_deferred() {
+            // A storage made on demand (`Buffer::deferred`) is made for this record alone, and one that
+            // can make any range (`Buffer::deferred_ranged`, rows gathered by a reshard) a piece at a time
+            // as it is written.
+            let data = &storage.data;
+            zip.write_record_streamed(&name, data.len() as u64, &mut |sink| {
+                data.pieces(STREAM_PIECE, |piece| sink(piece).map_err(Streamed::Io)).map_err(Streamed::into_io)
+            })?;
+        } else {
+            zip.write_record(&name, storage.data.as_bytes())?;
+        }
     }
     zip.write_record("version", b"3\n")?;
     if options.torch_2_13_records {
         zip.write_serialization_id()?;
     }
     Ok(zip.finish()?)
+}
+
+/// Bytes of a storage made on demand that are made and written at a time: fits the L2 cache, so the
+/// writer's copy (and the CRC-32) read what the gather just wrote.
+const STREAM_PIECE: usize = 1 << 20;
+
+/// An error while a storage is streamed into its record: of the sink (the archive's writer) or of making
+/// the bytes.
+enum Streamed {
+    Io(std::io::Error),
+    Core(ckpt_core::Error),
+}
+
+impl From<ckpt_core::Error> for Streamed {
+    fn from(e: ckpt_core::Error) -> Self {
+        Streamed::Core(e)
+    }
+}
+
+impl Streamed {
+    fn into_io(self) -> std::io::Error {
+        match self {
+            Streamed::Io(e) => e,
+            Streamed::Core(e) => std::io::Error::other(e),
+        }
+    }
 }
 
 /// One storage to write, in key order.

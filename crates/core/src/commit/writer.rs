@@ -8,6 +8,12 @@
 //! and the final `fdatasync` only has the metadata left to write. The last, partial buffer is padded to
 //! the 4 KiB block and the file truncated back to its length.
 //!
+//! The buffers are shared by the process: at most six are allocated for writing ahead (48 MiB), however
+//! many files are written at once. A writer that finds the budget spent waits for its own oldest buffer
+//! instead (never for another writer's), so the memory of a save stays bounded when a directory format
+//! writes many files in parallel. Idle buffers stay pooled for the next save
+//! ([`release_idle_buffers`] frees them).
+//!
 //! Why `O_DIRECT` (measured, see `benches/README.md`): on the development VM a buffered 1 GiB save spent
 //! 80% of its time in `copy_folio_from_iter_atomic` — first touch of page-cache pages the hypervisor had
 //! taken back (free page reporting) — and took 0.9 to 9 s from run to run, while `O_DIRECT` from reused
@@ -28,6 +34,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
@@ -48,6 +55,12 @@ const WRITE_HASH_PIECE: usize = 1 << 20;
 /// directory format writes its files in parallel, e.g. RecIS's data files on a 2-core machine). With three,
 /// every RecIS save freed three buffers (`munmap`) and faulted three fresh ones in: about 14% of its time.
 const POOL_MAX: usize = 2 * BUFFERS;
+/// Buffers allocated in the process, beyond which a writer stops taking write-ahead buffers: the memory
+/// of the writers stays at most 48 MiB (plus one buffer per open writer) however many files are written
+/// at once. Two writers still have three buffers each; a third writes its buffers one at a time (it
+/// still overlaps with the other two). Measured: `ckpt reshard` of a 2-rank DCP checkpoint to 3 ranks
+/// held nine buffers (72 MiB) with three ranks writing at once, over its bound of largest tensor + 64 MiB.
+const LIVE_MAX: usize = 2 * BUFFERS;
 
 /// How a [`DurableWriter`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +90,8 @@ struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 static POOL: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
+/// Buffers allocated and not yet freed (in use or in the pool).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 impl AlignedBuf {
     fn layout() -> std::alloc::Layout {
@@ -90,7 +105,20 @@ impl AlignedBuf {
         }
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(Self::layout()) };
-        NonNull::new(ptr).map(|ptr| AlignedBuf { ptr }).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))
+        let buf = NonNull::new(ptr).map(|ptr| AlignedBuf { ptr });
+        if buf.is_some() {
+            LIVE.fetch_add(1, Ordering::Relaxed);
+        }
+        buf.ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))
+    }
+
+    /// A write-ahead buffer: one from the pool, or a new one while fewer than [`LIVE_MAX`] are allocated;
+    /// `None` when the budget is spent (the caller then reuses its own buffer once it is written).
+    fn take_ahead() -> Option<io::Result<AlignedBuf>> {
+        if let Some(b) = POOL.lock().ok().and_then(|mut p| p.pop()) {
+            return Some(Ok(b));
+        }
+        (LIVE.load(Ordering::Relaxed) < LIVE_MAX).then(AlignedBuf::take)
     }
 
     fn give_back(self) {
@@ -117,7 +145,21 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated with this layout in `take`.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout()) }
+        LIVE.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Frees the idle write buffers the writers keep for the next save (up to 48 MiB after a large save), and
+/// returns how many bytes that released. Call it after the last save of a long-lived process that wants
+/// the memory back; the next save allocates fresh buffers (and pays their first touch).
+///
+/// ```
+/// let freed = ckpt_core::commit::release_idle_buffers();
+/// assert_eq!(freed % ckpt_core::commit::CHUNK, 0);
+/// ```
+pub fn release_idle_buffers() -> usize {
+    let idle = POOL.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+    idle.len() * CHUNK
 }
 
 /// A write job for the background writer: `len` bytes of the buffer at file offset `offset`.
@@ -344,13 +386,31 @@ impl DurableWriter {
         }
         match &mut self.mode {
             Mode::Direct(p) => {
-                let next = if p.in_flight + 1 >= BUFFERS { p.reap_one()? } else { AlignedBuf::take()? };
-                let submit = p.submit.as_ref().ok_or_else(|| io::Error::other("the background writer stopped"))?;
-                submit
-                    .send(Job { buf, len, offset: self.handed })
-                    .map_err(|_| io::Error::other("the background writer stopped"))?;
-                p.in_flight += 1;
-                self.buf = Some(next);
+                // Waiting for this writer's own oldest buffer never waits on another writer: no deadlock
+                // however many writers share the budget.
+                let ahead = if p.in_flight + 1 >= BUFFERS { None } else { AlignedBuf::take_ahead() };
+                let next = match ahead {
+                    Some(b) => Some(b?),
+                    None if p.in_flight > 0 => Some(p.reap_one()?),
+                    // Nothing in flight and the budget spent: write this buffer now and fill it again.
+                    None => None,
+                };
+                match next {
+                    Some(next) => {
+                        let submit =
+                            p.submit.as_ref().ok_or_else(|| io::Error::other("the background writer stopped"))?;
+                        submit
+                            .send(Job { buf, len, offset: self.handed })
+                            .map_err(|_| io::Error::other("the background writer stopped"))?;
+                        p.in_flight += 1;
+                        self.buf = Some(next);
+                    }
+                    None => {
+                        let r = pwrite_all(&self.file, buf.as_slice(len), self.handed);
+                        self.buf = Some(buf);
+                        r?;
+                    }
+                }
             }
             _ => {
                 let r = pwrite_all(&self.file, buf.as_slice(len), self.handed);

@@ -1168,3 +1168,50 @@ fn large_records_crc_computed_in_parallel_matches() {
     assert_eq!(ar.data(&bytes, rec).unwrap(), &whole[..]);
     ar.verify_crc(&bytes, rec).unwrap();
 }
+
+/// [`rewrite`] with every record streamed in pieces of `piece` bytes.
+fn rewrite_streamed(original: &[u8], opts: WriterOptions, piece: usize) -> Vec<u8> {
+    let ar = Archive::parse(original).unwrap();
+    let mut w = ZipWriter::with_options(Vec::new(), ar.prefix(), opts);
+    for r in ar.records() {
+        let data = ar.data(original, r).unwrap();
+        if r.short_name() == SERIALIZATION_ID_RECORD {
+            w.write_serialization_id().unwrap();
+        } else {
+            w.write_record_streamed(r.short_name(), data.len() as u64, &mut |sink| {
+                data.chunks(piece).try_for_each(&mut *sink)
+            })
+            .unwrap();
+        }
+    }
+    w.finish().unwrap()
+}
+
+#[test]
+fn streamed_records_are_torch_byte_identical() {
+    // Every fixture, pieces of 1 byte (the descriptor quirk's 8 bytes then span 8 pieces), 3 and 4096.
+    let fixtures = [
+        ("ref.pt", WriterOptions::default()),
+        ("many.pt", WriterOptions::default()),
+        ("quirk.pt", WriterOptions::default()),
+        ("nocrc.pt", WriterOptions { compute_crc32: false, ..WriterOptions::default() }),
+        ("align16.pt", WriterOptions { alignment: 16, ..WriterOptions::default() }),
+    ];
+    for (name, opts) in fixtures {
+        let original = fixture(name);
+        for piece in [1, 3, 4096] {
+            assert_same_bytes(&rewrite_streamed(&original, opts, piece), &original);
+        }
+    }
+}
+
+#[test]
+fn a_streamed_record_of_the_wrong_size_poisons_the_writer() {
+    let mut w = ZipWriter::new(Vec::new(), "archive");
+    let e = w.write_record_streamed("data/0", 8, &mut |sink| sink(b"1234")).unwrap_err();
+    assert!(matches!(e, ZipError::Io(_)), "{e}");
+    assert!(matches!(w.write_record("data/1", b"x"), Err(ZipError::Poisoned)));
+    let mut w = ZipWriter::new(Vec::new(), "archive");
+    let e = w.write_record_streamed("data/0", 4, &mut |_| Err(std::io::Error::other("the gather failed"))).unwrap_err();
+    assert!(e.to_string().contains("the gather failed"), "{e}");
+}

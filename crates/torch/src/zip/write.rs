@@ -32,6 +32,18 @@ impl Default for WriterOptions {
     }
 }
 
+/// Where a streamed record's pieces go, in order ([`ZipWriter::write_record_streamed`]).
+pub type Sink<'a> = dyn FnMut(&[u8]) -> std::io::Result<()> + 'a;
+
+/// Makes a streamed record's data: hands every piece, in order, to the sink it is given.
+pub type Producer<'a> = dyn FnMut(&mut Sink<'_>) -> std::io::Result<()> + 'a;
+
+/// The data of a record: slices written back to back, or pieces made as they are written.
+enum Body<'a> {
+    Parts(&'a [&'a [u8]]),
+    Streamed(&'a mut Producer<'a>),
+}
+
 /// What the central directory needs to know about a written record.
 #[derive(Debug)]
 struct Entry {
@@ -193,6 +205,24 @@ impl<W: Write> ZipWriter<W> {
     /// straight from the slices (no staging copy), then the data descriptor (16 bytes, 24 with
     /// zip64, none for an empty record).
     pub fn write_record_parts(&mut self, name: &str, parts: &[&[u8]]) -> Result<(), ZipError> {
+        let too_large = || ZipError::TooLarge { what: "archive offset" };
+        let size = parts.iter().try_fold(0u64, |acc, p| acc.checked_add(p.len() as u64)).ok_or_else(too_large)?;
+        self.write_record_body(name, size, Body::Parts(parts))
+    }
+
+    /// Writes one stored record named `<prefix>/<name>` of `size` bytes that `produce` makes piece by
+    /// piece: it hands each piece, in order, to the sink it is given, which writes it at once (the bytes
+    /// are never all in memory: a storage gathered on demand is written as it is made). The archive is
+    /// the same as [`write_record`](Self::write_record) of the pieces back to back.
+    ///
+    /// # Errors
+    /// As [`write_record_parts`](Self::write_record_parts); `produce`'s error, or [`ZipError::Io`] when it
+    /// hands other than `size` bytes. The writer is poisoned after any of them.
+    pub fn write_record_streamed(&mut self, name: &str, size: u64, produce: &mut Producer<'_>) -> Result<(), ZipError> {
+        self.write_record_body(name, size, Body::Streamed(produce))
+    }
+
+    fn write_record_body(&mut self, name: &str, size: u64, body: Body<'_>) -> Result<(), ZipError> {
         if self.poisoned {
             return Err(ZipError::Poisoned);
         }
@@ -204,7 +234,6 @@ impl<W: Write> ZipWriter<W> {
             return Err(ZipError::TooLarge { what: "number of records" });
         }
         let too_large = || ZipError::TooLarge { what: "archive offset" };
-        let size = parts.iter().try_fold(0u64, |acc, p| acc.checked_add(p.len() as u64)).ok_or_else(too_large)?;
         let cursor = self.pos;
         let big_size = size >= U32_SENTINEL;
         let big_offset = cursor >= U32_SENTINEL;
@@ -259,7 +288,10 @@ impl<W: Write> ZipWriter<W> {
         put16(&mut buf, pad16);
         buf.resize(buf.len().saturating_add(usize::from(pad16)), b'Z');
 
-        let result = self.emit(&buf, parts, size, big_size || big_offset);
+        let result = match body {
+            Body::Parts(parts) => self.emit(&buf, parts, size, big_size || big_offset),
+            Body::Streamed(produce) => self.emit_streamed(&buf, produce, size, big_size || big_offset),
+        };
         self.buf = buf;
         let crc32 = match result {
             Ok(crc) => crc,
@@ -281,12 +313,7 @@ impl<W: Write> ZipWriter<W> {
         // torch's callback treats any write of >= 8 bytes that starts with the descriptor
         // signature as a descriptor; miniz writes stored data in one call.
         let head: Vec<u8> = parts.iter().flat_map(|p| p.iter()).take(8).copied().collect();
-        if let [s0, s1, s2, s3, c0, c1, c2, c3] = head.as_slice() {
-            if u32::from_le_bytes([*s0, *s1, *s2, *s3]) == DATA_DESCRIPTOR_SIG {
-                let quirk = u32::from_le_bytes([*c0, *c1, *c2, *c3]);
-                self.combined_crc = hash_combine(self.combined_crc, u64::from(quirk));
-            }
-        }
+        self.descriptor_quirk(&head);
         let crc = if self.opts.compute_crc32 && size >= PARALLEL_CRC_MIN {
             // Large records: the CRC-32 is computed on a second thread while the data is written, so the
             // checksum costs no time on the writing thread (torch computes it inline).
@@ -315,6 +342,53 @@ impl<W: Write> ZipWriter<W> {
             }
             hasher.map_or(0, crc32fast::Hasher::finalize)
         };
+        self.end_record(crc, size, zip64)
+    }
+
+    /// [`emit`](Self::emit) of a record whose data `produce` hands over piece by piece; the CRC-32 is
+    /// computed inline, on each piece while it is in the cache.
+    fn emit_streamed(
+        &mut self,
+        header: &[u8],
+        produce: &mut Producer<'_>,
+        size: u64,
+        zip64: bool,
+    ) -> Result<u32, ZipError> {
+        self.out.write_all(header)?;
+        let mut head = Vec::with_capacity(8);
+        let mut hasher = self.opts.compute_crc32.then(crc32fast::Hasher::new);
+        let mut written = 0u64;
+        let out = &mut self.out;
+        produce(&mut |piece: &[u8]| {
+            if head.len() < 8 {
+                head.extend(piece.iter().take(8 - head.len()));
+            }
+            if let Some(h) = hasher.as_mut() {
+                h.update(piece);
+            }
+            written = written.saturating_add(piece.len() as u64);
+            out.write_all(piece)
+        })?;
+        if written != size {
+            return Err(std::io::Error::other(format!("a record of {size} bytes was made with {written}")).into());
+        }
+        self.descriptor_quirk(&head);
+        self.end_record(hasher.map_or(0, crc32fast::Hasher::finalize), size, zip64)
+    }
+
+    /// torch's callback treats any write of >= 8 bytes that starts with the descriptor signature as a
+    /// descriptor: the data's first 8 bytes then enter the combined CRC.
+    fn descriptor_quirk(&mut self, head: &[u8]) {
+        if let [s0, s1, s2, s3, c0, c1, c2, c3] = head {
+            if u32::from_le_bytes([*s0, *s1, *s2, *s3]) == DATA_DESCRIPTOR_SIG {
+                let quirk = u32::from_le_bytes([*c0, *c1, *c2, *c3]);
+                self.combined_crc = hash_combine(self.combined_crc, u64::from(quirk));
+            }
+        }
+    }
+
+    /// Writes the data descriptor of a record of `size` bytes with CRC `crc`; returns the CRC.
+    fn end_record(&mut self, crc: u32, size: u64, zip64: bool) -> Result<u32, ZipError> {
         if size > 0 {
             let mut d = Vec::with_capacity(24);
             put32(&mut d, DATA_DESCRIPTOR_SIG);
