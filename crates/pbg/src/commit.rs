@@ -305,17 +305,23 @@ impl Commit<'_> {
             }
         }
 
-        // 1. Every file of the new version, in parallel.
-        let written_parts: Vec<PathBuf> = self
-            .partitions
-            .par_iter()
-            .map(|(e, p, data)| {
-                let path = storage.write_entity_partition(new, e, *p, data)?;
-                crash_point("pbg.file", storage)?;
-                Ok(path)
-            })
-            .collect::<Result<_>>()?;
-        let mut written = written_parts;
+        // 1. Every file of the new version, in parallel; but partitions whose embeddings are made on demand
+        // (a DCP region, rows gathered from several sources) one after the other, so that one of them at a
+        // time is in memory.
+        // `written` keeps the partitions' order.
+        let write = |(i, (e, p, data)): (usize, &(String, u32, EntityPartition))| -> Result<(usize, PathBuf)> {
+            let path = storage.write_entity_partition(new, e, *p, data)?;
+            crash_point("pbg.file", storage)?;
+            Ok((i, path))
+        };
+        let (made, held): (Vec<_>, Vec<_>) =
+            self.partitions.iter().enumerate().partition(|(_, (_, _, data))| data.embeddings.storage().is_deferred());
+        let mut numbered: Vec<(usize, PathBuf)> = held.into_par_iter().map(write).collect::<Result<_>>()?;
+        for part in made {
+            numbered.push(write(part)?);
+        }
+        numbered.sort_by_key(|(i, _)| *i);
+        let mut written: Vec<PathBuf> = numbered.into_iter().map(|(_, path)| path).collect();
         if let Some(m) = &self.model {
             written.push(storage.write_model(new, m)?);
         }

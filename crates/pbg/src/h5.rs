@@ -645,7 +645,7 @@ fn read_fixed_string(attr: &Attribute, dt: &Datatype, n: usize) -> Option<String
 pub struct Writer<'a> {
     path: PathBuf,
     file: Option<File>,
-    raw: Vec<(u64, Cow<'a, [u8]>)>,
+    raw: Vec<(u64, Queued<'a>)>,
     /// [`Writer::create_durable`]: the commit whose temporary file holds libhdf5's skeleton.
     commit: Option<FileCommit>,
 }
@@ -799,8 +799,10 @@ impl<'a> Writer<'a> {
             .create(leaf.as_str()))?;
         if tensor.nbytes() > 0 {
             let offset = self.allocated_offset(&ds, name)?;
-            let data = tensor.data()?;
-            self.raw.push((offset, data));
+            // The bytes are made when the file is written (`finish`), not now: a tensor made on demand (a
+            // DCP region, gathered rows) is then in memory only while it is written, a piece at a time
+            // where it can be (`Tensor::data_pieces`).
+            self.raw.push((offset, Queued::Tensor(tensor)));
         }
         Ok(ds)
     }
@@ -831,7 +833,7 @@ impl<'a> Writer<'a> {
             .create(leaf.as_str()))?;
         if !bytes.is_empty() {
             let offset = self.allocated_offset(&ds, name)?;
-            self.raw.push((offset, Cow::Borrowed(bytes)));
+            self.raw.push((offset, Queued::Bytes(bytes)));
         }
         Ok(ds)
     }
@@ -873,8 +875,9 @@ impl<'a> Writer<'a> {
             return commit.commit().map(|_| ()).map_err(|e| Error::Core(e.into()));
         }
         let f = OpenOptions::new().write(true).open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        for (offset, data) in &self.raw {
-            f.write_all_at(data, *offset).map_err(|e| Error::io(&self.path, e))?;
+        for (offset, queued) in &self.raw {
+            let data = queued.bytes()?;
+            f.write_all_at(&data, *offset).map_err(|e| Error::io(&self.path, e))?;
         }
         f.sync_all().map_err(|e| Error::io(&self.path, e))
     }
@@ -887,20 +890,62 @@ impl<'a> Writer<'a> {
         let len = skel.metadata().map_err(io)?.len();
         self.raw.sort_by_key(|(offset, _)| *offset);
         let mut pos = 0u64;
-        for (offset, data) in &self.raw {
-            let end = offset.checked_add(data.len() as u64).filter(|&e| *offset >= pos && e <= len);
+        for (offset, queued) in &self.raw {
+            let n = queued.len();
+            let end = offset.checked_add(n as u64).filter(|&e| *offset >= pos && e <= len);
             let Some(end) = end else {
                 return Err(Error::BadStorage {
                     path: self.path.clone(),
                     name: format!("data at offset {offset}"),
-                    reason: format!("{} bytes overlap other data or end past the file ({len} bytes)", data.len()),
+                    reason: format!("{n} bytes overlap other data or end past the file ({len} bytes)"),
                 });
             };
             copy_range(&skel, pos, *offset, out).map_err(io)?;
-            out.write_all(data).map_err(io)?;
+            let mut written = 0usize;
+            match queued {
+                Queued::Bytes(b) => out.write_all(b).map_err(io)?,
+                Queued::Tensor(t) => t.data_pieces(STREAM_PIECE, |d| {
+                    written += d.len();
+                    out.write_all(d).map_err(io)
+                })?,
+            }
+            if matches!(queued, Queued::Tensor(_)) && written != n {
+                return Err(Error::BadStorage {
+                    path: self.path.clone(),
+                    name: format!("data at offset {offset}"),
+                    reason: format!("a tensor of {n} bytes gave {written}"),
+                });
+            }
             pos = end;
         }
         copy_range(&skel, pos, len, out).map_err(io)
+    }
+}
+
+/// Bytes of a tensor made on demand written at a time (fits the L2 cache).
+const STREAM_PIECE: usize = 1 << 20;
+
+/// A dataset's bytes queued for [`Writer::finish`].
+enum Queued<'a> {
+    /// Borrowed bytes (the optimizer blob).
+    Bytes(&'a [u8]),
+    /// A tensor's elements, made when written.
+    Tensor(&'a Tensor),
+}
+
+impl Queued<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Queued::Bytes(b) => b.len(),
+            Queued::Tensor(t) => t.nbytes(),
+        }
+    }
+
+    fn bytes(&self) -> Result<Cow<'_, [u8]>> {
+        match self {
+            Queued::Bytes(b) => Ok(Cow::Borrowed(b)),
+            Queued::Tensor(t) => Ok(t.data()?),
+        }
     }
 }
 
