@@ -19,7 +19,6 @@
 //! Every file is opened through [`open_file`]: without libhdf5's advisory lock and with its descriptor
 //! closed on exec, so that a program started meanwhile (by any thread) cannot keep a file locked.
 
-use std::borrow::Cow;
 use std::ffi::c_void;
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -876,8 +875,12 @@ impl<'a> Writer<'a> {
         }
         let f = OpenOptions::new().write(true).open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         for (offset, queued) in &self.raw {
-            let data = queued.bytes()?;
-            f.write_all_at(&data, *offset).map_err(|e| Error::io(&self.path, e))?;
+            let mut at = *offset;
+            queued.pieces(&self.path, *offset, |d| {
+                f.write_all_at(d, at).map_err(|e| Error::io(&self.path, e))?;
+                at += d.len() as u64;
+                Ok(())
+            })?;
         }
         f.sync_all().map_err(|e| Error::io(&self.path, e))
     }
@@ -901,21 +904,7 @@ impl<'a> Writer<'a> {
                 });
             };
             copy_range(&skel, pos, *offset, out).map_err(io)?;
-            let mut written = 0usize;
-            match queued {
-                Queued::Bytes(b) => out.write_all(b).map_err(io)?,
-                Queued::Tensor(t) => t.data_pieces(STREAM_PIECE, |d| {
-                    written += d.len();
-                    out.write_all(d).map_err(io)
-                })?,
-            }
-            if matches!(queued, Queued::Tensor(_)) && written != n {
-                return Err(Error::BadStorage {
-                    path: self.path.clone(),
-                    name: format!("data at offset {offset}"),
-                    reason: format!("a tensor of {n} bytes gave {written}"),
-                });
-            }
+            queued.pieces(&self.path, *offset, |d| out.write_all(d).map_err(io))?;
             pos = end;
         }
         copy_range(&skel, pos, len, out).map_err(io)
@@ -941,11 +930,26 @@ impl Queued<'_> {
         }
     }
 
-    fn bytes(&self) -> Result<Cow<'_, [u8]>> {
+    /// Hands the bytes to `f` in order (a tensor made on demand a piece at a time), and checks that they
+    /// are [`len`](Self::len) bytes; `path` and `offset` name them in the error.
+    fn pieces(&self, path: &std::path::Path, offset: u64, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let mut written = 0usize;
+        let mut count = |d: &[u8]| {
+            written += d.len();
+            f(d)
+        };
         match self {
-            Queued::Bytes(b) => Ok(Cow::Borrowed(b)),
-            Queued::Tensor(t) => Ok(t.data()?),
+            Queued::Bytes(b) => count(b)?,
+            Queued::Tensor(t) => t.data_pieces(STREAM_PIECE, count)?,
         }
+        if written != self.len() {
+            return Err(Error::BadStorage {
+                path: path.to_path_buf(),
+                name: format!("data at offset {offset}"),
+                reason: format!("{} bytes were made as {written}", self.len()),
+            });
+        }
+        Ok(())
     }
 }
 
