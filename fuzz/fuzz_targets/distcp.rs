@@ -1,9 +1,9 @@
 //! A DCP checkpoint directory built from the input (a file-set; bytes before the first separator are
-//! `.metadata`): every metadata pickle decoded in memory by both paths, the single pass (`from_pickle`,
-//! falling back to the full decoder when it declines) and the full decoder alone (`from_pickle_full`), which
-//! must give the same metadata or both an error; then the directory opened (mapped or read), every entry
-//! read, a region of every tensor, the state dict; then either `verify`, or the metadata re-encoded (in one
-//! of the two profiles) and decoded again. The input's last byte chooses.
+//! `.metadata`): every metadata pickle decoded in memory by both paths, the fast decoders (`from_pickle`: the
+//! direct machine, then the single pass, then the full decoder for what they decline) and the full decoder
+//! alone (`from_pickle_full`), which must give the same metadata or both an error; then the directory opened
+//! (mapped or read), every entry read, a region of every tensor, the state dict; then either `verify`, or the
+//! metadata re-encoded (in one of the two profiles) and decoded again. The input's last byte chooses.
 #![no_main]
 
 use std::path::Path;

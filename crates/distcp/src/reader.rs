@@ -195,6 +195,10 @@ fn parse_metadata(bytes: &[u8], path: &Path, limits: &ckpt_pickle::Limits) -> Re
     Ok((Metadata::from_pickle_with(bytes, path, limits)?, protocol))
 }
 
+/// A data file as [`DcpReader::metadata_problems`] checks it: `None` for an unsafe path, else its length
+/// (`None` when it is not a file) or the error looking at it.
+type FileCheck = Option<std::result::Result<Option<u64>, std::io::ErrorKind>>;
+
 /// The per-key index of `storage_data` (see [`DcpReader`]'s `items`). Items of keys that
 /// `state_dict_metadata` does not have are never looked up and are left out.
 fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<Vec<u32>>> {
@@ -218,7 +222,11 @@ fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<
         // Stable: equal entries stay in file order. Of equal entries (a `MetadataIndex` key compares by fqn
         // and offset) the last is kept, as the dict torch unpickles keeps the last value; DCP never writes
         // two, a damaged or hand-made file may.
-        list.sort_by(|a, b| offset(a).cmp(&offset(b)));
+        // Torch writes a key's items in rank order, which for row shards is offset order: check before
+        // sorting.
+        if !list.is_sorted_by(|a, b| offset(a) <= offset(b)) {
+            list.sort_by(|a, b| offset(a).cmp(&offset(b)));
+        }
         list.dedup_by(|later, kept| {
             let same = offset(later) == offset(kept);
             if same {
@@ -374,13 +382,22 @@ impl DcpReader {
     pub(crate) fn metadata_problems(&self, first_only: bool) -> Vec<Error> {
         let mut problems = Vec::new();
         // Per data file: whether its path is safe, and its length if it is a file (each looked up once).
-        let mut files: HashMap<&str, Option<std::result::Result<Option<u64>, std::io::ErrorKind>>> = HashMap::new();
+        let mut files: HashMap<&str, FileCheck> = HashMap::new();
+        // Items of one file usually follow each other (torch merges the ranks' write results in order).
+        let mut last: Option<(&str, FileCheck)> = None;
         for (ix, info) in &self.metadata.storage_data {
-            let file = files.entry(info.relative_path.as_str()).or_insert_with(|| {
-                safe_join(&self.dir, &info.relative_path)
-                    .map(|_| self.files.file_len(&info.relative_path).map_err(|e| e.kind()))
-            });
-            let Some(len) = *file else {
+            let path = info.relative_path.as_str();
+            let file = match last {
+                Some((p, file)) if p == path => file,
+                _ => {
+                    let file = *files.entry(path).or_insert_with(|| {
+                        safe_join(&self.dir, path).map(|_| self.files.file_len(path).map_err(|e| e.kind()))
+                    });
+                    last = Some((path, file));
+                    file
+                }
+            };
+            let Some(len) = file else {
                 problems.push(Error::UnsafePath { key: ix.fqn.clone(), file: info.relative_path.clone() });
                 if first_only {
                     return problems;
@@ -413,8 +430,10 @@ impl DcpReader {
                     if let Err(e) = chunks::check_chunks(key, &t.size, &t.chunks) {
                         problems.push(e);
                     }
+                    // Chunks usually come in the items' order: try the item after the last one found first.
+                    let mut next = 0;
                     for c in &t.chunks {
-                        if self.item_of(k, Some(&c.offsets)).is_none() {
+                        if self.item_after(k, Some(&c.offsets), &mut next).is_none() {
                             problems.push(Error::MissingItem { key: key.clone(), offsets: Some(c.offsets.clone()) });
                         }
                     }
@@ -488,6 +507,23 @@ impl DcpReader {
     /// The index in `storage_data` of the item of `key` at `offsets` (the last, if several: torch's rule).
     fn item(&self, key: &str, offsets: Option<&[usize]>) -> Option<usize> {
         self.item_of(*self.keys.get(key)?, offsets)
+    }
+
+    /// [`Self::item_of`], trying position `next` of the key's items first, and setting `next` past the
+    /// item found.
+    fn item_after(&self, key: usize, offsets: Option<&[usize]>, next: &mut usize) -> Option<usize> {
+        let list = self.items.get(key)?;
+        if let Some(&i) = list.get(*next)
+            && self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref()) == offsets
+        {
+            *next += 1;
+            return Some(i as usize);
+        }
+        let offset = |i: u32| self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref());
+        let at = list.partition_point(|&i| offset(i) < offsets);
+        let &i = list.get(at)?;
+        *next = at + 1;
+        (offset(i) == offsets).then_some(i as usize)
     }
 
     /// [`Self::item`] by the key's number.
@@ -767,7 +803,15 @@ impl CheckpointRead for DcpReader {
         d.push(("tensors".into(), tensors.to_string()));
         d.push(("objects".into(), (md.state_dict_metadata.len() - tensors).to_string()));
         d.push(("tensor bytes".into(), self.tensor_bytes().to_string()));
-        let files: HashSet<&str> = md.storage_data.iter().map(|(_, s)| s.relative_path.as_str()).collect();
+        // Items of one file usually follow each other: hash a path only when it changes.
+        let mut files: HashSet<&str> = HashSet::new();
+        let mut last = None;
+        for (_, s) in &md.storage_data {
+            if last != Some(s.relative_path.as_str()) {
+                last = Some(s.relative_path.as_str());
+                files.insert(s.relative_path.as_str());
+            }
+        }
         d.push(("items".into(), md.storage_data.len().to_string()));
         d.push(("data files".into(), files.len().to_string()));
         let transforms: HashSet<&str> =

@@ -316,106 +316,6 @@ fn le(data: &[u8], pos: usize, n: usize) -> Option<u64> {
     })
 }
 
-/// How an opcode's argument is laid out (for the memo-read scan).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Arg {
-    /// Not an opcode of protocols 0-5.
-    Invalid,
-    Stop,
-    /// No argument, or a fixed number of bytes.
-    Fixed(u8),
-    /// One or two `\n`-terminated lines.
-    Lines(u8),
-    /// A little-endian unsigned length of this many bytes, then that many bytes.
-    Counted(u8),
-    /// A signed 4-byte length (negative is malformed), then that many bytes.
-    SignedCounted,
-    /// BINGET / LONG_BINGET: the key in this many bytes.
-    Get(u8),
-    /// GET: the key as a decimal line.
-    GetLine,
-}
-
-/// [`Arg`] of every byte.
-const ARGS: [Arg; 256] = {
-    let mut t = [Arg::Invalid; 256];
-    let none = [
-        op::MARK,
-        op::POP,
-        op::POP_MARK,
-        op::DUP,
-        op::NONE,
-        op::BINPERSID,
-        op::REDUCE,
-        op::APPEND,
-        op::BUILD,
-        op::DICT,
-        op::EMPTY_DICT,
-        op::APPENDS,
-        op::LIST,
-        op::EMPTY_LIST,
-        op::OBJ,
-        op::SETITEM,
-        op::TUPLE,
-        op::EMPTY_TUPLE,
-        op::SETITEMS,
-        op::NEWOBJ,
-        op::TUPLE1,
-        op::TUPLE2,
-        op::TUPLE3,
-        op::NEWTRUE,
-        op::NEWFALSE,
-        op::EMPTY_SET,
-        op::ADDITEMS,
-        op::FROZENSET,
-        op::NEWOBJ_EX,
-        op::STACK_GLOBAL,
-        op::MEMOIZE,
-        op::NEXT_BUFFER,
-        op::READONLY_BUFFER,
-    ];
-    let mut i = 0;
-    while i < none.len() {
-        t[none[i] as usize] = Arg::Fixed(0);
-        i += 1;
-    }
-    t[op::STOP as usize] = Arg::Stop;
-    t[op::BININT1 as usize] = Arg::Fixed(1);
-    t[op::BINPUT as usize] = Arg::Fixed(1);
-    t[op::PROTO as usize] = Arg::Fixed(1);
-    t[op::EXT1 as usize] = Arg::Fixed(1);
-    t[op::BININT2 as usize] = Arg::Fixed(2);
-    t[op::EXT2 as usize] = Arg::Fixed(2);
-    t[op::BININT as usize] = Arg::Fixed(4);
-    t[op::LONG_BINPUT as usize] = Arg::Fixed(4);
-    t[op::EXT4 as usize] = Arg::Fixed(4);
-    t[op::BINFLOAT as usize] = Arg::Fixed(8);
-    t[op::FRAME as usize] = Arg::Fixed(8);
-    let line = [op::FLOAT, op::INT, op::LONG, op::PERSID, op::STRING, op::UNICODE, op::PUT];
-    let mut i = 0;
-    while i < line.len() {
-        t[line[i] as usize] = Arg::Lines(1);
-        i += 1;
-    }
-    t[op::GLOBAL as usize] = Arg::Lines(2);
-    t[op::INST as usize] = Arg::Lines(2);
-    t[op::LONG1 as usize] = Arg::Counted(1);
-    t[op::SHORT_BINSTRING as usize] = Arg::Counted(1);
-    t[op::SHORT_BINUNICODE as usize] = Arg::Counted(1);
-    t[op::SHORT_BINBYTES as usize] = Arg::Counted(1);
-    t[op::BINUNICODE as usize] = Arg::Counted(4);
-    t[op::BINBYTES as usize] = Arg::Counted(4);
-    t[op::BINUNICODE8 as usize] = Arg::Counted(8);
-    t[op::BINBYTES8 as usize] = Arg::Counted(8);
-    t[op::BYTEARRAY8 as usize] = Arg::Counted(8);
-    t[op::LONG4 as usize] = Arg::SignedCounted;
-    t[op::BINSTRING as usize] = Arg::SignedCounted;
-    t[op::BINGET as usize] = Arg::Get(1);
-    t[op::LONG_BINGET as usize] = Arg::Get(4);
-    t[op::GET as usize] = Arg::GetLine;
-    t
-};
-
 /// The memo keys that GET, BINGET and LONG_BINGET read before the first STOP.
 fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
     let mut keys = KeySet::default();
@@ -431,33 +331,33 @@ fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
     loop {
         let &code = data.get(pos).ok_or(Declined)?;
         pos += 1;
-        match ARGS[usize::from(code)] {
-            Arg::Fixed(n) => pos += usize::from(n),
-            Arg::Get(n) => {
+        match op::argument(code) {
+            op::Argument::Fixed(n) => pos += usize::from(n),
+            op::Argument::Get(n) => {
                 let n = usize::from(n);
                 keys.insert_with_limit(le(data, pos, n).ok_or(Declined)?, limit);
                 pos += n;
             }
-            Arg::Counted(n) => {
+            op::Argument::Counted(n) => {
                 let n = usize::from(n);
                 let count = le(data, pos, n).ok_or(Declined)?;
                 let count = usize::try_from(count).map_err(|_| Declined)?;
                 pos = pos.checked_add(n).and_then(|p| p.checked_add(count)).ok_or(Declined)?;
             }
-            Arg::SignedCounted => {
+            op::Argument::SignedCounted => {
                 let count = le(data, pos, 4).ok_or(Declined)?;
                 if count > i32::MAX as u64 {
                     return Err(Declined);
                 }
                 pos = pos.checked_add(4 + count as usize).ok_or(Declined)?;
             }
-            Arg::Lines(n) => {
+            op::Argument::Lines(n) => {
                 pos = line_end(pos)?;
                 if n == 2 {
                     pos = line_end(pos)?;
                 }
             }
-            Arg::GetLine => {
+            op::Argument::GetLine => {
                 let end = line_end(pos)?;
                 let line = data.get(pos..end - 1).ok_or(Declined)?;
                 match text::parse_py_int(line, 10, 40) {
@@ -468,8 +368,8 @@ fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
                 }
                 pos = end;
             }
-            Arg::Stop => return Ok(keys),
-            Arg::Invalid => return Err(Declined),
+            op::Argument::Stop => return Ok(keys),
+            op::Argument::Invalid => return Err(Declined),
         }
         if pos > len {
             return Err(Declined);

@@ -284,3 +284,117 @@ mod tests {
         assert_eq!(n, 68);
     }
 }
+
+/// How an opcode's argument is laid out: what a scan of the opcode stream (like `pickletools.genops`) skips
+/// after each opcode byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Argument {
+    /// Not an opcode of protocols 0-5.
+    Invalid,
+    /// STOP: the end of the pickle.
+    Stop,
+    /// No argument, or a fixed number of bytes.
+    Fixed(u8),
+    /// One or two `\n`-terminated lines.
+    Lines(u8),
+    /// A little-endian unsigned length of this many bytes, then that many bytes.
+    Counted(u8),
+    /// A signed 4-byte length (negative is malformed), then that many bytes.
+    SignedCounted,
+    /// BINGET / LONG_BINGET: the key in this many bytes.
+    Get(u8),
+    /// GET: the key as a decimal line.
+    GetLine,
+}
+
+/// [`Argument`] of every byte.
+const ARGUMENTS: [Argument; 256] = {
+    let mut t = [Argument::Invalid; 256];
+    let none = [
+        MARK,
+        POP,
+        POP_MARK,
+        DUP,
+        NONE,
+        BINPERSID,
+        REDUCE,
+        APPEND,
+        BUILD,
+        DICT,
+        EMPTY_DICT,
+        APPENDS,
+        LIST,
+        EMPTY_LIST,
+        OBJ,
+        SETITEM,
+        TUPLE,
+        EMPTY_TUPLE,
+        SETITEMS,
+        NEWOBJ,
+        TUPLE1,
+        TUPLE2,
+        TUPLE3,
+        NEWTRUE,
+        NEWFALSE,
+        EMPTY_SET,
+        ADDITEMS,
+        FROZENSET,
+        NEWOBJ_EX,
+        STACK_GLOBAL,
+        MEMOIZE,
+        NEXT_BUFFER,
+        READONLY_BUFFER,
+    ];
+    let mut i = 0;
+    while i < none.len() {
+        t[none[i] as usize] = Argument::Fixed(0);
+        i += 1;
+    }
+    t[STOP as usize] = Argument::Stop;
+    t[BININT1 as usize] = Argument::Fixed(1);
+    t[BINPUT as usize] = Argument::Fixed(1);
+    t[PROTO as usize] = Argument::Fixed(1);
+    t[EXT1 as usize] = Argument::Fixed(1);
+    t[BININT2 as usize] = Argument::Fixed(2);
+    t[EXT2 as usize] = Argument::Fixed(2);
+    t[BININT as usize] = Argument::Fixed(4);
+    t[LONG_BINPUT as usize] = Argument::Fixed(4);
+    t[EXT4 as usize] = Argument::Fixed(4);
+    t[BINFLOAT as usize] = Argument::Fixed(8);
+    t[FRAME as usize] = Argument::Fixed(8);
+    let line = [FLOAT, INT, LONG, PERSID, STRING, UNICODE, PUT];
+    let mut i = 0;
+    while i < line.len() {
+        t[line[i] as usize] = Argument::Lines(1);
+        i += 1;
+    }
+    t[GLOBAL as usize] = Argument::Lines(2);
+    t[INST as usize] = Argument::Lines(2);
+    t[LONG1 as usize] = Argument::Counted(1);
+    t[SHORT_BINSTRING as usize] = Argument::Counted(1);
+    t[SHORT_BINUNICODE as usize] = Argument::Counted(1);
+    t[SHORT_BINBYTES as usize] = Argument::Counted(1);
+    t[BINUNICODE as usize] = Argument::Counted(4);
+    t[BINBYTES as usize] = Argument::Counted(4);
+    t[BINUNICODE8 as usize] = Argument::Counted(8);
+    t[BINBYTES8 as usize] = Argument::Counted(8);
+    t[BYTEARRAY8 as usize] = Argument::Counted(8);
+    t[LONG4 as usize] = Argument::SignedCounted;
+    t[BINSTRING as usize] = Argument::SignedCounted;
+    t[BINGET as usize] = Argument::Get(1);
+    t[LONG_BINGET as usize] = Argument::Get(4);
+    t[GET as usize] = Argument::GetLine;
+    t
+};
+
+/// How opcode `code`'s argument is laid out ([`Argument::Invalid`] for a byte that is no opcode of
+/// protocols 0-5).
+///
+/// ```
+/// use ckpt_pickle::opcode::{argument, Argument, BINGET, SHORT_BINUNICODE};
+/// assert_eq!(argument(BINGET), Argument::Get(1));
+/// assert_eq!(argument(SHORT_BINUNICODE), Argument::Counted(1));
+/// ```
+pub const fn argument(code: u8) -> Argument {
+    ARGUMENTS[code as usize]
+}

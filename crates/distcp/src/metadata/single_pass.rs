@@ -33,7 +33,7 @@ pub(super) fn decode(bytes: &[u8], limits: &ckpt_pickle::Limits) -> Option<Metad
 
 /// The classes this decoder knows, after `normalize_global` and the `copyreg` constructors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
+pub(super) enum Class {
     Metadata,
     TensorStorage,
     BytesStorage,
@@ -47,7 +47,7 @@ enum Class {
     Other,
 }
 
-fn class_of(module: &str, name: &str) -> Class {
+pub(super) fn class_of(module: &str, name: &str) -> Class {
     match (module, name) {
         (METADATA_MODULE, "Metadata") => Class::Metadata,
         (METADATA_MODULE, "TensorStorageMetadata") => Class::TensorStorage,
@@ -737,7 +737,7 @@ impl<'a> DcpBuilder<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use std::path::{Path, PathBuf};
@@ -746,7 +746,7 @@ mod tests {
     use crate::metadata::{Profile, decode as full};
 
     /// Every `.metadata` pickle of the conformance fixtures (torch 2.0 to 2.15 layouts).
-    fn fixtures() -> Vec<(PathBuf, Vec<u8>)> {
+    pub(in crate::metadata) fn fixtures() -> Vec<(PathBuf, Vec<u8>)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/distcp");
         let mut out = Vec::new();
         let mut dirs = vec![root];
@@ -765,7 +765,7 @@ mod tests {
     }
 
     /// A large-job metadata: `ranks` row shards of `keys` tensors, with planner data.
-    fn sharded(ranks: usize, keys: usize) -> Metadata {
+    pub(in crate::metadata) fn sharded(ranks: usize, keys: usize) -> Metadata {
         let mut state_dict_metadata = Vec::new();
         let mut storage_data = Vec::new();
         for k in 0..keys {
@@ -797,7 +797,7 @@ mod tests {
         Metadata { state_dict_metadata, planner_data, storage_data, storage_meta: None, version: None }
     }
 
-    fn full_decode(bytes: &[u8]) -> crate::Result<Metadata> {
+    pub(in crate::metadata) fn full_decode(bytes: &[u8]) -> crate::Result<Metadata> {
         full::decode(bytes, Path::new("t"), &ckpt_pickle::Limits::default())
     }
 
@@ -829,9 +829,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn declines_or_agrees_on_mutated_fixtures() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
+    /// `n` mutations (one or two bytes set, flipped or removed) of the fixtures and of two encoded jobs,
+    /// from the xorshift state `seed`.
+    pub(in crate::metadata) fn mutated_fixtures(seed: u64, n: usize) -> Vec<Vec<u8>> {
+        let mut state = seed;
         let mut next = move || {
             state ^= state >> 12;
             state ^= state << 25;
@@ -841,19 +842,28 @@ mod tests {
         let mut corpus: Vec<Vec<u8>> = fixtures().into_iter().map(|(_, b)| b).collect();
         corpus.push(sharded(3, 2).to_pickle(Profile::MaxCompat).unwrap());
         corpus.push(sharded(3, 2).to_pickle(Profile::Torch213).unwrap());
-        let (mut agreed, mut declined) = (0, 0);
-        for _ in 0..6000 {
-            let mut data = corpus[next() as usize % corpus.len()].clone();
-            for _ in 0..=(next() % 2) {
-                let at = next() as usize % data.len();
-                match next() % 3 {
-                    0 => data[at] = next() as u8,
-                    1 => data[at] ^= 1 << (next() % 8),
-                    _ => {
-                        data.remove(at);
+        (0..n)
+            .map(|_| {
+                let mut data = corpus[next() as usize % corpus.len()].clone();
+                for _ in 0..=(next() % 2) {
+                    let at = next() as usize % data.len();
+                    match next() % 3 {
+                        0 => data[at] = next() as u8,
+                        1 => data[at] ^= 1 << (next() % 8),
+                        _ => {
+                            data.remove(at);
+                        }
                     }
                 }
-            }
+                data
+            })
+            .collect()
+    }
+
+    #[test]
+    fn declines_or_agrees_on_mutated_fixtures() {
+        let (mut agreed, mut declined) = (0, 0);
+        for data in mutated_fixtures(0x2545_f491_4f6c_dd1d, 6000) {
             match decode(&data, &ckpt_pickle::Limits::default()) {
                 None => declined += 1,
                 Some(fast) => {
@@ -866,12 +876,11 @@ mod tests {
         assert!(agreed > 100 && declined > 100, "{agreed} agreed, {declined} declined");
     }
 
-    #[test]
-    fn a_typed_object_used_twice_is_left_to_the_full_decoder() {
+    /// A torch 2.13 `.metadata` of 2 chunks (and the same with two `storage_data` keys holding one
+    /// `_StorageInfo`, written once and referenced twice).
+    pub(in crate::metadata) fn info_used_twice() -> (Vec<u8>, Vec<u8>) {
         use ckpt_pickle::{EncodeOptions, Sharing, Value as P};
-        // Two storage_data keys with equal _StorageInfo values, written once and referenced twice.
-        let md = sharded(2, 1);
-        let bytes = md.to_pickle(Profile::Torch213).unwrap();
+        let bytes = sharded(2, 1).to_pickle(Profile::Torch213).unwrap();
         let mut root = ckpt_pickle::decode(&bytes).unwrap();
         let P::Object(o) = &mut root else { panic!() };
         let Some(P::Dict(fields)) = &mut o.state else { panic!() };
@@ -881,6 +890,12 @@ mod tests {
         let first = storage[0].1.clone();
         storage[1].1 = first;
         let shared = ckpt_pickle::encode_with(&root, &EncodeOptions::new(4).with_sharing(Sharing::Structural)).unwrap();
+        (bytes, shared)
+    }
+
+    #[test]
+    fn a_typed_object_used_twice_is_left_to_the_full_decoder() {
+        let (bytes, shared) = info_used_twice();
         assert!(decode(&shared, &ckpt_pickle::Limits::default()).is_none());
         let full = full_decode(&shared).unwrap();
         assert_eq!(full.storage_data[1].1, full.storage_data[0].1);
