@@ -509,18 +509,15 @@ impl DcpReader {
         self.item_of(*self.keys.get(key)?, offsets)
     }
 
-    /// [`Self::item_of`], trying position `next` of the key's items first, and setting `next` past the
-    /// item found.
+    /// [`Self::item_of`], trying position `next` of the key's items first (chunks usually come in their
+    /// items' order), and setting `next` past the item looked at.
     fn item_after(&self, key: usize, offsets: Option<&[usize]>, next: &mut usize) -> Option<usize> {
         let list = self.items.get(key)?;
-        if let Some(&i) = list.get(*next)
-            && self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref()) == offsets
-        {
-            *next += 1;
-            return Some(i as usize);
-        }
         let offset = |i: u32| self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref());
-        let at = list.partition_point(|&i| offset(i) < offsets);
+        let at = match list.get(*next) {
+            Some(&i) if offset(i) == offsets => *next,
+            _ => list.partition_point(|&i| offset(i) < offsets),
+        };
         let &i = list.get(at)?;
         *next = at + 1;
         (offset(i) == offsets).then_some(i as usize)
@@ -528,11 +525,8 @@ impl DcpReader {
 
     /// [`Self::item`] by the key's number.
     fn item_of(&self, key: usize, offsets: Option<&[usize]>) -> Option<usize> {
-        let list = self.items.get(key)?;
-        let offset = |i: u32| self.metadata.storage_data.get(i as usize).and_then(|(ix, _)| ix.offset.as_deref());
-        let at = list.partition_point(|&i| offset(i) < offsets);
-        let &i = list.get(at)?;
-        (offset(i) == offsets).then_some(i as usize)
+        let mut no_hint = usize::MAX;
+        self.item_after(key, offsets, &mut no_hint)
     }
 
     /// The tensor stored for chunk `chunk` of `key`, as stored (its strides kept), zero copy when the data

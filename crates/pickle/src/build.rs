@@ -303,19 +303,6 @@ impl Written {
     }
 }
 
-/// Little-endian integer of `n` (1, 2, 4 or 8) bytes at `pos`.
-#[inline]
-fn le(data: &[u8], pos: usize, n: usize) -> Option<u64> {
-    let b = data.get(pos..pos.checked_add(n)?)?;
-    Some(match *b {
-        [a] => u64::from(a),
-        [a, b] => u64::from(u16::from_le_bytes([a, b])),
-        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-        _ => b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
-    })
-}
-
 /// The memo keys that GET, BINGET and LONG_BINGET read before the first STOP.
 fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
     let mut keys = KeySet::default();
@@ -335,17 +322,17 @@ fn memo_reads(data: &[u8]) -> Result<KeySet, Declined> {
             op::Argument::Fixed(n) => pos += usize::from(n),
             op::Argument::Get(n) => {
                 let n = usize::from(n);
-                keys.insert_with_limit(le(data, pos, n).ok_or(Declined)?, limit);
+                keys.insert_with_limit(op::le_at(data, pos, n).ok_or(Declined)?, limit);
                 pos += n;
             }
             op::Argument::Counted(n) => {
                 let n = usize::from(n);
-                let count = le(data, pos, n).ok_or(Declined)?;
+                let count = op::le_at(data, pos, n).ok_or(Declined)?;
                 let count = usize::try_from(count).map_err(|_| Declined)?;
                 pos = pos.checked_add(n).and_then(|p| p.checked_add(count)).ok_or(Declined)?;
             }
             op::Argument::SignedCounted => {
-                let count = le(data, pos, 4).ok_or(Declined)?;
+                let count = op::le_at(data, pos, 4).ok_or(Declined)?;
                 if count > i32::MAX as u64 {
                     return Err(Declined);
                 }

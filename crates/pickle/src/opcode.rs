@@ -260,31 +260,6 @@ pub fn scan(data: &[u8]) -> Result<Vec<(usize, u8)>, Error> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-    use super::*;
-
-    #[test]
-    fn scan_lists_opcodes() {
-        let ops = super::scan(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00ae.rest").unwrap();
-        let codes: Vec<u8> = ops.iter().map(|&(_, c)| c).collect();
-        assert_eq!(codes, vec![PROTO, EMPTY_LIST, BINPUT, MARK, BININT1, BINUNICODE, APPENDS, STOP]);
-        assert_eq!(ops.last().unwrap().0, 15);
-        assert!(matches!(super::scan(b"X\xff\xff\xff\xff"), Err(Error::UnexpectedEof { .. })));
-        assert!(matches!(super::scan(b"\xff"), Err(Error::UnknownOpcode { opcode: 0xff, .. })));
-        assert!(matches!(super::scan(b"N"), Err(Error::NoStop { .. })));
-        assert!(matches!(super::scan(b"\x8b\xff\xff\xff\xff."), Err(Error::Malformed { .. })));
-    }
-
-    #[test]
-    fn names_cover_all_68_opcodes() {
-        let n = (0u8..=255).filter(|&b| super::name(b).is_some()).count();
-        assert_eq!(n, 68);
-    }
-}
-
 /// How an opcode's argument is laid out: what a scan of the opcode stream (like `pickletools.genops`) skips
 /// after each opcode byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,7 +283,7 @@ pub enum Argument {
 }
 
 /// [`Argument`] of every byte.
-const ARGUMENTS: [Argument; 256] = {
+static ARGUMENTS: [Argument; 256] = {
     let mut t = [Argument::Invalid; 256];
     let none = [
         MARK,
@@ -395,6 +370,51 @@ const ARGUMENTS: [Argument; 256] = {
 /// assert_eq!(argument(BINGET), Argument::Get(1));
 /// assert_eq!(argument(SHORT_BINUNICODE), Argument::Counted(1));
 /// ```
-pub const fn argument(code: u8) -> Argument {
+#[inline]
+pub fn argument(code: u8) -> Argument {
     ARGUMENTS[code as usize]
+}
+
+/// The little-endian unsigned integer of the `n` bytes (1, 2, 4 or 8; others up to 8 are read too) at
+/// `pos`: an opcode's length or key argument. `None` when the data ends first.
+///
+/// ```
+/// assert_eq!(ckpt_pickle::opcode::le_at(&[0x68, 0x34, 0x12], 1, 2), Some(0x1234));
+/// ```
+#[inline]
+pub fn le_at(data: &[u8], pos: usize, n: usize) -> Option<u64> {
+    let b = data.get(pos..pos.checked_add(n)?)?;
+    Some(match *b {
+        [a] => u64::from(a),
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ if n <= 8 => b.iter().rev().fold(0u64, |acc, &x| (acc << 8) | u64::from(x)),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn scan_lists_opcodes() {
+        let ops = super::scan(b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00ae.rest").unwrap();
+        let codes: Vec<u8> = ops.iter().map(|&(_, c)| c).collect();
+        assert_eq!(codes, vec![PROTO, EMPTY_LIST, BINPUT, MARK, BININT1, BINUNICODE, APPENDS, STOP]);
+        assert_eq!(ops.last().unwrap().0, 15);
+        assert!(matches!(super::scan(b"X\xff\xff\xff\xff"), Err(Error::UnexpectedEof { .. })));
+        assert!(matches!(super::scan(b"\xff"), Err(Error::UnknownOpcode { opcode: 0xff, .. })));
+        assert!(matches!(super::scan(b"N"), Err(Error::NoStop { .. })));
+        assert!(matches!(super::scan(b"\x8b\xff\xff\xff\xff."), Err(Error::Malformed { .. })));
+    }
+
+    #[test]
+    fn names_cover_all_68_opcodes() {
+        let n = (0u8..=255).filter(|&b| super::name(b).is_some()).count();
+        assert_eq!(n, 68);
+    }
 }

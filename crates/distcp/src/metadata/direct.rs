@@ -78,15 +78,11 @@ impl MemoReads {
                 Argument::Fixed(n) => pos += usize::from(n),
                 Argument::Counted(w) => {
                     let w = usize::from(w);
-                    let b = data.get(pos..pos.checked_add(w)?)?;
-                    let mut le = [0u8; 8];
-                    le.get_mut(..w)?.copy_from_slice(b);
-                    let n = usize::try_from(u64::from_le_bytes(le)).ok()?;
+                    let n = usize::try_from(op::le_at(data, pos, w)?).ok()?;
                     pos = pos.checked_add(w)?.checked_add(n)?;
                 }
                 Argument::SignedCounted => {
-                    let n = usize::try_from(i32::from_le_bytes(data.get(pos..pos.checked_add(4)?)?.try_into().ok()?))
-                        .ok()?;
+                    let n = usize::try_from(i32::try_from(op::le_at(data, pos, 4)?).ok()?).ok()?;
                     pos = pos.checked_add(4)?.checked_add(n)?;
                 }
                 Argument::Lines(n) => {
@@ -96,10 +92,7 @@ impl MemoReads {
                 }
                 Argument::Get(w) => {
                     let w = usize::from(w);
-                    let b = data.get(pos..pos.checked_add(w)?)?;
-                    let mut le = [0u8; 4];
-                    le.get_mut(..w)?.copy_from_slice(b);
-                    let key = u32::from_le_bytes(le) as usize;
+                    let key = usize::try_from(op::le_at(data, pos, w)?).ok()?;
                     pos += w;
                     if key >= data.len() {
                         return None;
@@ -382,6 +375,23 @@ impl Tables {
     }
 }
 
+/// The fields a DCP class's state is read for, and a number naming the list (1 to 255, for
+/// [`Vm::fields_in`]'s memory).
+struct Fields<const N: usize> {
+    id: u8,
+    names: [&'static str; N],
+}
+
+const CHUNK: Fields<2> = Fields { id: 1, names: ["offsets", "sizes"] };
+const INDEX: Fields<3> = Fields { id: 2, names: ["fqn", "offset", "index"] };
+const INFO: Fields<4> = Fields { id: 3, names: ["relative_path", "offset", "length", "transform_descriptors"] };
+const PROPERTIES: Fields<6> =
+    Fields { id: 4, names: ["dtype", "layout", "requires_grad", "memory_format", "pin_memory", "strides"] };
+const STORAGE_META: Fields<4> = Fields { id: 5, names: ["checkpoint_id", "save_id", "load_id", "modules"] };
+const TENSOR: Fields<3> = Fields { id: 6, names: ["properties", "size", "chunks"] };
+const METADATA: Fields<5> =
+    Fields { id: 7, names: ["state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"] };
+
 /// The empty tuple, made once.
 const EMPTY_TUPLE: u32 = 0;
 
@@ -416,7 +426,7 @@ struct Vm<'a, 'l> {
     read_puts: u64,
     /// `GET`s of heap objects (which could then be given newer values), so far.
     heap_gets: u64,
-    /// Which field each recently seen key string is ([`Vm::hot_fields_in`]): `string index << 16 | list << 8 |
+    /// Which field each recently seen key string is ([`Vm::fields_in`]): `string index << 16 | list << 8 |
     /// position`, by string index modulo the length; `u64::MAX` when empty.
     field_of: [std::cell::Cell<u64>; 64],
     /// Whether the common DCP objects are read straight from their bytes ([`Vm::typed_object`]); tests turn
@@ -477,12 +487,19 @@ impl<'a, 'l> Vm<'a, 'l> {
         Some(b)
     }
 
-    fn len_u32(&mut self) -> Option<usize> {
-        usize::try_from(u32::from_le_bytes(self.arr()?)).ok()
-    }
-
-    fn len_u64(&mut self) -> Option<usize> {
-        usize::try_from(u64::from_le_bytes(self.arr()?)).ok()
+    /// The unsigned little-endian argument of `code`: a length (the `*BINUNICODE*` and `*BINBYTES*` opcodes) or
+    /// a memo key (`BINPUT`, `LONG_BINPUT`, `BINGET`, `LONG_BINGET`), as wide as its opcode says.
+    #[inline]
+    fn arg_uint(&mut self, code: u8) -> Option<usize> {
+        let v = match code {
+            op::SHORT_BINUNICODE | op::SHORT_BINBYTES | op::BINPUT | op::BINGET => u64::from(self.u8()?),
+            op::BINUNICODE | op::BINBYTES | op::LONG_BINPUT | op::LONG_BINGET => {
+                u64::from(u32::from_le_bytes(self.arr()?))
+            }
+            op::BINUNICODE8 | op::BINBYTES8 => u64::from_le_bytes(self.arr()?),
+            _ => return None,
+        };
+        usize::try_from(v).ok()
     }
 
     /// Counts `n` payload bytes read.
@@ -497,13 +514,12 @@ impl<'a, 'l> Vm<'a, 'l> {
         (self.created < self.max_created).then_some(())
     }
 
-    fn str(&mut self, n: usize) -> Option<()> {
+    /// A string of `n` bytes: the value, counted as created and as payload.
+    fn str(&mut self, n: usize) -> Option<V> {
         self.created()?;
-        let b = self.take(n)?;
-        let s = std::str::from_utf8(b).ok()?;
+        let s = std::str::from_utf8(self.take(n)?).ok()?;
         self.payload(n)?;
-        let id = self.new_str(s)?;
-        self.push(V::Str(id))
+        Some(V::Str(self.new_str(s)?))
     }
 
     fn new_str(&mut self, s: &'a str) -> Option<u32> {
@@ -572,6 +588,17 @@ impl<'a, 'l> Vm<'a, 'l> {
 
     /// The size of `v`, which is being put into another value: a heap object is frozen from now on.
     fn used(&mut self, v: V) -> Option<Size> {
+        if let V::Heap(id) = v {
+            let o = self.heap.get_mut(id as usize)?;
+            o.used = true;
+            return Some(o.size);
+        }
+        self.size_of(v)
+    }
+
+    /// The size of a value that is not a heap object.
+    #[inline]
+    fn size_of(&self, v: V) -> Option<Size> {
         Some(match v {
             V::None | V::Bool(_) | V::Int(_) => Size::leaf(0),
             V::Str(id) => Size::leaf(self.text(id)?.len() as u64),
@@ -587,13 +614,8 @@ impl<'a, 'l> Vm<'a, 'l> {
             V::MemFormat(_) => Size { nodes: 4, bytes: 128, depth: 3 },
             V::Layout(id) => Size { nodes: 4, bytes: 64 + self.text(id)?.len() as u64, depth: 3 },
             V::Path(id) => self.paths.get(id as usize)?.1,
-            V::Heap(id) => {
-                let o = self.heap.get_mut(id as usize)?;
-                o.used = true;
-                o.size
-            }
             V::Made(m) => self.made.size(m)?,
-            V::Unset => return None,
+            V::Heap(_) | V::Unset => return None,
         })
     }
 
@@ -993,29 +1015,9 @@ impl<'a, 'l> Vm<'a, 'l> {
                     let m = self.pop_mark()?;
                     self.stack.truncate(m);
                 }
-                op::BININT => {
-                    let v = i32::from_le_bytes(self.arr()?);
-                    self.push(V::Int(i64::from(v)))?;
-                }
-                op::BININT1 => {
-                    let v = self.u8()?;
-                    self.push(V::Int(i64::from(v)))?;
-                }
-                op::BININT2 => {
-                    let v = u16::from_le_bytes(self.arr()?);
-                    self.push(V::Int(i64::from(v)))?;
-                }
-                op::LONG1 => {
-                    let n = usize::from(self.u8()?);
-                    let b = self.take(n)?;
-                    // An integer wider than 64 bits: no DCP field holds one.
-                    if n > 8 {
-                        return None;
-                    }
-                    let fill = if b.last().is_some_and(|&h| h & 0x80 != 0) { 0xff } else { 0 };
-                    let mut le = [fill; 8];
-                    le.get_mut(..n)?.copy_from_slice(b);
-                    self.push(V::Int(i64::from_le_bytes(le)))?;
+                op::BININT | op::BININT1 | op::BININT2 | op::LONG1 => {
+                    let v = self.int_op(code)?;
+                    self.push(V::Int(v))?;
                 }
                 op::NONE => self.push(V::None)?,
                 op::NEWTRUE => self.push(V::Bool(true))?,
@@ -1024,28 +1026,13 @@ impl<'a, 'l> Vm<'a, 'l> {
                     self.take(8)?;
                     self.push(V::Scalar(0))?;
                 }
-                op::SHORT_BINUNICODE => {
-                    let n = usize::from(self.u8()?);
-                    self.str(n)?;
+                op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
+                    let n = self.arg_uint(code)?;
+                    let v = self.str(n)?;
+                    self.push(v)?;
                 }
-                op::BINUNICODE => {
-                    let n = self.len_u32()?;
-                    self.str(n)?;
-                }
-                op::BINUNICODE8 => {
-                    let n = self.len_u64()?;
-                    self.str(n)?;
-                }
-                op::SHORT_BINBYTES => {
-                    let n = usize::from(self.u8()?);
-                    self.blob(n)?;
-                }
-                op::BINBYTES => {
-                    let n = self.len_u32()?;
-                    self.blob(n)?;
-                }
-                op::BINBYTES8 => {
-                    let n = self.len_u64()?;
+                op::SHORT_BINBYTES | op::BINBYTES | op::BINBYTES8 => {
+                    let n = self.arg_uint(code)?;
                     self.blob(n)?;
                 }
                 op::EMPTY_TUPLE => {
@@ -1097,20 +1084,12 @@ impl<'a, 'l> Vm<'a, 'l> {
                     self.call(code == op::REDUCE, callable, args)?;
                 }
                 op::MEMOIZE => self.memo_put(self.memo_len)?,
-                op::BINPUT => {
-                    let key = usize::from(self.u8()?);
+                op::BINPUT | op::LONG_BINPUT => {
+                    let key = self.arg_uint(code)?;
                     self.memo_put(key)?;
                 }
-                op::LONG_BINPUT => {
-                    let key = self.len_u32()?;
-                    self.memo_put(key)?;
-                }
-                op::BINGET => {
-                    let key = usize::from(self.u8()?);
-                    self.memo_get(key)?;
-                }
-                op::LONG_BINGET => {
-                    let key = self.len_u32()?;
+                op::BINGET | op::LONG_BINGET => {
+                    let key = self.arg_uint(code)?;
                     self.memo_get(key)?;
                 }
                 op::PROTO => {
@@ -1139,7 +1118,9 @@ impl<'a, 'l> Vm<'a, 'l> {
     /// general way). Each value's size, what it creates and every limit are counted exactly as the general
     /// way counts them.
     fn typed_object(&mut self) -> Option<bool> {
-        let [.., callable, V::Tuple(EMPTY_TUPLE)] = self.stack.as_slice() else { return Some(false) };
+        // The class and its arguments, above the innermost mark (as `NEWOBJ` pops them).
+        let above_mark = self.stack.get(self.fence()..).unwrap_or_default();
+        let [.., callable, V::Tuple(EMPTY_TUPLE)] = above_mark else { return Some(false) };
         let Some(g) = self.global(*callable) else { return Some(false) };
         let class = g.class;
         if g.copyreg || !matches!(class, Class::Chunk | Class::Index | Class::Info) {
@@ -1199,7 +1180,7 @@ impl<'a, 'l> Vm<'a, 'l> {
             if n % 2 == 0 && !matches!(v, V::Str(_)) {
                 return None;
             }
-            state.add(self.plain_size(v)?);
+            state.add(self.size_of(v)?);
             *pairs.get_mut(n)? = v;
             n += 1;
         }
@@ -1233,18 +1214,15 @@ impl<'a, 'l> Vm<'a, 'l> {
     /// An optional `MEMOIZE` / `BINPUT` / `LONG_BINPUT` of a new key after a value: for a key some `GET`
     /// reads, `value` is what it holds (a string or a scalar; anything else is left to the general way).
     fn fresh_put(&mut self, value: Option<V>) -> Option<()> {
-        let key = match *self.data.get(self.pos)? {
+        let code = *self.data.get(self.pos)?;
+        let key = match code {
             op::MEMOIZE => {
                 self.pos += 1;
                 self.memo_len
             }
-            op::BINPUT => {
+            op::BINPUT | op::LONG_BINPUT => {
                 self.pos += 1;
-                usize::from(self.u8()?)
-            }
-            op::LONG_BINPUT => {
-                self.pos += 1;
-                self.len_u32()?
+                self.arg_uint(code)?
             }
             _ => return Some(()),
         };
@@ -1261,17 +1239,7 @@ impl<'a, 'l> Vm<'a, 'l> {
         Some(())
     }
 
-    /// The size of a field key or value (a string, a scalar or a `torch.Size`) when it is used.
-    fn plain_size(&self, v: V) -> Option<Size> {
-        Some(match v {
-            V::None | V::Bool(_) | V::Int(_) => Size::leaf(0),
-            V::Str(id) => Size::leaf(self.text(id)?.len() as u64),
-            V::Size(id) => Size::around(self.tuples.get(id as usize)?.size, 3, 9),
-            _ => return None,
-        })
-    }
-
-    /// An int opcode's value.
+    /// An int opcode's value (`None` for an integer wider than 64 bits: no DCP field holds one).
     fn int_op(&mut self, code: u8) -> Option<i64> {
         Some(match code {
             op::BININT1 => i64::from(self.u8()?),
@@ -1298,7 +1266,7 @@ impl<'a, 'l> Vm<'a, 'l> {
         let code = self.u8()?;
         Some(match code {
             op::BINGET | op::LONG_BINGET => {
-                let key = if code == op::BINGET { usize::from(self.u8()?) } else { self.len_u32()? };
+                let key = self.arg_uint(code)?;
                 if key >= self.memo_len {
                     return None;
                 }
@@ -1309,11 +1277,8 @@ impl<'a, 'l> Vm<'a, 'l> {
                 }
             }
             op::SHORT_BINUNICODE | op::BINUNICODE => {
-                let n = if code == op::SHORT_BINUNICODE { usize::from(self.u8()?) } else { self.len_u32()? };
-                self.created()?;
-                let s = std::str::from_utf8(self.take(n)?).ok()?;
-                self.payload(n)?;
-                let v = V::Str(self.new_str(s)?);
+                let n = self.arg_uint(code)?;
+                let v = self.str(n)?;
                 self.fresh_put(Some(v))?;
                 v
             }
@@ -1420,40 +1385,27 @@ impl<'a, 'l> Vm<'a, 'l> {
         }
     }
 
-    /// The values of the named fields of a dataclass `__dict__` state (the last of equal names wins);
-    /// `None` unless the state is a dict whose every key is a str.
-    fn fields<const N: usize>(&self, state: V, names: [&str; N]) -> Option<[Option<V>; N]> {
-        self.fields_in(self.dict(state)?, names)
+    /// The values of the fields of a dataclass `__dict__` state (the last of equal names wins); `None`
+    /// unless the state is a dict whose every key is a str.
+    fn fields<const N: usize>(&self, state: V, fields: &Fields<N>) -> Option<[Option<V>; N]> {
+        self.fields_in(self.dict(state)?, fields)
     }
 
-    /// [`Self::fields`] of a dict's keys and values (alternating).
-    fn fields_in<const N: usize>(&self, pairs: &[V], names: [&str; N]) -> Option<[Option<V>; N]> {
-        let mut out = [None; N];
-        for pair in pairs.chunks_exact(2) {
-            let [V::Str(k), v] = pair else { return None };
-            let k = self.text(*k)?;
-            if let Some(slot) = names.iter().position(|n| *n == k).and_then(|i| out.get_mut(i)) {
-                *slot = Some(*v);
-            }
-        }
-        Some(out)
-    }
-
-    /// [`Self::fields_in`] for the fields of the objects every chunk has, `list` naming the list of `names`
-    /// (1 to 255): which name a key string is, is remembered by the string's index, as torch writes each
-    /// field name once and reads it from the memo after that.
-    fn hot_fields_in<const N: usize>(&self, pairs: &[V], list: u8, names: [&str; N]) -> Option<[Option<V>; N]> {
+    /// [`Self::fields`] of a dict's keys and values (alternating). Which field a key string is, is
+    /// remembered by the string's index (torch writes each field name once and reads it from the memo after
+    /// that), so a chunk's objects compare no names.
+    fn fields_in<const N: usize>(&self, pairs: &[V], fields: &Fields<N>) -> Option<[Option<V>; N]> {
         let mut out = [None; N];
         for pair in pairs.chunks_exact(2) {
             let [V::Str(id), v] = pair else { return None };
             let cell = self.field_of.get(*id as usize % self.field_of.len())?;
-            let tag = (u64::from(*id) << 16) | (u64::from(list) << 8);
+            let tag = (u64::from(*id) << 16) | (u64::from(fields.id) << 8);
             let known = cell.get();
             let pos = if known & !0xff == tag {
                 (known & 0xff) as usize
             } else {
                 let k = self.text(*id)?;
-                let pos = names.iter().position(|n| *n == k).unwrap_or(0xff);
+                let pos = fields.names.iter().position(|n| *n == k).unwrap_or(0xff);
                 cell.set(tag | pos as u64);
                 pos
             };
@@ -1547,8 +1499,7 @@ impl<'a, 'l> Vm<'a, 'l> {
                 legacy_class: legacy,
             });
         }
-        let [dtype, layout, requires_grad, memory_format, pin_memory, strides] =
-            self.fields(state, ["dtype", "layout", "requires_grad", "memory_format", "pin_memory", "strides"])?;
+        let [dtype, layout, requires_grad, memory_format, pin_memory, strides] = self.fields(state, &PROPERTIES)?;
         Some(TensorProperties {
             dtype: self.dtype(dtype?)?,
             layout: match layout {
@@ -1576,12 +1527,12 @@ impl<'a, 'l> Vm<'a, 'l> {
     }
 
     fn chunk(&self, state: &[V]) -> Option<ChunkStorageMetadata> {
-        let [offsets, sizes] = self.hot_fields_in(state, 1, ["offsets", "sizes"])?;
+        let [offsets, sizes] = self.fields_in(state, &CHUNK)?;
         Some(ChunkStorageMetadata { offsets: self.size(offsets?)?, sizes: self.size(sizes?)? })
     }
 
     fn index(&self, state: &[V]) -> Option<MetadataIndex> {
-        let [fqn, offset, index] = self.hot_fields_in(state, 2, ["fqn", "offset", "index"])?;
+        let [fqn, offset, index] = self.fields_in(state, &INDEX)?;
         let V::Str(fqn) = fqn? else { return None };
         let fqn = self.text(fqn)?;
         Some(MetadataIndex {
@@ -1598,8 +1549,7 @@ impl<'a, 'l> Vm<'a, 'l> {
     }
 
     fn info(&self, state: &[V]) -> Option<StorageInfo> {
-        let [path, offset, length, transforms] =
-            self.hot_fields_in(state, 3, ["relative_path", "offset", "length", "transform_descriptors"])?;
+        let [path, offset, length, transforms] = self.fields_in(state, &INFO)?;
         let V::Str(path) = path? else { return None };
         let path = self.text(path)?;
         Some(StorageInfo {
@@ -1628,8 +1578,7 @@ impl<'a, 'l> Vm<'a, 'l> {
     }
 
     fn storage_meta(&self, state: V) -> Option<StorageMeta> {
-        let [checkpoint_id, save_id, load_id, modules] =
-            self.fields(state, ["checkpoint_id", "save_id", "load_id", "modules"])?;
+        let [checkpoint_id, save_id, load_id, modules] = self.fields(state, &STORAGE_META)?;
         Some(StorageMeta {
             checkpoint_id: match checkpoint_id {
                 None | Some(V::None) => Value::None,
@@ -1648,17 +1597,6 @@ impl<'a, 'l> Vm<'a, 'l> {
         })
     }
 
-    /// Takes the made struct of each of `values`, all of `class`, out of its table.
-    fn take_made<T>(values: &[V], class: Class, table: &mut Slab<T>) -> Option<Vec<T>> {
-        values
-            .iter()
-            .map(|v| match v {
-                V::Made(m) if m.class == class => table.take(m.slot),
-                _ => None,
-            })
-            .collect()
-    }
-
     /// A list or tuple of made chunks, taken (a list of them is used only once: it is not memoized under a
     /// key that is read, and a typed object is built only before it is used).
     fn take_chunks(&mut self, v: V) -> Option<Vec<ChunkStorageMetadata>> {
@@ -1673,11 +1611,17 @@ impl<'a, 'l> Vm<'a, 'l> {
             }
         }
         let values = self.seq(v)?.to_vec();
-        Self::take_made(&values, Class::Chunk, &mut self.made.chunks)
+        values
+            .iter()
+            .map(|v| match v {
+                V::Made(m) if m.class == Class::Chunk => self.made.chunks.take(m.slot),
+                _ => None,
+            })
+            .collect()
     }
 
     fn tensor(&mut self, state: V) -> Option<TensorStorageMetadata> {
-        let [properties, size, chunks] = self.fields(state, ["properties", "size", "chunks"])?;
+        let [properties, size, chunks] = self.fields(state, &TENSOR)?;
         let size = self.size(size?)?;
         let properties = match properties? {
             V::Made(m) if matches!(m.class, Class::Properties { .. }) => self.made.properties.take(m.slot)?,
@@ -1749,8 +1693,7 @@ impl<'a, 'l> Vm<'a, 'l> {
     }
 
     fn metadata(&mut self, state: V) -> Option<Metadata> {
-        let [sdm, planner, storage, meta, version] =
-            self.fields(state, ["state_dict_metadata", "planner_data", "storage_data", "storage_meta", "version"])?;
+        let [sdm, planner, storage, meta, version] = self.fields(state, &METADATA)?;
         let sdm = self.dict(sdm?)?.to_vec();
         let mut state_dict_metadata = Vec::with_capacity(sdm.len() / 2);
         let mut seen = HashSet::with_capacity(sdm.len() / 2);
@@ -1818,8 +1761,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::metadata::Profile;
     use crate::metadata::single_pass::tests::{fixtures, full_decode, info_used_twice, mutated_fixtures, sharded};
+    use crate::metadata::{METADATA_MODULE, Profile};
 
     /// [`decode`], the common objects read straight from their bytes (`fast`) or the general way.
     fn decode_as(bytes: &[u8], limits: &Limits, fast: bool) -> Option<Metadata> {
@@ -1925,6 +1868,54 @@ mod tests {
             }
             assert!(accepted > 0);
         }
+    }
+
+    #[test]
+    fn a_mark_before_newobj_is_seen_by_both_ways() {
+        // `NEWOBJ` pops its class and arguments from above the innermost mark: with a MARK put just before
+        // it, both ways decline (the full decoder fails too).
+        let bytes = sharded(2, 2).to_pickle(Profile::Torch213).unwrap();
+        let at: Vec<usize> =
+            bytes.windows(2).enumerate().filter(|(_, w)| w == &[b')', 0x81]).map(|(i, _)| i + 1).collect();
+        assert!(at.len() > 4);
+        for i in at {
+            let mut marked = bytes.clone();
+            marked.insert(i, b'(');
+            for fast in [true, false] {
+                assert!(decode_as(&marked, &Limits::default(), fast).is_none(), "fast: {fast}");
+            }
+            assert!(full_decode(&marked).is_err());
+        }
+    }
+
+    #[test]
+    fn the_fast_objects_take_their_class_from_above_the_mark_only() {
+        // A chunk's bytes after its NEWOBJ, its `torch.Size`s called through memo key 0; on the stack the
+        // class and the empty tuple, as NEWOBJ finds them.
+        let body =
+            b"\x94}\x94(\x8c\x07offsetsh\x00K\x00\x85\x94\x85\x94R\x94\x8c\x05sizesh\x00K\x01\x85\x94\x85\x94R\x94ub.";
+        let limits = Limits::default();
+        let run = |mark_before_class: bool| {
+            let mut vm = Vm::new(body, &limits, MemoReads::scan(body).unwrap());
+            vm.new_global("torch", "Size").unwrap();
+            let size = vm.pop().unwrap();
+            vm.memo_len = 1;
+            vm.memo[0] = size;
+            if mark_before_class {
+                vm.marks.push(vm.stack.len());
+            }
+            vm.new_global(METADATA_MODULE, "ChunkStorageMetadata").unwrap();
+            vm.push(V::Tuple(EMPTY_TUPLE)).unwrap();
+            if !mark_before_class {
+                vm.marks.push(vm.stack.len());
+            }
+            (vm.typed_object(), vm.stack.last().copied())
+        };
+        // Class and arguments above the mark: made. Below it (NEWOBJ would fail to pop them): left alone.
+        let (made, top) = run(true);
+        assert_eq!(made, Some(true));
+        assert!(matches!(top, Some(V::Made(Made { class: Class::Chunk, .. }))));
+        assert_eq!(run(false).0, Some(false));
     }
 
     #[test]
