@@ -1,6 +1,5 @@
 //! The Python object tree that checkpoints carry besides tensors, kept losslessly.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use crate::buffer::Buffer;
@@ -64,7 +63,8 @@ impl Dict {
         // Where each repeated key's value goes: (the later item, the earlier one it repeats). Found with
         // borrowed keys, so a mapping without repeats (every real state dict) is returned as it came.
         let repeats: Vec<(usize, usize)> = {
-            let mut first: HashMap<KeyId<'_>, usize> = HashMap::with_capacity(items.len());
+            let mut first: foldhash::HashMap<KeyId<'_>, usize> =
+                foldhash::HashMap::with_capacity_and_hasher(items.len(), foldhash::fast::RandomState::default());
             let mut repeats = Vec::new();
             for (i, (k, _)) in items.iter().enumerate() {
                 if let Some(id) = KeyId::of(k) {

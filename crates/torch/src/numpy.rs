@@ -15,7 +15,7 @@ use ckpt_core::{Buffer, DType, NUMPY_MULTIARRAY, Numpy, Object, Tensor, Value, n
 
 /// Whether a pickle may hold numpy values (it names the `numpy` module somewhere).
 pub(crate) fn mentions_numpy(pkl: &[u8]) -> bool {
-    pkl.windows(5).any(|w| w == b"numpy")
+    memchr::memmem::find(pkl, b"numpy").is_some()
 }
 
 /// `value` with every numpy scalar and array of a supported dtype turned into [`Value::Numpy`].

@@ -1,6 +1,5 @@
 //! Reading `torch.save` files: ZIP archives (zero copy over a memory map) and the legacy pickle stream.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -235,7 +234,7 @@ struct ZipStorages<'a> {
     archive: &'a Archive,
     buffer: &'a Buffer,
     /// Storage key (the name after `data/`) -> record index, built on first use.
-    keys: Option<HashMap<&'a str, usize>>,
+    keys: Option<foldhash::HashMap<&'a str, usize>>,
     /// The window of each storage record read so far, by record index.
     cache: Vec<Option<Buffer>>,
 }
@@ -297,7 +296,7 @@ impl ZipStorages<'_> {
         let archive = self.archive;
         let keys = self.keys.get_or_insert_with(|| {
             let records = archive.records();
-            let mut keys = HashMap::with_capacity(records.len());
+            let mut keys = foldhash::HashMap::with_capacity_and_hasher(records.len(), Default::default());
             for (i, r) in records.iter().enumerate() {
                 if let Some(k) = r.short_name().strip_prefix("data/") {
                     keys.insert(k, i);
@@ -604,6 +603,87 @@ mod tests {
         let Value::Numpy(n) = reader.get("acc").unwrap() else { panic!("{:?}", reader.value()) };
         assert_eq!((n.dtype, &n.value, n.module.as_str()), (DType::F64, &Value::Float(0.5), "numpy._core.multiarray"));
         assert!(matches!(reader.get("o").unwrap(), Value::Object(_)));
+    }
+
+    /// A pickle of `{'t': <tensor call>, 'p': _rebuild_parameter(<tensor call>, True, OrderedDict())}` over one
+    /// 16-byte float storage, where `then` may add opcodes right after the first tensor's REDUCE (before
+    /// SETITEMS).
+    fn tensor_pickle(then: impl FnOnce(&mut ckpt_pickle::Pickler<Vec<u8>>)) -> (Buffer, Vec<u8>) {
+        use ckpt_pickle::Pickler;
+        let tensor = |p: &mut Pickler<Vec<u8>>| {
+            p.global("torch._utils", "_rebuild_tensor_v2").unwrap();
+            p.mark().unwrap();
+            p.mark().unwrap();
+            p.str("storage").unwrap();
+            p.global("torch", "FloatStorage").unwrap();
+            p.str("0").unwrap();
+            p.str("cpu").unwrap();
+            p.int(4).unwrap();
+            p.tuple(5).unwrap();
+            p.binpersid().unwrap();
+            p.int(0).unwrap();
+            p.int(2).unwrap();
+            p.int(2).unwrap();
+            p.tuple(2).unwrap();
+            p.int(2).unwrap();
+            p.int(1).unwrap();
+            p.tuple(2).unwrap();
+            p.bool(false).unwrap();
+            p.global("collections", "OrderedDict").unwrap();
+            p.empty_tuple().unwrap();
+            p.reduce().unwrap();
+            p.tuple(6).unwrap();
+            p.reduce().unwrap();
+        };
+        let mut p = Pickler::new(Vec::new(), 2).unwrap();
+        p.empty_dict().unwrap();
+        p.mark().unwrap();
+        p.str("t").unwrap();
+        tensor(&mut p);
+        then(&mut p);
+        p.str("p").unwrap();
+        p.global("torch._utils", "_rebuild_parameter").unwrap();
+        tensor(&mut p);
+        p.bool(true).unwrap();
+        p.global("collections", "OrderedDict").unwrap();
+        p.empty_tuple().unwrap();
+        p.reduce().unwrap();
+        p.tuple(3).unwrap();
+        p.reduce().unwrap();
+        p.setitems().unwrap();
+        let pkl = p.finish().unwrap();
+        let mut zip = crate::zip::ZipWriter::with_options(
+            Vec::new(),
+            "archive",
+            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
+        );
+        zip.write_record("data.pkl", &pkl).unwrap();
+        zip.write_record("data/0", &[0u8; 16]).unwrap();
+        zip.write_record("version", b"3\n").unwrap();
+        (Buffer::from_vec(zip.finish().unwrap()), pkl)
+    }
+
+    /// Tensor rebuilds run as soon as their REDUCE is read: a parameter takes the finished tensor, and a
+    /// tensor call that something mutates afterwards (a BUILD here) is left to the full path, which keeps it
+    /// as the object it is.
+    #[test]
+    fn tensors_rebuilt_at_their_reduce_match_the_full_path() {
+        let (buffer, pkl) = tensor_pickle(|_| {});
+        let archive = Archive::parse(buffer.as_bytes()).unwrap();
+        assert!(agree(&buffer, &archive, &pkl), "the single pass takes plain tensors and parameters");
+        let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
+        assert!(matches!(reader.get("t").unwrap(), Value::Tensor(t) if t.shape() == [2, 2]));
+        assert!(matches!(reader.get("p").unwrap(), Value::Parameter { tensor, .. } if tensor.requires_grad()));
+
+        let (buffer, pkl) = tensor_pickle(|p| {
+            p.empty_dict().unwrap();
+            p.build().unwrap();
+        });
+        let archive = Archive::parse(buffer.as_bytes()).unwrap();
+        assert!(!agree(&buffer, &archive, &pkl), "a BUILD on a rebuilt tensor must be declined");
+        let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
+        assert!(matches!(reader.get("t").unwrap(), Value::Object(o) if o.state.is_some()), "{:?}", reader.value());
+        assert!(matches!(reader.get("p").unwrap(), Value::Parameter { .. }));
     }
 
     #[test]

@@ -127,6 +127,11 @@ fn arg<'t, 'a>(args: &'t [T<'a>], i: usize) -> R<&'t T<'a>> {
     args.get(i).ok_or(Declined)
 }
 
+/// Argument `i`, moved out (what is left in its place is `None`).
+fn take_arg<'a>(args: &mut [T<'a>], i: usize) -> R<T<'a>> {
+    args.get_mut(i).map(|t| std::mem::replace(t, T::None)).ok_or(Declined)
+}
+
 fn int_arg(args: &[T<'_>], i: usize) -> R<usize> {
     match arg(args, i)? {
         T::Int(v) if *v >= 0 => usize::try_from(*v).map_err(|_| Declined),
@@ -134,17 +139,36 @@ fn int_arg(args: &[T<'_>], i: usize) -> R<usize> {
     }
 }
 
-fn dims_arg(args: &[T<'_>], i: usize) -> R<Vec<usize>> {
-    match arg(args, i)? {
-        T::Tuple(items) | T::List(items) => items
-            .iter()
-            .map(|d| match d {
-                T::Int(v) if *v >= 0 => usize::try_from(*v).map_err(|_| Declined),
-                _ => Err(Declined),
-            })
-            .collect(),
-        _ => Err(Declined),
+/// A tensor's sizes or strides: up to [`Dims::INLINE`] of them without an allocation.
+struct Dims {
+    inline: [usize; Dims::INLINE],
+    len: usize,
+    more: Vec<usize>,
+}
+
+impl Dims {
+    const INLINE: usize = 8;
+
+    fn as_slice(&self) -> &[usize] {
+        if self.more.is_empty() { self.inline.get(..self.len).unwrap_or_default() } else { &self.more }
     }
+}
+
+fn dims_arg(args: &[T<'_>], i: usize) -> R<Dims> {
+    let (T::Tuple(items) | T::List(items)) = arg(args, i)? else { return Err(Declined) };
+    let dim = |d: &T<'_>| match d {
+        T::Int(v) if *v >= 0 => usize::try_from(*v).map_err(|_| Declined),
+        _ => Err(Declined),
+    };
+    let mut dims = Dims { inline: [0; Dims::INLINE], len: items.len(), more: Vec::new() };
+    if items.len() <= Dims::INLINE {
+        for (slot, d) in dims.inline.iter_mut().zip(items) {
+            *slot = dim(d)?;
+        }
+    } else {
+        dims.more = items.iter().map(dim).collect::<R<_>>()?;
+    }
+    Ok(dims)
 }
 
 fn bool_arg(args: &[T<'_>], i: usize) -> R<bool> {
@@ -197,7 +221,7 @@ impl TorchBuilder<'_> {
             T::List(items) => Value::List(self.finish_all(items)?),
             // Python's dict: a repeated key keeps its first position and takes its last value.
             T::Dict(pairs) => Value::Dict(Dict::from_python_items(DictKind::Dict, self.finish_pairs(pairs)?)),
-            T::Call(p) => self.object(*p)?,
+            T::Call(p) => self.rebuild(*p)?,
             T::Storage(dtype, data) => Value::Storage { dtype, data },
             T::V(v) => *v,
         })
@@ -237,7 +261,7 @@ impl TorchBuilder<'_> {
 
     /// torch's rebuild of one call (the rules of `Rebuilder::object`).
     #[allow(clippy::too_many_lines)]
-    fn object(&mut self, p: Pending<'_>) -> R<Value> {
+    fn rebuild(&mut self, p: Pending<'_>) -> R<Value> {
         let Some(g) = self.global_of(&p.callable) else { return self.generic(p) };
         let known = g.known;
         let plain = p.state.is_none() && p.list_items.is_empty() && p.dict_items.is_empty();
@@ -335,11 +359,14 @@ impl TorchBuilder<'_> {
                 self.dense_tensor(known, p)
             }
             Known::RebuildParameter | Known::RebuildParameterWithState if reduce && plain => {
-                let args = seq_items(&p.args);
-                let Value::Tensor(tensor) = self.finish_ref(arg(args, 0)?)? else { return Err(Declined) };
-                let requires_grad = bool_arg(args, 1)?;
+                let mut args = match p.args {
+                    T::Tuple(items) | T::List(items) => items,
+                    _ => Vec::new(),
+                };
+                let Value::Tensor(tensor) = self.finish(take_arg(&mut args, 0)?)? else { return Err(Declined) };
+                let requires_grad = bool_arg(&args, 1)?;
                 let state = match known {
-                    Known::RebuildParameterWithState => Some(Box::new(self.finish_ref(arg(args, 3)?)?)),
+                    Known::RebuildParameterWithState => Some(Box::new(self.finish(take_arg(&mut args, 3)?)?)),
                     _ => None,
                 };
                 Ok(Value::Parameter { tensor: tensor.with_requires_grad(requires_grad), state })
@@ -358,7 +385,7 @@ impl TorchBuilder<'_> {
                     list_items: Vec::new(),
                     dict_items: Vec::new(),
                 };
-                let tensor = self.object(inner)?;
+                let tensor = self.rebuild(inner)?;
                 if !tensor.is_tensor_like() {
                     return Err(Declined);
                 }
@@ -406,7 +433,7 @@ impl TorchBuilder<'_> {
                 }
             }
         }
-        let tensor = Tensor::from_parts(dtype, &size, &stride, offset, data)
+        let tensor = Tensor::from_parts(dtype, size.as_slice(), stride.as_slice(), offset, data)
             .and_then(|t| t.with_lazy_bits(conj, neg))
             .map_err(|_| Declined)?;
         Ok(Value::Tensor(tensor.with_requires_grad(requires_grad)))
@@ -484,14 +511,32 @@ impl<'a> Builder<'a> for TorchBuilder<'_> {
     }
 
     fn object(&mut self, call: Call<T<'a>>) -> R<T<'a>> {
-        Ok(T::Call(Box::new(Pending {
+        let p = Pending {
             reduce: matches!(call.kind, CallKind::Reduce),
             callable: call.callable,
             args: call.args,
             state: None,
             list_items: Vec::new(),
             dict_items: Vec::new(),
-        })))
+        };
+        // A tensor's rebuild is applied at once: its arguments are final (the VM hands over owned values, and
+        // freezes any shared one), and the only thing that could still change the call is a BUILD, APPEND or
+        // SETITEMS on the result, which a finished value declines, so the full path decides those.
+        let eager = p.reduce
+            && self.global_of(&p.callable).is_some_and(|g| {
+                matches!(
+                    g.known,
+                    Known::RebuildTensor
+                        | Known::RebuildTensorV2
+                        | Known::RebuildTensorV3
+                        | Known::RebuildParameter
+                        | Known::RebuildParameterWithState
+                )
+            });
+        if eager {
+            return self.rebuild(p).map(|v| T::V(Box::new(v)));
+        }
+        Ok(T::Call(Box::new(p)))
     }
 
     fn append(&mut self, target: &mut T<'a>, items: Items<'_, T<'a>>) -> R<()> {
