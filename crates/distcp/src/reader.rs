@@ -179,12 +179,16 @@ fn read_pinned_metadata(pinned: &PinnedDir, name: &str, options: &ReadOptions) -
     if let Some(len) = pinned.file_len(name).filter(|&len| len > options.max_metadata_bytes) {
         return Err(Error::MetadataTooLarge { path, len, limit: options.max_metadata_bytes });
     }
-    let bytes = pinned.read(name).map_err(|e| Error::io(&path, e))?;
+    let file = pinned.open_file(name).map_err(|e| Error::io(&path, e))?;
+    // Mapped, not read: the pickle is decoded from the page cache where it lies (no copy into fresh memory,
+    // whose first touch costs a page fault per 4 KiB: a sixth of the open of a 67 MB `.metadata`). The map
+    // lives until the `Metadata`, which owns its data, is made.
+    let bytes = Buffer::map(&file, &path)?;
     if bytes.len() as u64 > options.max_metadata_bytes {
         // Grown since it was measured.
         return Err(Error::MetadataTooLarge { path, len: bytes.len() as u64, limit: options.max_metadata_bytes });
     }
-    parse_metadata(&bytes, &path, &options.limits)
+    parse_metadata(bytes.as_bytes(), &path, &options.limits)
 }
 
 fn parse_metadata(bytes: &[u8], path: &Path, limits: &ckpt_pickle::Limits) -> Result<(Metadata, u8)> {

@@ -587,14 +587,7 @@ mod tests {
         p.build().unwrap();
         p.setitems().unwrap();
         let pkl = p.finish().unwrap();
-        let mut zip = crate::zip::ZipWriter::with_options(
-            Vec::new(),
-            "archive",
-            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
-        );
-        zip.write_record("data.pkl", &pkl).unwrap();
-        zip.write_record("version", b"3\n").unwrap();
-        let buffer = Buffer::from_vec(zip.finish().unwrap());
+        let buffer = archive_of(&[("data.pkl", &pkl), ("version", b"3\n")]);
         let archive = Archive::parse(buffer.as_bytes()).unwrap();
         let mut storages = ZipStorages::new(&archive, &buffer);
         let limits = ckpt_pickle::Limits::default();
@@ -603,6 +596,19 @@ mod tests {
         let Value::Numpy(n) = reader.get("acc").unwrap() else { panic!("{:?}", reader.value()) };
         assert_eq!((n.dtype, &n.value, n.module.as_str()), (DType::F64, &Value::Float(0.5), "numpy._core.multiarray"));
         assert!(matches!(reader.get("o").unwrap(), Value::Object(_)));
+    }
+
+    /// A torch ZIP archive (prefix `archive`, 64-byte aligned) of these records.
+    fn archive_of(records: &[(&str, &[u8])]) -> Buffer {
+        let mut zip = crate::zip::ZipWriter::with_options(
+            Vec::new(),
+            "archive",
+            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
+        );
+        for (name, data) in records {
+            zip.write_record(name, data).unwrap();
+        }
+        Buffer::from_vec(zip.finish().unwrap())
     }
 
     /// A pickle of `{'t': <tensor call>, 'p': _rebuild_parameter(<tensor call>, True, OrderedDict())}` over one
@@ -652,15 +658,7 @@ mod tests {
         p.reduce().unwrap();
         p.setitems().unwrap();
         let pkl = p.finish().unwrap();
-        let mut zip = crate::zip::ZipWriter::with_options(
-            Vec::new(),
-            "archive",
-            crate::zip::WriterOptions { alignment: 64, compute_crc32: true },
-        );
-        zip.write_record("data.pkl", &pkl).unwrap();
-        zip.write_record("data/0", &[0u8; 16]).unwrap();
-        zip.write_record("version", b"3\n").unwrap();
-        (Buffer::from_vec(zip.finish().unwrap()), pkl)
+        (archive_of(&[("data.pkl", &pkl), ("data/0", &[0u8; 16]), ("version", b"3\n")]), pkl)
     }
 
     /// Tensor rebuilds run as soon as their REDUCE is read: a parameter takes the finished tensor, and a
