@@ -176,16 +176,13 @@ fn rank_metadata_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
 /// The metadata file `name` of the pinned directory.
 fn read_pinned_metadata(pinned: &PinnedDir, name: &str, options: &ReadOptions) -> Result<(Metadata, u8)> {
     let path = pinned.path().join(name);
-    if let Some(len) = pinned.file_len(name).filter(|&len| len > options.max_metadata_bytes) {
-        return Err(Error::MetadataTooLarge { path, len, limit: options.max_metadata_bytes });
-    }
     let file = pinned.open_file(name).map_err(|e| Error::io(&path, e))?;
     // Mapped, not read: the pickle is decoded from the page cache where it lies (no copy into fresh memory,
-    // whose first touch costs a page fault per 4 KiB: a sixth of the open of a 67 MB `.metadata`). The map
-    // lives until the `Metadata`, which owns its data, is made.
+    // whose first touch costs a page fault per 4 KiB: a sixth of the open of a 67 MB `.metadata`). Mapping
+    // reads nothing, so the size limit is checked on the map. The map lives until the `Metadata`, which owns
+    // its data, is made.
     let bytes = Buffer::map(&file, &path)?;
     if bytes.len() as u64 > options.max_metadata_bytes {
-        // Grown since it was measured.
         return Err(Error::MetadataTooLarge { path, len: bytes.len() as u64, limit: options.max_metadata_bytes });
     }
     parse_metadata(bytes.as_bytes(), &path, &options.limits)
