@@ -8,27 +8,22 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, Immutable, KnownLayout};
 
+use crate::aligned::{AlignedBytes, zeroed_vec};
 use crate::error::{Error, Result};
-
-/// 64 bytes with 64-byte alignment: the unit of owned buffers, so every owned buffer starts aligned for any
-/// element type (and for SIMD).
-#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-#[repr(C, align(64))]
-struct Block([u8; 64]);
 
 /// The memory behind a [`Buffer`].
 enum Backing {
-    /// Owned, 64-byte aligned; `len` bytes of `blocks` are in use.
-    Owned { blocks: Vec<Block>, len: usize },
+    /// Owned, 64-byte aligned.
+    Owned(AlignedBytes),
     /// A read-only memory map of a file.
     Mapped(memmap2::Mmap),
     /// Any other owner of bytes (for example `Vec<u8>` handed over without copying, at its own alignment).
     Shared(Box<dyn AsRef<[u8]> + Send + Sync>),
     /// `len` bytes that `fill` makes when they are needed: kept in `made` once borrowed
     /// ([`Buffer::as_bytes`]), made afresh for each caller of [`Buffer::bytes`] until then.
-    Deferred { len: usize, fill: Fill, made: OnceLock<std::result::Result<Vec<Block>, String>> },
+    Deferred { len: usize, fill: Fill, made: OnceLock<std::result::Result<AlignedBytes, String>> },
 }
 
 /// Makes all the bytes of a deferred buffer into the slice it is given.
@@ -56,27 +51,24 @@ impl Fill {
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Owned { blocks, len } => blocks.as_bytes().get(..*len).unwrap_or_default(),
+            Backing::Owned(bytes) => bytes.as_bytes(),
             Backing::Mapped(m) => m,
             Backing::Shared(s) => (**s).as_ref(),
             // A fill that failed leaves no bytes: every view of them is then outside its storage, which
             // `Tensor::data` reports; `Buffer::bytes` reports the fill's own error.
             Backing::Deferred { len, fill, made } => match made.get_or_init(|| make_blocks(*len, fill)) {
-                Ok(blocks) => blocks.as_bytes().get(..*len).unwrap_or_default(),
+                Ok(bytes) => bytes.as_bytes(),
                 Err(_) => &[],
             },
         }
     }
 }
 
-/// `len` bytes made by `fill` into 64-byte aligned blocks.
-fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<Vec<Block>, String> {
-    let mut v: Vec<Block> = Vec::new();
-    v.try_reserve_exact(len.div_ceil(64)).map_err(|_| format!("cannot allocate {len} bytes"))?;
-    v.resize(len.div_ceil(64), Block::new_zeroed());
-    let bytes = v.as_mut_bytes().get_mut(..len).ok_or_else(|| format!("cannot allocate {len} bytes"))?;
-    fill.whole(bytes).map_err(|e| e.to_string())?;
-    Ok(v)
+/// `len` bytes made by `fill` into aligned memory.
+fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<AlignedBytes, String> {
+    let mut bytes = AlignedBytes::zeroed(len).map_err(|e| e.to_string())?;
+    fill.whole(bytes.as_mut_bytes()).map_err(|e| e.to_string())?;
+    Ok(bytes)
 }
 
 /// Reference-counted bytes with a window: cloning and slicing never copy.
@@ -105,11 +97,7 @@ impl Buffer {
     /// # Errors
     /// [`Error::Limit`] if the allocation fails.
     pub fn zeroed(len: usize) -> Result<Self> {
-        let blocks = len.div_ceil(64);
-        let mut v: Vec<Block> = Vec::new();
-        v.try_reserve_exact(blocks).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
-        v.resize(blocks, Block::new_zeroed());
-        Ok(Buffer { backing: Arc::new(Backing::Owned { blocks: v, len }), start: 0, len })
+        Ok(Buffer { backing: Arc::new(Backing::Owned(AlignedBytes::zeroed(len)?)), start: 0, len })
     }
 
     /// An owned, 64-byte aligned copy of `bytes`.
@@ -117,13 +105,8 @@ impl Buffer {
     /// # Errors
     /// [`Error::Limit`] if the allocation fails.
     pub fn copy_from(bytes: &[u8]) -> Result<Self> {
-        let mut b = Self::zeroed(bytes.len())?;
-        if let Some(Backing::Owned { blocks, .. }) = Arc::get_mut(&mut b.backing) {
-            if let Some(dst) = blocks.as_mut_bytes().get_mut(..bytes.len()) {
-                dst.copy_from_slice(bytes);
-            }
-        }
-        Ok(b)
+        let len = bytes.len();
+        Ok(Buffer { backing: Arc::new(Backing::Owned(AlignedBytes::copy_from(bytes)?)), start: 0, len })
     }
 
     /// Wraps a vector without copying. Its alignment is the allocator's (at least 8 on common platforms when
@@ -244,17 +227,12 @@ impl Buffer {
         match &*self.backing {
             Backing::Deferred { fill: Fill::Ranged(fill_at), made, .. } if made.get().is_none() => {
                 // Only this window's bytes.
-                let mut v = Vec::new();
-                v.try_reserve_exact(self.len)
-                    .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", self.len)))?;
-                v.resize(self.len, 0u8);
+                let mut v = zeroed_vec(self.len)?;
                 fill_at(self.start, &mut v)?;
                 Ok(Cow::Owned(v))
             }
             Backing::Deferred { len, fill, made } if made.get().is_none() => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(*len).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
-                v.resize(*len, 0u8);
+                let mut v = zeroed_vec(*len)?;
                 fill.whole(&mut v)?;
                 if self.start != 0 || self.len != *len {
                     v.truncate(self.start + self.len);
@@ -298,6 +276,30 @@ impl Buffer {
         let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| Error::io(path, e))?;
         let len = map.len();
         Ok(Buffer { backing: Arc::new(Backing::Mapped(map)), start: 0, len })
+    }
+
+    /// For a window of a memory map: drops this process's page-table entries for the whole pages inside
+    /// `range` of the window, as a scan that will not come back to them soon can (a reader of a file's
+    /// local headers, say). The file's pages stay in the page cache, and a later read maps them again,
+    /// with the same bytes: the map is private and read-only, so the process loses nothing. Unmapping
+    /// the map costs less after, as there is less to unmap. Other buffers, and a range outside the
+    /// window: nothing.
+    pub fn forget_mapped_pages(&self, range: Range<usize>) {
+        const PAGE: usize = 4096;
+        let Backing::Mapped(map) = &*self.backing else { return };
+        if range.start > range.end || range.end > self.len {
+            return;
+        }
+        let start = (self.start + range.start).next_multiple_of(PAGE);
+        let end = (self.start + range.end) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: MADV_DONTNEED on a private, read-only file mapping drops page-table entries only:
+            // no page of it was ever written, so the next access maps the file's page-cache page again,
+            // with the bytes every borrow of the map saw (the file must not change while mapped, the
+            // contract of `Buffer::map`). The range lies inside the map. The result is advice; a failure
+            // changes nothing.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+        }
     }
 
     /// The bytes of this window.
@@ -390,7 +392,7 @@ impl Buffer {
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match *self.backing {
-            Backing::Owned { .. } => "owned",
+            Backing::Owned(_) => "owned",
             Backing::Mapped(_) => "mapped",
             Backing::Shared(_) => "shared",
             Backing::Deferred { .. } => "deferred",
@@ -516,5 +518,28 @@ mod tests {
         let empty = tempfile::NamedTempFile::new().unwrap();
         assert!(Buffer::map_file(empty.path()).unwrap().is_empty());
         assert!(matches!(Buffer::map_file(Path::new("/nonexistent/x")), Err(Error::Io { .. })));
+    }
+
+    #[test]
+    fn forgotten_mapped_pages_read_the_same_bytes_again() {
+        let bytes: Vec<u8> = (0..5 * 4096 + 123).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&bytes).unwrap();
+        let whole = Buffer::map_file(f.path()).unwrap();
+        let window = whole.slice(100..bytes.len() - 50).unwrap();
+        assert_eq!(whole.as_bytes(), &bytes[..]); // every page mapped
+        for range in [0..window.len(), 4000..9000, 0..1, 5000..5000] {
+            window.forget_mapped_pages(range);
+            assert_eq!(whole.as_bytes(), &bytes[..]);
+            assert_eq!(window.as_bytes(), &bytes[100..bytes.len() - 50]);
+        }
+        // Outside the window, backwards, or not a map: nothing happens.
+        window.forget_mapped_pages(0..window.len() + 1);
+        #[allow(clippy::reversed_empty_ranges)]
+        window.forget_mapped_pages(9000..4000);
+        let owned = Buffer::copy_from(&bytes).unwrap();
+        owned.forget_mapped_pages(0..bytes.len());
+        assert_eq!(owned.as_bytes(), &bytes[..]);
+        assert_eq!(whole.as_bytes(), &bytes[..]);
     }
 }

@@ -4,7 +4,8 @@
 //! Nothing here knows a checkpoint format; format crates (`ckpt-torch`, `ckpt-distcp`, ...) build on it.
 //!
 //! - [`DType`]: every torch dtype with its names in torch, legacy storages, safetensors and numpy.
-//! - [`Buffer`]: owned (64-byte aligned) or memory-mapped bytes; clone and slice without copying.
+//! - [`Buffer`]: owned (64-byte aligned) or memory-mapped bytes; clone and slice without copying;
+//!   [`AlignedBytes`]: the owned memory, fresh huge pages for large tensors.
 //! - [`Tensor`]: dtype, shape, strides, storage offset over a shared [`Buffer`].
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
@@ -23,6 +24,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod aligned;
 pub mod atomic;
 mod buffer;
 mod cast;
@@ -43,6 +45,7 @@ pub mod tch_interop;
 mod tensor;
 mod value;
 
+pub use aligned::{AlignedBytes, PAGES_MIN, zeroed_vec};
 pub use buffer::Buffer;
 pub use cast::{cast_float, is_castable_float};
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};

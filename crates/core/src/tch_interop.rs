@@ -36,8 +36,7 @@
 
 use tch::{Device, Kind};
 
-use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
-
+use crate::aligned::AlignedBytes;
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -344,38 +343,6 @@ fn copy_out(t: &tch::Tensor, numel: usize, element_size: usize) -> Result<Buffer
         tch_call("copy_data", t.f_copy_data_u8(bytes.as_mut_bytes(), numel))?;
     }
     Ok(Buffer::from_owner(bytes))
-}
-
-/// 64 bytes with 64-byte alignment, so that copied-out storages are aligned like [`Buffer::copy_from`]'s.
-#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-#[repr(C, align(64))]
-struct Block([u8; 64]);
-
-/// An owned, 64-byte aligned byte buffer that is written once and then handed to [`Buffer::from_owner`].
-struct AlignedBytes {
-    blocks: Vec<Block>,
-    len: usize,
-}
-
-impl AlignedBytes {
-    fn zeroed(len: usize) -> Result<Self> {
-        let n = len.div_ceil(64);
-        let mut blocks: Vec<Block> = Vec::new();
-        blocks.try_reserve_exact(n).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
-        blocks.resize(n, Block::new_zeroed());
-        Ok(AlignedBytes { blocks, len })
-    }
-
-    fn as_mut_bytes(&mut self) -> &mut [u8] {
-        let len = self.len;
-        self.blocks.as_mut_bytes().get_mut(..len).unwrap_or_default()
-    }
-}
-
-impl AsRef<[u8]> for AlignedBytes {
-    fn as_ref(&self) -> &[u8] {
-        self.blocks.as_bytes().get(..self.len).unwrap_or_default()
-    }
 }
 
 /// Maps a libtorch failure to [`Error::InvalidArgument`], naming the operation.

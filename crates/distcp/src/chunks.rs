@@ -1,8 +1,7 @@
 //! Chunk geometry: boxes of a tensor in global coordinates, their validation (bounds, overlaps,
 //! coverage), DTensor's `Shard` split, and copying one box of a strided tensor into a dense one.
 
-use ckpt_core::{Buffer, DType, Tensor, contiguous_strides};
-use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
+use ckpt_core::{AlignedBytes, Buffer, DType, Tensor, contiguous_strides};
 
 use crate::error::{Error, Result};
 use crate::metadata::ChunkStorageMetadata;
@@ -158,42 +157,9 @@ pub(crate) fn check_coverage(key: &str, shape: &[usize], chunks: &[ChunkStorageM
     Ok(())
 }
 
-/// 64 bytes with 64-byte alignment: the unit of [`DenseBuf`].
-#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
-#[repr(C, align(64))]
-struct Block([u8; 64]);
-
-/// A zero-filled, 64-byte aligned, writable byte buffer that becomes a [`Buffer`] without copying.
-pub(crate) struct DenseBuf {
-    blocks: Vec<Block>,
-    len: usize,
-}
-
-impl AsRef<[u8]> for DenseBuf {
-    fn as_ref(&self) -> &[u8] {
-        self.blocks.as_bytes().get(..self.len).unwrap_or_default()
-    }
-}
-
-impl DenseBuf {
-    /// `len` zero bytes.
-    pub(crate) fn zeroed(len: usize) -> Result<Self> {
-        let mut blocks = Vec::new();
-        blocks
-            .try_reserve_exact(len.div_ceil(64))
-            .map_err(|_| ckpt_core::Error::Limit(format!("cannot allocate {len} bytes")))?;
-        blocks.resize(len.div_ceil(64), Block::new_zeroed());
-        Ok(DenseBuf { blocks, len })
-    }
-
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        self.blocks.as_mut_bytes().get_mut(..len).unwrap_or_default()
-    }
-
-    pub(crate) fn into_tensor(self, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_buffer(dtype, shape, Buffer::from_owner(self))?)
-    }
+/// A dense tensor of `dtype` and `shape` made over `bytes` (assembled chunks), without copying.
+pub(crate) fn dense_tensor(bytes: AlignedBytes, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::from_buffer(dtype, shape, Buffer::from_owner(bytes))?)
 }
 
 /// Copies the box `src_start .. src_start + len` of `src` (any strides) into the box `dst_start ..` of the

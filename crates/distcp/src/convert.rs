@@ -312,8 +312,8 @@ pub fn torch_save_to_dcp(pt: &Path, dir: &Path, options: &WriteOptions) -> Resul
         if !storage.is_mapped() {
             return Ok(None);
         }
-        let mut buf = crate::chunks::DenseBuf::zeroed(storage.len())?;
-        crate::item::read_exact_at(&file, buf.bytes_mut(), storage.offset_in_backing() as u64)
+        let mut buf = ckpt_core::AlignedBytes::zeroed(storage.len())?;
+        crate::item::read_exact_at(&file, buf.as_mut_bytes(), storage.offset_in_backing() as u64)
             .map_err(|e| Error::io(pt, e))?;
         let owned = ckpt_core::Buffer::from_owner(buf);
         let t2 = ckpt_core::Tensor::from_parts(t.dtype(), t.shape(), t.strides(), t.storage_offset(), owned)?

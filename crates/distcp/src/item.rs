@@ -121,8 +121,8 @@ impl DataFiles {
                     return Err(out_of_file(file_len));
                 }
                 let len = usize::try_from(info.length).map_err(|_| out_of_file(file_len))?;
-                let mut buf = crate::chunks::DenseBuf::zeroed(len)?;
-                read_exact_at(f, buf.bytes_mut(), info.offset)
+                let mut buf = ckpt_core::AlignedBytes::zeroed(len)?;
+                read_exact_at(f, buf.as_mut_bytes(), info.offset)
                     .map_err(|e| Error::io(self.dir.join(&info.relative_path), e))?;
                 Ok(Buffer::from_owner(buf))
             }

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ckpt_core::commit::PinnedDir;
-use ckpt_core::{Buffer, CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten};
+use ckpt_core::{
+    AlignedBytes, Buffer, CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten,
+};
 use rayon::prelude::*;
 
-use crate::chunks::{self, DenseBuf, copy_box, intersect, is_empty};
+use crate::chunks::{self, copy_box, dense_tensor, intersect, is_empty};
 use crate::error::{Error, Result};
 use crate::item::{self, DataFiles, safe_join};
 use crate::metadata::{Metadata, StorageInfo, StorageMetadata, TensorStorageMetadata};
@@ -632,7 +634,7 @@ impl DcpReader {
         let nbytes = ckpt_core::checked_numel(sizes)
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| ckpt_core::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
-        let copy = |out: &mut DenseBuf, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
+        let copy = |out: &mut AlignedBytes, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
             // Lazy conjugation/negation bits are resolved before the raw bytes are copied.
             let resolved;
             let t = if t.is_conj() || t.is_neg() {
@@ -644,7 +646,7 @@ impl DcpReader {
             let c = &md.chunks[i];
             let src: Vec<usize> = o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect();
             let dst: Vec<usize> = o.iter().zip(offsets).map(|(a, b)| a - b).collect();
-            copy_box(t, &src, l, out.bytes_mut(), sizes, &dst)
+            copy_box(t, &src, l, out.as_mut_bytes(), sizes, &dst)
         };
         if self.options.mmap {
             // Items are windows of the maps: decode them in parallel, then copy.
@@ -672,19 +674,19 @@ impl DcpReader {
                 };
                 return Ok(Tensor::from_buffer(dtype, sizes, Buffer::deferred(nbytes, fill))?);
             }
-            let mut out = DenseBuf::zeroed(nbytes)?;
+            let mut out = AlignedBytes::zeroed(nbytes)?;
             for ((i, o, l), t) in hits.iter().zip(&tensors) {
                 copy(&mut out, *i, o, l, t)?;
             }
-            out.into_tensor(dtype, sizes)
+            dense_tensor(out, dtype, sizes)
         } else {
             // Items are read into memory: one at a time, so at most one chunk is held besides the result.
-            let mut out = DenseBuf::zeroed(nbytes)?;
+            let mut out = AlignedBytes::zeroed(nbytes)?;
             for (i, o, l) in &hits {
                 let t = self.read_chunk(key, *i)?;
                 copy(&mut out, *i, o, l, &t)?;
             }
-            out.into_tensor(dtype, sizes)
+            dense_tensor(out, dtype, sizes)
         }
     }
 

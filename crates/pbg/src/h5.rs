@@ -489,7 +489,7 @@ impl Reader {
     fn read_bytes_raw(&self, ds: &Dataset, name: &str, nbytes: usize) -> Result<Buffer> {
         self.check_declared_size(ds, name, nbytes)?;
         let numel = checked_numel(&ds.shape()).unwrap_or(usize::MAX);
-        let mut out = vec![0u8; nbytes];
+        let mut out = ckpt_core::AlignedBytes::zeroed(nbytes)?;
         let id = ds.id();
         // SAFETY: the type id comes from libhdf5 and is owned (closed) by `dt`. `H5Dread` with the file's
         // own type as memory type and H5S_ALL writes exactly numel × H5Tget_size(type) bytes, which is
@@ -509,13 +509,13 @@ impl Reader {
             if numel.checked_mul(size) != Some(out.len()) {
                 return Err(format!("{numel} elements of {size} bytes do not make {} bytes", out.len()));
             }
-            Ok(H5Dread(id, dt.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.as_mut_ptr().cast::<c_void>()))
+            Ok(H5Dread(id, dt.id(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.as_mut_bytes().as_mut_ptr().cast::<c_void>()))
         });
         match rc {
             Err(reason) => Err(Error::BadStorage { path: self.path.clone(), name: name.to_owned(), reason }),
             Ok(code) => {
                 self.h5(hdf5::h5check(code))?;
-                Ok(Buffer::copy_from(&out)?)
+                Ok(Buffer::from_owner(out))
             }
         }
     }

@@ -235,13 +235,15 @@ struct ZipStorages<'a> {
     buffer: &'a Buffer,
     /// Storage key (the name after `data/`) -> record index, built on first use.
     keys: Option<foldhash::HashMap<&'a str, usize>>,
+    /// Index of the record `data/0` (`usize::MAX` if none), found on first use.
+    first_numbered: Option<usize>,
     /// The window of each storage record read so far, by record index.
     cache: Vec<Option<Buffer>>,
 }
 
 impl<'a> ZipStorages<'a> {
     fn new(archive: &'a Archive, buffer: &'a Buffer) -> Self {
-        ZipStorages { archive, buffer, keys: None, cache: Vec::new() }
+        ZipStorages { archive, buffer, keys: None, first_numbered: None, cache: Vec::new() }
     }
 
     fn record(&self, name: &str) -> Result<Buffer> {
@@ -293,18 +295,11 @@ impl StorageSource for ZipStorages<'_> {
 impl ZipStorages<'_> {
     /// The bytes of storage `key` (record `data/{key}`), each record's window made once.
     fn data(&mut self, key: &str) -> Result<Buffer> {
+        let i = match self.numbered(key) {
+            Some(i) => i,
+            None => self.keyed(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?,
+        };
         let archive = self.archive;
-        let keys = self.keys.get_or_insert_with(|| {
-            let records = archive.records();
-            let mut keys = foldhash::HashMap::with_capacity_and_hasher(records.len(), Default::default());
-            for (i, r) in records.iter().enumerate() {
-                if let Some(k) = r.short_name().strip_prefix("data/") {
-                    keys.insert(k, i);
-                }
-            }
-            keys
-        });
-        let i = *keys.get(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
         if self.cache.len() <= i {
             self.cache.resize(archive.records().len().max(i + 1), None);
         }
@@ -318,6 +313,36 @@ impl ZipStorages<'_> {
         }
         Ok(b)
     }
+
+    /// Where torch puts storage `key` = `n`: `data/0`, `data/1`, ... written one after the other, so
+    /// `data/n` is the record `n` places after `data/0`'s (checked by name; `None` otherwise).
+    fn numbered(&mut self, key: &str) -> Option<usize> {
+        let n: usize = key.parse().ok()?;
+        let records = self.archive.records();
+        let first = *self
+            .first_numbered
+            .get_or_insert_with(|| records.iter().position(|r| r.short_name() == "data/0").unwrap_or(usize::MAX));
+        let i = first.checked_add(n)?;
+        let name = records.get(i)?.short_name();
+        (name.strip_prefix("data/") == Some(key)).then_some(i)
+    }
+
+    /// Record index of storage `key` (the name after `data/`), through an index of every such record
+    /// built on first use.
+    fn keyed(&mut self, key: &str) -> Option<usize> {
+        let archive = self.archive;
+        let keys = self.keys.get_or_insert_with(|| {
+            let records = archive.records();
+            let mut keys = foldhash::HashMap::with_capacity_and_hasher(records.len(), Default::default());
+            for (i, r) in records.iter().enumerate() {
+                if let Some(k) = r.short_name().strip_prefix("data/") {
+                    keys.insert(k, i);
+                }
+            }
+            keys
+        });
+        keys.get(key).copied()
+    }
 }
 
 impl CoreStorages for ZipStorages<'_> {
@@ -330,8 +355,30 @@ impl CoreStorages for ZipStorages<'_> {
 }
 
 fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
+    // The local headers are read on a second thread while the pickle is decoded on this one; that thread
+    // then drops the pages it mapped for them, which would otherwise be unmapped when the file is closed.
+    let forget = |range: std::ops::Range<u64>| {
+        if let (Ok(start), Ok(end)) = (usize::try_from(range.start), usize::try_from(range.end)) {
+            buffer.forget_mapped_pages(start..end);
+        }
+    };
+    let (archive, decoded) =
+        Archive::parse_overlapped(buffer.as_bytes(), &forget, |archive| decode_zip(archive, buffer, options))?;
+    let (value, version) = decoded?;
+    Ok(TorchReader {
+        state_dict: module_state_dict(&value),
+        value,
+        container: Container::Zip,
+        prefix: Some(archive.prefix().to_owned()),
+        version: Some(version),
+        records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
+        leaf_index: OnceLock::new(),
+    })
+}
+
+/// The saved object of a ZIP archive and its `version` record.
+fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Result<(Value, u64)> {
     let bytes = buffer.as_bytes();
-    let archive = Archive::parse(bytes)?;
     if archive.get("constants.pkl").is_some() {
         return Err(Error::TorchScript);
     }
@@ -340,7 +387,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
             archive.verify_crc(bytes, rec)?;
         }
     }
-    let mut storages = ZipStorages::new(&archive, buffer);
+    let mut storages = ZipStorages::new(archive, buffer);
     let version_name = if archive.get(".data/version").is_some() { ".data/version" } else { "version" };
     let version_text = storages.record(version_name)?;
     let version_str = String::from_utf8_lossy(version_text.as_bytes()).trim_end_matches(['\n', '\r']).to_owned();
@@ -371,15 +418,7 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
     };
     // numpy values become numpy values the same way whichever path built the objects.
     let value = if numpy::mentions_numpy(pkl.as_bytes()) { numpy::lift(value) } else { value };
-    Ok(TorchReader {
-        state_dict: module_state_dict(&value),
-        value,
-        container: Container::Zip,
-        prefix: Some(archive.prefix().to_owned()),
-        version: Some(version),
-        records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
-        leaf_index: OnceLock::new(),
-    })
+    Ok((value, version))
 }
 
 /// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).

@@ -341,6 +341,19 @@ pub fn padding_len(cursor: u64, full_name_len: u64, size: u64, alignment: u64) -
     Some(if rem == 0 { 0 } else { alignment - rem })
 }
 
+/// Where torch's writer puts the data of a record whose local header it writes at `cursor`: after the
+/// 30-byte header, the full name, the zip64 extra field if any, and the `FB` padding field that aligns the
+/// data to `alignment` ([`padding_len`]). `None` when `alignment` is 0 or the arithmetic overflows.
+pub fn torch_data_offset(cursor: u64, full_name_len: u64, size: u64, alignment: u64) -> Option<u64> {
+    let pad = padding_len(cursor, full_name_len, size, alignment)?;
+    cursor
+        .checked_add(LOCAL_HEADER_LEN)?
+        .checked_add(full_name_len)?
+        .checked_add(zip64_local_extra_len(cursor, size))?
+        .checked_add(4)?
+        .checked_add(pad)
+}
+
 /// Size of the zip64 extra field (header included) miniz puts into a local header at `cursor` for a
 /// record of `size` bytes: `[u64 size, u64 compressed size = 0]` when `size >= 0xFFFF_FFFF`,
 /// `[u64 local header offset]` when `cursor >= 0xFFFF_FFFF`.

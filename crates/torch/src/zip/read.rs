@@ -4,8 +4,9 @@ use std::cmp::Ordering;
 use std::ops::Range;
 
 use super::{
-    CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN, LOCAL_HEADER_SIG,
-    U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_LEN, ZIP64_LOCATOR_SIG, ZipError,
+    CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, DEFAULT_ALIGNMENT, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN,
+    LOCAL_HEADER_SIG, U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_LEN,
+    ZIP64_LOCATOR_SIG, ZipError, torch_data_offset,
 };
 
 /// Longest ZIP comment; the EOCD is searched for within the last `MAX_COMMENT + 22` bytes.
@@ -13,6 +14,10 @@ const MAX_COMMENT: u64 = 0xFFFF;
 
 /// Pseudo record name used in [`ZipError::Overlap`] for the central directory.
 const CENTRAL_DIRECTORY: &str = "<central directory>";
+
+/// From this many records on, [`Archive::parse_overlapped`] reads the local headers on a second thread;
+/// below it, a thread costs more than the headers.
+const OVERLAP_MIN_RECORDS: usize = 512;
 
 /// One entry of the archive, as described by its central directory entry and its local header.
 ///
@@ -341,6 +346,81 @@ impl Archive {
     /// the archive (detected like Python's `zipfile`: offsets are shifted by the distance between
     /// where the central directory should end and where the end records are).
     pub fn parse(bytes: &[u8]) -> Result<Archive, ZipError> {
+        let archive = Self::parse_central(bytes, LocalHeaders::Read)?;
+        check_overlaps(&archive.records, archive.cd_offset, archive.len)?;
+        Ok(archive)
+    }
+
+    /// Parses like [`Archive::parse`] and runs `work` on the archive while a second thread reads the
+    /// local headers, which for an archive of many small records is most of what parsing costs (a page
+    /// of the file every record).
+    ///
+    /// `work` first sees each record's data where torch's writer puts it, which the central directory
+    /// gives: after a local header of the record's full name, its zip64 field and the `FB` field that
+    /// aligns the data to 64 bytes. If a local header says otherwise (another writer, another
+    /// alignment), `work` runs again, on the offsets the local headers give; so what is returned was
+    /// always computed from those. Errors are [`Archive::parse`]'s; archives of fewer than 512 records,
+    /// and archives whose `data.pkl` is not where torch would put it, are parsed first and worked on
+    /// after.
+    ///
+    /// When the header thread is done, it calls `scanned` with the ranges of `bytes` it read headers
+    /// from, less `data.pkl`'s record, which `work` reads: the owner of a memory map can drop those pages
+    /// from the process's page tables there ([`ckpt_core::Buffer::forget_mapped_pages`]), off the
+    /// thread that waits for `work`, rather than pay for them when the map is unmapped.
+    ///
+    /// ```
+    /// use ckpt_torch::zip::{Archive, ZipWriter};
+    /// let mut w = ZipWriter::new(Vec::new(), "archive");
+    /// w.write_record("data.pkl", b"pickle").unwrap();
+    /// let bytes = w.finish().unwrap();
+    /// let data_pkl_len = |a: &Archive| a.data(&bytes, a.get("data.pkl").unwrap()).unwrap().len();
+    /// let (archive, n) = Archive::parse_overlapped(&bytes, &|_| {}, data_pkl_len).unwrap();
+    /// assert_eq!((archive.records().len(), n), (1, 6));
+    /// ```
+    pub fn parse_overlapped<T>(
+        bytes: &[u8],
+        scanned: &(dyn Fn(Range<u64>) + Sync),
+        mut work: impl FnMut(&Archive) -> T,
+    ) -> Result<(Archive, T), ZipError> {
+        let mut archive = Self::parse_central(bytes, LocalHeaders::Predict)?;
+        let pkl_predicted =
+            archive.get("data.pkl").map(|r| local_data_offset(bytes, r).is_ok_and(|at| at == r.data_offset));
+        if archive.records.len() < OVERLAP_MIN_RECORDS || pkl_predicted != Some(true) {
+            for i in 0..archive.records.len() {
+                if let Some(r) = archive.records.get(i) {
+                    let at = local_data_offset(bytes, r)?;
+                    if let Some(r) = archive.records.get_mut(i) {
+                        r.data_offset = at;
+                    }
+                }
+            }
+            check_overlaps(&archive.records, archive.cd_offset, archive.len)?;
+            let out = work(&archive);
+            return Ok((archive, out));
+        }
+        let (moved, out) = std::thread::scope(|s| {
+            let headers = s.spawn(|| {
+                let moved = moved_data(bytes, &archive.records);
+                scanned_ranges(&archive, bytes.len() as u64).for_each(scanned);
+                moved
+            });
+            let out = work(&archive);
+            // The header reader does not panic; if it did, read the headers here.
+            (headers.join().unwrap_or_else(|_| moved_data(bytes, &archive.records)), out)
+        });
+        let moved = moved?;
+        for &(i, at) in &moved {
+            if let Some(r) = archive.records.get_mut(i) {
+                r.data_offset = at;
+            }
+        }
+        check_overlaps(&archive.records, archive.cd_offset, archive.len)?;
+        let out = if moved.is_empty() { out } else { work(&archive) };
+        Ok((archive, out))
+    }
+
+    /// The central directory, each record's data offset read from its local header or predicted.
+    fn parse_central(bytes: &[u8], locals: LocalHeaders) -> Result<Archive, ZipError> {
         let len = bytes.len() as u64;
         let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip)?;
         let end = read_end_records(bytes, eocd_pos)?;
@@ -375,7 +455,10 @@ impl Archive {
         let mut prefix: Option<String> = None;
         let mut pos = cd_offset;
         for _ in 0..end.entries {
-            let (record, next) = read_central_entry(cd_region, bytes, pos, shift, &mut prefix)?;
+            let (mut record, next) = read_central_entry(cd_region, pos, shift, &mut prefix)?;
+            if locals == LocalHeaders::Read {
+                record.data_offset = local_data_offset(bytes, &record)?;
+            }
             records.push(record);
             pos = next;
         }
@@ -394,8 +477,6 @@ impl Archive {
                 }
             }
         }
-
-        check_overlaps(&records, cd_offset, len)?;
 
         Ok(Archive { prefix, records, by_name, len, shift, cd_offset })
     }
@@ -469,11 +550,19 @@ impl Archive {
     }
 }
 
-/// Parses the central directory entry at `pos` (inside `cd_region`) and the local header it points
-/// at (inside `bytes`). Returns the record and the offset of the next entry.
+/// Whether [`Archive::parse_central`] reads each record's local header or predicts where its data is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LocalHeaders {
+    Read,
+    /// Where torch's writer puts it ([`torch_data_offset`]); `u64::MAX` where that overflows.
+    Predict,
+}
+
+/// Parses the central directory entry at `pos` (inside `cd_region`). Returns the record, its data offset
+/// predicted as torch's writer places data (the local header is read by [`local_data_offset`]), and the
+/// offset of the next entry.
 fn read_central_entry(
     cd_region: &[u8],
-    bytes: &[u8],
     pos: u64,
     shift: u64,
     prefix: &mut Option<String>,
@@ -541,32 +630,65 @@ fn read_central_entry(
         return Err(ZipError::StoredSizeMismatch { name, compressed: compressed_size, uncompressed: size });
     }
 
-    // Local header: signature, name, and where the data starts. Its sizes are ignored.
     let local_header_offset = local_offset.checked_add(shift).ok_or(ZipError::Truncated {
         what: "local file header",
         offset: local_offset,
         needed: LOCAL_HEADER_LEN,
         available: 0,
     })?;
-    let mut l = Cur::new(bytes, local_header_offset, "local file header");
+    // Torch's offsets count from the start of the archive proper, before any prepended bytes.
+    let data_offset = torch_data_offset(local_offset, u64::from(name_len), size, DEFAULT_ALIGNMENT)
+        .and_then(|at| at.checked_add(shift))
+        .unwrap_or(u64::MAX);
+
+    let record =
+        Record { name, short_start, data_offset, size, compressed_size, crc32, method, flags, local_header_offset };
+    Ok((record, c.pos))
+}
+
+/// Reads the local header of `rec`: its signature, and its name, which must be the central directory's.
+/// Returns where the data starts (its sizes are not trusted, as torch does not fill them in).
+fn local_data_offset(bytes: &[u8], rec: &Record) -> Result<u64, ZipError> {
+    let mut l = Cur::new(bytes, rec.local_header_offset, "local file header");
     l.sig(LOCAL_HEADER_SIG)?;
     l.bytes(22)?; // version, flags, method, time, date, crc, sizes: not trusted
     let local_name_len = l.u16()?;
     let local_extra_len = l.u16()?;
     let local_name = l.bytes(u64::from(local_name_len))?;
-    if local_name != name_bytes {
+    if local_name != rec.name.as_bytes() {
         return Err(ZipError::LocalNameMismatch {
-            central: name,
+            central: rec.name.clone(),
             local: String::from_utf8_lossy(local_name).into_owned(),
-            offset: local_header_offset,
+            offset: rec.local_header_offset,
         });
     }
     l.bytes(u64::from(local_extra_len))?;
-    let data_offset = l.pos;
+    Ok(l.pos)
+}
 
-    let record =
-        Record { name, short_start, data_offset, size, compressed_size, crc32, method, flags, local_header_offset };
-    Ok((record, c.pos))
+/// The ranges [`moved_data`] read headers from, as whole spans from the first local header to the end of
+/// the last: before and after `data.pkl`'s record (header and data), which the decoder reads meanwhile.
+fn scanned_ranges(archive: &Archive, len: u64) -> impl Iterator<Item = Range<u64>> {
+    let headers = archive.records.iter().map(|r| r.local_header_offset);
+    let (first, last) = (headers.clone().min().unwrap_or(0), headers.max().unwrap_or(0));
+    let end = last.saturating_add(LOCAL_HEADER_LEN + u64::from(u16::MAX) * 2).min(len);
+    let (pkl_start, pkl_end) = archive
+        .get("data.pkl")
+        .map_or((end, end), |r| (r.local_header_offset, r.data_offset.saturating_add(r.compressed_size).min(end)));
+    [first..pkl_start.max(first), pkl_end.max(first)..end].into_iter().filter(|r| r.start < r.end)
+}
+
+/// Reads every record's local header; returns the records whose data is not where their `data_offset`
+/// says (index, offset the header gives), or the first header's error in central-directory order.
+fn moved_data(bytes: &[u8], records: &[Record]) -> Result<Vec<(usize, u64)>, ZipError> {
+    let mut moved = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        let at = local_data_offset(bytes, r)?;
+        if at != r.data_offset {
+            moved.push((i, at));
+        }
+    }
+    Ok(moved)
 }
 
 /// Rejects records that extend past the end of the slice, overlap the central directory, or

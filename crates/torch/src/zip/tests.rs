@@ -1215,3 +1215,121 @@ fn a_streamed_record_of_the_wrong_size_poisons_the_writer() {
     let e = w.write_record_streamed("data/0", 4, &mut |_| Err(std::io::Error::other("the gather failed"))).unwrap_err();
     assert!(e.to_string().contains("the gather failed"), "{e}");
 }
+
+// ------------------------------------------------------------------------------------------------
+// parse_overlapped: local headers read on a second thread
+
+/// A torch-laid-out archive of `data.pkl` and `n` storages of assorted sizes (so paddings vary).
+fn many_records(n: usize, opts: WriterOptions) -> Vec<u8> {
+    let mut w = ZipWriter::with_options(Vec::new(), "archive", opts);
+    w.write_record("data.pkl", b"\x80\x02}q\x00.").unwrap();
+    for i in 0..n {
+        w.write_record(&format!("data/{i}"), &vec![i as u8; 1 + (i * 7) % 200]).unwrap();
+    }
+    w.write_record("version", b"3\n").unwrap();
+    w.finish().unwrap()
+}
+
+/// What [`overlapped`] saw: the archive, what the last run of the work read, how many times the work ran,
+/// and the ranges handed to `scanned`.
+type Overlapped = (Archive, Vec<Vec<u8>>, usize, Vec<std::ops::Range<u64>>);
+
+/// `parse_overlapped` with a work that reads every record.
+fn overlapped(bytes: &[u8]) -> Result<Overlapped, ZipError> {
+    let scanned = std::sync::Mutex::new(Vec::new());
+    let mut runs = 0;
+    let (ar, data) = Archive::parse_overlapped(bytes, &|r| scanned.lock().unwrap().push(r), |a| {
+        runs += 1;
+        a.records().iter().map(|r| a.data(bytes, r).map(<[u8]>::to_vec).unwrap_or_default()).collect::<Vec<_>>()
+    })?;
+    Ok((ar, data, runs, scanned.into_inner().unwrap()))
+}
+
+fn records_data(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let ar = Archive::parse(bytes).unwrap();
+    ar.records().iter().map(|r| ar.data(bytes, r).unwrap().to_vec()).collect()
+}
+
+#[test]
+fn overlapped_parse_of_a_torch_layout_runs_the_work_once_on_the_parsed_offsets() {
+    for n in [3, 600, 2000] {
+        let bytes = many_records(n, WriterOptions::default());
+        let (ar, data, runs, scanned) = overlapped(&bytes).unwrap();
+        assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+        assert_eq!(data, records_data(&bytes));
+        assert_eq!(runs, 1);
+        if n < 512 {
+            assert!(scanned.is_empty(), "no second thread for {n} records");
+            continue;
+        }
+        // The scanned ranges cover the storages' headers and leave data.pkl's record to the work.
+        let pkl = ar.get("data.pkl").unwrap();
+        assert!(!scanned.is_empty());
+        for r in &scanned {
+            assert!(r.start < r.end && r.end <= bytes.len() as u64, "{r:?}");
+            assert!(r.end <= pkl.local_header_offset() || r.start >= pkl.data_range().end, "{r:?} overlaps data.pkl");
+        }
+        let last = ar.records().iter().map(Record::local_header_offset).max().unwrap();
+        assert!(scanned.iter().any(|r| r.contains(&last)));
+    }
+}
+
+#[test]
+fn overlapped_parse_of_another_alignment_reads_the_headers_first() {
+    // data.pkl is not where a 64-byte alignment puts it: the headers are read before the work runs.
+    let bytes = many_records(700, WriterOptions { alignment: 4096, ..WriterOptions::default() });
+    let (ar, data, runs, scanned) = overlapped(&bytes).unwrap();
+    assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+    assert_eq!(data, records_data(&bytes));
+    assert_eq!((runs, scanned.len()), (1, 0));
+    // At 16 bytes data.pkl's header happens to end on a multiple of 64 too: the work runs on the
+    // predicted offsets, then again on the headers' (every storage moved), with the same result.
+    let bytes = many_records(700, WriterOptions { alignment: 16, ..WriterOptions::default() });
+    let (ar, data, runs, _) = overlapped(&bytes).unwrap();
+    assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+    assert_eq!(data, records_data(&bytes));
+    assert_eq!(runs, 2);
+}
+
+#[test]
+fn overlapped_parse_reruns_the_work_when_a_local_header_moves_the_data() {
+    let mut bytes = many_records(800, WriterOptions::default());
+    let ar = Archive::parse(&bytes).unwrap();
+    // A storage whose FB padding has at least 4 bytes: its local header, 4 bytes shorter, puts the data
+    // 4 bytes earlier (a valid archive, not torch's layout).
+    let rec = ar
+        .records()
+        .iter()
+        .find(|r| {
+            let lho = r.local_header_offset() as usize;
+            r.short_name().starts_with("data/") && get16(&bytes, lho + 28) >= 8
+        })
+        .unwrap();
+    let lho = rec.local_header_offset() as usize;
+    let extra_len = get16(&bytes, lho + 28);
+    set16(&mut bytes, lho + 28, extra_len - 4);
+    let parsed = Archive::parse(&bytes).unwrap();
+    assert_eq!(parsed.get(rec.short_name()).unwrap().data_offset(), rec.data_offset() - 4);
+    let (ar2, data, runs, _) = overlapped(&bytes).unwrap();
+    assert_eq!(runs, 2, "the work ran on the predicted offsets, then on the headers'");
+    assert_eq!(ar2.records(), parsed.records());
+    assert_eq!(data, records_data(&bytes));
+}
+
+#[test]
+fn overlapped_parse_reports_a_broken_local_header_like_parse() {
+    let good = many_records(600, WriterOptions::default());
+    let ar = Archive::parse(&good).unwrap();
+    let victim = ar.get("data/300").unwrap().local_header_offset() as usize;
+    // A bad signature, and a name that is not the central directory's.
+    let mut bad_sig = good.clone();
+    bad_sig[victim] ^= 0xFF;
+    let mut bad_name = good.clone();
+    let at = victim + 30 + "archive/data/".len();
+    bad_name[at] = b'9';
+    for bytes in [bad_sig, bad_name] {
+        let expected = Archive::parse(&bytes).unwrap_err().to_string();
+        let got = overlapped(&bytes).map(|_| ()).unwrap_err().to_string();
+        assert_eq!(got, expected);
+    }
+}

@@ -7,7 +7,7 @@ use super::sid::{combined_name_hash, hash_combine};
 use super::{
     CENTRAL_HEADER_SIG, DATA_DESCRIPTOR_SIG, DEFAULT_ALIGNMENT, EOCD_SIG, FLAG_DATA_DESCRIPTOR, FLAG_UTF8,
     LOCAL_HEADER_LEN, LOCAL_HEADER_SIG, MAX_ALIGNMENT, SERIALIZATION_ID_RECORD, U32_SENTINEL, ZIP64_EOCD_LEN,
-    ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_SIG, ZipError, padding_len, zip64_local_extra_len,
+    ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_SIG, ZipError, padding_len, torch_data_offset, zip64_local_extra_len,
 };
 
 /// Records of at least this many bytes get their CRC-32 computed on a second thread, overlapped with the
@@ -171,11 +171,7 @@ impl<W: Write> ZipWriter<W> {
     /// next (what `PyTorchStreamWriter::writeRecordMetadata` returns).
     pub fn next_data_offset(&self, name: &str, size: u64) -> Result<u64, ZipError> {
         let full_len = self.check_name(name)?;
-        let pad = padding_len(self.pos, full_len, size, self.opts.alignment)
-            .ok_or(ZipError::TooLarge { what: "archive offset" })?;
-        self.pos
-            .checked_add(LOCAL_HEADER_LEN + full_len + zip64_local_extra_len(self.pos, size) + 4)
-            .and_then(|v| v.checked_add(pad))
+        torch_data_offset(self.pos, full_len, size, self.opts.alignment)
             .ok_or(ZipError::TooLarge { what: "archive offset" })
     }
 
