@@ -1,11 +1,12 @@
-//! Owned memory for tensor bytes: 64-byte aligned, zero-initialized, and for large sizes taken straight from
-//! the kernel as fresh pages, in transparent huge pages where the kernel allows them.
+//! Owned memory for tensor bytes: 64-byte aligned, zero-initialized, and for large sizes fresh pages in
+//! transparent huge pages where the kernel allows them.
 //!
 //! Filling a new buffer of `n` bytes costs the first touch of its pages. Zeroing it first with `resize` (as
 //! a `Vec` of an aligned block type must) touches every page twice and takes a page fault every 4 KiB: for a
 //! 1 GiB tensor, 262,144 faults, each with the kernel's own zeroing of the page. Large buffers here are
-//! anonymous mappings instead (zero by construction, nothing written until the caller writes) advised for
-//! huge pages: 512 faults per GiB.
+//! asked of the global allocator already zeroed (`calloc`, which maps fresh pages for them and does not
+//! write them) and advised for huge pages: nothing is written until the caller writes, in 512 faults per
+//! GiB. They stay the global allocator's, so whatever counts or limits heap memory sees them.
 
 use std::alloc::Layout;
 
@@ -13,8 +14,8 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::error::{Error, Result};
 
-/// From this size on, owned buffers are anonymous mappings advised for huge pages (one huge page is 2 MiB
-/// on x86-64 and arm64 with 4 KiB pages; below it, a mapping costs a system call and gains nothing).
+/// From this size on, owned buffers are zeroed allocations advised for huge pages (one huge page is 2 MiB
+/// on x86-64 and arm64 with 4 KiB pages; below it there is nothing to gain).
 pub const PAGES_MIN: usize = 2 << 20;
 
 /// 64 bytes with 64-byte alignment: the unit of small owned buffers, so that every owned buffer starts
@@ -24,10 +25,11 @@ pub const PAGES_MIN: usize = 2 << 20;
 struct Block([u8; 64]);
 
 enum Memory {
-    /// Under [`PAGES_MIN`]: blocks on the heap.
-    Heap(Vec<Block>),
-    /// From [`PAGES_MIN`] on: a private anonymous mapping (page-aligned, zero until written).
-    Pages(memmap2::MmapMut),
+    /// Under [`PAGES_MIN`]: 64-byte blocks.
+    Blocks(Vec<Block>),
+    /// From [`PAGES_MIN`] on: [`zeroed_vec`] of 63 bytes more than needed, used from its first 64-byte
+    /// aligned byte, `start`.
+    Pages { bytes: Vec<u8>, start: usize },
 }
 
 /// Owned, zero-initialized bytes that start 64-byte aligned; written once, then typically handed to
@@ -54,14 +56,17 @@ impl AlignedBytes {
     pub fn zeroed(len: usize) -> Result<Self> {
         let cannot = || Error::Limit(format!("cannot allocate {len} bytes"));
         let memory = if len >= PAGES_MIN {
-            let map = memmap2::MmapOptions::new().len(len).map_anon().map_err(|_| cannot())?;
-            advise_huge_pages(&map);
-            Memory::Pages(map)
+            let bytes = zeroed_vec(len.checked_add(63).ok_or_else(cannot)?)?;
+            let start = bytes.as_ptr().align_offset(64);
+            if start > 63 {
+                return Err(cannot());
+            }
+            Memory::Pages { bytes, start }
         } else {
             let mut blocks: Vec<Block> = Vec::new();
             blocks.try_reserve_exact(len.div_ceil(64)).map_err(|_| cannot())?;
             blocks.resize(len.div_ceil(64), Block::new_zeroed());
-            Memory::Heap(blocks)
+            Memory::Blocks(blocks)
         };
         Ok(AlignedBytes { memory, len })
     }
@@ -78,21 +83,21 @@ impl AlignedBytes {
 
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        let all: &[u8] = match &self.memory {
-            Memory::Heap(blocks) => blocks.as_bytes(),
-            Memory::Pages(map) => map,
-        };
-        all.get(..self.len).unwrap_or_default()
+        match &self.memory {
+            Memory::Blocks(blocks) => blocks.as_bytes().get(..self.len),
+            Memory::Pages { bytes, start } => bytes.get(*start..start + self.len),
+        }
+        .unwrap_or_default()
     }
 
     /// The bytes, to write.
     pub fn as_mut_bytes(&mut self) -> &mut [u8] {
         let len = self.len;
-        let all: &mut [u8] = match &mut self.memory {
-            Memory::Heap(blocks) => blocks.as_mut_bytes(),
-            Memory::Pages(map) => map,
-        };
-        all.get_mut(..len).unwrap_or_default()
+        match &mut self.memory {
+            Memory::Blocks(blocks) => blocks.as_mut_bytes().get_mut(..len),
+            Memory::Pages { bytes, start } => bytes.get_mut(*start..*start + len),
+        }
+        .unwrap_or_default()
     }
 
     /// Address of the first byte (64-byte aligned).
@@ -117,8 +122,8 @@ impl AsRef<[u8]> for AlignedBytes {
     }
 }
 
-/// A zeroed `Vec<u8>` of `len` bytes whose pages, for large sizes, are fresh from the kernel and advised
-/// for huge pages: the allocator's `calloc` maps them untouched, where `resize` would write every byte.
+/// A zeroed `Vec<u8>` of `len` bytes, for large sizes asked of the allocator already zeroed (`calloc`, which
+/// maps fresh pages untouched, where `resize` would write every byte) and advised for huge pages.
 ///
 /// # Errors
 /// [`Error::Limit`] if the memory cannot be had.
