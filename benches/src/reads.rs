@@ -94,12 +94,16 @@ pub fn dcp_read(path: &Path) -> Result<u64> {
     Ok(sums.into_iter().fold(0, u64::wrapping_add))
 }
 
-/// Opens an hfai checkpoint directory (parts mapped and merged in parallel, chunked tensors concatenated) and
-/// reads every model and optimizer tensor byte, the tensors in parallel.
+/// Opens an hfai checkpoint directory (parts mapped and merged in parallel) and reads every model and
+/// optimizer tensor byte, the tensors in parallel. A tensor stored as chunks in several parts is read from
+/// its parts' maps a piece at a time (`Tensor::data_pieces`, as ckpt's writers and conversions read it),
+/// not joined into fresh memory first: like every other tensor here, and like `pt_read`'s, it is read
+/// where it lies.
 ///
 /// # Errors
 /// Any read error, as text.
 pub fn hfai_read(path: &Path) -> Result<u64> {
+    const PIECE: usize = 4 << 20;
     let c = ckpt_hfai::HfaiReader::open(path).map_err(text)?;
     let tensors: Vec<&Tensor> = c
         .models()
@@ -107,7 +111,16 @@ pub fn hfai_read(path: &Path) -> Result<u64> {
         .chain(c.optimizers())
         .flat_map(|d| d.items.iter().filter_map(|(_, v)| v.as_tensor()))
         .collect();
-    let sums: Vec<u64> = tensors.par_iter().map(|t| fold_tensor(0, t)).collect::<Result<_>>()?;
+    let fold_pieces = |t: &&Tensor| {
+        let mut sum = 0u64;
+        t.data_pieces(PIECE, |piece| {
+            sum = fold_bytes(sum, piece);
+            Ok::<(), ckpt_core::Error>(())
+        })
+        .map_err(text)?;
+        Ok(sum)
+    };
+    let sums: Vec<u64> = tensors.par_iter().map(fold_pieces).collect::<Result<_>>()?;
     Ok(sums.into_iter().fold(0, u64::wrapping_add))
 }
 
