@@ -17,8 +17,8 @@ Workloads (each names the file or directory it runs on):
   RSS from ``wait4``.
 * ``dcp-read=DIR``: read every tensor byte. Reference: ``dcp.load`` into preallocated tensors
   (``no_dist=True``). ckpt: ``DcpReader`` + ``read_tensor`` of every key + checksum.
-* ``hfai-read=DIR``: the hfai reference ``load`` (``conformance/python/hfai/hfai_ref.py``) vs ``HfaiCheckpoint``
-  + checksum of every tensor.
+* ``hfai-read=DIR``: the hfai reference ``load`` (``conformance/python/hfai/hfai_ref.py``) vs ``HfaiReader``
+  + checksum of every tensor (a tensor chunked over parts read from its parts a piece at a time).
 * ``pbg-read=FILE.h5``: h5py reading the ``embeddings`` dataset whole vs ckpt-pbg's partition read + checksum.
 
 Each workload runs its two sides alternately (A B A B ...) ``--reps`` times after one warm-up each, and prints

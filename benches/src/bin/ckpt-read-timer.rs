@@ -10,7 +10,7 @@
 //! - `pt-read`: open a `torch.save` file and read every tensor byte;
 //! - `dcp-open`: open a DCP checkpoint directory (metadata decoded and validated);
 //! - `dcp-read`: open a DCP checkpoint and read every tensor byte (whole tensors, assembled);
-//! - `hfai-read`: open an hfai checkpoint directory and read every tensor byte;
+//! - `hfai-read`: open an hfai checkpoint directory and read every tensor byte (chunked ones from their parts);
 //! - `pbg-read`: read a PyTorch-BigGraph embedding partition (`embeddings_*.h5`) whole;
 //! - `recis-read`: open a RecIS checkpoint and read every byte of its `item` table's slots.
 //!

@@ -380,12 +380,23 @@ impl Archive {
     pub fn parse_overlapped<T>(
         bytes: &[u8],
         scanned: &(dyn Fn(Range<u64>) + Sync),
+        work: impl FnMut(&Archive) -> T,
+    ) -> Result<(Archive, T), ZipError> {
+        Self::parse_overlapped_from(bytes, OVERLAP_MIN_RECORDS, scanned, work)
+    }
+
+    /// [`Archive::parse_overlapped`] with the second thread used from `min_records` records on (0: for
+    /// every archive whose `data.pkl` is where torch puts it; for tests and fuzzing of that path).
+    pub fn parse_overlapped_from<T>(
+        bytes: &[u8],
+        min_records: usize,
+        scanned: &(dyn Fn(Range<u64>) + Sync),
         mut work: impl FnMut(&Archive) -> T,
     ) -> Result<(Archive, T), ZipError> {
         let mut archive = Self::parse_central(bytes, LocalHeaders::Predict)?;
         let pkl_predicted =
             archive.get("data.pkl").map(|r| local_data_offset(bytes, r).is_ok_and(|at| at == r.data_offset));
-        if archive.records.len() < OVERLAP_MIN_RECORDS || pkl_predicted != Some(true) {
+        if archive.records.len() < min_records || pkl_predicted != Some(true) {
             for i in 0..archive.records.len() {
                 if let Some(r) = archive.records.get(i) {
                     let at = local_data_offset(bytes, r)?;
