@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use smallvec::SmallVec;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::buffer::Buffer;
@@ -42,8 +43,8 @@ element!(u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, u64
 #[derive(Clone)]
 pub struct Tensor {
     dtype: DType,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     storage_offset: usize,
     storage: Buffer,
     requires_grad: bool,
@@ -51,9 +52,16 @@ pub struct Tensor {
     neg: bool,
 }
 
+/// A tensor's sizes or strides: inline up to 4 dimensions, so that most tensors allocate for neither.
+type Dims = SmallVec<[usize; 4]>;
+
 /// Row-major (C-contiguous) strides for `shape`, in elements.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; shape.len()];
+    contiguous_dims(shape).into_vec()
+}
+
+fn contiguous_dims(shape: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; shape.len()];
     let mut acc = 1usize;
     for (s, &d) in strides.iter_mut().zip(shape).rev() {
         *s = acc;
@@ -84,8 +92,8 @@ impl Tensor {
         }
         Ok(Tensor {
             dtype,
-            strides: contiguous_strides(shape),
-            shape: shape.to_vec(),
+            strides: contiguous_dims(shape),
+            shape: Dims::from_slice(shape),
             storage_offset: 0,
             storage,
             requires_grad: false,
@@ -129,8 +137,8 @@ impl Tensor {
         }
         Ok(Tensor {
             dtype,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            shape: Dims::from_slice(shape),
+            strides: Dims::from_slice(strides),
             storage_offset,
             storage,
             requires_grad: false,
@@ -397,7 +405,7 @@ impl Tensor {
         };
         Ok(Tensor {
             dtype: self.dtype,
-            strides: contiguous_strides(&self.shape),
+            strides: contiguous_dims(&self.shape),
             shape: self.shape.clone(),
             storage_offset: 0,
             storage,
@@ -513,8 +521,8 @@ impl Tensor {
             )));
         }
         let mut t = self.to_contiguous()?;
-        t.strides = contiguous_strides(shape);
-        t.shape = shape.to_vec();
+        t.strides = contiguous_dims(shape);
+        t.shape = Dims::from_slice(shape);
         Ok(t)
     }
 

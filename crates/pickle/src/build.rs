@@ -13,6 +13,12 @@
 //! which a tree cannot express, so the VM [declines](Declined) instead (CPython writes that only for
 //! self-referencing structures). The same holds for DUP.
 //!
+//! # Constructs read straight from the input
+//! A builder that knows a run of opcodes by heart can read it itself ([`Builder::construct`], at a GET):
+//! torch's tensor record, for one, is thirty-odd opcodes of one shape. It reports each opcode to a [`Tally`],
+//! which counts what the VM would have counted, and the VM takes the construct's value only if those counts
+//! pass every limit and no memo key the construct writes is ever read; otherwise it runs the opcodes itself.
+//!
 //! # Limits and errors
 //! Every [`Limits`] value is enforced, conservatively: the materialised node count, payload bytes and depth are
 //! computed on the fly (a memoized object consumed `k` times counts `k` times, before it is copied), so memo
@@ -30,8 +36,10 @@ use crate::limits::Limits;
 use crate::opcode as op;
 use crate::text;
 
+mod construct;
 mod values;
 
+pub use construct::{Construct, Memo, Tally};
 pub(crate) use values::ValueBuilder;
 
 /// The single-pass decoder gave up on this input; decode it with [`decode_with`](crate::decode_with), which
@@ -162,6 +170,17 @@ pub trait Builder<'a> {
     /// A copy of `v` for one more reference to it (the VM has checked, before calling, that the copy stays
     /// within the limits).
     fn share(&mut self, v: &Self::Value) -> Result<Self::Value, Declined>;
+
+    /// Reads the construct that starts with the GET at `at` (`data[at]` is BINGET or LONG_BINGET) straight
+    /// from the input, if the builder knows it, reporting every opcode it reads to a [`Tally`] (see
+    /// [`Construct`]'s module); `None` lets the VM run the opcodes. The VM takes the construct only if the same
+    /// opcodes would have passed every limit and no memo key it writes is ever read, and runs the opcodes
+    /// itself otherwise: so the value must be exactly what the VM's calls to the builder would have made of
+    /// them, and nothing the builder does here may change what its later calls do. The default reads none.
+    fn construct(&mut self, data: &'a [u8], at: usize, memo: &Memo<'_, Self::Value>) -> Option<Construct<Self::Value>> {
+        let _ = (data, at, memo);
+        None
+    }
 }
 
 /// Runs the pickle at the start of `data` under `limits`, handing every object to `builder`; returns what the
@@ -270,6 +289,14 @@ struct Written {
 }
 
 impl Written {
+    /// Whether `key` was written.
+    fn contains(&self, key: u64) -> bool {
+        match &self.set {
+            Some(set) => set.contains(key),
+            None => key < self.prefix,
+        }
+    }
+
     fn len(&self) -> usize {
         match &self.set {
             Some(set) => set.len,
@@ -930,6 +957,50 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
         self.push(v, meta)
     }
 
+    // ----- constructs -----
+
+    /// Takes the construct the builder reads at `at` ([`Builder::construct`]) if the VM would have run its
+    /// opcodes within every limit and none of the memo keys it writes is read: its value is pushed, its
+    /// counts added, its keys written, and the input continues after it. Whether it was taken.
+    fn construct(&mut self, at: usize) -> bool {
+        let data = self.data;
+        let Vm { builder, memo, shared, .. } = self;
+        let view = Memo { ids: memo, shared };
+        let Some(c) = builder.construct(data, at, &view) else { return false };
+        let t = &c.tally;
+        let Some(meta) = t.result() else { return false };
+        let l = self.limits;
+        let puts = t.puts();
+        // What the opcodes would have checked one by one, checked on their totals (every check is monotonic:
+        // the value holds everything made on the way, the counters only grow).
+        let fits = self.check(&meta).is_ok()
+            && t.longest <= usize_u64(l.max_container_len)
+            && self.vals.len().saturating_add(t.max_stack) <= l.max_container_len
+            && self.marks.len().saturating_add(t.max_marks) <= l.max_mark_depth
+            && self.vm_nodes.saturating_add(t.made_nodes) < usize_u64(l.max_nodes.min(u32::MAX as usize))
+            && self.vm_bytes.saturating_add(t.made_bytes) <= usize_u64(l.max_alloc_bytes)
+            && t.copied_nodes <= self.copy_budget.0
+            && t.copied_bytes <= self.copy_budget.1
+            && self.written.len().saturating_add(puts.len()) <= l.max_memo
+            // New keys, in increasing order (so each once), never read: anything else takes the VM.
+            && puts.windows(2).all(|w| w.first() < w.get(1))
+            && puts.iter().all(|&k| !self.memo.is_read(k) && !self.written.contains(k));
+        if !fits {
+            return false;
+        }
+        for &k in puts {
+            self.written.insert(k);
+        }
+        self.vm_nodes += t.made_nodes;
+        self.vm_bytes = self.vm_bytes.saturating_add(t.made_bytes);
+        self.copy_budget.0 -= t.copied_nodes;
+        self.copy_budget.1 -= t.copied_bytes;
+        self.vals.push(c.value);
+        self.meta.push(meta);
+        self.pos = c.end;
+        true
+    }
+
     // ----- the interpreter -----
 
     #[allow(clippy::too_many_lines)]
@@ -1189,10 +1260,16 @@ impl<'a, B: Builder<'a>> Vm<'a, '_, '_, B> {
                     self.memo_get(key)?;
                 }
                 op::BINGET => {
+                    if self.construct(self.pos - 1) {
+                        continue;
+                    }
                     let key = self.u8()?;
                     self.memo_get(u64::from(key))?;
                 }
                 op::LONG_BINGET => {
+                    if self.construct(self.pos - 1) {
+                        continue;
+                    }
                     let key = self.u32()?;
                     self.memo_get(u64::from(key))?;
                 }

@@ -72,7 +72,10 @@ pub struct TorchReader {
     container: Container,
     prefix: Option<String>,
     version: Option<u64>,
-    records: Vec<String>,
+    /// The ZIP archive's central directory (none for a legacy file).
+    archive: Option<Box<Archive>>,
+    /// Its record names, made on the first call of [`TorchReader::records`].
+    records: OnceLock<Vec<String>>,
     /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
     state_dict: Option<Value>,
     /// Leaves by name, built on the first look-up (reading every entry stays linear).
@@ -117,7 +120,8 @@ impl TorchReader {
                     container: Container::Legacy,
                     prefix: None,
                     version: None,
-                    records: Vec::new(),
+                    archive: None,
+                    records: OnceLock::new(),
                     leaf_index: OnceLock::new(),
                 })
             }
@@ -163,7 +167,8 @@ impl TorchReader {
 
     /// Record names in the archive (without the prefix), in archive order.
     pub fn records(&self) -> &[String] {
-        &self.records
+        self.records
+            .get_or_init(|| self.archive.iter().flat_map(|a| a.records()).map(|r| r.short_name().to_owned()).collect())
     }
 
     /// The leaf named `name` (every dict, list and tuple is descended into; keys joined by `.`).
@@ -371,7 +376,8 @@ fn read_zip(buffer: &Buffer, options: &ReadOptions) -> Result<TorchReader> {
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
         version: Some(version),
-        records: archive.records().iter().map(|r| r.short_name().to_owned()).collect(),
+        archive: Some(Box::new(archive)),
+        records: OnceLock::new(),
         leaf_index: OnceLock::new(),
     })
 }
@@ -494,7 +500,8 @@ mod tests {
             container: Container::Zip,
             prefix: None,
             version: None,
-            records: Vec::new(),
+            archive: None,
+            records: OnceLock::new(),
             state_dict: None,
             leaf_index: OnceLock::new(),
         };
@@ -756,5 +763,142 @@ mod tests {
             }
         }
         assert!(accepted > 100 && declined > 100, "{accepted} accepted, {declined} declined");
+    }
+
+    /// A state dict written by ckpt's writer (torch's layout): `n` tensors of every rank from 0 to 9, with
+    /// offsets into shared storages, `requires_grad` on some, float and integer dtypes, parameters and nested
+    /// dicts among them, and sizes and strides that need BININT.
+    fn many_tensors(n: usize) -> Buffer {
+        use ckpt_core::{Dict, DictKind};
+        let mut sd = Dict::new(DictKind::OrderedDict);
+        let f32s = ckpt_core::Buffer::copy_from(&[7u8; 4 * 4096]).unwrap();
+        let i64s = ckpt_core::Buffer::copy_from(&[3u8; 8 * 512]).unwrap();
+        for i in 0..n {
+            let rank = i % 10;
+            let shape: Vec<usize> = (0..rank).map(|d| 1 + (i + d) % 3).collect();
+            let numel: usize = shape.iter().product();
+            let (dtype, storage, cap) =
+                if i % 3 == 0 { (DType::I64, i64s.clone(), 512) } else { (DType::F32, f32s.clone(), 4096) };
+            let offset = (i * 13) % (cap - numel);
+            let strides = ckpt_core::contiguous_strides(&shape);
+            let t =
+                Tensor::from_parts(dtype, &shape, &strides, offset, storage).unwrap().with_requires_grad(i % 4 == 1);
+            let v = if i % 17 == 5 {
+                Value::Parameter { tensor: t, state: None }
+            } else if i % 23 == 7 {
+                let mut inner = Dict::new(DictKind::Dict);
+                inner.insert("w", Value::Tensor(t));
+                Value::Dict(inner)
+            } else {
+                Value::Tensor(t)
+            };
+            sd.insert(format!("layers.{i}.w"), v);
+        }
+        // A tensor of more than 65535 elements (BININT sizes), and a view of it with a larger stride.
+        let big = ckpt_core::Buffer::copy_from(&vec![1u8; 140_000]).unwrap();
+        sd.insert("big", Value::Tensor(Tensor::from_parts(DType::U8, &[70_000], &[1], 0, big.clone()).unwrap()));
+        sd.insert("wide", Value::Tensor(Tensor::from_parts(DType::U8, &[2, 3], &[66_000, 1], 7, big).unwrap()));
+        let bytes =
+            crate::save_to_writer(&Value::Dict(sd), Vec::new(), "archive", &crate::WriteOptions::default()).unwrap();
+        Buffer::from_vec(bytes)
+    }
+
+    /// `data.pkl` of an archive, and the archive.
+    fn pickle_of(b: &Buffer) -> (Archive, Vec<u8>) {
+        let archive = Archive::parse(b.as_bytes()).unwrap();
+        let pkl = archive.data(b.as_bytes(), archive.get("data.pkl").unwrap()).unwrap().to_vec();
+        (archive, pkl)
+    }
+
+    /// The single pass with and without tensor records read straight from the bytes: the value (Debug
+    /// rendering: dtypes, shapes, strides, offsets, storages), or `None` for a decline; and how many records
+    /// were read that way.
+    fn both_ways(
+        b: &Buffer,
+        archive: &Archive,
+        pkl: &[u8],
+        limits: &ckpt_pickle::Limits,
+    ) -> (Option<String>, Option<String>, usize) {
+        let mut storages = ZipStorages::new(archive, b);
+        let (fast, read) = single_pass::rebuild_counting(pkl, limits, &mut storages, true);
+        let mut storages = ZipStorages::new(archive, b);
+        let (slow, none) = single_pass::rebuild_counting(pkl, limits, &mut storages, false);
+        assert_eq!(none, 0);
+        (fast.map(|v| format!("{v:?}")), slow.map(|v| format!("{v:?}")), read)
+    }
+
+    #[test]
+    fn tensor_records_read_from_the_bytes_build_what_the_vm_builds() {
+        let limits = ckpt_pickle::Limits::default();
+        let mut read_total = 0;
+        let mut files = fixtures();
+        files.push(many_tensors(700));
+        for b in &files {
+            let (archive, pkl) = pickle_of(b);
+            let (fast, slow, read) = both_ways(b, &archive, &pkl, &limits);
+            assert!(fast.is_some(), "declined");
+            assert_eq!(fast, slow);
+            read_total += read;
+        }
+        // Every tensor record after the first of its kind, in the generated file (the other records are the
+        // first tensor, whose globals are new, and the parameter's and nested ones, read the same way).
+        assert!(read_total > 600, "{read_total} records read from the bytes");
+        let reader = TorchReader::from_buffer(files.last().unwrap(), &ReadOptions::default()).unwrap();
+        assert!(matches!(reader.get("layers.1.w").unwrap(), Value::Tensor(t) if t.requires_grad()));
+        assert!(matches!(reader.get("big").unwrap(), Value::Tensor(t) if t.shape() == [70_000]));
+    }
+
+    /// Every limit of the pickle decoder, at and around the smallest value the VM accepts the file at:
+    /// with tensor records read from the bytes the single pass accepts exactly when it does without, and
+    /// builds the same value.
+    #[test]
+    fn tensor_records_read_from_the_bytes_count_every_limit_as_the_vm() {
+        use ckpt_pickle::Limits;
+        type Field = fn(&mut Limits) -> &mut usize;
+        let fields: [(&str, Field); 7] = [
+            ("max_depth", |l| &mut l.max_depth),
+            ("max_mark_depth", |l| &mut l.max_mark_depth),
+            ("max_memo", |l| &mut l.max_memo),
+            ("max_container_len", |l| &mut l.max_container_len),
+            ("max_nodes", |l| &mut l.max_nodes),
+            ("max_alloc_bytes", |l| &mut l.max_alloc_bytes),
+            ("max_int_digits", |l| &mut l.max_int_digits),
+        ];
+        let mut files: Vec<Buffer> = fixtures()
+            .into_iter()
+            .filter(|b| {
+                let (archive, pkl) = pickle_of(b);
+                both_ways(b, &archive, &pkl, &Limits::default()).2 > 0
+            })
+            .collect();
+        assert!(files.len() >= 3, "{} fixtures with tensor records read from the bytes", files.len());
+        files.push(many_tensors(120));
+        let mut checked = 0;
+        for b in &files {
+            let (archive, pkl) = pickle_of(b);
+            for (name, field) in fields {
+                let accepts = |v: usize| {
+                    let mut l = Limits::default();
+                    *field(&mut l) = v;
+                    let (fast, slow, _) = both_ways(b, &archive, &pkl, &l);
+                    assert_eq!(fast, slow, "{name} = {v}");
+                    slow.is_some()
+                };
+                // The smallest value the VM accepts (acceptance grows with every limit).
+                let (mut lo, mut hi) = (0usize, *field(&mut Limits::default()));
+                if !accepts(hi) {
+                    continue;
+                }
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if accepts(mid) { hi = mid } else { lo = mid + 1 }
+                }
+                for v in lo.saturating_sub(3)..=lo + 3 {
+                    accepts(v);
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked}");
     }
 }

@@ -4,6 +4,9 @@
 //! until something keeps them (a storage's persistent id, a tensor's rebuild arguments never become values);
 //! storages are resolved as they appear.
 //!
+//! Tensor records after the first ([`construct`]) are read straight from their bytes, without the VM's
+//! dispatch and intermediate values.
+//!
 //! The result is exactly what [`crate::rebuild::Rebuilder`] makes of the decoded pickle: this module applies
 //! the same rules to the same arguments. Whatever it cannot reproduce exactly (an error of any kind, a second
 //! BUILD, a memo pattern the single-pass VM declines) makes it return `None`, and the caller runs the full
@@ -11,10 +14,12 @@
 
 use std::borrow::Cow;
 
-use ckpt_core::{DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
-use ckpt_pickle::build::{Builder, Call, CallKind, Declined, Items, Pairs, Sequence, build};
+use ckpt_core::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
+use ckpt_pickle::build::{Builder, Call, CallKind, Construct, Declined, Items, Memo, Pairs, Sequence, build};
 
 use crate::rebuild::{latin1, opaque_kind};
+
+mod construct;
 
 /// Resolves a storage's persistent id to its bytes and dtype.
 pub(crate) trait CoreStorages {
@@ -25,9 +30,21 @@ pub(crate) trait CoreStorages {
 
 /// Decodes and rebuilds a ZIP `data.pkl`, or `None` when the full path must (see the module docs).
 pub(crate) fn rebuild(pkl: &[u8], limits: &ckpt_pickle::Limits, storages: &mut dyn CoreStorages) -> Option<Value> {
-    let mut b = TorchBuilder { storages, globals: Vec::new() };
-    let (root, _) = build(pkl, limits, &mut b).ok()?;
-    b.finish(root).ok()
+    rebuild_counting(pkl, limits, storages, true).0
+}
+
+/// [`rebuild`], with tensor records read straight from the bytes ([`construct`]) or, `constructs` false, all
+/// run by the VM (for tests that compare the two); and how many records were read that way (each of which
+/// the VM took, or ran itself).
+pub(crate) fn rebuild_counting(
+    pkl: &[u8],
+    limits: &ckpt_pickle::Limits,
+    storages: &mut dyn CoreStorages,
+    constructs: bool,
+) -> (Option<Value>, usize) {
+    let mut b = TorchBuilder { storages, globals: Vec::new(), constructs, read: 0 };
+    let value = build(pkl, limits, &mut b).ok().and_then(|(root, _)| b.finish(root).ok());
+    (value, b.read)
 }
 
 /// A global: what it becomes as a value, and what the rebuild rules make of its Python 3 name.
@@ -119,6 +136,10 @@ pub(crate) enum T<'a> {
 struct TorchBuilder<'s> {
     storages: &'s mut dyn CoreStorages,
     globals: Vec<Global>,
+    /// Whether tensor records are read straight from the bytes ([`construct`]).
+    constructs: bool,
+    /// Tensor records read that way.
+    read: usize,
 }
 
 type R<T> = Result<T, Declined>;
@@ -433,11 +454,24 @@ impl TorchBuilder<'_> {
                 }
             }
         }
-        let tensor = Tensor::from_parts(dtype, size.as_slice(), stride.as_slice(), offset, data)
-            .and_then(|t| t.with_lazy_bits(conj, neg))
-            .map_err(|_| Declined)?;
-        Ok(Value::Tensor(tensor.with_requires_grad(requires_grad)))
+        tensor_value(dtype, size.as_slice(), stride.as_slice(), offset, data, (conj, neg), requires_grad)
     }
+}
+
+/// The tensor `_rebuild_tensor*` makes of its arguments.
+fn tensor_value(
+    dtype: DType,
+    size: &[usize],
+    stride: &[usize],
+    offset: usize,
+    data: Buffer,
+    (conj, neg): (bool, bool),
+    requires_grad: bool,
+) -> R<Value> {
+    let tensor = Tensor::from_parts(dtype, size, stride, offset, data)
+        .and_then(|t| t.with_lazy_bits(conj, neg))
+        .map_err(|_| Declined)?;
+    Ok(Value::Tensor(tensor.with_requires_grad(requires_grad)))
 }
 
 impl<'a> Builder<'a> for TorchBuilder<'_> {
@@ -580,5 +614,14 @@ impl<'a> Builder<'a> for TorchBuilder<'_> {
 
     fn share(&mut self, v: &T<'a>) -> R<T<'a>> {
         Ok(v.clone())
+    }
+
+    fn construct(&mut self, data: &'a [u8], at: usize, memo: &Memo<'_, T<'a>>) -> Option<Construct<T<'a>>> {
+        if !self.constructs {
+            return None;
+        }
+        let c = construct::tensor_v2(self, data, at, memo)?;
+        self.read += 1;
+        Some(c)
     }
 }

@@ -2,6 +2,7 @@
 
 use std::cmp::Ordering;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use super::{
     CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, DEFAULT_ALIGNMENT, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN,
@@ -363,10 +364,11 @@ impl Archive {
     /// and archives whose `data.pkl` is not where torch would put it, are parsed first and worked on
     /// after.
     ///
-    /// When the header thread is done, it calls `scanned` with the ranges of `bytes` it read headers
-    /// from, less `data.pkl`'s record, which `work` reads: the owner of a memory map can drop those pages
-    /// from the process's page tables there ([`ckpt_core::Buffer::forget_mapped_pages`]), off the
-    /// thread that waits for `work`, rather than pay for them when the map is unmapped.
+    /// The headers are read in batches, by the second thread and, once `work` is done, by this one too.
+    /// After each batch, `scanned` gets the range of `bytes` its headers were read from, less `data.pkl`'s
+    /// record, which `work` reads: the owner of a memory map can drop those pages from the process's page
+    /// tables there ([`ckpt_core::Buffer::forget_mapped_pages`]), rather than pay for them when the map
+    /// is unmapped.
     ///
     /// ```
     /// use ckpt_torch::zip::{Archive, ZipWriter};
@@ -409,16 +411,31 @@ impl Archive {
             let out = work(&archive);
             return Ok((archive, out));
         }
-        let (moved, out) = std::thread::scope(|s| {
-            let headers = s.spawn(|| {
-                let moved = moved_data(bytes, &archive.records);
-                scanned_ranges(&archive, bytes.len() as u64).for_each(scanned);
-                moved
-            });
+        // Both threads take the headers in batches from one counter: the second thread from the start, this
+        // one once `work` is done, so neither waits while the other has headers left.
+        let next = AtomicUsize::new(0);
+        let len = bytes.len() as u64;
+        let pkl = archive.get("data.pkl").map_or(0..0, |r| r.local_header_offset..r.data_range().end);
+        let scan = || scan_headers(bytes, &archive.records, &next, &pkl, len, scanned);
+        let (theirs, out, mine) = std::thread::scope(|s| {
+            let headers = s.spawn(scan);
             let out = work(&archive);
-            // The header reader does not panic; if it did, read the headers here.
-            (headers.join().unwrap_or_else(|_| moved_data(bytes, &archive.records)), out)
+            let mine = scan();
+            (headers.join(), out, mine)
         });
+        // The header reader does not panic; if it did, read every header here.
+        let theirs =
+            theirs.unwrap_or_else(|_| scan_headers(bytes, &archive.records, &AtomicUsize::new(0), &pkl, len, &|_| {}));
+        let moved = match (theirs, mine) {
+            (Ok(mut a), Ok(b)) => {
+                a.extend(b);
+                Ok(a)
+            }
+            // The first error in central-directory order: every batch before the one that failed was read
+            // whole, by one thread or the other.
+            (Err((i, e)), Err((j, f))) => Err(if i <= j { e } else { f }),
+            (Err((_, e)), Ok(_)) | (Ok(_), Err((_, e))) => Err(e),
+        };
         let moved = moved?;
         for &(i, at) in &moved {
             if let Some(r) = archive.records.get_mut(i) {
@@ -475,10 +492,13 @@ impl Archive {
         }
         let prefix = prefix.unwrap_or_default();
 
-        // Names: sorted index for lookup, duplicates rejected.
+        // Names: sorted index for lookup, duplicates rejected. Sorted by length, then bytes (any total order
+        // serves a binary search): torch's `data/0`, `data/1`, ... are then already in order, a few runs that
+        // the sort merges in linear time, where byte order (`data/10` before `data/2`) costs n log n
+        // comparisons.
         let mut by_name: Vec<usize> = (0..records.len()).collect();
         let short = |i: &usize| records.get(*i).map(Record::short_name).unwrap_or_default();
-        by_name.sort_by(|a, b| short(a).cmp(short(b)));
+        by_name.sort_by(|a, b| name_order(short(a), short(b)));
         for pair in by_name.windows(2) {
             if let [a, b] = pair {
                 if short(a) == short(b) {
@@ -509,7 +529,7 @@ impl Archive {
         let idx = self
             .by_name
             .binary_search_by(|&i| {
-                self.records.get(i).map_or(Ordering::Less, |r| r.short_name().cmp(name_without_prefix))
+                self.records.get(i).map_or(Ordering::Less, |r| name_order(r.short_name(), name_without_prefix))
             })
             .ok()?;
         self.records.get(*self.by_name.get(idx)?)
@@ -559,6 +579,11 @@ impl Archive {
             Err(ZipError::CrcMismatch { name: rec.name.clone(), expected: rec.crc32, actual })
         }
     }
+}
+
+/// The order of [`Archive`]'s name index: by length, then by bytes.
+fn name_order(a: &str, b: &str) -> Ordering {
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
 }
 
 /// Whether [`Archive::parse_central`] reads each record's local header or predicts where its data is.
@@ -677,29 +702,44 @@ fn local_data_offset(bytes: &[u8], rec: &Record) -> Result<u64, ZipError> {
     Ok(l.pos)
 }
 
-/// The ranges [`moved_data`] read headers from, as whole spans from the first local header to the end of
-/// the last: before and after `data.pkl`'s record (header and data), which the decoder reads meanwhile.
-fn scanned_ranges(archive: &Archive, len: u64) -> impl Iterator<Item = Range<u64>> {
-    let headers = archive.records.iter().map(|r| r.local_header_offset);
-    let (first, last) = (headers.clone().min().unwrap_or(0), headers.max().unwrap_or(0));
-    let end = last.saturating_add(LOCAL_HEADER_LEN + u64::from(u16::MAX) * 2).min(len);
-    let (pkl_start, pkl_end) = archive
-        .get("data.pkl")
-        .map_or((end, end), |r| (r.local_header_offset, r.data_offset.saturating_add(r.compressed_size).min(end)));
-    [first..pkl_start.max(first), pkl_end.max(first)..end].into_iter().filter(|r| r.start < r.end)
-}
+/// Records whose local headers one take of [`scan_headers`] reads.
+const HEADER_BATCH: usize = 512;
 
-/// Reads every record's local header; returns the records whose data is not where their `data_offset`
-/// says (index, offset the header gives), or the first header's error in central-directory order.
-fn moved_data(bytes: &[u8], records: &[Record]) -> Result<Vec<(usize, u64)>, ZipError> {
+/// Reads local headers in batches of [`HEADER_BATCH`] records taken from `next` until none are left, and
+/// after each batch hands `scanned` the span of the file it read them from (less `skip`, `data.pkl`'s record,
+/// which the decoder reads meanwhile). Returns the records whose data is not where their `data_offset` says
+/// (index, offset the header gives), or the first error this call met, with its record's index.
+fn scan_headers(
+    bytes: &[u8],
+    records: &[Record],
+    next: &AtomicUsize,
+    skip: &Range<u64>,
+    len: u64,
+    scanned: &(dyn Fn(Range<u64>) + Sync),
+) -> Result<Vec<(usize, u64)>, (usize, ZipError)> {
     let mut moved = Vec::new();
-    for (i, r) in records.iter().enumerate() {
-        let at = local_data_offset(bytes, r)?;
-        if at != r.data_offset {
-            moved.push((i, at));
+    loop {
+        let start = next.fetch_add(HEADER_BATCH, AtomicOrdering::Relaxed);
+        let Some(batch) = records.get(start..records.len().min(start.saturating_add(HEADER_BATCH))) else {
+            return Ok(moved);
+        };
+        let (mut first, mut last) = (u64::MAX, 0);
+        for (i, r) in (start..).zip(batch) {
+            let at = local_data_offset(bytes, r).map_err(|e| (i, e))?;
+            if at != r.data_offset {
+                moved.push((i, at));
+            }
+            first = first.min(r.local_header_offset);
+            last = last.max(at);
+        }
+        let span = first..last.min(len);
+        for part in [span.start..skip.start.clamp(span.start, span.end), skip.end.clamp(span.start, span.end)..span.end]
+        {
+            if part.start < part.end {
+                scanned(part);
+            }
         }
     }
-    Ok(moved)
 }
 
 /// Rejects records that extend past the end of the slice, overlap the central directory, or
