@@ -139,12 +139,13 @@ fn describe(v: &Value) -> String {
 impl Part {
     /// Maps and reads `path`, checking the header and the layout of every model and optimizer share.
     pub(crate) fn open(path: &Path, options: &ReadOptions) -> Result<Part> {
-        let buffer = Buffer::map_file(path).map_err(|e| match e {
+        let file = std::fs::File::open(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        let buffer = Buffer::map(&file, path).map_err(|e| match e {
             ckpt_core::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
         let fingerprint = Fingerprint::of_bytes(buffer.as_bytes());
-        let value = TorchReader::from_buffer(&buffer, options).map_err(|e| e.at(path))?.into_value();
+        let value = TorchReader::from_map(&file, &buffer, options).map_err(|e| e.at(path))?.into_value();
         let c = Checker { path };
         let top = match value {
             Value::Dict(d) => d,

@@ -44,7 +44,7 @@ mod write;
 #[cfg(test)]
 mod tests;
 
-pub use read::{Archive, Record};
+pub use read::{Archive, HeaderSource, Record};
 pub use sid::serialization_id;
 pub use write::{Producer, Sink, WriterOptions, ZipWriter};
 

@@ -1,6 +1,7 @@
 //! Central-directory based, zero-copy reader for torch ZIP archives.
 
 use std::cmp::Ordering;
+use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
@@ -107,6 +108,32 @@ pub struct Archive {
     shift: u64,
     /// Offset of the central directory (shift applied).
     cd_offset: u64,
+}
+
+/// Where [`Archive::parse_overlapped`] reads the local headers from.
+#[derive(Clone, Copy)]
+pub enum HeaderSource<'a> {
+    /// The slice itself. After each batch of headers, the function gets the range of the slice they were
+    /// read from, less `data.pkl`'s record (which the work reads meanwhile): the owner of a memory map can
+    /// drop those pages from the process's page tables ([`ckpt_core::Buffer::forget_mapped_pages`]), rather
+    /// than pay for them when the map is unmapped.
+    Slice(&'a (dyn Fn(Range<u64>) + Sync)),
+    /// Reads of the same bytes as the slice's that map nothing: the function fills its buffer with the bytes
+    /// at an offset of the slice and says whether it could. For a memory-mapped file, a positioned read
+    /// (`pread`) of the file: a local header lies on a page of its own in an archive of 10 KiB records, and
+    /// one `pread` of it costs about half of what mapping that page and unmapping it later cost. A header
+    /// that cannot be read so, or is not the well-formed header of the record the central directory names,
+    /// is read again from the slice, which gives the precise error.
+    ReadAt(&'a (dyn Fn(u64, &mut [u8]) -> bool + Sync)),
+}
+
+impl fmt::Debug for HeaderSource<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HeaderSource::Slice(_) => "HeaderSource::Slice",
+            HeaderSource::ReadAt(_) => "HeaderSource::ReadAt",
+        })
+    }
 }
 
 /// Bounds-checked little-endian reader over a region `[0, end)` of the archive slice.
@@ -364,27 +391,24 @@ impl Archive {
     /// and archives whose `data.pkl` is not where torch would put it, are parsed first and worked on
     /// after.
     ///
-    /// The headers are read in batches, by the second thread and, once `work` is done, by this one too.
-    /// After each batch, `scanned` gets the range of `bytes` its headers were read from, less `data.pkl`'s
-    /// record, which `work` reads: the owner of a memory map can drop those pages from the process's page
-    /// tables there ([`ckpt_core::Buffer::forget_mapped_pages`]), rather than pay for them when the map
-    /// is unmapped.
+    /// The headers are read in batches, by the second thread and, once `work` is done, by this one too,
+    /// from where `headers` says ([`HeaderSource`]).
     ///
     /// ```
-    /// use ckpt_torch::zip::{Archive, ZipWriter};
+    /// use ckpt_torch::zip::{Archive, HeaderSource, ZipWriter};
     /// let mut w = ZipWriter::new(Vec::new(), "archive");
     /// w.write_record("data.pkl", b"pickle").unwrap();
     /// let bytes = w.finish().unwrap();
     /// let data_pkl_len = |a: &Archive| a.data(&bytes, a.get("data.pkl").unwrap()).unwrap().len();
-    /// let (archive, n) = Archive::parse_overlapped(&bytes, &|_| {}, data_pkl_len).unwrap();
+    /// let (archive, n) = Archive::parse_overlapped(&bytes, HeaderSource::Slice(&|_| {}), data_pkl_len).unwrap();
     /// assert_eq!((archive.records().len(), n), (1, 6));
     /// ```
     pub fn parse_overlapped<T>(
         bytes: &[u8],
-        scanned: &(dyn Fn(Range<u64>) + Sync),
+        headers: HeaderSource<'_>,
         work: impl FnMut(&Archive) -> T,
     ) -> Result<(Archive, T), ZipError> {
-        Self::parse_overlapped_from(bytes, OVERLAP_MIN_RECORDS, scanned, work)
+        Self::parse_overlapped_from(bytes, OVERLAP_MIN_RECORDS, headers, work)
     }
 
     /// [`Archive::parse_overlapped`] with the second thread used from `min_records` records on (0: for
@@ -392,7 +416,7 @@ impl Archive {
     pub fn parse_overlapped_from<T>(
         bytes: &[u8],
         min_records: usize,
-        scanned: &(dyn Fn(Range<u64>) + Sync),
+        headers: HeaderSource<'_>,
         mut work: impl FnMut(&Archive) -> T,
     ) -> Result<(Archive, T), ZipError> {
         let mut archive = Self::parse_central(bytes, LocalHeaders::Predict)?;
@@ -414,9 +438,8 @@ impl Archive {
         // Both threads take the headers in batches from one counter: the second thread from the start, this
         // one once `work` is done, so neither waits while the other has headers left.
         let next = AtomicUsize::new(0);
-        let len = bytes.len() as u64;
         let pkl = archive.get("data.pkl").map_or(0..0, |r| r.local_header_offset..r.data_range().end);
-        let scan = || scan_headers(bytes, &archive.records, &next, &pkl, len, scanned);
+        let scan = || scan_headers(bytes, &archive.records, &next, &pkl, headers);
         let (theirs, out, mine) = std::thread::scope(|s| {
             let headers = s.spawn(scan);
             let out = work(&archive);
@@ -424,8 +447,9 @@ impl Archive {
             (headers.join(), out, mine)
         });
         // The header reader does not panic; if it did, read every header here.
-        let theirs =
-            theirs.unwrap_or_else(|_| scan_headers(bytes, &archive.records, &AtomicUsize::new(0), &pkl, len, &|_| {}));
+        let theirs = theirs.unwrap_or_else(|_| {
+            scan_headers(bytes, &archive.records, &AtomicUsize::new(0), &pkl, HeaderSource::Slice(&|_| {}))
+        });
         let moved = match (theirs, mine) {
             (Ok(mut a), Ok(b)) => {
                 a.extend(b);
@@ -702,22 +726,67 @@ fn local_data_offset(bytes: &[u8], rec: &Record) -> Result<u64, ZipError> {
     Ok(l.pos)
 }
 
+/// [`local_data_offset`] through `read_at` ([`read_local_header`]); a header that cannot be read so, or is not
+/// well formed, is read again from the slice, which gives the same answer or the precise error.
+fn local_data_offset_read(
+    bytes: &[u8],
+    rec: &Record,
+    read_at: &dyn Fn(u64, &mut [u8]) -> bool,
+    scratch: &mut Vec<u8>,
+) -> Result<u64, ZipError> {
+    match read_local_header(bytes.len() as u64, rec, read_at, scratch) {
+        Some(at) => Ok(at),
+        None => local_data_offset(bytes, rec),
+    }
+}
+
+/// Where `rec`'s data starts, by its local header read with one call of `read_at` (the fixed part and the
+/// name the central directory gives, into `scratch`) from an archive of `len` bytes. `None` where the read
+/// fails, or the header is not well formed with that name and inside the archive, its extra field included.
+fn read_local_header(
+    len: u64,
+    rec: &Record,
+    read_at: &dyn Fn(u64, &mut [u8]) -> bool,
+    scratch: &mut Vec<u8>,
+) -> Option<u64> {
+    let name = rec.name.as_bytes();
+    let fixed = LOCAL_HEADER_LEN as usize;
+    let want = fixed.saturating_add(name.len());
+    let name_end = rec.local_header_offset.checked_add(want as u64)?;
+    if name_end > len {
+        return None;
+    }
+    scratch.resize(want, 0);
+    if !read_at(rec.local_header_offset, scratch) {
+        return None;
+    }
+    let u16_at = |i: usize| scratch.get(i..i + 2).and_then(|b| <[u8; 2]>::try_from(b).ok()).map(u16::from_le_bytes);
+    let sig = scratch.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(u32::from_le_bytes);
+    let well_formed = sig == Some(LOCAL_HEADER_SIG)
+        && u16_at(26).is_some_and(|n| usize::from(n) == name.len())
+        && scratch.get(fixed..) == Some(name);
+    let at = name_end.checked_add(u64::from(u16_at(28)?))?;
+    (well_formed && at <= len).then_some(at)
+}
+
 /// Records whose local headers one take of [`scan_headers`] reads.
 const HEADER_BATCH: usize = 512;
 
-/// Reads local headers in batches of [`HEADER_BATCH`] records taken from `next` until none are left, and
-/// after each batch hands `scanned` the span of the file it read them from (less `skip`, `data.pkl`'s record,
-/// which the decoder reads meanwhile). Returns the records whose data is not where their `data_offset` says
-/// (index, offset the header gives), or the first error this call met, with its record's index.
+/// Reads local headers from `source` in batches of [`HEADER_BATCH`] records taken from `next` until none are
+/// left; for [`HeaderSource::Slice`], after each batch hands its function the span of the slice it read them
+/// from (less `skip`, `data.pkl`'s record, which the decoder reads meanwhile). Returns the records whose data
+/// is not where their `data_offset` says (index, offset the header gives), or the first error this call met,
+/// with its record's index.
 fn scan_headers(
     bytes: &[u8],
     records: &[Record],
     next: &AtomicUsize,
     skip: &Range<u64>,
-    len: u64,
-    scanned: &(dyn Fn(Range<u64>) + Sync),
+    source: HeaderSource<'_>,
 ) -> Result<Vec<(usize, u64)>, (usize, ZipError)> {
+    let len = bytes.len() as u64;
     let mut moved = Vec::new();
+    let mut scratch = Vec::new();
     loop {
         let start = next.fetch_add(HEADER_BATCH, AtomicOrdering::Relaxed);
         let Some(batch) = records.get(start..records.len().min(start.saturating_add(HEADER_BATCH))) else {
@@ -725,13 +794,18 @@ fn scan_headers(
         };
         let (mut first, mut last) = (u64::MAX, 0);
         for (i, r) in (start..).zip(batch) {
-            let at = local_data_offset(bytes, r).map_err(|e| (i, e))?;
+            let at = match source {
+                HeaderSource::Slice(_) => local_data_offset(bytes, r),
+                HeaderSource::ReadAt(read_at) => local_data_offset_read(bytes, r, read_at, &mut scratch),
+            }
+            .map_err(|e| (i, e))?;
             if at != r.data_offset {
                 moved.push((i, at));
             }
             first = first.min(r.local_header_offset);
             last = last.max(at);
         }
+        let HeaderSource::Slice(scanned) = source else { continue };
         let span = first..last.min(len);
         for part in [span.start..skip.start.clamp(span.start, span.end), skip.end.clamp(span.start, span.end)..span.end]
         {

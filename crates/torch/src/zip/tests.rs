@@ -1230,15 +1230,43 @@ fn many_records(n: usize, opts: WriterOptions) -> Vec<u8> {
     w.finish().unwrap()
 }
 
-/// What [`overlapped`] saw: the archive, what the last run of the work read, how many times the work ran,
+/// What [`overlapped_from`] saw: the archive, what the last run of the work read, how many times the work ran,
 /// and the ranges handed to `scanned`.
 type Overlapped = (Archive, Vec<Vec<u8>>, usize, Vec<std::ops::Range<u64>>);
 
-/// `parse_overlapped` with a work that reads every record.
-fn overlapped(bytes: &[u8]) -> Result<Overlapped, ZipError> {
+/// How [`overlapped_from`] reads the local headers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Reads {
+    /// From the slice ([`HeaderSource::Slice`]).
+    Slice,
+    /// Copies of the slice's bytes, as `pread` of the file gives them ([`HeaderSource::ReadAt`]).
+    Copies,
+    /// Copies, but every third read fails.
+    SomeFail,
+    /// Zeros: no header read so is well formed.
+    Zeros,
+}
+
+const READS: [Reads; 4] = [Reads::Slice, Reads::Copies, Reads::SomeFail, Reads::Zeros];
+
+/// `parse_overlapped` with a work that reads every record, the local headers read as `reads` says.
+fn overlapped_from(bytes: &[u8], reads: Reads) -> Result<Overlapped, ZipError> {
     let scanned = std::sync::Mutex::new(Vec::new());
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let forget = |r| scanned.lock().unwrap().push(r);
+    let read_at = |at: u64, out: &mut [u8]| {
+        let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(src) = bytes.get(at as usize..at as usize + out.len()) else { return false };
+        match reads {
+            Reads::Zeros => out.fill(0),
+            Reads::SomeFail if n % 3 == 0 => return false,
+            _ => out.copy_from_slice(src),
+        }
+        true
+    };
+    let source = if reads == Reads::Slice { HeaderSource::Slice(&forget) } else { HeaderSource::ReadAt(&read_at) };
     let mut runs = 0;
-    let (ar, data) = Archive::parse_overlapped(bytes, &|r| scanned.lock().unwrap().push(r), |a| {
+    let (ar, data) = Archive::parse_overlapped(bytes, source, |a| {
         runs += 1;
         a.records().iter().map(|r| a.data(bytes, r).map(<[u8]>::to_vec).unwrap_or_default()).collect::<Vec<_>>()
     })?;
@@ -1252,14 +1280,14 @@ fn records_data(bytes: &[u8]) -> Vec<Vec<u8>> {
 
 #[test]
 fn overlapped_parse_of_a_torch_layout_runs_the_work_once_on_the_parsed_offsets() {
-    for n in [3, 600, 2000] {
+    for (n, reads) in [3, 600, 2000].into_iter().flat_map(|n| READS.map(|r| (n, r))) {
         let bytes = many_records(n, WriterOptions::default());
-        let (ar, data, runs, scanned) = overlapped(&bytes).unwrap();
-        assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+        let (ar, data, runs, scanned) = overlapped_from(&bytes, reads).unwrap();
+        assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records(), "{reads:?}");
         assert_eq!(data, records_data(&bytes));
         assert_eq!(runs, 1);
-        if n < 512 {
-            assert!(scanned.is_empty(), "no second thread for {n} records");
+        if n < 512 || reads != Reads::Slice {
+            assert!(scanned.is_empty(), "no second thread for {n} records, no pages to drop after reads");
             continue;
         }
         // The scanned ranges cover the storages' headers and leave data.pkl's record to the work.
@@ -1277,18 +1305,20 @@ fn overlapped_parse_of_a_torch_layout_runs_the_work_once_on_the_parsed_offsets()
 #[test]
 fn overlapped_parse_of_another_alignment_reads_the_headers_first() {
     // data.pkl is not where a 64-byte alignment puts it: the headers are read before the work runs.
-    let bytes = many_records(700, WriterOptions { alignment: 4096, ..WriterOptions::default() });
-    let (ar, data, runs, scanned) = overlapped(&bytes).unwrap();
-    assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
-    assert_eq!(data, records_data(&bytes));
-    assert_eq!((runs, scanned.len()), (1, 0));
-    // At 16 bytes data.pkl's header happens to end on a multiple of 64 too: the work runs on the
-    // predicted offsets, then again on the headers' (every storage moved), with the same result.
-    let bytes = many_records(700, WriterOptions { alignment: 16, ..WriterOptions::default() });
-    let (ar, data, runs, _) = overlapped(&bytes).unwrap();
-    assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
-    assert_eq!(data, records_data(&bytes));
-    assert_eq!(runs, 2);
+    for reads in READS {
+        let bytes = many_records(700, WriterOptions { alignment: 4096, ..WriterOptions::default() });
+        let (ar, data, runs, scanned) = overlapped_from(&bytes, reads).unwrap();
+        assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+        assert_eq!(data, records_data(&bytes));
+        assert_eq!((runs, scanned.len()), (1, 0));
+        // At 16 bytes data.pkl's header happens to end on a multiple of 64 too: the work runs on the
+        // predicted offsets, then again on the headers' (every storage moved), with the same result.
+        let bytes = many_records(700, WriterOptions { alignment: 16, ..WriterOptions::default() });
+        let (ar, data, runs, _) = overlapped_from(&bytes, reads).unwrap();
+        assert_eq!(ar.records(), Archive::parse(&bytes).unwrap().records());
+        assert_eq!(data, records_data(&bytes));
+        assert_eq!(runs, 2, "{reads:?}");
+    }
 }
 
 #[test]
@@ -1310,10 +1340,12 @@ fn overlapped_parse_reruns_the_work_when_a_local_header_moves_the_data() {
     set16(&mut bytes, lho + 28, extra_len - 4);
     let parsed = Archive::parse(&bytes).unwrap();
     assert_eq!(parsed.get(rec.short_name()).unwrap().data_offset(), rec.data_offset() - 4);
-    let (ar2, data, runs, _) = overlapped(&bytes).unwrap();
-    assert_eq!(runs, 2, "the work ran on the predicted offsets, then on the headers'");
-    assert_eq!(ar2.records(), parsed.records());
-    assert_eq!(data, records_data(&bytes));
+    for reads in READS {
+        let (ar2, data, runs, _) = overlapped_from(&bytes, reads).unwrap();
+        assert_eq!(runs, 2, "the work ran on the predicted offsets, then on the headers' ({reads:?})");
+        assert_eq!(ar2.records(), parsed.records());
+        assert_eq!(data, records_data(&bytes));
+    }
 }
 
 #[test]
@@ -1327,9 +1359,18 @@ fn overlapped_parse_reports_a_broken_local_header_like_parse() {
     let mut bad_name = good.clone();
     let at = victim + 30 + "archive/data/".len();
     bad_name[at] = b'9';
-    for bytes in [bad_sig, bad_name] {
-        let expected = Archive::parse(&bytes).unwrap_err().to_string();
-        let got = overlapped(&bytes).map(|_| ()).unwrap_err().to_string();
-        assert_eq!(got, expected);
+    // A name as long as the central directory's but other, and an extra field that runs past the end.
+    let mut other_name_len = good.clone();
+    set16(&mut other_name_len, victim + 26, get16(&good, victim + 26) + 1);
+    let last = ar.records().iter().map(Record::local_header_offset).max().unwrap() as usize;
+    let mut long_extra = good.clone();
+    set16(&mut long_extra, last + 28, 0xFFFF);
+    // (The last record's data and the central directory after it are shorter than 64 KiB.)
+    assert!(good.len() - last < 0xFFFF);
+    let cases = [bad_sig, bad_name, other_name_len, long_extra];
+    for (bytes, reads) in cases.iter().flat_map(|b| READS.map(|r| (b, r))) {
+        let expected = Archive::parse(bytes).unwrap_err().to_string();
+        let got = overlapped_from(bytes, reads).map(|_| ()).unwrap_err().to_string();
+        assert_eq!(got, expected, "{reads:?}");
     }
 }
