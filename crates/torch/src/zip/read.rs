@@ -710,11 +710,7 @@ fn read_central_entry(
 /// Returns where the data starts (its sizes are not trusted, as torch does not fill them in).
 fn local_data_offset(bytes: &[u8], rec: &Record) -> Result<u64, ZipError> {
     let mut l = Cur::new(bytes, rec.local_header_offset, "local file header");
-    l.sig(LOCAL_HEADER_SIG)?;
-    l.bytes(22)?; // version, flags, method, time, date, crc, sizes: not trusted
-    let local_name_len = l.u16()?;
-    let local_extra_len = l.u16()?;
-    let local_name = l.bytes(u64::from(local_name_len))?;
+    let (local_name, local_extra_len) = local_header_name(&mut l)?;
     if local_name != rec.name.as_bytes() {
         return Err(ZipError::LocalNameMismatch {
             central: rec.name.clone(),
@@ -724,6 +720,16 @@ fn local_data_offset(bytes: &[u8], rec: &Record) -> Result<u64, ZipError> {
     }
     l.bytes(u64::from(local_extra_len))?;
     Ok(l.pos)
+}
+
+/// The local header `l` starts at, up to its name: checks the signature, returns the name and the length of
+/// the extra field after it.
+fn local_header_name<'a>(l: &mut Cur<'a>) -> Result<(&'a [u8], u16), ZipError> {
+    l.sig(LOCAL_HEADER_SIG)?;
+    l.bytes(22)?; // version, flags, method, time, date, crc, sizes: not trusted
+    let name_len = l.u16()?;
+    let extra_len = l.u16()?;
+    Ok((l.bytes(u64::from(name_len))?, extra_len))
 }
 
 /// [`local_data_offset`] through `read_at` ([`read_local_header`]); a header that cannot be read so, or is not
@@ -750,8 +756,7 @@ fn read_local_header(
     scratch: &mut Vec<u8>,
 ) -> Option<u64> {
     let name = rec.name.as_bytes();
-    let fixed = LOCAL_HEADER_LEN as usize;
-    let want = fixed.saturating_add(name.len());
+    let want = (LOCAL_HEADER_LEN as usize).saturating_add(name.len());
     let name_end = rec.local_header_offset.checked_add(want as u64)?;
     if name_end > len {
         return None;
@@ -760,13 +765,10 @@ fn read_local_header(
     if !read_at(rec.local_header_offset, scratch) {
         return None;
     }
-    let u16_at = |i: usize| scratch.get(i..i + 2).and_then(|b| <[u8; 2]>::try_from(b).ok()).map(u16::from_le_bytes);
-    let sig = scratch.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(u32::from_le_bytes);
-    let well_formed = sig == Some(LOCAL_HEADER_SIG)
-        && u16_at(26).is_some_and(|n| usize::from(n) == name.len())
-        && scratch.get(fixed..) == Some(name);
-    let at = name_end.checked_add(u64::from(u16_at(28)?))?;
-    (well_formed && at <= len).then_some(at)
+    // `scratch` holds the header up to the central directory's name: a longer local name does not fit.
+    let (local_name, extra_len) = local_header_name(&mut Cur::new(scratch, 0, "local file header")).ok()?;
+    let at = name_end.checked_add(u64::from(extra_len))?;
+    (local_name == name && at <= len).then_some(at)
 }
 
 /// Records whose local headers one take of [`scan_headers`] reads.
