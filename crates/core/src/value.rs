@@ -397,6 +397,230 @@ pub enum Value {
     Object(Box<Object>),
     /// A numpy scalar or array.
     Numpy(Box<Numpy>),
+    /// An object that other places of the checkpoint refer to ([`Value::Ref`] with the same `id`), at the
+    /// first place a depth-first walk meets it: a list, dict, set or object the pickle shares between places,
+    /// or any object that refers to itself (an omegaconf node whose children link back through `_parent`).
+    /// Immutable values the pickle shares (strings, numbers, tuples, tensors) are copies instead.
+    Shared {
+        /// The number [`Value::Ref`]s to it carry (0, 1, ... in walk order).
+        id: u32,
+        /// The object.
+        value: Box<Value>,
+    },
+    /// The object [`Value::Shared`] with this id: earlier in a depth-first walk, or enclosing this place.
+    Ref(u32),
+}
+
+/// What a container [`Value`] is without the values it holds ([`Value::into_parts`]).
+#[derive(Debug, Clone)]
+pub struct ValueShape(Shape);
+
+#[derive(Debug, Clone)]
+enum Shape {
+    List,
+    Tuple,
+    Set,
+    FrozenSet,
+    /// Children: the items' keys and values alternating, then the attributes when `attrs`.
+    Dict {
+        kind: DictKind,
+        attrs: bool,
+    },
+    /// Children: callable, args, the state when `state`, the list items, the dict items' keys and values.
+    Object {
+        newobj: bool,
+        state: bool,
+        list: usize,
+    },
+    /// Children: the state when `state`.
+    Parameter {
+        tensor: Tensor,
+        state: bool,
+    },
+    /// Children: tensor, class, state.
+    TensorWithState,
+    /// Children: the object's, as [`Shape::Object`].
+    OpaqueTensor {
+        kind: OpaqueTensorKind,
+        newobj: bool,
+        state: bool,
+        list: usize,
+    },
+    /// Children: the value.
+    Numpy {
+        dtype: DType,
+        module: String,
+    },
+    /// Children: the value.
+    Shared(u32),
+}
+
+fn object_children(o: Object, out: &mut Vec<Value>) -> (bool, bool, usize) {
+    let Object { callable, args, newobj, state, list_items, dict_items } = o;
+    let parts = (newobj, state.is_some(), list_items.len());
+    out.push(callable);
+    out.push(args);
+    out.extend(state);
+    out.extend(list_items);
+    for (k, v) in dict_items {
+        out.push(k);
+        out.push(v);
+    }
+    parts
+}
+
+fn object_from(it: &mut std::vec::IntoIter<Value>, newobj: bool, state: bool, list: usize) -> Object {
+    let callable = it.next().unwrap_or(Value::None);
+    let args = it.next().unwrap_or(Value::None);
+    let state = if state { it.next() } else { None };
+    let list_items: Vec<Value> = it.by_ref().take(list).collect();
+    let mut dict_items = Vec::new();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        dict_items.push((k, v));
+    }
+    Object { callable, args, newobj, state, list_items, dict_items }
+}
+
+fn object_refs<'a>(o: &'a Object, out: &mut Vec<&'a Value>) {
+    out.push(&o.callable);
+    out.push(&o.args);
+    out.extend(o.state.iter());
+    out.extend(o.list_items.iter());
+    for (k, v) in &o.dict_items {
+        out.push(k);
+        out.push(v);
+    }
+}
+
+impl Value {
+    /// Pushes the values directly inside this one to `out`, in order (a dict's keys and values alternating,
+    /// then its attributes; an object's callable, arguments, state, items), as [`Value::into_parts`] splits
+    /// them. Walking with this and a stack visits every value without recursion.
+    pub fn children_into<'a>(&'a self, out: &mut Vec<&'a Value>) {
+        match self {
+            Value::List(items) | Value::Tuple(items) | Value::Set(items) | Value::FrozenSet(items) => {
+                out.extend(items.iter());
+            }
+            Value::Dict(d) => {
+                for (k, v) in &d.items {
+                    out.push(k);
+                    out.push(v);
+                }
+                if let Some(a) = &d.attrs {
+                    out.push(a);
+                }
+            }
+            Value::Object(o) | Value::OpaqueTensor { object: o, .. } => object_refs(o, out),
+            Value::Parameter { state, .. } => out.extend(state.as_deref()),
+            Value::TensorWithState { tensor, class, state } => {
+                out.push(tensor);
+                out.push(class);
+                out.push(state);
+            }
+            Value::Numpy(n) => out.push(&n.value),
+            Value::Shared { value, .. } => out.push(value),
+            _ => {}
+        }
+    }
+
+    /// Takes a container apart into its shape and the values it holds (in [`Value::children_into`]'s
+    /// order), to be put together again with [`Value::from_parts`]; a value that holds none comes back as
+    /// `Err`.
+    ///
+    /// # Errors
+    /// The value itself, when it holds no values.
+    pub fn into_parts(self) -> std::result::Result<(ValueShape, Vec<Value>), Value> {
+        let mut out = Vec::new();
+        let shape = match self {
+            Value::List(items) => return Ok((ValueShape(Shape::List), items)),
+            Value::Tuple(items) => return Ok((ValueShape(Shape::Tuple), items)),
+            Value::Set(items) => return Ok((ValueShape(Shape::Set), items)),
+            Value::FrozenSet(items) => return Ok((ValueShape(Shape::FrozenSet), items)),
+            Value::Dict(d) => {
+                let Dict { kind, items, attrs } = d;
+                out.reserve(items.len() * 2 + 1);
+                for (k, v) in items {
+                    out.push(k);
+                    out.push(v);
+                }
+                let has = attrs.is_some();
+                out.extend(attrs.map(|a| *a));
+                Shape::Dict { kind, attrs: has }
+            }
+            Value::Object(o) => {
+                let (newobj, state, list) = object_children(*o, &mut out);
+                Shape::Object { newobj, state, list }
+            }
+            Value::OpaqueTensor { kind, object } => {
+                let (newobj, state, list) = object_children(*object, &mut out);
+                Shape::OpaqueTensor { kind, newobj, state, list }
+            }
+            Value::Parameter { tensor, state } => {
+                let has = state.is_some();
+                out.extend(state.map(|s| *s));
+                Shape::Parameter { tensor, state: has }
+            }
+            Value::TensorWithState { tensor, class, state } => {
+                out.extend([*tensor, *class, *state]);
+                Shape::TensorWithState
+            }
+            Value::Numpy(n) => {
+                let Numpy { value, dtype, module } = *n;
+                out.push(value);
+                Shape::Numpy { dtype, module }
+            }
+            Value::Shared { id, value } => {
+                out.push(*value);
+                Shape::Shared(id)
+            }
+            leaf => return Err(leaf),
+        };
+        Ok((ValueShape(shape), out))
+    }
+
+    /// Puts together what [`Value::into_parts`] took apart (with the same number of values).
+    pub fn from_parts(shape: ValueShape, children: Vec<Value>) -> Value {
+        let mut it = children.into_iter();
+        match shape.0 {
+            Shape::List => Value::List(it.collect()),
+            Shape::Tuple => Value::Tuple(it.collect()),
+            Shape::Set => Value::Set(it.collect()),
+            Shape::FrozenSet => Value::FrozenSet(it.collect()),
+            Shape::Dict { kind, attrs } => {
+                let mut rest: Vec<Value> = it.collect();
+                let attrs = if attrs { rest.pop().map(Box::new) } else { None };
+                let mut items = Vec::with_capacity(rest.len() / 2);
+                let mut pairs = rest.into_iter();
+                while let (Some(k), Some(v)) = (pairs.next(), pairs.next()) {
+                    items.push((k, v));
+                }
+                Value::Dict(Dict { kind, items, attrs })
+            }
+            Shape::Object { newobj, state, list } => Value::Object(Box::new(object_from(&mut it, newobj, state, list))),
+            Shape::OpaqueTensor { kind, newobj, state, list } => {
+                Value::OpaqueTensor { kind, object: Box::new(object_from(&mut it, newobj, state, list)) }
+            }
+            Shape::Parameter { tensor, state } => {
+                Value::Parameter { tensor, state: if state { it.next().map(Box::new) } else { None } }
+            }
+            Shape::TensorWithState => {
+                let tensor = Box::new(it.next().unwrap_or(Value::None));
+                let class = Box::new(it.next().unwrap_or(Value::None));
+                let state = Box::new(it.next().unwrap_or(Value::None));
+                Value::TensorWithState { tensor, class, state }
+            }
+            Shape::Numpy { dtype, module } => {
+                Value::Numpy(Box::new(Numpy { value: it.next().unwrap_or(Value::None), dtype, module }))
+            }
+            Shape::Shared(id) => Value::Shared { id, value: Box::new(it.next().unwrap_or(Value::None)) },
+        }
+    }
+
+    /// Whether a program can change this value in place (a list, dict, set, bytearray or object), which is
+    /// what makes it a [`Value::Shared`] object when several places refer to it.
+    pub fn is_mutable(&self) -> bool {
+        matches!(self, Value::List(_) | Value::Dict(_) | Value::Set(_) | Value::ByteArray(_) | Value::Object(_))
+    }
 }
 
 impl Value {
@@ -492,6 +716,8 @@ impl Value {
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
             Value::Numpy(n) => n.type_name(),
+            Value::Shared { value, .. } => value.type_name(),
+            Value::Ref(_) => "reference",
         }
     }
 
