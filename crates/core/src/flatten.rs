@@ -60,6 +60,14 @@ pub fn python_str(v: &Value) -> Result<String> {
     })
 }
 
+/// Python's `repr()` of a scalar or string (`None` for containers, tuples included, and objects).
+pub(crate) fn python_repr_of(v: &Value) -> Option<String> {
+    match v {
+        Value::Tuple(_) => None,
+        other => python_repr(other).ok(),
+    }
+}
+
 /// Python's `repr()` for simple values (used for `str()` of non-string keys).
 fn python_repr(v: &Value) -> Result<String> {
     Ok(match v {
@@ -243,6 +251,31 @@ pub fn entry_names(value: &Value) -> Result<Vec<(String, &Value)>> {
     Ok(out)
 }
 
+/// The tensors inside an object (a [`Value::Object`], shared or not), named below it as [`entry_names`]
+/// names them (`metric.total`, `encoder.0.weight`): the entries a reader lists after the object. Empty for
+/// any other value.
+///
+/// ```
+/// use ckpt_core::{Object, Tensor, Value, object_tensors};
+/// let t = Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap());
+/// let metric = Value::Object(Box::new(Object {
+///     callable: Value::Global { module: "m".into(), name: "Metric".into() },
+///     args: Value::Tuple(vec![]),
+///     newobj: true,
+///     state: Some(Value::dict([("total", t), ("name", Value::from("mae"))])),
+///     list_items: vec![],
+///     dict_items: vec![],
+/// }));
+/// let names: Vec<String> = object_tensors(&metric).into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["total"]);
+/// ```
+pub fn object_tensors(v: &Value) -> Vec<(String, &Value)> {
+    if !matches!(look_through(v), Value::Object(_)) {
+        return Vec::new();
+    }
+    entry_names(v).unwrap_or_default().into_iter().filter(|(name, t)| !name.is_empty() && t.is_tensor_like()).collect()
+}
+
 /// [`entry_names`] (the name this crate's earlier versions gave it).
 ///
 /// # Errors
@@ -268,7 +301,7 @@ pub struct LeafIndex {
     /// Entry name → the child position taken at each level ([`Value::children_into`] order; [`FOLLOW`] at a
     /// reference, then the positions inside the object it refers to).
     positions: HashMap<String, Box<[u32]>>,
-    /// Where each shared object is, by id (positions from the root to its object).
+    /// Where each shared object is defined, by id (positions from the root to its [`Value::Shared`]).
     shared: HashMap<u32, Box<[u32]>>,
 }
 
@@ -470,9 +503,9 @@ struct Walker<'v> {
     name: String,
     path: Vec<PathItem>,
     positions: Vec<u32>,
-    /// The shared objects passed so far.
+    /// The shared objects passed so far (their [`Value::Shared`]).
     defs: HashMap<u32, &'v Value>,
-    /// Where each was (positions), for [`LeafIndex`].
+    /// Where each is defined (positions), for [`LeafIndex`].
     shared_at: HashMap<u32, Vec<u32>>,
     /// The shared objects being walked (a reference to one of them is a cycle).
     active: HashSet<u32>,
@@ -539,17 +572,18 @@ impl<'v> Walker<'v> {
         }
         match v {
             Value::Shared { id, value } => {
-                self.defs.insert(*id, value);
-                let mut at = self.positions.clone();
-                at.push(0);
-                self.shared_at.insert(*id, at);
-                // A shared container is walked as the container; anything else is a leaf as it is (so that a
-                // leaf written on its own keeps the objects inside it that refer back to it).
+                // Met again when a reference is followed: where it is defined stays where it was first met.
+                if !self.defs.contains_key(id) {
+                    self.defs.insert(*id, v);
+                    self.shared_at.insert(*id, self.positions.clone());
+                }
+                // A shared container is walked as the container; anything else is a leaf as it is, with its
+                // definition (so that a leaf written or printed on its own keeps the objects inside it that
+                // refer back to it); an object's tensors are entries of their own.
                 let container = match &**value {
                     Value::Dict(_) => true,
                     Value::List(_) => self.mode != Walk::Flatten || !is_terminal(value),
                     Value::Tuple(items) => self.mode != Walk::Flatten && !items.is_empty(),
-                    Value::Object(_) => self.mode == Walk::Entries && !self.in_object,
                     _ => false,
                 };
                 if !container && !matches!(&**value, Value::Object(_)) {

@@ -95,8 +95,11 @@ pub struct TorchReader {
     archive: Option<Box<Archive>>,
     /// Its record names, made on the first call of [`TorchReader::records`].
     records: OnceLock<Vec<String>>,
-    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
+    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]); for
+    /// a TorchScript archive, its module's tensors and constants.
     state_dict: Option<Value>,
+    /// What a TorchScript archive declares (code, parameters, buffers).
+    script: Option<Box<crate::torchscript::Script>>,
     /// Leaves by name, built on the first look-up (reading every entry stays linear).
     leaf_index: OnceLock<Option<LeafIndex>>,
 }
@@ -152,6 +155,7 @@ impl TorchReader {
                 let value = legacy::read(buffer, options)?;
                 Ok(TorchReader {
                     state_dict: module_state_dict(&value),
+                    script: None,
                     value,
                     container: Container::Legacy,
                     prefix: None,
@@ -174,6 +178,13 @@ impl TorchReader {
     /// lists; `None` for any other file. [`TorchReader::value`] is still the whole module object.
     pub fn module_state_dict(&self) -> Option<&Value> {
         self.state_dict.as_ref()
+    }
+
+    /// For a TorchScript archive (`torch.jit.save`): the code records, parameters, buffers and constants it
+    /// declares (its tensors are the entries, as [`TorchReader::module_state_dict`]); `None` for a
+    /// `torch.save` file.
+    pub fn script(&self) -> Option<&crate::Script> {
+        self.script.as_deref()
     }
 
     /// The saved object.
@@ -246,6 +257,13 @@ impl CheckpointRead for TorchReader {
             d.push(("version".into(), v.to_string()));
         }
         d.push(("top level".into(), self.value.type_name().to_owned()));
+        if let Some(script) = &self.script {
+            d.push(("torchscript".into(), format!("{} code files (listed, never run)", script.code.len())));
+            d.push(("code".into(), script.code.join(", ")));
+            d.push(("parameters".into(), script.parameters.join(", ")));
+            d.push(("buffers".into(), script.buffers.join(", ")));
+            d.push(("constants".into(), script.constants.to_string()));
+        }
         let classes = module_classes(&self.value);
         if let Some(top) = classes.first() {
             d.push(("module".into(), top.clone()));
@@ -282,6 +300,8 @@ struct ZipStorages<'a> {
     cache: Vec<Option<Buffer>>,
     /// [`ReadOptions::max_inflated_bytes`].
     max_inflated: u64,
+    /// The records' directory: `data/` (`data.pkl`), `constants/` (a TorchScript archive's `constants.pkl`).
+    dir: &'static str,
 }
 
 impl<'a> ZipStorages<'a> {
@@ -293,6 +313,7 @@ impl<'a> ZipStorages<'a> {
             first_numbered: None,
             cache: Vec::new(),
             max_inflated: DEFAULT_MAX_INFLATED_BYTES,
+            dir: "data/",
         }
     }
 
@@ -335,9 +356,11 @@ impl StorageSource for ZipStorages<'_> {
 impl ZipStorages<'_> {
     /// The bytes of storage `key` (record `data/{key}`), each record's window made once.
     fn data(&mut self, key: &str) -> Result<Buffer> {
+        let dir = self.dir;
+        let missing = || Error::MissingRecord { name: format!("{dir}{key}") };
         let i = match self.numbered(key) {
             Some(i) => i,
-            None => self.keyed(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?,
+            None => self.keyed(key).ok_or_else(missing)?,
         };
         let archive = self.archive;
         if self.cache.len() <= i {
@@ -346,7 +369,7 @@ impl ZipStorages<'_> {
         if let Some(Some(b)) = self.cache.get(i) {
             return Ok(b.clone());
         }
-        let rec = archive.records().get(i).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        let rec = archive.records().get(i).ok_or_else(missing)?;
         let b = self.record_data(rec)?;
         if let Some(slot) = self.cache.get_mut(i) {
             *slot = Some(b.clone());
@@ -359,23 +382,25 @@ impl ZipStorages<'_> {
     fn numbered(&mut self, key: &str) -> Option<usize> {
         let n: usize = key.parse().ok()?;
         let records = self.archive.records();
-        let first = *self
-            .first_numbered
-            .get_or_insert_with(|| records.iter().position(|r| r.short_name() == "data/0").unwrap_or(usize::MAX));
+        let dir = self.dir;
+        let first = *self.first_numbered.get_or_insert_with(|| {
+            records.iter().position(|r| r.short_name().strip_prefix(dir) == Some("0")).unwrap_or(usize::MAX)
+        });
         let i = first.checked_add(n)?;
         let name = records.get(i)?.short_name();
-        (name.strip_prefix("data/") == Some(key)).then_some(i)
+        (name.strip_prefix(dir) == Some(key)).then_some(i)
     }
 
     /// Record index of storage `key` (the name after `data/`), through an index of every such record
     /// built on first use.
     fn keyed(&mut self, key: &str) -> Option<usize> {
         let archive = self.archive;
+        let dir = self.dir;
         let keys = self.keys.get_or_insert_with(|| {
             let records = archive.records();
             let mut keys = foldhash::HashMap::with_capacity_and_hasher(records.len(), Default::default());
             for (i, r) in records.iter().enumerate() {
-                if let Some(k) = r.short_name().strip_prefix("data/") {
+                if let Some(k) = r.short_name().strip_prefix(dir) {
                     keys.insert(k, i);
                 }
             }
@@ -400,9 +425,14 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     let headers = if file.is_some() { HeaderSource::ReadAt(&read_at) } else { HeaderSource::Slice(&forget) };
     let (archive, decoded) =
         Archive::parse_overlapped(buffer.as_bytes(), headers, |archive| decode_zip(archive, buffer, options))?;
-    let (value, version) = decoded?;
+    let Decoded { value, version, script } = decoded?;
+    let (state_dict, script) = match script {
+        Some((sd, script)) => (Some(sd), Some(Box::new(script))),
+        None => (module_state_dict(&value), None),
+    };
     Ok(TorchReader {
-        state_dict: module_state_dict(&value),
+        state_dict,
+        script,
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -413,12 +443,19 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     })
 }
 
+/// What a ZIP archive holds.
+struct Decoded {
+    /// The saved object (a TorchScript archive's module).
+    value: Value,
+    /// The `version` record.
+    version: u64,
+    /// A TorchScript archive's state dict and what it declares.
+    script: Option<(Value, crate::torchscript::Script)>,
+}
+
 /// The saved object of a ZIP archive and its `version` record.
-fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Result<(Value, u64)> {
+fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Result<Decoded> {
     let bytes = buffer.as_bytes();
-    if archive.get("constants.pkl").is_some() {
-        return Err(Error::TorchScript);
-    }
     if options.verify_crc {
         for rec in archive.records() {
             archive.verify_crc(bytes, rec)?;
@@ -442,7 +479,17 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
     }
     let pkl = storages.record("data.pkl")?;
     let value = rebuild(pkl.as_bytes(), &options.pickle(), &mut storages, "data.pkl")?;
-    Ok((value, version))
+    if archive.get("constants.pkl").is_some() {
+        // A TorchScript archive: the module's tensor constants are pickled apart, their storages under
+        // `constants/`.
+        let mut constants = ZipStorages { dir: "constants/", ..ZipStorages::new(archive, buffer) };
+        constants.max_inflated = options.max_inflated_bytes;
+        let pkl = constants.record("constants.pkl")?;
+        let table = rebuild(pkl.as_bytes(), &options.pickle(), &mut constants, "constants.pkl")?;
+        let (state_dict, script) = crate::torchscript::read(archive, bytes, &value, &table);
+        return Ok(Decoded { value, version, script: Some((state_dict, script)) });
+    }
+    Ok(Decoded { value, version, script: None })
 }
 
 /// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
@@ -515,6 +562,7 @@ mod tests {
             archive: None,
             records: OnceLock::new(),
             state_dict: None,
+            script: None,
             leaf_index: OnceLock::new(),
         };
         let names: Vec<String> = f.entries().into_iter().map(|e| e.name).collect();
