@@ -470,8 +470,9 @@ pub enum Value {
     Numpy(Box<Numpy>),
     /// An object that other places of the checkpoint refer to ([`Value::Ref`] with the same `id`), at the
     /// first place a depth-first walk meets it: a list, dict, set or object the pickle shares between places,
-    /// or any object that refers to itself (an omegaconf node whose children link back through `_parent`).
-    /// Immutable values the pickle shares (strings, numbers, tuples, tensors) are copies instead.
+    /// or any object on a cycle that more than one place refers to (an omegaconf node: its parent holds it
+    /// and its children link back through `_parent`). An object on a cycle that one place holds stays in
+    /// place. Immutable values the pickle shares (strings, numbers, tuples, tensors) are copies instead.
     Shared {
         /// The number [`Value::Ref`]s to it carry (0, 1, ... in walk order).
         id: u32,

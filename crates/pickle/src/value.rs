@@ -8,10 +8,11 @@
 /// An object the pickle refers to from more than one place keeps Python's identity where identity can be
 /// seen: a list, dict, set or object (something a program can change in place) that is referred to from
 /// several places is [`Value::Shared`] at the first place, in the order a depth-first walk of the value
-/// meets them, and [`Value::Ref`] with the same id everywhere else; so is any object that refers to itself,
-/// directly or through others (an omegaconf node and its children's `_parent` links). Immutable values
-/// (strings, numbers, tuples of them) that the pickle shares appear as equal copies. Ids are numbered from 0
-/// in that walk order, so equal object graphs compare equal.
+/// meets them, and [`Value::Ref`] with the same id everywhere else; so is any object on a cycle that several
+/// places refer to, of any kind (an omegaconf node: its parent holds it and its children's `_parent` links
+/// point back). An object on a cycle that only one place holds stays in place (the cycle closes at another
+/// of its objects). Immutable values (strings, numbers, tuples of them) that the pickle shares appear as
+/// equal copies. Ids are numbered from 0 in that walk order, so equal object graphs compare equal.
 ///
 /// `Clone` and `PartialEq` walk the tree with an explicit stack (no recursion). Equality is structural with
 /// `f64` semantics (`NaN != NaN`, `0.0 == -0.0`).
