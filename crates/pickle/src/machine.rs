@@ -136,8 +136,10 @@ pub fn run<'a, B: Builder<'a>>(data: &'a [u8], options: &Options, builder: &mut 
         vm_nodes: 0,
         vm_bytes: 0,
         globals: Vec::new(),
+        global_templates: Vec::new(),
         templates,
         captures: Vec::new(),
+        tally: None,
     };
     let root = m.run()?;
     Ok((root, m.pos))
@@ -173,6 +175,9 @@ pub(crate) enum Kind {
 /// What the machine knows about a value: its size as a tree would materialise it (for the limits), its kind
 /// and, for a string or global whose text it saw, where that text is.
 #[derive(Debug, Clone, Copy)]
+// 16-byte aligned: copies of a meta (pushed, returned beside an id) then move in the same two aligned
+// halves they were stored in, which the CPU forwards from store to load; misaligned, every copy stalled.
+#[repr(align(16))]
 pub(crate) struct Meta {
     pub(crate) nodes: u64,
     pub(crate) bytes: u64,
@@ -181,8 +186,9 @@ pub(crate) struct Meta {
     /// A string's offset in the input (its length is `bytes`), a global's index in the machine's table of
     /// names, a shared reference's id; [`NO_ID`] for anything else.
     pub(crate) link: u32,
-    /// Depth (saturating).
-    pub(crate) depth: u16,
+    /// Depth (saturating). 32 bits, as wide as the loads that read it back (a narrower field, stored
+    /// beside `kind`, made every read of it a failed store forward).
+    pub(crate) depth: u32,
     pub(crate) kind: Kind,
 }
 
@@ -192,6 +198,14 @@ impl Meta {
     pub(crate) fn leaf(kind: Kind, bytes: usize) -> Meta {
         Meta { bytes: usize_u64(bytes), kind, ..Meta::SCALAR }
     }
+
+    /// This container after it takes `add` (APPENDS, SETITEMS, BUILD, ...).
+    pub(crate) fn grow(&mut self, add: &Children) {
+        self.nodes = self.nodes.saturating_add(add.nodes);
+        self.bytes = self.bytes.saturating_add(add.bytes);
+        self.len = self.len.saturating_add(u32::try_from(add.count).unwrap_or(u32::MAX));
+        self.depth = self.depth.max(add.depth.saturating_add(1));
+    }
 }
 
 /// Sum of the sizes and maximum depth of a group of children.
@@ -199,7 +213,7 @@ impl Meta {
 pub(crate) struct Children {
     pub(crate) nodes: u64,
     pub(crate) bytes: u64,
-    pub(crate) depth: u16,
+    pub(crate) depth: u32,
     pub(crate) count: u64,
 }
 
@@ -260,9 +274,13 @@ pub(crate) struct Machine<'a, 'l, 'b, B: Builder<'a>> {
     pub(crate) vm_bytes: u64,
     /// `(module, name)` of the globals whose names the machine saw (a [`Kind::Global`] meta's `link`).
     pub(crate) globals: Vec<(&'a str, &'a str)>,
+    /// The template a GET of each global starts (by [`Machine::globals`] index), [`NO_ID`] for none.
+    global_templates: Vec<u32>,
     templates: template::Index,
-    /// What a template captured, handed to the builder (kept to be reused).
-    pub(crate) captures: Vec<template::Capture<'a, B::Value>>,
+    /// The builder's references to the memoized values a template captured (kept to be reused).
+    pub(crate) captures: Vec<Option<B::Value>>,
+    /// A template read's workspace (kept to be reused).
+    pub(crate) tally: Option<Box<template::Tally<'a>>>,
 }
 
 pub(crate) fn usize_u64(n: usize) -> u64 {
@@ -357,7 +375,7 @@ impl<'a, B: Builder<'a>> Machine<'a, '_, '_, B> {
         if m.bytes > usize_u64(l.max_alloc_bytes) {
             return Err(self.limit("materialised payload bytes", l.max_alloc_bytes, at));
         }
-        if usize::from(m.depth) > self.max_depth {
+        if usize::try_from(m.depth).unwrap_or(usize::MAX) > self.max_depth {
             return Err(Error::DepthExceeded { limit: self.max_depth, offset: at });
         }
         Ok(())
@@ -531,13 +549,8 @@ impl<'a, B: Builder<'a>> Machine<'a, '_, '_, B> {
             Mutation::Build => 0,
             _ => add.count,
         };
-        let grown = Meta {
-            nodes: target.nodes.saturating_add(add.nodes),
-            bytes: target.bytes.saturating_add(add.bytes),
-            len: target.len.saturating_add(u32::try_from(add.count).unwrap_or(u32::MAX)),
-            depth: target.depth.max(add.depth.saturating_add(1)),
-            ..target
-        };
+        let mut grown = target;
+        grown.grow(&add);
         self.check(&grown, at)?;
         let slot = *self.meta.get(t).ok_or_else(|| underflow(at, code))?;
         if slot.kind == Kind::Shared {
@@ -725,6 +738,8 @@ impl<'a, B: Builder<'a>> Machine<'a, '_, '_, B> {
         match u32::try_from(self.globals.len()) {
             Ok(id) if id != NO_ID => {
                 self.globals.push((module, name));
+                let t = self.templates.starting_with(module, name).and_then(|t| u32::try_from(t).ok());
+                self.global_templates.push(t.unwrap_or(NO_ID));
                 id
             }
             _ => NO_ID,
@@ -1191,8 +1206,10 @@ impl<'a, B: Builder<'a>> Machine<'a, '_, '_, B> {
         if s.meta.kind != Kind::Global || s.meta.link == NO_ID || !self.written.contains(key) {
             return Ok(false);
         }
-        let Some(&(module, name)) = self.globals.get(s.meta.link as usize) else { return Ok(false) };
-        let Some(t) = self.templates.starting_with(module, name) else { return Ok(false) };
-        template::read(self, t, at)
+        let t = self.global_templates.get(s.meta.link as usize).copied().unwrap_or(NO_ID);
+        if t == NO_ID {
+            return Ok(false);
+        }
+        template::read(self, t as usize, at)
     }
 }

@@ -283,7 +283,7 @@ pub enum Argument {
 }
 
 /// [`Argument`] of every byte.
-static ARGUMENTS: [Argument; 256] = {
+pub(crate) static ARGUMENTS: [Argument; 256] = {
     let mut t = [Argument::Invalid; 256];
     let none = [
         MARK,

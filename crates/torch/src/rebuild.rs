@@ -86,7 +86,14 @@ pub(crate) fn rebuild_with(
     storages: &mut dyn StorageSource,
     templates: bool,
 ) -> (R<Value>, usize) {
-    let mut b = TorchBuilder { storages, globals: Vec::new(), shelf: Shelf::default(), templates, templated: 0 };
+    let mut b = TorchBuilder {
+        storages,
+        globals: Vec::new(),
+        shelf: Shelf::default(),
+        templates,
+        templated: 0,
+        class_dtypes: Vec::new(),
+    };
     let value = ckpt_pickle::run(pkl, options, &mut b)
         .map_err(Failure::from)
         .and_then(|(root, end)| b.finish_root(root, options.limits.max_depth, end));
@@ -230,6 +237,9 @@ struct TorchBuilder<'s, 'a> {
     templates: bool,
     /// Tensor records read that way.
     templated: usize,
+    /// The dtype of the storage class a tensor record names, by where its name is in the input (a record
+    /// fetches the same memoized class each time).
+    class_dtypes: Vec<((usize, usize), DType)>,
 }
 
 fn bad(function: &str, reason: impl Into<String>) -> Failure {
@@ -308,6 +318,21 @@ static TEMPLATES: [Template; 1] = [Template {
 }];
 
 impl<'a> TorchBuilder<'_, 'a> {
+    /// [`storage_class_dtype`] of a storage class named in the input (Python 2 names mapped first),
+    /// remembered by where the names are.
+    fn class_dtype(&mut self, module: &'a str, name: &'a str) -> R<DType> {
+        let at = (module.as_ptr() as usize, name.as_ptr() as usize);
+        if let Some(&(_, d)) = self.class_dtypes.iter().find(|(k, _)| *k == at) {
+            return Ok(d);
+        }
+        let (m, n) = ckpt_pickle::normalize_global(module, name);
+        let dtype = storage_class_dtype(&m, &n)?;
+        if self.class_dtypes.len() < 64 {
+            self.class_dtypes.push((at, dtype));
+        }
+        Ok(dtype)
+    }
+
     fn global_of(&self, t: &T<'_>) -> Option<&Global> {
         match t {
             T::Global(id) => self.globals.get(*id as usize),
@@ -1008,8 +1033,7 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
         let size = c.ints().ok_or_else(malformed)?;
         let stride = c.ints().ok_or_else(malformed)?;
         let requires_grad = c.bool().ok_or_else(malformed)?;
-        let (module, name) = ckpt_pickle::normalize_global(module, name);
-        let dtype = storage_class_dtype(&module, &name)?;
+        let dtype = self.class_dtype(module, name)?;
         let data = self.storages.storage(dtype, key, numel)?;
         let function = "_rebuild_tensor_v2";
         let offset = usize::try_from(offset)

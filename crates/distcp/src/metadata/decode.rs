@@ -344,10 +344,11 @@ static TEMPLATES: [Template; 3] = [
     Template {
         pattern: Pattern::Object {
             class: &Pattern::Global(METADATA_MODULE, "MetadataIndex"),
+            // In the order torch pickles them (another order still reads, reordered).
             fields: &[
                 ("fqn", Pattern::Str),
-                ("offset", Pattern::Choice(&[Pattern::None, SIZE])),
                 ("index", Pattern::Choice(&[Pattern::None, Pattern::Int])),
+                ("offset", Pattern::Choice(&[Pattern::None, SIZE])),
             ],
         },
     },
@@ -1268,6 +1269,22 @@ impl<'a> Builder<'a> for DcpBuilder<'a> {
                     return Ok(D::Invalid(Self::missing("", "fqn")));
                 }
                 let fqn = c.str().ok_or_else(malformed)?.to_owned();
+                // Captured in the order torch pickles the fields (fqn, index, offset); a problem of
+                // `offset` is reported before one of `index`, as `index` reports them.
+                let index = if c.absent() {
+                    Ok(None)
+                } else {
+                    match c.choice().ok_or_else(malformed)? {
+                        0 => {
+                            c.next_capture();
+                            Ok(None)
+                        }
+                        _ => {
+                            let i = c.int().ok_or_else(malformed)?;
+                            uint(&D::Int(i)).map(Some).ok_or(i)
+                        }
+                    }
+                };
                 let offset = if c.absent() {
                     None
                 } else {
@@ -1282,22 +1299,9 @@ impl<'a> Builder<'a> for DcpBuilder<'a> {
                         },
                     }
                 };
-                let index = if c.absent() {
-                    None
-                } else {
-                    match c.choice().ok_or_else(malformed)? {
-                        0 => {
-                            c.next_capture();
-                            None
-                        }
-                        _ => {
-                            let i = c.int().ok_or_else(malformed)?;
-                            match uint(&D::Int(i)) {
-                                Some(i) => Some(i),
-                                None => return Ok(D::Invalid(self.bad("index", "a non-negative int", &D::Int(i)))),
-                            }
-                        }
-                    }
+                let index = match index {
+                    Ok(index) => index,
+                    Err(i) => return Ok(D::Invalid(self.bad("index", "a non-negative int", &D::Int(i)))),
                 };
                 D::Index(self.indexes.put(MetadataIndex { fqn, offset, index })?)
             }

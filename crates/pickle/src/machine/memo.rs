@@ -7,6 +7,8 @@ use crate::bigint::IntRepr;
 use crate::opcode as op;
 use crate::text;
 
+use super::usize_u64;
+
 /// A set of memo keys: a bitmap for the small keys CPython writes, a (randomly seeded) hash set for sparse
 /// huge ones.
 #[derive(Default)]
@@ -83,6 +85,19 @@ impl Written {
         }
     }
 
+    /// Inserts `keys` when they are the next keys in order from the ones written so far (what CPython's
+    /// MEMOIZE and numbered PUTs write); whether it did (else nothing changed).
+    pub(crate) fn extend_run(&mut self, keys: &[u64]) -> bool {
+        if self.set.is_some() {
+            return false;
+        }
+        let run = keys.iter().enumerate().all(|(i, &k)| self.prefix.checked_add(usize_u64(i)) == Some(k));
+        if run {
+            self.prefix += usize_u64(keys.len());
+        }
+        run
+    }
+
     /// Inserts `key`; whether it was new.
     #[inline]
     pub(crate) fn insert(&mut self, key: u64) -> bool {
@@ -114,59 +129,78 @@ impl Written {
 /// cannot step over: the machine reaches that place too, and reports it there.
 pub(crate) fn memo_reads(data: &[u8]) -> KeySet {
     let mut keys = KeySet::default();
-    let len = data.len();
+    scan_reads(data, &mut keys);
+    keys
+}
+
+/// The size of every opcode with a fixed-size argument, opcode included (0 for the others).
+static FIXED_SIZE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut code = 0;
+    while code < 256 {
+        if let op::Argument::Fixed(n) = op::ARGUMENTS[code] {
+            t[code] = n + 1;
+        }
+        code += 1;
+    }
+    t
+};
+
+/// [`memo_reads`]' loop: one opcode a turn, the common fixed-size ones first; stops at the first STOP, or
+/// at anything it cannot step over.
+fn scan_reads(data: &[u8], keys: &mut KeySet) -> Option<()> {
     // Memo keys are at most one per opcode in what CPython writes; a bitmap up to 8 keys per input byte costs
     // at most the input's size.
-    let limit = (len as u64).saturating_mul(8).saturating_add(4096);
+    let limit = (data.len() as u64).saturating_mul(8).saturating_add(4096);
+    let line_end = |pos: usize| -> Option<usize> { Some(pos + data.get(pos..)?.iter().position(|&b| b == b'\n')? + 1) };
     let mut pos = 0usize;
-    let line_end = |pos: usize| -> Option<usize> {
-        let rest = data.get(pos..)?;
-        rest.iter().position(|&b| b == b'\n').map(|i| pos + i + 1)
-    };
-    let step = |pos: &mut usize, keys: &mut KeySet| -> Option<bool> {
-        let &code = data.get(*pos)?;
-        *pos += 1;
+    loop {
+        let code = *data.get(pos)?;
+        // Most opcodes have a fixed size: stepped over without a branch on which one it is.
+        let skip = FIXED_SIZE[usize::from(code)];
+        if skip != 0 {
+            pos += usize::from(skip);
+            continue;
+        }
+        pos += 1;
         match op::argument(code) {
-            op::Argument::Fixed(n) => *pos += usize::from(n),
+            op::Argument::Fixed(n) => pos += usize::from(n),
             op::Argument::Get(n) => {
                 let n = usize::from(n);
-                keys.insert_with_limit(op::le_at(data, *pos, n)?, limit);
-                *pos += n;
+                keys.insert_with_limit(op::le_at(data, pos, n)?, limit);
+                pos += n;
             }
             op::Argument::Counted(n) => {
                 let n = usize::from(n);
-                let count = usize::try_from(op::le_at(data, *pos, n)?).ok()?;
-                *pos = pos.checked_add(n)?.checked_add(count)?;
+                let count = usize::try_from(op::le_at(data, pos, n)?).ok()?;
+                pos = pos.checked_add(n)?.checked_add(count)?;
             }
             op::Argument::SignedCounted => {
-                let count = op::le_at(data, *pos, 4)?;
+                let count = op::le_at(data, pos, 4)?;
                 if count > i32::MAX as u64 {
                     return None;
                 }
-                *pos = pos.checked_add(4 + count as usize)?;
+                pos = pos.checked_add(4 + count as usize)?;
             }
             op::Argument::Lines(n) => {
-                *pos = line_end(*pos)?;
+                pos = line_end(pos)?;
                 if n == 2 {
-                    *pos = line_end(*pos)?;
+                    pos = line_end(pos)?;
                 }
             }
             op::Argument::GetLine => {
-                let end = line_end(*pos)?;
-                let line = data.get(*pos..end - 1)?;
+                let end = line_end(pos)?;
+                let line = data.get(pos..end - 1)?;
                 if let Ok(IntRepr::Small(v)) = text::parse_py_int(line, 10, 40) {
                     if let Ok(key) = u64::try_from(v) {
                         keys.insert_with_limit(key, limit);
                     }
                 }
-                *pos = end;
+                pos = end;
             }
-            op::Argument::Stop | op::Argument::Invalid => return Some(false),
+            op::Argument::Stop | op::Argument::Invalid => return Some(()),
         }
-        (*pos <= len).then_some(true)
-    };
-    while let Some(true) = step(&mut pos, &mut keys) {}
-    keys
+    }
 }
 
 /// The memo keys some GET reads, each with the shared-table id it holds (once PUT).
@@ -178,7 +212,14 @@ pub(crate) struct MemoIds {
     dense: Vec<u32>,
     /// Shared-table id per read key outside the bitmap.
     sparse: HashMap<u64, u32>,
+    /// The ids of keys read recently, by key modulo its length: a pickle reads the same few keys (classes,
+    /// field names) again and again, and a slot's rank costs a population count in software on baseline
+    /// x86-64.
+    recent: Box<[(u64, u32); RECENT]>,
 }
+
+/// Entries of [`MemoIds::recent`].
+const RECENT: usize = 256;
 
 /// No shared object.
 pub(crate) const NO_ID: u32 = u32::MAX;
@@ -191,7 +232,13 @@ impl MemoIds {
             ranks.push(total);
             total = total.saturating_add(w.count_ones());
         }
-        MemoIds { dense: vec![NO_ID; total as usize], ranks, reads, sparse: HashMap::new() }
+        MemoIds {
+            dense: vec![NO_ID; total as usize],
+            ranks,
+            reads,
+            sparse: HashMap::new(),
+            recent: Box::new([(u64::MAX, NO_ID); RECENT]),
+        }
     }
 
     /// Whether some GET reads `key`.
@@ -215,15 +262,31 @@ impl MemoIds {
 
     /// The shared object memoized under `key`, if the key is read and was written.
     #[inline]
-    pub(crate) fn get(&self, key: u64) -> Option<u32> {
+    pub(crate) fn get(&mut self, key: u64) -> Option<u32> {
+        let slot = (key % RECENT as u64) as usize;
+        if let Some(&(k, id)) = self.recent.get(slot) {
+            if k == key {
+                return (id != NO_ID).then_some(id);
+            }
+        }
         let id = match self.dense_slot(key) {
             Some(slot) => self.dense.get(slot).copied().unwrap_or(NO_ID),
             None => self.sparse.get(&key).copied().unwrap_or(NO_ID),
         };
+        if id != NO_ID {
+            if let Some(r) = self.recent.get_mut(slot) {
+                *r = (key, id);
+            }
+        }
         (id != NO_ID).then_some(id)
     }
 
     pub(crate) fn set(&mut self, key: u64, id: u32) {
+        if let Some(r) = self.recent.get_mut((key % RECENT as u64) as usize) {
+            if r.0 == key {
+                *r = (u64::MAX, NO_ID);
+            }
+        }
         match self.dense_slot(key) {
             Some(slot) => {
                 if let Some(s) = self.dense.get_mut(slot) {

@@ -124,78 +124,118 @@ pub enum Capture<'a, V> {
     Choice(usize),
     /// A field of a [`Pattern::Object`] that the object's state does not have.
     Absent,
-    /// A memoized value before the builder shared it (never handed to a builder).
-    Shared(u32),
     /// Taken already.
+    Taken,
+}
+
+/// One value a template captured, as the reader keeps it (small: ints and shared values live beside it).
+#[derive(Debug, Clone, Copy)]
+enum Cap<'a> {
+    None,
+    Bool(bool),
+    Int(i64),
+    Str(&'a str),
+    /// Index into the machine's globals.
+    Global(u32),
+    /// Index into [`Tally::ints`].
+    Ints(u8),
+    Choice(u32),
+    Absent,
+    /// While reading: the shared object's id; handed to the builder: the index of its reference in
+    /// [`Captures::values`].
+    Shared(u32),
     Taken,
 }
 
 /// What a template captured, in order, for [`Builder::template`].
 #[derive(Debug)]
 pub struct Captures<'a, 'c, V> {
-    items: &'c mut [Capture<'a, V>],
+    caps: &'c [Cap<'a>],
+    ints: &'c [Ints],
+    globals: &'c [(&'a str, &'a str)],
+    /// The builder's references to the memoized values captured ([`Capture::Value`]).
+    values: &'c mut [Option<V>],
     next: usize,
 }
 
 impl<'a, V> Captures<'a, '_, V> {
     /// The next capture (`None` after the last).
     pub fn next_capture(&mut self) -> Option<Capture<'a, V>> {
-        let c = self.items.get_mut(self.next)?;
+        let c = self.next_cap()?;
+        Some(match c {
+            Cap::None => Capture::None,
+            Cap::Bool(v) => Capture::Bool(v),
+            Cap::Int(v) => Capture::Int(v),
+            Cap::Str(v) => Capture::Str(v),
+            Cap::Global(i) => self.globals.get(i as usize).map_or(Capture::Taken, |&(m, n)| Capture::Global(m, n)),
+            Cap::Ints(i) => self.ints.get(usize::from(i)).map_or(Capture::Taken, |&v| Capture::Ints(v)),
+            Cap::Choice(i) => Capture::Choice(i as usize),
+            Cap::Absent => Capture::Absent,
+            Cap::Shared(i) => {
+                self.values.get_mut(i as usize).and_then(Option::take).map_or(Capture::Taken, Capture::Value)
+            }
+            Cap::Taken => Capture::Taken,
+        })
+    }
+
+    /// The next capture as the reader keeps it.
+    fn next_cap(&mut self) -> Option<Cap<'a>> {
+        let c = *self.caps.get(self.next)?;
         self.next += 1;
-        Some(std::mem::replace(c, Capture::Taken))
+        Some(c)
     }
 
     /// The next capture as an int.
     pub fn int(&mut self) -> Option<i64> {
-        match self.next_capture()? {
-            Capture::Int(v) => Some(v),
+        match self.next_cap()? {
+            Cap::Int(v) => Some(v),
             _ => None,
         }
     }
 
     /// The next capture as a bool.
     pub fn bool(&mut self) -> Option<bool> {
-        match self.next_capture()? {
-            Capture::Bool(v) => Some(v),
+        match self.next_cap()? {
+            Cap::Bool(v) => Some(v),
             _ => None,
         }
     }
 
     /// The next capture as a string.
     pub fn str(&mut self) -> Option<&'a str> {
-        match self.next_capture()? {
-            Capture::Str(v) => Some(v),
+        match self.next_cap()? {
+            Cap::Str(v) => Some(v),
             _ => None,
         }
     }
 
     /// The next capture as a global's module and name.
     pub fn global(&mut self) -> Option<(&'a str, &'a str)> {
-        match self.next_capture()? {
-            Capture::Global(m, n) => Some((m, n)),
+        match self.next_cap()? {
+            Cap::Global(i) => self.globals.get(i as usize).copied(),
             _ => None,
         }
     }
 
     /// The next capture as a tuple of ints.
     pub fn ints(&mut self) -> Option<Ints> {
-        match self.next_capture()? {
-            Capture::Ints(v) => Some(v),
+        match self.next_cap()? {
+            Cap::Ints(i) => self.ints.get(usize::from(i)).copied(),
             _ => None,
         }
     }
 
     /// The next capture as the index of a [`Pattern::Choice`]'s alternative.
     pub fn choice(&mut self) -> Option<usize> {
-        match self.next_capture()? {
-            Capture::Choice(v) => Some(v),
+        match self.next_cap()? {
+            Cap::Choice(v) => Some(v as usize),
             _ => None,
         }
     }
 
     /// Whether the next capture is [`Capture::Absent`] (which it then takes).
     pub fn absent(&mut self) -> bool {
-        if matches!(self.items.get(self.next), Some(Capture::Absent)) {
+        if matches!(self.caps.get(self.next), Some(Cap::Absent)) {
             self.next += 1;
             return true;
         }
@@ -237,8 +277,8 @@ const MARKS: usize = 8;
 const PUTS: usize = 32;
 const CAPTURES: usize = 32;
 
-/// What the machine would have counted for the opcodes read so far.
-struct Tally<'a> {
+/// What the machine would have counted for the opcodes read so far (one per machine, reused).
+pub(crate) struct Tally<'a> {
     stack: [Meta; STACK],
     len: usize,
     marks: [usize; MARKS],
@@ -247,9 +287,21 @@ struct Tally<'a> {
     bytes: u64,
     puts: [u64; PUTS],
     nputs: usize,
-    captures: [Capture<'a, ()>; CAPTURES],
+    captures: [Cap<'a>; CAPTURES],
     ncaptures: usize,
+    ints: [Ints; INTS],
+    nints: usize,
+    /// Text comparisons made before: (link, wanted text's address, salt, equal). Links are where strings
+    /// are in this input and indices of its globals; the cache lives as long as one machine.
+    eq_cache: [(u32, usize, usize, bool); EQ_CACHE],
+    /// Field look-ups made before: (key's link, fields' address, field index or `u8::MAX`).
+    field_cache: [(u32, usize, u8); EQ_CACHE],
+    /// Texts of memoized strings validated before, by their place in the input.
+    text_cache: [(u32, &'a str); EQ_CACHE],
 }
+
+/// The most [`Pattern::Ints`] a template captures.
+const INTS: usize = 8;
 
 /// Where a read stood, to try a [`Pattern::Choice`]'s next alternative from.
 #[derive(Clone, Copy)]
@@ -261,17 +313,12 @@ struct Mark {
     bytes: u64,
     nputs: usize,
     ncaptures: usize,
+    nints: usize,
 }
 
-/// Reads template `t` at the GET at `at` (the machine has read the GET's key). Whether it did: `false`
-/// leaves the machine at the GET's argument, as it was.
-pub(crate) fn read<'a, B: Builder<'a>>(m: &mut Machine<'a, '_, '_, B>, t: usize, at: usize) -> Result<bool, B::Error> {
-    let Some(template) = m.builder.templates().get(t).copied() else { return Ok(false) };
-    let after_get = m.pos;
-    let mut r = Reader {
-        m,
-        pos: at,
-        t: Tally {
+impl Tally<'_> {
+    fn new() -> Self {
+        Tally {
             stack: [Meta::SCALAR; STACK],
             len: 0,
             marks: [0; MARKS],
@@ -280,13 +327,55 @@ pub(crate) fn read<'a, B: Builder<'a>>(m: &mut Machine<'a, '_, '_, B>, t: usize,
             bytes: 0,
             puts: [0; PUTS],
             nputs: 0,
-            captures: std::array::from_fn(|_| Capture::Taken),
+            captures: [Cap::Taken; CAPTURES],
             ncaptures: 0,
-        },
-    };
+            ints: [Ints::default(); INTS],
+            nints: 0,
+            eq_cache: [(NO_ID, 0, 0, false); EQ_CACHE],
+            field_cache: [(NO_ID, 0, u8::MAX); EQ_CACHE],
+            text_cache: [(NO_ID, ""); EQ_CACHE],
+        }
+    }
+
+    /// Empty again (what was read before is never looked at past the counts).
+    fn reset(&mut self) {
+        self.len = 0;
+        self.open = 0;
+        self.nodes = 0;
+        self.bytes = 0;
+        self.nputs = 0;
+        self.ncaptures = 0;
+        self.nints = 0;
+    }
+}
+
+/// Reads template `t` at the GET at `at` (the machine has read the GET's key). Whether it did: `false`
+/// leaves the machine at the GET's argument, as it was.
+pub(crate) fn read<'a, B: Builder<'a>>(m: &mut Machine<'a, '_, '_, B>, t: usize, at: usize) -> Result<bool, B::Error> {
+    let Some(template) = m.builder.templates().get(t).copied() else { return Ok(false) };
+    let after_get = m.pos;
+    let mut tally = m.tally.take().unwrap_or_else(|| Box::new(Tally::new()));
+    tally.reset();
+    let mut r = Reader { m, pos: at, t: tally };
     let read = r.value(&template.pattern).is_some() && r.t.len == 1 && r.t.open == 0;
     let end = r.pos;
-    let Reader { m, t: tally, .. } = r;
+    let Reader { m, t: mut tally, .. } = r;
+    let result = finish(m, &mut tally, read, t, at, after_get, end);
+    m.tally = Some(tally);
+    result
+}
+
+/// Takes what a template read (`read`: whether it matched, up to `end`) into the machine and hands its
+/// captures to the builder, or leaves the machine at the GET's argument (`after_get`).
+fn finish<'a, B: Builder<'a>>(
+    m: &mut Machine<'a, '_, '_, B>,
+    tally: &mut Tally<'a>,
+    read: bool,
+    t: usize,
+    at: usize,
+    after_get: usize,
+    end: usize,
+) -> Result<bool, B::Error> {
     let Some(meta) = read.then_some(tally.stack[0]) else {
         m.pos = after_get;
         return Ok(false);
@@ -294,42 +383,44 @@ pub(crate) fn read<'a, B: Builder<'a>>(m: &mut Machine<'a, '_, '_, B>, t: usize,
     // Every check was made opcode by opcode but the memo's: written keys must be new, and the total within
     // the limit.
     let puts = tally.puts.get(..tally.nputs).unwrap_or_default();
-    if m.written.len().saturating_add(puts.len()) > m.limits.max_memo
-        || !puts.windows(2).all(|w| w.first() < w.get(1))
-        || puts.iter().any(|&k| m.written.contains(k))
-    {
+    if m.written.len().saturating_add(puts.len()) > m.limits.max_memo {
         m.pos = after_get;
         return Ok(false);
     }
-    for &k in puts {
-        m.written.insert(k);
+    // The keys CPython writes (MEMOIZE, or PUTs numbered as it numbers them) continue the keys written:
+    // taken at once; any others one by one, each new and in increasing order.
+    if !m.written.extend_run(puts) {
+        if !puts.windows(2).all(|w| w.first() < w.get(1)) || puts.iter().any(|&k| m.written.contains(k)) {
+            m.pos = after_get;
+            return Ok(false);
+        }
+        for &k in puts {
+            m.written.insert(k);
+        }
     }
     m.vm_nodes += tally.nodes;
     m.vm_bytes = m.vm_bytes.saturating_add(tally.bytes);
     m.pos = end;
     // The memoized values it read become the builder's references; then the builder makes the object.
-    let mut captures = std::mem::take(&mut m.captures);
-    captures.clear();
-    for c in tally.captures.into_iter().take(tally.ncaptures) {
-        captures.push(match c {
-            Capture::None => Capture::None,
-            Capture::Bool(v) => Capture::Bool(v),
-            Capture::Int(v) => Capture::Int(v),
-            Capture::Str(v) => Capture::Str(v),
-            Capture::Global(a, b) => Capture::Global(a, b),
-            Capture::Ints(v) => Capture::Ints(v),
-            Capture::Choice(v) => Capture::Choice(v),
-            Capture::Absent => Capture::Absent,
-            Capture::Shared(id) => match m.shared.get_mut(id as usize) {
-                Some(s) => Capture::Value(m.builder.share(&mut s.value)?),
-                None => Capture::Taken,
-            },
-            Capture::Value(()) | Capture::Taken => Capture::Taken,
-        });
+    let mut values = std::mem::take(&mut m.captures);
+    values.clear();
+    for c in tally.captures.iter_mut().take(tally.ncaptures) {
+        if let Cap::Shared(id) = *c {
+            let Some(s) = m.shared.get_mut(id as usize) else {
+                *c = Cap::Taken;
+                continue;
+            };
+            let index = u32::try_from(values.len()).unwrap_or(u32::MAX);
+            values.push(Some(m.builder.share(&mut s.value)?));
+            *c = Cap::Shared(index);
+        }
     }
-    let value = m.builder.template(t, &mut Captures { items: &mut captures, next: 0 });
-    captures.clear();
-    m.captures = captures;
+    let caps = tally.captures.get(..tally.ncaptures).unwrap_or_default();
+    let ints = tally.ints.get(..tally.nints).unwrap_or_default();
+    let mut captures = Captures { caps, ints, globals: &m.globals, values: &mut values, next: 0 };
+    let value = m.builder.template(t, &mut captures);
+    values.clear();
+    m.captures = values;
     let value = value?;
     if m.vals.len() >= m.limits.max_container_len {
         return Err(m.limit("stack items", m.limits.max_container_len, at).into());
@@ -342,7 +433,7 @@ pub(crate) fn read<'a, B: Builder<'a>>(m: &mut Machine<'a, '_, '_, B>, t: usize,
 struct Reader<'m, 'a, 'l, 'b, B: Builder<'a>> {
     m: &'m mut Machine<'a, 'l, 'b, B>,
     pos: usize,
-    t: Tally<'a>,
+    t: Box<Tally<'a>>,
 }
 
 impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
@@ -377,6 +468,7 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
             bytes: self.t.bytes,
             nputs: self.t.nputs,
             ncaptures: self.t.ncaptures,
+            nints: self.t.nints,
         }
     }
 
@@ -388,9 +480,10 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         self.t.bytes = s.bytes;
         self.t.nputs = s.nputs;
         self.t.ncaptures = s.ncaptures;
+        self.t.nints = s.nints;
     }
 
-    fn capture(&mut self, c: Capture<'a, ()>) -> Option<()> {
+    fn capture(&mut self, c: Cap<'a>) -> Option<()> {
         *self.t.captures.get_mut(self.t.ncaptures)? = c;
         self.t.ncaptures += 1;
         Some(())
@@ -443,32 +536,40 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         ok.then_some(())
     }
 
-    fn checked(&self, meta: Meta) -> Option<Meta> {
-        self.m.check(&meta, 0).is_ok().then_some(meta)
+    /// Whether the value at stack index `i` is within the limits.
+    fn check_at(&self, i: usize) -> Option<()> {
+        self.m.check(self.t.stack.get(i)?, 0).is_ok().then_some(())
     }
 
-    /// The values from stack index `from` up become a container of `kind`.
+    /// The values from stack index `from` up become a container of `kind`, in their place.
     fn container(&mut self, kind: Kind, from: usize) -> Option<()> {
+        if from < self.fence() || self.m.vals.len().saturating_add(from) >= self.m.limits.max_container_len {
+            return None;
+        }
         let mut c = Children::default();
         for meta in self.t.stack.get(from..self.t.len)? {
             c.add(meta);
         }
-        self.t.len = from;
         self.created(0)?;
-        let meta = self.checked(c.container(kind))?;
-        self.push(meta)
+        *self.t.stack.get_mut(from)? = c.container(kind);
+        self.t.len = from + 1;
+        self.check_at(from)
     }
 
-    /// A call of the value below the top with the top as its arguments (REDUCE, NEWOBJ).
+    /// A call of the value below the top with the top as its arguments (REDUCE, NEWOBJ), in their place.
     fn call(&mut self) -> Option<()> {
-        let args = self.pop()?;
-        let callable = self.pop()?;
+        let at = self.t.len.checked_sub(2)?;
+        if at < self.fence() {
+            return None;
+        }
         let mut c = Children::default();
-        c.add(&callable);
-        c.add(&args);
+        for meta in self.t.stack.get(at..self.t.len)? {
+            c.add(meta);
+        }
         self.created(0)?;
-        let meta = self.checked(Meta { len: 0, ..c.container(Kind::Object) })?;
-        self.push(meta)
+        *self.t.stack.get_mut(at)? = Meta { len: 0, ..c.container(Kind::Object) };
+        self.t.len = at + 1;
+        self.check_at(at)
     }
 
     /// An optional memo write of the value just made, under a new key that no GET reads.
@@ -496,8 +597,8 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         Some(())
     }
 
-    /// A GET: the memoized object's id and size (it must have been written).
-    fn get(&mut self) -> Option<(u32, Meta)> {
+    /// A GET: the memoized object's id (it must have been written).
+    fn get(&mut self) -> Option<u32> {
         let key = match self.byte()? {
             op::BINGET => self.le(1)?,
             op::LONG_BINGET => self.le(4)?,
@@ -506,9 +607,40 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         if !self.m.written.contains(key) {
             return None;
         }
-        let id = self.m.memo.get(key)?;
-        let meta = self.m.shared.get(id as usize)?.meta;
-        Some((id, meta))
+        self.m.memo.get(key)
+    }
+
+    /// The size of the memoized object `id`.
+    fn meta_of(&self, id: u32) -> Option<&Meta> {
+        self.m.shared.get(id as usize).map(|s| &s.meta)
+    }
+
+    /// A GET of a global: its index in the machine's globals.
+    fn get_global(&mut self) -> Option<u32> {
+        let id = self.get()?;
+        let meta = *self.meta_of(id)?;
+        if meta.kind != Kind::Global || meta.link as usize >= self.m.globals.len() {
+            return None;
+        }
+        self.push(meta)?;
+        Some(meta.link)
+    }
+
+    /// Whether the text at `link` (a string's input offset, a global's index: `salt` tells them apart) is
+    /// `want`, remembered for the next time the same object is asked about.
+    fn is_text(&mut self, link: u32, salt: usize, text: impl FnOnce(&Self) -> Option<bool>, want: usize) -> bool {
+        let key = (link as usize) ^ want.rotate_left(17) ^ salt;
+        let slot = key % EQ_CACHE;
+        if let Some(&(l, w, s, eq)) = self.t.eq_cache.get(slot) {
+            if l == link && w == want && s == salt && link != NO_ID {
+                return eq;
+            }
+        }
+        let eq = text(self).unwrap_or(false);
+        if let Some(e) = self.t.eq_cache.get_mut(slot) {
+            *e = (link, want, salt, eq);
+        }
+        eq
     }
 
     fn int_value(&mut self) -> Option<i64> {
@@ -531,8 +663,23 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         })
     }
 
-    /// A string written here or read from the memo; its text.
-    fn str_value(&mut self) -> Option<&'a str> {
+    /// The text of a memoized string, validated once per string object (remembered by its place).
+    fn text_at(&mut self, meta: &Meta) -> Option<&'a str> {
+        let slot = (meta.link as usize) % EQ_CACHE;
+        if let Some(&(link, text)) = self.t.text_cache.get(slot) {
+            if link == meta.link && link != NO_ID && meta.kind == Kind::Str && usize_u64(text.len()) == meta.bytes {
+                return Some(text);
+            }
+        }
+        let text = self.m.text_of(meta)?;
+        if let Some(e) = self.t.text_cache.get_mut(slot) {
+            *e = (meta.link, text);
+        }
+        Some(text)
+    }
+
+    /// A string written here or read from the memo; its text and where it is in the input.
+    fn str_value(&mut self) -> Option<(&'a str, u32)> {
         let n = match self.peek()? {
             op::SHORT_BINUNICODE => {
                 self.pos += 1;
@@ -543,45 +690,45 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
                 usize::try_from(self.le(4)?).ok()?
             }
             _ => {
-                let (_, meta) = self.get()?;
-                let text = self.m.text_of(&meta)?;
+                let id = self.get()?;
+                let meta = *self.meta_of(id)?;
+                let text = self.text_at(&meta)?;
                 self.push(meta)?;
-                return Some(text);
+                return Some((text, meta.link));
             }
         };
         let start = self.pos;
         let s = std::str::from_utf8(self.take(n)?).ok()?;
         self.created(n)?;
-        self.push(Meta { link: u32::try_from(start).unwrap_or(NO_ID), ..Meta::leaf(Kind::Str, n) })?;
+        let link = u32::try_from(start).unwrap_or(NO_ID);
+        self.push(Meta { link, ..Meta::leaf(Kind::Str, n) })?;
         self.put()?;
-        Some(s)
+        Some((s, link))
     }
 
     /// Reads one value of `pattern`.
     fn value(&mut self, pattern: &Pattern) -> Option<()> {
         match *pattern {
             Pattern::Global(module, name) => {
-                let (_, meta) = self.get()?;
-                let &(m, n) = self.m.globals.get(meta.link as usize).filter(|_| meta.kind == Kind::Global)?;
-                if m != module || n != name {
-                    return None;
-                }
-                self.push(meta)
+                let link = self.get_global()?;
+                let is = |r: &Self| r.m.globals.get(link as usize).map(|&(m, n)| m == module && n == name);
+                self.is_text(link, 1, is, module.as_ptr() as usize ^ name.as_ptr() as usize).then_some(())
             }
             Pattern::AnyGlobal => {
-                let (_, meta) = self.get()?;
-                let &(m, n) = self.m.globals.get(meta.link as usize).filter(|_| meta.kind == Kind::Global)?;
-                self.capture(Capture::Global(m, n))?;
-                self.push(meta)
+                let link = self.get_global()?;
+                self.capture(Cap::Global(link))
             }
             Pattern::Str => {
-                let s = self.str_value()?;
-                self.capture(Capture::Str(s))
+                let (s, _) = self.str_value()?;
+                self.capture(Cap::Str(s))
             }
-            Pattern::StrEq(want) => (self.str_value()? == want).then_some(()),
+            Pattern::StrEq(want) => {
+                let (s, link) = self.str_value()?;
+                self.is_text(link, 0, |_| Some(s == want), want.as_ptr() as usize).then_some(())
+            }
             Pattern::Int => {
                 let v = self.int_value()?;
-                self.capture(Capture::Int(v))?;
+                self.capture(Cap::Int(v))?;
                 self.push(Meta::SCALAR)
             }
             Pattern::Bool => {
@@ -590,12 +737,12 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
                     op::NEWFALSE => false,
                     _ => return None,
                 };
-                self.capture(Capture::Bool(v))?;
+                self.capture(Cap::Bool(v))?;
                 self.push(Meta::SCALAR)
             }
             Pattern::None => {
                 (self.byte()? == op::NONE).then_some(())?;
-                self.capture(Capture::None)?;
+                self.capture(Cap::None)?;
                 self.push(Meta::SCALAR)
             }
             Pattern::Ints => self.ints(),
@@ -603,12 +750,12 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
             Pattern::PersistentId(inner) => {
                 self.value(inner)?;
                 (self.byte()? == op::BINPERSID).then_some(())?;
-                let pid = self.pop()?;
+                let at = self.t.len.checked_sub(1).filter(|&at| at >= self.fence())?;
                 let mut c = Children::default();
-                c.add(&pid);
+                c.add(self.t.stack.get(at)?);
                 self.created(0)?;
-                let meta = self.checked(Meta { len: 0, ..c.container(Kind::PersistentId) })?;
-                self.push(meta)?;
+                *self.t.stack.get_mut(at)? = Meta { len: 0, ..c.container(Kind::PersistentId) };
+                self.check_at(at)?;
                 self.put()
             }
             Pattern::Reduce(callable, args) => {
@@ -622,7 +769,7 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
             Pattern::Choice(alternatives) => {
                 let start = self.mark_state();
                 for (i, alternative) in alternatives.iter().enumerate() {
-                    self.capture(Capture::Choice(i))?;
+                    self.capture(Cap::Choice(u32::try_from(i).ok()?))?;
                     if self.value(alternative).is_some() {
                         return Some(());
                     }
@@ -631,8 +778,9 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
                 None
             }
             Pattern::Memo => {
-                let (id, meta) = self.get()?;
-                self.capture(Capture::Shared(id))?;
+                let id = self.get()?;
+                let meta = *self.meta_of(id)?;
+                self.capture(Cap::Shared(id))?;
                 self.push(meta)
             }
         }
@@ -676,7 +824,10 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
             }
         }
         self.put()?;
-        self.capture(Capture::Ints(ints))
+        *self.t.ints.get_mut(self.t.nints)? = ints;
+        let index = u8::try_from(self.t.nints).ok()?;
+        self.t.nints += 1;
+        self.capture(Cap::Ints(index))
     }
 
     /// A tuple of `items`.
@@ -746,8 +897,8 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
             if (marked && self.peek()? == op::SETITEMS) || (!marked && read == 1) {
                 break;
             }
-            let key = self.str_value()?;
-            let f = fields.iter().position(|(name, _)| *name == key)?;
+            let (key, link) = self.str_value()?;
+            let f = self.field_of(fields, key, link)?;
             let slot = at.get_mut(f)?;
             if slot.is_some() {
                 return None;
@@ -773,17 +924,15 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
         }
         pairs.count /= 2;
         self.t.len = dict;
-        let d = *self.t.stack.get(dict - 1)?;
-        let grown = self.checked(grow(d, &pairs))?;
-        *self.t.stack.get_mut(dict - 1)? = grown;
+        self.t.stack.get_mut(dict - 1)?.grow(&pairs);
+        self.check_at(dict - 1)?;
         (self.byte()? == op::BUILD).then_some(())?;
         let state = self.pop()?;
         let mut s = Children::default();
         s.add(&state);
         s.count = 0;
-        let o = *self.t.stack.get(object)?;
-        let grown = self.checked(grow(o, &s))?;
-        *self.t.stack.get_mut(object)? = grown;
+        self.t.stack.get_mut(object)?.grow(&s);
+        self.check_at(object)?;
         Some(())
     }
 }
@@ -791,19 +940,73 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
 /// The most fields a [`Pattern::Object`] declares.
 const MAX_FIELDS: usize = 8;
 
+/// Entries of the caches of text comparisons and field look-ups (direct mapped).
+const EQ_CACHE: usize = 64;
+
+impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
+    /// Which of `fields` the key `key` (at `link` in the input) names; remembered for the same key object.
+    fn field_of(&mut self, fields: &'static [(&'static str, Pattern)], key: &str, link: u32) -> Option<usize> {
+        let id = fields.as_ptr() as usize;
+        let slot = ((link as usize) ^ id.rotate_left(17)) % EQ_CACHE;
+        if let Some(&(l, f, i)) = self.t.field_cache.get(slot) {
+            if l == link && f == id && link != NO_ID {
+                return (i != u8::MAX).then_some(usize::from(i));
+            }
+        }
+        let found = fields.iter().position(|(name, _)| *name == key);
+        if let Some(e) = self.t.field_cache.get_mut(slot) {
+            *e = (link, id, found.and_then(|i| u8::try_from(i).ok()).unwrap_or(u8::MAX));
+        }
+        found
+    }
+}
+
 impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
     /// Puts the captures of an object's fields (from `first` on, at `at` by declared field) in declared
     /// order, with [`Capture::Absent`] for fields not read.
     fn order_fields(&mut self, first: usize, at: &[Option<(usize, usize)>; MAX_FIELDS], n: usize) -> Option<()> {
-        let taken: Vec<Capture<'a, ()>> = self
-            .t
-            .captures
-            .get_mut(first..self.t.ncaptures)?
-            .iter_mut()
-            .map(|c| std::mem::replace(c, Capture::Taken))
-            .collect();
+        // The fields read in declared order (what CPython writes for a dataclass): in place, with an
+        // [`Cap::Absent`] put where each missing field goes, from the back.
+        let mut next = first;
+        let mut missing = 0;
+        let in_order = at.iter().take(n).all(|f| match *f {
+            Some((start, end)) if start == next => {
+                next = end;
+                true
+            }
+            Some(_) => false,
+            None => {
+                missing += 1;
+                true
+            }
+        });
+        if in_order && missing == 0 {
+            return Some(());
+        }
+        if in_order {
+            let total = self.t.ncaptures.checked_add(missing).filter(|&t| t <= CAPTURES)?;
+            let mut w = total;
+            for field in at.iter().take(n).rev() {
+                match *field {
+                    Some((start, end)) => {
+                        let len = end - start;
+                        w -= len;
+                        if w != start {
+                            self.t.captures.copy_within(start..end, w);
+                        }
+                    }
+                    None => {
+                        w -= 1;
+                        *self.t.captures.get_mut(w)? = Cap::Absent;
+                    }
+                }
+            }
+            self.t.ncaptures = total;
+            return Some(());
+        }
+        let taken: Vec<Cap<'a>> = self.t.captures.get(first..self.t.ncaptures)?.to_vec();
         self.t.ncaptures = first;
-        let mut taken: Vec<Option<Capture<'a, ()>>> = taken.into_iter().map(Some).collect();
+        let mut taken: Vec<Option<Cap<'a>>> = taken.into_iter().map(Some).collect();
         for field in at.iter().take(n) {
             match field {
                 Some((start, end)) => {
@@ -812,20 +1015,9 @@ impl<'a, B: Builder<'a>> Reader<'_, 'a, '_, '_, B> {
                         self.capture(c)?;
                     }
                 }
-                None => self.capture(Capture::Absent)?,
+                None => self.capture(Cap::Absent)?,
             }
         }
         Some(())
-    }
-}
-
-/// A container's meta after it takes `add`.
-fn grow(target: Meta, add: &Children) -> Meta {
-    Meta {
-        nodes: target.nodes.saturating_add(add.nodes),
-        bytes: target.bytes.saturating_add(add.bytes),
-        len: target.len.saturating_add(u32::try_from(add.count).unwrap_or(u32::MAX)),
-        depth: target.depth.max(add.depth.saturating_add(1)),
-        ..target
     }
 }
