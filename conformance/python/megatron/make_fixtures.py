@@ -192,6 +192,7 @@ def reference_all(outdir: Path) -> None:
     import torch
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
 
     parallel_state.initialize_model_parallel()
     for case in CASES:
@@ -201,7 +202,12 @@ def reference_all(outdir: Path) -> None:
             sd = gpt(1).sharded_state_dict()
             loaded = dist_checkpointing.load(sd, ckpt)
             for k, sh in sd.items():
-                if isinstance(sh, ShardedTensor):
+                if isinstance(sh, ShardedTensorFactory):
+                    # SwiGLU's linear_fc1: saved as its two halves, loaded whole
+                    built = sh.build()
+                    first = next(v for v in (built.values() if isinstance(built, dict) else built) if isinstance(v, ShardedTensor))
+                    ref[unstacked_name(sh.key, first.global_offset, first.prepend_axis_num)] = loaded[k]
+                elif isinstance(sh, ShardedTensor):
                     ref[unstacked_name(sh.key, sh.global_offset, sh.prepend_axis_num)] = loaded[k]
         else:
             sd = sharded_state(0, 1)

@@ -48,9 +48,11 @@ pub(crate) fn tag_dir(path: &Path, tag: Option<&str>) -> Result<(PathBuf, String
     Err(Error::NotACheckpoint { path: path.to_path_buf() })
 }
 
-/// Whether `dir` is a tag directory: it holds model states files, or is a universal checkpoint (`zero/`).
+/// Whether `dir` is a tag directory: it holds model or optimizer states files, or is a universal checkpoint
+/// (`zero/`).
 pub(crate) fn is_tag_dir(dir: &Path) -> Result<bool> {
-    Ok(names(dir)?.iter().any(|n| n.ends_with("_model_states.pt")) || dir.join("zero").is_dir())
+    Ok(names(dir)?.iter().any(|n| n.ends_with("_model_states.pt") || n.ends_with("_optim_states.pt"))
+        || dir.join("zero").is_dir())
 }
 
 /// The file names in `dir`, sorted.

@@ -1,7 +1,8 @@
 //! Universal checkpoints (`ds_to_universal`'s output): a tag directory with `zero/<param>/fp32.pt` (the whole
 //! fp32 parameter, a tensor or `{"param": tensor, "cat_dim": ...}`), the optimizer state beside it
 //! (`exp_avg.pt`, `exp_avg_sq.pt`, `step.pt`), `zero/optimizer_state.pt` (the optimizer's other values and
-//! param groups) and the model states file(s) copied from the source checkpoint.
+//! param groups) and the model states file(s) copied from the source checkpoint. ZeRO 3's universal files
+//! hold flat parameters and state: they take the shapes the model states file records (`param_shapes`).
 
 use std::path::Path;
 
@@ -18,6 +19,10 @@ fn param_of(path: &Path, v: &Value) -> Result<Tensor> {
         Value::Dict(_) => Ok(at.get("param", "param")?.tensor()?.clone()),
         _ => Ok(at.tensor()?.clone()),
     }
+}
+
+fn param_numel(shape: &[usize]) -> usize {
+    ckpt_core::checked_numel(shape).unwrap_or(usize::MAX)
 }
 
 /// Reads the universal checkpoint in the tag directory `dir`.
@@ -40,6 +45,18 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
             order.extend(module.named()?.into_iter().map(|(k, _)| k.to_owned()));
         }
     }
+    // ZeRO 3's universal files hold flat parameters: they take the shapes of the model states file.
+    let mut shapes: std::collections::HashMap<String, Vec<usize>> = std::collections::HashMap::new();
+    if let Some(p) = &states_path {
+        let states = At::top(p, &model_states);
+        if let Some(groups) = states.opt("param_shapes", "param_shapes")? {
+            for g in crate::files::groups(groups)? {
+                for (n, s) in g.named()? {
+                    shapes.insert(n.to_owned(), s.shape()?);
+                }
+            }
+        }
+    }
     let dirs: Vec<String> = names(&zero)?.into_iter().filter(|n| zero.join(n).join("fp32.pt").is_file()).collect();
     let mut params: Vec<String> = order.iter().filter(|n| dirs.contains(n)).cloned().collect();
     params.extend(dirs.iter().filter(|n| !order.contains(n)).cloned());
@@ -49,13 +66,26 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
     for name in &params {
         let pdir = zero.join(name);
         let fp32 = pdir.join("fp32.pt");
-        model.push((name.clone(), param_of(&fp32, &load(&fp32, options)?)?));
+        let mut param = param_of(&fp32, &load(&fp32, options)?)?;
+        if let Some(shape) = shapes.get(name) {
+            if param.dim() == 1 && param.shape() != shape.as_slice() && param.numel() == param_numel(shape) {
+                param = param.reshape(shape)?;
+            }
+        }
+        let shape = param.shape().to_vec();
+        model.push((name.clone(), param));
         for key in ["exp_avg", "exp_avg_sq", "step"] {
             let file = pdir.join(format!("{key}.pt"));
             if file.is_file() {
                 let v = load(&file, options)?;
+                // ZeRO 3's universal state is flat: it takes the parameter's shape, as ZeRO's does.
                 let value = match &v {
                     Value::Dict(_) => Value::Tensor(param_of(&file, &v)?),
+                    Value::Tensor(t)
+                        if t.dim() == 1 && t.numel() == param_numel(&shape) && t.shape() != shape.as_slice() =>
+                    {
+                        Value::Tensor(t.reshape(&shape)?)
+                    }
                     other => other.clone(),
                 };
                 optimizer.push((format!("optimizer.state.{name}.{key}"), value));

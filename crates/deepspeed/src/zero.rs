@@ -186,6 +186,26 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
     if world != optim_files.len() {
         return Err(Error::RankCount { dir: dir.to_path_buf(), expected: world, found: optim_files.len() });
     }
+    // Every rank's file must come from the same save: the same stage and world size.
+    for (f, v) in optim_files.iter().zip(&optim).skip(1) {
+        let osd = At::top(&f.path, v).get("optimizer_state_dict", "optimizer_state_dict")?;
+        let s = osd.get("zero_stage", "optimizer_state_dict.zero_stage")?.count()?;
+        let pc = osd.get("partition_count", "optimizer_state_dict.partition_count")?;
+        let w = match pc.value {
+            Value::List(_) | Value::Tuple(_) => {
+                pc.list()?.iter().map(At::count).collect::<Result<Vec<_>>>()?.into_iter().max()
+            }
+            _ => Some(pc.count()?),
+        };
+        if s != stage || w != Some(world) {
+            return Err(Error::Layout {
+                path: f.path.clone(),
+                at: "optimizer_state_dict".into(),
+                expected: "the ZeRO stage and partition count of rank 0's file",
+                found: format!("stage {s}, partition count {w:?} (rank 0: stage {stage}, {world} ranks)"),
+            });
+        }
+    }
     match stage {
         1 | 2 => read_stage12(dir, stage, &optim_files, &optim, options),
         3 => read_stage3(dir, &optim_files, &optim, options),
@@ -378,6 +398,20 @@ fn read_stage3(
         .map(|o| Ok(flat_list(o.get("fp32_flat_groups", "fp32_flat_groups")?)?.into_iter().cloned().collect()))
         .collect::<Result<_>>()?;
     let have: usize = flats[0].iter().map(Tensor::numel).sum();
+    for (r, f) in flats.iter().enumerate() {
+        let n: usize = f.iter().map(Tensor::numel).sum();
+        if n != have || f.len() != flats[0].len() {
+            return Err(Error::FlatGroups {
+                dir: dir.to_path_buf(),
+                group: 0,
+                problem: format!(
+                    "rank {r} holds {} flat groups of {n} elements, rank 0 {} of {have}",
+                    f.len(),
+                    flats[0].len()
+                ),
+            });
+        }
+    }
 
     let mut model = buffers(states)?;
     let frozen = frozen_shapes(states)?;
