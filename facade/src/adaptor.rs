@@ -376,9 +376,9 @@ impl Content {
 fn cast(value: Value, to: ckpt_core::DType) -> ckpt_core::Result<Value> {
     let castable = |t: &ckpt_core::Tensor| ckpt_core::is_castable_float(t.dtype());
     Ok(match value {
-        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float(&t, to)?),
+        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float_lazy(&t, to)?),
         Value::Parameter { tensor, state } if castable(&tensor) => {
-            Value::Parameter { tensor: ckpt_core::cast_float(&tensor, to)?, state }
+            Value::Parameter { tensor: ckpt_core::cast_float_lazy(&tensor, to)?, state }
         }
         Value::TensorWithState { tensor, class, state } => {
             Value::TensorWithState { tensor: Box::new(cast(*tensor, to)?), class, state }
