@@ -67,7 +67,9 @@ fn common_values_and_metadata() {
     assert!(raw.windows(15).any(|w| w == b"all_local_plans"));
     let s = open("sharded_w2", MegatronOptions::default());
     assert_eq!(s.value("note.text").unwrap(), Value::Str("sharded fixture".into()));
-    assert!(matches!(s.value("rng_state/shard_1_2"), Ok(_)));
+    // A ShardedObject per rank: megatron-core saves it as a one-item list.
+    let Value::List(rng) = s.value("rng_state/shard_1_2").unwrap() else { panic!("a list") };
+    assert_eq!(rng[0].as_dict().unwrap().get("seed"), Some(&Value::Int(1001)));
     assert!(!s.is_model_tensor("iteration") && s.is_model_tensor("layer.cols"));
 }
 

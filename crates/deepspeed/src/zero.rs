@@ -461,7 +461,7 @@ fn read_stage3(
             let scalars = s
                 .named()?
                 .into_iter()
-                .filter(|(_, v)| !v.value.as_tensor().is_some_and(|t| t.dim() == 1))
+                .filter(|(_, v)| v.value.as_tensor().is_none_or(|t| t.dim() != 1))
                 .map(|(k, v)| (k.to_owned(), v.value.clone()))
                 .collect();
             scalar_state.insert(g, scalars);
