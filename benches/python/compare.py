@@ -716,13 +716,24 @@ def convert(res: Results, timer: Timer, work: Path, cfg: dict) -> None:
 
 
 ZERO_HEADING = "## DeepSpeed ZeRO-3 to Hugging Face"
+#: runs ``zero_to_fp32.py SRC OUT --safe_serialization`` (argv: script, src, out), then fsyncs every file it wrote
+ZERO_TO_FP32_DURABLE = (
+    "import os, runpy, sys, pathlib\n"
+    "script, src, out = sys.argv[1:4]\n"
+    "sys.argv = [script, src, out, '--safe_serialization']\n"
+    "runpy.run_path(script, run_name='__main__')\n"
+    "for f in pathlib.Path(out).iterdir():\n"
+    "    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+    "fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+)
 
 
 def zero_to_hf(res: Results, work: Path, cfg: dict) -> str:
     """Issue 30: a ZeRO-3 checkpoint of at least 1 GiB of parameters written by deepspeed at world size 2
     (``zero_workload.py``) converted to Hugging Face safetensors shards by ``ckpt convert --to hf`` and by the
-    ``zero_to_fp32.py`` DeepSpeed copies into every checkpoint (``--safe_serialization``), interleaved, each a
-    fresh process with its peak ``RssAnon`` sampled every millisecond; the outputs are checked equal once.
+    ``zero_to_fp32.py`` DeepSpeed copies into every checkpoint (``--safe_serialization``, then an fsync of its
+    files, as ckpt's output is durable), interleaved, each a fresh process with its peak ``RssAnon`` sampled
+    every millisecond; the outputs are checked equal once.
     Returns the section's Markdown."""
     d = work / "zero"
     shutil.rmtree(d, ignore_errors=True)
@@ -736,7 +747,9 @@ def zero_to_hf(res: Results, work: Path, cfg: dict) -> str:
     outs = {"ckpt": d / "out_ckpt", "zero_to_fp32": d / "out_ds"}
     cmds = {
         "ckpt": [str(TOOL), "convert", "-q", "--to", "hf", str(src), str(outs["ckpt"])],
-        "zero_to_fp32": [PY, str(script), str(src), str(outs["zero_to_fp32"]), "--safe_serialization"],
+        # DeepSpeed's script, then an fsync of what it wrote (ckpt's writes are durable: fsynced, renamed), in
+        # one process so that its peak memory is the script's.
+        "zero_to_fp32": [PY, "-c", ZERO_TO_FP32_DURABLE, str(script), str(src), str(outs["zero_to_fp32"])],
     }
     env_ds = dict(os.environ, DS_ACCELERATOR="cpu")
     peaks: dict[str, list[int]] = {k: [] for k in cmds}
@@ -777,7 +790,7 @@ def zero_to_hf(res: Results, work: Path, cfg: dict) -> str:
         "",
         "| target | measured | required | met |",
         "|---|---|---|---|",
-        f"| speed, zero_to_fp32.py / ckpt (medians) | {speed:.2f}× | ≥ 5× | {'met' if speed >= 5 else '**missed**'} |",
+        f"| speed, zero_to_fp32.py (+ fsync of its files) / ckpt convert --to hf (medians) | {speed:.2f}× | ≥ 5× | {'met' if speed >= 5 else '**missed**'} |",
         f"| ckpt's peak anonymous memory | {ckpt_peak / 2**20:.0f} MiB | ≤ largest parameter + 64 MiB = "
         f"{bound / 2**20:.0f} MiB | {'met' if ckpt_peak <= bound else '**missed**'} |",
         f"| zero_to_fp32.py's peak anonymous memory (reference) | {ds_peak / 2**20:.0f} MiB | (the whole model: "
@@ -874,9 +887,9 @@ def main() -> int:
     )
     if args.dcp_ranks:
         cfg["dcp_ranks"] = [int(x) for x in args.dcp_ranks.split(",")]
-    # zero-to-hf: 33 × 32 MiB = 1.03 GiB of parameters (--quick: 1/8), 3 interleaved runs of each side.
+    # zero-to-hf: 33 × 32 MiB = 1.03 GiB of parameters (--quick: 1/8), 5 interleaved runs of each side.
     cfg["zero_layers"] = 5 if args.quick else 33
-    cfg["zero_reps"] = 3
+    cfg["zero_reps"] = 5
     only = set(args.only.split(","))
     unknown = only - {"reads", "writes", "durable", "scaling", "convert", "zero-to-hf", *READ_WORKLOADS}
     if unknown:
