@@ -146,3 +146,63 @@ fn other_backends_and_missing_args_are_refused() {
     // Without the name map, a checkpoint without common.pt reads.
     assert!(MegatronReader::open(&no_args, &ReadOptions::default(), MegatronOptions::default()).is_ok());
 }
+
+/// megatron-core's distributed optimizer, both layouts that save (`dp_reshardable`: flat per-bucket buffers as
+/// tensors; `dp_zero_gather_scatter`: per-rank state as objects): every tensor each rank saved (its key, its
+/// offset in the global tensor, its data: `local_rank<R>.pt`) is the region ckpt reads back, and the objects
+/// read.
+#[test]
+fn distributed_optimizer_layouts_read_as_each_rank_saved_them() {
+    for case in ["distopt_dp_reshardable", "distopt_dp_zero_gather_scatter"] {
+        let r = open(case, MegatronOptions::default());
+        let mut checked = 0;
+        for rank in 0..2 {
+            let path = fixtures("megatron").join(case).join(format!("local_rank{rank}.pt"));
+            let Value::List(locals) = ckpt_torch::load(&path).unwrap() else { panic!("a list") };
+            for l in locals {
+                let d = l.as_dict().unwrap();
+                let key = d.get("key").and_then(Value::as_str).unwrap();
+                let offset: Vec<usize> = d
+                    .get("offset")
+                    .unwrap()
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_int().unwrap() as usize)
+                    .collect();
+                let data = d.get("data").unwrap().as_tensor().unwrap();
+                // A layer's tensor is a region of the layer-stacked one: its layer axis (size 1) prepended.
+                let mut shape = vec![1; offset.len().saturating_sub(data.dim())];
+                shape.extend_from_slice(data.shape());
+                let got = r.dcp().read_region(key, &offset, &shape).unwrap_or_else(|e| panic!("{case}: {key}: {e}"));
+                let want = data.reshape(&shape).unwrap();
+                assert!(got.to_contiguous().unwrap().bitwise_eq(&want), "{case} rank {rank}: {key}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 20, "{case}: {checked}");
+        let optimizer: Vec<_> = r.entries().into_iter().filter(|e| e.name.starts_with("optimizer.")).collect();
+        assert!(!optimizer.is_empty(), "{case}");
+        for e in optimizer {
+            assert!(r.value(&e.name).is_ok(), "{case}: {}", e.name);
+            assert!(!r.is_model_tensor(&e.name));
+        }
+        assert_eq!(
+            r.value("optimizer.param_state_sharding_type").unwrap(),
+            Value::Str(case.trim_start_matches("distopt_").into())
+        );
+        // The model under Megatron's DDP (`module.`) maps onto Llama's names too, equal to the plain save's.
+        let llama = open(case, MegatronOptions::default().with_llama(true));
+        let plain = open("gpt_tp1", MegatronOptions::default().with_llama(true));
+        assert!(
+            !llama
+                .read_tensor("model.layers.1.self_attn.v_proj.weight")
+                .unwrap()
+                .bitwise_eq(&Tensor::zeros(ckpt_core::DType::F32, &[8, 16]).unwrap())
+        );
+        assert_eq!(
+            llama.read_tensor("model.norm.weight").unwrap().shape(),
+            plain.read_tensor("model.norm.weight").unwrap().shape()
+        );
+    }
+}

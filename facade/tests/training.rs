@@ -88,12 +88,13 @@ fn diff_deepspeed_and_megatron() {
 
 #[test]
 fn inspect_cat_verify_megatron() {
-    for case in ["gpt_tp1", "gpt_tp2", "sharded_w2"] {
+    for case in ["gpt_tp1", "gpt_tp2", "sharded_w2", "distopt_dp_reshardable", "distopt_dp_zero_gather_scatter"] {
         let dir = fixtures("megatron").join(case).join("ckpt");
         let (code, out, err) = ckpt(&[&"inspect", &dir]);
         assert_eq!(code, 0, "{case}: {err}");
         assert!(out.starts_with("megatron checkpoint"), "{out}");
         assert!(out.contains("iteration"), "{out}");
+        assert!(!case.starts_with("distopt") || out.contains("optimizer."), "{out}");
         for args in [&[&"verify" as &dyn AsRef<std::ffi::OsStr>, &dir][..], &[&"verify", &dir, &"--deep"]] {
             let (code, out, err) = ckpt(args);
             assert_eq!(code, 0, "{case}: {out}{err}");

@@ -14,7 +14,13 @@ Cases (``CASES``):
   Megatron-LM saves beside the model (``iteration``, ``args`` as an ``argparse.Namespace`` with the head
   layout, ``checkpoint_version``); the same seed makes the same weights, so both hold one model;
 * ``sharded_w2``: a sharded state dict written by 2 ranks: a tensor split on its first dimension, one split
-  on its second, a replicated one, per-rank ``ShardedObject``s and common values.
+  on its second, a replicated one, per-rank ``ShardedObject``s and common values;
+* ``distopt_dp_reshardable``, ``distopt_dp_zero_gather_scatter``: the GPTModel under megatron's
+  ``DistributedDataParallel`` at 2 data-parallel ranks after one step of its ``DistributedOptimizer``
+  (Adam), the optimizer state in each of megatron-core 0.16's two DP layouts that save (flat per-bucket
+  buffers as tensors; the per-rank state as objects). Megatron's DDP and optimizer ask for CUDA tensors:
+  ``cpu_only_optimizer`` makes them on the CPU. Each rank's own tensors (key, offset in the global tensor,
+  data) are the reference, ``local_rank<R>.pt``.
 
 Saves use one writer thread per rank (``__R_0.distcp``): with megatron's default of two, the order of
 the items in ``.metadata`` follows which thread finishes first. ``torch.cuda.synchronize`` and
@@ -63,9 +69,13 @@ CASES: dict[str, tuple[int, int, str]] = {
     "gpt_tp1": (1, 1, "GPTModel (local spec), tensor-parallel 1"),
     "gpt_tp2": (2, 2, "the same GPTModel, tensor-parallel 2"),
     "sharded_w2": (2, 1, "a sharded state dict of 2 ranks: split, replicated and per-rank entries"),
+    "distopt_dp_reshardable": (2, 1, "the GPTModel under DDP, 2 data-parallel ranks, one Adam step of megatron's "
+                               "DistributedOptimizer, its state in the dp_reshardable layout"),
+    "distopt_dp_zero_gather_scatter": (2, 1, "the same, the optimizer state in the dp_zero_gather_scatter layout"),
 }
 ITERATION = 5
-TRAINING_DERIVED = {"*.distcp": {"items": ["*"]}, "*/reference.pt": {"tensors": ["*"]}}
+TRAINING_DERIVED = {"*.distcp": {"items": ["*"]}, "*/reference.pt": {"tensors": ["*"]},
+                    "*/local_rank*.pt": {"tensors": ["*"]}}
 ARGS = {"num_layers": 2, "hidden_size": 16, "num_attention_heads": 4, "num_query_groups": 2, "kv_channels": 4,
         "ffn_hidden_size": 24, "swiglu": True, "group_query_attention": True, "normalization": "RMSNorm",
         "padded_vocab_size": 32, "seq_length": 8}
@@ -76,6 +86,95 @@ def patch_cuda() -> None:
 
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_device = lambda: "cpu"
+
+
+def cpu_only_optimizer() -> None:
+    """What megatron's ``DistributedDataParallel`` and ``DistributedOptimizer`` need to run on the CPU: tensors
+    asked for on ``cuda`` made on the CPU (``torch.empty`` zeroed, so that the padding of megatron's buffers is
+    reproducible), parameters that say they are CUDA tensors (the optimizer accepts only
+    those), the CUDA RNG tracker over the CPU generator. Only the distributed-optimizer cases use it; once per
+    process."""
+    import torch
+
+    if getattr(torch, "_ckpt_cpu_only", False):
+        return
+    torch._ckpt_cpu_only = True  # type: ignore[attr-defined]
+
+    def on_cpu(f):
+        def g(*a, **k):
+            if k.get("device") is not None and str(k["device"]).startswith("cuda"):
+                k["device"] = "cpu"
+            return f(*a, **k)
+
+        return g
+
+    for name in ("tensor", "zeros", "ones", "full", "arange", "zeros_like"):
+        setattr(torch, name, on_cpu(getattr(torch, name)))
+    # Megatron's grad and param buffers come from `torch.empty`: their padding would be whatever the memory
+    # held, and the fixtures not reproducible. Zeroed instead.
+    torch.empty = on_cpu(torch.zeros)
+    torch.empty_like = on_cpu(torch.zeros_like)
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.is_available = lambda: False
+    plain_type = torch.Tensor.type
+
+    def cuda_type(self, *a, **k):
+        t = plain_type(self, *a, **k)
+        return t.replace("torch.", "torch.cuda.", 1) if not a and not k and isinstance(t, str) else t
+
+    torch.Tensor.type = cuda_type
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
+    torch.cuda.manual_seed = lambda *a, **k: None
+    from megatron.core.tensor_parallel import random as tpr
+
+    tpr._set_cuda_rng_state = lambda *a, **k: None
+    tpr.get_cuda_rng_tracker().add("model-parallel-rng", 0)
+
+
+def distopt_state(layout: str) -> dict[str, Any]:
+    """The GPTModel under megatron's DDP with the distributed optimizer after one Adam step, as Megatron-LM
+    saves it: ``{"model", "optimizer", "iteration", "args"}``."""
+    import argparse
+
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    cpu_only_optimizer()
+    model = gpt(1)
+    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True), [ddp])
+    ids = torch.arange(8).view(1, 8) % ARGS["padded_vocab_size"]
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril().logical_not()
+    ddp(ids, torch.arange(8).view(1, 8), mask, labels=ids).sum().backward()
+    ddp.finish_grad_sync()
+    opt.step()
+    sd = ddp.sharded_state_dict()
+    return {"model": sd, "optimizer": opt.sharded_state_dict(sd, sharding_type=layout), "iteration": ITERATION,
+            "args": argparse.Namespace(**ARGS)}
+
+
+def local_shards(state: Any) -> list[dict[str, Any]]:
+    """Every ShardedTensor of a state dict as this rank holds it: its key, its offset in the global tensor, its
+    data (what the test reads back from the checkpoint's region)."""
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    out: list[dict[str, Any]] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, ShardedTensor):
+            if v.flattened_range is None:
+                out.append({"key": v.key, "offset": list(v.global_offset), "data": v.data.detach().clone()})
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(state)
+    return out
 
 
 def fix_save_id(case: str, rank: int) -> None:
@@ -129,43 +228,57 @@ def sharded_state(rank: int, world: int) -> dict[str, Any]:
     }
 
 
-def worker(case: str, rank: int, world: int, port: int, outdir: Path) -> None:
+def worker(cases: str, rank: int, world: int, port: int, outdir: Path) -> None:
+    """One rank of a job that saves each of ``cases`` (comma-separated) in turn, or (``--reference``) the
+    1-process job that loads every case."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    import argparse
-
     import torch
     import torch.distributed as dist
 
     patch_cuda()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
 
     os.chdir(outdir)
-    if case == "--reference":
+    if cases == "--reference":
         reference_all(outdir)
-        dist.destroy_process_group()
-        return
+    else:
+        for case in cases.split(","):
+            save_case(case, rank, world, outdir)
+            parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def save_case(case: str, rank: int, world: int, outdir: Path) -> None:
+    """This rank's part of the save of ``case``."""
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing, parallel_state
+
     fix_save_id(case, rank)
     _, tp, _ = CASES[case]
-    if case.startswith("gpt"):
+    if case.startswith("distopt_"):
+        parallel_state.initialize_model_parallel()
+        state = distopt_state(case.removeprefix("distopt_"))
+        (outdir / case).mkdir(exist_ok=True)
+        torch.save(local_shards(state), outdir / case / f"local_rank{rank}.pt")
+    elif case.startswith("gpt"):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
-        state: dict[str, Any] = {"model": gpt(tp).sharded_state_dict(), "iteration": ITERATION,
-                                 "args": argparse.Namespace(**ARGS), "checkpoint_version": 3.0}
+        state = {"model": gpt(tp).sharded_state_dict(), "iteration": ITERATION,
+                 "args": argparse.Namespace(**ARGS), "checkpoint_version": 3.0}
     else:
         parallel_state.initialize_model_parallel()
         state = sharded_state(rank, world)
-        if rank == 1:  # the split on dimension 1: rank 1 holds columns 3..5
-            from megatron.core.dist_checkpointing import ShardedTensor
+        from megatron.core.dist_checkpointing import ShardedTensor
 
-            cols = state["cols"].data
-            state["cols"] = ShardedTensor("layer.cols", cols, cols.dtype, cols.shape, (4, 5), (0, 3), axis_fragmentations=None)
-        elif rank == 0:
-            from megatron.core.dist_checkpointing import ShardedTensor
-
-            cols = state["cols"].data
-            state["cols"] = ShardedTensor("layer.cols", cols, cols.dtype, cols.shape, (4, 5), (0, 0), axis_fragmentations=None)
+        # the split on dimension 1: rank 0 holds columns 0..3, rank 1 columns 3..5
+        cols = state["cols"].data
+        state["cols"] = ShardedTensor("layer.cols", cols, cols.dtype, cols.shape, (4, 5), (0, 3 * rank),
+                                      axis_fragmentations=None)
     ckpt = Path(case) / "ckpt"
     if rank == 0:
         ckpt.mkdir(parents=True)
@@ -176,7 +289,7 @@ def worker(case: str, rank: int, world: int, port: int, outdir: Path) -> None:
 
     dist_checkpointing.save(state, str(ckpt), sharded_strategy=TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1))
     dist.barrier()
-    dist.destroy_process_group()
+
 
 
 def unstacked_name(key: str, offsets: tuple[int, ...], prepend: int) -> str:
@@ -198,6 +311,8 @@ def reference_all(outdir: Path) -> None:
     for case in CASES:
         ckpt = str(Path(case) / "ckpt")
         ref: dict[str, Any] = {}
+        if case.startswith("distopt_"):
+            continue  # each rank's own tensors are the reference (local_rank<R>.pt)
         if case.startswith("gpt"):
             sd = gpt(1).sharded_state_dict()
             loaded = dist_checkpointing.load(sd, ckpt)
@@ -222,11 +337,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(case: str, world: int, outdir: Path) -> None:
+def run(cases: str, world: int, outdir: Path) -> None:
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = [
-        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", case, str(r), str(world), str(port), str(outdir)],
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", cases, str(r), str(world), str(port), str(outdir)],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for r in range(world)
     ]
@@ -234,7 +349,7 @@ def run(case: str, world: int, outdir: Path) -> None:
     if any(p.returncode for p in procs):
         for _, err in results:
             sys.stderr.write(err.decode(errors="replace")[-3000:])
-        raise RuntimeError(f"{case}: worker exit codes {[p.returncode for p in procs]}")
+        raise RuntimeError(f"{cases}: worker exit codes {[p.returncode for p in procs]}")
 
 
 def sha256_file(path: Path) -> str:
@@ -279,9 +394,12 @@ def main(argv: list[str]) -> int:
         return 2
     outdir = Path(argv[1]).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
-    for case, (world, _, _) in CASES.items():
+    for case in CASES:
         shutil.rmtree(outdir / case, ignore_errors=True)
-        run(case, world, outdir)
+    # One job per world size, saving its cases in turn (the distributed-optimizer cases last: their CPU
+    # patches stay in the process), then the 1-process job that loads them all.
+    for world in sorted({w for w, _, _ in CASES.values()}):
+        run(",".join(c for c, (w, _, _) in CASES.items() if w == world), world, outdir)
     run("--reference", 1, outdir)
 
     import megatron.core
@@ -292,6 +410,20 @@ def main(argv: list[str]) -> int:
     files: dict[str, str] = {}
     rows = []
     for case, (world, tp, description) in CASES.items():
+        if case.startswith("distopt_"):
+            locals_ = [torch.load(outdir / case / f"local_rank{r}.pt", weights_only=True) for r in range(world)]
+            write_json(outdir / case / "expected.json", {
+                "case": case, "description": description, "processes": world, "tensor_parallel": tp,
+                "layout": case.removeprefix("distopt_"),
+                "local": [[{"key": t["key"], "offset": t["offset"], "shape": list(t["data"].shape)} for t in ts]
+                          for ts in locals_],
+            })
+            rows.append(f"| `{case}` | {description} |")
+            for p in sorted((outdir / case).rglob("*")):
+                if p.is_file():
+                    files[p.relative_to(outdir).as_posix()] = sha256_file(p)
+            print(f"{case}: {sum(len(ts) for ts in locals_)} local tensors")
+            continue
         ref = torch.load(outdir / case / "reference.pt", weights_only=True)
         write_json(outdir / case / "expected.json", {
             "case": case,

@@ -327,7 +327,7 @@ impl MegatronReader {
         let fc2_cols: HashMap<String, usize> = items
             .iter()
             .filter_map(|i| {
-                let layer = i.name.strip_suffix(".mlp.linear_fc2.weight")?;
+                let layer = i.name.strip_prefix("module.").unwrap_or(&i.name).strip_suffix(".mlp.linear_fc2.weight")?;
                 match &i.kind {
                     EntryKind::Tensor(t) => t.shape.get(1).map(|&c| (layer.to_owned(), c)),
                     _ => None,
@@ -337,13 +337,15 @@ impl MegatronReader {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             let EntryKind::Tensor(info) = &item.kind else { continue }; // _extra_state and other objects
-            let Some(rest) = item.name.strip_prefix("decoder.layers.") else {
-                let name = match item.name.as_str() {
+            // Megatron's DDP wrapper names the model `module.` in its state dict.
+            let unwrapped = item.name.strip_prefix("module.").unwrap_or(&item.name);
+            let Some(rest) = unwrapped.strip_prefix("decoder.layers.") else {
+                let name = match unwrapped {
                     "embedding.word_embeddings.weight" => "model.embed_tokens.weight".to_owned(),
                     "decoder.final_layernorm.weight" => "model.norm.weight".to_owned(),
                     "decoder.final_layernorm.bias" => "model.norm.bias".to_owned(),
                     "output_layer.weight" => "lm_head.weight".to_owned(),
-                    other => other.to_owned(),
+                    _ => item.name.clone(),
                 };
                 out.push(Item { name, ..item });
                 continue;
