@@ -179,3 +179,57 @@ fn convert_megatron_to_hf_equals_dist_checkpointing_load() {
     assert!(names.iter().any(|n| n == "decoder.layers.1.self_attention.linear_qkv.weight"), "{names:?}");
     assert!(names.iter().all(|n| !n.contains("_extra_state") && n != "iteration"), "{names:?}");
 }
+
+#[test]
+fn detection() {
+    use ckpt::Format;
+    let ds = fixtures("deepspeed");
+    for (path, want) in [
+        (ds.join("zero2_w2"), Format::DeepSpeed), // root: latest + global_step2/
+        (ds.join("zero2_w2/global_step2"), Format::DeepSpeed), // a tag directory
+        (ds.join("zero3_w1/global_step2"), Format::DeepSpeed), // ZeRO 3: per-rank model states
+        (ds.join("universal_zero3_w2"), Format::DeepSpeed), // latest_universal + global_step2_universal/
+        (ds.join("universal_zero3_w2/global_step2_universal"), Format::DeepSpeed),
+        (fixtures("megatron").join("gpt_tp2/ckpt"), Format::Megatron), // .metadata + metadata.json
+        (fixtures("distcp").join("golden/d215"), Format::Distcp),      // .metadata alone
+    ] {
+        assert_eq!(ckpt::detect(&path).unwrap(), want, "{}", path.display());
+    }
+    // A megatron checkpoint still opens as plain DCP when asked.
+    let dcp = ckpt::open_as(&fixtures("megatron").join("gpt_tp2/ckpt"), Format::Distcp).unwrap();
+    assert!(dcp.entries().iter().any(|e| e.name == "decoder.layers.self_attention.linear_qkv.weight"));
+    assert_eq!("megatron".parse::<Format>().unwrap(), Format::Megatron);
+    assert_eq!("deepspeed".parse::<Format>().unwrap(), Format::DeepSpeed);
+    assert!(ckpt::unsupported_reason(Format::Torch, Format::DeepSpeed).is_some());
+    assert!(ckpt::unsupported_reason(Format::DeepSpeed, Format::Hf).is_none());
+}
+
+#[test]
+fn verify_deep_finds_a_changed_byte_of_a_rank_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tag = tmp.path().join("global_step2");
+    std::fs::create_dir(&tag).unwrap();
+    let src = fixtures("deepspeed").join("zero2_w1/global_step2");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tag.join(e.file_name())).unwrap();
+    }
+    assert_eq!(ckpt(&[&"verify", &"--deep", &tag]).0, 0);
+    // Flip one bit inside the record holding param group 1's fp32 flat group (found by its first bytes, the
+    // master weights of l1.weight).
+    let optim = tag.join("zero_pp_rank_0_mp_rank_00_optim_states.pt");
+    let mut bytes = std::fs::read(&optim).unwrap();
+    let first = ckpt_deepspeed_first_bytes(&tag);
+    let at = bytes.windows(first.len()).position(|w| w == first.as_slice()).expect("the flat group's bytes");
+    bytes[at] ^= 1;
+    std::fs::write(&optim, &bytes).unwrap();
+    let (code, out, err) = ckpt(&[&"verify", &"--deep", &tag]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("zero_pp_rank_0_mp_rank_00_optim_states.pt"), "{out}");
+}
+
+/// The first 8 bytes of the fp32 master weights of `l1.weight` (param group 1's flat group starts with it).
+fn ckpt_deepspeed_first_bytes(tag: &Path) -> Vec<u8> {
+    let ck = ckpt::open(tag).unwrap();
+    ck.tensor("l1.weight").unwrap().to_contiguous().unwrap().data().unwrap()[..8].to_vec()
+}

@@ -182,6 +182,27 @@ impl DeepSpeedReader {
         &self.dir
     }
 
+    /// Every `torch.save` file of the tag directory (a universal checkpoint's `zero/<param>/*.pt` too), sorted.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a directory cannot be listed.
+    pub fn files(&self) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(d) = dirs.pop() {
+            for name in crate::files::names(&d)? {
+                let p = d.join(&name);
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if name.ends_with(".pt") {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// The tag read (`global_step14`).
     pub fn tag(&self) -> &str {
         &self.tag

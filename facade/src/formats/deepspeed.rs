@@ -7,6 +7,7 @@ use ckpt_core::{PathItem, Value};
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Cause, Error, Result};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
 use crate::{Format, ReadLimits, SourceOptions};
 
 pub(crate) struct DeepSpeed;
@@ -60,6 +61,30 @@ impl Adaptor for DeepSpeed {
             })
             .collect();
         Content::from_leaves(leaves, path)
+    }
+
+    /// Deep: every `torch.save` file's structure and record CRC-32s ([`ckpt_torch::verify`]); then the
+    /// consolidation's checks (every rank's file there, the flat groups holding what `param_shapes` lists) and
+    /// every entry read.
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        let reader = open(path, limits, &SourceOptions::default())?;
+        if depth == Depth::Deep {
+            for file in reader.files().at(path)? {
+                let crcs = ckpt_torch::verify(&file).at(&file)?;
+                for (record, e) in &crcs.problems {
+                    report.record_problem(&crcs.path, record, e);
+                }
+            }
+        }
+        read_all(&crate::Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)), depth, report, progress);
+        Ok(())
     }
 
     fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
