@@ -19,7 +19,7 @@ fn cases() -> Vec<PathBuf> {
         .filter(|p| p.join("expected.json").is_file())
         .collect();
     v.sort();
-    assert_eq!(v.len(), 8, "{v:?}");
+    assert_eq!(v.len(), 9, "{v:?}");
     v
 }
 
@@ -111,6 +111,51 @@ fn optimizer_state_per_parameter_equals_ds_to_universal() {
         assert!(z.value("optimizer.state.frozen.weight.exp_avg").is_err());
         assert_eq!(z.value("optimizer.param_groups.1.weight_decay").unwrap(), Value::Float(0.1));
     }
+}
+
+/// `elastic_checkpoint`: each group's optimizer state saved as a list, without its padding. Each parameter's
+/// `exp_avg` is the run of the ranks' states that sits where its master weights sit in the ranks' flat groups
+/// (found here by the weights' bytes, which the consolidation test checks against DeepSpeed's).
+#[test]
+fn elastic_checkpoints_cut_the_state_where_the_weights_are() {
+    let case = fixtures("deepspeed").join("zero2_elastic_w2");
+    let ck = DeepSpeedReader::open(&case).unwrap();
+    let files: Vec<Value> = (0..2)
+        .map(|r| {
+            ckpt_torch::load(&case.join(format!("global_step2/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt")))
+                .unwrap()
+        })
+        .collect();
+    let group = |g: usize, key: &str| -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in &files {
+            let osd = f.as_dict().unwrap().get("optimizer_state_dict").unwrap().as_dict().unwrap();
+            let t = if key == "fp32" {
+                osd.get("single_partition_of_fp32_groups").unwrap().as_sequence().unwrap()[g]
+                    .as_tensor()
+                    .unwrap()
+                    .clone()
+            } else {
+                let base = osd.get("base_optimizer_state").unwrap().as_sequence().expect("elastic: a list");
+                base[g].as_dict().unwrap().get(key).unwrap().as_tensor().unwrap().clone()
+            };
+            out.extend_from_slice(&t.data().unwrap());
+        }
+        out
+    };
+    let mut compared = 0;
+    for (g, names) in [(0, &["emb.weight"][..]), (1, &["l1.weight", "l1.bias", "l2.weight", "l2.bias"][..])] {
+        let (fp32, exp_avg) = (group(g, "fp32"), group(g, "exp_avg"));
+        for name in names {
+            let w = ck.tensor(name).unwrap().to_contiguous().unwrap();
+            let w = w.data().unwrap();
+            let at = fp32.windows(w.len()).position(|x| x == &w[..]).unwrap_or_else(|| panic!("{name} in group {g}"));
+            let got = ck.tensor(&format!("optimizer.state.{name}.exp_avg")).unwrap().to_contiguous().unwrap();
+            assert_eq!(&got.data().unwrap()[..], &exp_avg[at..at + w.len()], "{name}");
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 5);
 }
 
 #[test]

@@ -62,6 +62,7 @@ CASES: dict[str, tuple[int, int, str]] = {
     "zero1_w2": (1, 2, "ZeRO 1, 2 ranks, bf16 with fp32 master weights"),
     "zero2_w2": (2, 2, "ZeRO 2, 2 ranks, bf16 with fp32 master weights"),
     "zero3_w2": (3, 2, "ZeRO 3, 2 ranks, bf16 with fp32 master weights"),
+    "zero2_elastic_w2": (2, 2, "ZeRO 2, 2 ranks, bf16, elastic_checkpoint (the optimizer state per group, unpadded)"),
 }
 #: universal case -> the case it is converted from
 UNIVERSAL: dict[str, str] = {"universal_zero2_w2": "zero2_w2", "universal_zero3_w2": "zero3_w2"}
@@ -122,7 +123,7 @@ def worker(rank: int, world: int, port: int, outdir: Path) -> None:
         config = {
             "train_micro_batch_size_per_gpu": 2,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-            "zero_optimization": {"stage": stage},
+            "zero_optimization": {"stage": stage, **({"elastic_checkpoint": True} if "elastic" in case else {})},
             "bf16": {"enabled": world > 1},
             "steps_per_print": 1000,
         }

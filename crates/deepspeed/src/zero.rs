@@ -120,6 +120,8 @@ fn optimizer_values(osd: At<'_>, base: Option<At<'_>>, out: &mut Vec<(String, Va
         }
         push_leaves(&format!("optimizer.{k}"), v.value, out)?;
     }
+    // An elastic checkpoint's base state is a list of per-group states, without param groups.
+    let base = base.filter(|b| matches!(b.value, Value::Dict(_)));
     if let Some(groups) = base.map(|b| b.opt("param_groups", "param_groups")).transpose()?.flatten() {
         push_leaves("optimizer.param_groups", groups.value, out)?;
     }
