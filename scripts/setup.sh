@@ -55,5 +55,8 @@ fi
 .venv/bin/python - <<'PY' || die "the Python environment is broken (see above)"
 import torch, numpy, h5py, safetensors, torchbiggraph  # noqa: F401
 assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
+import importlib.metadata as md
+for name, version in (("deepspeed", "0.19.8"), ("megatron-core", "0.16.1")):
+    assert md.version(name) == version, f"{name} {md.version(name)}, expected {version}"
 PY
 say "environment ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(cargo --version)"

@@ -73,12 +73,16 @@ fresh=$(mktemp -d)
 diff -r conformance/fixtures/values "$fresh/values"
 .venv/bin/python conformance/python/make_real_fixtures.py "$fresh/real" >/dev/null
 diff -r -x README.md conformance/fixtures/real "$fresh/real"
+.venv/bin/python conformance/python/deepspeed/make_fixtures.py "$fresh/deepspeed" >/dev/null
+.venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/deepspeed "$fresh/deepspeed"
+.venv/bin/python conformance/python/megatron/make_fixtures.py "$fresh/megatron" >/dev/null
+.venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/megatron "$fresh/megatron"
 
 step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
 .venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
-for feature in torch safetensors distcp hfai pbg recis hf cli; do
+for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 

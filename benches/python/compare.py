@@ -18,7 +18,8 @@ memory of every ``ckpt convert`` and ``ckpt reshard`` pair. Everything is writte
 tables (median seconds, min-max, GB/s of the median, ratios of medians), with the machine's description.
 
 Sections (``--only``, comma-separated; they run in this order): ``reads``, ``writes``, ``convert``, ``durable``,
-``scaling``, or single read workloads (``pt-list``, ``pt-read``, ``dcp-read``, ``hfai-read``, ``pbg-read``,
+``scaling``, ``zero-to-hf`` (issue 30; only when asked for: it writes its own section of ``--out``, ``## DeepSpeed
+ZeRO-3 to Hugging Face``, and leaves the others as they are), or single read workloads (``pt-list``, ``pt-read``, ``dcp-read``, ``hfai-read``, ``pbg-read``,
 ``recis-read``, ``dcp-open``).
 ``--quick`` uses the issue's shapes at 1/8 of their bytes (256 MiB instead of 2 GiB, 10^6 RecIS ids instead of
 10^7, DCP metadata of 64 and 256 ranks instead of 64, 256 and 1024, no 200k-tensor ``torch.load``; the scaling
@@ -714,6 +715,110 @@ def convert(res: Results, timer: Timer, work: Path, cfg: dict) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
+ZERO_HEADING = "## DeepSpeed ZeRO-3 to Hugging Face"
+#: runs ``zero_to_fp32.py SRC OUT --safe_serialization`` (argv: script, src, out), then fsyncs every file it wrote
+ZERO_TO_FP32_DURABLE = (
+    "import os, runpy, sys, pathlib\n"
+    "script, src, out = sys.argv[1:4]\n"
+    "sys.argv = [script, src, out, '--safe_serialization']\n"
+    "runpy.run_path(script, run_name='__main__')\n"
+    "for f in pathlib.Path(out).iterdir():\n"
+    "    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+    "fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)\n"
+)
+
+
+def zero_to_hf(res: Results, work: Path, cfg: dict) -> str:
+    """Issue 30: a ZeRO-3 checkpoint of at least 1 GiB of parameters written by deepspeed at world size 2
+    (``zero_workload.py``) converted to Hugging Face safetensors shards by ``ckpt convert --to hf`` and by the
+    ``zero_to_fp32.py`` DeepSpeed copies into every checkpoint (``--safe_serialization``, then an fsync of its
+    files, as ckpt's output is durable), interleaved, each a fresh process with its peak ``RssAnon`` sampled
+    every millisecond; the outputs are checked equal once.
+    Returns the section's Markdown."""
+    d = work / "zero"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    src = d / "ckpt"
+    out = subprocess.run([PY, HERE / "zero_workload.py", src, "--layers", str(cfg["zero_layers"])], check=True,
+                         capture_output=True, text=True).stdout.split()
+    params, largest = int(out[0]), int(out[1])
+    on_disk = size_of(src)
+    script = src / "zero_to_fp32.py"
+    outs = {"ckpt": d / "out_ckpt", "zero_to_fp32": d / "out_ds"}
+    cmds = {
+        "ckpt": [str(TOOL), "convert", "-q", "--to", "hf", str(src), str(outs["ckpt"])],
+        # DeepSpeed's script, then an fsync of what it wrote (ckpt's writes are durable: fsynced, renamed), in
+        # one process so that its peak memory is the script's.
+        "zero_to_fp32": [PY, "-c", ZERO_TO_FP32_DURABLE, str(script), str(src), str(outs["zero_to_fp32"])],
+    }
+    env_ds = dict(os.environ, DS_ACCELERATOR="cpu")
+    peaks: dict[str, list[int]] = {k: [] for k in cmds}
+
+    def side(name: str) -> Callable[[], float]:
+        def f() -> float:
+            shutil.rmtree(outs[name], ignore_errors=True)
+            os.environ.update(env_ds)
+            secs, anon = peak_anon(cmds[name])
+            peaks[name].append(anon)
+            return secs
+        return f
+
+    title = (f"ZeRO-3, 2 ranks, {params / 2**30:.2f} GiB of fp32 parameters ({cfg['zero_layers']} × [2048, 4096], "
+             f"largest {largest / 2**20:.0f} MiB; {on_disk / 2**30:.2f} GiB on disk) to hf safetensors, warm cache")
+    times = res.interleave(title, params, [(n, side(n)) for n in cmds], reps=cfg["zero_reps"])
+    # The outputs are equal: every tensor of one in the other, bit for bit.
+    from safetensors.torch import load_file
+
+    import torch
+
+    def load_dir(p: Path) -> dict:
+        t: dict = {}
+        for f in sorted(p.glob("*.safetensors")):
+            t.update(load_file(f))
+        return t
+
+    a, b = load_dir(outs["ckpt"]), load_dir(outs["zero_to_fp32"])
+    equal = set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    del a, b
+    speed = statistics.median(times["zero_to_fp32"]) / statistics.median(times["ckpt"])
+    ckpt_peak, ds_peak = max(peaks["ckpt"]), max(peaks["zero_to_fp32"])
+    bound = largest + (64 << 20)
+    rows = [
+        f"\n{ZERO_HEADING}\n",
+        f"Written by `benches/compare --only zero-to-hf` (issue 30), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n",
+        machine(),
+        "",
+        "| target | measured | required | met |",
+        "|---|---|---|---|",
+        f"| speed, zero_to_fp32.py (+ fsync of its files) / ckpt convert --to hf (medians) | {speed:.2f}× | ≥ 5× | {'met' if speed >= 5 else '**missed**'} |",
+        f"| ckpt's peak anonymous memory | {ckpt_peak / 2**20:.0f} MiB | ≤ largest parameter + 64 MiB = "
+        f"{bound / 2**20:.0f} MiB | {'met' if ckpt_peak <= bound else '**missed**'} |",
+        f"| zero_to_fp32.py's peak anonymous memory (reference) | {ds_peak / 2**20:.0f} MiB | (the whole model: "
+        f"{params / 2**20:.0f} MiB) | |",
+        f"| outputs equal, bit for bit | {'yes' if equal else 'NO'} | yes | {'met' if equal else '**missed**'} |",
+        "",
+        "| side | peak anon MiB (each run) |",
+        "|---|---|",
+    ]
+    rows += [f"| {n} | {', '.join(f'{p / 2**20:.0f}' for p in ps)} |" for n, ps in peaks.items()]
+    rows.append(res.sections.pop())
+    shutil.rmtree(d, ignore_errors=True)
+    return "\n".join(rows) + "\n"
+
+
+def splice_section(out: Path, heading: str, text: str) -> None:
+    """Writes ``text`` (a level-2 section starting with ``heading``) into ``out``, replacing the section of that
+    heading if there is one, else appending it; every other line of ``out`` is kept."""
+    lines = out.read_text().splitlines(keepends=True) if out.exists() else []
+    start = next((i for i, l in enumerate(lines) if l.rstrip("\n") == heading), None)
+    if start is None:
+        body = "".join(lines).rstrip("\n") + "\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        body = "".join(lines[:start]).rstrip("\n") + "\n" + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
+    out.write_text(body)
+
+
 def disk_needed(cfg: dict, only: set[str]) -> int:
     """Peak scratch space of the sections in ``only`` (bytes; the sections remove what no later one needs):
     reads about 4 × ``mib`` (model.pt, hfai.pt and the PBG partition, kept for writes, plus the current
@@ -782,8 +887,11 @@ def main() -> int:
     )
     if args.dcp_ranks:
         cfg["dcp_ranks"] = [int(x) for x in args.dcp_ranks.split(",")]
+    # zero-to-hf: 33 × 32 MiB = 1.03 GiB of parameters (--quick: 1/8), 5 interleaved runs of each side.
+    cfg["zero_layers"] = 5 if args.quick else 33
+    cfg["zero_reps"] = 5
     only = set(args.only.split(","))
-    unknown = only - {"reads", "writes", "durable", "scaling", "convert", *READ_WORKLOADS}
+    unknown = only - {"reads", "writes", "durable", "scaling", "convert", "zero-to-hf", *READ_WORKLOADS}
     if unknown:
         ap.error(f"--only: unknown section or workload {sorted(unknown)}")
     read_kinds = set(READ_WORKLOADS) if "reads" in only else only & set(READ_WORKLOADS)
@@ -791,6 +899,18 @@ def main() -> int:
         only.add("reads")
     work: Path = args.dir
     work.mkdir(parents=True, exist_ok=True)
+    if only == {"zero-to-hf"}:
+        # Its own section of --out, written in place; the harness's other sections are left as they are.
+        try:
+            text = zero_to_hf(Results(args.reps), work, cfg)
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        splice_section(args.out, ZERO_HEADING, text)
+        print(text + f"\nwrote {args.out} ({ZERO_HEADING})")
+        return 0
+    if "zero-to-hf" in only:
+        ap.error("--only zero-to-hf runs alone: it writes its own section of --out")
     need = disk_needed(cfg, only)
     free = shutil.disk_usage(work).free
     print(f"scratch {work}: needs about {need / 1e9:.1f} GB at its peak, {free / 1e9:.1f} GB free", flush=True)

@@ -12,7 +12,7 @@ use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Tensor, V
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
 use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Checkpoint, Format, ReadLimits};
+use crate::{Checkpoint, Format, ReadLimits, SourceOptions};
 
 /// A format's reader, type-erased but downcastable to the format crate's concrete type.
 pub(crate) trait Reader: CheckpointRead + Send + Sync {
@@ -43,6 +43,17 @@ pub(crate) trait Adaptor: Sync {
 
     /// Opens `path` for reading: the format crate's reader behind the generic interface.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>>;
+
+    /// [`open`](Adaptor::open), read as `source` says (a tag, unstacked layers, a name map). Default: the
+    /// options do not apply to the format, which opens as it is.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, _source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        self.open(path, limits)
+    }
+
+    /// [`read`](Adaptor::read), read as `source` says. Default: the options do not apply to the format.
+    fn read_source(&self, path: &Path, limits: &ReadLimits, _source: &SourceOptions) -> Result<Content> {
+        self.read(path, limits)
+    }
 
     /// The content of `path` for a conversion: every entry as a leaf, and the nested state dict. Default: one
     /// leaf per entry of [`open`](Adaptor::open), the state dict rebuilt from the names.
@@ -164,19 +175,27 @@ pub(crate) struct Source<'a> {
     selection: &'a Selection,
     /// The limits it is read under.
     pub limits: &'a ReadLimits,
+    /// How it is read (a tag, unstacked layers, a name map).
+    options: &'a SourceOptions,
 }
 
 impl<'a> Source<'a> {
     /// The checkpoint at `path`, of `format`, read through `adaptor` under `limits`, the entries `selection`
     /// keeps.
-    pub fn new(path: &'a Path, adaptor: &'a dyn Adaptor, selection: &'a Selection, limits: &'a ReadLimits) -> Self {
-        Source { path, format: adaptor.format(), adaptor, selection, limits }
+    pub fn new(
+        path: &'a Path,
+        adaptor: &'a dyn Adaptor,
+        selection: &'a Selection,
+        limits: &'a ReadLimits,
+        options: &'a SourceOptions,
+    ) -> Self {
+        Source { path, format: adaptor.format(), adaptor, selection, limits, options }
     }
 
     /// Its content: every entry the selection keeps (renamed and cast as it says), and the nested state dict.
     /// This is where every target reads its content from, so a selection applies to every target.
     pub fn content(&self) -> Result<Content> {
-        self.adaptor.read(self.path, self.limits)?.select(self.selection, self.path)
+        self.adaptor.read_source(self.path, self.limits, self.options)?.select(self.selection, self.path)
     }
 
     /// Its content as [`Source::content`], with the tensors its format would assemble left as outlines
@@ -185,7 +204,7 @@ impl<'a> Source<'a> {
     // For the targets split over processes.
     #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
     pub fn outlined(&self) -> Result<Outlined> {
-        if self.selection.dtype.is_some() {
+        if self.selection.dtype.is_some() || *self.options != SourceOptions::default() {
             return Ok(Outlined::whole(self.content()?));
         }
         let mut outlined = self.adaptor.read_outlined(self.path, self.limits)?;
@@ -357,9 +376,9 @@ impl Content {
 fn cast(value: Value, to: ckpt_core::DType) -> ckpt_core::Result<Value> {
     let castable = |t: &ckpt_core::Tensor| ckpt_core::is_castable_float(t.dtype());
     Ok(match value {
-        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float(&t, to)?),
+        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float_lazy(&t, to)?),
         Value::Parameter { tensor, state } if castable(&tensor) => {
-            Value::Parameter { tensor: ckpt_core::cast_float(&tensor, to)?, state }
+            Value::Parameter { tensor: ckpt_core::cast_float_lazy(&tensor, to)?, state }
         }
         Value::TensorWithState { tensor, class, state } => {
             Value::TensorWithState { tensor: Box::new(cast(*tensor, to)?), class, state }

@@ -90,10 +90,10 @@ use std::path::{Path, PathBuf};
 
 use ckpt_core::select::Selection;
 
-use crate::ReadLimits;
 use crate::adaptor::{Adaptor, Source};
 use crate::formats::{adaptor, unsupported_reason};
 use crate::{Error, Format, Result};
+use crate::{ReadLimits, SourceOptions};
 
 /// The `.metadata` layout of distcp targets (`ckpt convert --dcp-profile`: `max-compat`, `torch213`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,6 +141,9 @@ pub struct ConvertOptions {
     pub selection: Selection,
     /// The resource limits the source is read under (default [`ReadLimits::default`]).
     pub limits: ReadLimits,
+    /// How the source is read: a DeepSpeed root's tag, Megatron's layers unstacked, a name map
+    /// ([`SourceOptions`]).
+    pub source: SourceOptions,
 }
 
 impl Default for ConvertOptions {
@@ -155,6 +158,7 @@ impl Default for ConvertOptions {
             hf_max_shard_size: None,
             selection: Selection::default(),
             limits: ReadLimits::default(),
+            source: SourceOptions::default(),
         }
     }
 }
@@ -223,6 +227,13 @@ impl ConvertOptions {
         self
     }
 
+    /// Sets how the source is read (a DeepSpeed root's tag, Megatron's layers unstacked, a name map).
+    #[must_use]
+    pub fn with_source(mut self, source: SourceOptions) -> Self {
+        self.source = source;
+        self
+    }
+
     /// Sets the `config.json` that defines the layout of pbg targets.
     #[must_use]
     pub fn with_pbg_config(mut self, config: impl Into<PathBuf>) -> Self {
@@ -286,7 +297,7 @@ pub fn convert(
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
     let (source, target) = plan(src, from, dst, to, options)?;
-    target.write(&Source::new(src, source, &options.selection, &options.limits), dst, options)
+    target.write(&Source::new(src, source, &options.selection, &options.limits, &options.source), dst, options)
 }
 
 /// The source and target adaptors of a conversion, once the source format is known (`from`, or detected),

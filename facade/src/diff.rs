@@ -10,7 +10,7 @@ use crate::{Checkpoint, DType, EntryKind, Result, Tensor};
 /// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
 /// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity. Non-tensor
 /// values are compared exactly ([`crate::Value::same`]: same kinds, floats bit for bit).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct DiffOptions {
     /// Relative tolerance (numpy's default 1e-5).
@@ -19,15 +19,25 @@ pub struct DiffOptions {
     pub atol: f64,
     /// The resource limits both checkpoints are read under (default [`ReadLimits::default`]).
     pub limits: ReadLimits,
+    /// How both checkpoints are read (a DeepSpeed tag, Megatron's layers, a name map; formats they do not
+    /// apply to ignore them).
+    pub source: crate::SourceOptions,
 }
 
 impl Default for DiffOptions {
     fn default() -> Self {
-        DiffOptions { rtol: 1e-5, atol: 1e-8, limits: ReadLimits::default() }
+        DiffOptions { rtol: 1e-5, atol: 1e-8, limits: ReadLimits::default(), source: crate::SourceOptions::default() }
     }
 }
 
 impl DiffOptions {
+    /// These options reading both checkpoints as `source` says.
+    #[must_use]
+    pub fn with_source(mut self, source: crate::SourceOptions) -> Self {
+        self.source = source;
+        self
+    }
+
     /// These options reading both checkpoints under `limits`.
     #[must_use]
     pub fn with_limits(mut self, limits: ReadLimits) -> Self {
@@ -143,8 +153,8 @@ pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport> {
 /// # Errors
 /// As [`diff`].
 pub fn diff_with_progress(a: &Path, b: &Path, options: &DiffOptions, progress: Progress<'_>) -> Result<DiffReport> {
-    let ca = crate::open_with(a, &options.limits)?;
-    let cb = crate::open_with(b, &options.limits)?;
+    let ca = crate::open_source(a, None, &options.limits, &options.source)?;
+    let cb = crate::open_source(b, None, &options.limits, &options.source)?;
     diff_checkpoints(&ca, &cb, options, progress)
 }
 

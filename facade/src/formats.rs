@@ -14,12 +14,16 @@ use std::path::Path;
 use crate::adaptor::Adaptor;
 use crate::error::{At, Error, Result};
 
+#[cfg(feature = "deepspeed")]
+mod deepspeed;
 #[cfg(feature = "distcp")]
 mod distcp;
 #[cfg(feature = "hf")]
 mod hf;
 #[cfg(feature = "hfai")]
 mod hfai;
+#[cfg(feature = "megatron")]
+mod megatron;
 #[cfg(feature = "pbg")]
 mod pbg;
 #[cfg(feature = "recis")]
@@ -33,6 +37,8 @@ mod torch;
 /// name behind its feature (`ckpt::torch`, ...).
 pub mod crates {
     pub use ckpt_core as core;
+    #[cfg(feature = "deepspeed")]
+    pub use ckpt_deepspeed as deepspeed;
     #[cfg(feature = "distcp")]
     pub use ckpt_distcp as distcp;
     #[cfg(feature = "hf")]
@@ -56,6 +62,8 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &torch::Torch,
     #[cfg(feature = "safetensors")]
     &safetensors::Safetensors,
+    #[cfg(feature = "megatron")]
+    &megatron::Megatron,
     #[cfg(feature = "distcp")]
     &distcp::Distcp,
     #[cfg(feature = "hfai")]
@@ -64,6 +72,8 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &pbg::Pbg,
     #[cfg(feature = "recis")]
     &recis::Recis,
+    #[cfg(feature = "deepspeed")]
+    &deepspeed::DeepSpeed,
     #[cfg(feature = "hf")]
     &hf::Hf,
 ];
@@ -77,6 +87,8 @@ pub enum Format {
     Torch,
     /// `.safetensors` files.
     Safetensors,
+    /// Megatron-Core `torch_dist` checkpoints (DCP with `metadata.json` and `common.pt`).
+    Megatron,
     /// `torch.distributed.checkpoint` directories.
     Distcp,
     /// hfai `PART_*.pt` directories.
@@ -85,6 +97,8 @@ pub enum Format {
     Pbg,
     /// RecIS sparse/dense checkpoints.
     Recis,
+    /// DeepSpeed ZeRO (stages 1-3) and universal checkpoints.
+    DeepSpeed,
     /// Hugging Face sharded safetensors directories (`model-0000i-of-0000n.safetensors` +
     /// `model.safetensors.index.json`, or one `model.safetensors`).
     Hf,
@@ -100,17 +114,20 @@ struct Known {
     about: &'static str,
     /// Whether a checkpoint splits over ranks, shards or parts that [`crate::reshard`] can rewrite.
     sharded: bool,
+    /// Whether ckpt writes this format (a conversion to a format it only reads is refused).
+    writable: bool,
     /// Whether a file's leading bytes, or a directory's file names, are this format's.
     detect: fn(&Probe<'_>) -> bool,
 }
 
 /// Every format, in [`Format`]'s order, which is also the order detection tries them in.
-const KNOWN: [Known; 7] = [
+const KNOWN: [Known; 9] = [
     Known {
         format: Format::Torch,
         name: "torch",
         about: "torch.save files (.pt, .pth, .bin)",
         sharded: false,
+        writable: true,
         detect: |p| p.magic(0, b"PK\x03\x04") || p.magic(0, &LEGACY_TORCH_MAGIC),
     },
     Known {
@@ -118,13 +135,24 @@ const KNOWN: [Known; 7] = [
         name: "safetensors",
         about: ".safetensors files",
         sharded: false,
+        writable: true,
         detect: |p| p.safetensors_header(),
+    },
+    Known {
+        format: Format::Megatron,
+        name: "megatron",
+        about: "Megatron-Core torch_dist checkpoints (metadata.json, common.pt, DCP files)",
+        sharded: false,
+        writable: false,
+        // Before distcp: the same `.metadata`, with Megatron's `metadata.json` beside it.
+        detect: |p| p.marker("metadata.json") && p.json_field("metadata.json", "sharded_backend").is_some(),
     },
     Known {
         format: Format::Distcp,
         name: "distcp",
         about: "torch.distributed.checkpoint directories",
         sharded: true,
+        writable: true,
         // DCP's own metadata, or its Hugging Face storage layout (`HuggingFaceStorageWriter`: per-rank
         // `shard-*` files, or transformers' names with `DCP_SHARDING_INFO` in the files' metadata).
         detect: |p| {
@@ -137,6 +165,7 @@ const KNOWN: [Known; 7] = [
         name: "hfai",
         about: "hfai PART_*.pt directories",
         sharded: true,
+        writable: true,
         detect: |p| p.marker("PART_*.pt"),
     },
     Known {
@@ -144,6 +173,7 @@ const KNOWN: [Known; 7] = [
         name: "pbg",
         about: "PyTorch-BigGraph checkpoints",
         sharded: false,
+        writable: true,
         detect: |p| p.marker("checkpoint_version.txt"),
     },
     Known {
@@ -151,13 +181,29 @@ const KNOWN: [Known; 7] = [
         name: "recis",
         about: "RecIS checkpoints (or an output root with a `checkpoint` list)",
         sharded: true,
+        writable: true,
         detect: |p| ["tensorkey.json", "index", "checkpoint"].iter().any(|m| p.marker(m)),
+    },
+    Known {
+        format: Format::DeepSpeed,
+        name: "deepspeed",
+        about: "DeepSpeed ZeRO checkpoints (latest + global_stepN/, or a tag directory; universal checkpoints)",
+        sharded: false,
+        writable: false,
+        // A root (`latest`, and its tag directories) or a tag directory (model states files, or a universal
+        // checkpoint's `zero/` with model states beside it). Before hf: a Trainer's checkpoint directory holds
+        // both.
+        detect: |p| {
+            (["latest", "latest_universal"].iter().any(|m| p.marker(m)) && p.marker("global_step*"))
+                || p.marker("*_model_states.pt")
+        },
     },
     Known {
         format: Format::Hf,
         name: "hf",
         about: "Hugging Face sharded safetensors directories (model-0000i-of-0000n.safetensors + index)",
         sharded: false,
+        writable: true,
         detect: |p| HF_MARKERS.iter().any(|m| p.marker(m)),
     },
 ];
@@ -179,8 +225,8 @@ const REFUSED: &[(Format, Format, &str)] = &[(
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 7] = {
-        let mut all = [Format::Torch; 7];
+    pub const ALL: [Format; 9] = {
+        let mut all = [Format::Torch; 9];
         let mut i = 0;
         while i < all.len() {
             all[i] = KNOWN[i].format;
@@ -262,6 +308,9 @@ pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adapto
 /// conversion can still be refused for what a particular checkpoint holds, with
 /// [`Error::UnsupportedConversion`] saying why).
 pub fn unsupported_reason(from: Format, to: Format) -> Option<String> {
+    if !to.known().writable {
+        return Some(format!("ckpt reads {to} checkpoints but does not write them; convert to hf, torch or distcp"));
+    }
     REFUSED.iter().find(|(f, t, _)| (*f, *t) == (from, to)).map(|(_, _, why)| (*why).to_owned())
 }
 
@@ -284,6 +333,15 @@ impl Probe<'_> {
         let Probe::File(head) = self else { return false };
         let len = head.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes);
         head.get(8) == Some(&b'{') && len.is_some_and(|len| len > 1)
+    }
+
+    /// The string `field` of the JSON object in the directory's file `name`, when it has one.
+    fn json_field(&self, name: &str, field: &str) -> Option<String> {
+        let Probe::Dir(dir, _) = self else { return None };
+        let mut text = Vec::new();
+        File::open(dir.join(name)).ok()?.take(1 << 20).read_to_end(&mut text).ok()?;
+        let json: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        json.get(field)?.as_str().map(str::to_owned)
     }
 
     /// Whether a directory holds a file named like `pattern`, where `*` stands for any run of characters.

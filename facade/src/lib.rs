@@ -11,6 +11,8 @@
 //! | `pbg` | `pbg` (`ckpt-pbg`) | PyTorch-BigGraph HDF5 checkpoints |
 //! | `recis` | `recis` (`ckpt-recis`) | RecIS sparse/dense checkpoints |
 //! | `hf` | `hf` (`ckpt-hf`) | Hugging Face sharded safetensors directories |
+//! | `deepspeed` | `deepspeed` (`ckpt-deepspeed`) | DeepSpeed ZeRO 1-3 and universal checkpoints (read) |
+//! | `megatron` | `distcp` (`ckpt-distcp`, its `megatron` profile) | Megatron-Core `torch_dist` checkpoints (read) |
 //! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //! | `mpi` | `ckpt-core/mpi` | [`core::MpiCollective`]: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
@@ -59,6 +61,7 @@ mod formats;
 mod limits;
 mod ranks;
 mod reshard;
+mod source;
 mod verify;
 
 use std::path::{Path, PathBuf};
@@ -76,6 +79,7 @@ pub use limits::{
 };
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
+pub use source::{NameMap, SourceOptions};
 pub use verify::{Depth, Progress, VerifyOptions, VerifyReport, verify, verify_with, verify_with_progress};
 
 use adaptor::Reader;
@@ -184,6 +188,24 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
 /// # Errors
 /// As [`open_with`].
 pub fn open_as_with(path: &Path, format: Format, limits: &ReadLimits) -> Result<Checkpoint> {
-    let inner = formats::adaptor(format, path)?.open(path, limits)?;
+    open_source(path, Some(format), limits, &SourceOptions::default())
+}
+
+/// Opens a checkpoint (of `format`, or detected) under `limits`, read as `source` says: a DeepSpeed root's
+/// tag, Megatron's layers unstacked, a name map ([`SourceOptions`]; formats they do not apply to ignore them).
+///
+/// # Errors
+/// As [`open_with`].
+pub fn open_source(
+    path: &Path,
+    format: Option<Format>,
+    limits: &ReadLimits,
+    source: &SourceOptions,
+) -> Result<Checkpoint> {
+    let format = match format {
+        Some(f) => f,
+        None => detect(path)?,
+    };
+    let inner = formats::adaptor(format, path)?.open_source(path, limits, source)?;
     Ok(Checkpoint::new(format, path, inner))
 }

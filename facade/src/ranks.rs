@@ -60,7 +60,12 @@ pub fn convert_in(
     }
     let prepared = crate::convert::plan(src, from, dst, to, options);
     let (source, target) = agree(group, prepared)?;
-    target.write_in(&Source::new(src, source, &options.selection, &options.limits), dst, options, group)
+    target.write_in(
+        &Source::new(src, source, &options.selection, &options.limits, &options.source),
+        dst,
+        options,
+        group,
+    )
 }
 
 /// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion, the

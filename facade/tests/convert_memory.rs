@@ -400,3 +400,89 @@ fn distcp_to_pbg_of_large_partitions_holds_at_most_the_largest_tensor_plus_64_mi
         assert_eq!(ta.data().unwrap(), tb.data().unwrap(), "{name}");
     }
 }
+
+/// A ZeRO 3 checkpoint of `params` float32 parameters of `LARGEST` bytes over 2 ranks, laid out as
+/// DeepSpeed 0.19 writes it (each parameter split in halves, one in each rank's flat group; Adam's state
+/// beside it), under `root/global_step1` with `latest`.
+fn write_zero3(root: &Path, params: usize) {
+    let tag = root.join("global_step1");
+    std::fs::create_dir_all(&tag).unwrap();
+    std::fs::write(root.join("latest"), "global_step1").unwrap();
+    let numel = LARGEST / 4;
+    let shapes = Value::dict(
+        (0..params)
+            .map(|i| (format!("layers.{i}.weight"), Value::Size(vec![4096, 1024])))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone())),
+    );
+    for rank in 0..2usize {
+        let half = |seed: usize| f32_tensor(params * numel / 2, seed * 2 + rank, &[params * numel / 2]);
+        let model = Value::dict([
+            ("module", Value::dict::<&str>([])),
+            ("buffer_names", Value::List(Vec::new())),
+            ("param_shapes", Value::List(vec![shapes.clone()])),
+            ("shared_params", Value::dict::<&str>([])),
+            ("frozen_param_shapes", Value::None),
+            ("ds_version", Value::Str("0.19.8".into())),
+        ]);
+        let file = tag.join(format!("zero_pp_rank_{rank}_mp_rank_00_model_states.pt"));
+        ckpt::torch::save(&model, &file, &ckpt::torch::WriteOptions::default()).unwrap();
+        let state = Value::dict([(
+            "0",
+            Value::dict([
+                ("step", Value::Tensor(Tensor::from_slice(&[1.0f32], &[]).unwrap())),
+                ("exp_avg", Value::Tensor(half(1))),
+                ("exp_avg_sq", Value::Tensor(half(2))),
+            ]),
+        )]);
+        let Value::Dict(mut state) = state else { unreachable!() };
+        state.items[0].0 = Value::Int(0); // the group index is an int key
+        let optim = Value::dict([(
+            "optimizer_state_dict",
+            Value::dict([
+                ("zero_stage", Value::Int(3)),
+                ("partition_count", Value::Int(2)),
+                (
+                    "optimizer_state_dict",
+                    Value::dict([("state", Value::Dict(state)), ("param_groups", Value::List(Vec::new()))]),
+                ),
+                ("fp32_flat_groups", Value::List(vec![Value::Tensor(half(0))])),
+            ]),
+        )]);
+        let file = tag.join(format!("bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"));
+        ckpt::torch::save(&optim, &file, &ckpt::torch::WriteOptions::default()).unwrap();
+    }
+}
+
+/// DeepSpeed ZeRO 3 (2 ranks, 10 parameters of `LARGEST` bytes, each split over both ranks' files) to
+/// Hugging Face shards, as it is and cast to bfloat16: every parameter is made from the ranks' windows
+/// when the writer streams it, so the conversion holds at most one parameter plus 64 MiB.
+#[test]
+fn deepspeed_zero3_to_hf_holds_at_most_the_largest_parameter_plus_64_mib() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("zero3");
+    write_zero3(&src, DENSE);
+    let mut measured = Vec::new();
+    for dtype in [None, Some(ckpt::DType::BF16)] {
+        let dst = dir.path().join(format!("hf{dtype:?}"));
+        let mut options = options(Format::Hf);
+        if let Some(d) = dtype {
+            options = options.with_selection(ckpt::Selection::default().with_dtype(d));
+        }
+        let peak = pool.install(|| {
+            peak_growth(|| {
+                ckpt::convert(&src, None, &dst, Format::Hf, &options).unwrap();
+            })
+        });
+        let back = ckpt::open(&dst).unwrap();
+        assert_eq!(back.entries().len(), DENSE);
+        measured.push(Measured { from: "deepspeed zero3 (2 ranks)".into(), to: format!("hf {dtype:?}"), peak });
+        remove(&dst);
+    }
+    let table = table(&measured);
+    println!("{table}");
+    assert!(measured.iter().all(|m| m.peak <= BOUND), "{table}");
+}

@@ -204,6 +204,31 @@ fn convert_to_hf_with_2_processes_equals_one_process() {
     }
 }
 
+/// Training checkpoints to hf shards by 2 processes (DeepSpeed ZeRO 3 of 2 ranks, its parameters made from
+/// both ranks' files; Megatron at tensor-parallel 2 as Llama, q/k/v split): each process writes its shards,
+/// the files equal one process's.
+#[test]
+fn convert_deepspeed_and_megatron_to_hf_with_2_processes_equals_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(PathBuf, &[&str]); 2] = [
+        (fixtures("deepspeed").join("zero3_w2"), &[]),
+        (fixtures("megatron").join("gpt_tp2/ckpt"), &["--name-map", "llama"]),
+    ];
+    for (i, (src, extra)) in cases.iter().enumerate() {
+        let (one, two) = (tmp.path().join(format!("one{i}")), tmp.path().join(format!("two{i}")));
+        let mut c = Command::new(ckpt_bin());
+        c.arg("convert").arg(src).arg(&one).args(["--to", "hf", "--max-shard-size", "300"]).args(*extra);
+        run(c, LIMIT).ok();
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
+            vec![&"convert", src, &two, &"--to", &"hf", &"--max-shard-size", &"300"];
+        for e in extra.iter() {
+            args.push(e);
+        }
+        run(mpirun(2, &ckpt_bin(), &args), LIMIT).ok();
+        assert_same_files_but_metadata_order(&one, &two);
+    }
+}
+
 /// More processes than ranks: the processes without a rank take part in the exchanges until the end.
 #[test]
 fn convert_to_distcp_with_more_processes_than_ranks() {

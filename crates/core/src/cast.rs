@@ -57,6 +57,57 @@ pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
     let mut out = Vec::new();
     out.try_reserve_exact(n * to.size())
         .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", n * to.size())))?;
+    convert_into(from, to, &data, &mut out);
+    Ok(Tensor::from_buffer(to, t.shape(), Buffer::from_vec(out))?.with_requires_grad(t.requires_grad()))
+}
+
+/// [`cast_float`], made when its bytes are read: the result's bytes are converted from the source's, any
+/// range of them on its own ([`Buffer::deferred_ranged`]), so that a writer streaming a cast checkpoint
+/// holds a piece of one tensor at a time instead of every cast tensor. The bits are [`cast_float`]'s. A
+/// tensor with lazy conjugation or negation bits is cast at once.
+///
+/// ```
+/// use ckpt_core::{DType, Tensor};
+/// let t = Tensor::from_slice(&[1.0f32, 2.5, -3.0], &[3]).unwrap();
+/// let lazy = ckpt_core::cast_float_lazy(&t, DType::BF16).unwrap();
+/// assert!(lazy.storage().is_deferred());
+/// assert!(lazy.bitwise_eq(&ckpt_core::cast_float(&t, DType::BF16).unwrap()));
+/// ```
+///
+/// # Errors
+/// As [`cast_float`], for the dtypes.
+pub fn cast_float_lazy(t: &Tensor, to: DType) -> Result<Tensor> {
+    let from = t.dtype();
+    if from == to || t.is_conj() || t.is_neg() || t.nbytes() == 0 {
+        return cast_float(t, to);
+    }
+    if !matches!(to, DType::F16 | DType::BF16 | DType::F32 | DType::F64) || !is_castable_float(from) {
+        return cast_float(t, to);
+    }
+    let src = t.to_contiguous()?;
+    let (fs, ts) = (from.size(), to.size());
+    let total = t.numel() * ts;
+    let fill_at = move |offset: usize, out: &mut [u8]| -> Result<()> {
+        // The source elements that cover the bytes asked for.
+        let first = offset / ts;
+        let last = (offset + out.len()).div_ceil(ts);
+        let window = src.storage().slice_len((src.storage_offset() + first) * fs, (last - first) * fs)?;
+        let bytes = window.bytes()?;
+        let mut made = Vec::with_capacity((last - first) * ts);
+        convert_into(from, to, &bytes, &mut made);
+        let skip = offset - first * ts;
+        let part = made
+            .get(skip..skip + out.len())
+            .ok_or_else(|| Error::InvalidArgument(format!("bytes {offset}+{} of {total}", out.len())))?;
+        out.copy_from_slice(part);
+        Ok(())
+    };
+    Ok(Tensor::from_buffer(to, t.shape(), Buffer::deferred_ranged(total, fill_at))?
+        .with_requires_grad(t.requires_grad()))
+}
+
+/// Appends to `out` the elements of `data` (little-endian `from`) converted to `to`.
+fn convert_into(from: DType, to: DType, data: &[u8], out: &mut Vec<u8>) {
     let es = from.size();
     for chunk in data.chunks_exact(es) {
         let mut raw = [0u8; 8];
@@ -77,7 +128,6 @@ pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
             _ => out.extend_from_slice(&f32_to_bf16(to_f32(from, bits)).to_le_bytes()),
         }
     }
-    Ok(Tensor::from_buffer(to, t.shape(), Buffer::from_vec(out))?.with_requires_grad(t.requires_grad()))
 }
 
 /// The f32 bits of one element of `from` (its little-endian bits in `bits`).
@@ -226,6 +276,26 @@ fn f32_to_f16(f: u32) -> u16 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn lazy_cast_makes_any_range_as_the_eager_cast() {
+        let v: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.3) * 1.7e-3).collect();
+        let t = Tensor::from_slice(&v, &[10, 100]).unwrap().narrow(0, 2, 5).unwrap();
+        for to in [DType::BF16, DType::F16, DType::F64] {
+            let eager = cast_float(&t, to).unwrap();
+            let lazy = cast_float_lazy(&t, to).unwrap();
+            assert!(lazy.storage().is_deferred());
+            let want = eager.data().unwrap().into_owned();
+            assert_eq!(&*lazy.storage().slice(3..17).unwrap().bytes().unwrap(), &want[3..17]);
+            let mut streamed = Vec::new();
+            lazy.data_pieces(7, |p| {
+                streamed.extend_from_slice(p);
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+            assert_eq!(streamed, want);
+        }
+    }
 
     #[test]
     fn f16_matches_the_half_crate_on_every_non_nan() {

@@ -48,7 +48,7 @@ mod value;
 
 pub use aligned::{AlignedBytes, PAGES_MIN, zeroed_vec};
 pub use buffer::Buffer;
-pub use cast::{cast_float, is_castable_float};
+pub use cast::{cast_float, cast_float_lazy, is_castable_float};
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
 pub use display::{element_f64, format_tensor};

@@ -40,6 +40,9 @@ pub struct Selection {
     /// Cast every floating-point tensor to this dtype (float16, bfloat16, float32 or float64), as torch's
     /// `.to()` does ([`crate::cast_float`]); other tensors and values are left as they are.
     pub dtype: Option<DType>,
+    /// Rename rules `(from, to)`, applied after the prefixes; the first rule that matches a name renames
+    /// it ([`rename_by_rules`]).
+    pub rename: Vec<(String, String)>,
 }
 
 impl Selection {
@@ -78,6 +81,14 @@ impl Selection {
         self
     }
 
+    /// Adds a rename rule: `from` with `*`s matches a whole name and `to`'s `*`s take what they matched, in
+    /// order; `from` without `*` is a prefix that `to` replaces ([`rename_by_rules`]).
+    #[must_use]
+    pub fn with_rename(mut self, from: &str, to: &str) -> Self {
+        self.rename.push((from.to_owned(), to.to_owned()));
+        self
+    }
+
     /// Whether this selection keeps everything as it is.
     pub fn is_identity(&self) -> bool {
         *self == Selection::default()
@@ -87,6 +98,7 @@ impl Selection {
     pub fn renames(&self) -> bool {
         self.strip_prefix.as_deref().is_some_and(|p| !p.is_empty())
             || self.add_prefix.as_deref().is_some_and(|p| !p.is_empty())
+            || !self.rename.is_empty()
     }
 
     /// Checks the options: the dtype is one of the four float targets, no pattern is empty.
@@ -101,6 +113,14 @@ impl Selection {
         }
         if self.include.iter().chain(&self.exclude).any(String::is_empty) {
             return Err(Error::InvalidArgument("an empty --include/--exclude pattern".into()));
+        }
+        for (from, to) in &self.rename {
+            let (nf, nt) = (from.matches('*').count(), to.matches('*').count());
+            if from.is_empty() || nt > nf {
+                return Err(Error::InvalidArgument(format!(
+                    "--rename {from}={to}: FROM must not be empty, and TO can use at most the {nf} `*` of FROM"
+                )));
+            }
         }
         Ok(())
     }
@@ -140,8 +160,75 @@ impl Selection {
                 _ => vec![PathItem::Key(name.clone())],
             };
         }
+        if let Some(renamed) = rename_by_rules(&self.rename, &name) {
+            if renamed.is_empty() {
+                return None;
+            }
+            path = vec![PathItem::Key(renamed.clone())];
+            name = renamed;
+        }
         Some((name, path))
     }
+}
+
+/// `name` renamed by the first of `rules` that matches it, or `None` when none does. A rule `(from, to)`
+/// whose `from` has `*`s matches the whole name, each `*` any run of characters (the shortest that lets the
+/// rest match), and `to`'s `*`s are replaced by those runs in order; a `from` without `*` matches names
+/// starting with it, and `to` replaces that prefix.
+///
+/// ```
+/// use ckpt_core::select::rename_by_rules;
+/// let rules = [("decoder.layers.*.mlp.*".to_owned(), "model.layers.*.mlp.*".to_owned()), ("output_layer.".to_owned(), "lm_head.".to_owned())];
+/// assert_eq!(rename_by_rules(&rules, "decoder.layers.3.mlp.fc.weight").as_deref(), Some("model.layers.3.mlp.fc.weight"));
+/// assert_eq!(rename_by_rules(&rules, "output_layer.weight").as_deref(), Some("lm_head.weight"));
+/// assert_eq!(rename_by_rules(&rules, "embedding.weight"), None);
+/// ```
+pub fn rename_by_rules(rules: &[(String, String)], name: &str) -> Option<String> {
+    rules.iter().find_map(|(from, to)| {
+        if !from.contains('*') {
+            return name.strip_prefix(from.as_str()).map(|rest| format!("{to}{rest}"));
+        }
+        let captures = wildcard_captures(from, name)?;
+        let mut out = String::with_capacity(to.len() + name.len());
+        let mut caps = captures.into_iter();
+        for (i, part) in to.split('*').enumerate() {
+            if i > 0 {
+                out.push_str(caps.next().unwrap_or_default());
+            }
+            out.push_str(part);
+        }
+        Some(out)
+    })
+}
+
+/// What each `*` of `pattern` matches when it matches all of `name` (shortest runs first), or `None`.
+fn wildcard_captures<'a>(pattern: &str, name: &'a str) -> Option<Vec<&'a str>> {
+    fn go<'a>(parts: &[&str], name: &'a str, out: &mut Vec<&'a str>) -> bool {
+        let Some((part, rest)) = parts.split_first() else { return name.is_empty() };
+        if rest.is_empty() {
+            // The last literal must end the name.
+            return name.ends_with(part) && {
+                out.push(&name[..name.len() - part.len()]);
+                true
+            };
+        }
+        let mut from = 0;
+        while let Some(i) = name[from..].find(part) {
+            let at = from + i;
+            out.push(&name[..at]);
+            if go(rest, &name[at + part.len()..], out) {
+                return true;
+            }
+            out.pop();
+            from = at + name[at..].chars().next().map_or(1, char::len_utf8);
+        }
+        false
+    }
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, rest) = parts.split_first()?;
+    let tail = name.strip_prefix(first)?;
+    let mut out = Vec::new();
+    go(rest, tail, &mut out).then_some(out)
 }
 
 /// `path` without its first `cut` characters of dotted name (`rest` is what remains of the name): whole

@@ -322,6 +322,24 @@ pub enum Error {
         /// Ranks loading it.
         ranks: usize,
     },
+    /// A Megatron-Core checkpoint's `metadata.json` is missing, not JSON, or names a backend other than
+    /// `torch_dist` (`zarr` checkpoints are not read).
+    #[error("{}: {problem}", path.display())]
+    MegatronMetadata {
+        /// The `metadata.json` file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A Megatron-Core tensor does not have the layout a name map needs (a `linear_qkv` whose rows are not
+    /// the head layout in `args`, missing `args`).
+    #[error("{key}: {problem}")]
+    MegatronLayout {
+        /// The tensor (or `args`).
+        key: String,
+        /// What does not fit.
+        problem: String,
+    },
     /// A `torch.save` file (conversion source or target) failed.
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
@@ -357,6 +375,7 @@ impl Error {
             | Error::AlreadyExists { .. }
             | Error::RankCountMismatch { .. } => Fault::InvalidArgument,
             Error::UnknownTransform { .. } => Fault::Unsupported,
+            Error::MegatronMetadata { problem, .. } if problem.contains("backend") => Fault::Unsupported,
             Error::DecompressedTooLarge { .. } | Error::MetadataTooLarge { .. } => Fault::Limit,
             _ => Fault::Malformed,
         }

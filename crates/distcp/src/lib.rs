@@ -61,6 +61,7 @@ pub mod convert;
 mod error;
 pub mod hf;
 mod item;
+pub mod megatron;
 pub mod metadata;
 mod planner;
 mod reader;

@@ -36,6 +36,8 @@ struct Cli {
     quiet: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    source: SourceArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -211,6 +213,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     cli.limits.apply();
     let limits = &cli.limits.read_limits();
+    let source = &cli.source.options();
     let group = match Launch::start() {
         Ok(g) => g,
         Err(e) => {
@@ -230,7 +233,7 @@ fn main() -> ExitCode {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
-            ckpt::open_with(path, limits)
+            ckpt::open_source(path, None, limits, source)
                 .and_then(|c| {
                     inspect(&c, *json, &selection)?;
                     // The process ends next: freeing a large checkpoint's metadata (hundreds of thousands of
@@ -241,12 +244,13 @@ fn main() -> ExitCode {
                 .map(|()| true)
         }
         Command::Cat { path, name, limit } => {
-            ckpt::open_with(path, limits).and_then(|c| cat(&c, name, *limit)).map(|()| true)
+            ckpt::open_source(path, None, limits, source).and_then(|c| cat(&c, name, *limit)).map(|()| true)
         }
         Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
-        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, limits, quiet),
+        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, limits, source, quiet),
         Command::Convert { src, dst, to, from, layout, select } => {
-            let options = layout.options().with_selection(select.selection()).with_limits(*limits);
+            let options =
+                layout.options().with_selection(select.selection()).with_limits(*limits).with_source(source.clone());
             convert(src, dst, *to, *from, &options, quiet, group)
         }
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
@@ -377,9 +381,11 @@ fn diff(
     atol: f64,
     all: bool,
     limits: &ckpt::ReadLimits,
+    source: &ckpt::SourceOptions,
     quiet: bool,
 ) -> ckpt::Result<bool> {
-    let options = ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(*limits);
+    let options =
+        ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(*limits).with_source(source.clone());
     let pb = bar(quiet, 0, "comparing");
     let progress = |done: u64, total: u64| {
         pb.set_length(total);
@@ -535,6 +541,49 @@ struct SelectArgs {
     /// tensors and values are left as they are).
     #[arg(long, value_parser = dtype_parser())]
     dtype: Option<ckpt::DType>,
+    /// Rename entries: FROM=TO (repeatable; the first rule that matches a name applies). With `*` in FROM
+    /// the whole name must match and each `*` in TO takes what the `*` of FROM matched, in order
+    /// (`'decoder.layers.*.mlp.*=model.layers.*.mlp.*'`); without, FROM is a prefix replaced by TO.
+    #[arg(long, value_name = "FROM=TO", value_parser = rename_rule)]
+    rename: Vec<(String, String)>,
+}
+
+/// `--rename FROM=TO`.
+fn rename_rule(text: &str) -> Result<(String, String), String> {
+    let (from, to) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected FROM=TO"))?;
+    ckpt::Selection::default().with_rename(from, to).validate().map_err(|e| e.to_string())?;
+    Ok((from.to_owned(), to.to_owned()))
+}
+
+/// How a checkpoint is read (every command): a DeepSpeed root's tag, Megatron's layers, a name map.
+#[derive(clap::Args, Debug)]
+struct SourceArgs {
+    /// deepspeed: the tag (save) to read under a checkpoint root, e.g. global_step14 (default: the one
+    /// `latest` names).
+    #[arg(long, global = true, value_name = "TAG")]
+    tag: Option<String>,
+    /// megatron: split tensors stacked over layers (`decoder.layers.<name>` with a leading layer axis) into
+    /// one entry per layer (`decoder.layers.<i>.<name>`).
+    #[arg(long, global = true)]
+    unstack_layers: bool,
+    /// megatron: name a GPT model's tensors as this Hugging Face model family names them (llama: q/k/v_proj
+    /// split from linear_qkv by the head layout in args, gate/up_proj from a gated linear_fc1; layers
+    /// unstacked).
+    #[arg(long, global = true, value_enum, value_name = "MAP")]
+    name_map: Option<ckpt::NameMap>,
+}
+
+impl SourceArgs {
+    fn options(&self) -> ckpt::SourceOptions {
+        let mut o = ckpt::SourceOptions::default().with_unstack_layers(self.unstack_layers);
+        if let Some(t) = &self.tag {
+            o = o.with_tag(t);
+        }
+        if let Some(m) = self.name_map {
+            o = o.with_name_map(m);
+        }
+        o
+    }
 }
 
 impl SelectArgs {
@@ -545,6 +594,9 @@ impl SelectArgs {
         s.strip_prefix.clone_from(&self.strip_prefix);
         s.add_prefix.clone_from(&self.add_prefix);
         s.dtype = self.dtype;
+        for (from, to) in &self.rename {
+            s = s.with_rename(from, to);
+        }
         s
     }
 }

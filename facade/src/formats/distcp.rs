@@ -175,7 +175,7 @@ impl Adaptor for Distcp {
 
 /// The reader options of the checkpoint at `path` under `limits` (pickle limits, `.metadata` size, inflated
 /// item size), once the headers of its safetensors files (the Hugging Face layout) are within theirs.
-fn read_options(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::ReadOptions> {
+pub(crate) fn read_options(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::ReadOptions> {
     limits.check_safetensors_headers(path)?;
     Ok(ckpt_distcp::ReadOptions::default()
         .with_limits(limits.pickle)

@@ -1,0 +1,151 @@
+//! Parameters cut out of the ranks' flat groups: a parameter is a run of elements of one flat sequence (the
+//! ranks' partitions of a param group one after the other, ZeRO 1 and 2) or one run per rank (ZeRO 3), and
+//! its tensor is made from those windows of the files' memory maps only when its bytes are read.
+
+use ckpt_core::{Buffer, DType, Tensor};
+
+use crate::error::{Error, Result};
+
+/// The elements `start .. start + len` of the sequence `flats` makes when laid one after the other, as views
+/// of the flat tensors (1-D, one dtype); `None` when the sequence is shorter.
+pub(crate) fn run(flats: &[Tensor], start: usize, len: usize) -> Result<Option<Vec<Tensor>>> {
+    let mut pieces = Vec::new();
+    let (mut at, mut skip, mut left) = (0usize, start, len);
+    for flat in flats {
+        if left == 0 {
+            break;
+        }
+        let n = flat.numel();
+        at += n;
+        if skip >= n {
+            skip -= n;
+            continue;
+        }
+        let take = (n - skip).min(left);
+        pieces.push(flat.narrow(0, skip, take)?);
+        left -= take;
+        skip = 0;
+    }
+    let _ = at;
+    Ok((left == 0).then_some(pieces))
+}
+
+/// The tensor of `dtype` and `shape` whose elements are the first `numel(shape)` elements of `pieces` (1-D
+/// views, in order; there may be more elements, the padding DeepSpeed adds, which is left out). A parameter
+/// held by one piece is a view of it; otherwise the tensor's bytes are made on demand, any range of them from
+/// the pieces it overlaps ([`Buffer::deferred_ranged`]), so that a writer streaming it holds a piece of it at
+/// a time.
+pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Tensor>) -> Result<Tensor> {
+    let numel = ckpt_core::checked_numel(shape)
+        .ok_or_else(|| ckpt_core::Error::Malformed(format!("{name}: shape {shape:?} overflows")))?;
+    let mut kept = Vec::with_capacity(pieces.len());
+    let mut left = numel;
+    for p in pieces {
+        if left == 0 {
+            break;
+        }
+        if p.dtype() != dtype || p.dim() != 1 {
+            return Err(ckpt_core::Error::Malformed(format!(
+                "{name}: a flat piece is {} of shape {:?}, expected a 1-D {dtype} tensor",
+                p.dtype(),
+                p.shape()
+            ))
+            .into());
+        }
+        let take = p.numel().min(left);
+        kept.push(p.narrow(0, 0, take)?.to_contiguous()?);
+        left -= take;
+    }
+    if left != 0 {
+        return Err(ckpt_core::Error::Malformed(format!(
+            "{name}: the flat groups hold {} of its {numel} elements",
+            numel - left
+        ))
+        .into());
+    }
+    match kept.as_slice() {
+        [] => Ok(Tensor::zeros(dtype, shape)?),
+        [one] => Ok(one.reshape(shape)?),
+        _ => {
+            let es = dtype.size();
+            let mut spans = Vec::with_capacity(kept.len());
+            let mut at = 0usize;
+            for p in kept {
+                let n = p.nbytes();
+                spans.push((at, p));
+                at += n;
+            }
+            let total = at;
+            let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+                let end = offset.checked_add(out.len()).filter(|&e| e <= total).ok_or_else(|| {
+                    ckpt_core::Error::InvalidArgument(format!("bytes {offset}+{} of {total}", out.len()))
+                })?;
+                let first = spans.partition_point(|(s, p)| s + p.nbytes() <= offset);
+                for (s, p) in spans.iter().skip(first) {
+                    if *s >= end {
+                        break;
+                    }
+                    let data = p.data()?;
+                    let from = offset.max(*s);
+                    let to = end.min(s + data.len());
+                    if let (Some(src), Some(dst)) =
+                        (data.get(from - s..to - s), out.get_mut(from - offset..to - offset))
+                    {
+                        dst.copy_from_slice(src);
+                    }
+                }
+                Ok(())
+            };
+            debug_assert_eq!(total, numel * es);
+            Ok(Tensor::from_buffer(dtype, shape, Buffer::deferred_ranged(total, fill_at))?)
+        }
+    }
+}
+
+/// DeepSpeed's partition of a parameter of `numel` elements over `world` ranks in ZeRO 3: each rank holds
+/// `ceil(numel / world)` elements (the last ones padding).
+pub(crate) fn zero3_partition(numel: usize, world: usize) -> usize {
+    numel.div_ceil(world.max(1))
+}
+
+/// The error of a flat sequence too short for what a layout asks of it.
+pub(crate) fn short(dir: &std::path::Path, group: usize, name: &str, start: usize, len: usize, have: usize) -> Error {
+    Error::FlatGroups {
+        dir: dir.to_path_buf(),
+        group,
+        problem: format!("{name} needs elements {start}..{} of a flat sequence of {have}", start + len),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn flat(v: &[f32]) -> Tensor {
+        Tensor::from_slice(v, &[v.len()]).unwrap()
+    }
+
+    #[test]
+    fn runs_cross_flat_tensors() {
+        let flats = [flat(&[0.0, 1.0, 2.0]), flat(&[3.0, 4.0]), flat(&[5.0])];
+        let pieces = run(&flats, 2, 3).unwrap().unwrap();
+        let t = assemble("p", DType::F32, &[3], pieces).unwrap();
+        assert!(t.storage().is_deferred());
+        assert_eq!(t.to_vec::<f32>().unwrap(), [2.0, 3.0, 4.0]);
+        assert!(run(&flats, 4, 3).unwrap().is_none());
+        let one = assemble("p", DType::F32, &[1, 2], run(&flats, 3, 2).unwrap().unwrap()).unwrap();
+        assert!(!one.storage().is_deferred(), "one piece is a view");
+        assert_eq!(one.to_vec::<f32>().unwrap(), [3.0, 4.0]);
+    }
+
+    #[test]
+    fn assembled_bytes_stream_in_any_range() {
+        let pieces = vec![flat(&[1.0, 2.0]), flat(&[3.0, 4.0, 9.0])];
+        let t = assemble("p", DType::F32, &[2, 2], pieces).unwrap();
+        let window = t.storage().slice(4..12).unwrap();
+        assert_eq!(&*window.bytes().unwrap(), [2.0f32, 3.0].map(f32::to_le_bytes).concat().as_slice());
+        assert!(assemble("p", DType::F32, &[9], vec![flat(&[1.0])]).is_err());
+        assert_eq!(zero3_partition(5, 2), 3);
+    }
+}

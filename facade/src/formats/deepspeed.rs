@@ -1,0 +1,97 @@
+//! DeepSpeed ZeRO and universal checkpoints, through `ckpt-deepspeed` (read only).
+
+use std::path::Path;
+
+use ckpt_core::{PathItem, Value};
+
+use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
+use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::error::{At, Cause, Error, Result};
+use crate::verify::{Depth, Progress, VerifyReport, read_all};
+use crate::{Format, ReadLimits, SourceOptions};
+
+pub(crate) struct DeepSpeed;
+
+impl Cause for ckpt_deepspeed::Error {
+    fn at(self, path: &Path) -> Error {
+        ckpt_core::Error::from(self).at(path)
+    }
+}
+
+/// The checkpoint at `path` (the tag `source` names, else `latest`'s), under `limits`.
+fn open(path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<ckpt_deepspeed::DeepSpeedReader> {
+    let mut options = ckpt_deepspeed::ReadOptions::default().with_torch(limits.torch());
+    if let Some(tag) = &source.tag {
+        options = options.with_tag(tag);
+    }
+    ckpt_deepspeed::DeepSpeedReader::open_with(path, &options).at(path)
+}
+
+impl Adaptor for DeepSpeed {
+    fn format(&self) -> Format {
+        Format::DeepSpeed
+    }
+
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        self.open_source(path, limits, &SourceOptions::default())
+    }
+
+    /// Every entry: the consolidated state dict, the module's weights, the optimizer state per parameter, the
+    /// engine and client state ([`ckpt_deepspeed::DeepSpeedReader`]).
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(open(path, limits, source)?))
+    }
+
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        self.read_source(path, limits, &SourceOptions::default())
+    }
+
+    /// The model a conversion takes: the consolidated fp32 state dict, as DeepSpeed's `zero_to_fp32` writes
+    /// it (the optimizer state and the 16-bit copies stay in the checkpoint: `ckpt inspect` lists them). Its
+    /// tensors split over ranks are made from the ranks' files one piece at a time as the target writes them.
+    fn read_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Content> {
+        let reader = open(path, limits, source)?;
+        let leaves = reader
+            .model()
+            .iter()
+            .map(|(name, t)| Leaf {
+                name: name.clone(),
+                path: vec![PathItem::Key(name.clone())],
+                value: Value::Tensor(t.clone()),
+            })
+            .collect();
+        Content::from_leaves(leaves, path)
+    }
+
+    /// Deep: every `torch.save` file's structure and record CRC-32s ([`ckpt_torch::verify`]); then the
+    /// consolidation's checks (every rank's file there, the flat groups holding what `param_shapes` lists) and
+    /// every entry read.
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        let reader = open(path, limits, &SourceOptions::default())?;
+        if depth == Depth::Deep {
+            for file in reader.files().at(path)? {
+                let crcs = ckpt_torch::verify(&file).at(&file)?;
+                for (record, e) in &crcs.problems {
+                    report.record_problem(&crcs.path, record, e);
+                }
+            }
+        }
+        read_all(&crate::Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)), depth, report, progress);
+        Ok(())
+    }
+
+    fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
+        Err(Error::UnsupportedConversion {
+            from: source.format,
+            to: Format::DeepSpeed,
+            reason: "ckpt reads DeepSpeed checkpoints but does not write them".into(),
+        })
+    }
+}

@@ -1,0 +1,88 @@
+//! Megatron-Core `torch_dist` checkpoints, through `ckpt-distcp`'s Megatron profile (read only).
+
+use std::path::Path;
+
+use ckpt_core::{PathItem, Value};
+use ckpt_distcp::megatron::{MegatronOptions, MegatronReader};
+
+use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
+use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::error::{At, Error, Result};
+use crate::verify::{Depth, Progress, VerifyReport};
+use crate::{Format, NameMap, ReadLimits, SourceOptions};
+
+pub(crate) struct Megatron;
+
+/// The checkpoint at `path`, under `limits`, read as `source` says (layers unstacked, Llama's names).
+fn open(path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<MegatronReader> {
+    let options = MegatronOptions::default()
+        .with_unstack_layers(source.unstack_layers)
+        .with_llama(source.name_map == Some(NameMap::Llama));
+    MegatronReader::open(path, &super::distcp::read_options(path, limits)?, options).at(path)
+}
+
+impl Adaptor for Megatron {
+    fn format(&self) -> Format {
+        Format::Megatron
+    }
+
+    fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
+        self.open_source(path, limits, &SourceOptions::default())
+    }
+
+    /// Every DCP entry (tensor-parallel shards joined), `common.pt`'s values, layers unstacked and names
+    /// mapped as `source` says.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(open(path, limits, source)?))
+    }
+
+    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        self.read_source(path, limits, &SourceOptions::default())
+    }
+
+    /// The model a conversion takes: the model's tensors (not the optimizer's, not `common.pt`'s values or
+    /// the `_extra_state` objects), read when the target writes them: a layer of a stacked tensor, or the
+    /// rows of a split one, one at a time.
+    fn read_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Content> {
+        let reader = open(path, limits, source)?;
+        let mut leaves = Vec::new();
+        for e in ckpt_core::CheckpointRead::entries(&reader) {
+            if !reader.is_model_tensor(&e.name) {
+                continue;
+            }
+            let t = reader.read_tensor(&e.name).at(path)?;
+            leaves.push(Leaf { path: vec![PathItem::Key(e.name.clone())], name: e.name, value: Value::Tensor(t) });
+        }
+        Content::from_leaves(leaves, path)
+    }
+
+    /// The DCP checks ([`ckpt_distcp::verify`]: chunks covering their tensors, items inside their files, CRCs
+    /// when deep), then `common.pt` and every entry read.
+    fn verify(
+        &self,
+        path: &Path,
+        depth: Depth,
+        limits: &ReadLimits,
+        report: &mut VerifyReport,
+        progress: Progress<'_>,
+    ) -> Result<()> {
+        super::distcp::Distcp.verify(path, depth, limits, report, progress)?;
+        let reader = open(path, limits, &SourceOptions::default())?;
+        for e in ckpt_core::CheckpointRead::entries(&reader) {
+            if matches!(e.kind, ckpt_core::EntryKind::Value) {
+                if let Err(err) = ckpt_core::CheckpointRead::value(&reader, &e.name) {
+                    report.problems.push(format!("{}: {err}", e.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
+        Err(Error::UnsupportedConversion {
+            from: source.format,
+            to: Format::Megatron,
+            reason: "ckpt reads Megatron-Core checkpoints but does not write them".into(),
+        })
+    }
+}

@@ -1,0 +1,57 @@
+//! How a training checkpoint is read ([`SourceOptions`]): which save of a DeepSpeed checkpoint root, whether
+//! Megatron's layer-stacked tensors are split per layer, and under which names a model's tensors appear.
+//! Formats they do not apply to ignore them.
+
+/// A standard mapping of a training framework's tensor names onto a model family's Hugging Face names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[non_exhaustive]
+pub enum NameMap {
+    /// Megatron-Core GPT → Llama-style names (`model.layers.<i>.self_attn.q_proj.weight`, ...): `linear_qkv`
+    /// split into `q_proj`/`k_proj`/`v_proj` by the head layout in `args` (`num_attention_heads`,
+    /// `num_query_groups`, `kv_channels`), a gated `linear_fc1` into `gate_proj`/`up_proj`. Implies
+    /// unstacked layers.
+    Llama,
+}
+
+/// How a checkpoint is read: the tag of a DeepSpeed root, Megatron's layer-stacked tensors split per layer,
+/// a name map. The default reads every checkpoint as it is.
+///
+/// ```
+/// let source = ckpt::SourceOptions::default().with_tag("global_step2").with_unstack_layers(true);
+/// assert_eq!(source.tag.as_deref(), Some("global_step2"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SourceOptions {
+    /// deepspeed: the tag directory to read under a checkpoint root (default: the one `latest` names).
+    pub tag: Option<String>,
+    /// megatron: tensors stacked over layers (`decoder.layers.<name>` with a leading layer axis) as one
+    /// entry per layer, `decoder.layers.<i>.<name>`.
+    pub unstack_layers: bool,
+    /// megatron: a mapping of the model's tensor names (and layouts) onto a Hugging Face model family's.
+    pub name_map: Option<NameMap>,
+}
+
+impl SourceOptions {
+    /// Reads the tag `tag` of a DeepSpeed checkpoint root.
+    #[must_use]
+    pub fn with_tag(mut self, tag: &str) -> Self {
+        self.tag = Some(tag.to_owned());
+        self
+    }
+
+    /// Splits Megatron's layer-stacked tensors per layer.
+    #[must_use]
+    pub fn with_unstack_layers(mut self, on: bool) -> Self {
+        self.unstack_layers = on;
+        self
+    }
+
+    /// Maps a Megatron model's names onto a Hugging Face model family's.
+    #[must_use]
+    pub fn with_name_map(mut self, map: NameMap) -> Self {
+        self.name_map = Some(map);
+        self
+    }
+}
