@@ -161,6 +161,12 @@ impl Checkpoint {
         crate::dcp::metadata(py, self)
     }
 
+    /// Copies boxes of tensors into torch tensors' memory (`ckpt.dcp.Reader.read_data`): each
+    /// `(name, offsets, sizes, address, strides, element_size, (storage_start, storage_end))`.
+    fn read_into(&self, py: Python<'_>, copies: Vec<crate::dcp::Copy>) -> PyResult<()> {
+        crate::dcp::read_into(py, self, copies)
+    }
+
     fn __repr__(&self) -> String {
         format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.inner.path().display())
     }

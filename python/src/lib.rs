@@ -34,6 +34,7 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::reshard, m)?)?;
     m.add_function(wrap_pyfunction!(ops::diff, m)?)?;
     m.add_function(wrap_pyfunction!(ops::formats, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::detect, m)?)?;
     m.add_function(wrap_pyfunction!(cli::main, m)?)?;
     Ok(())
 }

@@ -357,6 +357,12 @@ pub(crate) fn diff<'py>(
     Ok(out)
 }
 
+/// The format of the checkpoint at `path`, by name, from its marker files and leading bytes.
+#[pyfunction]
+pub(crate) fn detect(py: Python<'_>, path: PathBuf) -> PyResult<&'static str> {
+    py.detach(|| ckpt::detect(&path)).py().map(|f| f.name())
+}
+
 /// Every format's `(name, about, sharded)`.
 #[pyfunction]
 pub(crate) fn formats() -> Vec<(&'static str, &'static str, bool)> {

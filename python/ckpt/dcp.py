@@ -1,0 +1,150 @@
+"""``torch.distributed.checkpoint`` through ckpt: :class:`Reader`, a ``StorageReader`` for ``dcp.load``.
+
+>>> import torch.distributed.checkpoint as dcp, ckpt.dcp
+>>> dcp.load(state_dict, storage_reader=ckpt.dcp.Reader("step-1000/"))
+
+``dcp.load`` plans what each rank needs — its shard of each tensor, however the checkpoint was sharded when
+it was saved (resharding) — and the reader copies those boxes straight from the checkpoint's memory maps into
+the state dict's tensors, in parallel, with the GIL released: no ``torch.load`` of each item, no intermediate
+copy. It reads every format ckpt reads, not only DCP: an hfai, PyTorch-BigGraph, RecIS, ``.pt`` or
+safetensors checkpoint loads into a sharded model the same way (each tensor one chunk).
+
+torch is imported when :class:`Reader` is first used (``import ckpt`` never imports it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from typing import Any, List
+
+__all__ = ["Reader"]
+
+
+def _reader_class() -> Any:
+    import torch  # noqa: PLC0415
+    from torch.distributed.checkpoint import StorageReader  # noqa: PLC0415
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,  # noqa: PLC0415
+                                                       Metadata, StorageMeta, TensorProperties,
+                                                       TensorStorageMetadata)
+    from torch.distributed.checkpoint.planner import LoadItemType  # noqa: PLC0415
+    from torch.futures import Future  # noqa: PLC0415
+
+    import ckpt  # noqa: PLC0415
+
+    class Reader(StorageReader):
+        """A ``torch.distributed.checkpoint.StorageReader`` that reads through ckpt.
+
+        ``path``: the checkpoint (any format ckpt reads; ``dcp.load(..., checkpoint_id=...)`` may give it
+        instead). ``limits``: ckpt's read limits (``ckpt.LIMITS``).
+
+        >>> dcp.load(model_state, storage_reader=ckpt.dcp.Reader("checkpoint/"))
+        """
+
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, **limits: Any) -> None:
+            super().__init__()
+            self.path = None if path is None else os.fspath(path)
+            self.limits = limits
+            self.load_id = str(uuid.uuid4())
+            self._ck: Any = None
+
+        # --- StorageReader ----------------------------------------------------------------------------
+        def reset(self, checkpoint_id: "str | os.PathLike[str] | None" = None) -> None:
+            if checkpoint_id is not None:
+                self.path = os.fspath(checkpoint_id)
+                self._ck = None
+            self.load_id = str(uuid.uuid4())
+
+        def _checkpoint(self) -> Any:
+            if self._ck is None:
+                if self.path is None:
+                    raise ckpt.UsageError("ckpt.dcp.Reader: no checkpoint path (give one, or checkpoint_id)",
+                                          fault="usage")
+                self._ck = ckpt.open(self.path, **self.limits)
+            return self._ck
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            rows, planner_data = self._checkpoint()._n().dcp_metadata()
+            sd: dict = {}
+            for fqn, kind, dtype, size, chunks in rows:
+                if kind == "tensor":
+                    sd[fqn] = TensorStorageMetadata(
+                        properties=TensorProperties(dtype=getattr(torch, dtype)),
+                        size=torch.Size(size),
+                        chunks=[ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in chunks],
+                    )
+                else:
+                    sd[fqn] = BytesStorageMetadata()
+            return Metadata(state_dict_metadata=sd, planner_data=planner_data, storage_data={},
+                            storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id))
+
+        def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            self._checkpoint()
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: List[Any]) -> List[Any]:
+            return plans
+
+        def read_data(self, plan: Any, planner: Any) -> Future:
+            native = self._checkpoint()._n()
+            direct, targets, other = [], [], []
+            for req in plan.items:
+                fqn = req.storage_index.fqn
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(native.value_bytes(fqn)))
+                    continue
+                chunk = req.storage_index.offset or torch.Size([0] * len(req.lengths))
+                offsets = [int(c) + int(s) for c, s in zip(chunk, req.storage_offsets)]
+                target = planner.resolve_tensor(req).detach()
+                if target.device.type == "cpu" and target.layout == torch.strided and not target.is_conj() \
+                        and not target.is_neg() and min(target.stride(), default=0) >= 0:
+                    storage = target.untyped_storage()
+                    lo = storage.data_ptr()
+                    direct.append((fqn, offsets, [int(x) for x in req.lengths], target.data_ptr(),
+                                   list(target.stride()), target.element_size(), (lo, lo + storage.nbytes())))
+                    targets.append((req, target))
+                else:
+                    other.append((req, target, offsets))
+            # Every CPU destination at once, straight from the maps, in parallel (dtype checked by ckpt).
+            native.read_into(direct)
+            for req, target in targets:
+                planner.commit_tensor(req, target)
+            for req, target, offsets in other:  # a GPU or unusual destination: through a torch tensor
+                src = self._checkpoint().region(fqn_of(req), offsets, [int(x) for x in req.lengths], "pt")
+                target.copy_(src)
+                planner.commit_tensor(req, target)
+            fut: Future = Future()
+            fut.set_result(None)
+            return fut
+
+        @property
+        def checkpoint_id(self) -> "str | None":
+            return self.path
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: "str | os.PathLike[str]") -> bool:
+            try:
+                ckpt._ckpt.detect(os.fspath(checkpoint_id))
+            except Exception:  # noqa: BLE001
+                return False
+            return True
+
+    return Reader
+
+
+def fqn_of(req: Any) -> str:
+    return req.storage_index.fqn
+
+
+_classes: dict = {}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Reader":
+        if "Reader" not in _classes:
+            _classes["Reader"] = _reader_class()
+        return _classes["Reader"]
+    raise AttributeError(f"module 'ckpt.dcp' has no attribute {name!r}")
