@@ -135,8 +135,9 @@ class Checkpoint:
     def entries(self) -> List[Entry]:
         """Every entry (:class:`Entry`: name, kind, dtype, shape, nbytes), in the format's order, without
         reading data."""
+        native = self._n()
         if self._entries is None:
-            self._entries = [Entry(*e) for e in self._n().entries()]
+            self._entries = [Entry(*e) for e in native.entries()]
             self._by_name = {e.name: e for e in self._entries}
         return self._entries
 
@@ -390,9 +391,7 @@ class SafeOpen:
 def _bytes_of(array: Any) -> Any:
     import numpy as np  # noqa: PLC0415
 
-    a = np.ascontiguousarray(array)
-    if not a.flags.writeable:
-        a = a.copy()
+    a = array if array.flags.writeable and array.flags.c_contiguous else np.array(array, copy=True, order="C")
     return a.reshape(-1).view(np.uint8)
 
 

@@ -51,14 +51,13 @@ class Converter:
                  strides: Sequence[int], requires_grad: bool) -> Any:
         torch = self.torch
         tdtype = getattr(torch, dtype)
-        size = torch.empty((), dtype=tdtype).element_size()
+        size = tdtype.itemsize
         if offset is not None and offset % size == 0 and self.mappable:
             storage = self._storage()
             if storage is not None:
                 t = torch.empty(0, dtype=tdtype).set_(storage, offset // size, tuple(shape), tuple(strides))
                 return t.requires_grad_(requires_grad) if requires_grad else t
-        a = arr if arr.flags.writeable else np.array(arr, copy=True, order="C")
-        a = np.ascontiguousarray(a)
+        a = arr if arr.flags.writeable and arr.flags.c_contiguous else np.array(arr, copy=True, order="C")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t = torch.from_numpy(a.reshape(-1).view(np.uint8)).view(tdtype).reshape(tuple(shape))

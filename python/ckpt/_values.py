@@ -153,7 +153,7 @@ _NUMPY_MODULE = "numpy._core.multiarray" if int(np.__version__.split(".")[0]) >=
 
 def _raw(a: np.ndarray) -> Tuple[np.ndarray, int, int]:
     """A C-contiguous uint8 view of ``a``'s bytes (``a`` made contiguous first), its address and length."""
-    a = np.ascontiguousarray(a)
+    a = np.require(a, requirements="C")
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("="))
     raw = a.reshape(-1).view(np.uint8)
