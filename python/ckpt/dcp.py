@@ -17,9 +17,17 @@ from __future__ import annotations
 import io
 import os
 import uuid
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 __all__ = ["Reader"]
+
+if TYPE_CHECKING:  # what type checkers see; the class itself is made on first use (torch imported then)
+    from torch.distributed.checkpoint import StorageReader
+
+    class Reader(StorageReader):
+        path: "str | None"
+
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, **limits: Any) -> None: ...
 
 
 def _reader_class() -> Any:

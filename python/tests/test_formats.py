@@ -73,7 +73,7 @@ def test_save_every_format_loads_back(tmp: Path) -> None:
     for fmt, dst in [("torch", tmp / "m.pt"), ("safetensors", tmp / "m.safetensors"), ("distcp", tmp / "dcp"),
                      ("hfai", tmp / "hfai"), ("hf", tmp / "hf")]:
         s = ckpt.save(sd, dst, format=fmt, world_size=2 if fmt in ("distcp", "hfai") else 1)
-        assert (s.tensors, s.values) == (2, 4) or fmt in ("hfai",), (fmt, s)
+        assert s.tensors == 2 and s.values in (4, 5) or fmt == "hfai", (fmt, s)  # betas: a DCP value, two elsewhere
         back = ckpt.load(dst, framework="pt")
         flat = {e.name: e for e in ckpt.open(dst).entries}
         assert any(n.endswith("w") for n in flat), fmt
@@ -106,7 +106,7 @@ def test_save_numpy_values(tmp: Path) -> None:
 
 def test_convert_verify_reshard_diff(tmp: Path) -> None:
     src = FIXTURES / "distcp" / "torch213" / "m3"
-    s = ckpt.convert(src, tmp / "hf", to="hf", max_shard_size="1KB", dtype="bf16", exclude="obj.*")
+    s = ckpt.convert(src, tmp / "hf", to="hf", max_shard_size=64, dtype="bf16", exclude="obj.*")
     assert s.tensors > 0 and (tmp / "hf" / "model.safetensors.index.json").exists()
     index = json.loads((tmp / "hf" / "model.safetensors.index.json").read_text())
     for name, shard in index["weight_map"].items():
