@@ -56,6 +56,7 @@ def _reader_class() -> Any:
             self.limits = limits
             self.load_id = str(uuid.uuid4())
             self._ck: Any = None
+            self._dtypes: dict = {}
 
         # --- StorageReader ----------------------------------------------------------------------------
         def reset(self, checkpoint_id: "str | os.PathLike[str] | None" = None) -> None:
@@ -88,6 +89,9 @@ def _reader_class() -> Any:
                             storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id))
 
         def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            # Every rank gets here, with the metadata the coordinator read: the dtypes of the tensors.
+            self._dtypes = {k: v.properties.dtype for k, v in metadata.state_dict_metadata.items()
+                            if isinstance(v, TensorStorageMetadata)}
             self._checkpoint()
 
         def prepare_local_plan(self, plan: Any) -> Any:
@@ -107,8 +111,11 @@ def _reader_class() -> Any:
                 chunk = req.storage_index.offset or torch.Size([0] * len(req.lengths))
                 offsets = [int(c) + int(s) for c, s in zip(chunk, req.storage_offsets)]
                 target = planner.resolve_tensor(req).detach()
+                # A CPU tensor of the checkpoint's dtype is written by ckpt directly; anything else (another
+                # dtype, which copy_ casts; a GPU tensor) goes through a torch tensor of the box.
                 if target.device.type == "cpu" and target.layout == torch.strided and not target.is_conj() \
-                        and not target.is_neg() and min(target.stride(), default=0) >= 0:
+                        and not target.is_neg() and min(target.stride(), default=0) >= 0 \
+                        and target.dtype == self._dtypes.get(fqn):
                     storage = target.untyped_storage()
                     lo = storage.data_ptr()
                     direct.append((fqn, offsets, [int(x) for x in req.lengths], target.data_ptr(),

@@ -130,6 +130,5 @@ pub(crate) fn torch_parts<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'p
     let arr = array(py, t, false)?;
     let mapped = is_zero_copy(t) && t.storage().is_mapped();
     let offset = mapped.then(|| t.storage().offset_in_backing() + t.storage_offset() * t.dtype().size());
-    (arr, t.dtype().torch_name(), offset, t.shape().to_vec(), t.strides().to_vec(), t.requires_grad())
-        .into_pyobject(py)
+    (arr, t.dtype().torch_name(), offset, t.shape().to_vec(), t.strides().to_vec(), t.requires_grad()).into_pyobject(py)
 }

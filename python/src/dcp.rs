@@ -86,7 +86,9 @@ pub(crate) fn read_into(py: Python<'_>, ck: &Checkpoint, copies: Vec<Copy>) -> P
     let failed = |e: String| ckpt::Error::InvalidArgument { path: path.clone(), reason: e };
     let read = |name: &str, o: &[usize], s: &[usize]| -> ckpt::Result<ckpt::Tensor> {
         if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
-            return dcp.read_region(name, o, s).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() });
+            return dcp
+                .read_region(name, o, s)
+                .map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() });
         }
         ck.inner().tensor(name)?.region(o, s).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e })
     };
@@ -157,7 +159,9 @@ fn copy_box(t: &ckpt::Tensor, address: usize, strides: &[usize], bounds: (usize,
                 let s = s0 + j * src_in * size;
                 let e = src.get(s..s + size).ok_or("tensor outside its storage")?;
                 // SAFETY: as above, one element inside the checked view.
-                unsafe { std::ptr::copy_nonoverlapping(e.as_ptr(), (address + d0 + j * dst_in * size) as *mut u8, size) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(e.as_ptr(), (address + d0 + j * dst_in * size) as *mut u8, size)
+                };
             }
         }
         // Next outer index (row-major).

@@ -68,9 +68,7 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
 fn exception(fault: Fault, message: String, path: Option<&Path>, errno: Option<i32>) -> PyErr {
     Python::attach(|py| {
         let made = MAKE
-            .get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-                Ok(py.import("ckpt._errors")?.getattr("make")?.unbind())
-            })
+            .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(py.import("ckpt._errors")?.getattr("make")?.unbind()) })
             .and_then(|make| make.bind(py).call1((fault_name(fault), message, path, errno)));
         match made {
             Ok(e) => PyErr::from_value(e),

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{IntoPy, usage};
-use crate::values::{FromPy, Framework, ToPy};
+use crate::values::{Framework, FromPy, ToPy};
 
 /// The read limits named in `limits` (the `ckpt` command's `--max-*` and `--trusted` flags, without `--`,
 /// with `_` for `-`); the defaults for those not named.
@@ -274,7 +274,8 @@ pub(crate) fn verify(
     limits: Option<&Bound<'_, PyDict>>,
     progress: Option<bool>,
 ) -> PyResult<Report> {
-    let options = if deep { VerifyOptions::deep() } else { VerifyOptions::structure() }.with_limits(read_limits(limits)?);
+    let options =
+        if deep { VerifyOptions::deep() } else { VerifyOptions::structure() }.with_limits(read_limits(limits)?);
     let pb = bar(progress, &format!("verifying {}", path.display()));
     let report = py
         .detach(|| {

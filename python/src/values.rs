@@ -10,7 +10,9 @@ use ckpt::core::{Buffer, DType, Dict, DictKind, Numpy, Object, Tensor, Value};
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple,
+};
 
 use crate::arrays;
 use crate::errors::usage;
@@ -166,7 +168,14 @@ impl<'py> ToPy<'py> {
         self.helper(
             py,
             "object_",
-            (self.value(py, &o.callable)?, self.value(py, &o.args)?, o.newobj, state, self.all(py, &o.list_items)?, dict_items),
+            (
+                self.value(py, &o.callable)?,
+                self.value(py, &o.args)?,
+                o.newobj,
+                state,
+                self.all(py, &o.list_items)?,
+                dict_items,
+            ),
         )
     }
 
@@ -292,7 +301,8 @@ impl<'py> FromPy<'py> {
             "tensor" | "parameter" => {
                 let (data, ptr, len, dtype, shape, requires_grad): (Py<PyAny>, usize, usize, String, Vec<usize>, bool) =
                     args.extract()?;
-                let dtype = DType::from_torch_name(&dtype).ok_or_else(|| usage(format!("unknown dtype {dtype}"), None))?;
+                let dtype =
+                    DType::from_torch_name(&dtype).ok_or_else(|| usage(format!("unknown dtype {dtype}"), None))?;
                 let buf = Buffer::from_owner(PyBytesOwner { _owner: data, ptr, len });
                 let t = Tensor::from_buffer(dtype, &shape, buf)
                     .map_err(|e| usage(e.to_string(), None))?
@@ -301,13 +311,16 @@ impl<'py> FromPy<'py> {
             }
             "numpy_scalar" => {
                 let (value, dtype, module): (Bound<'py, PyAny>, String, String) = args.extract()?;
-                let dtype = DType::from_torch_name(&dtype).ok_or_else(|| usage(format!("unknown dtype {dtype}"), None))?;
+                let dtype =
+                    DType::from_torch_name(&dtype).ok_or_else(|| usage(format!("unknown dtype {dtype}"), None))?;
                 Ok(Value::Numpy(Box::new(Numpy { value: self.value(&value)?, dtype, module })))
             }
             "size" => Ok(Value::Size(args.extract()?)),
             "dtype" => {
                 let name: String = args.extract()?;
-                DType::from_torch_name(&name).map(Value::DType).ok_or_else(|| usage(format!("unknown dtype {name}"), None))
+                DType::from_torch_name(&name)
+                    .map(Value::DType)
+                    .ok_or_else(|| usage(format!("unknown dtype {name}"), None))
             }
             "device" => {
                 let (kind, index): (String, Option<i64>) = args.extract()?;

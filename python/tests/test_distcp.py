@@ -103,3 +103,13 @@ def test_cases_found() -> None:
 def test_validate_checkpoint_id() -> None:
     assert ckpt.dcp.Reader.validate_checkpoint_id(CASES[0])
     assert not ckpt.dcp.Reader.validate_checkpoint_id("/nonexistent")
+
+
+def test_load_into_another_dtype_casts_as_torch_does() -> None:
+    case = FIXTURES / "distcp" / "torch213" / "m3"
+    ours = {"row": torch.zeros(7, 4, dtype=torch.float64), "layer": {"w": torch.zeros(6, 2, dtype=torch.bfloat16)}}
+    theirs = {"row": torch.zeros(7, 4, dtype=torch.float64), "layer": {"w": torch.zeros(6, 2, dtype=torch.bfloat16)}}
+    dcp.load(ours, storage_reader=ckpt.dcp.Reader(case), no_dist=True)
+    dcp.load(theirs, storage_reader=dcp.FileSystemReader(case), no_dist=True)
+    same(ours, theirs, "m3")
+    assert ours["row"].abs().sum() > 0
