@@ -301,7 +301,7 @@ pub fn convert(
 /// let summary = ckpt::save(&sd, &dir.path().join("dcp"), ckpt::Format::Distcp, &Default::default())?;
 /// assert_eq!((summary.tensors, summary.values), (1, 1));
 /// assert_eq!(ckpt::open(&dir.path().join("dcp"))?.tensor("w")?.to_vec::<f32>()?, [1.0, 2.0]);
-/// # Ok::<(), ckpt::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// # Errors
