@@ -4,11 +4,11 @@
 //! The Python package (`python/ckpt/`) is the API users call (`ckpt.open`, `ckpt.load`, `ckpt.safe_open`,
 //! `ckpt.save`, `ckpt.convert`, ...); this module is what it calls into. Every call that reads, writes or
 //! converts runs with the GIL released. Errors come back as the package's exceptions (`ckpt.Error` and its
-//! subclasses, [`errors`]), with the fault and the path.
+//! subclasses, `errors`), with the fault and the path.
 //!
-//! Modules: [`arrays`] (numpy arrays over ckpt's buffers), [`values`] (ckpt's `Value` tree to Python
-//! objects and back), [`checkpoint`] (an open checkpoint), [`ops`] (load, save, convert, verify, reshard,
-//! diff), [`dcp`] (what `ckpt.dcp.Reader` asks of a checkpoint), [`cli`] (the `ckpt` command).
+//! Modules: `arrays` (numpy arrays over ckpt's buffers), `values` (ckpt's `Value` tree to Python objects and
+//! back), `checkpoint` (an open checkpoint), `ops` (load, save, convert, verify, reshard, diff), `dcp` (what
+//! `ckpt.dcp.Reader` asks of a checkpoint), `cli` (the `ckpt` command), `errors` (the exceptions).
 
 mod arrays;
 mod checkpoint;
