@@ -218,18 +218,47 @@ impl AsRef<[u8]> for PyBytesOwner {
     }
 }
 
+/// The deepest nesting `ckpt.save` walks (the pickle decoder's default depth limit).
+const MAX_DEPTH: usize = 1000;
+
 /// Python objects as a `Value` tree, for `ckpt.save`.
 pub(crate) struct FromPy<'py> {
     parts: Bound<'py, PyAny>,
+    /// The containers being walked (their addresses): one met again inside itself is a cycle.
+    open: std::cell::RefCell<Vec<usize>>,
 }
 
 impl<'py> FromPy<'py> {
     pub(crate) fn new(py: Python<'py>) -> PyResult<Self> {
-        Ok(FromPy { parts: classes(py)?.values.bind(py).getattr("parts")? })
+        Ok(FromPy { parts: classes(py)?.values.bind(py).getattr("parts")?, open: Default::default() })
     }
 
-    /// `obj` as a value.
+    /// `obj` as a value; a container that contains itself, or nesting deeper than [`MAX_DEPTH`], is a
+    /// usage error (the walk would not end, or would exhaust the stack).
     pub(crate) fn value(&self, obj: &Bound<'py, PyAny>) -> PyResult<Value> {
+        let id = obj.as_ptr() as usize;
+        {
+            let mut open = self.open.borrow_mut();
+            if open.contains(&id) {
+                return Err(usage(
+                    format!(
+                        "ckpt.save: a {} contains itself; save a state dict without cycles",
+                        obj.get_type().name()?
+                    ),
+                    None,
+                ));
+            }
+            if open.len() >= MAX_DEPTH {
+                return Err(usage(format!("ckpt.save: values nested deeper than {MAX_DEPTH} levels"), None));
+            }
+            open.push(id);
+        }
+        let out = self.walk(obj);
+        self.open.borrow_mut().pop();
+        out
+    }
+
+    fn walk(&self, obj: &Bound<'py, PyAny>) -> PyResult<Value> {
         let py = obj.py();
         if obj.is_none() {
             return Ok(Value::None);

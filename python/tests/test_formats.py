@@ -142,3 +142,22 @@ def test_limits_are_the_cli_flags() -> None:
 def test_formats_listed() -> None:
     names = [f[0] for f in ckpt.formats()]
     assert names == ["torch", "safetensors", "distcp", "hfai", "pbg", "recis", "hf"]
+
+
+def test_save_refuses_cycles_and_deep_nesting(tmp: Path) -> None:
+    a: list = [1]
+    a.append(a)
+    with pytest.raises(ckpt.UsageError):
+        ckpt.save({"a": a}, tmp / "c.pt")
+    deep: list = []
+    cur = deep
+    for _ in range(5000):
+        cur.append([])
+        cur = cur[0]
+    with pytest.raises(ckpt.UsageError):
+        ckpt.save({"d": deep}, tmp / "d.pt")
+    shared = [torch.ones(2)]
+    ckpt.save({"x": shared, "y": shared}, tmp / "s.pt")  # shared, not cyclic: written twice
+    assert torch.equal(torch.load(tmp / "s.pt", weights_only=True)["y"][0], torch.ones(2))
+    with pytest.raises(ckpt.UsageError):
+        ckpt.save({"f": lambda: 0}, tmp / "f.pt")
