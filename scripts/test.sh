@@ -73,6 +73,8 @@ fresh=$(mktemp -d)
 .venv/bin/python conformance/python/hfai/check_reproducible.py conformance/fixtures/hfai "$fresh/hfai"
 .venv/bin/python conformance/python/make_values_fixtures.py "$fresh/values" >/dev/null
 diff -r conformance/fixtures/values "$fresh/values"
+.venv/bin/python conformance/python/make_real_fixtures.py "$fresh/real" >/dev/null
+diff -r -x README.md conformance/fixtures/real "$fresh/real"
 
 step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
 .venv/bin/python conformance/python/selftest_reproducible.py

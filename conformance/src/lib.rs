@@ -82,9 +82,11 @@ pub fn float_hex(f: f64) -> String {
 }
 
 /// Renders a value in the typed-tree JSON of the fixture manifests; tensors are referenced by their
-/// full-traversal path.
+/// full-traversal path. A shared object is rendered where it is defined and again at each reference to it
+/// (as Python's walk of the loaded object meets the one object at each place).
 pub fn typed_tree(v: &Value) -> Json {
-    render(v, &mut Vec::new())
+    let resolved = v.unshared();
+    render(&resolved, &mut Vec::new())
 }
 
 fn items(vs: &[Value], path: &mut Vec<PathItem>) -> Vec<Json> {

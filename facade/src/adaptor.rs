@@ -436,7 +436,14 @@ pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSu
                 s.tensors += 1;
                 s.bytes += t.nbytes() as u64;
             }
-            None => s.values += 1,
+            None => {
+                s.values += 1;
+                // The tensors inside an object are entries of their own.
+                for (_, t) in ckpt_core::object_tensors(&l.value) {
+                    s.tensors += 1;
+                    s.bytes += t.as_tensor().map_or(0, |t| t.nbytes() as u64);
+                }
+            }
         }
     }
     s

@@ -80,6 +80,14 @@ class Storage:
     data: Any
 
 
+@dataclass(frozen=True)
+class Ref:
+    """A reference to a shared object that is still being made where it is referred to (a cycle through a set,
+    tuple or object; cycles through lists and dicts come back as the objects themselves)."""
+
+    id: int
+
+
 @dataclass
 class Unknown:
     """A kind of value this version of the package does not know yet: its type and debug form."""
@@ -142,6 +150,10 @@ def global_(pt: bool, module: str, name: str) -> Global:
 def object_(pt: bool, callable: Any, args: Any, newobj: bool, state: Any, list_items: List[Any],
             dict_items: List[Tuple[Any, Any]]) -> Object:
     return Object(callable, args, newobj, state, list_items, dict_items)
+
+
+def ref(pt: bool, id: int) -> Ref:
+    return Ref(id)
 
 
 def unknown(pt: bool, type_name: str, debug: str) -> Unknown:

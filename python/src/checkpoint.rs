@@ -29,7 +29,7 @@ impl Checkpoint {
     }
 
     fn to_py<'py>(framework: &str, torch: Option<Bound<'py, PyAny>>) -> PyResult<ToPy<'py>> {
-        Ok(ToPy { framework: Framework::parse(framework)?, torch })
+        Ok(ToPy::new(Framework::parse(framework)?, torch))
     }
 }
 

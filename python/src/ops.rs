@@ -125,7 +125,7 @@ pub(crate) fn load<'py>(
     torch: Option<Bound<'py, PyAny>>,
     limits: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let to = ToPy { framework: Framework::parse(framework)?, torch };
+    let to = ToPy::new(Framework::parse(framework)?, torch);
     let limits = read_limits(limits)?;
     let selection = selection(include, exclude, None, None, None)?;
     let tree = py.detach(|| ckpt::state_dict(&path, &selection, &limits)).py()?;

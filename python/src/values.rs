@@ -60,11 +60,19 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
 /// How values become Python objects: the framework, and for torch, the converter of one checkpoint
 /// (`ckpt._torch.Converter`, which maps its file copy-on-write).
 pub(crate) struct ToPy<'py> {
-    pub framework: Framework,
-    pub torch: Option<Bound<'py, PyAny>>,
+    framework: Framework,
+    torch: Option<Bound<'py, PyAny>>,
+    /// The objects made of [`Value::Shared`] values so far, by id: each [`Value::Ref`] to one is that same
+    /// Python object, as unpickling makes it (shared lists and dicts, and cycles through them).
+    shared: std::cell::RefCell<std::collections::HashMap<u32, Bound<'py, PyAny>>>,
 }
 
 impl<'py> ToPy<'py> {
+    /// Values as objects of `framework`, torch tensors made by `torch` (`ckpt._torch.Converter`).
+    pub(crate) fn new(framework: Framework, torch: Option<Bound<'py, PyAny>>) -> Self {
+        ToPy { framework, torch, shared: Default::default() }
+    }
+
     /// A tensor: a numpy array, or a torch tensor (`requires_grad` kept).
     pub(crate) fn tensor(&self, py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         match (&self.framework, &self.torch) {
@@ -130,9 +138,45 @@ impl<'py> ToPy<'py> {
             Value::Global { module, name } => self.helper(py, "global_", (module.as_str(), name.as_str()))?,
             Value::Object(o) => self.object(py, o)?,
             Value::Numpy(n) => self.numpy(py, n)?,
+            Value::Shared { id, value } => self.shared(py, *id, value)?,
+            Value::Ref(id) => match self.shared.borrow().get(id) {
+                Some(obj) => obj.clone(),
+                // A reference to an object still being made that is not a list or dict (cycles through
+                // sets, tuples or objects): named, as the pickle decoder names it.
+                None => self.helper(py, "ref", (*id,))?,
+            },
             // A kind of value this build of the package does not know yet: its debug form, named.
             other => self.helper(py, "unknown", (other.type_name(), format!("{other:?}")))?,
         })
+    }
+
+    /// The object of [`Value::Shared`] `id`: a list or dict is made empty and remembered before its items,
+    /// so that references inside it (a cycle) are the object itself; anything else is remembered once made.
+    fn shared(&self, py: Python<'py>, id: u32, value: &Value) -> PyResult<Bound<'py, PyAny>> {
+        let remember = |obj: &Bound<'py, PyAny>| {
+            self.shared.borrow_mut().insert(id, obj.clone());
+        };
+        match value {
+            Value::List(items) => {
+                let out = PyList::empty(py).into_any();
+                remember(&out);
+                for v in items {
+                    out.call_method1("append", (self.value(py, v)?,))?;
+                }
+                Ok(out)
+            }
+            Value::Dict(d) => {
+                let out = self.empty_dict(py, d.kind)?;
+                remember(&out);
+                self.fill_dict(py, &out, d)?;
+                Ok(out)
+            }
+            other => {
+                let out = self.value(py, other)?;
+                remember(&out);
+                Ok(out)
+            }
+        }
     }
 
     fn all(&self, py: Python<'py>, items: &[Value]) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -140,11 +184,20 @@ impl<'py> ToPy<'py> {
     }
 
     fn dict(&self, py: Python<'py>, d: &Dict) -> PyResult<Bound<'py, PyAny>> {
-        let out = match d.kind {
+        let out = self.empty_dict(py, d.kind)?;
+        self.fill_dict(py, &out, d)?;
+        Ok(out)
+    }
+
+    fn empty_dict(&self, py: Python<'py>, kind: DictKind) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match kind {
             DictKind::OrderedDict => classes(py)?.ordered_dict.bind(py).call0()?,
             DictKind::Counter => classes(py)?.counter.bind(py).call0()?,
             _ => PyDict::new(py).into_any(),
-        };
+        })
+    }
+
+    fn fill_dict(&self, py: Python<'py>, out: &Bound<'py, PyAny>, d: &Dict) -> PyResult<()> {
         for (k, v) in &d.items {
             out.set_item(self.value(py, k)?, self.value(py, v)?)?;
         }
@@ -158,7 +211,7 @@ impl<'py> ToPy<'py> {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn object(&self, py: Python<'py>, o: &Object) -> PyResult<Bound<'py, PyAny>> {

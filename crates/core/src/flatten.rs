@@ -60,6 +60,14 @@ pub fn python_str(v: &Value) -> Result<String> {
     })
 }
 
+/// Python's `repr()` of a scalar or string (`None` for containers, tuples included, and objects).
+pub(crate) fn python_repr_of(v: &Value) -> Option<String> {
+    match v {
+        Value::Tuple(_) => None,
+        other => python_repr(other).ok(),
+    }
+}
+
 /// Python's `repr()` for simple values (used for `str()` of non-string keys).
 fn python_repr(v: &Value) -> Result<String> {
     Ok(match v {
@@ -146,7 +154,9 @@ fn python_notation<F: std::fmt::Display + std::fmt::LowerExp>(f: F) -> String {
 ///   itself descended into; otherwise the whole list is one leaf;
 /// - tuples and every other value are leaves (a tuple of tensors is one leaf).
 ///
-/// The top level must be a mapping.
+/// Objects the checkpoint shares ([`Value::Shared`]) are walked where they are defined, and again at each
+/// [`Value::Ref`] to them (as Python's own walk of the state dict would meet the one object at each place);
+/// a reference to an object that encloses it (a cycle) is a leaf. The top level must be a mapping.
 ///
 /// ```
 /// use ckpt_core::{flatten, Value, Tensor};
@@ -164,167 +174,120 @@ fn python_notation<F: std::fmt::Display + std::fmt::LowerExp>(f: F) -> String {
 /// [`Error::InvalidArgument`] if the top level is not a mapping or two leaves get the same key (DCP's
 /// "duplicated flatten key"); [`Error::Unsupported`] for a key whose `str()` is not reproduced.
 pub fn flatten(state_dict: &Value) -> Result<Vec<FlatEntry<'_>>> {
-    let Value::Dict(top) = state_dict else {
+    if !matches!(look_through(state_dict), Value::Dict(_)) {
         return Err(Error::InvalidArgument(format!("a state dict must be a mapping, got {}", state_dict.type_name())));
-    };
+    }
     let mut out = Vec::new();
     let mut seen = HashSet::new();
-    let mut path = Vec::new();
-    for (k, v) in &top.items {
-        path.push(PathItem::Key(python_str(k)?));
-        traverse(&mut path, v, &mut out, &mut seen)?;
-        path.pop();
-    }
+    Walker::new(Walk::Flatten).run(state_dict, &mut |leaf| {
+        if !seen.insert(leaf.name.to_owned()) {
+            return Err(Error::InvalidArgument(format!("duplicated flatten key {}", leaf.name)));
+        }
+        out.push(FlatEntry { key: leaf.name.to_owned(), path: leaf.path.to_vec(), value: leaf.value });
+        Ok(())
+    })?;
     Ok(out)
+}
+
+/// A [`Value::Shared`]'s object, or the value itself.
+fn look_through(v: &Value) -> &Value {
+    match v {
+        Value::Shared { value, .. } => value,
+        other => other,
+    }
 }
 
 /// DCP's `_is_terminal` with `keep_traversing = is tensor`.
 fn is_terminal(v: &Value) -> bool {
-    match v {
+    match look_through(v) {
         Value::Dict(_) => false,
-        Value::List(items) => {
-            !items.iter().any(|e| e.is_tensor_like() || matches!(e, Value::Dict(_) | Value::List(_)) && !is_terminal(e))
-        }
+        Value::List(items) => !items.iter().any(|e| {
+            let e = look_through(e);
+            e.is_tensor_like() || matches!(e, Value::Dict(_) | Value::List(_)) && !is_terminal(e)
+        }),
         _ => true,
     }
 }
 
-fn traverse<'a>(
-    path: &mut Vec<PathItem>,
-    v: &'a Value,
-    out: &mut Vec<FlatEntry<'a>>,
-    seen: &mut HashSet<String>,
-) -> Result<()> {
-    if let Value::Dict(d) = v {
-        for (k, child) in &d.items {
-            path.push(PathItem::Key(python_str(k)?));
-            traverse(path, child, out, seen)?;
-            path.pop();
-        }
-    } else if is_terminal(v) {
-        let key = join_path(path);
-        if !seen.insert(key.clone()) {
-            return Err(Error::InvalidArgument(format!("duplicated flatten key {key}")));
-        }
-        out.push(FlatEntry { key, path: path.clone(), value: v });
-    } else if let Value::List(items) | Value::Tuple(items) = v {
-        for (i, child) in items.iter().enumerate() {
-            path.push(PathItem::Index(i));
-            traverse(path, child, out, seen)?;
-            path.pop();
-        }
-    }
-    Ok(())
-}
-
 /// Every leaf of a value with its path, descending into every mapping, list and tuple (unlike [`flatten`],
 /// which keeps tuples and tensor-free lists whole). Tensors of every kind are leaves; so are empty
-/// containers, sets and all other values. A top level that is not a container is one leaf with an empty
-/// key.
+/// containers, sets, objects and all other values. Shared objects and references are walked as [`flatten`]
+/// walks them. A top level that is not a container is one leaf with an empty key.
 ///
-/// This names every tensor of a `torch.save` file, wherever it sits.
+/// These are the parts a checkpoint converts as; [`entry_names`] also names the tensors objects hold.
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a mapping key whose `str()` is not reproduced.
 pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
-    fn walk<'a>(path: &mut Vec<PathItem>, v: &'a Value, out: &mut Vec<FlatEntry<'a>>) -> Result<()> {
-        match v {
-            Value::Dict(d) if !d.items.is_empty() => {
-                for (k, child) in &d.items {
-                    path.push(PathItem::Key(python_str(k)?));
-                    walk(path, child, out)?;
-                    path.pop();
-                }
-            }
-            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
-                for (i, child) in items.iter().enumerate() {
-                    path.push(PathItem::Index(i));
-                    walk(path, child, out)?;
-                    path.pop();
-                }
-            }
-            _ => out.push(FlatEntry { key: join_path(path), path: path.clone(), value: v }),
-        }
-        Ok(())
-    }
     let mut out = Vec::new();
-    walk(&mut Vec::new(), value, &mut out)?;
+    Walker::new(Walk::Leaves).run(value, &mut |leaf| {
+        out.push(FlatEntry { key: leaf.name.to_owned(), path: leaf.path.to_vec(), value: leaf.value });
+        Ok(())
+    })?;
     Ok(out)
 }
 
-/// Walks every leaf of `value` in order, naming it as [`leaves`] does, and calls `f` with its name, the child
-/// position taken at each level and the leaf. The name is built in one buffer (pushed and truncated), not
-/// joined from a path per leaf.
-fn walk_leaves<'v>(value: &'v Value, f: &mut dyn FnMut(&str, &[u32], &'v Value)) -> Result<()> {
-    fn step(key: &mut String, depth: usize, part: &str) {
-        if depth > 0 {
-            key.push('.');
-        }
-        key.push_str(part);
-    }
-    fn position(i: usize) -> u32 {
-        // A container of 2^32 items cannot be decoded under the pickle limits; saturate rather than wrap.
-        u32::try_from(i).unwrap_or(u32::MAX)
-    }
-    fn walk<'v>(
-        key: &mut String,
-        at: &mut Vec<u32>,
-        v: &'v Value,
-        f: &mut dyn FnMut(&str, &[u32], &'v Value),
-    ) -> Result<()> {
-        match v {
-            Value::Dict(d) if !d.items.is_empty() => {
-                for (i, (k, child)) in d.items.iter().enumerate() {
-                    let len = key.len();
-                    match k {
-                        Value::Str(s) => step(key, at.len(), s),
-                        other => step(key, at.len(), &python_str(other)?),
-                    }
-                    at.push(position(i));
-                    walk(key, at, child, f)?;
-                    at.pop();
-                    key.truncate(len);
-                }
-            }
-            Value::List(items) | Value::Tuple(items) if !items.is_empty() => {
-                for (i, child) in items.iter().enumerate() {
-                    let len = key.len();
-                    step(key, at.len(), &i.to_string());
-                    at.push(position(i));
-                    walk(key, at, child, f)?;
-                    at.pop();
-                    key.truncate(len);
-                }
-            }
-            _ => f(key, at, v),
-        }
-        Ok(())
-    }
-    walk(&mut String::new(), &mut Vec::new(), value, f)
-}
-
-/// Every leaf's name and value, in order, exactly as [`leaves`] names them, without building a path per leaf
-/// (for listing entries).
+/// Every entry of a checkpoint's value and its name, in order: the [`leaves`], and after each object among
+/// them, every tensor it holds, named by where it sits in the object (see [`object_parts`]): a module's
+/// parameters and buffers as `state_dict()` names them, other attributes and keys by name, items by
+/// position. So every tensor of a checkpoint is an entry, and a converted checkpoint stores each under the
+/// same name.
 ///
 /// ```
-/// use ckpt_core::{Value, leaf_names};
+/// use ckpt_core::{Value, entry_names};
 /// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::List(vec![]))]);
-/// let names: Vec<String> = leaf_names(&v).unwrap().into_iter().map(|(n, _)| n).collect();
+/// let names: Vec<String> = entry_names(&v).unwrap().into_iter().map(|(n, _)| n).collect();
 /// assert_eq!(names, ["model.w", "step"]);
 /// ```
 ///
 /// # Errors
 /// As [`leaves`].
-pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
+pub fn entry_names(value: &Value) -> Result<Vec<(String, &Value)>> {
     let mut out = Vec::new();
-    walk_leaves(value, &mut |name, _, v| out.push((name.to_owned(), v)))?;
+    Walker::new(Walk::Entries).run(value, &mut |leaf| {
+        out.push((leaf.name.to_owned(), leaf.value));
+        Ok(())
+    })?;
     Ok(out)
 }
 
-/// The leaves of a value by name, for reading many entries: one walk (naming leaves as [`leaves`] does),
-/// then each look-up is a hash probe and a descent of the leaf's depth, instead of a walk per look-up. The
-/// index holds only positions, not the value: pass the same value to [`LeafIndex::get`]. Where two leaves
-/// share a name the first wins, as with a search of [`leaves`].
+/// The tensors inside an object (a [`Value::Object`], shared or not), named below it as [`entry_names`]
+/// names them (`metric.total`, `encoder.0.weight`): the entries a reader lists after the object. Empty for
+/// any other value.
+///
+/// ```
+/// use ckpt_core::{Object, Tensor, Value, object_tensors};
+/// let t = Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap());
+/// let metric = Value::Object(Box::new(Object {
+///     callable: Value::Global { module: "m".into(), name: "Metric".into() },
+///     args: Value::Tuple(vec![]),
+///     newobj: true,
+///     state: Some(Value::dict([("total", t), ("name", Value::from("mae"))])),
+///     list_items: vec![],
+///     dict_items: vec![],
+/// }));
+/// let names: Vec<String> = object_tensors(&metric).into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["total"]);
+/// ```
+pub fn object_tensors(v: &Value) -> Vec<(String, &Value)> {
+    if !matches!(look_through(v), Value::Object(_)) {
+        return Vec::new();
+    }
+    entry_names(v).unwrap_or_default().into_iter().filter(|(name, t)| !name.is_empty() && t.is_tensor_like()).collect()
+}
+
+/// [`entry_names`] (the name this crate's earlier versions gave it).
+///
+/// # Errors
+/// As [`leaves`].
+pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
+    entry_names(value)
+}
+
+/// The entries of a value by name, for reading many entries: one walk (naming entries as [`entry_names`]
+/// does), then each look-up is a hash probe and a descent of the entry's depth, instead of a walk per
+/// look-up. The index holds only positions, not the value: pass the same value to [`LeafIndex::get`].
+/// Where two entries share a name the first wins, as with a search of [`entry_names`].
 ///
 /// ```
 /// use ckpt_core::{LeafIndex, Value};
@@ -335,48 +298,388 @@ pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct LeafIndex {
-    /// Leaf name → the child position taken at each level.
+    /// Entry name → the child position taken at each level ([`Value::children_into`] order; [`FOLLOW`] at a
+    /// reference, then the positions inside the object it refers to).
     positions: HashMap<String, Box<[u32]>>,
+    /// Where each shared object is defined, by id (positions from the root to its [`Value::Shared`]).
+    shared: HashMap<u32, Box<[u32]>>,
 }
 
+/// The position that follows a [`Value::Ref`] to its object.
+const FOLLOW: u32 = u32::MAX;
+
 impl LeafIndex {
-    /// Indexes every leaf of `value` (named as [`leaves`] names them).
+    /// Indexes every entry of `value` (named as [`entry_names`] names them).
     ///
     /// # Errors
     /// As [`leaves`].
     pub fn new(value: &Value) -> Result<Self> {
         let mut positions = HashMap::new();
-        walk_leaves(value, &mut |name, at, _| {
-            if !positions.contains_key(name) {
-                positions.insert(name.to_owned(), at.into());
+        let mut walker = Walker::new(Walk::Entries);
+        walker.run(value, &mut |leaf| {
+            if !positions.contains_key(leaf.name) {
+                positions.insert(leaf.name.to_owned(), leaf.positions.into());
             }
+            Ok(())
         })?;
-        Ok(LeafIndex { positions })
+        let shared = walker.shared_at.into_iter().map(|(id, p)| (id, p.into_boxed_slice())).collect();
+        Ok(LeafIndex { positions, shared })
     }
 
-    /// The leaf named `name` of `value` (the value the index was built from).
+    /// The entry named `name` of `value` (the value the index was built from).
     pub fn get<'a>(&self, value: &'a Value, name: &str) -> Option<&'a Value> {
-        let mut v = value;
-        for &i in self.positions.get(name)?.iter() {
-            let i = i as usize;
-            v = match v {
-                Value::Dict(d) => &d.items.get(i)?.1,
-                Value::List(items) | Value::Tuple(items) => items.get(i)?,
-                _ => return None,
-            };
+        self.at(value, self.positions.get(name)?, 0)
+    }
+
+    fn at<'a>(&self, root: &'a Value, positions: &[u32], jumps: usize) -> Option<&'a Value> {
+        let mut v = root;
+        let mut children = Vec::new();
+        for (k, &i) in positions.iter().enumerate() {
+            if i == FOLLOW {
+                // A reference: continue inside the object it refers to.
+                let Value::Ref(id) = v else { return None };
+                if jumps > 64 {
+                    return None;
+                }
+                let target = self.at(root, self.shared.get(id)?, jumps + 1)?;
+                let rest = positions.get(k + 1..)?;
+                return self.at_from(root, target, rest, jumps + 1);
+            }
+            children.clear();
+            v.children_into(&mut children);
+            v = children.get(i as usize)?;
         }
         Some(v)
     }
 
-    /// Number of distinct leaf names.
+    fn at_from<'a>(&self, root: &'a Value, from: &'a Value, positions: &[u32], jumps: usize) -> Option<&'a Value> {
+        let mut v = from;
+        let mut children = Vec::new();
+        for (k, &i) in positions.iter().enumerate() {
+            if i == FOLLOW {
+                let Value::Ref(id) = v else { return None };
+                if jumps > 64 {
+                    return None;
+                }
+                let target = self.at(root, self.shared.get(id)?, jumps + 1)?;
+                return self.at_from(root, target, positions.get(k + 1..)?, jumps + 1);
+            }
+            children.clear();
+            v.children_into(&mut children);
+            v = children.get(i as usize)?;
+        }
+        Some(v)
+    }
+
+    /// Number of distinct entry names.
     pub fn len(&self) -> usize {
         self.positions.len()
     }
 
-    /// Whether there is no leaf.
+    /// Whether there is no entry.
     pub fn is_empty(&self) -> bool {
         self.positions.is_empty()
     }
+}
+
+/// The parts of an object that may hold tensors, each with the name step it adds (`None`: none, its names
+/// continue the object's), as [`entry_names`] names the tensors inside objects:
+///
+/// - the call's arguments by position;
+/// - the state (`__dict__`): each attribute by name; for a module (a state with `_parameters`, `_buffers`
+///   and `_modules` mappings) the items of those three by their own names, as `state_dict()` names them;
+///   the `(dict, slots)` state of a class with `__slots__` by the names in both;
+/// - items appended to a list subclass by position; items set on a mapping subclass (SETITEMS) by key.
+pub fn object_parts(o: &crate::value::Object) -> Vec<(Option<String>, &Value)> {
+    parts_of(o).into_iter().map(|p| (p.step, p.value)).collect()
+}
+
+/// A part of an object: its name step, where it is ([`Value::children_into`] positions from the object),
+/// and the value.
+struct Part<'v> {
+    step: Option<String>,
+    at: Vec<u32>,
+    value: &'v Value,
+}
+
+/// Positions into `v` that pass through a [`Value::Shared`] to its object.
+fn into_shared(v: &Value, at: &mut Vec<u32>) {
+    if matches!(v, Value::Shared { .. }) {
+        at.push(0);
+    }
+}
+
+fn parts_of(o: &crate::value::Object) -> Vec<Part<'_>> {
+    let mut out = Vec::new();
+    let key = |k: &Value| python_str(look_through(k)).ok();
+    // Items of a mapping at `at` (module mappings passed through).
+    fn dict_parts<'v>(d: &'v Dict, at: &[u32], module_level: bool, out: &mut Vec<Part<'v>>) {
+        let is_module = module_level
+            && ["_parameters", "_buffers", "_modules"]
+                .iter()
+                .all(|f| matches!(d.get(f).map(look_through), Some(Value::Dict(_))));
+        for (i, (k, v)) in d.items.iter().enumerate() {
+            let name = python_str(look_through(k)).ok();
+            let mut here = at.to_vec();
+            here.push(position(2 * i + 1));
+            if is_module && matches!(name.as_deref(), Some("_parameters" | "_buffers" | "_modules")) {
+                into_shared(v, &mut here);
+                if let Value::Dict(inner) = look_through(v) {
+                    dict_parts(inner, &here, false, out);
+                }
+            } else {
+                out.push(Part { step: name, at: here, value: v });
+            }
+        }
+    }
+    let mut at = vec![1];
+    into_shared(&o.args, &mut at);
+    if let Value::Tuple(items) = look_through(&o.args) {
+        for (i, a) in items.iter().enumerate() {
+            let mut here = at.clone();
+            here.push(position(i));
+            out.push(Part { step: Some(i.to_string()), at: here, value: a });
+        }
+    }
+    let mut next = 2u32;
+    if let Some(state) = &o.state {
+        let mut at = vec![next];
+        next += 1;
+        into_shared(state, &mut at);
+        match look_through(state) {
+            Value::Dict(d) => dict_parts(d, &at, true, &mut out),
+            Value::Tuple(parts) if parts.len() == 2 => {
+                for (k, p) in parts.iter().enumerate() {
+                    let mut here = at.clone();
+                    here.push(position(k));
+                    into_shared(p, &mut here);
+                    match look_through(p) {
+                        Value::Dict(d) => dict_parts(d, &here, true, &mut out),
+                        Value::None => {}
+                        other => out.push(Part { step: None, at: here, value: other }),
+                    }
+                }
+            }
+            other => out.push(Part { step: None, at, value: other }),
+        }
+    }
+    for (i, item) in o.list_items.iter().enumerate() {
+        out.push(Part { step: Some(i.to_string()), at: vec![next.saturating_add(position(i))], value: item });
+    }
+    let next = next.saturating_add(position(o.list_items.len()));
+    for (i, (k, v)) in o.dict_items.iter().enumerate() {
+        out.push(Part { step: key(k), at: vec![next.saturating_add(position(2 * i + 1))], value: v });
+    }
+    out
+}
+
+/// Which walk [`Walker`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// DCP's flattening.
+    Flatten,
+    /// Every mapping, list and tuple descended; objects are leaves.
+    Leaves,
+    /// [`Walk::Leaves`], and the tensors inside objects after each object.
+    Entries,
+}
+
+/// One leaf a walk meets.
+struct Leaf<'w, 'v> {
+    name: &'w str,
+    path: &'w [PathItem],
+    positions: &'w [u32],
+    value: &'v Value,
+}
+
+/// How deep a walk goes (references can nest an object deeper than the pickle machine allowed): what is
+/// deeper is a leaf.
+const MAX_WALK_DEPTH: usize = 1000;
+
+/// The walks of this module, in one place: names built in one buffer, shared objects walked where they
+/// are defined and at each reference, references to enclosing objects as leaves.
+struct Walker<'v> {
+    mode: Walk,
+    name: String,
+    path: Vec<PathItem>,
+    positions: Vec<u32>,
+    /// The shared objects passed so far (their [`Value::Shared`]).
+    defs: HashMap<u32, &'v Value>,
+    /// Where each is defined (positions), for [`LeafIndex`].
+    shared_at: HashMap<u32, Vec<u32>>,
+    /// The shared objects being walked (a reference to one of them is a cycle).
+    active: HashSet<u32>,
+    /// Inside an object ([`Walk::Entries`]): only tensors are leaves.
+    in_object: bool,
+}
+
+type Emit<'e, 'v> = dyn FnMut(&Leaf<'_, 'v>) -> Result<()> + 'e;
+
+impl<'v> Walker<'v> {
+    fn new(mode: Walk) -> Self {
+        Walker {
+            mode,
+            name: String::new(),
+            path: Vec::new(),
+            positions: Vec::new(),
+            defs: HashMap::new(),
+            shared_at: HashMap::new(),
+            active: HashSet::new(),
+            in_object: false,
+        }
+    }
+
+    fn run(&mut self, root: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        self.walk(root, f)
+    }
+
+    fn emit(&self, v: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        if self.in_object && !look_through(v).is_tensor_like() {
+            return Ok(());
+        }
+        f(&Leaf { name: &self.name, path: &self.path, positions: &self.positions, value: v })
+    }
+
+    /// Walks `child` (at `position` of the current value) under the name step `step`, if any.
+    fn step(&mut self, step: Option<PathItem>, position: u32, child: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        self.step_at(step, &[position], child, f)
+    }
+
+    /// [`Self::step`] for a child several positions down.
+    fn step_at(&mut self, step: Option<PathItem>, at: &[u32], child: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        let (name_len, path_len, positions_len) = (self.name.len(), self.path.len(), self.positions.len());
+        if let Some(step) = step {
+            if !self.path.is_empty() || !self.name.is_empty() {
+                self.name.push('.');
+            }
+            match &step {
+                PathItem::Key(k) => self.name.push_str(k),
+                PathItem::Index(i) => self.name.push_str(&i.to_string()),
+            }
+            self.path.push(step);
+        }
+        self.positions.extend_from_slice(at);
+        let r = self.walk(child, f);
+        self.positions.truncate(positions_len);
+        self.path.truncate(path_len);
+        self.name.truncate(name_len);
+        r
+    }
+
+    fn walk(&mut self, v: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        if self.positions.len() > MAX_WALK_DEPTH {
+            return self.emit(v, f);
+        }
+        match v {
+            Value::Shared { id, value } => {
+                // Met again when a reference is followed: where it is defined stays where it was first met.
+                if !self.defs.contains_key(id) {
+                    self.defs.insert(*id, v);
+                    self.shared_at.insert(*id, self.positions.clone());
+                }
+                // A shared container is walked as the container; anything else is a leaf as it is, with its
+                // definition (so that a leaf written or printed on its own keeps the objects inside it that
+                // refer back to it); an object's tensors are entries of their own.
+                let container = match &**value {
+                    Value::Dict(_) => true,
+                    Value::List(_) => self.mode != Walk::Flatten || !is_terminal(value),
+                    Value::Tuple(items) => self.mode != Walk::Flatten && !items.is_empty(),
+                    _ => false,
+                };
+                if !container && !matches!(&**value, Value::Object(_)) {
+                    return self.emit(v, f);
+                }
+                if !container {
+                    return self.object_tensors(v, value, f);
+                }
+                self.active.insert(*id);
+                self.positions.push(0);
+                let r = self.walk(value, f);
+                self.positions.pop();
+                self.active.remove(id);
+                r
+            }
+            Value::Ref(id) => match self.defs.get(id).copied() {
+                Some(def) if !self.active.contains(id) => {
+                    self.active.insert(*id);
+                    self.positions.push(FOLLOW);
+                    let r = self.walk(def, f);
+                    self.positions.pop();
+                    self.active.remove(id);
+                    r
+                }
+                // A cycle (or an object not met yet): the reference itself.
+                _ => self.emit(v, f),
+            },
+            Value::Dict(d) if self.mode == Walk::Flatten || !d.items.is_empty() || self.in_object => {
+                for (i, (k, child)) in d.items.iter().enumerate() {
+                    let name = match k {
+                        Value::Str(s) => s.clone(),
+                        other => python_str(other)?,
+                    };
+                    self.step(Some(PathItem::Key(name)), position(2 * i + 1), child, f)?;
+                }
+                Ok(())
+            }
+            Value::List(items) if self.flatten_list(v) || (self.mode != Walk::Flatten && !items.is_empty()) => {
+                for (i, child) in items.iter().enumerate() {
+                    self.step(Some(PathItem::Index(i)), position(i), child, f)?;
+                }
+                Ok(())
+            }
+            Value::Tuple(items) if self.mode != Walk::Flatten && !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    self.step(Some(PathItem::Index(i)), position(i), child, f)?;
+                }
+                Ok(())
+            }
+            Value::Object(_) if self.mode == Walk::Entries => self.object_tensors(v, v, f),
+            _ => self.emit(v, f),
+        }
+    }
+
+    /// DCP's rule for descending into a list.
+    fn flatten_list(&self, v: &Value) -> bool {
+        self.mode == Walk::Flatten && !is_terminal(v)
+    }
+
+    /// An object as an entry (`v`, which may be its shared definition), then the tensors inside it.
+    fn object_tensors(&mut self, v: &'v Value, object: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
+        self.emit(v, f)?;
+        if self.mode != Walk::Entries {
+            return Ok(());
+        }
+        let Value::Object(o) = object else { return Ok(()) };
+        let was = std::mem::replace(&mut self.in_object, true);
+        let shared = match v {
+            Value::Shared { id, .. } => Some(*id),
+            _ => None,
+        };
+        if let Some(id) = shared {
+            self.active.insert(id);
+            self.positions.push(0);
+        }
+        let mut r = Ok(());
+        for part in parts_of(o) {
+            r = self.step_at(part.step.map(PathItem::Key), &part.at, part.value, f);
+            if r.is_err() {
+                break;
+            }
+        }
+        if shared.is_some() {
+            self.positions.pop();
+        }
+        if let Some(id) = shared {
+            self.active.remove(&id);
+        }
+        self.in_object = was;
+        r
+    }
+}
+
+fn position(i: usize) -> u32 {
+    // A container of 2^32 items cannot be decoded under the pickle limits; saturate rather than wrap.
+    u32::try_from(i).unwrap_or(u32::MAX - 1)
 }
 
 /// Largest list index [`unflatten`] pads up to; a larger index in a file is an error, not an allocation.

@@ -38,6 +38,7 @@ mod flatten;
 mod hosted;
 #[cfg(feature = "mpi")]
 mod mpi_collective;
+mod outline;
 pub mod safetensors;
 pub mod select;
 #[cfg(feature = "tch")]
@@ -54,14 +55,15 @@ pub use display::{element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Fault, Result};
 pub use flatten::{
-    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, flatten, float_repr, join_path, leaf_names, leaves,
-    python_str, unflatten,
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, entry_names, flatten, float_repr, join_path, leaf_names,
+    leaves, object_parts, object_tensors, python_str, unflatten,
 };
 pub use hosted::{host_ranks, hosted_ranks};
 #[cfg(feature = "mpi")]
 pub use mpi_collective::{MpiCollective, TIMEOUT_ENV as MPI_TIMEOUT_ENV, launched_by_mpi};
+pub use outline::{format_value, format_value_with, shared_paths};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{
-    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, bigint_decimal, numpy_dtype_code,
-    numpy_unsupported,
+    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,
+    numpy_dtype_code, numpy_unsupported,
 };

@@ -168,19 +168,7 @@ pub struct Object {
 impl Object {
     /// Whether two objects are the same ([`Value::same`] on every part).
     pub fn same(&self, other: &Object) -> bool {
-        let all = |a: &[Value], b: &[Value]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y));
-        let opt = |a: &Option<Value>, b: &Option<Value>| match (a, b) {
-            (Some(x), Some(y)) => x.same(y),
-            (None, None) => true,
-            _ => false,
-        };
-        self.newobj == other.newobj
-            && self.callable.same(&other.callable)
-            && self.args.same(&other.args)
-            && opt(&self.state, &other.state)
-            && all(&self.list_items, &other.list_items)
-            && self.dict_items.len() == other.dict_items.len()
-            && self.dict_items.iter().zip(&other.dict_items).all(|((k, v), (l, w))| k.same(l) && v.same(w))
+        Ids::default().object(self, other)
     }
 
     /// `(module, name)` of the callable when it is a global.
@@ -188,6 +176,89 @@ impl Object {
         match &self.callable {
             Value::Global { module, name } => Some((module, name)),
             _ => None,
+        }
+    }
+}
+
+/// The correspondence of shared-object ids between two values [`Value::same`] compares, both ways.
+#[derive(Default)]
+struct Ids {
+    a_to_b: std::collections::HashMap<u32, u32>,
+    b_to_a: std::collections::HashMap<u32, u32>,
+}
+
+impl Ids {
+    /// Pairs `a` with `b`, or checks that they were paired.
+    fn pair(&mut self, a: u32, b: u32) -> bool {
+        match (self.a_to_b.get(&a), self.b_to_a.get(&b)) {
+            (None, None) => {
+                self.a_to_b.insert(a, b);
+                self.b_to_a.insert(b, a);
+                true
+            }
+            (Some(&x), Some(&y)) => x == b && y == a,
+            _ => false,
+        }
+    }
+
+    fn all(&mut self, a: &[Value], b: &[Value]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| self.same(x, y))
+    }
+
+    fn pairs(&mut self, a: &[(Value, Value)], b: &[(Value, Value)]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|((k, v), (l, w))| self.same(k, l) && self.same(v, w))
+    }
+
+    fn opt(&mut self, a: Option<&Value>, b: Option<&Value>) -> bool {
+        match (a, b) {
+            (Some(x), Some(y)) => self.same(x, y),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    fn object(&mut self, a: &Object, b: &Object) -> bool {
+        a.newobj == b.newobj
+            && self.same(&a.callable, &b.callable)
+            && self.same(&a.args, &b.args)
+            && self.opt(a.state.as_ref(), b.state.as_ref())
+            && self.all(&a.list_items, &b.list_items)
+            && self.pairs(&a.dict_items, &b.dict_items)
+    }
+
+    fn same(&mut self, a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
+            (Value::Complex(a, b), Value::Complex(c, d)) => a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits(),
+            (Value::List(a), Value::List(b))
+            | (Value::Tuple(a), Value::Tuple(b))
+            | (Value::Set(a), Value::Set(b))
+            | (Value::FrozenSet(a), Value::FrozenSet(b)) => self.all(a, b),
+            (Value::Dict(a), Value::Dict(b)) => {
+                a.kind == b.kind && self.pairs(&a.items, &b.items) && self.opt(a.attrs.as_deref(), b.attrs.as_deref())
+            }
+            (Value::Parameter { tensor: a, state: s }, Value::Parameter { tensor: b, state: t }) => {
+                a == b && self.opt(s.as_deref(), t.as_deref())
+            }
+            (
+                Value::TensorWithState { tensor: a, class: c, state: s },
+                Value::TensorWithState { tensor: b, class: d, state: t },
+            ) => self.same(a, b) && self.same(c, d) && self.same(s, t),
+            (Value::OpaqueTensor { kind: k, object: a }, Value::OpaqueTensor { kind: l, object: b }) => {
+                k == l && self.object(a, b)
+            }
+            (Value::Object(a), Value::Object(b)) => self.object(a, b),
+            (Value::Numpy(a), Value::Numpy(b)) => {
+                a.dtype == b.dtype && a.module == b.module && self.same(&a.value, &b.value)
+            }
+            (Value::Storage { dtype: d, data: a }, Value::Storage { dtype: e, data: b }) => {
+                d == e && a.as_bytes() == b.as_bytes()
+            }
+            (Value::Shared { id: i, value: a }, Value::Shared { id: j, value: b }) => {
+                self.pair(*i, *j) && self.same(a, b)
+            }
+            (Value::Ref(i), Value::Ref(j)) => self.pair(*i, *j),
+            (a, b) => a == b,
         }
     }
 }
@@ -397,6 +468,299 @@ pub enum Value {
     Object(Box<Object>),
     /// A numpy scalar or array.
     Numpy(Box<Numpy>),
+    /// An object that other places of the checkpoint refer to ([`Value::Ref`] with the same `id`), at the
+    /// first place a depth-first walk meets it: a list, dict, set or object the pickle shares between places,
+    /// or any object that refers to itself (an omegaconf node whose children link back through `_parent`).
+    /// Immutable values the pickle shares (strings, numbers, tuples, tensors) are copies instead.
+    Shared {
+        /// The number [`Value::Ref`]s to it carry (0, 1, ... in walk order).
+        id: u32,
+        /// The object.
+        value: Box<Value>,
+    },
+    /// The object [`Value::Shared`] with this id: earlier in a depth-first walk, or enclosing this place.
+    Ref(u32),
+}
+
+/// What a container [`Value`] is without the values it holds ([`Value::into_parts`]).
+#[derive(Debug, Clone)]
+pub struct ValueShape(Shape);
+
+#[derive(Debug, Clone)]
+enum Shape {
+    List,
+    Tuple,
+    Set,
+    FrozenSet,
+    /// Children: the items' keys and values alternating, then the attributes when `attrs`.
+    Dict {
+        kind: DictKind,
+        attrs: bool,
+    },
+    /// Children: callable, args, the state when `state`, the list items, the dict items' keys and values.
+    Object {
+        newobj: bool,
+        state: bool,
+        list: usize,
+    },
+    /// Children: the state when `state`.
+    Parameter {
+        tensor: Tensor,
+        state: bool,
+    },
+    /// Children: tensor, class, state.
+    TensorWithState,
+    /// Children: the object's, as [`Shape::Object`].
+    OpaqueTensor {
+        kind: OpaqueTensorKind,
+        newobj: bool,
+        state: bool,
+        list: usize,
+    },
+    /// Children: the value.
+    Numpy {
+        dtype: DType,
+        module: String,
+    },
+    /// Children: the value.
+    Shared(u32),
+}
+
+fn object_children(o: Object, out: &mut Vec<Value>) -> (bool, bool, usize) {
+    let Object { callable, args, newobj, state, list_items, dict_items } = o;
+    let parts = (newobj, state.is_some(), list_items.len());
+    out.push(callable);
+    out.push(args);
+    out.extend(state);
+    out.extend(list_items);
+    for (k, v) in dict_items {
+        out.push(k);
+        out.push(v);
+    }
+    parts
+}
+
+fn object_from(it: &mut std::vec::IntoIter<Value>, newobj: bool, state: bool, list: usize) -> Object {
+    let callable = it.next().unwrap_or(Value::None);
+    let args = it.next().unwrap_or(Value::None);
+    let state = if state { it.next() } else { None };
+    let list_items: Vec<Value> = it.by_ref().take(list).collect();
+    let mut dict_items = Vec::new();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        dict_items.push((k, v));
+    }
+    Object { callable, args, newobj, state, list_items, dict_items }
+}
+
+fn object_refs<'a>(o: &'a Object, out: &mut Vec<&'a Value>) {
+    out.push(&o.callable);
+    out.push(&o.args);
+    out.extend(o.state.iter());
+    out.extend(o.list_items.iter());
+    for (k, v) in &o.dict_items {
+        out.push(k);
+        out.push(v);
+    }
+}
+
+impl Value {
+    /// Pushes the values directly inside this one to `out`, in order (a dict's keys and values alternating,
+    /// then its attributes; an object's callable, arguments, state, items), as [`Value::into_parts`] splits
+    /// them. Walking with this and a stack visits every value without recursion.
+    pub fn children_into<'a>(&'a self, out: &mut Vec<&'a Value>) {
+        match self {
+            Value::List(items) | Value::Tuple(items) | Value::Set(items) | Value::FrozenSet(items) => {
+                out.extend(items.iter());
+            }
+            Value::Dict(d) => {
+                for (k, v) in &d.items {
+                    out.push(k);
+                    out.push(v);
+                }
+                if let Some(a) = &d.attrs {
+                    out.push(a);
+                }
+            }
+            Value::Object(o) | Value::OpaqueTensor { object: o, .. } => object_refs(o, out),
+            Value::Parameter { state, .. } => out.extend(state.as_deref()),
+            Value::TensorWithState { tensor, class, state } => {
+                out.push(tensor);
+                out.push(class);
+                out.push(state);
+            }
+            Value::Numpy(n) => out.push(&n.value),
+            Value::Shared { value, .. } => out.push(value),
+            _ => {}
+        }
+    }
+
+    /// Takes a container apart into its shape and the values it holds (in [`Value::children_into`]'s
+    /// order), to be put together again with [`Value::from_parts`]; a value that holds none comes back as
+    /// `Err`.
+    ///
+    /// # Errors
+    /// The value itself, when it holds no values.
+    pub fn into_parts(self) -> std::result::Result<(ValueShape, Vec<Value>), Value> {
+        let mut out = Vec::new();
+        let shape = match self {
+            Value::List(items) => return Ok((ValueShape(Shape::List), items)),
+            Value::Tuple(items) => return Ok((ValueShape(Shape::Tuple), items)),
+            Value::Set(items) => return Ok((ValueShape(Shape::Set), items)),
+            Value::FrozenSet(items) => return Ok((ValueShape(Shape::FrozenSet), items)),
+            Value::Dict(d) => {
+                let Dict { kind, items, attrs } = d;
+                out.reserve(items.len() * 2 + 1);
+                for (k, v) in items {
+                    out.push(k);
+                    out.push(v);
+                }
+                let has = attrs.is_some();
+                out.extend(attrs.map(|a| *a));
+                Shape::Dict { kind, attrs: has }
+            }
+            Value::Object(o) => {
+                let (newobj, state, list) = object_children(*o, &mut out);
+                Shape::Object { newobj, state, list }
+            }
+            Value::OpaqueTensor { kind, object } => {
+                let (newobj, state, list) = object_children(*object, &mut out);
+                Shape::OpaqueTensor { kind, newobj, state, list }
+            }
+            Value::Parameter { tensor, state } => {
+                let has = state.is_some();
+                out.extend(state.map(|s| *s));
+                Shape::Parameter { tensor, state: has }
+            }
+            Value::TensorWithState { tensor, class, state } => {
+                out.extend([*tensor, *class, *state]);
+                Shape::TensorWithState
+            }
+            Value::Numpy(n) => {
+                let Numpy { value, dtype, module } = *n;
+                out.push(value);
+                Shape::Numpy { dtype, module }
+            }
+            Value::Shared { id, value } => {
+                out.push(*value);
+                Shape::Shared(id)
+            }
+            leaf => return Err(leaf),
+        };
+        Ok((ValueShape(shape), out))
+    }
+
+    /// Puts together what [`Value::into_parts`] took apart (with the same number of values).
+    pub fn from_parts(shape: ValueShape, children: Vec<Value>) -> Value {
+        let mut it = children.into_iter();
+        match shape.0 {
+            Shape::List => Value::List(it.collect()),
+            Shape::Tuple => Value::Tuple(it.collect()),
+            Shape::Set => Value::Set(it.collect()),
+            Shape::FrozenSet => Value::FrozenSet(it.collect()),
+            Shape::Dict { kind, attrs } => {
+                let mut rest: Vec<Value> = it.collect();
+                let attrs = if attrs { rest.pop().map(Box::new) } else { None };
+                let mut items = Vec::with_capacity(rest.len() / 2);
+                let mut pairs = rest.into_iter();
+                while let (Some(k), Some(v)) = (pairs.next(), pairs.next()) {
+                    items.push((k, v));
+                }
+                Value::Dict(Dict { kind, items, attrs })
+            }
+            Shape::Object { newobj, state, list } => Value::Object(Box::new(object_from(&mut it, newobj, state, list))),
+            Shape::OpaqueTensor { kind, newobj, state, list } => {
+                Value::OpaqueTensor { kind, object: Box::new(object_from(&mut it, newobj, state, list)) }
+            }
+            Shape::Parameter { tensor, state } => {
+                Value::Parameter { tensor, state: if state { it.next().map(Box::new) } else { None } }
+            }
+            Shape::TensorWithState => {
+                let tensor = Box::new(it.next().unwrap_or(Value::None));
+                let class = Box::new(it.next().unwrap_or(Value::None));
+                let state = Box::new(it.next().unwrap_or(Value::None));
+                Value::TensorWithState { tensor, class, state }
+            }
+            Shape::Numpy { dtype, module } => {
+                Value::Numpy(Box::new(Numpy { value: it.next().unwrap_or(Value::None), dtype, module }))
+            }
+            Shape::Shared(id) => Value::Shared { id, value: Box::new(it.next().unwrap_or(Value::None)) },
+        }
+    }
+
+    /// Whether the value holds a [`Value::Ref`] anywhere (without recursion).
+    pub fn has_refs(&self) -> bool {
+        let mut stack = vec![self];
+        let mut children = Vec::new();
+        while let Some(v) = stack.pop() {
+            if matches!(v, Value::Ref(_)) {
+                return true;
+            }
+            children.clear();
+            v.children_into(&mut children);
+            stack.extend(children.iter().copied());
+        }
+        false
+    }
+
+    /// This value with every reference to a shared object that does not contain itself replaced by a copy
+    /// of the object, and the definitions nothing refers to any more unwrapped: what a format that writes
+    /// parts of a checkpoint to separate files (DCP items, hfai parts) can write part by part. Objects on a
+    /// cycle stay shared (a reference to one from another part is written by that part's writer as it can).
+    /// Borrowed when there is no reference.
+    pub fn unshared(&self) -> std::borrow::Cow<'_, Value> {
+        if !self.has_refs() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        // Every definition, and the references inside each (to find the ones on a cycle).
+        let mut defs: std::collections::HashMap<u32, &Value> = std::collections::HashMap::new();
+        let mut stack = vec![self];
+        let mut children = Vec::new();
+        while let Some(v) = stack.pop() {
+            if let Value::Shared { id, value } = v {
+                defs.insert(*id, value);
+            }
+            children.clear();
+            v.children_into(&mut children);
+            stack.extend(children.iter().copied());
+        }
+        let refs_in = |v: &Value| {
+            let mut out = Vec::new();
+            let mut stack = vec![v];
+            let mut children = Vec::new();
+            while let Some(v) = stack.pop() {
+                if let Value::Ref(id) = v {
+                    out.push(*id);
+                }
+                children.clear();
+                v.children_into(&mut children);
+                stack.extend(children.iter().copied());
+            }
+            out
+        };
+        let edges: std::collections::HashMap<u32, Vec<u32>> = defs.iter().map(|(&id, v)| (id, refs_in(v))).collect();
+        // A definition is on a cycle when its references lead back to it.
+        let cyclic = |start: u32| {
+            let mut seen = std::collections::HashSet::new();
+            let mut todo: Vec<u32> = edges.get(&start).cloned().unwrap_or_default();
+            while let Some(id) = todo.pop() {
+                if id == start {
+                    return true;
+                }
+                if seen.insert(id) {
+                    todo.extend(edges.get(&id).into_iter().flatten().copied());
+                }
+            }
+            false
+        };
+        let keep: std::collections::HashSet<u32> = defs.keys().copied().filter(|&id| cyclic(id)).collect();
+        std::borrow::Cow::Owned(expand_refs(self.clone(), &defs, &keep))
+    }
+
+    /// Whether a program can change this value in place (a list, dict, set, bytearray or object), which is
+    /// what makes it a [`Value::Shared`] object when several places refer to it.
+    pub fn is_mutable(&self) -> bool {
+        matches!(self, Value::List(_) | Value::Dict(_) | Value::Set(_) | Value::ByteArray(_) | Value::Object(_))
+    }
 }
 
 impl Value {
@@ -492,53 +856,25 @@ impl Value {
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
             Value::Numpy(n) => n.type_name(),
+            Value::Shared { value, .. } => value.type_name(),
+            Value::Ref(_) => "reference",
         }
     }
 
     /// Whether two values are the same, as a lossless round trip must keep them: like `==`, but floats
     /// (and complex parts) compare by their bits, so NaN equals a NaN of the same bits and `-0.0` differs
-    /// from `0.0`. Tensors compare by dtype, shape, values and `requires_grad` (`==` on [`Tensor`]).
+    /// from `0.0`. Tensors compare by dtype, shape, values and `requires_grad` (`==` on [`Tensor`]). Shared
+    /// objects compare as a graph: the ids may differ, but each shared object of one side must be one shared
+    /// object of the other at the same places, and every reference must point to the corresponding one.
+    ///
+    /// ```
+    /// use ckpt_core::Value;
+    /// let cyc = |id| Value::Shared { id, value: Box::new(Value::List(vec![Value::Ref(id)])) };
+    /// assert!(cyc(0).same(&cyc(7)));
+    /// assert!(!cyc(0).same(&Value::Shared { id: 0, value: Box::new(Value::List(vec![Value::Ref(1)])) }));
+    /// ```
     pub fn same(&self, other: &Value) -> bool {
-        fn all(a: &[Value], b: &[Value]) -> bool {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
-        }
-        fn pairs(a: &[(Value, Value)], b: &[(Value, Value)]) -> bool {
-            a.len() == b.len() && a.iter().zip(b).all(|((k, v), (l, w))| k.same(l) && v.same(w))
-        }
-        fn opt(a: Option<&Value>, b: Option<&Value>) -> bool {
-            match (a, b) {
-                (Some(x), Some(y)) => x.same(y),
-                (None, None) => true,
-                _ => false,
-            }
-        }
-        match (self, other) {
-            (Value::Float(a), Value::Float(b)) => a.to_bits() == b.to_bits(),
-            (Value::Complex(a, b), Value::Complex(c, d)) => a.to_bits() == c.to_bits() && b.to_bits() == d.to_bits(),
-            (Value::List(a), Value::List(b))
-            | (Value::Tuple(a), Value::Tuple(b))
-            | (Value::Set(a), Value::Set(b))
-            | (Value::FrozenSet(a), Value::FrozenSet(b)) => all(a, b),
-            (Value::Dict(a), Value::Dict(b)) => {
-                a.kind == b.kind && pairs(&a.items, &b.items) && opt(a.attrs.as_deref(), b.attrs.as_deref())
-            }
-            (Value::Parameter { tensor: a, state: s }, Value::Parameter { tensor: b, state: t }) => {
-                a == b && opt(s.as_deref(), t.as_deref())
-            }
-            (
-                Value::TensorWithState { tensor: a, class: c, state: s },
-                Value::TensorWithState { tensor: b, class: d, state: t },
-            ) => a.same(b) && c.same(d) && s.same(t),
-            (Value::OpaqueTensor { kind: k, object: a }, Value::OpaqueTensor { kind: l, object: b }) => {
-                k == l && a.same(b)
-            }
-            (Value::Object(a), Value::Object(b)) => a.same(b),
-            (Value::Numpy(a), Value::Numpy(b)) => a.dtype == b.dtype && a.module == b.module && a.value.same(&b.value),
-            (Value::Storage { dtype: d, data: a }, Value::Storage { dtype: e, data: b }) => {
-                d == e && a.as_bytes() == b.as_bytes()
-            }
-            (a, b) => a == b,
-        }
+        Ids::default().same(self, other)
     }
 
     /// A plain `dict` built from string keys.
@@ -680,4 +1016,42 @@ mod tests {
         assert_eq!(Dict::from_python_items(DictKind::Dict, plain.clone()).items, plain);
         assert!(Dict::from_python_items(DictKind::Dict, []).items.is_empty());
     }
+}
+
+/// `v` with every reference to a definition not in `keep` replaced by a copy of the definition (itself
+/// expanded), and those definitions unwrapped; without recursion.
+fn expand_refs(
+    v: Value,
+    defs: &std::collections::HashMap<u32, &Value>,
+    keep: &std::collections::HashSet<u32>,
+) -> Value {
+    enum Step {
+        Visit(Value, usize),
+        Join(ValueShape, usize),
+    }
+    let mut steps = vec![Step::Visit(v, 0)];
+    let mut done: Vec<Value> = Vec::new();
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Visit(v, depth) => match v {
+                Value::Ref(id) if !keep.contains(&id) && depth < 1000 => match defs.get(&id) {
+                    Some(def) => steps.push(Step::Visit((*def).clone(), depth + 1)),
+                    None => done.push(Value::Ref(id)),
+                },
+                Value::Shared { id, value } if !keep.contains(&id) => steps.push(Step::Visit(*value, depth)),
+                other => match other.into_parts() {
+                    Ok((shape, children)) => {
+                        steps.push(Step::Join(shape, children.len()));
+                        steps.extend(children.into_iter().rev().map(|c| Step::Visit(c, depth + 1)));
+                    }
+                    Err(leaf) => done.push(leaf),
+                },
+            },
+            Step::Join(shape, n) => {
+                let children = done.split_off(done.len().saturating_sub(n));
+                done.push(Value::from_parts(shape, children));
+            }
+        }
+    }
+    done.pop().unwrap_or(Value::None)
 }

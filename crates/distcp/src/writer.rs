@@ -273,6 +273,8 @@ pub(crate) fn save_with_source(
 ) -> Result<Metadata> {
     let rank = group.rank();
     let coordinator = 0;
+    // Items are pickled one by one: a reference from one to an object another holds is written as a copy.
+    let state_dict = &*state_dict.unshared();
 
     // 1. Local plans, gathered everywhere; every rank computes the same global plan.
     let local = plan_locally(state_dict, shards, dir, options, rank == coordinator);

@@ -1,5 +1,4 @@
-//! Rules fuzzing established (`fuzz/`, target `distcp`), held in both `.metadata` decoding paths: the
-//! single pass that [`Metadata::from_pickle`] runs first and the full decoder ([`Metadata::from_pickle_full`]).
+//! Rules fuzzing established (`fuzz/`, target `distcp`) for decoding `.metadata`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -9,23 +8,15 @@ use std::path::Path;
 use ckpt_core::{CheckpointRead, Tensor, Value};
 use ckpt_distcp::{DcpReader, Metadata, Profile, WriteOptions, save};
 
-/// Both paths on a `.metadata`: the same metadata, or both an error.
+/// A `.metadata` decoded, or `None` for an error.
 fn both(path: &Path) -> Option<Metadata> {
     let bytes = fs::read(path).unwrap();
-    let limits = ckpt_pickle::Limits::default();
-    match (Metadata::from_pickle_with(&bytes, path, &limits), Metadata::from_pickle_full(&bytes, path, &limits)) {
-        (Ok(a), Ok(b)) => {
-            assert_eq!(a, b);
-            Some(a)
-        }
-        (Err(_), Err(_)) => None,
-        (a, b) => panic!("the paths disagree: {a:?} / {b:?}"),
-    }
+    Metadata::from_pickle_with(&bytes, path, &ckpt_pickle::Limits::default()).ok()
 }
 
 /// Two `storage_data` entries for one item (same fqn and offsets): torch unpickles a dict, whose key (a
 /// frozen `MetadataIndex` dataclass) compares by fqn and offsets, so the later entry's location wins. DCP
-/// never writes this; a damaged or hand-made file may. Both paths keep both entries as written; the reader
+/// never writes this; a damaged or hand-made file may. The decoder keeps both entries as written; the reader
 /// reads the later one.
 #[test]
 fn fuzz_repeated_storage_data_entry_reads_the_last_like_torch() {
@@ -50,8 +41,7 @@ fn fuzz_repeated_storage_data_entry_reads_the_last_like_torch() {
     assert!(read.bitwise_eq(&b), "{read:?}");
 }
 
-/// A repeated `state_dict_metadata` key is an error in both paths (the single pass declines it, the full
-/// decoder names it).
+/// A repeated `state_dict_metadata` key is an error that names it.
 #[test]
 fn fuzz_repeated_state_dict_key_is_an_error_in_both_paths() {
     let d = tempfile::tempdir().unwrap();
@@ -64,6 +54,6 @@ fn fuzz_repeated_state_dict_key_is_an_error_in_both_paths() {
     fs::write(&md_path, md.to_pickle(Profile::MaxCompat).unwrap()).unwrap();
     assert!(both(&md_path).is_none());
     let bytes = fs::read(&md_path).unwrap();
-    let e = Metadata::from_pickle_full(&bytes, &md_path, &ckpt_pickle::Limits::default()).unwrap_err();
+    let e = Metadata::from_pickle(&bytes, &md_path).unwrap_err();
     assert!(e.to_string().contains("unique keys"), "{e}");
 }

@@ -219,6 +219,13 @@ impl SaveState {
     /// assert_eq!(dropped, ["optimizer"]);
     /// ```
     pub fn from_state_dict(top: &Dict) -> (SaveState, Vec<String>) {
+        // Parts are pickled one by one: a reference from one value to an object another holds is a copy.
+        let whole = Value::Dict(top.clone());
+        let unshared = whole.unshared();
+        let top = match unshared.as_ref() {
+            Value::Dict(d) => d,
+            _ => top,
+        };
         let as_optimizer = |v: &Value| {
             v.as_dict().is_some_and(|d| {
                 d.get("state").is_some_and(|s| s.as_dict().is_some()) && d.get("param_groups").is_some()

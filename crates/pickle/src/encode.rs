@@ -105,7 +105,16 @@ pub fn encode_with(value: &Value, options: &EncodeOptions) -> Result<Vec<u8>> {
 pub fn encode_into<W: Write>(value: &Value, writer: W, options: &EncodeOptions) -> Result<W> {
     let pickler = Pickler::new(writer, options.protocol)?;
     let hashes = if options.sharing == Sharing::Structural { structural_hashes(value) } else { HashMap::new() };
-    let mut enc = Encoder { p: pickler, sharing: options.sharing, hashes, seen: HashMap::new(), tasks: Vec::new() };
+    let mut enc = Encoder {
+        p: pickler,
+        sharing: options.sharing,
+        hashes,
+        seen: HashMap::new(),
+        tasks: Vec::new(),
+        shared: HashMap::new(),
+        shared_at: HashMap::new(),
+        shared_memo: HashMap::new(),
+    };
     enc.run(value)?;
     enc.p.finish()
 }
@@ -121,6 +130,9 @@ enum Task<'a> {
     AddItems,
     FrozenSet,
     Tuple(usize),
+    /// The end of a non-empty tuple: TUPLE and memoize it, or, when one of its items referred back to it
+    /// (so it was written, and memoized, inside itself), discard its items and read it from the memo.
+    TupleEnd(&'a Value, usize),
     Reduce,
     NewObj,
     NewObjEx,
@@ -140,6 +152,12 @@ struct Encoder<'a, W: Write> {
     /// Structural sharing: hash -> values written and their memo ids.
     seen: HashMap<u64, Vec<(&'a Value, u32)>>,
     tasks: Vec<Task<'a>>,
+    /// Each [`Value::Shared`] being or having been written: its value, by id.
+    shared: HashMap<u32, &'a Value>,
+    /// The id of each [`Value::Shared`]'s value, by address.
+    shared_at: HashMap<*const Value, u32>,
+    /// The memo id each shared object was written under.
+    shared_memo: HashMap<u32, u32>,
 }
 
 /// CPython's one-character latin-1 strs and the empty str are singletons.
@@ -173,6 +191,18 @@ impl<'a, W: Write> Encoder<'a, W> {
                 Task::AddItems => self.p.additems()?,
                 Task::FrozenSet => self.p.frozenset()?,
                 Task::Tuple(n) => self.p.tuple(n)?,
+                Task::TupleEnd(v, n) => match self.shared_at.get(&std::ptr::from_ref(v)) {
+                    Some(id) if self.shared_memo.contains_key(id) => {
+                        let memo = self.shared_memo.get(id).copied().unwrap_or_default();
+                        self.p.discard_tuple(n)?;
+                        self.p.get(memo)?;
+                    }
+                    _ => {
+                        self.p.tuple(n)?;
+                        let id = self.p.memoize()?;
+                        self.remember(v, id);
+                    }
+                },
                 Task::Reduce => self.p.reduce()?,
                 Task::NewObj => self.p.newobj()?,
                 Task::NewObjEx => self.p.newobj_ex()?,
@@ -197,6 +227,9 @@ impl<'a, W: Write> Encoder<'a, W> {
     }
 
     fn remember(&mut self, v: &'a Value, id: u32) {
+        if let Some(&shared) = self.shared_at.get(&std::ptr::from_ref(v)) {
+            self.shared_memo.insert(shared, id);
+        }
         if let Some(&h) = self.hashes.get(&std::ptr::from_ref(v)) {
             self.seen.entry(h).or_default().push((v, id));
         }
@@ -212,6 +245,39 @@ impl<'a, W: Write> Encoder<'a, W> {
     fn save(&mut self, v: &'a Value) -> Result<()> {
         self.p.boundary()?;
         match v {
+            Value::Shared { id, value } => {
+                if let Some(&memo) = self.shared_memo.get(id) {
+                    // Written already (this is a tuple being written again inside itself): read it.
+                    return self.p.get(memo);
+                }
+                self.shared.insert(*id, value);
+                self.shared_at.insert(std::ptr::from_ref(&**value), *id);
+                self.tasks.push(Task::Save(value));
+                return Ok(());
+            }
+            Value::Ref(id) => {
+                if let Some(&memo) = self.shared_memo.get(id) {
+                    return self.p.get(memo);
+                }
+                return match self.shared.get(id).copied() {
+                    // Not memoized: a value written without a memo entry (a scalar, a singleton or interned
+                    // string, a global), which is written again; or a tuple or frozenset that is still
+                    // being written, which is written again inside itself (as CPython's `save_tuple`
+                    // does), its items then reading the objects around it from the memo.
+                    Some(Value::FrozenSet(_)) => Err(Error::Unencodable {
+                        what: "a frozenset that contains itself",
+                        protocol: self.p.protocol(),
+                    }),
+                    Some(shared) => {
+                        self.tasks.push(Task::Save(shared));
+                        Ok(())
+                    }
+                    None => Err(Error::Unencodable {
+                        what: "a Value::Ref before (outside) the Value::Shared it refers to",
+                        protocol: self.p.protocol(),
+                    }),
+                };
+            }
             Value::None => return self.p.none(),
             Value::Bool(b) => return self.p.bool(*b),
             Value::Int(i) => return self.p.int(*i),
@@ -232,7 +298,9 @@ impl<'a, W: Write> Encoder<'a, W> {
                     return self.p.shared_str(s);
                 }
                 self.p.str(s)?;
-                return self.p.memoize().map(drop);
+                let id = self.p.memoize()?;
+                self.remember(v, id);
+                return Ok(());
             }
             Value::Bytes(b) if b.is_empty() => return self.p.shared_bytes(b),
             Value::Tuple(items) if items.is_empty() => return self.p.empty_tuple(),
@@ -270,8 +338,7 @@ impl<'a, W: Write> Encoder<'a, W> {
             Value::Tuple(items) => {
                 self.p.begin_tuple(items.len())?;
                 let mut steps: Vec<Task<'a>> = items.iter().map(Task::Save).collect();
-                steps.push(Task::Tuple(items.len()));
-                steps.push(Task::Memoize(Some(v)));
+                steps.push(Task::TupleEnd(v, items.len()));
                 self.then(steps);
             }
             Value::Dict(pairs) => {
@@ -461,7 +528,7 @@ fn children(v: &Value) -> Vec<&Value> {
             items.iter().collect()
         }
         Value::Dict(pairs) => pairs.iter().flat_map(|(k, x)| [k, x]).collect(),
-        Value::PersistentId(inner) => vec![inner],
+        Value::PersistentId(inner) | Value::Shared { value: inner, .. } => vec![inner],
         Value::Object(o) => {
             let mut out = vec![&o.callable, &o.args];
             if let ObjectKind::NewObjEx { kwargs } = &o.kind {
@@ -501,6 +568,7 @@ fn hash_shallow<H: Hasher>(v: &Value, h: &mut H) {
             o.dict_items.len().hash(h);
         }
         Value::PersistentId(_) => {}
+        Value::Shared { id, .. } | Value::Ref(id) => id.hash(h),
     }
 }
 
@@ -555,6 +623,7 @@ fn is_container(v: &Value) -> bool {
             | Value::Dict(_)
             | Value::Object(_)
             | Value::PersistentId(_)
+            | Value::Shared { .. }
     )
 }
 
@@ -580,6 +649,7 @@ fn same(a: &Value, b: &Value) -> bool {
             | (Value::FrozenSet(p), Value::FrozenSet(q)) => p.len() == q.len(),
             (Value::Dict(p), Value::Dict(q)) => p.len() == q.len(),
             (Value::PersistentId(_), Value::PersistentId(_)) => true,
+            (Value::Shared { id: p, .. }, Value::Shared { id: q, .. }) | (Value::Ref(p), Value::Ref(q)) => p == q,
             (Value::None, Value::None) => true,
             (Value::Bool(p), Value::Bool(q)) => p == q,
             (Value::Int(p), Value::Int(q)) => p == q,

@@ -67,19 +67,21 @@ pub enum Error {
         /// Offset of the opcode (MARK, or STOP for the materialised value); output position when encoding.
         offset: usize,
     },
-    /// The object graph contains a cycle (a container that contains itself), which a [`Value`](crate::Value)
-    /// tree cannot represent.
-    #[error("self-referential (recursive) structure in pickle (detected at offset {offset})")]
-    Recursive {
-        /// Offset of the STOP opcode.
-        offset: usize,
-    },
     /// A string argument is not valid UTF-8 (this includes UTF-8-encoded lone surrogates, which CPython writes
     /// with `surrogatepass`), or a protocol-0 `\u` escape names a surrogate.
     #[error("invalid UTF-8 / non-scalar code point in pickle string at offset {offset}")]
     InvalidUtf8 {
         /// Offset of the first offending byte.
         offset: usize,
+    },
+    /// A Python 2 `str` (STRING, BINSTRING, SHORT_BINSTRING) that is not valid in the encoding the reader was
+    /// asked to decode it with ([`Py2Strings`](crate::Py2Strings)); `Py2Strings::Latin1` or `Bytes` read it.
+    #[error("Python 2 string at offset {offset} is not valid {encoding} (read it as latin1 or bytes)")]
+    Py2String {
+        /// Offset of the first offending byte (of the opcode, for a protocol-0 STRING).
+        offset: usize,
+        /// The encoding, as Python names it.
+        encoding: &'static str,
     },
     /// A protocol-0 text argument (INT, LONG, FLOAT, STRING, UNICODE, GET, PUT, GLOBAL, PERSID) is malformed.
     #[error("bad text argument at offset {offset}: {what}")]
@@ -165,7 +167,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Limit { .. } | Error::DepthExceeded { .. } => ErrorKind::Limit,
-            Error::Unsupported { .. } | Error::Recursive { .. } => ErrorKind::Unsupported,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Unencodable { .. } => ErrorKind::InvalidArgument,
             Error::Io(_) => ErrorKind::Io,
             Error::UnexpectedEof { .. }
@@ -174,6 +176,7 @@ impl Error {
             | Error::MarkNotFound { .. }
             | Error::MemoMissing { .. }
             | Error::InvalidUtf8 { .. }
+            | Error::Py2String { .. }
             | Error::BadText { .. }
             | Error::BadOperand { .. }
             | Error::Malformed { .. }

@@ -654,6 +654,22 @@ impl<W: Write> Pickler<W> {
         self.op(op::BINPERSID)
     }
 
+    /// Discards what a tuple of `n` items pushed since [`Pickler::begin_tuple`]: POP_MARK for a MARKed tuple
+    /// (`n > 3`), else POP `n` times; CPython's `save_tuple` does this when an item turned out to refer back
+    /// to the tuple, which is then read from the memo instead.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn discard_tuple(&mut self, n: usize) -> Result<()> {
+        if n > 3 {
+            return self.op(op::POP_MARK);
+        }
+        for _ in 0..n {
+            self.op(op::POP)?;
+        }
+        Ok(())
+    }
+
     /// Memoizes the top of the stack under the next sequential id and returns it: MEMOIZE at protocol ≥ 4,
     /// else BINPUT (id < 256) / LONG_BINPUT.
     ///

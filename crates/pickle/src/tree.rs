@@ -15,6 +15,8 @@ pub(crate) enum Shape {
     Dict,
     /// One child.
     PersistentId,
+    /// One child: the object shared under this id.
+    Shared(u32),
     /// Children: callable, args, kwargs (NEWOBJ_EX only), `n_states` BUILD states, `n_list` appended items,
     /// `n_dict` set pairs (flattened).
     Object {
@@ -43,6 +45,7 @@ pub(crate) fn decompose(v: Value) -> Result<(Shape, Vec<Value>), Value> {
         Value::FrozenSet(items) => Ok((Shape::FrozenSet, items)),
         Value::Dict(pairs) => Ok((Shape::Dict, flatten_pairs(pairs))),
         Value::PersistentId(inner) => Ok((Shape::PersistentId, vec![*inner])),
+        Value::Shared { id, value } => Ok((Shape::Shared(id), vec![*value])),
         Value::Object(o) => {
             let Object { callable, args, kind, state, list_items, dict_items } = *o;
             let n_list = list_items.len();
@@ -102,6 +105,7 @@ pub(crate) fn reassemble(shape: Shape, children: Vec<Value>) -> Value {
             Value::Dict(pairs_from(&mut children.into_iter(), n))
         }
         Shape::PersistentId => Value::PersistentId(Box::new(children.into_iter().next().unwrap_or_default())),
+        Shape::Shared(id) => Value::Shared { id, value: Box::new(children.into_iter().next().unwrap_or_default()) },
         Shape::Object { kind, n_states, n_list, n_dict } => {
             let mut it = children.into_iter();
             let callable = it.next().unwrap_or_default();
@@ -192,6 +196,7 @@ pub(crate) fn split_ref(v: &Value) -> Option<(Shape, Vec<&Value>)> {
         Value::FrozenSet(items) => (Shape::FrozenSet, items.iter().collect()),
         Value::Dict(p) => (Shape::Dict, pair_refs(p)),
         Value::PersistentId(inner) => (Shape::PersistentId, vec![&**inner]),
+        Value::Shared { id, value } => (Shape::Shared(*id), vec![&**value]),
         Value::Object(o) => {
             let mut children = vec![&o.callable, &o.args];
             let kind = match &o.kind {
@@ -235,13 +240,14 @@ fn clone_leaf(v: &Value) -> Value {
         Value::Bytes(b) => Value::Bytes(b.clone()),
         Value::ByteArray(b) => Value::ByteArray(b.clone()),
         Value::Global { module, name } => Value::Global { module: module.clone(), name: name.clone() },
+        Value::Ref(id) => Value::Ref(*id),
         // Containers are never passed here; an empty copy keeps this total.
         Value::List(_) => Value::List(Vec::new()),
         Value::Tuple(_) => Value::Tuple(Vec::new()),
         Value::Dict(_) => Value::Dict(Vec::new()),
         Value::Set(_) => Value::Set(Vec::new()),
         Value::FrozenSet(_) => Value::FrozenSet(Vec::new()),
-        Value::Object(_) | Value::PersistentId(_) => Value::None,
+        Value::Object(_) | Value::PersistentId(_) | Value::Shared { .. } => Value::None,
     }
 }
 
@@ -271,6 +277,7 @@ pub(crate) fn deep_eq(a: &Value, b: &Value) -> bool {
                     | (Value::Bytes(p), Value::Bytes(q))
                     | (Value::ByteArray(p), Value::ByteArray(q)) => p == q,
                     (Value::Str(p), Value::Str(q)) => p == q,
+                    (Value::Ref(p), Value::Ref(q)) => p == q,
                     (Value::Global { module: pm, name: pn }, Value::Global { module: qm, name: qn }) => {
                         pm == qm && pn == qn
                     }

@@ -4,9 +4,14 @@
 /// imported, called or resolved: classes and functions are [`Value::Global`] names, calls are [`Value::Object`]
 /// records, persistent ids are [`Value::PersistentId`].
 ///
-/// Objects that the pickle shares through its memo (e.g. `{'x': inner, 'y': inner}`) appear as equal copies;
-/// mutations the pickle applies after memoizing a container (APPEND, SETITEM, BUILD, ...) are visible in every
-/// copy, exactly as in Python.
+/// # Shared objects and cycles
+/// An object the pickle refers to from more than one place keeps Python's identity where identity can be
+/// seen: a list, dict, set or object (something a program can change in place) that is referred to from
+/// several places is [`Value::Shared`] at the first place, in the order a depth-first walk of the value
+/// meets them, and [`Value::Ref`] with the same id everywhere else; so is any object that refers to itself,
+/// directly or through others (an omegaconf node and its children's `_parent` links). Immutable values
+/// (strings, numbers, tuples of them) that the pickle shares appear as equal copies. Ids are numbered from 0
+/// in that walk order, so equal object graphs compare equal.
 ///
 /// `Clone` and `PartialEq` walk the tree with an explicit stack (no recursion). Equality is structural with
 /// `f64` semantics (`NaN != NaN`, `0.0 == -0.0`).
@@ -58,6 +63,15 @@ pub enum Value {
     Object(Box<Object>),
     /// The argument of BINPERSID (any value) or PERSID (its text line, as [`Value::Str`]), unresolved.
     PersistentId(Box<Value>),
+    /// An object that other places refer to by `id` ([`Value::Ref`]), at the first place it appears.
+    Shared {
+        /// The number the [`Value::Ref`]s to it carry.
+        id: u32,
+        /// The object.
+        value: Box<Value>,
+    },
+    /// The object [`Value::Shared`] with this id (earlier in a depth-first walk, or an enclosing one).
+    Ref(u32),
 }
 
 /// How an [`Object`] was created.
@@ -302,7 +316,67 @@ impl Value {
             Value::Global { .. } => "global",
             Value::Object(_) => "object",
             Value::PersistentId(_) => "persistent id",
+            Value::Shared { value, .. } => value.type_name(),
+            Value::Ref(_) => "reference",
         }
+    }
+
+    /// This value as a tree, every shared object copied into each place that refers to it (what a value was
+    /// before identity was kept), or `None` when an object refers to itself (a cycle has no tree), or when
+    /// the copies would take more than `max_nodes` values.
+    ///
+    /// ```
+    /// use ckpt_pickle::Value;
+    /// let inner = Value::List(vec![Value::Int(1)]);
+    /// let v = Value::Tuple(vec![Value::Shared { id: 0, value: Box::new(inner.clone()) }, Value::Ref(0)]);
+    /// assert_eq!(v.unshare(1000), Some(Value::Tuple(vec![inner.clone(), inner])));
+    /// let cycle = Value::Shared { id: 0, value: Box::new(Value::List(vec![Value::Ref(0)])) };
+    /// assert_eq!(cycle.unshare(1000), None);
+    /// ```
+    #[must_use]
+    pub fn unshare(self, max_nodes: usize) -> Option<Value> {
+        let mut defined: std::collections::HashMap<u32, Value> = std::collections::HashMap::new();
+        let mut nodes = 0usize;
+        let mut ok = true;
+        let v = crate::tree::map_post_order(self, |v| {
+            nodes = nodes.saturating_add(1);
+            match v {
+                Value::Shared { id, value } => {
+                    defined.insert(id, (*value).clone());
+                    *value
+                }
+                Value::Ref(id) => match defined.get(&id) {
+                    Some(d) => {
+                        nodes = nodes.saturating_add(d.node_count());
+                        if nodes > max_nodes {
+                            ok = false;
+                            return Value::None;
+                        }
+                        d.clone()
+                    }
+                    None => {
+                        ok = false;
+                        Value::None
+                    }
+                },
+                other => other,
+            }
+        });
+        (ok && nodes <= max_nodes).then_some(v)
+    }
+
+    /// The number of values in this tree (each container and each leaf counts one).
+    #[must_use]
+    pub fn node_count(&self) -> usize {
+        let mut n = 0usize;
+        let mut stack = vec![self];
+        while let Some(v) = stack.pop() {
+            n += 1;
+            if let Some((_, children)) = crate::tree::split_ref(v) {
+                stack.extend(children);
+            }
+        }
+        n
     }
 
     /// Rewrites the REDUCE forms CPython uses for builtin types that have no opcode in older protocols back into

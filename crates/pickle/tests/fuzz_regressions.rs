@@ -1,16 +1,19 @@
-//! Rules fuzzing established (`fuzz/`, target `pickle`), held in both decoding paths: the single pass that
-//! [`decode_with`] runs first and the full decoder ([`decode_graph`]) it falls back to.
+//! Rules fuzzing established (`fuzz/`, target `pickle`), held by both builders: the tree that [`decode_with`]
+//! makes and the arena graph of [`GraphBuilder`] (the reference it is checked against).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ckpt_pickle::{Limits, Value, decode_graph, decode_with};
+use ckpt_pickle::{GraphBuilder, Limits, Options, Value, decode_with};
 
-/// Both paths on `data`: the same value and end offset.
+/// Both builders on `data`: the same value and end offset.
 fn both(data: &[u8]) -> (Value, usize) {
     let limits = Limits::default();
     let fast = decode_with(data, &limits).unwrap();
-    let full = decode_graph(data, &limits).unwrap();
-    assert_eq!(format!("{fast:?}"), format!("{full:?}"));
+    let mut g = GraphBuilder::default();
+    let (root, end) = ckpt_pickle::run(data, &Options::from(limits), &mut g).unwrap();
+    let full = g.graph().to_value(root, limits.max_depth).unwrap();
+    assert_eq!(format!("{:?}", fast.0), format!("{full:?}"));
+    assert_eq!(fast.1, end);
     fast
 }
 

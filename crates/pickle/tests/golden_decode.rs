@@ -116,15 +116,27 @@ fn cpython_scalars_all_protocols() {
     }
 }
 
+/// `data` decoded with Python 2 strings as bytes (`encoding='bytes'`).
+fn bytes_decode(data: &[u8]) -> Value {
+    let options = ckpt_pickle::Options::default().with_py2_strings(ckpt_pickle::Py2Strings::Bytes);
+    ckpt_pickle::decode_options(data, &options).unwrap().0
+}
+
 /// Python 2 style (protocol 0/1) pickles; each was checked to load with CPython's `pickle.loads`.
 #[test]
 fn protocol_0_and_1_text_forms() {
-    // INST with PUT/GET text memo: {'k': Foo('v'), 'k2': <same object>}
-    let foo =
-        Value::from(Object::new(ObjectKind::Inst, g("mod", "Foo"), Value::Tuple(vec![Value::Bytes(b"v".to_vec())])));
+    // INST with PUT/GET text memo: {'k': Foo('v'), 'k2': <same object>}; Python 2 strs read as torch.load
+    // reads them (UTF-8 text), or as bytes when asked.
+    let foo = |v: Value| Value::from(Object::new(ObjectKind::Inst, g("mod", "Foo"), Value::Tuple(vec![v])));
+    let shared = |v: Value| Value::Shared { id: 0, value: Box::new(v) };
+    let data = b"(dp0\nS'k'\np1\n(S'v'\nimod\nFoo\np2\nsS'k2'\ng2\ns.";
+    assert_eq!(decode(data).unwrap(), Value::Dict(vec![(s("k"), shared(foo(s("v")))), (s("k2"), Value::Ref(0))]));
     assert_eq!(
-        decode(b"(dp0\nS'k'\np1\n(S'v'\nimod\nFoo\np2\nsS'k2'\ng2\ns.").unwrap(),
-        Value::Dict(vec![(Value::Bytes(b"k".to_vec()), foo.clone()), (Value::Bytes(b"k2".to_vec()), foo)])
+        bytes_decode(data),
+        Value::Dict(vec![
+            (Value::Bytes(b"k".to_vec()), shared(foo(Value::Bytes(b"v".to_vec())))),
+            (Value::Bytes(b"k2".to_vec()), Value::Ref(0))
+        ])
     );
     // OBJ
     assert_eq!(
@@ -135,10 +147,11 @@ fn protocol_0_and_1_text_forms() {
     assert_eq!(decode(b"Pkey-1\n.").unwrap(), Value::PersistentId(Box::new(s("key-1"))));
     // LIST, PUT, POP, GET, POP_MARK, DUP
     let l = Value::List(vec![Value::Int(1), Value::Int(2)]);
-    assert_eq!(decode(b"(I1\nI2\nlp0\n0g0\n(I9\n12\x86.").unwrap(), Value::Tuple(vec![l.clone(), l]));
-    // STRING escapes and quotes (Python 2 str stays bytes)
-    assert_eq!(decode(b"S'a\\nb\\x00'\n.").unwrap(), Value::Bytes(b"a\nb\x00".to_vec()));
-    assert_eq!(decode(b"S\"it's\"\n.").unwrap(), Value::Bytes(b"it's".to_vec()));
+    assert_eq!(decode(b"(I1\nI2\nlp0\n0g0\n(I9\n12\x86.").unwrap(), Value::Tuple(vec![shared(l), Value::Ref(0)]));
+    // STRING escapes and quotes (as text, or as bytes when asked)
+    assert_eq!(decode(b"S'a\\nb\\x00'\n.").unwrap(), s("a\nb\x00"));
+    assert_eq!(bytes_decode(b"S'a\\nb\\x00'\n."), Value::Bytes(b"a\nb\x00".to_vec()));
+    assert_eq!(decode(b"S\"it's\"\n.").unwrap(), s("it's"));
     // UNICODE (raw-unicode-escape)
     assert_eq!(decode(b"V\\u20ac\xe9\n.").unwrap(), s("\u{20ac}\u{e9}"));
     // LONG with and without the L suffix
@@ -160,8 +173,9 @@ fn protocol_0_and_1_text_forms() {
         ])
     );
     // BINSTRING / SHORT_BINSTRING
+    assert_eq!(decode(b"(T\x03\x00\x00\x00abcU\x02hit.").unwrap(), Value::Tuple(vec![s("abc"), s("hi")]));
     assert_eq!(
-        decode(b"(T\x03\x00\x00\x00abcU\x02hit.").unwrap(),
+        bytes_decode(b"(T\x03\x00\x00\x00abcU\x02hit."),
         Value::Tuple(vec![Value::Bytes(b"abc".to_vec()), Value::Bytes(b"hi".to_vec())])
     );
     // DICT, SETITEMS, EMPTY_SET/ADDITEMS
@@ -182,9 +196,14 @@ fn protocol_4_newobj_ex_with_shared_args() {
     );
     let args = Value::Tuple(vec![Value::Int(1)]);
     let kwargs = Value::Dict(vec![(s("b"), Value::Int(2))]);
+    // The args tuple is immutable (copied); the kwargs dict is one object referred to twice.
     let expected = Value::from(
-        Object::new(ObjectKind::NewObjEx { kwargs: kwargs.clone() }, g("mod", "K"), args.clone())
-            .with_state(Value::Dict(vec![(s("a"), args), (s("kw"), kwargs)])),
+        Object::new(
+            ObjectKind::NewObjEx { kwargs: Value::Shared { id: 0, value: Box::new(kwargs) } },
+            g("mod", "K"),
+            args.clone(),
+        )
+        .with_state(Value::Dict(vec![(s("a"), args), (s("kw"), Value::Ref(0))])),
     );
     assert_eq!(decode(&data).unwrap(), expected);
 }

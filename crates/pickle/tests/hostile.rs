@@ -129,14 +129,18 @@ fn error_trailing_mark_and_no_stop() {
 }
 
 #[test]
-fn error_recursive_structures() {
-    // A list appended to itself, a dict containing itself, an object whose state is itself.
-    assert!(matches!(err(b"]q\x00h\x00a."), Error::Recursive { offset: 6 }));
-    assert!(matches!(err(b"}q\x00K\x01h\x00s."), Error::Recursive { .. }));
-    assert!(matches!(err(b"cmod\nC\n)\x81q\x00h\x00b."), Error::Recursive { .. }));
+fn recursive_structures_decode_as_shared_objects() {
+    // A list appended to itself, a dict containing itself, an object whose state is itself: one object,
+    // defined where it first appears and referred to from inside.
+    let shared = |v: Value| Value::Shared { id: 0, value: Box::new(v) };
+    assert_eq!(decode(b"]q\x00h\x00a.").unwrap(), shared(Value::List(vec![Value::Ref(0)])));
+    assert_eq!(decode(b"}q\x00K\x01h\x00s.").unwrap(), shared(Value::Dict(vec![(Value::Int(1), Value::Ref(0))])));
+    assert_eq!(
+        decode(b"cmod\nC\n)\x81q\x00h\x00b.").unwrap(),
+        shared(Value::from(Object::new_obj(Value::global("mod", "C"), Value::Tuple(vec![])).with_state(Value::Ref(0))))
+    );
     // A cycle that is not reachable from the result is harmless.
     assert_eq!(decode(b"]q\x00h\x00a0N.").unwrap(), Value::None);
-    assert_eq!(err(b"]q\x00h\x00a.").kind(), ErrorKind::Unsupported);
 }
 
 #[test]
@@ -234,10 +238,10 @@ fn limits_each_one() {
     // mark depth
     let l = small(|l| l.max_mark_depth = 3);
     assert!(matches!(err_with(b"((((", &l), Error::DepthExceeded { limit: 3, offset: 3 }));
-    // materialised depth
+    // materialised depth: refused at the APPEND that nests the value too deep
     let l = small(|l| l.max_depth = 3);
     assert!(decode_with(b"]]]aa.", &l).is_ok());
-    assert!(matches!(err_with(b"]]]]aaa.", &l), Error::DepthExceeded { limit: 3, offset: 7 }));
+    assert!(matches!(err_with(b"]]]]aaa.", &l), Error::DepthExceeded { limit: 3, offset: 6 }));
     assert_eq!(err_with(b"]]]]aaa.", &l).kind(), ErrorKind::Limit);
 }
 
@@ -278,7 +282,8 @@ fn memo_bomb_fails_fast() {
     data.extend_from_slice(b"e.");
     assert!(matches!(err(&data), Error::Limit { what: "materialised payload bytes", .. }));
 
-    // Moderate sharing within the limits is materialised as copies.
+    // Moderate sharing within the limits: each list is one object, defined once and referred to once more;
+    // tuples (immutable) are copies.
     let mut data = b"\x80\x02Nq\x00".to_vec();
     for i in 0u8..10 {
         data.extend_from_slice(&[b']', b'(', b'h', i, b'h', i, b'e', b'q', i + 1]);
@@ -287,8 +292,31 @@ fn memo_bomb_fails_fast() {
     let v = decode(&data).unwrap();
     let mut depth = 0;
     let mut cur = &v;
-    while let Value::List(items) = cur {
+    loop {
+        let list = match cur {
+            Value::Shared { value, .. } => &**value,
+            other => other,
+        };
+        let Value::List(items) = list else { break };
         assert_eq!(items.len(), 2);
+        match (&items[0], &items[1]) {
+            (Value::Shared { id, .. }, Value::Ref(r)) => assert_eq!(id, r),
+            (Value::None, Value::None) => {}
+            other => panic!("{other:?}"),
+        }
+        cur = &items[0];
+        depth += 1;
+    }
+    assert_eq!(depth, 10);
+    let mut data = b"\x80\x02Nq\x00".to_vec();
+    for i in 0u8..10 {
+        data.extend_from_slice(&[b'h', i, b'h', i, 0x86, b'q', i + 1]);
+    }
+    data.push(b'.');
+    let v = decode(&data).unwrap();
+    let mut cur = &v;
+    let mut depth = 0;
+    while let Value::Tuple(items) = cur {
         assert_eq!(items[0], items[1]);
         cur = &items[0];
         depth += 1;
@@ -400,18 +428,19 @@ fn reference_semantics_of_the_memo() {
     let data =
         b"\x80\x02}q\x00(X\x01\x00\x00\x00xq\x01}q\x02X\x01\x00\x00\x00aq\x03K\x01sX\x01\x00\x00\x00yq\x04h\x02u.";
     let inner = Value::Dict(vec![(s("a"), Value::Int(1))]);
-    assert_eq!(decode(data).unwrap(), Value::Dict(vec![(s("x"), inner.clone()), (s("y"), inner)]));
+    let shared = |v: Value| Value::Shared { id: 0, value: Box::new(v) };
+    assert_eq!(decode(data).unwrap(), Value::Dict(vec![(s("x"), shared(inner)), (s("y"), Value::Ref(0))]));
     // Mutation after the alias was taken: [d, d] first, then d['a'] = 1.
     let data = b"\x80\x02]q\x00(}q\x01h\x01eh\x01X\x01\x00\x00\x00aK\x01s0.";
     let d = Value::Dict(vec![(s("a"), Value::Int(1))]);
-    assert_eq!(decode(data).unwrap(), Value::List(vec![d.clone(), d]));
+    assert_eq!(decode(data).unwrap(), Value::List(vec![shared(d), Value::Ref(0)]));
     // BUILD on a memoized object is seen through every alias (DCP spec §3.2).
     let data = b"\x80\x02cm\nC\n)\x81q\x00]q\x01(h\x00h\x00eh\x00}X\x01\x00\x00\x00kK\x07sb0.";
     let o = Value::from(
         Object::new_obj(Value::global("m", "C"), Value::Tuple(vec![]))
             .with_state(Value::Dict(vec![(s("k"), Value::Int(7))])),
     );
-    assert_eq!(decode(data).unwrap(), Value::List(vec![o.clone(), o]));
+    assert_eq!(decode(data).unwrap(), Value::List(vec![shared(o), Value::Ref(0)]));
 }
 
 #[test]

@@ -72,8 +72,8 @@ pub enum Error {
         /// The record's text.
         found: String,
     },
-    /// A record is compressed; torch only writes stored records.
-    #[error("record {name:?} is compressed (method {method}); torch writes stored records only")]
+    /// A record uses a compression method other than stored and DEFLATE.
+    #[error("record {name:?} is compressed with method {method}; stored (0) and DEFLATE (8) records are read")]
     Compressed {
         /// Record name.
         name: String,

@@ -9,100 +9,57 @@ use ckpt_pickle::Value as P;
 
 use crate::error::{Error, Result};
 use crate::read::ReadOptions;
-use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
+use crate::rebuild::{StorageSource, rebuild, storage_class_dtype};
 
 /// torch's legacy `MAGIC_NUMBER`, 0x1950A86A20F9469CFC6C, as little-endian two's complement bytes.
 const MAGIC: [u8; 10] = [0x6C, 0xFC, 0x9C, 0x46, 0xF9, 0x20, 0x6A, 0xA8, 0x50, 0x19];
 /// The only `PROTOCOL_VERSION` torch ever wrote.
 const PROTOCOL_VERSION: i64 = 1001;
 
-/// A storage as the object pickle refers to it.
-struct StorageRef {
-    dtype: DType,
-}
-
 /// Storage bytes read from the trailer, by key.
 struct LegacyStorages {
-    data: HashMap<String, (Buffer, DType)>,
+    data: HashMap<String, Buffer>,
 }
 
 impl StorageSource for LegacyStorages {
-    fn storage(&mut self, pid: &P) -> Result<(Buffer, DType)> {
-        let items = match pid {
-            P::Tuple(items) => items.as_slice(),
-            other => return Err(Error::BadPersistentId(format!("expected a tuple, got {other:?}"))),
-        };
-        match items {
-            [P::Str(tag), _class, P::Str(key), _location, P::Int(_numel), view] if tag == "storage" => {
-                let (root, dtype) = self
-                    .data
-                    .get(key)
-                    .cloned()
-                    .ok_or_else(|| Error::Legacy(format!("storage {key} is not in the storage list")))?;
-                match view {
-                    P::None => Ok((root, dtype)),
-                    P::Tuple(v) => match v.as_slice() {
-                        [_view_key, P::Int(offset), P::Int(size)] => {
-                            let es = dtype.size() as i64;
-                            let start = offset.checked_mul(es).and_then(|s| usize::try_from(s).ok());
-                            let len = size.checked_mul(es).and_then(|s| usize::try_from(s).ok());
-                            match (start, len) {
-                                (Some(s), Some(l)) => Ok((root.slice_len(s, l)?, dtype)),
-                                _ => Err(Error::Legacy(format!("storage view of {key} out of range"))),
-                            }
-                        }
-                        _ => Err(Error::BadPersistentId(format!("bad view metadata for storage {key}"))),
-                    },
-                    other => Err(Error::BadPersistentId(format!("bad view metadata {other:?}"))),
-                }
-            }
-            [P::Str(tag), ..] => Err(Error::BadPersistentId(format!("unsupported legacy persistent id tag {tag:?}"))),
-            _ => Err(Error::BadPersistentId(format!("unexpected legacy persistent id with {} items", items.len()))),
-        }
+    fn storage(&mut self, _dtype: DType, key: &str, _numel: i64) -> Result<Buffer> {
+        // The whole storage as the trailer holds it (a view's window is taken by the rebuild rules).
+        self.data.get(key).cloned().ok_or_else(|| Error::Legacy(format!("storage {key} is not in the storage list")))
     }
 }
 
-/// Collects the storages referenced by persistent ids (key → dtype).
-fn collect_refs(v: &P, out: &mut HashMap<String, StorageRef>) -> Result<()> {
-    match v {
-        P::PersistentId(pid) => {
-            if let P::Tuple(items) = pid.as_ref() {
-                if let [P::Str(tag), class, P::Str(key), ..] = items.as_slice() {
-                    if tag == "storage" {
-                        let (module, name) = global_name(class)
-                            .ok_or_else(|| Error::BadPersistentId(format!("storage class {class:?}")))?;
-                        let dtype = storage_class_dtype(&module, &name)?;
-                        out.entry(key.clone()).or_insert(StorageRef { dtype });
+/// Collects the storages referenced by persistent ids (key → dtype), walking the decoded object pickle
+/// without recursion.
+fn collect_refs(v: &P, out: &mut HashMap<String, DType>) -> Result<()> {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            P::PersistentId(pid) => {
+                if let P::Tuple(items) = pid.as_ref() {
+                    if let [P::Str(tag), class, P::Str(key), ..] = items.as_slice() {
+                        if tag == "storage" {
+                            let (module, name) = class
+                                .as_global()
+                                .map(|(m, n)| ckpt_pickle::normalize_global(m, n))
+                                .ok_or_else(|| Error::BadPersistentId(format!("storage class {class:?}")))?;
+                            let dtype = storage_class_dtype(&module, &name)?;
+                            out.entry(key.clone()).or_insert(dtype);
+                        }
                     }
                 }
             }
+            P::List(items) | P::Tuple(items) | P::Set(items) | P::FrozenSet(items) => stack.extend(items),
+            P::Dict(items) => stack.extend(items.iter().flat_map(|(k, v)| [k, v])),
+            P::Shared { value, .. } => stack.push(value),
+            P::Object(o) => {
+                stack.push(&o.callable);
+                stack.push(&o.args);
+                stack.extend(o.state.iter());
+                stack.extend(o.list_items.iter());
+                stack.extend(o.dict_items.iter().flat_map(|(k, v)| [k, v]));
+            }
+            _ => {}
         }
-        P::List(items) | P::Tuple(items) | P::Set(items) | P::FrozenSet(items) => {
-            for i in items {
-                collect_refs(i, out)?;
-            }
-        }
-        P::Dict(items) => {
-            for (k, v) in items {
-                collect_refs(k, out)?;
-                collect_refs(v, out)?;
-            }
-        }
-        P::Object(o) => {
-            collect_refs(&o.callable, out)?;
-            collect_refs(&o.args, out)?;
-            if let Some(s) = &o.state {
-                collect_refs(s, out)?;
-            }
-            for i in &o.list_items {
-                collect_refs(i, out)?;
-            }
-            for (k, v) in &o.dict_items {
-                collect_refs(k, out)?;
-                collect_refs(v, out)?;
-            }
-        }
-        _ => {}
     }
     Ok(())
 }
@@ -110,7 +67,8 @@ fn collect_refs(v: &P, out: &mut HashMap<String, StorageRef>) -> Result<()> {
 /// Decodes the next pickle at `*pos`, advancing it.
 fn next_pickle(bytes: &[u8], pos: &mut usize, part: &'static str, options: &ReadOptions) -> Result<P> {
     let rest = bytes.get(*pos..).ok_or_else(|| Error::Legacy(format!("stream ends before the {part}")))?;
-    let (v, used) = ckpt_pickle::decode_with(rest, &options.limits).map_err(|source| Error::Pickle { part, source })?;
+    let (v, used) =
+        ckpt_pickle::decode_options(rest, &options.pickle()).map_err(|source| Error::Pickle { part, source })?;
     *pos += used;
     Ok(v)
 }
@@ -134,6 +92,9 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
             return Err(Error::BigEndian { found: "big (sys_info.little_endian = False)".into() });
         }
     }
+    // The object pickle refers to storages whose bytes follow the pickles: it is read once for the dtypes of
+    // the storages it names (which give their sizes in the trailer), and rebuilt once they are known.
+    let object_at = pos;
     let object = next_pickle(bytes, &mut pos, "object", options)?;
     let keys = match next_pickle(bytes, &mut pos, "storage keys", options)? {
         P::List(k) => k,
@@ -141,15 +102,15 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     };
     let mut refs = HashMap::new();
     collect_refs(&object, &mut refs)?;
+    drop(object);
     let mut data = HashMap::new();
     for key in &keys {
-        let P::Str(key) = key else {
-            return Err(Error::Legacy(format!("storage key {key:?} is not a str")));
+        let key = match key {
+            P::Str(key) => key,
+            other => return Err(Error::Legacy(format!("storage key {other:?} is not a str"))),
         };
-        let dtype = refs
-            .get(key)
-            .map(|r| r.dtype)
-            .ok_or_else(|| Error::Legacy(format!("storage {key} is listed but never referenced")))?;
+        let dtype =
+            *refs.get(key).ok_or_else(|| Error::Legacy(format!("storage {key} is listed but never referenced")))?;
         let header = bytes
             .get(pos..pos + 8)
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
@@ -164,9 +125,10 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
         let end = pos.checked_add(len).filter(|&e| e <= bytes.len()).ok_or_else(|| {
             Error::Legacy(format!("storage {key} claims {len} bytes, only {} remain", bytes.len() - pos))
         })?;
-        data.insert(key.clone(), (buffer.slice(pos..end)?, dtype));
+        data.insert(key.clone(), buffer.slice(pos..end)?);
         pos = end;
     }
     let mut storages = LegacyStorages { data };
-    Rebuilder { source: &mut storages }.value(&object)
+    let pickle = bytes.get(object_at..).unwrap_or_default();
+    rebuild(pickle, &options.pickle(), &mut storages, "object")
 }

@@ -4,7 +4,8 @@
 //! `(3, '<', None, None, None, -1, -1, 0)`) that numpy's `__reduce__` pickles (numpy 2 under
 //! `numpy._core.multiarray`).
 //!
-//! Reading turns those objects into [`Value::Numpy`]: scalars keep their value (`Bool`, `Int`, `BigInt`,
+//! Reading turns those objects into [`Value::Numpy`] (the torch builder's rebuild rule for numpy's reduce
+//! forms): scalars keep their value (`Bool`, `Int`, `BigInt`,
 //! `Float`, `Complex`) and numpy dtype, arrays become tensors of the numpy dtype. Nothing is imported or run.
 //! Writing pickles them back as numpy would, so `torch.load(weights_only=False)` gives equal numpy values.
 //! numpy values of dtypes torch has no counterpart of (object arrays, structured dtypes, strings, datetimes,
@@ -12,39 +13,6 @@
 //! [`crate::Error::UnsupportedNumpy`] naming the dtype ([`ckpt_core::numpy_unsupported`]).
 
 use ckpt_core::{Buffer, DType, NUMPY_MULTIARRAY, Numpy, Object, Tensor, Value, numpy_dtype_code};
-
-/// Whether a pickle may hold numpy values (it names the `numpy` module somewhere).
-pub(crate) fn mentions_numpy(pkl: &[u8]) -> bool {
-    memchr::memmem::find(pkl, b"numpy").is_some()
-}
-
-/// `value` with every numpy scalar and array of a supported dtype turned into [`Value::Numpy`].
-pub(crate) fn lift(value: Value) -> Value {
-    match value {
-        Value::Object(o) => match numpy_of(&o) {
-            Some(n) => Value::Numpy(Box::new(n)),
-            None => {
-                let o = *o;
-                Value::Object(Box::new(Object {
-                    callable: o.callable,
-                    args: lift(o.args),
-                    newobj: o.newobj,
-                    state: o.state.map(lift),
-                    list_items: o.list_items.into_iter().map(lift).collect(),
-                    dict_items: o.dict_items.into_iter().map(|(k, v)| (k, lift(v))).collect(),
-                }))
-            }
-        },
-        Value::Dict(mut d) => {
-            d.items = d.items.into_iter().map(|(k, v)| (k, lift(v))).collect();
-            d.attrs = d.attrs.map(|a| Box::new(lift(*a)));
-            Value::Dict(d)
-        }
-        Value::List(items) => Value::List(items.into_iter().map(lift).collect()),
-        Value::Tuple(items) => Value::Tuple(items.into_iter().map(lift).collect()),
-        other => other,
-    }
-}
 
 /// The torch dtype of a numpy type code (`f8`, `i4`, `b1`, `c16` ...) in little-endian or no byte order.
 fn supported(code: &str, order: &str) -> Option<DType> {
@@ -62,7 +30,7 @@ fn multiarray(o: &Object, name: &str) -> Option<String> {
 }
 
 /// The numpy value `o` pickles, when it is a numpy scalar or array of a dtype torch has.
-fn numpy_of(o: &Object) -> Option<Numpy> {
+pub(crate) fn numpy_of(o: &Object) -> Option<Numpy> {
     if let Some(module) = multiarray(o, "scalar") {
         let Value::Tuple(args) = &o.args else { return None };
         let [dtype, Value::Bytes(data)] = args.as_slice() else { return None };
@@ -257,6 +225,17 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+
+    /// What the reader makes of one pickled object.
+    fn lift(v: Value) -> Value {
+        match v {
+            Value::Object(o) => match numpy_of(&o) {
+                Some(n) => Value::Numpy(Box::new(n)),
+                None => Value::Object(o),
+            },
+            other => other,
+        }
+    }
 
     fn scalars() -> Vec<(DType, Value)> {
         vec![

@@ -5,19 +5,16 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
-use ckpt_pickle::Value as P;
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::legacy;
 use crate::module::{module_classes, module_state_dict};
-use crate::numpy;
-use crate::rebuild::{Rebuilder, StorageSource, global_name, storage_class_dtype};
-use crate::single_pass::{self, CoreStorages};
+use crate::rebuild::{StorageSource, rebuild};
 use crate::zip::{Archive, HeaderSource};
 
 /// Options for reading.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ReadOptions {
     /// Check every record's CRC-32 against the central directory (records with CRC 0, written by
@@ -25,10 +22,26 @@ pub struct ReadOptions {
     pub verify_crc: bool,
     /// Limits for the pickle decoder.
     pub limits: ckpt_pickle::Limits,
-    /// Decode `data.pkl` with the full decoder and rebuilder only, skipping the single pass (which gives the
-    /// same value faster, or declines). Off by default; for differential tests and for telling the two
-    /// paths apart when diagnosing a file.
-    pub full_decoder: bool,
+    /// How Python 2 strings (legacy files pickled by Python 2) are read: `torch.load`'s `encoding=`
+    /// argument, UTF-8 text by default as in torch.
+    pub py2_strings: ckpt_pickle::Py2Strings,
+    /// The most bytes one DEFLATE-compressed record may inflate to (torch writes stored records; some
+    /// other writers compress them). Default [`DEFAULT_MAX_INFLATED_BYTES`].
+    pub max_inflated_bytes: u64,
+}
+
+/// The default bound on one DEFLATE record's inflated size: 4 GiB.
+pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 4 << 30;
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            verify_crc: false,
+            limits: ckpt_pickle::Limits::default(),
+            py2_strings: ckpt_pickle::Py2Strings::default(),
+            max_inflated_bytes: DEFAULT_MAX_INFLATED_BYTES,
+        }
+    }
 }
 
 impl ReadOptions {
@@ -39,11 +52,16 @@ impl ReadOptions {
         self
     }
 
-    /// These options with the single pass skipped (`full` true) or used (see [`ReadOptions::full_decoder`]).
+    /// These options with Python 2 strings read as `py2_strings` says (`torch.load(encoding=...)`).
     #[must_use]
-    pub fn with_full_decoder(mut self, full: bool) -> Self {
-        self.full_decoder = full;
+    pub fn with_py2_strings(mut self, py2_strings: ckpt_pickle::Py2Strings) -> Self {
+        self.py2_strings = py2_strings;
         self
+    }
+
+    /// The pickle machine's options.
+    pub(crate) fn pickle(&self) -> ckpt_pickle::Options {
+        ckpt_pickle::Options { limits: self.limits, py2_strings: self.py2_strings }
     }
 
     /// These options with other limits for the pickle decoder.
@@ -77,8 +95,11 @@ pub struct TorchReader {
     archive: Option<Box<Archive>>,
     /// Its record names, made on the first call of [`TorchReader::records`].
     records: OnceLock<Vec<String>>,
-    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]).
+    /// For a whole pickled `nn.Module`: the state dict its entries are named by ([`module_state_dict`]); for
+    /// a TorchScript archive, its module's tensors and constants.
     state_dict: Option<Value>,
+    /// What a TorchScript archive declares (code, parameters, buffers).
+    script: Option<Box<crate::torchscript::Script>>,
     /// Leaves by name, built on the first look-up (reading every entry stays linear).
     leaf_index: OnceLock<Option<LeafIndex>>,
 }
@@ -131,9 +152,10 @@ impl TorchReader {
             Container::Zip => read_zip(buffer, file, options),
             Container::Legacy => {
                 // (The legacy stream's pickle is followed by its storages: the tree is walked, not the bytes.)
-                let value = numpy::lift(legacy::read(buffer, options)?);
+                let value = legacy::read(buffer, options)?;
                 Ok(TorchReader {
                     state_dict: module_state_dict(&value),
+                    script: None,
                     value,
                     container: Container::Legacy,
                     prefix: None,
@@ -156,6 +178,13 @@ impl TorchReader {
     /// lists; `None` for any other file. [`TorchReader::value`] is still the whole module object.
     pub fn module_state_dict(&self) -> Option<&Value> {
         self.state_dict.as_ref()
+    }
+
+    /// For a TorchScript archive (`torch.jit.save`): the code records, parameters, buffers and constants it
+    /// declares (its tensors are the entries, as [`TorchReader::module_state_dict`]); `None` for a
+    /// `torch.save` file.
+    pub fn script(&self) -> Option<&crate::Script> {
+        self.script.as_deref()
     }
 
     /// The saved object.
@@ -228,6 +257,13 @@ impl CheckpointRead for TorchReader {
             d.push(("version".into(), v.to_string()));
         }
         d.push(("top level".into(), self.value.type_name().to_owned()));
+        if let Some(script) = &self.script {
+            d.push(("torchscript".into(), format!("{} code files (listed, never run)", script.code.len())));
+            d.push(("code".into(), script.code.join(", ")));
+            d.push(("parameters".into(), script.parameters.join(", ")));
+            d.push(("buffers".into(), script.buffers.join(", ")));
+            d.push(("constants".into(), script.constants.to_string()));
+        }
         let classes = module_classes(&self.value);
         if let Some(top) = classes.first() {
             d.push(("module".into(), top.clone()));
@@ -262,11 +298,23 @@ struct ZipStorages<'a> {
     first_numbered: Option<usize>,
     /// The window of each storage record read so far, by record index.
     cache: Vec<Option<Buffer>>,
+    /// [`ReadOptions::max_inflated_bytes`].
+    max_inflated: u64,
+    /// The records' directory: `data/` (`data.pkl`), `constants/` (a TorchScript archive's `constants.pkl`).
+    dir: &'static str,
 }
 
 impl<'a> ZipStorages<'a> {
     fn new(archive: &'a Archive, buffer: &'a Buffer) -> Self {
-        ZipStorages { archive, buffer, keys: None, first_numbered: None, cache: Vec::new() }
+        ZipStorages {
+            archive,
+            buffer,
+            keys: None,
+            first_numbered: None,
+            cache: Vec::new(),
+            max_inflated: DEFAULT_MAX_INFLATED_BYTES,
+            dir: "data/",
+        }
     }
 
     fn record(&self, name: &str) -> Result<Buffer> {
@@ -276,51 +324,43 @@ impl<'a> ZipStorages<'a> {
 
     fn record_data(&self, rec: &crate::zip::Record) -> Result<Buffer> {
         let name = rec.short_name();
-        let bytes = self.archive.data(self.buffer.as_bytes(), rec).map_err(|e| match e {
+        let bytes = self.archive.record_bytes(self.buffer.as_bytes(), rec, self.max_inflated).map_err(|e| match e {
             crate::zip::ZipError::Compressed { method, .. } => Error::Compressed { name: name.to_owned(), method },
             e => Error::Zip(e),
         })?;
-        // `data` returned a subslice of the buffer: turn it into a window of the same memory.
-        let start = bytes.as_ptr() as usize - self.buffer.as_bytes().as_ptr() as usize;
-        Ok(self.buffer.slice_len(start, bytes.len())?)
+        match bytes {
+            // A stored record is a subslice of the buffer: a window of the same memory.
+            std::borrow::Cow::Borrowed(b) => {
+                let start = b.as_ptr() as usize - self.buffer.as_bytes().as_ptr() as usize;
+                Ok(self.buffer.slice_len(start, b.len())?)
+            }
+            std::borrow::Cow::Owned(v) => Ok(Buffer::copy_from(&v)?),
+        }
     }
 }
 
 impl StorageSource for ZipStorages<'_> {
-    fn storage(&mut self, pid: &P) -> Result<(Buffer, DType)> {
-        let items = match pid {
-            P::Tuple(items) => items.as_slice(),
-            other => return Err(Error::BadPersistentId(format!("expected a tuple, got {other:?}"))),
-        };
-        let [P::Str(tag), class, P::Str(key), _location, P::Int(numel)] = items else {
-            return Err(Error::BadPersistentId(format!(
-                "expected ('storage', class, key, location, numel), got {items:?}"
-            )));
-        };
-        if tag != "storage" {
-            return Err(Error::BadPersistentId(format!("tag {tag:?} is not 'storage'")));
-        }
-        let (module, name) = global_name(class)
-            .ok_or_else(|| Error::BadPersistentId(format!("storage class is not a global: {class:?}")))?;
-        let dtype = storage_class_dtype(&module, &name)?;
-        let expected = u64::try_from(*numel)
+    fn storage(&mut self, dtype: DType, key: &str, numel: i64) -> Result<Buffer> {
+        let expected = u64::try_from(numel)
             .ok()
             .and_then(|n| n.checked_mul(dtype.size() as u64))
             .ok_or_else(|| Error::BadPersistentId(format!("storage {key}: bad element count {numel}")))?;
         let data = self.data(key)?;
         if data.len() as u64 != expected {
-            return Err(Error::StorageSize { key: key.clone(), expected, actual: data.len() as u64 });
+            return Err(Error::StorageSize { key: key.to_owned(), expected, actual: data.len() as u64 });
         }
-        Ok((data, dtype))
+        Ok(data)
     }
 }
 
 impl ZipStorages<'_> {
     /// The bytes of storage `key` (record `data/{key}`), each record's window made once.
     fn data(&mut self, key: &str) -> Result<Buffer> {
+        let dir = self.dir;
+        let missing = || Error::MissingRecord { name: format!("{dir}{key}") };
         let i = match self.numbered(key) {
             Some(i) => i,
-            None => self.keyed(key).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?,
+            None => self.keyed(key).ok_or_else(missing)?,
         };
         let archive = self.archive;
         if self.cache.len() <= i {
@@ -329,7 +369,7 @@ impl ZipStorages<'_> {
         if let Some(Some(b)) = self.cache.get(i) {
             return Ok(b.clone());
         }
-        let rec = archive.records().get(i).ok_or_else(|| Error::MissingRecord { name: format!("data/{key}") })?;
+        let rec = archive.records().get(i).ok_or_else(missing)?;
         let b = self.record_data(rec)?;
         if let Some(slot) = self.cache.get_mut(i) {
             *slot = Some(b.clone());
@@ -342,38 +382,31 @@ impl ZipStorages<'_> {
     fn numbered(&mut self, key: &str) -> Option<usize> {
         let n: usize = key.parse().ok()?;
         let records = self.archive.records();
-        let first = *self
-            .first_numbered
-            .get_or_insert_with(|| records.iter().position(|r| r.short_name() == "data/0").unwrap_or(usize::MAX));
+        let dir = self.dir;
+        let first = *self.first_numbered.get_or_insert_with(|| {
+            records.iter().position(|r| r.short_name().strip_prefix(dir) == Some("0")).unwrap_or(usize::MAX)
+        });
         let i = first.checked_add(n)?;
         let name = records.get(i)?.short_name();
-        (name.strip_prefix("data/") == Some(key)).then_some(i)
+        (name.strip_prefix(dir) == Some(key)).then_some(i)
     }
 
     /// Record index of storage `key` (the name after `data/`), through an index of every such record
     /// built on first use.
     fn keyed(&mut self, key: &str) -> Option<usize> {
         let archive = self.archive;
+        let dir = self.dir;
         let keys = self.keys.get_or_insert_with(|| {
             let records = archive.records();
             let mut keys = foldhash::HashMap::with_capacity_and_hasher(records.len(), Default::default());
             for (i, r) in records.iter().enumerate() {
-                if let Some(k) = r.short_name().strip_prefix("data/") {
+                if let Some(k) = r.short_name().strip_prefix(dir) {
                     keys.insert(k, i);
                 }
             }
             keys
         });
         keys.get(key).copied()
-    }
-}
-
-impl CoreStorages for ZipStorages<'_> {
-    fn storage(&mut self, dtype: DType, key: &str, numel: i64) -> Option<Buffer> {
-        // The rules of `StorageSource::storage` (the single pass has checked the tuple and the class).
-        let expected = u64::try_from(numel).ok()?.checked_mul(dtype.size() as u64)?;
-        let data = self.data(key).ok()?;
-        (data.len() as u64 == expected).then_some(data)
     }
 }
 
@@ -392,9 +425,14 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     let headers = if file.is_some() { HeaderSource::ReadAt(&read_at) } else { HeaderSource::Slice(&forget) };
     let (archive, decoded) =
         Archive::parse_overlapped(buffer.as_bytes(), headers, |archive| decode_zip(archive, buffer, options))?;
-    let (value, version) = decoded?;
+    let Decoded { value, version, script } = decoded?;
+    let (state_dict, script) = match script {
+        Some((sd, script)) => (Some(sd), Some(Box::new(script))),
+        None => (module_state_dict(&value), None),
+    };
     Ok(TorchReader {
-        state_dict: module_state_dict(&value),
+        state_dict,
+        script,
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -405,18 +443,25 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     })
 }
 
+/// What a ZIP archive holds.
+struct Decoded {
+    /// The saved object (a TorchScript archive's module).
+    value: Value,
+    /// The `version` record.
+    version: u64,
+    /// A TorchScript archive's state dict and what it declares.
+    script: Option<(Value, crate::torchscript::Script)>,
+}
+
 /// The saved object of a ZIP archive and its `version` record.
-fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Result<(Value, u64)> {
+fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Result<Decoded> {
     let bytes = buffer.as_bytes();
-    if archive.get("constants.pkl").is_some() {
-        return Err(Error::TorchScript);
-    }
     if options.verify_crc {
         for rec in archive.records() {
             archive.verify_crc(bytes, rec)?;
         }
     }
-    let mut storages = ZipStorages::new(archive, buffer);
+    let mut storages = ZipStorages { max_inflated: options.max_inflated_bytes, ..ZipStorages::new(archive, buffer) };
     let version_name = if archive.get(".data/version").is_some() { ".data/version" } else { "version" };
     let version_text = storages.record(version_name)?;
     let version_str = String::from_utf8_lossy(version_text.as_bytes()).trim_end_matches(['\n', '\r']).to_owned();
@@ -433,21 +478,18 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
         }
     }
     let pkl = storages.record("data.pkl")?;
-    // One pass from the pickle to the values; what it declines goes through the full decoder and the
-    // rebuilder, which give the same value or the precise error.
-    let fast =
-        if options.full_decoder { None } else { single_pass::rebuild(pkl.as_bytes(), &options.limits, &mut storages) };
-    let value = match fast {
-        Some(value) => value,
-        None => {
-            let (pickled, _) = ckpt_pickle::decode_with(pkl.as_bytes(), &options.limits)
-                .map_err(|source| Error::Pickle { part: "data.pkl", source })?;
-            Rebuilder { source: &mut storages }.value(&pickled)?
-        }
-    };
-    // numpy values become numpy values the same way whichever path built the objects.
-    let value = if numpy::mentions_numpy(pkl.as_bytes()) { numpy::lift(value) } else { value };
-    Ok((value, version))
+    let value = rebuild(pkl.as_bytes(), &options.pickle(), &mut storages, "data.pkl")?;
+    if archive.get("constants.pkl").is_some() {
+        // A TorchScript archive: the module's tensor constants are pickled apart, their storages under
+        // `constants/`.
+        let mut constants = ZipStorages { dir: "constants/", ..ZipStorages::new(archive, buffer) };
+        constants.max_inflated = options.max_inflated_bytes;
+        let pkl = constants.record("constants.pkl")?;
+        let table = rebuild(pkl.as_bytes(), &options.pickle(), &mut constants, "constants.pkl")?;
+        let (state_dict, script) = crate::torchscript::read(archive, bytes, &value, &table);
+        return Ok(Decoded { value, version, script: Some((state_dict, script)) });
+    }
+    Ok(Decoded { value, version, script: None })
 }
 
 /// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
@@ -466,25 +508,19 @@ mod tests {
 
     use super::*;
 
-    /// The single pass and the full decoder + rebuilder on one `data.pkl` of `archive`: the single pass
-    /// either declines or builds exactly the same value (same Debug rendering: dtypes, shapes, strides,
-    /// offsets, storages). Returns whether it accepted.
+    /// `data.pkl` of `archive` rebuilt with tensor records read straight from the bytes and without: the same
+    /// value (same Debug rendering: dtypes, shapes, strides, offsets, storages) or the same error. Returns
+    /// whether it read.
     fn agree(buffer: &Buffer, archive: &Archive, pkl: &[u8]) -> bool {
-        let limits = ckpt_pickle::Limits::default();
-        let mut storages = ZipStorages::new(archive, buffer);
-        let fast = single_pass::rebuild(pkl, &limits, &mut storages);
-        let mut storages = ZipStorages::new(archive, buffer);
-        let full = ckpt_pickle::decode_with(pkl, &limits)
-            .map_err(|source| Error::Pickle { part: "data.pkl", source })
-            .and_then(|(p, _)| Rebuilder { source: &mut storages }.value(&p));
-        match (fast, full) {
-            (None, _) => false,
-            (Some(v), Ok(w)) => {
-                assert_eq!(format!("{v:?}"), format!("{w:?}"));
-                true
-            }
-            (Some(v), Err(e)) => panic!("single pass built {v:?} where the full path fails: {e}"),
-        }
+        let options = ckpt_pickle::Options::default();
+        let (fast, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), true);
+        let (slow, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), false);
+        let render = |r: &std::result::Result<Value, crate::rebuild::Failure>| match r {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => format!("{e:?}"),
+        };
+        assert_eq!(render(&fast), render(&slow));
+        fast.is_ok()
     }
 
     fn fixtures() -> Vec<Buffer> {
@@ -526,6 +562,7 @@ mod tests {
             archive: None,
             records: OnceLock::new(),
             state_dict: None,
+            script: None,
             leaf_index: OnceLock::new(),
         };
         let names: Vec<String> = f.entries().into_iter().map(|e| e.name).collect();
@@ -549,18 +586,17 @@ mod tests {
         assert!(bad.entries().is_empty());
     }
 
-    /// Dicts with a repeated key (a fuzzer finding, `tests/fuzz_regressions.rs`): the single pass takes the
-    /// file rather than declining it, and builds what the rebuilder builds (the last value, first position).
+    /// Dicts with a repeated key (a fuzzer finding, `tests/fuzz_regressions.rs`): the last value, in the first
+    /// position, with and without tensor records read from the bytes.
     #[test]
-    fn single_pass_takes_and_agrees_on_a_repeated_dict_key() {
+    fn a_repeated_dict_key_keeps_the_last_value() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/duplicate_key.pt");
         let b = Buffer::map_file(&path).unwrap();
         let archive = Archive::parse(b.as_bytes()).unwrap();
         let rec = archive.get("data.pkl").unwrap();
         let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
-        assert!(agree(&b, &archive, &pkl), "the single pass declined");
-        let mut storages = ZipStorages::new(&archive, &b);
-        let v = single_pass::rebuild(&pkl, &ckpt_pickle::Limits::default(), &mut storages).unwrap();
+        assert!(agree(&b, &archive, &pkl));
+        let v = TorchReader::from_buffer(&b, &ReadOptions::default()).unwrap().into_value();
         let Value::Dict(d) = v else { panic!("{v:?}") };
         let keys: Vec<&str> = d.items.iter().filter_map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["w", "n"]);
@@ -568,60 +604,47 @@ mod tests {
     }
 
     #[test]
-    fn single_pass_builds_what_the_rebuilder_builds() {
+    fn every_fixture_reads_alike_with_and_without_templates() {
         let fixtures = fixtures();
         assert!(fixtures.len() >= 15, "{}", fixtures.len());
-        let mut accepted = 0;
         for b in &fixtures {
             let archive = Archive::parse(b.as_bytes()).unwrap();
             let Some(rec) = archive.get("data.pkl") else { continue };
             let pkl = archive.data(b.as_bytes(), rec).unwrap().to_vec();
-            if agree(b, &archive, &pkl) {
-                accepted += 1;
-            }
+            assert!(agree(b, &archive, &pkl));
         }
-        // Every fixture torch wrote goes through the single pass.
-        assert_eq!(accepted, fixtures.len());
     }
 
-    /// numpy values and whole modules come out the same through the single pass and through the full decoder
-    /// + rebuilder (the fallback), each followed by the numpy lifting `read_zip` applies to either.
+    /// numpy values and whole modules: the reader's value is the rebuilt pickle with numpy lifted, and reads
+    /// alike with and without templates.
     #[test]
-    fn numpy_values_and_modules_read_alike_on_both_paths() {
+    fn numpy_values_and_modules_read() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/values");
         let mut numpy_values = 0;
         for name in ["numpy.pt", "numpy_unsupported.pt", "module_whole.pt", "lightning.ckpt"] {
             let b = Buffer::map_file(&dir.join(name)).unwrap();
             let archive = Archive::parse(b.as_bytes()).unwrap();
             let pkl = archive.data(b.as_bytes(), archive.get("data.pkl").unwrap()).unwrap().to_vec();
-            let limits = ckpt_pickle::Limits::default();
-            let mut storages = ZipStorages::new(&archive, &b);
-            let fast =
-                single_pass::rebuild(&pkl, &limits, &mut storages).expect("the single pass accepts torch's files");
-            let mut storages = ZipStorages::new(&archive, &b);
-            let (p, _) = ckpt_pickle::decode_with(&pkl, &limits).unwrap();
-            let full = Rebuilder { source: &mut storages }.value(&p).unwrap();
-            let (fast, full) = (numpy::lift(fast), numpy::lift(full));
-            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{name}");
-            assert_eq!(module_state_dict(&fast), module_state_dict(&full), "{name}");
-            // And what the reader gives is that value.
+            assert!(agree(&b, &archive, &pkl), "{name}");
             let reader = TorchReader::from_buffer(&b, &ReadOptions::default()).unwrap();
-            assert_eq!(format!("{:?}", reader.value()), format!("{full:?}"), "{name}");
-            if let Value::Dict(d) = &full {
+            if let Value::Dict(d) = reader.value() {
                 numpy_values += d.items.iter().filter(|(_, v)| matches!(v, Value::Numpy(_))).count();
+            }
+            if name == "module_whole.pt" {
+                assert!(reader.module_state_dict().is_some());
             }
         }
         // numpy.pt: 7 scalars, 4 arrays; numpy_unsupported.pt: 1 scalar (its two arrays stay objects).
         assert_eq!(numpy_values, 12);
     }
 
-    /// The fallback path on its own: a numpy file whose pickle the single pass declines (a second BUILD on
-    /// one object) still reads its numpy values through the full decoder and the rebuilder.
+    /// An object BUILT twice (CPython never writes it; `__dict__.update` twice) beside a numpy value: the
+    /// states merge, and the numpy value reads.
     #[test]
-    fn numpy_values_read_when_the_single_pass_declines() {
+    fn an_object_built_twice_merges_its_states() {
         use ckpt_pickle::Pickler;
         let mut p = Pickler::new(Vec::new(), 2).unwrap();
-        // {'acc': numpy.float64(0.5), 'o': <an object BUILT twice, which the single pass declines>}
+        // {'acc': numpy.float64(0.5), 'o': <an object BUILT twice>}
         p.empty_dict().unwrap();
         p.mark().unwrap();
         p.str("acc").unwrap();
@@ -651,20 +674,25 @@ mod tests {
         p.empty_tuple().unwrap();
         p.reduce().unwrap();
         p.empty_dict().unwrap();
+        p.str("a").unwrap();
+        p.int(1).unwrap();
+        p.setitem().unwrap();
         p.build().unwrap();
         p.empty_dict().unwrap();
+        p.str("b").unwrap();
+        p.int(2).unwrap();
+        p.setitem().unwrap();
         p.build().unwrap();
         p.setitems().unwrap();
         let pkl = p.finish().unwrap();
         let buffer = archive_of(&[("data.pkl", &pkl), ("version", b"3\n")]);
-        let archive = Archive::parse(buffer.as_bytes()).unwrap();
-        let mut storages = ZipStorages::new(&archive, &buffer);
-        let limits = ckpt_pickle::Limits::default();
-        assert!(single_pass::rebuild(&pkl, &limits, &mut storages).is_none(), "the single pass must decline");
         let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
         let Value::Numpy(n) = reader.get("acc").unwrap() else { panic!("{:?}", reader.value()) };
         assert_eq!((n.dtype, &n.value, n.module.as_str()), (DType::F64, &Value::Float(0.5), "numpy._core.multiarray"));
-        assert!(matches!(reader.get("o").unwrap(), Value::Object(_)));
+        let Value::Dict(d) = reader.value() else { panic!() };
+        let Some(Value::Object(o)) = d.get("o") else { panic!("{:?}", reader.value()) };
+        let Some(Value::Dict(state)) = &o.state else { panic!("{o:?}") };
+        assert_eq!(state.items, [(Value::from("a"), Value::Int(1)), (Value::from("b"), Value::Int(2))]);
     }
 
     /// A torch ZIP archive (prefix `archive`, 64-byte aligned) of these records.
@@ -730,31 +758,37 @@ mod tests {
         (archive_of(&[("data.pkl", &pkl), ("data/0", &[0u8; 16]), ("version", b"3\n")]), pkl)
     }
 
-    /// Tensor rebuilds run as soon as their REDUCE is read: a parameter takes the finished tensor, and a
-    /// tensor call that something mutates afterwards (a BUILD here) is left to the full path, which keeps it
-    /// as the object it is.
+    /// Tensor rebuilds run as soon as their REDUCE is read: a parameter takes the finished tensor, and a BUILD
+    /// on a rebuilt tensor (`Tensor.__setstate__`) gives the tensor with that state.
     #[test]
-    fn tensors_rebuilt_at_their_reduce_match_the_full_path() {
+    fn tensors_rebuilt_at_their_reduce_take_a_later_state() {
         let (buffer, pkl) = tensor_pickle(|_| {});
         let archive = Archive::parse(buffer.as_bytes()).unwrap();
-        assert!(agree(&buffer, &archive, &pkl), "the single pass takes plain tensors and parameters");
+        assert!(agree(&buffer, &archive, &pkl));
         let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
         assert!(matches!(reader.get("t").unwrap(), Value::Tensor(t) if t.shape() == [2, 2]));
         assert!(matches!(reader.get("p").unwrap(), Value::Parameter { tensor, .. } if tensor.requires_grad()));
 
         let (buffer, pkl) = tensor_pickle(|p| {
             p.empty_dict().unwrap();
+            p.str("note").unwrap();
+            p.int(1).unwrap();
+            p.setitem().unwrap();
             p.build().unwrap();
         });
         let archive = Archive::parse(buffer.as_bytes()).unwrap();
-        assert!(!agree(&buffer, &archive, &pkl), "a BUILD on a rebuilt tensor must be declined");
+        assert!(agree(&buffer, &archive, &pkl));
         let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
-        assert!(matches!(reader.get("t").unwrap(), Value::Object(o) if o.state.is_some()), "{:?}", reader.value());
+        let Value::TensorWithState { tensor, state, .. } = reader.get("t").unwrap() else {
+            panic!("{:?}", reader.value())
+        };
+        assert!(matches!(&**tensor, Value::Tensor(t) if t.shape() == [2, 2]));
+        assert!(matches!(&**state, Value::Dict(d) if d.get("note") == Some(&Value::Int(1))));
         assert!(matches!(reader.get("p").unwrap(), Value::Parameter { .. }));
     }
 
     #[test]
-    fn single_pass_declines_or_agrees_on_mutated_pickles() {
+    fn mutated_pickles_read_alike_with_and_without_templates() {
         let mut state = 0x1234_5678_9abc_def1u64;
         let mut next = move || {
             state ^= state >> 12;
@@ -762,8 +796,9 @@ mod tests {
             state ^= state >> 27;
             state.wrapping_mul(0x2545_f491_4f6c_dd1d)
         };
-        let fixtures = fixtures();
-        let (mut accepted, mut declined) = (0, 0);
+        let mut fixtures = fixtures();
+        fixtures.push(many_tensors(60));
+        let (mut read, mut failed) = (0, 0);
         for _ in 0..4000 {
             let b = &fixtures[next() as usize % fixtures.len()];
             let archive = Archive::parse(b.as_bytes()).unwrap();
@@ -780,12 +815,12 @@ mod tests {
                 }
             }
             if agree(b, &archive, &pkl) {
-                accepted += 1;
+                read += 1;
             } else {
-                declined += 1;
+                failed += 1;
             }
         }
-        assert!(accepted > 100 && declined > 100, "{accepted} accepted, {declined} declined");
+        assert!(read > 100 && failed > 100, "{read} read, {failed} failed");
     }
 
     /// A state dict written by ckpt's writer (torch's layout): `n` tensors of every rank from 0 to 9, with
@@ -833,8 +868,8 @@ mod tests {
         (archive, pkl)
     }
 
-    /// The single pass with and without tensor records read straight from the bytes: the value (Debug
-    /// rendering: dtypes, shapes, strides, offsets, storages), or `None` for a decline; and how many records
+    /// `data.pkl` rebuilt with and without tensor records read straight from the bytes: the value (Debug
+    /// rendering: dtypes, shapes, strides, offsets, storages), or `None` for an error; and how many records
     /// were read that way.
     fn both_ways(
         b: &Buffer,
@@ -842,12 +877,13 @@ mod tests {
         pkl: &[u8],
         limits: &ckpt_pickle::Limits,
     ) -> (Option<String>, Option<String>, usize) {
+        let options = ckpt_pickle::Options::from(*limits);
         let mut storages = ZipStorages::new(archive, b);
-        let (fast, read) = single_pass::rebuild_counting(pkl, limits, &mut storages, true);
+        let (fast, read) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, true);
         let mut storages = ZipStorages::new(archive, b);
-        let (slow, none) = single_pass::rebuild_counting(pkl, limits, &mut storages, false);
+        let (slow, none) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, false);
         assert_eq!(none, 0);
-        (fast.map(|v| format!("{v:?}")), slow.map(|v| format!("{v:?}")), read)
+        (fast.ok().map(|v| format!("{v:?}")), slow.ok().map(|v| format!("{v:?}")), read)
     }
 
     #[test]
@@ -859,7 +895,7 @@ mod tests {
         for b in &files {
             let (archive, pkl) = pickle_of(b);
             let (fast, slow, read) = both_ways(b, &archive, &pkl, &limits);
-            assert!(fast.is_some(), "declined");
+            assert!(fast.is_some(), "failed");
             assert_eq!(fast, slow);
             read_total += read;
         }
@@ -934,9 +970,9 @@ mod tests {
         assert!(same > 0 && other > 0, "{same} tensors read the same, {other} others");
     }
 
-    /// Every limit of the pickle decoder, at and around the smallest value the VM accepts the file at:
-    /// with tensor records read from the bytes the single pass accepts exactly when it does without, and
-    /// builds the same value.
+    /// Every limit of the pickle machine, at and around the smallest value the machine accepts the file at:
+    /// with tensor records read from the bytes it accepts exactly when it does without, and builds the same
+    /// value.
     #[test]
     fn tensor_records_read_from_the_bytes_count_every_limit_as_the_vm() {
         use ckpt_pickle::Limits;

@@ -241,6 +241,14 @@ struct DataPickler {
     storage_index: HashMap<(usize, usize, usize), usize>,
     /// Tensors pickled so far with their memo ids, by storage and offset (a repeated view is one object).
     tensors: HashMap<ViewKey, Vec<(Tensor, u32)>>,
+    /// The objects of [`Value::Shared`] definitions being written, by address, with their ids: memoized as
+    /// the objects themselves are (before what they hold, so that a cycle reads them back).
+    shared_def: HashMap<*const Value, u32>,
+    /// The memo id of each shared object written.
+    shared_memo: HashMap<u32, u32>,
+    /// Shared values written without a memo entry of their own (a string, a tensor), written again where
+    /// they are referred to.
+    shared_copy: HashMap<u32, Value>,
 }
 
 /// A tensor's storage identity and storage offset: where repeated views are looked up.
@@ -267,6 +275,9 @@ impl DataPickler {
             storages: Vec::new(),
             storage_index: HashMap::new(),
             tensors: HashMap::new(),
+            shared_def: HashMap::new(),
+            shared_memo: HashMap::new(),
+            shared_copy: HashMap::new(),
         })
     }
 
@@ -276,6 +287,15 @@ impl DataPickler {
 
     fn memoize(&mut self) -> Result<u32> {
         self.p.memoize().map_err(io)
+    }
+
+    /// Memoizes the object `owner` just made (when there is one), noting the memo id of a shared object.
+    fn memoize_of(&mut self, owner: Option<&Value>) -> Result<u32> {
+        let id = self.memoize()?;
+        if let Some(shared) = owner.and_then(|v| self.shared_def.remove(&std::ptr::from_ref(v))) {
+            self.shared_memo.insert(shared, id);
+        }
+        Ok(id)
     }
 
     fn global(&mut self, module: &str, name: &str) -> Result<()> {
@@ -304,6 +324,11 @@ impl DataPickler {
 
     /// A tuple of already-known length whose items `items` pickles; memoized unless empty (CPython).
     fn tuple(&mut self, n: usize, items: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        self.tuple_of(None, n, items)
+    }
+
+    /// [`Self::tuple`], for the value `owner` when it is one.
+    fn tuple_of(&mut self, owner: Option<&Value>, n: usize, items: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         if n == 0 {
             return self.p.empty_tuple().map_err(io);
         }
@@ -312,7 +337,7 @@ impl DataPickler {
         }
         items(self)?;
         self.p.tuple(n).map_err(io)?;
-        self.memoize().map(|_| ())
+        self.memoize_of(owner).map(|_| ())
     }
 
     fn ints(&mut self, dims: &[usize]) -> Result<()> {
@@ -369,14 +394,49 @@ impl DataPickler {
         n: usize,
         args: impl FnOnce(&mut Self) -> Result<()>,
     ) -> Result<u32> {
+        self.reduce_of(None, module, name, n, args)
+    }
+
+    /// [`Self::reduce`], making the value `owner` when it is one.
+    fn reduce_of(
+        &mut self,
+        owner: Option<&Value>,
+        module: &str,
+        name: &str,
+        n: usize,
+        args: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<u32> {
         self.global(module, name)?;
         self.tuple(n, args)?;
         self.p.reduce().map_err(io)?;
-        self.memoize()
+        self.memoize_of(owner)
     }
 
     fn value(&mut self, v: &Value) -> Result<()> {
+        let me = Some(v);
         match v {
+            Value::Shared { id, value } => {
+                let at = std::ptr::from_ref(&**value);
+                self.shared_def.insert(at, *id);
+                self.value(value)?;
+                if self.shared_def.remove(&at).is_some() {
+                    // Not memoized as an object of its own: written again where it is referred to.
+                    self.shared_copy.insert(*id, (**value).clone());
+                }
+                Ok(())
+            }
+            Value::Ref(id) => {
+                if let Some(&memo) = self.shared_memo.get(id) {
+                    return self.p.get(memo).map_err(io);
+                }
+                match self.shared_copy.get(id).cloned() {
+                    Some(v) => self.value(&v),
+                    None => Err(unwritable(
+                        "a reference to an object not written before it (a tuple that contains itself, or a \
+                         Value::Ref outside its Value::Shared)",
+                    )),
+                }
+            }
             Value::None => self.p.none().map_err(io),
             Value::Bool(b) => self.p.bool(*b).map_err(io),
             Value::Int(i) => self.p.int(*i).map_err(io),
@@ -386,30 +446,30 @@ impl DataPickler {
             Value::Bytes(b) => self.bytes(b),
             Value::ByteArray(b) => {
                 // bytearray.__reduce_ex__(2) → (bytearray, (bytes(self),))
-                self.reduce("__builtin__", "bytearray", 1, |me| me.bytes(b)).map(|_| ())
+                self.reduce_of(me, "__builtin__", "bytearray", 1, |me| me.bytes(b)).map(|_| ())
             }
             Value::Complex(re, im) => self
-                .reduce("__builtin__", "complex", 2, |me| {
+                .reduce_of(me, "__builtin__", "complex", 2, |me| {
                     me.p.float(*re).map_err(io)?;
                     me.p.float(*im).map_err(io)
                 })
                 .map(|_| ()),
             Value::List(items) => {
                 self.p.empty_list().map_err(io)?;
-                self.memoize()?;
+                self.memoize_of(me)?;
                 self.appends(items)
             }
-            Value::Tuple(items) => self.tuple(items.len(), |me| items.iter().try_for_each(|i| me.value(i))),
+            Value::Tuple(items) => self.tuple_of(me, items.len(), |me| items.iter().try_for_each(|i| me.value(i))),
             Value::Set(items) | Value::FrozenSet(items) => {
                 let name = if matches!(v, Value::Set(_)) { "set" } else { "frozenset" };
-                self.reduce("__builtin__", name, 1, |me| {
+                self.reduce_of(me, "__builtin__", name, 1, |me| {
                     me.p.empty_list().map_err(io)?;
                     me.memoize()?;
                     me.appends(items)
                 })
                 .map(|_| ())
             }
-            Value::Dict(d) => self.dict(d),
+            Value::Dict(d) => self.dict(v, d),
             Value::Tensor(t) => self.tensor(t),
             Value::Parameter { tensor, state } => self.parameter(tensor, state.as_deref()),
             Value::TensorWithState { tensor, class, state } => {
@@ -426,17 +486,17 @@ impl DataPickler {
                 })
                 .map(|_| ())
             }
-            Value::OpaqueTensor { object, .. } => self.object(object),
+            Value::OpaqueTensor { object, .. } => self.object(None, object),
             Value::Storage { dtype, data } => self.persistent_id(data, *dtype),
             Value::Size(dims) => self
-                .reduce("torch", "Size", 1, |me| {
+                .reduce_of(me, "torch", "Size", 1, |me| {
                     me.tuple(dims.len(), |me| dims.iter().try_for_each(|&d| me.p.int(d).map_err(io)))
                 })
                 .map(|_| ()),
             Value::DType(d) => self.global("torch", d.torch_name()),
             Value::Device { kind, index } => {
                 let n = if index.is_some() { 2 } else { 1 };
-                self.reduce("torch", "device", n, |me| {
+                self.reduce_of(me, "torch", "device", n, |me| {
                     me.p.str(kind).map_err(io)?;
                     me.memoize()?;
                     match index {
@@ -447,12 +507,12 @@ impl DataPickler {
                 .map(|_| ())
             }
             Value::Global { module, name } => self.global(module, name),
-            Value::Object(o) => self.object(o),
+            Value::Object(o) => self.object(me, o),
             Value::Numpy(n) => {
                 let o = crate::numpy::lower(n).ok_or_else(|| {
                     unwritable(format!("a {} holding a {} value", n.type_name(), n.value.type_name()))
                 })?;
-                self.object(&o)
+                self.object(None, &o)
             }
             other => Err(unwritable(format!("a {} value", other.type_name()))),
         }
@@ -470,21 +530,21 @@ impl DataPickler {
         .map(|_| ())
     }
 
-    fn dict(&mut self, d: &Dict) -> Result<()> {
+    fn dict(&mut self, v: &Value, d: &Dict) -> Result<()> {
         match d.kind {
             DictKind::Dict => {
                 self.p.empty_dict().map_err(io)?;
-                self.memoize()?;
+                self.memoize_of(Some(v))?;
                 self.setitems(&d.items)?;
             }
             DictKind::OrderedDict => {
                 // OrderedDict.__reduce__ → (OrderedDict, (), vars(self) or None, None, iter(items))
-                self.reduce("collections", "OrderedDict", 0, |_| Ok(()))?;
+                self.reduce_of(Some(v), "collections", "OrderedDict", 0, |_| Ok(()))?;
                 self.setitems(&d.items)?;
             }
             DictKind::Counter => {
                 // Counter.__reduce__ → (Counter, (dict(self),))
-                self.reduce("collections", "Counter", 1, |me| {
+                self.reduce_of(Some(v), "collections", "Counter", 1, |me| {
                     me.p.empty_dict().map_err(io)?;
                     me.memoize()?;
                     me.setitems(&d.items)
@@ -499,11 +559,11 @@ impl DataPickler {
         Ok(())
     }
 
-    fn object(&mut self, o: &Object) -> Result<()> {
+    fn object(&mut self, owner: Option<&Value>, o: &Object) -> Result<()> {
         self.value(&o.callable)?;
         self.value(&o.args)?;
         if o.newobj { self.p.newobj() } else { self.p.reduce() }.map_err(io)?;
-        self.memoize()?;
+        self.memoize_of(owner)?;
         self.appends(&o.list_items)?;
         self.setitems(&o.dict_items)?;
         if let Some(state) = &o.state {

@@ -92,6 +92,8 @@ const FLAG_DATA_DESCRIPTOR: u16 = 0x0008;
 const FLAG_UTF8: u16 = 0x0800;
 /// General purpose flag: entry is encrypted.
 const FLAG_ENCRYPTED: u16 = 0x0001;
+/// Compression method 8: DEFLATE.
+const METHOD_DEFLATE: u16 = 8;
 
 /// Everything that can go wrong reading or writing a torch ZIP archive.
 ///
@@ -248,13 +250,38 @@ pub enum ZipError {
         b: String,
     },
 
-    /// The record is compressed; only stored records can be sliced.
-    #[error("record {name:?} uses compression method {method}; only stored (0) records can be read in place")]
+    /// The record uses a compression method other than stored (0) and DEFLATE (8).
+    #[error("record {name:?} uses compression method {method}; only stored (0) and DEFLATE (8) records can be read")]
     Compressed {
         /// Entry name.
         name: String,
-        /// Compression method (8 = deflate).
+        /// Compression method.
         method: u16,
+    },
+
+    /// A DEFLATE record claims an uncompressed size that its compressed bytes cannot hold (DEFLATE expands
+    /// by at most 1032 times), or more than the reader allows.
+    #[error("DEFLATE record {name:?} claims {size} uncompressed bytes from {compressed}; at most {limit} allowed")]
+    InflatedTooLarge {
+        /// Entry name.
+        name: String,
+        /// Uncompressed size from the central directory.
+        size: u64,
+        /// Compressed size.
+        compressed: u64,
+        /// The bound it crossed.
+        limit: u64,
+    },
+
+    /// A DEFLATE record's stream is corrupt, or inflates to another size than the central directory says.
+    #[error("DEFLATE record {name:?} does not inflate to its {size} bytes: {reason}")]
+    Inflate {
+        /// Entry name.
+        name: String,
+        /// Uncompressed size from the central directory.
+        size: u64,
+        /// What went wrong.
+        reason: String,
     },
 
     /// The record is encrypted.

@@ -819,7 +819,17 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
             v if v.as_tensor().is_some() => {
                 v.as_tensor().map(|t| ckpt::core::format_tensor(t, limit)).unwrap_or_default()
             }
-            v => ckpt::core::python_str(&v).unwrap_or_else(|_| format!("<{}>", v.type_name())),
+            // Containers and objects indented, a shared object labelled where it is defined and every
+            // reference to it printed with that place's path.
+            v => ckpt::core::python_str(&v).unwrap_or_else(|_| {
+                // A reference out of the entry points to an object that encloses it: named from the top.
+                let outside = c
+                    .downcast_ref::<ckpt::torch::TorchReader>()
+                    .filter(|_| v.has_refs())
+                    .map(|t| ckpt::core::shared_paths(t.module_state_dict().unwrap_or(t.value())))
+                    .unwrap_or_default();
+                ckpt::core::format_value_with(&v, name, &outside)
+            }),
         }
     };
     let mut out = std::io::stdout().lock();

@@ -37,12 +37,16 @@ impl Adaptor for Torch {
     }
 
     /// A whole pickled module is written back whole (the module objects, not only their state dict); any
-    /// other file goes through its content.
+    /// other file, a TorchScript archive among them (its weights), goes through its content.
     fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
         let reader = match ckpt_torch::TorchReader::open_with(src, &limits.torch()).at(src) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
+        // A TorchScript module's objects are `__torch__` classes only its code defines: weights only.
+        if reader.script().is_some() {
+            return None;
+        }
         let state_dict = reader.module_state_dict()?;
         Some((|| {
             let summary = count(&Content::from_tree(state_dict.clone(), src)?.leaves);

@@ -189,6 +189,10 @@ pub struct Records {
     /// looking an entry up takes constant time, not a scan (20,000-tensor files are read entry by entry).
     value_index: HashMap<String, usize>,
     tensor_index: HashMap<String, usize>,
+    /// The tensors inside each object value, by the value's name: entries of their own after it, named as
+    /// [`crate::entry_names`] names them (the names the writer stored them under), as a torch file's reader
+    /// lists them.
+    inside: Vec<(String, Vec<(String, Value)>)>,
 }
 
 impl Records {
@@ -212,7 +216,19 @@ impl Records {
         let paths = order.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
         let value_index = values.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
         let tensor_index = tensors.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
-        Records { order, paths, values, hidden, value_index, tensor_index }
+        let inside = values
+            .iter()
+            .filter_map(|(name, v)| {
+                let tensors = tensors_inside(name, v, &decoder.used);
+                (!tensors.is_empty()).then(|| (name.clone(), tensors))
+            })
+            .collect();
+        Records { order, paths, values, hidden, value_index, tensor_index, inside }
+    }
+
+    /// The tensors inside the object value `name` ([`Records::inside`]).
+    fn inside_of(&self, name: &str) -> &[(String, Value)] {
+        self.inside.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_slice()).unwrap_or_default()
     }
 
     /// The path of entry `name`: the recorded one, else the name as a single key.
@@ -242,6 +258,11 @@ impl Records {
             if let Some(v) = values.get(name) {
                 seen.insert(name);
                 out.push((name, EntryRef::Value(v)));
+                for (inner, t) in self.inside_of(name) {
+                    if seen.insert(inner.as_str()) {
+                        out.push((inner.as_str(), EntryRef::Value(t)));
+                    }
+                }
             } else if let Some(t) = stored.get(name).filter(|_| !self.hidden.contains(name)) {
                 seen.insert(name);
                 out.push((name, EntryRef::Tensor(t)));
@@ -264,6 +285,9 @@ impl Records {
         let indexed = self.value_index.get(name).and_then(|&i| self.values.get(i)).filter(|(n, _)| n == name);
         if let Some((_, v)) = indexed.or_else(|| self.values.iter().find(|(n, _)| n == name)) {
             return Some(EntryRef::Value(v));
+        }
+        if let Some((_, t)) = self.inside.iter().flat_map(|(_, t)| t).find(|(n, _)| n == name) {
+            return Some(EntryRef::Value(t));
         }
         if self.hidden.contains(name) {
             return None;
@@ -307,6 +331,17 @@ impl Records {
             .map(EntryRef::to_value)
             .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
     }
+}
+
+/// The tensors inside the object value `v` of entry `name` ([`crate::object_tensors`]) that the file stores
+/// under those names (`used`: the stored tensors the values refer to).
+fn tensors_inside(name: &str, v: &Value, used: &HashSet<String>) -> Vec<(String, Value)> {
+    crate::object_tensors(v)
+        .into_iter()
+        .map(|(inner, t)| (format!("{name}.{inner}"), t))
+        .filter(|(n, _)| used.contains(n))
+        .map(|(n, t)| (n, t.clone()))
+        .collect()
 }
 
 /// An entry of a file: a stored tensor, or a recorded value.
@@ -403,7 +438,7 @@ impl WriteOptions {
 #[non_exhaustive]
 pub struct SaveReport {
     /// Tensor entries written (every entry holding a dense tensor: tensors, parameters, tensors with
-    /// attributes, tensors of any dtype).
+    /// attributes, tensors of any dtype, and the tensors inside objects, [`crate::object_tensors`]).
     pub tensors: usize,
     /// Bytes of the tensors of the file (tensor entries and the tensors values hold).
     pub bytes: u64,
@@ -453,6 +488,8 @@ pub fn prepare<'a>(
                     report.tensors += 1;
                 } else {
                     report.values += 1;
+                    // An object's tensors are entries of their own when the file is read back.
+                    report.tensors += crate::object_tensors(value).len();
                 }
                 tensors.extend(stored);
                 kept_paths.push((name, path));

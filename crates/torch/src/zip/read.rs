@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use super::{
     CENTRAL_HEADER_LEN, CENTRAL_HEADER_SIG, DEFAULT_ALIGNMENT, EOCD_LEN, EOCD_SIG, FLAG_ENCRYPTED, LOCAL_HEADER_LEN,
-    LOCAL_HEADER_SIG, U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_LEN,
+    LOCAL_HEADER_SIG, METHOD_DEFLATE, U32_SENTINEL, ZIP64_EOCD_LEN, ZIP64_EOCD_SIG, ZIP64_EXTRA_ID, ZIP64_LOCATOR_LEN,
     ZIP64_LOCATOR_SIG, ZipError, torch_data_offset,
 };
 
@@ -571,8 +571,8 @@ impl Archive {
     }
 
     /// The bytes of a stored record: a sub-slice of `bytes`, which must be the slice this archive
-    /// was parsed from. Compressed records give [`ZipError::Compressed`] (inflate them elsewhere
-    /// from [`Record::data_range`]), encrypted ones [`ZipError::Encrypted`].
+    /// was parsed from. Compressed records give [`ZipError::Compressed`] ([`Archive::record_bytes`]
+    /// inflates DEFLATE ones), encrypted ones [`ZipError::Encrypted`].
     pub fn data<'a>(&self, bytes: &'a [u8], rec: &Record) -> Result<&'a [u8], ZipError> {
         if bytes.len() as u64 != self.len {
             return Err(ZipError::BufferMismatch { parsed: self.len, given: bytes.len() as u64 });
@@ -586,17 +586,66 @@ impl Archive {
         Cur::new(bytes, rec.data_offset, "record data").bytes(rec.size)
     }
 
-    /// Checks a stored record's bytes against the CRC-32 from the central directory.
+    /// The bytes of a record, stored or DEFLATE-compressed (method 8): a sub-slice of `bytes` for a stored
+    /// one, the inflated bytes for a compressed one, whose uncompressed size (from the central directory)
+    /// is checked against what its compressed bytes can hold and against `max_inflated` before anything is
+    /// allocated, and whose stream must inflate to exactly that size.
+    pub fn record_bytes<'a>(
+        &self,
+        bytes: &'a [u8],
+        rec: &Record,
+        max_inflated: u64,
+    ) -> Result<std::borrow::Cow<'a, [u8]>, ZipError> {
+        if rec.method != METHOD_DEFLATE {
+            return self.data(bytes, rec).map(std::borrow::Cow::Borrowed);
+        }
+        if bytes.len() as u64 != self.len {
+            return Err(ZipError::BufferMismatch { parsed: self.len, given: bytes.len() as u64 });
+        }
+        if rec.flags & FLAG_ENCRYPTED != 0 {
+            return Err(ZipError::Encrypted { name: rec.name.clone() });
+        }
+        let compressed = Cur::new(bytes, rec.data_offset, "record data").bytes(rec.compressed_size)?;
+        // A DEFLATE block expands at most 1032 times (258 bytes from a 2-bit code).
+        let limit = rec.compressed_size.saturating_mul(1032).saturating_add(64).min(max_inflated);
+        if rec.size > limit {
+            return Err(ZipError::InflatedTooLarge {
+                name: rec.name.clone(),
+                size: rec.size,
+                compressed: rec.compressed_size,
+                limit,
+            });
+        }
+        let size = usize::try_from(rec.size).map_err(|_| ZipError::InflatedTooLarge {
+            name: rec.name.clone(),
+            size: rec.size,
+            compressed: rec.compressed_size,
+            limit: usize::MAX as u64,
+        })?;
+        let inflate_err = |reason: String| ZipError::Inflate { name: rec.name.clone(), size: rec.size, reason };
+        let mut out = vec![0u8; size];
+        let mut z = flate2::Decompress::new(false);
+        let status = z
+            .decompress(compressed, &mut out, flate2::FlushDecompress::Finish)
+            .map_err(|e| inflate_err(e.to_string()))?;
+        if status != flate2::Status::StreamEnd || z.total_out() != rec.size {
+            return Err(inflate_err(format!("it inflates to {} bytes or more", z.total_out())));
+        }
+        Ok(std::borrow::Cow::Owned(out))
+    }
+
+    /// Checks a record's bytes (inflated, for a DEFLATE record) against the CRC-32 from the central
+    /// directory.
     ///
     /// A recorded CRC of 0 means "not computed" (torch writes 0 under
     /// `torch.serialization.set_crc32_options(False)` and `skip_data`) and is accepted without
     /// reading the data; an empty record, whose true CRC is 0, is therefore always accepted too.
     pub fn verify_crc(&self, bytes: &[u8], rec: &Record) -> Result<(), ZipError> {
-        let data = self.data(bytes, rec)?;
+        let data = self.record_bytes(bytes, rec, crate::read::DEFAULT_MAX_INFLATED_BYTES)?;
         if rec.crc32 == 0 {
             return Ok(());
         }
-        let actual = crc32fast::hash(data);
+        let actual = crc32fast::hash(&data);
         if actual == rec.crc32 {
             Ok(())
         } else {

@@ -1093,10 +1093,20 @@ fn err_compressed_and_encrypted() {
     let r = ar.get("data/0").unwrap();
     assert_eq!(r.method(), 8);
     assert!(matches!(ar.data(&bytes, r), Err(ZipError::Compressed { method: 8, .. })));
-    assert!(matches!(ar.verify_crc(&bytes, r), Err(ZipError::Compressed { .. })));
+    // Marked DEFLATE, but its bytes are no DEFLATE stream: the inflater says so.
+    assert!(matches!(ar.verify_crc(&bytes, r), Err(ZipError::Inflate { .. })));
+    assert!(matches!(ar.record_bytes(&bytes, r, 1 << 20), Err(ZipError::Inflate { .. })));
     assert_eq!(r.data_range(), 90..106, "the raw range is still available");
     let r = ar.get("version").unwrap();
     assert!(matches!(ar.data(&bytes, r), Err(ZipError::Encrypted { name }) if name == "a/version"));
+    let bytes = build(SIMPLE, |i, e| {
+        if i == 1 {
+            set16(e, 10, 12); // bzip2
+        }
+    });
+    let ar = Archive::parse(&bytes).unwrap();
+    let r = ar.get("data/0").unwrap();
+    assert!(matches!(ar.record_bytes(&bytes, r, 1 << 20), Err(ZipError::Compressed { method: 12, .. })));
 }
 
 #[test]
@@ -1373,4 +1383,78 @@ fn overlapped_parse_reports_a_broken_local_header_like_parse() {
         let got = overlapped_from(bytes, reads).map(|_| ()).unwrap_err().to_string();
         assert_eq!(got, expected, "{reads:?}");
     }
+}
+
+/// A DEFLATE record (as Python's `zipfile` writes one) inflates to its bytes and passes its CRC; one that
+/// claims more than DEFLATE can expand, or more than the caller allows, is refused before anything is
+/// allocated; one cut short or inflating to another size is an error.
+#[test]
+fn deflate_records_inflate_within_their_bounds() {
+    use std::io::Write;
+    let payload: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(&payload).unwrap();
+    let deflated = enc.finish().unwrap();
+    // A one-record archive: local header, data, central directory, end record.
+    let archive = |method: u16, size: u32, data: &[u8], crc: u32| {
+        let name = b"a/data/0";
+        let mut out = Vec::new();
+        out.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
+        out.extend_from_slice(&[20, 0, 0, 0]);
+        out.extend_from_slice(&method.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(name);
+        out.extend_from_slice(data);
+        let cd = out.len() as u32;
+        out.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
+        out.extend_from_slice(&[20, 0, 20, 0, 0, 0]);
+        out.extend_from_slice(&method.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&size.to_le_bytes());
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(&[0; 12]);
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(name);
+        let cd_len = out.len() as u32 - cd;
+        out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0, 1, 0, 1, 0]);
+        out.extend_from_slice(&cd_len.to_le_bytes());
+        out.extend_from_slice(&cd.to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out
+    };
+    let crc = crc32fast::hash(&payload);
+    let good = archive(8, payload.len() as u32, &deflated, crc);
+    let ar = Archive::parse(&good).unwrap();
+    let r = ar.get("data/0").unwrap();
+    assert_eq!(ar.record_bytes(&good, r, 1 << 20).unwrap().as_ref(), payload.as_slice());
+    ar.verify_crc(&good, r).unwrap();
+    // Within DEFLATE's ratio but above what the caller allows.
+    assert!(matches!(ar.record_bytes(&good, r, 4999), Err(ZipError::InflatedTooLarge { limit: 4999, .. })));
+    // A claimed size no DEFLATE stream of these bytes can reach.
+    let bomb = archive(8, u32::MAX - 1, &deflated, crc);
+    let ar = Archive::parse(&bomb).unwrap();
+    let r = ar.get("data/0").unwrap();
+    assert!(matches!(ar.record_bytes(&bomb, r, u64::MAX), Err(ZipError::InflatedTooLarge { .. })));
+    // Another size than the stream's, and a truncated stream.
+    for (size, data) in
+        [(payload.len() as u32 - 1, &deflated[..]), (payload.len() as u32, &deflated[..deflated.len() / 2])]
+    {
+        let bad = archive(8, size, data, crc);
+        let ar = Archive::parse(&bad).unwrap();
+        let r = ar.get("data/0").unwrap();
+        assert!(matches!(ar.record_bytes(&bad, r, 1 << 20), Err(ZipError::Inflate { .. })), "{size}");
+    }
+    // A wrong CRC is caught on the inflated bytes.
+    let bad_crc = archive(8, payload.len() as u32, &deflated, crc ^ 1);
+    let ar = Archive::parse(&bad_crc).unwrap();
+    let r = ar.get("data/0").unwrap();
+    assert!(matches!(ar.verify_crc(&bad_crc, r), Err(ZipError::CrcMismatch { .. })));
 }

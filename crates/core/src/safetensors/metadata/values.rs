@@ -33,6 +33,8 @@
 //! | `global` | `[module, qualified name]` | | a class or function |
 //! | `numpy` | the value: a scalar's encoding, or a `tensor` encoding for an array | `dtype` (the numpy dtype by torch's name of it), `module` (`numpy._core.multiarray` or `numpy.core.multiarray`) | a numpy scalar or array |
 //! | `object` | the callable's encoding | `args`, `newobj` (when created by `cls.__new__`), `state`, `list_items`, `dict_items` (when present) | any other object, as pickle rebuilds it |
+//! | `shared` | the object's encoding | `id`: its number | an object other places refer to (`Value::Shared`) |
+//! | `ref` | the number of a `shared` object | | a reference to it (`Value::Ref`) |
 //!
 //! A tensor whose dtype safetensors lacks is stored as the bytes of its contiguous values under a dtype it
 //! has, and its encoding gives the real `dtype` and `shape`: `complex32` and `complex128` as `F16` / `F64` with
@@ -75,6 +77,8 @@ const TAGS: &[&str] = &[
     "global",
     "object",
     "numpy",
+    "shared",
+    "ref",
 ];
 
 /// Encodes values, collecting the tensors they hold under names no other entry of the file uses.
@@ -158,13 +162,8 @@ impl Encoder {
             Value::Set(items) => tagged("set", Json::Array(self.items(items, at)?)),
             Value::FrozenSet(items) => tagged("frozenset", Json::Array(self.items(items, at)?)),
             Value::Dict(d) => {
-                let tag = match d.kind {
-                    DictKind::Dict => "dict",
-                    DictKind::OrderedDict => "odict",
-                    DictKind::Counter => "counter",
-                };
                 let mut o = Map::new();
-                o.insert(tag.into(), self.dict_items(&d.items, at)?);
+                o.insert(dict_tag(d.kind).into(), self.dict_items(&d.items, at)?);
                 if let Some(attrs) = &d.attrs {
                     o.insert("attrs".into(), self.encode(attrs, &child(&"attrs"), None)?);
                 }
@@ -225,6 +224,13 @@ impl Encoder {
                 o.insert("module".into(), Json::String(n.module.clone()));
                 Json::Object(o)
             }
+            Value::Shared { id, value } => {
+                let mut o = serde_json::Map::new();
+                o.insert("shared".into(), self.encode(value, at, own)?);
+                o.insert("id".into(), Json::from(*id));
+                Json::Object(o)
+            }
+            Value::Ref(id) => tagged("ref", Json::from(*id)),
         })
     }
 
@@ -233,49 +239,96 @@ impl Encoder {
     }
 
     fn dict_items(&mut self, items: &[(Value, Value)], at: &str) -> Result<Json> {
+        self.dict_items_in(items, at, false)
+    }
+
+    /// The items of a mapping at `at`; in a module's state (`module`), the values of `_parameters`,
+    /// `_buffers` and `_modules` are named at `at` itself.
+    fn dict_items_in(&mut self, items: &[(Value, Value)], at: &str, module: bool) -> Result<Json> {
+        let child = |k: &str| {
+            if module && matches!(k, "_parameters" | "_buffers" | "_modules") {
+                at.to_owned()
+            } else {
+                format!("{at}.{k}")
+            }
+        };
         let mut keys = HashSet::new();
         let by_name = items.iter().all(|(k, _)| k.as_str().is_some_and(|s| keys.insert(s)));
         if by_name {
             let mut o = Map::new();
             for (k, v) in items {
                 let k = k.as_str().unwrap_or_default();
-                o.insert(k.to_owned(), self.encode(v, &format!("{at}.{k}"), None)?);
+                o.insert(k.to_owned(), self.encode(v, &child(k), None)?);
             }
             return Ok(Json::Object(o));
         }
         let mut pairs = Vec::with_capacity(items.len());
         for (i, (k, v)) in items.iter().enumerate() {
+            let name = crate::python_str(k).unwrap_or_else(|_| i.to_string());
             let k = self.encode(k, &format!("{at}.{i}.key"), None)?;
-            let v = self.encode(v, &format!("{at}.{i}"), None)?;
+            let v = self.encode(v, &child(&name), None)?;
             pairs.push(Json::Array(vec![k, v]));
         }
         Ok(Json::Array(pairs))
     }
 
+    /// An object's encoding. Tensors inside it are named where [`crate::entry_names`] names them (its
+    /// arguments and items by position, its attributes and keys by name, a module's parameters and buffers
+    /// as `state_dict()` does), so that the file stores them under the names the source lists.
     fn object(&mut self, o: &Object, at: &str) -> Result<Json> {
         let mut m = Map::new();
         m.insert("object".into(), self.encode(&o.callable, &format!("{at}.callable"), None)?);
-        m.insert("args".into(), self.encode(&o.args, &format!("{at}.args"), None)?);
+        m.insert("args".into(), self.encode(&o.args, at, None)?);
         if o.newobj {
             m.insert("newobj".into(), Json::Bool(true));
         }
         if let Some(s) = &o.state {
-            m.insert("state".into(), self.encode(s, &format!("{at}.state"), None)?);
+            m.insert("state".into(), self.state(s, at)?);
         }
         if !o.list_items.is_empty() {
-            m.insert("list_items".into(), Json::Array(self.items(&o.list_items, &format!("{at}.list_items"))?));
+            m.insert("list_items".into(), Json::Array(self.items(&o.list_items, at)?));
         }
         if !o.dict_items.is_empty() {
-            m.insert("dict_items".into(), self.dict_items_pairs(&o.dict_items, &format!("{at}.dict_items"))?);
+            m.insert("dict_items".into(), self.dict_items_pairs(&o.dict_items, at)?);
         }
         Ok(Json::Object(m))
+    }
+
+    /// An object's state: attributes named under the object's own name (a module's `_parameters`,
+    /// `_buffers` and `_modules` passed through, as [`crate::object_parts`] names them).
+    fn state(&mut self, state: &Value, at: &str) -> Result<Json> {
+        Ok(match state {
+            Value::Shared { id, value } => {
+                let mut o = Map::new();
+                o.insert("shared".into(), self.state(value, at)?);
+                o.insert("id".into(), Json::from(*id));
+                Json::Object(o)
+            }
+            Value::Dict(d) => {
+                let module = ["_parameters", "_buffers", "_modules"].iter().all(|f| {
+                    matches!(d.get(f), Some(Value::Dict(_)))
+                        || matches!(d.get(f), Some(Value::Shared { value, .. }) if matches!(**value, Value::Dict(_)))
+                });
+                let mut o = Map::new();
+                o.insert(dict_tag(d.kind).into(), self.dict_items_in(&d.items, at, module)?);
+                if let Some(attrs) = &d.attrs {
+                    o.insert("attrs".into(), self.encode(attrs, &format!("{at}.attrs"), None)?);
+                }
+                Json::Object(o)
+            }
+            Value::Tuple(parts) if parts.len() == 2 => {
+                tagged("tuple", Json::Array(parts.iter().map(|p| self.state(p, at)).collect::<Result<_>>()?))
+            }
+            other => self.encode(other, at, None)?,
+        })
     }
 
     fn dict_items_pairs(&mut self, items: &[(Value, Value)], at: &str) -> Result<Json> {
         let mut pairs = Vec::with_capacity(items.len());
         for (i, (k, v)) in items.iter().enumerate() {
+            let name = crate::python_str(k).unwrap_or_else(|_| i.to_string());
             let k = self.encode(k, &format!("{at}.{i}.key"), None)?;
-            let v = self.encode(v, &format!("{at}.{i}"), None)?;
+            let v = self.encode(v, &format!("{at}.{name}"), None)?;
             pairs.push(Json::Array(vec![k, v]));
         }
         Ok(Json::Array(pairs))
@@ -329,6 +382,15 @@ fn float(f: f64) -> Json {
         format!("0x{:016x}", f.to_bits())
     };
     tagged("float", Json::String(text))
+}
+
+/// The tag of a mapping's encoding.
+fn dict_tag(kind: DictKind) -> &'static str {
+    match kind {
+        DictKind::OrderedDict => "odict",
+        DictKind::Counter => "counter",
+        _ => "dict",
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -546,6 +608,11 @@ impl<'a> Decoder<'a> {
                 dtype: dtype_from(field("dtype").ok_or("numpy: no dtype")?)?,
                 module: field("module").and_then(Json::as_str).ok_or("numpy: no module")?.to_owned(),
             })),
+            "shared" => Value::Shared {
+                id: field("id").and_then(Json::as_u64).and_then(|i| u32::try_from(i).ok()).ok_or("shared: no id")?,
+                value: Box::new(self.decode(payload)?),
+            },
+            "ref" => Value::Ref(payload.as_u64().and_then(|i| u32::try_from(i).ok()).ok_or("ref: expected an id")?),
             other => return Err(format!("unknown tag {other}")),
         })
     }
