@@ -14,23 +14,18 @@ one in its metadata::
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List
 
-import numpy as np
-
-#: torch dtype name -> numpy's own dtype
-NUMPY = {
-    "bool": np.bool_, "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
-    "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
-    "float16": np.float16, "float32": np.float32, "float64": np.float64,
-    "complex64": np.complex64, "complex128": np.complex128,
-}
+#: torch dtype names numpy has a dtype of the same name for ("bool" is numpy's "bool_")
+NUMPY = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "float32",
+         "float64", "complex64", "complex128")
 
 #: torch dtype name -> the ml_dtypes type of the same name
 ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 
-#: element sizes of the dtypes neither has (raw arrays)
-RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.dtype("V16")}
+#: element sizes of the dtypes neither has (raw arrays), as the unsigned integers of that width
+RAW = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "V16"}
 
 SIZES = {
     "bfloat16": 2, "complex32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
@@ -48,32 +43,41 @@ def ml_dtypes() -> Any:
     return m
 
 
-def numpy_dtype(name: str) -> np.dtype:
+def numpy_dtype(name: str) -> Any:
     """The numpy dtype arrays of the torch dtype ``name`` come back in."""
+    import numpy as np  # noqa: PLC0415  (``import ckpt`` stays light: the ckpt command does not need numpy)
+
     if name in NUMPY:
-        return np.dtype(NUMPY[name])
+        return np.dtype("bool" if name == "bool" else name)
     m = ml_dtypes()
     if m is not None and name in ML_DTYPES and hasattr(m, name):
         return np.dtype(getattr(m, name))
     return np.dtype(RAW[SIZES.get(name, 1)], metadata={"ckpt.dtype": name})
 
 
-def numpy_dtypes(names: List[str]) -> List[np.dtype]:
+def numpy_dtypes(names: List[str]) -> List[Any]:
     """:func:`numpy_dtype` of each name (the extension asks once, in its dtype order)."""
     return [numpy_dtype(n) for n in names]
 
 
-_TORCH_NAMES: Dict[Any, str] = {np.dtype(v): k for k, v in NUMPY.items()}
+@functools.lru_cache(maxsize=None)
+def _torch_names() -> Dict[Any, str]:
+    import numpy as np  # noqa: PLC0415
+
+    return {np.dtype("bool" if k == "bool" else k): k for k in NUMPY}
 
 
-def torch_name(dtype: np.dtype) -> str:
+def torch_name(dtype: Any) -> str:
     """The torch dtype name of a numpy dtype (ml_dtypes' by their name, raw ones by their metadata)."""
+    import numpy as np  # noqa: PLC0415
+
     dtype = np.dtype(dtype)
     meta = dtype.metadata
     if meta and "ckpt.dtype" in meta:
         return str(meta["ckpt.dtype"])
-    if dtype in _TORCH_NAMES and dtype.byteorder in ("=", "|", "<"):
-        return _TORCH_NAMES[dtype]
+    names = _torch_names()
+    if dtype in names and dtype.byteorder in ("=", "|", "<"):
+        return names[dtype]
     if dtype.name in ML_DTYPES:
         return dtype.name
     raise TypeError(f"numpy dtype {dtype} has no torch dtype: use bool, integers, float16/32/64, complex64/128 "

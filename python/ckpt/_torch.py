@@ -12,8 +12,6 @@ import os
 import warnings
 from typing import Any, Optional, Sequence, Tuple
 
-import numpy as np
-
 
 def identity(path: str) -> Optional[Tuple[int, int, int, int]]:
     """What tells one file from another at ``path``: device, inode, size, modification time."""
@@ -47,8 +45,10 @@ class Converter:
             self.storage = storage
         return self.storage
 
-    def __call__(self, arr: np.ndarray, dtype: str, offset: Optional[int], shape: Sequence[int],
+    def __call__(self, arr: Any, dtype: str, offset: Optional[int], shape: Sequence[int],
                  strides: Sequence[int], requires_grad: bool) -> Any:
+        import numpy as np  # noqa: PLC0415
+
         torch = self.torch
         tdtype = getattr(torch, dtype)
         size = tdtype.itemsize

@@ -13,8 +13,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-import numpy as np
-
 from ._dtypes import torch_name
 
 
@@ -160,11 +158,16 @@ def unknown(pt: bool, type_name: str, debug: str) -> Unknown:
     return Unknown(type_name, debug)
 
 
-_NUMPY_MODULE = "numpy._core.multiarray" if int(np.__version__.split(".")[0]) >= 2 else "numpy.core.multiarray"
+def _numpy_module() -> str:
+    import numpy as np  # noqa: PLC0415
+
+    return "numpy._core.multiarray" if int(np.__version__.split(".")[0]) >= 2 else "numpy.core.multiarray"
 
 
-def _raw(a: np.ndarray) -> Tuple[np.ndarray, int, int]:
+def _raw(a: Any) -> Tuple[Any, int, int]:
     """A C-contiguous uint8 view of ``a``'s bytes (``a`` made contiguous first), its address and length."""
+    import numpy as np  # noqa: PLC0415
+
     a = np.require(a, requirements="C")
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("="))
@@ -174,11 +177,13 @@ def _raw(a: np.ndarray) -> Tuple[np.ndarray, int, int]:
 
 def parts(obj: Any) -> Tuple[str, Any]:
     """What :func:`ckpt.save` makes of ``obj``: ``(kind, arguments)`` (used by the extension)."""
+    import numpy as np  # noqa: PLC0415
+
     if isinstance(obj, np.ndarray):
         raw, ptr, n = _raw(obj)
         return "tensor", (raw, ptr, n, torch_name(obj.dtype), list(obj.shape), False)
     if isinstance(obj, np.generic):
-        return "numpy_scalar", (obj.item(), torch_name(obj.dtype), _NUMPY_MODULE)
+        return "numpy_scalar", (obj.item(), torch_name(obj.dtype), _numpy_module())
     if isinstance(obj, TorchDType):
         return "dtype", obj.name
     if isinstance(obj, Device):
