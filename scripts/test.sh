@@ -106,6 +106,9 @@ cargo test -p ckpt-core --features tch
 # into a fresh venv with numpy alone.
 step "the Python package: pip install ./python, the release wheel, python/tests"
 wheels=$(mktemp -d)
+# maturin's repair (bundling libhdf5) rewrites the linked extension in place, and cargo's copy of it is the
+# same file (a hard link): remove it, so that a run after a repairing build links it afresh (seconds).
+rm -f target/release/deps/lib_ckpt.so target/maturin/lib_ckpt.so
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./python
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --release --quiet -m python/Cargo.toml -o "$wheels"
 CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
