@@ -34,12 +34,10 @@ if "--probe" not in sys.argv:
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import linecache  # noqa: E402
 import pickle  # noqa: E402
 import struct  # noqa: E402
 import subprocess  # noqa: E402
 import tarfile  # noqa: E402
-import types  # noqa: E402
 import warnings  # noqa: E402
 import zipfile  # noqa: E402
 import zlib  # noqa: E402
@@ -334,36 +332,6 @@ def bad_empty(path: Path) -> str:
     return "an empty (0-byte) file"
 
 
-TINY_SRC = '''import torch
-from torch import nn
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-        self.bias = nn.Parameter(torch.tensor([0.5, -0.5]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(x, self.weight.t()) + self.bias
-'''
-
-
-def bad_torchscript(path: Path) -> str:
-    # The module's source is registered under a fixed pseudo file name, so the archive's
-    # .debug_pkl records hold no machine-specific path.
-    fname = "ckpt_bad_tiny.py"
-    mod = types.ModuleType("ckpt_bad_tiny")
-    mod.__file__ = fname
-    linecache.cache[fname] = (len(TINY_SRC), None, TINY_SRC.splitlines(True), fname)
-    sys.modules["ckpt_bad_tiny"] = mod
-    exec(compile(TINY_SRC, fname, "exec"), mod.__dict__)  # noqa: S102 - our own constant source
-    torch.jit.save(torch.jit.script(mod.Tiny()), str(path))
-    with zipfile.ZipFile(path) as z:
-        assert any(n.endswith("/constants.pkl") for n in z.namelist())
-    return "torch.jit.save(torch.jit.script(tiny module)): a TorchScript archive (has constants.pkl, code/)"
-
-
 def bad_record_too_short(path: Path) -> str:
     pkl = make_pickle({"w": contiguous_ref("FloatStorage", "0", 8)})
     write_python_zip(path, path.stem, [("data.pkl", pkl), ("byteorder", b"little"),
@@ -418,7 +386,6 @@ BAD: list[Bad] = [
     Bad("html_page.pt", "html", bad_html),
     Bad("tar_legacy.pt", "tar_legacy", bad_tar),
     Bad("empty.pt", "empty", bad_empty),
-    Bad("torchscript.pt", "torchscript", bad_torchscript),
     Bad("record_too_short.pt", "record_too_short", bad_record_too_short),
     Bad("view_out_of_bounds.pt", "view_out_of_bounds", bad_view_oob),
     Bad("missing_record.pt", "missing_record", bad_missing_record),

@@ -20,8 +20,8 @@ Writes into OUTDIR (the committed copy lives in ``conformance/fixtures/real/``):
 - ``omegaconf.ckpt``: a Lightning-style checkpoint whose ``hyper_parameters`` are an omegaconf
   ``DictConfig`` (nested configs and a ``ListConfig``, each child linked back to its parent through
   ``_parent``: a cyclic object graph);
-- ``scripted.jit``: ``torch.jit.save`` of a traced module (parameters, buffers, a tensor attribute, two
-  tensor constants in ``constants.pkl``, the code in ``code/``); its manifest's ``tensors`` are the module's
+- ``scripted.jit``: ``torch.jit.save`` of a scripted and frozen module (``real_scripted.py``: parameters
+  and buffers of nested modules, two tensor constants in ``constants.pkl``, the code in ``code/``); its manifest's ``tensors`` are the module's
   ``state_dict()``, its ``constants`` the tensor constants of every module's code (ckpt lists them as
   ``constants.<i>``, by their order in ``constants.pkl``);
 - ``deflate.pt``: a ``torch.save`` file whose records are DEFLATE-compressed (as a re-zipped file is),
@@ -53,10 +53,12 @@ pinenv.pin_environment()
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import linecache  # noqa: E402
 import pickle  # noqa: E402
 import pickletools  # noqa: E402
 import platform  # noqa: E402
 import struct  # noqa: E402
+import types  # noqa: E402
 import warnings  # noqa: E402
 import zipfile  # noqa: E402
 from collections import OrderedDict  # noqa: E402
@@ -359,32 +361,24 @@ def omegaconf_checkpoint() -> dict[str, Any]:
     }
 
 
-class Scripted(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(3, 2)
-        self.bn = nn.BatchNorm1d(2)
-        self.register_buffer("scale", torch.tensor([2.0]))
-        self.offset = exact((2,), 5)
-        with torch.no_grad():
-            self.lin.weight.copy_(exact((2, 3), 1))
-            self.lin.bias.copy_(exact((2,), 2))
-            self.bn.running_mean.copy_(exact((2,), 3))
-            self.bn.running_var.copy_(exact((2,), 4).abs() + 0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.lin(x)) * self.scale + self.offset
-
-
-class Traced(nn.Module):
-    """Traced, its tensor constant goes to ``constants.pkl``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = Scripted()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x) + torch.tensor([0.25, -0.5])
+def scripted_module() -> torch.jit.ScriptModule:
+    """``real_scripted.Outer``, its values set, scripted and frozen (``real_scripted.py`` says why). The
+    source is compiled under its bare file name: the archive's debug records then hold no machine's path."""
+    name = "real_scripted.py"
+    source = (HERE / name).read_text(encoding="utf-8")
+    module = types.ModuleType("real_scripted")
+    module.__file__ = name
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    sys.modules["real_scripted"] = module
+    exec(compile(source, name, "exec"), module.__dict__)  # noqa: S102 - the project's own source
+    outer = module.Outer().eval()
+    with torch.no_grad():
+        outer.inner.lin.weight.copy_(exact((2, 3), 1))
+        outer.inner.lin.bias.copy_(exact((2,), 2))
+        outer.inner.bn.running_mean.copy_(exact((2,), 3))
+        outer.inner.bn.running_var.copy_(exact((2,), 4).abs() + 0.5)
+        outer.inner.scale.fill_(2.0)
+    return torch.jit.freeze(torch.jit.script(outer), preserved_attrs=["inner"])
 
 
 def objects_checkpoint() -> dict[str, Any]:
@@ -445,16 +439,19 @@ def main(argv: list[str]) -> int:
            loaded, config=OmegaConf.to_container(loaded["hyper_parameters"]),
            omegaconf=omegaconf.__version__)
 
-    traced = torch.jit.trace(Traced().eval(), exact((4, 3), 7))
-    traced.save(str(outdir / "scripted.jit"))
+    scripted_module().save(str(outdir / "scripted.jit"))
     jit = torch.jit.load(str(outdir / "scripted.jit"))
-    constants = zipfile.ZipFile(outdir / "scripted.jit").read("scripted/constants.pkl")
+    archive = zipfile.ZipFile(outdir / "scripted.jit")
+    constants = archive.read("scripted/constants.pkl")
+    debug = b"".join(archive.read(n) for n in archive.namelist() if n.endswith(".debug_pkl"))
+    assert str(HERE).encode() not in debug and b"site-packages" not in debug, "a machine's path in the archive"
     # The tensor constants of every module's code (``CONSTANTS.c<i>`` is numbered per module, so the order
     # of constants.pkl is not visible through torch's API): listed as a multiset, sorted by digest.
     code_constants = [tensor_record(t) for _, sub in jit.named_modules()
                       for t in sub.code_with_constants[1].const_mapping.values()]
-    record("scripted.jit", "torch.jit.trace of a module (parameters, buffers, a tensor attribute) with tensor "
-           "constants, saved with torch.jit.save", {**jit.state_dict()},
+    assert len(code_constants) == 2, code_constants
+    record("scripted.jit", "torch.jit.script of a module (parameters, buffers), frozen with its submodule kept "
+           "(two buffers folded into tensor constants), saved with torch.jit.save", {**jit.state_dict()},
            state_dict=list(jit.state_dict()), constants_pkl_bytes=len(constants),
            constants=sorted(code_constants, key=lambda r: (r["sha256"], r["dtype"], r["shape"])))
 
@@ -477,6 +474,7 @@ def main(argv: list[str]) -> int:
         "generator": GENERATOR,
         "generator_sha256": sha256((HERE / GENERATOR).read_bytes()),
         "classes_sha256": sha256((HERE / "real_classes.py").read_bytes()),
+        "scripted_sha256": sha256((HERE / "real_scripted.py").read_bytes()),
         "command": COMMAND,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -28,7 +28,6 @@ fn matches_tag(tag: &str, e: &Error) -> bool {
         "out_of_bounds" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::StoredSizeMismatch { .. })),
         "record_too_short" => matches!(e, Error::StorageSize { .. }),
         "tar_legacy" => matches!(e, Error::TarFormat),
-        "torchscript" => matches!(e, Error::TorchScript),
         "truncated" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::NotZip)),
         "view_out_of_bounds" => matches!(e, Error::ViewOutOfBounds(_)),
         other => panic!("unknown tag {other} in EXPECTED.json"),

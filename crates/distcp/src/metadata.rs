@@ -252,6 +252,22 @@ impl Metadata {
         decode::decode(bytes, path, limits)
     }
 
+    /// The fuzz targets' oracle: `bytes` decoded with the per-chunk objects read straight from the bytes
+    /// (templates) and all made by the pickle machine; panics unless both give the same metadata or the same
+    /// error (`cargo fuzz` builds with `--cfg fuzzing`; not API).
+    #[cfg(fuzzing)]
+    #[doc(hidden)]
+    pub fn templates_agree(bytes: &[u8], limits: &ckpt_pickle::Limits) {
+        let path = std::path::Path::new(".metadata");
+        let render = |r: crate::Result<Metadata>| match r {
+            Ok(m) => format!("{m:?}"),
+            Err(e) => format!("{e:?}"),
+        };
+        let with = render(decode::decode_with(bytes, path, limits, true));
+        let without = render(decode::decode_with(bytes, path, limits, false));
+        assert_eq!(with, without, "the chunk templates and the machine decode differently");
+    }
+
     /// Encodes this metadata as a `.metadata` pickle in `profile`.
     ///
     /// # Errors

@@ -114,6 +114,7 @@ pub fn encode_into<W: Write>(value: &Value, writer: W, options: &EncodeOptions) 
         shared: HashMap::new(),
         shared_at: HashMap::new(),
         shared_memo: HashMap::new(),
+        memo_at: HashMap::new(),
     };
     enc.run(value)?;
     enc.p.finish()
@@ -158,6 +159,9 @@ struct Encoder<'a, W: Write> {
     shared_at: HashMap<*const Value, u32>,
     /// The memo id each shared object was written under.
     shared_memo: HashMap<u32, u32>,
+    /// The memo id of every value written and memoized, by address: a value met again at the same address
+    /// (inside a shared tuple written again inside itself) is read from the memo, as CPython's memo by `id`.
+    memo_at: HashMap<*const Value, u32>,
 }
 
 /// CPython's one-character latin-1 strs and the empty str are singletons.
@@ -227,6 +231,9 @@ impl<'a, W: Write> Encoder<'a, W> {
     }
 
     fn remember(&mut self, v: &'a Value, id: u32) {
+        if !self.shared_at.is_empty() {
+            self.memo_at.insert(std::ptr::from_ref(v), id);
+        }
         if let Some(&shared) = self.shared_at.get(&std::ptr::from_ref(v)) {
             self.shared_memo.insert(shared, id);
         }
@@ -310,6 +317,9 @@ impl<'a, W: Write> Encoder<'a, W> {
                 return Ok(());
             }
             _ => {}
+        }
+        if let Some(&id) = self.memo_at.get(&std::ptr::from_ref(v)) {
+            return self.p.get(id);
         }
         if self.sharing == Sharing::Structural {
             if let Some(id) = self.written_before(v) {

@@ -6,11 +6,16 @@
 //! [`share`](crate::Builder::share) and hands out *handles* to it instead, which every later APPEND,
 //! SETITEMS or BUILD reaches through. At the end, [`Shelf::splice`] puts the objects where the handles are:
 //!
-//! - an object referred to once (and not from inside itself) goes in place;
-//! - an object on a cycle, or a mutable one ([`Tree::is_mutable`]) referred to from several places, becomes
-//!   a shared definition at its first place in a depth-first walk and references everywhere else, numbered
-//!   in that order;
+//! - an object referred to once goes in place, even on a cycle (the cycle closes at another of its objects,
+//!   one referred to from inside it and from where the walk entered it);
+//! - an object on a cycle referred to from several places, or a mutable one ([`Tree::is_mutable`]) referred
+//!   to from several places, becomes a shared definition at its first place in a depth-first walk and
+//!   references everywhere else, numbered in that order;
 //! - any other object referred to from several places (a string, a tuple) is copied into each place.
+//!
+//! Whether an object is shared depends only on the object graph, not on which objects a builder shelved: a
+//! builder that shelves every object (the graph builder) and one that shelves only what the pickle fetches
+//! from its memo (the value builder) make the same tree.
 //!
 //! Everything here walks handles, not the trees around them, more than once; the trees themselves are
 //! walked once to find their handles and once to place them.
@@ -143,10 +148,25 @@ impl<V> Shelf<V> {
             Some(h) => root_edges.push(h),
             None => handles_in::<V, T>(&root, &mut root_edges),
         }
-        let (order, on_cycle) = analyse(&edges, &root_edges);
+        let (order, component, on_cycle) = analyse(&edges, &root_edges);
         // How many places each object will be in: one per reference from the root or from an object placed
-        // once, `k` per reference from an object copied into `k` places.
+        // once, `k` per reference from an object copied into `k` places. Objects on a cycle are never copied:
+        // the references from inside their own cycle count one each, up front (the topological order meets a
+        // cycle's objects before all of them are counted).
         let mut places = vec![0u32; n];
+        for &h in &order {
+            let hi = h as usize;
+            if !on_cycle.get(hi).copied().unwrap_or(false) {
+                continue;
+            }
+            for &c in edges.get(hi).map(Vec::as_slice).unwrap_or_default() {
+                if component.get(c as usize) == component.get(hi) {
+                    if let Some(q) = places.get_mut(c as usize) {
+                        *q = q.saturating_add(1);
+                    }
+                }
+            }
+        }
         for &r in &root_edges {
             if let Some(p) = places.get_mut(r as usize) {
                 *p = p.saturating_add(1);
@@ -159,9 +179,8 @@ impl<V> Shelf<V> {
             let cyclic = on_cycle.get(hi).copied().unwrap_or(false);
             let mutable = self.items.get(hi).and_then(Option::as_ref).is_some_and(T::is_mutable);
             let p = match count {
-                _ if cyclic => Place::Shared,
                 0 | 1 => Place::Inline,
-                _ if mutable => Place::Shared,
+                _ if cyclic || mutable => Place::Shared,
                 _ => Place::Copied,
             };
             if let Some(slot) = place.get_mut(hi) {
@@ -169,6 +188,10 @@ impl<V> Shelf<V> {
             }
             let each = if p == Place::Copied { count } else { 1 };
             for &c in edges.get(hi).map(Vec::as_slice).unwrap_or_default() {
+                // Counted up front.
+                if cyclic && component.get(c as usize) == component.get(hi) {
+                    continue;
+                }
                 if let Some(q) = places.get_mut(c as usize) {
                     *q = q.saturating_add(each);
                 }
@@ -202,11 +225,13 @@ fn handles_in<V, T: Tree<V>>(v: &V, out: &mut Vec<u32>) {
 }
 
 /// The objects reached from `root` in topological order (an object before every object it holds, a cycle's
-/// members together), and which of them are on a cycle (a strongly connected component of more than one
-/// object, or an object that holds itself).
-fn analyse(edges: &[Vec<u32>], root: &[u32]) -> (Vec<u32>, Vec<bool>) {
+/// members together), the component of each (its strongly connected component's number), and which of them
+/// are on a cycle (a component of more than one object, or an object that holds itself).
+fn analyse(edges: &[Vec<u32>], root: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<bool>) {
     let n = edges.len();
     let mut on_cycle = vec![false; n];
+    let mut component = vec![u32::MAX; n];
+    let mut components = 0u32;
     // Tarjan's algorithm without recursion: components come out in reverse topological order.
     const UNSEEN: u32 = u32::MAX;
     let mut index = vec![UNSEEN; n];
@@ -260,11 +285,13 @@ fn analyse(edges: &[Vec<u32>], root: &[u32]) -> (Vec<u32>, Vec<bool>) {
                 let first = emitted.len();
                 while let Some(w) = stack.pop() {
                     on_stack[w as usize] = false;
+                    component[w as usize] = components;
                     emitted.push(w);
                     if w == v {
                         break;
                     }
                 }
+                components += 1;
                 if emitted.len() - first > 1 {
                     for &w in &emitted[first..] {
                         on_cycle[w as usize] = true;
@@ -274,7 +301,7 @@ fn analyse(edges: &[Vec<u32>], root: &[u32]) -> (Vec<u32>, Vec<bool>) {
         }
     }
     emitted.reverse();
-    (emitted, on_cycle)
+    (emitted, component, on_cycle)
 }
 
 struct Placer<'s, V, T: Tree<V>> {

@@ -50,3 +50,18 @@ fn fuzz_wide_containers_decode_the_same_in_both_paths() {
         }
     }
 }
+
+/// Nested lists that refer back to lists several levels up (fuzz/artifacts/pickle/crash-3a20037b...): lists
+/// on a cycle that only their parent holds are placed in their parent, by the value builder (which never
+/// shelved them: the pickle does not fetch them from its memo) and the graph builder (which shelves every
+/// object) alike; only the lists the pickle refers to from two places are shared.
+#[test]
+fn fuzz_lists_on_a_cycle_held_once_are_placed_alike_by_both_builders() {
+    let data = b"\x80\x02}q\x00X\x04\x00\x00\x00bombq\x01]q\x02(]q\x03(]q\x04(]q\x05(]q\x06(]q\x07(]q\x08(]q\x09(]q\x0a(]q\x0b(]q\x0c(]q\x0d(Vq\x0e((]q\x12q\x17(]q\x18(]q\x19ib2]q\x1dh\x0beh\x0a\x65h\x09eh\x08eh\x07eh\x06eh\x05eh\x04eeh\x06eh\x05eh\x04eh\x03es.";
+    let (v, end) = both(data);
+    assert_eq!(end, data.len());
+    // Shared: lists 3 to 9 (fetched from the memo); lists 10 to 13 in place.
+    let text = format!("{v:?}");
+    assert_eq!(text.matches("Shared {").count(), 7, "{text}");
+    assert_eq!(text.matches("Ref(").count(), 10, "{text}");
+}

@@ -48,9 +48,6 @@ pub enum Error {
     /// The 2018 preview format.
     #[error("this is a torch preview-release archive (PYTORCH1), which torch itself no longer reads")]
     PreviewFormat,
-    /// A TorchScript archive (has `constants.pkl`).
-    #[error("this is a TorchScript archive (torch.jit.save), not a torch.save file")]
-    TorchScript,
     /// Nothing recognisable.
     #[error("not a torch checkpoint: unrecognised leading bytes {head:02x?}")]
     Unrecognized {
@@ -194,10 +191,27 @@ impl Error {
                 _ => Fault::Malformed,
             },
             Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_) => Fault::InvalidArgument,
-            Error::OpaqueTensor { .. } | Error::TarFormat | Error::PreviewFormat | Error::BigEndian { .. } => {
-                Fault::Unsupported
-            }
-            _ => Fault::Malformed,
+            Error::OpaqueTensor { .. }
+            | Error::TarFormat
+            | Error::PreviewFormat
+            | Error::BigEndian { .. }
+            | Error::Compressed { .. }
+            | Error::UnsupportedNumpy { .. } => Fault::Unsupported,
+            Error::Empty
+            | Error::GitLfsPointer
+            | Error::Html
+            | Error::Safetensors
+            | Error::Unrecognized { .. }
+            | Error::Zip(_)
+            | Error::MissingRecord { .. }
+            | Error::BadVersion { .. }
+            | Error::BadPersistentId(_)
+            | Error::UnknownStorageType { .. }
+            | Error::StorageSize { .. }
+            | Error::BadRebuild { .. }
+            | Error::ViewOutOfBounds(_)
+            | Error::UnknownDType(_)
+            | Error::Legacy(_) => Fault::Malformed,
         }
     }
 }

@@ -59,3 +59,10 @@ pub use read::{DEFAULT_MAX_INFLATED_BYTES, ReadOptions, TorchReader, load};
 pub use torchscript::Script;
 pub use verify::{VerifyReport, verify};
 pub use write::{WriteOptions, prefix_for_path, save, save_to_durable, save_to_writer};
+
+/// Differential oracles for the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`); not API.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::read::templates_agree;
+}

@@ -288,6 +288,26 @@ impl CheckpointRead for TorchReader {
     }
 }
 
+/// The `data.pkl` of the ZIP archive in `buffer` rebuilt with the tensor records read straight from the
+/// bytes (templates) and all run by the pickle machine: panics unless both give the same value or the same
+/// error (the fuzz targets' oracle).
+#[cfg(fuzzing)]
+pub fn templates_agree(buffer: &Buffer) {
+    let Ok(archive) = Archive::parse(buffer.as_bytes()) else { return };
+    let Some(pkl) = archive.get("data.pkl").and_then(|rec| archive.data(buffer.as_bytes(), rec).ok()) else {
+        return;
+    };
+    let options = ckpt_pickle::Options::default();
+    let run = |templates| {
+        let (r, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(&archive, buffer), templates);
+        match r {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => format!("{e:?}"),
+        }
+    };
+    assert_eq!(run(true), run(false), "the tensor record template and the machine rebuild differently");
+}
+
 /// Reads the storage records of a ZIP archive.
 struct ZipStorages<'a> {
     archive: &'a Archive,
