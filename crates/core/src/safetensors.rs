@@ -43,7 +43,10 @@ impl SafetensorsReader {
 
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+        match self.records.entry(&self.tensors, name) {
+            Some(metadata::EntryRef::Tensor(t)) => Some(t),
+            _ => self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t),
+        }
     }
 
     /// Every entry as (name, path in the nested state dict, value), in the source's order when ckpt recorded

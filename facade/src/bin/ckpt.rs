@@ -204,13 +204,21 @@ fn world_size_help() -> String {
 }
 
 /// Exit codes: 0 success, 1 a check failed, 2 usage error (clap), 3 bad input, 4 I/O error.
+const EXIT_SUCCESS: u8 = 0;
 const EXIT_FAILED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_BAD_INPUT: u8 = 3;
 const EXIT_IO: u8 = 4;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    ExitCode::from(run(std::env::args_os()))
+}
+
+/// Runs the command line `args` (the program's name first, as [`std::env::args_os`] gives them) and returns
+/// the exit code. The Python package's `ckpt` command is this function: its extension compiles this file
+/// (`python/src/cli.rs`) and passes it `sys.argv`.
+pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
+    let cli = Cli::parse_from(args);
     cli.limits.apply();
     let limits = &cli.limits.read_limits();
     let source = &cli.source.options();
@@ -218,13 +226,13 @@ fn main() -> ExitCode {
         Ok(g) => g,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(EXIT_USAGE);
+            return EXIT_USAGE;
         }
     };
     let group = group.collective();
     if group.rank() != 0 && !matches!(cli.command, Command::Convert { .. } | Command::Reshard { .. }) {
         // Under mpirun, commands other than convert and reshard run once, on rank 0.
-        return ExitCode::SUCCESS;
+        return EXIT_SUCCESS;
     }
     // Under mpirun, only rank 0 reports.
     let quiet = cli.quiet || group.rank() != 0;
@@ -255,7 +263,7 @@ fn main() -> ExitCode {
         }
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
             Ok(true) => reshard(path, dst, *world_size, limits, quiet, group),
-            Ok(false) => return ExitCode::from(EXIT_USAGE),
+            Ok(false) => return EXIT_USAGE,
             Err(e) => Err(e),
         },
         Command::ExportTsv { config, entities_output, relation_types_output } => {
@@ -263,13 +271,13 @@ fn main() -> ExitCode {
         }
     };
     match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(EXIT_FAILED),
+        Ok(true) => EXIT_SUCCESS,
+        Ok(false) => EXIT_FAILED,
         // `ckpt inspect x --json | head`: the reader went away; that is not an error.
-        Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => EXIT_SUCCESS,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e, "\n  caused by: "));
-            ExitCode::from(exit_code(&e))
+            exit_code(&e)
         }
     }
 }

@@ -185,6 +185,10 @@ pub struct Records {
     pub values: Vec<(String, Value)>,
     /// Tensors of the file that values hold under other names (not entries of their own).
     hidden: HashSet<String>,
+    /// Where each value is in `values`, and each tensor in the tensors given to [`Records::read`], by name:
+    /// looking an entry up takes constant time, not a scan (20,000-tensor files are read entry by entry).
+    value_index: HashMap<String, usize>,
+    tensor_index: HashMap<String, usize>,
     /// The tensors inside each object value, by the value's name: entries of their own after it, named as
     /// [`crate::entry_names`] names them (the names the writer stored them under), as a torch file's reader
     /// lists them.
@@ -210,6 +214,8 @@ impl Records {
         let hidden =
             decoder.used.iter().filter(|n| !value_names.contains(n.as_str())).cloned().collect::<HashSet<String>>();
         let paths = order.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
+        let value_index = values.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
+        let tensor_index = tensors.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
         let inside = values
             .iter()
             .filter_map(|(name, v)| {
@@ -217,7 +223,7 @@ impl Records {
                 (!tensors.is_empty()).then(|| (name.clone(), tensors))
             })
             .collect();
-        Records { order, paths, values, hidden, inside }
+        Records { order, paths, values, hidden, value_index, tensor_index, inside }
     }
 
     /// The tensors inside the object value `name` ([`Records::inside`]).
@@ -276,7 +282,8 @@ impl Records {
 
     /// The entry `name` of a file with `tensors`: a recorded value, or a stored tensor that no value holds.
     pub fn entry<'a>(&'a self, tensors: &'a [(String, Tensor)], name: &str) -> Option<EntryRef<'a>> {
-        if let Some((_, v)) = self.values.iter().find(|(n, _)| n == name) {
+        let indexed = self.value_index.get(name).and_then(|&i| self.values.get(i)).filter(|(n, _)| n == name);
+        if let Some((_, v)) = indexed.or_else(|| self.values.iter().find(|(n, _)| n == name)) {
             return Some(EntryRef::Value(v));
         }
         if let Some((_, t)) = self.inside.iter().flat_map(|(_, t)| t).find(|(n, _)| n == name) {
@@ -285,7 +292,9 @@ impl Records {
         if self.hidden.contains(name) {
             return None;
         }
-        tensors.iter().find(|(n, _)| n == name).map(|(_, t)| EntryRef::Tensor(t))
+        // The index is of the tensors the records were read with; other tensors are searched.
+        let indexed = self.tensor_index.get(name).and_then(|&i| tensors.get(i)).filter(|(n, _)| n == name);
+        indexed.or_else(|| tensors.iter().find(|(n, _)| n == name)).map(|(_, t)| EntryRef::Tensor(t))
     }
 
     /// Every entry as (name, path in the nested state dict, value), in [`Records::entries`]' order.

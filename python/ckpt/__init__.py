@@ -1,0 +1,596 @@
+"""ckpt: read, write, inspect and convert PyTorch training checkpoints — without torch.
+
+Every format ckpt reads — ``torch.save`` files, ``torch.distributed.checkpoint`` (DCP) directories, hfai
+``PART_*.pt`` shards, PyTorch-BigGraph HDF5 checkpoints, RecIS checkpoints, safetensors files and Hugging Face
+shard directories — through one API, with a Rust core: no pickle code is ever run, tensors are numpy arrays
+over the file's memory map (no copy), and torch is needed only for torch tensors.
+
+>>> import ckpt
+>>> ck = ckpt.open("model.pt")                       # any format, detected
+>>> [e.name for e in ck.entries][:2]                 # names, dtypes, shapes before any data is read
+['layer.weight', 'layer.bias']
+>>> w = ck["layer.weight"]                           # a read-only numpy array over the map
+>>> sd = ckpt.load("dcp_checkpoint/")                # the nested state dict, like torch.load
+>>> with ckpt.safe_open("model.safetensors", framework="pt") as f:   # safetensors' API, any format
+...     t = f.get_tensor("layer.weight")
+>>> ckpt.convert("dcp_checkpoint/", "hf_model/", to="hf", max_shard_size="2GB")
+>>> ckpt.verify("dcp_checkpoint/", deep=True).ok
+True
+
+The ``ckpt`` command-line tool is installed with the package (``ckpt --help``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from dataclasses import dataclass, field
+from typing import (Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union)
+
+from . import _ckpt, _torch
+from ._dtypes import dtype_name
+from ._errors import (BadInputError, EntryNotFoundError, Error, IoError, LimitError, MalformedError, NotFoundError,
+                      UnsupportedError, UsageError)
+from ._values import Device, Global, Object, OpaqueTensor, Storage, TorchDType, Unknown
+
+__version__: str = _ckpt.__version__
+
+__all__ = [
+    "open", "load", "safe_open", "save", "convert", "verify", "reshard", "diff", "formats", "dtype_name",
+    "Checkpoint", "Entry", "SafeOpen", "Slice", "ConvertSummary", "VerifyReport", "ReshardSummary", "DiffReport",
+    "TensorDiff", "Error", "BadInputError", "MalformedError", "UnsupportedError", "LimitError", "IoError",
+    "NotFoundError", "UsageError", "EntryNotFoundError", "TorchDType", "Device", "Global", "Object",
+    "OpaqueTensor", "Storage", "Unknown", "dcp",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Framework = Literal["np", "numpy", "pt", "torch"]
+
+#: The read limits every reading call takes as keyword arguments, as the ``ckpt`` command's flags
+#: (``--max-depth`` is ``max_depth``); the README's "Resource limits" gives their defaults.
+LIMITS = ("max_depth", "max_memo", "max_container_len", "max_nodes", "max_alloc_bytes", "max_int_digits",
+          "trusted", "max_header_bytes", "max_data_header_bytes", "max_metadata_bytes", "max_inflated_bytes")
+
+
+def _path(p: PathLike) -> str:
+    if isinstance(p, str) and "://" in p:
+        if p.startswith("file://"):
+            return p[len("file://"):]
+        scheme = p.split("://", 1)[0]
+        raise UnsupportedError(f"{p}: {scheme}:// URLs are not read by this version of ckpt; give a local path",
+                               fault="unsupported", path=p)
+    return os.fspath(p)
+
+
+def _limits(limits: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    unknown = set(limits) - set(LIMITS)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}; the limits are {', '.join(LIMITS)}")
+    return limits or None
+
+
+def _framework(framework: str) -> str:
+    if framework in ("np", "numpy"):
+        return "np"
+    if framework in ("pt", "torch"):
+        return "pt"
+    raise UsageError(f'framework {framework!r}: use "np" (numpy arrays) or "pt" (torch tensors)')
+
+
+class Entry(NamedTuple):
+    """One entry of a checkpoint, known before any data is read."""
+
+    #: flattened name, as DCP names it (``model.layers.0.weight``)
+    name: str
+    #: ``"tensor"``, ``"opaque"`` (a tensor whose data cannot be read: sparse, quantized, ...) or ``"value"``
+    kind: str
+    #: the torch dtype name of a tensor (``"float32"``, ``"bfloat16"``), else ``None``
+    dtype: Optional[str]
+    #: the shape of a tensor, else ``None``
+    shape: Optional[Tuple[int, ...]]
+    #: the bytes of a tensor's elements, else ``None``
+    nbytes: Optional[int]
+
+
+class Checkpoint:
+    """An open checkpoint of any format (:func:`open`): entries before any data, then tensors and values read
+    lazily, by name.
+
+    >>> ck = ckpt.open("conformance/fixtures/distcp/golden/d215")
+    >>> ck.format
+    'distcp'
+    >>> ck["row"].shape, ck["row"].flags.writeable     # a read-only array over the file's map
+    ((5, 4), False)
+    >>> ck.value("row")                                  # the same, through the general reader
+
+    A checkpoint is also a context manager; closing it drops ckpt's reader (arrays already returned keep the
+    memory they need).
+    """
+
+    def __init__(self, native: Any, framework: str = "np", opened_as: Any = None) -> None:
+        self._native = native
+        self._framework = _framework(framework)
+        self._opened_as = opened_as
+        self._entries: Optional[List[Entry]] = None
+        self._by_name: Optional[Dict[str, Entry]] = None
+        self._converter: Any = None
+
+    # --- what it is --------------------------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        """The format's name: ``torch``, ``safetensors``, ``hf``, ``distcp``, ``hfai``, ``pbg`` or ``recis``."""
+        return self._n().format
+
+    @property
+    def path(self) -> str:
+        """The path it was opened from."""
+        return os.fspath(self._n().path)
+
+    @property
+    def details(self) -> Dict[str, str]:
+        """What the format says of itself (container, version, writer, ranks, ...), as ``ckpt inspect`` shows."""
+        return dict(self._n().details())
+
+    @property
+    def entries(self) -> List[Entry]:
+        """Every entry (:class:`Entry`: name, kind, dtype, shape, nbytes), in the format's order, without
+        reading data."""
+        native = self._n()
+        if self._entries is None:
+            self._entries = [Entry(*e) for e in native.entries()]
+            self._by_name = {e.name: e for e in self._entries}
+        return self._entries
+
+    def keys(self) -> List[str]:
+        """Every entry's name."""
+        return [e.name for e in self.entries]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        self.entries
+        return name in (self._by_name or {})
+
+    def entry(self, name: str) -> Entry:
+        """The entry ``name`` (:class:`EntryNotFoundError` if there is none)."""
+        self.entries
+        e = (self._by_name or {}).get(name)
+        if e is None:
+            raise EntryNotFoundError(f"{self.path}: no entry {name!r}", fault="usage", path=self.path)
+        return e
+
+    # --- reading -----------------------------------------------------------------------------------------
+    def _torch(self, framework: str) -> Any:
+        if framework != "pt":
+            return None
+        if self._converter is None:
+            self._converter = _torch.Converter(self.path, self.format, self._opened_as)
+        return self._converter
+
+    def __getitem__(self, name: str) -> Any:
+        """The entry ``name``: a tensor (a numpy array, or a torch tensor with ``framework="pt"``) or any other
+        value, read now."""
+        if self.entry(name).kind == "tensor":
+            return self.tensor(name)
+        return self.value(name)
+
+    def tensor(self, name: str, framework: Optional[Framework] = None) -> Any:
+        """The tensor entry ``name``, read lazily: a numpy array over the file's map where the layout allows
+        (read-only: ``np.array(a)`` copies it), else over fresh memory; with ``framework="pt"`` a torch tensor
+        (copy-on-write over the file for ``.pt`` and ``.safetensors``, a copy otherwise)."""
+        fw = _framework(framework) if framework else self._framework
+        self.entry(name)
+        return self._n().tensor(name, fw, self._torch(fw))
+
+    def value(self, name: str, framework: Optional[Framework] = None) -> Any:
+        """The entry ``name``, tensor or not, as a Python object (see :mod:`ckpt._values` for what torch-only
+        values become without torch)."""
+        fw = _framework(framework) if framework else self._framework
+        self.entry(name)
+        return self._n().value(name, fw, self._torch(fw))
+
+    def region(self, name: str, offsets: Sequence[int], sizes: Sequence[int],
+               framework: Optional[Framework] = None) -> Any:
+        """The box ``offsets .. offsets + sizes`` of tensor ``name``: for a DCP checkpoint read only from the items
+        that overlap it (a view of one item when one holds it all), as a job with another world size loads its
+        shard."""
+        fw = _framework(framework) if framework else self._framework
+        self.entry(name)
+        return self._n().region(name, list(offsets), list(sizes), fw, self._torch(fw))
+
+    def load(self, include: Sequence[str] = (), exclude: Sequence[str] = (),
+             framework: Optional[Framework] = None) -> Any:
+        """The nested state dict (see :func:`load`)."""
+        fw = _framework(framework) if framework else self._framework
+        return _ckpt.load(self.path, fw, list(include), list(exclude), self._torch(fw))
+
+    # --- lifetime ----------------------------------------------------------------------------------------
+    def _n(self) -> Any:
+        if self._native is None:
+            raise UsageError("the checkpoint is closed", fault="usage")
+        return self._native
+
+    def close(self) -> None:
+        """Drops ckpt's reader (and the maps no array returned holds)."""
+        self._native = None
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._native is None:
+            return "<ckpt.Checkpoint (closed)>"
+        return f"<ckpt.Checkpoint {self.format} {self.path!r}, {len(self.entries)} entries>"
+
+
+def open(path: PathLike, *, format: Optional[str] = None, framework: Framework = "np",
+         **limits: Any) -> Checkpoint:
+    """Opens the checkpoint at ``path`` (a file or directory; ``file://`` URLs too) of any format ckpt reads,
+    detecting the format unless ``format`` names it. Reads metadata only; tensors are read when asked for.
+
+    ``framework``: what tensors come back as, numpy arrays (``"np"``) or torch tensors (``"pt"``).
+    ``limits``: the read limits (:data:`LIMITS`), e.g. ``max_nodes=10**8`` or ``trusted=True`` for large input
+    you trust.
+
+    >>> ck = ckpt.open("checkpoint.pt")
+    >>> ck.entries[0]
+    Entry(name='model.fc.weight', kind='tensor', dtype='float32', shape=(10, 4), nbytes=160)
+    """
+    p = _path(path)
+    fw = _framework(framework)
+    before = _torch.identity(p)
+    native = _ckpt.open(p, format, _limits(limits))
+    opened_as = before if before is not None and _torch.identity(p) == before else None
+    return Checkpoint(native, fw, opened_as)
+
+
+def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Sequence[str]] = (),
+         exclude: Union[str, Sequence[str]] = (), **limits: Any) -> Any:
+    """The checkpoint at ``path``, any format, as the nested state dict ``torch.load(path, weights_only=True)``
+    gives for a ``.pt`` file: dicts (``OrderedDict`` kept), lists, tuples and Python values as they were, tensors
+    as numpy arrays over the file's map (``framework="np"``, no torch needed) or torch tensors
+    (``framework="pt"``). A DCP, hfai, PyTorch-BigGraph, RecIS or safetensors checkpoint comes back as the state
+    dict a conversion to ``.pt`` would write.
+
+    ``include``/``exclude``: globs on the flattened entry names (``"model.*"``, ``"*.num_batches_tracked"``);
+    only what they keep is read.
+
+    >>> sd = ckpt.load("last.ckpt", include="state_dict.*", exclude="*.num_batches_tracked")
+    >>> sd["state_dict"]["model.fc.weight"].dtype
+    dtype('float32')
+    """
+    p = _path(path)
+    fw = _framework(framework)
+    inc = [include] if isinstance(include, str) else list(include)
+    exc = [exclude] if isinstance(exclude, str) else list(exclude)
+    converter = None
+    if fw == "pt":
+        converter = _torch.Converter(p, _ckpt.detect(p), _torch.identity(p))
+    return _ckpt.load(p, fw, inc, exc, converter, _limits(limits))
+
+
+# --- safetensors' API over every format -------------------------------------------------------------------
+
+_ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "int8": "I8",
+              "int16": "I16", "int32": "I32", "int64": "I64", "float16": "F16", "bfloat16": "BF16",
+              "float32": "F32", "float64": "F64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
+              "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+
+
+class Slice:
+    """A tensor read only in part (:meth:`SafeOpen.get_slice`): ``get_shape()``, ``get_dtype()`` and indexing
+    with ints and slices, as safetensors' ``PySafeSlice``."""
+
+    def __init__(self, owner: "SafeOpen", name: str) -> None:
+        self._owner, self._name = owner, name
+        self._entry = owner._ck.entry(name)
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape."""
+        return list(self._entry.shape or ())
+
+    def get_dtype(self) -> str:
+        """The dtype as safetensors names it (``"F32"``, ``"BF16"``; torch's name where safetensors has none)."""
+        d = self._entry.dtype or ""
+        return _ST_DTYPES.get(d, d)
+
+    def __getitem__(self, index: Any) -> Any:
+        shape = self.get_shape()
+        idx = index if isinstance(index, tuple) else (index,)
+        if any(i is Ellipsis for i in idx):
+            k = idx.index(Ellipsis)
+            idx = idx[:k] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[k + 1:]
+        if len(idx) > len(shape):
+            raise UsageError(f"{len(idx)} indices for a tensor of {len(shape)} dimensions", fault="usage")
+        # The box the index covers (read alone: for DCP, only the items it overlaps), then the index within it.
+        offsets, sizes, inner = [], [], []
+        for d, n in enumerate(shape):
+            i = idx[d] if d < len(idx) else slice(None)
+            if isinstance(i, slice):
+                start, stop, step = i.indices(n)
+                if step == 1:
+                    offsets.append(start)
+                    sizes.append(max(0, stop - start))
+                    inner.append(slice(None))
+                else:
+                    offsets.append(0)
+                    sizes.append(n)
+                    inner.append(i)
+            else:
+                j = int(i)
+                if j < -n or j >= n:
+                    raise IndexError(f"index {j} is out of bounds for dimension {d} with size {n}")
+                j %= n
+                offsets.append(j)
+                sizes.append(1)
+                inner.append(0)
+        box = self._owner._ck.region(self._name, offsets, sizes, "np")
+        out = box[tuple(inner)]
+        return self._owner._out(out, self._entry.dtype)
+
+
+class SafeOpen:
+    """:func:`safe_open`'s object: safetensors' ``safe_open`` API over a checkpoint of any format."""
+
+    def __init__(self, path: PathLike, framework: Framework, device: str, **limits: Any) -> None:
+        if device not in ("cpu", None):
+            raise UsageError(f"device {device!r}: ckpt reads to the CPU; move tensors with .to()", fault="usage")
+        self._framework = _framework(framework)
+        self._ck = open(path, framework=self._framework, **limits)
+        self._keys: Optional[List[str]] = None
+
+    def _out(self, array: Any, dtype: Optional[str]) -> Any:
+        if self._framework == "np":
+            return array
+        import torch  # noqa: PLC0415
+
+        return torch.from_numpy(_bytes_of(array)).view(getattr(torch, dtype or "uint8")).reshape(array.shape)
+
+    def keys(self) -> List[str]:
+        """The names of the tensors, sorted (as safetensors lists them)."""
+        if self._keys is None:
+            self._keys = sorted(e.name for e in self._ck.entries if e.kind == "tensor")
+        return self._keys
+
+    def offset_keys(self) -> List[str]:
+        """The names of the tensors in the file's order."""
+        return [e.name for e in self._ck.entries if e.kind == "tensor"]
+
+    def get_tensor(self, name: str) -> Any:
+        """The tensor ``name``: a numpy array over the file's map (read-only), or a torch tensor
+        (copy-on-write over ``.pt`` and ``.safetensors`` files)."""
+        return self._ck.tensor(name)
+
+    def get_tensors(self) -> Dict[str, Any]:
+        """Every tensor, by name."""
+        return {k: self.get_tensor(k) for k in self.keys()}
+
+    def get_slice(self, name: str) -> Slice:
+        """A :class:`Slice` of tensor ``name``, whose ``[...]`` reads only the part asked for."""
+        return Slice(self, name)
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """A safetensors file's ``__metadata__`` (the first shard's for a Hugging Face directory); ``None`` when
+        it has none, and for other formats."""
+        return _safetensors_metadata(self._ck)
+
+    def __enter__(self) -> "SafeOpen":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._ck.close()
+
+
+def _bytes_of(array: Any) -> Any:
+    import numpy as np  # noqa: PLC0415
+
+    a = array if array.flags.writeable and array.flags.c_contiguous else np.array(array, copy=True, order="C")
+    return a.reshape(-1).view(np.uint8)
+
+
+def _safetensors_metadata(ck: Checkpoint) -> Optional[Dict[str, str]]:
+    import json  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+
+    path = ck.path
+    if ck.format == "hf":
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not files:
+            return None
+        path = os.path.join(path, files[0])
+    elif ck.format != "safetensors":
+        return None
+    with builtins.open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    meta = header.get("__metadata__")
+    return dict(meta) if meta is not None else None
+
+
+def safe_open(filename: PathLike, framework: Framework = "np", device: str = "cpu", **limits: Any) -> SafeOpen:
+    """safetensors' ``safe_open``, drop-in, over every format ckpt reads: ``keys()``, ``get_tensor(name)``,
+    ``get_slice(name)[...]``, ``metadata()``.
+
+    >>> with ckpt.safe_open("model.safetensors", framework="pt") as f:
+    ...     emb = f.get_slice("embed.weight")[:1000]     # reads the first 1000 rows only
+    >>> with ckpt.safe_open("dcp_checkpoint/", framework="np") as f:   # any format
+    ...     w = f.get_tensor("model.layers.0.weight")
+
+    Differences: numpy arrays are read-only views of the file (safetensors copies them); a missing name raises
+    :class:`EntryNotFoundError` (a ``KeyError``; safetensors raises its ``SafetensorError``).
+    """
+    return SafeOpen(filename, framework, device, **limits)
+
+
+# --- whole checkpoints ------------------------------------------------------------------------------------
+
+@dataclass
+class ConvertSummary:
+    """What :func:`convert` or :func:`save` wrote."""
+
+    tensors: int
+    bytes: int
+    values: int
+    #: entries the target format cannot hold, by name
+    dropped: List[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found; ``ok`` when there is no problem."""
+
+    format: str
+    checked: int
+    bytes: int
+    problems: List[str]
+    warnings: List[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass
+class ReshardSummary:
+    """What :func:`reshard` wrote."""
+
+    format: str
+    world_size: int
+    tensors: int
+    bytes: int
+
+
+@dataclass
+class TensorDiff:
+    """How one tensor on both sides compares (``max_abs``, ``max_rel``, ``mismatched`` of ``numel``)."""
+
+    name: str
+    dtype: Tuple[str, str]
+    shape: Tuple[List[int], List[int]]
+    max_abs: float
+    max_rel: float
+    mismatched: int
+    numel: int
+    bytewise: bool
+    equal: bool
+
+
+@dataclass
+class DiffReport:
+    """What :func:`diff` found; ``equal`` when both hold the same entries with values equal within the
+    tolerance."""
+
+    equal: bool
+    only_a: List[str]
+    only_b: List[str]
+    kind_changes: List[Tuple[str, str, str]]
+    tensors: List[TensorDiff]
+    values_differ: List[str]
+    values_equal: int
+    unreadable: List[Tuple[str, str]]
+    aligned_by_id: List[str]
+
+    def __bool__(self) -> bool:
+        return self.equal
+
+
+def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: int = 1,
+         dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
+         recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
+         pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
+         progress: Optional[bool] = None) -> ConvertSummary:
+    """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
+    to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
+    rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
+    ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
+    :func:`convert`'s.
+
+    >>> ckpt.save({"model": {"w": np.ones((2, 2), np.float32)}, "step": 3}, "out_dcp", format="distcp")
+    ConvertSummary(tensors=1, bytes=16, values=1, dropped=[])
+    """
+    fmt = format
+    s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
+                   recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
+                   progress)
+    return ConvertSummary(*s)
+
+
+def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = None, world_size: int = 1,
+            dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
+            recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
+            pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
+            include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
+            strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
+            progress: Optional[bool] = None, **limits: Any) -> ConvertSummary:
+    """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
+    ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
+    targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
+    ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), and the selection:
+    ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
+    ``"f16"``, ``"f32"``, ``"f64"``). A spinner shows on stderr when it is a terminal (``progress``).
+
+    A DCP checkpoint to Hugging Face shards, the model only, in bfloat16::
+
+        >>> ckpt.convert("step-1000/", "hf_model/", to="hf", include="model.*", strip_prefix="model.",
+        ...              dtype="bf16", max_shard_size="5GB")
+        ConvertSummary(tensors=291, bytes=16060522496, values=0, dropped=[])
+    """
+    inc = [include] if isinstance(include, str) else list(include)
+    exc = [exclude] if isinstance(exclude, str) else list(exclude)
+    s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
+                      recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
+                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress)
+    return ConvertSummary(*s)
+
+
+def verify(path: PathLike, deep: bool = False, *, progress: Optional[bool] = None, **limits: Any) -> VerifyReport:
+    """Checks the checkpoint at ``path`` as ``ckpt verify`` does: structure without reading tensor data, and with
+    ``deep=True`` every byte and every checksum. Problems are listed in the report (``report.ok``); a checkpoint
+    that cannot be read at all raises.
+
+    >>> ckpt.verify("dcp_checkpoint/", deep=True).problems
+    []
+    """
+    return VerifyReport(*_ckpt.verify(_path(path), deep, _limits(limits), progress))
+
+
+def reshard(src: PathLike, dst: PathLike, world_size: int, *, progress: Optional[bool] = None,
+            **limits: Any) -> ReshardSummary:
+    """Rewrites a sharded checkpoint (distcp, hfai, recis) for ``world_size`` ranks, parts or shards, in a new
+    directory ``dst``, as ``ckpt reshard`` does.
+
+    >>> ckpt.reshard("dcp_8ranks/", "dcp_4ranks/", 4).world_size
+    4
+    """
+    return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits), progress))
+
+
+def diff(a: PathLike, b: PathLike, *, rtol: float = 1e-5, atol: float = 1e-8, progress: Optional[bool] = None,
+         **limits: Any) -> DiffReport:
+    """Compares two checkpoints of any formats entry by entry, as ``ckpt diff`` does: tensors within numpy's
+    ``allclose`` tolerances (``|a - b| <= atol + rtol * |b|``), other values exactly.
+
+    >>> ckpt.diff("model.pt", "model.safetensors").equal
+    True
+    """
+    r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress)
+    r["tensors"] = [TensorDiff(**t) for t in r["tensors"]]
+    return DiffReport(**r)
+
+
+def formats() -> List[Tuple[str, str, bool]]:
+    """Every format: ``(name, what it is, whether it has shards to reshard)``."""
+    return list(_ckpt.formats())
+
+
+from . import dcp  # noqa: E402  (imports torch only when its classes are used)

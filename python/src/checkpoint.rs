@@ -1,0 +1,178 @@
+//! An open checkpoint of any format (`ckpt.open`): entries before any data, then tensors and values read
+//! lazily, tensors as numpy arrays over the map or torch tensors.
+
+use std::path::PathBuf;
+
+use ckpt::{EntryKind, Format};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::errors::{IntoPy, core_to_py, usage};
+use crate::ops::read_limits;
+use crate::values::{Framework, ToPy};
+
+/// An open checkpoint (the native half of `ckpt.Checkpoint`).
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub(crate) struct Checkpoint {
+    inner: ckpt::Checkpoint,
+}
+
+impl Checkpoint {
+    /// The facade's checkpoint.
+    pub(crate) fn inner(&self) -> &ckpt::Checkpoint {
+        &self.inner
+    }
+
+    /// The tensor `name`, read with the GIL released.
+    pub(crate) fn read_tensor(&self, py: Python<'_>, name: &str) -> PyResult<ckpt::Tensor> {
+        py.detach(|| self.inner.tensor(name)).py()
+    }
+
+    fn to_py<'py>(framework: &str, torch: Option<Bound<'py, PyAny>>) -> PyResult<ToPy<'py>> {
+        Ok(ToPy::new(Framework::parse(framework)?, torch))
+    }
+}
+
+/// Opens the checkpoint at `path` (`format`: its format's name, detected when `None`) under `limits`, with the
+/// GIL released.
+#[pyfunction]
+#[pyo3(signature = (path, format = None, limits = None))]
+pub(crate) fn open(
+    py: Python<'_>,
+    path: PathBuf,
+    format: Option<&str>,
+    limits: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Checkpoint> {
+    let limits = read_limits(limits)?;
+    let format = format.map(|f| f.parse::<Format>().map_err(|e| usage(e.to_string(), Some(&path)))).transpose()?;
+    let inner = py
+        .detach(|| match format {
+            Some(f) => ckpt::open_as_with(&path, f, &limits),
+            None => ckpt::open_with(&path, &limits),
+        })
+        .py()?;
+    Ok(Checkpoint { inner })
+}
+
+#[pymethods]
+impl Checkpoint {
+    /// The format's name (`torch`, `safetensors`, `distcp`, `hf`, `hfai`, `pbg`, `recis`).
+    #[getter]
+    fn format(&self) -> &'static str {
+        self.inner.format().name()
+    }
+
+    /// The path it was opened from.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    /// Every entry as `(name, kind, dtype, shape, nbytes)`: kind `tensor`, `opaque` or `value`; dtype, shape and
+    /// nbytes `None` but for tensors.
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let entries = py.detach(|| self.inner.entries());
+        let rows = entries.into_iter().map(|e| -> PyResult<Bound<'py, PyTuple>> {
+            match e.kind {
+                EntryKind::Tensor(info) => {
+                    let nbytes = info.nbytes();
+                    let shape = PyTuple::new(py, &info.shape)?;
+                    (e.name, "tensor", info.dtype.torch_name(), shape, nbytes).into_pyobject(py)
+                }
+                EntryKind::OpaqueTensor(kind) => {
+                    let kind = format!("{kind:?}").to_lowercase();
+                    (e.name, "opaque", kind, py.None(), py.None()).into_pyobject(py)
+                }
+                _ => (e.name, "value", py.None(), py.None(), py.None()).into_pyobject(py),
+            }
+        });
+        PyList::new(py, rows.collect::<PyResult<Vec<_>>>()?)
+    }
+
+    /// The format's details (`(name, value)` pairs: container, version, writer, ...).
+    fn details(&self) -> Vec<(String, String)> {
+        self.inner.reader().details()
+    }
+
+    /// The tensor entry `name`.
+    #[pyo3(signature = (name, framework = "np", torch = None))]
+    fn tensor<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        framework: &str,
+        torch: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let to = Self::to_py(framework, torch)?;
+        let t = self.read_tensor(py, name)?;
+        to.tensor(py, &t)
+    }
+
+    /// The entry `name`, a tensor or any other value, as a Python object.
+    #[pyo3(signature = (name, framework = "np", torch = None))]
+    fn value<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        framework: &str,
+        torch: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let to = Self::to_py(framework, torch)?;
+        let v = py.detach(|| self.inner.value(name)).py()?;
+        to.value(py, &v)
+    }
+
+    /// The region `offsets .. offsets + sizes` of the tensor `name` (global coordinates): for a DCP checkpoint
+    /// read from the items that overlap it (a view of one item, zero copy, when one holds it all), else a view
+    /// of the tensor.
+    #[pyo3(signature = (name, offsets, sizes, framework = "np", torch = None))]
+    fn region<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        offsets: Vec<usize>,
+        sizes: Vec<usize>,
+        framework: &str,
+        torch: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let to = Self::to_py(framework, torch)?;
+        let t = crate::dcp::region(py, self, name, &offsets, &sizes)?;
+        to.tensor(py, &t)
+    }
+
+    /// The bytes `torch.save` writes for the value `name` (how `ckpt.dcp.Reader` hands a non-tensor entry to
+    /// DCP's planner, which `torch.load`s it).
+    fn value_bytes<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let path = self.inner.path().to_path_buf();
+        let bytes = py
+            .detach(|| -> ckpt::Result<Vec<u8>> {
+                let v = self.inner.value(name)?;
+                ckpt::torch::save_to_writer(&v, Vec::new(), "archive", &ckpt::torch::WriteOptions::default())
+                    .map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() })
+            })
+            .py()?;
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
+    /// What `ckpt.dcp.Reader.read_metadata` builds torch's `Metadata` from: every entry as `(fqn, "tensor",
+    /// dtype, size, chunks)` (chunks as `(offsets, sizes)`: a DCP checkpoint's own, one whole chunk for other
+    /// formats) or `(fqn, "bytes", None, None, None)`, and DCP's `planner_data` (fqn → path) when there is one.
+    fn dcp_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        crate::dcp::metadata(py, self)
+    }
+
+    /// Copies boxes of tensors into torch tensors' memory (`ckpt.dcp.Reader.read_data`): each
+    /// `(name, offsets, sizes, address, strides, element_size, (storage_start, storage_end))`.
+    fn read_into(&self, py: Python<'_>, copies: Vec<crate::dcp::Copy>) -> PyResult<()> {
+        crate::dcp::read_into(py, self, copies)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.inner.path().display())
+    }
+}
+
+/// A core error about this checkpoint.
+pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::core::Error) -> PyErr {
+    core_to_py(e, ck.inner.path())
+}

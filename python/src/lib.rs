@@ -1,0 +1,40 @@
+//! The extension module `ckpt._ckpt` of the Python package `ckpt`: ckpt's readers and writers for Python,
+//! with numpy arrays (or torch tensors) over ckpt's memory maps, and the `ckpt` command.
+//!
+//! The Python package (`python/ckpt/`) is the API users call (`ckpt.open`, `ckpt.load`, `ckpt.safe_open`,
+//! `ckpt.save`, `ckpt.convert`, ...); this module is what it calls into. Every call that reads, writes or
+//! converts runs with the GIL released. Errors come back as the package's exceptions (`ckpt.Error` and its
+//! subclasses, `errors`), with the fault and the path.
+//!
+//! Modules: `arrays` (numpy arrays over ckpt's buffers), `values` (ckpt's `Value` tree to Python objects and
+//! back), `checkpoint` (an open checkpoint), `ops` (load, save, convert, verify, reshard, diff), `dcp` (what
+//! `ckpt.dcp.Reader` asks of a checkpoint), `cli` (the `ckpt` command), `errors` (the exceptions).
+
+mod arrays;
+mod checkpoint;
+mod cli;
+mod dcp;
+mod errors;
+mod ops;
+mod values;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<checkpoint::Checkpoint>()?;
+    m.add_class::<arrays::MappedBytes>()?;
+    m.add_function(wrap_pyfunction!(checkpoint::open, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::load, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::save, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::convert, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::reshard, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::diff, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::formats, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::detect, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::main, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! The package's operations on whole checkpoints — load, save, convert, verify, reshard, diff — each the
+//! facade's function with the `ckpt` command's options, run with the GIL released, with a progress bar on
+//! stderr when it is a terminal.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ckpt::{ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, VerifyOptions};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::errors::{IntoPy, usage};
+use crate::values::{Framework, FromPy, ToPy};
+
+/// The read limits named in `limits` (the `ckpt` command's `--max-*` and `--trusted` flags, without `--`,
+/// with `_` for `-`); the defaults for those not named.
+pub(crate) fn read_limits(limits: Option<&Bound<'_, PyDict>>) -> PyResult<ReadLimits> {
+    let mut l = ReadLimits::default();
+    let Some(limits) = limits else { return Ok(l) };
+    let mut pickle = l.pickle;
+    if let Some(trusted) = limits.get_item("trusted")? {
+        if trusted.is_truthy()? {
+            pickle = ckpt::pickle::Limits::trusted();
+        }
+    }
+    for (k, v) in limits.iter() {
+        let key: String = k.extract()?;
+        if v.is_none() || key == "trusted" {
+            continue;
+        }
+        match key.as_str() {
+            "max_depth" => pickle.max_depth = v.extract()?,
+            "max_memo" => pickle.max_memo = v.extract()?,
+            "max_container_len" => pickle.max_container_len = v.extract()?,
+            "max_nodes" => pickle.max_nodes = v.extract()?,
+            "max_alloc_bytes" => pickle.max_alloc_bytes = v.extract()?,
+            "max_int_digits" => pickle.max_int_digits = v.extract()?,
+            "max_header_bytes" => l.max_header_bytes = v.extract()?,
+            "max_data_header_bytes" => l.max_data_header_bytes = v.extract()?,
+            "max_metadata_bytes" => l.max_metadata_bytes = v.extract()?,
+            "max_inflated_bytes" => l.max_inflated_bytes = v.extract()?,
+            other => return Err(usage(format!("unknown limit {other:?}"), None)),
+        }
+    }
+    l.pickle = pickle;
+    Ok(l)
+}
+
+/// The selection of `include`/`exclude` globs, prefixes and float dtype.
+fn selection(
+    include: Vec<String>,
+    exclude: Vec<String>,
+    strip_prefix: Option<String>,
+    add_prefix: Option<String>,
+    dtype: Option<&str>,
+) -> PyResult<Selection> {
+    let mut s = Selection::default();
+    s.include = include;
+    s.exclude = exclude;
+    s.strip_prefix = strip_prefix;
+    s.add_prefix = add_prefix;
+    if let Some(name) = dtype {
+        let d = match name {
+            "bf16" | "bfloat16" => ckpt::DType::BF16,
+            "f16" | "fp16" | "float16" | "half" => ckpt::DType::F16,
+            "f32" | "fp32" | "float32" | "float" => ckpt::DType::F32,
+            "f64" | "fp64" | "float64" | "double" => ckpt::DType::F64,
+            other => {
+                return Err(usage(format!("dtype {other:?}: floats are cast to bf16, f16, f32 or f64"), None));
+            }
+        };
+        s.dtype = Some(d);
+    }
+    Ok(s)
+}
+
+fn format_of(name: &str, path: &Path) -> PyResult<Format> {
+    name.parse::<Format>().map_err(|e| usage(e.to_string(), Some(path)))
+}
+
+/// A spinner on stderr while `f` runs (`show`: `None` when stderr is a terminal), hidden otherwise.
+fn with_spinner<T: Send>(py: Python<'_>, show: Option<bool>, what: String, f: impl FnOnce() -> T + Send) -> T {
+    let pb = if show.unwrap_or_else(|| std::io::stderr().is_terminal()) {
+        let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            pb.set_style(style);
+        }
+        pb.set_message(what);
+        pb.enable_steady_tick(Duration::from_millis(100));
+        Some(pb)
+    } else {
+        None
+    };
+    let out = py.detach(f);
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    out
+}
+
+/// A progress bar on stderr over `total` units (`show` as [`with_spinner`]).
+fn bar(show: Option<bool>, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    if !show.unwrap_or_else(|| std::io::stderr().is_terminal()) {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed}, {eta} left)") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(what.to_owned());
+    pb
+}
+
+/// `ckpt.load`: the nested state dict of the checkpoint at `path`, the entries `include`/`exclude` keep.
+#[pyfunction]
+#[pyo3(signature = (path, framework = "np", include = Vec::new(), exclude = Vec::new(), torch = None, limits = None))]
+pub(crate) fn load<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    framework: &str,
+    include: Vec<String>,
+    exclude: Vec<String>,
+    torch: Option<Bound<'py, PyAny>>,
+    limits: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let to = ToPy::new(Framework::parse(framework)?, torch);
+    let limits = read_limits(limits)?;
+    let selection = selection(include, exclude, None, None, None)?;
+    let tree = py.detach(|| ckpt::state_dict(&path, &selection, &limits)).py()?;
+    to.value(py, &tree)
+}
+
+/// The target layout and selection of `convert` and `save`.
+#[allow(clippy::too_many_arguments)]
+fn convert_options(
+    path: &Path,
+    world_size: usize,
+    dcp_profile: Option<&str>,
+    hfai_large_size: Option<u64>,
+    recis_parallel: Option<usize>,
+    recis_slice_size: Option<u32>,
+    pbg_config: Option<PathBuf>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
+    selection: Selection,
+    limits: ReadLimits,
+) -> PyResult<ConvertOptions> {
+    let mut o = ConvertOptions::default().with_world_size(world_size).with_selection(selection).with_limits(limits);
+    o.dcp_profile = match dcp_profile {
+        None | Some("max-compat") | Some("max_compat") => DcpProfile::MaxCompat,
+        Some("torch213") => DcpProfile::Torch213,
+        Some(other) => return Err(usage(format!("dcp_profile {other:?}: max-compat or torch213"), Some(path))),
+    };
+    o.hfai_large_size = hfai_large_size;
+    o.recis_parallel = recis_parallel;
+    o.recis_slice_size = recis_slice_size;
+    o.pbg_config = pbg_config;
+    if let Some(size) = max_shard_size {
+        o.hf_max_shard_size = Some(match size.extract::<u64>() {
+            Ok(n) => n,
+            Err(_) => {
+                let text: String = size.extract()?;
+                ckpt::hf::parse_size(&text).map_err(|e| usage(e.to_string(), Some(path)))?
+            }
+        });
+    }
+    Ok(o)
+}
+
+/// A conversion's summary as `(tensors, bytes, values, dropped)`.
+type Summary = (usize, u64, usize, Vec<String>);
+
+fn summary(s: ckpt::ConvertSummary) -> Summary {
+    (s.tensors, s.bytes, s.values, s.dropped)
+}
+
+/// `ckpt.convert`: the checkpoint at `src` converted to `to` at `dst`.
+#[pyfunction]
+#[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
+    recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
+    include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
+    limits = None, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn convert(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    to: &str,
+    from_: Option<&str>,
+    world_size: usize,
+    dcp_profile: Option<&str>,
+    hfai_large_size: Option<u64>,
+    recis_parallel: Option<usize>,
+    recis_slice_size: Option<u32>,
+    pbg_config: Option<PathBuf>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
+    include: Vec<String>,
+    exclude: Vec<String>,
+    strip_prefix: Option<String>,
+    add_prefix: Option<String>,
+    dtype: Option<&str>,
+    limits: Option<&Bound<'_, PyDict>>,
+    progress: Option<bool>,
+) -> PyResult<Summary> {
+    let to = format_of(to, &dst)?;
+    let from = from_.map(|f| format_of(f, &src)).transpose()?;
+    let selection = selection(include, exclude, strip_prefix, add_prefix, dtype)?;
+    let options = convert_options(
+        &dst,
+        world_size,
+        dcp_profile,
+        hfai_large_size,
+        recis_parallel,
+        recis_slice_size,
+        pbg_config,
+        max_shard_size,
+        selection,
+        read_limits(limits)?,
+    )?;
+    let what = format!("converting {} to {to}", src.display());
+    with_spinner(py, progress, what, || ckpt::convert(&src, from, &dst, to, &options)).py().map(summary)
+}
+
+/// `ckpt.save`: the state dict `state_dict` (nested dicts, lists, tuples, numpy arrays, torch tensors, Python
+/// values) written as a checkpoint of `format` at `path`.
+#[pyfunction]
+#[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
+    hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
+    max_shard_size = None, progress = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn save(
+    py: Python<'_>,
+    state_dict: &Bound<'_, PyAny>,
+    path: PathBuf,
+    format: &str,
+    world_size: usize,
+    dcp_profile: Option<&str>,
+    hfai_large_size: Option<u64>,
+    recis_parallel: Option<usize>,
+    recis_slice_size: Option<u32>,
+    pbg_config: Option<PathBuf>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
+    progress: Option<bool>,
+) -> PyResult<Summary> {
+    let to = format_of(format, &path)?;
+    let tree = FromPy::new(py)?.value(state_dict)?;
+    let options = convert_options(
+        &path,
+        world_size,
+        dcp_profile,
+        hfai_large_size,
+        recis_parallel,
+        recis_slice_size,
+        pbg_config,
+        max_shard_size,
+        Selection::default(),
+        ReadLimits::default(),
+    )?;
+    let what = format!("saving {} as {to}", path.display());
+    with_spinner(py, progress, what, || ckpt::save(&tree, &path, to, &options)).py().map(summary)
+}
+
+/// A verification's report as `(format, checked, bytes, problems, warnings)`.
+type Report = (&'static str, usize, u64, Vec<String>, Vec<String>);
+
+/// `ckpt.verify`: its [`Report`].
+#[pyfunction]
+#[pyo3(signature = (path, deep = false, limits = None, progress = None))]
+pub(crate) fn verify(
+    py: Python<'_>,
+    path: PathBuf,
+    deep: bool,
+    limits: Option<&Bound<'_, PyDict>>,
+    progress: Option<bool>,
+) -> PyResult<Report> {
+    let options =
+        if deep { VerifyOptions::deep() } else { VerifyOptions::structure() }.with_limits(read_limits(limits)?);
+    let pb = bar(progress, &format!("verifying {}", path.display()));
+    let report = py
+        .detach(|| {
+            ckpt::verify_with(&path, &options, &|done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            })
+        })
+        .py();
+    pb.finish_and_clear();
+    let r = report?;
+    Ok((r.format.name(), r.checked, r.bytes, r.problems, r.warnings))
+}
+
+/// `ckpt.reshard`: `(format, world_size, tensors, bytes)`.
+#[pyfunction]
+#[pyo3(signature = (src, dst, world_size, limits = None, progress = None))]
+pub(crate) fn reshard(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    world_size: usize,
+    limits: Option<&Bound<'_, PyDict>>,
+    progress: Option<bool>,
+) -> PyResult<(&'static str, usize, usize, u64)> {
+    let limits = read_limits(limits)?;
+    let what = format!("resharding {} for {world_size}", src.display());
+    let s = with_spinner(py, progress, what, || ckpt::reshard_with(&src, &dst, world_size, &limits)).py()?;
+    Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
+}
+
+/// `ckpt.diff`: the report's parts, each a list (see `ckpt.DiffReport`).
+#[pyfunction]
+#[pyo3(signature = (a, b, rtol = 1e-5, atol = 1e-8, limits = None, progress = None))]
+pub(crate) fn diff<'py>(
+    py: Python<'py>,
+    a: PathBuf,
+    b: PathBuf,
+    rtol: f64,
+    atol: f64,
+    limits: Option<&Bound<'py, PyDict>>,
+    progress: Option<bool>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let options = DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?);
+    let pb = bar(progress, &format!("comparing {} and {}", a.display(), b.display()));
+    let report = py
+        .detach(|| {
+            ckpt::diff_with_progress(&a, &b, &options, &|done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            })
+        })
+        .py();
+    pb.finish_and_clear();
+    let r = report?;
+    let out = PyDict::new(py);
+    out.set_item("only_a", r.only_a.clone())?;
+    out.set_item("only_b", r.only_b.clone())?;
+    out.set_item("kind_changes", r.kind_changes.clone())?;
+    let tensors = PyList::empty(py);
+    for t in &r.tensors {
+        let d = PyDict::new(py);
+        d.set_item("name", &t.name)?;
+        d.set_item("dtype", (t.dtype.0.torch_name(), t.dtype.1.torch_name()))?;
+        d.set_item("shape", (t.shape.0.clone(), t.shape.1.clone()))?;
+        d.set_item("max_abs", t.max_abs)?;
+        d.set_item("max_rel", t.max_rel)?;
+        d.set_item("mismatched", t.mismatched)?;
+        d.set_item("numel", t.numel)?;
+        d.set_item("bytewise", t.bytewise)?;
+        d.set_item("equal", t.is_equal())?;
+        tensors.append(d)?;
+    }
+    out.set_item("tensors", tensors)?;
+    out.set_item("values_differ", r.values_differ.clone())?;
+    out.set_item("values_equal", r.values_equal)?;
+    out.set_item("unreadable", r.unreadable.clone())?;
+    out.set_item("aligned_by_id", r.aligned_by_id.clone())?;
+    out.set_item("equal", r.is_equal())?;
+    Ok(out)
+}
+
+/// The format of the checkpoint at `path`, by name, from its marker files and leading bytes.
+#[pyfunction]
+pub(crate) fn detect(py: Python<'_>, path: PathBuf) -> PyResult<&'static str> {
+    py.detach(|| ckpt::detect(&path)).py().map(|f| f.name())
+}
+
+/// Every format's `(name, about, sharded)`.
+#[pyfunction]
+pub(crate) fn formats() -> Vec<(&'static str, &'static str, bool)> {
+    Format::ALL.iter().map(|f| (f.name(), f.about(), ckpt::reshard_formats().contains(f))).collect()
+}
