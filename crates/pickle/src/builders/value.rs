@@ -107,6 +107,23 @@ impl Tree<Value> for ValueTree {
     }
 }
 
+/// Whether `v` is immutable and holds no object the pickle may share: a scalar, string, bytes, big int or
+/// global, or a tuple of such (looked into `depth` levels).
+fn is_plain(v: &Value, depth: usize) -> bool {
+    match v {
+        Value::None
+        | Value::Bool(_)
+        | Value::Int(_)
+        | Value::Float(_)
+        | Value::BigInt(_)
+        | Value::Str(_)
+        | Value::Bytes(_)
+        | Value::Global { .. } => true,
+        Value::Tuple(items) => depth > 0 && items.len() <= 16 && items.iter().all(|i| is_plain(i, depth - 1)),
+        _ => false,
+    }
+}
+
 /// BUILD's effect on an object's state: a second dict state updates the first (`__dict__.update`), anything
 /// else replaces it.
 pub(crate) fn apply_state(slot: &mut Option<Value>, state: Value) {
@@ -231,6 +248,9 @@ impl<'a> Builder<'a> for ValueBuilder {
             Value::Int(i) => Value::Int(*i),
             Value::Float(f) => Value::Float(*f),
             Value::Ref(h) => Value::Ref(*h),
+            // What nothing can change and nothing inside refers to is a copy wherever it goes (the shelf
+            // would copy it there too).
+            v if is_plain(v, 2) => v.clone(),
             _ => {
                 let h = self.shelf.put(std::mem::take(v))?;
                 *v = Value::Ref(h);
