@@ -59,6 +59,9 @@ cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 step "lint"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
+step "docs build without warnings (broken or private links, missing docs)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
+
 step "fixtures are reproducible (regenerated with torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
 fresh=$(mktemp -d)
 .venv/bin/python conformance/python/make_torch_fixtures.py "$fresh/torch" >/dev/null

@@ -319,7 +319,11 @@ pub fn convert(
 /// As [`convert`]: [`Error::UnsupportedConversion`] when `to` cannot hold the state dict, the writers' own.
 pub fn save(state_dict: &Value, dst: &Path, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
     let (_, target) = plan(dst, Some(Format::Torch), dst, to, options)?;
-    target.write(&Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source), dst, options)
+    target.write(
+        &Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source),
+        dst,
+        options,
+    )
 }
 
 /// The nested state dict of the checkpoint at `path` (format detected): what a conversion to a `torch.save`

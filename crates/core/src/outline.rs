@@ -329,6 +329,7 @@ impl Printer<'_> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::Tensor;
 

@@ -600,8 +600,8 @@ impl Value {
     /// `Err`.
     ///
     /// # Errors
-    /// The value itself, when it holds no values.
-    pub fn into_parts(self) -> std::result::Result<(ValueShape, Vec<Value>), Value> {
+    /// The value itself (boxed), when it holds no values.
+    pub fn into_parts(self) -> std::result::Result<(ValueShape, Vec<Value>), Box<Value>> {
         let mut out = Vec::new();
         let shape = match self {
             Value::List(items) => return Ok((ValueShape(Shape::List), items)),
@@ -645,7 +645,7 @@ impl Value {
                 out.push(*value);
                 Shape::Shared(id)
             }
-            leaf => return Err(leaf),
+            leaf => return Err(Box::new(leaf)),
         };
         Ok((ValueShape(shape), out))
     }
@@ -974,6 +974,44 @@ impl From<Dict> for Value {
     }
 }
 
+/// `v` with every reference to a definition not in `keep` replaced by a copy of the definition (itself
+/// expanded), and those definitions unwrapped; without recursion.
+fn expand_refs(
+    v: Value,
+    defs: &std::collections::HashMap<u32, &Value>,
+    keep: &std::collections::HashSet<u32>,
+) -> Value {
+    enum Step {
+        Visit(Value, usize),
+        Join(ValueShape, usize),
+    }
+    let mut steps = vec![Step::Visit(v, 0)];
+    let mut done: Vec<Value> = Vec::new();
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Visit(v, depth) => match v {
+                Value::Ref(id) if !keep.contains(&id) && depth < 1000 => match defs.get(&id) {
+                    Some(def) => steps.push(Step::Visit((*def).clone(), depth + 1)),
+                    None => done.push(Value::Ref(id)),
+                },
+                Value::Shared { id, value } if !keep.contains(&id) => steps.push(Step::Visit(*value, depth)),
+                other => match other.into_parts() {
+                    Ok((shape, children)) => {
+                        steps.push(Step::Join(shape, children.len()));
+                        steps.extend(children.into_iter().rev().map(|c| Step::Visit(c, depth + 1)));
+                    }
+                    Err(leaf) => done.push(*leaf),
+                },
+            },
+            Step::Join(shape, n) => {
+                let children = done.split_off(done.len().saturating_sub(n));
+                done.push(Value::from_parts(shape, children));
+            }
+        }
+    }
+    done.pop().unwrap_or(Value::None)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -1017,42 +1055,4 @@ mod tests {
         assert_eq!(Dict::from_python_items(DictKind::Dict, plain.clone()).items, plain);
         assert!(Dict::from_python_items(DictKind::Dict, []).items.is_empty());
     }
-}
-
-/// `v` with every reference to a definition not in `keep` replaced by a copy of the definition (itself
-/// expanded), and those definitions unwrapped; without recursion.
-fn expand_refs(
-    v: Value,
-    defs: &std::collections::HashMap<u32, &Value>,
-    keep: &std::collections::HashSet<u32>,
-) -> Value {
-    enum Step {
-        Visit(Value, usize),
-        Join(ValueShape, usize),
-    }
-    let mut steps = vec![Step::Visit(v, 0)];
-    let mut done: Vec<Value> = Vec::new();
-    while let Some(step) = steps.pop() {
-        match step {
-            Step::Visit(v, depth) => match v {
-                Value::Ref(id) if !keep.contains(&id) && depth < 1000 => match defs.get(&id) {
-                    Some(def) => steps.push(Step::Visit((*def).clone(), depth + 1)),
-                    None => done.push(Value::Ref(id)),
-                },
-                Value::Shared { id, value } if !keep.contains(&id) => steps.push(Step::Visit(*value, depth)),
-                other => match other.into_parts() {
-                    Ok((shape, children)) => {
-                        steps.push(Step::Join(shape, children.len()));
-                        steps.extend(children.into_iter().rev().map(|c| Step::Visit(c, depth + 1)));
-                    }
-                    Err(leaf) => done.push(leaf),
-                },
-            },
-            Step::Join(shape, n) => {
-                let children = done.split_off(done.len().saturating_sub(n));
-                done.push(Value::from_parts(shape, children));
-            }
-        }
-    }
-    done.pop().unwrap_or(Value::None)
 }

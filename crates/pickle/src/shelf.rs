@@ -1,28 +1,30 @@
 //! Where a builder of trees keeps the objects a pickle shares, and how they are placed into the finished tree
 //! once the pickle has stopped changing them.
 //!
-//! A builder that makes trees (a [`Value`](crate::Value), a checkpoint's values) cannot hand out copies of an
-//! object the pickle may still change. It moves such an object to its [`Shelf`] at its first
-//! [`share`](crate::Builder::share) and hands out *handles* to it instead, which every later APPEND,
-//! SETITEMS or BUILD reaches through. At the end, [`Shelf::splice`] puts the objects where the handles are:
-//!
-//! - an object referred to once goes in place, even on a cycle (the cycle closes at another of its objects,
-//!   one referred to from inside it and from where the walk entered it);
-//! - an object on a cycle referred to from several places, or a mutable one ([`Tree::is_mutable`]) referred
-//!   to from several places, becomes a shared definition at its first place in a depth-first walk and
-//!   references everywhere else, numbered in that order;
-//! - any other object referred to from several places (a string, a tuple) is copied into each place.
-//!
-//! Whether an object is shared depends only on the object graph, not on which objects a builder shelved: a
-//! builder that shelves every object (the graph builder) and one that shelves only what the pickle fetches
-//! from its memo (the value builder) make the same tree.
-//!
-//! Everything here walks handles, not the trees around them, more than once; the trees themselves are
-//! walked once to find their handles and once to place them.
+//! See [`Shelf`].
 
 use crate::error::Error;
 
 /// The objects a builder keeps aside because the pickle refers to them from several places.
+///
+/// A builder that makes trees (a [`Value`](crate::Value), a checkpoint's values) cannot hand out copies of an
+/// object the pickle may still change. It moves such an object to its [`Shelf`] at its first
+/// [`share`](crate::Builder::share) and hands out *handles* to it instead, which every later APPEND,
+/// SETITEMS or BUILD reaches through. At the end, [`Shelf::splice`] puts the objects where the handles are:
+///
+/// - an object referred to once goes in place, even on a cycle (the cycle closes at another of its objects,
+///   one referred to from inside it and from where the walk entered it);
+/// - an object on a cycle referred to from several places, or a mutable one ([`Tree::is_mutable`]) referred
+///   to from several places, becomes a shared definition at its first place in a depth-first walk and
+///   references everywhere else, numbered in that order;
+/// - any other object referred to from several places (a string, a tuple) is copied into each place.
+///
+/// Whether an object is shared depends only on the object graph, not on which objects a builder shelved: a
+/// builder that shelves every object (the graph builder) and one that shelves only what the pickle fetches
+/// from its memo (the value builder) make the same tree.
+///
+/// Everything here walks handles, not the trees around them, more than once; the trees themselves are
+/// walked once to find their handles and once to place them.
 #[derive(Debug, Clone)]
 pub struct Shelf<V> {
     items: Vec<Option<V>>,
@@ -123,7 +125,7 @@ impl<V> Shelf<V> {
         Ok(Shelf { items })
     }
 
-    /// Places every shelved object reached from `root` where its handles are (see the [module docs](self)).
+    /// Places every shelved object reached from `root` where its handles are (see [`Shelf`]).
     /// `max_depth` bounds the depth of the finished tree (a shared definition counts as a level); `offset`
     /// is where the pickle ended, for that error.
     ///

@@ -88,7 +88,7 @@ pub fn load_shard(src: &SparseCheckpoint, shard: Shard, partition: IdPartition) 
 /// files of an existing `dst` other than the serializer's are carried over).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_shard_files`]; the commit's errors.
+/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_sharded`]; the commit's errors.
 pub fn reshard_sparse(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
     if shards == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));

@@ -95,7 +95,6 @@ pub(crate) fn rebuild_with(
         class_dtypes: Vec::new(),
     };
     let value = ckpt_pickle::run(pkl, options, &mut b)
-        .map_err(Failure::from)
         .and_then(|(root, end)| b.finish_root(root, options.limits.max_depth, end));
     (value, b.templated)
 }
@@ -278,13 +277,18 @@ impl Dims {
     }
 }
 
+/// Where a tensor's elements are in its storage.
+struct View<'d> {
+    size: &'d [usize],
+    stride: &'d [usize],
+    offset: usize,
+}
+
 /// The tensor `_rebuild_tensor*` makes of its arguments.
 fn tensor_value(
     function: &str,
     dtype: DType,
-    size: &[usize],
-    stride: &[usize],
-    offset: usize,
+    View { size, stride, offset }: View<'_>,
     data: Buffer,
     (conj, neg): (bool, bool),
     requires_grad: bool,
@@ -750,7 +754,8 @@ impl<'a> TorchBuilder<'_, 'a> {
                 }
             }
         }
-        tensor_value(name, dtype, size.as_slice(), stride.as_slice(), offset, data, (conj, neg), requires_grad)
+        let view = View { size: size.as_slice(), stride: stride.as_slice(), offset };
+        tensor_value(name, dtype, view, data, (conj, neg), requires_grad)
     }
 
     /// The storage a persistent id names: `('storage', class, key, location, numel)` (what `torch.save`
@@ -1049,16 +1054,8 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
             Ok(d)
         };
         let (size, stride) = (dims(&size)?, dims(&stride)?);
-        let tensor = tensor_value(
-            function,
-            dtype,
-            size.as_slice(),
-            stride.as_slice(),
-            offset,
-            data,
-            (false, false),
-            requires_grad,
-        )?;
+        let view = View { size: size.as_slice(), stride: stride.as_slice(), offset };
+        let tensor = tensor_value(function, dtype, view, data, (false, false), requires_grad)?;
         self.templated += 1;
         Ok(T::V(Box::new(tensor)))
     }
@@ -1091,7 +1088,7 @@ impl Tree<Value> for CoreTree {
     }
 
     fn split(v: Value) -> Result<(Self::Shape, Vec<Value>), Value> {
-        v.into_parts()
+        v.into_parts().map_err(|leaf| *leaf)
     }
 
     fn join(shape: Self::Shape, children: Vec<Value>) -> Value {

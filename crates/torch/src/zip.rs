@@ -46,7 +46,7 @@ mod tests;
 
 pub use read::{Archive, HeaderSource, Record};
 pub use sid::serialization_id;
-pub use write::{Producer, Sink, WriterOptions, ZipWriter};
+pub use write::{CENTRAL_DIRECTORY_MARK, Producer, Sink, WriterOptions, ZipWriter};
 
 /// Alignment of record data used by torch (`torch.utils.serialization.config.save.storage_alignment`).
 pub const DEFAULT_ALIGNMENT: u64 = 64;

@@ -148,7 +148,7 @@ impl Problem {
         self
     }
 
-    fn error(self: Box<Self>, path: &Path) -> Error {
+    fn error(self, path: &Path) -> Error {
         let path = path.to_path_buf();
         let context = self.context.join(".");
         match self.kind {

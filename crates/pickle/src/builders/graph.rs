@@ -286,17 +286,15 @@ impl<'a> Builder<'a> for GraphBuilder {
     }
 
     fn append(&mut self, target: &mut Item, items: Items<'_, Item>) -> Result<(), Error> {
-        match self.node_mut(*target) {
-            Some(Node::List(v) | Node::Object { list_items: v, .. }) => v.extend(items),
-            _ => {}
+        if let Some(Node::List(v) | Node::Object { list_items: v, .. }) = self.node_mut(*target) {
+            v.extend(items);
         }
         Ok(())
     }
 
     fn set_items(&mut self, target: &mut Item, pairs: Pairs<'_, Item>) -> Result<(), Error> {
-        match self.node_mut(*target) {
-            Some(Node::Dict(v) | Node::Object { dict_items: v, .. }) => v.extend(pairs),
-            _ => {}
+        if let Some(Node::Dict(v) | Node::Object { dict_items: v, .. }) = self.node_mut(*target) {
+            v.extend(pairs);
         }
         Ok(())
     }
