@@ -326,6 +326,40 @@ pub fn save(state_dict: &Value, dst: &Path, to: Format, options: &ConvertOptions
     )
 }
 
+/// About how many bytes converting `src` (of `from`, or detected) writes: every tensor the selection keeps,
+/// in the dtype it is written in. The targets add their headers and metadata, and a DeepSpeed or Megatron
+/// source converts its model weights only, so this is what a progress display measures
+/// [`ckpt_core::commit::bytes_written`] against, not an exact size. Reads the source's listing only.
+///
+/// ```
+/// # std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+/// let src = std::path::Path::new("conformance/fixtures/distcp/golden/d215");
+/// let all = ckpt::output_estimate(src, None, &ckpt::ConvertOptions::default())?;
+/// let bf16 = ckpt::ConvertOptions::default().with_selection(ckpt::Selection::default().with_dtype(ckpt::DType::BF16));
+/// let half = ckpt::output_estimate(src, None, &bf16)?;
+/// assert!(all > 0 && half < all);
+/// # Ok::<(), ckpt::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`crate::open_source`].
+pub fn output_estimate(src: &Path, from: Option<Format>, options: &ConvertOptions) -> Result<u64> {
+    let ck = crate::open_source(src, from, &options.limits, &options.source)?;
+    let mut total = 0u64;
+    for e in ck.entries() {
+        let Some(info) = e.tensor_info() else { continue };
+        if !options.selection.keeps(&e.name) {
+            continue;
+        }
+        let bytes = match options.selection.dtype {
+            Some(to) if ckpt_core::is_castable_float(info.dtype) => info.numel().saturating_mul(to.size()),
+            _ => info.nbytes(),
+        };
+        total = total.saturating_add(bytes as u64);
+    }
+    Ok(total)
+}
+
 /// The nested state dict of the checkpoint at `path` (format detected): what a conversion to a `torch.save`
 /// file writes, with the entries `selection` keeps, read under `limits`. Tensors are read lazily where the
 /// format allows (windows of memory maps). The Python package's `ckpt.load` is this function.

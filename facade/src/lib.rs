@@ -59,6 +59,8 @@ mod diff;
 mod error;
 mod formats;
 mod limits;
+#[cfg(feature = "cli")]
+pub mod progress;
 mod ranks;
 mod reshard;
 mod source;
@@ -68,7 +70,7 @@ use std::path::{Path, PathBuf};
 
 pub use ckpt_core::select::Selection;
 pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
-pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, save, state_dict};
+pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, output_estimate, save, state_dict};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use formats::crates::*;

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckpt::{ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, VerifyOptions};
+use ckpt::{ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, Value, VerifyOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -80,24 +80,45 @@ fn format_of(name: &str, path: &Path) -> PyResult<Format> {
     name.parse::<Format>().map_err(|e| usage(e.to_string(), Some(path)))
 }
 
-/// A spinner on stderr while `f` runs (`show`: `None` when stderr is a terminal), hidden otherwise.
-fn with_spinner<T: Send>(py: Python<'_>, show: Option<bool>, what: String, f: impl FnOnce() -> T + Send) -> T {
-    let pb = if show.unwrap_or_else(|| std::io::stderr().is_terminal()) {
-        let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
-            pb.set_style(style);
-        }
-        pb.set_message(what);
-        pb.enable_steady_tick(Duration::from_millis(100));
-        Some(pb)
-    } else {
-        None
-    };
-    let out = py.detach(f);
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
+/// `f` run without the GIL, with a bar on stderr of the bytes it writes out of `estimate`'s (`show`: `None`
+/// when stderr is a terminal; a spinner when there is no estimate), hidden otherwise.
+fn with_progress<T: Send>(
+    py: Python<'_>,
+    show: Option<bool>,
+    what: String,
+    estimate: impl FnOnce() -> Option<u64> + Send,
+    f: impl FnOnce() -> T + Send,
+) -> T {
+    if !show.unwrap_or_else(|| std::io::stderr().is_terminal()) {
+        return py.detach(f);
     }
+    py.detach(|| match estimate() {
+        Some(total) => ckpt::progress::with_write_meter(true, total, &what, f),
+        None => with_spinner(what, f),
+    })
+}
+
+/// A spinner on stderr while `f` runs.
+fn with_spinner<T>(what: String, f: impl FnOnce() -> T) -> T {
+    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        pb.set_style(style);
+    }
+    pb.set_message(what);
+    pb.enable_steady_tick(Duration::from_millis(100));
+    let out = f();
+    pb.finish_and_clear();
     out
+}
+
+/// Bytes of the tensors of a state dict held in memory, those inside objects included.
+fn tensor_bytes(tree: &Value) -> u64 {
+    ckpt::core::entry_names(tree)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|(_, v)| v.as_tensor())
+        .map(|t| t.nbytes() as u64)
+        .sum()
 }
 
 /// A progress bar on stderr over `total` units (`show` as [`with_spinner`]).
@@ -219,7 +240,8 @@ pub(crate) fn convert(
         read_limits(limits)?,
     )?;
     let what = format!("converting {} to {to}", src.display());
-    with_spinner(py, progress, what, || ckpt::convert(&src, from, &dst, to, &options)).py().map(summary)
+    let estimate = || ckpt::output_estimate(&src, from, &options).ok();
+    with_progress(py, progress, what, estimate, || ckpt::convert(&src, from, &dst, to, &options)).py().map(summary)
 }
 
 /// `ckpt.save`: the state dict `state_dict` (nested dicts, lists, tuples, numpy arrays, torch tensors, Python
@@ -258,7 +280,8 @@ pub(crate) fn save(
         ReadLimits::default(),
     )?;
     let what = format!("saving {} as {to}", path.display());
-    with_spinner(py, progress, what, || ckpt::save(&tree, &path, to, &options)).py().map(summary)
+    let estimate = || Some(tensor_bytes(&tree));
+    with_progress(py, progress, what, estimate, || ckpt::save(&tree, &path, to, &options)).py().map(summary)
 }
 
 /// A verification's report as `(format, checked, bytes, problems, warnings)`.
@@ -303,7 +326,11 @@ pub(crate) fn reshard(
 ) -> PyResult<(&'static str, usize, usize, u64)> {
     let limits = read_limits(limits)?;
     let what = format!("resharding {} for {world_size}", src.display());
-    let s = with_spinner(py, progress, what, || ckpt::reshard_with(&src, &dst, world_size, &limits)).py()?;
+    let estimate = || {
+        let options = ckpt::ConvertOptions::default().with_limits(limits.clone());
+        ckpt::output_estimate(&src, None, &options).ok()
+    };
+    let s = with_progress(py, progress, what, estimate, || ckpt::reshard_with(&src, &dst, world_size, &limits)).py()?;
     Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
 }
 

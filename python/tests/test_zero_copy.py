@@ -125,3 +125,18 @@ def test_progress_on_a_terminal_only(tmp: Path) -> None:
     shown = _stderr_of(code, tty=True)
     assert "converting" in shown or "verifying" in shown, shown
     assert _stderr_of(code, tty=False) == ""
+
+
+def test_conversions_and_saves_show_a_bar_of_the_bytes_written(tmp: Path) -> None:
+    # 256 MiB: the bar samples the bytes written every 100 ms, so it is drawn filling, out of the estimate.
+    src = tmp / "big.pt"
+    torch.save({f"t{i}": torch.randn(1 << 20) for i in range(64)}, src)
+    convert = (f"import ckpt; ckpt.convert({str(src)!r}, {str(tmp / 'o.safetensors')!r}, to='safetensors', "
+               "progress=True)")
+    shown = _stderr_of(convert, tty=True)
+    assert "converting" in shown and "256.00 MiB" in shown and "[" in shown, shown
+    save = ("import ckpt, numpy as np; ckpt.save({f't{i}': np.ones(1 << 20, np.float32) for i in range(64)}, "
+            f"{str(tmp / 's.pt')!r}, progress=True)")
+    shown = _stderr_of(save, tty=True)
+    assert "saving" in shown and "256.00 MiB" in shown, shown
+    assert _stderr_of(save.replace("progress=True", "progress=False"), tty=True) == ""

@@ -65,3 +65,32 @@ fn fuzz_lists_on_a_cycle_held_once_are_placed_alike_by_both_builders() {
     assert_eq!(text.matches("Shared {").count(), 7, "{text}");
     assert_eq!(text.matches("Ref(").count(), 10, "{text}");
 }
+
+/// A tuple holding an object, fetched twice (DUP, then the tuple as a dict's key and value;
+/// fuzz/artifacts/pickle/crash-66780545...): the tuple is copied to both places, and the object inside is
+/// one object at both, shared, by both builders (the value builder had copied it with the tuple).
+#[test]
+fn fuzz_an_object_inside_a_copied_tuple_stays_one_object() {
+    let data = b"\x80\x02}q\x00(X\x01\x00\x00\x00wq\x01ctorch._utils\x0a_rebuild_tensor_v2\x0aq\x02((X\x07\x00\x00\x00storameq\x03ctorch\x0aFloatStorage\x0aq\x04X\x01\x00\x00\x000q\x05X\x03\x00\x00\x00cpuq\x06K\x06tq\x07QK\x00K\x02K\x03\x86q\x08K\x03K\x01\x86q\x09\x89ccollections\x0aOrdeaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaredDict\x0aq\x0a)Rq\x0btq\x0cRq\x0dX\x01\x00\x00\x00bq\x0eh\x02((\x8c\x0bcollections\x94K\x03tq\x10QK\x00K\x03\x85q\x11K\x01\x85q\x12\x89h\x0a)Rq\x13tq\x142q\x15X\x01\x00\x00\x00nq\x16K\x07u.";
+    let (v, end) = both(data);
+    assert_eq!(end, data.len());
+    let text = format!("{v:?}");
+    assert_eq!(text.matches("Shared {").count(), 1, "{text}");
+    assert_eq!(text.matches("Ref(0)").count(), 1, "{text}");
+}
+
+/// The same with a dict inside a tuple: `t = ({},)` in `{"a": t, "b": t}` decodes to one shared dict.
+#[test]
+fn a_dict_inside_a_tuple_fetched_twice_is_one_object() {
+    // PROTO 2, {} MARK 'a' ( {} ) q0 'b' h0 u .
+    let data = b"\x80\x02}(X\x01\x00\x00\x00a}\x85q\x00X\x01\x00\x00\x00bh\x00u.";
+    let (v, _) = both(data);
+    let inner = || Value::Shared { id: 0, value: Box::new(Value::Dict(vec![])) };
+    assert_eq!(
+        v,
+        Value::Dict(vec![
+            (Value::str("a"), Value::Tuple(vec![inner()])),
+            (Value::str("b"), Value::Tuple(vec![Value::Ref(0)])),
+        ])
+    );
+}

@@ -660,6 +660,23 @@ mod tests {
 
     /// An object BUILT twice (CPython never writes it; `__dict__.update` twice) beside a numpy value: the
     /// states merge, and the numpy value reads.
+    /// A tuple holding an object, fetched from the memo twice (`t = (Thing(),)` in `{"a": t, "b": t}`): the
+    /// tuple is a copy at both places, the object inside one shared object, as `torch.load` makes it.
+    #[test]
+    fn an_object_inside_a_tuple_fetched_twice_is_one_object() {
+        // PROTO 2, {} MARK 'a' ( some.module.Thing() ) q0 'b' h0 u .
+        let mut pkl = b"\x80\x02}(X\x01\x00\x00\x00acsome.module\nThing\n)R\x85q\x00".to_vec();
+        pkl.extend_from_slice(b"X\x01\x00\x00\x00bh\x00u.");
+        let buffer = archive_of(&[("data.pkl", &pkl), ("version", b"3\n")]);
+        let archive = Archive::parse(buffer.as_bytes()).unwrap();
+        assert!(agree(&buffer, &archive, &pkl));
+        let reader = TorchReader::from_buffer(&buffer, &ReadOptions::default()).unwrap();
+        let Value::Dict(d) = reader.value() else { panic!("{:?}", reader.value()) };
+        let items: Vec<&Value> = d.items.iter().map(|(_, v)| v).collect();
+        assert!(matches!(items[0], Value::Tuple(t) if matches!(t[0], Value::Shared { id: 0, .. })), "{items:?}");
+        assert!(matches!(items[1], Value::Tuple(t) if t[0] == Value::Ref(0)), "{items:?}");
+    }
+
     #[test]
     fn an_object_built_twice_merges_its_states() {
         use ckpt_pickle::Pickler;

@@ -364,6 +364,30 @@ impl<'a> TorchBuilder<'_, 'a> {
         }
     }
 
+    /// Moves what may become a mutable object inside the tuple `v` (lists, dicts, calls, finished objects;
+    /// through nested tuples) to the shelf, each replaced by its handle.
+    fn shelve_inside(&mut self, v: &mut T<'a>) -> R<()> {
+        let mut stack: Vec<&mut T<'a>> = Vec::new();
+        if let T::Tuple(items) = v {
+            stack.extend(items.iter_mut());
+        }
+        while let Some(c) = stack.pop() {
+            match c {
+                T::Tuple(items) => stack.extend(items.iter_mut()),
+                T::List(_) | T::Dict(_) | T::Call(_) => {
+                    let h = self.shelf.put(std::mem::replace(c, T::None))?;
+                    *c = T::Handle(h);
+                }
+                T::V(value) if value.is_mutable() => {
+                    let h = self.shelf.put(std::mem::replace(c, T::None))?;
+                    *c = T::Handle(h);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     fn new_global(&mut self, module: &str, name: &str) -> R<u32> {
         let (module, name) = ckpt_pickle::normalize_global(module, name);
         let value = match DType::from_torch_name(&name).filter(|_| module == "torch") {
@@ -1015,6 +1039,14 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
             T::Handle(h) => T::Handle(*h),
             // A finished tensor is a handle to its storage already: copies share the bytes.
             T::V(value) if value.is_tensor_like() => T::V(value.clone()),
+            // A tuple is copied to each place it is fetched to: the objects it holds go to the shelf first, so
+            // that the copies hold the one object each (Python's identity).
+            T::Tuple(_) => {
+                self.shelve_inside(v)?;
+                let h = self.shelf.put(std::mem::replace(v, T::None))?;
+                *v = T::Handle(h);
+                T::Handle(h)
+            }
             _ => {
                 let h = self.shelf.put(std::mem::replace(v, T::None))?;
                 *v = T::Handle(h);

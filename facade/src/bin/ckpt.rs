@@ -329,6 +329,27 @@ fn bar(quiet: bool, total: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// Runs `write` with a bar of the bytes written against `estimate` on stderr (one process; a spinner
+/// when several share the work or the estimate fails), hidden like [`bar`].
+fn write_progress<T>(
+    quiet: bool,
+    group: &dyn Collective,
+    what: &str,
+    estimate: impl FnOnce() -> ckpt::Result<u64>,
+    write: impl FnOnce() -> T,
+) -> T {
+    let show = !quiet && std::io::stderr().is_terminal();
+    match (show && group.world_size() == 1).then(estimate) {
+        Some(Ok(total)) => ckpt::progress::with_write_meter(true, total, what, write),
+        _ => {
+            let pb = spinner(quiet, what);
+            let out = write();
+            pb.finish_and_clear();
+            out
+        }
+    }
+}
+
 /// A spinner on stderr for work whose size is not known, hidden like [`bar`].
 fn spinner(quiet: bool, what: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
@@ -632,10 +653,14 @@ fn convert(
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
-    let pb = spinner(quiet, &format!("converting {} to {to}", src.display()));
-    let summary = ckpt::convert_in(src, from, dst, to, options, group);
-    pb.finish_and_clear();
-    let summary = summary?;
+    let what = format!("converting {} to {to}", src.display());
+    let summary = write_progress(
+        quiet,
+        group,
+        &what,
+        || ckpt::output_estimate(src, from, options),
+        || ckpt::convert_in(src, from, dst, to, options, group),
+    )?;
     let mut out = std::io::stdout().lock();
     if !summary.dropped.is_empty() && group.rank() == 0 {
         // One line, the first names and a count: a big optimizer state can drop thousands of values.
@@ -685,10 +710,11 @@ fn reshard(
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
-    let pb = spinner(quiet, &format!("resharding {} for {world}", src.display()));
-    let summary = ckpt::reshard_in_with(src, dst, world as usize, limits, group);
-    pb.finish_and_clear();
-    let summary = summary?;
+    let what = format!("resharding {} for {world}", src.display());
+    let estimate = || ckpt::output_estimate(src, None, &ckpt::ConvertOptions::default().with_limits(limits.clone()));
+    let summary = write_progress(quiet, group, &what, estimate, || {
+        ckpt::reshard_in_with(src, dst, world as usize, limits, group)
+    })?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),

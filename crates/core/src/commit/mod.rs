@@ -82,7 +82,7 @@ pub use lock::DestinationLock;
 pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use unfinished::{Unfinished, unfinished};
-pub use writer::{CHUNK, DurableWriter, WriterOptions, release_idle_buffers};
+pub use writer::{CHUNK, DurableWriter, WriterOptions, bytes_written, release_idle_buffers};
 
 /// `.<name>.<suffix>` beside `target`.
 pub(crate) fn sibling(target: &Path, suffix: &str) -> Result<PathBuf, CommitError> {

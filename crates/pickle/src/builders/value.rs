@@ -107,6 +107,31 @@ impl Tree<Value> for ValueTree {
     }
 }
 
+impl ValueBuilder {
+    /// Moves the mutable objects inside the immutable `v` (through tuples, frozensets and persistent ids) to
+    /// the shelf, each replaced by its handle.
+    fn shelve_inside(&mut self, v: &mut Value) -> Result<(), Error> {
+        let mut stack: Vec<&mut Value> = Vec::new();
+        match v {
+            Value::Tuple(items) | Value::FrozenSet(items) => stack.extend(items.iter_mut()),
+            Value::PersistentId(inner) => stack.push(inner),
+            _ => {}
+        }
+        while let Some(c) = stack.pop() {
+            match c {
+                Value::Tuple(items) | Value::FrozenSet(items) => stack.extend(items.iter_mut()),
+                Value::PersistentId(inner) => stack.push(inner),
+                c if ValueTree::is_mutable(c) => {
+                    let h = self.shelf.put(std::mem::take(c))?;
+                    *c = Value::Ref(h);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Whether `v` is immutable and holds no object the pickle may share: a scalar, string, bytes, big int or
 /// global, or a tuple of such (looked into `depth` levels).
 fn is_plain(v: &Value, depth: usize) -> bool {
@@ -252,6 +277,11 @@ impl<'a> Builder<'a> for ValueBuilder {
             // would copy it there too).
             v if is_plain(v, 2) => v.clone(),
             _ => {
+                // An immutable value is copied to each place it is fetched to: the objects it holds go to the
+                // shelf first, so that the copies hold the one object each (Python's identity).
+                if !ValueTree::is_mutable(v) {
+                    self.shelve_inside(v)?;
+                }
                 let h = self.shelf.put(std::mem::take(v))?;
                 *v = Value::Ref(h);
                 Value::Ref(h)
