@@ -51,7 +51,7 @@ pub use buffer::Buffer;
 pub use cast::{cast_float, cast_float_lazy, is_castable_float};
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use collective::{Collective, SingleProcess, ThreadGroup};
-pub use display::{element_f64, format_tensor};
+pub use display::{BRIEF, brief, element_f64, format_tensor};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Fault, Result};
 pub use flatten::{

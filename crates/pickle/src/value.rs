@@ -392,13 +392,72 @@ impl Value {
     ///
     /// Only plain REDUCE objects with no BUILD state and no appended/set items are rewritten. After this,
     /// `decode(&encode(v, p)?)?.desugar() == v` holds for every protocol (for canonical `v`).
+    ///
+    /// An object the pickle shared that becomes a string or bytes this way is no longer shared: it is a copy
+    /// at each of its places, as the decoder makes every immutable value.
     #[must_use]
     pub fn desugar(self) -> Value {
-        crate::tree::map_post_order(self, |v| match v {
+        let v = crate::tree::map_post_order(self, |v| match v {
             Value::Object(obj) => desugar_object(*obj),
             other => other,
-        })
+        });
+        unshare_leaves(v)
     }
+}
+
+/// `v` with every [`Value::Shared`] whose object is a leaf that nothing can change (a string, bytes, a
+/// number) replaced by the object, and every [`Value::Ref`] to it by a copy.
+fn unshare_leaves(v: Value) -> Value {
+    let is_leaf = |v: &Value| {
+        matches!(
+            v,
+            Value::None
+                | Value::Bool(_)
+                | Value::Int(_)
+                | Value::BigInt(_)
+                | Value::Float(_)
+                | Value::Str(_)
+                | Value::Bytes(_)
+        )
+    };
+    let mut leaves: std::collections::HashMap<u32, Value> = std::collections::HashMap::new();
+    let mut stack = vec![&v];
+    while let Some(x) = stack.pop() {
+        if let Value::Shared { id, value } = x {
+            if is_leaf(value) {
+                leaves.insert(*id, (**value).clone());
+            }
+        }
+        if let Some((_, children)) = crate::tree::split_ref(x) {
+            stack.extend(children);
+        }
+    }
+    if leaves.is_empty() {
+        return v;
+    }
+    // The shared objects that stay, numbered again from 0 in the order a depth-first walk meets them.
+    let mut renumber: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    let mut stack = vec![&v];
+    while let Some(x) = stack.pop() {
+        if let Value::Shared { id, .. } = x {
+            if !leaves.contains_key(id) {
+                let next = u32::try_from(renumber.len()).unwrap_or(u32::MAX);
+                renumber.entry(*id).or_insert(next);
+            }
+        }
+        if let Some((_, children)) = crate::tree::split_ref(x) {
+            stack.extend(children.into_iter().rev());
+        }
+    }
+    crate::tree::map_post_order(v, |x| match x {
+        Value::Shared { id, value } if leaves.contains_key(&id) => *value,
+        Value::Shared { id, value } => Value::Shared { id: renumber.get(&id).copied().unwrap_or(id), value },
+        Value::Ref(id) => match leaves.get(&id) {
+            Some(leaf) => leaf.clone(),
+            None => Value::Ref(renumber.get(&id).copied().unwrap_or(id)),
+        },
+        other => other,
+    })
 }
 
 /// Rewrites one object whose children are already desugared.

@@ -64,11 +64,23 @@ fn collect_refs(v: &P, out: &mut HashMap<String, DType>) -> Result<()> {
     Ok(())
 }
 
+/// The most objects, container items and payload bytes a header pickle (the magic number, the protocol
+/// version, `sys_info`: an int, an int, a dict of three entries) may have; more is not a torch stream, and
+/// stops a memo bomb there at a small size.
+const HEADER_NODES: usize = 4096;
+const HEADER_BYTES: usize = 1 << 20;
+
 /// Decodes the next pickle at `*pos`, advancing it.
 fn next_pickle(bytes: &[u8], pos: &mut usize, part: &'static str, options: &ReadOptions) -> Result<P> {
+    let mut pickle = options.pickle();
+    if matches!(part, "magic number" | "protocol version" | "sys_info") {
+        let l = &mut pickle.limits;
+        l.max_nodes = l.max_nodes.min(HEADER_NODES);
+        l.max_container_len = l.max_container_len.min(HEADER_NODES);
+        l.max_alloc_bytes = l.max_alloc_bytes.min(HEADER_BYTES);
+    }
     let rest = bytes.get(*pos..).ok_or_else(|| Error::Legacy(format!("stream ends before the {part}")))?;
-    let (v, used) =
-        ckpt_pickle::decode_options(rest, &options.pickle()).map_err(|source| Error::Pickle { part, source })?;
+    let (v, used) = ckpt_pickle::decode_options(rest, &pickle).map_err(|source| Error::Pickle { part, source })?;
     *pos += used;
     Ok(v)
 }
@@ -79,11 +91,11 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     let mut pos = 0usize;
     match next_pickle(bytes, &mut pos, "magic number", options)? {
         P::BigInt(b) if b == MAGIC => {}
-        other => return Err(Error::Legacy(format!("bad magic number {other:?}"))),
+        other => return Err(Error::Legacy(format!("bad magic number {}", ckpt_core::brief(&other)))),
     }
     match next_pickle(bytes, &mut pos, "protocol version", options)? {
         P::Int(PROTOCOL_VERSION) => {}
-        other => return Err(Error::Legacy(format!("unsupported protocol version {other:?}"))),
+        other => return Err(Error::Legacy(format!("unsupported protocol version {}", ckpt_core::brief(&other)))),
     }
     let sys_info = next_pickle(bytes, &mut pos, "sys_info", options)?;
     if let P::Dict(items) = &sys_info {
@@ -98,7 +110,7 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     let object = next_pickle(bytes, &mut pos, "object", options)?;
     let keys = match next_pickle(bytes, &mut pos, "storage keys", options)? {
         P::List(k) => k,
-        other => return Err(Error::Legacy(format!("storage key list expected, got {other:?}"))),
+        other => return Err(Error::Legacy(format!("storage key list expected, got {}", ckpt_core::brief(&other)))),
     };
     let mut refs = HashMap::new();
     collect_refs(&object, &mut refs)?;
@@ -107,7 +119,7 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     for key in &keys {
         let key = match key {
             P::Str(key) => key,
-            other => return Err(Error::Legacy(format!("storage key {other:?} is not a str"))),
+            other => return Err(Error::Legacy(format!("storage key {} is not a str", ckpt_core::brief(&other)))),
         };
         let dtype =
             *refs.get(key).ok_or_else(|| Error::Legacy(format!("storage {key} is listed but never referenced")))?;

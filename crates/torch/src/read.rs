@@ -660,6 +660,22 @@ mod tests {
 
     /// An object BUILT twice (CPython never writes it; `__dict__.update` twice) beside a numpy value: the
     /// states merge, and the numpy value reads.
+    /// A legacy stream whose protocol-version pickle is a DUP bomb (tuples of one tuple, fetched thrice at
+    /// each of 40 levels; fuzz/artifacts/torch_legacy/oom-7481bec6...): refused at the header's small limit in
+    /// a moment, instead of built to the general limit (33 million nodes) and printed whole in the error.
+    #[test]
+    fn a_memo_bomb_in_a_legacy_header_is_refused_at_once() {
+        let mut bytes = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e".to_vec();
+        bytes.extend_from_slice(b"\x80\x02K\x01");
+        for _ in 0..40 {
+            bytes.extend_from_slice(b"22\x87");
+        }
+        bytes.push(b'.');
+        let e = TorchReader::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("protocol version") && e.to_string().contains("exceeds 4096"), "{e}");
+        assert!(e.to_string().len() < 300, "{e}");
+    }
+
     /// A tuple holding an object, fetched from the memo twice (`t = (Thing(),)` in `{"a": t, "b": t}`): the
     /// tuple is a copy at both places, the object inside one shared object, as `torch.load` makes it.
     #[test]
