@@ -327,7 +327,7 @@ pub(crate) fn reshard(
     let limits = read_limits(limits)?;
     let what = format!("resharding {} for {world_size}", src.display());
     let estimate = || {
-        let options = ckpt::ConvertOptions::default().with_limits(limits.clone());
+        let options = ckpt::ConvertOptions::default().with_limits(limits);
         ckpt::output_estimate(&src, None, &options).ok()
     };
     let s = with_progress(py, progress, what, estimate, || ckpt::reshard_with(&src, &dst, world_size, &limits)).py()?;

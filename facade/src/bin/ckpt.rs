@@ -711,7 +711,7 @@ fn reshard(
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
     let what = format!("resharding {} for {world}", src.display());
-    let estimate = || ckpt::output_estimate(src, None, &ckpt::ConvertOptions::default().with_limits(limits.clone()));
+    let estimate = || ckpt::output_estimate(src, None, &ckpt::ConvertOptions::default().with_limits(*limits));
     let summary = write_progress(quiet, group, &what, estimate, || {
         ckpt::reshard_in_with(src, dst, world as usize, limits, group)
     })?;
