@@ -6,7 +6,7 @@ use ckpt_core::Buffer;
 use ckpt_torch::{Container, ReadOptions, TorchReader, detect};
 use libfuzzer_sys::fuzz_target;
 
-/// `PROTO 2`, then the magic number as a LONG1 (the first of the stream's five pickles).
+/// Protocol 2, then the magic number as a long integer (the first of the stream's five pickles).
 const LEGACY_HEAD: &[u8] = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19\x2e";
 
 fuzz_target!(|data: &[u8]| {

@@ -202,7 +202,7 @@ impl<'py> ToPy<'py> {
             out.set_item(self.value(py, k)?, self.value(py, v)?)?;
         }
         if let Some(attrs) = d.attrs.as_deref() {
-            // The attributes BUILD set on the mapping (an OrderedDict state dict's `_metadata`).
+            // The attributes `__setstate__` set on the mapping (an OrderedDict state dict's `_metadata`).
             if let Some(attrs) = attrs.as_dict() {
                 for (k, v) in &attrs.items {
                     if let Some(name) = k.as_str() {
@@ -440,7 +440,7 @@ impl<'py> FromPy<'py> {
     }
 }
 
-/// `ckpt._values.parts` of an object: callable, args, NEWOBJ, state, list items, dict items.
+/// `ckpt._values.parts` of an object: callable, args, whether made by `__new__`, state, list items, dict items.
 type ObjectParts<'py> = (
     Bound<'py, PyAny>,
     Bound<'py, PyAny>,

@@ -389,7 +389,7 @@ impl LeafIndex {
 /// - the state (`__dict__`): each attribute by name; for a module (a state with `_parameters`, `_buffers`
 ///   and `_modules` mappings) the items of those three by their own names, as `state_dict()` names them;
 ///   the `(dict, slots)` state of a class with `__slots__` by the names in both;
-/// - items appended to a list subclass by position; items set on a mapping subclass (SETITEMS) by key.
+/// - items appended to a list subclass by position; items set on a mapping subclass by key.
 pub fn object_parts(o: &crate::value::Object) -> Vec<(Option<String>, &Value)> {
     parts_of(o).into_iter().map(|p| (p.step, p.value)).collect()
 }

@@ -19,14 +19,14 @@ pub enum DictKind {
 }
 
 /// A Python mapping: its kind, its items in insertion order, and the attributes set on it (an
-/// `OrderedDict` state dict carries `{'_metadata': ...}`, restored by pickle's BUILD).
+/// `OrderedDict` state dict carries `{'_metadata': ...}`, restored by `__setstate__`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dict {
     /// dict, OrderedDict or Counter.
     pub kind: DictKind,
     /// Items in insertion order; keys may be any value (int keys stay ints).
     pub items: Vec<(Value, Value)>,
-    /// The object's `__dict__` when it has one (set through BUILD), else `None`.
+    /// The object's `__dict__` when it has one (set through `__setstate__`), else `None`.
     pub attrs: Option<Box<Value>>,
 }
 
@@ -147,17 +147,17 @@ impl<'a> KeyId<'a> {
 }
 
 /// An object of a class the library does not model, kept symbolically so it can be written back exactly:
-/// `callable(*args)` (pickle REDUCE) or `cls.__new__(cls, *args)` (NEWOBJ), then items appended or set,
-/// then `__setstate__(state)` (BUILD).
+/// `callable(*args)` or `cls.__new__(cls, *args)`, then items appended or set, then
+/// `__setstate__(state)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Object {
     /// What was called: usually a [`Value::Global`].
     pub callable: Value,
     /// The arguments, usually a [`Value::Tuple`].
     pub args: Value,
-    /// Created with NEWOBJ (`cls.__new__`) rather than REDUCE.
+    /// Created with `cls.__new__(cls, *args)` rather than by calling `callable(*args)`.
     pub newobj: bool,
-    /// BUILD state, if any.
+    /// The state given to `__setstate__`, if any.
     pub state: Option<Value>,
     /// Items appended after creation.
     pub list_items: Vec<Value>,
@@ -311,7 +311,7 @@ impl Numpy {
 /// The modules numpy pickles `scalar` and `_reconstruct` under (numpy 2, numpy 1).
 pub const NUMPY_MULTIARRAY: [&str; 2] = ["numpy._core.multiarray", "numpy.core.multiarray"];
 
-/// `(type code, byte order)` of a pickled `numpy.dtype(code, False, True)` with its BUILD state.
+/// `(type code, byte order)` of a pickled `numpy.dtype(code, False, True)` with its `__setstate__` state.
 pub fn numpy_dtype_code(v: &Value) -> Option<(&str, &str)> {
     let Value::Object(o) = v else { return None };
     if o.callable_name() != Some(("numpy", "dtype")) {

@@ -2,8 +2,8 @@
 //! decoder for every layout torch 2.0 to 2.15 writes and an encoder for two writer profiles.
 //!
 //! One decoder builds the [`Metadata`] as the pickle machine runs the pickle, each DCP object into its
-//! struct at its BUILD, the three objects of every chunk read straight from their bytes (a large job's
-//! 400,000 chunks in about 1.8 µs each), holding only what is still open.
+//! struct when its state is set (`__setstate__`), the three objects of every chunk read straight from their
+//! bytes (a large job's 400,000 chunks in about 1.8 µs each), holding only what is still open.
 //!
 //! | Python class | Rust type |
 //! |---|---|

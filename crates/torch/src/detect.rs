@@ -13,7 +13,7 @@ pub enum Container {
 }
 
 /// The pickle-protocol-2 encoding of torch's legacy `MAGIC_NUMBER` (0x1950A86A20F9469CFC6C) without the
-/// PROTO prefix, searched for in the first bytes.
+/// The pickle protocol prefix, searched for in the first bytes.
 const LEGACY_MAGIC: &[u8] = &[0x8A, 0x0A, 0x6C, 0xFC, 0x9C, 0x46, 0xF9, 0x20, 0x6A, 0xA8, 0x50, 0x19];
 /// The same number in protocol 0's text form.
 const LEGACY_MAGIC_TEXT: &[u8] = b"L119547037146038801333356L";

@@ -1,5 +1,5 @@
 //! Whole `nn.Module` objects saved by `torch.save(model)`: the pickled module tree (each module an object of
-//! its class created by `cls.__new__`, its `__dict__` restored by BUILD with `_parameters`, `_buffers`,
+//! its class created by `cls.__new__`, its `__dict__` restored by `__setstate__` with `_parameters`, `_buffers`,
 //! `_non_persistent_buffers_set` and `_modules`) read as the state dict `model.state_dict()` would return,
 //! without importing or running any class.
 
@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use ckpt_core::{Dict, DictKind, Object, Value};
 
-/// The `__dict__` of a pickled module: the BUILD state of an object that has `_parameters`, `_buffers` and
+/// The `__dict__` of a pickled module: the `__setstate__` state of an object that has `_parameters`, `_buffers` and
 /// `_modules` mappings.
 fn module_dict(v: &Value) -> Option<(&Object, &Dict)> {
     let Value::Object(o) = v else { return None };

@@ -1,6 +1,6 @@
 //! numpy values inside `torch.save` files: the scalars (`numpy.core.multiarray.scalar(dtype, bytes)`), arrays
-//! (`numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')` then BUILD with
-//! `(1, shape, dtype, is_fortran, raw bytes)`) and dtypes (`numpy.dtype('f8', False, True)` then BUILD with
+//! (`numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')` then `__setstate__` with
+//! `(1, shape, dtype, is_fortran, raw bytes)`) and dtypes (`numpy.dtype('f8', False, True)` then `__setstate__` with
 //! `(3, '<', None, None, None, -1, -1, 0)`) that numpy's `__reduce__` pickles (numpy 2 under
 //! `numpy._core.multiarray`).
 //!
@@ -112,7 +112,7 @@ fn scalar_bytes(dtype: DType, v: &Value) -> Option<Vec<u8>> {
             Value::Int(i) => Some(i128::from(*i)),
             Value::Bool(b) => Some(i128::from(*b)),
             Value::BigInt(b) => {
-                // Little-endian two's complement, as pickle's LONG1.
+                // Little-endian two's complement, as pickle's long integers.
                 if b.len() > 16 {
                     return None;
                 }

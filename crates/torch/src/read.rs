@@ -658,9 +658,7 @@ mod tests {
         assert_eq!(numpy_values, 12);
     }
 
-    /// An object BUILT twice (CPython never writes it; `__dict__.update` twice) beside a numpy value: the
-    /// states merge, and the numpy value reads.
-    /// A legacy stream whose protocol-version pickle is a DUP bomb (tuples of one tuple, fetched thrice at
+    /// A legacy stream whose protocol-version pickle is a memo bomb (tuples of one tuple, copied thrice at
     /// each of 40 levels; fuzz/artifacts/torch_legacy/oom-7481bec6...): refused at the header's small limit in
     /// a moment, instead of built to the general limit (33 million nodes) and printed whole in the error.
     #[test]
@@ -680,7 +678,7 @@ mod tests {
     /// tuple is a copy at both places, the object inside one shared object, as `torch.load` makes it.
     #[test]
     fn an_object_inside_a_tuple_fetched_twice_is_one_object() {
-        // PROTO 2, {} MARK 'a' ( some.module.Thing() ) q0 'b' h0 u .
+        // {'a': (some.module.Thing(),) memoized as 0, 'b': memo 0}
         let mut pkl = b"\x80\x02}(X\x01\x00\x00\x00acsome.module\nThing\n)R\x85q\x00".to_vec();
         pkl.extend_from_slice(b"X\x01\x00\x00\x00bh\x00u.");
         let buffer = archive_of(&[("data.pkl", &pkl), ("version", b"3\n")]);
@@ -693,11 +691,13 @@ mod tests {
         assert!(matches!(items[1], Value::Tuple(t) if t[0] == Value::Ref(0)), "{items:?}");
     }
 
+    /// An object given its state twice (CPython never writes it; `__dict__.update` twice) beside a numpy
+    /// value: the states merge, and the numpy value reads.
     #[test]
     fn an_object_built_twice_merges_its_states() {
         use ckpt_pickle::Pickler;
         let mut p = Pickler::new(Vec::new(), 2).unwrap();
-        // {'acc': numpy.float64(0.5), 'o': <an object BUILT twice>}
+        // {'acc': numpy.float64(0.5), 'o': <an object given its state twice>}
         p.empty_dict().unwrap();
         p.mark().unwrap();
         p.str("acc").unwrap();
@@ -762,8 +762,8 @@ mod tests {
     }
 
     /// A pickle of `{'t': <tensor call>, 'p': _rebuild_parameter(<tensor call>, True, OrderedDict())}` over one
-    /// 16-byte float storage, where `then` may add opcodes right after the first tensor's REDUCE (before
-    /// SETITEMS).
+    /// 16-byte float storage, where `then` may add to the pickle right after the first tensor's call (before
+    /// the dict's items are set).
     fn tensor_pickle(then: impl FnOnce(&mut ckpt_pickle::Pickler<Vec<u8>>)) -> (Buffer, Vec<u8>) {
         use ckpt_pickle::Pickler;
         let tensor = |p: &mut Pickler<Vec<u8>>| {
@@ -811,8 +811,8 @@ mod tests {
         (archive_of(&[("data.pkl", &pkl), ("data/0", &[0u8; 16]), ("version", b"3\n")]), pkl)
     }
 
-    /// Tensor rebuilds run as soon as their REDUCE is read: a parameter takes the finished tensor, and a BUILD
-    /// on a rebuilt tensor (`Tensor.__setstate__`) gives the tensor with that state.
+    /// Tensor rebuilds run as soon as their call is read: a parameter takes the finished tensor, and a state
+    /// set on a rebuilt tensor (`Tensor.__setstate__`) gives the tensor with that state.
     #[test]
     fn tensors_rebuilt_at_their_reduce_take_a_later_state() {
         let (buffer, pkl) = tensor_pickle(|_| {});
@@ -878,7 +878,7 @@ mod tests {
 
     /// A state dict written by ckpt's writer (torch's layout): `n` tensors of every rank from 0 to 9, with
     /// offsets into shared storages, `requires_grad` on some, float and integer dtypes, parameters and nested
-    /// dicts among them, and sizes and strides that need BININT.
+    /// dicts among them, and sizes and strides that need 4-byte ints.
     fn many_tensors(n: usize) -> Buffer {
         use ckpt_core::{Dict, DictKind};
         let mut sd = Dict::new(DictKind::OrderedDict);
@@ -905,7 +905,7 @@ mod tests {
             };
             sd.insert(format!("layers.{i}.w"), v);
         }
-        // A tensor of more than 65535 elements (BININT sizes), and a view of it with a larger stride.
+        // A tensor of more than 65535 elements (4-byte int sizes), and a view of it with a larger stride.
         let big = ckpt_core::Buffer::copy_from(&vec![1u8; 140_000]).unwrap();
         sd.insert("big", Value::Tensor(Tensor::from_parts(DType::U8, &[70_000], &[1], 0, big.clone()).unwrap()));
         sd.insert("wide", Value::Tensor(Tensor::from_parts(DType::U8, &[2, 3], &[66_000, 1], 7, big).unwrap()));

@@ -4,10 +4,10 @@
 //! sets, latin-1 bytes, complex numbers) once, without importing or running anything.
 //!
 //! Strings stay borrowed from the pickle and globals are named once until something keeps them. A tensor is
-//! rebuilt at its REDUCE (its arguments are final there); any other call waits until nothing can change it
-//! (APPEND, SETITEMS and BUILD apply to it while it is open). Objects the pickle shares (a module referred to
-//! twice, an omegaconf node whose children link back to it) are kept on a [`Shelf`] and placed at the end,
-//! as [`Value::Shared`] and [`Value::Ref`] where identity matters.
+//! rebuilt when it is called (its arguments are final there); any other call waits until nothing can change
+//! it (appended or set items and `__setstate__` apply to it while it is open). Objects the pickle shares (a
+//! module referred to twice, an omegaconf node whose children link back to it) are kept on a [`Shelf`] and
+//! placed at the end, as [`Value::Shared`] and [`Value::Ref`] where identity matters.
 //!
 //! The tensor record `torch.save` writes for every tensor after the first is a [`Template`], read by the
 //! machine straight from the bytes.
@@ -941,7 +941,7 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
         };
         // A tensor's rebuild is applied at once: its arguments are final (the machine hands over owned values,
         // and shared ones are immutable tuples here), and nothing the pickle may still do to the result (a
-        // BUILD, APPEND or SETITEMS) is something torch's tensors take.
+        // `__setstate__`, appended or set items) is something torch's tensors take.
         let eager = p.reduce
             && self.global_of(&p.callable).is_some_and(|g| {
                 matches!(
@@ -964,7 +964,7 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
             T::List(v) => v.extend(items),
             T::Call(p) => p.list_items.extend(items),
             other => {
-                let what = format!("APPEND on {}", describe_static(other));
+                let what = format!("list items appended to {}", describe_static(other));
                 return Err(bad("pickle", what));
             }
         }
@@ -976,7 +976,7 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
             T::Dict(v) => v.extend(pairs),
             T::Call(p) => p.dict_items.extend(pairs),
             other => {
-                let what = format!("SETITEMS on {}", describe_static(other));
+                let what = format!("dict items set on {}", describe_static(other));
                 return Err(bad("pickle", what));
             }
         }
@@ -988,9 +988,9 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
         match self.target(target) {
             T::V(v) => match &mut **v {
                 Value::Set(v) => v.extend(items),
-                _ => return Err(bad("pickle", "ADDITEMS on a value that is not a set")),
+                _ => return Err(bad("pickle", "set items added to a value that is not a set")),
             },
-            _ => return Err(bad("pickle", "ADDITEMS on a value that is not a set")),
+            _ => return Err(bad("pickle", "set items added to a value that is not a set")),
         }
         Ok(())
     }
@@ -1013,14 +1013,14 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
         }
         match self.target(target) {
             T::Call(p) => {
-                // A second BUILD updates a dict state made for this object (`__dict__.update`).
+                // A second state update (`__setstate__`) updates a dict state made for this object (`__dict__.update`).
                 match (p.state.as_mut(), state) {
                     (Some(T::Dict(acc)), T::Dict(more)) => acc.extend(more),
                     (_, state) => p.state = Some(state),
                 }
             }
             other => {
-                let what = format!("BUILD (__setstate__) on {}", describe_static(other));
+                let what = format!("__setstate__ on {}", describe_static(other));
                 return Err(bad("pickle", what));
             }
         }

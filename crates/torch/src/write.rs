@@ -350,7 +350,7 @@ impl DataPickler {
         })
     }
 
-    /// `_batch_appends`: one APPEND for a single item, MARK … APPENDS per batch of 1000.
+    /// `_batch_appends`: a single item appended alone, otherwise marked batches of 1000.
     fn appends(&mut self, items: &[Value]) -> Result<()> {
         for chunk in items.chunks(1000) {
             if let [one] = chunk {
@@ -367,7 +367,7 @@ impl DataPickler {
         Ok(())
     }
 
-    /// `_batch_setitems`: one SETITEM for a single item, MARK … SETITEMS per batch of 1000.
+    /// `_batch_setitems`: a single item set alone, otherwise marked batches of 1000.
     fn setitems(&mut self, items: &[(Value, Value)]) -> Result<()> {
         for chunk in items.chunks(1000) {
             if let [(k, v)] = chunk {
@@ -593,7 +593,7 @@ impl DataPickler {
         Ok(k)
     }
 
-    /// `BINPERSID` of `('storage', storage_class, key, 'cpu', numel)`.
+    /// The persistent id `('storage', storage_class, key, 'cpu', numel)`.
     fn persistent_id(&mut self, data: &Buffer, dtype: DType) -> Result<()> {
         let k = self.storage_key(data, dtype)?;
         let (module, class, numel) = match dtype.storage_class() {

@@ -53,7 +53,7 @@ fn fuzz_repeated_dict_key_keeps_the_last_value_like_torch_load() {
 }
 
 /// The same rule for an `OrderedDict` (every state dict), whose items come from its constructor's argument
-/// and from SETITEMS: `OrderedDict([("a", 1), ("b", 2), ("a", 3)])` then `["b"] = 4` is `{"a": 3, "b": 4}`.
+/// and from items set later: `OrderedDict([("a", 1), ("b", 2), ("a", 3)])` then `["b"] = 4` is `{"a": 3, "b": 4}`.
 #[test]
 fn fuzz_repeated_ordered_dict_key_keeps_the_last_value() {
     use ckpt_core::{Dict, DictKind};

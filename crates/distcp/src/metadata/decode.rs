@@ -1,14 +1,15 @@
 //! Decoding `.metadata`: the DCP classes built straight from the pickle as the pickle machine runs it, each
-//! object at its BUILD, so no generic tree of the whole pickle (hundreds of thousands of objects for a large
-//! job) is held. Strings stay borrowed from the input until the structs own them; classes are recognised
-//! once per global; chunks put into a list and `(MetadataIndex, _StorageInfo)` pairs set into a dict move
-//! into typed vectors at once. The three objects every chunk has (`ChunkStorageMetadata`, `MetadataIndex`,
-//! `_StorageInfo`) are [`Template`]s, which the machine reads straight from their bytes.
+//! object when its state is set (`__setstate__`), so no generic tree of the whole pickle (hundreds of
+//! thousands of objects for a large job) is held. Strings stay borrowed from the input until the structs own
+//! them; classes are recognised once per global; chunks put into a list and `(MetadataIndex, _StorageInfo)`
+//! pairs set into a dict move into typed vectors at once. The three objects every chunk has
+//! (`ChunkStorageMetadata`, `MetadataIndex`, `_StorageInfo`) are [`Template`]s, which the machine reads
+//! straight from their bytes.
 //!
 //! Nothing is imported or executed. What torch does not write is an error naming where it is
-//! (`state_dict_metadata["w"].properties.dtype`): an object finds a problem at its BUILD, before anything
-//! says where it sits, so it carries the problem with a context relative to itself, and each object that
-//! takes it adds its own place, up to the [`Metadata`].
+//! (`state_dict_metadata["w"].properties.dtype`): an object finds a problem when its state is set, before
+//! anything says where it sits, so it carries the problem with a context relative to itself, and each object
+//! that takes it adds its own place, up to the [`Metadata`].
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -196,7 +197,7 @@ enum D<'a> {
     Dict(Vec<(D<'a>, D<'a>)>),
     /// A dict of made `(MetadataIndex, _StorageInfo)` pairs only.
     StoragePairs(Vec<(MetadataIndex, StorageInfo)>),
-    /// An instance of a DCP class without its BUILD state yet.
+    /// An instance of a DCP class whose state is not set yet.
     New(Class),
     /// `torch.Size(dims)`.
     Size(Vec<usize>),
@@ -213,7 +214,7 @@ enum D<'a> {
     Info(u32),
     StorageMeta(u32),
     Metadata(Box<Metadata>),
-    /// An object whose BUILD found a problem, reported where it is placed.
+    /// An object whose state had a problem, reported where the object is placed.
     Invalid(Box<Problem>),
     /// Anything this decoder does not model (floats, bytes, sets, persistent ids, other objects).
     Other(Desc),
@@ -455,7 +456,7 @@ impl<'a> DcpBuilder<'a> {
         g.class
     }
 
-    /// The state's `(field, value)` pairs, in order (empty without a BUILD). `context` is where the object is.
+    /// The state's `(field, value)` pairs, in order (empty when no state was set). `context` is where the object is.
     fn fields(&self, state: D<'a>, context: &str) -> P<Vec<(Cow<'a, str>, D<'a>)>> {
         let pairs = match self.resolve(state).0 {
             D::Dict(pairs) => pairs,
@@ -531,7 +532,7 @@ impl<'a> DcpBuilder<'a> {
         })
     }
 
-    /// A `torch.Size` (REDUCE of `torch.Size` on a tuple of ints), or a plain tuple or list of ints.
+    /// A `torch.Size` (`torch.Size` called on a tuple of ints), or a plain tuple or list of ints.
     fn size(&self, v: D<'a>, context: &str) -> P<Vec<usize>> {
         let (v, _) = self.resolve(v);
         match v {
@@ -879,7 +880,7 @@ impl<'a> DcpBuilder<'a> {
         }
     }
 
-    /// The value of a REDUCE-style call of a class whose instance is complete without BUILD.
+    /// The value of a call of a class whose instance is complete without a state.
     fn reduced(&self, class: Class, call: &Call<D<'a>>) -> D<'a> {
         let args = self.look(&call.args);
         let one = match args {

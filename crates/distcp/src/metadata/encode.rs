@@ -66,8 +66,8 @@ fn posix_parts(path: &str) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Maximum-compatibility profile: protocol 2, no memo, every dict filled by MARK … SETITEMS and every list by
-// MARK … APPENDS (the reference emitter of the spec's fixtures k_plain / k_aligned).
+// Maximum-compatibility profile: protocol 2, no memo, every dict and list filled in marked batches, as
+// CPython's pickler fills them (the reference emitter of the spec's fixtures k_plain / k_aligned).
 
 struct MaxCompat {
     p: Pickler<Vec<u8>>,
@@ -84,7 +84,7 @@ impl MaxCompat {
         self.p.newobj().map_err(perr)
     }
 
-    /// Starts a dict state: EMPTY_DICT MARK.
+    /// Starts a dict state: an empty dict, then the mark of its batch of items.
     fn dict_start(&mut self) -> Result<()> {
         self.p.empty_dict().map_err(perr)?;
         self.p.mark().map_err(perr)
@@ -284,7 +284,7 @@ impl Torch213 {
         Ok(())
     }
 
-    /// `cls.__new__(cls)`: the class global, `()`, NEWOBJ, memoized.
+    /// `cls.__new__(cls)`: the class global, `()`, the `__new__` call, memoized.
     fn newobj(&mut self, module: &str, name: &str) -> Result<()> {
         self.p.global_memo(module, name).map_err(perr)?;
         self.p.empty_tuple().map_err(perr)?;
@@ -292,9 +292,9 @@ impl Torch213 {
         self.memo().map(|_| ())
     }
 
-    /// CPython's `batch_dict_exact` over `n` items written by `item(self, i)`: SETITEM for one item,
-    /// otherwise MARK … SETITEMS per 1000 items, with the trailing empty batch CPython writes when `n` is a
-    /// multiple of 1000.
+    /// CPython's `batch_dict_exact` over `n` items written by `item(self, i)`: one item set alone, otherwise
+    /// marked batches of 1000 items, with the trailing empty batch CPython writes when `n` is a multiple of
+    /// 1000.
     fn setitems(&mut self, n: usize, mut item: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<()> {
         if n == 0 {
             return Ok(());
@@ -322,7 +322,7 @@ impl Torch213 {
         }
     }
 
-    /// CPython's `batch_list_exact`: APPEND for one item, otherwise MARK … APPENDS per 1000 items.
+    /// CPython's `batch_list_exact`: one item appended alone, otherwise marked batches of 1000 items.
     fn appends(&mut self, n: usize, mut item: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<()> {
         if n == 0 {
             return Ok(());
@@ -344,7 +344,7 @@ impl Torch213 {
         Ok(())
     }
 
-    /// A dataclass `__dict__` state: EMPTY_DICT (memoized), the fields, BUILD.
+    /// A dataclass `__dict__` state: an empty dict (memoized), the fields, then `__setstate__`.
     fn build_fields(&mut self, n: usize, item: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<()> {
         self.p.empty_dict().map_err(perr)?;
         self.memo()?;
@@ -352,7 +352,7 @@ impl Torch213 {
         self.p.build().map_err(perr)
     }
 
-    /// A non-empty tuple of ints (memoized), or EMPTY_TUPLE.
+    /// A non-empty tuple of ints (memoized), or the empty tuple.
     fn int_tuple(&mut self, dims: &[usize]) -> Result<()> {
         if dims.is_empty() {
             return self.p.empty_tuple().map_err(perr);
@@ -601,7 +601,7 @@ impl Torch213 {
                     me.s(k)?;
                     match v {
                         StorageMetadata::Tensor(t) => me.tensor_md(t),
-                        // BytesStorageMetadata has an empty __dict__: no BUILD.
+                        // BytesStorageMetadata has an empty __dict__: no state is set.
                         StorageMetadata::Bytes => me.newobj(METADATA_MODULE, "BytesStorageMetadata"),
                     }
                 })
