@@ -340,6 +340,17 @@ pub enum Error {
         /// What does not fit.
         problem: String,
     },
+    /// A layer-stacked Megatron-Core tensor has more layers than [`crate::megatron::MAX_STACKED_LAYERS`]:
+    /// splitting it per layer would make that many entries (a tensor of shape `[N, 0]` holds no data).
+    #[error("{key}: {layers} stacked layers, over the limit of {max} (--unstack-layers makes an entry per layer)")]
+    MegatronTooManyLayers {
+        /// The stacked tensor.
+        key: String,
+        /// Its leading (layer) dimension.
+        layers: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A `torch.save` file (conversion source or target) failed.
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
@@ -376,7 +387,9 @@ impl Error {
             | Error::RankCountMismatch { .. } => Fault::InvalidArgument,
             Error::UnknownTransform { .. } => Fault::Unsupported,
             Error::MegatronMetadata { problem, .. } if problem.contains("backend") => Fault::Unsupported,
-            Error::DecompressedTooLarge { .. } | Error::MetadataTooLarge { .. } => Fault::Limit,
+            Error::DecompressedTooLarge { .. }
+            | Error::MetadataTooLarge { .. }
+            | Error::MegatronTooManyLayers { .. } => Fault::Limit,
             _ => Fault::Malformed,
         }
     }

@@ -102,6 +102,11 @@ impl std::fmt::Debug for MegatronReader {
     }
 }
 
+/// The most layers a layer-stacked tensor may have to be split per layer ([`MegatronOptions::unstack_layers`]):
+/// published models have a few hundred; the leading dimension of a crafted file could ask for billions of
+/// entries while holding no data (`[N, 0]`).
+pub const MAX_STACKED_LAYERS: usize = 1 << 16;
+
 /// Whether `dir` holds a Megatron-Core checkpoint's `metadata.json` (any backend).
 pub fn is_megatron(dir: &Path) -> bool {
     dir.join(METADATA_JSON).is_file()
@@ -240,6 +245,9 @@ impl MegatronReader {
                 Some(info) => match stacked(&key).filter(|_| unstack && !info.shape.is_empty()) {
                     Some((prefix, rest)) => {
                         let layers = info.shape[0];
+                        if layers > MAX_STACKED_LAYERS {
+                            return Err(Error::MegatronTooManyLayers { key, layers, max: MAX_STACKED_LAYERS });
+                        }
                         let shape = info.shape[1..].to_vec();
                         for i in 0..layers {
                             items.push(Item {
@@ -565,7 +573,9 @@ impl CheckpointRead for MegatronReader {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use ckpt_core::Fault;
 
     #[test]
     fn stacked_keys() {
@@ -580,5 +590,36 @@ mod tests {
         );
         assert_eq!(sharded_object("a/shard_0.1_2.2"), Some(("a", 0)));
         assert_eq!(sharded_object("a.b"), None);
+    }
+
+    /// A stacked tensor of shape `[N, 0]` holds no data but would split into `N` entries: over
+    /// [`MAX_STACKED_LAYERS`] it is refused as a limit when unstacking, and read as one entry otherwise.
+    #[test]
+    fn a_stacked_tensor_of_too_many_layers_is_refused_when_unstacking() {
+        let dir = tempfile::tempdir().unwrap();
+        let layers = MAX_STACKED_LAYERS + 1;
+        let t = Tensor::zeros(DType::F32, &[layers, 0]).unwrap();
+        let sd = Value::dict([("decoder.layers.mlp.weight", Value::Tensor(t))]);
+        crate::save(&sd, dir.path(), &crate::WriteOptions::default()).unwrap();
+        std::fs::write(dir.path().join(METADATA_JSON), br#"{"sharded_backend": "torch_dist"}"#).unwrap();
+        let read = ReadOptions::default();
+        let e =
+            MegatronReader::open(dir.path(), &read, MegatronOptions::default().with_unstack_layers(true)).unwrap_err();
+        assert!(
+            matches!(&e, Error::MegatronTooManyLayers { key, layers: l, max }
+                if key == "decoder.layers.mlp.weight" && *l == layers && *max == MAX_STACKED_LAYERS),
+            "{e}"
+        );
+        assert_eq!(e.fault(), Fault::Limit);
+        let r = MegatronReader::open(dir.path(), &read, MegatronOptions::default()).unwrap();
+        assert_eq!(r.items.len(), 1);
+        // At the limit, the split is made.
+        let t = Tensor::zeros(DType::F32, &[MAX_STACKED_LAYERS, 0]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        crate::save(&Value::dict([("decoder.layers.mlp.weight", Value::Tensor(t))]), dir.path(), &Default::default())
+            .unwrap();
+        std::fs::write(dir.path().join(METADATA_JSON), br#"{"sharded_backend": "torch_dist"}"#).unwrap();
+        let r = MegatronReader::open(dir.path(), &read, MegatronOptions::default().with_unstack_layers(true)).unwrap();
+        assert_eq!(r.items.len(), MAX_STACKED_LAYERS);
     }
 }
