@@ -17,9 +17,11 @@
 //!   head, each `kv_channels` rows), a gated `linear_fc1` (SwiGLU: the gate's rows, then the up projection's)
 //!   into `gate_proj`/`up_proj`.
 //!
-//! Both layouts of megatron-core's distributed optimizer are plain DCP entries (`optimizer.distributed.*`
-//! flat buffers for `dp_zero_gather_scatter`, `optimizer.state.<exp_avg|...>.<param>` tensors for
-//! `fully_sharded_model_space`) and are listed as they are.
+//! The layouts of megatron-core's distributed optimizer are plain DCP entries and are listed as they are:
+//! `dp_reshardable` saves flat per-bucket buffers as tensors, `dp_zero_gather_scatter` each rank's state as
+//! objects (both tested on megatron-core 0.16.1's own checkpoints); `fully_sharded_model_space` would save
+//! `optimizer.state.<exp_avg|...>.<param>` tensors, read as any DCP tensor (megatron-core 0.16.1 does not
+//! save it on a CPU, so no fixture has it).
 
 use std::collections::HashMap;
 use std::path::Path;
