@@ -395,19 +395,29 @@ impl Value {
     ///
     /// An object the pickle shared that becomes a string or bytes this way is no longer shared: it is a copy
     /// at each of its places, as the decoder makes every immutable value.
+    ///
+    /// Unsharing can make a form exact that was not (`bytearray(b)` where `b` was a shared object that became
+    /// bytes), so the two steps repeat until nothing more is unshared; each round removes shared objects, so
+    /// there are at most as many rounds as the pickle shared leaves, and one in the common case.
     #[must_use]
     pub fn desugar(self) -> Value {
-        let v = crate::tree::map_post_order(self, |v| match v {
-            Value::Object(obj) => desugar_object(*obj),
-            other => other,
-        });
-        unshare_leaves(v)
+        let mut v = self;
+        loop {
+            v = crate::tree::map_post_order(v, |v| match v {
+                Value::Object(obj) => desugar_object(*obj),
+                other => other,
+            });
+            match unshare_leaves(v) {
+                (done, false) => return done,
+                (more, true) => v = more,
+            }
+        }
     }
 }
 
 /// `v` with every [`Value::Shared`] whose object is a leaf that nothing can change (a string, bytes, a
-/// number) replaced by the object, and every [`Value::Ref`] to it by a copy.
-fn unshare_leaves(v: Value) -> Value {
+/// number) replaced by the object, and every [`Value::Ref`] to it by a copy; and whether there was one.
+fn unshare_leaves(v: Value) -> (Value, bool) {
     let is_leaf = |v: &Value| {
         matches!(
             v,
@@ -433,7 +443,7 @@ fn unshare_leaves(v: Value) -> Value {
         }
     }
     if leaves.is_empty() {
-        return v;
+        return (v, false);
     }
     // The shared objects that stay, numbered again from 0 in the order a depth-first walk meets them.
     let mut renumber: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
@@ -449,7 +459,7 @@ fn unshare_leaves(v: Value) -> Value {
             stack.extend(children.into_iter().rev());
         }
     }
-    crate::tree::map_post_order(v, |x| match x {
+    let v = crate::tree::map_post_order(v, |x| match x {
         Value::Shared { id, value } if leaves.contains_key(&id) => *value,
         Value::Shared { id, value } => Value::Shared { id: renumber.get(&id).copied().unwrap_or(id), value },
         Value::Ref(id) => match leaves.get(&id) {
@@ -457,7 +467,8 @@ fn unshare_leaves(v: Value) -> Value {
             None => Value::Ref(renumber.get(&id).copied().unwrap_or(id)),
         },
         other => other,
-    })
+    });
+    (v, true)
 }
 
 /// Rewrites one object whose children are already desugared.

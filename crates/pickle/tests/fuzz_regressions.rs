@@ -111,3 +111,45 @@ fn fuzz_a_shared_object_that_desugars_to_bytes_round_trips() {
         assert_eq!(format!("{back:?}"), format!("{v:?}"), "protocol {protocol}");
     }
 }
+
+/// `bytearray(b)` where `b` is a shared object that desugars to bytes (`_codecs.encode('xyz\0þ', 'latin1')`,
+/// memoized and fetched again; fuzz/artifacts/pickle/crash-e9d7a751...): `b` becomes bytes only when the
+/// shared leaves are unshared, after `bytearray(b)` was looked at, so `desugar` repeats its rewrite until
+/// nothing more is unshared. The result is a bytearray and bytes, and it re-encodes to itself at every
+/// protocol.
+#[test]
+fn fuzz_a_bytearray_of_shared_bytes_desugars_whole() {
+    let mut p = ckpt_pickle::Pickler::new(Vec::new(), 2).unwrap();
+    p.empty_dict().unwrap();
+    p.mark().unwrap();
+    p.str("ba").unwrap();
+    p.global("__builtin__", "bytearray").unwrap();
+    p.global("_codecs", "encode").unwrap();
+    p.str("xyz\0þ").unwrap();
+    p.str("latin1").unwrap();
+    p.tuple(2).unwrap();
+    p.reduce().unwrap();
+    let shared = p.memoize().unwrap();
+    p.tuple(1).unwrap();
+    p.reduce().unwrap();
+    p.str("b").unwrap();
+    p.get(shared).unwrap();
+    p.setitems().unwrap();
+    p.stop().unwrap();
+    let data = p.finish().unwrap();
+    let (v, _) = both(&data);
+    let v = v.desugar();
+    let bytes = b"xyz\0\xfe".to_vec();
+    assert_eq!(
+        v,
+        Value::Dict(vec![
+            (Value::Str("ba".into()), Value::ByteArray(bytes.clone())),
+            (Value::Str("b".into()), Value::Bytes(bytes)),
+        ]),
+    );
+    for protocol in 2..=5 {
+        let encoded = ckpt_pickle::encode(&v, protocol).unwrap();
+        let back = ckpt_pickle::decode(&encoded).unwrap().desugar();
+        assert_eq!(format!("{back:?}"), format!("{v:?}"), "protocol {protocol}");
+    }
+}
