@@ -275,6 +275,12 @@ impl<'a, W: Write> Encoder<'a, W> {
                         what: "a frozenset that contains itself",
                         protocol: self.p.protocol(),
                     }),
+                    // A shared persistent id is memoized as soon as it is loaded: one not memoized yet is
+                    // still being written, and its id cannot hold the object it is the id of.
+                    Some(Value::PersistentId(_)) => Err(Error::Unencodable {
+                        what: "a persistent id whose id holds the object it loads",
+                        protocol: self.p.protocol(),
+                    }),
                     Some(shared) => {
                         self.tasks.push(Task::Save(shared));
                         Ok(())
@@ -313,7 +319,14 @@ impl<'a, W: Write> Encoder<'a, W> {
             Value::Tuple(items) if items.is_empty() => return self.p.empty_tuple(),
             Value::Global { module, name } => return self.p.global_memo(module, name),
             Value::PersistentId(inner) => {
-                self.then(vec![Task::Save(inner), Task::BinPersId]);
+                // CPython's pickler never memoizes a persistent id's object: each place loads it again. One
+                // the pickle shared (it was memoized and fetched again) is memoized after it, so that every
+                // reference reads the one object, as the decoded pickle had it.
+                let mut steps = vec![Task::Save(inner), Task::BinPersId];
+                if self.shared_at.contains_key(&std::ptr::from_ref(v)) {
+                    steps.push(Task::Memoize(Some(v)));
+                }
+                self.then(steps);
                 return Ok(());
             }
             _ => {}

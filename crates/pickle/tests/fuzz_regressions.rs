@@ -153,3 +153,49 @@ fn fuzz_a_bytearray_of_shared_bytes_desugars_whole() {
         assert_eq!(format!("{back:?}"), format!("{v:?}"), "protocol {protocol}");
     }
 }
+
+/// A persistent id's object the pickle shares (`d = {}; r = persistent_load(d); d[r] = r`, fetched by DUP;
+/// fuzz/artifacts/pickle/crash-8fc55395..., minimized): CPython's pickler would load it again at each place,
+/// two objects where the pickle had one, so the encoder memoizes a shared one after loading it. The sharing
+/// (a cycle through the dict) survives re-encoding at every protocol.
+#[test]
+fn fuzz_a_shared_persistent_id_stays_one_object_when_encoded_again() {
+    let data = b"}q\x00(h\x00Q2u.";
+    let (v, _) = both(data);
+    let pid = Value::PersistentId(Box::new(Value::Ref(0)));
+    let expected = Value::Shared {
+        id: 0,
+        value: Box::new(Value::Dict(vec![(Value::Shared { id: 1, value: Box::new(pid) }, Value::Ref(1))])),
+    };
+    assert_eq!(v, expected);
+    for protocol in 2..=5 {
+        let encoded = ckpt_pickle::encode(&v, protocol).unwrap();
+        let back = ckpt_pickle::decode(&encoded).unwrap();
+        assert_eq!(back, expected, "protocol {protocol}");
+    }
+}
+
+/// A persistent id whose id holds the object it loads (`l = []; r = persistent_load(l); l.append(r)`)
+/// decodes, but no pickle that loads `r` once can write it: the encoder says so instead of writing a second
+/// load (or looping).
+#[test]
+fn a_persistent_id_inside_its_own_id_is_unencodable() {
+    let mut p = ckpt_pickle::Pickler::new(Vec::new(), 2).unwrap();
+    p.empty_list().unwrap();
+    let l = p.memoize().unwrap();
+    p.binpersid().unwrap();
+    let r = p.memoize().unwrap();
+    p.get(l).unwrap();
+    p.get(r).unwrap();
+    p.append().unwrap();
+    p.tuple(2).unwrap();
+    p.stop().unwrap();
+    let data = p.finish().unwrap();
+    let (v, _) = both(&data);
+    let Value::Tuple(items) = &v else { panic!("{v:?}") };
+    assert!(matches!(&items[0], Value::Shared { value, .. } if matches!(**value, Value::PersistentId(_))), "{v:?}");
+    for protocol in 2..=5 {
+        let e = ckpt_pickle::encode(&v, protocol).unwrap_err();
+        assert!(e.to_string().contains("persistent id whose id holds"), "{e}");
+    }
+}
