@@ -28,7 +28,8 @@ pub struct Limits {
     pub max_container_len: usize,
     /// Maximum number of nodes: objects created by the VM (strings, containers, objects, globals) and, separately,
     /// [`Value`](crate::Value)s in the materialised tree, where a memoized object referenced `k` times counts `k`
-    /// times. Default **1 << 25** (32 Mi values, about 1 GiB of `Value`s). Stops memo bombs (`[x, x]` nested 40
+    /// times, each at its size when it is referenced (an object that grows afterwards is not counted again, so
+    /// the same value can count more when a pickle writes a shared object whole before referring to it). Default **1 << 25** (32 Mi values, about 1 GiB of `Value`s). Stops memo bombs (`[x, x]` nested 40
     /// levels deep via BINGET describes 2^40 values in a few hundred bytes): the expanded size is computed on the
     /// shared graph before anything is copied, so such input fails in microseconds.
     pub max_nodes: usize,

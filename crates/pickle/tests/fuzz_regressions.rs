@@ -199,3 +199,50 @@ fn a_persistent_id_inside_its_own_id_is_unencodable() {
         assert!(e.to_string().contains("persistent id whose id holds"), "{e}");
     }
 }
+
+/// The limits count a reference to a shared object at the object's size when it is referenced
+/// (fuzz/artifacts/pickle/crash-47d40c83...). A list `l` referenced 1,000 times by `m`, itself referenced
+/// 1,000 times by `n`, counts about a million nodes while `l` is empty; grown to 100 items afterwards it is
+/// the same value as one written whole first, which counts 100 million and is refused. The encoder (like
+/// CPython's pickler) writes `l` whole before referring to it, so its pickle of the value decodes to the same
+/// value only without the counting limits: what the fuzz target checks. The value itself holds `l` and `m`
+/// once each (shared), so neither order copies anything.
+#[test]
+fn fuzz_a_reference_counts_the_size_of_its_object_when_it_is_referenced() {
+    let mut p = ckpt_pickle::Pickler::new(Vec::new(), 2).unwrap();
+    p.mark().unwrap();
+    p.empty_list().unwrap();
+    let l = p.memoize().unwrap();
+    p.empty_list().unwrap();
+    let m = p.memoize().unwrap();
+    p.mark().unwrap();
+    for _ in 0..1000 {
+        p.get(l).unwrap();
+    }
+    p.appends().unwrap();
+    p.empty_list().unwrap();
+    p.mark().unwrap();
+    for _ in 0..1000 {
+        p.get(m).unwrap();
+    }
+    p.appends().unwrap();
+    // l grows after a million references were counted at its empty size.
+    p.get(l).unwrap();
+    p.mark().unwrap();
+    for i in 0..100 {
+        p.int(i).unwrap();
+    }
+    p.appends().unwrap();
+    p.tuple(4).unwrap();
+    p.stop().unwrap();
+    let data = p.finish().unwrap();
+    let (v, _) = both(&data);
+    let Value::Tuple(items) = &v else { panic!("{v:?}") };
+    assert!(matches!(&items[0], Value::Shared { value, .. } if matches!(&**value, Value::List(l) if l.len() == 100)));
+    let encoded = ckpt_pickle::encode(&v, 2).unwrap();
+    let e = ckpt_pickle::decode(&encoded).unwrap_err();
+    assert!(e.to_string().contains("materialised nodes"), "{e}");
+    let uncounted = Limits { max_nodes: usize::MAX, max_alloc_bytes: usize::MAX, ..Limits::default() };
+    let (back, _) = decode_with(&encoded, &uncounted).unwrap();
+    assert_eq!(back, v);
+}
