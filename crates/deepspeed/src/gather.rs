@@ -10,13 +10,12 @@ use crate::error::{Error, Result};
 /// of the flat tensors (1-D, one dtype); `None` when the sequence is shorter.
 pub(crate) fn run(flats: &[Tensor], start: usize, len: usize) -> Result<Option<Vec<Tensor>>> {
     let mut pieces = Vec::new();
-    let (mut at, mut skip, mut left) = (0usize, start, len);
+    let (mut skip, mut left) = (start, len);
     for flat in flats {
         if left == 0 {
             break;
         }
         let n = flat.numel();
-        at += n;
         if skip >= n {
             skip -= n;
             continue;
@@ -26,7 +25,6 @@ pub(crate) fn run(flats: &[Tensor], start: usize, len: usize) -> Result<Option<V
         left -= take;
         skip = 0;
     }
-    let _ = at;
     Ok((left == 0).then_some(pieces))
 }
 
@@ -113,7 +111,7 @@ pub(crate) fn short(dir: &std::path::Path, group: usize, name: &str, start: usiz
     Error::FlatGroups {
         dir: dir.to_path_buf(),
         group,
-        problem: format!("{name} needs elements {start}..{} of a flat sequence of {have}", start + len),
+        problem: format!("{name} needs elements {start}..{} of a flat sequence of {have}", start.saturating_add(len)),
     }
 }
 

@@ -347,15 +347,17 @@ fn read_stage12(
             }
             offset += n;
             if let Some(p) = paddings.as_ref().and_then(|p| p.get(g)) {
-                offset += p.get(i).copied().ok_or_else(|| Error::FlatGroups {
+                let padding = p.get(i).copied().ok_or_else(|| Error::FlatGroups {
                     dir: dir.to_path_buf(),
                     group: g,
                     problem: format!("{} parameter alignment paddings for {} parameters", p.len(), group.params.len()),
                 })?;
+                // A padding is read from the file: past the flat group, the next run (or the check below) fails.
+                offset = offset.saturating_add(padding);
             }
         }
         // DeepSpeed's own check: the group is used up to its alignment (2 * world elements).
-        let align = |x: usize| x.div_ceil(2 * world) * (2 * world);
+        let align = |x: usize| x.div_ceil(2 * world).saturating_mul(2 * world);
         if align(offset) != align(total) {
             return Err(Error::FlatGroups {
                 dir: dir.to_path_buf(),
