@@ -180,6 +180,49 @@ impl Buffer {
         Buffer { backing: Arc::new(backing), start: 0, len }
     }
 
+    /// The buffers `parts` one after another, made on demand ([`Buffer::deferred_ranged`]): a range asked for
+    /// makes only the ranges of the parts it covers (of a deferred part, only that range), one part at a time,
+    /// so a writer streaming the result holds one piece, never the whole.
+    ///
+    /// ```
+    /// use ckpt_core::Buffer;
+    /// let b = Buffer::concat(vec![Buffer::from_vec(vec![1, 2]), Buffer::from_vec(vec![3, 4, 5])]);
+    /// assert_eq!(b.len(), 5);
+    /// assert_eq!(&*b.slice(1..4).unwrap().bytes().unwrap(), &[2, 3, 4]);
+    /// assert!(b.is_deferred());
+    /// ```
+    pub fn concat(parts: Vec<Buffer>) -> Self {
+        let total = parts.iter().map(Buffer::len).sum();
+        // Where each part starts, for a binary search of the first part a range touches.
+        let starts: Vec<usize> = parts
+            .iter()
+            .scan(0usize, |at, p| {
+                let s = *at;
+                *at += p.len();
+                Some(s)
+            })
+            .collect();
+        Buffer::deferred_ranged(total, move |offset, out: &mut [u8]| {
+            let end = offset.checked_add(out.len()).filter(|&e| e <= total).ok_or_else(|| {
+                Error::InvalidArgument(format!("bytes {offset}..+{} of a concatenation of {total}", out.len()))
+            })?;
+            let first = starts.partition_point(|&s| s <= offset).saturating_sub(1);
+            for (part, &at) in parts.iter().zip(&starts).skip(first) {
+                if at >= end {
+                    break;
+                }
+                let (lo, hi) = (offset.max(at), end.min(at + part.len()));
+                if lo < hi {
+                    let src = part.slice(lo - at..hi - at)?;
+                    if let Some(dst) = out.get_mut(lo - offset..hi - offset) {
+                        dst.copy_from_slice(&src.bytes()?);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// Hands the bytes of this window to `f` in order: in pieces of at most `piece` bytes made one at a time
     /// (into one reused allocation) for a range-made deferred buffer not kept yet
     /// ([`Buffer::deferred_ranged`]), at once otherwise (as [`Buffer::bytes`] gives them).

@@ -65,37 +65,8 @@ pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Te
         [] => Ok(Tensor::zeros(dtype, shape)?),
         [one] => Ok(one.reshape(shape)?),
         _ => {
-            let es = dtype.size();
-            let mut spans = Vec::with_capacity(kept.len());
-            let mut at = 0usize;
-            for p in kept {
-                let n = p.nbytes();
-                spans.push((at, p));
-                at += n;
-            }
-            let total = at;
-            let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
-                let end = offset.checked_add(out.len()).filter(|&e| e <= total).ok_or_else(|| {
-                    ckpt_core::Error::InvalidArgument(format!("bytes {offset}+{} of {total}", out.len()))
-                })?;
-                let first = spans.partition_point(|(s, p)| s + p.nbytes() <= offset);
-                for (s, p) in spans.iter().skip(first) {
-                    if *s >= end {
-                        break;
-                    }
-                    let data = p.data()?;
-                    let from = offset.max(*s);
-                    let to = end.min(s + data.len());
-                    if let (Some(src), Some(dst)) =
-                        (data.get(from - s..to - s), out.get_mut(from - offset..to - offset))
-                    {
-                        dst.copy_from_slice(src);
-                    }
-                }
-                Ok(())
-            };
-            debug_assert_eq!(total, numel * es);
-            Ok(Tensor::from_buffer(dtype, shape, Buffer::deferred_ranged(total, fill_at))?)
+            let parts = kept.iter().map(|p| p.storage().slice_len(p.storage_offset() * dtype.size(), p.nbytes()));
+            Ok(Tensor::from_buffer(dtype, shape, Buffer::concat(parts.collect::<ckpt_core::Result<_>>()?))?)
         }
     }
 }

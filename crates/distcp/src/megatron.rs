@@ -501,19 +501,19 @@ impl MegatronReader {
 /// The concatenation of `parts` (each made contiguous when its bytes are asked for) as one tensor of
 /// `shape`, made when its bytes are asked for.
 fn concat_rows(dtype: DType, shape: &[usize], parts: Vec<Tensor>) -> Result<Tensor> {
-    let total: usize = parts.iter().map(Tensor::nbytes).sum();
-    let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
-        let mut at = 0;
-        for p in &parts {
-            let data = p.data()?;
-            if let Some(dst) = out.get_mut(at..at + data.len()) {
-                dst.copy_from_slice(&data);
-            }
-            at += data.len();
+    // Each part's bytes as a buffer without making them now: a view of a row-major part, a deferred gather of
+    // a strided one.
+    let bytes = |p: Tensor| -> Result<Buffer> {
+        if p.is_contiguous() {
+            return Ok(p.to_contiguous()?.storage().clone());
         }
-        Ok(())
+        Ok(Buffer::deferred(p.nbytes(), move |out| {
+            out.copy_from_slice(&p.data()?);
+            Ok(())
+        }))
     };
-    Ok(Tensor::from_buffer(dtype, shape, Buffer::deferred(total, fill))?)
+    let parts = parts.into_iter().map(bytes).collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::from_buffer(dtype, shape, Buffer::concat(parts))?)
 }
 
 /// A value of `args` in `common.pt`.

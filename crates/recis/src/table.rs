@@ -176,31 +176,12 @@ impl Slot {
         let Some(first) = parts.first() else {
             return Err(Error::InvalidArgument("concatenating no slots".into()));
         };
-        let total: usize = parts.iter().map(|s| s.tensor.nbytes()).sum();
-        // Copied when the slot's bytes are asked for (`Buffer::deferred_ranged`): of each part only the
-        // range asked for is made (when the part is itself deferred), one part at a time.
-        let sources: Vec<Buffer> = parts.iter().map(|p| p.tensor.storage().clone()).collect();
-        let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
-            let end = offset + out.len();
-            let mut at = 0;
-            for b in &sources {
-                let (lo, hi) = (offset.max(at), end.min(at + b.len()));
-                if lo < hi {
-                    let window = b.slice(lo - at..hi - at)?;
-                    let src = window.bytes()?;
-                    let d = out
-                        .get_mut(lo - offset..hi - offset)
-                        .ok_or_else(|| ckpt_core::Error::Malformed("slot parts longer than the slot".into()))?;
-                    d.copy_from_slice(&src);
-                }
-                at += b.len();
-            }
-            if at < end {
-                return Err(ckpt_core::Error::Malformed("slot parts shorter than the slot".into()));
-            }
-            Ok(())
-        };
-        let out = Buffer::deferred_ranged(total, fill_at);
+        // Copied when the slot's bytes are asked for ([`Buffer::concat`]): of each part only the range asked
+        // for is made (when the part is itself deferred), one part at a time.
+        let es = first.dtype().size();
+        let windows =
+            parts.iter().map(|p| p.tensor.storage().slice_len(p.tensor.storage_offset() * es, p.tensor.nbytes()));
+        let out = Buffer::concat(windows.collect::<ckpt_core::Result<_>>()?);
         let mut shape = first.tensor.shape().to_vec();
         if let Some(d) = shape.first_mut() {
             *d = parts.iter().map(|s| s.rows()).sum();
