@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Step timing: `step NAME` closes the previous step (printing its time) and opens the next; the EXIT trap
 # closes the last one and prints the table, also when a step fails (the failing step is marked).
 SECONDS=0
-step_name="" step_start=0 timings=() fresh="" fuzz_build="" fuzz_build_log="" wheels=""
+step_name="" step_start=0 timings=() fresh="" fuzz_build="" fuzz_build_log="" wheels="" pytest_tmp=""
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 step_done() {
   [ -n "$step_name" ] || return 0
@@ -31,6 +31,7 @@ finish() {
   local rc=$?
   [ -z "$fresh" ] || rm -rf "$fresh"
   [ -z "$wheels" ] || rm -rf "$wheels"
+  [ -z "$pytest_tmp" ] || rm -rf "$pytest_tmp"
   # A failed step before the fuzzing step leaves the fuzz build running: stop it (its own process group).
   [ -z "$fuzz_build" ] || kill -- -"$fuzz_build" 2>/dev/null || true
   [ -z "$fuzz_build_log" ] || rm -f "$fuzz_build_log"
@@ -40,6 +41,10 @@ finish() {
   printf '  %7s  total (%s)\n' "$(mmss "$SECONDS")" "$([ $rc -eq 0 ] && echo passed || echo FAILED)" >&2
 }
 trap finish EXIT
+
+# Without incremental compilation: a clean clone builds everything once, and the incremental caches of the
+# debug, tch and release builds would take gigabytes of the CI machine's disk and time to write.
+export CARGO_INCREMENTAL=0
 
 step "setup"
 bash scripts/setup.sh
@@ -118,7 +123,11 @@ wheels=$(mktemp -d)
 rm -f target/release/deps/lib_ckpt.so target/maturin/lib_ckpt.so
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-build-isolation --force-reinstall --no-deps ./python
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --release --quiet -m python/Cargo.toml -o "$wheels"
-CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+# Its temporary files (the progress tests write checkpoints of some hundred MB) go to a folder removed at
+# the end, and only a failed test's are kept: pytest would otherwise keep its last three runs' in /tmp.
+pytest_tmp=$(mktemp -d)
+CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider \
+  --basetemp "$pytest_tmp/base" -o tmp_path_retention_policy=failed python/tests
 
 step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
 if ! wait "$fuzz_build"; then
