@@ -1,8 +1,8 @@
 # shellcheck shell=bash
-# Environment for building and testing ckpt-core's `tch` feature against the torch in the project venv.
+# Environment for building and testing ckpt-tensor's `tch` feature against the torch in the project venv.
 #
 #   source scripts/tch-env.sh
-#   cargo test -p ckpt-core --features tch
+#   cargo test -p ckpt-tensor --features tch
 #
 # torch-sys (tch's FFI crate) finds libtorch by running `python -c 'import torch ...'` when
 # LIBTORCH_USE_PYTORCH is set; it runs `python` when VIRTUAL_ENV is set and `python3` otherwise, so the

@@ -64,8 +64,17 @@ cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 step "lint"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "docs build without warnings (broken or private links, missing docs)"
+step "docs build without warnings (broken or private links, missing docs): default features, ckpt/full, all"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --features ckpt/full --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
+
+# What crates.io would get: each library crate packaged (licences, README, sources) and its package built on
+# its own. Not packaged: the conformance suite and the benches (unpublished), and the Python package's
+# extension (published to PyPI by maturin, from python/). The verify build goes to target/package.
+step "the library crates package and build as published (cargo package)"
+cargo package --quiet --workspace --exclude ckpt-conformance --exclude ckpt-benches --exclude ckpt-python \
+  --allow-dirty
 
 step "fixtures are reproducible (regenerated with torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"
 fresh=$(mktemp -d)
@@ -104,13 +113,13 @@ done
 fuzz_build_log=$(mktemp)
 setsid -w nice -n 10 bash scripts/fuzz.sh --build-only >"$fuzz_build_log" 2>&1 &
 fuzz_build=$!
-# The suite runs without the `tch` feature, and ckpt-core's tch tests after it on their own: with `tch`
+# The suite runs without the `tch` feature, and ckpt-tensor's tch tests after it on their own: with `tch`
 # every test binary and the `ckpt` tool link libtorch_cpu, and each process start then loads it (about
 # 0.5 s: the CLI crash matrix alone took 143 s instead of 18 s, and every doctest and CLI run paid too).
 step "tests"
 cargo test --workspace --features ckpt/full,ckpt/mpi
 step "tests of the tch feature (libtorch conversions)"
-cargo test -p ckpt-core --features tch
+cargo test -p ckpt-tensor --features tch
 
 # The Python package (python/): `pip install ./python` into .venv (what a user runs), the wheel
 # `maturin build --release` makes (libhdf5 and what it links bundled), then python/tests, which compare it with

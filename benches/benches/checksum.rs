@@ -88,7 +88,7 @@ fn checksums(c: &mut Criterion) {
     };
     run("copy", &|acc, d| acc ^ u64::from(d.first().copied().unwrap_or(0)));
     run("copy+crc32c", &|acc, d| u64::from(crc32c::crc32c_append(acc as u32, d)));
-    run("copy+crc_fast_crc32c", &|acc, d| u64::from(ckpt_core::commit::Algorithm::Crc32c.append(acc as u32, d)));
+    run("copy+crc_fast_crc32c", &|acc, d| u64::from(ckpt_io::Algorithm::Crc32c.append(acc as u32, d)));
     run("copy+crc32fast", &|acc, d| {
         let mut h = crc32fast::Hasher::new_with_initial(acc as u32);
         h.update(d);

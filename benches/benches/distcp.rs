@@ -13,8 +13,8 @@
 use std::hint::black_box;
 use std::path::Path;
 
-use ckpt_core::{Buffer, DType, Dict, DictKind, Tensor, Value, leaves};
 use ckpt_distcp::{DcpReader, Metadata, Profile, WriteOptions, save};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Tensor, Value, leaves};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn bench_root() -> tempfile::TempDir {

@@ -1,6 +1,6 @@
-//! The durable commit path (`ckpt_core::commit`): `commit/<what>/<size>` for a raw `write` + `fsync` of the
-//! same bytes, a [`FileCommit`](ckpt_core::commit::FileCommit) with `O_DIRECT` and buffered, a durable
-//! `ckpt_torch::save`, and a one-file [`DirCommit`](ckpt_core::commit::DirCommit) with and without the
+//! The durable commit path (`ckpt_io`): `commit/<what>/<size>` for a raw `write` + `fsync` of the
+//! same bytes, a [`FileCommit`](ckpt_io::FileCommit) with `O_DIRECT` and buffered, a durable
+//! `ckpt_torch::save`, and a one-file [`DirCommit`](ckpt_io::DirCommit) with and without the
 //! checksum manifest.
 //!
 //! `cargo bench -p ckpt-benches --bench durable` (scratch files go to `$TMPDIR`). The disk dominates and is
@@ -13,8 +13,9 @@ use std::fs::File;
 use std::hint::black_box;
 use std::io::Write;
 
-use ckpt_core::commit::{self, CommitError, DirCommit, DirOptions, FileOptions};
-use ckpt_core::{Buffer, DType, SingleProcess, Tensor, Value};
+use ckpt_collective::SingleProcess;
+use ckpt_io::{self as commit, CommitError, DirCommit, DirOptions, FileOptions};
+use ckpt_tensor::{Buffer, DType, Tensor, Value};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn payload(n: usize) -> Vec<u8> {

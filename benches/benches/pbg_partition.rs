@@ -13,8 +13,8 @@
 
 use std::hint::black_box;
 
-use ckpt_core::Tensor;
 use ckpt_pbg::{EntityPartition, OptimizerState, StateDict, read_partition_file, write_partition_file};
+use ckpt_tensor::Tensor;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const ROWS: usize = 1 << 20;

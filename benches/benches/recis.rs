@@ -11,8 +11,9 @@
 
 use std::hint::black_box;
 
-use ckpt_core::{SingleProcess, Tensor};
+use ckpt_collective::SingleProcess;
 use ckpt_recis::{HashTable, SliceInfo, Slot, SparseCheckpoint, TableChild, WriteOptions, save_tables};
+use ckpt_tensor::Tensor;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const IDS: usize = 1_000_000;

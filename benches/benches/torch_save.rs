@@ -9,11 +9,11 @@
 
 use std::hint::black_box;
 
-use ckpt_core::{CheckpointRead, EntryKind};
+use ckpt_tensor::{CheckpointRead, EntryKind};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-fn many_tensors(n: usize, numel: usize) -> ckpt_core::Value {
-    use ckpt_core::{Dict, DictKind, Tensor, Value};
+fn many_tensors(n: usize, numel: usize) -> ckpt_tensor::Value {
+    use ckpt_tensor::{Dict, DictKind, Tensor, Value};
     let mut sd = Dict::new(DictKind::OrderedDict);
     for i in 0..n {
         let v: Vec<f32> = (0..numel).map(|j| ((i + j) % 251) as f32).collect();

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ckpt_core::{Tensor, Value};
+use ckpt_tensor::{Tensor, Value};
 
 /// CPU time (user + system) of this process so far.
 fn cpu_time() -> Duration {

@@ -1,13 +1,13 @@
 //! Inputs shared by ckpt's benchmarks: synthetic state dicts shaped like real models.
 
-use ckpt_core::{Buffer, DType, Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Tensor, Value};
 
 /// A GPT-2-shaped state dict of about `total_bytes` bytes of float32 weights (layers of a 4:1 mix of
 /// matrices and vectors), deterministic contents.
 ///
 /// # Errors
 /// If the allocation fails.
-pub fn model_state_dict(total_bytes: usize) -> ckpt_core::Result<Value> {
+pub fn model_state_dict(total_bytes: usize) -> ckpt_tensor::Result<Value> {
     let hidden = 768usize;
     let per_layer = 4 * hidden * hidden * 4 + 4 * hidden * 4;
     let layers = (total_bytes / per_layer).max(1);
@@ -91,11 +91,11 @@ pub fn optimizer_state_pickle(n: usize) -> ckpt_pickle::Value {
 /// Llama-like layer), with planner data and one data file per rank, as `benches/python/dcp_large_metadata.py`
 /// builds it with torch's own classes (`ranks × tensors` chunks and items).
 pub fn large_job_metadata(ranks: usize, tensors: usize) -> ckpt_distcp::Metadata {
-    use ckpt_core::{DType, PathItem};
     use ckpt_distcp::{
         ChunkStorageMetadata, Metadata, MetadataIndex, StorageInfo, StorageMetadata, TensorProperties,
         TensorStorageMetadata,
     };
+    use ckpt_tensor::{DType, PathItem};
     let shapes: [(&str, [usize; 2]); 8] = [
         ("attention.wq.weight", [4096, 4096]),
         ("attention.wk.weight", [1024, 4096]),

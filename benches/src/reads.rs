@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, EntryKind, Tensor};
+use ckpt_tensor::{CheckpointRead, EntryKind, Tensor};
 use rayon::prelude::*;
 
 /// Any error of the read paths, as text.
@@ -115,7 +115,7 @@ pub fn hfai_read(path: &Path) -> Result<u64> {
         let mut sum = 0u64;
         t.data_pieces(PIECE, |piece| {
             sum = fold_bytes(sum, piece);
-            Ok::<(), ckpt_core::Error>(())
+            Ok::<(), ckpt_tensor::Error>(())
         })
         .map_err(text)?;
         Ok(sum)

@@ -6,8 +6,9 @@
 
 use std::path::Path;
 
-use ckpt_core::{SingleProcess, Tensor, Value};
+use ckpt_collective::SingleProcess;
 use ckpt_recis::{HashTable, SliceInfo, Slot, TableChild};
+use ckpt_tensor::{Tensor, Value};
 
 use crate::reads::{Result, fold_bytes};
 

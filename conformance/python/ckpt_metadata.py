@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A reader of ckpt's safetensors metadata convention, written from its documentation
-(``ckpt_core::safetensors::metadata`` and its ``values`` module), to prove that a Python user gets back
+(``ckpt_safetensors::metadata`` and its ``values`` module), to prove that a Python user gets back
 what ckpt stored.
 
 ``load(path)`` returns the entries of a safetensors file ckpt wrote as ``{name: value}`` in the source's

@@ -1,5 +1,5 @@
 //! A crash-test harness for writers: run a save in a child process, kill it at every failpoint of the
-//! commit protocol (`CKPT_FAILPOINT`, see `ckpt_core::commit::failpoint`) or at a random instant, and check
+//! commit protocol (`CKPT_FAILPOINT`, see `ckpt_io::failpoint`) or at a random instant, and check
 //! that the destination holds the old checkpoint or the new one, whole.
 //!
 //! The child is `crash_child` (this crate's binary): `crash_child FORMAT DST GENERATION [MIB]` saves
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Tensor, Value};
+use ckpt_tensor::{Buffer, CheckpointRead, DType, Tensor, Value};
 
 /// The formats the harness knows.
 pub const FORMATS: &[&str] = &["torch", "safetensors", "distcp", "hfai", "recis", "pbg"];
@@ -131,9 +131,7 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
     match format {
         "torch" => ckpt_torch::save(&state_dict(generation, mib), dst, &ckpt_torch::WriteOptions::default())
             .map_err(|e| e.to_string()),
-        "safetensors" => {
-            ckpt_core::safetensors::write_file(&tensors(generation, mib), None, dst).map_err(|e| e.to_string())
-        }
+        "safetensors" => ckpt_safetensors::write_file(&tensors(generation, mib), None, dst).map_err(|e| e.to_string()),
         "distcp" => {
             // Two ranks (threads), the big tensor row-sharded, two data files per rank.
             let sd = state_dict(generation, mib);
@@ -278,7 +276,7 @@ fn names_of(r: &dyn CheckpointRead) -> Vec<String> {
 
 /// The checksum manifest of `dst` verifies and (`complete`) lists every file but itself.
 fn check_manifest(dst: &Path, complete: bool) -> Result<(), String> {
-    let sums = ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
+    let sums = ckpt_io::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
     let bad = sums.verify_dir(dst).map_err(|e| e.to_string())?;
     if let Some(b) = bad.first() {
         return Err(format!("checksum manifest: {b}"));
@@ -289,7 +287,7 @@ fn check_manifest(dst: &Path, complete: bool) -> Result<(), String> {
     let mut listed: Vec<&String> = sums.files.keys().collect();
     listed.sort();
     let files = file_names(dst)?;
-    let files: Vec<&String> = files.iter().filter(|n| *n != ckpt_core::commit::MANIFEST_NAME).collect();
+    let files: Vec<&String> = files.iter().filter(|n| *n != ckpt_io::MANIFEST_NAME).collect();
     if listed != files {
         return Err(format!("the manifest lists {listed:?}, the directory holds {files:?}"));
     }
@@ -318,7 +316,7 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
             candidates.iter().copied().find(|&g| v == state_dict(g, mib))
         }
         "safetensors" => {
-            let f = ckpt_core::safetensors::read_file(dst).map_err(|e| format!("unreadable: {e}"))?;
+            let f = ckpt_safetensors::read_file(dst).map_err(|e| format!("unreadable: {e}"))?;
             candidates
                 .iter()
                 .copied()
@@ -327,8 +325,7 @@ pub fn read_generation(format: &str, dst: &Path, mib: usize, candidates: &[u32])
         "distcp" => {
             let r = ckpt_distcp::DcpReader::open(dst).map_err(|e| format!("unreadable: {e}"))?;
             let v = r.state_dict().map_err(|e| format!("unreadable: {e}"))?;
-            let sums =
-                ckpt_core::commit::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
+            let sums = ckpt_io::Manifest::read(dst).map_err(|e| e.to_string())?.ok_or("no checksum manifest")?;
             let bad = sums.verify_dir(dst).map_err(|e| e.to_string())?;
             if let Some(b) = bad.first() {
                 return Err(format!("checksum manifest: {b}"));

@@ -6,8 +6,8 @@
 use std::fs;
 
 use ckpt_conformance::{bad_dir, fixtures};
-use ckpt_core::Buffer;
 use ckpt_pickle::Error as PickleError;
+use ckpt_tensor::Buffer;
 use ckpt_torch::zip::ZipError;
 use ckpt_torch::{Error, ReadOptions, TorchReader};
 

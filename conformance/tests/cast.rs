@@ -1,4 +1,4 @@
-//! `--dtype`'s float conversions against torch: `ckpt_core::cast_float` gives torch's `Tensor.to()` bytes bit
+//! `--dtype`'s float conversions against torch: `ckpt_tensor::cast_float` gives torch's `Tensor.to()` bytes bit
 //! for bit, on every bit pattern of the 8- and 16-bit float dtypes and on a large sample of float32 and
 //! float64 inputs (edge values, rounding ties, double-rounding cases, subnormals, overflow, NaN payloads,
 //! and pseudo-random bit patterns).
@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ckpt_conformance::run_python;
-use ckpt_core::{Buffer, DType, Tensor, cast_float};
+use ckpt_tensor::{Buffer, DType, Tensor, cast_float};
 
 const TARGETS: [DType; 4] = [DType::BF16, DType::F16, DType::F32, DType::F64];
 

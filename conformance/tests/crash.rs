@@ -121,7 +121,7 @@ fn distcp_fallback_swap_recovers_every_kill() {
             .unwrap();
         assert!(!status.success(), "#{} {p}", i + 1);
         let missing = std::fs::symlink_metadata(&dst).is_err();
-        ckpt_core::commit::recover(&dst).unwrap();
+        ckpt_io::recover(&dst).unwrap();
         let found = crash::read_generation("distcp", &dst, m.mib, &[1, 2]);
         println!(
             "distcp-fallback overwrite #{} {p:20} destination missing before recovery: {missing}; after: {found:?}",
@@ -212,7 +212,7 @@ fn checksum_manifest_catches_a_flipped_bit() {
     let scratch = tempfile::tempdir().unwrap();
     let dst = scratch.path().join("ck");
     crash::save("distcp", &dst, 1, 2).unwrap();
-    let sums = ckpt_core::commit::Manifest::read(&dst).unwrap().unwrap();
+    let sums = ckpt_io::Manifest::read(&dst).unwrap().unwrap();
     assert!(sums.verify_dir(&dst).unwrap().is_empty());
     let f = dst.join("__1_0.distcp");
     let mut bytes = std::fs::read(&f).unwrap();
@@ -237,7 +237,7 @@ fn a_reader_never_mixes_generations_across_a_swap() {
     let small = reader.read_tensor("small").unwrap();
     assert_eq!(small, crash::tensors(1, 2)[1].1);
     crash::save("distcp", &dst, 2, 2).unwrap();
-    ckpt_core::commit::wait_for_releases();
+    ckpt_io::wait_for_releases();
     // The new checkpoint is whole for a new reader.
     assert_eq!(crash::read_generation("distcp", &dst, 2, &[1, 2]), Ok(Some(2)));
     // The old reader: generation 1, or the files it had not opened are missing (the old directory is

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::fixtures;
-use ckpt_core::{CheckpointRead, DType, Tensor, Value};
 use ckpt_deepspeed::{DeepSpeedReader, Error, Kind, ReadOptions};
+use ckpt_tensor::{CheckpointRead, DType, Tensor, Value};
 
 fn cases() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(fixtures("deepspeed"))
@@ -80,7 +80,7 @@ fn parameters_split_over_ranks_are_made_when_read() {
     l1.data_pieces(16, |p| {
         assert!(p.len() <= 16);
         streamed.extend_from_slice(p);
-        Ok::<(), ckpt_core::Error>(())
+        Ok::<(), ckpt_tensor::Error>(())
     })
     .unwrap();
     assert_eq!(streamed, l1.data().unwrap().into_owned());
@@ -164,7 +164,7 @@ fn module_weights_client_and_engine_state() {
     let m = ck.tensor("module.l1.weight").unwrap();
     assert_eq!(m.dtype(), DType::BF16, "bf16 mixed precision keeps bf16 module weights");
     let fp32 = ck.tensor("l1.weight").unwrap();
-    assert!(ckpt_core::cast_float(&fp32, DType::BF16).unwrap().bitwise_eq(&m.to_contiguous().unwrap()));
+    assert!(ckpt_tensor::cast_float(&fp32, DType::BF16).unwrap().bitwise_eq(&m.to_contiguous().unwrap()));
     assert!(ck.details().iter().any(|(k, v)| k == "precision" && v.contains("bfloat16")));
     let e = expected(&fixtures("deepspeed").join("zero2_w2"));
     let client: Vec<&str> = ck.client_state().iter().map(|(k, _)| k.as_str()).collect();

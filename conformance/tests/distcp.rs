@@ -10,11 +10,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{CheckpointRead, DType, PathItem, Tensor, Value};
 use ckpt_distcp::{
     DcpReader, Metadata, MetadataSource, Profile, ShardSpec, StorageMetadata, WriteOptions, save, save_distributed,
     shard_box, verify,
 };
+use ckpt_tensor::{CheckpointRead, DType, PathItem, Tensor, Value};
 use serde_json::Value as Json;
 
 fn golden(case: &str) -> PathBuf {
@@ -335,9 +335,9 @@ fn files_of(dir: &Path) -> Vec<String> {
 /// The files of a checkpoint ckpt wrote, less `ckpt.checksums.json` (torch writes none and ignores it),
 /// after checking that the manifest covers the others and verifies.
 fn data_files_of(dir: &Path) -> Vec<String> {
-    let sums = ckpt_core::commit::Manifest::read(dir).unwrap().expect("ckpt writes a checksum manifest");
+    let sums = ckpt_io::Manifest::read(dir).unwrap().expect("ckpt writes a checksum manifest");
     assert!(sums.verify_dir(dir).unwrap().is_empty(), "{}: checksums", dir.display());
-    let files: Vec<String> = files_of(dir).into_iter().filter(|f| f != ckpt_core::commit::MANIFEST_NAME).collect();
+    let files: Vec<String> = files_of(dir).into_iter().filter(|f| f != ckpt_io::MANIFEST_NAME).collect();
     assert_eq!(
         sums.files.keys().cloned().collect::<Vec<_>>(),
         files,
@@ -427,7 +427,7 @@ fn rank_state(case: &str, full: &DcpReader, rank: usize, world: usize) -> (Value
         };
         leaves.push((path, v));
     }
-    (ckpt_core::unflatten(leaves).unwrap(), shards)
+    (ckpt_tensor::unflatten(leaves).unwrap(), shards)
 }
 
 fn save_ranks(case: &str, world: usize, dst: &Path, options: &WriteOptions) -> Metadata {
@@ -435,7 +435,7 @@ fn save_ranks(case: &str, world: usize, dst: &Path, options: &WriteOptions) -> M
     let states: Vec<_> = (0..world).map(|r| rank_state(case, &full, r, world)).collect();
     let mut out = Vec::new();
     std::thread::scope(|s| {
-        let handles: Vec<_> = ckpt_core::ThreadGroup::new(world)
+        let handles: Vec<_> = ckpt_collective::ThreadGroup::new(world)
             .into_iter()
             .zip(&states)
             .map(|(g, (sd, shards))| s.spawn(move || save_distributed(sd, shards, dst, options, &g)))
@@ -514,7 +514,7 @@ fn det_tensor(dtype: DType, shape: &[usize], k: u8) -> Tensor {
             if dtype == DType::Bool { b & 1 } else { b & 0x3f } // small exponents: no NaN/inf surprises
         })
         .collect();
-    Tensor::from_buffer(dtype, shape, ckpt_core::Buffer::copy_from(&bytes).unwrap()).unwrap()
+    Tensor::from_buffer(dtype, shape, ckpt_tensor::Buffer::copy_from(&bytes).unwrap()).unwrap()
 }
 
 fn f32s(v: impl IntoIterator<Item = f32>, shape: &[usize]) -> Tensor {
@@ -630,7 +630,7 @@ fn sharded_global() -> (Value, Vec<(&'static str, Option<usize>)>) {
 
 fn save_sharded(dir: &Path, world: usize, options: &WriteOptions) {
     let (global, placements) = sharded_global();
-    let flat = ckpt_core::flatten(&global).unwrap();
+    let flat = ckpt_tensor::flatten(&global).unwrap();
     let states: Vec<(Value, HashMap<String, ShardSpec>)> = (0..world)
         .map(|rank| {
             let mut shards = HashMap::new();
@@ -645,12 +645,12 @@ fn save_sharded(dir: &Path, world: usize, options: &WriteOptions) {
                 };
                 (e.path.clone(), v)
             });
-            let sd = ckpt_core::unflatten(leaves.collect::<Vec<_>>()).unwrap();
+            let sd = ckpt_tensor::unflatten(leaves.collect::<Vec<_>>()).unwrap();
             (sd, shards)
         })
         .collect();
     std::thread::scope(|s| {
-        let hs: Vec<_> = ckpt_core::ThreadGroup::new(world)
+        let hs: Vec<_> = ckpt_collective::ThreadGroup::new(world)
             .into_iter()
             .zip(&states)
             .map(|(g, (sd, shards))| s.spawn(move || save_distributed(sd, shards, dir, options, &g).unwrap()))
@@ -665,7 +665,7 @@ fn save_sharded(dir: &Path, world: usize, options: &WriteOptions) {
 fn assert_same_leaves(a: &Value, b: &Value, ctx: &str) {
     let leaves = |v: &Value| {
         let mut l: Vec<(String, Value)> =
-            ckpt_core::flatten(v).unwrap().into_iter().map(|e| (e.key, e.value.clone())).collect();
+            ckpt_tensor::flatten(v).unwrap().into_iter().map(|e| (e.key, e.value.clone())).collect();
         l.sort_by(|x, y| x.0.cmp(&y.0));
         l
     };
@@ -735,7 +735,7 @@ fn python_round_trips() {
         for k in &report.skipped {
             assert!(holds_tensor(&src.read_value(k).unwrap()), "{case}: {k} skipped though it holds no tensor");
         }
-        let kept = ckpt_core::safetensors::SafetensorsReader::open(&out).unwrap().leaves();
+        let kept = ckpt_safetensors::SafetensorsReader::open(&out).unwrap().leaves();
         for k in values.iter().filter(|k| !report.skipped.contains(k)) {
             assert!(
                 kept.iter().any(|(name, _, v)| name == k && v.same(&src.read_value(k).unwrap())),

@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use ckpt_collective::ThreadGroup;
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{DType, Dict, Tensor, ThreadGroup, Value, leaves};
 use ckpt_hfai::{Error, HfaiReader, ModelState, ReshardOptions, SaveState, WriteOptions, part_file_name};
+use ckpt_tensor::{DType, Dict, Tensor, Value, leaves};
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
@@ -135,12 +136,12 @@ fn source_state(case: &Case) -> SaveState {
 /// The parts ckpt wrote are hfai's byte for byte; beside them, the checksum manifest (hfai writes none and
 /// its loader ignores it) lists every part and verifies.
 fn assert_same_parts(expected: &Path, got: &Path, n: usize, what: &str) {
-    let sums = ckpt_core::commit::Manifest::read(got).unwrap().expect("ckpt writes a checksum manifest");
+    let sums = ckpt_io::Manifest::read(got).unwrap().expect("ckpt writes a checksum manifest");
     assert!(sums.verify_dir(got).unwrap().is_empty(), "{what}: checksums");
     let mut names: Vec<String> = fs::read_dir(got)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n != ckpt_core::commit::MANIFEST_NAME)
+        .filter(|n| n != ckpt_io::MANIFEST_NAME)
         .collect();
     names.sort();
     assert_eq!(names, (0..n).map(part_file_name).collect::<Vec<_>>(), "{what}: files");

@@ -9,9 +9,9 @@
 use std::path::Path;
 
 use ckpt_conformance::fixtures;
-use ckpt_core::{CheckpointRead, EntryKind, Tensor, Value};
 use ckpt_distcp::ReadOptions;
 use ckpt_distcp::megatron::{ArgValue, MegatronOptions, MegatronReader};
+use ckpt_tensor::{CheckpointRead, EntryKind, Tensor, Value};
 
 fn open(case: &str, options: MegatronOptions) -> MegatronReader {
     MegatronReader::open(&fixtures("megatron").join(case).join("ckpt"), &ReadOptions::default(), options).unwrap()
@@ -133,7 +133,7 @@ fn other_backends_and_missing_args_are_refused() {
     std::fs::write(zarr.join("metadata.json"), r#"{"sharded_backend": "zarr", "sharded_backend_version": 1}"#).unwrap();
     let err = MegatronReader::open(&zarr, &ReadOptions::default(), MegatronOptions::default()).unwrap_err();
     assert!(matches!(err, ckpt_distcp::Error::MegatronMetadata { .. }) && err.to_string().contains("zarr"), "{err}");
-    assert_eq!(err.fault(), ckpt_core::Fault::Unsupported);
+    assert_eq!(err.fault(), ckpt_tensor::Fault::Unsupported);
     let no_args = tmp.path().join("no_args");
     copy(&no_args);
     std::fs::remove_file(no_args.join("common.pt")).unwrap();
@@ -198,7 +198,7 @@ fn distributed_optimizer_layouts_read_as_each_rank_saved_them() {
             !llama
                 .read_tensor("model.layers.1.self_attn.v_proj.weight")
                 .unwrap()
-                .bitwise_eq(&Tensor::zeros(ckpt_core::DType::F32, &[8, 16]).unwrap())
+                .bitwise_eq(&Tensor::zeros(ckpt_tensor::DType::F32, &[8, 16]).unwrap())
         );
         assert_eq!(
             llama.read_tensor("model.norm.weight").unwrap().shape(),

@@ -9,12 +9,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{CheckpointRead, DType, Tensor, Value, leaves};
 use ckpt_pbg::{
     AttrValue, Config, EntityPartition, EntityStorage, Error, FileCheckpointStorage, Iteration, Metadata, Model,
     ModelParameter, OptimizerState, PbgReader, WriteOptions, export_safetensors, export_tsv, read_model_file,
     read_partition_file,
 };
+use ckpt_tensor::{CheckpointRead, DType, Tensor, Value, leaves};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -316,7 +316,7 @@ fn safetensors_export_holds_every_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pbg.safetensors");
     export_safetensors(&ckpt, &out).unwrap();
-    let st = ckpt_core::safetensors::read_file(&out).unwrap();
+    let st = ckpt_safetensors::read_file(&out).unwrap();
     let tensors = ckpt.tensors();
     assert_eq!(st.tensors.len(), tensors.len());
     for (name, t) in &tensors {

@@ -11,13 +11,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
 use ckpt_conformance::{fixtures, run_python};
-use ckpt_core::{Buffer, Collective, DType, SingleProcess, Tensor, ThreadGroup, Value, float_repr, leaves};
 use ckpt_recis::{
     CheckpointManager, DataFile, HashTable, IdPartition, ReshardOptions, Shard, ShardState, SliceInfo, Slot,
     SparseCheckpoint, TableChild, WriteOptions, coalesce, gen_slice, load_shard, reshard_sparse, save_tables,
     write_meta, write_shard_files,
 };
+use ckpt_tensor::{Buffer, DType, Tensor, Value, float_repr, leaves};
 use serde_json::{Value as Json, json};
 
 const CASES: [&str; 3] = ["two_shard_adamw", "coalesced_bf16", "bool_dtype_bug"];
@@ -249,7 +250,7 @@ fn assert_same_files(case: &str, ours: &Path, fix: impl Fn(&str, Vec<u8>) -> Vec
     let mut names: Vec<String> =
         fs::read_dir(golden(case)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
-    let manifest = ckpt_core::commit::MANIFEST_NAME;
+    let manifest = ckpt_io::MANIFEST_NAME;
     let mut ours_names: Vec<String> = fs::read_dir(ours)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -257,7 +258,7 @@ fn assert_same_files(case: &str, ours: &Path, fix: impl Fn(&str, Vec<u8>) -> Vec
         .collect();
     ours_names.sort();
     assert_eq!(ours_names, names, "{case}: the same files, no temporaries left");
-    if let Some(sums) = ckpt_core::commit::Manifest::read(ours).unwrap() {
+    if let Some(sums) = ckpt_io::Manifest::read(ours).unwrap() {
         assert!(sums.verify_dir(ours).unwrap().is_empty(), "{case}: checksums");
         assert_eq!(sums.files.keys().cloned().collect::<Vec<_>>(), names, "{case}: the manifest lists every file");
     }

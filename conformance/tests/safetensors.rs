@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use ckpt_conformance::run_python;
-use ckpt_core::safetensors::{self, CHECKSUMS_KEY, metadata};
-use ckpt_core::{Tensor, Value};
+use ckpt_safetensors::{self as safetensors, CHECKSUMS_KEY, metadata};
+use ckpt_tensor::{Tensor, Value};
 
 #[test]
 fn checksummed_safetensors_file_loads_in_python_safetensors() {

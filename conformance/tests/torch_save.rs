@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
-use ckpt_core::{CheckpointRead, DType, PathItem, Tensor, Value, flatten, leaves};
+use ckpt_tensor::{CheckpointRead, DType, PathItem, Tensor, Value, flatten, leaves};
 use ckpt_torch::{ReadOptions, TorchReader};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -143,11 +143,11 @@ fn every_fixture_reads_as_its_manifest_says() {
 fn opaque_tensors_refuse_data_access() {
     let file = open(&fixtures("torch").join("special.pt"));
     let opaque: Vec<_> =
-        file.entries().into_iter().filter(|e| matches!(e.kind, ckpt_core::EntryKind::OpaqueTensor(_))).collect();
+        file.entries().into_iter().filter(|e| matches!(e.kind, ckpt_tensor::EntryKind::OpaqueTensor(_))).collect();
     assert!(opaque.len() >= 3, "sparse COO, sparse CSR and quantized expected: {opaque:?}");
     for e in opaque {
         let err = file.tensor(&e.name).unwrap_err();
-        assert_eq!(err.fault(), ckpt_core::Fault::Unsupported, "{}: {err}", e.name);
+        assert_eq!(err.fault(), ckpt_tensor::Fault::Unsupported, "{}: {err}", e.name);
     }
 }
 
@@ -203,7 +203,7 @@ fn arange_bytes(n: usize) -> Vec<u8> {
 /// A value built in Rust (not read from torch) with every writable dtype, views sharing storages, lazy
 /// bits, parameters and every container kind.
 fn rust_built_value() -> Value {
-    use ckpt_core::{Buffer, Dict, DictKind};
+    use ckpt_tensor::{Buffer, Dict, DictKind};
     let mut dtypes = Dict::new(DictKind::Dict);
     for d in DType::ALL {
         if matches!(d, DType::QInt8 | DType::QUInt8 | DType::QInt32 | DType::QUInt4x2 | DType::QUInt2x4) {

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, float_hex, run_python};
-use ckpt_core::{CheckpointRead, DType, EntryKind, Value};
+use ckpt_tensor::{CheckpointRead, DType, EntryKind, Value};
 use ckpt_torch::TorchReader;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -27,7 +27,7 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 /// dtype, shape and sha256 of a tensor's row-major bytes, as the manifests record them.
-fn tensor_record(t: &ckpt_core::Tensor) -> (String, Vec<u64>, String) {
+fn tensor_record(t: &ckpt_tensor::Tensor) -> (String, Vec<u64>, String) {
     let c = t.to_contiguous().unwrap();
     (t.dtype().torch_name().to_owned(), t.shape().iter().map(|d| *d as u64).collect(), sha(&c.data().unwrap()))
 }
@@ -103,7 +103,7 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
                 match &n.value {
                     Value::Float(f) => assert_eq!(float_hex(*f), value.as_str().unwrap(), "{}", e.name),
                     Value::Int(i) => assert_eq!(i.to_string(), value.as_str().unwrap(), "{}", e.name),
-                    Value::BigInt(b) => assert_eq!(ckpt_core::bigint_decimal(b), value.as_str().unwrap()),
+                    Value::BigInt(b) => assert_eq!(ckpt_tensor::bigint_decimal(b), value.as_str().unwrap()),
                     Value::Bool(b) => assert_eq!(Some(*b), value.as_bool(), "{}", e.name),
                     Value::Complex(re, im) => {
                         assert_eq!(
@@ -122,8 +122,8 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
     // Scalars read as the Python numbers they are.
     assert_eq!(r.get("best_acc").unwrap().as_f64(), Some(0.8125));
     assert_eq!(r.get("step").unwrap().as_int(), Some(1200));
-    assert_eq!(ckpt_core::python_str(r.get("phase").unwrap()).unwrap(), "(1.5-0.25j)");
-    assert_eq!(ckpt_core::python_str(r.get("lr").unwrap()).unwrap(), "0.5");
+    assert_eq!(ckpt_tensor::python_str(r.get("phase").unwrap()).unwrap(), "(1.5-0.25j)");
+    assert_eq!(ckpt_tensor::python_str(r.get("lr").unwrap()).unwrap(), "0.5");
 }
 
 #[test]

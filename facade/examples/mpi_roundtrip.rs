@@ -33,11 +33,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use ckpt::core::commit::failpoint::{self, Action, Config};
-use ckpt::core::{Collective, Dict, DictKind, MpiCollective, Tensor, Value};
+use ckpt::collective::{Collective, MpiCollective};
 use ckpt::distcp::{DcpReader, ShardSpec, WriteOptions, save_distributed, shard_box};
 use ckpt::hfai::{HfaiReader, ModelState, SaveState};
+use ckpt::io::failpoint::{self, Action, Config};
 use ckpt::recis::{HashTable, IdPartition, SliceInfo, Slot, SparseCheckpoint, TableChild, gen_slice, save_tables};
+use ckpt::tensor::{Dict, DictKind, Tensor, Value};
 
 const V: usize = 1000;
 const D: usize = 16;

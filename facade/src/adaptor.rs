@@ -6,8 +6,9 @@ use std::path::Path;
 
 use std::collections::{HashMap, HashSet};
 
-use ckpt_core::select::Selection;
-use ckpt_core::{CheckpointRead, Collective, Dict, EntryKind, PathItem, Tensor, Value, python_str, unflatten};
+use crate::select::Selection;
+use ckpt_collective::Collective;
+use ckpt_tensor::{CheckpointRead, Dict, EntryKind, PathItem, Tensor, Value, python_str, unflatten};
 
 use crate::convert::{ConvertOptions, ConvertSummary};
 use crate::error::{At, Error, Result};
@@ -298,7 +299,7 @@ impl Outlined {
 
     /// The tensor `t` stands for: the source's data for an outline, `t` itself otherwise.
     #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
-    pub fn resolve(&self, t: &Tensor) -> ckpt_core::Result<Tensor> {
+    pub fn resolve(&self, t: &Tensor) -> ckpt_tensor::Result<Tensor> {
         match (self.outlines.get(&t.storage().storage_id()), &self.reader) {
             (Some(name), Some(reader)) => reader.tensor(name),
             _ => Ok(t.clone()),
@@ -309,8 +310,8 @@ impl Outlined {
 /// An outline of a tensor of `dtype` and `shape` ([`Outlined`]): every element one stored zero (stride 0), in
 /// a storage of its own.
 #[cfg_attr(not(feature = "distcp"), allow(dead_code))]
-pub(crate) fn outline(dtype: ckpt_core::DType, shape: &[usize]) -> ckpt_core::Result<Tensor> {
-    Tensor::from_parts(dtype, shape, &vec![0; shape.len()], 0, ckpt_core::Buffer::zeroed(16)?)
+pub(crate) fn outline(dtype: ckpt_tensor::DType, shape: &[usize]) -> ckpt_tensor::Result<Tensor> {
+    Tensor::from_parts(dtype, shape, &vec![0; shape.len()], 0, ckpt_tensor::Buffer::zeroed(16)?)
 }
 
 /// One entry of a source: its name (as [`Checkpoint::entries`] names it), its path in the nested state dict,
@@ -334,7 +335,7 @@ impl Content {
     /// The content of a nested value: its leaves are every value in it (each mapping, list and tuple
     /// descended into), named as torch and hfai name their entries.
     pub fn from_tree(tree: Value, path: &Path) -> Result<Content> {
-        let leaves = ckpt_core::leaves(&tree)
+        let leaves = ckpt_tensor::leaves(&tree)
             .at(path)?
             .into_iter()
             .map(|l| Leaf { name: l.key, path: l.path, value: l.value.clone() })
@@ -392,18 +393,18 @@ impl Content {
             return Content::from_leaves(leaves, path);
         }
         let tree = prune(&self.tree, &mut Vec::new(), &kept)
-            .unwrap_or_else(|| Value::Dict(Dict::new(ckpt_core::DictKind::Dict)));
+            .unwrap_or_else(|| Value::Dict(Dict::new(ckpt_tensor::DictKind::Dict)));
         Ok(Content { tree, leaves })
     }
 }
 
 /// `value` with its floating-point tensor (a tensor, a parameter's, a tensor-with-state's) cast to `to`.
-fn cast(value: Value, to: ckpt_core::DType) -> ckpt_core::Result<Value> {
-    let castable = |t: &ckpt_core::Tensor| ckpt_core::is_castable_float(t.dtype());
+fn cast(value: Value, to: ckpt_tensor::DType) -> ckpt_tensor::Result<Value> {
+    let castable = |t: &ckpt_tensor::Tensor| ckpt_tensor::is_castable_float(t.dtype());
     Ok(match value {
-        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_core::cast_float_lazy(&t, to)?),
+        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_tensor::cast_float_lazy(&t, to)?),
         Value::Parameter { tensor, state } if castable(&tensor) => {
-            Value::Parameter { tensor: ckpt_core::cast_float_lazy(&tensor, to)?, state }
+            Value::Parameter { tensor: ckpt_tensor::cast_float_lazy(&tensor, to)?, state }
         }
         Value::TensorWithState { tensor, class, state } => {
             Value::TensorWithState { tensor: Box::new(cast(*tensor, to)?), class, state }
@@ -464,7 +465,7 @@ pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSu
             None => {
                 s.values += 1;
                 // The tensors inside an object are entries of their own.
-                for (_, t) in ckpt_core::object_tensors(&l.value) {
+                for (_, t) in ckpt_tensor::object_tensors(&l.value) {
                     s.tensors += 1;
                     s.bytes += t.as_tensor().map_or(0, |t| t.nbytes() as u64);
                 }

@@ -23,7 +23,7 @@
 //!    dicts, a DCP state dict, an hfai checkpoint) or ordered otherwise than the file, `ckpt.paths`: a JSON
 //!    object from each entry name to its path (`["model", "layers", 0, "weight"]`: strings are mapping keys,
 //!    integers list indices), so that converting back rebuilds the nesting and the order: ckpt's one
-//!    safetensors convention ([`crate::core::safetensors::metadata`]), which every ckpt writer of safetensors
+//!    safetensors convention ([`crate::safetensors::metadata`]), which every ckpt writer of safetensors
 //!    files follows.
 //! 2. distcp targets take the state dict with DCP's flattening rules ([`crate::core::flatten`]); the top level
 //!    must be a mapping. With [`ConvertOptions::world_size`] `N > 1` the checkpoint is written as `N` ranks
@@ -88,7 +88,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::select::Selection;
+use crate::select::Selection;
 
 use crate::adaptor::{Adaptor, Source};
 use crate::formats::{adaptor, unsupported_reason};
@@ -262,7 +262,7 @@ pub struct ConvertSummary {
 /// The module documentation of `convert` lists the pairs and what each keeps.
 ///
 /// ```
-/// use ckpt::core::{Tensor, Value};
+/// use ckpt::tensor::{Tensor, Value};
 /// use ckpt::ConvertOptions;
 /// let dir = tempfile::tempdir().unwrap();
 /// let pt = dir.path().join("m.pt");
@@ -306,7 +306,7 @@ pub fn convert(
 /// would name them in a `torch.save` file). The Python package's `ckpt.save` is this function.
 ///
 /// ```
-/// use ckpt::core::{Tensor, Value};
+/// use ckpt::tensor::{Tensor, Value};
 /// let dir = tempfile::tempdir().unwrap();
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap())), ("step", Value::Int(3))]);
 /// let summary = ckpt::save(&sd, &dir.path().join("dcp"), ckpt::Format::Distcp, &Default::default())?;
@@ -329,7 +329,7 @@ pub fn save(state_dict: &Value, dst: &Path, to: Format, options: &ConvertOptions
 /// About how many bytes converting `src` (of `from`, or detected) writes: every tensor the selection keeps,
 /// in the dtype it is written in. The targets add their headers and metadata, and a DeepSpeed or Megatron
 /// source converts its model weights only, so this is what a progress display measures
-/// [`ckpt_core::commit::bytes_written`] against, not an exact size. Reads the source's listing only.
+/// [`ckpt_io::bytes_written`] against, not an exact size. Reads the source's listing only.
 ///
 /// ```
 /// # std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
@@ -352,7 +352,7 @@ pub fn output_estimate(src: &Path, from: Option<Format>, options: &ConvertOption
             continue;
         }
         let bytes = match options.selection.dtype {
-            Some(to) if ckpt_core::is_castable_float(info.dtype) => info.numel().saturating_mul(to.size()),
+            Some(to) if ckpt_tensor::is_castable_float(info.dtype) => info.numel().saturating_mul(to.size()),
             _ => info.nbytes(),
         };
         total = total.saturating_add(bytes as u64);

@@ -129,7 +129,7 @@ impl DiffReport {
 /// names each reader lists.
 ///
 /// ```
-/// use ckpt::core::{Tensor, Value};
+/// use ckpt::tensor::{Tensor, Value};
 /// let dir = tempfile::tempdir().unwrap();
 /// let (a, b) = (dir.path().join("a.pt"), dir.path().join("b.pt"));
 /// let t = |v: f32| Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, v], &[2]).unwrap()))]);
@@ -265,7 +265,7 @@ fn aligned(
     name: &str,
     b: Tensor,
     alignments: &std::collections::HashMap<String, Vec<usize>>,
-) -> ckpt_core::Result<Tensor> {
+) -> ckpt_tensor::Result<Tensor> {
     let Some(perm) = name.split_once('@').and_then(|(table, _)| alignments.get(table)) else {
         return Ok(b);
     };
@@ -276,12 +276,12 @@ fn aligned(
     let row = data.len() / perm.len().max(1);
     let mut out = Vec::with_capacity(data.len());
     for &k in perm {
-        let bytes = data
-            .get(k * row..(k + 1) * row)
-            .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len())))?;
+        let bytes = data.get(k * row..(k + 1) * row).ok_or_else(|| {
+            ckpt_tensor::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len()))
+        })?;
         out.extend_from_slice(bytes);
     }
-    Tensor::from_buffer(b.dtype(), b.shape(), ckpt_core::Buffer::from_vec(out))
+    Tensor::from_buffer(b.dtype(), b.shape(), ckpt_tensor::Buffer::from_vec(out))
 }
 
 /// The real dtype of a complex dtype's components.
@@ -297,10 +297,10 @@ fn component(dtype: DType) -> Option<DType> {
 /// The dtype values are decoded as (complex as two components), when numeric.
 fn numeric(dtype: DType) -> Option<DType> {
     let d = component(dtype).unwrap_or(dtype);
-    ckpt_core::element_f64(d, &[0; 8]).map(|_| d)
+    crate::display::element_f64(d, &[0; 8]).map(|_| d)
 }
 
-fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_core::Result<TensorDiff> {
+fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_tensor::Result<TensorDiff> {
     let mut d = TensorDiff {
         name: name.to_owned(),
         dtype: (a.dtype(), b.dtype()),
@@ -371,7 +371,7 @@ fn decode(dtype: DType, bytes: &[u8], out: &mut Vec<f64>) {
         DType::I32 => each(bytes, out, |b| f64::from(i32::from_le_bytes(b))),
         _ => {
             let size = dtype.size().max(1);
-            out.extend(bytes.chunks_exact(size).map(|c| ckpt_core::element_f64(dtype, c).unwrap_or(f64::NAN)));
+            out.extend(bytes.chunks_exact(size).map(|c| crate::display::element_f64(dtype, c).unwrap_or(f64::NAN)));
         }
     }
 }

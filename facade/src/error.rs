@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 use crate::Format;
 
@@ -40,7 +40,7 @@ pub enum Error {
         feature: &'static str,
     },
     /// An error of a format crate or of the core, about `path`. The core error says who is at fault and
-    /// keeps the format crate's own error as its source ([`ckpt_core::Error::Format`]). The message names
+    /// keeps the format crate's own error as its source ([`ckpt_tensor::Error::Format`]). The message names
     /// the path once: the format crate's message, prefixed with the path unless it names it already.
     #[error("{}", about(path, source))]
     Format {
@@ -48,7 +48,7 @@ pub enum Error {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: ckpt_core::Error,
+        source: ckpt_tensor::Error,
     },
     /// The target format cannot hold the source's data.
     #[error("cannot convert {from} to {to}: {reason}")]
@@ -146,7 +146,7 @@ impl Cause for Error {
     }
 }
 
-impl Cause for ckpt_core::Error {
+impl Cause for ckpt_tensor::Error {
     fn at(self, path: &Path) -> Error {
         Error::Format { path: path.to_path_buf(), source: self }
     }

@@ -33,18 +33,19 @@ mod safetensors;
 #[cfg(feature = "torch")]
 mod torch;
 
-/// The crates of the tensor model (`ckpt::core`) and of every format, each re-exported under the format's
+/// The crates of the tensor model (`ckpt::tensor`) and of every format, each re-exported under the format's
 /// name behind its feature (`ckpt::torch`, ...).
 pub mod crates {
-    pub use ckpt_core as core;
+    /// Process groups: [`Collective`](ckpt_collective::Collective), threads, MPI (feature `mpi`).
+    pub use ckpt_collective as collective;
     #[cfg(feature = "deepspeed")]
     pub use ckpt_deepspeed as deepspeed;
     #[cfg(feature = "distcp")]
     pub use ckpt_distcp as distcp;
-    #[cfg(feature = "hf")]
-    pub use ckpt_hf as hf;
     #[cfg(feature = "hfai")]
     pub use ckpt_hfai as hfai;
+    /// The durable commit path every writer uses.
+    pub use ckpt_io as io;
     #[cfg(feature = "pbg")]
     pub use ckpt_pbg as pbg;
     /// The pickle decoder, whose [`Limits`](ckpt_pickle::Limits) bound what a file can make a reader do.
@@ -52,6 +53,12 @@ pub mod crates {
     pub use ckpt_pickle as pickle;
     #[cfg(feature = "recis")]
     pub use ckpt_recis as recis;
+    /// safetensors files, ckpt's metadata convention, Hugging Face shards.
+    pub use ckpt_safetensors as safetensors;
+    #[cfg(feature = "hf")]
+    pub use ckpt_safetensors::hf;
+    /// The tensor model: dtypes, buffers, tensors, values, flattening.
+    pub use ckpt_tensor as tensor;
     #[cfg(feature = "torch")]
     pub use ckpt_torch as torch;
 }

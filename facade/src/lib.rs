@@ -1,27 +1,28 @@
 //! ckpt: read, write, inspect and convert PyTorch training checkpoints outside Python.
 //!
-//! One tensor model ([`core`]) under one crate per format, each behind a cargo feature:
+//! One tensor model ([`tensor`]), one durable commit path ([`io`]), process groups ([`collective`]) and one
+//! safetensors codec ([`safetensors`]) under one crate per format, each behind a cargo feature:
 //!
 //! | feature | crate | format |
 //! |---|---|---|
 //! | `torch` (default) | [`torch`] (`ckpt-torch`) | `torch.save` files, ZIP and legacy |
-//! | `safetensors` (default) | [`core::safetensors`] | `.safetensors` files |
+//! | `safetensors` (default) | [`safetensors`] (`ckpt-safetensors`) | `.safetensors` files (detection and conversion; the crate is always there) |
 //! | `distcp` | `distcp` (`ckpt-distcp`) | `torch.distributed.checkpoint` directories |
 //! | `hfai` | `hfai` (`ckpt-hfai`) | hfai `PART_*.pt` directories |
 //! | `pbg` | `pbg` (`ckpt-pbg`) | PyTorch-BigGraph HDF5 checkpoints |
 //! | `recis` | `recis` (`ckpt-recis`) | RecIS sparse/dense checkpoints |
-//! | `hf` | `hf` (`ckpt-hf`) | Hugging Face sharded safetensors directories |
+//! | `hf` | `hf` (`ckpt-safetensors`' [`safetensors::hf`]) | Hugging Face sharded safetensors directories |
 //! | `deepspeed` | `deepspeed` (`ckpt-deepspeed`) | DeepSpeed ZeRO 1-3 and universal checkpoints (read) |
 //! | `megatron` | `distcp` (`ckpt-distcp`, its `megatron` profile) | Megatron-Core `torch_dist` checkpoints (read) |
-//! | `tch` | `ckpt-core/tch` | `tch::Tensor` conversions |
+//! | `tch` | `ckpt-tensor/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
-//! | `mpi` | `ckpt-core/mpi` | [`core::MpiCollective`]: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
+//! | `mpi` | `ckpt-collective/mpi` | `collective::MpiCollective`: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
 //!
 //! [`open`] detects the format of a file or directory and returns one [`Checkpoint`] interface: entries with
 //! dtype and shape before any data is read, then lazy tensor reads.
 //!
 //! ```
-//! use ckpt::core::{Tensor, Value};
+//! use ckpt::tensor::{Tensor, Value};
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("m.pt");
 //! let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
@@ -48,28 +49,30 @@
 //!
 //! # Many processes
 //! [`convert_in`] and [`reshard_in`] split a conversion or reshard over the processes of a
-//! [`core::Collective`] (an MPI job through [`core::MpiCollective`] with feature `mpi`, threads, one process):
-//! the `W` ranks of the target are hosted round-robin by the `K` processes ([`core::host_ranks`]), each
+//! [`collective::Collective`] (an MPI job through `collective::MpiCollective` with feature `mpi`, threads, one process):
+//! the `W` ranks of the target are hosted round-robin by the `K` processes ([`collective::host_ranks`]), each
 //! writes its ranks' files (distcp ranks, hfai parts, hf shards, RecIS shards, PyTorch-BigGraph partition
 //! files), and rank 0 writes the metadata last. The files equal a one-process run's.
 
 mod adaptor;
 mod convert;
 mod diff;
+pub mod display;
 mod error;
 mod formats;
 mod limits;
+pub mod outline;
 #[cfg(feature = "cli")]
 pub mod progress;
 mod ranks;
 mod reshard;
+pub mod select;
 mod source;
 mod verify;
 
 use std::path::{Path, PathBuf};
 
-pub use ckpt_core::select::Selection;
-pub use ckpt_core::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
+pub use ckpt_tensor::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, output_estimate, save, state_dict};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
@@ -81,6 +84,7 @@ pub use limits::{
 };
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
+pub use select::Selection;
 pub use source::{NameMap, SourceOptions};
 pub use verify::{Depth, Progress, VerifyOptions, VerifyReport, verify, verify_with, verify_with_progress};
 
@@ -88,9 +92,10 @@ use adaptor::Reader;
 use error::At;
 
 /// The repository README's Rust examples, compiled and run as doctests (`cargo test --doc -p ckpt --features
-/// full`) so they cannot drift from the API.
+/// full`) so they cannot drift from the API. `facade/README.md` is a link to it, which `cargo package`
+/// packages as a file, so the packaged crate has its README and these doctests too.
 #[cfg(all(doctest, feature = "full"))]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 mod readme {}
 
 /// An open checkpoint of any format.
@@ -158,12 +163,21 @@ impl Checkpoint {
     }
 }
 
-/// Opens a checkpoint of any enabled format, detecting it from the path's contents.
+/// Opens a checkpoint of any enabled format, detecting it from the path's contents. The path is anything
+/// that names one (`&str`, `String`, `&Path`, `PathBuf`), as in `std::fs`:
+///
+/// ```no_run
+/// let ck = ckpt::open("model.pt")?;
+/// for e in ck.entries() {
+///     println!("{} {:?}", e.name, e.kind);
+/// }
+/// # Ok::<(), ckpt::Error>(())
+/// ```
 ///
 /// # Errors
 /// [`Error::UnknownFormat`], [`Error::FeatureDisabled`] naming the feature to enable, or the format's own
 /// error.
-pub fn open(path: &Path) -> Result<Checkpoint> {
+pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
     open_with(path, &ReadLimits::default())
 }
 
@@ -172,7 +186,8 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 ///
 /// # Errors
 /// As [`open`]; a limit exceeded is an error of [`Fault::Limit`] naming it.
-pub fn open_with(path: &Path, limits: &ReadLimits) -> Result<Checkpoint> {
+pub fn open_with(path: impl AsRef<Path>, limits: &ReadLimits) -> Result<Checkpoint> {
+    let path = path.as_ref();
     let format = detect(path)?;
     open_as_with(path, format, limits)
 }
@@ -181,7 +196,8 @@ pub fn open_with(path: &Path, limits: &ReadLimits) -> Result<Checkpoint> {
 ///
 /// # Errors
 /// As [`open`].
-pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
+pub fn open_as(path: impl AsRef<Path>, format: Format) -> Result<Checkpoint> {
+    let path = path.as_ref();
     open_as_with(path, format, &ReadLimits::default())
 }
 
@@ -189,7 +205,8 @@ pub fn open_as(path: &Path, format: Format) -> Result<Checkpoint> {
 ///
 /// # Errors
 /// As [`open_with`].
-pub fn open_as_with(path: &Path, format: Format, limits: &ReadLimits) -> Result<Checkpoint> {
+pub fn open_as_with(path: impl AsRef<Path>, format: Format, limits: &ReadLimits) -> Result<Checkpoint> {
+    let path = path.as_ref();
     open_source(path, Some(format), limits, &SourceOptions::default())
 }
 
@@ -199,11 +216,12 @@ pub fn open_as_with(path: &Path, format: Format, limits: &ReadLimits) -> Result<
 /// # Errors
 /// As [`open_with`].
 pub fn open_source(
-    path: &Path,
+    path: impl AsRef<Path>,
     format: Option<Format>,
     limits: &ReadLimits,
     source: &SourceOptions,
 ) -> Result<Checkpoint> {
+    let path = path.as_ref();
     let format = match format {
         Some(f) => f,
         None => detect(path)?,

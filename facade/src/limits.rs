@@ -16,7 +16,7 @@ pub const DEFAULT_MAX_METADATA_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 1 << 30;
 
 /// The resource limits of one read: the pickle decoder's and the formats' size caps. Each bound, once
-/// exceeded, is its own error of [`Fault::Limit`](ckpt_core::Fault::Limit) naming what exceeded it; raise
+/// exceeded, is its own error of [`Fault::Limit`](ckpt_tensor::Fault::Limit) naming what exceeded it; raise
 /// a bound for large input you trust.
 ///
 /// | field | bounds | error |
@@ -28,7 +28,7 @@ pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 1 << 30;
 /// | [`max_inflated_bytes`](ReadLimits::max_inflated_bytes) | what a zstd-compressed DCP item other than a tensor inflates to | `ckpt::distcp::Error::DecompressedTooLarge` |
 ///
 /// ```
-/// # use ckpt::core::{Tensor, Value};
+/// # use ckpt::tensor::{Tensor, Value};
 /// # let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("m.safetensors");
 /// # let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
@@ -42,8 +42,7 @@ pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 1 << 30;
 #[non_exhaustive]
 pub struct ReadLimits {
     /// The pickle decoder's limits (nesting depth, memo, container lengths, nodes, bytes, integer digits).
-    /// Default: [`ckpt_pickle::Limits::default`], the process default if one was set
-    /// ([`ckpt_pickle::Limits::set_process_default`]), else the built-in one.
+    /// Default: [`ckpt_pickle::Limits::BUILTIN`].
     #[cfg(feature = "torch")]
     pub pickle: ckpt_pickle::Limits,
     /// The largest safetensors header, in bytes ([`DEFAULT_MAX_HEADER_BYTES`]). A lower value is checked by

@@ -1,6 +1,6 @@
 //! Progress on stderr for long operations (feature `cli`): the bar the `ckpt` command and the Python package
 //! show while a conversion, save or reshard writes, measured by the bytes this process's durable writers
-//! accept ([`ckpt_core::commit::bytes_written`]) against an estimate ([`crate::output_estimate`]).
+//! accept ([`ckpt_io::bytes_written`]) against an estimate ([`crate::output_estimate`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -29,12 +29,12 @@ pub fn with_write_meter<T>(show: bool, total: u64, what: &str, f: impl FnOnce() 
         pb.set_style(style.progress_chars("=> "));
     }
     pb.set_message(what.to_owned());
-    let start = ckpt_core::commit::bytes_written();
+    let start = ckpt_io::bytes_written();
     let done = AtomicBool::new(false);
     let out = std::thread::scope(|s| {
         s.spawn(|| {
             while !done.load(Ordering::Relaxed) {
-                pb.set_position(ckpt_core::commit::bytes_written().saturating_sub(start).min(total));
+                pb.set_position(ckpt_io::bytes_written().saturating_sub(start).min(total));
                 std::thread::sleep(TICK);
             }
         });

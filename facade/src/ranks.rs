@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ckpt_core::Collective;
+use ckpt_collective::Collective;
 
 use crate::adaptor::Source;
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -12,7 +12,7 @@ use crate::{Error, Format, Result};
 /// [`crate::convert`] split over the processes of `group`: every process calls it with the same arguments.
 ///
 /// The target's `W` ranks ([`ConvertOptions::world_size`]) are hosted round-robin by the `K` processes
-/// ([`ckpt_core::host_ranks`]): each process reads the source regions of its ranks and writes their files,
+/// ([`ckpt_collective::host_ranks`]): each process reads the source regions of its ranks and writes their files,
 /// and rank 0 writes the shared metadata after every rank's files are durable, then commits the directory
 /// atomically. The files are byte for byte those of [`crate::convert`] in one process.
 ///
@@ -35,7 +35,8 @@ use crate::{Error, Format, Result};
 /// ([`Error::RankFailed`] on the others), none is left waiting.
 ///
 /// ```
-/// use ckpt::core::{SingleProcess, Tensor, Value};
+/// use ckpt::collective::SingleProcess;
+/// use ckpt::tensor::{Tensor, Value};
 /// let dir = tempfile::tempdir().unwrap();
 /// let pt = dir.path().join("m.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap()))]);
@@ -119,13 +120,13 @@ pub(crate) fn agree<T>(group: &dyn Collective, own: Result<T>) -> Result<T> {
     }
 }
 
-/// The outcome of the ranks this process hosted ([`ckpt_core::host_ranks`]) as one result: the first error of
+/// The outcome of the ranks this process hosted ([`ckpt_collective::host_ranks`]) as one result: the first error of
 /// a rank's own (`is_other` tells the "another rank failed" errors, which a rank's own error wins over), else
 /// the first such report, else the results in rank order.
 // For the targets whose writers run once per rank.
 #[cfg_attr(not(any(feature = "hfai", feature = "recis", feature = "pbg")), allow(dead_code))]
 pub(crate) fn hosted_outcome<T, E: crate::error::Cause>(
-    ran: ckpt_core::Result<Vec<(usize, std::result::Result<T, E>)>>,
+    ran: ckpt_tensor::Result<Vec<(usize, std::result::Result<T, E>)>>,
     is_other: impl Fn(&E) -> bool,
     at: &Path,
 ) -> Result<Vec<T>> {

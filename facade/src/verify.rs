@@ -107,7 +107,7 @@ impl VerifyOptions {
 ///   listed file against its checksum.
 ///
 /// ```
-/// use ckpt::core::{Tensor, Value};
+/// use ckpt::tensor::{Tensor, Value};
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("m.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
@@ -122,7 +122,7 @@ impl VerifyOptions {
 /// When the checkpoint cannot be opened at all (not a checkpoint, unreadable structure, I/O); problems found
 /// once it is open are listed in [`VerifyReport::problems`]. A save of `path` that never committed (a
 /// killed rank) is reported in [`VerifyReport::warnings`], naming the ranks whose files are missing
-/// ([`ckpt_core::commit::unfinished`]); when there is no checkpoint at `path` at all, it is the error.
+/// ([`ckpt_io::unfinished`]); when there is no checkpoint at `path` at all, it is the error.
 pub fn verify(path: &Path) -> Result<VerifyReport> {
     verify_with(path, &VerifyOptions::default(), &|_, _| {})
 }
@@ -141,7 +141,7 @@ pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<Verif
 /// As [`verify`].
 pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>) -> Result<VerifyReport> {
     if !path.exists() {
-        if let Some(u) = ckpt_core::commit::unfinished(path) {
+        if let Some(u) = ckpt_io::unfinished(path) {
             // A first save that never committed: nothing to verify but what it left.
             return Err(crate::Error::InvalidArgument { path: path.to_path_buf(), reason: u.to_string() });
         }
@@ -151,7 +151,7 @@ pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>)
     let mut report = VerifyReport::new(format);
     adaptor.verify(path, options.depth, &options.limits, &mut report, progress)?;
     check_manifest(&adaptor.manifest_dir(path), options.depth, &mut report);
-    if let Some(u) = ckpt_core::commit::unfinished(path) {
+    if let Some(u) = ckpt_io::unfinished(path) {
         // The checkpoint at `path` is whole (the previous one); the new one never committed.
         report.warnings.push(u.to_string());
     }
@@ -159,19 +159,19 @@ pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>)
 }
 
 /// Checks the checksum manifest ckpt writes beside formats without checksums of their own
-/// ([`ckpt_core::commit::Manifest`]), when `dir` has one: every listed file present with its size, and,
+/// ([`ckpt_io::Manifest`]), when `dir` has one: every listed file present with its size, and,
 /// deep, every byte of it against the checksum of its chunk. A manifest that cannot be read is a problem;
 /// none at all is not (the originals write none).
 fn check_manifest(dir: &Path, depth: Depth, report: &mut VerifyReport) {
     if !dir.is_dir() {
         return;
     }
-    let name = ckpt_core::commit::MANIFEST_NAME;
-    let check = |m: ckpt_core::commit::Manifest| match depth {
+    let name = ckpt_io::MANIFEST_NAME;
+    let check = |m: ckpt_io::Manifest| match depth {
         Depth::Structure => m.verify_sizes(dir),
         Depth::Deep => m.verify_dir(dir),
     };
-    match ckpt_core::commit::Manifest::read(dir).and_then(|m| m.map(check).transpose()) {
+    match ckpt_io::Manifest::read(dir).and_then(|m| m.map(check).transpose()) {
         Ok(None) => {}
         Ok(Some(mismatches)) => report.problems.extend(mismatches.iter().map(|m| format!("{name}: {m}"))),
         Err(e) => report.problems.push(format!("{name}: {}", chain(&e))),
@@ -216,11 +216,11 @@ pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport,
 }
 
 /// Checks the per-tensor checksums ckpt records in a safetensors header
-/// ([`ckpt_core::safetensors::checksums`]) of the file at `file`, reading every byte of its tensors; a file
+/// ([`ckpt_safetensors::checksums`]) of the file at `file`, reading every byte of its tensors; a file
 /// without them (written by another library) has nothing to check.
 #[cfg_attr(not(any(feature = "safetensors", feature = "hf")), allow(dead_code))]
 pub(crate) fn check_safetensors_checksums(file: &Path, report: &mut VerifyReport) {
-    match ckpt_core::safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_core::safetensors::checksums(&r)) {
+    match ckpt_safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_safetensors::checksums(&r)) {
         Ok(None) => {}
         Ok(Some(problems)) => report.problems.extend(problems.iter().map(|p| format!("{}: {p}", file.display()))),
         Err(e) => report.problems.push(format!("{}: {}", file.display(), chain(&e))),

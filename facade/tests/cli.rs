@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ckpt::core::{Tensor, Value};
+use ckpt::tensor::{Tensor, Value};
 use ckpt::{EntryKind, Format};
 
 fn fixtures() -> PathBuf {
@@ -168,7 +168,7 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
     // Across formats: the same tensors as safetensors, with a value the other side lacks.
     let st = dir.path().join("a.safetensors");
     let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, f32::NAN], &[2, 2]).unwrap();
-    ckpt::core::safetensors::write_file(&[("w".to_owned(), w)], None, &st).unwrap();
+    ckpt::safetensors::write_file(&[("w".to_owned(), w)], None, &st).unwrap();
     let (code, out, _) = run(&[&"diff", &a, &st]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains(&format!("only in {}: step", a.display())), "{out}");
@@ -546,8 +546,8 @@ fn what_users_load_and_convert() {
     for n in &names {
         let t = got.tensor(n).unwrap();
         assert_eq!(t.dtype(), ckpt::DType::BF16, "{n}");
-        let want =
-            ckpt::core::cast_float(&src.tensor(&format!("state_dict.model.{n}")).unwrap(), ckpt::DType::BF16).unwrap();
+        let want = ckpt::tensor::cast_float(&src.tensor(&format!("state_dict.model.{n}")).unwrap(), ckpt::DType::BF16)
+            .unwrap();
         assert!(t.bitwise_eq(&want), "{n}");
     }
     let (code, out, err) =

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ckpt::core::{Tensor, Value};
+use ckpt::tensor::{Tensor, Value};
 use ckpt::{ConvertOptions, Format};
 
 /// The system allocator, counting the bytes in use and their peak.
@@ -92,7 +92,7 @@ const PBG_DIM: usize = 64;
 /// Runs `f` and returns the most heap it held at once beyond what was in use when it started.
 fn peak_growth(f: impl FnOnce()) -> usize {
     // The write buffers pooled by earlier saves would otherwise count as held before `f`, not by it.
-    ckpt::core::commit::release_idle_buffers();
+    ckpt::io::release_idle_buffers();
     let base = IN_USE.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);
     f();

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt::core::{DType, Tensor, Value};
+use ckpt::tensor::{DType, Tensor, Value};
 use ckpt::{ConvertOptions, Error, Format, convert};
 use ckpt_conformance::{fixtures, run_python};
 
@@ -98,7 +98,7 @@ fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
     // A safetensors file with PBG's tensors and nothing else (what another tool would write).
     let src = ckpt::pbg::PbgReader::open(&pbg_fixture()).unwrap();
     let st = tmp.path().join("tensors.safetensors");
-    ckpt::core::safetensors::write_file(&src.tensors(), None, &st).unwrap();
+    ckpt::safetensors::write_file(&src.tensors(), None, &st).unwrap();
     let dst = tmp.path().join("pbg");
     // Without a config there is no layout.
     match convert(&st, None, &dst, Format::Pbg, &ConvertOptions::default()) {
@@ -212,7 +212,7 @@ fn recis_tables_from_a_state_dict_with_layout_options() {
         ("sparse_adamw_step".to_string(), step.clone()),
         ("dense.w".to_string(), w.clone()),
     ];
-    ckpt::core::safetensors::write_file(&tensors, None, &st).unwrap();
+    ckpt::safetensors::write_file(&tensors, None, &st).unwrap();
     let dst = tmp.path().join("recis");
     let options = ConvertOptions::default().with_world_size(3).with_recis_parallel(2).with_recis_slice_size(1000);
     let s = convert(&st, None, &dst, Format::Recis, &options).unwrap();
@@ -290,7 +290,7 @@ fn recis_table_errors_name_the_tensor() {
     ];
     for (label, tensors, want) in cases {
         let st = tmp.path().join(format!("{label}.safetensors"));
-        ckpt::core::safetensors::write_file(&tensors, None, &st).unwrap();
+        ckpt::safetensors::write_file(&tensors, None, &st).unwrap();
         let dst = tmp.path().join(label);
         match convert(&st, None, &dst, Format::Recis, &ConvertOptions::default()) {
             Err(Error::UnsupportedConversion { reason, .. }) => assert!(reason.contains(want), "{label}: {reason}"),

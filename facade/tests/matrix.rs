@@ -165,7 +165,7 @@ fn check_same(ctx: &str, want: &Snap, got: &Snap, may_drop: &dyn Fn(&str, &Tenso
 }
 
 fn st_holds(dtype: &str) -> bool {
-    ckpt::DType::from_torch_name(dtype).is_some_and(|d| d.to_safetensors().is_ok())
+    ckpt::DType::from_torch_name(dtype).is_some_and(|d| ckpt::safetensors::safetensors_dtype(d).is_ok())
 }
 
 /// Targets of a source format: every format `convert` accepts.
@@ -334,7 +334,7 @@ fn nothing_written(dir: &Path, allowed: &[&str]) -> bool {
 
 #[test]
 fn dropped_entries_are_reported() {
-    use ckpt::core::{DType, Tensor, Value};
+    use ckpt::tensor::{DType, Tensor, Value};
     let tmp = tempfile::tempdir().unwrap();
     let pt = tmp.path().join("m.pt");
     let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
@@ -364,7 +364,7 @@ fn dropped_entries_are_reported() {
     assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["model.w", "epoch", "c"]);
     // A plain safetensors file (no `ckpt.paths`) becomes a flat dict.
     let plain = tmp.path().join("plain.safetensors");
-    ckpt::core::safetensors::write_file(&[("a.b".to_string(), w.clone())], None, &plain).unwrap();
+    ckpt::safetensors::write_file(&[("a.b".to_string(), w.clone())], None, &plain).unwrap();
     convert(&plain, None, &back, Format::Torch, &ConvertOptions::default()).unwrap();
     let v = ckpt::torch::load(&back).unwrap();
     assert_eq!(v.as_dict().unwrap().get("a.b").unwrap().as_tensor(), Some(&w));
@@ -372,13 +372,13 @@ fn dropped_entries_are_reported() {
 
 #[test]
 fn distcp_world_size_shards_rows() {
-    use ckpt::core::{Tensor, Value};
+    use ckpt::tensor::{Tensor, Value};
     let tmp = tempfile::tempdir().unwrap();
     let st = tmp.path().join("m.safetensors");
     let w: Vec<f32> = (0..15).map(|i| i as f32).collect();
     let w = Tensor::from_slice(&w, &[5, 3]).unwrap();
     let b = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-    ckpt::core::safetensors::write_file(&[("w".into(), w.clone()), ("b".into(), b.clone())], None, &st).unwrap();
+    ckpt::safetensors::write_file(&[("w".into(), w.clone()), ("b".into(), b.clone())], None, &st).unwrap();
     let dir = tmp.path().join("dcp");
     convert(&st, None, &dir, Format::Distcp, &ConvertOptions::default().with_world_size(3)).unwrap();
     let r = ckpt::distcp::DcpReader::open(&dir).unwrap();

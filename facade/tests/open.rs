@@ -73,7 +73,14 @@ fn every_golden_fixture_opens() {
     }
     n += check(&f.join("pbg/ckpt"), Format::Pbg);
     // Format-specific extras through the concrete types.
-    let dcp = ckpt::open(&f.join("distcp/golden/d215")).unwrap();
+    let dcp = ckpt::open(f.join("distcp/golden/d215")).unwrap();
+    // Any path-like argument, as std::fs takes: a PathBuf by value, a &str, a String.
+    let d215 = f.join("distcp/golden/d215");
+    let text = d215.to_str().unwrap();
+    assert_eq!(ckpt::open(text).unwrap().entries(), dcp.entries());
+    assert_eq!(ckpt::open(text.to_string()).unwrap().format(), Format::Distcp);
+    let direct = ckpt::distcp::DcpReader::open(text).unwrap();
+    assert_eq!(ckpt::CheckpointRead::entries(&direct).len(), dcp.entries().len());
     assert!(dcp.downcast_ref::<ckpt::distcp::DcpReader>().is_some());
     assert!(dcp.downcast_ref::<ckpt::torch::TorchReader>().is_none());
     let pbg = ckpt::open(&f.join("pbg/ckpt")).unwrap();
@@ -89,7 +96,7 @@ fn safetensors_written_by_core_opens() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
     let t = ckpt::Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-    ckpt::core::safetensors::write_file(&[("w".into(), t)], None, &path).unwrap();
+    ckpt::safetensors::write_file(&[("w".into(), t)], None, &path).unwrap();
     assert_eq!(check(&path, Format::Safetensors), 1);
 }
 
@@ -118,7 +125,7 @@ fn cause<E: std::error::Error + 'static>(e: &ckpt::Error) -> Option<&E> {
 /// A `torch.save` file with 40 small tensors and a value nested 12 deep, converted to `to` (a world size of
 /// 2 for the sharded formats) in `dir`.
 fn sample(dir: &Path, to: Format) -> PathBuf {
-    use ckpt::core::{Tensor, Value};
+    use ckpt::tensor::{Tensor, Value};
     let pt = dir.join("src.pt");
     if !pt.exists() {
         let mut nested = Value::Int(1);
@@ -194,7 +201,7 @@ fn safetensors_header_limit_is_enforced() {
 /// `HeaderTooLarge` (a limit), from `open_with` and `reshard_with`; raised, it loads.
 #[test]
 fn recis_data_header_limit_is_enforced() {
-    use ckpt::core::{Tensor, Value};
+    use ckpt::tensor::{Tensor, Value};
     let dir = tempfile::tempdir().unwrap();
     // A hash table: its ids and embedding go to the serializer's data files.
     let path = dir.path().join("recis");
@@ -246,7 +253,7 @@ fn dcp_metadata_limit_is_enforced() {
 /// `DecompressedTooLarge` (a limit) when read; raised, it reads.
 #[test]
 fn dcp_inflated_item_limit_is_enforced() {
-    use ckpt::core::Value;
+    use ckpt::tensor::Value;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("zstd");
     let sd = Value::dict([("blob", Value::Bytes(vec![7; 1 << 20]))]);

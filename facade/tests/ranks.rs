@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use ckpt::core::{Tensor, ThreadGroup, Value};
+use ckpt::collective::ThreadGroup;
+use ckpt::tensor::{Tensor, Value};
 use ckpt::{ConvertOptions, Format, convert_in, reshard_in};
 
 fn files(d: &Path) -> Vec<(String, Vec<u8>)> {

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 use ckpt_pbg::{
     AttrValue, Config, EntityStorage, FileCheckpointStorage, FileName, Iteration, Metadata, OptimizerState, PbgReader,
     check_header,

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 use ckpt_recis::{CheckpointManager, DataFile, Index, RecisReader, TensorKey};
 use libfuzzer_sys::fuzz_target;
 

@@ -2,7 +2,7 @@
 //! legacy magic number prepended, so every input reaches the legacy reader.
 #![no_main]
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 use ckpt_torch::{Container, ReadOptions, TorchReader, detect};
 use libfuzzer_sys::fuzz_target;
 

@@ -5,7 +5,7 @@
 //! value or the same error; then the reader, and everything read: entries, every tensor and value.
 #![no_main]
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 use ckpt_torch::zip::{Archive, HeaderSource};
 use ckpt_torch::{ReadOptions, TorchReader};
 use libfuzzer_sys::fuzz_target;

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, EntryKind, Tensor, Value};
+use ckpt_tensor::{CheckpointRead, EntryKind, Tensor, Value};
 
 /// Introduces a file in a file-set input (also in every target's dictionary).
 pub const SEPARATOR: &[u8] = b"\xff\x00CKF:";
@@ -197,7 +197,7 @@ pub fn read_value(v: &Value) -> u64 {
             _ => {}
         }
     }
-    digest ^ ckpt_core::python_str(v).map(|s| s.len() as u64).unwrap_or(0)
+    digest ^ ckpt_tensor::python_str(v).map(|s| s.len() as u64).unwrap_or(0)
 }
 
 /// What every target does with an opened checkpoint: list the entries, then read every one of them (tensors

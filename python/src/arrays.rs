@@ -7,7 +7,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ckpt::core::{Buffer, DType, Tensor};
+use ckpt::tensor::{Buffer, DType, Tensor};
 use numpy::npyffi::{self, NpyTypes, PY_ARRAY_API, npy_intp};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -78,7 +78,7 @@ pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResul
             (t.storage().clone(), t.shape().to_vec(), strides, t.storage_offset() * size, false)
         } else {
             let data = py.detach(|| t.data().map(|d| d.into_owned())).map_err(to_err)?;
-            let strides = ckpt::core::contiguous_strides(t.shape()).iter().map(|s| s * size).collect();
+            let strides = ckpt::tensor::contiguous_strides(t.shape()).iter().map(|s| s * size).collect();
             (Buffer::from_vec(data), t.shape().to_vec(), strides, 0, true)
         };
     // Every element addressed lies inside the storage: `Tensor` checks its view against its storage when it
@@ -119,7 +119,7 @@ pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResul
 }
 
 /// A core error of making an array.
-fn to_err(e: ckpt::core::Error) -> PyErr {
+fn to_err(e: ckpt::tensor::Error) -> PyErr {
     crate::errors::core_to_py(e, std::path::Path::new("<tensor>"))
 }
 

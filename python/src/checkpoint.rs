@@ -173,6 +173,6 @@ impl Checkpoint {
 }
 
 /// A core error about this checkpoint.
-pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::core::Error) -> PyErr {
+pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::tensor::Error) -> PyErr {
     core_to_py(e, ck.inner.path())
 }

@@ -50,8 +50,8 @@ pub(crate) fn metadata<'py>(py: Python<'py>, ck: &Checkpoint) -> PyResult<Bound<
             let path = PyList::empty(py);
             for item in dcp.path_of(fqn) {
                 match item {
-                    ckpt::core::PathItem::Key(k) => path.append(k)?,
-                    ckpt::core::PathItem::Index(i) => path.append(i)?,
+                    ckpt::tensor::PathItem::Key(k) => path.append(k)?,
+                    ckpt::tensor::PathItem::Index(i) => path.append(i)?,
                 }
             }
             planner.set_item(fqn, PyTuple::new(py, path)?)?;
@@ -136,7 +136,7 @@ fn copy_box(t: &ckpt::Tensor, address: usize, strides: &[usize], bounds: (usize,
         (bytes.get(start..).ok_or("tensor outside its storage")?, t.strides().to_vec())
     } else {
         contiguous = t.data().map_err(|e| e.to_string())?;
-        (&contiguous[..], ckpt::core::contiguous_strides(t.shape()))
+        (&contiguous[..], ckpt::tensor::contiguous_strides(t.shape()))
     };
     let dims = t.shape();
     let n = dims.len();

@@ -83,7 +83,7 @@ pub(crate) fn to_py(e: ckpt::Error) -> PyErr {
 }
 
 /// A core error (a tensor operation, a conversion of a value) about `path`, as the package's exception.
-pub(crate) fn core_to_py(e: ckpt::core::Error, path: &Path) -> PyErr {
+pub(crate) fn core_to_py(e: ckpt::tensor::Error, path: &Path) -> PyErr {
     exception(e.fault(), format!("{}: {}", path.display(), chain(&e)), Some(path), errno(&e))
 }
 

@@ -6,7 +6,7 @@
 //! `torch.Size`, dtypes, devices, globals, objects, opaque (sparse, quantized) tensors — as torch's objects
 //! with `framework="pt"`, else as the small classes of `ckpt._values`.
 
-use ckpt::core::{Buffer, DType, Dict, DictKind, Numpy, Object, Tensor, Value};
+use ckpt::tensor::{Buffer, DType, Dict, DictKind, Numpy, Object, Tensor, Value};
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;

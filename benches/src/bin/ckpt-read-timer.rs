@@ -37,7 +37,7 @@ use ckpt_benches::{reads, writes};
 
 /// What a write op saves, loaded once.
 enum Source {
-    State(ckpt_core::Value),
+    State(ckpt_tensor::Value),
     Hfai(Box<ckpt_hfai::SaveState>),
     Partition(Box<ckpt_pbg::EntityPartition>),
     Recis(Box<ckpt_recis::HashTable>),
@@ -91,7 +91,7 @@ impl Timer {
             let secs = t.elapsed().as_secs_f64();
             let peak = sampler.map_or(0, PeakAnon::finish);
             // the replaced files' release runs in the background; let it finish outside the timing
-            ckpt_core::commit::wait_for_releases();
+            ckpt_io::wait_for_releases();
             return Ok((secs, 0, peak));
         }
         let p = Path::new(path);

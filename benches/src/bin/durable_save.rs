@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
-use ckpt_core::{Buffer, DType, Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Tensor, Value};
 
 const BIG_TENSORS: usize = 64;
 const SMALL_BYTES: usize = 10 << 10;
@@ -172,7 +172,7 @@ fn ckpt_durable(sd: &Value, path: &Path) -> f64 {
     let t = Instant::now();
     ckpt_torch::save(sd, path, &ckpt_torch::WriteOptions::default()).unwrap();
     let s = t.elapsed().as_secs_f64();
-    ckpt_core::commit::wait_for_releases();
+    ckpt_io::wait_for_releases();
     s
 }
 
@@ -181,7 +181,7 @@ fn dcp(sd: &Value, dir: &Path, checksums: bool) -> f64 {
     let t = Instant::now();
     ckpt_distcp::save(sd, dir, &options).unwrap();
     let s = t.elapsed().as_secs_f64();
-    ckpt_core::commit::wait_for_releases();
+    ckpt_io::wait_for_releases();
     s
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cast raw tensors with torch's ``Tensor.to(dtype)``: the reference for ``ckpt_core::cast_float``.
+"""Cast raw tensors with torch's ``Tensor.to(dtype)``: the reference for ``ckpt_tensor::cast_float``.
 
 Usage::
 

@@ -32,7 +32,7 @@ starts once). Each output is loaded the way its users load it:
   ``torch.load(weights_only=True)`` (leaves named as ckpt names them: bare, ``extra/``, ``io_state_<s>/``).
 
 OUT.json gets, per check in order, ``{"tensors": {name: [dtype, shape, sha256]}}`` where names are the
-leaves' dotted paths (``ckpt_core::leaves`` naming: every dict, list and tuple descended into; ``str()`` of
+leaves' dotted paths (``ckpt_tensor::leaves`` naming: every dict, list and tuple descended into; ``str()`` of
 keys), dtype is torch's name (``float32``), and sha256 is over the row-major bytes of the tensor — or
 ``{"error": text}`` when loading failed. The Rust side compares these with what it wrote.
 """

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 /// What went wrong reading a DeepSpeed checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,7 @@ pub enum Error {
     },
     /// An error of the tensor model (a view out of range, an allocation that failed).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 impl Error {
@@ -145,11 +145,11 @@ impl Error {
     }
 }
 
-impl From<Error> for ckpt_core::Error {
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
     }
 }

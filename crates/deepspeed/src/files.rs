@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{Dict, Value};
+use ckpt_tensor::{Dict, Value};
 
 use crate::error::{Error, Result};
 
@@ -165,7 +165,7 @@ impl<'a> At<'a> {
     }
 
     /// The tensor this is.
-    pub fn tensor(&self) -> Result<&'a ckpt_core::Tensor> {
+    pub fn tensor(&self) -> Result<&'a ckpt_tensor::Tensor> {
         self.value.as_tensor().ok_or_else(|| self.layout("a tensor"))
     }
 

@@ -2,7 +2,7 @@
 //! ranks' partitions of a param group one after the other, ZeRO 1 and 2) or one run per rank (ZeRO 3), and
 //! its tensor is made from those windows of the files' memory maps only when its bytes are read.
 
-use ckpt_core::{Buffer, DType, Tensor};
+use ckpt_tensor::{Buffer, DType, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -34,8 +34,8 @@ pub(crate) fn run(flats: &[Tensor], start: usize, len: usize) -> Result<Option<V
 /// the pieces it overlaps ([`Buffer::deferred_ranged`]), so that a writer streaming it holds a piece of it at
 /// a time.
 pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Tensor>) -> Result<Tensor> {
-    let numel = ckpt_core::checked_numel(shape)
-        .ok_or_else(|| ckpt_core::Error::Malformed(format!("{name}: shape {shape:?} overflows")))?;
+    let numel = ckpt_tensor::checked_numel(shape)
+        .ok_or_else(|| ckpt_tensor::Error::Malformed(format!("{name}: shape {shape:?} overflows")))?;
     let mut kept = Vec::with_capacity(pieces.len());
     let mut left = numel;
     for p in pieces {
@@ -43,7 +43,7 @@ pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Te
             break;
         }
         if p.dtype() != dtype || p.dim() != 1 {
-            return Err(ckpt_core::Error::Malformed(format!(
+            return Err(ckpt_tensor::Error::Malformed(format!(
                 "{name}: a flat piece is {} of shape {:?}, expected a 1-D {dtype} tensor",
                 p.dtype(),
                 p.shape()
@@ -55,7 +55,7 @@ pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Te
         left -= take;
     }
     if left != 0 {
-        return Err(ckpt_core::Error::Malformed(format!(
+        return Err(ckpt_tensor::Error::Malformed(format!(
             "{name}: the flat groups hold {} of its {numel} elements",
             numel - left
         ))
@@ -66,7 +66,7 @@ pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Te
         [one] => Ok(one.reshape(shape)?),
         _ => {
             let parts = kept.iter().map(|p| p.storage().slice_len(p.storage_offset() * dtype.size(), p.nbytes()));
-            Ok(Tensor::from_buffer(dtype, shape, Buffer::concat(parts.collect::<ckpt_core::Result<_>>()?))?)
+            Ok(Tensor::from_buffer(dtype, shape, Buffer::concat(parts.collect::<ckpt_tensor::Result<_>>()?))?)
         }
     }
 }

@@ -14,7 +14,7 @@
 //! and bf16 mixed precision.
 //!
 //! ```no_run
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_deepspeed::DeepSpeedReader::open("checkpoints/".as_ref())?;   // the tag in `latest`
 //! for (name, t) in ck.model() {                                                // fp32, as zero_to_fp32
 //!     println!("{name} {:?} {:?}", t.dtype(), t.shape());
@@ -26,7 +26,7 @@
 //! # Memory
 //! Files are memory-mapped and nothing is copied when opening. A parameter held by one rank's flat group is
 //! a view of the file; one split over ranks (or over flat groups) is a tensor whose bytes are made from the
-//! pieces when read — any range of them on its own ([`ckpt_core::Buffer::deferred_ranged`]) — so that a
+//! pieces when read — any range of them on its own ([`ckpt_tensor::Buffer::deferred_ranged`]) — so that a
 //! writer streaming the consolidated state dict holds one piece of one parameter at a time, never the
 //! model.
 //!

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{CheckpointRead, Entry, Tensor, Value, entry_kind};
+use ckpt_tensor::{CheckpointRead, Entry, Tensor, Value, entry_kind};
 
 use crate::error::{Error, Result};
 use crate::files::{At, tag_dir};
@@ -93,7 +93,8 @@ impl DeepSpeedReader {
     ///
     /// # Errors
     /// [`Error::NotACheckpoint`], [`Error::MissingTag`], and what reading the files finds wrong.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
         Self::open_with(path, &ReadOptions::default())
     }
 
@@ -101,7 +102,8 @@ impl DeepSpeedReader {
     ///
     /// # Errors
     /// As [`DeepSpeedReader::open`].
-    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
+        let path = path.as_ref();
         let (dir, tag) = tag_dir(path, options.tag.as_deref())?;
         let universal = dir.join("zero").is_dir();
         let c = if universal {
@@ -169,7 +171,7 @@ impl DeepSpeedReader {
             .filter(|(n, _)| n.starts_with("module."))
             .filter_map(|(_, v)| v.as_tensor())
             .map(Tensor::dtype)
-            .find(|d| matches!(d, ckpt_core::DType::BF16 | ckpt_core::DType::F16));
+            .find(|d| matches!(d, ckpt_tensor::DType::BF16 | ckpt_tensor::DType::F16));
         if let Some(d) = sixteen {
             details.push(("precision".into(), format!("{d} with fp32 master weights")));
         }
@@ -264,14 +266,14 @@ impl CheckpointRead for DeepSpeedReader {
         self.details.clone()
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         let v = self.get(name)?;
         v.as_tensor().cloned().ok_or_else(|| {
             Error::WrongKind { name: name.to_owned(), expected: "a tensor", found: v.type_name() }.into()
         })
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         Ok(self.get(name)?.clone())
     }
 }

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{Tensor, Value};
+use ckpt_tensor::{Tensor, Value};
 
 use crate::error::{Error, Result};
 use crate::files::{At, load, names};
@@ -22,7 +22,7 @@ fn param_of(path: &Path, v: &Value) -> Result<Tensor> {
 }
 
 fn param_numel(shape: &[usize]) -> usize {
-    ckpt_core::checked_numel(shape).unwrap_or(usize::MAX)
+    ckpt_tensor::checked_numel(shape).unwrap_or(usize::MAX)
 }
 
 /// Reads the universal checkpoint in the tag directory `dir`.

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_core::{DType, Tensor, Value};
+use ckpt_tensor::{DType, Tensor, Value};
 
 use crate::error::{Error, Result};
 use crate::files::{At, groups, load, rank_files};
@@ -91,8 +91,8 @@ fn param_groups(states: At<'_>) -> Result<Vec<Group>> {
 }
 
 fn numel(name: &str, shape: &[usize]) -> Result<usize> {
-    ckpt_core::checked_numel(shape)
-        .ok_or_else(|| ckpt_core::Error::Malformed(format!("{name}: shape {shape:?} overflows")).into())
+    ckpt_tensor::checked_numel(shape)
+        .ok_or_else(|| ckpt_tensor::Error::Malformed(format!("{name}: shape {shape:?} overflows")).into())
 }
 
 /// The buffers of the model states file, floating-point ones cast to float32 (as `zero_to_fp32` does).
@@ -105,7 +105,8 @@ fn buffers(states: At<'_>) -> Result<Vec<(String, Tensor)>> {
             continue;
         }
         let t = v.tensor()?;
-        let t = if ckpt_core::is_castable_float(t.dtype()) { ckpt_core::cast_float(t, DType::F32)? } else { t.clone() };
+        let t =
+            if ckpt_tensor::is_castable_float(t.dtype()) { ckpt_tensor::cast_float(t, DType::F32)? } else { t.clone() };
         out.push((name.to_owned(), t));
     }
     Ok(out)
@@ -131,7 +132,7 @@ fn optimizer_values(osd: At<'_>, base: Option<At<'_>>, out: &mut Vec<(String, Va
 /// Every leaf of `value` (DCP's flattening: mapping keys and list indices joined with `.`), named under
 /// `prefix`.
 pub(crate) fn push_leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Value)>) -> Result<()> {
-    let leaves = ckpt_core::leaves(value)?;
+    let leaves = ckpt_tensor::leaves(value)?;
     for l in leaves {
         let name = if l.key.is_empty() { prefix.to_owned() } else { format!("{prefix}.{}", l.key) };
         out.push((name, l.value.clone()));

@@ -16,8 +16,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use ckpt_core::{Buffer, Collective, DType, Tensor, ThreadGroup, Value};
+use ckpt_collective::{Collective, ThreadGroup};
 use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, convert, save_distributed, shard_box, verify};
+use ckpt_tensor::{Buffer, DType, Tensor, Value};
 
 fn mib(bytes: u64, secs: f64) -> String {
     format!("{:.1} MiB in {secs:.2} s = {:.0} MiB/s", bytes as f64 / 1048576.0, bytes as f64 / 1048576.0 / secs)

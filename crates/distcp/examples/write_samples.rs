@@ -16,8 +16,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_core::{Buffer, Collective, DType, Tensor, ThreadGroup, Value, flatten, unflatten};
+use ckpt_collective::{Collective, ThreadGroup};
 use ckpt_distcp::{Profile, ShardSpec, WriteOptions, save, save_distributed, shard_box};
+use ckpt_tensor::{Buffer, DType, Tensor, Value, flatten, unflatten};
 
 fn det(dtype: DType, shape: &[usize], k: u8) -> Tensor {
     let n = shape.iter().product::<usize>() * dtype.size();

@@ -1,7 +1,7 @@
 //! Chunk geometry: boxes of a tensor in global coordinates, their validation (bounds, overlaps,
 //! coverage), DTensor's `Shard` split, and copying one box of a strided tensor into a dense one.
 
-use ckpt_core::{AlignedBytes, Buffer, DType, Tensor, contiguous_strides};
+use ckpt_tensor::{AlignedBytes, Buffer, DType, Tensor, contiguous_strides};
 
 use crate::error::{Error, Result};
 use crate::metadata::ChunkStorageMetadata;
@@ -174,7 +174,7 @@ pub(crate) fn copy_box(
 ) -> Result<()> {
     let es = src.dtype().size();
     let n = len.len();
-    let bad = || Error::Core(ckpt_core::Error::InvalidArgument("chunk copy outside its tensors".into()));
+    let bad = || Error::Core(ckpt_tensor::Error::InvalidArgument("chunk copy outside its tensors".into()));
     if src.dim() != n || dst_shape.len() != n || src_start.len() != n || dst_start.len() != n {
         return Err(bad());
     }

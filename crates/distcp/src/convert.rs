@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{DType, StorageClass, Value, contiguous_strides, unflatten};
 use ckpt_pickle::Pickler;
+use ckpt_tensor::{DType, StorageClass, Value, contiguous_strides, unflatten};
 use ckpt_torch::zip::ZipWriter;
 use serde_json::{Value as Json, json};
 
@@ -40,8 +40,8 @@ fn streaming_reader(dir: &Path) -> Result<DcpReader> {
 }
 
 /// Writes `path` atomically (temporary file, fsync, rename) with this crate's errors.
-fn write_atomic(path: &Path, f: impl FnOnce(&mut ckpt_core::commit::DurableWriter) -> Result<()>) -> Result<()> {
-    ckpt_core::atomic::write_atomic(path, f)
+fn write_atomic(path: &Path, f: impl FnOnce(&mut ckpt_io::DurableWriter) -> Result<()>) -> Result<()> {
+    ckpt_io::write_file(path, &ckpt_io::FileOptions::default(), f).map(|_| ())
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ impl SkeletonPickler {
         let (dtype, shape) = self.dtypes.get(&index).cloned().ok_or(Unsupported)?;
         let key = self.order.len();
         self.order.push(index);
-        let numel = ckpt_core::checked_numel(&shape).ok_or(Unsupported)?;
+        let numel = ckpt_tensor::checked_numel(&shape).ok_or(Unsupported)?;
         let untyped = dtype.storage_class() == StorageClass::Untyped;
         let e = |_| Unsupported;
         self.global("torch._utils", if untyped { "_rebuild_tensor_v3" } else { "_rebuild_tensor_v2" })?;
@@ -263,7 +263,7 @@ impl SkeletonPickler {
                 self.p.tuple(items.len()).map_err(e)?;
                 self.p.memoize().map(|_| ()).map_err(e)
             }
-            Value::Dict(d) if d.kind == ckpt_core::DictKind::Dict && d.attrs.is_none() => {
+            Value::Dict(d) if d.kind == ckpt_tensor::DictKind::Dict && d.attrs.is_none() => {
                 self.p.empty_dict().map_err(e)?;
                 self.p.memoize().map_err(e)?;
                 if let [(k, v)] = d.items.as_slice() {
@@ -307,21 +307,21 @@ impl SkeletonPickler {
 pub fn torch_save_to_dcp(pt: &Path, dir: &Path, options: &WriteOptions) -> Result<Metadata> {
     let value = ckpt_torch::load(pt)?;
     let file = std::fs::File::open(pt).map_err(|e| Error::io(pt, e))?;
-    let source = |t: &ckpt_core::Tensor| -> Result<Option<ckpt_core::Tensor>> {
+    let source = |t: &ckpt_tensor::Tensor| -> Result<Option<ckpt_tensor::Tensor>> {
         let storage = t.storage();
         if !storage.is_mapped() {
             return Ok(None);
         }
-        let mut buf = ckpt_core::AlignedBytes::zeroed(storage.len())?;
+        let mut buf = ckpt_tensor::AlignedBytes::zeroed(storage.len())?;
         crate::item::read_exact_at(&file, buf.as_mut_bytes(), storage.offset_in_backing() as u64)
             .map_err(|e| Error::io(pt, e))?;
-        let owned = ckpt_core::Buffer::from_owner(buf);
-        let t2 = ckpt_core::Tensor::from_parts(t.dtype(), t.shape(), t.strides(), t.storage_offset(), owned)?
+        let owned = ckpt_tensor::Buffer::from_owner(buf);
+        let t2 = ckpt_tensor::Tensor::from_parts(t.dtype(), t.shape(), t.strides(), t.storage_offset(), owned)?
             .with_requires_grad(t.requires_grad())
             .with_lazy_bits(t.is_conj(), t.is_neg())?;
         Ok(Some(t2))
     };
-    crate::writer::save_with_source(&value, &HashMap::new(), dir, options, &ckpt_core::SingleProcess, &source)
+    crate::writer::save_with_source(&value, &HashMap::new(), dir, options, &ckpt_collective::SingleProcess, &source)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -406,7 +406,7 @@ fn write_safetensors(
 }
 
 /// Converts the DCP checkpoint in `dir` into one safetensors file at `out`, tensors under their flattened
-/// keys in checkpoint order, with ckpt's safetensors convention ([`ckpt_core::safetensors::metadata`]:
+/// keys in checkpoint order, with ckpt's safetensors convention ([`ckpt_safetensors::metadata`]:
 /// `format` = `pt`, `ckpt.source` = `distcp`, the nested paths from `planner_data` in `ckpt.paths`, the
 /// non-tensor values in `ckpt.values`, in its lossless typed encoding). A value holding tensors (a tuple of
 /// tensors) is listed in [`ConvertReport::skipped`] (the facade's `ckpt::convert` keeps those too). Streams
@@ -418,7 +418,7 @@ fn write_safetensors(
 pub fn dcp_to_safetensors(dir: &Path, out: &Path) -> Result<ConvertReport> {
     let reader = streaming_reader(dir)?;
     let (tensors, values) = tensor_list(&reader)?;
-    let mut metadata = ckpt_core::safetensors::metadata::Metadata::new("distcp");
+    let mut metadata = ckpt_safetensors::metadata::Metadata::new("distcp");
     let mut skipped = Vec::new();
     for key in &values {
         if metadata.value(key, &reader.read_value(key)?) {
@@ -470,7 +470,7 @@ pub fn dcp_to_hf(dir: &Path, out_dir: &Path, max_shard_bytes: u64) -> Result<Con
     for (i, shard) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
         let path = out_dir.join(&name);
-        let mut metadata = ckpt_core::safetensors::metadata::Metadata::new("distcp");
+        let mut metadata = ckpt_safetensors::metadata::Metadata::new("distcp");
         for t in shard {
             metadata.path(&t.key, &reader.path_of(&t.key));
         }

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 /// What went wrong reading, verifying, writing or converting a DCP checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -218,9 +218,9 @@ pub enum Error {
         /// The file.
         file: String,
         /// Metadata dtype.
-        expected: ckpt_core::DType,
+        expected: ckpt_tensor::DType,
         /// Item dtype.
-        found: ckpt_core::DType,
+        found: ckpt_tensor::DType,
     },
     /// A stream transform this library does not implement.
     #[error("{key}: unknown transform {descriptor:?} (only stream.zstd/1 is known)")]
@@ -356,7 +356,7 @@ pub enum Error {
     Torch(#[from] ckpt_torch::Error),
     /// A core error (allocation, collective, safetensors).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 impl Error {
@@ -395,15 +395,24 @@ impl Error {
     }
 }
 
-/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
-impl From<Error> for ckpt_core::Error {
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
     }
 }
 
 /// `Result` with the DCP [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<ckpt_io::CommitError> for Error {
+    /// A durable commit's error, as the tensor model holds it ([`Error::Core`]): plain I/O as
+    /// `ckpt_tensor::Error::Io`, the rest (disk full, locked, ...) kept whole, found with
+    /// `format_error::<ckpt_io::CommitError>()`.
+    fn from(e: ckpt_io::CommitError) -> Self {
+        Error::Core(e.into())
+    }
+}

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 
 use crate::error::{Error, Result};
 use crate::item::safe_join;
@@ -81,7 +81,7 @@ pub(crate) fn metadata(dir: &Path) -> Result<(Metadata, Vec<PathBuf>)> {
             return Err(Error::MissingFile { key: String::new(), file: file.clone() });
         }
         let buffer = Buffer::map_file(&path)?;
-        let st = ckpt_core::safetensors::read(&buffer).map_err(|e| bad(&path, e.to_string()))?;
+        let st = ckpt_safetensors::read(&buffer).map_err(|e| bad(&path, e.to_string()))?;
         let sharding: HashMap<String, Vec<usize>> = match st.metadata.as_ref().and_then(|m| m.get(SHARDING_INFO_KEY)) {
             None => HashMap::new(),
             Some(text) => parse_sharding(text).map_err(|reason| bad(&path, reason))?,

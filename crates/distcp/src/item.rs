@@ -7,8 +7,8 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ckpt_core::commit::PinnedDir;
-use ckpt_core::{Buffer, Tensor, Value};
+use ckpt_io::PinnedDir;
+use ckpt_tensor::{Buffer, Tensor, Value};
 use ckpt_torch::TorchReader;
 
 use crate::error::{Error, Result};
@@ -121,7 +121,7 @@ impl DataFiles {
                     return Err(out_of_file(file_len));
                 }
                 let len = usize::try_from(info.length).map_err(|_| out_of_file(file_len))?;
-                let mut buf = ckpt_core::AlignedBytes::zeroed(len)?;
+                let mut buf = ckpt_tensor::AlignedBytes::zeroed(len)?;
                 read_exact_at(f, buf.as_mut_bytes(), info.offset)
                     .map_err(|e| Error::io(self.dir.join(&info.relative_path), e))?;
                 Ok(Buffer::from_owner(buf))

@@ -23,7 +23,7 @@
 //! [`save`] / [`save_distributed`] write checkpoints like `FileSystemWriter`, in the maximum-compatibility
 //! [`Profile`] by default (loads in torch 2.0 to 2.15) or torch 2.13's own layout; one file per rank or
 //! per item, several files per rank, zstd items; multi-rank saves coordinate through
-//! [`ckpt_core::Collective`] and write replicated items once. [`reshard`] and [`save_sharded`] write a
+//! [`ckpt_collective::Collective`] and write replicated items once. [`reshard`] and [`save_sharded`] write a
 //! checkpoint for another world size, tensors split on their first dimension (`Shard(0)`). [`verify`] checks a checkpoint end to end;
 //! [`convert`] turns checkpoints into `torch.save`, safetensors and Hugging Face shards, streaming.
 //!
@@ -32,7 +32,7 @@
 //! ```
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/distcp/golden/d215");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_distcp::DcpReader::open(fixture.as_ref())?;             // torch 2.15's 2 ranks; `.metadata` only
 //! let row = ck.tensor("row")?;                                          // assembled from both ranks' items
 //! ckpt_distcp::save(&ck.state_dict()?, &out, &ckpt_distcp::WriteOptions::default())?; // loads in torch 2.0-2.15

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind};
+use ckpt_tensor::{Buffer, CheckpointRead, DType, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind};
 
 use crate::error::{Error, Result};
 use crate::metadata::StorageMetadata;
@@ -145,7 +145,8 @@ impl MegatronReader {
     /// # Errors
     /// [`Error::MegatronMetadata`] for a missing or unreadable `metadata.json` or another backend than
     /// `torch_dist`; the DCP reader's errors; `common.pt`'s.
-    pub fn open(dir: &Path, read: &ReadOptions, options: MegatronOptions) -> Result<Self> {
+    pub fn open(dir: impl AsRef<Path>, read: &ReadOptions, options: MegatronOptions) -> Result<Self> {
+        let dir = dir.as_ref();
         let path = dir.join(METADATA_JSON);
         let text = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
         let metadata: serde_json::Value = serde_json::from_slice(&text)
@@ -279,7 +280,7 @@ impl MegatronReader {
             items = self.llama(items)?;
         }
         if let Value::Dict(_) = &self.common {
-            for leaf in ckpt_core::leaves(&self.common)? {
+            for leaf in ckpt_tensor::leaves(&self.common)? {
                 items.push(Item {
                     name: leaf.key.clone(),
                     kind: entry_kind(leaf.value),
@@ -559,11 +560,11 @@ impl CheckpointRead for MegatronReader {
         d
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         Ok(self.read_tensor(name)?)
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         let item = self.item(name)?;
         Ok(match &item.source {
             Source::Common(v) => v.clone(),
@@ -577,7 +578,7 @@ impl CheckpointRead for MegatronReader {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use ckpt_core::Fault;
+    use ckpt_tensor::Fault;
 
     #[test]
     fn stacked_keys() {

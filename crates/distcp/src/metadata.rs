@@ -19,7 +19,7 @@
 mod decode;
 mod encode;
 
-use ckpt_core::{DType, PathItem, Value};
+use ckpt_tensor::{DType, PathItem, Value};
 
 pub use encode::Profile;
 
@@ -87,7 +87,7 @@ pub struct TensorStorageMetadata {
 impl TensorStorageMetadata {
     /// Number of elements of the whole tensor, or `None` on overflow.
     pub fn numel(&self) -> Option<usize> {
-        ckpt_core::checked_numel(&self.size)
+        ckpt_tensor::checked_numel(&self.size)
     }
 
     /// Bytes of the whole tensor, or `None` on overflow.
@@ -109,7 +109,7 @@ pub struct ChunkStorageMetadata {
 impl ChunkStorageMetadata {
     /// Number of elements, or `None` on overflow.
     pub fn numel(&self) -> Option<usize> {
-        ckpt_core::checked_numel(&self.sizes)
+        ckpt_tensor::checked_numel(&self.sizes)
     }
 }
 

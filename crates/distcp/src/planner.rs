@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ckpt_core::{DType, PathItem, Tensor, Value, flatten};
+use ckpt_tensor::{DType, PathItem, Tensor, Value, flatten};
 use serde_json::{Value as Json, json};
 
 use crate::chunks;

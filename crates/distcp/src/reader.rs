@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ckpt_core::commit::PinnedDir;
-use ckpt_core::{
+use ckpt_io::PinnedDir;
+use ckpt_tensor::{
     AlignedBytes, Buffer, CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten,
 };
 use rayon::prelude::*;
@@ -119,7 +119,7 @@ pub enum MetadataSource {
 /// touching only the items it needs.
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_distcp::{DcpReader, WriteOptions, save};
 /// let dir = tempfile::tempdir().unwrap();
 /// let w = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]).unwrap();
@@ -208,7 +208,7 @@ fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<
     let mut items: Vec<Vec<u32>> = vec![Vec::new(); keys.len()];
     let mut last: Option<(&str, usize)> = None;
     for (i, (ix, _)) in metadata.storage_data.iter().enumerate() {
-        let i = u32::try_from(i).map_err(|_| ckpt_core::Error::Limit("more than 2^32 storage items".into()))?;
+        let i = u32::try_from(i).map_err(|_| ckpt_tensor::Error::Limit("more than 2^32 storage items".into()))?;
         let k = match last {
             Some((fqn, k)) if fqn == ix.fqn => Some(k),
             _ => keys.get(ix.fqn.as_str()).copied(),
@@ -322,7 +322,8 @@ impl DcpReader {
     /// # Errors
     /// [`Error::NotACheckpoint`] if `dir` holds no DCP metadata; the metadata decoder's errors; the first
     /// validation failure (see the type docs), naming the key and the file.
-    pub fn open(dir: &Path) -> Result<DcpReader> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<DcpReader> {
+        let dir = dir.as_ref();
         Self::open_with(dir, &ReadOptions::default())
     }
 
@@ -330,7 +331,8 @@ impl DcpReader {
     ///
     /// # Errors
     /// As [`DcpReader::open`].
-    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<DcpReader> {
+    pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<DcpReader> {
+        let dir = dir.as_ref();
         let r = Self::open_unchecked(dir, options)?;
         if let Some(e) = r.metadata_problems(true).into_iter().next() {
             return Err(e);
@@ -631,9 +633,9 @@ impl DcpReader {
             let rel: Vec<usize> = o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect();
             return Ok(t.region(&rel, l)?);
         }
-        let nbytes = ckpt_core::checked_numel(sizes)
+        let nbytes = ckpt_tensor::checked_numel(sizes)
             .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| ckpt_core::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
+            .ok_or_else(|| ckpt_tensor::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
         let copy = |out: &mut AlignedBytes, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
             // Lazy conjugation/negation bits are resolved before the raw bytes are copied.
             let resolved;
@@ -663,11 +665,11 @@ impl DcpReader {
                     parts.push((t, src, l.clone(), dst));
                 }
                 let shape = sizes.to_vec();
-                let fill = move |out: &mut [u8]| -> ckpt_core::Result<()> {
+                let fill = move |out: &mut [u8]| -> ckpt_tensor::Result<()> {
                     for (t, src, l, dst) in &parts {
                         copy_box(t, src, l, out, &shape, dst).map_err(|e| match e {
                             Error::Core(e) => e,
-                            e => ckpt_core::Error::Malformed(e.to_string()),
+                            e => ckpt_tensor::Error::Malformed(e.to_string()),
                         })?;
                     }
                     Ok(())
@@ -822,11 +824,11 @@ impl CheckpointRead for DcpReader {
         d
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         Ok(self.read_tensor(name)?)
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         Ok(self.read_value(name)?)
     }
 }

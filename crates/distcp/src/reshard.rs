@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_core::{PathItem, Value, flatten, unflatten};
+use ckpt_tensor::{PathItem, Value, flatten, unflatten};
 
 use crate::chunks::shard_box;
 use crate::error::{Error, Result};
@@ -28,7 +28,7 @@ pub type RankState = (Value, HashMap<String, ShardSpec>);
 /// other entry is replicated (and written once by the save).
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// let w = Tensor::from_slice(&(0..10).map(|i| i as f32).collect::<Vec<_>>(), &[5, 2]).unwrap();
 /// let sd = Value::dict([("w", Value::Tensor(w)), ("step", Value::Int(3))]);
 /// let (local, shards) = ckpt_distcp::shard_state_dict(&sd, 1, 2).unwrap();
@@ -64,7 +64,7 @@ pub fn shard_state_dict(state_dict: &Value, rank: usize, world: usize) -> Result
 /// With `world` 1 this is [`crate::save`].
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_distcp::{DcpReader, WriteOptions};
 /// let dir = tempfile::tempdir().unwrap();
 /// let w = Tensor::from_slice(&(0..15).map(|i| i as f32).collect::<Vec<_>>(), &[5, 3]).unwrap();
@@ -124,7 +124,8 @@ impl DcpReader {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use ckpt_core::{Collective, Tensor, ThreadGroup, Value};
+    /// use ckpt_tensor::{Tensor, Value};
+    /// use ckpt_collective::{Collective, ThreadGroup};
     /// use ckpt_distcp::{DcpReader, Error, ShardSpec, WriteOptions, save_distributed};
     /// let dir = tempfile::tempdir().unwrap();
     /// std::thread::scope(|s| {
@@ -146,7 +147,7 @@ impl DcpReader {
     /// # Errors
     /// [`Error::RankCountMismatch`] when the first dimension is not `world`; [`Error::NotATensor`] for a value
     /// without dimensions; [`Error::Unwritable`] for a `rank` not below `world`; read errors.
-    pub fn read_rank_row(&self, key: &str, rank: usize, world: usize) -> Result<ckpt_core::Tensor> {
+    pub fn read_rank_row(&self, key: &str, rank: usize, world: usize) -> Result<ckpt_tensor::Tensor> {
         check_rank(rank, world)?;
         let t = self.tensor_metadata(key)?;
         let saved = match t.size.first() {
@@ -198,7 +199,7 @@ impl ReshardOptions {
 /// anything is written, so a read error leaves no partial checkpoint.
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_distcp::{DcpReader, ReshardOptions, WriteOptions};
 /// let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
 /// let w = Tensor::from_slice(&(0..8).map(|i| i as f32).collect::<Vec<_>>(), &[4, 2]).unwrap();

@@ -2,7 +2,7 @@
 //! tensor bytes straight from memory), the coordinator writes `.metadata`; replicated items are written
 //! once.
 //!
-//! The commit is ckpt-core's directory commit ([`ckpt_core::commit::DirCommit`]), not torch's in-place
+//! The commit is ckpt-tensor's directory commit ([`ckpt_io::DirCommit`]), not torch's in-place
 //! writes: the coordinator locks the destination and creates `.<dir>.ckpt-staging` beside it; every rank
 //! writes and `fdatasync`s its `__{rank}_{n}.distcp` files there; after the exchange of write results the
 //! coordinator writes `.metadata` and `ckpt.checksums.json` (a CRC-32 per item, computed while writing)
@@ -15,8 +15,9 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
 
-use ckpt_core::commit::{CommitError, DirCommit, DirOptions};
-use ckpt_core::{Collective, SingleProcess, Tensor, ThreadGroup, Value};
+use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
+use ckpt_io::{CommitError, DirCommit, DirOptions};
+use ckpt_tensor::{Tensor, Value};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
@@ -143,7 +144,7 @@ impl WriteOptions {
 /// Saves a state dict from one process, like `dcp.save(state_dict, checkpoint_id=dir, no_dist=True)`.
 /// Returns the metadata written.
 ///
-/// Keys follow torch 2.4+'s flattening ([`ckpt_core::flatten`]); tensors become one item each, every other
+/// Keys follow torch 2.4+'s flattening ([`ckpt_tensor::flatten`]); tensors become one item each, every other
 /// leaf a BYTE_IO item (a `torch.save` of the value).
 ///
 /// # Errors
@@ -161,7 +162,8 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Me
 ///
 /// ```
 /// use std::collections::HashMap;
-/// use ckpt_core::{Collective, Tensor, ThreadGroup, Value};
+/// use ckpt_tensor::{Tensor, Value};
+/// use ckpt_collective::{Collective, ThreadGroup};
 /// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_distributed, shard_box};
 /// let dir = tempfile::tempdir().unwrap();
 /// let full: Vec<f32> = (0..10).map(|i| i as f32).collect();
@@ -199,7 +201,7 @@ pub fn save_distributed(
 ///
 /// ```
 /// use std::collections::HashMap;
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_ranks, shard_box};
 /// let dir = tempfile::tempdir().unwrap();
 /// let full = Tensor::from_slice(&(0..10).map(|i| i as f32).collect::<Vec<_>>(), &[10]).unwrap();
@@ -223,7 +225,7 @@ pub fn save_ranks(
     options: &WriteOptions,
 ) -> Result<Metadata> {
     if ranks.is_empty() {
-        return Err(Error::Core(ckpt_core::Error::InvalidArgument("a save needs at least one rank".into())));
+        return Err(Error::Core(ckpt_tensor::Error::InvalidArgument("a save needs at least one rank".into())));
     }
     let results: Vec<Result<Metadata>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ThreadGroup::new(ranks.len())
@@ -235,7 +237,7 @@ pub fn save_ranks(
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(Error::Core(ckpt_core::Error::InvalidArgument("a writer thread panicked".into())))
+                    Err(Error::Core(ckpt_tensor::Error::InvalidArgument("a writer thread panicked".into())))
                 })
             })
             .collect()
@@ -253,7 +255,7 @@ pub fn save_ranks(
     match (first_err, metadata) {
         (Some(e), _) => Err(e),
         (None, Some(m)) => Ok(m),
-        (None, None) => Err(Error::Core(ckpt_core::Error::InvalidArgument("no rank returned".into()))),
+        (None, None) => Err(Error::Core(ckpt_tensor::Error::InvalidArgument("no rank returned".into()))),
     }
 }
 
@@ -389,7 +391,7 @@ pub(crate) fn save_with_source(
 fn dcp_owned(name: &str) -> bool {
     name == ".metadata"
         || name == ".metadata.tmp"
-        || name == ckpt_core::commit::MANIFEST_NAME
+        || name == ckpt_io::MANIFEST_NAME
         || name.ends_with(".distcp")
         || (name.starts_with("__") && name.ends_with(".metadata"))
 }

@@ -6,9 +6,9 @@
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{DType, Tensor, Value};
 use ckpt_distcp::{DcpReader, Error, Metadata, Profile, ReadOptions, StorageMetadata, WriteOptions, save, verify};
 use ckpt_pickle::{Object, Value as P};
+use ckpt_tensor::{DType, Tensor, Value};
 
 const MD: &str = "torch.distributed.checkpoint.metadata";
 
@@ -431,7 +431,7 @@ fn metadata_size_limit() {
     let tight = ReadOptions::default().with_max_metadata_bytes(len - 1);
     let e = DcpReader::open_with(d.path(), &tight).unwrap_err();
     assert!(matches!(&e, Error::MetadataTooLarge { len: l, limit, .. } if *l == len && *limit == len - 1), "{e}");
-    assert_eq!(e.fault(), ckpt_core::Fault::Limit);
+    assert_eq!(e.fault(), ckpt_tensor::Fault::Limit);
     assert!(matches!(ckpt_distcp::verify_structure_with(d.path(), &tight), Err(Error::MetadataTooLarge { .. })));
     assert!(matches!(ckpt_distcp::verify_with(d.path(), &tight), Err(Error::MetadataTooLarge { .. })));
     let exact = ReadOptions::default().with_max_metadata_bytes(len);

@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Tensor, Value};
 use ckpt_distcp::{DcpReader, Metadata, Profile, WriteOptions, save};
+use ckpt_tensor::{CheckpointRead, Tensor, Value};
 
 /// A `.metadata` decoded, or `None` for an error.
 fn both(path: &Path) -> Option<Metadata> {

@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Collective, DType, Tensor, ThreadGroup, Value};
+use ckpt_collective::{Collective, ThreadGroup};
 use ckpt_distcp::{
     DcpReader, Error, Metadata, Profile, ReadOptions, ShardSpec, WriteOptions, convert, save, save_distributed,
     shard_box, verify,
 };
+use ckpt_tensor::{CheckpointRead, DType, Tensor, Value};
 
 fn f32s(n: usize, shape: &[usize]) -> Tensor {
     Tensor::from_slice(&(0..n).map(|i| i as f32).collect::<Vec<_>>(), shape).unwrap()
@@ -77,7 +78,7 @@ fn every_option_round_trips() {
             _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", SUMS], "{name}"),
         }
         // The checksum manifest covers every file but itself, one chunk per item, and verifies.
-        let sums = ckpt_core::commit::Manifest::read(d.path()).unwrap().unwrap();
+        let sums = ckpt_io::Manifest::read(d.path()).unwrap().unwrap();
         assert_eq!(sums.files.len(), files(d.path()).len() - 1, "{name}");
         assert!(sums.verify_dir(d.path()).unwrap().is_empty(), "{name}");
         for (_, info) in &md.storage_data {
@@ -129,7 +130,7 @@ fn overwrite_and_unwritable_values() {
     save(&other, d.path(), &WriteOptions::default()).unwrap();
     assert_eq!(DcpReader::open(d.path()).unwrap().state_dict().unwrap(), other);
 
-    let opaque = ckpt_core::Object {
+    let opaque = ckpt_tensor::Object {
         callable: Value::Global { module: "torch._utils".into(), name: "_rebuild_sparse_tensor".into() },
         args: Value::Tuple(vec![]),
         newobj: false,
@@ -139,7 +140,7 @@ fn overwrite_and_unwritable_values() {
     };
     let bad = Value::dict([(
         "s",
-        Value::OpaqueTensor { kind: ckpt_core::OpaqueTensorKind::Sparse, object: Box::new(opaque) },
+        Value::OpaqueTensor { kind: ckpt_tensor::OpaqueTensorKind::Sparse, object: Box::new(opaque) },
     )]);
     let e = save(&bad, tempfile::tempdir().unwrap().path(), &WriteOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Unwritable { key, .. } if key == "s"));
@@ -152,7 +153,7 @@ fn overwrite_and_unwritable_values() {
         &shards,
         tempfile::tempdir().unwrap().path(),
         &WriteOptions::default(),
-        &ckpt_core::SingleProcess,
+        &ckpt_collective::SingleProcess,
     )
     .unwrap_err();
     assert!(matches!(e, Error::Unwritable { key, .. } if key == "step"));
@@ -274,7 +275,7 @@ fn random_layouts_reshard_to_random_regions() {
                 let want = full.region(&off, &len).unwrap();
                 assert_eq!(got.shape(), len.as_slice());
                 if want.numel() > 0 {
-                    // (ckpt-core's data() rejects empty views whose offset lies past their storage)
+                    // (ckpt-tensor's data() rejects empty views whose offset lies past their storage)
                     assert_eq!(got.data().unwrap(), want.data().unwrap(), "round {round}: {off:?} {len:?}");
                 }
             }
@@ -340,7 +341,7 @@ fn conversions() {
     assert_eq!(report.tensors, 5);
     let back = ckpt_torch::load(&pt).unwrap();
     let flat = |v: &Value| -> Vec<(String, Vec<u8>)> {
-        ckpt_core::flatten(v)
+        ckpt_tensor::flatten(v)
             .unwrap()
             .into_iter()
             .map(|e| {
@@ -371,11 +372,8 @@ fn conversions() {
     let report = convert::dcp_to_safetensors(d.path(), &st).unwrap();
     // ckpt's safetensors convention: every value is kept in `ckpt.values`, in its typed encoding.
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
-    assert_eq!(
-        ckpt_core::safetensors::read_file(&st).unwrap().value("opt.names").unwrap(),
-        r_value(d.path(), "opt.names")
-    );
-    let file = ckpt_core::safetensors::read_file(&st).unwrap();
+    assert_eq!(ckpt_safetensors::read_file(&st).unwrap().value("opt.names").unwrap(), r_value(d.path(), "opt.names"));
+    let file = ckpt_safetensors::read_file(&st).unwrap();
     assert_eq!(file.metadata.as_ref().unwrap()["format"], "pt");
     assert_eq!(file.value("step").unwrap(), Value::Int(11));
     let r = DcpReader::open(d.path()).unwrap();
@@ -500,7 +498,7 @@ fn save_ranks_reports_the_root_cause() {
 
 /// Every entry of a state dict by flattened key, in key order: tensors as their row-major bytes.
 fn entries(v: &Value) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = ckpt_core::flatten(v)
+    let mut out: Vec<(String, Vec<u8>)> = ckpt_tensor::flatten(v)
         .unwrap()
         .into_iter()
         .map(|e| {

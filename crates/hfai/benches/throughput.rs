@@ -19,8 +19,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckpt_core::{Dict, DictKind, Tensor, ThreadGroup, Value};
+use ckpt_collective::ThreadGroup;
 use ckpt_hfai::{HfaiReader, ModelState, SaveState, WriteOptions};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const TOTAL: u64 = 1 << 30;

@@ -1,7 +1,7 @@
 //! A large tensor held as the flat chunks its parts store: sliced and concatenated without copying where
 //! a range lies inside one chunk.
 
-use ckpt_core::{Buffer, DType, Tensor};
+use ckpt_tensor::{Buffer, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -31,7 +31,7 @@ impl Chunked {
             numel = numel.saturating_add(p.numel());
             flat.push(p.to_contiguous()?);
         }
-        let expected = ckpt_core::checked_numel(&shape).unwrap_or(usize::MAX);
+        let expected = ckpt_tensor::checked_numel(&shape).unwrap_or(usize::MAX);
         if expected != numel {
             return Err(Error::ChunkSizeMismatch {
                 key: key.to_owned(),
@@ -74,7 +74,7 @@ impl Chunked {
     /// they had to be copied (the range spans pieces) rather than handed out as a window.
     pub(crate) fn range(&self, start: usize, len: usize) -> Result<(Tensor, bool)> {
         let end = start.checked_add(len).filter(|&e| e <= self.numel).ok_or_else(|| {
-            ckpt_core::Error::InvalidArgument(format!("elements {start}+{len} of a {}-element tensor", self.numel))
+            ckpt_tensor::Error::InvalidArgument(format!("elements {start}+{len} of a {}-element tensor", self.numel))
         })?;
         let es = self.dtype.size();
         // pieces overlapping [start, end), skipping empty ones
@@ -99,9 +99,9 @@ impl Chunked {
                     parts.push(p.storage().slice(from * es..to * es)?);
                 }
                 if parts.iter().map(Buffer::len).sum::<usize>() != len * es {
-                    return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()).into());
+                    return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()).into());
                 }
-                let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+                let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_tensor::Result<()> {
                     let end = offset + out.len();
                     let mut sections = Vec::with_capacity(parts.len());
                     let (mut rest, mut at, mut rest_at) = (out, 0, offset);
@@ -109,7 +109,7 @@ impl Chunked {
                         let (lo, hi) = (offset.max(at), end.min(at + src.len()));
                         if lo < hi {
                             let Some((dst, tail)) = rest.split_at_mut_checked(hi - rest_at) else {
-                                return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
+                                return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()));
                             };
                             sections.push((dst, src.slice(lo - at..hi - at)?));
                             rest = tail;
@@ -118,7 +118,7 @@ impl Chunked {
                         at += src.len();
                     }
                     if !rest.is_empty() {
-                        return Err(ckpt_core::Error::InvalidArgument("chunk ranges overlap".into()));
+                        return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()));
                     }
                     sections.into_par_iter().try_for_each(|(dst, src)| {
                         dst.copy_from_slice(&src.bytes()?);
@@ -193,7 +193,7 @@ mod tests {
             let mut streamed = Vec::new();
             t.data_pieces(piece, |d| {
                 streamed.extend_from_slice(d);
-                Ok::<(), ckpt_core::Error>(())
+                Ok::<(), ckpt_tensor::Error>(())
             })
             .unwrap();
             assert_eq!(streamed, want, "piece {piece}");

@@ -1,14 +1,14 @@
 //! The completion check that hfai lacks: once every rank has written its part into the staging directory,
 //! rank 0 checks that each part there is the one its rank reported writing (length and the CRC-32 of its
 //! tail, as seen from rank 0: on a shared file system, what the other ranks wrote is visible) before the
-//! directory is swapped in ([`ckpt_core::commit::DirCommit`]); every rank then gets the same verdict. Ranks
+//! directory is swapped in ([`ckpt_io::DirCommit`]); every rank then gets the same verdict. Ranks
 //! opening a checkpoint together use the same fingerprints to agree that they read the same files.
 
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use ckpt_core::Collective;
+use ckpt_collective::Collective;
 
 use crate::error::{Error, Result};
 use crate::part::{PartName, classify, part_file_name};

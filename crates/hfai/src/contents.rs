@@ -1,7 +1,7 @@
 //! What an hfai checkpoint holds, independent of how it is split into parts: the models' entries, the
 //! optimizers' state dicts and rank 0's `others`, with large tensors possibly still in their chunks.
 
-use ckpt_core::{Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;

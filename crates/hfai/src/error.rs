@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 /// What went wrong reading, writing or resharding an hfai checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -140,9 +140,9 @@ pub enum Error {
         /// The tensor.
         key: String,
         /// The dtype of the earlier chunks.
-        expected: ckpt_core::DType,
+        expected: ckpt_tensor::DType,
         /// This chunk's dtype.
-        found: ckpt_core::DType,
+        found: ckpt_tensor::DType,
     },
     /// A chunk of a large tensor is not one-dimensional.
     #[error("{}: the chunk of {key} has shape {shape:?}; chunks are flat (1-D)", path.display())]
@@ -249,7 +249,7 @@ pub enum Error {
     },
     /// A core error (bad view, allocation, collective).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 /// `"; the checkpoint has 3 part(s), PART_000.pt .. PART_002.pt"` when the count is known.
@@ -294,12 +294,21 @@ impl Error {
     }
 }
 
-/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
-impl From<Error> for ckpt_core::Error {
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
+    }
+}
+
+impl From<ckpt_io::CommitError> for Error {
+    /// A durable commit's error, as the tensor model holds it ([`Error::Core`]): plain I/O as
+    /// `ckpt_tensor::Error::Io`, the rest (disk full, locked, ...) kept whole, found with
+    /// `format_error::<ckpt_io::CommitError>()`.
+    fn from(e: ckpt_io::CommitError) -> Self {
+        Error::Core(e.into())
     }
 }

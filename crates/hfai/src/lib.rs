@@ -4,7 +4,7 @@
 //!
 //! - [`HfaiReader`] / [`load`]: read a directory (parts mapped and checked in parallel) and merge the
 //!   parts exactly as hfai's `load` does; tensors whole in one part stay windows of its memory map.
-//! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_core::Collective`]
+//! - [`save`] (one process writes all parts) and [`save_rank`] (each rank of a [`ckpt_collective::Collective`]
 //!   writes its own): hfai's layout, key-to-rank split and `torch.chunk` chunking, committed as a whole
 //!   directory with a completion check, which hfai does not have.
 //! - [`reshard`]: N parts to M parts offline, copying only chunks that span stored chunks.
@@ -16,7 +16,7 @@
 //! ```
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_hfai::HfaiReader::open(fixture.as_ref())?;               // 3 parts, merged as hfai's load
 //! let bias = ck.tensor("model.module.encoder.layers.1.norm2.bias")?;
 //! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_nshards(2))?; // 2 parts
@@ -25,7 +25,7 @@
 //! ```
 //!
 //! ```
-//! use ckpt_core::{Dict, DictKind, Tensor, Value};
+//! use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 //! use ckpt_hfai::{HfaiReader, ModelState, SaveState, WriteOptions};
 //!
 //! let mut sd = Dict::new(DictKind::OrderedDict);
@@ -60,7 +60,7 @@
 //! - Ties in the partition are broken deterministically (equal sizes: later key first, as numpy's
 //!   small-array argsort does); hfai's order for ties can vary with numpy version and CPU. Loaders do not
 //!   care where a key lives.
-//! - The directory is committed whole ([`ckpt_core::commit::DirCommit`]): every rank writes its part into
+//! - The directory is committed whole ([`ckpt_io::DirCommit`]): every rank writes its part into
 //!   `.<dir>.ckpt-staging` beside the destination, each part `fdatasync`'d; once all ranks are done, rank 0
 //!   checks every part there (length and tail CRC against what its rank reported), writes the checksum
 //!   manifest `ckpt.checksums.json` (a CRC-32 of every record of every part, which hfai's loader ignores)

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{Buffer, Dict, Tensor, Value, python_str};
+use ckpt_tensor::{Buffer, Dict, Tensor, Value, python_str};
 use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::commit::Fingerprint;
@@ -141,7 +141,7 @@ impl Part {
     pub(crate) fn open(path: &Path, options: &ReadOptions) -> Result<Part> {
         let file = std::fs::File::open(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
         let buffer = Buffer::map(&file, path).map_err(|e| match e {
-            ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+            ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
         let fingerprint = Fingerprint::of_bytes(buffer.as_bytes());

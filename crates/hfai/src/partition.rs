@@ -5,15 +5,15 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
-use ckpt_core::Value;
+use ckpt_tensor::Value;
 
 /// hfai's `count_size`: bytes of a tensor (`numel × element size`), the sum over a dict's values or a
 /// list's / tuple's items (`torch.Size` is a tuple), 8 for an `int`, `float` or `bool`, 0 for anything else
 /// (strings, `None`, and tensors whose data the library cannot see, such as sparse ones).
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
-/// let t = Value::Tensor(Tensor::zeros(ckpt_core::DType::F32, &[3, 4]).unwrap());
+/// use ckpt_tensor::{Tensor, Value};
+/// let t = Value::Tensor(Tensor::zeros(ckpt_tensor::DType::F32, &[3, 4]).unwrap());
 /// let entry = Value::dict([("step", Value::Int(3)), ("exp_avg", t)]);
 /// assert_eq!(ckpt_hfai::count_size(&entry), 8 + 48);
 /// ```
@@ -78,7 +78,7 @@ pub fn chunk_ranges(numel: usize, nshards: usize) -> Vec<Range<usize>> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use ckpt_core::{DType, Tensor};
+    use ckpt_tensor::{DType, Tensor};
 
     #[test]
     fn sizes_follow_count_size() {

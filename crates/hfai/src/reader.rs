@@ -6,7 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ckpt_core::{CheckpointRead, Collective, DType, Dict, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
+use ckpt_collective::Collective;
+use ckpt_tensor::{CheckpointRead, DType, Dict, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
 use ckpt_torch::ReadOptions;
 use rayon::prelude::*;
 
@@ -196,12 +197,12 @@ fn list_parts(dir: &Path) -> Result<(Vec<usize>, Vec<String>)> {
 /// Reads every part of `dir` and merges them, leaving large tensors in their chunks.
 ///
 /// The parts are opened one by one, by path: a save that swaps a new checkpoint in meanwhile
-/// ([`ckpt_core::commit::DirCommit`]) could hand this reader parts of two generations. The directory is
+/// ([`ckpt_io::DirCommit`]) could hand this reader parts of two generations. The directory is
 /// pinned first and checked after: if the path names another directory by then, the parts are read again
 /// (up to three times), so what is returned is one generation's.
 pub(crate) fn read_merged(dir: &Path, options: &ReadOptions) -> Result<Merged> {
     for _ in 0..3 {
-        let pinned = ckpt_core::commit::PinnedDir::open(dir).ok();
+        let pinned = ckpt_io::PinnedDir::open(dir).ok();
         let merged = read_merged_once(dir, options);
         if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
             return merged;
@@ -322,7 +323,7 @@ fn merge(first: Part, rest: Vec<Part>) -> Result<Merged> {
 
 /// A key as it appears in leaf names (`str(key)`).
 fn show_key(k: &Value) -> String {
-    ckpt_core::python_str(k).unwrap_or_else(|_| show(k))
+    ckpt_tensor::python_str(k).unwrap_or_else(|_| show(k))
 }
 
 impl HfaiReader {
@@ -332,7 +333,8 @@ impl HfaiReader {
     /// A specific [`Error`] for a missing part, parts that disagree on `__nshards__`, stale parts, a 1.0.0 or
     /// unknown `__version__`, chunks that do not add up to their stored shape, a part that is not a
     /// readable `torch.save` file, and every other departure from the layout hfai writes.
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
         Self::open_with(dir, &ReadOptions::default())
     }
 
@@ -340,7 +342,8 @@ impl HfaiReader {
     ///
     /// # Errors
     /// As [`HfaiReader::open`].
-    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<Self> {
+    pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
+        let dir = dir.as_ref();
         let merged = read_merged(dir, options)?;
         let (models, optimizers, concatenated_bytes) = merged.contents.materialize()?;
         let mut top = merged.top;
@@ -373,7 +376,8 @@ impl HfaiReader {
     /// # Errors
     /// As [`HfaiReader::open`] for this rank's own failure; [`Error::RankFailed`] when another rank
     /// failed; [`Error::Inconsistent`] when a rank read different files than rank 0.
-    pub fn open_collective(dir: &Path, options: &ReadOptions, group: &dyn Collective) -> Result<Self> {
+    pub fn open_collective(dir: impl AsRef<Path>, options: &ReadOptions, group: &dyn Collective) -> Result<Self> {
+        let dir = dir.as_ref();
         let own = Self::open_with(dir, options);
         let reports = Report::of(&own, |c| c.fingerprints.clone()).exchange(group)?;
         let ckpt = own?;
@@ -524,25 +528,25 @@ impl CheckpointRead for HfaiReader {
         ]
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         match self.find(name)? {
-            Value::OpaqueTensor { kind, .. } => Err(ckpt_core::Error::Unsupported(format!(
+            Value::OpaqueTensor { kind, .. } => Err(ckpt_tensor::Error::Unsupported(format!(
                 "{name:?} is a {kind:?} tensor; its data cannot be read as a dense tensor"
             ))),
             v => v.as_tensor().cloned().ok_or_else(|| {
-                ckpt_core::Error::InvalidArgument(format!("{name:?} is a {}, not a tensor", v.type_name()))
+                ckpt_tensor::Error::InvalidArgument(format!("{name:?} is a {}, not a tensor", v.type_name()))
             }),
         }
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         self.find(name).cloned()
     }
 }
 
 impl HfaiReader {
-    fn find(&self, name: &str) -> ckpt_core::Result<&Value> {
-        let missing = || ckpt_core::Error::InvalidArgument(format!("no entry named {name:?}"));
+    fn find(&self, name: &str) -> ckpt_tensor::Result<&Value> {
+        let missing = || ckpt_tensor::Error::InvalidArgument(format!("no entry named {name:?}"));
         match self.leaf_index.get_or_init(|| LeafIndex::new(&self.value).ok()) {
             Some(index) => index.get(&self.value, name).ok_or_else(missing),
             // A key whose str() is not reproduced: leaves() names the error.
@@ -568,7 +572,7 @@ pub struct PartChunk {
 }
 
 /// What one process of a job reads of an hfai checkpoint: only the parts of the ranks it hosts (process `p`
-/// of `K` hosts parts `p, p + K, ...`, [`ckpt_core::hosted_ranks`]); no other part is opened.
+/// of `K` hosts parts `p, p + K, ...`, [`ckpt_collective::hosted_ranks`]); no other part is opened.
 ///
 /// [`RankShare::value`] is laid out as [`HfaiReader::value`], holding only what those parts hold: the model
 /// and optimizer entries whole in them, and, when the process hosts part 0, the model buffers and the
@@ -602,7 +606,7 @@ impl RankShare {
         if !foreign.is_empty() {
             return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: foreign, nshards });
         }
-        let mine = ckpt_core::hosted_ranks(process, processes, nshards);
+        let mine = ckpt_collective::hosted_ranks(process, processes, nshards);
         let parts: Vec<Part> =
             mine.par_iter().map(|&r| Part::open(&dir.join(part_file_name(r)), options)).collect::<Result<_>>()?;
         for p in &parts {
@@ -674,7 +678,7 @@ fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<
     let n_optimizers = parts.iter().map(|p| p.optimizers.len()).max().unwrap_or(0);
     let mut chunks = Vec::new();
     let mut chunk = |name: String, large: &LargeChunk, rank: usize| {
-        let numel = ckpt_core::checked_numel(&large.shape).unwrap_or(0);
+        let numel = ckpt_tensor::checked_numel(&large.shape).unwrap_or(0);
         let range = chunk_ranges(numel, nshards).get(rank).cloned().unwrap_or(0..0);
         if range.len() != large.chunk.numel() {
             return Err(Error::ChunkSizeMismatch {
@@ -722,7 +726,7 @@ fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<
                 chunk(name, l, rank)?;
             }
         }
-        let dict = base.cloned().unwrap_or_else(|| Dict::new(ckpt_core::DictKind::Dict));
+        let dict = base.cloned().unwrap_or_else(|| Dict::new(ckpt_tensor::DictKind::Dict));
         let state = state.items.into_iter().map(|(k, v)| (k, StateEntry::from_value(v))).collect();
         optimizers.push(OptimizerContents { dict, state });
     }
@@ -732,7 +736,7 @@ fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<
     let mut top = match ranks.first().zip(parts.first()) {
         Some((0, p)) => p.top.clone(),
         _ => {
-            let mut top = Dict::new(ckpt_core::DictKind::Dict);
+            let mut top = Dict::new(ckpt_tensor::DictKind::Dict);
             top.insert("__nshards__", Value::Int(i64::try_from(nshards).unwrap_or(i64::MAX)));
             top.insert("__version__", VERSION);
             top.insert("model", Value::List(Vec::new()));

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use ckpt_core::{Collective, Value};
+use ckpt_collective::Collective;
+use ckpt_tensor::Value;
 use ckpt_torch::ReadOptions;
 
 use crate::contents::Item;
@@ -81,14 +82,14 @@ pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions)
 }
 
 /// [`reshard`] as one rank of a job of `group.world_size()` ranks (the new part count), one call per rank
-/// (threads, processes under MPI, [`ckpt_core::host_ranks`]): every rank plans the split from the source's
+/// (threads, processes under MPI, [`ckpt_collective::host_ranks`]): every rank plans the split from the source's
 /// parts (their memory maps; nothing is read but the pickles), rank `r` writes `PART_{r:03d}.pt`, reading
 /// only its entries and chunks, into the staging directory beside `dst`; rank 0 checks every part on disk
 /// and swaps the directory in. The parts are [`reshard`]'s, byte for byte. Every rank returns the same
 /// verdict: a failure on any rank is an error on every rank.
 ///
 /// ```
-/// use ckpt_core::ThreadGroup;
+/// use ckpt_collective::ThreadGroup;
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
 /// let dir = tempfile::tempdir().unwrap();
 /// let (one, two) = (dir.path().join("one"), dir.path().join("two"));

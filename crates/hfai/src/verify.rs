@@ -27,7 +27,7 @@ impl VerifyReport {
 /// loader counts them too).
 ///
 /// ```
-/// use ckpt_core::{Dict, DictKind, Tensor};
+/// use ckpt_tensor::{Dict, DictKind, Tensor};
 /// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
 /// let mut sd = Dict::new(DictKind::OrderedDict);
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap());

@@ -1,12 +1,13 @@
 //! Writing a checkpoint directory in hfai's layout: from one process (all parts, in parallel) or from each
-//! rank of a process group (its own part), committed as a whole directory ([`ckpt_core::commit::DirCommit`]):
+//! rank of a process group (its own part), committed as a whole directory ([`ckpt_io::DirCommit`]):
 //! every part is written into a staging directory beside the destination, checked, and swapped in at once.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ckpt_core::commit::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_core::{Collective, Dict, DictKind, SingleProcess, Tensor, Value};
+use ckpt_collective::{Collective, SingleProcess};
+use ckpt_io::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;
@@ -150,7 +151,7 @@ impl ModelState {
 /// (`optimizer.state_dict()`: a dict with `"state"` and `"param_groups"`), and `others`, which go into part 0.
 ///
 /// ```
-/// use ckpt_core::{Dict, DictKind, Tensor, Value};
+/// use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 /// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
 /// let mut sd = Dict::new(DictKind::OrderedDict);
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 6], &[2, 3]).unwrap());
@@ -210,7 +211,7 @@ impl SaveState {
     /// `model.state_dict()`), so hfai's `load` returns it under `model`.
     ///
     /// ```
-    /// use ckpt_core::{Dict, DictKind, Tensor, Value};
+    /// use ckpt_tensor::{Dict, DictKind, Tensor, Value};
     /// use ckpt_hfai::SaveState;
     /// let w = Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap());
     /// let top = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3)), ("optimizer", Value::None)]);
@@ -577,7 +578,7 @@ impl Plan {
     }
 }
 
-/// Whether `value` holds a tensor whose bytes are made on demand ([`ckpt_core::Buffer::deferred`]).
+/// Whether `value` holds a tensor whose bytes are made on demand ([`ckpt_tensor::Buffer::deferred`]).
 fn holds_deferred(value: &Value) -> bool {
     match value {
         Value::Tensor(t) | Value::Parameter { tensor: t, .. } => t.storage().is_deferred(),
@@ -596,7 +597,7 @@ fn leaf_name(what: &str, count: usize, index: usize, keys: &[&Value]) -> String 
     }
     for k in keys {
         name.push('.');
-        name.push_str(&ckpt_core::python_str(k).unwrap_or_else(|_| show(k)));
+        name.push_str(&ckpt_tensor::python_str(k).unwrap_or_else(|_| show(k)));
     }
     name
 }
@@ -613,7 +614,7 @@ fn compact_tensor(t: &Tensor) -> Result<Tensor> {
 
 /// How a rank gets the tensors it writes from the tensors of the state it was given (see
 /// [`save_rank_resolved`]).
-pub type Resolve<'a> = &'a (dyn Fn(&Tensor) -> ckpt_core::Result<Tensor> + Sync);
+pub type Resolve<'a> = &'a (dyn Fn(&Tensor) -> ckpt_tensor::Result<Tensor> + Sync);
 
 /// `v` with every tensor in it (nested in mappings, lists, tuples, parameters) passed through `resolve`.
 fn resolve_value(v: &Value, resolve: Resolve<'_>) -> Result<Value> {
@@ -651,7 +652,7 @@ fn compact(v: &Value) -> Result<Value> {
 
 /// Saves `state` as an hfai checkpoint of `options.nshards` parts in `dir`, from this one process: the parts
 /// are built and written in parallel into `.<dir>.ckpt-staging` beside `dir`, checked on disk, and the
-/// directory swapped in whole ([`ckpt_core::commit::DirCommit`]): a crash at any point leaves the previous
+/// directory swapped in whole ([`ckpt_io::DirCommit`]): a crash at any point leaves the previous
 /// checkpoint or the new one, parts of an earlier, wider save disappear with it, and files in `dir` that
 /// are not hfai's are carried over. `ckpt.checksums.json` (a CRC-32 of every record) is written beside the
 /// parts unless [`WriteOptions::checksums`] is off.
@@ -666,7 +667,7 @@ fn compact(v: &Value) -> Result<Value> {
 /// # Errors
 /// [`Error::ZeroShards`], [`Error::ReservedKey`], [`Error::UnknownBuffer`], [`Error::BadOptimizer`],
 /// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; the commit's errors
-/// (`Error::Core(ckpt_core::Error::Commit(_))`: the destination locked by another save, a full disk, ...);
+/// (`Error::Core` holding a `ckpt_io::CommitError`: the destination locked by another save, a full disk, ...);
 /// [`Error::Incomplete`] or [`Error::ForeignFiles`] from the completion check.
 pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()> {
     Plan::new(state.contents()?, options.nshards, options.large_size)?.write_all(dir, options)
@@ -675,11 +676,12 @@ pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()>
 /// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
 /// writes its own part, `PART_{rank:03d}.pt` of `group.world_size()` parts, into the staging directory rank
 /// 0 prepares beside `dir`. Once every rank has written, rank 0 checks every part on disk and swaps the
-/// directory in ([`ckpt_core::commit::DirCommit`]); all ranks return the same verdict, and a rank that fails
+/// directory in ([`ckpt_io::DirCommit`]); all ranks return the same verdict, and a rank that fails
 /// (even before writing) does not leave the others waiting.
 ///
 /// ```
-/// use ckpt_core::{Dict, DictKind, Tensor, ThreadGroup};
+/// use ckpt_tensor::{Dict, DictKind, Tensor};
+/// use ckpt_collective::ThreadGroup;
 /// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
 /// let mut sd = Dict::new(DictKind::OrderedDict);
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap());
@@ -707,10 +709,11 @@ pub fn save_rank(state: &SaveState, dir: &Path, options: &WriteOptions, group: &
 /// `resolve`, only those of its own part; `resolve` must return a tensor of the same dtype and shape.
 ///
 /// ```
-/// use ckpt_core::{Dict, DictKind, SingleProcess, Tensor};
+/// use ckpt_tensor::{Dict, DictKind, Tensor};
+/// use ckpt_collective::SingleProcess;
 /// use ckpt_hfai::{ModelState, SaveState, WriteOptions};
 /// let mut sd = Dict::new(DictKind::OrderedDict);
-/// sd.insert("w", Tensor::zeros(ckpt_core::DType::F32, &[4]).unwrap()); // stands for the real `w`
+/// sd.insert("w", Tensor::zeros(ckpt_tensor::DType::F32, &[4]).unwrap()); // stands for the real `w`
 /// let state = SaveState::default().with_model(ModelState::new(sd));
 /// let dir = tempfile::tempdir().unwrap();
 /// let real = |_: &Tensor| Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]);

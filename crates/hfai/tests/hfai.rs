@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Collective, DType, Dict, DictKind, SingleProcess, Tensor, ThreadGroup, Value};
+use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
 use ckpt_hfai::{
     Error, HfaiReader, ModelState, RankShare, ReshardOptions, SaveState, WriteOptions, chunk_ranges, part_file_name,
     reshard, save, save_rank,
 };
+use ckpt_tensor::{CheckpointRead, DType, Dict, DictKind, Tensor, Value};
 
 /// Deterministic values: element i of tensor `k` is ((i * (2k + 5) + k) % 17 - 8) / 4.
 fn f32s(k: usize, shape: &[usize]) -> Tensor {
@@ -81,7 +82,7 @@ fn opts() -> WriteOptions {
 }
 
 fn by_key(d: &Dict) -> HashMap<String, &Value> {
-    d.items.iter().map(|(k, v)| (ckpt_core::python_str(k).unwrap(), v)).collect()
+    d.items.iter().map(|(k, v)| (ckpt_tensor::python_str(k).unwrap(), v)).collect()
 }
 
 fn assert_tensor_eq(a: &Value, b: &Value, what: &str) {
@@ -253,7 +254,7 @@ fn one_process_and_n_ranks_write_the_same_bytes() {
             assert!(fs::read(a.path().join(&f)).unwrap() == fs::read(b.path().join(&f)).unwrap(), "{n} parts: {f}");
         }
         assert_eq!(files(b.path()).len(), n + 1, "the parts and the checksum manifest");
-        let sums = ckpt_core::commit::Manifest::read(b.path()).unwrap().unwrap();
+        let sums = ckpt_io::Manifest::read(b.path()).unwrap().unwrap();
         assert!(sums.verify_dir(b.path()).unwrap().is_empty());
         assert_eq!(sums.files.len(), n);
     }
@@ -640,7 +641,7 @@ fn a_training_checkpoint_lays_out_as_hfai_save_takes_it() {
     assert_eq!((dropped, state.optimizers.len()), (vec!["optimizer".to_owned()], 0));
     // Any other mapping is the model state dict.
     let (state, _) = SaveState::from_state_dict(sd.as_dict().unwrap());
-    assert_eq!(state.models[0].state_dict.kind, ckpt_core::DictKind::OrderedDict);
+    assert_eq!(state.models[0].state_dict.kind, ckpt_tensor::DictKind::OrderedDict);
     assert_eq!(state.models[0].state_dict.items.len(), sd.as_dict().unwrap().items.len());
 }
 
@@ -698,10 +699,10 @@ fn rank_shares_read_only_their_parts() {
         let mut model_keys = Vec::new();
         let mut covered: HashMap<String, usize> = HashMap::new();
         for (p, share) in shares.iter().enumerate() {
-            assert_eq!(share.parts(), ckpt_core::hosted_ranks(p, k, 4), "process {p} of {k}");
+            assert_eq!(share.parts(), ckpt_collective::hosted_ranks(p, k, 4), "process {p} of {k}");
             assert_eq!(share.nshards(), 4);
             for (key, v) in &share.model().unwrap().items {
-                let key = ckpt_core::python_str(key).unwrap();
+                let key = ckpt_tensor::python_str(key).unwrap();
                 assert_tensor_eq(v, whole.model().unwrap().get(key.as_str()).unwrap(), &key);
                 model_keys.push(key);
             }
@@ -715,7 +716,7 @@ fn rank_shares_read_only_their_parts() {
         }
         model_keys.sort();
         let mut expected: Vec<String> =
-            whole.model().unwrap().items.iter().map(|(k, _)| ckpt_core::python_str(k).unwrap()).collect();
+            whole.model().unwrap().items.iter().map(|(k, _)| ckpt_tensor::python_str(k).unwrap()).collect();
         expected.retain(|k| !whole.chunked().contains(&format!("model.{k}")));
         expected.sort();
         assert_eq!(model_keys, expected, "{k} processes hold every whole model entry once");

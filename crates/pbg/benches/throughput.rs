@@ -20,11 +20,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckpt_core::Tensor;
 use ckpt_pbg::{
     Config, EntityPartition, EntityStorage, FileCheckpointStorage, Model, ModelParameter, OptimizerState, PbgReader,
     StateDict, WriteOptions, export_tsv,
 };
+use ckpt_tensor::Tensor;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const DIM: usize = 64;

@@ -1,9 +1,9 @@
 //! A whole checkpoint at one version, read: every entity partition, the model, the decoded optimizer
-//! states and the config, behind [`ckpt_core::CheckpointRead`].
+//! states and the config, behind [`ckpt_tensor::CheckpointRead`].
 
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
+use ckpt_tensor::{CheckpointRead, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -80,7 +80,8 @@ impl PbgReader {
     ///
     /// # Errors
     /// The first error of any file of the version (each names its file); [`Error::Io`].
-    pub fn open(dir: &Path) -> Result<PbgReader> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<PbgReader> {
+        let dir = dir.as_ref();
         Self::open_with(dir, &ReadOptions::default())
     }
 
@@ -88,7 +89,8 @@ impl PbgReader {
     ///
     /// # Errors
     /// As [`PbgReader::open`].
-    pub fn open_with(dir: &Path, options: &ReadOptions) -> Result<PbgReader> {
+    pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<PbgReader> {
+        let dir = dir.as_ref();
         let storage = FileCheckpointStorage::new(dir);
         let version = match options.version {
             Some(v) => v,
@@ -367,7 +369,7 @@ impl CheckpointRead for PbgReader {
         d
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         for (n, item) in self.all() {
             if n == name {
                 return match item {
@@ -382,7 +384,7 @@ impl CheckpointRead for PbgReader {
         Err(Error::NoSuchEntry(name.to_owned()).into())
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         if name == "config" {
             if let Some(c) = &self.config {
                 return Ok(Value::Str(c.text().to_owned()));

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
-use ckpt_core::commit::{DestinationLock, FileDigest, MANIFEST_NAME, Manifest};
+use ckpt_io::{DestinationLock, FileDigest, MANIFEST_NAME, Manifest};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -128,7 +128,7 @@ pub struct CommitReport {
 /// `V+1` ([`Commit::next_metadata`]), when it can be derived.
 ///
 /// ```
-/// use ckpt_core::Tensor;
+/// use ckpt_tensor::Tensor;
 /// use ckpt_pbg::{WriteOptions, EntityPartition, FileCheckpointStorage, Model};
 /// let dir = tempfile::tempdir().unwrap();
 /// let storage = FileCheckpointStorage::new(dir.path());
@@ -157,12 +157,12 @@ pub struct Commit<'s> {
 
 impl FileCheckpointStorage {
     /// Starts a commit of version `V+1` on top of the committed version `V`, holding the destination's
-    /// advisory lock (`.<dir>.ckpt-lock` beside the directory, [`ckpt_core::commit::DestinationLock`]) until
+    /// advisory lock (`.<dir>.ckpt-lock` beside the directory, [`ckpt_io::DestinationLock`]) until
     /// the commit is finished or dropped: a second writer of the same directory gets a lock error naming
     /// the holder instead of racing this one.
     ///
     /// # Errors
-    /// [`Error::BadVersionFile`], [`Error::Io`]; `Error::Core(ckpt_core::Error::Commit(_))` when another
+    /// [`Error::BadVersionFile`], [`Error::Io`]; `Error::Core` holding a `ckpt_io::CommitError` when another
     /// save holds the lock.
     pub fn begin_commit(&self) -> Result<Commit<'_>> {
         let lock = DestinationLock::acquire(self.path()).map_err(|e| Error::Core(e.into()))?;
@@ -430,15 +430,16 @@ fn update_manifest(storage: &FileCheckpointStorage, digests: Vec<FileDigest>, dr
     }
     let path = dir.join(MANIFEST_NAME);
     let json = m.to_json();
-    ckpt_core::atomic::write_atomic(&path, |w| {
-        std::io::Write::write_all(w, &json).map_err(|e| ckpt_core::Error::io(&path, e))
+    ckpt_io::write_file(&path, &ckpt_io::FileOptions::default(), |w| {
+        std::io::Write::write_all(w, &json).map_err(|e| ckpt_tensor::Error::io(&path, e))
     })
+    .map(|_| ())
     .map_err(Error::Core)
 }
 
-/// A [failpoint](ckpt_core::commit::failpoint) between the steps of a commit, for crash tests.
+/// A [failpoint](ckpt_io::failpoint) between the steps of a commit, for crash tests.
 fn crash_point(name: &'static str, storage: &FileCheckpointStorage) -> Result<()> {
-    ckpt_core::commit::failpoint::hit(name).map_err(|e| Error::io(storage.path(), e))
+    ckpt_io::failpoint::hit(name).map_err(|e| Error::io(storage.path(), e))
 }
 
 /// The same file at another version.

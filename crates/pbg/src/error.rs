@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 /// What went wrong reading, writing or checking a PyTorch-BigGraph checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -268,7 +268,7 @@ pub enum Error {
     NoSuchEntry(String),
     /// An error from the tensor model (allocation, views).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 impl Error {
@@ -303,15 +303,24 @@ impl Error {
     }
 }
 
-/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
-impl From<Error> for ckpt_core::Error {
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
     }
 }
 
 /// `Result` with the PBG codec's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<ckpt_io::CommitError> for Error {
+    /// A durable commit's error, as the tensor model holds it ([`Error::Core`]): plain I/O as
+    /// `ckpt_tensor::Error::Io`, the rest (disk full, locked, ...) kept whole, found with
+    /// `format_error::<ckpt_io::CommitError>()`.
+    fn from(e: ckpt_io::CommitError) -> Self {
+        Error::Core(e.into())
+    }
+}

@@ -6,7 +6,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use ckpt_core::{Tensor, safetensors};
+use ckpt_safetensors as safetensors;
+use ckpt_tensor::Tensor;
 use rayon::prelude::*;
 
 use crate::checkpoint::PbgReader;
@@ -294,28 +295,28 @@ pub fn export_tsv(
 }
 
 /// Everything in one safetensors file, under the [`PbgReader`] entry names, with ckpt's safetensors
-/// convention ([`ckpt_core::safetensors::metadata`]: `format` = `pt`, `ckpt.source` = `pbg`, the non-tensor
+/// convention ([`ckpt_safetensors::metadata`]: `format` = `pt`, `ckpt.source` = `pbg`, the non-tensor
 /// entries (`config`, `version`, the optimizers' scalars) in `ckpt.values`), so the file converts back into
 /// a PBG checkpoint ([`crate::save`]). Returns the names of the entries it could not hold (a non-finite
 /// float optimizer scalar).
 ///
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
-/// use ckpt_core::CheckpointRead;
+/// use ckpt_tensor::CheckpointRead;
 /// let ck = ckpt_pbg::PbgReader::open(fixture.as_ref()).unwrap();
 /// let dir = tempfile::tempdir().unwrap();
 /// let out = dir.path().join("pbg.safetensors");
 /// assert!(ckpt_pbg::export_safetensors(&ck, &out).unwrap().is_empty());
-/// let st = ckpt_core::safetensors::SafetensorsReader::open(&out).unwrap();
-/// assert_eq!(st.value("version").unwrap(), ckpt_core::Value::Int(4));
+/// let st = ckpt_safetensors::SafetensorsReader::open(&out).unwrap();
+/// assert_eq!(st.value("version").unwrap(), ckpt_tensor::Value::Int(4));
 /// ```
 ///
 /// # Errors
 /// [`Error::Core`] for safetensors failures and I/O.
 pub fn export_safetensors(checkpoint: &PbgReader, path: &Path) -> Result<Vec<String>> {
     let entries = checkpoint.entry_values();
-    let paths: Vec<[ckpt_core::PathItem; 1]> =
-        entries.iter().map(|(name, _)| [ckpt_core::PathItem::Key(name.clone())]).collect();
+    let paths: Vec<[ckpt_tensor::PathItem; 1]> =
+        entries.iter().map(|(name, _)| [ckpt_tensor::PathItem::Key(name.clone())]).collect();
     let report = safetensors::metadata::save_entries(
         entries.iter().zip(&paths).map(|((name, value), p)| (name.as_str(), p.as_slice(), value)),
         path,

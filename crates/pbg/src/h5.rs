@@ -25,8 +25,8 @@ use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::commit::{DurableWriter, FileCommit, FileOptions};
-use ckpt_core::{Buffer, DType, Tensor, checked_numel};
+use ckpt_io::{DurableWriter, FileCommit, FileOptions};
+use ckpt_tensor::{Buffer, DType, Tensor, checked_numel};
 use hdf5::dataset::{AllocTime, FillTime, Layout};
 use hdf5::datatype::ByteOrder;
 use hdf5::plist::dataset_create::DatasetCreateBuilder;
@@ -154,12 +154,12 @@ fn open_file(path: &Path, create: bool) -> Result<File> {
     Ok(file)
 }
 
-fn core_err(path: &Path, e: ckpt_core::Error) -> Error {
+fn core_err(path: &Path, e: ckpt_tensor::Error) -> Error {
     match e {
-        ckpt_core::Error::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
+        ckpt_tensor::Error::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
             Error::CouldNotLoad { path }
         }
-        ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+        ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
         other => {
             let _ = path;
             Error::Core(other)
@@ -264,7 +264,8 @@ impl Reader {
     ///
     /// # Errors
     /// As above.
-    pub fn open(path: &Path) -> Result<Reader> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Reader> {
+        let path = path.as_ref();
         let map = Buffer::map_file(path).map_err(|e| core_err(path, e))?;
         let base = check_header(path, map.as_bytes())?;
         let file = open_file(path, false)?;
@@ -489,7 +490,7 @@ impl Reader {
     fn read_bytes_raw(&self, ds: &Dataset, name: &str, nbytes: usize) -> Result<Buffer> {
         self.check_declared_size(ds, name, nbytes)?;
         let numel = checked_numel(&ds.shape()).unwrap_or(usize::MAX);
-        let mut out = ckpt_core::AlignedBytes::zeroed(nbytes)?;
+        let mut out = ckpt_tensor::AlignedBytes::zeroed(nbytes)?;
         let id = ds.id();
         // SAFETY: the type id comes from libhdf5 and is owned (closed) by `dt`. `H5Dread` with the file's
         // own type as memory type and H5S_ALL writes exactly numel × H5Tget_size(type) bytes, which is

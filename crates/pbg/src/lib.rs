@@ -11,7 +11,7 @@
 //!   model, config, stats, snapshots), with snapshot links that still resolve after a move.
 //! - [`Commit`]: write version `V+1`, commit, snapshot, drop `V` — PBG's protocol, crash-safe, parallel.
 //! - [`FileCheckpointStorage::verify`]: partial versions, missing or invalid partitions, counts.
-//! - [`PbgReader`]: a whole version read (zero copy over memory maps) behind [`ckpt_core::CheckpointRead`].
+//! - [`PbgReader`]: a whole version read (zero copy over memory maps) behind [`ckpt_tensor::CheckpointRead`].
 //! - [`OptimizerState`] / [`StateDict`]: the `optimizer/state_dict` blobs, decoded and re-encoded through
 //!   ckpt-torch.
 //! - [`save`]: a new checkpoint from entries named as [`PbgReader`] names them (what another format keeps
@@ -25,7 +25,7 @@
 //! ```
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_pbg::PbgReader::open(fixture.as_ref())?;                 // the committed version, memory-mapped
 //! let users = ck.tensor("embeddings/user_id/0")?;                         // float32 [N, D]
 //! ckpt_pbg::save(&ck.entry_values(), &out, &ckpt_pbg::WriteOptions::default())?; // torchbiggraph resumes from it
@@ -34,7 +34,7 @@
 //! ```
 //!
 //! ```
-//! use ckpt_core::Tensor;
+//! use ckpt_tensor::Tensor;
 //! use ckpt_pbg::{PbgReader, WriteOptions, EntityPartition, FileCheckpointStorage, Model, ModelParameter,
 //!     StateDict, OptimizerState};
 //!

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Tensor;
+use ckpt_tensor::Tensor;
 
 use crate::error::{Error, Result};
 use crate::h5::{Reader, Writer, read_attr};
@@ -225,6 +225,6 @@ mod tests {
         assert_eq!(private_to_public("rhs_operators.0.a.b"), None);
         assert_eq!(private_to_public("_operators.0.a"), None);
         assert_eq!(public_to_private("entities/a.b/global_embedding"), None);
-        assert!(ModelParameter::new("weird", Tensor::zeros(ckpt_core::DType::F32, &[1]).unwrap()).is_err());
+        assert!(ModelParameter::new("weird", Tensor::zeros(ckpt_tensor::DType::F32, &[1]).unwrap()).is_err());
     }
 }

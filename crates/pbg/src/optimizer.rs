@@ -8,7 +8,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use ckpt_core::{Buffer, Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Buffer, Dict, DictKind, Tensor, Value};
 use ckpt_torch::{ReadOptions, TorchReader, WriteOptions, save_to_writer};
 
 use crate::error::{Error, Result};
@@ -98,7 +98,7 @@ impl OptimizerState {
 /// (or `{}`, PBG's `DummyOptimizer`), kept as the lossless Python value with typed accessors.
 ///
 /// ```
-/// use ckpt_core::Tensor;
+/// use ckpt_tensor::Tensor;
 /// use ckpt_pbg::{OptimizerState, StateDict};
 /// let sum = Tensor::from_slice(&[0.5f32, 1.5, 2.5], &[3]).unwrap();
 /// let sd = StateDict::row_adagrad(sum.clone(), 0.1);
@@ -213,9 +213,9 @@ impl StateDict {
             v => {
                 let t = v.as_tensor()?;
                 match t.dtype() {
-                    ckpt_core::DType::F32 => t.to_vec::<f32>().ok()?.first().map(|&x| f64::from(x)),
-                    ckpt_core::DType::F64 => t.to_vec::<f64>().ok()?.first().copied(),
-                    ckpt_core::DType::I64 => t.to_vec::<i64>().ok()?.first().map(|&x| x as f64),
+                    ckpt_tensor::DType::F32 => t.to_vec::<f32>().ok()?.first().map(|&x| f64::from(x)),
+                    ckpt_tensor::DType::F64 => t.to_vec::<f64>().ok()?.first().copied(),
+                    ckpt_tensor::DType::I64 => t.to_vec::<i64>().ok()?.first().map(|&x| x as f64),
                     _ => None,
                 }
             }
@@ -267,7 +267,7 @@ impl StateDict {
 }
 
 fn python_repr(v: &Value) -> String {
-    ckpt_core::python_str(v).unwrap_or_else(|_| v.type_name().to_owned())
+    ckpt_tensor::python_str(v).unwrap_or_else(|_| v.type_name().to_owned())
 }
 
 #[cfg(test)]

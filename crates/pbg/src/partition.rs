@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{DType, Tensor};
+use ckpt_tensor::{DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::h5::{Element, Reader, Writer};
@@ -139,7 +139,7 @@ pub fn read_partition_file(path: &Path) -> Result<EntityPartition> {
 /// Writes an embeddings file like PBG's `save_entity_partition` (`format_version` = 1 first, then the
 /// metadata, then `embeddings`, then `optimizer/state_dict`) at `path`, durably and atomically: a
 /// temporary file beside it, written through ckpt's durable writer (`O_DIRECT` where the file system allows
-/// it), `fdatasync`, rename over `path`, fsync of the directory ([`ckpt_core::commit::FileCommit`]). A crash
+/// it), `fdatasync`, rename over `path`, fsync of the directory ([`ckpt_io::FileCommit`]). A crash
 /// leaves the old file or the new one.
 ///
 /// # Errors

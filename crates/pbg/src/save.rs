@@ -25,8 +25,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ckpt_core::commit::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_core::{Collective, Dict, DictKind, SingleProcess, Tensor, Value};
+use ckpt_collective::{Collective, SingleProcess};
+use ckpt_io::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 
 use crate::commit::WriteOptions;
 use crate::config::Config;
@@ -300,7 +301,7 @@ fn commit_error(e: CommitError) -> Error {
 /// partition count differs and rebuilding optimizer state dicts of which only the tensors were kept. The
 /// config is written first, then version `V` in one commit (`options`' snapshot and version-file choices
 /// apply; there is no older version to carry over or preserve). The directory is written beside `dst`
-/// (`.<dst>.ckpt-staging`) and swapped in whole ([`ckpt_core::commit::DirCommit`]), with the checksum
+/// (`.<dst>.ckpt-staging`) and swapped in whole ([`ckpt_io::DirCommit`]), with the checksum
 /// manifest `ckpt.checksums.json` (a CRC-32 per 8 MiB of every HDF5 file and the config, which PBG
 /// ignores): a crash leaves no
 /// checkpoint or the whole new one, never a half-written one; files of an existing `dst` that are not PBG's
@@ -308,7 +309,7 @@ fn commit_error(e: CommitError) -> Error {
 ///
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
-/// use ckpt_core::CheckpointRead;
+/// use ckpt_tensor::CheckpointRead;
 /// use ckpt_pbg::{PbgReader, WriteOptions};
 /// let src = PbgReader::open(fixture.as_ref()).unwrap();
 /// // Every entry by name, as any other format keeps them; user_id re-partitioned from 2 partitions into 3.
@@ -326,7 +327,7 @@ fn commit_error(e: CommitError) -> Error {
 /// [`Error::NoEmbeddings`] when no entry is an entity partition or a model parameter; [`Error::NoConfig`]
 /// without a config; [`Error::LayoutMismatch`] when the entries do not fit the config's layout;
 /// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors; the
-/// commit's (`Error::Core(ckpt_core::Error::Commit(_))`: another save to `dst` in progress, a full disk).
+/// commit's (`Error::Core` holding a `ckpt_io::CommitError`: another save to `dst` in progress, a full disk).
 pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
     write_plan(plan(entries, dst, options)?, dst, options)
 }
@@ -366,7 +367,8 @@ fn plan(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Resu
         };
         let dim = config.entity_dimension(&e.name);
         for (p, t) in parts {
-            if t.dtype() != ckpt_core::DType::F32 || t.dim() != 2 || t.shape().get(1).map(|&d| d as u64) != Some(dim) {
+            if t.dtype() != ckpt_tensor::DType::F32 || t.dim() != 2 || t.shape().get(1).map(|&d| d as u64) != Some(dim)
+            {
                 return Err(layout(format!(
                     "embeddings/{}/{p} is {} {:?}; the config wants float32 [N, {dim}]",
                     e.name,
@@ -511,7 +513,7 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
     Ok(SaveReport { version, dropped })
 }
 
-/// [`save`] as one rank of a job (threads, processes under MPI, [`ckpt_core::host_ranks`]), one call per
+/// [`save`] as one rank of a job (threads, processes under MPI, [`ckpt_collective::host_ranks`]), one call per
 /// rank with the same `entries`: the files of the new version are dealt round robin, the `i`-th entity
 /// partition file (in the config's entity order, partitions in order) to rank `i % world_size`, which alone
 /// reads its rows from `entries` (a re-partitioned file reads only the source rows it holds) and writes it
@@ -523,7 +525,8 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
 ///
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
-/// use ckpt_core::{CheckpointRead, ThreadGroup};
+/// use ckpt_tensor::CheckpointRead;
+/// use ckpt_collective::ThreadGroup;
 /// use ckpt_pbg::{PbgReader, WriteOptions};
 /// let src = PbgReader::open(fixture.as_ref()).unwrap();
 /// let entries: Vec<_> = src.entries().into_iter().map(|e| (e.name.clone(), src.value(&e.name).unwrap())).collect();
@@ -544,7 +547,7 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
 /// ```
 ///
 /// # Errors
-/// As [`save`]; on the other ranks `Error::Core(ckpt_core::Error::Commit(RankFailed))` naming the rank that
+/// As [`save`]; on the other ranks `Error::Core` holding `ckpt_io::CommitError::RankFailed` naming the rank that
 /// failed.
 pub fn save_rank<C: Collective + ?Sized>(
     entries: &[(String, Value)],
@@ -712,7 +715,7 @@ fn rows_of(tensors: &[Tensor], start: usize, len: usize) -> Result<Tensor> {
     if let Some(d0) = shape.first_mut() {
         *d0 = len;
     }
-    Ok(Tensor::from_buffer(first.dtype(), &shape, ckpt_core::Buffer::from_vec(bytes))?)
+    Ok(Tensor::from_buffer(first.dtype(), &shape, ckpt_tensor::Buffer::from_vec(bytes))?)
 }
 
 #[cfg(test)]

@@ -6,8 +6,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::atomic::{sync_dir, temp_path};
-
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::{Model, read_model_file, write_model_file};
@@ -28,7 +26,7 @@ use crate::partition::{EntityPartition, read_partition_file, write_partition_fil
 /// directory.
 ///
 /// ```
-/// use ckpt_core::Tensor;
+/// use ckpt_tensor::Tensor;
 /// use ckpt_pbg::{EntityPartition, FileCheckpointStorage};
 /// let dir = tempfile::tempdir().unwrap();
 /// let storage = FileCheckpointStorage::new(dir.path());
@@ -74,7 +72,7 @@ pub(crate) fn parse_version(path: &Path, text: &str) -> Result<u64> {
 /// Writes `path` through a temporary sibling: `write` fills the temporary file (and fsyncs it), which is
 /// then renamed over `path`. The directory is not fsync'd (callers batch that).
 pub(crate) fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let tmp = temp_path(path);
+    let tmp = ckpt_io::sibling(path, "ckpt-tmp")?;
     let result = write(&tmp).and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -91,9 +89,9 @@ fn write_text_synced(path: &Path, text: &str) -> Result<()> {
 }
 
 pub(crate) fn dir_sync(dir: &Path) -> Result<()> {
-    sync_dir(dir).map_err(|e| match e {
-        ckpt_core::Error::Io { path, source } => Error::Io { path, source },
-        other => Error::Core(other),
+    ckpt_io::sync_dir(dir).map_err(|e| match e {
+        ckpt_io::CommitError::Io { path, source } => Error::Io { path, source },
+        other => Error::from(other),
     })
 }
 
@@ -485,7 +483,7 @@ fn remove_if_exists(path: &Path) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use ckpt_core::Tensor;
+    use ckpt_tensor::Tensor;
 
     #[test]
     fn version_file_rules() {

@@ -6,12 +6,12 @@
 use std::fs;
 use std::path::Path;
 
-use ckpt_core::{DType, Tensor, Value};
 use ckpt_pbg::{
     AttrValue, EntityPartition, Error, FileCheckpointStorage, FileName, Metadata, Model, ModelParameter,
     OptimizerState, StateDict, VersionWrite, WriteOptions, read_model_file, read_partition_file, write_model_file,
     write_partition_file,
 };
+use ckpt_tensor::{DType, Tensor, Value};
 use hdf5::plist::group_create::LinkCreationOrder;
 use hdf5::types::TypeDescriptor;
 
@@ -124,7 +124,10 @@ fn commit_refuses_a_version_committed_meanwhile_and_writes_in_place_on_request()
     let a = storage.begin_commit().unwrap();
     // A second commit of ckpt's waits for no one: the lock names the holder.
     let e = storage.begin_commit().unwrap_err();
-    assert!(matches!(&e, Error::Core(ckpt_core::Error::Commit(ckpt_core::commit::CommitError::Locked { .. }))), "{e}");
+    assert!(
+        matches!(&e, Error::Core(c) if matches!(c.format_error::<ckpt_io::CommitError>(), Some(ckpt_io::CommitError::Locked { .. }))),
+        "{e}"
+    );
     assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
     // A writer that takes no lock (PBG's own trainer) commits version 1 meanwhile: `a` refuses to commit.
     storage.save_version_in_place(1).unwrap();
@@ -293,7 +296,7 @@ fn partitions_round_trip_including_empty_and_corrupt_blobs() {
 
 /// The entries of a checkpoint as another format keeps them: every entry of `ckpt_pbg::PbgReader`, by name.
 fn entries_of(dir: &Path) -> Vec<(String, Value)> {
-    use ckpt_core::CheckpointRead;
+    use ckpt_tensor::CheckpointRead;
     let ck = ckpt_pbg::PbgReader::open(dir).unwrap();
     ck.entries().into_iter().map(|e| (e.name.clone(), ck.value(&e.name).unwrap())).collect()
 }
@@ -406,7 +409,7 @@ fn config_paths_resolve_from_the_working_directory_then_where_training_ran() {
 /// the new version's files added, the dropped version's removed; a flipped bit is caught.
 #[test]
 fn save_writes_a_checksum_manifest_that_commits_keep_current() {
-    use ckpt_core::commit::Manifest;
+    use ckpt_io::Manifest;
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     small_checkpoint(&src);

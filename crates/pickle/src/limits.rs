@@ -42,13 +42,11 @@ pub struct Limits {
     pub max_int_digits: usize,
 }
 
-/// The process-wide defaults, when set ([`Limits::set_process_default`]).
-static PROCESS_DEFAULT: std::sync::RwLock<Option<Limits>> = std::sync::RwLock::new(None);
-
 impl Default for Limits {
-    /// [`Limits::BUILTIN`], or what [`Limits::set_process_default`] set.
+    /// [`Limits::BUILTIN`]. Limits are passed explicitly: a program that trusts its input more (the `ckpt`
+    /// command's `--max-*` flags) gives its readers other limits through their options.
     fn default() -> Self {
-        PROCESS_DEFAULT.read().ok().and_then(|d| *d).unwrap_or(Limits::BUILTIN)
+        Limits::BUILTIN
     }
 }
 
@@ -63,25 +61,6 @@ impl Limits {
         max_alloc_bytes: if usize::BITS >= 64 { 4 << 30 } else { usize::MAX },
         max_int_digits: 4300,
     };
-
-    /// Sets what [`Limits::default`] returns in this process from now on (`None`: back to
-    /// [`Limits::BUILTIN`]), so that every reader that takes its limits from `Default` (every format's
-    /// `ReadOptions::default()`, hence `ckpt::open`, `verify`, `convert`) uses them: how a program, such as
-    /// the `ckpt` command with its `--max-*` flags, raises the limits for the input it trusts. Readers
-    /// given explicit limits (`ReadOptions::with_limits`) keep those.
-    ///
-    /// ```
-    /// use ckpt_pickle::Limits;
-    /// Limits::set_process_default(Some(Limits { max_depth: 5000, ..Limits::BUILTIN }));
-    /// assert_eq!(Limits::default().max_depth, 5000);
-    /// Limits::set_process_default(None);
-    /// assert_eq!(Limits::default(), Limits::BUILTIN);
-    /// ```
-    pub fn set_process_default(limits: Option<Limits>) {
-        if let Ok(mut d) = PROCESS_DEFAULT.write() {
-            *d = limits;
-        }
-    }
 
     /// Limits that only guard against crashes (depth, which protects the stack, stays at its default); every
     /// other limit is `usize::MAX`. For trusted input whose size exceeds the defaults.

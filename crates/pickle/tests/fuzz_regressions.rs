@@ -19,7 +19,7 @@ fn both(data: &[u8]) -> (Value, usize) {
 
 /// A dict with a repeated key keeps every pair in the pickle value, in both paths (the stream is
 /// reproduced as written; Python's rule, the first position with the last value, is applied where the
-/// pickle becomes a checkpoint value: `ckpt_core::Dict::from_python_items`, in both torch read paths).
+/// pickle becomes a checkpoint value: `ckpt_tensor::Dict::from_python_items`, in both torch read paths).
 #[test]
 fn fuzz_repeated_dict_keys_are_kept_as_written_in_both_paths() {
     // {} MARK 'a' 1 'b' 2 'a' 3 SETITEMS, protocol 2

@@ -1,10 +1,10 @@
 //! One checkpoint directory as a whole: the serializer's sparse part plus `model.pt`, `extra.pt` and the
-//! io states, behind ckpt-core's [`CheckpointRead`].
+//! io states, behind ckpt-tensor's [`CheckpointRead`].
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ckpt_core::{
+use ckpt_tensor::{
     CheckpointRead, Dict, DictKind, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves,
 };
 
@@ -43,7 +43,8 @@ impl RecisReader {
     /// # Errors
     /// [`Error::MissingFile`] if the directory has none of `index`, `model.pt`, `extra.pt`; the errors of
     /// [`crate::checkpoint_dir`], of [`SparseCheckpoint::open`] and of the torch reader.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
         Self::open_with(path, &ReadOptions::default())
     }
 
@@ -52,7 +53,8 @@ impl RecisReader {
     ///
     /// # Errors
     /// As [`RecisReader::open`].
-    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
+        let path = path.as_ref();
         Self::open_with_max_header(path, options, crate::data_file::MAX_HEADER_LEN)
     }
 
@@ -61,13 +63,14 @@ impl RecisReader {
     ///
     /// # Errors
     /// As [`RecisReader::open`].
-    pub fn open_with_max_header(path: &Path, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
+    pub fn open_with_max_header(path: impl AsRef<Path>, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
+        let path = path.as_ref();
         let dir = &crate::manager::checkpoint_dir(path)?;
         // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
         // hand this reader files of two generations. The directory is pinned first and checked after; if
         // the path names another directory by then, everything is read again (up to three times).
         for _ in 0..3 {
-            let pinned = ckpt_core::commit::PinnedDir::open(dir).ok();
+            let pinned = ckpt_io::PinnedDir::open(dir).ok();
             let opened = Self::open_once(dir, options, max_header_len);
             if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
                 return opened;
@@ -266,7 +269,7 @@ impl CheckpointRead for RecisReader {
         d
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         if self.sparse.tensor_info(name).is_some() {
             return Ok(self.sparse.read_tensor(name)?);
         }
@@ -274,12 +277,12 @@ impl CheckpointRead for RecisReader {
             Some(v) => v
                 .as_tensor()
                 .cloned()
-                .ok_or_else(|| ckpt_core::Error::InvalidArgument(format!("entry {name:?} is not a tensor"))),
+                .ok_or_else(|| ckpt_tensor::Error::InvalidArgument(format!("entry {name:?} is not a tensor"))),
             None => Err(Error::NotFound { what: "entry", name: name.into() }.into()),
         }
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         if self.sparse.tensor_info(name).is_some() {
             return Ok(Value::Tensor(self.sparse.read_tensor(name)?));
         }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{Buffer, DType, Tensor, checked_numel};
+use ckpt_tensor::{Buffer, DType, Tensor, checked_numel};
 use serde_json::Value as Json;
 
 use crate::dtype;
@@ -60,7 +60,8 @@ impl DataFile {
     /// [`Error::Io`], or the variant for the first rule the file breaks ([`Error::FileTooShort`],
     /// [`Error::HeaderTooLarge`], [`Error::HeaderPastEnd`], [`Error::Json`], [`Error::BadHeader`],
     /// [`Error::UnknownDtype`], [`Error::BadOffsets`]).
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
         Self::open_with(path, MAX_HEADER_LEN)
     }
 
@@ -68,9 +69,10 @@ impl DataFile {
     ///
     /// # Errors
     /// As [`DataFile::open`].
-    pub fn open_with(path: &Path, max_header_len: u64) -> Result<Self> {
+    pub fn open_with(path: impl AsRef<Path>, max_header_len: u64) -> Result<Self> {
+        let path = path.as_ref();
         let buffer = Buffer::map_file(path).map_err(|e| match e {
-            ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+            ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
         Self::from_buffer_with(buffer, path, max_header_len)
@@ -291,7 +293,7 @@ pub fn header_prefix(json: &str) -> Vec<u8> {
 /// [`Error::UnsupportedDtype`] for dtypes RecIS cannot store; [`Error::Io`] naming the path.
 pub fn write(path: &Path, blocks: &[(String, Tensor)]) -> Result<u64> {
     let mut written = 0;
-    ckpt_core::atomic::write_atomic(path, |w| {
+    ckpt_io::write_file(path, &ckpt_io::FileOptions::default(), |w| {
         written = write_to(w, path, blocks)?;
         Ok(())
     })
@@ -304,11 +306,7 @@ pub fn write(path: &Path, blocks: &[(String, Tensor)]) -> Result<u64> {
 
 /// Writes the data file holding `blocks` into `out` (of the file `path`, which errors name), marking the
 /// header and each block for the checksum manifest. Returns the file's length.
-pub(crate) fn write_to(
-    out: &mut ckpt_core::commit::DurableWriter,
-    path: &Path,
-    blocks: &[(String, Tensor)],
-) -> Result<u64> {
+pub(crate) fn write_to(out: &mut ckpt_io::DurableWriter, path: &Path, blocks: &[(String, Tensor)]) -> Result<u64> {
     let mut meta = Vec::with_capacity(blocks.len());
     for (key, t) in blocks {
         meta.push((key.as_str(), dtype::to_header(t.dtype(), key)?, t.shape(), t.nbytes()));
@@ -338,9 +336,9 @@ const STREAM_PIECE: usize = 1 << 20;
 pub(crate) const HEADER_MARK: &str = "(header)";
 
 /// A core error as this crate's: I/O errors keep their path.
-pub(crate) fn from_core(e: ckpt_core::Error) -> Error {
+pub(crate) fn from_core(e: ckpt_tensor::Error) -> Error {
     match e {
-        ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+        ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
         e => Error::Core(e),
     }
 }
@@ -399,12 +397,12 @@ mod tests {
         let header_len = u64::from_le_bytes(std::fs::read(&p).unwrap()[..8].try_into().unwrap());
         let e = DataFile::open_with(&p, header_len - 1).unwrap_err();
         assert!(matches!(e, Error::HeaderTooLarge { limit, .. } if limit == header_len - 1), "{e}");
-        assert_eq!(e.fault(), ckpt_core::Fault::Limit);
+        assert_eq!(e.fault(), ckpt_tensor::Fault::Limit);
         assert!(DataFile::open_with(&p, header_len).is_ok());
         let sparse_dir = tempfile::tempdir().unwrap();
-        let sd = ckpt_core::Value::dict([
-            ("t@id", ckpt_core::Value::Tensor(Tensor::from_slice(&[1i64, 2], &[2]).unwrap())),
-            ("t@embedding", ckpt_core::Value::Tensor(Tensor::from_slice(&[0.5f32; 4], &[2, 2]).unwrap())),
+        let sd = ckpt_tensor::Value::dict([
+            ("t@id", ckpt_tensor::Value::Tensor(Tensor::from_slice(&[1i64, 2], &[2]).unwrap())),
+            ("t@embedding", ckpt_tensor::Value::Tensor(Tensor::from_slice(&[0.5f32; 4], &[2, 2]).unwrap())),
         ]);
         crate::save(&sd, sparse_dir.path(), &crate::WriteOptions::default()).unwrap();
         let e = crate::SparseCheckpoint::open_with(sparse_dir.path(), 16).unwrap_err();

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Value;
+use ckpt_tensor::Value;
 use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::error::{Error, Result};
@@ -156,7 +156,7 @@ pub fn read_io_state(dir: &Path, shard: Shard) -> Result<Option<Value>> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use ckpt_core::Tensor;
+    use ckpt_tensor::Tensor;
 
     #[test]
     fn dense_state_round_trip() {

@@ -4,7 +4,7 @@
 //! (lower case) for `torch.bool`, which neither RecIS's own reader nor the safetensors library accepts. This
 //! crate writes `BOOL` and reads both spellings.
 
-use ckpt_core::DType;
+use ckpt_tensor::DType;
 
 use crate::error::{Error, Result};
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 /// What went wrong reading, writing or resharding a RecIS checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -224,7 +224,7 @@ pub enum Error {
         /// The slice string.
         slice: String,
         /// Its dtype.
-        dtype: ckpt_core::DType,
+        dtype: ckpt_tensor::DType,
         /// Its shape.
         shape: Vec<usize>,
     },
@@ -280,7 +280,7 @@ pub enum Error {
         /// The tensor.
         name: String,
         /// Its dtype.
-        dtype: ckpt_core::DType,
+        dtype: ckpt_tensor::DType,
     },
     /// A state dict given to [`crate::save`] that cannot be laid out as a RecIS checkpoint.
     #[error("{reason}")]
@@ -329,7 +329,7 @@ pub enum Error {
     Torch(#[from] ckpt_torch::Error),
     /// A tensor operation failed (allocation, bad view).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 impl Error {
@@ -361,12 +361,21 @@ impl Error {
     }
 }
 
-/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
-impl From<Error> for ckpt_core::Error {
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
+    }
+}
+
+impl From<ckpt_io::CommitError> for Error {
+    /// A durable commit's error, as the tensor model holds it ([`Error::Core`]): plain I/O as
+    /// `ckpt_tensor::Error::Io`, the rest (disk full, locked, ...) kept whole, found with
+    /// `format_error::<ckpt_io::CommitError>()`.
+    fn from(e: ckpt_io::CommitError) -> Self {
+        Error::Core(e.into())
     }
 }

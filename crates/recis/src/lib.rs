@@ -14,9 +14,9 @@
 //! and its parent directory a `checkpoint` list ([`CheckpointManager`]).
 //!
 //! * Reading: [`SparseCheckpoint`] (the serializer's part, validated as a whole before anything is handed
-//!   out, tensors zero-copy) and [`RecisReader`] (the whole directory, a [`ckpt_core::CheckpointRead`]).
+//!   out, tensors zero-copy) and [`RecisReader`] (the whole directory, a [`ckpt_tensor::CheckpointRead`]).
 //!   A table comes back as a [`TableChild`]: ids plus one row per slot, with O(1) look-up by id.
-//! * Writing: [`save_blocks`] / [`save_tables`] (one call per rank through a [`ckpt_core::Collective`]; shard 0
+//! * Writing: [`save_blocks`] / [`save_tables`] (one call per rank through a [`ckpt_collective::Collective`]; shard 0
 //!   merges), or [`write_shard_files`] + [`write_meta`]. For the same blocks in the same order the data
 //!   files, `index` and `tensorkey.json` are byte-identical to RecIS's.
 //! * [`reshard`] / [`reshard_sparse`]: any shard count into any other, keeping id `x` in the shard whose slice holds
@@ -34,7 +34,7 @@
 //! ```
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_recis::RecisReader::open(fixture.as_ref())?;             // RecIS's own 2-shard checkpoint
 //! let ids = ck.tensor("tbl@id")?;                                         // the table's ids, slices concatenated
 //! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_shards(3))?; // 3 shards
@@ -43,7 +43,8 @@
 //! ```
 //!
 //! ```
-//! use ckpt_core::{SingleProcess, Tensor};
+//! use ckpt_tensor::Tensor;
+//! use ckpt_collective::SingleProcess;
 //! use ckpt_recis::{HashTable, WriteOptions, SliceInfo, Slot, SparseCheckpoint, TableChild, save_tables};
 //! let dir = tempfile::tempdir().unwrap();
 //! let emb = Tensor::from_slice(&[5.0f32, 5.5, 1.0, 1.5], &[2, 2]).unwrap();

@@ -3,7 +3,7 @@
 //! last.
 //!
 //! The commit protocol, two steps:
-//! 1. **The checkpoint directory, whole** ([`ckpt_core::commit::DirCommit`]): shard 0 locks
+//! 1. **The checkpoint directory, whole** ([`ckpt_io::DirCommit`]): shard 0 locks
 //!    `<root>/.<id>.ckpt-lock` and creates the staging directory `<root>/.<id>.ckpt-staging`; every shard
 //!    writes its data files and io state there (each `fdatasync`'d), shard 0 also `model.pt`, `extra.pt` and
 //!    `io_state_count`; after the exchange shard 0 merges the shards' metadata into `index` (written last),
@@ -29,9 +29,10 @@
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{Collective, Tensor, Value};
+use ckpt_collective::Collective;
+use ckpt_tensor::{Tensor, Value};
 
-use ckpt_core::commit::DirCommit;
+use ckpt_io::DirCommit;
 
 use crate::checkpoint::RecisReader;
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, write_torch_to};
@@ -104,7 +105,8 @@ pub struct ShardState {
 /// A checkpoint output directory.
 ///
 /// ```
-/// use ckpt_core::{SingleProcess, Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
+/// use ckpt_collective::SingleProcess;
 /// use ckpt_recis::{CheckpointManager, HashTable, ShardState, SliceInfo, Slot, TableChild, checkpoint_id};
 /// let root = tempfile::tempdir().unwrap();
 /// let manager = CheckpointManager::new(root.path()).with_max_keep(2);
@@ -216,7 +218,7 @@ impl CheckpointManager {
     ///
     /// # Errors
     /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed;
-    /// the commit's errors (`Error::Core(ckpt_core::Error::Commit(_))`: another save of the same id in
+    /// the commit's errors (`Error::Core` holding a `ckpt_io::CommitError`: another save of the same id in
     /// progress, a full disk, ...).
     pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
         check_id(id)?;

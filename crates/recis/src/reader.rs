@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use ckpt_core::{DType, Tensor};
+use ckpt_tensor::{DType, Tensor};
 use rayon::prelude::*;
 
 use crate::data_file::DataFile;
@@ -87,7 +87,8 @@ impl SparseCheckpoint {
     /// # Errors
     /// [`Error::MissingFile`] without `index` or `tensorkey.json`, [`Error::MissingDataFile`], and the
     /// variant of the first rule broken.
-    pub fn open(dir: &Path) -> Result<Self> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
         Self::open_with(dir, crate::data_file::MAX_HEADER_LEN)
     }
 
@@ -96,7 +97,8 @@ impl SparseCheckpoint {
     ///
     /// # Errors
     /// As [`SparseCheckpoint::open`].
-    pub fn open_with(dir: &Path, max_header_len: u64) -> Result<Self> {
+    pub fn open_with(dir: impl AsRef<Path>, max_header_len: u64) -> Result<Self> {
+        let dir = dir.as_ref();
         let index_path = dir.join(INDEX_FILE);
         let index_bytes = read_required(&index_path, "a RecIS checkpoint directory has an `index` file")?;
         let tk_path = dir.join(TENSORKEY_FILE);

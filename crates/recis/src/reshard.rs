@@ -8,8 +8,9 @@
 
 use std::path::Path;
 
-use ckpt_core::commit::DirCommit;
-use ckpt_core::{Collective, Tensor};
+use ckpt_collective::Collective;
+use ckpt_io::DirCommit;
+use ckpt_tensor::Tensor;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -122,7 +123,7 @@ fn reshard_sparse_to(
 /// and swapped in; files of an existing `dst` other than the serializer's are carried over).
 ///
 /// ```
-/// use ckpt_core::Tensor;
+/// use ckpt_tensor::Tensor;
 /// use ckpt_recis::{ReshardOptions, Slot, SparseCheckpoint, TableChild, write_sharded};
 /// let dir = tempfile::tempdir().unwrap();
 /// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0], &[3, 1]).unwrap();
@@ -211,7 +212,7 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
 }
 
 /// [`reshard`] as one rank of a job of `collective.world_size()` ranks, one call per rank (threads, processes
-/// under MPI, [`ckpt_core::host_ranks`]): rank `r` reads from `src` only the ids of the new shard `r`'s slice
+/// under MPI, [`ckpt_collective::host_ranks`]): rank `r` reads from `src` only the ids of the new shard `r`'s slice
 /// and their rows ([`load_shard`]) and writes shard `r`'s data files into the staging directory beside `dst`;
 /// rank 0 also copies `model.pt` and `extra.pt`, then, once every rank's files are durable, merges every
 /// shard's metadata into `index` (last), `tensorkey.json` and the torch-rank JSON and commits the directory
@@ -219,7 +220,7 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
 /// returns the same verdict: a failure on any rank is an error on every rank, none is left waiting.
 ///
 /// ```
-/// use ckpt_core::{Collective, ThreadGroup};
+/// use ckpt_collective::{Collective, ThreadGroup};
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
 /// let dir = tempfile::tempdir().unwrap();
 /// let (one, three) = (dir.path().join("one"), dir.path().join("three"));

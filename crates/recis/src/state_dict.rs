@@ -17,8 +17,9 @@
 
 use std::path::Path;
 
-use ckpt_core::commit::DirCommit;
-use ckpt_core::{Collective, Dict, DictKind, Tensor, Value};
+use ckpt_collective::Collective;
+use ckpt_io::DirCommit;
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 
 use crate::dense::{EXTRA_FILE, MODEL_FILE, write_torch_to};
 use crate::error::{Error, Result};
@@ -163,8 +164,8 @@ pub struct SaveReport {
 /// files of an existing `dir` that are not RecIS's are carried over), with `ckpt.checksums.json`.
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
-/// use ckpt_core::CheckpointRead;
+/// use ckpt_tensor::{Tensor, Value};
+/// use ckpt_tensor::CheckpointRead;
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
 /// let dir = tempfile::tempdir().unwrap();
 /// let ids = Tensor::from_slice(&[3i64, 70_000, -5], &[3]).unwrap();
@@ -214,7 +215,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
 
 /// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::shards`]
 /// is ignored), one call per rank with the same `state_dict` (threads, processes under MPI,
-/// [`ckpt_core::host_ranks`]): rank `r` writes shard `r`'s data files (of every table the ids of its slice,
+/// [`ckpt_collective::host_ranks`]): rank `r` writes shard `r`'s data files (of every table the ids of its slice,
 /// whose rows alone it reads and copies) into the staging directory beside `dir`; rank 0 also writes
 /// `model.pt`, `extra.pt` and the dense blocks, then, once every rank's files are durable, merges every
 /// shard's metadata into `index` (last), `tensorkey.json` and the torch-rank JSON and commits the directory
@@ -222,7 +223,8 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
 /// verdict: a failure on any rank is an error on every rank, none is left waiting.
 ///
 /// ```
-/// use ckpt_core::{Tensor, ThreadGroup, Value};
+/// use ckpt_tensor::{Tensor, Value};
+/// use ckpt_collective::ThreadGroup;
 /// let dir = tempfile::tempdir().unwrap();
 /// let ids = Tensor::from_slice(&[3i64, 70_000, -5], &[3]).unwrap();
 /// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, OnceLock};
 
-use ckpt_core::{Buffer, DType, Tensor};
+use ckpt_tensor::{Buffer, DType, Tensor};
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
@@ -139,18 +139,18 @@ impl Slot {
         // The rows are copied when the slot's bytes are asked for (`Buffer::deferred_ranged`): a writer
         // streaming the slots of a shard makes one piece of one slot at a time, instead of every slot of
         // every table being copied first.
-        let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_core::Result<()> {
+        let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_tensor::Result<()> {
             if out.is_empty() {
                 return Ok(());
             }
             let bytes = source.bytes()?;
             let outside =
-                |p: usize| ckpt_core::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()));
+                |p: usize| ckpt_tensor::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()));
             let (mut row, mut skip) = (offset / len.max(1), offset % len.max(1));
             let mut done = 0;
             while done < out.len() {
                 let &p =
-                    rows.get(row).ok_or_else(|| ckpt_core::Error::Malformed(format!("row {row} past the gather")))?;
+                    rows.get(row).ok_or_else(|| ckpt_tensor::Error::Malformed(format!("row {row} past the gather")))?;
                 let src = bytes.get(p * len + skip..(p + 1) * len).ok_or_else(|| outside(p))?;
                 let n = src.len().min(out.len() - done);
                 let (Some(d), Some(src)) = (out.get_mut(done..done + n), src.get(..n)) else {
@@ -181,7 +181,7 @@ impl Slot {
         let es = first.dtype().size();
         let windows =
             parts.iter().map(|p| p.tensor.storage().slice_len(p.tensor.storage_offset() * es, p.tensor.nbytes()));
-        let out = Buffer::concat(windows.collect::<ckpt_core::Result<_>>()?);
+        let out = Buffer::concat(windows.collect::<ckpt_tensor::Result<_>>()?);
         let mut shape = first.tensor.shape().to_vec();
         if let Some(d) = shape.first_mut() {
             *d = parts.iter().map(|s| s.rows()).sum();
@@ -246,7 +246,7 @@ impl AsRef<[u8]> for IdVec {
 /// One child table: ids and, per slot, the row of each id.
 ///
 /// ```
-/// use ckpt_core::Tensor;
+/// use ckpt_tensor::Tensor;
 /// use ckpt_recis::{Slot, TableChild};
 /// let emb = Tensor::from_slice(&[1.0f32, 1.5, 5.0, 5.5], &[2, 2]).unwrap();
 /// let t = TableChild::new("user", vec![1, 5], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
@@ -652,7 +652,7 @@ mod tests {
                     .data_pieces(piece, |p| {
                         assert!(p.len() <= piece);
                         streamed.extend_from_slice(p);
-                        Ok::<(), ckpt_core::Error>(())
+                        Ok::<(), ckpt_tensor::Error>(())
                     })
                     .unwrap();
                 assert_eq!(streamed, whole, "piece {piece}");

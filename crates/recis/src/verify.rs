@@ -27,7 +27,7 @@ impl VerifyReport {
 /// ([`crate::checkpoint_dir`]).
 ///
 /// ```
-/// use ckpt_core::Value;
+/// use ckpt_tensor::Value;
 /// let dir = tempfile::tempdir().unwrap();
 /// ckpt_recis::write_model(dir.path(), &Value::dict([("step", Value::Int(3))])).unwrap();
 /// let report = ckpt_recis::verify(dir.path()).unwrap();

@@ -5,7 +5,7 @@
 //!
 //! Differences from RecIS, all on the safe side: the save functions ([`save_blocks`], [`save_tables`],
 //! [`crate::save`], [`crate::reshard`], [`crate::CheckpointManager::save`]) commit the checkpoint directory
-//! whole ([`ckpt_core::commit::DirCommit`]: every shard writes into a staging directory beside it, shard 0
+//! whole ([`ckpt_io::DirCommit`]: every shard writes into a staging directory beside it, shard 0
 //! merges the metadata and swaps it in), with a checksum manifest `ckpt.checksums.json` (a CRC-32 of every
 //! block, which RecIS ignores); shards exchange their metadata through a [`Collective`] instead of polling
 //! the file system every 100 s (so there is no deadlock when a shard has fewer blocks than `parallel`);
@@ -17,8 +17,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::commit::{CommitError, DirCommit, DirOptions, DurableWriter, MANIFEST_NAME};
-use ckpt_core::{Collective, DType, SingleProcess, Tensor};
+use ckpt_collective::{Collective, SingleProcess};
+use ckpt_io::{CommitError, DirCommit, DirOptions, DurableWriter, MANIFEST_NAME};
+use ckpt_tensor::{DType, Tensor};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
@@ -140,7 +141,7 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
 }
 
 /// Where a writer puts a checkpoint's files: an existing directory, each file committed on its own
-/// ([`ckpt_core::atomic::write_atomic`]), or the staging directory of a directory commit.
+/// ([`ckpt_io::write_file`]), or the staging directory of a directory commit.
 #[derive(Clone, Copy)]
 pub(crate) enum Target<'a> {
     /// An existing directory.
@@ -161,10 +162,12 @@ impl Target<'_> {
     /// Writes the file `name` through `write`.
     pub(crate) fn write(&self, name: &str, write: impl FnOnce(&mut DurableWriter) -> Result<()>) -> Result<()> {
         match self {
-            Target::Dir(dir) => ckpt_core::atomic::write_atomic(&dir.join(name), write).map_err(|e| match e {
-                Error::Core(c) => data_file::from_core(c),
-                e => e,
-            }),
+            Target::Dir(dir) => ckpt_io::write_file(&dir.join(name), &ckpt_io::FileOptions::default(), write)
+                .map(|_| ())
+                .map_err(|e| match e {
+                    Error::Core(c) => data_file::from_core(c),
+                    e => e,
+                }),
             Target::Staged(c) => {
                 let mut file = c.create_file(name).map_err(from_commit)?;
                 let written = write(file.writer());
@@ -584,7 +587,7 @@ pub(crate) fn write_text(target: Target<'_>, name: &str, text: &str) -> Result<(
 }
 
 /// Saves this rank's blocks as shard `collective.rank()` of `collective.world_size()` in `dir`, committed as
-/// a whole ([`ckpt_core::commit::DirCommit`]): every rank writes its data files into the staging directory
+/// a whole ([`ckpt_io::DirCommit`]): every rank writes its data files into the staging directory
 /// beside `dir`, then rank 0 merges every shard's metadata, writes `index`, `tensorkey.json`, the torch-rank
 /// JSON and the checksum manifest there, and swaps it in. Every rank returns once the checkpoint is
 /// committed, with the same outcome (a failure on any rank is reported on every rank, and no rank waits for
@@ -595,7 +598,7 @@ pub(crate) fn write_text(target: Target<'_>, name: &str, text: &str) -> Result<(
 ///
 /// # Errors
 /// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed; the commit's errors
-/// (`Error::Core(ckpt_core::Error::Commit(_))`: the destination locked by another save, a full disk, ...).
+/// (`Error::Core` holding a `ckpt_io::CommitError`: the destination locked by another save, a full disk, ...).
 pub fn save_blocks<C: Collective + ?Sized>(
     blocks: &[Block],
     dir: &Path,

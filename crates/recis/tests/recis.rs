@@ -7,12 +7,13 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::{CheckpointRead, Collective, DType, EntryKind, SingleProcess, Tensor, ThreadGroup, Value};
+use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
 use ckpt_recis::{
     Block, CheckpointManager, Error, HashTable, IdPartition, Index, RecisReader, ReshardOptions, Shard, ShardState,
     SliceInfo, Slot, SparseCheckpoint, TableChild, TensorKey, WriteOptions, checkpoint_id, gen_slice, load_shard,
     reshard, reshard_sparse, save_blocks, save_tables, write_data_file, write_meta, write_shard_files,
 };
+use ckpt_tensor::{CheckpointRead, DType, EntryKind, Tensor, Value};
 
 fn emb(ids: &[i64], width: usize) -> Slot {
     let v: Vec<f32> = ids.iter().flat_map(|&i| (0..width).map(move |j| i as f32 + j as f32 / 10.0)).collect();
@@ -302,7 +303,7 @@ fn other_rules_each_have_their_error() {
         let e = open_err(d.path());
         assert!(check(&e), "{name}: unexpected error {e}");
         // Every error converts to the core error without losing its message.
-        let core: ckpt_core::Error = e.into();
+        let core: ckpt_tensor::Error = e.into();
         assert!(!core.to_string().is_empty());
     }
 }
@@ -643,7 +644,7 @@ fn many_ranks_save_dense_and_io_state() {
         assert!(names.contains(&n.to_string()), "{n} in {names:?}");
     }
     let e = c.entries().into_iter().find(|e| e.name == "t@embedding").unwrap();
-    assert_eq!(e.kind, EntryKind::Tensor(ckpt_core::TensorInfo { dtype: DType::F32, shape: vec![90, 3] }));
+    assert_eq!(e.kind, EntryKind::Tensor(ckpt_tensor::TensorInfo { dtype: DType::F32, shape: vec![90, 3] }));
     assert_eq!(c.tensor("t@id").unwrap().shape(), &[90]);
     assert_eq!(c.tensor("w").unwrap().to_vec::<f32>().unwrap(), vec![7.0]);
     assert_eq!(c.value("io_state_1/train_io").unwrap(), Value::Int(1));

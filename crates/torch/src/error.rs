@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_core::Fault;
+use ckpt_tensor::Fault;
 
 use crate::zip::ZipError;
 
@@ -38,7 +38,7 @@ pub enum Error {
     #[error("this is an HTML page, not a checkpoint (a download that returned a web page?)")]
     Html,
     /// A safetensors file was given to the torch reader.
-    #[error("this is a safetensors file, not a torch.save file: read it with ckpt_core::safetensors")]
+    #[error("this is a safetensors file, not a torch.save file: read it with ckpt_safetensors")]
     Safetensors,
     /// A pre-0.1.10 TAR checkpoint.
     #[error(
@@ -144,7 +144,7 @@ pub enum Error {
         /// Entry name.
         name: String,
         /// What kind.
-        kind: ckpt_core::OpaqueTensorKind,
+        kind: ckpt_tensor::OpaqueTensorKind,
     },
     /// A numpy value whose dtype has no tensor counterpart (object arrays, structured dtypes, strings).
     #[error("{name:?}: {reason}")]
@@ -159,7 +159,7 @@ pub enum Error {
     Unwritable(String),
     /// A core error (bad view, allocation).
     #[error(transparent)]
-    Core(#[from] ckpt_core::Error),
+    Core(#[from] ckpt_tensor::Error),
 }
 
 impl Error {
@@ -216,15 +216,24 @@ impl Error {
     }
 }
 
-/// The core error, keeping this error as its source ([`ckpt_core::Error::Format`]).
-impl From<Error> for ckpt_core::Error {
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<Error> for ckpt_tensor::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(c) => c,
-            e => ckpt_core::Error::format(e.fault(), e),
+            e => ckpt_tensor::Error::format(e.fault(), e),
         }
     }
 }
 
 /// `Result` with the torch codec's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<ckpt_io::CommitError> for Error {
+    /// A durable commit's error, as the tensor model holds it ([`Error::Core`]): plain I/O as
+    /// `ckpt_tensor::Error::Io`, the rest (disk full, locked, ...) kept whole, found with
+    /// `format_error::<ckpt_io::CommitError>()`.
+    fn from(e: ckpt_io::CommitError) -> Self {
+        Error::Core(e.into())
+    }
+}

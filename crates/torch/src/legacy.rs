@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use ckpt_core::{Buffer, DType, Value};
 use ckpt_pickle::Value as P;
+use ckpt_tensor::{Buffer, DType, Value};
 
 use crate::error::{Error, Result};
 use crate::read::ReadOptions;
@@ -91,11 +91,11 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     let mut pos = 0usize;
     match next_pickle(bytes, &mut pos, "magic number", options)? {
         P::BigInt(b) if b == MAGIC => {}
-        other => return Err(Error::Legacy(format!("bad magic number {}", ckpt_core::brief(&other)))),
+        other => return Err(Error::Legacy(format!("bad magic number {}", ckpt_tensor::brief(&other)))),
     }
     match next_pickle(bytes, &mut pos, "protocol version", options)? {
         P::Int(PROTOCOL_VERSION) => {}
-        other => return Err(Error::Legacy(format!("unsupported protocol version {}", ckpt_core::brief(&other)))),
+        other => return Err(Error::Legacy(format!("unsupported protocol version {}", ckpt_tensor::brief(&other)))),
     }
     let sys_info = next_pickle(bytes, &mut pos, "sys_info", options)?;
     if let P::Dict(items) = &sys_info {
@@ -110,7 +110,7 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     let object = next_pickle(bytes, &mut pos, "object", options)?;
     let keys = match next_pickle(bytes, &mut pos, "storage keys", options)? {
         P::List(k) => k,
-        other => return Err(Error::Legacy(format!("storage key list expected, got {}", ckpt_core::brief(&other)))),
+        other => return Err(Error::Legacy(format!("storage key list expected, got {}", ckpt_tensor::brief(&other)))),
     };
     let mut refs = HashMap::new();
     collect_refs(&object, &mut refs)?;
@@ -119,7 +119,7 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     for key in &keys {
         let key = match key {
             P::Str(key) => key,
-            other => return Err(Error::Legacy(format!("storage key {} is not a str", ckpt_core::brief(&other)))),
+            other => return Err(Error::Legacy(format!("storage key {} is not a str", ckpt_tensor::brief(&other)))),
         };
         let dtype =
             *refs.get(key).ok_or_else(|| Error::Legacy(format!("storage {key} is listed but never referenced")))?;

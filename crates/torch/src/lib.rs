@@ -12,7 +12,7 @@
 //! ```
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/torch/checkpoint.pt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("copy.pt");
-//! use ckpt_core::CheckpointRead;
+//! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_torch::TorchReader::open(fixture.as_ref())?;          // torch 2.13's file, memory-mapped
 //! let w = ck.tensor("model.lin.weight")?;                               // a window of the map, no copy
 //! ckpt_torch::save(ck.value(), &out, &ckpt_torch::WriteOptions::default())?; // torch.save's bytes
@@ -23,7 +23,7 @@
 //! Views and their strides are kept:
 //!
 //! ```
-//! use ckpt_core::{Tensor, Value};
+//! use ckpt_tensor::{Tensor, Value};
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("model.pt");
 //! let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
@@ -37,8 +37,8 @@
 //!
 //! # Safety on hostile input
 //! Every length and offset read from a file is checked before use; the pickle decoder never executes code
-//! and enforces [`ckpt_pickle::Limits`]; unknown classes become opaque [`ckpt_core::Value::Object`]s.
-//! Sparse, quantized and nested tensors come back as [`ckpt_core::Value::OpaqueTensor`].
+//! and enforces [`ckpt_pickle::Limits`]; unknown classes become opaque [`ckpt_tensor::Value::Object`]s.
+//! Sparse, quantized and nested tensors come back as [`ckpt_tensor::Value::OpaqueTensor`].
 
 pub mod detect;
 mod error;

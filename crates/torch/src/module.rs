@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use ckpt_core::{Dict, DictKind, Object, Value};
+use ckpt_tensor::{Dict, DictKind, Object, Value};
 
 /// The `__dict__` of a pickled module: the `__setstate__` state of an object that has `_parameters`, `_buffers` and
 /// `_modules` mappings.
@@ -98,7 +98,7 @@ pub fn module_classes(v: &Value) -> Vec<String> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use ckpt_core::Tensor;
+    use ckpt_tensor::Tensor;
 
     use super::*;
 

@@ -4,7 +4,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ckpt_core::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
+use ckpt_tensor::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
@@ -78,7 +78,7 @@ impl ReadOptions {
 /// is one window.
 ///
 /// ```no_run
-/// use ckpt_core::CheckpointRead;
+/// use ckpt_tensor::CheckpointRead;
 /// let f = ckpt_torch::TorchReader::open("model.pt".as_ref()).unwrap();
 /// for e in f.entries() {
 ///     println!("{} {:?}", e.name, e.kind);
@@ -109,7 +109,8 @@ impl TorchReader {
     ///
     /// # Errors
     /// [`Error::At`] naming the path, with the cause.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
         Self::open_with(path, &ReadOptions::default())
     }
 
@@ -117,10 +118,11 @@ impl TorchReader {
     ///
     /// # Errors
     /// [`Error::At`] naming the path, with the cause.
-    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Self> {
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
+        let path = path.as_ref();
         let file = std::fs::File::open(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
         let buffer = Buffer::map(&file, path).map_err(|e| match e {
-            ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+            ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
         Self::from_map(&file, &buffer, options).map_err(|e| e.at(path))
@@ -272,9 +274,9 @@ impl CheckpointRead for TorchReader {
         d
     }
 
-    fn tensor(&self, name: &str) -> ckpt_core::Result<Tensor> {
+    fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         let v = self.get(name)?;
-        if let Some(reason) = ckpt_core::numpy_unsupported(v) {
+        if let Some(reason) = ckpt_tensor::numpy_unsupported(v) {
             return Err(Error::UnsupportedNumpy { name: name.to_owned(), reason }.into());
         }
         match v {
@@ -283,7 +285,7 @@ impl CheckpointRead for TorchReader {
         }
     }
 
-    fn value(&self, name: &str) -> ckpt_core::Result<Value> {
+    fn value(&self, name: &str) -> ckpt_tensor::Result<Value> {
         Ok(self.get(name)?.clone())
     }
 }
@@ -561,7 +563,7 @@ mod tests {
 
     #[test]
     fn entries_name_leaves_like_core_and_lookups_find_them() {
-        use ckpt_core::{Dict, DictKind, leaves};
+        use ckpt_tensor::{Dict, DictKind, leaves};
         let t = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
         let mut inner = Dict::new(DictKind::OrderedDict);
         inner.insert(Value::Int(3), t.clone());
@@ -880,10 +882,10 @@ mod tests {
     /// offsets into shared storages, `requires_grad` on some, float and integer dtypes, parameters and nested
     /// dicts among them, and sizes and strides that need 4-byte ints.
     fn many_tensors(n: usize) -> Buffer {
-        use ckpt_core::{Dict, DictKind};
+        use ckpt_tensor::{Dict, DictKind};
         let mut sd = Dict::new(DictKind::OrderedDict);
-        let f32s = ckpt_core::Buffer::copy_from(&[7u8; 4 * 4096]).unwrap();
-        let i64s = ckpt_core::Buffer::copy_from(&[3u8; 8 * 512]).unwrap();
+        let f32s = ckpt_tensor::Buffer::copy_from(&[7u8; 4 * 4096]).unwrap();
+        let i64s = ckpt_tensor::Buffer::copy_from(&[3u8; 8 * 512]).unwrap();
         for i in 0..n {
             let rank = i % 10;
             let shape: Vec<usize> = (0..rank).map(|d| 1 + (i + d) % 3).collect();
@@ -891,7 +893,7 @@ mod tests {
             let (dtype, storage, cap) =
                 if i % 3 == 0 { (DType::I64, i64s.clone(), 512) } else { (DType::F32, f32s.clone(), 4096) };
             let offset = (i * 13) % (cap - numel);
-            let strides = ckpt_core::contiguous_strides(&shape);
+            let strides = ckpt_tensor::contiguous_strides(&shape);
             let t =
                 Tensor::from_parts(dtype, &shape, &strides, offset, storage).unwrap().with_requires_grad(i % 4 == 1);
             let v = if i % 17 == 5 {
@@ -906,7 +908,7 @@ mod tests {
             sd.insert(format!("layers.{i}.w"), v);
         }
         // A tensor of more than 65535 elements (4-byte int sizes), and a view of it with a larger stride.
-        let big = ckpt_core::Buffer::copy_from(&vec![1u8; 140_000]).unwrap();
+        let big = ckpt_tensor::Buffer::copy_from(&vec![1u8; 140_000]).unwrap();
         sd.insert("big", Value::Tensor(Tensor::from_parts(DType::U8, &[70_000], &[1], 0, big.clone()).unwrap()));
         sd.insert("wide", Value::Tensor(Tensor::from_parts(DType::U8, &[2, 3], &[66_000, 1], 7, big).unwrap()));
         let bytes =
@@ -967,7 +969,7 @@ mod tests {
     #[test]
     fn a_file_opened_by_path_reads_its_local_headers_as_a_buffer_does() {
         // 700 tensors of their own storages (700 records, and more than the 512 of a second thread).
-        let mut sd = ckpt_core::Dict::new(ckpt_core::DictKind::OrderedDict);
+        let mut sd = ckpt_tensor::Dict::new(ckpt_tensor::DictKind::OrderedDict);
         for i in 0..700usize {
             let bytes: Vec<u8> = (0..4 * (1 + i % 37)).map(|j| (i * 31 + j) as u8).collect();
             let storage = Buffer::copy_from(&bytes).unwrap();

@@ -1,4 +1,4 @@
-//! torch's side of unpickling: the [`Builder`] that turns a `torch.save` pickle into [`ckpt_core::Value`]s as
+//! torch's side of unpickling: the [`Builder`] that turns a `torch.save` pickle into [`ckpt_tensor::Value`]s as
 //! the pickle machine runs it, applying the rebuild functions of `torch._utils` (tensors, parameters,
 //! storages by persistent id) and torch's other reduce forms (`OrderedDict`, `torch.Size`, `torch.device`,
 //! sets, latin-1 bytes, complex numbers) once, without importing or running anything.
@@ -14,8 +14,8 @@
 
 use std::borrow::Cow;
 
-use ckpt_core::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
 use ckpt_pickle::{Builder, Call, CallKind, Captures, Items, Pairs, Pattern, Sequence, Shelf, Template, Tree};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
 
 use crate::error::Error;
 
@@ -47,8 +47,8 @@ impl From<Error> for Failure {
     }
 }
 
-impl From<ckpt_core::Error> for Failure {
-    fn from(e: ckpt_core::Error) -> Self {
+impl From<ckpt_tensor::Error> for Failure {
+    fn from(e: ckpt_tensor::Error) -> Self {
         Failure::Torch(Error::Core(e))
     }
 }
@@ -152,7 +152,7 @@ fn known(module: &str, name: &str) -> Known {
         ("torch._utils", "_rebuild_parameter_with_state") => Known::RebuildParameterWithState,
         ("torch._tensor", "_rebuild_from_type_v2") => Known::RebuildFromTypeV2,
         ("torch._utils", f) => opaque_kind(f).map_or(Known::Other, Known::Opaque),
-        (m, "scalar" | "_reconstruct") if ckpt_core::NUMPY_MULTIARRAY.contains(&m) => Known::Numpy,
+        (m, "scalar" | "_reconstruct") if ckpt_tensor::NUMPY_MULTIARRAY.contains(&m) => Known::Numpy,
         _ => Known::Other,
     }
 }
@@ -1106,7 +1106,7 @@ fn describe_static(t: &T<'_>) -> &'static str {
 struct CoreTree;
 
 impl Tree<Value> for CoreTree {
-    type Shape = ckpt_core::ValueShape;
+    type Shape = ckpt_tensor::ValueShape;
 
     fn handle(v: &Value) -> Option<u32> {
         match v {

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_core::Buffer;
+use ckpt_tensor::Buffer;
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ impl VerifyReport {
 /// named.
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("m.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
@@ -60,7 +60,7 @@ impl VerifyReport {
 /// output; [`Error::Zip`] for an archive whose structure does not parse. Each names the path.
 pub fn verify(path: &Path) -> Result<VerifyReport> {
     let buffer = Buffer::map_file(path).map_err(|e| match e {
-        ckpt_core::Error::Io { path, source } => Error::Io { path, source },
+        ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
         e => Error::Core(e),
     })?;
     let bytes = buffer.as_bytes();
@@ -86,7 +86,7 @@ pub fn verify(path: &Path) -> Result<VerifyReport> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use ckpt_core::{Tensor, Value};
+    use ckpt_tensor::{Tensor, Value};
 
     #[test]
     fn every_flipped_record_is_named() {

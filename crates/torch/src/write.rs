@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-use ckpt_core::{Buffer, DType, Dict, DictKind, Object, StorageClass, Tensor, Value};
 use ckpt_pickle::Pickler;
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, StorageClass, Tensor, Value};
 
 use crate::error::{Error, Result};
 use crate::zip::{WriterOptions, ZipWriter};
@@ -79,11 +79,11 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 }
 
 /// Saves `value` to `path` like `torch.save(value, path)`, durably and atomically: through
-/// [`ckpt_core::commit`] (an advisory lock, a temporary file beside `path` written with `O_DIRECT` where the
+/// [`ckpt_io`] (an advisory lock, a temporary file beside `path` written with `O_DIRECT` where the
 /// file system allows, `fdatasync`, rename, directory fsync). A crash leaves the old file or the new one.
 ///
 /// ```
-/// use ckpt_core::{Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_torch::WriteOptions;
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("w.pt");
@@ -94,18 +94,21 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 ///
 /// # Errors
 /// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path;
-/// `Error::Core(ckpt_core::Error::Commit(_))` for a full disk (or `RLIMIT_FSIZE`), a read-only file system,
+/// `Error::Core` holding a `ckpt_io::CommitError` for a full disk (or `RLIMIT_FSIZE`), a read-only file system,
 /// a permission error, or another save holding the destination's lock.
 pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
     let prefix = prefix_for_path(path)?;
-    // The durable commit (ckpt_core::commit): lock, temporary file, O_DIRECT pipeline, fdatasync, rename,
+    // The durable commit (ckpt_io): lock, temporary file, O_DIRECT pipeline, fdatasync, rename,
     // directory fsync, the replaced file freed in the background.
-    ckpt_core::atomic::write_atomic(path, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
-        .map_err(|e: Error| match e {
-            // Disk full, read-only, permission, locked: already name the path, and stay matchable.
-            e @ Error::Core(ckpt_core::Error::Commit(_)) => e,
-            e => e.at(path),
-        })
+    ckpt_io::write_file(path, &ckpt_io::FileOptions::default(), |file| {
+        save_to_writer(value, &mut *file, &prefix, options).map(|_| ())
+    })
+    .map(|_| ())
+    .map_err(|e: Error| match e {
+        // Disk full, read-only, permission, locked: already name the path, and stay matchable.
+        Error::Core(c) if c.format_error::<ckpt_io::CommitError>().is_some() => Error::Core(c),
+        e => e.at(path),
+    })
 }
 
 /// Writes `torch.save` output for `value` to `out` with record prefix `prefix` (torch uses `archive` for
@@ -117,15 +120,16 @@ pub fn save_to_writer<W: Write>(value: &Value, out: W, prefix: &str, options: &W
     save_marked(value, out, prefix, options, None)
 }
 
-/// [`save_to_writer`] into a durable commit's file, [marking](ckpt_core::commit::DurableWriter::mark) each
+/// [`save_to_writer`] into a durable commit's file, [marking](ckpt_io::DurableWriter::mark) each
 /// record's start with its full name (and the central directory's with
 /// [`CENTRAL_DIRECTORY_MARK`](crate::zip::CENTRAL_DIRECTORY_MARK)), so that a checksum manifest
-/// ([`ckpt_core::commit::checksum`]) has one chunk per record.
+/// ([`ckpt_io::checksum`]) has one chunk per record.
 ///
 /// ```
 /// use std::io::Write;
-/// use ckpt_core::commit::{DirCommit, DirOptions};
-/// use ckpt_core::{SingleProcess, Value};
+/// use ckpt_io::{DirCommit, DirOptions};
+/// use ckpt_tensor::Value;
+/// use ckpt_collective::SingleProcess;
 /// let root = tempfile::tempdir().unwrap();
 /// let dst = root.path().join("ck");
 /// let c = DirCommit::begin(&dst, &SingleProcess, &DirOptions::default().with_checksums(true)).unwrap();
@@ -133,7 +137,7 @@ pub fn save_to_writer<W: Write>(value: &Value, out: W, prefix: &str, options: &W
 /// ckpt_torch::save_to_durable(&Value::Int(3), f.writer(), "part", &Default::default()).unwrap();
 /// f.finish().unwrap();
 /// c.commit(&SingleProcess, Ok(()), |_| Ok(())).unwrap();
-/// let m = ckpt_core::commit::Manifest::read(&dst).unwrap().unwrap();
+/// let m = ckpt_io::Manifest::read(&dst).unwrap().unwrap();
 /// assert_eq!(m.files["part.pt"].chunks[0].name, "part/data.pkl");
 /// ```
 ///
@@ -141,11 +145,11 @@ pub fn save_to_writer<W: Write>(value: &Value, out: W, prefix: &str, options: &W
 /// As [`save_to_writer`].
 pub fn save_to_durable(
     value: &Value,
-    out: &mut ckpt_core::commit::DurableWriter,
+    out: &mut ckpt_io::DurableWriter,
     prefix: &str,
     options: &WriteOptions,
 ) -> Result<()> {
-    fn mark(w: &mut &mut ckpt_core::commit::DurableWriter, name: &str) {
+    fn mark(w: &mut &mut ckpt_io::DurableWriter, name: &str) {
         w.mark(name);
     }
     save_marked(value, out, prefix, options, Some(mark)).map(|_| ())
@@ -202,11 +206,11 @@ const STREAM_PIECE: usize = 1 << 20;
 /// the bytes.
 enum Streamed {
     Io(std::io::Error),
-    Core(ckpt_core::Error),
+    Core(ckpt_tensor::Error),
 }
 
-impl From<ckpt_core::Error> for Streamed {
-    fn from(e: ckpt_core::Error) -> Self {
+impl From<ckpt_tensor::Error> for Streamed {
+    fn from(e: ckpt_tensor::Error) -> Self {
         Streamed::Core(e)
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{Buffer, CheckpointRead, Value};
+use ckpt_tensor::{Buffer, CheckpointRead, Value};
 use ckpt_torch::{ReadOptions, TorchReader, WriteOptions, save_to_writer};
 
 /// Reading every entry of a file looked each one up by walking all leaves: quadratic in the number of
@@ -56,7 +56,7 @@ fn fuzz_repeated_dict_key_keeps_the_last_value_like_torch_load() {
 /// and from items set later: `OrderedDict([("a", 1), ("b", 2), ("a", 3)])` then `["b"] = 4` is `{"a": 3, "b": 4}`.
 #[test]
 fn fuzz_repeated_ordered_dict_key_keeps_the_last_value() {
-    use ckpt_core::{Dict, DictKind};
+    use ckpt_tensor::{Dict, DictKind};
     let mut d = Dict::new(DictKind::OrderedDict);
     for (k, v) in [("a", 1), ("b", 2), ("a", 3), ("b", 4)] {
         d.insert(k, Value::Int(v)); // appended: the pickle holds every pair

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{Buffer, DType, Tensor, Value};
+use ckpt_tensor::{Buffer, DType, Tensor, Value};
 use ckpt_torch::{Container, Error, ReadOptions, TorchReader, WriteOptions, prefix_for_path, save_to_writer};
 
 fn sample() -> Value {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ckpt::core::Collective;
+use ckpt::collective::Collective;
 use ckpt::{Checkpoint, EntryKind, Format};
 use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
@@ -219,7 +219,6 @@ fn main() -> ExitCode {
 /// (`python/src/cli.rs`) and passes it `sys.argv`.
 pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     let cli = Cli::parse_from(args);
-    cli.limits.apply();
     let limits = &cli.limits.read_limits();
     let source = &cli.source.options();
     let group = match Launch::start() {
@@ -267,7 +266,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             Err(e) => Err(e),
         },
         Command::ExportTsv { config, entities_output, relation_types_output } => {
-            export_tsv(config, entities_output, relation_types_output, quiet)
+            export_tsv(config, entities_output, relation_types_output, limits, quiet)
         }
     };
     match result {
@@ -732,12 +731,18 @@ fn reshard(
 }
 
 #[cfg(not(feature = "pbg"))]
-fn export_tsv(config: &Path, _: &Path, _: &Path, _: bool) -> ckpt::Result<bool> {
+fn export_tsv(config: &Path, _: &Path, _: &Path, _: &ckpt::ReadLimits, _: bool) -> ckpt::Result<bool> {
     Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
 }
 
 #[cfg(feature = "pbg")]
-fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Path, quiet: bool) -> ckpt::Result<bool> {
+fn export_tsv(
+    config: &Path,
+    entities_output: &Path,
+    relation_types_output: &Path,
+    limits: &ckpt::ReadLimits,
+    quiet: bool,
+) -> ckpt::Result<bool> {
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
         move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
@@ -747,7 +752,8 @@ fn export_tsv(config: &Path, entities_output: &Path, relation_types_output: &Pat
     let checkpoint_dir = located.checkpoint_dir();
     let entity_path = located.entity_path().unwrap_or_else(|| located.resolve("."));
     let pb = spinner(quiet, "exporting");
-    let result = ckpt::pbg::PbgReader::open(&checkpoint_dir).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
+    let read = ckpt::pbg::ReadOptions::default().with_limits(limits.pickle);
+    let result = ckpt::pbg::PbgReader::open_with(&checkpoint_dir, &read).map_err(pbg(&checkpoint_dir)).and_then(|ck| {
         let entities = ckpt::pbg::EntityStorage::new(&entity_path);
         ckpt::pbg::export_tsv(&ck, cfg, &entities, entities_output, relation_types_output)
             .map_err(pbg(&checkpoint_dir))
@@ -886,27 +892,27 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
     // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
     let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
-        || c.value(name).is_ok_and(|v| ckpt::core::numpy_unsupported(&v).is_some());
+        || c.value(name).is_ok_and(|v| ckpt::tensor::numpy_unsupported(&v).is_some());
     let text = if is_tensor {
-        ckpt::core::format_tensor(&c.tensor(name)?, limit)
+        ckpt::display::format_tensor(&c.tensor(name)?, limit)
     } else {
         // A value: strings as they are (a PBG config prints as its JSON), others as Python's repr.
         match c.value(name)? {
             ckpt::Value::Str(s) => s,
             // A value holding a tensor (a numpy array a format keeps pickled, as DCP's BYTE_IO items).
             v if v.as_tensor().is_some() => {
-                v.as_tensor().map(|t| ckpt::core::format_tensor(t, limit)).unwrap_or_default()
+                v.as_tensor().map(|t| ckpt::display::format_tensor(t, limit)).unwrap_or_default()
             }
             // Containers and objects indented, a shared object labelled where it is defined and every
             // reference to it printed with that place's path.
-            v => ckpt::core::python_str(&v).unwrap_or_else(|_| {
+            v => ckpt::tensor::python_str(&v).unwrap_or_else(|_| {
                 // A reference out of the entry points to an object that encloses it: named from the top.
                 let outside = c
                     .downcast_ref::<ckpt::torch::TorchReader>()
                     .filter(|_| v.has_refs())
-                    .map(|t| ckpt::core::shared_paths(t.module_state_dict().unwrap_or(t.value())))
+                    .map(|t| ckpt::outline::shared_paths(t.module_state_dict().unwrap_or(t.value())))
                     .unwrap_or_default();
-                ckpt::core::format_value_with(&v, name, &outside)
+                ckpt::outline::format_value_with(&v, name, &outside)
             }),
         }
     };
@@ -961,24 +967,15 @@ impl LimitArgs {
         l.max_data_header_bytes = self.max_data_header_bytes.unwrap_or(l.max_data_header_bytes);
         l.max_metadata_bytes = self.max_metadata_bytes.unwrap_or(l.max_metadata_bytes);
         l.max_inflated_bytes = self.max_inflated_bytes.unwrap_or(l.max_inflated_bytes);
+        // The tool always has the torch format (feature `cli` needs it), hence the pickle decoder.
+        l.pickle = self.pickle_limits();
         l
     }
 
-    /// Makes the pickle limits the process's default, when any of their flags is given, so that
-    /// [`LimitArgs::read_limits`] carries them and readers outside the facade's calls use them too.
-    fn apply(&self) {
+    /// The pickle decoder's limits: the built-in ones (all but depth lifted with `--trusted`), each flag
+    /// given replacing its own.
+    fn pickle_limits(&self) -> ckpt::pickle::Limits {
         use ckpt::pickle::Limits;
-        let given = [
-            self.max_depth,
-            self.max_memo,
-            self.max_container_len,
-            self.max_nodes,
-            self.max_alloc_bytes,
-            self.max_int_digits,
-        ];
-        if !self.trusted && given.iter().all(Option::is_none) {
-            return;
-        }
         let mut l = if self.trusted { Limits::trusted() } else { Limits::BUILTIN };
         l.max_depth = self.max_depth.unwrap_or(l.max_depth);
         l.max_memo = self.max_memo.unwrap_or(l.max_memo);
@@ -986,15 +983,15 @@ impl LimitArgs {
         l.max_nodes = self.max_nodes.unwrap_or(l.max_nodes);
         l.max_alloc_bytes = self.max_alloc_bytes.unwrap_or(l.max_alloc_bytes);
         l.max_int_digits = self.max_int_digits.unwrap_or(l.max_int_digits);
-        Limits::set_process_default(Some(l));
+        l
     }
 }
 
 /// The processes this run spans: one, or those of an MPI job when started by `mpirun` (feature `mpi`).
 enum Launch {
-    Single(ckpt::core::SingleProcess),
+    Single(ckpt::collective::SingleProcess),
     #[cfg(feature = "mpi")]
-    Mpi(ckpt::core::MpiCollective),
+    Mpi(ckpt::collective::MpiCollective),
 }
 
 /// The number of processes an MPI launcher says this job has (OpenMPI, PMI, PMIx variables), if any.
@@ -1006,10 +1003,10 @@ fn mpi_launch_size() -> Option<usize> {
 impl Launch {
     #[cfg(feature = "mpi")]
     fn start() -> Result<Launch, String> {
-        if !ckpt::core::launched_by_mpi() {
-            return Ok(Launch::Single(ckpt::core::SingleProcess));
+        if !ckpt::collective::launched_by_mpi() {
+            return Ok(Launch::Single(ckpt::collective::SingleProcess));
         }
-        ckpt::core::MpiCollective::init().map(Launch::Mpi).map_err(|e| format!("cannot start MPI: {e}"))
+        ckpt::collective::MpiCollective::init().map(Launch::Mpi).map_err(|e| format!("cannot start MPI: {e}"))
     }
 
     #[cfg(not(feature = "mpi"))]
@@ -1020,7 +1017,7 @@ impl Launch {
                  process would do the whole job; rebuild with `--features cli,mpi` (and the format features), or run \
                  it without mpirun"
             )),
-            _ => Ok(Launch::Single(ckpt::core::SingleProcess)),
+            _ => Ok(Launch::Single(ckpt::collective::SingleProcess)),
         }
     }
 

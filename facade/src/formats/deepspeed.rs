@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ckpt_core::{PathItem, Value};
+use ckpt_tensor::{PathItem, Value};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -14,7 +14,7 @@ pub(crate) struct DeepSpeed;
 
 impl Cause for ckpt_deepspeed::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 

@@ -4,8 +4,9 @@ use std::path::Path;
 
 use std::collections::HashMap;
 
-use ckpt_core::{Collective, PathItem, Value, host_ranks, hosted_ranks};
+use ckpt_collective::{Collective, host_ranks, hosted_ranks};
 use ckpt_distcp::{RankState, WriteOptions};
+use ckpt_tensor::{PathItem, Value};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Outlined, Reader, Source, outline};
 use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
@@ -18,7 +19,7 @@ pub(crate) struct Distcp;
 
 impl Cause for ckpt_distcp::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 
@@ -200,7 +201,7 @@ fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<
     let write = WriteOptions::default().with_profile(profile);
     let mut s = ConvertSummary::default();
     let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
-    for e in ckpt_core::flatten(&content.tree).at(dst)? {
+    for e in ckpt_tensor::flatten(&content.tree).at(dst)? {
         if matches!(e.value, Value::OpaqueTensor { .. }) {
             s.dropped.push(e.key);
         } else {
@@ -216,7 +217,7 @@ fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<
             None => s.values += 1,
         }
     }
-    let tree = if s.dropped.is_empty() { content.tree } else { ckpt_core::unflatten(flat).at(dst)? };
+    let tree = if s.dropped.is_empty() { content.tree } else { ckpt_tensor::unflatten(flat).at(dst)? };
     Ok((s, tree, write))
 }
 

@@ -1,8 +1,8 @@
-//! Hugging Face sharded safetensors directories, through `ckpt-hf`.
+//! Hugging Face sharded safetensors directories, through `ckpt-safetensors`' `hf` module.
 
 use std::path::Path;
 
-use ckpt_core::Collective;
+use ckpt_collective::Collective;
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -13,9 +13,9 @@ use crate::{Format, ReadLimits};
 
 pub(crate) struct Hf;
 
-impl Cause for ckpt_hf::Error {
+impl Cause for ckpt_safetensors::hf::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 
@@ -27,11 +27,11 @@ impl Adaptor for Hf {
     /// Every shard's header length checked against [`ReadLimits::max_header_bytes`] first.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         limits.check_safetensors_headers(path)?;
-        Ok(Box::new(ckpt_hf::HfReader::open(path).at(path)?))
+        Ok(Box::new(ckpt_safetensors::hf::HfReader::open(path).at(path)?))
     }
 
     /// Every shard's header (and the index against the shards), every entry resolved; deep, every shard's
-    /// per-tensor checksums (ckpt's, [`ckpt_core::safetensors::checksums`]) and every byte.
+    /// per-tensor checksums (ckpt's, [`ckpt_safetensors::checksums`]) and every byte.
     fn verify(
         &self,
         path: &Path,
@@ -42,7 +42,7 @@ impl Adaptor for Hf {
     ) -> Result<()> {
         if depth == Depth::Deep {
             limits.check_safetensors_headers(path)?;
-            let reader = ckpt_hf::HfReader::open(path).at(path)?;
+            let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
             for file in reader.files() {
                 check_safetensors_checksums(file, report);
             }
@@ -55,21 +55,21 @@ impl Adaptor for Hf {
     /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
         limits.check_safetensors_headers(path)?;
-        let reader = ckpt_hf::HfReader::open(path).at(path)?;
+        let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
         let leaves = reader.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)
     }
 
-    /// Every leaf under its name, sharded as transformers shards ([`ckpt_hf::save_entries`]), with
+    /// Every leaf under its name, sharded as transformers shards ([`ckpt_safetensors::hf::save_entries`]), with
     /// [`ConvertOptions::hf_max_shard_size`].
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let report = ckpt_hf::save_entries(leaves, dst, &write_options(source, options)).at(dst)?;
+        let report = ckpt_safetensors::hf::save_entries(leaves, dst, &write_options(source, options)).at(dst)?;
         Ok(summary(report))
     }
 
-    /// Each process writes its shards ([`ckpt_hf::save_entries_in`]: shards planned from the sizes, process
+    /// Each process writes its shards ([`ckpt_safetensors::hf::save_entries_in`]: shards planned from the sizes, process
     /// `p` of `K` writes shards `p, p + K, ...`, reading only their tensors from the source
     /// ([`Source::outlined`])); process 0 writes the index last and commits.
     fn write_in(
@@ -81,20 +81,22 @@ impl Adaptor for Hf {
     ) -> Result<ConvertSummary> {
         let outlined = agree(group, source.outlined())?;
         let leaves = outlined.content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let resolve = |t: &ckpt_core::Tensor| outlined.resolve(t);
-        let report = ckpt_hf::save_entries_in(leaves, dst, &write_options(source, options), group, &resolve).at(dst);
+        let resolve = |t: &ckpt_tensor::Tensor| outlined.resolve(t);
+        let report =
+            ckpt_safetensors::hf::save_entries_in(leaves, dst, &write_options(source, options), group, &resolve)
+                .at(dst);
         agree(group, report).map(summary)
     }
 }
 
-fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_hf::WriteOptions {
-    let mut write = ckpt_hf::WriteOptions::default().with_source(source.format.name());
+fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetensors::hf::WriteOptions {
+    let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format.name());
     if let Some(max) = options.hf_max_shard_size {
         write = write.with_max_shard_size(max);
     }
     write
 }
 
-fn summary(report: ckpt_hf::SaveReport) -> ConvertSummary {
+fn summary(report: ckpt_safetensors::hf::SaveReport) -> ConvertSummary {
     ConvertSummary { tensors: report.tensors, bytes: report.bytes, values: report.values, dropped: report.dropped }
 }

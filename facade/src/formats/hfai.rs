@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use ckpt_core::{Collective, PathItem, host_ranks};
+use ckpt_collective::{Collective, host_ranks};
+use ckpt_tensor::PathItem;
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -15,7 +16,7 @@ pub(crate) struct Hfai;
 
 impl Cause for ckpt_hfai::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 
@@ -58,7 +59,7 @@ impl Adaptor for Hfai {
             Ok((s, state, write, o))
         });
         let (s, state, write, outlined) = agree(group, prepared)?;
-        let resolve = |t: &ckpt_core::Tensor| outlined.resolve(t);
+        let resolve = |t: &ckpt_tensor::Tensor| outlined.resolve(t);
         let ran =
             host_ranks(group, options.world_size, |g| ckpt_hfai::save_rank_resolved(&state, dst, &write, g, &resolve));
         let own = ran.at(dst).and_then(|results| {

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use ckpt_core::{PathItem, Value};
 use ckpt_distcp::megatron::{MegatronOptions, MegatronReader};
+use ckpt_tensor::{PathItem, Value};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -46,7 +46,7 @@ impl Adaptor for Megatron {
     fn read_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Content> {
         let reader = open(path, limits, source)?;
         let mut leaves = Vec::new();
-        for e in ckpt_core::CheckpointRead::entries(&reader) {
+        for e in ckpt_tensor::CheckpointRead::entries(&reader) {
             if !reader.is_model_tensor(&e.name) {
                 continue;
             }
@@ -68,9 +68,9 @@ impl Adaptor for Megatron {
     ) -> Result<()> {
         super::distcp::Distcp.verify(path, depth, limits, report, progress)?;
         let reader = open(path, limits, &SourceOptions::default())?;
-        for e in ckpt_core::CheckpointRead::entries(&reader) {
-            if matches!(e.kind, ckpt_core::EntryKind::Value) {
-                if let Err(err) = ckpt_core::CheckpointRead::value(&reader, &e.name) {
+        for e in ckpt_tensor::CheckpointRead::entries(&reader) {
+            if matches!(e.kind, ckpt_tensor::EntryKind::Value) {
+                if let Err(err) = ckpt_tensor::CheckpointRead::value(&reader, &e.name) {
                     report.problems.push(format!("{}: {err}", e.name));
                 }
             }

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use ckpt_core::{Collective, Value, host_ranks};
+use ckpt_collective::{Collective, host_ranks};
+use ckpt_tensor::Value;
 
 use crate::adaptor::{Adaptor, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -16,7 +17,7 @@ pub(crate) struct Pbg;
 
 impl Cause for ckpt_pbg::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 

@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use ckpt_core::{CheckpointRead, Collective, PathItem, host_ranks};
+use ckpt_collective::{Collective, host_ranks};
+use ckpt_tensor::{CheckpointRead, PathItem};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -16,7 +17,7 @@ pub(crate) struct Recis;
 
 impl Cause for ckpt_recis::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 
@@ -46,7 +47,7 @@ impl Adaptor for Recis {
                 continue;
             }
             let prefix = if key == "model" { String::new() } else { format!("{key}/") };
-            for l in ckpt_core::leaves(value).at(path)? {
+            for l in ckpt_tensor::leaves(value).at(path)? {
                 let mut item_path = vec![PathItem::Key(key.to_owned())];
                 item_path.extend(l.path);
                 leaves.push(Leaf { name: format!("{prefix}{}", l.key), path: item_path, value: l.value.clone() });

@@ -1,9 +1,9 @@
-//! safetensors files, through `ckpt-core`'s safetensors module and its one metadata convention
-//! ([`ckpt_core::safetensors::metadata`]).
+//! safetensors files, through `ckpt-tensor`'s safetensors module and its one metadata convention
+//! ([`ckpt_safetensors::metadata`]).
 
 use std::path::Path;
 
-use ckpt_core::safetensors::{SafetensorsReader, metadata};
+use ckpt_safetensors::{SafetensorsReader, metadata};
 
 use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
 use crate::convert::{ConvertOptions, ConvertSummary};
@@ -25,7 +25,7 @@ impl Adaptor for Safetensors {
     }
 
     /// The header (dtypes, shapes, offsets covering the data), every entry resolved; deep, the per-tensor
-    /// checksums ckpt records ([`ckpt_core::safetensors::checksums`]) and every byte.
+    /// checksums ckpt records ([`ckpt_safetensors::checksums`]) and every byte.
     fn verify(
         &self,
         path: &Path,

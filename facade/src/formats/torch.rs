@@ -12,7 +12,7 @@ pub(crate) struct Torch;
 
 impl Cause for ckpt_torch::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_core::Error::from(self).at(path)
+        ckpt_tensor::Error::from(self).at(path)
     }
 }
 

@@ -15,10 +15,10 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
 
-use ckpt_core::{DType, PathItem, Value};
 use ckpt_pickle::{
     Builder, Call, CallKind, Captures, Items, Pairs, Pattern, Sequence, Shelf, Template, normalize_global,
 };
+use ckpt_tensor::{DType, PathItem, Value};
 
 use super::{
     ChunkStorageMetadata, FILESYSTEM_MODULE, LEGACY_PROPERTIES_MODULE, METADATA_MODULE, MemoryFormat, Metadata,

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use ckpt_core::{PathItem, Value};
 use ckpt_pickle::Pickler;
+use ckpt_tensor::{PathItem, Value};
 
 use super::{
     ChunkStorageMetadata, FILESYSTEM_MODULE, LEGACY_PROPERTIES_MODULE, METADATA_MODULE, Metadata, MetadataIndex,

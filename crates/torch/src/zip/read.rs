@@ -115,7 +115,7 @@ pub struct Archive {
 pub enum HeaderSource<'a> {
     /// The slice itself. After each batch of headers, the function gets the range of the slice they were
     /// read from, less `data.pkl`'s record (which the work reads meanwhile): the owner of a memory map can
-    /// drop those pages from the process's page tables ([`ckpt_core::Buffer::forget_mapped_pages`]), rather
+    /// drop those pages from the process's page tables ([`ckpt_tensor::Buffer::forget_mapped_pages`]), rather
     /// than pay for them when the map is unmapped.
     Slice(&'a (dyn Fn(Range<u64>) + Sync)),
     /// Reads of the same bytes as the slice's that map nothing: the function fills its buffer with the bytes

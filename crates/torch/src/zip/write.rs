@@ -146,7 +146,7 @@ impl<W: Write> ZipWriter<W> {
 
     /// Calls `marker` with the output and each record's full name (`<prefix>/<name>`) just before the
     /// record's first byte, and with [`CENTRAL_DIRECTORY_MARK`] before the central directory: how a
-    /// checksumming output ([`ckpt_core::commit::DurableWriter::mark`]) learns where each record starts.
+    /// checksumming output ([`ckpt_io::DurableWriter::mark`]) learns where each record starts.
     pub fn set_record_marker(&mut self, marker: fn(&mut W, &str)) {
         self.marker = Some(marker);
     }

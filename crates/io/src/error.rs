@@ -1,0 +1,165 @@
+//! Errors of the commit protocol, split by what the caller can do about them.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a durable commit failed. Every variant names the destination (or the file inside a staging
+/// directory) and keeps the operating system's error as its [`source`](std::error::Error::source), so
+/// callers can match the cause (`DiskFull` → free space and retry; `Locked` → another save is running).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// No space left: `ENOSPC`, a quota (`EDQUOT`), or the process's file size limit (`EFBIG`, from
+    /// `RLIMIT_FSIZE`). Nothing of the previous checkpoint was touched.
+    #[error("{}: not enough space to save ({source})", path.display())]
+    DiskFull {
+        /// The destination being written.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file system is mounted read-only (`EROFS`).
+    #[error("{}: the file system is read-only ({source})", path.display())]
+    ReadOnly {
+        /// The destination being written.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The destination or its directory may not be written (`EACCES`, `EPERM`).
+    #[error("{}: permission denied ({source})", path.display())]
+    PermissionDenied {
+        /// The path that could not be written.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another save to the same destination holds its advisory lock.
+    #[error("{}: another save to this destination is in progress{}", path.display(), holder.as_deref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    Locked {
+        /// The destination.
+        path: PathBuf,
+        /// Who holds the lock, as the holder recorded it (`pid 1234 on host`), when known.
+        holder: Option<String>,
+    },
+    /// The destination cannot be replaced this way: it is of the wrong kind (a file where a directory
+    /// is saved), a mount point, or it holds entries the commit would have to drop.
+    #[error("{}: {reason}", path.display())]
+    Refused {
+        /// The destination.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Another rank of a multi-rank save failed; this rank's files were not committed.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// Its error, as text.
+        message: String,
+    },
+    /// The process group failed (a collective operation returned an error).
+    #[error("the process group failed: {message}")]
+    Group {
+        /// The collective's error, as text.
+        message: String,
+    },
+    /// Any other I/O error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl CommitError {
+    /// Classifies an I/O error on `path` into the specific variant its `errno` calls for.
+    pub fn from_io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        match source.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => CommitError::DiskFull { path, source },
+            Some(libc::EROFS) => CommitError::ReadOnly { path, source },
+            Some(libc::EACCES | libc::EPERM) => CommitError::PermissionDenied { path, source },
+            _ => CommitError::Io { path, source },
+        }
+    }
+
+    /// Who is at fault: the caller for a destination that cannot be replaced this way
+    /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
+    pub fn fault(&self) -> ckpt_tensor::Fault {
+        match self {
+            CommitError::Refused { .. } => ckpt_tensor::Fault::InvalidArgument,
+            _ => ckpt_tensor::Fault::Io,
+        }
+    }
+
+    /// The path the error names, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            CommitError::DiskFull { path, .. }
+            | CommitError::ReadOnly { path, .. }
+            | CommitError::PermissionDenied { path, .. }
+            | CommitError::Locked { path, .. }
+            | CommitError::Refused { path, .. }
+            | CommitError::Io { path, .. } => Some(path),
+            CommitError::RankFailed { .. } | CommitError::Group { .. } => None,
+        }
+    }
+
+    /// Whether the cause is a lack of space (disk, quota or file size limit).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, CommitError::DiskFull { .. })
+    }
+}
+
+impl From<CommitError> for ckpt_tensor::Error {
+    /// A commit's plain I/O error becomes [`ckpt_tensor::Error::Io`]; every other kind (disk full, locked,
+    /// a failed rank, ...) stays whole as the source of a [`ckpt_tensor::Error::Format`] with its fault, where
+    /// [`ckpt_tensor::Error::format_error`] finds it.
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Io { path, source } => ckpt_tensor::Error::Io { path, source },
+            e => ckpt_tensor::Error::format(e.fault(), e),
+        }
+    }
+}
+
+/// `CommitError::from_io` as a closure over the path, for `map_err`.
+pub(crate) fn at(path: &Path) -> impl FnOnce(io::Error) -> CommitError + '_ {
+    move |e| CommitError::from_io(path, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_errno() {
+        let e = |n| CommitError::from_io("/x", io::Error::from_raw_os_error(n));
+        assert!(matches!(e(libc::ENOSPC), CommitError::DiskFull { .. }));
+        assert!(matches!(e(libc::EFBIG), CommitError::DiskFull { .. }));
+        assert!(matches!(e(libc::EDQUOT), CommitError::DiskFull { .. }));
+        assert!(matches!(e(libc::EROFS), CommitError::ReadOnly { .. }));
+        assert!(matches!(e(libc::EACCES), CommitError::PermissionDenied { .. }));
+        assert!(matches!(e(libc::EIO), CommitError::Io { .. }));
+        let full = e(libc::ENOSPC);
+        assert!(full.is_disk_full());
+        assert_eq!(full.path(), Some(Path::new("/x")));
+        assert!(std::error::Error::source(&full).is_some(), "the io::Error is kept as the source");
+        let locked = CommitError::Locked { path: "/d/m.pt".into(), holder: Some("pid 7 on h".into()) };
+        assert_eq!(locked.to_string(), "/d/m.pt: another save to this destination is in progress (pid 7 on h)");
+        // Into the tensor model's error: plain I/O as Io, the rest kept whole with its fault.
+        let core = ckpt_tensor::Error::from(locked);
+        assert_eq!(core.fault(), ckpt_tensor::Fault::Io);
+        assert!(matches!(core.format_error::<CommitError>(), Some(CommitError::Locked { .. })));
+        let io = ckpt_tensor::Error::from(e(libc::EIO));
+        assert!(matches!(io, ckpt_tensor::Error::Io { .. }));
+    }
+}

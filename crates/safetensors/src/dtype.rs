@@ -1,0 +1,90 @@
+//! The `safetensors` crate's dtypes and ckpt's [`DType`]s, one to one where both exist.
+
+use ckpt_tensor::{DType, Error, Result};
+
+/// The `safetensors` crate's dtype for `dtype`.
+///
+/// # Errors
+/// [`Error::Unsupported`] for dtypes safetensors cannot hold (complex128, complex32, quantized, float4).
+pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
+    use safetensors::Dtype as S;
+    Ok(match dtype {
+        DType::Bool => S::BOOL,
+        DType::U8 => S::U8,
+        DType::U16 => S::U16,
+        DType::U32 => S::U32,
+        DType::U64 => S::U64,
+        DType::I8 => S::I8,
+        DType::I16 => S::I16,
+        DType::I32 => S::I32,
+        DType::I64 => S::I64,
+        DType::F16 => S::F16,
+        DType::BF16 => S::BF16,
+        DType::F32 => S::F32,
+        DType::F64 => S::F64,
+        DType::C64 => S::C64,
+        DType::F8E4M3Fn => S::F8_E4M3,
+        DType::F8E5M2 => S::F8_E5M2,
+        DType::F8E4M3Fnuz => S::F8_E4M3FNUZ,
+        DType::F8E5M2Fnuz => S::F8_E5M2FNUZ,
+        DType::F8E8M0Fnu => S::F8_E8M0,
+        other => {
+            return Err(Error::Unsupported(format!("dtype {} cannot be stored in safetensors", other.torch_name())));
+        }
+    })
+}
+
+/// The dtype for a `safetensors` crate dtype.
+///
+/// # Errors
+/// [`Error::Unsupported`] for safetensors dtypes torch has no equivalent for (F4, F6_*).
+pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
+    use safetensors::Dtype as S;
+    Ok(match d {
+        S::BOOL => DType::Bool,
+        S::U8 => DType::U8,
+        S::U16 => DType::U16,
+        S::U32 => DType::U32,
+        S::U64 => DType::U64,
+        S::I8 => DType::I8,
+        S::I16 => DType::I16,
+        S::I32 => DType::I32,
+        S::I64 => DType::I64,
+        S::F16 => DType::F16,
+        S::BF16 => DType::BF16,
+        S::F32 => DType::F32,
+        S::F64 => DType::F64,
+        S::C64 => DType::C64,
+        S::F8_E4M3 => DType::F8E4M3Fn,
+        S::F8_E5M2 => DType::F8E5M2,
+        S::F8_E4M3FNUZ => DType::F8E4M3Fnuz,
+        S::F8_E5M2FNUZ => DType::F8E5M2Fnuz,
+        S::F8_E8M0 => DType::F8E8M0Fnu,
+        other => {
+            return Err(Error::Unsupported(format!("safetensors dtype {other:?} has no torch equivalent")));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_safetensors_code_round_trips() {
+        let mut n = 0;
+        for d in DType::ALL {
+            if let Some(c) = d.safetensors_code() {
+                let st = safetensors_dtype(d).unwrap();
+                assert_eq!(torch_dtype(st).unwrap(), d);
+                assert_eq!(st.to_string(), c);
+                n += 1;
+            } else {
+                assert!(matches!(safetensors_dtype(d), Err(Error::Unsupported(_))), "{d}");
+            }
+        }
+        assert_eq!(n, 19);
+        assert!(matches!(torch_dtype(safetensors::Dtype::F4), Err(Error::Unsupported(_))));
+    }
+}

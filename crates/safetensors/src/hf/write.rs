@@ -1,0 +1,253 @@
+//! Writing a Hugging Face sharded checkpoint.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::metadata::{self, FORMAT_KEY, FORMAT_PT};
+use ckpt_io::{CommitError, DirCommit, DirOptions};
+use ckpt_tensor::{PathItem, Value};
+use serde_json::Value as Json;
+
+use crate::hf::error::Result;
+use crate::hf::shard::{self, DEFAULT_MAX_SHARD_SIZE};
+
+/// Options of [`save_entries`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteOptions {
+    /// The largest shard, in bytes of tensor data (default 5 GB, [`DEFAULT_MAX_SHARD_SIZE`]); a larger tensor
+    /// gets a shard of its own.
+    pub max_shard_size: u64,
+    /// The format the checkpoint is converted from (`ckpt.source`), when known.
+    pub source: Option<String>,
+    /// Record the CRC32C of every tensor in its shard's header (default `true`;
+    /// [`crate::write_file_checksummed`]), so that `ckpt verify --deep` detects a changed
+    /// byte of tensor data. `transformers` and every safetensors reader load the shards either way.
+    pub checksums: bool,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { max_shard_size: DEFAULT_MAX_SHARD_SIZE, source: None, checksums: true }
+    }
+}
+
+impl WriteOptions {
+    /// Per-tensor checksums on or off ([`WriteOptions::checksums`]).
+    #[must_use]
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
+    }
+
+    /// Sets the largest shard, in bytes.
+    #[must_use]
+    pub fn with_max_shard_size(mut self, bytes: u64) -> Self {
+        self.max_shard_size = bytes;
+        self
+    }
+
+    /// Records `source` as the format converted from.
+    #[must_use]
+    pub fn with_source(mut self, source: &str) -> Self {
+        self.source = Some(source.to_owned());
+        self
+    }
+}
+
+/// What [`save_entries`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SaveReport {
+    /// Tensor entries written.
+    pub tensors: usize,
+    /// Bytes of tensor data written (the index's `total_size`).
+    pub bytes: u64,
+    /// Other entries, recorded in the first shard's `ckpt.values`.
+    pub values: usize,
+    /// Entries that could not be written (a tensor whose data cannot be read).
+    pub dropped: Vec<String>,
+    /// The files written, in order (the shards, then the index).
+    pub files: Vec<PathBuf>,
+}
+
+/// Writes `entries` (name, path in the nested state dict, value) as a Hugging Face sharded checkpoint in the
+/// directory `dst`: shards filled in the entries' order as `huggingface_hub` fills them ([`crate::hf::shard`]),
+/// each a safetensors file with `format = "pt"`, and `model.safetensors.index.json` (`metadata.total_size`,
+/// `weight_map` of every tensor, keys sorted and indented as `transformers` writes it) when there is more
+/// than one shard.
+///
+/// Everything that is not a plain tensor is kept with ckpt's safetensors convention
+/// ([`crate::metadata`]): `ckpt.source`, `ckpt.paths` and `ckpt.values` go into the first
+/// shard's `__metadata__` (`model-00001-of-0000N.safetensors`, or `model.safetensors`); the tensors values
+/// hold are tensors of the checkpoint (in whichever shard the filling puts them, listed in the index),
+/// so other loaders see every tensor and ckpt rebuilds every value.
+///
+/// The write streams each tensor from its memory into its shard and commits the directory atomically
+/// through [`ckpt_io::DirCommit`]: staged beside `dst`, synced, swapped in whole. The format owns
+/// the `*.safetensors` files and the index of an existing `dst`; other files there (a `config.json`, the
+/// tokenizer) are carried into the new directory.
+///
+/// # Errors
+/// The commit's errors (a destination that is a file, a full disk, a concurrent save); errors of the
+/// tensors' data.
+pub fn save_entries<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
+    dst: &Path,
+    options: &WriteOptions,
+) -> Result<SaveReport> {
+    save_entries_in(entries, dst, options, &ckpt_collective::SingleProcess, &|t| Ok(t.clone()))
+}
+
+/// [`save_entries`] split over the processes of `group`, every process calling it with the same entries:
+/// the shards are planned from the tensors' sizes on every process, process `p` of `K` writes shards `p,
+/// p + K, ...` (each tensor of its shards passed through `resolve` first, so that entries given as outlines
+/// are read only by the process that writes them), and process 0 writes the index once every shard is
+/// durable and commits the directory. The files are those of [`save_entries`]; every process returns the
+/// same report, or an error (a process's failure reaches every process).
+///
+/// ```
+/// use ckpt_tensor::{PathItem, Tensor, Value};
+/// use ckpt_collective::ThreadGroup;
+/// let dir = tempfile::tempdir().unwrap();
+/// let (a, b) = (Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap()), Value::Int(3));
+/// let entries = [("a", &[PathItem::Key("a".into())][..], &a), ("b", &[PathItem::Key("b".into())][..], &b)];
+/// let options = ckpt_safetensors::hf::WriteOptions::default().with_max_shard_size(8);
+/// std::thread::scope(|s| {
+///     for g in ThreadGroup::new(2) {
+///         let (entries, dst, options) = (&entries, dir.path(), &options);
+///         s.spawn(move || ckpt_safetensors::hf::save_entries_in(entries.iter().copied(), dst, options, &g, &|t| Ok(t.clone())).unwrap());
+///     }
+/// });
+/// assert!(dir.path().join("model.safetensors").exists());
+/// ```
+///
+/// # Errors
+/// As [`save_entries`]; `resolve`'s errors; [`ckpt_io::CommitError::RankFailed`] (inside
+/// [`crate::hf::Error`]) when another process failed.
+pub fn save_entries_in<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
+    dst: &Path,
+    options: &WriteOptions,
+    group: &dyn ckpt_collective::Collective,
+    resolve: &(dyn Fn(&ckpt_tensor::Tensor) -> ckpt_tensor::Result<ckpt_tensor::Tensor> + Sync),
+) -> Result<SaveReport> {
+    let mut st_options = metadata::WriteOptions::default();
+    if let Some(s) = &options.source {
+        st_options = st_options.with_source(s);
+    }
+    let (tensors, records, prepared) = metadata::prepare(entries, &st_options)?;
+    let sizes: Vec<u64> = tensors.iter().map(|(_, t)| t.nbytes() as u64).collect();
+    let mut shards = shard::plan(&sizes, options.max_shard_size);
+    if shards.is_empty() {
+        shards.push(Vec::new()); // no tensor: one file with the records
+    }
+    let n = shards.len();
+    let dir_options = DirOptions::default().with_owned(owned);
+    let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_tensor::Error::from)?;
+    let mut names = Vec::with_capacity(n + 1);
+    let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
+    for (i, members) in shards.iter().enumerate() {
+        let file = shard::file_name(i, n);
+        for &k in members {
+            if let Some((name, _)) = tensors.get(k) {
+                weight_map.push((name, file.clone()));
+            }
+        }
+        names.push(file);
+    }
+    let (process, processes) = (group.rank(), group.world_size().max(1));
+    let written = (|| -> Result<()> {
+        for (i, members) in shards.iter().enumerate().filter(|(i, _)| i % processes == process) {
+            let file = shard::file_name(i, n);
+            let shard_tensors: Vec<(String, ckpt_tensor::Tensor)> = members
+                .iter()
+                .filter_map(|&k| tensors.get(k))
+                .map(|(name, t)| Ok((name.clone(), resolve(t)?)))
+                .collect::<ckpt_tensor::Result<_>>()?;
+            let meta =
+                if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
+            let mut staged = commit.create_file(&file).map_err(ckpt_tensor::Error::from)?;
+            let path = staged.path().to_path_buf();
+            if options.checksums {
+                crate::write_checksummed_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            } else {
+                crate::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
+            }
+            staged.finish().map_err(ckpt_tensor::Error::from)?;
+        }
+        Ok(())
+    })();
+    // Every process learns every outcome in the commit: a failed one passes its error, and gets it back.
+    let own = written.as_ref().map(|&()| ()).map_err(ToString::to_string);
+    let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
+    let committed = commit.commit(group, own, |c| {
+        if let Some(text) = &index {
+            let mut f = c.create_file(crate::hf::INDEX_FILE)?;
+            let path = f.path().to_path_buf();
+            f.writer().write_all(text.as_bytes()).map_err(|e| CommitError::from_io(&path, e))?;
+            f.finish()?;
+        }
+        Ok(())
+    });
+    written?;
+    committed.map_err(ckpt_tensor::Error::from)?;
+    if index.is_some() {
+        names.push(crate::hf::INDEX_FILE.to_owned());
+    }
+    Ok(SaveReport {
+        tensors: prepared.tensors,
+        bytes: sizes.iter().sum(),
+        values: prepared.values,
+        dropped: prepared.dropped,
+        files: names.into_iter().map(|f| dst.join(f)).collect(),
+    })
+}
+
+/// The names of a destination that belong to the format: shards, the index, the checksum manifest.
+fn owned(name: &str) -> bool {
+    name.ends_with(".safetensors") || name == crate::hf::INDEX_FILE || name == ckpt_io::MANIFEST_NAME
+}
+
+/// The index as `transformers` writes it: `json.dumps(index, indent=2, sort_keys=True) + "\n"` (non-ASCII
+/// characters escaped, as Python's `ensure_ascii`).
+fn index_json(total_size: u64, weight_map: &[(&str, String)]) -> String {
+    let mut sorted: Vec<&(&str, String)> = weight_map.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let map: serde_json::Map<String, Json> =
+        sorted.into_iter().map(|(k, f)| ((*k).to_owned(), Json::String(f.clone()))).collect();
+    let mut meta = serde_json::Map::new();
+    meta.insert("total_size".into(), Json::from(total_size));
+    let mut index = serde_json::Map::new();
+    index.insert("metadata".into(), Json::Object(meta));
+    index.insert("weight_map".into(), Json::Object(map));
+    let text = serde_json::to_string_pretty(&Json::Object(index)).unwrap_or_default();
+    let mut out = String::with_capacity(text.len() + 1);
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_is_python_json() {
+        let text = index_json(30, &[("b", "model-00002-of-00002.safetensors".into()), ("\u{e9}", "x".into())]);
+        assert_eq!(
+            text,
+            "{\n  \"metadata\": {\n    \"total_size\": 30\n  },\n  \"weight_map\": {\n    \"b\": \"model-00002-of-00002.safetensors\",\n    \"\\u00e9\": \"x\"\n  }\n}\n"
+        );
+    }
+}

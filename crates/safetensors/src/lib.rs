@@ -1,0 +1,501 @@
+//! safetensors for ckpt: `.safetensors` files read zero copy and written durably through the `safetensors`
+//! crate, ckpt's lossless `__metadata__` convention ([`metadata`]), and Hugging Face sharded checkpoints
+//! ([`hf`]).
+//!
+//! This is the one safetensors codec of the workspace: the format crates and the facade read and write
+//! headers through it.
+//!
+//! - [`SafetensorsReader`] / [`read`] / [`read_file`]: a file's tensors, each a window of the mapped file.
+//! - [`to_bytes`] / [`write_file`] / [`write_file_checksummed`]: a file, committed by `ckpt-io`.
+//! - [`metadata`]: the entries ckpt records beside the tensors (nested paths, non-tensor values), so a
+//!   state dict survives the trip.
+//! - [`hf`]: `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, sharded as `transformers`'
+//!   `save_pretrained` shards.
+//! - [`safetensors_dtype`] / [`torch_dtype`]: the `safetensors` crate's dtypes and ckpt's.
+//!
+//! Errors are the tensor model's [`Error`]; an invalid header keeps the `safetensors` crate's
+//! `SafeTensorError` as the source of an [`Error::Format`] (find it with [`Error::format_error`]).
+
+#![forbid(unsafe_code)]
+
+mod dtype;
+pub mod hf;
+pub mod metadata;
+
+pub use dtype::{safetensors_dtype, torch_dtype};
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use ckpt_io::{Algorithm, DurableWriter, FileOptions};
+use ckpt_tensor::Buffer;
+use ckpt_tensor::Tensor;
+use ckpt_tensor::Value;
+use ckpt_tensor::{CheckpointRead, Entry};
+use ckpt_tensor::{Error, Result};
+use metadata::Records;
+
+/// A safetensors file, read: tensors in file order and the `__metadata__` string map, and, behind
+/// [`CheckpointRead`], the entries ckpt recorded ([`metadata`]): the tensors, then the `ckpt.values` values.
+#[derive(Debug, Clone)]
+pub struct SafetensorsReader {
+    /// Tensors in the order of their data in the file; each is a zero-copy window of the file's buffer.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The `__metadata__` map, if the file has one.
+    pub metadata: Option<HashMap<String, String>>,
+    records: Records,
+}
+
+impl SafetensorsReader {
+    /// Maps and reads the file at `path` ([`read_file`]).
+    ///
+    /// # Errors
+    /// As [`read`], plus [`Error::Io`] naming the path.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        read_file(path)
+    }
+
+    /// What ckpt recorded in the file's `__metadata__` (paths of nested entries, values).
+    pub fn records(&self) -> &Records {
+        &self.records
+    }
+
+    /// The tensor called `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        match self.records.entry(&self.tensors, name) {
+            Some(metadata::EntryRef::Tensor(t)) => Some(t),
+            _ => self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t),
+        }
+    }
+
+    /// Every entry as (name, path in the nested state dict, value), in the source's order when ckpt recorded
+    /// it: plain tensors, and the values of `ckpt.values` with the tensors they hold ([`metadata`]).
+    pub fn leaves(&self) -> Vec<(String, Vec<ckpt_tensor::PathItem>, Value)> {
+        self.records.leaves(&self.tensors)
+    }
+}
+
+/// Parses a safetensors file held in `buffer`. The whole header is validated (by the `safetensors`
+/// crate: header size cap, offsets contiguous and in bounds, sizes matching shapes) before any tensor is
+/// handed out; tensors are windows of `buffer`.
+///
+/// # Errors
+/// [`Error::Format`] holding the `SafeTensorError` for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
+pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
+    let bytes = buffer.as_bytes();
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(codec)?;
+    let data_start =
+        header_len.checked_add(8).ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
+    let infos = meta.tensors();
+    let mut tensors = Vec::with_capacity(infos.len());
+    for name in meta.offset_keys() {
+        let Some(info) = infos.get(&name) else { continue };
+        let (begin, end) = info.data_offsets;
+        let start = data_start
+            .checked_add(begin)
+            .ok_or_else(|| Error::Malformed(format!("safetensors offset of {name} overflows")))?;
+        let window = buffer.slice_len(start, end.saturating_sub(begin))?;
+        let dtype = torch_dtype(info.dtype)?;
+        tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
+    }
+    let metadata = meta.metadata().clone();
+    let records = Records::read(metadata.as_ref(), &tensors);
+    Ok(SafetensorsReader { tensors, metadata, records })
+}
+
+/// Maps and parses a safetensors file.
+///
+/// # Errors
+/// As [`read`], each error but [`Error::Io`] (which names the path already) as [`Error::Format`] holding an
+/// [`InFile`] that names the file, with the same [`Fault`](ckpt_tensor::Fault).
+pub fn read_file(path: &Path) -> Result<SafetensorsReader> {
+    read(&Buffer::map_file(path)?).map_err(|e| match e {
+        e @ Error::Io { .. } => e,
+        e => Error::Format { fault: e.fault(), source: Box::new(InFile { path: path.to_path_buf(), source: e }) },
+    })
+}
+
+/// An error of the file `path`: its message names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct InFile {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    #[source]
+    pub source: Error,
+}
+
+/// A tensor as the `safetensors` crate's `View`: contiguous data is borrowed, strided views are gathered.
+struct StView<'a> {
+    dtype: safetensors::Dtype,
+    shape: &'a [usize],
+    tensor: &'a Tensor,
+}
+
+impl safetensors::View for StView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        // Borrows contiguous tensors; gathers strided views and bytes made on demand.
+        self.tensor.data().unwrap_or(Cow::Borrowed(&[]))
+    }
+    fn data_len(&self) -> usize {
+        self.tensor.nbytes()
+    }
+}
+
+fn prepared<'a>(tensors: &'a [(String, Tensor)]) -> Result<Vec<(String, StView<'a>)>> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            Ok((name.clone(), StView { dtype: safetensors_dtype(t.dtype())?, shape: t.shape(), tensor: t }))
+        })
+        .collect()
+}
+
+/// Makes every tensor contiguous (zero copy for those already contiguous).
+///
+/// Safetensors cannot express views or shared storage: tensors that share a storage are each written as
+/// their own contiguous bytes (as `safetensors.torch.save_model` does after de-duplication; a shared
+/// storage is never written as overlapping ranges, which safetensors readers reject).
+fn contiguous(tensors: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+    tensors.iter().map(|(n, t)| Ok((n.clone(), t.to_contiguous()?))).collect()
+}
+
+/// Serializes tensors and metadata to safetensors bytes. The layout is the `safetensors` crate's (tensors
+/// sorted by dtype alignment then name, header padded to 8 bytes).
+///
+/// # Errors
+/// [`Error::Unsupported`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
+/// [`Error::Format`] holding the `SafeTensorError` for duplicate names.
+pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let owned = contiguous(tensors)?;
+    safetensors::serialize(prepared(&owned)?, metadata).map_err(codec)
+}
+
+/// The header the `safetensors` crate writes for `views` (its `prepare`: tensors sorted by descending dtype
+/// alignment, then name; JSON padded with spaces to 8 bytes), and the views in data order.
+fn header<'a>(
+    mut views: Vec<(String, StView<'a>)>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(Vec<u8>, Vec<StView<'a>>)> {
+    use safetensors::View;
+    views.sort_by(|(ln, l), (rn, r)| r.dtype().cmp(&l.dtype()).then(ln.cmp(rn)));
+    let mut infos = Vec::with_capacity(views.len());
+    let mut ordered = Vec::with_capacity(views.len());
+    let mut offset = 0usize;
+    for (name, v) in views {
+        let n = v.data_len();
+        let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
+        infos.push((
+            name,
+            safetensors::tensor::TensorInfo {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                data_offsets: (offset, end),
+            },
+        ));
+        offset = end;
+        ordered.push(v);
+    }
+    let meta = safetensors::tensor::Metadata::new(metadata, infos).map_err(codec)?;
+    let mut json = serde_json::to_vec(&meta).map_err(|e| Error::InvalidArgument(format!("safetensors header: {e}")))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    if json.len() > 100_000_000 {
+        return Err(codec(safetensors::SafeTensorError::HeaderTooLarge));
+    }
+    Ok((json, ordered))
+}
+
+/// The `__metadata__` key of the per-tensor checksums ckpt writes ([`write_file_checksummed`]): the CRC32C
+/// of each tensor's bytes as 8 hex digits, concatenated in the order of the tensors' data in the file.
+pub const CHECKSUMS_KEY: &str = "ckpt.crc32c";
+
+/// Hash-then-write step (fits the L2 cache: the writer's copy reads the bytes the hash just read).
+const HASH_PIECE: usize = 1 << 20;
+/// Bytes of a tensor made on demand that are made and written at a time ([`Tensor::data_pieces`]).
+const STREAM_PIECE: usize = 1 << 20;
+
+/// [`write_file`] with the CRC32C of every tensor's bytes in the header's `__metadata__`
+/// ([`CHECKSUMS_KEY`]), so that `ckpt verify --deep` detects a changed byte of tensor data ([`checksums`]).
+/// The file stays one atomic file that every safetensors reader loads (the checksums are one more string
+/// of the metadata map): the header is written with a fixed-width placeholder, each tensor is hashed in
+/// 1 MiB pieces just before the writer copies them, and the placeholder is overwritten in the temporary
+/// file before it is synced and renamed ([`DurableWriter::patch`]).
+///
+/// ```
+/// use ckpt_tensor::Tensor;
+/// use ckpt_safetensors as safetensors;
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("m.safetensors");
+/// let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+/// safetensors::write_file_checksummed(&[("w".to_string(), w)], None, &path).unwrap();
+/// let back = safetensors::read_file(&path).unwrap();
+/// assert_eq!(safetensors::checksums(&back).unwrap().unwrap(), Vec::<String>::new());
+/// ```
+///
+/// # Errors
+/// As [`write_file`].
+pub fn write_file_checksummed(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
+    ckpt_io::write_file(path, &FileOptions::default(), |w| write_checksummed_to(tensors, metadata, w, path))?;
+    Ok(())
+}
+
+/// [`write_to`] into a durable writer, with per-tensor checksums ([`write_file_checksummed`]).
+///
+/// # Errors
+/// As [`write_to`].
+pub fn write_checksummed_to(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    w: &mut DurableWriter,
+    path: &Path,
+) -> Result<()> {
+    use std::io::Write;
+    let owned = contiguous(tensors)?;
+    let n = owned.len();
+    let mut metadata = metadata.unwrap_or_default();
+    if n > 0 {
+        metadata.insert(CHECKSUMS_KEY.to_owned(), "0".repeat(8 * n));
+    }
+    let (header, ordered) = header(prepared(&owned)?, Some(metadata))?;
+    let io = |e: std::io::Error| Error::io(path, e);
+    // Where the placeholder's digits are: right after the key (unique: a key or value holding the same text
+    // is escaped, `\"`, by JSON).
+    let needle = format!("\"{CHECKSUMS_KEY}\":\"");
+    let at = if n > 0 {
+        let pos = header
+            .windows(needle.len())
+            .position(|win| win == needle.as_bytes())
+            .ok_or_else(|| Error::InvalidArgument("safetensors header: checksum placeholder not found".into()))?;
+        Some(w.position() + 8 + (pos + needle.len()) as u64)
+    } else {
+        None
+    };
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    let mut digits = String::with_capacity(8 * n);
+    for v in &ordered {
+        let mut crc = 0u32;
+        // Bytes made on demand stream out a piece at a time (`Tensor::data_pieces`).
+        v.tensor.data_pieces(HASH_PIECE, |data| {
+            for piece in data.chunks(HASH_PIECE) {
+                crc = Algorithm::Crc32c.append(crc, piece);
+                w.write_all(piece).map_err(io)?;
+            }
+            Ok::<(), Error>(())
+        })?;
+        digits.push_str(&format!("{crc:08x}"));
+    }
+    if let Some(at) = at {
+        w.patch(at, digits.as_bytes()).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Checks the per-tensor checksums ckpt recorded in a file's header ([`write_file_checksummed`]) against
+/// the tensors' bytes (reading every byte). `None` when the file has none (written by another library, or
+/// without them); else the problems found, each naming its tensor (empty: every tensor matches).
+///
+/// # Errors
+/// A tensor whose bytes cannot be read.
+pub fn checksums(file: &SafetensorsReader) -> Result<Option<Vec<String>>> {
+    let Some(digits) = file.metadata.as_ref().and_then(|m| m.get(CHECKSUMS_KEY)) else { return Ok(None) };
+    let mut problems = Vec::new();
+    if digits.len() != 8 * file.tensors.len() || !digits.is_ascii() {
+        problems.push(format!(
+            "{CHECKSUMS_KEY}: {} hex digits for {} tensors (8 per tensor)",
+            digits.len(),
+            file.tensors.len()
+        ));
+        return Ok(Some(problems));
+    }
+    for (i, (name, t)) in file.tensors.iter().enumerate() {
+        let Some(expected) = digits.get(8 * i..8 * i + 8).and_then(|d| u32::from_str_radix(d, 16).ok()) else {
+            problems.push(format!("{CHECKSUMS_KEY}: the checksum of tensor {name:?} is not 8 hex digits"));
+            continue;
+        };
+        let actual = Algorithm::Crc32c.hash(&t.data()?);
+        if actual != expected {
+            problems.push(format!(
+                "tensor {name:?}: bytes do not match their CRC32C (recorded {expected:08x}, found {actual:08x})"
+            ));
+        }
+    }
+    Ok(Some(problems))
+}
+
+/// Writes a safetensors file durably through [`ckpt_io`] (lock, temporary file, `O_DIRECT` writes
+/// straight from each tensor, `fdatasync`, rename, directory fsync), byte for byte what the `safetensors`
+/// crate's `serialize` produces.
+///
+/// ```
+/// use ckpt_tensor::Tensor;
+/// use ckpt_safetensors as safetensors;
+/// let dir = tempfile::tempdir().unwrap();
+/// let path = dir.path().join("m.safetensors");
+/// let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+/// safetensors::write_file(&[("w".to_string(), w.transpose(0, 1).unwrap())], None, &path).unwrap();
+/// let back = safetensors::read_file(&path).unwrap();
+/// assert_eq!(back.get("w").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+/// ```
+///
+/// # Errors
+/// As [`to_bytes`], plus [`Error::Io`] naming the path, or [`Error::Format`] holding `ckpt_io::CommitError` for a full disk, a
+/// read-only file system, a permission error or a concurrent save.
+pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
+    ckpt_io::write_file(path, &FileOptions::default(), |w| write_to(tensors, metadata, w, path))?;
+    Ok(())
+}
+
+/// Serializes a safetensors file into `w` (a [`ckpt_io`] writer of a directory's staged file, for
+/// example), streaming each tensor's bytes from its memory; the bytes are [`write_file`]'s. `path` names
+/// the file in I/O errors.
+///
+/// # Errors
+/// As [`to_bytes`], plus [`Error::Io`] naming `path`.
+pub fn write_to<W: std::io::Write>(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    w: &mut W,
+    path: &Path,
+) -> Result<()> {
+    // Each tensor's bytes are borrowed, or gathered (a strided view, bytes made on demand) just before
+    // they are written, so that at most one gathered tensor is held at a time.
+    let (header, ordered) = header(prepared(tensors)?, metadata)?;
+    let io = |e: std::io::Error| Error::io(path, e);
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    for v in &ordered {
+        v.tensor.data_pieces(STREAM_PIECE, |data| w.write_all(data).map_err(io))?;
+    }
+    Ok(())
+}
+
+impl CheckpointRead for SafetensorsReader {
+    fn format_name(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        self.records.entry_list(&self.tensors)
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.records.tensor(&self.tensors, name)
+    }
+
+    fn value(&self, name: &str) -> Result<Value> {
+        self.records.value(&self.tensors, name)
+    }
+}
+
+/// A `safetensors` crate error as the tensor model's: its I/O errors are the operating system's fault, the
+/// rest the file's; the error itself is kept as the source.
+pub(crate) fn codec(e: safetensors::SafeTensorError) -> Error {
+    let fault = match e {
+        safetensors::SafeTensorError::IoError(_) => ckpt_tensor::Fault::Io,
+        _ => ckpt_tensor::Fault::Malformed,
+    };
+    Error::format(fault, e)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use ckpt_tensor::DType;
+
+    #[test]
+    fn round_trip_with_metadata_and_views() {
+        let base = Tensor::from_slice(&(0..12).map(|i| i as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
+        let t = base.transpose(0, 1).unwrap();
+        let n = base.narrow(0, 1, 1).unwrap();
+        let h = Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap();
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        let tensors = vec![("t".to_string(), t.clone()), ("n".into(), n.clone()), ("h".into(), h.clone())];
+        let bytes = to_bytes(&tensors, Some(meta.clone())).unwrap();
+        let back = read(&Buffer::from_vec(bytes)).unwrap();
+        assert_eq!(back.metadata, Some(meta));
+        assert_eq!(back.get("t").unwrap(), &t);
+        assert_eq!(back.get("n").unwrap(), &n);
+        assert_eq!(back.get("h").unwrap(), &h);
+        let c = Tensor::zeros(DType::C128, &[1]).unwrap();
+        assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+    }
+
+    #[test]
+    fn file_is_byte_identical_to_the_crate_serializer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let big = Tensor::from_slice(&(0..3_000_000).map(|i| i as f32).collect::<Vec<_>>(), &[1000, 3000]).unwrap();
+        let tensors = vec![
+            ("b".to_string(), Tensor::from_slice(&[1u8, 2, 3], &[3]).unwrap()),
+            ("a".to_string(), big.transpose(0, 1).unwrap()),
+            ("h".to_string(), Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap()),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        write_file(&tensors, Some(meta.clone()), &path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), to_bytes(&tensors, Some(meta)).unwrap());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.safetensors"]);
+    }
+
+    #[test]
+    fn checksummed_file_detects_a_flipped_bit_of_each_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let big = Tensor::from_slice(&(0..3_000_000).map(|i| i as f32).collect::<Vec<_>>(), &[1000, 3000]).unwrap();
+        let tensors = vec![
+            ("b".to_string(), Tensor::from_slice(&[1u8, 2, 3], &[3]).unwrap()),
+            ("a".to_string(), big.transpose(0, 1).unwrap()),
+            ("h".to_string(), Tensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap()),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        write_file_checksummed(&tensors, Some(meta), &path).unwrap();
+        let back = read_file(&path).unwrap();
+        assert_eq!(checksums(&back).unwrap().unwrap(), Vec::<String>::new());
+        assert_eq!(back.metadata.as_ref().unwrap()["format"], "pt");
+        for (name, t) in &tensors {
+            assert_eq!(back.get(name).unwrap(), &t.to_contiguous().unwrap(), "{name}");
+        }
+        // The same tensors and header keys as the plain writer's, one more metadata string.
+        let plain = read(&Buffer::from_vec(to_bytes(&tensors, None).unwrap())).unwrap();
+        assert!(checksums(&plain).unwrap().is_none());
+        let bytes = std::fs::read(&path).unwrap();
+        let header_end = 8 + usize::try_from(u64::from_le_bytes(bytes[..8].try_into().unwrap())).unwrap();
+        for (name, _) in &tensors {
+            let mut bad = bytes.clone();
+            let t = back.get(name).unwrap();
+            let start =
+                header_end + back.tensors.iter().take_while(|(n, _)| n != name).map(|(_, t)| t.nbytes()).sum::<usize>();
+            bad[start + t.nbytes() / 2] ^= 0x10;
+            let problems = checksums(&read(&Buffer::from_vec(bad)).unwrap()).unwrap().unwrap();
+            assert_eq!(problems.len(), 1, "{name}: {problems:?}");
+            assert!(problems[0].contains(&format!("tensor {name:?}")), "{problems:?}");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["m.safetensors"]);
+    }
+
+    #[test]
+    fn rejects_bad_header() {
+        let mut bytes = to_bytes(&[("a".into(), Tensor::zeros(DType::F32, &[2]).unwrap())], None).unwrap();
+        bytes.truncate(bytes.len() - 1);
+        assert!(
+            matches!(read(&Buffer::from_vec(bytes)), Err(e) if e.format_error::<safetensors::SafeTensorError>().is_some())
+        );
+        assert!(read(&Buffer::from_vec(vec![255; 8])).is_err());
+    }
+}

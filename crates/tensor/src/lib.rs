@@ -1,0 +1,59 @@
+//! The tensor model every ckpt crate shares: dtypes, zero-copy buffers, strided tensors, the Python value
+//! tree that checkpoints carry, DCP-style flattening, and torch's float casts.
+//!
+//! Nothing here knows a checkpoint format, a file system or a process group: format crates (`ckpt-torch`,
+//! `ckpt-distcp`, ...) build on it, durable writes are `ckpt-io`'s, process groups `ckpt-collective`'s and
+//! safetensors `ckpt-safetensors`'.
+//!
+//! - [`DType`]: every torch dtype with its names in torch, legacy storages, safetensors and numpy.
+//! - [`Buffer`]: owned (64-byte aligned) or memory-mapped bytes; clone and slice without copying;
+//!   [`AlignedBytes`]: the owned memory, fresh huge pages for large tensors.
+//! - [`Tensor`]: dtype, shape, strides, storage offset over a shared [`Buffer`].
+//! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
+//! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
+//! - [`CheckpointRead`]: what every format's reader offers (entries, tensors by name).
+//! - [`cast_float`]: torch's float conversions, bit for bit.
+//! - [`Error`] and [`Fault`]: the model's errors, and the fault class every ckpt error has.
+//!
+//! ```
+//! use ckpt_tensor::{DType, Tensor};
+//! let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! assert_eq!((t.dtype(), t.shape()), (DType::F32, &[2, 2][..]));
+//! assert_eq!(t.to_vec::<f32>()?, vec![1.0, 2.0, 3.0, 4.0]);
+//! # Ok::<(), ckpt_tensor::Error>(())
+//! ```
+//!
+//! # Feature flags
+//! - `tch`: convert [`Tensor`] to and from `tch::Tensor` (module `tch_interop`).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod aligned;
+mod brief;
+mod buffer;
+mod cast;
+mod checkpoint;
+mod dtype;
+mod error;
+mod flatten;
+#[cfg(feature = "tch")]
+pub mod tch_interop;
+mod tensor;
+mod value;
+
+pub use aligned::{AlignedBytes, PAGES_MIN, zeroed_vec};
+pub use brief::{BRIEF, brief};
+pub use buffer::Buffer;
+pub use cast::{cast_float, cast_float_lazy, is_castable_float};
+pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
+pub use dtype::{DType, StorageClass};
+pub use error::{Error, Fault, Result};
+pub use flatten::{
+    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, entry_names, flatten, float_repr, join_path, leaf_names,
+    leaves, object_parts, object_tensors, python_repr_of, python_str, unflatten,
+};
+pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
+pub use value::{
+    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,
+    numpy_dtype_code, numpy_unsupported,
+};
