@@ -12,7 +12,7 @@ set -euo pipefail
 
 # pkg-config and libhdf5-dev: the PyTorch-BigGraph crate links the system libhdf5, which hdf5-metno-sys
 # finds through pkg-config.
-# openmpi-bin, libopenmpi-dev, libclang-dev: the `mpi` feature (ckpt-tensor's MpiCollective through rsmpi, whose
+# openmpi-bin, libopenmpi-dev, libclang-dev: the `mpi` feature (ckpt-collective's MpiCollective through rsmpi, whose
 # bindings are generated with libclang) and `mpirun` for its tests (crates/collective/tests/mpi.rs, facade/tests/mpi.rs).
 PACKAGES=(pkg-config libhdf5-dev openmpi-bin libopenmpi-dev libclang-dev)
 [ $# -gt 0 ] && PACKAGES=("$@")

@@ -356,24 +356,15 @@ impl Probe<'_> {
         matches!(self, Probe::Dir(_, names) if names.iter().any(|n| marker_matches(pattern, n)))
     }
 
-    /// Whether the first (by name) `.safetensors` file of a directory has `key` in its `__metadata__`.
+    /// Whether the first (by name) `.safetensors` file of a directory has `key` in its `__metadata__`
+    /// (a file whose header does not parse has none).
     fn safetensors_metadata_key(&self, key: &str) -> bool {
         let Probe::Dir(dir, names) = self else { return false };
         let Some(first) = names.iter().filter(|n| n.ends_with(".safetensors")).min() else { return false };
-        let Ok(mut f) = File::open(dir.join(first)) else { return false };
-        let mut len = [0u8; 8];
-        if f.read_exact(&mut len).is_err() {
-            return false;
-        }
-        // The header is JSON of at most the safetensors crate's 100 MB.
-        let mut header = Vec::new();
-        if f.take(u64::from_le_bytes(len).min(100_000_000)).read_to_end(&mut header).is_err() {
-            return false;
-        }
-        serde_json::from_slice::<serde_json::Value>(&header)
+        ckpt_safetensors::header::read_file(&dir.join(first), ckpt_safetensors::header::MAX_LEN)
             .ok()
-            .and_then(|j| j.get("__metadata__").map(|m| m.get(key).is_some()))
-            .unwrap_or(false)
+            .and_then(|h| h.metadata)
+            .is_some_and(|m| m.iter().any(|(k, _)| k == key))
     }
 }
 

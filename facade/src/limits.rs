@@ -1,7 +1,6 @@
 //! Per-call resource limits of the readers ([`ReadLimits`]): what a file may make a reader allocate or
 //! parse, for [`crate::open_with`], [`crate::verify_with`], [`crate::convert`] and [`crate::reshard_with`].
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::error::{At, Error, Result};
@@ -132,14 +131,9 @@ impl ReadLimits {
     }
 
     fn check_safetensors_header(&self, path: &Path) -> Result<()> {
-        let mut prefix = [0u8; 8];
         let mut file = std::fs::File::open(path).at(path)?;
-        match file.read_exact(&mut prefix) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e).at(path),
-        }
-        let len = u64::from_le_bytes(prefix);
+        // A file too short to have a length prefix is left to the parser, which names the rule it breaks.
+        let Some(len) = ckpt_safetensors::header::declared_len(&mut file).at(path)? else { return Ok(()) };
         if len > self.max_header_bytes {
             return Err(Error::LimitExceeded {
                 path: path.to_path_buf(),

@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_deepspeed::DeepSpeedReader::open("checkpoints/".as_ref())?;   // the tag in `latest`
+//! let ck = ckpt_deepspeed::DeepSpeedReader::open("checkpoints/")?;   // the tag in `latest`
 //! for (name, t) in ck.model() {                                                // fp32, as zero_to_fp32
 //!     println!("{name} {:?} {:?}", t.dtype(), t.shape());
 //! }

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use ckpt_pickle::Pickler;
 use ckpt_tensor::{DType, StorageClass, Value, contiguous_strides, unflatten};
 use ckpt_torch::zip::ZipWriter;
-use serde_json::{Value as Json, json};
 
 use crate::error::{Error, Result};
 use crate::metadata::{Metadata, StorageMetadata};
@@ -336,29 +335,24 @@ struct TensorEntry {
     bytes: u64,
 }
 
-/// The safetensors header for `tensors` laid out in order.
+/// The safetensors header for `tensors` laid out in order, `metadata` first with its keys sorted
+/// (`ckpt_safetensors::header::write`); the `8 + N` bytes before the tensors' data.
 fn safetensors_header(tensors: &[TensorEntry], metadata: HashMap<String, String>) -> Result<Vec<u8>> {
-    let mut header = serde_json::Map::new();
-    if !metadata.is_empty() {
-        let mut m: Vec<(String, String)> = metadata.into_iter().collect();
-        m.sort();
-        let m: serde_json::Map<String, Json> = m.into_iter().map(|(k, v)| (k, json!(v))).collect();
-        header.insert("__metadata__".into(), Json::Object(m));
-    }
-    let mut at = 0u64;
-    for t in tensors {
-        let code = t
-            .dtype
-            .safetensors_code()
-            .ok_or_else(|| Error::unwritable(&t.key, format!("safetensors cannot hold {}", t.dtype)))?;
-        header.insert(t.key.clone(), json!({"dtype": code, "shape": t.shape, "data_offsets": [at, at + t.bytes]}));
-        at += t.bytes;
-    }
-    let mut text = serde_json::to_vec(&Json::Object(header)).map_err(|e| Error::unwritable("", e.to_string()))?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
-    }
-    Ok(text)
+    let mut metadata: Vec<(String, String)> = metadata.into_iter().collect();
+    metadata.sort();
+    let metadata: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let entries = tensors
+        .iter()
+        .map(|t| {
+            let dtype = t
+                .dtype
+                .safetensors_code()
+                .ok_or_else(|| Error::unwritable(&t.key, format!("safetensors cannot hold {}", t.dtype)))?;
+            let nbytes = usize::try_from(t.bytes).map_err(|_| Error::unwritable(&t.key, "tensor size overflows"))?;
+            Ok(ckpt_safetensors::header::Entry { name: &t.key, dtype, shape: &t.shape, nbytes })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ckpt_safetensors::header::write(&entries, &metadata, 0))
 }
 
 /// Tensor keys of the checkpoint with dtype, shape and bytes; non-tensor keys separately.
@@ -391,7 +385,6 @@ fn write_safetensors(
     let header = safetensors_header(tensors, metadata)?;
     let mut written = 0u64;
     write_atomic(out, |w| {
-        w.write_all(&(header.len() as u64).to_le_bytes()).map_err(|e| Error::io(out, e))?;
         w.write_all(&header).map_err(|e| Error::io(out, e))?;
         for entry in tensors {
             let t = reader.read_tensor(&entry.key)?;
@@ -434,57 +427,35 @@ pub fn dcp_to_safetensors(dir: &Path, out: &Path) -> Result<ConvertReport> {
     Ok(ConvertReport { tensors: tensors.len(), tensor_bytes: bytes, skipped, files: vec![out.to_path_buf()] })
 }
 
-/// Converts the DCP checkpoint in `dir` into Hugging Face sharded safetensors in `out_dir`:
-/// `model-0000i-of-0000n.safetensors` files of at most `max_shard_bytes` of tensor data each (a bigger
-/// tensor gets a file of its own), tensors in checkpoint order, plus `model.safetensors.index.json`
-/// (`{"metadata": {"total_size": …}, "weight_map": {key: file}}`). Each file's `__metadata__` follows
-/// ckpt's safetensors convention for its tensors (`format`, `ckpt.source`, `ckpt.paths`); non-tensor
-/// values are listed in [`ConvertReport::skipped`]. Streams tensor by tensor.
+/// Converts the DCP checkpoint in `dir` into Hugging Face sharded safetensors in `out_dir`, through the
+/// one Hugging Face writer (`ckpt_safetensors::hf::save_entries`): `model-0000i-of-0000n.safetensors` files
+/// of at most `max_shard_bytes` of tensor data each, filled in checkpoint order as `huggingface_hub` fills
+/// them (a bigger tensor gets a file of its own), plus `model.safetensors.index.json` when there is more
+/// than one; the directory committed whole. The `__metadata__` follows ckpt's safetensors convention
+/// (`format`, `ckpt.source` = `distcp`, `ckpt.paths`); non-tensor values are listed in
+/// [`ConvertReport::skipped`]. Streams shard by shard.
 ///
 /// # Errors
 /// As [`dcp_to_safetensors`].
 pub fn dcp_to_hf(dir: &Path, out_dir: &Path, max_shard_bytes: u64) -> Result<ConvertReport> {
     let reader = streaming_reader(dir)?;
     let (tensors, skipped) = tensor_list(&reader)?;
-    let mut shards: Vec<Vec<TensorEntry>> = Vec::new();
-    let mut load = 0u64;
-    for t in tensors.iter().cloned() {
-        match shards.last_mut() {
-            Some(s) if load.saturating_add(t.bytes) <= max_shard_bytes => {
-                load += t.bytes;
-                s.push(t);
-            }
-            _ => {
-                load = t.bytes;
-                shards.push(vec![t]);
-            }
-        }
-    }
-    if shards.is_empty() {
-        shards.push(Vec::new());
-    }
-    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    let n = shards.len();
-    let mut report = ConvertReport { skipped, ..ConvertReport::default() };
-    let mut weight_map = serde_json::Map::new();
-    for (i, shard) in shards.iter().enumerate() {
-        let name = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
-        let path = out_dir.join(&name);
-        let mut metadata = ckpt_safetensors::metadata::Metadata::new("distcp");
-        for t in shard {
-            metadata.path(&t.key, &reader.path_of(&t.key));
-        }
-        report.tensor_bytes += write_safetensors(&reader, &path, shard, metadata.into_map())?;
-        report.tensors += shard.len();
-        for t in shard {
-            weight_map.insert(t.key.clone(), json!(name));
-        }
-        report.files.push(path);
-    }
-    let index = json!({"metadata": {"total_size": report.tensor_bytes}, "weight_map": Json::Object(weight_map)});
-    let text = serde_json::to_string_pretty(&index).map_err(|e| Error::unwritable("", e.to_string()))?;
-    let index_path = out_dir.join(crate::hf::INDEX_FILE);
-    write_atomic(&index_path, |w| w.write_all(text.as_bytes()).map_err(|e| Error::io(&index_path, e)))?;
-    report.files.push(index_path);
-    Ok(report)
+    // Each tensor as the reader gives it: windows of the maps, a tensor split over items assembled only
+    // when its shard is written.
+    let entries = tensors
+        .iter()
+        .map(|t| Ok((t.key.as_str(), reader.path_of(&t.key), Value::Tensor(reader.read_tensor(&t.key)?))))
+        .collect::<Result<Vec<_>>>()?;
+    let options =
+        ckpt_safetensors::hf::WriteOptions::default().with_source("distcp").with_max_shard_size(max_shard_bytes);
+    let report = ckpt_safetensors::hf::save_entries(
+        entries.iter().map(|(key, path, value)| (*key, path.as_slice(), value)),
+        out_dir,
+        &options,
+    )
+    .map_err(|e| match e {
+        ckpt_safetensors::hf::Error::Core(c) => Error::Core(c),
+        other => Error::Core(ckpt_tensor::Error::format(other.fault(), other)),
+    })?;
+    Ok(ConvertReport { tensors: report.tensors, tensor_bytes: report.bytes, skipped, files: report.files })
 }

@@ -33,7 +33,7 @@
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/distcp/golden/d215");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_distcp::DcpReader::open(fixture.as_ref())?;             // torch 2.15's 2 ranks; `.metadata` only
+//! let ck = ckpt_distcp::DcpReader::open(&fixture)?;             // torch 2.15's 2 ranks; `.metadata` only
 //! let row = ck.tensor("row")?;                                          // assembled from both ranks' items
 //! ckpt_distcp::save(&ck.state_dict()?, &out, &ckpt_distcp::WriteOptions::default())?; // loads in torch 2.0-2.15
 //! # assert_eq!(ckpt_distcp::DcpReader::open(&out)?.tensor("row")?, row);

@@ -17,7 +17,7 @@
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/hfai/single_n3/ckpt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_hfai::HfaiReader::open(fixture.as_ref())?;               // 3 parts, merged as hfai's load
+//! let ck = ckpt_hfai::HfaiReader::open(&fixture)?;               // 3 parts, merged as hfai's load
 //! let bias = ck.tensor("model.module.encoder.layers.1.norm2.bias")?;
 //! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_nshards(2))?; // 2 parts
 //! # assert_eq!(ckpt_hfai::HfaiReader::open(&out)?.tensor("model.module.encoder.layers.1.norm2.bias")?, bias);

@@ -34,7 +34,7 @@ pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model"
 ///
 /// ```no_run
 /// use ckpt_hfai::HfaiReader;
-/// let ckpt = HfaiReader::open("latest.pt".as_ref())?;
+/// let ckpt = HfaiReader::open("latest.pt")?;
 /// let model = ckpt.model().expect("one model");
 /// println!("{} parts, {} entries, epoch {:?}", ckpt.nshards(), model.items.len(), ckpt.other("epoch"));
 /// # Ok::<(), ckpt_hfai::Error>(())

@@ -52,9 +52,10 @@
 //! list, rewritten after the swap, stays the format's own commit point) and `ckpt_pbg::save` (libhdf5
 //! writes by path into the staging directory; [`DirCommit::record_file`] reads each file back for the
 //! manifest). PBG's in-place training protocol (`ckpt_pbg::Commit`: versioned files, the version file as
-//! commit point) stays, holding the [`DestinationLock`]. Still on per-file renames: the Hugging Face
-//! shard export (`ckpt_distcp::convert::dcp_to_hf`). Facade conversions and reshards get the protocol
-//! through the format writers they call.
+//! commit point) stays, holding the [`DestinationLock`]. Hugging Face shards (`ckpt-safetensors`' `hf`,
+//! which `ckpt_distcp::convert::dcp_to_hf` writes through too) commit their directory the same way. Single
+//! files (`torch.save`, safetensors, DCP's conversions to one file) go through [`write_file`]. Facade
+//! conversions and reshards get the protocol through the format writers they call.
 //!
 //! Readers that open a directory's files one by one pin it ([`PinnedDir`]) so that a swap never hands
 //! them two generations: the DCP reader opens every file relative to the pinned directory, the hfai and

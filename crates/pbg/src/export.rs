@@ -303,7 +303,7 @@ pub fn export_tsv(
 /// ```
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
 /// use ckpt_tensor::CheckpointRead;
-/// let ck = ckpt_pbg::PbgReader::open(fixture.as_ref()).unwrap();
+/// let ck = ckpt_pbg::PbgReader::open(&fixture).unwrap();
 /// let dir = tempfile::tempdir().unwrap();
 /// let out = dir.path().join("pbg.safetensors");
 /// assert!(ckpt_pbg::export_safetensors(&ck, &out).unwrap().is_empty());

@@ -26,7 +26,7 @@
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_pbg::PbgReader::open(fixture.as_ref())?;                 // the committed version, memory-mapped
+//! let ck = ckpt_pbg::PbgReader::open(&fixture)?;                 // the committed version, memory-mapped
 //! let users = ck.tensor("embeddings/user_id/0")?;                         // float32 [N, D]
 //! ckpt_pbg::save(&ck.entry_values(), &out, &ckpt_pbg::WriteOptions::default())?; // torchbiggraph resumes from it
 //! # assert_eq!(ckpt_pbg::PbgReader::open(&out)?.tensor("embeddings/user_id/0")?, users);

@@ -311,7 +311,7 @@ fn commit_error(e: CommitError) -> Error {
 /// # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/pbg/ckpt");
 /// use ckpt_tensor::CheckpointRead;
 /// use ckpt_pbg::{PbgReader, WriteOptions};
-/// let src = PbgReader::open(fixture.as_ref()).unwrap();
+/// let src = PbgReader::open(&fixture).unwrap();
 /// // Every entry by name, as any other format keeps them; user_id re-partitioned from 2 partitions into 3.
 /// let entries: Vec<_> = src.entries().into_iter().map(|e| (e.name.clone(), src.value(&e.name).unwrap())).collect();
 /// let text = src.config().unwrap().text().replace("\"num_partitions\": 2", "\"num_partitions\": 3");
@@ -528,7 +528,7 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
 /// use ckpt_tensor::CheckpointRead;
 /// use ckpt_collective::ThreadGroup;
 /// use ckpt_pbg::{PbgReader, WriteOptions};
-/// let src = PbgReader::open(fixture.as_ref()).unwrap();
+/// let src = PbgReader::open(&fixture).unwrap();
 /// let entries: Vec<_> = src.entries().into_iter().map(|e| (e.name.clone(), src.value(&e.name).unwrap())).collect();
 /// let dir = tempfile::tempdir().unwrap();
 /// let (one, two) = (dir.path().join("one"), dir.path().join("two"));

@@ -14,8 +14,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ckpt_tensor::{Buffer, DType, Tensor, checked_numel};
-use serde_json::Value as Json;
+use ckpt_tensor::{Buffer, DType, Tensor};
 
 use crate::dtype;
 use crate::error::{Error, Result};
@@ -91,38 +90,38 @@ impl DataFile {
     /// # Errors
     /// As [`DataFile::open`].
     pub fn from_buffer_with(buffer: Buffer, path: &Path, max_header_len: u64) -> Result<Self> {
-        let bytes = buffer.as_bytes();
-        let file_len = bytes.len();
-        let Some(prefix) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
-            return Err(Error::FileTooShort { path: path.into(), len: file_len });
-        };
-        let n = u64::from_le_bytes(prefix);
-        if n > max_header_len {
-            return Err(Error::HeaderTooLarge { path: path.into(), header_len: n, limit: max_header_len });
-        }
-        let header_end = usize::try_from(n).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= file_len);
-        let Some(header_end) = header_end else {
-            return Err(Error::HeaderPastEnd { path: path.into(), header_len: n, file_len });
-        };
-        let header = bytes.get(8..header_end).unwrap_or_default();
-        let json: Json =
-            serde_json::from_slice(header).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
-        let Json::Object(map) = json else {
-            return Err(Error::BadHeader { path: path.into(), reason: "the header is not a JSON object".into() });
-        };
-        let data_len = file_len - header_end;
-        let mut entries = Vec::with_capacity(map.len());
-        for (key, value) in &map {
-            if key == "__metadata__" {
-                // Not a block. RecIS never writes one (and cannot load a file that has one); other
-                // safetensors writers do.
-                continue;
+        use ckpt_safetensors::header::{self, HeaderError};
+        let parsed = header::parse(buffer.as_bytes(), max_header_len).map_err(|e| {
+            let path = path.to_path_buf();
+            match e {
+                HeaderError::FileTooShort { len } => Error::FileTooShort { path, len },
+                HeaderError::TooLarge { header_len, limit } => Error::HeaderTooLarge { path, header_len, limit },
+                HeaderError::PastEnd { header_len, file_len } => Error::HeaderPastEnd { path, header_len, file_len },
+                HeaderError::Json(e) => Error::Json { path, message: e.to_string() },
+                HeaderError::UnknownDtype { name, dtype } => Error::UnknownDtype { path, key: name, dtype },
+                HeaderError::BadOffsets { name, reason } => Error::BadOffsets { path, key: name, reason },
+                HeaderError::BadEntry { name, reason } => {
+                    Error::BadHeader { path, reason: format!("block {name:?}: {reason}") }
+                }
+                // NotAnObject, BadMetadata, and rules added later: the header is not RecIS's map of blocks.
+                other => Error::BadHeader { path, reason: other.to_string() },
             }
-            entries.push(parse_entry(path, key, value)?);
-        }
-        check_tiling(path, &entries, data_len)?;
+        })?;
+        // A `__metadata__` map is not a block: RecIS never writes one (and cannot load a file that has
+        // one); other safetensors writers do, and the header parser keeps it apart.
+        let entries: Vec<HeaderEntry> = parsed
+            .entries
+            .into_iter()
+            .map(|e| HeaderEntry {
+                key: e.name,
+                dtype: e.dtype,
+                dtype_str: e.dtype_code,
+                shape: e.shape,
+                data_offsets: e.data_offsets,
+            })
+            .collect();
         let by_key = entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
-        Ok(DataFile { path: path.into(), buffer, header_len: header_end - 8, entries, by_key })
+        Ok(DataFile { path: path.into(), buffer, header_len: parsed.len, entries, by_key })
     }
 
     /// The file's path.
@@ -167,109 +166,12 @@ impl DataFile {
     }
 }
 
-fn parse_entry(path: &Path, key: &str, value: &Json) -> Result<HeaderEntry> {
-    let bad = |reason: String| Error::BadHeader { path: path.into(), reason: format!("block {key:?}: {reason}") };
-    let obj = value.as_object().ok_or_else(|| bad("is not a JSON object".into()))?;
-    let dtype_str = obj.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("has no string `dtype`".into()))?;
-    let dtype = dtype::from_header(dtype_str).ok_or_else(|| Error::UnknownDtype {
-        path: path.into(),
-        key: key.into(),
-        dtype: dtype_str.into(),
-    })?;
-    let uint = |v: &Json| v.as_u64().and_then(|n| usize::try_from(n).ok());
-    let shape = obj
-        .get("shape")
-        .and_then(Json::as_array)
-        .and_then(|a| a.iter().map(uint).collect::<Option<Vec<usize>>>())
-        .ok_or_else(|| bad("has no `shape` array of non-negative integers".into()))?;
-    let offsets = obj
-        .get("data_offsets")
-        .and_then(Json::as_array)
-        .and_then(|a| a.iter().map(uint).collect::<Option<Vec<usize>>>())
-        .ok_or_else(|| bad("has no `data_offsets` array of non-negative integers".into()))?;
-    let [begin, end] = offsets.as_slice() else {
-        return Err(bad(format!("`data_offsets` has {} numbers, expected 2", offsets.len())));
-    };
-    let bad_offsets = |reason: String| Error::BadOffsets { path: path.into(), key: key.into(), reason };
-    if end < begin {
-        return Err(bad_offsets(format!("data_offsets [{begin}, {end}] end before they begin")));
-    }
-    let nbytes = checked_numel(&shape)
-        .and_then(|n| n.checked_mul(dtype.size()))
-        .ok_or_else(|| bad_offsets(format!("shape {shape:?} overflows")))?;
-    if end - begin != nbytes {
-        return Err(bad_offsets(format!(
-            "data_offsets [{begin}, {end}] hold {} bytes, but {dtype_str} {shape:?} needs {nbytes}",
-            end - begin
-        )));
-    }
-    Ok(HeaderEntry { key: key.into(), dtype, dtype_str: dtype_str.into(), shape, data_offsets: (*begin, *end) })
-}
-
-/// The entries must tile `0..data_len` exactly: sorted by offset, each begins where the previous ended, the
-/// last ends at the end of the file (the safetensors rule).
-fn check_tiling(path: &Path, entries: &[HeaderEntry], data_len: usize) -> Result<()> {
-    let mut order: Vec<&HeaderEntry> = entries.iter().collect();
-    order.sort_by_key(|e| (e.data_offsets.0, e.data_offsets.1));
-    let mut cursor = 0usize;
-    for e in order {
-        let (b, end) = e.data_offsets;
-        if b != cursor {
-            let reason = if b < cursor {
-                format!("data_offsets [{b}, {end}] overlap the previous block, which ends at {cursor}")
-            } else {
-                format!("data_offsets [{b}, {end}] leave a gap after the previous block, which ends at {cursor}")
-            };
-            return Err(Error::BadOffsets { path: path.into(), key: e.key.clone(), reason });
-        }
-        if end > data_len {
-            return Err(Error::BadOffsets {
-                path: path.into(),
-                key: e.key.clone(),
-                reason: format!("data_offsets [{b}, {end}] run past the {data_len}-byte data region"),
-            });
-        }
-        cursor = end;
-    }
-    if cursor != data_len {
-        let last = entries.iter().max_by_key(|e| e.data_offsets.1).map(|e| e.key.clone()).unwrap_or_default();
-        return Err(Error::BadOffsets {
-            path: path.into(),
-            key: last,
-            reason: format!("the blocks end at {cursor} but the data region has {data_len} bytes"),
-        });
-    }
-    Ok(())
-}
-
 /// The header JSON RecIS writes for `blocks` (key, header dtype string, shape, byte length), in order:
 /// compact, insertion-ordered, offsets cumulative from 0.
 pub fn header_json(blocks: &[(&str, &str, &[usize], usize)]) -> String {
-    let mut out = String::with_capacity(2 + blocks.len() * 80);
-    out.push('{');
-    let mut offset = 0usize;
-    for (i, (key, dtype, shape, nbytes)) in blocks.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        // serde_json escapes exactly as nlohmann's dump() (", \, control characters as \b \f \n \r \t or
-        // \u00xx; everything else, non-ASCII included, raw).
-        out.push_str(&Json::from(*key).to_string());
-        out.push_str(":{\"dtype\":\"");
-        out.push_str(dtype);
-        out.push_str("\",\"shape\":[");
-        for (j, d) in shape.iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            out.push_str(&d.to_string());
-        }
-        let end = offset + nbytes;
-        out.push_str(&format!("],\"data_offsets\":[{offset},{end}]}}"));
-        offset = end;
-    }
-    out.push('}');
-    out
+    let prefix = header_prefix_of(blocks);
+    // The JSON is the prefix less the length and the padding (which follows a closing brace).
+    String::from_utf8_lossy(prefix.get(8..).unwrap_or_default()).trim_end_matches(' ').to_owned()
 }
 
 /// The first `8 + N` bytes of a data file for a header JSON: the length as u64 LE, the JSON, and RecIS's
@@ -282,6 +184,16 @@ pub fn header_prefix(json: &str) -> Vec<u8> {
     out.extend_from_slice(json.as_bytes());
     out.extend(std::iter::repeat_n(b' ', pad));
     out
+}
+
+/// [`header_prefix`] of [`header_json`]: the safetensors header layout (`ckpt_safetensors::header::write`)
+/// in the blocks' order, with RecIS's padding of at least one space.
+fn header_prefix_of(blocks: &[(&str, &str, &[usize], usize)]) -> Vec<u8> {
+    let entries: Vec<ckpt_safetensors::header::Entry<'_>> = blocks
+        .iter()
+        .map(|&(name, dtype, shape, nbytes)| ckpt_safetensors::header::Entry { name, dtype, shape, nbytes })
+        .collect();
+    ckpt_safetensors::header::write(&entries, &[], 1)
 }
 
 /// Writes a data file holding `blocks` (on-disk key, tensor) in order, byte for byte as RecIS's
@@ -311,7 +223,7 @@ pub(crate) fn write_to(out: &mut ckpt_io::DurableWriter, path: &Path, blocks: &[
     for (key, t) in blocks {
         meta.push((key.as_str(), dtype::to_header(t.dtype(), key)?, t.shape(), t.nbytes()));
     }
-    let prefix = header_prefix(&header_json(&meta));
+    let prefix = header_prefix_of(&meta);
     let io = |e: std::io::Error| Error::io(path, e);
     out.mark(HEADER_MARK);
     out.write_all(&prefix).map_err(io)?;

@@ -35,12 +35,6 @@ pub fn to_header(dtype: DType, name: &str) -> Result<&'static str> {
         .ok_or_else(|| Error::UnsupportedDtype { name: name.to_owned(), dtype })
 }
 
-/// The dtype of a header string: every safetensors code (RecIS's nine, `BOOL`, and the others the
-/// safetensors format defines) plus RecIS's lower-case `bool`.
-pub fn from_header(s: &str) -> Option<DType> {
-    DType::from_safetensors_code(s)
-}
-
 /// The `torch_rank_weights_embs_table_multi_shard.json` name RecIS maps a header string to
 /// (`SaveBundle::InitTypeMap`); strings outside the map (RecIS's own `bool`) give `""`, as `type_map_[…]`
 /// does in C++.
@@ -72,10 +66,11 @@ mod tests {
     fn strings() {
         for (d, s) in WRITABLE {
             assert_eq!(to_header(d, "t").unwrap(), s);
-            assert_eq!(from_header(s), Some(d));
+            assert_eq!(DType::from_safetensors_code(s), Some(d));
         }
-        assert_eq!(from_header("bool"), Some(DType::Bool));
-        assert_eq!(from_header("nonsense"), None);
+        // The header parser (ckpt-safetensors) reads RecIS's lower-case `bool`.
+        assert_eq!(DType::from_safetensors_code("bool"), Some(DType::Bool));
+        assert_eq!(DType::from_safetensors_code("nonsense"), None);
         assert!(matches!(to_header(DType::U16, "t"), Err(Error::UnsupportedDtype { .. })));
         assert!(matches!(to_header(DType::C64, "t"), Err(Error::UnsupportedDtype { .. })));
         assert_eq!(torch_rank_name("bool"), "");

@@ -35,7 +35,7 @@
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/recis/golden/two_shard_adamw");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("out");
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_recis::RecisReader::open(fixture.as_ref())?;             // RecIS's own 2-shard checkpoint
+//! let ck = ckpt_recis::RecisReader::open(&fixture)?;             // RecIS's own 2-shard checkpoint
 //! let ids = ck.tensor("tbl@id")?;                                         // the table's ids, slices concatenated
 //! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_shards(3))?; // 3 shards
 //! # assert_eq!(ckpt_recis::RecisReader::open(&out)?.sparse().child("tbl")?.len(), ids.numel());

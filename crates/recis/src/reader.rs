@@ -62,7 +62,7 @@ impl BlockRecord {
 ///
 /// ```no_run
 /// use ckpt_recis::{IdPartition, SparseCheckpoint, gen_slice};
-/// let ckpt = SparseCheckpoint::open("ckpt_1000".as_ref()).unwrap();
+/// let ckpt = SparseCheckpoint::open("ckpt_1000").unwrap();
 /// let user = ckpt.child("user").unwrap(); // every slice
 /// let k = user.position(42).unwrap();
 /// // What shard 1 of a new 3-shard job loads:

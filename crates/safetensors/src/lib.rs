@@ -11,6 +11,8 @@
 //!   state dict survives the trip.
 //! - [`hf`]: `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, sharded as `transformers`'
 //!   `save_pretrained` shards.
+//! - [`header`]: the header to the byte, parsed with one error per rule and laid out in a given order (for
+//!   readers that check limits before reading, and writers with their own order or padding, as RecIS).
 //! - [`safetensors_dtype`] / [`torch_dtype`]: the `safetensors` crate's dtypes and ckpt's.
 //!
 //! Errors are the tensor model's [`Error`]; an invalid header keeps the `safetensors` crate's
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod dtype;
+pub mod header;
 pub mod hf;
 pub mod metadata;
 

@@ -13,7 +13,7 @@
 //! # let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conformance/fixtures/torch/checkpoint.pt");
 //! # let dir = tempfile::tempdir()?; let out = dir.path().join("copy.pt");
 //! use ckpt_tensor::CheckpointRead;
-//! let ck = ckpt_torch::TorchReader::open(fixture.as_ref())?;          // torch 2.13's file, memory-mapped
+//! let ck = ckpt_torch::TorchReader::open(&fixture)?;          // torch 2.13's file, memory-mapped
 //! let w = ck.tensor("model.lin.weight")?;                               // a window of the map, no copy
 //! ckpt_torch::save(ck.value(), &out, &ckpt_torch::WriteOptions::default())?; // torch.save's bytes
 //! # assert_eq!(ckpt_torch::TorchReader::open(&out)?.tensor("model.lin.weight")?, w);

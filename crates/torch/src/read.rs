@@ -79,7 +79,7 @@ impl ReadOptions {
 ///
 /// ```no_run
 /// use ckpt_tensor::CheckpointRead;
-/// let f = ckpt_torch::TorchReader::open("model.pt".as_ref()).unwrap();
+/// let f = ckpt_torch::TorchReader::open("model.pt").unwrap();
 /// for e in f.entries() {
 ///     println!("{} {:?}", e.name, e.kind);
 /// }
