@@ -1,31 +1,20 @@
 //! What the facade does with a format, as one trait ([`Adaptor`]) implemented once per format in
 //! `formats/<format>.rs`, and what conversions pass between formats ([`Source`], [`Content`]).
 
-use std::any::Any;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use std::collections::{HashMap, HashSet};
-
-use crate::select::Selection;
 use ckpt_collective::Collective;
-use ckpt_tensor::{CheckpointRead, Dict, EntryKind, PathItem, Tensor, Value, python_str, unflatten};
+use ckpt_tensor::{Dict, EntryKind, PathItem, Value, python_str, unflatten};
 
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Error, Result};
-use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Checkpoint, Format, ReadLimits, SourceOptions};
-
-/// A format's reader, type-erased but downcastable to the format crate's concrete type.
-pub(crate) trait Reader: CheckpointRead + Send + Sync {
-    /// The concrete reader.
-    fn as_any(&self) -> &dyn Any;
-}
-
-impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::{ConvertOptions, Depth};
+use crate::report::{ConvertSummary, Progress, VerifyReport, chain};
+use crate::select::Selection;
+use crate::source::SourceOptions;
 
 /// What the facade does with one format: open it, read its content for a conversion, write a converted
 /// content, verify it, reshard it. One implementation per format, in `formats/<format>.rs`, listed in the
@@ -74,7 +63,9 @@ pub(crate) trait Adaptor: Sync {
     /// [`read`](Adaptor::read) for a target that reads a tensor only where it writes it: tensors the reader
     /// would assemble into new memory may be outlines (their dtype and shape, no data) that
     /// [`Outlined::resolve`] reads when the target writes them. Default: [`read`](Adaptor::read), no outlines
-    /// (tensors are windows of memory maps, whose pages are read only when touched).
+    /// (tensors are windows of memory maps, whose pages are read only when touched). Asked by the targets
+    /// that write split over processes.
+    #[cfg(any(feature = "hfai", feature = "hf"))]
     fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {
         Ok(Outlined::whole(self.read(path, limits)?))
     }
@@ -87,7 +78,7 @@ pub(crate) trait Adaptor: Sync {
     /// Writes the checkpoint at `src` as one `torch.save` file at `dst` without building its state dict in
     /// memory, when the format can (`None`: it cannot, and the torch target reads the content whole).
     // Asked by the torch target only.
-    #[cfg_attr(not(feature = "torch"), allow(dead_code))]
+    #[cfg(feature = "torch")]
     fn stream_to_torch_save(&self, _src: &Path, _dst: &Path, _: &ReadLimits) -> Option<Result<ConvertSummary>> {
         None
     }
@@ -132,7 +123,7 @@ pub(crate) trait Adaptor: Sync {
         group: &dyn Collective,
     ) -> Result<ConvertSummary> {
         let own = if group.rank() == 0 { Some(self.write(source, dst, options)) } else { None };
-        crate::ranks::agree_with_root(group, own, dst)
+        crate::agree::agree_with_root(group, own, dst)
     }
 
     /// [`reshard`](Adaptor::reshard) split over the processes of `group` (see [`crate::reshard_in`]).
@@ -146,7 +137,7 @@ pub(crate) trait Adaptor: Sync {
         group: &dyn Collective,
     ) -> Result<()> {
         let own = if group.rank() == 0 { Some(self.reshard(src, dst, world, limits)) } else { None };
-        crate::ranks::agree_with_root(group, own, dst)
+        crate::agree::agree_with_root(group, own, dst)
     }
 
     /// What a file no format recognised is instead (a git-LFS pointer, an HTML page, ...), when this format
@@ -167,10 +158,14 @@ pub(crate) struct Source<'a> {
     pub path: &'a Path,
     /// Its format.
     // Read by the targets that name the source in what they report.
-    #[cfg_attr(
-        not(any(feature = "safetensors", feature = "distcp", feature = "hfai", feature = "pbg", feature = "recis")),
-        allow(dead_code)
-    )]
+    #[cfg(any(
+        feature = "safetensors",
+        feature = "distcp",
+        feature = "hfai",
+        feature = "pbg",
+        feature = "recis",
+        feature = "deepspeed"
+    ))]
     pub format: Format,
     origin: Origin<'a>,
     selection: &'a Selection,
@@ -198,7 +193,22 @@ impl<'a> Source<'a> {
         limits: &'a ReadLimits,
         options: &'a SourceOptions,
     ) -> Self {
-        Source { path, format: adaptor.format(), origin: Origin::File(adaptor), selection, limits, options }
+        Source {
+            path,
+            #[cfg(any(
+                feature = "safetensors",
+                feature = "distcp",
+                feature = "hfai",
+                feature = "pbg",
+                feature = "recis",
+                feature = "deepspeed"
+            ))]
+            format: adaptor.format(),
+            origin: Origin::File(adaptor),
+            selection,
+            limits,
+            options,
+        }
     }
 
     /// The state dict `tree` held in memory, as `torch.save` would hold it (its format is [`Format::Torch`]),
@@ -210,7 +220,22 @@ impl<'a> Source<'a> {
         limits: &'a ReadLimits,
         options: &'a SourceOptions,
     ) -> Self {
-        Source { path: dst, format: Format::Torch, origin: Origin::Memory(tree), selection, limits, options }
+        Source {
+            path: dst,
+            #[cfg(any(
+                feature = "safetensors",
+                feature = "distcp",
+                feature = "hfai",
+                feature = "pbg",
+                feature = "recis",
+                feature = "deepspeed"
+            ))]
+            format: Format::Torch,
+            origin: Origin::Memory(tree),
+            selection,
+            limits,
+            options,
+        }
     }
 
     /// Its content: every entry the selection keeps (renamed and cast as it says), and the nested state dict.
@@ -227,7 +252,7 @@ impl<'a> Source<'a> {
     /// ([`Adaptor::read_outlined`]) for a target that reads only what it writes. With a dtype cast the
     /// content is read whole (a cast reads every value anyway).
     // For the targets split over processes.
-    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
+    #[cfg(any(feature = "hfai", feature = "hf"))]
     pub fn outlined(&self) -> Result<Outlined> {
         if self.selection.dtype.is_some() || *self.options != SourceOptions::default() {
             return Ok(Outlined::whole(self.content()?));
@@ -240,14 +265,14 @@ impl<'a> Source<'a> {
 
     /// Whether the whole checkpoint is converted as it is (no selection), so that a target may copy it by
     /// its own means instead of reading [`Source::content`] (never for a state dict in memory).
-    #[cfg_attr(not(feature = "recis"), allow(dead_code))]
+    #[cfg(feature = "torch")]
     pub fn is_whole(&self) -> bool {
         matches!(self.origin, Origin::File(_)) && self.selection.is_identity()
     }
 
     /// Writes it as a `torch.save` file at `dst` streaming, when its format can
     /// ([`Adaptor::stream_to_torch_save`]) and nothing is selected.
-    #[cfg_attr(not(feature = "torch"), allow(dead_code))]
+    #[cfg(feature = "torch")]
     pub fn stream_to_torch_save(&self, dst: &Path) -> Option<Result<ConvertSummary>> {
         let Origin::File(adaptor) = self.origin else { return None };
         if !self.is_whole() {
@@ -259,7 +284,7 @@ impl<'a> Source<'a> {
     /// The top-level mapping of its state dict, or the reason a `to` checkpoint, which holds one, cannot
     /// hold it.
     // For the targets whose checkpoints hold a mapping.
-    #[cfg_attr(not(any(feature = "distcp", feature = "hfai", feature = "recis")), allow(dead_code))]
+    #[cfg(any(feature = "distcp", feature = "hfai", feature = "recis"))]
     pub fn top_mapping<'c>(&self, content: &'c Content, to: Format) -> Result<&'c Dict> {
         content.tree.as_dict().ok_or_else(|| Error::UnsupportedConversion {
             from: self.format,
@@ -273,7 +298,9 @@ impl<'a> Source<'a> {
 }
 
 /// A source's content in which some tensors are outlines: tensors of the right dtype and shape whose data
-/// is read from the source only when [`Outlined::resolve`] is asked for it.
+/// is read from the source only when [`Outlined::resolve`] is asked for it. For the targets that write split
+/// over processes.
+#[cfg(any(feature = "hfai", feature = "hf"))]
 pub(crate) struct Outlined {
     /// The content; its summary counts ([`count`]) are those of the data.
     pub content: Content,
@@ -283,6 +310,7 @@ pub(crate) struct Outlined {
     reader: Option<Box<dyn Reader>>,
 }
 
+#[cfg(any(feature = "hfai", feature = "hf"))]
 impl Outlined {
     /// Content without outlines.
     pub fn whole(content: Content) -> Self {
@@ -291,15 +319,14 @@ impl Outlined {
 
     /// `content`, in which each of `outlines` (made by [`outline`]) stands for the entry it names in
     /// `reader`.
-    #[cfg_attr(not(feature = "distcp"), allow(dead_code))]
-    pub fn new(content: Content, reader: Box<dyn Reader>, outlines: Vec<(Tensor, String)>) -> Self {
+    #[cfg(feature = "distcp")]
+    pub fn new(content: Content, reader: Box<dyn Reader>, outlines: Vec<(ckpt_tensor::Tensor, String)>) -> Self {
         let outlines = outlines.into_iter().map(|(t, name)| (t.storage().storage_id(), name)).collect();
         Outlined { content, outlines, reader: Some(reader) }
     }
 
     /// The tensor `t` stands for: the source's data for an outline, `t` itself otherwise.
-    #[cfg_attr(not(any(feature = "hfai", feature = "hf")), allow(dead_code))]
-    pub fn resolve(&self, t: &Tensor) -> ckpt_tensor::Result<Tensor> {
+    pub fn resolve(&self, t: &ckpt_tensor::Tensor) -> ckpt_tensor::Result<ckpt_tensor::Tensor> {
         match (self.outlines.get(&t.storage().storage_id()), &self.reader) {
             (Some(name), Some(reader)) => reader.tensor(name),
             _ => Ok(t.clone()),
@@ -309,9 +336,9 @@ impl Outlined {
 
 /// An outline of a tensor of `dtype` and `shape` ([`Outlined`]): every element one stored zero (stride 0), in
 /// a storage of its own.
-#[cfg_attr(not(feature = "distcp"), allow(dead_code))]
-pub(crate) fn outline(dtype: ckpt_tensor::DType, shape: &[usize]) -> ckpt_tensor::Result<Tensor> {
-    Tensor::from_parts(dtype, shape, &vec![0; shape.len()], 0, ckpt_tensor::Buffer::zeroed(16)?)
+#[cfg(all(feature = "distcp", any(feature = "hfai", feature = "hf")))]
+pub(crate) fn outline(dtype: ckpt_tensor::DType, shape: &[usize]) -> ckpt_tensor::Result<ckpt_tensor::Tensor> {
+    ckpt_tensor::Tensor::from_parts(dtype, shape, &vec![0; shape.len()], 0, ckpt_tensor::Buffer::zeroed(16)?)
 }
 
 /// One entry of a source: its name (as [`Checkpoint::entries`] names it), its path in the nested state dict,
@@ -453,7 +480,7 @@ fn prune(value: &Value, at: &mut Vec<PathItem>, kept: &HashMap<Vec<PathItem>, Va
 }
 
 /// The summary of a target that writes every one of `leaves`.
-#[cfg_attr(not(any(feature = "torch", feature = "hfai", feature = "pbg", feature = "recis")), allow(dead_code))]
+#[cfg(any(feature = "torch", feature = "hfai", feature = "pbg", feature = "recis"))]
 pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSummary {
     let mut s = ConvertSummary::default();
     for l in leaves {
@@ -473,4 +500,55 @@ pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSu
         }
     }
     s
+}
+
+/// Resolves every entry: values decoded, tensors located (their bytes present); deep, every tensor read to
+/// its last byte.
+pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) {
+    let entries = ck.entries();
+    let total = entries.len() as u64;
+    for (i, e) in entries.iter().enumerate() {
+        match &e.kind {
+            EntryKind::Tensor(_) => {
+                let read = ck.tensor(&e.name).and_then(|t| match depth {
+                    Depth::Deep => t.data().map(|d| touch(&d)).at(ck.path()),
+                    Depth::Structure => Ok(t.nbytes()),
+                });
+                match read {
+                    Ok(n) => report.bytes += n as u64,
+                    Err(err) => report.problems.push(format!("{}: {}", e.name, chain(&err))),
+                }
+            }
+            EntryKind::OpaqueTensor(_) => {}
+            _ => {
+                if let Err(err) = ck.value(&e.name) {
+                    report.problems.push(format!("{}: {}", e.name, chain(&err)));
+                }
+            }
+        }
+        report.checked += 1;
+        progress(i as u64 + 1, total);
+    }
+}
+
+/// Checks the per-tensor checksums ckpt records in a safetensors header
+/// ([`ckpt_safetensors::checksums`]) of the file at `file`, reading every byte of its tensors; a file
+/// without them (written by another library) has nothing to check.
+#[cfg(any(feature = "safetensors", feature = "hf"))]
+pub(crate) fn check_safetensors_checksums(file: &Path, report: &mut VerifyReport) {
+    match ckpt_safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_safetensors::checksums(&r)) {
+        Ok(None) => {}
+        Ok(Some(problems)) => report.problems.extend(problems.iter().map(|p| format!("{}: {p}", file.display()))),
+        Err(e) => report.problems.push(format!("{}: {}", file.display(), chain(&e))),
+    }
+}
+
+/// Reads one byte of every page of `bytes` (mapped data reaches the disk), returning its length.
+fn touch(bytes: &[u8]) -> usize {
+    let mut x = 0u8;
+    for b in bytes.iter().step_by(4096) {
+        x ^= *b;
+    }
+    std::hint::black_box(x);
+    bytes.len()
 }

@@ -3,9 +3,11 @@
 
 use std::path::Path;
 
-use crate::ReadLimits;
-use crate::verify::Progress;
-use crate::{Checkpoint, DType, EntryKind, Result, Tensor};
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::limits::ReadLimits;
+use crate::report::Progress;
+use ckpt_tensor::{DType, EntryKind, Tensor};
 
 /// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
 /// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity. Non-tensor
@@ -21,19 +23,24 @@ pub struct DiffOptions {
     pub limits: ReadLimits,
     /// How both checkpoints are read (a DeepSpeed tag, Megatron's layers, a name map; formats they do not
     /// apply to ignore them).
-    pub source: crate::SourceOptions,
+    pub source: crate::source::SourceOptions,
 }
 
 impl Default for DiffOptions {
     fn default() -> Self {
-        DiffOptions { rtol: 1e-5, atol: 1e-8, limits: ReadLimits::default(), source: crate::SourceOptions::default() }
+        DiffOptions {
+            rtol: 1e-5,
+            atol: 1e-8,
+            limits: ReadLimits::default(),
+            source: crate::source::SourceOptions::default(),
+        }
     }
 }
 
 impl DiffOptions {
     /// These options reading both checkpoints as `source` says.
     #[must_use]
-    pub fn with_source(mut self, source: crate::SourceOptions) -> Self {
+    pub fn with_source(mut self, source: crate::source::SourceOptions) -> Self {
         self.source = source;
         self
     }
@@ -153,8 +160,8 @@ pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport> {
 /// # Errors
 /// As [`diff`].
 pub fn diff_with_progress(a: &Path, b: &Path, options: &DiffOptions, progress: Progress<'_>) -> Result<DiffReport> {
-    let ca = crate::open_source(a, None, &options.limits, &options.source)?;
-    let cb = crate::open_source(b, None, &options.limits, &options.source)?;
+    let ca = crate::open::open_source(a, None, &options.limits, &options.source)?;
+    let cb = crate::open::open_source(b, None, &options.limits, &options.source)?;
     diff_checkpoints(&ca, &cb, options, progress)
 }
 
@@ -229,7 +236,7 @@ fn diff_checkpoints(
 fn id_alignments(
     ca: &Checkpoint,
     cb: &Checkpoint,
-    ea: &[crate::Entry],
+    ea: &[ckpt_tensor::Entry],
     kinds_b: &std::collections::HashMap<&str, &EntryKind>,
 ) -> std::collections::HashMap<String, Vec<usize>> {
     let mut out = std::collections::HashMap::new();

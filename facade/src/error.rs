@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use ckpt_tensor::Fault;
 
-use crate::Format;
+use crate::format::Format;
 
 /// Errors of the facade: what went wrong, with the path it is about; a format crate's error is kept whole as
 /// the [source](std::error::Error::source) (downcast it to `ckpt::torch::Error`, `ckpt::distcp::Error`, ...

@@ -54,42 +54,62 @@
 //! writes its ranks' files (distcp ranks, hfai parts, hf shards, RecIS shards, PyTorch-BigGraph partition
 //! files), and rank 0 writes the metadata last. The files equal a one-process run's.
 
-mod adaptor;
-mod convert;
-mod diff;
-pub mod display;
+// Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
+// 0 format; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
+// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, verify,
+// reshard, diff; 10 ranks, progress. Only this file re-exports, and no module imports through it.
+mod format;
+
 mod error;
-mod formats;
+
+pub mod display;
 mod limits;
 pub mod outline;
+pub mod select;
+mod source;
+
+mod checkpoint;
+
+mod options;
+mod report;
+
+mod agree;
+
+mod adaptor;
+
+mod formats;
+
+mod open;
+
+mod convert;
+mod diff;
+mod reshard;
+mod verify;
+
 #[cfg(feature = "cli")]
 pub mod progress;
 mod ranks;
-mod reshard;
-pub mod select;
-mod source;
-mod verify;
 
-use std::path::{Path, PathBuf};
-
+pub use checkpoint::Checkpoint;
 pub use ckpt_tensor::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
-pub use convert::{ConvertOptions, ConvertSummary, DcpProfile, convert, output_estimate, save, state_dict};
+pub use convert::{convert, output_estimate, save, state_dict};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
+pub use format::{Format, UnknownFormatName, unsupported_reason};
 pub use formats::crates::*;
-pub use formats::{Format, UnknownFormatName, detect, unsupported_reason};
+pub use formats::detect;
 pub use limits::{
     DEFAULT_MAX_DATA_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLATED_BYTES, DEFAULT_MAX_METADATA_BYTES,
     ReadLimits,
 };
+pub use open::{open, open_as, open_as_with, open_source, open_with};
+pub use options::{ConvertOptions, DcpProfile, Depth};
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
+pub use report::{ConvertSummary, Progress, VerifyReport};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
 pub use select::Selection;
 pub use source::{NameMap, SourceOptions};
-pub use verify::{Depth, Progress, VerifyOptions, VerifyReport, verify, verify_with, verify_with_progress};
-
-use adaptor::Reader;
-use error::At;
+pub use verify::{VerifyOptions, verify, verify_with, verify_with_progress};
 
 /// The repository README's Rust examples, compiled and run as doctests (`cargo test --doc -p ckpt --features
 /// full`) so they cannot drift from the API. `facade/README.md` is a link to it, which `cargo package`
@@ -97,135 +117,3 @@ use error::At;
 #[cfg(all(doctest, feature = "full"))]
 #[doc = include_str!("../README.md")]
 mod readme {}
-
-/// An open checkpoint of any format.
-pub struct Checkpoint {
-    format: Format,
-    path: PathBuf,
-    inner: Box<dyn Reader>,
-}
-
-impl Checkpoint {
-    pub(crate) fn new(format: Format, path: &Path, inner: Box<dyn Reader>) -> Self {
-        Checkpoint { format, path: path.to_path_buf(), inner }
-    }
-
-    /// The detected format.
-    pub fn format(&self) -> Format {
-        self.format
-    }
-
-    /// The path it was opened from.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Every entry with its metadata, before any tensor data is read.
-    pub fn entries(&self) -> Vec<Entry> {
-        self.inner.entries()
-    }
-
-    /// Reads the tensor entry `name`.
-    ///
-    /// # Errors
-    /// [`Error::Format`] naming the path.
-    pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.inner.tensor(name).at(&self.path)
-    }
-
-    /// Reads the non-tensor entry `name`.
-    ///
-    /// # Errors
-    /// [`Error::Format`] naming the path.
-    pub fn value(&self, name: &str) -> Result<Value> {
-        self.inner.value(name).at(&self.path)
-    }
-
-    /// The format's reader behind the generic interface.
-    pub fn reader(&self) -> &dyn CheckpointRead {
-        self.inner.as_ref()
-    }
-
-    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchReader`,
-    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiReader`, `ckpt::pbg::PbgReader`,
-    /// `ckpt::recis::RecisReader`; `None` when the checkpoint is of another format.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// # let path = dir.path().join("m.pt");
-    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path, &ckpt::torch::WriteOptions::default()).unwrap();
-    /// let ck = ckpt::open(&path).unwrap();
-    /// let file = ck.downcast_ref::<ckpt::torch::TorchReader>().unwrap();
-    /// assert_eq!(file.prefix(), Some("m"));
-    /// ```
-    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
-        self.inner.as_any().downcast_ref::<T>()
-    }
-}
-
-/// Opens a checkpoint of any enabled format, detecting it from the path's contents. The path is anything
-/// that names one (`&str`, `String`, `&Path`, `PathBuf`), as in `std::fs`:
-///
-/// ```no_run
-/// let ck = ckpt::open("model.pt")?;
-/// for e in ck.entries() {
-///     println!("{} {:?}", e.name, e.kind);
-/// }
-/// # Ok::<(), ckpt::Error>(())
-/// ```
-///
-/// # Errors
-/// [`Error::UnknownFormat`], [`Error::FeatureDisabled`] naming the feature to enable, or the format's own
-/// error.
-pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
-    open_with(path, &ReadLimits::default())
-}
-
-/// [`open`] under the resource `limits` of this call ([`ReadLimits`]: the pickle decoder's, header and
-/// metadata sizes, inflated sizes), instead of the defaults.
-///
-/// # Errors
-/// As [`open`]; a limit exceeded is an error of [`Fault::Limit`] naming it.
-pub fn open_with(path: impl AsRef<Path>, limits: &ReadLimits) -> Result<Checkpoint> {
-    let path = path.as_ref();
-    let format = detect(path)?;
-    open_as_with(path, format, limits)
-}
-
-/// Opens a checkpoint as the given format.
-///
-/// # Errors
-/// As [`open`].
-pub fn open_as(path: impl AsRef<Path>, format: Format) -> Result<Checkpoint> {
-    let path = path.as_ref();
-    open_as_with(path, format, &ReadLimits::default())
-}
-
-/// [`open_as`] under the resource `limits` of this call.
-///
-/// # Errors
-/// As [`open_with`].
-pub fn open_as_with(path: impl AsRef<Path>, format: Format, limits: &ReadLimits) -> Result<Checkpoint> {
-    let path = path.as_ref();
-    open_source(path, Some(format), limits, &SourceOptions::default())
-}
-
-/// Opens a checkpoint (of `format`, or detected) under `limits`, read as `source` says: a DeepSpeed root's
-/// tag, Megatron's layers unstacked, a name map ([`SourceOptions`]; formats they do not apply to ignore them).
-///
-/// # Errors
-/// As [`open_with`].
-pub fn open_source(
-    path: impl AsRef<Path>,
-    format: Option<Format>,
-    limits: &ReadLimits,
-    source: &SourceOptions,
-) -> Result<Checkpoint> {
-    let path = path.as_ref();
-    let format = match format {
-        Some(f) => f,
-        None => detect(path)?,
-    };
-    let inner = formats::adaptor(format, path)?.open_source(path, limits, source)?;
-    Ok(Checkpoint::new(format, path, inner))
-}

@@ -1,10 +1,6 @@
 //! Per-call resource limits of the readers ([`ReadLimits`]): what a file may make a reader allocate or
 //! parse, for [`crate::open_with`], [`crate::verify_with`], [`crate::convert`] and [`crate::reshard_with`].
 
-use std::path::Path;
-
-use crate::error::{At, Error, Result};
-
 /// Default of [`ReadLimits::max_header_bytes`]: 100 MB, the safetensors crate's own bound.
 pub const DEFAULT_MAX_HEADER_BYTES: u64 = 100_000_000;
 /// Default of [`ReadLimits::max_data_header_bytes`]: 100 MB, as safetensors (and `ckpt_recis::MAX_HEADER_LEN`).
@@ -112,12 +108,17 @@ impl ReadLimits {
     pub(crate) fn torch(&self) -> ckpt_torch::ReadOptions {
         ckpt_torch::ReadOptions::default().with_limits(self.pickle)
     }
+}
 
-    /// [`Error::LimitExceeded`] when the safetensors file `path`, or a `.safetensors` file of the directory
+/// The header-length limit, checked before a safetensors header is parsed (single files, Hugging Face shards,
+/// DCP's Hugging Face layout).
+#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
+impl ReadLimits {
+    /// [`crate::Error::LimitExceeded`] when the safetensors file `path`, or a `.safetensors` file of the directory
     /// `path`, declares a header longer than [`ReadLimits::max_header_bytes`]; checked from the 8-byte length
     /// prefix, before anything parses the header. Files too short to have a prefix are left to the parser.
-    #[cfg_attr(not(any(feature = "safetensors", feature = "hf", feature = "distcp")), allow(dead_code))]
-    pub(crate) fn check_safetensors_headers(&self, path: &Path) -> Result<()> {
+    pub(crate) fn check_safetensors_headers(&self, path: &std::path::Path) -> crate::error::Result<()> {
+        use crate::error::At;
         if !path.is_dir() {
             return self.check_safetensors_header(path);
         }
@@ -130,12 +131,13 @@ impl ReadLimits {
         Ok(())
     }
 
-    fn check_safetensors_header(&self, path: &Path) -> Result<()> {
+    fn check_safetensors_header(&self, path: &std::path::Path) -> crate::error::Result<()> {
+        use crate::error::At;
         let mut file = std::fs::File::open(path).at(path)?;
         // A file too short to have a length prefix is left to the parser, which names the rule it breaks.
         let Some(len) = ckpt_safetensors::header::declared_len(&mut file).at(path)? else { return Ok(()) };
         if len > self.max_header_bytes {
-            return Err(Error::LimitExceeded {
+            return Err(crate::error::Error::LimitExceeded {
                 path: path.to_path_buf(),
                 limit: "max_header_bytes",
                 what: "safetensors header",

@@ -5,7 +5,10 @@ use std::sync::OnceLock;
 
 use crate::adaptor::Adaptor;
 use crate::error::At;
-use crate::{EntryKind, Error, Format, ReadLimits, Result};
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use ckpt_tensor::EntryKind;
 
 /// What [`reshard`] did.
 #[derive(Debug, Clone)]
@@ -57,7 +60,7 @@ pub fn reshard_with(src: &Path, dst: &Path, world_size: usize, limits: &ReadLimi
 
 /// The format of `src` and its adaptor, when it is sharded.
 pub(crate) fn check_format(src: &Path) -> Result<(Format, &'static dyn Adaptor)> {
-    let format = crate::detect(src)?;
+    let format = crate::formats::detect(src)?;
     if !format.is_sharded() {
         let names: Vec<&str> = reshard_formats().iter().map(|f| f.name()).collect();
         return Err(Error::InvalidArgument {

@@ -3,55 +3,10 @@
 
 use std::path::Path;
 
-use crate::error::At;
-use crate::{Checkpoint, EntryKind, Format, ReadLimits, Result};
-
-/// What [`verify`] found.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The format verified.
-    pub format: Format,
-    /// Entries (or items, for formats that store several per entry) checked.
-    pub checked: usize,
-    /// Bytes of tensor data checked.
-    pub bytes: u64,
-    /// Every problem found, each naming its entry or file. Empty when the checkpoint is sound.
-    pub problems: Vec<String>,
-    /// Findings that do not make the checkpoint unusable (leftovers of an interrupted save, stale files).
-    pub warnings: Vec<String>,
-}
-
-impl VerifyReport {
-    /// Whether no problem was found.
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-
-    fn new(format: Format) -> Self {
-        VerifyReport { format, checked: 0, bytes: 0, problems: Vec::new(), warnings: Vec::new() }
-    }
-}
-
-/// Progress of a long operation: called with (done, total) units of work.
-pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
-
-/// How much [`verify_with`] checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Depth {
-    /// The structure, without reading tensor data: every header and metadata parsed, every entry resolved
-    /// (its storage or item present, inside its file, large enough for its dtype and shape), every file a
-    /// checkpoint references present with the right size, and the checksum manifest consistent with the
-    /// files it lists. Fast (reads headers only); misses changed bytes inside tensor data.
-    Structure,
-    /// [`Depth::Structure`], then every byte of every file read and every checksum the format has checked:
-    /// ZIP CRC-32s of `torch.save` records (torch, DCP items, hfai parts, RecIS `.pt` files), ckpt's
-    /// checksum manifest (`ckpt.checksums.json`, beside distcp, hfai, recis and pbg checkpoints), and the
-    /// per-tensor checksums ckpt records in safetensors headers (single files and hf shards).
-    #[default]
-    Deep,
-}
+use crate::error::Result;
+use crate::limits::ReadLimits;
+use crate::options::Depth;
+use crate::report::{Progress, VerifyReport, chain};
 
 /// Options of [`verify_with`].
 #[derive(Debug, Clone, Default)]
@@ -143,10 +98,10 @@ pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>)
     if !path.exists() {
         if let Some(u) = ckpt_io::unfinished(path) {
             // A first save that never committed: nothing to verify but what it left.
-            return Err(crate::Error::InvalidArgument { path: path.to_path_buf(), reason: u.to_string() });
+            return Err(crate::error::Error::InvalidArgument { path: path.to_path_buf(), reason: u.to_string() });
         }
     }
-    let format = crate::detect(path)?;
+    let format = crate::formats::detect(path)?;
     let adaptor = crate::formats::adaptor(format, path)?;
     let mut report = VerifyReport::new(format);
     adaptor.verify(path, options.depth, &options.limits, &mut report, progress)?;
@@ -176,78 +131,4 @@ fn check_manifest(dir: &Path, depth: Depth, report: &mut VerifyReport) {
         Ok(Some(mismatches)) => report.problems.extend(mismatches.iter().map(|m| format!("{name}: {m}"))),
         Err(e) => report.problems.push(format!("{name}: {}", chain(&e))),
     }
-}
-
-impl VerifyReport {
-    /// A record of a file that failed its checksum, as a problem.
-    #[cfg_attr(not(any(feature = "torch", feature = "hfai", feature = "recis")), allow(dead_code))]
-    pub(crate) fn record_problem(&mut self, file: &Path, record: &str, error: &dyn std::fmt::Display) {
-        self.problems.push(format!("{}: record {record}: {error}", file.display()));
-    }
-}
-
-/// Resolves every entry: values decoded, tensors located (their bytes present); deep, every tensor read to
-/// its last byte.
-pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport, progress: Progress<'_>) {
-    let entries = ck.entries();
-    let total = entries.len() as u64;
-    for (i, e) in entries.iter().enumerate() {
-        match &e.kind {
-            EntryKind::Tensor(_) => {
-                let read = ck.tensor(&e.name).and_then(|t| match depth {
-                    Depth::Deep => t.data().map(|d| touch(&d)).at(ck.path()),
-                    Depth::Structure => Ok(t.nbytes()),
-                });
-                match read {
-                    Ok(n) => report.bytes += n as u64,
-                    Err(err) => report.problems.push(format!("{}: {}", e.name, chain(&err))),
-                }
-            }
-            EntryKind::OpaqueTensor(_) => {}
-            _ => {
-                if let Err(err) = ck.value(&e.name) {
-                    report.problems.push(format!("{}: {}", e.name, chain(&err)));
-                }
-            }
-        }
-        report.checked += 1;
-        progress(i as u64 + 1, total);
-    }
-}
-
-/// Checks the per-tensor checksums ckpt records in a safetensors header
-/// ([`ckpt_safetensors::checksums`]) of the file at `file`, reading every byte of its tensors; a file
-/// without them (written by another library) has nothing to check.
-#[cfg_attr(not(any(feature = "safetensors", feature = "hf")), allow(dead_code))]
-pub(crate) fn check_safetensors_checksums(file: &Path, report: &mut VerifyReport) {
-    match ckpt_safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_safetensors::checksums(&r)) {
-        Ok(None) => {}
-        Ok(Some(problems)) => report.problems.extend(problems.iter().map(|p| format!("{}: {p}", file.display()))),
-        Err(e) => report.problems.push(format!("{}: {}", file.display(), chain(&e))),
-    }
-}
-
-/// Reads one byte of every page of `bytes` (mapped data reaches the disk), returning its length.
-fn touch(bytes: &[u8]) -> usize {
-    let mut x = 0u8;
-    for b in bytes.iter().step_by(4096) {
-        x ^= *b;
-    }
-    std::hint::black_box(x);
-    bytes.len()
-}
-
-/// An error's message and its causes, on one line.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
 }

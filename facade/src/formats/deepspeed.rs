@@ -4,11 +4,17 @@ use std::path::Path;
 
 use ckpt_tensor::{PathItem, Value};
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::read_all;
+use crate::adaptor::{Adaptor, Content, Leaf, Source};
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Format, ReadLimits, SourceOptions};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
+use crate::source::SourceOptions;
 
 pub(crate) struct DeepSpeed;
 
@@ -83,7 +89,12 @@ impl Adaptor for DeepSpeed {
                 }
             }
         }
-        read_all(&crate::Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)), depth, report, progress);
+        read_all(
+            &crate::checkpoint::Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)),
+            depth,
+            report,
+            progress,
+        );
         Ok(())
     }
 

@@ -8,12 +8,18 @@ use ckpt_collective::{Collective, host_ranks, hosted_ranks};
 use ckpt_distcp::{RankState, WriteOptions};
 use ckpt_tensor::{PathItem, Value};
 
-use crate::adaptor::{Adaptor, Content, Leaf, Outlined, Reader, Source, outline};
-use crate::convert::{ConvertOptions, ConvertSummary, DcpProfile};
+use crate::adaptor::{Adaptor, Content, Leaf, Source};
+#[cfg(any(feature = "hfai", feature = "hf"))]
+use crate::adaptor::{Outlined, outline};
+use crate::agree::agree;
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::ranks::agree;
-use crate::verify::{Depth, Progress, VerifyReport};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::Depth;
+use crate::options::{ConvertOptions, DcpProfile};
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
 
 pub(crate) struct Distcp;
 
@@ -46,6 +52,7 @@ impl Adaptor for Distcp {
 
     /// As [`read`](Adaptor::read), every tensor stored in several items (which the reader would assemble)
     /// an outline.
+    #[cfg(any(feature = "hfai", feature = "hf"))]
     fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {
         let reader = open(path, limits)?;
         let keys: Vec<String> = reader.keys().map(str::to_owned).collect();

@@ -4,12 +4,17 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::{Adaptor, Content, Leaf, Source};
+use crate::adaptor::{check_safetensors_checksums, read_all};
+use crate::agree::agree;
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::ranks::agree;
-use crate::verify::{Depth, Progress, VerifyReport, check_safetensors_checksums, read_all};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
 
 pub(crate) struct Hf;
 

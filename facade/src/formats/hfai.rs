@@ -5,12 +5,17 @@ use std::path::Path;
 use ckpt_collective::{Collective, host_ranks};
 use ckpt_tensor::PathItem;
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::read_all;
+use crate::adaptor::{Adaptor, Content, Leaf, Source, count};
+use crate::agree::agree;
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::ranks::agree;
-use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
 
 pub(crate) struct Hfai;
 
@@ -118,7 +123,7 @@ impl Adaptor for Hfai {
         let mut options = ckpt_hfai::ReshardOptions::default();
         options.read = limits.torch();
         let ran = host_ranks(group, world, |g| ckpt_hfai::reshard_rank(src, dst, &options, g));
-        let own = crate::ranks::hosted_outcome(ran, |e| matches!(e, ckpt_hfai::Error::RankFailed { .. }), src);
+        let own = crate::agree::hosted_outcome(ran, |e| matches!(e, ckpt_hfai::Error::RankFailed { .. }), src);
         agree(group, own.map(|_| ()))
     }
 }

@@ -5,11 +5,16 @@ use std::path::Path;
 use ckpt_distcp::megatron::{MegatronOptions, MegatronReader};
 use ckpt_tensor::{PathItem, Value};
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::{Adaptor, Content, Leaf, Source};
+use crate::checkpoint::Reader;
 use crate::error::{At, Error, Result};
-use crate::verify::{Depth, Progress, VerifyReport};
-use crate::{Format, NameMap, ReadLimits, SourceOptions};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
+use crate::source::{NameMap, SourceOptions};
 
 pub(crate) struct Megatron;
 

@@ -6,12 +6,17 @@ use std::path::Path;
 use ckpt_collective::{Collective, host_ranks};
 use ckpt_tensor::Value;
 
-use crate::adaptor::{Adaptor, Leaf, Reader, Source, count};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::read_all;
+use crate::adaptor::{Adaptor, Leaf, Source, count};
+use crate::agree::{agree, agree_with_root, hosted_outcome};
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::ranks::{agree, agree_with_root, hosted_outcome};
-use crate::verify::{Depth, Progress, VerifyReport, chain, read_all};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport, chain};
 
 pub(crate) struct Pbg;
 

@@ -6,12 +6,17 @@ use std::path::Path;
 use ckpt_collective::{Collective, host_ranks};
 use ckpt_tensor::{CheckpointRead, PathItem};
 
-use crate::adaptor::{Adaptor, Content, Leaf, Reader, Source, count};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::read_all;
+use crate::adaptor::{Adaptor, Content, Leaf, Source, count};
+use crate::agree::{agree, agree_with_root, hosted_outcome};
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::ranks::{agree, agree_with_root, hosted_outcome};
-use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
 
 pub(crate) struct Recis;
 

@@ -2,11 +2,16 @@
 
 use std::path::Path;
 
-use crate::adaptor::{Adaptor, Content, Reader, Source, count};
-use crate::convert::{ConvertOptions, ConvertSummary};
+use crate::adaptor::read_all;
+use crate::adaptor::{Adaptor, Content, Source, count};
+use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
-use crate::verify::{Depth, Progress, VerifyReport, read_all};
-use crate::{Format, ReadLimits};
+use crate::format::Format;
+use crate::limits::ReadLimits;
+use crate::options::ConvertOptions;
+use crate::options::Depth;
+use crate::report::ConvertSummary;
+use crate::report::{Progress, VerifyReport};
 
 pub(crate) struct Torch;
 

@@ -1,0 +1,87 @@
+//! An open checkpoint of any format: the format crate's reader behind the generic interface, still
+//! downcastable to its concrete type.
+
+use std::any::Any;
+use std::path::{Path, PathBuf};
+
+use ckpt_tensor::{CheckpointRead, Entry, Tensor, Value};
+
+use crate::error::{At, Result};
+use crate::format::Format;
+
+/// A format's reader, type-erased but downcastable to the format crate's concrete type.
+pub(crate) trait Reader: CheckpointRead + Send + Sync {
+    /// The concrete reader.
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: CheckpointRead + Send + Sync + 'static> Reader for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// An open checkpoint of any format.
+pub struct Checkpoint {
+    format: Format,
+    path: PathBuf,
+    inner: Box<dyn Reader>,
+}
+
+impl Checkpoint {
+    pub(crate) fn new(format: Format, path: &Path, inner: Box<dyn Reader>) -> Self {
+        Checkpoint { format, path: path.to_path_buf(), inner }
+    }
+
+    /// The detected format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every entry with its metadata, before any tensor data is read.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.inner.entries()
+    }
+
+    /// Reads the tensor entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::Format`] naming the path.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.inner.tensor(name).at(&self.path)
+    }
+
+    /// Reads the non-tensor entry `name`.
+    ///
+    /// # Errors
+    /// [`Error::Format`] naming the path.
+    pub fn value(&self, name: &str) -> Result<Value> {
+        self.inner.value(name).at(&self.path)
+    }
+
+    /// The format's reader behind the generic interface.
+    pub fn reader(&self) -> &dyn CheckpointRead {
+        self.inner.as_ref()
+    }
+
+    /// The format crate's own reader, for format-specific extras: `ckpt::torch::TorchReader`,
+    /// `ckpt::distcp::DcpReader`, `ckpt::hfai::HfaiReader`, `ckpt::pbg::PbgReader`,
+    /// `ckpt::recis::RecisReader`; `None` when the checkpoint is of another format.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("m.pt");
+    /// # ckpt::torch::save(&ckpt::Value::dict([("step", ckpt::Value::Int(3))]), &path, &ckpt::torch::WriteOptions::default()).unwrap();
+    /// let ck = ckpt::open(&path).unwrap();
+    /// let file = ck.downcast_ref::<ckpt::torch::TorchReader>().unwrap();
+    /// assert_eq!(file.prefix(), Some("m"));
+    /// ```
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.inner.as_any().downcast_ref::<T>()
+    }
+}
