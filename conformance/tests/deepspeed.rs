@@ -73,7 +73,7 @@ fn consolidation_equals_deepspeeds_bit_for_bit() {
 
 #[test]
 fn parameters_split_over_ranks_are_made_when_read() {
-    let ck = DeepSpeedReader::open(&fixtures("deepspeed").join("zero3_w2")).unwrap();
+    let ck = DeepSpeedReader::open(fixtures("deepspeed").join("zero3_w2")).unwrap();
     let (_, l1) = ck.model().iter().find(|(n, _)| n == "l1.weight").unwrap();
     assert!(l1.storage().is_deferred(), "a ZeRO 3 parameter of 2 ranks is assembled on demand");
     let mut streamed = Vec::new();
@@ -84,7 +84,7 @@ fn parameters_split_over_ranks_are_made_when_read() {
     })
     .unwrap();
     assert_eq!(streamed, l1.data().unwrap().into_owned());
-    let one = DeepSpeedReader::open(&fixtures("deepspeed").join("zero2_w1")).unwrap();
+    let one = DeepSpeedReader::open(fixtures("deepspeed").join("zero2_w1")).unwrap();
     let (_, w) = one.model().iter().find(|(n, _)| n == "l1.weight").unwrap();
     assert!(w.storage().is_mapped(), "one rank's parameter is a window of its file");
 }
@@ -92,8 +92,8 @@ fn parameters_split_over_ranks_are_made_when_read() {
 #[test]
 fn optimizer_state_per_parameter_equals_ds_to_universal() {
     for (zero, universal) in [("zero2_w2", "universal_zero2_w2"), ("zero3_w2", "universal_zero3_w2")] {
-        let z = DeepSpeedReader::open(&fixtures("deepspeed").join(zero)).unwrap();
-        let u = DeepSpeedReader::open(&fixtures("deepspeed").join(universal)).unwrap();
+        let z = DeepSpeedReader::open(fixtures("deepspeed").join(zero)).unwrap();
+        let u = DeepSpeedReader::open(fixtures("deepspeed").join(universal)).unwrap();
         let mut compared = 0;
         for e in u.entries() {
             if !e.name.starts_with("optimizer.state.") {
@@ -160,7 +160,7 @@ fn elastic_checkpoints_cut_the_state_where_the_weights_are() {
 
 #[test]
 fn module_weights_client_and_engine_state() {
-    let ck = DeepSpeedReader::open(&fixtures("deepspeed").join("zero2_w2")).unwrap();
+    let ck = DeepSpeedReader::open(fixtures("deepspeed").join("zero2_w2")).unwrap();
     let m = ck.tensor("module.l1.weight").unwrap();
     assert_eq!(m.dtype(), DType::BF16, "bf16 mixed precision keeps bf16 module weights");
     let fp32 = ck.tensor("l1.weight").unwrap();
@@ -187,14 +187,14 @@ fn tags_and_tag_directories() {
     let root = fixtures("deepspeed").join("zero1_w2");
     let by_latest = DeepSpeedReader::open(&root).unwrap();
     let by_tag = DeepSpeedReader::open_with(&root, &ReadOptions::default().with_tag("global_step2")).unwrap();
-    let by_dir = DeepSpeedReader::open(&root.join("global_step2")).unwrap();
+    let by_dir = DeepSpeedReader::open(root.join("global_step2")).unwrap();
     for r in [&by_tag, &by_dir] {
         assert_eq!(r.tag(), "global_step2");
         assert_eq!(r.entries(), by_latest.entries());
     }
     let err = DeepSpeedReader::open_with(&root, &ReadOptions::default().with_tag("global_step9")).unwrap_err();
     assert!(matches!(err, Error::MissingTag { ref tag, .. } if tag == "global_step9"), "{err}");
-    let err = DeepSpeedReader::open(&fixtures("hfai")).unwrap_err();
+    let err = DeepSpeedReader::open(fixtures("hfai")).unwrap_err();
     assert!(matches!(err, Error::NotACheckpoint { .. }), "{err}");
 }
 

@@ -80,7 +80,7 @@ fn dims(j: &Json) -> Vec<usize> {
 fn every_fixture_reads_as_the_python_reference_loads_it() {
     let mut checked = 0;
     for case in cases() {
-        let ckpt = HfaiReader::open(&case.ckpt()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let ckpt = HfaiReader::open(case.ckpt()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let name = &case.name;
         assert_eq!(ckpt.nshards(), case.nshards(), "{name}");
         assert_eq!(typed_tree(ckpt.value()), case.expected["tree"], "{name}: typed tree differs from hfai_ref.load");
@@ -278,7 +278,7 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
     let find = |name: &str| all.iter().find(|c| c.name == name).unwrap();
     for case in &all {
         // read with Rust, write again with Rust (same number of parts)
-        let ckpt = HfaiReader::open(&case.ckpt()).unwrap();
+        let ckpt = HfaiReader::open(case.ckpt()).unwrap();
         let out = root.path().join(format!("resave_{}", case.name));
         ckpt_hfai::save(&state_of(&ckpt, &case.buffers()), &out, &case.write_options().with_nshards(case.nshards()))
             .unwrap();

@@ -14,7 +14,7 @@ use ckpt_distcp::megatron::{ArgValue, MegatronOptions, MegatronReader};
 use ckpt_tensor::{CheckpointRead, EntryKind, Tensor, Value};
 
 fn open(case: &str, options: MegatronOptions) -> MegatronReader {
-    MegatronReader::open(&fixtures("megatron").join(case).join("ckpt"), &ReadOptions::default(), options).unwrap()
+    MegatronReader::open(fixtures("megatron").join(case).join("ckpt"), &ReadOptions::default(), options).unwrap()
 }
 
 fn reference(case: &str) -> Vec<(String, Tensor)> {

@@ -169,7 +169,7 @@ fn every_fixture_file_reads_as_its_manifest_says() {
 
 #[test]
 fn committed_version_and_snapshots_read_with_dangling_absolute_links() {
-    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(root().join("ckpt")).unwrap();
     assert_eq!(ckpt.version(), 4);
     let parts: Vec<(&str, u32, usize)> =
         ckpt.partitions().iter().map(|p| (p.entity.as_str(), p.partition, p.data.len())).collect();
@@ -189,7 +189,7 @@ fn committed_version_and_snapshots_read_with_dangling_absolute_links() {
     for (epoch, version) in [(1u64, 2u64), (2, 4)] {
         let link = root().join(format!("ckpt/epoch_{epoch}/model.v{version}.h5"));
         assert!(fs::read_link(&link).unwrap().is_absolute() && !link.exists());
-        let snap = PbgReader::open(&root().join(format!("ckpt/epoch_{epoch}"))).unwrap();
+        let snap = PbgReader::open(root().join(format!("ckpt/epoch_{epoch}"))).unwrap();
         assert_eq!(snap.version(), version);
         assert!(snap.config().is_some(), "config from the files' config/json");
         let main = PbgReader::open_version(FileCheckpointStorage::new(root().join("ckpt")), version).unwrap();
@@ -265,7 +265,7 @@ fn counts_disagreeing_with_the_entity_path_are_errors() {
     copy_tree(&root(), dir.path());
     let entities = EntityStorage::new(dir.path().join("data"));
     fs::write(entities.count_file("user_id", 1), "13\n").unwrap();
-    let ckpt = PbgReader::open(&dir.path().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(dir.path().join("ckpt")).unwrap();
     match ckpt.check_counts(&entities) {
         Err(Error::CountMismatch { expected: 13, found: 14, partition: 1, .. }) => {}
         other => panic!("{other:?}"),
@@ -298,7 +298,7 @@ fn partial_and_missing_versions_are_reported() {
 
 #[test]
 fn tsv_export_equals_torchbiggraph_export_to_tsv() {
-    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(root().join("ckpt")).unwrap();
     let config = Config::read(&root().join("config.json")).unwrap();
     let entities = EntityStorage::new(root().join("data"));
     let dir = tempfile::tempdir().unwrap();
@@ -312,7 +312,7 @@ fn tsv_export_equals_torchbiggraph_export_to_tsv() {
 
 #[test]
 fn safetensors_export_holds_every_tensor() {
-    let ckpt = PbgReader::open(&root().join("ckpt")).unwrap();
+    let ckpt = PbgReader::open(root().join("ckpt")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pbg.safetensors");
     export_safetensors(&ckpt, &out).unwrap();

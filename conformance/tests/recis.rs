@@ -224,7 +224,7 @@ fn bool_dtype_bug_reads_with_the_lower_case_alias() {
     assert_eq!((flag.dtype(), flag.shape()), (DType::Bool, &[2usize][..]));
     assert_eq!(flag.data().unwrap().as_ref(), [1, 0]);
     assert_eq!(ckpt.dense("u8").unwrap().to_vec::<u8>().unwrap(), vec![1, 2]);
-    let f = DataFile::open(&golden("bool_dtype_bug").join("model-000000-of-000001.safetensors")).unwrap();
+    let f = DataFile::open(golden("bool_dtype_bug").join("model-000000-of-000001.safetensors")).unwrap();
     assert_eq!(f.entry("flag^ ").unwrap().dtype_str, "bool");
 }
 

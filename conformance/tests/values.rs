@@ -55,7 +55,7 @@ fn committed_files_are_the_ones_the_generator_stamped() {
 #[test]
 fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
     let m = manifest("numpy.json");
-    let r = TorchReader::open(&dir().join("numpy.pt")).unwrap();
+    let r = TorchReader::open(dir().join("numpy.pt")).unwrap();
     let want = m["entries"].as_object().unwrap();
     let entries = r.entries();
     // serde_json keeps keys sorted; the order is checked against Python in the round trip below.
@@ -129,7 +129,7 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
 #[test]
 fn numpy_values_read_from_the_legacy_stream() {
     let m = manifest("numpy_legacy.json");
-    let r = TorchReader::open(&dir().join("numpy_legacy.pt")).unwrap();
+    let r = TorchReader::open(dir().join("numpy_legacy.pt")).unwrap();
     assert_eq!(r.container(), ckpt_torch::Container::Legacy);
     let Value::Numpy(acc) = r.get("best_acc").unwrap() else { panic!("{:?}", r.value()) };
     assert_eq!(
@@ -141,7 +141,7 @@ fn numpy_values_read_from_the_legacy_stream() {
 
 #[test]
 fn unsupported_numpy_dtypes_are_named() {
-    let r = TorchReader::open(&dir().join("numpy_unsupported.pt")).unwrap();
+    let r = TorchReader::open(dir().join("numpy_unsupported.pt")).unwrap();
     for (name, named) in [("objects", "object dtype '|O8'"), ("records", "structured dtype '|V12'")] {
         let e = r.tensor(name).unwrap_err().to_string();
         assert!(e.contains(named) && e.contains(name), "{e}");
@@ -155,7 +155,7 @@ fn unsupported_numpy_dtypes_are_named() {
 #[test]
 fn a_whole_module_lists_its_state_dict_and_classes() {
     let m = manifest("module_whole.json");
-    let r = TorchReader::open(&dir().join("module_whole.pt")).unwrap();
+    let r = TorchReader::open(dir().join("module_whole.pt")).unwrap();
     assert!(ckpt_torch::is_module(r.value()));
     let sd = m["state_dict"].as_object().unwrap();
     let names: Vec<String> = r.entries().into_iter().map(|e| e.name).collect();
@@ -190,7 +190,7 @@ fn a_whole_module_lists_its_state_dict_and_classes() {
 #[test]
 fn a_lightning_checkpoint_lists_every_leaf() {
     let m = manifest("lightning.json");
-    let r = TorchReader::open(&dir().join("lightning.ckpt")).unwrap();
+    let r = TorchReader::open(dir().join("lightning.ckpt")).unwrap();
     let want = m["entries"].as_object().unwrap();
     let mut tensors = 0;
     for e in r.entries() {

@@ -151,7 +151,7 @@ fn run(mpi: &MpiCollective, args: &[String]) -> Result<(), Failure> {
         }
         "resume" => {
             // A restart with the same ranks: each rank takes back its own state (RNG, data-loader position).
-            let r = DcpReader::open(&dir.join("distcp"))?;
+            let r = DcpReader::open(dir.join("distcp"))?;
             let own = r.read_rank_row("rank_state", mpi.rank(), mpi.world_size())?.to_vec::<i64>()?;
             if own != rank_row(mpi.rank(), step) {
                 return Err(format!("rank_state is {own:?}, expected {:?}", rank_row(mpi.rank(), step)).into());

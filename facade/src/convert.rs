@@ -68,7 +68,7 @@
 //!     the numpy objects again.
 //! 11. hf targets write what a safetensors target writes, sharded as `huggingface_hub` splits a state dict
 //!     (`model-0000i-of-0000n.safetensors` and `model.safetensors.index.json` as `transformers` writes it,
-//!     or one `model.safetensors`) at [`ConvertOptions::hf_max_shard_size`] (default 5 GB); ckpt's metadata
+//!     or one `model.safetensors`) at `TargetOptions::Hf { max_shard_size }` (default 5 GB); ckpt's metadata
 //!     (`ckpt.source`, `ckpt.paths`, `ckpt.values`) goes into the first shard's `__metadata__`.
 //!
 //! # Selection
@@ -224,7 +224,8 @@ pub fn state_dict(path: &Path, selection: &Selection, limits: &ReadLimits) -> Re
 }
 
 /// The source and target adaptors of a conversion, once the source format is known (`from`, or detected),
-/// the world size is at least 1 and the conversion is supported.
+/// the world size is at least 1, the target options are for `to` (or the defaults) and the conversion is
+/// supported.
 pub(crate) fn plan(
     src: &Path,
     from: Option<Format>,
@@ -240,6 +241,12 @@ pub(crate) fn plan(
         return Err(Error::InvalidArgument {
             path: dst.to_path_buf(),
             reason: "world size 0: a target needs at least one rank".into(),
+        });
+    }
+    if let Some(theirs) = options.target.format().filter(|&f| f != to) {
+        return Err(Error::InvalidArgument {
+            path: dst.to_path_buf(),
+            reason: format!("the options are for a {theirs} target, and this conversion writes {to}"),
         });
     }
     let (source, target) = (adaptor(from, src)?, adaptor(to, src)?);

@@ -85,6 +85,63 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &hf::Hf,
 ];
 
+/// `ckpt convert`'s flags for the target format, each format's own (they live with its adaptor,
+/// `formats/<format>.rs`), flattened into one set of flags: the tool's whole knowledge of target options.
+///
+/// [`TargetArgs::options`] keeps the flags of the conversion's target format and refuses those of another.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct TargetArgs {
+    #[cfg(feature = "distcp")]
+    #[command(flatten)]
+    distcp: distcp::DistcpArgs,
+    #[cfg(feature = "hfai")]
+    #[command(flatten)]
+    hfai: hfai::HfaiArgs,
+    #[cfg(feature = "recis")]
+    #[command(flatten)]
+    recis: recis::RecisArgs,
+    #[cfg(feature = "pbg")]
+    #[command(flatten)]
+    pbg: pbg::PbgArgs,
+    #[cfg(feature = "hf")]
+    #[command(flatten)]
+    hf: hf::HfArgs,
+}
+
+#[cfg(feature = "cli")]
+impl TargetArgs {
+    /// The options of a conversion to `to`: its format's flags, or its defaults when none of them was
+    /// given.
+    ///
+    /// # Errors
+    /// A message naming a flag given for another format than `to`.
+    pub fn options(&self, to: Format) -> std::result::Result<crate::options::TargetOptions, String> {
+        let mut chosen = crate::options::TargetOptions::Defaults;
+        let every: Vec<(crate::options::TargetOptions, Vec<&'static str>)> = vec![
+            #[cfg(feature = "distcp")]
+            self.distcp.target(),
+            #[cfg(feature = "hfai")]
+            self.hfai.target(),
+            #[cfg(feature = "recis")]
+            self.recis.target(),
+            #[cfg(feature = "pbg")]
+            self.pbg.target(),
+            #[cfg(feature = "hf")]
+            self.hf.target(),
+        ];
+        for (options, given) in every {
+            let format = options.format();
+            if format == Some(to) {
+                chosen = options;
+            } else if let (Some(flag), Some(format)) = (given.first(), format) {
+                return Err(format!("{flag} is an option of {format} targets; this conversion writes {to}"));
+            }
+        }
+        Ok(chosen)
+    }
+}
+
 /// The adaptor of `format`, or [`Error::FeatureDisabled`] naming `path` when this build lacks it.
 pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adaptor> {
     ADAPTORS.iter().copied().find(|a| a.format() == format).ok_or_else(|| Error::FeatureDisabled {

@@ -96,6 +96,8 @@ pub use convert::{convert, output_estimate, save, state_dict};
 pub use diff::{DiffOptions, DiffReport, TensorDiff, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use format::{Format, UnknownFormatName, unsupported_reason};
+#[cfg(feature = "cli")]
+pub use formats::TargetArgs;
 pub use formats::crates::*;
 pub use formats::detect;
 pub use limits::{
@@ -103,7 +105,7 @@ pub use limits::{
     ReadLimits,
 };
 pub use open::{open, open_as, open_as_with, open_source, open_with};
-pub use options::{ConvertOptions, DcpProfile, Depth};
+pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
 pub use report::{ConvertSummary, Progress, VerifyReport};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};

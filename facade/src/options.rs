@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::select::Selection;
 use crate::source::SourceOptions;
@@ -19,35 +20,27 @@ pub enum DcpProfile {
     Torch213,
 }
 
-/// Choices for the target layout of [`convert`].
+/// Choices for a conversion ([`crate::convert`]): the target's number of ranks, what of the source is
+/// converted and how it is read, and the options of the target format in that format's own variant of
+/// [`TargetOptions`].
 ///
 /// ```
-/// let options = ckpt::ConvertOptions::default().with_world_size(4).with_dcp_profile(ckpt::DcpProfile::Torch213);
+/// use ckpt::{ConvertOptions, DcpProfile, TargetOptions};
+/// let options = ConvertOptions::default()
+///     .with_world_size(4)
+///     .with_target(TargetOptions::Distcp { profile: DcpProfile::Torch213 });
 /// assert_eq!(options.world_size, 4);
+/// assert_eq!(options.target.format(), Some(ckpt::Format::Distcp));
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ConvertOptions {
-    /// Number of ranks/shards/parts for distcp, hfai and recis targets (default 1); ignored by single-file
-    /// targets (torch, safetensors).
+    /// Number of ranks/shards/parts for distcp, hfai, recis and pbg targets (default 1); ignored by
+    /// single-file targets (torch, safetensors).
     pub world_size: usize,
-    /// The `.metadata` layout of distcp targets.
-    pub dcp_profile: DcpProfile,
-    /// hfai targets: tensors of more bytes than this are flattened and split over the parts (default: hfai's
-    /// 256 MiB).
-    pub hfai_large_size: Option<u64>,
-    /// recis targets: data files per shard (RecIS's `parallel`; default: the source's for a RecIS source,
-    /// else 4, as RecIS's checkpoint manager).
-    pub recis_parallel: Option<usize>,
-    /// recis targets: the id key space of every hash table (RecIS's `slice_size`; default: each table's own
-    /// for a RecIS source, else RecIS's 65536).
-    pub recis_slice_size: Option<u32>,
-    /// pbg targets: the training `config.json` that defines the target layout (entity types and their
-    /// partition counts, relations, dimension). Default: the source's own config (its `config` entry).
-    pub pbg_config: Option<PathBuf>,
-    /// hf targets: the largest shard in bytes (default 5 GB, as transformers; [`crate::hf::parse_size`] reads
-    /// `5GB`, `500MB`, `2GiB`).
-    pub hf_max_shard_size: Option<u64>,
+    /// The options of the target format (default: that format's defaults). A variant of another format than
+    /// the conversion's target is refused ([`crate::Error::InvalidArgument`]).
+    pub target: TargetOptions,
     /// Every target: which entries to convert, under which names, in which float dtype (default: all, as
     /// they are). See [`Selection`] (`ckpt convert --include/--exclude/--strip-prefix/--add-prefix/--dtype`).
     pub selection: Selection,
@@ -62,12 +55,7 @@ impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
             world_size: 1,
-            dcp_profile: DcpProfile::default(),
-            hfai_large_size: None,
-            recis_parallel: None,
-            recis_slice_size: None,
-            pbg_config: None,
-            hf_max_shard_size: None,
+            target: TargetOptions::default(),
             selection: Selection::default(),
             limits: ReadLimits::default(),
             source: SourceOptions::default(),
@@ -83,38 +71,10 @@ impl ConvertOptions {
         self
     }
 
-    /// Sets the `.metadata` layout of distcp targets.
+    /// Sets the options of the target format.
     #[must_use]
-    pub fn with_dcp_profile(mut self, profile: DcpProfile) -> Self {
-        self.dcp_profile = profile;
-        self
-    }
-
-    /// Sets the size above which hfai targets split a tensor over the parts.
-    #[must_use]
-    pub fn with_hfai_large_size(mut self, bytes: u64) -> Self {
-        self.hfai_large_size = Some(bytes);
-        self
-    }
-
-    /// Sets the number of data files per shard of recis targets.
-    #[must_use]
-    pub fn with_recis_parallel(mut self, parallel: usize) -> Self {
-        self.recis_parallel = Some(parallel);
-        self
-    }
-
-    /// Sets the id key space (`slice_size`) of every hash table of recis targets.
-    #[must_use]
-    pub fn with_recis_slice_size(mut self, slice_size: u32) -> Self {
-        self.recis_slice_size = Some(slice_size);
-        self
-    }
-
-    /// Sets the largest shard of hf targets, in bytes.
-    #[must_use]
-    pub fn with_hf_max_shard_size(mut self, bytes: u64) -> Self {
-        self.hf_max_shard_size = Some(bytes);
+    pub fn with_target(mut self, target: TargetOptions) -> Self {
+        self.target = target;
         self
     }
 
@@ -145,12 +105,117 @@ impl ConvertOptions {
         self.source = source;
         self
     }
+}
 
-    /// Sets the `config.json` that defines the layout of pbg targets.
-    #[must_use]
-    pub fn with_pbg_config(mut self, config: impl Into<PathBuf>) -> Self {
-        self.pbg_config = Some(config.into());
-        self
+/// The options of one target format, in that format's variant, as `image`'s output formats carry theirs.
+/// Formats without options of their own (torch, safetensors) take [`TargetOptions::Defaults`], as every
+/// format does by default.
+///
+/// ```
+/// use ckpt::{Format, TargetOptions};
+/// let hf = TargetOptions::Hf { max_shard_size: Some(2 << 30) };
+/// assert_eq!(hf.format(), Some(Format::Hf));
+/// assert_eq!(TargetOptions::Defaults.format(), None);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TargetOptions {
+    /// The target format's defaults.
+    #[default]
+    Defaults,
+    /// A `torch.distributed.checkpoint` target.
+    Distcp {
+        /// The `.metadata` layout (`ckpt convert --dcp-profile`).
+        profile: DcpProfile,
+    },
+    /// An hfai target.
+    Hfai {
+        /// Tensors of more bytes than this are flattened and split over the parts (default: hfai's 256 MiB;
+        /// `--hfai-large-size`).
+        large_size: Option<u64>,
+    },
+    /// A RecIS target.
+    Recis {
+        /// Data files per shard (RecIS's `parallel`; default: the source's for a RecIS source, else 4, as
+        /// RecIS's checkpoint manager; `--parallel`).
+        parallel: Option<usize>,
+        /// The id key space of every hash table (RecIS's `slice_size`; default: each table's own for a RecIS
+        /// source, else RecIS's 65536; `--slice-size`).
+        slice_size: Option<u32>,
+    },
+    /// A PyTorch-BigGraph target.
+    Pbg {
+        /// The training `config.json` that defines the layout (entity types and their partition counts,
+        /// relations, dimension). Default: the source's own config (its `config` entry; `--pbg-config`).
+        config: Option<PathBuf>,
+    },
+    /// A Hugging Face sharded target.
+    Hf {
+        /// The largest shard in bytes (default 5 GB, as transformers; `ckpt::hf::parse_size` reads `5GB`,
+        /// `500MB`, `2GiB`; `--max-shard-size`).
+        max_shard_size: Option<u64>,
+    },
+}
+
+impl TargetOptions {
+    /// The format these options are for (`None` for [`TargetOptions::Defaults`], which fits every format).
+    pub fn format(&self) -> Option<Format> {
+        match self {
+            TargetOptions::Defaults => None,
+            TargetOptions::Distcp { .. } => Some(Format::Distcp),
+            TargetOptions::Hfai { .. } => Some(Format::Hfai),
+            TargetOptions::Recis { .. } => Some(Format::Recis),
+            TargetOptions::Pbg { .. } => Some(Format::Pbg),
+            TargetOptions::Hf { .. } => Some(Format::Hf),
+        }
+    }
+
+    /// The `.metadata` layout of a distcp target.
+    pub(crate) fn dcp_profile(&self) -> DcpProfile {
+        match self {
+            TargetOptions::Distcp { profile } => *profile,
+            _ => DcpProfile::default(),
+        }
+    }
+
+    /// The size above which an hfai target splits a tensor, when set.
+    pub(crate) fn hfai_large_size(&self) -> Option<u64> {
+        match self {
+            TargetOptions::Hfai { large_size } => *large_size,
+            _ => None,
+        }
+    }
+
+    /// A RecIS target's data files per shard, when set.
+    pub(crate) fn recis_parallel(&self) -> Option<usize> {
+        match self {
+            TargetOptions::Recis { parallel, .. } => *parallel,
+            _ => None,
+        }
+    }
+
+    /// A RecIS target's id key space, when set.
+    pub(crate) fn recis_slice_size(&self) -> Option<u32> {
+        match self {
+            TargetOptions::Recis { slice_size, .. } => *slice_size,
+            _ => None,
+        }
+    }
+
+    /// A PyTorch-BigGraph target's `config.json`, when set.
+    pub(crate) fn pbg_config(&self) -> Option<&std::path::Path> {
+        match self {
+            TargetOptions::Pbg { config } => config.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// A Hugging Face target's largest shard, when set.
+    pub(crate) fn hf_max_shard_size(&self) -> Option<u64> {
+        match self {
+            TargetOptions::Hf { max_shard_size } => *max_shard_size,
+            _ => None,
+        }
     }
 }
 

@@ -422,7 +422,7 @@ fn convert_takes_the_target_layout_options() {
 fn cat_prints_values_too() {
     let (code, out, err) = run(&[&"cat", &fixtures().join("torch/bytesio.pt"), &"n"]);
     assert_eq!(code, 0, "{err}");
-    let want = match ckpt::open(&fixtures().join("torch/bytesio.pt")).unwrap().value("n").unwrap() {
+    let want = match ckpt::open(fixtures().join("torch/bytesio.pt")).unwrap().value("n").unwrap() {
         ckpt::Value::Int(i) => format!("{i}\n"),
         other => panic!("{other:?}"),
     };
@@ -463,6 +463,12 @@ fn help_lists_formats_and_profiles_from_the_library() {
     assert_eq!(run(&[&"convert", &src, &compat, &"--to", &"distcp"]).0, 0);
     let details = ckpt::open(&compat).unwrap().reader().details();
     assert!(!details.iter().any(|(k, _)| k == "save_id"), "{details:?}");
+    // A flag of another format than the target is a usage error, naming both, before anything is written.
+    let other = tmp.path().join("other");
+    let (code, _, err) = run(&[&"convert", &src, &other, &"--to", &"distcp", &"--hfai-large-size", &"16"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--hfai-large-size is an option of hfai targets; this conversion writes distcp"), "{err}");
+    assert!(!other.exists());
 }
 
 /// Issue 11 as a user meets it: numpy values in a training checkpoint, a whole pickled module, a Lightning

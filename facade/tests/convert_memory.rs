@@ -155,10 +155,12 @@ const DENSE_FORMATS: [Format; 6] =
 /// Target options: the sharded formats over 2 ranks, hfai tensors over 8 MiB chunked over its parts, hf
 /// shards of at most 64 MiB, so that readers gather and writers split.
 fn options(to: Format) -> ConvertOptions {
-    let mut o = ConvertOptions::default().with_world_size(if to.is_sharded() { 2 } else { 1 });
-    o.hfai_large_size = Some(8 << 20);
-    o.hf_max_shard_size = Some(64 << 20);
-    o
+    let target = match to {
+        Format::Hfai => ckpt::TargetOptions::Hfai { large_size: Some(8 << 20) },
+        Format::Hf => ckpt::TargetOptions::Hf { max_shard_size: Some(64 << 20) },
+        _ => ckpt::TargetOptions::Defaults,
+    };
+    ConvertOptions::default().with_world_size(if to.is_sharded() { 2 } else { 1 }).with_target(target)
 }
 
 fn path_for(dir: &Path, name: &str, to: Format) -> PathBuf {

@@ -54,12 +54,12 @@ fn python_loads(dir: &Path, checks: &[(Format, &Path)]) -> Vec<serde_json::Value
 #[test]
 fn pbg_repartitioned_by_a_new_config() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = ckpt::pbg::PbgReader::open(&pbg_fixture()).unwrap();
+    let src = ckpt::pbg::PbgReader::open(pbg_fixture()).unwrap();
     let mut outputs = Vec::new();
     for (users, items) in [(3, 2), (1, 1), (2, 1)] {
         let config = config_with(tmp.path(), users, items);
         let dst = tmp.path().join(format!("pbg_{users}_{items}"));
-        let options = ConvertOptions::default().with_pbg_config(&config);
+        let options = ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) });
         let s = convert(&pbg_fixture(), None, &dst, Format::Pbg, &options).unwrap();
         assert!(s.dropped.is_empty(), "{:?}", s.dropped);
         let out = ckpt::pbg::PbgReader::open(&dst).unwrap();
@@ -96,7 +96,7 @@ fn pbg_repartitioned_by_a_new_config() {
 fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
     let tmp = tempfile::tempdir().unwrap();
     // A safetensors file with PBG's tensors and nothing else (what another tool would write).
-    let src = ckpt::pbg::PbgReader::open(&pbg_fixture()).unwrap();
+    let src = ckpt::pbg::PbgReader::open(pbg_fixture()).unwrap();
     let st = tmp.path().join("tensors.safetensors");
     ckpt::safetensors::write_file(&src.tensors(), None, &st).unwrap();
     let dst = tmp.path().join("pbg");
@@ -106,7 +106,8 @@ fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
         other => panic!("{other:?}"),
     }
     assert!(!dst.exists());
-    let options = ConvertOptions::default().with_pbg_config(pbg_fixture().join("config.json"));
+    let options = ConvertOptions::default()
+        .with_target(ckpt::TargetOptions::Pbg { config: Some(pbg_fixture().join("config.json")) });
     convert(&st, None, &dst, Format::Pbg, &options).unwrap();
     let out = ckpt::pbg::PbgReader::open(&dst).unwrap();
     assert_eq!(out.version(), 1, "no version in the source");
@@ -169,7 +170,7 @@ fn pbg_layout_mismatches_are_refused() {
         None,
         &tmp.path().join("a"),
         Format::Pbg,
-        &ConvertOptions::default().with_pbg_config(&config),
+        &ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) }),
     )
     .unwrap_err();
     assert!(e.to_string().contains("the config wants float32 [N, 8]"), "{e}");
@@ -183,7 +184,7 @@ fn pbg_layout_mismatches_are_refused() {
         None,
         &tmp.path().join("b"),
         Format::Pbg,
-        &ConvertOptions::default().with_pbg_config(&config),
+        &ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) }),
     )
     .unwrap_err();
     assert!(e.to_string().contains("entity type \"item\", which the config lacks"), "{e}");
@@ -214,7 +215,9 @@ fn recis_tables_from_a_state_dict_with_layout_options() {
     ];
     ckpt::safetensors::write_file(&tensors, None, &st).unwrap();
     let dst = tmp.path().join("recis");
-    let options = ConvertOptions::default().with_world_size(3).with_recis_parallel(2).with_recis_slice_size(1000);
+    let options = ConvertOptions::default()
+        .with_world_size(3)
+        .with_target(ckpt::TargetOptions::Recis { parallel: Some(2), slice_size: Some(1000) });
     let s = convert(&st, None, &dst, Format::Recis, &options).unwrap();
     assert_eq!((s.tensors, s.dropped.len()), (5, 0));
     let ck = ckpt::recis::RecisReader::open(&dst).unwrap();
@@ -298,4 +301,25 @@ fn recis_table_errors_name_the_tensor() {
         }
         assert!(!dst.exists(), "{label}: nothing written");
     }
+}
+
+#[test]
+fn target_options_belong_to_the_target_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let sd = ckpt::tensor::Value::dict([(
+        "w",
+        ckpt::tensor::Value::Tensor(ckpt::tensor::Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap()),
+    )]);
+    // hfai's options for a distcp target are refused before anything is written.
+    let hfai = ConvertOptions::default().with_target(ckpt::TargetOptions::Hfai { large_size: Some(16) });
+    let err = ckpt::save(&sd, &dir.path().join("dcp"), Format::Distcp, &hfai).unwrap_err();
+    assert!(matches!(err, ckpt::Error::InvalidArgument { .. }), "{err}");
+    assert!(err.to_string().contains("hfai target"), "{err}");
+    assert!(!dir.path().join("dcp").exists());
+    // The target's own variant, and the defaults, are taken.
+    let st = ConvertOptions::default().with_target(ckpt::TargetOptions::Distcp { profile: ckpt::DcpProfile::Torch213 });
+    ckpt::save(&sd, &dir.path().join("dcp"), Format::Distcp, &st).unwrap();
+    ckpt::save(&sd, &dir.path().join("m.pt"), Format::Torch, &ConvertOptions::default()).unwrap();
+    assert_eq!(ckpt::TargetOptions::Recis { parallel: None, slice_size: None }.format(), Some(Format::Recis));
+    assert_eq!(ckpt::TargetOptions::Pbg { config: None }.format(), Some(Format::Pbg));
 }

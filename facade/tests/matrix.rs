@@ -203,7 +203,9 @@ fn matrix() {
         std::fs::create_dir_all(&dir).unwrap();
         for to in targets(from) {
             let world = if matches!(to, Format::Distcp | Format::Hfai | Format::Recis) { 2 } else { 1 };
-            let options = ConvertOptions::default().with_world_size(world).with_hf_max_shard_size(HF_SHARD);
+            let options = ConvertOptions::default()
+                .with_world_size(world)
+                .with_target(ckpt::TargetOptions::Hf { max_shard_size: Some(HF_SHARD) });
             let out = out_path(&dir, &label, to);
             let ctx = format!("{label} -> {to}");
             let summary: ConvertSummary = match convert(&src, Some(from), &out, to, &options) {
@@ -390,8 +392,14 @@ fn distcp_world_size_shards_rows() {
     let _ = Value::None;
     // hfai: the world size is the number of parts.
     let hf = tmp.path().join("hfai");
-    convert(&st, None, &hf, Format::Hfai, &ConvertOptions::default().with_world_size(3).with_hfai_large_size(16))
-        .unwrap();
+    convert(
+        &st,
+        None,
+        &hf,
+        Format::Hfai,
+        &ConvertOptions::default().with_world_size(3).with_target(ckpt::TargetOptions::Hfai { large_size: Some(16) }),
+    )
+    .unwrap();
     let h = ckpt::hfai::HfaiReader::open(&hf).unwrap();
     assert_eq!(h.nshards(), 3);
     assert_eq!(h.chunked(), ["model.w"]);

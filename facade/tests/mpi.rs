@@ -162,7 +162,7 @@ fn reshard_3_ranks_to_4_with_2_processes_equals_one_process() {
     for rank in 0..4 {
         assert!(two.join(format!("__{rank}_0.distcp")).exists());
     }
-    let (a, b) = (ckpt::open(&dcp3()).unwrap(), ckpt::open(&two).unwrap());
+    let (a, b) = (ckpt::open(dcp3()).unwrap(), ckpt::open(&two).unwrap());
     for e in a.entries() {
         if matches!(e.kind, ckpt::EntryKind::Tensor(_)) {
             assert_eq!(a.tensor(&e.name).unwrap(), b.tensor(&e.name).unwrap(), "{}", e.name);

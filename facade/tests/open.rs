@@ -78,12 +78,13 @@ fn every_golden_fixture_opens() {
     let d215 = f.join("distcp/golden/d215");
     let text = d215.to_str().unwrap();
     assert_eq!(ckpt::open(text).unwrap().entries(), dcp.entries());
-    assert_eq!(ckpt::open(text.to_string()).unwrap().format(), Format::Distcp);
+    let owned: String = text.into();
+    assert_eq!(ckpt::open(owned).unwrap().format(), Format::Distcp);
     let direct = ckpt::distcp::DcpReader::open(text).unwrap();
     assert_eq!(ckpt::CheckpointRead::entries(&direct).len(), dcp.entries().len());
     assert!(dcp.downcast_ref::<ckpt::distcp::DcpReader>().is_some());
     assert!(dcp.downcast_ref::<ckpt::torch::TorchReader>().is_none());
-    let pbg = ckpt::open(&f.join("pbg/ckpt")).unwrap();
+    let pbg = ckpt::open(f.join("pbg/ckpt")).unwrap();
     assert_eq!(pbg.downcast_ref::<ckpt::pbg::PbgReader>().unwrap().version(), 4);
     for p in children(&f.join("hfai"), None) {
         n += check(&p.join("ckpt"), Format::Hfai);
@@ -103,7 +104,7 @@ fn safetensors_written_by_core_opens() {
 #[test]
 fn wrong_files_are_named() {
     let bad = fixtures().join("../bad");
-    let e = ckpt::open(&bad.join("git_lfs_pointer.pt")).err().unwrap().to_string();
+    let e = ckpt::open(bad.join("git_lfs_pointer.pt")).err().unwrap().to_string();
     assert!(e.contains("git-LFS"), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let e = ckpt::open(dir.path()).err().unwrap();

@@ -196,7 +196,7 @@ fn detection() {
         assert_eq!(ckpt::detect(&path).unwrap(), want, "{}", path.display());
     }
     // A megatron checkpoint still opens as plain DCP when asked.
-    let dcp = ckpt::open_as(&fixtures("megatron").join("gpt_tp2/ckpt"), Format::Distcp).unwrap();
+    let dcp = ckpt::open_as(fixtures("megatron").join("gpt_tp2/ckpt"), Format::Distcp).unwrap();
     assert!(dcp.entries().iter().any(|e| e.name == "decoder.layers.self_attention.linear_qkv.weight"));
     assert_eq!("megatron".parse::<Format>().unwrap(), Format::Megatron);
     assert_eq!("deepspeed".parse::<Format>().unwrap(), Format::DeepSpeed);

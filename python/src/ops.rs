@@ -6,7 +6,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckpt::{ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, Value, VerifyOptions};
+use ckpt::{
+    ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, TargetOptions, Value, VerifyOptions,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -153,10 +155,12 @@ pub(crate) fn load<'py>(
     to.value(py, &tree)
 }
 
-/// The target layout and selection of `convert` and `save`.
+/// The target layout and selection of `convert` and `save` to `to`: the keyword arguments of `to`'s format
+/// make its [`TargetOptions`]; one given for another format is a usage error, as in the `ckpt` command.
 #[allow(clippy::too_many_arguments)]
 fn convert_options(
     path: &Path,
+    to: Format,
     world_size: usize,
     dcp_profile: Option<&str>,
     hfai_large_size: Option<u64>,
@@ -167,26 +171,48 @@ fn convert_options(
     selection: Selection,
     limits: ReadLimits,
 ) -> PyResult<ConvertOptions> {
-    let mut o = ConvertOptions::default().with_world_size(world_size).with_selection(selection).with_limits(limits);
-    o.dcp_profile = match dcp_profile {
+    let profile = match dcp_profile {
         None | Some("max-compat") | Some("max_compat") => DcpProfile::MaxCompat,
         Some("torch213") => DcpProfile::Torch213,
         Some(other) => return Err(usage(format!("dcp_profile {other:?}: max-compat or torch213"), Some(path))),
     };
-    o.hfai_large_size = hfai_large_size;
-    o.recis_parallel = recis_parallel;
-    o.recis_slice_size = recis_slice_size;
-    o.pbg_config = pbg_config;
-    if let Some(size) = max_shard_size {
-        o.hf_max_shard_size = Some(match size.extract::<u64>() {
+    let max_shard_size = match max_shard_size {
+        None => None,
+        Some(size) => Some(match size.extract::<u64>() {
             Ok(n) => n,
             Err(_) => {
                 let text: String = size.extract()?;
                 ckpt::hf::parse_size(&text).map_err(|e| usage(e.to_string(), Some(path)))?
             }
-        });
+        }),
+    };
+    // Each format's keyword arguments, and whether any of them was given.
+    let every = [
+        (TargetOptions::Distcp { profile }, dcp_profile.is_some(), "dcp_profile"),
+        (TargetOptions::Hfai { large_size: hfai_large_size }, hfai_large_size.is_some(), "hfai_large_size"),
+        (
+            TargetOptions::Recis { parallel: recis_parallel, slice_size: recis_slice_size },
+            recis_parallel.is_some() || recis_slice_size.is_some(),
+            "recis_parallel/recis_slice_size",
+        ),
+        (TargetOptions::Pbg { config: pbg_config.clone() }, pbg_config.is_some(), "pbg_config"),
+        (TargetOptions::Hf { max_shard_size }, max_shard_size.is_some(), "max_shard_size"),
+    ];
+    let mut target = TargetOptions::Defaults;
+    for (options, given, name) in every {
+        match options.format() {
+            Some(f) if f == to => target = options,
+            Some(f) if given => {
+                return Err(usage(format!("{name} is an option of {f} targets; this writes {to}"), Some(path)));
+            }
+            _ => {}
+        }
     }
-    Ok(o)
+    Ok(ConvertOptions::default()
+        .with_world_size(world_size)
+        .with_target(target)
+        .with_selection(selection)
+        .with_limits(limits))
 }
 
 /// A conversion's summary as `(tensors, bytes, values, dropped)`.
@@ -229,6 +255,7 @@ pub(crate) fn convert(
     let selection = selection(include, exclude, strip_prefix, add_prefix, dtype)?;
     let options = convert_options(
         &dst,
+        to,
         world_size,
         dcp_profile,
         hfai_large_size,
@@ -269,6 +296,7 @@ pub(crate) fn save(
     let tree = FromPy::new(py)?.value(state_dict)?;
     let options = convert_options(
         &path,
+        to,
         world_size,
         dcp_profile,
         hfai_large_size,

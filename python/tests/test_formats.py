@@ -104,6 +104,15 @@ def test_save_numpy_values(tmp: Path) -> None:
     same(ckpt.load(tmp / "n.pt", framework="pt"), theirs, "n.pt")
 
 
+def test_target_options_belong_to_the_target_format(tmp: Path) -> None:
+    src = FIXTURES / "distcp" / "torch213" / "m3"
+    with pytest.raises(ckpt.UsageError, match="hfai_large_size is an option of hfai targets"):
+        ckpt.convert(src, tmp / "d", to="distcp", hfai_large_size=16)
+    assert not (tmp / "d").exists()
+    ckpt.convert(src, tmp / "d", to="distcp", dcp_profile="torch213")
+    assert ckpt.open(tmp / "d").format == "distcp"
+
+
 def test_convert_verify_reshard_diff(tmp: Path) -> None:
     src = FIXTURES / "distcp" / "torch213" / "m3"
     s = ckpt.convert(src, tmp / "hf", to="hf", max_shard_size=64, dtype="bf16", exclude="obj.*")

@@ -1003,7 +1003,7 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(superblock_eof(&bytes, 0), Some(bytes.len() as u64));
         std::fs::write(dir.path().join("cut.h5"), &bytes[..bytes.len() - 1]).unwrap();
-        assert!(matches!(Reader::open(&dir.path().join("cut.h5")), Err(Error::Truncated { .. })));
+        assert!(matches!(Reader::open(dir.path().join("cut.h5")), Err(Error::Truncated { .. })));
         let r = Reader::open(&path).unwrap();
         let attrs = r.root_attrs().unwrap();
         assert_eq!(attrs[0], ("config/json".to_string(), AttrValue::Str("{}".into())));

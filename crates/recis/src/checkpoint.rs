@@ -107,7 +107,7 @@ impl RecisReader {
             else {
                 continue;
             };
-            let value = ckpt_torch::TorchReader::open_with(&entry.path(), options)?.into_value();
+            let value = ckpt_torch::TorchReader::open_with(entry.path(), options)?.into_value();
             io_states.push((shard, value));
         }
         io_states.sort_by_key(|(s, _)| *s);

@@ -628,7 +628,7 @@ fn many_ranks_save_dense_and_io_state() {
         }
     });
     assert!(results.iter().all(Result::is_ok), "{results:?}");
-    let c = RecisReader::open(&r.join("ckpt_7")).unwrap();
+    let c = RecisReader::open(r.join("ckpt_7")).unwrap();
     assert_eq!(c.io_state_count(), Some(3));
     for s in 0..3 {
         assert_eq!(c.io_state(s).unwrap(), &Value::dict([("train_io", Value::Int(s as i64))]));
@@ -798,7 +798,7 @@ fn save_lays_a_state_dict_out_as_recis_does() {
     ]);
     let report = ckpt_recis::save(&shaped, &root.path().join("b"), &WriteOptions::default()).unwrap();
     assert_eq!(report.dropped, ["io_state_0"]);
-    assert_eq!(RecisReader::open(&root.path().join("b")).unwrap().sparse().child("tbl").unwrap().len(), 5);
+    assert_eq!(RecisReader::open(root.path().join("b")).unwrap().sparse().child("tbl").unwrap().len(), 5);
     // What cannot be laid out is refused before anything is written.
     let orphan = Value::dict([("tbl@embedding", Value::Tensor(Tensor::zeros(DType::F32, &[2, 2]).unwrap()))]);
     let e = ckpt_recis::save(&orphan, &root.path().join("c"), &WriteOptions::default()).unwrap_err();

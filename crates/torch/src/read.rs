@@ -1016,7 +1016,7 @@ mod tests {
         }
         // The moved record's tensor reads its bytes from where its header says.
         let good_reader = TorchReader::from_buffer(&Buffer::from_vec(good), &ReadOptions::default()).unwrap();
-        let moved_reader = TorchReader::open(&dir.path().join("moved.pt")).unwrap();
+        let moved_reader = TorchReader::open(dir.path().join("moved.pt")).unwrap();
         let (mut same, mut other) = (0, 0);
         for e in good_reader.entries() {
             let (a, b) = (good_reader.tensor(&e.name).unwrap(), moved_reader.tensor(&e.name).unwrap());

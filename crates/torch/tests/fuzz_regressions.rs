@@ -40,9 +40,9 @@ fn fuzz_every_entry_of_a_wide_file_reads_in_linear_time() {
 #[test]
 fn fuzz_repeated_dict_key_keeps_the_last_value_like_torch_load() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz");
-    let original = TorchReader::open(&dir.join("../../../../conformance/fixtures/torch/bytesio.pt")).unwrap();
+    let original = TorchReader::open(dir.join("../../../../conformance/fixtures/torch/bytesio.pt")).unwrap();
     for options in both_paths() {
-        let file = TorchReader::open_with(&dir.join("duplicate_key.pt"), &options).unwrap();
+        let file = TorchReader::open_with(dir.join("duplicate_key.pt"), &options).unwrap();
         let names: Vec<String> = file.entries().into_iter().map(|e| e.name).collect();
         assert_eq!(names, ["w", "n"]);
         let w = file.tensor("w").unwrap();

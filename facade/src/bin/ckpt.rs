@@ -255,11 +255,17 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         }
         Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
         Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, limits, source, quiet),
-        Command::Convert { src, dst, to, from, layout, select } => {
-            let options =
-                layout.options().with_selection(select.selection()).with_limits(*limits).with_source(source.clone());
-            convert(src, dst, *to, *from, &options, quiet, group)
-        }
+        Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
+            Ok(options) => {
+                let options =
+                    options.with_selection(select.selection()).with_limits(*limits).with_source(source.clone());
+                convert(src, dst, *to, *from, &options, quiet, group)
+            }
+            Err(usage) => {
+                eprintln!("error: {usage}");
+                return EXIT_USAGE;
+            }
+        },
         Command::Reshard { path, dst, world_size } => match reshard_format(path) {
             Ok(true) => reshard(path, dst, *world_size, limits, quiet, group),
             Ok(false) => return EXIT_USAGE,
@@ -487,65 +493,21 @@ fn diff(
     Ok(equal)
 }
 
-/// The target layout of `ckpt convert`.
+/// The target layout of `ckpt convert`: its number of ranks, and the target format's own flags (each
+/// format's are declared with its adaptor in the library, `ckpt::TargetArgs`).
 #[derive(clap::Args, Debug)]
 struct LayoutArgs {
     #[arg(long, help = world_size_help(), default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     world_size: u32,
-    /// distcp targets: the `.metadata` layout.
-    #[arg(long, value_enum, default_value_t = ckpt::DcpProfile::MaxCompat)]
-    dcp_profile: ckpt::DcpProfile,
-    /// hfai targets: tensors above this many bytes are split over the parts (default: hfai's 256 MiB).
-    #[arg(long, value_name = "BYTES")]
-    hfai_large_size: Option<u64>,
-    /// recis targets: data files per shard (default: the source's, else 4).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    parallel: Option<u32>,
-    /// recis targets: the id key space of every hash table (default: the source's, else 65536).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    slice_size: Option<u32>,
-    /// pbg targets: the config.json defining entities, partition counts and relations (default: the
-    /// source's own config).
-    #[arg(long, value_name = "FILE")]
-    pbg_config: Option<PathBuf>,
-    /// hf targets: the largest shard (5GB, 500MB, 64KB, 2GiB or bytes; default 5GB, as transformers).
-    #[arg(long, value_name = "SIZE", value_parser = shard_size)]
-    max_shard_size: Option<u64>,
-}
-
-/// `--max-shard-size`, read as transformers reads it.
-#[cfg(feature = "hf")]
-fn shard_size(text: &str) -> Result<u64, String> {
-    ckpt::hf::parse_size(text).map_err(|e| e.to_string())
-}
-
-/// `--max-shard-size` in a build without the hf format: plain bytes.
-#[cfg(not(feature = "hf"))]
-fn shard_size(text: &str) -> Result<u64, String> {
-    text.trim().parse().map_err(|_| format!("{text:?}: bytes (this build lacks the hf format)"))
+    #[command(flatten)]
+    target: ckpt::TargetArgs,
 }
 
 impl LayoutArgs {
-    fn options(&self) -> ckpt::ConvertOptions {
-        let mut o = ckpt::ConvertOptions::default()
-            .with_world_size(self.world_size as usize)
-            .with_dcp_profile(self.dcp_profile);
-        if let Some(b) = self.hfai_large_size {
-            o = o.with_hfai_large_size(b);
-        }
-        if let Some(p) = self.parallel {
-            o = o.with_recis_parallel(p as usize);
-        }
-        if let Some(s) = self.slice_size {
-            o = o.with_recis_slice_size(s);
-        }
-        if let Some(c) = &self.pbg_config {
-            o = o.with_pbg_config(c);
-        }
-        if let Some(m) = self.max_shard_size {
-            o = o.with_hf_max_shard_size(m);
-        }
-        o
+    /// The conversion's options for a target of format `to`, or why the flags do not fit it.
+    fn options(&self, to: ckpt::Format) -> Result<ckpt::ConvertOptions, String> {
+        let target = self.target.options(to)?;
+        Ok(ckpt::ConvertOptions::default().with_world_size(self.world_size as usize).with_target(target))
     }
 }
 

@@ -201,7 +201,7 @@ fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::DcpReader> {
 fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<(ConvertSummary, Value, WriteOptions)> {
     let content = source.content()?;
     source.top_mapping(&content, Format::Distcp)?;
-    let profile = match options.dcp_profile {
+    let profile = match options.target.dcp_profile() {
         DcpProfile::MaxCompat => ckpt_distcp::Profile::MaxCompat,
         DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
     };
@@ -258,4 +258,22 @@ fn save_hosted(
         first.map_or(Ok(()), |e| Err(e).at(dst))
     });
     agree(group, own)
+}
+
+/// `ckpt convert`'s flags for distcp targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct DistcpArgs {
+    /// distcp targets: the `.metadata` layout (default max-compat).
+    #[arg(long, value_enum)]
+    pub dcp_profile: Option<DcpProfile>,
+}
+
+#[cfg(feature = "cli")]
+impl DistcpArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
+        let given = if self.dcp_profile.is_some() { vec!["--dcp-profile"] } else { Vec::new() };
+        (crate::options::TargetOptions::Distcp { profile: self.dcp_profile.unwrap_or_default() }, given)
+    }
 }

@@ -66,7 +66,7 @@ impl Adaptor for Hf {
     }
 
     /// Every leaf under its name, sharded as transformers shards ([`ckpt_safetensors::hf::save_entries`]), with
-    /// [`ConvertOptions::hf_max_shard_size`].
+    /// `TargetOptions::Hf { max_shard_size }`.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
@@ -96,7 +96,7 @@ impl Adaptor for Hf {
 
 fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetensors::hf::WriteOptions {
     let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format.name());
-    if let Some(max) = options.hf_max_shard_size {
+    if let Some(max) = options.target.hf_max_shard_size() {
         write = write.with_max_shard_size(max);
     }
     write
@@ -104,4 +104,28 @@ fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetens
 
 fn summary(report: ckpt_safetensors::hf::SaveReport) -> ConvertSummary {
     ConvertSummary { tensors: report.tensors, bytes: report.bytes, values: report.values, dropped: report.dropped }
+}
+
+/// `ckpt convert`'s flags for Hugging Face targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct HfArgs {
+    /// hf targets: the largest shard (5GB, 500MB, 64KB, 2GiB or bytes; default 5GB, as transformers).
+    #[arg(long, value_name = "SIZE", value_parser = shard_size)]
+    pub max_shard_size: Option<u64>,
+}
+
+/// `--max-shard-size`, read as transformers reads it.
+#[cfg(feature = "cli")]
+fn shard_size(text: &str) -> std::result::Result<u64, String> {
+    ckpt_safetensors::hf::parse_size(text).map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "cli")]
+impl HfArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
+        let given = if self.max_shard_size.is_some() { vec!["--max-shard-size"] } else { Vec::new() };
+        (crate::options::TargetOptions::Hf { max_shard_size: self.max_shard_size }, given)
+    }
 }

@@ -138,7 +138,7 @@ fn prepare(
     let top = source.top_mapping(content, Format::Hfai)?;
     let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
     let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
-    if let Some(large) = options.hfai_large_size {
+    if let Some(large) = options.target.hfai_large_size() {
         write = write.with_large_size(large);
     }
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content
@@ -148,4 +148,22 @@ fn prepare(
     let mut s = count(kept);
     s.dropped = lost.into_iter().map(|l| l.name.clone()).collect();
     Ok((s, state, write))
+}
+
+/// `ckpt convert`'s flags for hfai targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct HfaiArgs {
+    /// hfai targets: tensors above this many bytes are split over the parts (default: hfai's 256 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub hfai_large_size: Option<u64>,
+}
+
+#[cfg(feature = "cli")]
+impl HfaiArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
+        let given = if self.hfai_large_size.is_some() { vec!["--hfai-large-size"] } else { Vec::new() };
+        (crate::options::TargetOptions::Hfai { large_size: self.hfai_large_size }, given)
+    }
 }

@@ -125,7 +125,7 @@ impl Adaptor for Pbg {
 fn prepare(source: &Source<'_>, options: &ConvertOptions) -> Result<(Vec<Leaf>, ckpt_pbg::WriteOptions)> {
     let content = source.content()?;
     let mut write = ckpt_pbg::WriteOptions::default();
-    if let Some(path) = &options.pbg_config {
+    if let Some(path) = options.target.pbg_config() {
         let text = std::fs::read_to_string(path).at(path)?;
         write = write.with_config(ckpt_pbg::Config::parse(&text).at(path)?);
     }
@@ -151,11 +151,11 @@ fn save_error(source: &Source<'_>, dst: &Path, options: &ConvertOptions, e: ckpt
         ckpt_pbg::Error::NoConfig => unsupported(
             "the source has no PyTorch-BigGraph `config` entry, and a PBG checkpoint needs the training \
              config that defines its entities, partitions and relations: give one \
-             (ConvertOptions::with_pbg_config, `ckpt convert --pbg-config config.json`)"
+             (TargetOptions::Pbg, `ckpt convert --pbg-config config.json`)"
                 .into(),
         ),
         ckpt_pbg::Error::LayoutMismatch { reason } => {
-            let config = options.pbg_config.clone().unwrap_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE));
+            let config = options.target.pbg_config().map_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE), Path::to_path_buf);
             unsupported(format!("{reason} (config {})", config.display()))
         }
         ckpt_pbg::Error::AlreadyExists { path } => Error::AlreadyExists {
@@ -172,4 +172,23 @@ fn summary(leaves: &[Leaf], report: ckpt_pbg::SaveReport) -> ConvertSummary {
     let mut s = count(leaves.iter().filter(|l| !dropped.contains(l.name.as_str())));
     s.dropped = report.dropped;
     s
+}
+
+/// `ckpt convert`'s flags for PyTorch-BigGraph targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct PbgArgs {
+    /// pbg targets: the config.json defining entities, partition counts and relations (default: the
+    /// source's own config).
+    #[arg(long, value_name = "FILE")]
+    pub pbg_config: Option<std::path::PathBuf>,
+}
+
+#[cfg(feature = "cli")]
+impl PbgArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
+        let given = if self.pbg_config.is_some() { vec!["--pbg-config"] } else { Vec::new() };
+        (crate::options::TargetOptions::Pbg { config: self.pbg_config.clone() }, given)
+    }
 }

@@ -176,7 +176,7 @@ impl Adaptor for Recis {
 /// Whether a conversion into RecIS copies a RecIS source by its own files (resharding them) instead of
 /// reading its content.
 fn copies_files(source: &Source<'_>, options: &ConvertOptions) -> bool {
-    source.format == Format::Recis && options.recis_slice_size.is_none() && source.is_whole()
+    source.format == Format::Recis && options.target.recis_slice_size().is_none() && source.is_whole()
 }
 
 /// Another rank's failure, as a rank reports it.
@@ -187,10 +187,10 @@ fn is_other_rank(e: &ckpt_recis::Error) -> bool {
 /// The write options of a conversion into RecIS.
 fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
     let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
-    if let Some(parallel) = options.recis_parallel {
+    if let Some(parallel) = options.target.recis_parallel() {
         write = write.with_parallel(parallel);
     }
-    if let Some(size) = options.recis_slice_size {
+    if let Some(size) = options.target.recis_slice_size() {
         write = write.with_slice_size(size);
     }
     write
@@ -219,7 +219,7 @@ fn summary(content: &Content, report: &ckpt_recis::SaveReport) -> ConvertSummary
 
 /// The data files per shard of a RecIS to RecIS conversion: the options', else the source's.
 fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<usize> {
-    match options.recis_parallel {
+    match options.target.recis_parallel() {
         Some(p) => Ok(p),
         None => {
             let before = open(src, limits)?;
@@ -259,4 +259,32 @@ fn files_summary(src: &Path, dst: &Path, limits: &ReadLimits) -> Result<ConvertS
     s.dropped =
         before.entries().into_iter().filter(|e| !kept.iter().any(|k| k.name == e.name)).map(|e| e.name).collect();
     Ok(s)
+}
+
+/// `ckpt convert`'s flags for RecIS targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct RecisArgs {
+    /// recis targets: data files per shard (default: the source's, else 4).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub parallel: Option<u32>,
+    /// recis targets: the id key space of every hash table (default: the source's, else 65536).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub slice_size: Option<u32>,
+}
+
+#[cfg(feature = "cli")]
+impl RecisArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
+        let mut given = Vec::new();
+        if self.parallel.is_some() {
+            given.push("--parallel");
+        }
+        if self.slice_size.is_some() {
+            given.push("--slice-size");
+        }
+        let parallel = self.parallel.map(|p| p as usize);
+        (crate::options::TargetOptions::Recis { parallel, slice_size: self.slice_size }, given)
+    }
 }
