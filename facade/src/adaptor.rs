@@ -552,3 +552,37 @@ fn touch(bytes: &[u8]) -> usize {
     std::hint::black_box(x);
     bytes.len()
 }
+
+/// [`Error::LimitExceeded`] when the safetensors file `path`, or a `.safetensors` file of the directory
+/// `path`, declares a header longer than [`ReadLimits::max_header_bytes`] of `limits`; checked from the 8-byte length
+/// prefix, before anything parses the header. Files too short to have a prefix are left to the parser.
+#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
+pub(crate) fn check_safetensors_headers(limits: &ReadLimits, path: &Path) -> Result<()> {
+    if !path.is_dir() {
+        return check_safetensors_header(limits, path);
+    }
+    for entry in std::fs::read_dir(path).at(path)? {
+        let file = entry.at(path)?.path();
+        if file.extension().is_some_and(|e| e == "safetensors") && file.is_file() {
+            check_safetensors_header(limits, &file)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
+fn check_safetensors_header(limits: &ReadLimits, path: &Path) -> Result<()> {
+    let mut file = std::fs::File::open(path).at(path)?;
+    // A file too short to have a length prefix is left to the parser, which names the rule it breaks.
+    let Some(len) = ckpt_safetensors::header::declared_len(&mut file).at(path)? else { return Ok(()) };
+    if len > limits.max_header_bytes {
+        return Err(Error::LimitExceeded {
+            path: path.to_path_buf(),
+            limit: "max_header_bytes",
+            what: "safetensors header",
+            value: len,
+            max: limits.max_header_bytes,
+        });
+    }
+    Ok(())
+}

@@ -56,8 +56,8 @@
 
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
-// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, verify,
-// reshard, diff; 10 ranks, progress. Only this file re-exports, and no module imports through it.
+// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, diff,
+// inspect, reshard, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
 mod format;
 
 mod error;
@@ -83,6 +83,7 @@ mod open;
 
 mod convert;
 mod diff;
+mod inspect;
 mod reshard;
 mod verify;
 
@@ -100,6 +101,7 @@ pub use format::{Format, UnknownFormatName, unsupported_reason};
 pub use formats::TargetArgs;
 pub use formats::crates::*;
 pub use formats::detect;
+pub use inspect::{InspectReport, InspectedEntry, InspectedKind, Totals, inspect};
 pub use limits::{
     DEFAULT_MAX_DATA_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLATED_BYTES, DEFAULT_MAX_METADATA_BYTES,
     ReadLimits,
@@ -107,7 +109,7 @@ pub use limits::{
 pub use open::{open, open_as, open_as_with, open_source, open_with};
 pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
-pub use report::{ConvertSummary, Progress, VerifyReport};
+pub use report::{ConvertSummary, Progress, VerifyReport, error_chain};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
 pub use select::Selection;
 pub use source::{NameMap, SourceOptions};

@@ -102,49 +102,4 @@ impl ReadLimits {
         self.max_inflated_bytes = bytes;
         self
     }
-
-    /// The `torch.save` reader's options under these limits.
-    #[cfg(feature = "torch")]
-    pub(crate) fn torch(&self) -> ckpt_torch::ReadOptions {
-        ckpt_torch::ReadOptions::default().with_limits(self.pickle)
-    }
-}
-
-/// The header-length limit, checked before a safetensors header is parsed (single files, Hugging Face shards,
-/// DCP's Hugging Face layout).
-#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
-impl ReadLimits {
-    /// [`crate::Error::LimitExceeded`] when the safetensors file `path`, or a `.safetensors` file of the directory
-    /// `path`, declares a header longer than [`ReadLimits::max_header_bytes`]; checked from the 8-byte length
-    /// prefix, before anything parses the header. Files too short to have a prefix are left to the parser.
-    pub(crate) fn check_safetensors_headers(&self, path: &std::path::Path) -> crate::error::Result<()> {
-        use crate::error::At;
-        if !path.is_dir() {
-            return self.check_safetensors_header(path);
-        }
-        for entry in std::fs::read_dir(path).at(path)? {
-            let file = entry.at(path)?.path();
-            if file.extension().is_some_and(|e| e == "safetensors") && file.is_file() {
-                self.check_safetensors_header(&file)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn check_safetensors_header(&self, path: &std::path::Path) -> crate::error::Result<()> {
-        use crate::error::At;
-        let mut file = std::fs::File::open(path).at(path)?;
-        // A file too short to have a length prefix is left to the parser, which names the rule it breaks.
-        let Some(len) = ckpt_safetensors::header::declared_len(&mut file).at(path)? else { return Ok(()) };
-        if len > self.max_header_bytes {
-            return Err(crate::error::Error::LimitExceeded {
-                path: path.to_path_buf(),
-                limit: "max_header_bytes",
-                what: "safetensors header",
-                value: len,
-                max: self.max_header_bytes,
-            });
-        }
-        Ok(())
-    }
 }

@@ -169,54 +169,6 @@ impl TargetOptions {
             TargetOptions::Hf { .. } => Some(Format::Hf),
         }
     }
-
-    /// The `.metadata` layout of a distcp target.
-    pub(crate) fn dcp_profile(&self) -> DcpProfile {
-        match self {
-            TargetOptions::Distcp { profile } => *profile,
-            _ => DcpProfile::default(),
-        }
-    }
-
-    /// The size above which an hfai target splits a tensor, when set.
-    pub(crate) fn hfai_large_size(&self) -> Option<u64> {
-        match self {
-            TargetOptions::Hfai { large_size } => *large_size,
-            _ => None,
-        }
-    }
-
-    /// A RecIS target's data files per shard, when set.
-    pub(crate) fn recis_parallel(&self) -> Option<usize> {
-        match self {
-            TargetOptions::Recis { parallel, .. } => *parallel,
-            _ => None,
-        }
-    }
-
-    /// A RecIS target's id key space, when set.
-    pub(crate) fn recis_slice_size(&self) -> Option<u32> {
-        match self {
-            TargetOptions::Recis { slice_size, .. } => *slice_size,
-            _ => None,
-        }
-    }
-
-    /// A PyTorch-BigGraph target's `config.json`, when set.
-    pub(crate) fn pbg_config(&self) -> Option<&std::path::Path> {
-        match self {
-            TargetOptions::Pbg { config } => config.as_deref(),
-            _ => None,
-        }
-    }
-
-    /// A Hugging Face target's largest shard, when set.
-    pub(crate) fn hf_max_shard_size(&self) -> Option<u64> {
-        match self {
-            TargetOptions::Hf { max_shard_size } => *max_shard_size,
-            _ => None,
-        }
-    }
 }
 
 /// How much [`verify_with`] checks.

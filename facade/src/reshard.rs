@@ -65,7 +65,11 @@ pub(crate) fn check_format(src: &Path) -> Result<(Format, &'static dyn Adaptor)>
         let names: Vec<&str> = reshard_formats().iter().map(|f| f.name()).collect();
         return Err(Error::InvalidArgument {
             path: src.to_path_buf(),
-            reason: format!("a {format} checkpoint has no shards to reshard; reshard works on {}", names.join(", ")),
+            reason: format!(
+                "a {format} checkpoint has no shards to reshard; reshard works on {} checkpoints (`convert` writes \
+                 another layout)",
+                names.join(", ")
+            ),
         });
     }
     Ok((format, crate::formats::adaptor(format, src)?))

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["adaptor"],
     &["formats"],
     &["open"],
-    &["convert", "diff", "reshard", "verify"],
+    &["convert", "diff", "inspect", "reshard", "verify"],
     &["ranks", "progress"],
 ];
 

@@ -203,9 +203,11 @@ fn matrix() {
         std::fs::create_dir_all(&dir).unwrap();
         for to in targets(from) {
             let world = if matches!(to, Format::Distcp | Format::Hfai | Format::Recis) { 2 } else { 1 };
-            let options = ConvertOptions::default()
-                .with_world_size(world)
-                .with_target(ckpt::TargetOptions::Hf { max_shard_size: Some(HF_SHARD) });
+            let target = match to {
+                Format::Hf => ckpt::TargetOptions::Hf { max_shard_size: Some(HF_SHARD) },
+                _ => ckpt::TargetOptions::Defaults,
+            };
+            let options = ConvertOptions::default().with_world_size(world).with_target(target);
             let out = out_path(&dir, &label, to);
             let ctx = format!("{label} -> {to}");
             let summary: ConvertSummary = match convert(&src, Some(from), &out, to, &options) {

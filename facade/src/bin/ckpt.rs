@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use ckpt::collective::Collective;
-use ckpt::{Checkpoint, EntryKind, Format};
+use ckpt::{Checkpoint, Format};
 use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -266,11 +266,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 return EXIT_USAGE;
             }
         },
-        Command::Reshard { path, dst, world_size } => match reshard_format(path) {
-            Ok(true) => reshard(path, dst, *world_size, limits, quiet, group),
-            Ok(false) => return EXIT_USAGE,
-            Err(e) => Err(e),
-        },
+        Command::Reshard { path, dst, world_size } => reshard(path, dst, *world_size, limits, quiet, group),
         Command::ExportTsv { config, entities_output, relation_types_output } => {
             export_tsv(config, entities_output, relation_types_output, limits, quiet)
         }
@@ -281,44 +277,22 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         // `ckpt inspect x --json | head`: the reader went away; that is not an error.
         Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => EXIT_SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e, "\n  caused by: "));
+            eprintln!("error: {}", ckpt::error_chain(&e, "\n  caused by: "));
             exit_code(&e)
         }
     }
 }
 
-/// An error's message followed by each cause not already part of it.
-fn error_chain(e: &dyn std::error::Error, sep: &str) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(sep);
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
-
-/// 4 when an operating-system I/O error (other than malformed data) is in the cause chain, else 3.
+/// The exit code of an error, from who is at fault ([`ckpt::Error::fault`]): the caller (2, as a usage
+/// error), the operating system (4), or the input, a limit or the library (3).
 fn exit_code(e: &ckpt::Error) -> u8 {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        // The torch codec's I/O errors (a file that cannot be opened or mapped) are the operating system's.
-        if s.downcast_ref::<ckpt::torch::Error>().is_some_and(|t| matches!(t.kind(), ckpt::torch::Error::Io { .. })) {
-            return EXIT_IO;
-        }
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            if !matches!(io.kind(), K::UnexpectedEof | K::InvalidData | K::InvalidInput) {
-                return EXIT_IO;
-            }
-        }
-        source = s.source();
+    match e.fault() {
+        ckpt::Fault::InvalidArgument => EXIT_USAGE,
+        ckpt::Fault::Io => EXIT_IO,
+        ckpt::Fault::Malformed | ckpt::Fault::Unsupported | ckpt::Fault::Limit => EXIT_BAD_INPUT,
+        // A class added later: the input's, as malformed data is.
+        _ => EXIT_BAD_INPUT,
     }
-    EXIT_BAD_INPUT
 }
 
 /// A progress bar on stderr over `total` units, hidden when quiet or when stderr is not a terminal.
@@ -648,21 +622,6 @@ fn convert(
     Ok(true)
 }
 
-/// Whether `path` is of a format `reshard` handles; prints the usage error when not.
-fn reshard_format(path: &Path) -> ckpt::Result<bool> {
-    let format = ckpt::detect(path)?;
-    if ckpt::reshard_formats().contains(&format) {
-        return Ok(true);
-    }
-    let names: Vec<&str> = ckpt::reshard_formats().iter().map(|f| f.name()).collect();
-    eprintln!(
-        "error: {}: a {format} checkpoint has no shards; reshard works on {} checkpoints (see `ckpt convert`)",
-        path.display(),
-        names.join(", ")
-    );
-    Ok(false)
-}
-
 fn reshard(
     src: &Path,
     dst: &Path,
@@ -747,73 +706,37 @@ fn human_bytes(n: u64) -> String {
     if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
+/// Prints [`ckpt::inspect`]'s report: as JSON, or as a table with the totals.
 fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
-    let entries: Vec<ckpt::Entry> = c.entries().into_iter().filter(|e| selection.keeps(&e.name)).collect();
-    let details = c.reader().details();
-    let (mut tensors, mut bytes, mut values, mut opaque) = (0usize, 0usize, 0usize, 0usize);
-    for e in &entries {
-        match &e.kind {
-            EntryKind::Tensor(t) => {
-                tensors += 1;
-                bytes += t.nbytes();
-            }
-            EntryKind::OpaqueTensor(_) => opaque += 1,
-            _ => values += 1,
-        }
-    }
+    let report = ckpt::inspect(c, selection);
     let mut out = std::io::stdout().lock();
     let io = |e| ckpt::Error::Io { path: "<stdout>".into(), source: e };
     if json {
-        let entries_json: Vec<serde_json::Value> = entries
-            .iter()
-            .map(|e| match &e.kind {
-                EntryKind::Tensor(t) => serde_json::json!({
-                    "name": e.name, "kind": "tensor", "dtype": t.dtype.torch_name(), "shape": t.shape, "nbytes": t.nbytes(),
-                }),
-                EntryKind::OpaqueTensor(k) => serde_json::json!({
-                    "name": e.name, "kind": "opaque_tensor", "opaque": format!("{k:?}").to_lowercase(),
-                    "dtype": null, "shape": null, "nbytes": null,
-                }),
-                _ => {
-                    let ty = c.value(&e.name).map(|v| v.type_name()).unwrap_or("value");
-                    serde_json::json!({"name": e.name, "kind": "value", "type": ty, "dtype": null, "shape": null, "nbytes": null})
-                }
-            })
-            .collect();
-        let details: serde_json::Map<String, serde_json::Value> =
-            details.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
-        let doc = serde_json::json!({
-            "format": c.format().name(),
-            "path": c.path().display().to_string(),
-            "details": details,
-            "entries": entries_json,
-            "totals": {"tensors": tensors, "nbytes": bytes, "values": values, "opaque_tensors": opaque},
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&doc).unwrap_or_default()).map_err(io)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()).map_err(io)?;
         return Ok(());
     }
-    let detail_text: Vec<String> = details.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let detail_text: Vec<String> = report.details.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     if detail_text.is_empty() {
-        writeln!(out, "{} checkpoint {}", c.format(), c.path().display()).map_err(io)?;
+        writeln!(out, "{} checkpoint {}", report.format, report.path.display()).map_err(io)?;
     } else {
-        writeln!(out, "{} checkpoint {} ({})", c.format(), c.path().display(), detail_text.join(", ")).map_err(io)?;
+        writeln!(out, "{} checkpoint {} ({})", report.format, report.path.display(), detail_text.join(", "))
+            .map_err(io)?;
     }
-    let rows: Vec<[String; 4]> = entries
+    let rows: Vec<[String; 4]> = report
+        .entries
         .iter()
         .map(|e| match &e.kind {
-            EntryKind::Tensor(t) => [
-                e.name.clone(),
-                t.dtype.torch_name().to_owned(),
-                format!("{:?}", t.shape),
-                human_bytes(t.nbytes() as u64),
-            ],
-            EntryKind::OpaqueTensor(k) => {
-                [e.name.clone(), format!("{k:?} tensor").to_lowercase(), "-".into(), "-".into()]
+            ckpt::InspectedKind::Tensor { dtype, shape, nbytes } => {
+                [e.name.clone(), dtype.torch_name().to_owned(), format!("{shape:?}"), human_bytes(*nbytes as u64)]
             }
-            _ => {
-                let ty = c.value(&e.name).map(|v| v.type_name()).unwrap_or("value");
-                [e.name.clone(), ty.to_owned(), "-".into(), "-".into()]
+            ckpt::InspectedKind::OpaqueTensor { kind } => {
+                [e.name.clone(), format!("{kind} tensor"), "-".into(), "-".into()]
             }
+            ckpt::InspectedKind::Value { type_name } => {
+                [e.name.clone(), (*type_name).to_owned(), "-".into(), "-".into()]
+            }
+            // A kind added to the report later: listed by name.
+            _ => [e.name.clone(), "?".into(), "-".into(), "-".into()],
         })
         .collect();
     let header = ["NAME".to_owned(), "DTYPE".into(), "SHAPE".into(), "SIZE".into()];
@@ -838,14 +761,16 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
         )
         .map_err(io)?;
     }
+    let t = report.totals;
     let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
-    let opaque_text = if opaque > 0 { format!("; {}", plural(opaque, "opaque tensor")) } else { String::new() };
+    let opaque_text =
+        if t.opaque_tensors > 0 { format!("; {}", plural(t.opaque_tensors, "opaque tensor")) } else { String::new() };
     writeln!(
         out,
         "{}, {}; {}{opaque_text}",
-        plural(tensors, "tensor"),
-        human_bytes(bytes as u64),
-        plural(values, "other value")
+        plural(t.tensors, "tensor"),
+        human_bytes(t.nbytes as u64),
+        plural(t.values, "other value")
     )
     .map_err(io)?;
     Ok(())

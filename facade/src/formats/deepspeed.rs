@@ -26,7 +26,7 @@ impl Cause for ckpt_deepspeed::Error {
 
 /// The checkpoint at `path` (the tag `source` names, else `latest`'s), under `limits`.
 fn open(path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<ckpt_deepspeed::DeepSpeedReader> {
-    let mut options = ckpt_deepspeed::ReadOptions::default().with_torch(limits.torch());
+    let mut options = ckpt_deepspeed::ReadOptions::default().with_torch(super::torch::read_options(limits));
     if let Some(tag) = &source.tag {
         options = options.with_tag(tag);
     }

@@ -184,7 +184,7 @@ impl Adaptor for Distcp {
 /// The reader options of the checkpoint at `path` under `limits` (pickle limits, `.metadata` size, inflated
 /// item size), once the headers of its safetensors files (the Hugging Face layout) are within theirs.
 pub(crate) fn read_options(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::ReadOptions> {
-    limits.check_safetensors_headers(path)?;
+    crate::adaptor::check_safetensors_headers(limits, path)?;
     Ok(ckpt_distcp::ReadOptions::default()
         .with_limits(limits.pickle)
         .with_max_metadata_bytes(limits.max_metadata_bytes)
@@ -201,7 +201,7 @@ fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::DcpReader> {
 fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<(ConvertSummary, Value, WriteOptions)> {
     let content = source.content()?;
     source.top_mapping(&content, Format::Distcp)?;
-    let profile = match options.target.dcp_profile() {
+    let profile = match profile_of(options) {
         DcpProfile::MaxCompat => ckpt_distcp::Profile::MaxCompat,
         DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
     };
@@ -258,6 +258,14 @@ fn save_hosted(
         first.map_or(Ok(()), |e| Err(e).at(dst))
     });
     agree(group, own)
+}
+
+/// The `.metadata` layout the options ask of a distcp target.
+fn profile_of(options: &ConvertOptions) -> DcpProfile {
+    match options.target {
+        crate::options::TargetOptions::Distcp { profile } => profile,
+        _ => DcpProfile::default(),
+    }
 }
 
 /// `ckpt convert`'s flags for distcp targets.

@@ -31,7 +31,7 @@ impl Adaptor for Hf {
 
     /// Every shard's header length checked against [`ReadLimits::max_header_bytes`] first.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        limits.check_safetensors_headers(path)?;
+        crate::adaptor::check_safetensors_headers(limits, path)?;
         Ok(Box::new(ckpt_safetensors::hf::HfReader::open(path).at(path)?))
     }
 
@@ -46,7 +46,7 @@ impl Adaptor for Hf {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            limits.check_safetensors_headers(path)?;
+            crate::adaptor::check_safetensors_headers(limits, path)?;
             let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
             for file in reader.files() {
                 check_safetensors_checksums(file, report);
@@ -59,7 +59,7 @@ impl Adaptor for Hf {
     /// Every entry in the source's order (tensors of every shard, and the values ckpt recorded); the nesting
     /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        limits.check_safetensors_headers(path)?;
+        crate::adaptor::check_safetensors_headers(limits, path)?;
         let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
         let leaves = reader.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)
@@ -96,7 +96,7 @@ impl Adaptor for Hf {
 
 fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetensors::hf::WriteOptions {
     let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format.name());
-    if let Some(max) = options.target.hf_max_shard_size() {
+    if let crate::options::TargetOptions::Hf { max_shard_size: Some(max) } = options.target {
         write = write.with_max_shard_size(max);
     }
     write

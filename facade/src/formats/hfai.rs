@@ -31,12 +31,12 @@ impl Adaptor for Hfai {
     }
 
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &limits.torch()).at(path)?))
+        Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?))
     }
 
     /// What hfai's `load` returns, and its leaves.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let reader = ckpt_hfai::HfaiReader::open_with(path, &limits.torch()).at(path)?;
+        let reader = ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?;
         Content::from_tree(reader.into_value(), path)
     }
 
@@ -106,7 +106,7 @@ impl Adaptor for Hfai {
     /// hfai's key split and `torch.chunk` chunking for `world` parts ([`ckpt_hfai::reshard`]).
     fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
         let mut options = ckpt_hfai::ReshardOptions::default();
-        options.read = limits.torch();
+        options.read = super::torch::read_options(limits);
         ckpt_hfai::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
 
@@ -121,7 +121,7 @@ impl Adaptor for Hfai {
         group: &dyn Collective,
     ) -> Result<()> {
         let mut options = ckpt_hfai::ReshardOptions::default();
-        options.read = limits.torch();
+        options.read = super::torch::read_options(limits);
         let ran = host_ranks(group, world, |g| ckpt_hfai::reshard_rank(src, dst, &options, g));
         let own = crate::agree::hosted_outcome(ran, |e| matches!(e, ckpt_hfai::Error::RankFailed { .. }), src);
         agree(group, own.map(|_| ()))
@@ -138,7 +138,7 @@ fn prepare(
     let top = source.top_mapping(content, Format::Hfai)?;
     let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
     let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
-    if let Some(large) = options.target.hfai_large_size() {
+    if let crate::options::TargetOptions::Hfai { large_size: Some(large) } = options.target {
         write = write.with_large_size(large);
     }
     let (lost, kept): (Vec<&Leaf>, Vec<&Leaf>) = content

@@ -125,7 +125,7 @@ impl Adaptor for Pbg {
 fn prepare(source: &Source<'_>, options: &ConvertOptions) -> Result<(Vec<Leaf>, ckpt_pbg::WriteOptions)> {
     let content = source.content()?;
     let mut write = ckpt_pbg::WriteOptions::default();
-    if let Some(path) = options.target.pbg_config() {
+    if let Some(path) = config_of(options) {
         let text = std::fs::read_to_string(path).at(path)?;
         write = write.with_config(ckpt_pbg::Config::parse(&text).at(path)?);
     }
@@ -155,7 +155,7 @@ fn save_error(source: &Source<'_>, dst: &Path, options: &ConvertOptions, e: ckpt
                 .into(),
         ),
         ckpt_pbg::Error::LayoutMismatch { reason } => {
-            let config = options.target.pbg_config().map_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE), Path::to_path_buf);
+            let config = config_of(options).map_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE), Path::to_path_buf);
             unsupported(format!("{reason} (config {})", config.display()))
         }
         ckpt_pbg::Error::AlreadyExists { path } => Error::AlreadyExists {
@@ -172,6 +172,14 @@ fn summary(leaves: &[Leaf], report: ckpt_pbg::SaveReport) -> ConvertSummary {
     let mut s = count(leaves.iter().filter(|l| !dropped.contains(l.name.as_str())));
     s.dropped = report.dropped;
     s
+}
+
+/// The `config.json` the options give a PyTorch-BigGraph target, if any.
+fn config_of(options: &ConvertOptions) -> Option<&Path> {
+    match &options.target {
+        crate::options::TargetOptions::Pbg { config } => config.as_deref(),
+        _ => None,
+    }
 }
 
 /// `ckpt convert`'s flags for PyTorch-BigGraph targets.

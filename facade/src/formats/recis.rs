@@ -176,7 +176,7 @@ impl Adaptor for Recis {
 /// Whether a conversion into RecIS copies a RecIS source by its own files (resharding them) instead of
 /// reading its content.
 fn copies_files(source: &Source<'_>, options: &ConvertOptions) -> bool {
-    source.format == Format::Recis && options.target.recis_slice_size().is_none() && source.is_whole()
+    source.format == Format::Recis && recis_of(options).1.is_none() && source.is_whole()
 }
 
 /// Another rank's failure, as a rank reports it.
@@ -187,10 +187,10 @@ fn is_other_rank(e: &ckpt_recis::Error) -> bool {
 /// The write options of a conversion into RecIS.
 fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
     let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
-    if let Some(parallel) = options.target.recis_parallel() {
+    if let Some(parallel) = recis_of(options).0 {
         write = write.with_parallel(parallel);
     }
-    if let Some(size) = options.target.recis_slice_size() {
+    if let Some(size) = recis_of(options).1 {
         write = write.with_slice_size(size);
     }
     write
@@ -219,7 +219,7 @@ fn summary(content: &Content, report: &ckpt_recis::SaveReport) -> ConvertSummary
 
 /// The data files per shard of a RecIS to RecIS conversion: the options', else the source's.
 fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<usize> {
-    match options.target.recis_parallel() {
+    match recis_of(options).0 {
         Some(p) => Ok(p),
         None => {
             let before = open(src, limits)?;
@@ -230,7 +230,12 @@ fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) ->
 
 /// The checkpoint at `path` under `limits`: its `.pt` files' pickle limits, its data files' header bound.
 fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
-    ckpt_recis::RecisReader::open_with_max_header(path, &limits.torch(), limits.max_data_header_bytes).at(path)
+    ckpt_recis::RecisReader::open_with_max_header(
+        path,
+        &super::torch::read_options(limits),
+        limits.max_data_header_bytes,
+    )
+    .at(path)
 }
 
 /// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
@@ -259,6 +264,14 @@ fn files_summary(src: &Path, dst: &Path, limits: &ReadLimits) -> Result<ConvertS
     s.dropped =
         before.entries().into_iter().filter(|e| !kept.iter().any(|k| k.name == e.name)).map(|e| e.name).collect();
     Ok(s)
+}
+
+/// The data files per shard and the key space the options give a RecIS target, each if set.
+fn recis_of(options: &ConvertOptions) -> (Option<usize>, Option<u32>) {
+    match options.target {
+        crate::options::TargetOptions::Recis { parallel, slice_size } => (parallel, slice_size),
+        _ => (None, None),
+    }
 }
 
 /// `ckpt convert`'s flags for RecIS targets.

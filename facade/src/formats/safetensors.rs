@@ -25,7 +25,7 @@ impl Adaptor for Safetensors {
 
     /// The header's length checked against [`ReadLimits::max_header_bytes`] first.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        limits.check_safetensors_headers(path)?;
+        crate::adaptor::check_safetensors_headers(limits, path)?;
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
     }
 
@@ -40,7 +40,7 @@ impl Adaptor for Safetensors {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            limits.check_safetensors_headers(path)?;
+            crate::adaptor::check_safetensors_headers(limits, path)?;
             check_safetensors_checksums(path, report);
         }
         read_all(&self.checkpoint(path, limits)?, depth, report, progress);
@@ -50,7 +50,7 @@ impl Adaptor for Safetensors {
     /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting
     /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        limits.check_safetensors_headers(path)?;
+        crate::adaptor::check_safetensors_headers(limits, path)?;
         let file = SafetensorsReader::open(path).at(path)?;
         let leaves = file.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)

@@ -27,14 +27,14 @@ impl Adaptor for Torch {
     }
 
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &limits.torch()).at(path)?))
+        Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?))
     }
 
     /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as
     /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
     /// [`Adaptor::stream_to_torch_save`]).
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let reader = ckpt_torch::TorchReader::open_with(path, &limits.torch()).at(path)?;
+        let reader = ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?;
         match reader.module_state_dict() {
             Some(state_dict) => Content::from_tree(state_dict.clone(), path),
             None => Content::from_tree(reader.into_value(), path),
@@ -44,7 +44,7 @@ impl Adaptor for Torch {
     /// A whole pickled module is written back whole (the module objects, not only their state dict); any
     /// other file, a TorchScript archive among them (its weights), goes through its content.
     fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
-        let reader = match ckpt_torch::TorchReader::open_with(src, &limits.torch()).at(src) {
+        let reader = match ckpt_torch::TorchReader::open_with(src, &read_options(limits)).at(src) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
@@ -94,4 +94,10 @@ impl Adaptor for Torch {
     fn explain(&self, head: &[u8], path: &Path) -> Option<Error> {
         ckpt_torch::detect(head).err().map(|e| Cause::at(e, path))
     }
+}
+
+/// The `torch.save` reader's options under `limits` (its pickle limits); the formats made of `torch.save`
+/// files (hfai parts, RecIS `.pt` files, DeepSpeed's) read them with these too.
+pub(crate) fn read_options(limits: &ReadLimits) -> ckpt_torch::ReadOptions {
+    ckpt_torch::ReadOptions::default().with_limits(limits.pickle)
 }
