@@ -12,7 +12,10 @@
 use std::hint::black_box;
 
 use ckpt_collective::SingleProcess;
-use ckpt_recis::{HashTable, SliceInfo, Slot, SparseCheckpoint, TableChild, WriteOptions, save_tables};
+use ckpt_recis::name::SliceInfo;
+use ckpt_recis::table::TableChild;
+use ckpt_recis::writer::save_tables;
+use ckpt_recis::{HashTable, Slot, SparseCheckpoint, WriteOptions};
 use ckpt_tensor::Tensor;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 

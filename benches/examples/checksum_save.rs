@@ -60,11 +60,11 @@ fn main() {
             ckpt_distcp::save(&dense, dir, &o).map(|_| ()).unwrap();
         }
         "hfai" => {
-            let o = ckpt_hfai::WriteOptions::default().with_nshards(2).with_checksums(checksums);
+            let o = ckpt_hfai::WriteOptions::default().with_world_size(2).with_checksums(checksums);
             ckpt_hfai::save(&hfai_state, dir, &o).unwrap();
         }
         _ => {
-            let o = ckpt_recis::WriteOptions::default().with_shards(2).with_checksums(checksums);
+            let o = ckpt_recis::WriteOptions::default().with_world_size(2).with_checksums(checksums);
             ckpt_recis::save(&sparse, dir, &o).map(|_| ()).unwrap();
         }
     };

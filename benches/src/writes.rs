@@ -7,7 +7,9 @@
 use std::path::Path;
 
 use ckpt_collective::SingleProcess;
-use ckpt_recis::{HashTable, SliceInfo, Slot, TableChild};
+use ckpt_recis::name::SliceInfo;
+use ckpt_recis::table::TableChild;
+use ckpt_recis::{HashTable, Slot};
 use ckpt_tensor::{Tensor, Value};
 
 use crate::reads::{Result, fold_bytes};
@@ -80,7 +82,7 @@ pub fn hfai_state(v: &Value) -> Result<ckpt_hfai::SaveState> {
 /// # Errors
 /// Any write error, as text.
 pub fn hfai_save(state: &ckpt_hfai::SaveState, dst: &Path) -> Result<()> {
-    ckpt_hfai::save(state, dst, &ckpt_hfai::WriteOptions::default().with_nshards(4)).map_err(text)
+    ckpt_hfai::save(state, dst, &ckpt_hfai::WriteOptions::default().with_world_size(4)).map_err(text)
 }
 
 /// Loads a PyTorch-BigGraph partition as the state a partition write starts from, every byte touched.
@@ -129,14 +131,14 @@ pub fn recis_table(ids: usize) -> Result<HashTable> {
     Ok(HashTable::single(SliceInfo::full(65536).map_err(text)?, child))
 }
 
-/// `ckpt_recis::save_tables` of one table and the AdamW step (data files written in parallel, atomically).
+/// `ckpt_recis::writer::save_tables` of one table and the AdamW step (data files written in parallel, atomically).
 ///
 /// # Errors
 /// Any write error, as text.
 pub fn recis_save(table: &HashTable, dst: &Path) -> Result<()> {
     std::fs::create_dir_all(dst).map_err(text)?;
     let step = ("sparse_adamw_step".to_string(), Tensor::from_slice(&[42i64], &[1]).map_err(text)?);
-    ckpt_recis::save_tables(
+    ckpt_recis::writer::save_tables(
         std::slice::from_ref(table),
         std::slice::from_ref(&step),
         dst,

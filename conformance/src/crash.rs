@@ -159,7 +159,7 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
             let top =
                 Value::dict([("model", state_dict(generation, mib)), ("step", Value::Int(i64::from(generation)))]);
             let (state, _) = ckpt_hfai::SaveState::from_state_dict(top.as_dict().ok_or("no dict")?);
-            let options = ckpt_hfai::WriteOptions::default().with_nshards(2).with_large_size(1 << 20);
+            let options = ckpt_hfai::WriteOptions::default().with_world_size(2).with_large_size(1 << 20);
             ckpt_hfai::save(&state, dst, &options).map_err(|e| e.to_string())
         }
         "recis" => {
@@ -173,7 +173,7 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
                 ("tbl@embedding", Value::Tensor(t[0].1.clone())),
                 ("small", Value::Tensor(t[1].1.clone())),
             ]);
-            let options = ckpt_recis::WriteOptions::default().with_shards(2).with_parallel(2);
+            let options = ckpt_recis::WriteOptions::default().with_world_size(2).with_parallel(2);
             ckpt_recis::save(&sd, dst, &options).map(|_| ()).map_err(|e| e.to_string())
         }
         "pbg" => {

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use ckpt_conformance::{fixtures, run_python, typed_tree};
 use ckpt_distcp::{
-    DcpReader, Metadata, MetadataSource, Profile, ShardSpec, StorageMetadata, WriteOptions, save, save_distributed,
-    shard_box, verify,
+    DcpReader, Metadata, MetadataSource, Profile, ShardSpec, StorageMetadata, WriteOptions, save, save_rank, shard_box,
+    verify,
 };
 use ckpt_tensor::{CheckpointRead, DType, PathItem, Tensor, Value};
 use serde_json::Value as Json;
@@ -438,7 +438,7 @@ fn save_ranks(case: &str, world: usize, dst: &Path, options: &WriteOptions) -> M
         let handles: Vec<_> = ckpt_collective::ThreadGroup::new(world)
             .into_iter()
             .zip(&states)
-            .map(|(g, (sd, shards))| s.spawn(move || save_distributed(sd, shards, dst, options, &g)))
+            .map(|(g, (sd, shards))| s.spawn(move || save_rank(sd, shards, dst, options, &g)))
             .collect();
         for h in handles {
             out.push(h.join().unwrap().unwrap());
@@ -653,7 +653,7 @@ fn save_sharded(dir: &Path, world: usize, options: &WriteOptions) {
         let hs: Vec<_> = ckpt_collective::ThreadGroup::new(world)
             .into_iter()
             .zip(&states)
-            .map(|(g, (sd, shards))| s.spawn(move || save_distributed(sd, shards, dir, options, &g).unwrap()))
+            .map(|(g, (sd, shards))| s.spawn(move || save_rank(sd, shards, dir, options, &g).unwrap()))
             .collect();
         for h in hs {
             h.join().unwrap();

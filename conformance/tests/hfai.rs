@@ -29,7 +29,7 @@ impl Case {
         self.dir.join("ckpt")
     }
 
-    fn nshards(&self) -> usize {
+    fn world_size(&self) -> usize {
         self.expected["nshards"].as_u64().unwrap() as usize
     }
 
@@ -82,7 +82,7 @@ fn every_fixture_reads_as_the_python_reference_loads_it() {
     for case in cases() {
         let ckpt = HfaiReader::open(case.ckpt()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         let name = &case.name;
-        assert_eq!(ckpt.nshards(), case.nshards(), "{name}");
+        assert_eq!(ckpt.world_size(), case.world_size(), "{name}");
         assert_eq!(typed_tree(ckpt.value()), case.expected["tree"], "{name}: typed tree differs from hfai_ref.load");
 
         let all = leaves(ckpt.value()).unwrap();
@@ -106,7 +106,7 @@ fn every_fixture_reads_as_the_python_reference_loads_it() {
             assert_eq!(sha256(tensor), t["sha256"].as_str().unwrap(), "{ctx} values");
             // zero copy: whole tensors are windows of the part files; chunked ones when there is one part
             let is_chunked = ckpt.chunked().iter().any(|c| c == p);
-            assert_eq!(tensor.storage().is_mapped(), !is_chunked || case.nshards() == 1, "{ctx}: mapped");
+            assert_eq!(tensor.storage().is_mapped(), !is_chunked || case.world_size() == 1, "{ctx}: mapped");
             checked += 1;
         }
         let tensor_leaves = all.iter().filter(|e| e.value.as_tensor().is_some()).count();
@@ -157,9 +157,9 @@ fn assert_same_parts(expected: &Path, got: &Path, n: usize, what: &str) {
 fn rust_writer_reproduces_the_python_parts_byte_for_byte() {
     for case in cases() {
         let state = source_state(&case);
-        let n = case.nshards();
+        let n = case.world_size();
         let one = tempfile::tempdir().unwrap();
-        ckpt_hfai::save(&state, one.path(), &case.write_options().with_nshards(n)).unwrap();
+        ckpt_hfai::save(&state, one.path(), &case.write_options().with_world_size(n)).unwrap();
         assert_same_parts(&case.ckpt(), one.path(), n, &format!("{}: save", case.name));
 
         let ranks = tempfile::tempdir().unwrap();
@@ -214,7 +214,7 @@ fn bad_copies(root: &Path) -> Vec<BadCopy> {
     let d = root.join("missing_part");
     copy_dir(&case("single_n3"), &d);
     fs::remove_file(d.join("PART_001.pt")).unwrap();
-    out.push((d, "a missing part", |e| matches!(e, Error::MissingPart { rank: 1, nshards: Some(3), .. })));
+    out.push((d, "a missing part", |e| matches!(e, Error::MissingPart { rank: 1, world_size: Some(3), .. })));
 
     let d = root.join("nshards_mismatch");
     copy_dir(&case("single_n2"), &d);
@@ -280,8 +280,12 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
         // read with Rust, write again with Rust (same number of parts)
         let ckpt = HfaiReader::open(case.ckpt()).unwrap();
         let out = root.path().join(format!("resave_{}", case.name));
-        ckpt_hfai::save(&state_of(&ckpt, &case.buffers()), &out, &case.write_options().with_nshards(case.nshards()))
-            .unwrap();
+        ckpt_hfai::save(
+            &state_of(&ckpt, &case.buffers()),
+            &out,
+            &case.write_options().with_world_size(case.world_size()),
+        )
+        .unwrap();
         check(&out, case, case.large_size(), Some(case.buffers()));
     }
     // reshard N -> M (buffers kept whole in part 0), and back
@@ -301,12 +305,12 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
         }
         let out = root.path().join(format!("reshard_{name}_to_{m}"));
         let s = ckpt_hfai::reshard(&case.ckpt(), &out, m, &options).unwrap();
-        assert_eq!((s.from, s.to), (case.nshards(), m));
+        assert_eq!((s.from, s.to), (case.world_size(), m));
         assert_eq!(s.copied_bytes > 0, copies, "{name} -> {m}: {s:?}");
         check(&out, case, case.large_size(), Some(case.buffers()));
-        assert_eq!(HfaiReader::open(&out).unwrap().nshards(), m);
+        assert_eq!(HfaiReader::open(&out).unwrap().world_size(), m);
         let back = root.path().join(format!("reshard_{name}_to_{m}_back"));
-        ckpt_hfai::reshard(&out, &back, case.nshards(), &options).unwrap();
+        ckpt_hfai::reshard(&out, &back, case.world_size(), &options).unwrap();
         check(&back, case, case.large_size(), Some(case.buffers()));
     }
     // the Python reference refuses the bad copies too
@@ -349,7 +353,7 @@ fn real_256mib_threshold_both_directions() {
 
     // Python -> Rust
     let ckpt = HfaiReader::open(&py).unwrap();
-    assert_eq!(ckpt.nshards(), 2);
+    assert_eq!(ckpt.world_size(), 2);
     assert_eq!(ckpt.chunked(), ["model.big"], "just over 256 MiB is chunked, exactly 256 MiB is not");
     let model = ckpt.model().unwrap();
     let keys: Vec<&str> = model.items.iter().map(|(k, _)| k.as_str().unwrap()).collect();
@@ -367,7 +371,7 @@ fn real_256mib_threshold_both_directions() {
 
     // Rust -> Python, with the real threshold (the default)
     let rs = root.path().join("rust");
-    ckpt_hfai::save(&state_of(&ckpt, &[]), &rs, &WriteOptions::default().with_nshards(2)).unwrap();
+    ckpt_hfai::save(&state_of(&ckpt, &[]), &rs, &WriteOptions::default().with_world_size(2)).unwrap();
     drop(ckpt);
     fs::remove_dir_all(&py).unwrap();
     let out = run_python("hfai/big.py", &[Path::new("check"), &rs]);

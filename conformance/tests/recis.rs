@@ -13,11 +13,12 @@ use std::time::Instant;
 
 use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
 use ckpt_conformance::{fixtures, run_python};
-use ckpt_recis::{
-    CheckpointManager, DataFile, HashTable, IdPartition, ReshardOptions, Shard, ShardState, SliceInfo, Slot,
-    SparseCheckpoint, TableChild, WriteOptions, coalesce, gen_slice, load_shard, reshard_sparse, save_tables,
-    write_meta, write_shard_files,
-};
+use ckpt_recis::manager::ShardState;
+use ckpt_recis::name::{IdPartition, SliceInfo, gen_slice};
+use ckpt_recis::table::{TableChild, coalesce};
+use ckpt_recis::writer::{save_tables, write_meta, write_shard_files};
+use ckpt_recis::{CheckpointManager, DataFile, HashTable, ReshardOptions, Shard, Slot, SparseCheckpoint, WriteOptions};
+use ckpt_recis::{load_shard, reshard_sparse};
 use ckpt_tensor::{Buffer, DType, Tensor, Value, float_repr, leaves};
 use serde_json::{Value as Json, json};
 
@@ -745,7 +746,7 @@ fn edit_header(path: &Path, f: impl Fn(&str) -> String) {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let json = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
     let edited = f(json.trim_end_matches(' '));
-    let mut out = ckpt_recis::header_prefix(&edited);
+    let mut out = ckpt_recis::data_file::header_prefix(&edited);
     out.extend_from_slice(&bytes[8 + n..]);
     fs::write(path, out).unwrap();
 }

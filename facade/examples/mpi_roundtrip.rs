@@ -34,10 +34,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ckpt::collective::{Collective, MpiCollective};
-use ckpt::distcp::{DcpReader, ShardSpec, WriteOptions, save_distributed, shard_box};
+use ckpt::distcp::{DcpReader, ShardSpec, WriteOptions, save_rank, shard_box};
 use ckpt::hfai::{HfaiReader, ModelState, SaveState};
 use ckpt::io::failpoint::{self, Action, Config};
-use ckpt::recis::{HashTable, IdPartition, SliceInfo, Slot, SparseCheckpoint, TableChild, gen_slice, save_tables};
+use ckpt::recis::name::{IdPartition, SliceInfo, gen_slice};
+use ckpt::recis::table::TableChild;
+use ckpt::recis::writer::save_tables;
+use ckpt::recis::{HashTable, Slot, SparseCheckpoint};
 use ckpt::tensor::{Dict, DictKind, Tensor, Value};
 
 const V: usize = 1000;
@@ -214,7 +217,7 @@ fn rank_state(g: &dyn Collective, step: i64) -> Result<(Value, HashMap<String, S
 
 fn save_dcp(g: &dyn Collective, dir: &Path, step: i64) -> Result<(), Failure> {
     let (sd, shards) = rank_state(g, step)?;
-    save_distributed(&sd, &shards, dir, &WriteOptions::default(), g)?;
+    save_rank(&sd, &shards, dir, &WriteOptions::default(), g)?;
     Ok(())
 }
 

@@ -51,7 +51,7 @@ impl Checkpoint {
     /// Reads the tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Format`] naming the path.
+    /// [`Error::Format`](crate::Error::Format) naming the path.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         self.inner.tensor(name).at(&self.path)
     }
@@ -59,7 +59,7 @@ impl Checkpoint {
     /// Reads the non-tensor entry `name`.
     ///
     /// # Errors
-    /// [`Error::Format`] naming the path.
+    /// [`Error::Format`](crate::Error::Format) naming the path.
     pub fn value(&self, name: &str) -> Result<Value> {
         self.inner.value(name).at(&self.path)
     }

@@ -17,7 +17,7 @@ pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 1 << 30;
 /// | field | bounds | error |
 /// |---|---|---|
 /// | `pickle` (feature `torch`) | every pickle: `torch.save` files, DCP `.metadata` and items, hfai parts, RecIS `.pt` files, PBG optimizer blobs | `ckpt::pickle::Error` |
-/// | [`max_header_bytes`](ReadLimits::max_header_bytes) | the JSON header of a safetensors file (single files, hf shards, DCP's HF layout), checked before it is parsed | [`Error::LimitExceeded`] |
+/// | [`max_header_bytes`](ReadLimits::max_header_bytes) | the JSON header of a safetensors file (single files, hf shards, DCP's HF layout), checked before it is parsed | [`Error::LimitExceeded`](crate::Error::LimitExceeded) |
 /// | [`max_data_header_bytes`](ReadLimits::max_data_header_bytes) | the JSON header of a RecIS data file | `ckpt::recis::Error::HeaderTooLarge` |
 /// | [`max_metadata_bytes`](ReadLimits::max_metadata_bytes) | a DCP `.metadata` file, before it is read | `ckpt::distcp::Error::MetadataTooLarge` |
 /// | [`max_inflated_bytes`](ReadLimits::max_inflated_bytes) | what a zstd-compressed DCP item other than a tensor inflates to | `ckpt::distcp::Error::DecompressedTooLarge` |

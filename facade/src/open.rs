@@ -22,7 +22,7 @@ use crate::source::SourceOptions;
 /// ```
 ///
 /// # Errors
-/// [`Error::UnknownFormat`], [`Error::FeatureDisabled`] naming the feature to enable, or the format's own
+/// [`Error::UnknownFormat`](crate::Error::UnknownFormat), [`Error::FeatureDisabled`](crate::Error::FeatureDisabled) naming the feature to enable, or the format's own
 /// error.
 pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
     open_with(path, &ReadLimits::default())
@@ -32,7 +32,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
 /// metadata sizes, inflated sizes), instead of the defaults.
 ///
 /// # Errors
-/// As [`open`]; a limit exceeded is an error of [`Fault::Limit`] naming it.
+/// As [`open`]; a limit exceeded is an error of [`Fault::Limit`](crate::Fault::Limit) naming it.
 pub fn open_with(path: impl AsRef<Path>, limits: &ReadLimits) -> Result<Checkpoint> {
     let path = path.as_ref();
     let format = detect(path)?;

@@ -171,7 +171,7 @@ impl TargetOptions {
     }
 }
 
-/// How much [`verify_with`] checks.
+/// How much [`verify_with`](crate::verify_with) checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Depth {

@@ -35,7 +35,7 @@ use crate::report::ConvertSummary;
 ///   wait for its verdict.
 ///
 /// Every process returns the same verdict: a failure on any process makes every process return an error
-/// ([`Error::RankFailed`] on the others), none is left waiting.
+/// ([`Error::RankFailed`](crate::Error::RankFailed) on the others), none is left waiting.
 ///
 /// ```
 /// use ckpt::collective::SingleProcess;
@@ -50,7 +50,7 @@ use crate::report::ConvertSummary;
 /// ```
 ///
 /// # Errors
-/// As [`crate::convert`]; [`Error::RankFailed`] when another process failed.
+/// As [`crate::convert`]; [`Error::RankFailed`](crate::Error::RankFailed) when another process failed.
 pub fn convert_in(
     src: &Path,
     from: Option<Format>,
@@ -80,7 +80,7 @@ pub fn convert_in(
 /// The files are those of [`crate::reshard`] in one process.
 ///
 /// # Errors
-/// As [`crate::reshard`]; [`Error::RankFailed`] when another process failed.
+/// As [`crate::reshard`]; [`Error::RankFailed`](crate::Error::RankFailed) when another process failed.
 pub fn reshard_in(
     src: &Path,
     dst: &Path,

@@ -17,7 +17,7 @@ pub struct ConvertSummary {
     pub dropped: Vec<String>,
 }
 
-/// What [`verify`] found.
+/// What [`verify`](crate::verify) found.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct VerifyReport {

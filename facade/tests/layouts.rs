@@ -226,10 +226,10 @@ fn recis_tables_from_a_state_dict_with_layout_options() {
     // Every id is in the shard RecIS's loader reads it from: (id as u64) % 1000 in gen_slice(r, 3, 1000).
     for r in 0..3 {
         let shard = ckpt::recis::Shard::new(r, 3).unwrap();
-        let slice = ckpt::recis::gen_slice(r, 3, 1000).unwrap();
-        let tables = ckpt::recis::load_shard(sparse, shard, ckpt::recis::IdPartition::Unsigned).unwrap();
+        let slice = ckpt::recis::name::gen_slice(r, 3, 1000).unwrap();
+        let tables = ckpt::recis::load_shard(sparse, shard, ckpt::recis::name::IdPartition::Unsigned).unwrap();
         for &id in tables[0].children()[0].ids() {
-            assert!(slice.holds(id, ckpt::recis::IdPartition::Unsigned), "id {id} in shard {r}");
+            assert!(slice.holds(id, ckpt::recis::name::IdPartition::Unsigned), "id {id} in shard {r}");
         }
     }
     // Rows follow their ids; slots keep RecIS's order (embedding first); dense tensors are dense blocks.

@@ -403,7 +403,7 @@ fn distcp_world_size_shards_rows() {
     )
     .unwrap();
     let h = ckpt::hfai::HfaiReader::open(&hf).unwrap();
-    assert_eq!(h.nshards(), 3);
+    assert_eq!(h.world_size(), 3);
     assert_eq!(h.chunked(), ["model.w"]);
     assert_eq!(h.model().unwrap().get("w").unwrap().as_tensor(), Some(&w));
 }

@@ -179,7 +179,7 @@ fn convert_to_hfai_with_2_processes_equals_one_process() {
     run(c, LIMIT).ok();
     run(mpirun(2, &ckpt_bin(), &[&"convert", &dcp3(), &two, &"--to", &"hfai", &"--world-size", &"4"]), LIMIT).ok();
     assert_same_files(&one, &two);
-    assert_eq!(ckpt::hfai::HfaiReader::open(&two).unwrap().nshards(), 4);
+    assert_eq!(ckpt::hfai::HfaiReader::open(&two).unwrap().world_size(), 4);
 }
 
 /// hf targets split by shard: each process writes its shards, reading only their tensors; process 0 the

@@ -209,7 +209,7 @@ fn recis_data_header_limit_is_enforced() {
     let ids = Tensor::from_slice(&[3i64, 70_000, -5, 12], &[4]).unwrap();
     let emb = Tensor::from_slice(&[0.5f32; 8], &[4, 2]).unwrap();
     let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
-    ckpt::recis::save(&sd, &path, &ckpt::recis::WriteOptions::default().with_shards(2)).unwrap();
+    ckpt::recis::save(&sd, &path, &ckpt::recis::WriteOptions::default().with_world_size(2)).unwrap();
     let tight = ckpt::ReadLimits::default().with_max_data_header_bytes(32);
     let e = ckpt::open_with(&path, &tight).err().unwrap();
     assert!(

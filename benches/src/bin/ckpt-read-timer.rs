@@ -21,7 +21,7 @@
 //! - `dcp-save SRC.pt DIR`: a one-rank `ckpt_distcp::save`;
 //! - `hfai-save SRC.pt DIR`: a 4-part `ckpt_hfai::save` of the state dict as the model;
 //! - `pbg-write SRC.h5 DST.h5`: `ckpt_pbg::write_partition_file` of the partition read from `SRC.h5`;
-//! - `recis-save IDS DIR`: `ckpt_recis::save_tables` of the `IDS`-id table of [`ckpt_benches::writes::recis_table`].
+//! - `recis-save IDS DIR`: `ckpt_recis::writer::save_tables` of the `IDS`-id table of [`ckpt_benches::writes::recis_table`].
 //!
 //! With arguments instead of stdin (`ckpt-read-timer [--anon] <op> <path> [<dst>] [reps]`) it runs one op
 //! `reps` times.

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use ckpt_collective::{Collective, ThreadGroup};
-use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, convert, save_distributed, shard_box, verify};
+use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, convert, save_rank, shard_box, verify};
 use ckpt_tensor::{Buffer, DType, Tensor, Value};
 
 fn mib(bytes: u64, secs: f64) -> String {
@@ -59,7 +59,7 @@ fn make_big(dir: &Path, total_mib: usize, ranks: usize) -> u64 {
                     items.push((k.clone(), Value::Tensor(t.region(&off, &len).unwrap())));
                 }
                 let sd = Value::dict([("model", Value::dict(items)), ("step", Value::Int(1))]);
-                save_distributed(&sd, &shards, dir, &WriteOptions::default(), &g).unwrap();
+                save_rank(&sd, &shards, dir, &WriteOptions::default(), &g).unwrap();
             });
         }
     });

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use ckpt_collective::{Collective, ThreadGroup};
-use ckpt_distcp::{Profile, ShardSpec, WriteOptions, save, save_distributed, shard_box};
+use ckpt_distcp::{Profile, ShardSpec, WriteOptions, save, save_rank, shard_box};
 use ckpt_tensor::{Buffer, DType, Tensor, Value, flatten, unflatten};
 
 fn det(dtype: DType, shape: &[usize], k: u8) -> Tensor {
@@ -103,7 +103,7 @@ fn sharded(dir: &Path, world: usize) -> Value {
                         _ => (e.path.clone(), e.value.clone()),
                     })
                     .collect();
-                save_distributed(&unflatten(leaves).unwrap(), &shards, dir, &WriteOptions::default(), &g).unwrap();
+                save_rank(&unflatten(leaves).unwrap(), &shards, dir, &WriteOptions::default(), &g).unwrap();
             });
         }
     });

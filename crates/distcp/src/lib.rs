@@ -20,7 +20,7 @@
 //! how a job with a different number of ranks loads its own shard ([`shard_box`]). [`DcpReader::state_dict`]
 //! rebuilds the nested state dict through `planner_data`.
 //!
-//! [`save`] / [`save_distributed`] write checkpoints like `FileSystemWriter`, in the maximum-compatibility
+//! [`save`] / [`save_rank`] write checkpoints like `FileSystemWriter`, in the maximum-compatibility
 //! [`Profile`] by default (loads in torch 2.0 to 2.15) or torch 2.13's own layout; one file per rank or
 //! per item, several files per rank, zstd items; multi-rank saves coordinate through
 //! [`ckpt_collective::Collective`] and write replicated items once. [`reshard`] and [`save_sharded`] write a
@@ -79,4 +79,4 @@ pub use planner::ShardSpec;
 pub use reader::{DEFAULT_MAX_METADATA_BYTES, DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
 pub use verify::{VerifyReport, verify, verify_structure, verify_structure_with, verify_with};
-pub use writer::{WriteOptions, save, save_distributed, save_ranks};
+pub use writer::{WriteOptions, save, save_rank, save_ranks};

@@ -3,7 +3,7 @@
 //!
 //! Two sources: a state dict in memory ([`shard_state_dict`], [`save_sharded`]), and a DCP checkpoint read
 //! region by region ([`DcpReader::shard_state`], [`reshard`]). Each builds one rank's state at a time, so a
-//! multi-process job gives every rank its own part and saves it with [`crate::save_distributed`]; the
+//! multi-process job gives every rank its own part and saves it with [`crate::save_rank`]; the
 //! one-process functions build every rank's part (views: no tensor data is copied for a state dict) and
 //! save them with [`save_ranks`].
 
@@ -20,7 +20,7 @@ use crate::reader::{DcpReader, ReadOptions};
 use crate::writer::{WriteOptions, save_ranks};
 
 /// One rank's part of a sharded save: its state dict and which of its tensors are chunks of bigger ones, as
-/// [`crate::save_distributed`] takes them.
+/// [`crate::save_rank`] takes them.
 pub type RankState = (Value, HashMap<String, ShardSpec>);
 
 /// Rank `rank`'s part of `state_dict` in a job of `world` ranks: every tensor with at least `world` rows is
@@ -126,7 +126,7 @@ impl DcpReader {
     /// use std::collections::HashMap;
     /// use ckpt_tensor::{Tensor, Value};
     /// use ckpt_collective::{Collective, ThreadGroup};
-    /// use ckpt_distcp::{DcpReader, Error, ShardSpec, WriteOptions, save_distributed};
+    /// use ckpt_distcp::{DcpReader, Error, ShardSpec, WriteOptions, save_rank};
     /// let dir = tempfile::tempdir().unwrap();
     /// std::thread::scope(|s| {
     ///     for g in ThreadGroup::new(2) {
@@ -134,7 +134,7 @@ impl DcpReader {
     ///         s.spawn(move || {
     ///             let mine = Tensor::from_slice(&[g.rank() as i64 * 10], &[1, 1]).unwrap();
     ///             let shards = HashMap::from([("rng".to_string(), ShardSpec::new(&[2, 1], &[g.rank(), 0]))]);
-    ///             save_distributed(&Value::dict([("rng", Value::Tensor(mine))]), &shards, dir, &WriteOptions::default(), &g)
+    ///             save_rank(&Value::dict([("rng", Value::Tensor(mine))]), &shards, dir, &WriteOptions::default(), &g)
     ///                 .unwrap();
     ///         });
     ///     }

@@ -151,7 +151,7 @@ impl WriteOptions {
 /// [`Error::Unwritable`] for values DCP cannot store; [`Error::AlreadyExists`]; I/O errors naming the
 /// path.
 pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Metadata> {
-    save_distributed(state_dict, &HashMap::new(), dir, options, &SingleProcess)
+    save_rank(state_dict, &HashMap::new(), dir, options, &SingleProcess)
 }
 
 /// One rank's part of a multi-rank save, like `dcp.save` in every process of a group. Every rank of
@@ -164,7 +164,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Me
 /// use std::collections::HashMap;
 /// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_collective::{Collective, ThreadGroup};
-/// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_distributed, shard_box};
+/// use ckpt_distcp::{DcpReader, ShardSpec, WriteOptions, save_rank, shard_box};
 /// let dir = tempfile::tempdir().unwrap();
 /// let full: Vec<f32> = (0..10).map(|i| i as f32).collect();
 /// std::thread::scope(|s| {
@@ -175,7 +175,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Me
 ///             let local = Tensor::from_slice(&full[off[0]..off[0] + len[0]], &len).unwrap();
 ///             let sd = Value::dict([("w", Value::Tensor(local))]);
 ///             let shards = HashMap::from([("w".to_string(), ShardSpec::new(&[10], &off))]);
-///             save_distributed(&sd, &shards, dir, &WriteOptions::default(), &g).unwrap();
+///             save_rank(&sd, &shards, dir, &WriteOptions::default(), &g).unwrap();
 ///         });
 ///     }
 /// });
@@ -185,7 +185,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Me
 ///
 /// # Errors
 /// As [`save`]; [`Error::RankFailed`] when another rank failed; collective errors.
-pub fn save_distributed(
+pub fn save_rank(
     state_dict: &Value,
     shards: &HashMap<String, ShardSpec>,
     dir: &Path,
@@ -196,7 +196,7 @@ pub fn save_distributed(
 }
 
 /// Writes a multi-rank checkpoint from one process: one thread per rank of a [`ThreadGroup`], rank `r` saving
-/// `ranks[r]` (its state dict and shard specs, as for [`save_distributed`]). This is how a checkpoint for
+/// `ranks[r]` (its state dict and shard specs, as for [`save_rank`]). This is how a checkpoint for
 /// another world size is written offline (resharding, conversion).
 ///
 /// ```
@@ -231,7 +231,7 @@ pub fn save_ranks(
         let handles: Vec<_> = ThreadGroup::new(ranks.len())
             .into_iter()
             .zip(ranks)
-            .map(|(group, (sd, shards))| scope.spawn(move || save_distributed(sd, shards, dir, options, &group)))
+            .map(|(group, (sd, shards))| scope.spawn(move || save_rank(sd, shards, dir, options, &group)))
             .collect();
         handles
             .into_iter()
@@ -264,7 +264,7 @@ pub fn save_ranks(
 /// source that reads data on demand keeps memory bounded by one tensor.
 pub(crate) type TensorSource<'s> = dyn Fn(&Tensor) -> Result<Option<Tensor>> + Sync + 's;
 
-/// [`save_distributed`] with a [`TensorSource`].
+/// [`save_rank`] with a [`TensorSource`].
 pub(crate) fn save_with_source(
     state_dict: &Value,
     shards: &HashMap<String, ShardSpec>,

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use ckpt_collective::{Collective, ThreadGroup};
 use ckpt_distcp::{
-    DcpReader, Error, Metadata, Profile, ReadOptions, ShardSpec, WriteOptions, convert, save, save_distributed,
-    shard_box, verify,
+    DcpReader, Error, Metadata, Profile, ReadOptions, ShardSpec, WriteOptions, convert, save, save_rank, shard_box,
+    verify,
 };
 use ckpt_tensor::{CheckpointRead, DType, Tensor, Value};
 
@@ -148,7 +148,7 @@ fn overwrite_and_unwritable_values() {
         .unwrap_err();
     assert!(matches!(e, Error::Unwritable { .. }));
     let shards = HashMap::from([("step".to_string(), ShardSpec::new(&[4], &[0]))]);
-    let e = save_distributed(
+    let e = save_rank(
         &sample(),
         &shards,
         tempfile::tempdir().unwrap().path(),
@@ -176,7 +176,7 @@ fn a_failing_rank_fails_the_save_everywhere() {
         // rank 1 claims a box outside the tensor
         let off = if g.rank() == 1 { [3, 0] } else { [2 * (g.rank() / 2), 0] };
         let shards = HashMap::from([("w".to_string(), ShardSpec::new(&[4, 2], &off))]);
-        save_distributed(&sd, &shards, d.path(), &WriteOptions::default(), &g)
+        save_rank(&sd, &shards, d.path(), &WriteOptions::default(), &g)
     });
     assert!(matches!(&results[0], Err(Error::RankFailed { rank: 1, .. })));
     assert!(matches!(&results[1], Err(Error::Unwritable { .. })));
@@ -187,7 +187,7 @@ fn a_failing_rank_fails_the_save_everywhere() {
     let results = ranks(2, |g| {
         let sd = Value::dict([("w", Value::Tensor(f32s(6, &[3, 2])))]);
         let shards = HashMap::from([("w".to_string(), ShardSpec::new(&[5, 2], &[2 * g.rank(), 0]))]);
-        save_distributed(&sd, &shards, d.path(), &WriteOptions::default(), &g)
+        save_rank(&sd, &shards, d.path(), &WriteOptions::default(), &g)
     });
     for r in results {
         assert!(matches!(r, Err(Error::OverlappingChunks { .. })));
@@ -204,7 +204,7 @@ fn replicated_items_are_written_once() {
             ("big", Value::Tensor(f32s(64, &[64]))),
             ("cfg", Value::dict([("name", Value::from("x"))])),
         ]);
-        save_distributed(&sd, &HashMap::new(), d.path(), &WriteOptions::default(), &g).unwrap()
+        save_rank(&sd, &HashMap::new(), d.path(), &WriteOptions::default(), &g).unwrap()
     });
     let md = &mds[0];
     assert_eq!(md.storage_data.len(), 3);
@@ -216,7 +216,7 @@ fn replicated_items_are_written_once() {
         let sd = Value::dict([("a", Value::Tensor(f32s(8, &[8]))), ("b", Value::Tensor(f32s(8, &[8])))]);
         let mut o = WriteOptions::default();
         o.dedup_to_lowest_rank = true;
-        save_distributed(&sd, &HashMap::new(), lowest.path(), &o, &g).unwrap()
+        save_rank(&sd, &HashMap::new(), lowest.path(), &o, &g).unwrap()
     });
     assert!(mds[0].storage_data.iter().all(|(_, s)| s.relative_path == "__0_0.distcp"));
 }
@@ -258,7 +258,7 @@ fn random_layouts_reshard_to_random_regions() {
             if zstd {
                 o = o.with_zstd(1);
             }
-            save_distributed(&sd, &shards, d.path(), &o, &g).unwrap();
+            save_rank(&sd, &shards, d.path(), &o, &g).unwrap();
         });
         for mmap in [true, false] {
             let r = DcpReader::open_with(d.path(), &ReadOptions::default().with_mmap(mmap)).unwrap();
@@ -291,7 +291,7 @@ fn regions_inside_one_chunk_are_views_of_the_map() {
         let (off, len) = shard_box(&[10, 4], 0, g.rank(), 2);
         let sd = Value::dict([("x", Value::Tensor(full.region(&off, &len).unwrap()))]);
         let shards = HashMap::from([("x".to_string(), ShardSpec::new(&[10, 4], &off))]);
-        save_distributed(&sd, &shards, d.path(), &WriteOptions::default(), &g).unwrap();
+        save_rank(&sd, &shards, d.path(), &WriteOptions::default(), &g).unwrap();
     });
     let r = DcpReader::open(d.path()).unwrap();
     let inside = r.read_region("x", &[6, 1], &[3, 2]).unwrap();

@@ -63,7 +63,7 @@ fn throughput(c: &mut Criterion) {
     let state = state();
     let root = bench_root();
     let dir = root.path().join("ckpt");
-    let opts = WriteOptions::default().with_nshards(4);
+    let opts = WriteOptions::default().with_world_size(4);
     let mut g = c.benchmark_group("hfai");
     // few iterations: on a disk, dozens of back-to-back 1 GiB saves measure the device's sustained write-back
     // rate rather than the save

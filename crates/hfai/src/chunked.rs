@@ -38,7 +38,7 @@ impl Chunked {
                 shape,
                 expected,
                 found: numel,
-                nshards: flat.len(),
+                world_size: flat.len(),
             });
         }
         let requires_grad = flat.iter().any(Tensor::requires_grad);
@@ -216,6 +216,6 @@ mod tests {
     fn sizes_must_add_up() {
         let (p, _) = pieces(&[3, 3]);
         let e = Chunked::new("w", DType::F32, vec![2, 4], p).unwrap_err();
-        assert!(matches!(e, Error::ChunkSizeMismatch { expected: 8, found: 6, nshards: 2, .. }), "{e}");
+        assert!(matches!(e, Error::ChunkSizeMismatch { expected: 8, found: 6, world_size: 2, .. }), "{e}");
     }
 }

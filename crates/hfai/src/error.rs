@@ -28,19 +28,19 @@ pub enum Error {
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
     /// A part the checkpoint needs is not in the directory.
-    #[error("{}: missing{}", path.display(), of_parts(nshards))]
+    #[error("{}: missing{}", path.display(), of_parts(world_size))]
     MissingPart {
         /// The missing file.
         path: PathBuf,
         /// Its rank.
         rank: usize,
         /// Parts the checkpoint has (`__nshards__` of PART_000.pt), unknown when PART_000.pt itself is missing.
-        nshards: Option<usize>,
+        world_size: Option<usize>,
     },
     /// The directory holds `PART_*.pt` files beyond the parts the checkpoint declares, which hfai's loader
     /// (it counts the files) rejects.
     #[error(
-        "{}: {names:?} beyond the {nshards} part(s) PART_000.pt declares (stale parts of an earlier save with more \
+        "{}: {names:?} beyond the {world_size} part(s) PART_000.pt declares (stale parts of an earlier save with more \
          ranks?); hfai's loader counts PART_*.pt files and rejects the directory",
         dir.display()
     )]
@@ -50,7 +50,7 @@ pub enum Error {
         /// The unexpected file names.
         names: Vec<String>,
         /// Parts the checkpoint declares.
-        nshards: usize,
+        world_size: usize,
     },
     /// A part has no `__version__`: the hfai 1.0.0 layout, which is not documented and not supported.
     #[error(
@@ -106,7 +106,7 @@ pub enum Error {
     },
     /// The chunks of a large tensor do not add up to its stored shape.
     #[error(
-        "{key}: the chunks of the {nshards} parts hold {found} elements, the stored shape {shape:?} has {expected}"
+        "{key}: the chunks of the {world_size} parts hold {found} elements, the stored shape {shape:?} has {expected}"
     )]
     ChunkSizeMismatch {
         /// The tensor (`model[0].w`, `optimizer[0].state[3].exp_avg`).
@@ -118,7 +118,7 @@ pub enum Error {
         /// Elements in all chunks together.
         found: usize,
         /// Number of parts.
-        nshards: usize,
+        world_size: usize,
     },
     /// The parts disagree on a large tensor's stored shape.
     #[error("{}: {key} has stored shape {found:?}, an earlier part says {expected:?}", path.display())]
@@ -198,7 +198,7 @@ pub enum Error {
     /// `torch.chunk` yields fewer chunks than there are ranks, so hfai's `chunk(n)[rank]` raises `IndexError`
     /// on the last ranks; the same checkpoint cannot be written (use fewer parts or a larger threshold).
     #[error(
-        "{key}: {numel} elements split with torch.chunk into {nshards} parts gives only {chunks} chunks of {chunk_len} \
+        "{key}: {numel} elements split with torch.chunk into {world_size} parts gives only {chunks} chunks of {chunk_len} \
          (hfai's save raises IndexError on rank {chunks}); use fewer parts or a larger large_size"
     )]
     TooFewChunks {
@@ -207,7 +207,7 @@ pub enum Error {
         /// Its elements.
         numel: usize,
         /// Parts requested.
-        nshards: usize,
+        world_size: usize,
         /// Chunks `torch.chunk` yields.
         chunks: usize,
         /// Elements per chunk.
@@ -253,8 +253,8 @@ pub enum Error {
 }
 
 /// `"; the checkpoint has 3 part(s), PART_000.pt .. PART_002.pt"` when the count is known.
-fn of_parts(nshards: &Option<usize>) -> String {
-    nshards.map_or_else(String::new, |n| {
+fn of_parts(world_size: &Option<usize>) -> String {
+    world_size.map_or_else(String::new, |n| {
         format!("; the checkpoint has {n} part(s), PART_000.pt .. {}", crate::part_file_name(n.saturating_sub(1)))
     })
 }

@@ -19,7 +19,7 @@
 //! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_hfai::HfaiReader::open(&fixture)?;               // 3 parts, merged as hfai's load
 //! let bias = ck.tensor("model.module.encoder.layers.1.norm2.bias")?;
-//! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_nshards(2))?; // 2 parts
+//! ckpt_hfai::save(&ck.save_state(), &out, &ckpt_hfai::WriteOptions::default().with_world_size(2))?; // 2 parts
 //! # assert_eq!(ckpt_hfai::HfaiReader::open(&out)?.tensor("model.module.encoder.layers.1.norm2.bias")?, bias);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -34,18 +34,18 @@
 //! let state = SaveState::default().with_model(ModelState::new(sd)).with_other("epoch", Value::Int(7));
 //!
 //! let dir = tempfile::tempdir().unwrap();
-//! let opts = WriteOptions::default().with_nshards(3).with_large_size(1024); // 4 KiB embed.weight is chunked
+//! let opts = WriteOptions::default().with_world_size(3).with_large_size(1024); // 4 KiB embed.weight is chunked
 //! ckpt_hfai::save(&state, dir.path(), &opts).unwrap();
 //!
 //! let ckpt = HfaiReader::open(dir.path()).unwrap();
-//! assert_eq!(ckpt.nshards(), 3);
+//! assert_eq!(ckpt.world_size(), 3);
 //! let w = ckpt.model().unwrap().get("embed.weight").unwrap().as_tensor().unwrap();
 //! assert_eq!(w.shape(), &[64, 16]);
 //! assert_eq!(ckpt.other("epoch"), Some(&Value::Int(7)));
 //!
 //! let two = tempfile::tempdir().unwrap();
 //! ckpt_hfai::reshard(dir.path(), two.path(), 2, &Default::default()).unwrap();
-//! assert_eq!(HfaiReader::open(two.path()).unwrap().nshards(), 2);
+//! assert_eq!(HfaiReader::open(two.path()).unwrap().world_size(), 2);
 //! ```
 //!
 //! # Format

@@ -71,7 +71,7 @@ pub(crate) struct OptimizerPart {
 pub(crate) struct Part {
     pub(crate) path: PathBuf,
     pub(crate) fingerprint: Fingerprint,
-    pub(crate) nshards: usize,
+    pub(crate) world_size: usize,
     /// The whole top-level dict (rank 0's holds `others` after the header).
     pub(crate) top: Dict,
     pub(crate) models: Vec<ModelPart>,
@@ -156,7 +156,7 @@ impl Part {
             Some(Value::Str(v)) if v == VERSION => {}
             Some(other) => return Err(Error::UnsupportedVersion { path: path.to_path_buf(), found: show(other) }),
         }
-        let nshards = match top.get("__nshards__") {
+        let world_size = match top.get("__nshards__") {
             Some(Value::Int(n)) if *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
             other => {
                 return Err(c.layout("[\"__nshards__\"]", "a positive int", other.unwrap_or(&Value::None)));
@@ -196,7 +196,7 @@ impl Part {
                 .collect::<Result<_>>()?;
             optimizers.push(OptimizerPart { dict, state, large });
         }
-        Ok(Part { path: path.to_path_buf(), fingerprint, nshards, top, models, optimizers })
+        Ok(Part { path: path.to_path_buf(), fingerprint, world_size, top, models, optimizers })
     }
 }
 

@@ -27,7 +27,7 @@ pub fn count_size(v: &Value) -> u64 {
     }
 }
 
-/// hfai's `divide_almost_equally`: greedy longest-processing-time partition of `sizes` over `nshards`
+/// hfai's `divide_almost_equally`: greedy longest-processing-time partition of `sizes` over `world_size`
 /// ranks. Entries are taken largest first, each going to the rank with the smallest load so far (ties: the
 /// lower rank). Returns, per rank, the indices of its entries in the order they were assigned.
 ///
@@ -40,11 +40,11 @@ pub fn count_size(v: &Value) -> u64 {
 /// // sizes 4, 4, 2, 1 over two ranks: index 1 (the later 4) first, to rank 0; index 0 to rank 1; ...
 /// assert_eq!(ckpt_hfai::assign(&[4, 4, 2, 1], 2), vec![vec![1, 2], vec![0, 3]]);
 /// ```
-pub fn assign(sizes: &[u64], nshards: usize) -> Vec<Vec<usize>> {
+pub fn assign(sizes: &[u64], world_size: usize) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     order.sort_by_key(|&i| Reverse((sizes.get(i).copied().unwrap_or(0), i)));
-    let mut sets: Vec<Vec<usize>> = vec![Vec::new(); nshards];
-    let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..nshards).map(|r| Reverse((0, r))).collect();
+    let mut sets: Vec<Vec<usize>> = vec![Vec::new(); world_size];
+    let mut heap: BinaryHeap<Reverse<(u128, usize)>> = (0..world_size).map(|r| Reverse((0, r))).collect();
     for i in order {
         let Some(Reverse((load, rank))) = heap.pop() else { break };
         if let Some(set) = sets.get_mut(rank) {
@@ -55,22 +55,22 @@ pub fn assign(sizes: &[u64], nshards: usize) -> Vec<Vec<usize>> {
     sets
 }
 
-/// The element ranges `torch.chunk(nshards)` gives a flat tensor of `numel` elements: chunks of
-/// `ceil(numel / nshards)` elements, the last one shorter, and only `ceil(numel / chunk)` of them, which can
-/// be fewer than `nshards` (torch gives `nshards` empty chunks for an empty tensor).
+/// The element ranges `torch.chunk(world_size)` gives a flat tensor of `numel` elements: chunks of
+/// `ceil(numel / world_size)` elements, the last one shorter, and only `ceil(numel / chunk)` of them, which can
+/// be fewer than `world_size` (torch gives `world_size` empty chunks for an empty tensor).
 ///
 /// ```
 /// assert_eq!(ckpt_hfai::chunk_ranges(10, 4), vec![0..3, 3..6, 6..9, 9..10]);
 /// assert_eq!(ckpt_hfai::chunk_ranges(5, 4), vec![0..2, 2..4, 4..5]); // 3 chunks for 4 ranks
 /// ```
-pub fn chunk_ranges(numel: usize, nshards: usize) -> Vec<Range<usize>> {
-    if nshards == 0 {
+pub fn chunk_ranges(numel: usize, world_size: usize) -> Vec<Range<usize>> {
+    if world_size == 0 {
         return Vec::new();
     }
     if numel == 0 {
-        return vec![0..0; nshards];
+        return vec![0..0; world_size];
     }
-    let q = numel.div_ceil(nshards);
+    let q = numel.div_ceil(world_size);
     (0..numel.div_ceil(q)).map(|k| k * q..((k + 1) * q).min(numel)).collect()
 }
 
@@ -93,7 +93,7 @@ mod tests {
 
     #[test]
     fn lpt_assignment() {
-        // the first nshards largest go to ranks 0, 1, 2; then each to the lightest rank
+        // the first world_size largest go to ranks 0, 1, 2; then each to the lightest rank
         assert_eq!(assign(&[10, 50, 30, 20, 5], 3), vec![vec![1], vec![2, 4], vec![3, 0]]);
         // ties between loads go to the lower rank; ties between sizes take the later index first
         assert_eq!(assign(&[1, 1, 1, 1], 2), vec![vec![3, 1], vec![2, 0]]);

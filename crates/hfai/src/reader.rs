@@ -36,13 +36,13 @@ pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model"
 /// use ckpt_hfai::HfaiReader;
 /// let ckpt = HfaiReader::open("latest.pt")?;
 /// let model = ckpt.model().expect("one model");
-/// println!("{} parts, {} entries, epoch {:?}", ckpt.nshards(), model.items.len(), ckpt.other("epoch"));
+/// println!("{} parts, {} entries, epoch {:?}", ckpt.world_size(), model.items.len(), ckpt.other("epoch"));
 /// # Ok::<(), ckpt_hfai::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct HfaiReader {
     dir: PathBuf,
-    nshards: usize,
+    world_size: usize,
     value: Value,
     chunked: Vec<String>,
     concatenated_bytes: u64,
@@ -53,7 +53,7 @@ pub struct HfaiReader {
 
 /// The parts of a checkpoint merged, with large tensors still in their chunks.
 pub(crate) struct Merged {
-    pub(crate) nshards: usize,
+    pub(crate) world_size: usize,
     /// PART_000.pt's top-level dict, unchanged.
     pub(crate) top: Dict,
     pub(crate) contents: Contents,
@@ -215,30 +215,31 @@ fn read_merged_once(dir: &Path, options: &ReadOptions) -> Result<Merged> {
     let (ranks, foreign) = list_parts(dir)?;
     let path = |r: usize| dir.join(part_file_name(r));
     if ranks.first() != Some(&0) {
-        return Err(Error::MissingPart { path: path(0), rank: 0, nshards: None });
+        return Err(Error::MissingPart { path: path(0), rank: 0, world_size: None });
     }
     let part0 = Part::open(&path(0), options)?;
-    let nshards = part0.nshards;
-    if let Some(rank) = (0..nshards).find(|r| ranks.binary_search(r).is_err()) {
-        return Err(Error::MissingPart { path: path(rank), rank, nshards: Some(nshards) });
+    let world_size = part0.world_size;
+    if let Some(rank) = (0..world_size).find(|r| ranks.binary_search(r).is_err()) {
+        return Err(Error::MissingPart { path: path(rank), rank, world_size: Some(world_size) });
     }
-    let mut extra: Vec<String> = ranks.iter().filter(|&&r| r >= nshards).map(|&r| part_file_name(r)).collect();
+    let mut extra: Vec<String> = ranks.iter().filter(|&&r| r >= world_size).map(|&r| part_file_name(r)).collect();
     extra.extend(foreign);
     if !extra.is_empty() {
-        return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: extra, nshards });
+        return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: extra, world_size });
     }
-    let rest: Vec<Part> = (1..nshards).into_par_iter().map(|r| Part::open(&path(r), options)).collect::<Result<_>>()?;
+    let rest: Vec<Part> =
+        (1..world_size).into_par_iter().map(|r| Part::open(&path(r), options)).collect::<Result<_>>()?;
     merge(part0, rest)
 }
 
 /// hfai's `load` merge (spec §5), checked: headers agree, chunks add up, nothing is both whole and chunked.
 fn merge(first: Part, rest: Vec<Part>) -> Result<Merged> {
     let parts: Vec<&Part> = std::iter::once(&first).chain(&rest).collect();
-    let nshards = first.nshards;
+    let world_size = first.world_size;
     let (n_models, n_optimizers) = (first.models.len(), first.optimizers.len());
     for p in &parts {
-        if p.nshards != nshards {
-            return Err(Error::NshardsMismatch { path: p.path.clone(), expected: nshards, found: p.nshards });
+        if p.world_size != world_size {
+            return Err(Error::NshardsMismatch { path: p.path.clone(), expected: world_size, found: p.world_size });
         }
         for (what, expected, found) in
             [("model", n_models, p.models.len()), ("optimizer", n_optimizers, p.optimizers.len())]
@@ -318,7 +319,7 @@ fn merge(first: Part, rest: Vec<Part>) -> Result<Merged> {
     let top = first.top;
     let others =
         top.items.iter().filter(|(k, _)| !k.as_str().is_some_and(|k| HEADER_KEYS.contains(&k))).cloned().collect();
-    Ok(Merged { nshards, top, contents: Contents { models, optimizers, others }, chunked, fingerprints })
+    Ok(Merged { world_size, top, contents: Contents { models, optimizers, others }, chunked, fingerprints })
 }
 
 /// A key as it appears in leaf names (`str(key)`).
@@ -360,7 +361,7 @@ impl HfaiReader {
         }
         Ok(HfaiReader {
             dir: dir.to_path_buf(),
-            nshards: merged.nshards,
+            world_size: merged.world_size,
             value: Value::Dict(top),
             chunked: merged.chunked,
             concatenated_bytes,
@@ -400,8 +401,8 @@ impl HfaiReader {
     }
 
     /// Number of parts (`__nshards__`).
-    pub fn nshards(&self) -> usize {
-        self.nshards
+    pub fn world_size(&self) -> usize {
+        self.world_size
     }
 
     /// The layout version (always `"2.0.0"`: other versions are rejected).
@@ -519,7 +520,7 @@ impl CheckpointRead for HfaiReader {
     fn details(&self) -> Vec<(String, String)> {
         vec![
             ("version".into(), VERSION.into()),
-            ("parts".into(), self.nshards.to_string()),
+            ("parts".into(), self.world_size.to_string()),
             ("models".into(), self.models().len().to_string()),
             ("optimizers".into(), self.optimizers().len().to_string()),
             ("others".into(), self.others().count().to_string()),
@@ -580,7 +581,7 @@ pub struct PartChunk {
 /// job that saved it), process `r` gets exactly what rank `r` saved as its own.
 #[derive(Debug, Clone)]
 pub struct RankShare {
-    nshards: usize,
+    world_size: usize,
     parts: Vec<usize>,
     value: Value,
     chunks: Vec<PartChunk>,
@@ -596,26 +597,26 @@ impl RankShare {
     /// `0..n`, [`Error::NshardsMismatch`] when a part read says otherwise, a part that is not readable.
     pub fn read(dir: &Path, options: &ReadOptions, process: usize, processes: usize) -> Result<RankShare> {
         let (ranks, foreign) = list_parts(dir)?;
-        let nshards = ranks.len();
-        if let Some(rank) = (0..nshards).find(|r| ranks.binary_search(r).is_err()) {
-            return Err(Error::MissingPart { path: dir.join(part_file_name(rank)), rank, nshards: None });
+        let world_size = ranks.len();
+        if let Some(rank) = (0..world_size).find(|r| ranks.binary_search(r).is_err()) {
+            return Err(Error::MissingPart { path: dir.join(part_file_name(rank)), rank, world_size: None });
         }
-        if nshards == 0 {
-            return Err(Error::MissingPart { path: dir.join(part_file_name(0)), rank: 0, nshards: None });
+        if world_size == 0 {
+            return Err(Error::MissingPart { path: dir.join(part_file_name(0)), rank: 0, world_size: None });
         }
         if !foreign.is_empty() {
-            return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: foreign, nshards });
+            return Err(Error::ExtraParts { dir: dir.to_path_buf(), names: foreign, world_size });
         }
-        let mine = ckpt_collective::hosted_ranks(process, processes, nshards);
+        let mine = ckpt_collective::hosted_ranks(process, processes, world_size);
         let parts: Vec<Part> =
             mine.par_iter().map(|&r| Part::open(&dir.join(part_file_name(r)), options)).collect::<Result<_>>()?;
         for p in &parts {
-            if p.nshards != nshards {
-                return Err(Error::NshardsMismatch { path: p.path.clone(), expected: nshards, found: p.nshards });
+            if p.world_size != world_size {
+                return Err(Error::NshardsMismatch { path: p.path.clone(), expected: world_size, found: p.world_size });
             }
         }
-        let (value, chunks) = share(&mine, &parts, nshards)?;
-        Ok(RankShare { nshards, parts: mine, value, chunks })
+        let (value, chunks) = share(&mine, &parts, world_size)?;
+        Ok(RankShare { world_size, parts: mine, value, chunks })
     }
 
     /// [`RankShare::read`] on every process of `group`, each reading its own parts; a process that fails
@@ -636,8 +637,8 @@ impl RankShare {
     }
 
     /// The checkpoint's number of parts.
-    pub fn nshards(&self) -> usize {
-        self.nshards
+    pub fn world_size(&self) -> usize {
+        self.world_size
     }
 
     /// The parts read, in order.
@@ -671,22 +672,22 @@ impl RankShare {
     }
 }
 
-/// The value and chunks of `parts` (the parts `ranks` of `nshards`), merged as hfai's `load` merges, large
+/// The value and chunks of `parts` (the parts `ranks` of `world_size`), merged as hfai's `load` merges, large
 /// tensors left as chunks.
-fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<PartChunk>)> {
+fn share(ranks: &[usize], parts: &[Part], world_size: usize) -> Result<(Value, Vec<PartChunk>)> {
     let n_models = parts.iter().map(|p| p.models.len()).max().unwrap_or(0);
     let n_optimizers = parts.iter().map(|p| p.optimizers.len()).max().unwrap_or(0);
     let mut chunks = Vec::new();
     let mut chunk = |name: String, large: &LargeChunk, rank: usize| {
         let numel = ckpt_tensor::checked_numel(&large.shape).unwrap_or(0);
-        let range = chunk_ranges(numel, nshards).get(rank).cloned().unwrap_or(0..0);
+        let range = chunk_ranges(numel, world_size).get(rank).cloned().unwrap_or(0..0);
         if range.len() != large.chunk.numel() {
             return Err(Error::ChunkSizeMismatch {
                 key: name,
                 shape: large.shape.clone(),
                 expected: range.len(),
                 found: large.chunk.numel(),
-                nshards,
+                world_size,
             });
         }
         chunks.push(PartChunk { name, shape: large.shape.clone(), part: rank, range, tensor: large.chunk.clone() });
@@ -737,7 +738,7 @@ fn share(ranks: &[usize], parts: &[Part], nshards: usize) -> Result<(Value, Vec<
         Some((0, p)) => p.top.clone(),
         _ => {
             let mut top = Dict::new(ckpt_tensor::DictKind::Dict);
-            top.insert("__nshards__", Value::Int(i64::try_from(nshards).unwrap_or(i64::MAX)));
+            top.insert("__nshards__", Value::Int(i64::try_from(world_size).unwrap_or(i64::MAX)));
             top.insert("__version__", VERSION);
             top.insert("model", Value::List(Vec::new()));
             top.insert("optimizer", Value::List(Vec::new()));

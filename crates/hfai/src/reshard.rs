@@ -62,11 +62,11 @@ pub struct ReshardSummary {
     pub copied_bytes: u64,
 }
 
-/// Rewrites the checkpoint in `src` as `nshards` parts in `dst`, from one process. `dst` may be `src`: the
+/// Rewrites the checkpoint in `src` as `world_size` parts in `dst`, from one process. `dst` may be `src`: the
 /// new parts are staged beside it and swapped in whole ([`save`](crate::save)), while the old ones stay
 /// mapped until the reshard is done.
 ///
-/// The result is what hfai's `save` would write on `nshards` ranks for the same state: small entries
+/// The result is what hfai's `save` would write on `world_size` ranks for the same state: small entries
 /// re-partitioned over the new parts, large tensors re-chunked with `torch.chunk`, `others` in part 0.
 /// Nothing is materialised that does not need it: small entries are written straight from the source's
 /// memory maps, and a new chunk that lies inside one stored chunk is a window of it; only new chunks
@@ -75,10 +75,10 @@ pub struct ReshardSummary {
 /// # Errors
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)
 /// for `dst`; [`Error::UnknownBuffer`] for a buffer name that is not an entry of its model.
-pub fn reshard(src: &Path, dst: &Path, nshards: usize, options: &ReshardOptions) -> Result<ReshardSummary> {
-    let (from, plan) = plan(src, nshards, options)?;
+pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<ReshardSummary> {
+    let (from, plan) = plan(src, world_size, options)?;
     plan.write_all(dst, &options.write)?;
-    Ok(ReshardSummary { from, to: nshards, chunked: plan.chunked_count(), copied_bytes: plan.copied_bytes() })
+    Ok(ReshardSummary { from, to: world_size, chunked: plan.chunked_count(), copied_bytes: plan.copied_bytes() })
 }
 
 /// [`reshard`] as one rank of a job of `group.world_size()` ranks (the new part count), one call per rank
@@ -113,8 +113,8 @@ pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dy
     write_rank(plan, dst, &options.write, group, &|t| Ok(t.clone()))
 }
 
-/// The source's part count and the split of its contents into `nshards` parts.
-fn plan(src: &Path, nshards: usize, options: &ReshardOptions) -> Result<(usize, Plan)> {
+/// The source's part count and the split of its contents into `world_size` parts.
+fn plan(src: &Path, world_size: usize, options: &ReshardOptions) -> Result<(usize, Plan)> {
     let merged = read_merged(src, &options.read)?;
     let mut contents = merged.contents;
     for (m, names) in options.buffers.iter().enumerate() {
@@ -138,5 +138,5 @@ fn plan(src: &Path, nshards: usize, options: &ReshardOptions) -> Result<(usize, 
             model.buffers.push((k, v));
         }
     }
-    Ok((merged.nshards, Plan::new(contents, nshards, options.write.large_size)?))
+    Ok((merged.world_size, Plan::new(contents, world_size, options.write.large_size)?))
 }

@@ -33,7 +33,7 @@ impl VerifyReport {
 /// sd.insert("w", Tensor::from_slice(&[1.0f32; 8], &[8]).unwrap());
 /// let dir = tempfile::tempdir().unwrap();
 /// let state = SaveState::default().with_model(ModelState::new(sd));
-/// ckpt_hfai::save(&state, dir.path(), &WriteOptions::default().with_nshards(2)).unwrap();
+/// ckpt_hfai::save(&state, dir.path(), &WriteOptions::default().with_world_size(2)).unwrap();
 /// let report = ckpt_hfai::verify(dir.path()).unwrap();
 /// assert!(report.is_ok());
 /// assert_eq!(report.parts.len(), 2);

@@ -27,7 +27,7 @@ pub const LARGE_SIZE: u64 = 256 * (1 << 20);
 pub struct WriteOptions {
     /// Number of parts (`PART_*.pt` files) [`save`] writes, as many as hfai's ranks (default 1).
     /// [`save_rank`] writes one part per rank of its group and ignores this.
-    pub nshards: usize,
+    pub world_size: usize,
     /// Strided tensors of strictly more bytes than this are flattened and split over the parts with
     /// `torch.chunk` (default [`LARGE_SIZE`], as hfai).
     pub large_size: u64,
@@ -44,7 +44,7 @@ pub struct WriteOptions {
 impl Default for WriteOptions {
     fn default() -> Self {
         WriteOptions {
-            nshards: 1,
+            world_size: 1,
             large_size: LARGE_SIZE,
             torch: ckpt_torch::WriteOptions::default(),
             checksums: true,
@@ -54,10 +54,10 @@ impl Default for WriteOptions {
 }
 
 impl WriteOptions {
-    /// These options with `nshards` parts.
+    /// These options with `world_size` parts.
     #[must_use]
-    pub fn with_nshards(mut self, nshards: usize) -> Self {
-        self.nshards = nshards;
+    pub fn with_world_size(mut self, world_size: usize) -> Self {
+        self.world_size = world_size;
         self
     }
 
@@ -160,10 +160,10 @@ impl ModelState {
 ///     .with_model(ModelState::new(sd).with_buffers(["bn.running_mean"]))
 ///     .with_other("epoch", Value::Int(3));
 /// let dir = tempfile::tempdir().unwrap();
-/// let options = WriteOptions::default().with_nshards(2).with_large_size(16);
+/// let options = WriteOptions::default().with_world_size(2).with_large_size(16);
 /// ckpt_hfai::save(&state, dir.path(), &options).unwrap();
 /// let back = ckpt_hfai::HfaiReader::open(dir.path()).unwrap();
-/// assert_eq!(back.nshards(), 2);
+/// assert_eq!(back.world_size(), 2);
 /// assert_eq!(back.chunked(), ["model.w"]); // 24 bytes > 16: chunked over both parts
 /// assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
 /// ```
@@ -334,7 +334,7 @@ struct OptimizerPlan {
 
 /// Who writes what: the same on every rank, computed from the same state.
 pub(crate) struct Plan {
-    nshards: usize,
+    world_size: usize,
     models: Vec<ModelPlan>,
     optimizers: Vec<OptimizerPlan>,
     others: Vec<(Value, Value)>,
@@ -354,13 +354,13 @@ fn as_large(item: &Item, large_size: u64, resolve: Resolve<'_>) -> Result<Option
 }
 
 /// `torch.chunk` must give every rank a chunk (hfai's `chunk(n)[rank]` raises otherwise).
-fn check_chunks(name: impl FnOnce() -> String, c: &Chunked, nshards: usize) -> Result<()> {
-    let chunks = chunk_ranges(c.numel(), nshards);
-    if chunks.len() < nshards {
+fn check_chunks(name: impl FnOnce() -> String, c: &Chunked, world_size: usize) -> Result<()> {
+    let chunks = chunk_ranges(c.numel(), world_size);
+    if chunks.len() < world_size {
         return Err(Error::TooFewChunks {
             key: name(),
             numel: c.numel(),
-            nshards,
+            world_size,
             chunks: chunks.len(),
             chunk_len: chunks.first().map_or(0, |r| r.len()),
         });
@@ -369,14 +369,19 @@ fn check_chunks(name: impl FnOnce() -> String, c: &Chunked, nshards: usize) -> R
 }
 
 impl Plan {
-    pub(crate) fn new(contents: Contents, nshards: usize, large_size: u64) -> Result<Plan> {
-        Plan::resolved(contents, nshards, large_size, &|t| Ok(t.clone()))
+    pub(crate) fn new(contents: Contents, world_size: usize, large_size: u64) -> Result<Plan> {
+        Plan::resolved(contents, world_size, large_size, &|t| Ok(t.clone()))
     }
 
     /// [`Plan::new`] for a state whose tensors may be outlines (see [`save_rank_resolved`]): `resolve` gives
     /// the tensors of large items, which every rank chunks.
-    pub(crate) fn resolved(contents: Contents, nshards: usize, large_size: u64, resolve: Resolve<'_>) -> Result<Plan> {
-        if nshards == 0 {
+    pub(crate) fn resolved(
+        contents: Contents,
+        world_size: usize,
+        large_size: u64,
+        resolve: Resolve<'_>,
+    ) -> Result<Plan> {
+        if world_size == 0 {
             return Err(Error::ZeroShards);
         }
         let n_models = contents.models.len();
@@ -387,14 +392,14 @@ impl Plan {
             for (k, item) in model.entries {
                 match as_large(&item, large_size, resolve)? {
                     Some(c) => {
-                        check_chunks(|| leaf_name("model", n_models, m, &[&k]), &c, nshards)?;
+                        check_chunks(|| leaf_name("model", n_models, m, &[&k]), &c, world_size)?;
                         large.push((k, c));
                     }
                     None => small.push((k, item)),
                 }
             }
             let sizes: Vec<u64> = small.iter().map(|(_, i)| i.size()).collect();
-            models.push(ModelPlan { assignment: assign(&sizes, nshards), small, buffers: model.buffers, large });
+            models.push(ModelPlan { assignment: assign(&sizes, world_size), small, buffers: model.buffers, large });
         }
         let n_optimizers = contents.optimizers.len();
         let mut optimizers = Vec::with_capacity(n_optimizers);
@@ -410,7 +415,7 @@ impl Plan {
                                 Some(c) => {
                                     let name =
                                         || leaf_name("optimizer", n_optimizers, o, &[&Value::from("state"), &k1, &k2]);
-                                    check_chunks(name, &c, nshards)?;
+                                    check_chunks(name, &c, world_size)?;
                                     large.push(((k1.clone(), k2), c));
                                 }
                                 None => kept.push((k2, item)),
@@ -423,9 +428,9 @@ impl Plan {
                 state.push((k1, entry));
             }
             let sizes: Vec<u64> = state.iter().map(|(_, e)| e.size()).collect();
-            optimizers.push(OptimizerPlan { dict: opt.dict, assignment: assign(&sizes, nshards), state, large });
+            optimizers.push(OptimizerPlan { dict: opt.dict, assignment: assign(&sizes, world_size), state, large });
         }
-        Ok(Plan { nshards, models, optimizers, others: contents.others, copied: AtomicU64::new(0) })
+        Ok(Plan { world_size, models, optimizers, others: contents.others, copied: AtomicU64::new(0) })
     }
 
     pub(crate) fn copied_bytes(&self) -> u64 {
@@ -453,7 +458,7 @@ impl Plan {
 
     /// Rank `rank`'s chunk of `c` with its stored shape: `(torch.Size, flat chunk)`.
     fn chunk(&self, c: &Chunked, rank: usize) -> Result<Value> {
-        let range = chunk_ranges(c.numel(), self.nshards).get(rank).cloned().unwrap_or(0..0);
+        let range = chunk_ranges(c.numel(), self.world_size).get(rank).cloned().unwrap_or(0..0);
         let (t, copied) = c.range(range.start, range.len())?;
         if copied {
             self.copied.fetch_add(t.nbytes() as u64, Ordering::Relaxed);
@@ -465,7 +470,7 @@ impl Plan {
     /// The object rank `rank` saves as `PART_{rank:03d}.pt` (spec §3).
     pub(crate) fn part_value(&self, rank: usize, resolve: Resolve<'_>) -> Result<Value> {
         let mut top = Dict::new(DictKind::Dict);
-        top.insert("__nshards__", Value::Int(i64::try_from(self.nshards).unwrap_or(i64::MAX)));
+        top.insert("__nshards__", Value::Int(i64::try_from(self.world_size).unwrap_or(i64::MAX)));
         top.insert("__version__", VERSION);
         let mut models = Vec::with_capacity(self.models.len());
         for m in &self.models {
@@ -558,7 +563,7 @@ impl Plan {
     pub(crate) fn write_all(&self, dir: &Path, options: &WriteOptions) -> Result<()> {
         let commit = DirCommit::begin(dir, &SingleProcess, &options.dir_options()).map_err(from_commit)?;
         let values: Vec<Value> =
-            (0..self.nshards).map(|r| self.part_value(r, &|t| Ok(t.clone()))).collect::<Result<_>>()?;
+            (0..self.world_size).map(|r| self.part_value(r, &|t| Ok(t.clone()))).collect::<Result<_>>()?;
         // Parts holding tensors made as they are written (gathers from another format, chunks joined:
         // `Buffer::deferred`) are written one after the other, so that one such tensor is in memory at a
         // time; parts of windows and owned tensors, in parallel.
@@ -650,14 +655,14 @@ fn compact(v: &Value) -> Result<Value> {
     })
 }
 
-/// Saves `state` as an hfai checkpoint of `options.nshards` parts in `dir`, from this one process: the parts
+/// Saves `state` as an hfai checkpoint of `options.world_size` parts in `dir`, from this one process: the parts
 /// are built and written in parallel into `.<dir>.ckpt-staging` beside `dir`, checked on disk, and the
 /// directory swapped in whole ([`ckpt_io::DirCommit`]): a crash at any point leaves the previous
 /// checkpoint or the new one, parts of an earlier, wider save disappear with it, and files in `dir` that
 /// are not hfai's are carried over. `ckpt.checksums.json` (a CRC-32 of every record) is written beside the
 /// parts unless [`WriteOptions::checksums`] is off.
 ///
-/// The files are what hfai's `save` run on `nshards` ranks writes (spec §2-§4): the same key-to-rank split
+/// The files are what hfai's `save` run on `world_size` ranks writes (spec §2-§4): the same key-to-rank split
 /// (largest first, to the least-loaded rank, ties to the lower rank, equal sizes later-key first), tensors
 /// of more than `options.large_size` bytes flattened and split with `torch.chunk`, buffers whole in part 0,
 /// `others` in part 0. A tensor too small for `torch.chunk` to give every rank a chunk is refused with
@@ -670,7 +675,7 @@ fn compact(v: &Value) -> Result<Value> {
 /// (`Error::Core` holding a `ckpt_io::CommitError`: the destination locked by another save, a full disk, ...);
 /// [`Error::Incomplete`] or [`Error::ForeignFiles`] from the completion check.
 pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()> {
-    Plan::new(state.contents()?, options.nshards, options.large_size)?.write_all(dir, options)
+    Plan::new(state.contents()?, options.world_size, options.large_size)?.write_all(dir, options)
 }
 
 /// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
@@ -693,7 +698,7 @@ pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()>
 ///         s.spawn(move || ckpt_hfai::save_rank(state, dir, &WriteOptions::default(), &rank).unwrap());
 ///     }
 /// });
-/// assert_eq!(ckpt_hfai::HfaiReader::open(dir.path()).unwrap().nshards(), 3);
+/// assert_eq!(ckpt_hfai::HfaiReader::open(dir.path()).unwrap().world_size(), 3);
 /// ```
 ///
 /// # Errors

@@ -139,12 +139,12 @@ fn save_then_open_round_trips_for_1_to_5_parts() {
     let state = sample();
     for n in 1..=5 {
         let dir = tempfile::tempdir().unwrap();
-        save(&state, dir.path(), &opts().with_nshards(n)).unwrap();
+        save(&state, dir.path(), &opts().with_world_size(n)).unwrap();
         let mut expected: Vec<String> = (0..n).map(part_file_name).collect();
         expected.push("ckpt.checksums.json".into());
         assert_eq!(files(dir.path()), expected, "no temporary files left");
         let ckpt = HfaiReader::open(dir.path()).unwrap();
-        assert_eq!(ckpt.nshards(), n);
+        assert_eq!(ckpt.world_size(), n);
         assert_loads_to(&ckpt, &state);
         assert_eq!(ckpt.chunked(), ["model.embed.weight", "optimizer.state.0.exp_avg", "optimizer.state.0.exp_avg_sq"]);
         // hfai's merge order: the large tensor comes after every small key
@@ -171,7 +171,7 @@ fn every_part_has_hfais_layout() {
     let state = sample();
     let dir = tempfile::tempdir().unwrap();
     let n = 3;
-    save(&state, dir.path(), &opts().with_nshards(n)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(n)).unwrap();
     let mut owner: HashMap<String, usize> = HashMap::new();
     for r in 0..n {
         let p = part(dir.path(), r);
@@ -242,7 +242,7 @@ fn one_process_and_n_ranks_write_the_same_bytes() {
     for n in [1, 2, 3] {
         let a = tempfile::tempdir().unwrap();
         let b = tempfile::tempdir().unwrap();
-        save(&state, a.path(), &opts().with_nshards(n)).unwrap();
+        save(&state, a.path(), &opts().with_world_size(n)).unwrap();
         std::thread::scope(|s| {
             for g in ThreadGroup::new(n) {
                 let (state, dir) = (&state, b.path());
@@ -290,14 +290,14 @@ fn a_failing_rank_fails_every_rank() {
 fn saving_fewer_parts_removes_stale_ones() {
     let state = sample();
     let dir = tempfile::tempdir().unwrap();
-    save(&state, dir.path(), &opts().with_nshards(4)).unwrap();
-    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(4)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(2)).unwrap();
     assert_eq!(files(dir.path()), ["PART_000.pt", "PART_001.pt", "ckpt.checksums.json"]);
     assert_loads_to(&HfaiReader::open(dir.path()).unwrap(), &state);
 
     // a name hfai's loader would count but that is no part name is reported, not deleted
     fs::write(dir.path().join("PART_x.pt"), b"").unwrap();
-    let e = save(&state, dir.path(), &opts().with_nshards(2)).unwrap_err();
+    let e = save(&state, dir.path(), &opts().with_world_size(2)).unwrap_err();
     assert!(matches!(&e, Error::ForeignFiles { names, .. } if names == &["PART_x.pt"]), "{e}");
     assert!(dir.path().join("PART_x.pt").exists());
 }
@@ -309,7 +309,7 @@ fn threshold_is_strict_and_too_few_chunks_are_refused() {
     sd.insert("over", f32s(1, &[251]));
     let state = SaveState::default().with_model(ModelState::new(sd));
     let dir = tempfile::tempdir().unwrap();
-    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(2)).unwrap();
     assert_eq!(HfaiReader::open(dir.path()).unwrap().chunked(), ["model.over"]);
 
     // 5 elements over 4 parts: torch.chunk gives 3 chunks of 2, hfai's chunk(4)[3] raises IndexError
@@ -317,10 +317,10 @@ fn threshold_is_strict_and_too_few_chunks_are_refused() {
     sd.insert("w", f32s(0, &[5]));
     let state = SaveState::default().with_model(ModelState::new(sd));
     let dir = tempfile::tempdir().unwrap();
-    let e = save(&state, &dir.path().join("ckpt"), &WriteOptions::default().with_large_size(8).with_nshards(4))
+    let e = save(&state, &dir.path().join("ckpt"), &WriteOptions::default().with_large_size(8).with_world_size(4))
         .unwrap_err();
     assert!(
-        matches!(&e, Error::TooFewChunks { key, numel: 5, nshards: 4, chunks: 3, chunk_len: 2 } if key == "model.w"),
+        matches!(&e, Error::TooFewChunks { key, numel: 5, world_size: 4, chunks: 3, chunk_len: 2 } if key == "model.w"),
         "{e}"
     );
     assert!(!dir.path().join("ckpt").exists(), "nothing is written");
@@ -332,7 +332,7 @@ fn several_models_and_optimizers_stay_lists_none_stays_raw() {
     second.insert("w", f32s(9, &[3]));
     let state = sample().with_model(ModelState::new(second)).with_optimizer(adam_state());
     let dir = tempfile::tempdir().unwrap();
-    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(2)).unwrap();
     let ckpt = HfaiReader::open(dir.path()).unwrap();
     let top = ckpt.value().as_dict().unwrap();
     assert!(matches!(top.get("model"), Some(Value::List(m)) if m.len() == 2));
@@ -344,7 +344,7 @@ fn several_models_and_optimizers_stay_lists_none_stays_raw() {
 
     let none = SaveState { optimizers: vec![], others: vec![], ..sample() };
     let dir = tempfile::tempdir().unwrap();
-    save(&none, dir.path(), &opts().with_nshards(3)).unwrap();
+    save(&none, dir.path(), &opts().with_world_size(3)).unwrap();
     let ckpt = HfaiReader::open(dir.path()).unwrap();
     let top = ckpt.value().as_dict().unwrap();
     assert_eq!(top.get("optimizer"), Some(&Value::List(vec![])), "no optimizer: the raw [] of the file");
@@ -355,7 +355,7 @@ fn several_models_and_optimizers_stay_lists_none_stays_raw() {
 #[test]
 fn generic_reader_lists_entries() {
     let dir = tempfile::tempdir().unwrap();
-    save(&sample(), dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&sample(), dir.path(), &opts().with_world_size(2)).unwrap();
     let ckpt = HfaiReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.format_name(), "hfai");
     let entries = ckpt.entries();
@@ -374,9 +374,9 @@ fn generic_reader_lists_entries() {
 #[test]
 fn open_collective_agrees_or_fails_everywhere() {
     let dir = tempfile::tempdir().unwrap();
-    save(&sample(), dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&sample(), dir.path(), &opts().with_world_size(2)).unwrap();
     let other = tempfile::tempdir().unwrap();
-    save(&sample().with_other("extra", Value::Int(1)), other.path(), &opts().with_nshards(2)).unwrap();
+    save(&sample().with_other("extra", Value::Int(1)), other.path(), &opts().with_world_size(2)).unwrap();
     let open_all = |dirs: [&Path; 3]| -> Vec<ckpt_hfai::Result<HfaiReader>> {
         std::thread::scope(|s| {
             let handles: Vec<_> = ThreadGroup::new(3)
@@ -405,7 +405,7 @@ fn open_collective_agrees_or_fails_everywhere() {
 fn reshard_round_trips_and_copies_only_spanning_chunks() {
     let state = sample();
     let src = tempfile::tempdir().unwrap();
-    save(&state, src.path(), &opts().with_nshards(3)).unwrap();
+    save(&state, src.path(), &opts().with_world_size(3)).unwrap();
     let reshard_opts = ReshardOptions::default()
         .with_write(opts())
         .with_buffers(0, ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]);
@@ -416,7 +416,7 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
         assert_eq!(s.copied_bytes > 0, copied, "3 -> {m}: {s:?}");
         assert!(s.copied_bytes <= 3 * 1280);
         let back = HfaiReader::open(dst.path()).unwrap();
-        assert_eq!(back.nshards(), m);
+        assert_eq!(back.world_size(), m);
         assert_loads_to(&back, &state);
         // buffers are whole at the end of part 0
         let p0 = part(dst.path(), 0);
@@ -442,7 +442,7 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
     let s = reshard(src.path(), src.path(), 2, &reshard_opts).unwrap();
     assert_eq!(s.to, 2);
     let back = HfaiReader::open(src.path()).unwrap();
-    assert_eq!(back.nshards(), 2);
+    assert_eq!(back.world_size(), 2);
     assert_loads_to(&back, &state);
 }
 
@@ -452,7 +452,7 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
 /// A valid 3-part checkpoint in a fresh directory.
 fn saved(n: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    save(&sample(), dir.path(), &opts().with_nshards(n)).unwrap();
+    save(&sample(), dir.path(), &opts().with_world_size(n)).unwrap();
     dir
 }
 
@@ -485,11 +485,11 @@ fn rejects_a_missing_part() {
     fs::remove_file(dir.path().join("PART_001.pt")).unwrap();
     let e = open_err(dir.path());
     assert!(
-        matches!(&e, Error::MissingPart { rank: 1, nshards: Some(3), path } if path.ends_with("PART_001.pt")),
+        matches!(&e, Error::MissingPart { rank: 1, world_size: Some(3), path } if path.ends_with("PART_001.pt")),
         "{e}"
     );
     fs::remove_file(dir.path().join("PART_000.pt")).unwrap();
-    assert!(matches!(open_err(dir.path()), Error::MissingPart { rank: 0, nshards: None, .. }));
+    assert!(matches!(open_err(dir.path()), Error::MissingPart { rank: 0, world_size: None, .. }));
 }
 
 #[test]
@@ -508,7 +508,7 @@ fn rejects_stale_and_foreign_parts() {
     let dir = saved(2);
     fs::copy(dir.path().join("PART_001.pt"), dir.path().join("PART_002.pt")).unwrap();
     let e = open_err(dir.path());
-    assert!(matches!(&e, Error::ExtraParts { names, nshards: 2, .. } if names == &["PART_002.pt"]), "{e}");
+    assert!(matches!(&e, Error::ExtraParts { names, world_size: 2, .. } if names == &["PART_002.pt"]), "{e}");
     fs::remove_file(dir.path().join("PART_002.pt")).unwrap();
     fs::write(dir.path().join("PART_1.pt"), b"").unwrap();
     assert!(matches!(open_err(dir.path()), Error::ExtraParts { names, .. } if names == ["PART_1.pt"]));
@@ -583,21 +583,21 @@ fn rejects_a_key_both_whole_and_chunked() {
 fn rejects_bad_save_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    assert!(matches!(save(&sample(), d, &opts().with_nshards(0)), Err(Error::ZeroShards)));
-    let e = save(&sample().with_other("__nshards__", Value::Int(2)), d, &opts().with_nshards(2)).unwrap_err();
+    assert!(matches!(save(&sample(), d, &opts().with_world_size(0)), Err(Error::ZeroShards)));
+    let e = save(&sample().with_other("__nshards__", Value::Int(2)), d, &opts().with_world_size(2)).unwrap_err();
     assert!(matches!(e, Error::ReservedKey { .. }));
     let e = save(
         &SaveState::default().with_model(ModelState::new(state_dict()).with_buffers(["x"])),
         d,
-        &opts().with_nshards(2),
+        &opts().with_world_size(2),
     );
     assert!(matches!(e, Err(Error::UnknownBuffer { model: 0, name }) if name == "x"));
-    let e = save(&SaveState::default().with_optimizer(Value::Int(1)), d, &opts().with_nshards(2));
+    let e = save(&SaveState::default().with_optimizer(Value::Int(1)), d, &opts().with_world_size(2));
     assert!(matches!(e, Err(Error::BadOptimizer { index: 0, .. })));
     let e = save(
         &SaveState::default().with_optimizer(Value::dict([("param_groups", Value::List(vec![]))])),
         d,
-        &opts().with_nshards(2),
+        &opts().with_world_size(2),
     );
     assert!(matches!(e, Err(Error::BadOptimizer { index: 0, problem }) if problem.contains("state")));
     assert_eq!(fs::read_dir(d).unwrap().count(), 0, "nothing written");
@@ -611,7 +611,7 @@ fn dtypes_survive() {
     }
     let state = SaveState::default().with_model(ModelState::new(sd.clone()));
     let dir = tempfile::tempdir().unwrap();
-    save(&state, dir.path(), &WriteOptions::default().with_large_size(400).with_nshards(3)).unwrap();
+    save(&state, dir.path(), &WriteOptions::default().with_large_size(400).with_world_size(3)).unwrap();
     let ckpt = HfaiReader::open(dir.path()).unwrap();
     assert_eq!(ckpt.chunked().len(), 3, "{:?}", ckpt.chunked()); // bf16, f16, f64 are over 400 bytes
     assert_loads_to(&ckpt, &state);
@@ -632,7 +632,7 @@ fn a_training_checkpoint_lays_out_as_hfai_save_takes_it() {
     assert!(dropped.is_empty());
     assert_eq!((state.models.len(), &state.optimizers, state.others.len()), (1, &vec![opt.clone()], 1));
     let dir = tempfile::tempdir().unwrap();
-    save(&state, dir.path(), &opts().with_nshards(2)).unwrap();
+    save(&state, dir.path(), &opts().with_world_size(2)).unwrap();
     let back = HfaiReader::open(dir.path()).unwrap();
     assert_eq!(back.other("epoch"), Some(&Value::Int(3)));
     // An `optimizer` that is not an optimizer state dict is left out, named.
@@ -648,7 +648,7 @@ fn a_training_checkpoint_lays_out_as_hfai_save_takes_it() {
 #[test]
 fn verify_names_every_part_with_a_flipped_record() {
     let dir = tempfile::tempdir().unwrap();
-    save(&sample(), dir.path(), &opts().with_nshards(3)).unwrap();
+    save(&sample(), dir.path(), &opts().with_world_size(3)).unwrap();
     let report = ckpt_hfai::verify(dir.path()).unwrap();
     assert!(report.is_ok());
     assert_eq!(report.parts.len(), 3);
@@ -678,7 +678,7 @@ fn verify_names_every_part_with_a_flipped_record() {
 #[test]
 fn rank_shares_read_only_their_parts() {
     let dir = tempfile::tempdir().unwrap();
-    save(&sample(), dir.path(), &opts().with_nshards(4)).unwrap();
+    save(&sample(), dir.path(), &opts().with_world_size(4)).unwrap();
     let whole = HfaiReader::open(dir.path()).unwrap();
     let read = |p: usize, k: usize| RankShare::read(dir.path(), &Default::default(), p, k);
     for k in [1, 2, 3] {
@@ -700,7 +700,7 @@ fn rank_shares_read_only_their_parts() {
         let mut covered: HashMap<String, usize> = HashMap::new();
         for (p, share) in shares.iter().enumerate() {
             assert_eq!(share.parts(), ckpt_collective::hosted_ranks(p, k, 4), "process {p} of {k}");
-            assert_eq!(share.nshards(), 4);
+            assert_eq!(share.world_size(), 4);
             for (key, v) in &share.model().unwrap().items {
                 let key = ckpt_tensor::python_str(key).unwrap();
                 assert_tensor_eq(v, whole.model().unwrap().get(key.as_str()).unwrap(), &key);

@@ -10,10 +10,10 @@ use ckpt_safetensors as safetensors;
 use ckpt_tensor::Tensor;
 use rayon::prelude::*;
 
-use crate::checkpoint::PbgReader;
 use crate::config::Config;
 use crate::entity_path::EntityStorage;
 use crate::error::{Error, Result};
+use crate::reader::PbgReader;
 
 /// Rows formatted per parallel task.
 const ROWS_PER_TASK: usize = 1024;

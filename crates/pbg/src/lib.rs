@@ -71,7 +71,6 @@
 //! blobs are decoded by ckpt-torch's safe unpickler. libhdf5 itself parses the file's structure: its own
 //! robustness against crafted files is that of the system library.
 
-mod checkpoint;
 mod commit;
 mod config;
 mod entity_path;
@@ -83,11 +82,11 @@ mod model;
 mod names;
 mod optimizer;
 mod partition;
+mod reader;
 mod save;
 mod storage;
 mod verify;
 
-pub use checkpoint::{PartitionEntry, PbgReader, ReadOptions};
 pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
 pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_dumps};
 pub use entity_path::EntityStorage;
@@ -104,6 +103,7 @@ pub use optimizer::{OptimizerState, StateDict};
 pub use partition::{
     EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
 };
+pub use reader::{PartitionEntry, PbgReader, ReadOptions};
 pub use save::{SaveReport, save, save_rank};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};
 pub use verify::VerifyReport;

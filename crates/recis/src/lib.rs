@@ -8,19 +8,19 @@
 //! | `model-XXXXXX-of-YYYYYY.safetensors` | [`DataFile`] | hash-table blocks (ids, embedding and optimizer slots) and sparse-side dense tensors |
 //! | `index` | [`Index`] | block key → data file |
 //! | `tensorkey.json` | [`TensorKey`] | part name → internal block name (`child@slot^begin@end@size`) |
-//! | `torch_rank_weights_embs_table_multi_shard.json` | [`RankEntry`] | informational summary |
-//! | `model.pt`, `extra.pt`, `io_state_<s>.pt`, `io_state_count` | [`read_model`], [`write_model`], ... | torch.save state, through `ckpt-torch` |
+//! | `torch_rank_weights_embs_table_multi_shard.json` | [`RankEntry`](torch_rank::RankEntry) | informational summary |
+//! | `model.pt`, `extra.pt`, `io_state_<s>.pt`, `io_state_count` | [`read_model`](dense::read_model), [`write_model`](dense::write_model), ... | torch.save state, through `ckpt-torch` |
 //!
 //! and its parent directory a `checkpoint` list ([`CheckpointManager`]).
 //!
 //! * Reading: [`SparseCheckpoint`] (the serializer's part, validated as a whole before anything is handed
 //!   out, tensors zero-copy) and [`RecisReader`] (the whole directory, a [`ckpt_tensor::CheckpointRead`]).
-//!   A table comes back as a [`TableChild`]: ids plus one row per slot, with O(1) look-up by id.
-//! * Writing: [`save_blocks`] / [`save_tables`] (one call per rank through a [`ckpt_collective::Collective`]; shard 0
-//!   merges), or [`write_shard_files`] + [`write_meta`]. For the same blocks in the same order the data
+//!   A table comes back as a [`TableChild`](table::TableChild): ids plus one row per slot, with O(1) look-up by id.
+//! * Writing: [`save_blocks`](writer::save_blocks) / [`save_tables`](writer::save_tables) (one call per rank through a [`ckpt_collective::Collective`]; shard 0
+//!   merges), or [`write_shard_files`](writer::write_shard_files) + [`write_meta`](writer::write_meta). For the same blocks in the same order the data
 //!   files, `index` and `tensorkey.json` are byte-identical to RecIS's.
 //! * [`reshard`] / [`reshard_sparse`]: any shard count into any other, keeping id `x` in the shard whose slice holds
-//!   `(x as u64) % slice_size` ([`IdPartition`] explains negative ids).
+//!   `(x as u64) % slice_size` ([`IdPartition`](name::IdPartition) explains negative ids).
 //! * [`CheckpointManager`]: `ckpt_<step>` directories, the `checkpoint` list, `max_keep` rotation read from
 //!   disk, atomic commits. Every function taking a path to read accepts an output root for its latest
 //!   checkpoint ([`checkpoint_dir`] has the rule).
@@ -37,7 +37,7 @@
 //! use ckpt_tensor::CheckpointRead;
 //! let ck = ckpt_recis::RecisReader::open(&fixture)?;             // RecIS's own 2-shard checkpoint
 //! let ids = ck.tensor("tbl@id")?;                                         // the table's ids, slices concatenated
-//! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_shards(3))?; // 3 shards
+//! ckpt_recis::save(&ck.state_dict()?, &out, &ckpt_recis::WriteOptions::default().with_world_size(3))?; // 3 shards
 //! # assert_eq!(ckpt_recis::RecisReader::open(&out)?.sparse().child("tbl")?.len(), ids.numel());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -72,45 +72,35 @@
 //! file names in `index` must be plain names inside the directory, row counts against id counts. Errors say
 //! which file and block broke which rule ([`Error`]).
 
-mod checkpoint;
-mod data_file;
-mod dense;
+pub mod data_file;
+pub mod dense;
 mod dtype;
 mod error;
 mod index;
-mod manager;
-mod name;
+pub mod manager;
+pub mod name;
 mod reader;
 mod reshard;
+mod sparse;
 mod state_dict;
-mod table;
+pub mod table;
 mod tensorkey;
-mod torch_rank;
+pub mod torch_rank;
 mod verify;
-mod writer;
+pub mod writer;
 
-pub use checkpoint::RecisReader;
 pub use ckpt_torch::ReadOptions;
-pub use data_file::{DataFile, HeaderEntry, MAX_HEADER_LEN, header_json, header_prefix, write as write_data_file};
-pub use dense::{
-    EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, read_extra, read_io_state, read_io_state_count,
-    read_model, write_extra, write_io_state, write_io_state_count, write_model,
-};
+pub use data_file::{DataFile, HeaderEntry, MAX_HEADER_LEN};
+pub use dense::{EXTRA_FILE, MODEL_FILE};
 pub use error::{Error, Result};
 pub use index::{INDEX_FILE, Index};
-pub use manager::{CHECKPOINT_LIST, CheckpointManager, ShardState, checkpoint_dir, checkpoint_id, checkpoint_step};
-pub use name::{
-    BlockSlice, DEFAULT_SLICE_SIZE, DENSE_SLICE, EMBEDDING_SLOT, ID_SLOT, IdPartition, Shard, SliceInfo, block_name,
-    data_file_name, dense_key, gen_slice, parse_block_name, parse_data_file_name, part_name, part_shard,
-    slot_tensor_name, split_tensor_name,
-};
-pub use reader::{BlockRecord, SparseCheckpoint};
+pub use manager::{CHECKPOINT_LIST, CheckpointManager, checkpoint_dir};
+pub use name::{DEFAULT_SLICE_SIZE, Shard};
+pub use reader::RecisReader;
 pub use reshard::{ReshardOptions, load_shard, reshard, reshard_rank, reshard_sparse, write_sharded};
+pub use sparse::{BlockRecord, SparseCheckpoint};
 pub use state_dict::{SaveReport, save, save_rank};
-pub use table::{HashTable, ID_BITS, ID_MASK, MAX_CHILDREN, Slot, TableChild, coalesce, decode_id, encode_id};
+pub use table::{HashTable, Slot};
 pub use tensorkey::{TENSORKEY_FILE, TensorKey};
-pub use torch_rank::{RankEntry, TORCH_RANK_FILE};
 pub use verify::{VerifyReport, verify};
-pub use writer::{
-    Block, ShardMeta, WriteOptions, save_blocks, save_tables, shard_blocks, table_blocks, write_meta, write_shard_files,
-};
+pub use writer::WriteOptions;

@@ -34,10 +34,10 @@ use ckpt_tensor::{Tensor, Value};
 
 use ckpt_io::DirCommit;
 
-use crate::checkpoint::RecisReader;
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, write_torch_to};
 use crate::error::{Error, Result};
 use crate::name::Shard;
+use crate::reader::RecisReader;
 use crate::table::HashTable;
 use crate::writer::{
     ShardMeta, Target, WriteOptions, commit_shards, from_commit, is_checkpoint_file, shard_blocks,
@@ -107,7 +107,10 @@ pub struct ShardState {
 /// ```
 /// use ckpt_tensor::{Tensor, Value};
 /// use ckpt_collective::SingleProcess;
-/// use ckpt_recis::{CheckpointManager, HashTable, ShardState, SliceInfo, Slot, TableChild, checkpoint_id};
+/// use ckpt_recis::{CheckpointManager, HashTable, Slot};
+/// use ckpt_recis::manager::{ShardState, checkpoint_id};
+/// use ckpt_recis::name::SliceInfo;
+/// use ckpt_recis::table::TableChild;
 /// let root = tempfile::tempdir().unwrap();
 /// let manager = CheckpointManager::new(root.path()).with_max_keep(2);
 /// let emb = Tensor::from_slice(&[0.5f32, 1.5], &[2, 1]).unwrap();

@@ -25,7 +25,7 @@ pub const DENSE_SLICE: &str = " ";
 /// decimal width of `size`:
 ///
 /// ```
-/// use ckpt_recis::SliceInfo;
+/// use ckpt_recis::name::SliceInfo;
 /// let s = SliceInfo::new(0, 32768, 65536).unwrap();
 /// assert_eq!(s.to_string(), "00000@32768@65536");
 /// assert_eq!("32768@65536@65536".parse::<SliceInfo>().unwrap(), SliceInfo::new(32768, 65536, 65536).unwrap());
@@ -138,7 +138,7 @@ impl std::str::FromStr for SliceInfo {
 /// them up. Reshard with `AbsFmod` to keep such a table consistent with a CPU trainer.
 ///
 /// ```
-/// use ckpt_recis::IdPartition;
+/// use ckpt_recis::name::IdPartition;
 /// assert_eq!(IdPartition::Unsigned.of(-1, 65536), 65535);
 /// assert_eq!(IdPartition::AbsFmod.of(-1, 65536), 1);
 /// assert_eq!(IdPartition::Unsigned.of(100_000, 65536), 34464);
@@ -172,7 +172,7 @@ impl IdPartition {
 /// into `num` consecutive ranges of `slice_size / num`, the first `slice_size % num` one larger.
 ///
 /// ```
-/// use ckpt_recis::gen_slice;
+/// use ckpt_recis::name::gen_slice;
 /// let s: Vec<String> = (0..3).map(|r| gen_slice(r, 3, 65536).unwrap().to_string()).collect();
 /// assert_eq!(s, ["00000@21846@65536", "21846@43691@65536", "43691@65536@65536"]);
 /// ```

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::name::{IdPartition, Shard, gen_slice};
-use crate::reader::SparseCheckpoint;
+use crate::sparse::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
 use crate::writer::{
     ShardMeta, Target, WriteOptions, commit_local, commit_shards, from_commit, is_checkpoint_file, is_sparse_file,
@@ -124,7 +124,9 @@ fn reshard_sparse_to(
 ///
 /// ```
 /// use ckpt_tensor::Tensor;
-/// use ckpt_recis::{ReshardOptions, Slot, SparseCheckpoint, TableChild, write_sharded};
+/// use ckpt_recis::{ReshardOptions, Slot, SparseCheckpoint};
+/// use ckpt_recis::write_sharded;
+/// use ckpt_recis::table::TableChild;
 /// let dir = tempfile::tempdir().unwrap();
 /// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0], &[3, 1]).unwrap();
 /// let tbl = TableChild::new("tbl", vec![7, 40000, 3], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
@@ -136,7 +138,7 @@ fn reshard_sparse_to(
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for 0 shards; [`Error::BadSlice`] for a bad `slice_size`; as
-/// [`write_shard_files`](crate::write_shard_files) and [`write_meta`](crate::write_meta); the commit's errors.
+/// [`write_shard_files`](crate::writer::write_shard_files) and [`write_meta`](crate::writer::write_meta); the commit's errors.
 pub fn write_sharded(
     dst: &Path,
     tables: &[(TableChild, u32)],

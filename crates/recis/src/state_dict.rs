@@ -158,7 +158,7 @@ pub struct SaveReport {
 }
 
 /// Writes `state_dict` (a mapping) as the RecIS checkpoint directory `dir` (the module documentation has the
-/// rules): `model.pt` and `extra.pt`, then the serializer's part of [`WriteOptions::shards`] shards, whose
+/// rules): `model.pt` and `extra.pt`, then the serializer's part of [`WriteOptions::world_size`](crate::WriteOptions::world_size) shards, whose
 /// `index`, written last and even when it holds nothing, is what marks the directory as a complete RecIS
 /// checkpoint (as RecIS's saver does). The directory is committed whole (staged beside `dir`, swapped in;
 /// files of an existing `dir` that are not RecIS's are carried over), with `ckpt.checksums.json`.
@@ -176,7 +176,7 @@ pub struct SaveReport {
 ///     ("tbl@embedding", Value::Tensor(emb)),
 ///     ("dense.w", Value::Tensor(w.clone())),
 /// ]);
-/// ckpt_recis::save(&sd, dir.path(), &ckpt_recis::WriteOptions::default().with_shards(2)).unwrap();
+/// ckpt_recis::save(&sd, dir.path(), &ckpt_recis::WriteOptions::default().with_world_size(2)).unwrap();
 /// let ck = ckpt_recis::RecisReader::open(dir.path()).unwrap();
 /// assert_eq!(ck.sparse().shard_num(), Some(2));
 /// assert_eq!(ck.sparse().child("tbl").unwrap().len(), 3);
@@ -193,7 +193,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
     })?;
     let parts = split(top)?;
     let (children, dense) = tables(&parts.sparse)?;
-    if options.shards == 0 {
+    if options.world_size == 0 {
         return Err(Error::InvalidArgument("writing 0 shards".into()));
     }
     // One directory commit: staged beside `dir`, swapped in whole.
@@ -208,12 +208,12 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
         }
         // The serializer's part last, and even when it holds nothing, as RecIS's saver does: its `index`,
         // written after everything else, is what marks the directory as a complete RecIS checkpoint.
-        write_sharded_to(target, &tables, &dense, options.shards, &reshard)
+        write_sharded_to(target, &tables, &dense, options.world_size, &reshard)
     })?;
     Ok(SaveReport { dropped: parts.dropped_keys })
 }
 
-/// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::shards`]
+/// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::world_size`](crate::WriteOptions::world_size)
 /// is ignored), one call per rank with the same `state_dict` (threads, processes under MPI,
 /// [`ckpt_collective::host_ranks`]): rank `r` writes shard `r`'s data files (of every table the ids of its slice,
 /// whose rows alone it reads and copies) into the staging directory beside `dir`; rank 0 also writes
@@ -230,7 +230,7 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
 /// let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();
 /// let sd = Value::dict([("tbl@id", Value::Tensor(ids)), ("tbl@embedding", Value::Tensor(emb))]);
 /// let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-/// let options = ckpt_recis::WriteOptions::default().with_shards(2);
+/// let options = ckpt_recis::WriteOptions::default().with_world_size(2);
 /// ckpt_recis::save(&sd, &one, &options).unwrap();
 /// std::thread::scope(|s| {
 ///     for g in ThreadGroup::new(2) {

@@ -28,7 +28,7 @@ pub const MAX_CHILDREN: usize = (1 << (64 - ID_BITS)) - 2;
 /// (`ChildrenInfo::EncodeId`). The id's own top 12 bits are lost, as in RecIS.
 ///
 /// ```
-/// use ckpt_recis::{decode_id, encode_id};
+/// use ckpt_recis::table::{decode_id, encode_id};
 /// let e = encode_id(9, 1);
 /// assert_eq!(e, (1 << 52) + 9);
 /// assert_eq!(decode_id(e), (1, 9));
@@ -247,7 +247,8 @@ impl AsRef<[u8]> for IdVec {
 ///
 /// ```
 /// use ckpt_tensor::Tensor;
-/// use ckpt_recis::{Slot, TableChild};
+/// use ckpt_recis::Slot;
+/// use ckpt_recis::table::TableChild;
 /// let emb = Tensor::from_slice(&[1.0f32, 1.5, 5.0, 5.5], &[2, 2]).unwrap();
 /// let t = TableChild::new("user", vec![1, 5], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
 /// assert_eq!(t.position(5).unwrap(), Some(1));

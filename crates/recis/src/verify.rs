@@ -29,7 +29,7 @@ impl VerifyReport {
 /// ```
 /// use ckpt_tensor::Value;
 /// let dir = tempfile::tempdir().unwrap();
-/// ckpt_recis::write_model(dir.path(), &Value::dict([("step", Value::Int(3))])).unwrap();
+/// ckpt_recis::dense::write_model(dir.path(), &Value::dict([("step", Value::Int(3))])).unwrap();
 /// let report = ckpt_recis::verify(dir.path()).unwrap();
 /// assert!(report.is_ok());
 /// assert_eq!(report.torch_files.len(), 1);

@@ -48,7 +48,7 @@ pub struct WriteOptions {
     pub torch_rank_json: bool,
     /// [`crate::save`]: the number of shards to write, as many as RecIS workers (default 1). A save through
     /// a collective writes one shard per rank and ignores this.
-    pub shards: usize,
+    pub world_size: usize,
     /// [`crate::save`]: the id key space (`slice_size`) of every hash table it builds (default
     /// [`DEFAULT_SLICE_SIZE`], RecIS's).
     pub slice_size: u32,
@@ -66,7 +66,7 @@ impl Default for WriteOptions {
         WriteOptions {
             parallel: 4,
             torch_rank_json: true,
-            shards: 1,
+            world_size: 1,
             slice_size: DEFAULT_SLICE_SIZE,
             checksums: true,
             sync: true,
@@ -89,10 +89,10 @@ impl WriteOptions {
         self
     }
 
-    /// These options with `shards` shards ([`crate::save`]).
+    /// These options with `world_size` shards ([`crate::save`]).
     #[must_use]
-    pub fn with_shards(mut self, shards: usize) -> Self {
-        self.shards = shards;
+    pub fn with_world_size(mut self, world_size: usize) -> Self {
+        self.world_size = world_size;
         self
     }
 

@@ -8,11 +8,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
+use ckpt_recis::data_file::write as write_data_file;
+use ckpt_recis::manager::{ShardState, checkpoint_id};
+use ckpt_recis::name::{IdPartition, SliceInfo, gen_slice};
+use ckpt_recis::table::TableChild;
+use ckpt_recis::writer::{Block, save_blocks, save_tables, write_meta, write_shard_files};
 use ckpt_recis::{
-    Block, CheckpointManager, Error, HashTable, IdPartition, Index, RecisReader, ReshardOptions, Shard, ShardState,
-    SliceInfo, Slot, SparseCheckpoint, TableChild, TensorKey, WriteOptions, checkpoint_id, gen_slice, load_shard,
-    reshard, reshard_sparse, save_blocks, save_tables, write_data_file, write_meta, write_shard_files,
+    CheckpointManager, Error, HashTable, Index, RecisReader, ReshardOptions, Shard, Slot, SparseCheckpoint, TensorKey,
+    WriteOptions, reshard,
 };
+use ckpt_recis::{load_shard, reshard_sparse};
 use ckpt_tensor::{CheckpointRead, DType, EntryKind, Tensor, Value};
 
 fn emb(ids: &[i64], width: usize) -> Slot {
@@ -506,7 +511,7 @@ fn two_shards_cannot_write_one_slice() {
                 d.path(),
                 Shard::new(s, 2).unwrap(),
                 1,
-                &ckpt_recis::table_blocks(&table("t", &[1], full())).unwrap(),
+                &ckpt_recis::writer::table_blocks(&table("t", &[1], full())).unwrap(),
             )
             .unwrap()
         })
@@ -632,9 +637,12 @@ fn many_ranks_save_dense_and_io_state() {
     assert_eq!(c.io_state_count(), Some(3));
     for s in 0..3 {
         assert_eq!(c.io_state(s).unwrap(), &Value::dict([("train_io", Value::Int(s as i64))]));
-        assert!(ckpt_recis::read_io_state(c.dir(), Shard::new(s, 3).unwrap()).unwrap().is_some());
+        assert!(ckpt_recis::dense::read_io_state(c.dir(), Shard::new(s, 3).unwrap()).unwrap().is_some());
     }
-    assert!(matches!(ckpt_recis::read_io_state(c.dir(), Shard::new(0, 2).unwrap()), Err(Error::IoStateCount { .. })));
+    assert!(matches!(
+        ckpt_recis::dense::read_io_state(c.dir(), Shard::new(0, 2).unwrap()),
+        Err(Error::IoStateCount { .. })
+    ));
     assert_eq!(c.sparse().child("t").unwrap().len(), 90);
     assert_eq!(c.sparse().shard_num(), Some(3));
 
@@ -710,13 +718,15 @@ fn negative_ids_follow_the_chosen_partition() {
             src.path(),
             Shard::new(r, 2).unwrap(),
             1,
-            &ckpt_recis::table_blocks(&table("t", &ids, slice)).unwrap(),
+            &ckpt_recis::writer::table_blocks(&table("t", &ids, slice)).unwrap(),
         )
         .unwrap();
         fs::write(src.path().join(format!("meta{r}")), meta.to_bytes()).unwrap();
     }
     let metas: Vec<_> = (0..2)
-        .map(|r| ckpt_recis::ShardMeta::from_bytes(&fs::read(src.path().join(format!("meta{r}"))).unwrap()).unwrap())
+        .map(|r| {
+            ckpt_recis::writer::ShardMeta::from_bytes(&fs::read(src.path().join(format!("meta{r}"))).unwrap()).unwrap()
+        })
         .collect();
     write_meta(src.path(), &metas, &WriteOptions::default()).unwrap();
     let c = SparseCheckpoint::open(src.path()).unwrap();
@@ -774,7 +784,7 @@ fn save_lays_a_state_dict_out_as_recis_does() {
         ("epoch", Value::Int(2)),
     ]);
     let dir = root.path().join("a");
-    let options = WriteOptions::default().with_shards(3).with_parallel(2).with_slice_size(1000);
+    let options = WriteOptions::default().with_world_size(3).with_parallel(2).with_slice_size(1000);
     let report = ckpt_recis::save(&sd, &dir, &options).unwrap();
     assert!(report.dropped.is_empty());
     let ck = RecisReader::open(&dir).unwrap();
@@ -842,8 +852,11 @@ fn verify_names_a_flipped_record_of_model_pt() {
     let dir = tempfile::tempdir().unwrap();
     small(dir.path());
     let w: Vec<f32> = (0..32).map(|i| i as f32).collect();
-    ckpt_recis::write_model(dir.path(), &Value::dict([("w", Value::Tensor(Tensor::from_slice(&w, &[32]).unwrap()))]))
-        .unwrap();
+    ckpt_recis::dense::write_model(
+        dir.path(),
+        &Value::dict([("w", Value::Tensor(Tensor::from_slice(&w, &[32]).unwrap()))]),
+    )
+    .unwrap();
     assert!(ckpt_recis::verify(dir.path()).unwrap().is_ok());
     let path = dir.path().join("model.pt");
     let mut bytes = fs::read(&path).unwrap();

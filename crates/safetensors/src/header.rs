@@ -11,7 +11,7 @@
 //!
 //! [`parse`] checks all of that before anything reads a tensor, keeping the entries in the order the file
 //! lists them (writers such as RecIS give that order a meaning) and each dtype code as written (RecIS writes
-//! a lowercase `bool`). [`write`] lays a header out for entries in a given order, with `__metadata__` first
+//! a lowercase `bool`). [`write()`] lays a header out for entries in a given order, with `__metadata__` first
 //! and its keys sorted, padded to a multiple of 8 with at least the spaces the caller asks for (the
 //! `safetensors` crate pads with 0 to 7, RecIS with 1 to 8). [`declared_len`] reads just the length, so a
 //! limit can be checked before a header is read at all.

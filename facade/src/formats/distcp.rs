@@ -84,7 +84,7 @@ impl Adaptor for Distcp {
     }
 
     /// Each process builds the `Shard(0)` state of the ranks it hosts ([`ckpt_distcp::shard_state_dict`]:
-    /// views of the lazily opened source) and saves them with [`ckpt_distcp::save_distributed`].
+    /// views of the lazily opened source) and saves them with [`ckpt_distcp::save_rank`].
     fn write_in(
         &self,
         source: &Source<'_>,
@@ -160,7 +160,7 @@ impl Adaptor for Distcp {
     }
 
     /// Each process reads the `Shard(0)` boxes of the ranks it hosts from the items they overlap
-    /// ([`ckpt_distcp::DcpReader::shard_state`]) and saves them with [`ckpt_distcp::save_distributed`]; as in
+    /// ([`ckpt_distcp::DcpReader::shard_state`]) and saves them with [`ckpt_distcp::save_rank`]; as in
     /// [`ckpt_distcp::reshard`], every state is read before anything is written.
     fn reshard_in(
         &self,
@@ -241,7 +241,7 @@ fn save_hosted(
     let ran = host_ranks(group, world, |g| {
         let i = mine.iter().position(|&r| r == g.rank()).unwrap_or(0);
         match states.get(i) {
-            Some((sd, shards)) => ckpt_distcp::save_distributed(sd, shards, dst, write, g).map(|_| ()),
+            Some((sd, shards)) => ckpt_distcp::save_rank(sd, shards, dst, write, g).map(|_| ()),
             None => Err(ckpt_distcp::Error::RankFailed { rank: g.rank(), message: "has no state".into() }),
         }
     });

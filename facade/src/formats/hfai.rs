@@ -137,7 +137,7 @@ fn prepare(
 ) -> Result<(ConvertSummary, ckpt_hfai::SaveState, ckpt_hfai::WriteOptions)> {
     let top = source.top_mapping(content, Format::Hfai)?;
     let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
-    let mut write = ckpt_hfai::WriteOptions::default().with_nshards(options.world_size);
+    let mut write = ckpt_hfai::WriteOptions::default().with_world_size(options.world_size);
     if let crate::options::TargetOptions::Hfai { large_size: Some(large) } = options.target {
         write = write.with_large_size(large);
     }

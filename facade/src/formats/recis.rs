@@ -186,7 +186,7 @@ fn is_other_rank(e: &ckpt_recis::Error) -> bool {
 
 /// The write options of a conversion into RecIS.
 fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
-    let mut write = ckpt_recis::WriteOptions::default().with_shards(options.world_size);
+    let mut write = ckpt_recis::WriteOptions::default().with_world_size(options.world_size);
     if let Some(parallel) = recis_of(options).0 {
         write = write.with_parallel(parallel);
     }
