@@ -5,20 +5,27 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 
-use crate::error::{Error, Result};
+use ckpt_tensor::Fault;
+
+use crate::error::{Error, Result, fault_code, fault_of_code};
 use crate::report::{ConvertSummary, chain};
 
 /// Every process's outcome, exchanged: `Ok` on every process when all succeeded, else an error on every
 /// process (its own, or [`Error::RankFailed`] naming the first process that failed).
 pub(crate) fn agree<T>(group: &dyn Collective, own: Result<T>) -> Result<T> {
+    // An error travels as its fault's byte, then its text; success as nothing.
     let msg = match &own {
         Ok(_) => Vec::new(),
-        Err(e) => chain(e).into_bytes(),
+        Err(e) => [vec![fault_code(e.fault())], chain(e).into_bytes()].concat(),
     };
-    let all = group.all_gather(msg).map_err(|e| Error::RankFailed { rank: group.rank(), message: e.to_string() })?;
+    let all = group.all_gather(msg).map_err(|e| exchange_failed(group.rank(), &e))?;
     let own = own?;
-    match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        Some((rank, m)) => Err(Error::RankFailed { rank, message: String::from_utf8_lossy(m).into_owned() }),
+    match all.iter().enumerate().find_map(|(rank, m)| m.split_first().map(|(code, text)| (rank, *code, text))) {
+        Some((rank, code, text)) => Err(Error::RankFailed {
+            rank,
+            fault: fault_of_code(code),
+            message: String::from_utf8_lossy(text).into_owned(),
+        }),
         None => Ok(own),
     }
 }
@@ -58,25 +65,33 @@ pub(crate) fn agree_with_root<T: Wire>(group: &dyn Collective, own: Option<Resul
             m
         }
         Some(Err(e)) => {
-            let mut m = vec![1u8];
+            let mut m = vec![1u8, fault_code(e.fault())];
             m.extend(chain(e).into_bytes());
             m
         }
         None => Vec::new(),
     };
-    let verdict =
-        group.broadcast(msg, 0).map_err(|e| Error::RankFailed { rank: group.rank(), message: e.to_string() })?;
+    let verdict = group.broadcast(msg, 0).map_err(|e| exchange_failed(group.rank(), &e))?;
     if let Some(own) = own {
         return own;
     }
     match verdict.split_first() {
         Some((0, body)) => T::from_wire(body).ok_or_else(|| Error::RankFailed {
             rank: 0,
+            fault: Fault::Io,
             message: format!("{}: sent an unreadable outcome", at.display()),
         }),
-        Some((_, body)) => Err(Error::RankFailed { rank: 0, message: String::from_utf8_lossy(body).into_owned() }),
-        None => Err(Error::RankFailed { rank: 0, message: "sent no outcome".into() }),
+        Some((_, body)) => {
+            let (fault, text) = body.split_first().map_or((Fault::Io, &[][..]), |(c, t)| (fault_of_code(*c), t));
+            Err(Error::RankFailed { rank: 0, fault, message: String::from_utf8_lossy(text).into_owned() })
+        }
+        None => Err(Error::RankFailed { rank: 0, fault: Fault::Io, message: "sent no outcome".into() }),
     }
+}
+
+/// The error of a process whose group could not exchange outcomes: the environment's.
+fn exchange_failed(rank: usize, e: &ckpt_tensor::Error) -> Error {
+    Error::RankFailed { rank, fault: Fault::Io, message: e.to_string() }
 }
 
 /// What a process's outcome travels as.
@@ -132,6 +147,44 @@ impl Wire for ConvertSummary {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn every_process_reports_the_failing_ones_fault() {
+        use ckpt_collective::ThreadGroup;
+        let faults: Vec<(Fault, Fault)> = std::thread::scope(|s| {
+            let handles: Vec<_> = ThreadGroup::new(2)
+                .into_iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let own: Result<()> = if g.rank() == 0 {
+                            Err(Error::InvalidArgument { path: "/d".into(), reason: "not empty".into() })
+                        } else {
+                            Ok(())
+                        };
+                        let all = agree(&g, own).unwrap_err().fault();
+                        let own = if g.rank() == 0 {
+                            Some(Err(Error::LimitExceeded {
+                                path: "/d".into(),
+                                limit: "max_header_bytes",
+                                what: "header",
+                                value: 2,
+                                max: 1,
+                            }))
+                        } else {
+                            None
+                        };
+                        let root = agree_with_root::<()>(&g, own, std::path::Path::new("/d")).unwrap_err().fault();
+                        (all, root)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(faults, vec![(Fault::InvalidArgument, Fault::Limit); 2]);
+        for f in [Fault::Malformed, Fault::Unsupported, Fault::Limit, Fault::Io, Fault::InvalidArgument] {
+            assert_eq!(fault_of_code(fault_code(f)), f);
+        }
+    }
 
     #[test]
     fn summaries_travel_whole() {

@@ -97,7 +97,10 @@ pub enum Error {
     RankFailed {
         /// The first process (rank of the outer group) that failed.
         rank: usize,
-        /// Its error.
+        /// Who was at fault for its error (so that every process of a job reports the same class, and the
+        /// `ckpt` tool the same exit code); [`Fault::Io`] when the processes could not exchange outcomes.
+        fault: Fault,
+        /// Its error, as text: it crossed the process group as bytes, so its source chain is this message.
         message: String,
     },
 }
@@ -111,7 +114,7 @@ impl Error {
             Error::FeatureDisabled { .. } | Error::UnsupportedConversion { .. } => Fault::Unsupported,
             Error::Format { source, .. } => source.fault(),
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
-            Error::RankFailed { .. } => Fault::Io,
+            Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
         }
     }
@@ -162,5 +165,28 @@ pub(crate) trait At<T> {
 impl<T, E: Cause> At<T> for std::result::Result<T, E> {
     fn at(self, path: &Path) -> Result<T> {
         self.map_err(|e| e.at(path))
+    }
+}
+
+/// A fault as one byte, to cross a process group with an error's text ([`Error::RankFailed`]).
+pub(crate) fn fault_code(fault: Fault) -> u8 {
+    match fault {
+        Fault::Malformed => 1,
+        Fault::Unsupported => 2,
+        Fault::Limit => 3,
+        Fault::InvalidArgument => 5,
+        // Io, and a class added to the model later: the environment's.
+        _ => 4,
+    }
+}
+
+/// The fault a byte of [`fault_code`] stands for ([`Fault::Io`] for a byte it never writes).
+pub(crate) fn fault_of_code(code: u8) -> Fault {
+    match code {
+        1 => Fault::Malformed,
+        2 => Fault::Unsupported,
+        3 => Fault::Limit,
+        5 => Fault::InvalidArgument,
+        _ => Fault::Io,
     }
 }

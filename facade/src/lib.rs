@@ -43,9 +43,27 @@
 //! `downcast_ref::<ckpt::torch::Error>()` and the like.
 //!
 //! # Layout
-//! The facade glues; what a format is lives in its crate. `formats.rs` is the registry: every [`Format`],
-//! how it is recognised, and the adaptor (`formats/<format>.rs`, one per format, behind its feature) through
-//! which [`open`], [`convert`], [`verify`] and [`reshard`] reach the format crate.
+//! The facade glues; what a format is lives in its crate. `format.rs` says what each [`Format`] is and how
+//! it is recognised; `formats.rs` is the registry of the adaptors (`formats/<format>.rs`, one per format,
+//! behind its feature, with that format's `ckpt convert` flags) through which [`open`], [`convert`],
+//! [`verify`], [`reshard`] and [`inspect`] reach the format crate. The modules import downward only, in
+//! the layers `src/lib.rs` lists (`tests/layers.rs` checks it).
+//!
+//! # One grammar across the format crates
+//! The same names mean the same thing in every format crate:
+//!
+//! | what | name | torch | distcp | hfai | pbg | recis | deepspeed | safetensors, hf |
+//! |---|---|---|---|---|---|---|---|---|
+//! | open a checkpoint | `<F>Reader::open(impl AsRef<Path>)`, `open_with(path, &ReadOptions)` | yes | yes | yes | yes | yes | yes | `open` |
+//! | write one | `save(state, dst, &WriteOptions)` | yes | yes | yes (`SaveState`) | yes (entries) | yes | reads only | `write_file`; `hf::save_entries` |
+//! | one rank's part of a save | `save_rank(.., group: &dyn Collective)` | one file | yes | yes | yes | yes | — | `hf::save_entries_in` |
+//! | another rank count | `reshard(src, dst, world_size, &ReshardOptions)`, `reshard_rank` | — | `reshard` | yes | — | yes | — | — |
+//! | check one | `verify(path) -> VerifyReport` | yes | yes | yes | `PbgReader` | yes | — | facade |
+//! | rank counts | `world_size` | — | yes | yes | — | yes | (`world`, read) | — |
+//!
+//! Still to converge (issue 27): each crate's `WriteOptions` names its
+//! durability knobs its own way (`sync`, `sync_files`, `checksums`) rather than one `Durability`; `save`
+//! returns `()`, `Metadata` or a `SaveReport` of its crate's own shape, and the `VerifyReport`s differ.
 //!
 //! # Many processes
 //! [`convert_in`] and [`reshard_in`] split a conversion or reshard over the processes of a

@@ -212,10 +212,10 @@ impl ReshardOptions {
 ///
 /// # Errors
 /// As [`DcpReader::open`], [`DcpReader::shard_state`] and [`save_ranks`].
-pub fn reshard(src: &Path, dst: &Path, world: usize, options: &ReshardOptions) -> Result<Metadata> {
-    check_rank(0, world)?;
+pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<Metadata> {
+    check_rank(0, world_size)?;
     let reader = DcpReader::open_with(src, &options.read)?;
-    let states = (0..world).map(|rank| reader.shard_state(rank, world)).collect::<Result<Vec<_>>>()?;
+    let states = (0..world_size).map(|rank| reader.shard_state(rank, world_size)).collect::<Result<Vec<_>>>()?;
     // No `create_dir_all(dst)`: the commit creates the parent and swaps the whole directory in, so a crash
     // leaves no empty destination behind.
     save_ranks(&states, dst, &options.write)

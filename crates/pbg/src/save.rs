@@ -549,14 +549,14 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
 /// # Errors
 /// As [`save`]; on the other ranks `Error::Core` holding `ckpt_io::CommitError::RankFailed` naming the rank that
 /// failed.
-pub fn save_rank<C: Collective + ?Sized>(
+pub fn save_rank(
     entries: &[(String, Value)],
     dst: &Path,
     options: &WriteOptions,
-    collective: &C,
+    group: &dyn Collective,
 ) -> Result<SaveReport> {
-    let group: &dyn Collective = &collective;
-    let (rank, world) = (collective.rank(), collective.world_size());
+    let group: &dyn Collective = &group;
+    let (rank, world) = (group.rank(), group.world_size());
     let planned = plan(entries, dst, options);
     let staged = DirCommit::begin(dst, group, &dir_options()).map_err(commit_error)?;
     let storage = FileCheckpointStorage::new(staged.staging());

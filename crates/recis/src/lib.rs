@@ -45,7 +45,10 @@
 //! ```
 //! use ckpt_tensor::Tensor;
 //! use ckpt_collective::SingleProcess;
-//! use ckpt_recis::{HashTable, WriteOptions, SliceInfo, Slot, SparseCheckpoint, TableChild, save_tables};
+//! use ckpt_recis::name::SliceInfo;
+//! use ckpt_recis::table::TableChild;
+//! use ckpt_recis::writer::save_tables;
+//! use ckpt_recis::{HashTable, Slot, SparseCheckpoint, WriteOptions};
 //! let dir = tempfile::tempdir().unwrap();
 //! let emb = Tensor::from_slice(&[5.0f32, 5.5, 1.0, 1.5], &[2, 2]).unwrap();
 //! let adam = Tensor::from_slice(&[0.1f32, 0.1, 0.2, 0.2], &[2, 2]).unwrap();

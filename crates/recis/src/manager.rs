@@ -223,22 +223,22 @@ impl CheckpointManager {
     /// [`Error::BadCheckpointId`]; this rank's own error; [`Error::ShardFailed`] naming a rank that failed;
     /// the commit's errors (`Error::Core` holding a `ckpt_io::CommitError`: another save of the same id in
     /// progress, a full disk, ...).
-    pub fn save<C: Collective + ?Sized>(&self, state: &ShardState, id: &str, collective: &C) -> Result<PathBuf> {
+    pub fn save(&self, state: &ShardState, id: &str, group: &dyn Collective) -> Result<PathBuf> {
         check_id(id)?;
         let final_dir = self.root.join(id);
-        let group: &dyn Collective = &collective;
+        let group: &dyn Collective = &group;
         let options = self.options.dir_options(is_checkpoint_file);
         let commit = DirCommit::begin(&final_dir, group, &options).map_err(from_commit)?;
-        let local = Shard::new(collective.rank(), collective.world_size())
+        let local = Shard::new(group.rank(), group.world_size())
             .and_then(|shard| self.write_shard(Target::Staged(&commit), shard, state));
         commit_shards(commit, group, local, &self.options)?;
         // The format's own commit point: the list, written by shard 0; every shard learns the outcome.
-        let listed = if collective.rank() == 0 { self.list_and_rotate(id) } else { Ok(()) };
+        let listed = if group.rank() == 0 { self.list_and_rotate(id) } else { Ok(()) };
         let message = match &listed {
             Ok(()) => Vec::new(),
             Err(e) => e.to_string().into_bytes(),
         };
-        let message = collective.broadcast(message, 0).map_err(crate::data_file::from_core)?;
+        let message = group.broadcast(message, 0).map_err(crate::data_file::from_core)?;
         listed?;
         if !message.is_empty() {
             return Err(Error::ShardFailed { shard: 0, message: String::from_utf8_lossy(&message).into() });

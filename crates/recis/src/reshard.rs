@@ -198,16 +198,16 @@ pub(crate) fn write_shard_to(
 ///
 /// # Errors
 /// As [`reshard_sparse`] and [`crate::checkpoint_dir`], plus [`Error::Io`].
-pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
+pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<()> {
     let src = &crate::manager::checkpoint_dir(src)?;
-    if shards == 0 {
+    if world_size == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
     let sparse = open_sparse(src, options.max_header_len)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
     let dense_files = open_dense_files(src)?;
     commit_local(dst, &options.write, is_checkpoint_file, |target| {
-        let metas = reshard_sparse_to(target, &sparse, shards, options)?;
+        let metas = reshard_sparse_to(target, &sparse, world_size, options)?;
         copy_dense_files(target, dense_files)?;
         Ok(metas)
     })
@@ -241,14 +241,9 @@ pub fn reshard(src: &Path, dst: &Path, shards: usize, options: &ReshardOptions) 
 ///
 /// # Errors
 /// As [`reshard`]; [`Error::ShardFailed`] naming the rank that failed on the others.
-pub fn reshard_rank<C: Collective + ?Sized>(
-    src: &Path,
-    dst: &Path,
-    options: &ReshardOptions,
-    collective: &C,
-) -> Result<()> {
-    let group: &dyn Collective = &collective;
-    let rank = collective.rank();
+pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dyn Collective) -> Result<()> {
+    let group: &dyn Collective = &group;
+    let rank = group.rank();
     // Read before the commit begins, so that an in-place reshard reads the old files.
     let opened = crate::manager::checkpoint_dir(src).and_then(|src| {
         let dense = if rank == 0 { open_dense_files(&src)? } else { Vec::new() };
@@ -257,7 +252,7 @@ pub fn reshard_rank<C: Collective + ?Sized>(
     let commit = DirCommit::begin(dst, group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
     let local = opened.and_then(|(sparse, dense_files)| {
-        let shard = Shard::new(rank, collective.world_size())?;
+        let shard = Shard::new(rank, group.world_size())?;
         let tables = load_shard(&sparse, shard, options.partition)?;
         let dense: Vec<(String, Tensor)> = if rank == 0 {
             sparse.dense_names().into_iter().map(|n| Ok((n.to_owned(), sparse.dense(n)?))).collect::<Result<_>>()?

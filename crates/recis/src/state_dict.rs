@@ -249,14 +249,9 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
 ///
 /// # Errors
 /// As [`save`]; [`Error::ShardFailed`] naming the rank that failed on the others.
-pub fn save_rank<C: Collective + ?Sized>(
-    state_dict: &Value,
-    dir: &Path,
-    options: &WriteOptions,
-    collective: &C,
-) -> Result<SaveReport> {
-    let group: &dyn Collective = &collective;
-    let rank = collective.rank();
+pub fn save_rank(state_dict: &Value, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<SaveReport> {
+    let group: &dyn Collective = &group;
+    let rank = group.rank();
     let planned = state_dict
         .as_dict()
         .ok_or_else(|| {
@@ -272,7 +267,7 @@ pub fn save_rank<C: Collective + ?Sized>(
     let mut dropped = Vec::new();
     let local = planned.and_then(|(parts, children, dense)| {
         dropped = parts.dropped_keys;
-        let shard = Shard::new(rank, collective.world_size())?;
+        let shard = Shard::new(rank, group.world_size())?;
         if rank == 0 {
             if let Some(model) = &parts.model {
                 write_torch_to(target, MODEL_FILE, model)?;

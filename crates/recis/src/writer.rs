@@ -599,15 +599,10 @@ pub(crate) fn write_text(target: Target<'_>, name: &str, text: &str) -> Result<(
 /// # Errors
 /// This rank's own error, or [`Error::ShardFailed`] naming the rank that failed; the commit's errors
 /// (`Error::Core` holding a `ckpt_io::CommitError`: the destination locked by another save, a full disk, ...).
-pub fn save_blocks<C: Collective + ?Sized>(
-    blocks: &[Block],
-    dir: &Path,
-    options: &WriteOptions,
-    collective: &C,
-) -> Result<()> {
-    let group: &dyn Collective = &collective;
+pub fn save_blocks(blocks: &[Block], dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<()> {
+    let group: &dyn Collective = &group;
     let commit = DirCommit::begin(dir, group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
-    let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
+    let local = Shard::new(group.rank(), group.world_size()).and_then(|shard| {
         let blocks: Vec<Block> = blocks.iter().filter(|b| shard.index() == 0 || !b.is_dense()).cloned().collect();
         write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });
@@ -618,16 +613,16 @@ pub fn save_blocks<C: Collective + ?Sized>(
 ///
 /// # Errors
 /// As [`save_blocks`].
-pub fn save_tables<C: Collective + ?Sized>(
+pub fn save_tables(
     tables: &[HashTable],
     dense: &[(String, Tensor)],
     dir: &Path,
     options: &WriteOptions,
-    collective: &C,
+    group: &dyn Collective,
 ) -> Result<()> {
-    let group: &dyn Collective = &collective;
+    let group: &dyn Collective = &group;
     let commit = DirCommit::begin(dir, group, &options.dir_options(is_sparse_file)).map_err(from_commit)?;
-    let local = Shard::new(collective.rank(), collective.world_size()).and_then(|shard| {
+    let local = Shard::new(group.rank(), group.world_size()).and_then(|shard| {
         let blocks = shard_blocks(tables, dense, shard)?;
         write_shard_files_to(Target::Staged(&commit), shard, options.parallel, &blocks)
     });

@@ -66,11 +66,11 @@ impl Adaptor for Pbg {
         });
         let reports = agree(group, hosted_outcome(ran, |e| matches!(e, Error::RankFailed { .. }), dst))?;
         let own = (group.rank() == 0).then(|| {
-            reports
-                .into_iter()
-                .next()
-                .map(|r| summary(&leaves, r))
-                .ok_or_else(|| Error::RankFailed { rank: 0, message: "hosted no rank of the save".into() })
+            reports.into_iter().next().map(|r| summary(&leaves, r)).ok_or_else(|| Error::RankFailed {
+                rank: 0,
+                fault: ckpt_tensor::Fault::Io,
+                message: "hosted no rank of the save".into(),
+            })
         });
         agree_with_root(group, own, dst)
     }

@@ -116,10 +116,11 @@ impl Adaptor for Recis {
         let reports = agree(group, hosted_outcome(ran, |e| matches!(e, Error::RankFailed { .. }), dst))?;
         // Rank 0's report, on the process that hosts it, goes to every process (one may host no rank).
         let own = (group.rank() == 0).then(|| {
-            reports
-                .first()
-                .map(|r| summary(&content, r))
-                .ok_or_else(|| Error::RankFailed { rank: 0, message: "hosted no rank of the save".into() })
+            reports.first().map(|r| summary(&content, r)).ok_or_else(|| Error::RankFailed {
+                rank: 0,
+                fault: ckpt_tensor::Fault::Io,
+                message: "hosted no rank of the save".into(),
+            })
         });
         agree_with_root(group, own, dst)
     }
@@ -203,7 +204,9 @@ fn save_error(source: &Source<'_>, dst: &Path, e: ckpt_recis::Error) -> Error {
         ckpt_recis::Error::StateDict { reason } => {
             Error::UnsupportedConversion { from: source.format, to: Format::Recis, reason }
         }
-        ckpt_recis::Error::ShardFailed { shard, message } => Error::RankFailed { rank: shard, message },
+        ckpt_recis::Error::ShardFailed { shard, message } => {
+            Error::RankFailed { rank: shard, fault: ckpt_tensor::Fault::Io, message }
+        }
         e => e.at(dst),
     }
 }
