@@ -72,6 +72,8 @@
 //! writes its ranks' files (distcp ranks, hfai parts, hf shards, RecIS shards, PyTorch-BigGraph partition
 //! files), and rank 0 writes the metadata last. The files equal a one-process run's.
 
+#![forbid(unsafe_code)]
+
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
 // 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, diff,

@@ -39,6 +39,8 @@
 //! Model-parallel (tensor or pipeline parallel) and expert-parallel checkpoints are refused, as DeepSpeed's
 //! own consolidation refuses them. Writing ZeRO checkpoints is not supported.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod files;
 mod gather;

@@ -56,6 +56,8 @@
 //! accepted where DCP objects belong. Data file paths must stay inside the checkpoint directory; every
 //! offset, length, chunk box and decompressed size is checked before use.
 
+#![forbid(unsafe_code)]
+
 mod chunks;
 pub mod convert;
 mod error;

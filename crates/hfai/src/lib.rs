@@ -74,6 +74,8 @@
 //!   where hfai raises `IndexError` on the last ranks only and leaves the others waiting.
 //! - `others` keys `__nshards__` and `__version__` are refused (hfai would silently overwrite its header).
 
+#![forbid(unsafe_code)]
+
 mod chunked;
 mod commit;
 mod contents;

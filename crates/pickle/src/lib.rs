@@ -48,6 +48,8 @@
 //! # Ok::<(), ckpt_pickle::Error>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod bigint;
 mod builder;
 mod builders;

@@ -75,6 +75,8 @@
 //! file names in `index` must be plain names inside the directory, row counts against id counts. Errors say
 //! which file and block broke which rule ([`Error`]).
 
+#![forbid(unsafe_code)]
+
 pub mod data_file;
 pub mod dense;
 mod dtype;

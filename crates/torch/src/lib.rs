@@ -40,6 +40,8 @@
 //! and enforces [`ckpt_pickle::Limits`]; unknown classes become opaque [`ckpt_tensor::Value::Object`]s.
 //! Sparse, quantized and nested tensors come back as [`ckpt_tensor::Value::OpaqueTensor`].
 
+#![forbid(unsafe_code)]
+
 pub mod detect;
 mod error;
 mod legacy;
