@@ -8,8 +8,8 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use ckpt_tensor::{Buffer, DType, Dict, DictKind, Tensor, Value};
 use ckpt_hfai::{HfaiReader, part_file_name};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Tensor, Value};
 use ckpt_torch::{WriteOptions, save_to_writer};
 use libfuzzer_sys::fuzz_target;
 

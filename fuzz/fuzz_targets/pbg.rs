@@ -11,11 +11,11 @@
 
 use std::path::Path;
 
-use ckpt_tensor::Buffer;
 use ckpt_pbg::{
     AttrValue, Config, EntityStorage, FileCheckpointStorage, FileName, Iteration, Metadata, OptimizerState, PbgReader,
     check_header,
 };
+use ckpt_tensor::Buffer;
 use libfuzzer_sys::fuzz_target;
 
 fn config(text: &str) {

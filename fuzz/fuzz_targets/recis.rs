@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use ckpt_tensor::Buffer;
 use ckpt_recis::{CheckpointManager, DataFile, Index, RecisReader, TensorKey};
+use ckpt_tensor::Buffer;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
