@@ -156,17 +156,6 @@ pub(crate) trait Adaptor: Sync {
 pub(crate) struct Source<'a> {
     /// Its path.
     pub path: &'a Path,
-    /// Its format.
-    // Read by the targets that name the source in what they report.
-    #[cfg(any(
-        feature = "safetensors",
-        feature = "distcp",
-        feature = "hfai",
-        feature = "pbg",
-        feature = "recis",
-        feature = "deepspeed"
-    ))]
-    pub format: Format,
     origin: Origin<'a>,
     selection: &'a Selection,
     /// The limits it is read under.
@@ -193,22 +182,7 @@ impl<'a> Source<'a> {
         limits: &'a ReadLimits,
         options: &'a SourceOptions,
     ) -> Self {
-        Source {
-            path,
-            #[cfg(any(
-                feature = "safetensors",
-                feature = "distcp",
-                feature = "hfai",
-                feature = "pbg",
-                feature = "recis",
-                feature = "deepspeed"
-            ))]
-            format: adaptor.format(),
-            origin: Origin::File(adaptor),
-            selection,
-            limits,
-            options,
-        }
+        Source { path, origin: Origin::File(adaptor), selection, limits, options }
     }
 
     /// The state dict `tree` held in memory, as `torch.save` would hold it (its format is [`Format::Torch`]),
@@ -220,21 +194,23 @@ impl<'a> Source<'a> {
         limits: &'a ReadLimits,
         options: &'a SourceOptions,
     ) -> Self {
-        Source {
-            path: dst,
-            #[cfg(any(
-                feature = "safetensors",
-                feature = "distcp",
-                feature = "hfai",
-                feature = "pbg",
-                feature = "recis",
-                feature = "deepspeed"
-            ))]
-            format: Format::Torch,
-            origin: Origin::Memory(tree),
-            selection,
-            limits,
-            options,
+        Source { path: dst, origin: Origin::Memory(tree), selection, limits, options }
+    }
+
+    /// Its format: its adaptor's, or [`Format::Torch`] for a state dict in memory. Asked by the targets
+    /// that name their source in what they write or report.
+    #[cfg(any(
+        feature = "safetensors",
+        feature = "distcp",
+        feature = "hfai",
+        feature = "pbg",
+        feature = "recis",
+        feature = "deepspeed"
+    ))]
+    pub fn format(&self) -> Format {
+        match self.origin {
+            Origin::File(adaptor) => adaptor.format(),
+            Origin::Memory(_) => Format::Torch,
         }
     }
 
@@ -287,7 +263,7 @@ impl<'a> Source<'a> {
     #[cfg(any(feature = "distcp", feature = "hfai", feature = "recis"))]
     pub fn top_mapping<'c>(&self, content: &'c Content, to: Format) -> Result<&'c Dict> {
         content.tree.as_dict().ok_or_else(|| Error::UnsupportedConversion {
-            from: self.format,
+            from: self.format(),
             to,
             reason: format!(
                 "{to} checkpoints hold a mapping; the source's top level is a {}",

@@ -117,28 +117,19 @@ impl TargetArgs {
     /// # Errors
     /// A message naming a flag given for another format than `to`.
     pub fn options(&self, to: Format) -> std::result::Result<crate::options::TargetOptions, String> {
-        let mut chosen = crate::options::TargetOptions::Defaults;
-        let every: Vec<(crate::options::TargetOptions, Vec<&'static str>)> = vec![
-            #[cfg(feature = "distcp")]
-            self.distcp.target(),
-            #[cfg(feature = "hfai")]
-            self.hfai.target(),
-            #[cfg(feature = "recis")]
-            self.recis.target(),
-            #[cfg(feature = "pbg")]
-            self.pbg.target(),
-            #[cfg(feature = "hf")]
-            self.hf.target(),
-        ];
-        for (options, given) in every {
-            let format = options.format();
-            if format == Some(to) {
-                chosen = options;
-            } else if let (Some(flag), Some(format)) = (given.first(), format) {
-                return Err(format!("{flag} is an option of {format} targets; this conversion writes {to}"));
-            }
-        }
-        Ok(chosen)
+        let offered: [(crate::options::TargetOptions, Option<&'static str>); 0] = [];
+        let offered = offered.into_iter();
+        #[cfg(feature = "distcp")]
+        let offered = offered.chain([self.distcp.target()]);
+        #[cfg(feature = "hfai")]
+        let offered = offered.chain([self.hfai.target()]);
+        #[cfg(feature = "recis")]
+        let offered = offered.chain([self.recis.target()]);
+        #[cfg(feature = "pbg")]
+        let offered = offered.chain([self.pbg.target()]);
+        #[cfg(feature = "hf")]
+        let offered = offered.chain([self.hf.target()]);
+        crate::options::TargetOptions::pick(to, offered)
     }
 }
 

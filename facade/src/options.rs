@@ -158,6 +158,38 @@ pub enum TargetOptions {
 }
 
 impl TargetOptions {
+    /// The options of a conversion to `to`, from those offered for every format, each with the name of the
+    /// first of its options the caller set (`None`: all left to their defaults): `to`'s own, or
+    /// [`TargetOptions::Defaults`] when none is offered. How the `ckpt` tool's flags and the Python
+    /// package's keyword arguments become options.
+    ///
+    /// ```
+    /// use ckpt::{Format, TargetOptions};
+    /// let offered = [(TargetOptions::Hfai { large_size: Some(16) }, Some("--hfai-large-size"))];
+    /// assert_eq!(TargetOptions::pick(Format::Hfai, offered.clone()), Ok(offered[0].0.clone()));
+    /// let refused = TargetOptions::pick(Format::Distcp, offered).unwrap_err();
+    /// assert_eq!(refused, "--hfai-large-size is an option of hfai targets; this conversion writes distcp");
+    /// ```
+    ///
+    /// # Errors
+    /// A message naming an option set for another format than `to`.
+    pub fn pick<'a>(
+        to: Format,
+        offered: impl IntoIterator<Item = (TargetOptions, Option<&'a str>)>,
+    ) -> Result<TargetOptions, String> {
+        let mut chosen = TargetOptions::Defaults;
+        for (options, given) in offered {
+            match (options.format(), given) {
+                (Some(f), _) if f == to => chosen = options,
+                (Some(f), Some(name)) => {
+                    return Err(format!("{name} is an option of {f} targets; this conversion writes {to}"));
+                }
+                _ => {}
+            }
+        }
+        Ok(chosen)
+    }
+
     /// The format these options are for (`None` for [`TargetOptions::Defaults`], which fits every format).
     pub fn format(&self) -> Option<Format> {
         match self {

@@ -186,28 +186,16 @@ fn convert_options(
             }
         }),
     };
-    // Each format's keyword arguments, and whether any of them was given.
-    let every = [
-        (TargetOptions::Distcp { profile }, dcp_profile.is_some(), "dcp_profile"),
-        (TargetOptions::Hfai { large_size: hfai_large_size }, hfai_large_size.is_some(), "hfai_large_size"),
-        (
-            TargetOptions::Recis { parallel: recis_parallel, slice_size: recis_slice_size },
-            recis_parallel.is_some() || recis_slice_size.is_some(),
-            "recis_parallel/recis_slice_size",
-        ),
-        (TargetOptions::Pbg { config: pbg_config.clone() }, pbg_config.is_some(), "pbg_config"),
-        (TargetOptions::Hf { max_shard_size }, max_shard_size.is_some(), "max_shard_size"),
+    // Each format's keyword arguments, with the name of the first one given.
+    let recis_given = recis_parallel.map(|_| "recis_parallel").or(recis_slice_size.map(|_| "recis_slice_size"));
+    let offered = [
+        (TargetOptions::Distcp { profile }, dcp_profile.map(|_| "dcp_profile")),
+        (TargetOptions::Hfai { large_size: hfai_large_size }, hfai_large_size.map(|_| "hfai_large_size")),
+        (TargetOptions::Recis { parallel: recis_parallel, slice_size: recis_slice_size }, recis_given),
+        (TargetOptions::Pbg { config: pbg_config.clone() }, pbg_config.as_ref().map(|_| "pbg_config")),
+        (TargetOptions::Hf { max_shard_size }, max_shard_size.map(|_| "max_shard_size")),
     ];
-    let mut target = TargetOptions::Defaults;
-    for (options, given, name) in every {
-        match options.format() {
-            Some(f) if f == to => target = options,
-            Some(f) if given => {
-                return Err(usage(format!("{name} is an option of {f} targets; this writes {to}"), Some(path)));
-            }
-            _ => {}
-        }
-    }
+    let target = TargetOptions::pick(to, offered).map_err(|e| usage(e, Some(path)))?;
     Ok(ConvertOptions::default()
         .with_world_size(world_size)
         .with_target(target)

@@ -100,7 +100,7 @@ impl Adaptor for DeepSpeed {
 
     fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
         Err(Error::UnsupportedConversion {
-            from: source.format,
+            from: source.format(),
             to: Format::DeepSpeed,
             reason: "ckpt reads DeepSpeed checkpoints but does not write them".into(),
         })

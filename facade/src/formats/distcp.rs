@@ -280,8 +280,8 @@ pub struct DistcpArgs {
 #[cfg(feature = "cli")]
 impl DistcpArgs {
     /// The target options these flags give, and the flags given.
-    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
-        let given = if self.dcp_profile.is_some() { vec!["--dcp-profile"] } else { Vec::new() };
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.dcp_profile.map(|_| "--dcp-profile");
         (crate::options::TargetOptions::Distcp { profile: self.dcp_profile.unwrap_or_default() }, given)
     }
 }

@@ -95,7 +95,7 @@ impl Adaptor for Hf {
 }
 
 fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetensors::hf::WriteOptions {
-    let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format.name());
+    let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format().name());
     if let crate::options::TargetOptions::Hf { max_shard_size: Some(max) } = options.target {
         write = write.with_max_shard_size(max);
     }
@@ -124,8 +124,8 @@ fn shard_size(text: &str) -> std::result::Result<u64, String> {
 #[cfg(feature = "cli")]
 impl HfArgs {
     /// The target options these flags give, and the flags given.
-    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
-        let given = if self.max_shard_size.is_some() { vec!["--max-shard-size"] } else { Vec::new() };
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.max_shard_size.map(|_| "--max-shard-size");
         (crate::options::TargetOptions::Hf { max_shard_size: self.max_shard_size }, given)
     }
 }

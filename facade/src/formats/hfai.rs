@@ -162,8 +162,8 @@ pub struct HfaiArgs {
 #[cfg(feature = "cli")]
 impl HfaiArgs {
     /// The target options these flags give, and the flags given.
-    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
-        let given = if self.hfai_large_size.is_some() { vec!["--hfai-large-size"] } else { Vec::new() };
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.hfai_large_size.map(|_| "--hfai-large-size");
         (crate::options::TargetOptions::Hfai { large_size: self.hfai_large_size }, given)
     }
 }

@@ -85,7 +85,7 @@ impl Adaptor for Megatron {
 
     fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
         Err(Error::UnsupportedConversion {
-            from: source.format,
+            from: source.format(),
             to: Format::Megatron,
             reason: "ckpt reads Megatron-Core checkpoints but does not write them".into(),
         })

@@ -140,7 +140,7 @@ fn entries(leaves: &[Leaf]) -> Vec<(String, Value)> {
 /// A save's error, said as a conversion's: what the source lacks for a PBG checkpoint, a target that holds
 /// one already.
 fn save_error(source: &Source<'_>, dst: &Path, options: &ConvertOptions, e: ckpt_pbg::Error) -> Error {
-    let from = source.format;
+    let from = source.format();
     let unsupported = |reason: String| Error::UnsupportedConversion { from, to: Format::Pbg, reason };
     match e {
         ckpt_pbg::Error::NoEmbeddings => unsupported(format!(
@@ -195,8 +195,8 @@ pub struct PbgArgs {
 #[cfg(feature = "cli")]
 impl PbgArgs {
     /// The target options these flags give, and the flags given.
-    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
-        let given = if self.pbg_config.is_some() { vec!["--pbg-config"] } else { Vec::new() };
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.pbg_config.as_ref().map(|_| "--pbg-config");
         (crate::options::TargetOptions::Pbg { config: self.pbg_config.clone() }, given)
     }
 }

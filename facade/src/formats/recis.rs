@@ -177,7 +177,7 @@ impl Adaptor for Recis {
 /// Whether a conversion into RecIS copies a RecIS source by its own files (resharding them) instead of
 /// reading its content.
 fn copies_files(source: &Source<'_>, options: &ConvertOptions) -> bool {
-    source.format == Format::Recis && recis_of(options).1.is_none() && source.is_whole()
+    source.format() == Format::Recis && recis_of(options).1.is_none() && source.is_whole()
 }
 
 /// Another rank's failure, as a rank reports it.
@@ -202,7 +202,7 @@ fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
 fn save_error(source: &Source<'_>, dst: &Path, e: ckpt_recis::Error) -> Error {
     match e {
         ckpt_recis::Error::StateDict { reason } => {
-            Error::UnsupportedConversion { from: source.format, to: Format::Recis, reason }
+            Error::UnsupportedConversion { from: source.format(), to: Format::Recis, reason }
         }
         ckpt_recis::Error::ShardFailed { shard, message } => {
             Error::RankFailed { rank: shard, fault: ckpt_tensor::Fault::Io, message }
@@ -292,14 +292,8 @@ pub struct RecisArgs {
 #[cfg(feature = "cli")]
 impl RecisArgs {
     /// The target options these flags give, and the flags given.
-    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Vec<&'static str>) {
-        let mut given = Vec::new();
-        if self.parallel.is_some() {
-            given.push("--parallel");
-        }
-        if self.slice_size.is_some() {
-            given.push("--slice-size");
-        }
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.parallel.map(|_| "--parallel").or(self.slice_size.map(|_| "--slice-size"));
         let parallel = self.parallel.map(|p| p as usize);
         (crate::options::TargetOptions::Recis { parallel, slice_size: self.slice_size }, given)
     }

@@ -60,7 +60,7 @@ impl Adaptor for Safetensors {
     fn write(&self, source: &Source<'_>, dst: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let options = metadata::WriteOptions::default().with_source(source.format.name());
+        let options = metadata::WriteOptions::default().with_source(source.format().name());
         let report = metadata::save_entries(leaves, dst, &options).at(dst)?;
         Ok(ConvertSummary {
             tensors: report.tensors,
