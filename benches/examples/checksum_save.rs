@@ -54,18 +54,21 @@ fn main() {
     let sparse = Value::dict(sparse);
     let hfai_model = Value::dict([("model", dense.clone())]);
     let (hfai_state, _) = ckpt_hfai::SaveState::from_state_dict(hfai_model.as_dict().unwrap());
-    let save = |format: &str, checksums: bool, dir: &Path| match format {
-        "distcp" => {
-            let o = ckpt_distcp::WriteOptions::default().with_checksums(checksums).with_overwrite(true);
-            ckpt_distcp::save(&dense, dir, &o).map(|_| ()).unwrap();
-        }
-        "hfai" => {
-            let o = ckpt_hfai::WriteOptions::default().with_world_size(2).with_checksums(checksums);
-            ckpt_hfai::save(&hfai_state, dir, &o).unwrap();
-        }
-        _ => {
-            let o = ckpt_recis::WriteOptions::default().with_world_size(2).with_checksums(checksums);
-            ckpt_recis::save(&sparse, dir, &o).map(|_| ()).unwrap();
+    let save = |format: &str, checksums: bool, dir: &Path| {
+        let durability = ckpt_io::Durability::default().with_checksums(checksums);
+        match format {
+            "distcp" => {
+                let o = ckpt_distcp::WriteOptions::default().with_durability(durability).with_overwrite(true);
+                ckpt_distcp::save(&dense, dir, &o).map(|_| ()).unwrap();
+            }
+            "hfai" => {
+                let o = ckpt_hfai::WriteOptions::default().with_world_size(2).with_durability(durability);
+                ckpt_hfai::save(&hfai_state, dir, &o).unwrap();
+            }
+            _ => {
+                let o = ckpt_recis::WriteOptions::default().with_world_size(2).with_durability(durability);
+                ckpt_recis::save(&sparse, dir, &o).map(|_| ()).unwrap();
+            }
         }
     };
     println!("format  manifest  wall_median_s  cpu_median_s   ({reps} interleaved reps, {mib} MiB)");

@@ -55,7 +55,7 @@ pub fn load_state(path: &Path) -> Result<Value> {
 /// # Errors
 /// Any write error, as text.
 pub fn pt_save(v: &Value, dst: &Path) -> Result<()> {
-    ckpt_torch::save(v, dst, &ckpt_torch::WriteOptions::default()).map_err(text)
+    ckpt_torch::save(v, dst, &ckpt_torch::WriteOptions::default()).map(|_| ()).map_err(text)
 }
 
 /// A one-rank DCP save (`ckpt_distcp::save`, default options: checksum manifest, durable commit).
@@ -82,7 +82,7 @@ pub fn hfai_state(v: &Value) -> Result<ckpt_hfai::SaveState> {
 /// # Errors
 /// Any write error, as text.
 pub fn hfai_save(state: &ckpt_hfai::SaveState, dst: &Path) -> Result<()> {
-    ckpt_hfai::save(state, dst, &ckpt_hfai::WriteOptions::default().with_world_size(4)).map_err(text)
+    ckpt_hfai::save(state, dst, &ckpt_hfai::WriteOptions::default().with_world_size(4)).map(|_| ()).map_err(text)
 }
 
 /// Loads a PyTorch-BigGraph partition as the state a partition write starts from, every byte touched.

@@ -130,6 +130,7 @@ pub fn state_dict(generation: u32, mib: usize) -> Value {
 pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(), String> {
     match format {
         "torch" => ckpt_torch::save(&state_dict(generation, mib), dst, &ckpt_torch::WriteOptions::default())
+            .map(|_| ())
             .map_err(|e| e.to_string()),
         "safetensors" => ckpt_safetensors::write_file(&tensors(generation, mib), None, dst).map_err(|e| e.to_string()),
         "distcp" => {
@@ -160,7 +161,7 @@ pub fn save(format: &str, dst: &Path, generation: u32, mib: usize) -> Result<(),
                 Value::dict([("model", state_dict(generation, mib)), ("step", Value::Int(i64::from(generation)))]);
             let (state, _) = ckpt_hfai::SaveState::from_state_dict(top.as_dict().ok_or("no dict")?);
             let options = ckpt_hfai::WriteOptions::default().with_world_size(2).with_large_size(1 << 20);
-            ckpt_hfai::save(&state, dst, &options).map_err(|e| e.to_string())
+            ckpt_hfai::save(&state, dst, &options).map(|_| ()).map_err(|e| e.to_string())
         }
         "recis" => {
             // A hash table (ids and the big embedding) over two shards, two data files each, and a dense

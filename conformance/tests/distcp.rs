@@ -89,7 +89,7 @@ fn check_mixed(case: &str, legacy_keys: bool) {
     let lst = top.get("lst").unwrap().as_sequence().unwrap();
     assert_eq!(lst.len(), 2);
     assert_eq!(hex_of(lst[1].as_tensor().unwrap()), "0000a040");
-    assert!(verify(&golden(case)).unwrap().is_ok(), "{case}: verify");
+    assert!(verify(golden(case)).unwrap().is_ok(), "{case}: verify");
 }
 
 fn key(s: &str) -> PathItem {
@@ -191,7 +191,7 @@ fn golden_two_rank_dtensor() {
             assert_eq!(r.read_value("obj.rank").unwrap(), Value::Int(1));
             assert_eq!(r.path_of("obj.rank"), vec![key("obj"), key("rank")]);
         }
-        assert!(verify(&golden(case)).unwrap().is_ok(), "{case}");
+        assert!(verify(golden(case)).unwrap().is_ok(), "{case}");
     }
 }
 
@@ -202,7 +202,7 @@ fn golden_hf_and_rank_local_layouts() {
     check_tensor(&r, "model.w", DType::F32, &[2, 3], "00000000 0000803f 00000040 00004040 00008040 0000a040");
     check_tensor(&r, "model.b", DType::BF16, &[3], "803f803f803f");
     assert!(r.read_tensor("model.w").unwrap().storage().is_mapped());
-    assert!(verify(&golden("hf215")).unwrap().is_ok());
+    assert!(verify(golden("hf215")).unwrap().is_ok());
 
     let r = open(&golden("nc215"));
     assert_eq!(r.source(), &MetadataSource::PerRank { ranks: vec![0] });
@@ -316,7 +316,7 @@ fn torch213_fixtures_read_as_their_manifests_say() {
                 assert_eq!(sha256_hex(&fs::read(t213(case).join(name)).unwrap()), d, "{case}/{name}");
             }
         }
-        let report = verify(&t213(case)).unwrap();
+        let report = verify(t213(case)).unwrap();
         assert!(report.is_ok(), "{case}: {:?}", report.problems);
     }
 }
@@ -445,9 +445,11 @@ fn save_ranks(case: &str, world: usize, dst: &Path, options: &WriteOptions) -> M
         }
     });
     for m in &out[1..] {
-        assert_eq!(m, &out[0], "{case}: ranks disagree on the metadata");
+        assert_eq!(m, &out[0], "{case}: ranks disagree on the report");
     }
-    out.swap_remove(0)
+    let metadata = open(dst).metadata().clone();
+    assert_eq!(ckpt_distcp::save_report(&metadata, dst), out[0], "{case}: the report is what .metadata describes");
+    metadata
 }
 
 /// Multi-rank saves plan like torch 2.13 (which rank keeps a replicated item, chunk numbering, key order,

@@ -304,9 +304,9 @@ fn rust_written_and_resharded_checkpoints_load_in_python() {
             options = options.with_buffers(i, b);
         }
         let out = root.path().join(format!("reshard_{name}_to_{m}"));
-        let s = ckpt_hfai::reshard(&case.ckpt(), &out, m, &options).unwrap();
+        let s = ckpt_hfai::reshard(case.ckpt(), &out, m, &options).unwrap();
         assert_eq!((s.from, s.to), (case.world_size(), m));
-        assert_eq!(s.copied_bytes > 0, copies, "{name} -> {m}: {s:?}");
+        assert_eq!(s.copied_bytes.unwrap() > 0, copies, "{name} -> {m}: {s:?}");
         check(&out, case, case.large_size(), Some(case.buffers()));
         assert_eq!(HfaiReader::open(&out).unwrap().world_size(), m);
         let back = root.path().join(format!("reshard_{name}_to_{m}_back"));

@@ -217,8 +217,7 @@ fn committed_version_and_snapshots_read_with_dangling_absolute_links() {
 
     // verify: complete, no partial or stale files (v2 is kept by the epoch_1 snapshot), links resolved.
     let report = FileCheckpointStorage::new(root().join("ckpt")).verify(Some(&entities)).unwrap();
-    assert!(report.is_consistent(), "{report:?}");
-    assert!(report.partial.is_empty() && report.stale.is_empty() && report.dangling_links.is_empty(), "{report:?}");
+    assert!(report.is_ok() && report.problems.is_empty(), "{report:?}");
 }
 
 fn error_name(e: &Error) -> &'static str {
@@ -271,8 +270,11 @@ fn counts_disagreeing_with_the_entity_path_are_errors() {
         other => panic!("{other:?}"),
     }
     let report = ckpt.storage().verify(Some(&entities)).unwrap();
-    assert!(!report.is_consistent());
-    assert!(matches!(report.invalid.as_slice(), [(_, Error::CountMismatch { .. })]), "{report:?}");
+    assert!(!report.is_ok());
+    assert!(
+        matches!(report.problems.as_slice(), [p] if p.kind == ckpt_pbg::ProblemKind::Inconsistent && p.message.contains("13")),
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -287,11 +289,19 @@ fn partial_and_missing_versions_are_reported() {
     fs::remove_file(storage.entity_partition_file(4, "user_id", 1)).unwrap();
     fs::write(storage.path().join("model.v3.h5"), b"leaked").unwrap();
     let report = storage.verify(Some(&entities)).unwrap();
-    assert_eq!(report.version, 4);
-    assert_eq!(report.partial.iter().map(ToString::to_string).collect::<Vec<_>>(), vec!["embeddings_item_0.v5.h5"]);
-    assert_eq!(report.missing, vec![("user_id".to_string(), 1)]);
-    assert_eq!(report.stale.iter().map(ToString::to_string).collect::<Vec<_>>(), vec!["model.v3.h5"]);
-    assert!(!report.is_consistent());
+    let names = |kind| -> Vec<String> {
+        report
+            .of_kind(kind)
+            .filter_map(|p| p.file.as_ref()?.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect()
+    };
+    use ckpt_pbg::ProblemKind;
+    assert_eq!(names(ProblemKind::Unfinished), ["embeddings_item_0.v5.h5"]);
+    assert_eq!(names(ProblemKind::Missing), ["embeddings_user_id_1.v4.h5"]);
+    let missing: Vec<_> = report.of_kind(ProblemKind::Missing).filter_map(|p| p.entry.as_deref()).collect();
+    assert_eq!(missing, ["user_id/1"]);
+    assert_eq!(names(ProblemKind::Stale), ["model.v3.h5"]);
+    assert!(!report.is_ok());
     // A missing partition of the committed version is PBG's "could not load".
     assert!(matches!(storage.load_entity_partition(4, "user_id", 1), Err(Error::CouldNotLoad { .. })));
 }
@@ -394,7 +404,7 @@ fn rust_written_version_loads_in_torchbiggraph_and_training_resumes() {
     }
     let entities = EntityStorage::new(work.join("data"));
     new.check_counts(&entities).unwrap();
-    assert!(storage.verify(Some(&entities)).unwrap().is_consistent());
+    assert!(storage.verify(Some(&entities)).unwrap().is_ok());
 
     // Exports of version 5 for the checker, and version-0 init files.
     export_safetensors(&new, &work.join("export.safetensors")).unwrap();

@@ -12,7 +12,7 @@ use crate::error::{At, Error, Result};
 use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::options::{ConvertOptions, Depth};
-use crate::report::{ConvertSummary, Progress, VerifyReport, chain};
+use crate::report::{ConvertSummary, Problem, ProblemKind, Progress, VerifyReport};
 use crate::select::Selection;
 use crate::source::SourceOptions;
 
@@ -492,17 +492,17 @@ pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport,
                 });
                 match read {
                     Ok(n) => report.bytes += n as u64,
-                    Err(err) => report.problems.push(format!("{}: {}", e.name, chain(&err))),
+                    Err(err) => report.push(Problem::from_error(ProblemKind::Unreadable, &err).at_entry(&e.name)),
                 }
             }
             EntryKind::OpaqueTensor(_) => {}
             _ => {
                 if let Err(err) = ck.value(&e.name) {
-                    report.problems.push(format!("{}: {}", e.name, chain(&err)));
+                    report.push(Problem::from_error(ProblemKind::Unreadable, &err).at_entry(&e.name));
                 }
             }
         }
-        report.checked += 1;
+        report.records += 1;
         progress(i as u64 + 1, total);
     }
 }
@@ -514,8 +514,10 @@ pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport,
 pub(crate) fn check_safetensors_checksums(file: &Path, report: &mut VerifyReport) {
     match ckpt_safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_safetensors::checksums(&r)) {
         Ok(None) => {}
-        Ok(Some(problems)) => report.problems.extend(problems.iter().map(|p| format!("{}: {p}", file.display()))),
-        Err(e) => report.problems.push(format!("{}: {}", file.display(), chain(&e))),
+        Ok(Some(problems)) => report
+            .problems
+            .extend(problems.into_iter().map(|p| Problem::new(ProblemKind::ChecksumMismatch, p).in_file(file))),
+        Err(e) => report.push(Problem::from_error(ProblemKind::Unreadable, &e).in_file(file)),
     }
 }
 

@@ -129,7 +129,7 @@ pub use limits::{
 pub use open::{open, open_as, open_as_with, open_source, open_with};
 pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
 pub use ranks::{convert_in, reshard_in, reshard_in_with};
-pub use report::{ConvertSummary, Progress, VerifyReport, error_chain};
+pub use report::{ConvertSummary, Problem, ProblemKind, Progress, Severity, VerifyReport, error_chain};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
 pub use select::Selection;
 pub use source::{NameMap, SourceOptions};

@@ -1,6 +1,7 @@
 //! What the operations take that adaptors see too: a conversion's options ([`ConvertOptions`]: the
 //! target's layout, the selection, the limits, how the source is read) and a verification's depth.
 
+use ckpt_io::Durability;
 use std::path::PathBuf;
 
 use crate::format::Format;
@@ -49,6 +50,10 @@ pub struct ConvertOptions {
     /// How the source is read: a DeepSpeed root's tag, Megatron's layers unstacked, a name map
     /// ([`SourceOptions`]).
     pub source: SourceOptions,
+    /// Every target: how durably it is written (default: synced, checksummed, `O_DIRECT`;
+    /// [`Durability`]), the target format's `WriteOptions::durability` (`ckpt convert --no-sync`,
+    /// `--no-checksums`).
+    pub durability: Durability,
 }
 
 impl Default for ConvertOptions {
@@ -59,6 +64,7 @@ impl Default for ConvertOptions {
             selection: Selection::default(),
             limits: ReadLimits::default(),
             source: SourceOptions::default(),
+            durability: Durability::default(),
         }
     }
 }
@@ -89,6 +95,19 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_selection(mut self, selection: Selection) -> Self {
         self.selection = selection;
+        self
+    }
+
+    /// Sets how durably the target is written ([`ConvertOptions::durability`]).
+    ///
+    /// ```
+    /// use ckpt::{ConvertOptions, io::Durability};
+    /// let scratch = ConvertOptions::default().with_durability(Durability::default().with_sync(false));
+    /// assert!(!scratch.durability.sync && scratch.durability.checksums);
+    /// ```
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 

@@ -1,8 +1,6 @@
 //! What the operations report that adaptors fill in: a conversion's summary, a verification's report
 //! and the progress callback, and an error's chain of causes as one line.
 
-use crate::format::Format;
-
 /// What a conversion did.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -17,39 +15,16 @@ pub struct ConvertSummary {
     pub dropped: Vec<String>,
 }
 
-/// What [`verify`](crate::verify) found.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The format verified.
-    pub format: Format,
-    /// Entries (or items, for formats that store several per entry) checked.
-    pub checked: usize,
-    /// Bytes of tensor data checked.
-    pub bytes: u64,
-    /// Every problem found, each naming its entry or file. Empty when the checkpoint is sound.
-    pub problems: Vec<String>,
-    /// Findings that do not make the checkpoint unusable (leftovers of an interrupted save, stale files).
-    pub warnings: Vec<String>,
-}
+/// What [`verify`](crate::verify) found: the report every format crate returns, one shape
+/// ([`ckpt_tensor::VerifyReport`]), with the facade's own findings (entries that do not read, the checksum
+/// manifest, a save that never committed) among its problems.
+pub use ckpt_tensor::{Problem, ProblemKind, Severity, VerifyReport};
 
-impl VerifyReport {
-    /// Whether no problem was found.
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-
-    pub(crate) fn new(format: Format) -> Self {
-        VerifyReport { format, checked: 0, bytes: 0, problems: Vec::new(), warnings: Vec::new() }
-    }
-}
-
-impl VerifyReport {
-    /// A record of a file that failed its checksum, as a problem.
-    #[cfg(any(feature = "torch", feature = "hfai", feature = "recis"))]
-    pub(crate) fn record_problem(&mut self, file: &std::path::Path, record: &str, error: &dyn std::fmt::Display) {
-        self.problems.push(format!("{}: record {record}: {error}", file.display()));
-    }
+/// Takes a format crate's verification of the checkpoint's files into the facade's `report`: its files
+/// and problems (the facade counts the entries it reads itself).
+pub(crate) fn absorb(report: &mut VerifyReport, checked: VerifyReport) {
+    report.files += checked.files;
+    report.problems.extend(checked.problems);
 }
 
 /// Progress of a long operation: called with (done, total) units of work.

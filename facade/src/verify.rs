@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::limits::ReadLimits;
 use crate::options::Depth;
-use crate::report::{Progress, VerifyReport, chain};
+use crate::report::{Problem, ProblemKind, Progress, VerifyReport};
 
 /// Options of [`verify_with`].
 #[derive(Debug, Clone, Default)]
@@ -76,7 +76,7 @@ impl VerifyOptions {
 /// # Errors
 /// When the checkpoint cannot be opened at all (not a checkpoint, unreadable structure, I/O); problems found
 /// once it is open are listed in [`VerifyReport::problems`]. A save of `path` that never committed (a
-/// killed rank) is reported in [`VerifyReport::warnings`], naming the ranks whose files are missing
+/// killed rank) is reported as a [`ProblemKind::Unfinished`] warning, naming the ranks whose files are missing
 /// ([`ckpt_io::unfinished`]); when there is no checkpoint at `path` at all, it is the error.
 pub fn verify(path: &Path) -> Result<VerifyReport> {
     verify_with(path, &VerifyOptions::default(), &|_, _| {})
@@ -103,12 +103,12 @@ pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>)
     }
     let format = crate::formats::detect(path)?;
     let adaptor = crate::formats::adaptor(format, path)?;
-    let mut report = VerifyReport::new(format);
+    let mut report = VerifyReport::new(format.name(), path);
     adaptor.verify(path, options.depth, &options.limits, &mut report, progress)?;
     check_manifest(&adaptor.manifest_dir(path), options.depth, &mut report);
     if let Some(u) = ckpt_io::unfinished(path) {
         // The checkpoint at `path` is whole (the previous one); the new one never committed.
-        report.warnings.push(u.to_string());
+        report.push(Problem::new(ProblemKind::Unfinished, u.to_string()).in_file(path));
     }
     Ok(report)
 }
@@ -128,7 +128,13 @@ fn check_manifest(dir: &Path, depth: Depth, report: &mut VerifyReport) {
     };
     match ckpt_io::Manifest::read(dir).and_then(|m| m.map(check).transpose()) {
         Ok(None) => {}
-        Ok(Some(mismatches)) => report.problems.extend(mismatches.iter().map(|m| format!("{name}: {m}"))),
-        Err(e) => report.problems.push(format!("{name}: {}", chain(&e))),
+        Ok(Some(mismatches)) => report.problems.extend(mismatches.iter().map(|m| {
+            let kind = match m {
+                ckpt_io::Mismatch::Missing { .. } => ProblemKind::Missing,
+                ckpt_io::Mismatch::Size { .. } | ckpt_io::Mismatch::Chunk { .. } => ProblemKind::ChecksumMismatch,
+            };
+            Problem::new(kind, format!("{m} (per {name})")).in_file(dir.join(m.file()))
+        })),
+        Err(e) => report.push(Problem::from_error(ProblemKind::Unreadable, &e).in_file(dir.join(name))),
     }
 }

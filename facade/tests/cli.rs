@@ -419,6 +419,66 @@ fn convert_takes_the_target_layout_options() {
     assert!(!dst.exists());
 }
 
+/// `--no-checksums` and `--no-sync` reach every target's writer: no checksum manifest beside a directory
+/// format, CRC-32 0 in `torch.save` records, no CRC32C in safetensors headers; by default every one has them,
+/// and the checkpoint verifies either way.
+#[test]
+fn convert_takes_the_durability_flags_for_every_target() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("distcp/golden/d215");
+    let manifest = |dir: &Path| dir.join("ckpt.checksums.json").is_file();
+    let torch_crcs = |file: &Path| {
+        let bytes = std::fs::read(file).unwrap();
+        let archive = ckpt::torch::zip::Archive::parse(&bytes).unwrap();
+        archive.records().iter().filter(|r| r.crc32() != 0).count()
+    };
+    let safetensors_crcs = |file: &Path| {
+        let r = ckpt::safetensors::SafetensorsReader::open(file).unwrap();
+        ckpt::safetensors::checksums(&r).unwrap().is_some()
+    };
+    for (to, extra) in [
+        ("distcp", None),
+        ("hfai", Some("--world-size=2")),
+        ("recis", None),
+        ("torch", None),
+        ("safetensors", None),
+        ("hf", None),
+    ] {
+        let src = if to == "recis" { fixtures().join("recis/golden/two_shard_adamw") } else { src.clone() };
+        for flags in [&[][..], &["--no-checksums", "--no-sync"][..]] {
+            let checksums = flags.is_empty();
+            let name = if matches!(to, "torch") {
+                format!("{to}{}.pt", flags.len())
+            } else if to == "safetensors" {
+                format!("{to}{}.safetensors", flags.len())
+            } else {
+                format!("{to}{}", flags.len())
+            };
+            let dst = tmp.path().join(name);
+            let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &src, &dst, &"--to", &to];
+            if let Some(extra) = &extra {
+                args.push(extra);
+            }
+            for f in flags {
+                args.push(f);
+            }
+            let (code, out, err) = run(&args);
+            assert_eq!(code, 0, "{to} {flags:?}: {out}{err}");
+            match to {
+                "torch" => assert_eq!(torch_crcs(&dst) > 0, checksums, "{to} {flags:?}"),
+                "safetensors" => assert_eq!(safetensors_crcs(&dst), checksums, "{to} {flags:?}"),
+                "hf" => {
+                    let shard = sorted(&dst, |p| p.extension().is_some_and(|e| e == "safetensors"));
+                    assert!(shard.iter().all(|f| safetensors_crcs(f) == checksums), "{to} {flags:?}");
+                }
+                _ => assert_eq!(manifest(&dst), checksums, "{to} {flags:?}"),
+            }
+            let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
+            assert_eq!(code, 0, "{to} {flags:?}: {out}{err}");
+        }
+    }
+}
+
 #[test]
 fn cat_prints_values_too() {
     let (code, out, err) = run(&[&"cat", &fixtures().join("torch/bytesio.pt"), &"n"]);
@@ -638,7 +698,14 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         assert!(out.contains("problem: ") && out.contains(&name), "{format}: names {name}: {out}");
         assert!(out.contains("FAILED"), "{format}: {out}");
         let report = ckpt::verify(&dst).unwrap();
-        assert!(!report.is_ok() && report.problems.iter().any(|p| p.contains(&name)), "{format}: {report:?}");
+        assert!(
+            !report.is_ok()
+                && report
+                    .problems
+                    .iter()
+                    .any(|p| p.to_string().contains(&name) && p.kind == ckpt::ProblemKind::ChecksumMismatch),
+            "{format}: {report:?}"
+        );
         let deep = ckpt::verify_with(&dst, &ckpt::VerifyOptions::deep(), &|_, _| {}).unwrap();
         assert_eq!(deep.problems, report.problems, "{format}");
         if matches!(format, "safetensors" | "hf") {

@@ -270,7 +270,7 @@ fn dcp_inflated_item_limit_is_enforced() {
     );
     assert_eq!(e.fault(), ckpt::Fault::Limit);
     let report = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight), &|_, _| {}).unwrap();
-    assert!(report.problems.iter().any(|p| p.contains("decompresses to more than 65536 bytes")), "{report:?}");
+    assert!(report.problems.iter().any(|p| p.message.contains("decompresses to more than 65536 bytes")), "{report:?}");
     let raised = ckpt::ReadLimits::default().with_max_inflated_bytes(2 << 20);
     assert_eq!(ckpt::open_with(&path, &raised).unwrap().value("blob").unwrap(), Value::Bytes(vec![7; 1 << 20]));
 }

@@ -326,7 +326,8 @@ pub(crate) fn verify(
         .py();
     pb.finish_and_clear();
     let r = report?;
-    Ok((r.format.name(), r.checked, r.bytes, r.problems, r.warnings))
+    let text = |problems: Vec<&ckpt::Problem>| problems.into_iter().map(ToString::to_string).collect();
+    Ok((r.format, r.records, r.bytes, text(r.errors().collect()), text(r.warnings().collect())))
 }
 
 /// `ckpt.reshard`: `(format, world_size, tensors, bytes)`.

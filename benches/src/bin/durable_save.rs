@@ -177,7 +177,8 @@ fn ckpt_durable(sd: &Value, path: &Path) -> f64 {
 }
 
 fn dcp(sd: &Value, dir: &Path, checksums: bool) -> f64 {
-    let options = ckpt_distcp::WriteOptions::default().with_checksums(checksums);
+    let options = ckpt_distcp::WriteOptions::default()
+        .with_durability(ckpt_distcp::Durability::default().with_checksums(checksums));
     let t = Instant::now();
     ckpt_distcp::save(sd, dir, &options).unwrap();
     let s = t.elapsed().as_secs_f64();

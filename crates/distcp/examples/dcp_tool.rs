@@ -110,7 +110,7 @@ fn main() {
             let r = verify(p(2)).unwrap();
             println!(
                 "verify: {} items, {} problems, {}",
-                r.items,
+                r.records,
                 r.problems.len(),
                 mib(r.bytes, t.elapsed().as_secs_f64())
             );

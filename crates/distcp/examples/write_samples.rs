@@ -117,15 +117,15 @@ fn main() {
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let mut jobs = Vec::new();
     let sd = single();
-    ckpt_torch::save(&sd, &out.join("single.expected.pt"), &ckpt_torch::WriteOptions::default()).unwrap();
+    ckpt_torch::save(&sd, out.join("single.expected.pt"), &ckpt_torch::WriteOptions::default()).unwrap();
     for (name, options) in
         [("compat", WriteOptions::default()), ("torch213", WriteOptions::default().with_profile(Profile::Torch213))]
     {
-        save(&sd, &out.join(name), &options).unwrap();
+        save(&sd, out.join(name), &options).unwrap();
         jobs.push(serde_json::json!({"kind": "dcp", "name": name, "dir": s(&out.join(name)), "expected": s(&out.join("single.expected.pt"))}));
     }
     let global = sharded(&out.join("compat-3rank"), 3);
-    ckpt_torch::save(&global, &out.join("sharded.expected.pt"), &ckpt_torch::WriteOptions::default()).unwrap();
+    ckpt_torch::save(&global, out.join("sharded.expected.pt"), &ckpt_torch::WriteOptions::default()).unwrap();
     jobs.push(serde_json::json!({"kind": "dcp", "name": "compat-3rank", "dir": s(&out.join("compat-3rank")), "expected": s(&out.join("sharded.expected.pt"))}));
     std::fs::write(out.join("jobs.json"), serde_json::to_vec_pretty(&jobs).unwrap()).unwrap();
     // zstd items (`stream.zstd/1`) need torch 2.7+ with the `zstandard` package: a separate job list.

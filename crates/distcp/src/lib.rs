@@ -72,6 +72,8 @@ mod verify;
 mod writer;
 
 pub use chunks::{shard_box, shard_range};
+pub use ckpt_io::Durability;
+pub use ckpt_tensor::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use error::{Error, Result};
 pub use metadata::{
     ChunkStorageMetadata, MemoryFormat, Metadata, MetadataIndex, PlannerData, Profile, StorageInfo, StorageMeta,
@@ -80,5 +82,5 @@ pub use metadata::{
 pub use planner::ShardSpec;
 pub use reader::{DEFAULT_MAX_METADATA_BYTES, DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
-pub use verify::{VerifyReport, verify, verify_structure, verify_structure_with, verify_with};
-pub use writer::{WriteOptions, save, save_rank, save_ranks};
+pub use verify::{verify, verify_structure, verify_structure_with, verify_with};
+pub use writer::{WriteOptions, save, save_rank, save_ranks, save_report};

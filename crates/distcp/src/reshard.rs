@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_tensor::{PathItem, Value, flatten, unflatten};
+use ckpt_tensor::{PathItem, ReshardReport, SaveReport, Value, flatten, unflatten};
 
 use crate::chunks::shard_box;
 use crate::error::{Error, Result};
@@ -77,7 +77,13 @@ pub fn shard_state_dict(state_dict: &Value, rank: usize, world: usize) -> Result
 ///
 /// # Errors
 /// As [`shard_state_dict`] and [`save_ranks`].
-pub fn save_sharded(state_dict: &Value, dir: &Path, world: usize, options: &WriteOptions) -> Result<Metadata> {
+pub fn save_sharded(
+    state_dict: &Value,
+    dir: impl AsRef<Path>,
+    world: usize,
+    options: &WriteOptions,
+) -> Result<SaveReport> {
+    let dir = dir.as_ref();
     if world == 1 {
         return crate::save(state_dict, dir, options);
     }
@@ -212,13 +218,32 @@ impl ReshardOptions {
 ///
 /// # Errors
 /// As [`DcpReader::open`], [`DcpReader::shard_state`] and [`save_ranks`].
-pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<Metadata> {
+pub fn reshard(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    world_size: usize,
+    options: &ReshardOptions,
+) -> Result<ReshardReport> {
     check_rank(0, world_size)?;
     let reader = DcpReader::open_with(src, &options.read)?;
+    let from = source_ranks(reader.metadata());
     let states = (0..world_size).map(|rank| reader.shard_state(rank, world_size)).collect::<Result<Vec<_>>>()?;
     // No `create_dir_all(dst)`: the commit creates the parent and swaps the whole directory in, so a crash
     // leaves no empty destination behind.
-    save_ranks(&states, dst, &options.write)
+    let saved = save_ranks(&states, dst, &options.write)?;
+    Ok(ReshardReport::new(from, world_size, saved))
+}
+
+/// The ranks that wrote a checkpoint: the distinct `R` of its `__R_*.distcp` data files (at least 1; a
+/// checkpoint written with other file names counts its distinct files).
+fn source_ranks(metadata: &Metadata) -> usize {
+    let files: std::collections::HashSet<&str> =
+        metadata.storage_data.iter().map(|(_, info)| info.relative_path.as_str()).collect();
+    let ranks: std::collections::HashSet<&str> = files
+        .iter()
+        .filter_map(|f| f.strip_prefix("__").and_then(|r| r.split_once('_')).map(|(rank, _)| rank))
+        .collect();
+    if ranks.is_empty() { files.len().max(1) } else { ranks.len() }
 }
 
 fn check_rank(rank: usize, world: usize) -> Result<()> {

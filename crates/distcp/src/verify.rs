@@ -7,30 +7,11 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use ckpt_tensor::{Problem, ProblemKind, VerifyReport};
+
 use crate::error::{Error, Result};
 use crate::metadata::StorageMetadata;
 use crate::reader::{DcpReader, ReadOptions};
-
-/// What [`verify`] found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// Keys checked.
-    pub keys: usize,
-    /// Items read and checked.
-    pub items: usize,
-    /// Bytes of the items checked (as stored).
-    pub bytes: u64,
-    /// Every problem, each naming its key and file.
-    pub problems: Vec<Error>,
-}
-
-impl VerifyReport {
-    /// Whether no problem was found.
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
 
 /// Verifies the checkpoint in `dir`: chunks inside their tensors, not overlapping and covering them;
 /// items inside their files; data file paths relative and inside the directory; every item parses as a
@@ -39,7 +20,7 @@ impl VerifyReport {
 /// # Errors
 /// Only when the metadata itself cannot be read (missing, not a pickle, unknown classes); everything else
 /// is reported in [`VerifyReport::problems`].
-pub fn verify(dir: &Path) -> Result<VerifyReport> {
+pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     verify_with(dir, &ReadOptions::default())
 }
 
@@ -47,7 +28,8 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
 ///
 /// # Errors
 /// As [`verify`].
-pub fn verify_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+pub fn verify_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<VerifyReport> {
+    let dir = dir.as_ref();
     let reader = DcpReader::open_unchecked(dir, &options.clone().with_verify_crc(true))?;
     let mut problems = reader.metadata_problems(false);
     let bad_keys: HashSet<String> = problems.iter().filter_map(problem_key).collect();
@@ -81,7 +63,7 @@ pub fn verify_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
         bytes += b;
         problems.extend(errs);
     }
-    Ok(VerifyReport { keys: md.state_dict_metadata.len(), items, bytes, problems })
+    Ok(report(dir, md, items, bytes, problems))
 }
 
 /// The structural part of [`verify`]: the metadata's rules (chunks inside their tensors, not overlapping
@@ -90,7 +72,7 @@ pub fn verify_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
 ///
 /// # Errors
 /// As [`verify`].
-pub fn verify_structure(dir: &Path) -> Result<VerifyReport> {
+pub fn verify_structure(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     verify_structure_with(dir, &ReadOptions::default())
 }
 
@@ -98,13 +80,60 @@ pub fn verify_structure(dir: &Path) -> Result<VerifyReport> {
 ///
 /// # Errors
 /// As [`verify`].
-pub fn verify_structure_with(dir: &Path, options: &ReadOptions) -> Result<VerifyReport> {
+pub fn verify_structure_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<VerifyReport> {
+    let dir = dir.as_ref();
     let reader = DcpReader::open_unchecked(dir, options)?;
     let problems = reader.metadata_problems(false);
     let md = reader.metadata();
     let items = md.storage_data.len();
     let bytes = md.storage_data.iter().map(|(_, s)| s.length).sum();
-    Ok(VerifyReport { keys: md.state_dict_metadata.len(), items, bytes, problems })
+    Ok(report(dir, md, items, bytes, problems))
+}
+
+/// The report of a verification of `dir` that checked `items` items of `bytes` bytes and found `problems`.
+fn report(dir: &Path, md: &crate::metadata::Metadata, items: usize, bytes: u64, problems: Vec<Error>) -> VerifyReport {
+    let mut report = VerifyReport::new("distcp", dir);
+    let files: HashSet<&str> = md.storage_data.iter().map(|(_, s)| s.relative_path.as_str()).collect();
+    report.files = files.len() + 1;
+    report.records = items;
+    report.bytes = bytes;
+    report.problems = problems.iter().map(|e| problem(dir, e)).collect();
+    report
+}
+
+/// A problem the reader found, placed at its key and file.
+fn problem(dir: &Path, e: &Error) -> Problem {
+    let kind = match e {
+        Error::MissingFile { .. } | Error::MissingItem { .. } => ProblemKind::Missing,
+        Error::BadItem { source, .. }
+            if matches!(source.kind(), ckpt_torch::Error::Zip(ckpt_torch::zip::ZipError::CrcMismatch { .. })) =>
+        {
+            ProblemKind::ChecksumMismatch
+        }
+        Error::BadItem { .. } | Error::Zstd { .. } | Error::UnknownTransform { .. } => ProblemKind::Unreadable,
+        _ => ProblemKind::Inconsistent,
+    };
+    let mut p = Problem::from_error(kind, e);
+    let key = match e {
+        Error::BadItem { key, .. }
+        | Error::ItemNotTensor { key, .. }
+        | Error::ChunkShapeMismatch { key, .. }
+        | Error::DTypeMismatch { key, .. }
+        | Error::UnknownTransform { key, .. }
+        | Error::Zstd { key, .. } => Some(key.clone()),
+        e => problem_key(e),
+    };
+    if let Some(key) = key {
+        p = p.at_entry(key);
+    }
+    match e {
+        Error::BadItem { file, .. }
+        | Error::ItemNotTensor { file, .. }
+        | Error::ChunkShapeMismatch { file, .. }
+        | Error::DTypeMismatch { file, .. }
+        | Error::Zstd { file, .. } => p.in_file(dir.join(file)),
+        _ => p,
+    }
 }
 
 /// The key a problem is about, if any.

@@ -16,14 +16,16 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
-use ckpt_io::{CommitError, DirCommit, DirOptions};
-use ckpt_tensor::{Tensor, Value};
+use ckpt_io::{CommitError, DirCommit, DirOptions, Durability};
+use ckpt_tensor::{SaveReport, Tensor, Value};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
 use crate::chunks::clone_dense;
 use crate::error::{Error, Result};
-use crate::metadata::{DCP_VERSION, Metadata, MetadataIndex, Profile, StorageInfo, StorageMeta, ZSTD_TRANSFORM};
+use crate::metadata::{
+    DCP_VERSION, Metadata, MetadataIndex, Profile, StorageInfo, StorageMeta, StorageMetadata, ZSTD_TRANSFORM,
+};
 use crate::planner::{self, LocalPlan, Payload, ShardSpec};
 
 /// Options for writing (torch's `FileSystemWriter` settings, plus the output profile).
@@ -40,8 +42,10 @@ pub struct WriteOptions {
     /// Compress every item with zstd at this level (torch 2.7+'s `_extensions=[ZStandard()]`, descriptor
     /// `stream.zstd/1`). Default `None`. Such checkpoints load in torch 2.7+ only (with `zstandard`).
     pub zstd_level: Option<i32>,
-    /// fsync data files, `.metadata.tmp` and the directory (torch's `sync_files`, default `true`).
-    pub sync_files: bool,
+    /// How durably the checkpoint is written: `sync` fsyncs data files, `.metadata.tmp` and the directory
+    /// (torch's `sync_files`, default `true`); `checksums` writes `ckpt.checksums.json` (a CRC-32 per item,
+    /// computed while writing; torch ignores the file); `direct_io` writes large files with `O_DIRECT`.
+    pub durability: Durability,
     /// Replace an existing checkpoint in the directory (torch's `overwrite`, default `true`).
     pub overwrite: bool,
     /// Deduplicate replicated items to the lowest rank (torch's `dedup_save_to_lowest_rank`) instead of
@@ -52,9 +56,6 @@ pub struct WriteOptions {
     /// [`Profile::Torch213`]: the `storage_meta.checkpoint_id` path to record (default: the directory as
     /// given).
     pub checkpoint_id: Option<String>,
-    /// Write `ckpt.checksums.json` (a CRC-32 per item, computed while writing; torch ignores the file).
-    /// Default `true`.
-    pub checksums: bool,
 }
 
 impl Default for WriteOptions {
@@ -64,12 +65,11 @@ impl Default for WriteOptions {
             single_file_per_rank: true,
             thread_count: 1,
             zstd_level: None,
-            sync_files: true,
+            durability: Durability::default(),
             overwrite: true,
             dedup_to_lowest_rank: false,
             save_id: None,
             checkpoint_id: None,
-            checksums: true,
         }
     }
 }
@@ -104,10 +104,10 @@ impl WriteOptions {
         self
     }
 
-    /// Sets `sync_files`.
+    /// These options with `durability` ([`WriteOptions::durability`]; torch's `sync_files` is its `sync`).
     #[must_use]
-    pub fn with_sync_files(mut self, sync: bool) -> Self {
-        self.sync_files = sync;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -125,13 +125,6 @@ impl WriteOptions {
         self
     }
 
-    /// Writes the checksum manifest `ckpt.checksums.json` (default) or not.
-    #[must_use]
-    pub fn with_checksums(mut self, on: bool) -> Self {
-        self.checksums = on;
-        self
-    }
-
     /// Sets the recorded save id and checkpoint id ([`Profile::Torch213`]).
     #[must_use]
     pub fn with_storage_meta(mut self, save_id: &str, checkpoint_id: &str) -> Self {
@@ -142,7 +135,7 @@ impl WriteOptions {
 }
 
 /// Saves a state dict from one process, like `dcp.save(state_dict, checkpoint_id=dir, no_dist=True)`.
-/// Returns the metadata written.
+/// Returns what was written ([`save_report`]).
 ///
 /// Keys follow torch 2.4+'s flattening ([`ckpt_tensor::flatten`]); tensors become one item each, every other
 /// leaf a BYTE_IO item (a `torch.save` of the value).
@@ -150,15 +143,40 @@ impl WriteOptions {
 /// # Errors
 /// [`Error::Unwritable`] for values DCP cannot store; [`Error::AlreadyExists`]; I/O errors naming the
 /// path.
-pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Metadata> {
+pub fn save(state_dict: &Value, dir: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
     save_rank(state_dict, &HashMap::new(), dir, options, &SingleProcess)
+}
+
+/// What the checkpoint `metadata` describes in the directory `dir`, as a save's report: its data files (in
+/// the order items name them) and `.metadata`, its tensors with the bytes of their global shapes, and its
+/// other values (BYTE_IO items).
+pub fn save_report(metadata: &Metadata, dir: &Path) -> SaveReport {
+    let mut report = SaveReport::default();
+    for (_, stored) in &metadata.state_dict_metadata {
+        match stored {
+            StorageMetadata::Tensor(t) => {
+                report.tensors += 1;
+                report.bytes += t.nbytes().unwrap_or(0) as u64;
+            }
+            StorageMetadata::Bytes => report.values += 1,
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut files: Vec<std::path::PathBuf> = metadata
+        .storage_data
+        .iter()
+        .filter(|(_, info)| seen.insert(info.relative_path.as_str()))
+        .map(|(_, info)| dir.join(&info.relative_path))
+        .collect();
+    files.push(dir.join(".metadata"));
+    report.with_files(files)
 }
 
 /// One rank's part of a multi-rank save, like `dcp.save` in every process of a group. Every rank of
 /// `group` calls this with its own state dict; `shards` says which of its tensors are chunks of bigger
 /// tensors (keyed by flattened key; a tensor not listed is whole, and if several ranks hold it, it is
 /// written once). Rank 0 writes `.metadata` after all data files are durable. Every rank returns the
-/// metadata written.
+/// report of the whole checkpoint ([`save_report`]).
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -188,11 +206,12 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Me
 pub fn save_rank(
     state_dict: &Value,
     shards: &HashMap<String, ShardSpec>,
-    dir: &Path,
+    dir: impl AsRef<Path>,
     options: &WriteOptions,
     group: &dyn Collective,
-) -> Result<Metadata> {
-    save_with_source(state_dict, shards, dir, options, group, &|_| Ok(None))
+) -> Result<SaveReport> {
+    let dir = dir.as_ref();
+    save_with_source(state_dict, shards, dir, options, group, &|_| Ok(None)).map(|m| save_report(&m, dir))
 }
 
 /// Writes a multi-rank checkpoint from one process: one thread per rank of a [`ThreadGroup`], rank `r` saving
@@ -221,13 +240,14 @@ pub fn save_rank(
 /// report); [`Error::Core`] with an invalid argument for no ranks or a panicking rank.
 pub fn save_ranks(
     ranks: &[(Value, HashMap<String, ShardSpec>)],
-    dir: &Path,
+    dir: impl AsRef<Path>,
     options: &WriteOptions,
-) -> Result<Metadata> {
+) -> Result<SaveReport> {
+    let dir = dir.as_ref();
     if ranks.is_empty() {
         return Err(Error::Core(ckpt_tensor::Error::InvalidArgument("a save needs at least one rank".into())));
     }
-    let results: Vec<Result<Metadata>> = std::thread::scope(|scope| {
+    let results: Vec<Result<SaveReport>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ThreadGroup::new(ranks.len())
             .into_iter()
             .zip(ranks)
@@ -397,7 +417,7 @@ fn dcp_owned(name: &str) -> bool {
 }
 
 fn dir_options(options: &WriteOptions) -> DirOptions {
-    DirOptions::default().with_sync(options.sync_files).with_checksums(options.checksums).with_owned(dcp_owned)
+    DirOptions::default().with_durability(options.durability).with_owned(dcp_owned)
 }
 
 /// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use ckpt_collective::{Collective, ThreadGroup};
 use ckpt_distcp::{
-    DcpReader, Error, Metadata, Profile, ReadOptions, ShardSpec, WriteOptions, convert, save, save_rank, shard_box,
-    verify,
+    DcpReader, Durability, Error, Metadata, Profile, ReadOptions, ShardSpec, WriteOptions, convert, save, save_rank,
+    save_report, shard_box, verify,
 };
 use ckpt_tensor::{CheckpointRead, DType, Tensor, Value};
 
@@ -58,11 +58,15 @@ fn every_option_round_trips() {
         ("zstd-213", WriteOptions::default().with_profile(Profile::Torch213).with_zstd(1)),
         ("three-files", WriteOptions::default().with_thread_count(3)),
         ("per-item", WriteOptions::default().with_single_file_per_rank(false)),
-        ("no-sync", WriteOptions::default().with_sync_files(false)),
+        ("no-sync", WriteOptions::default().with_durability(Durability::default().with_sync(false))),
+        ("no-checksums", WriteOptions::default().with_durability(Durability::default().with_checksums(false))),
     ] {
         let d = tempfile::tempdir().unwrap();
-        let md = save(&sd, d.path(), &options).unwrap();
-        assert_eq!(metadata(d.path()), md, "{name}: .metadata decodes to what save returned");
+        let report = save(&sd, d.path(), &options).unwrap();
+        let md = metadata(d.path());
+        assert_eq!(save_report(&md, d.path()), report, "{name}: the report is what .metadata describes");
+        assert!(report.files.iter().all(|f| f.exists()), "{name}: {:?}", report.files);
+        assert_eq!(d.path().join(ckpt_io::MANIFEST_NAME).exists(), name != "no-checksums", "{name}");
         let r = DcpReader::open(d.path()).unwrap();
         assert_eq!(r.state_dict().unwrap(), sd, "{name}");
         assert!(verify(d.path()).unwrap().is_ok(), "{name}");
@@ -75,15 +79,18 @@ fn every_option_round_trips() {
                 assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", "__0_1.distcp", "__0_2.distcp", SUMS])
             }
             "per-item" => assert_eq!(files(d.path()).len(), 2 + md.storage_data.len()),
+            "no-checksums" => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp"], "{name}"),
             _ => assert_eq!(files(d.path()), [".metadata", "__0_0.distcp", SUMS], "{name}"),
         }
         // The checksum manifest covers every file but itself, one chunk per item, and verifies.
-        let sums = ckpt_io::Manifest::read(d.path()).unwrap().unwrap();
-        assert_eq!(sums.files.len(), files(d.path()).len() - 1, "{name}");
-        assert!(sums.verify_dir(d.path()).unwrap().is_empty(), "{name}");
-        for (_, info) in &md.storage_data {
-            let chunk = sums.chunk_at(&info.relative_path, info.offset).unwrap();
-            assert_eq!(chunk.length, info.length, "{name}: one chunk per item");
+        if name != "no-checksums" {
+            let sums = ckpt_io::Manifest::read(d.path()).unwrap().unwrap();
+            assert_eq!(sums.files.len(), files(d.path()).len() - 1, "{name}");
+            assert!(sums.verify_dir(d.path()).unwrap().is_empty(), "{name}");
+            for (_, info) in &md.storage_data {
+                let chunk = sums.chunk_at(&info.relative_path, info.offset).unwrap();
+                assert_eq!(chunk.length, info.length, "{name}: one chunk per item");
+            }
         }
         if name == "213" || name == "zstd-213" {
             assert_eq!(md.version.as_deref(), Some("1.0.0"));
@@ -206,7 +213,9 @@ fn replicated_items_are_written_once() {
         ]);
         save_rank(&sd, &HashMap::new(), d.path(), &WriteOptions::default(), &g).unwrap()
     });
-    let md = &mds[0];
+    assert!(mds.iter().all(|r| *r == mds[0]), "every rank returns the whole checkpoint's report");
+    assert_eq!((mds[0].tensors, mds[0].values, mds[0].files.len()), (2, 1, 4));
+    let md = &metadata(d.path());
     assert_eq!(md.storage_data.len(), 3);
     // spread over ranks by accumulated bytes: big (256 B) to rank 0, rep to rank 1, cfg to rank 2
     let files: Vec<&str> = md.storage_data.iter().map(|(_, s)| s.relative_path.as_str()).collect();
@@ -218,7 +227,8 @@ fn replicated_items_are_written_once() {
         o.dedup_to_lowest_rank = true;
         save_rank(&sd, &HashMap::new(), lowest.path(), &o, &g).unwrap()
     });
-    assert!(mds[0].storage_data.iter().all(|(_, s)| s.relative_path == "__0_0.distcp"));
+    assert_eq!(mds[0].files.len(), 2);
+    assert!(metadata(lowest.path()).storage_data.iter().all(|(_, s)| s.relative_path == "__0_0.distcp"));
 }
 
 /// A small deterministic generator (xorshift) for the randomized resharding test.
@@ -254,7 +264,7 @@ fn random_layouts_reshard_to_random_regions() {
             let local = full.region(&off, &len).unwrap();
             let sd = Value::dict([("x", Value::Tensor(local))]);
             let shards = HashMap::from([("x".to_string(), ShardSpec::new(&shape, &off))]);
-            let mut o = WriteOptions::default().with_sync_files(false);
+            let mut o = WriteOptions::default().with_durability(Durability::default().with_sync(false));
             if zstd {
                 o = o.with_zstd(1);
             }
@@ -405,12 +415,13 @@ fn conversions() {
 #[test]
 fn metadata_encodings_round_trip() {
     let d = tempfile::tempdir().unwrap();
-    let md = save(
+    save(
         &sample(),
         d.path(),
         &WriteOptions::default().with_profile(Profile::Torch213).with_storage_meta("id", "/abs/ckpt"),
     )
     .unwrap();
+    let md = metadata(d.path());
     let p = Path::new("x");
     let back = Metadata::from_pickle(&md.to_pickle(Profile::Torch213).unwrap(), p).unwrap();
     assert_eq!(back, md);
@@ -555,7 +566,7 @@ fn reshard_reads_each_rank_box_and_keeps_every_entry() {
         let (_, sizes) = shard_box(&[6, 4], 0, world - 1, world);
         assert_eq!(t.as_tensor().unwrap().shape(), sizes);
     }
-    let e = ckpt_distcp::reshard(src.path(), &src.path().join("x"), 0, &ckpt_distcp::ReshardOptions::default());
+    let e = ckpt_distcp::reshard(src.path(), src.path().join("x"), 0, &ckpt_distcp::ReshardOptions::default());
     assert!(matches!(e, Err(Error::Unwritable { .. })));
     assert!(!src.path().join("x").exists());
 }

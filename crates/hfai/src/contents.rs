@@ -81,6 +81,38 @@ pub(crate) struct Contents {
 pub(crate) type Copied = u64;
 
 impl Contents {
+    /// The tensors, tensor bytes and other values of these contents, as a save's report (a chunked tensor
+    /// is one tensor).
+    pub(crate) fn report(&self) -> ckpt_tensor::SaveReport {
+        let mut report = ckpt_tensor::SaveReport::default();
+        let item = |report: &mut ckpt_tensor::SaveReport, item: &Item| match item {
+            Item::Value(v) => report.count(v),
+            Item::Chunked(c) => {
+                report.tensors += 1;
+                report.bytes += c.nbytes();
+            }
+        };
+        for model in &self.models {
+            model.entries.iter().for_each(|(_, i)| item(&mut report, i));
+            model.buffers.iter().for_each(|(_, v)| report.count(v));
+        }
+        for optimizer in &self.optimizers {
+            for (k, v) in &optimizer.dict.items {
+                if k.as_str() != Some("state") {
+                    report.count(v);
+                }
+            }
+            for (_, entry) in &optimizer.state {
+                match entry {
+                    StateEntry::Map { items, .. } => items.iter().for_each(|(_, i)| item(&mut report, i)),
+                    StateEntry::Other(v) => report.count(v),
+                }
+            }
+        }
+        self.others.iter().for_each(|(_, v)| report.count(v));
+        report
+    }
+
     /// Every chunked item, in a fixed traversal order.
     fn chunked(&self) -> Vec<&Chunked> {
         let mut out = Vec::new();

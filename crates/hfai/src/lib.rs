@@ -87,11 +87,13 @@ mod reshard;
 mod verify;
 mod writer;
 
+pub use ckpt_io::Durability;
+pub use ckpt_tensor::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use ckpt_torch::ReadOptions;
 pub use error::{Error, Result};
 pub use part::{VERSION, part_file_name};
 pub use partition::{assign, chunk_ranges, count_size};
 pub use reader::{HfaiReader, PartChunk, RankShare, load};
-pub use reshard::{ReshardOptions, ReshardSummary, reshard, reshard_rank};
-pub use verify::{VerifyReport, verify};
+pub use reshard::{ReshardOptions, reshard, reshard_rank};
+pub use verify::verify;
 pub use writer::{LARGE_SIZE, ModelState, Resolve, SaveState, WriteOptions, save, save_rank, save_rank_resolved};

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ckpt_collective::Collective;
-use ckpt_tensor::Value;
+use ckpt_tensor::{ReshardReport, SaveReport, Value};
 use ckpt_torch::ReadOptions;
 
 use crate::contents::Item;
@@ -47,21 +47,6 @@ impl ReshardOptions {
     }
 }
 
-/// What [`reshard`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ReshardSummary {
-    /// Parts read.
-    pub from: usize,
-    /// Parts written.
-    pub to: usize,
-    /// Tensors written in chunks.
-    pub chunked: usize,
-    /// Tensor bytes copied: new chunks that span stored chunks, and formerly chunked tensors now written
-    /// whole. Everything else is written straight from the source parts' memory maps.
-    pub copied_bytes: u64,
-}
-
 /// Rewrites the checkpoint in `src` as `world_size` parts in `dst`, from one process. `dst` may be `src`: the
 /// new parts are staged beside it and swapped in whole ([`save`](crate::save)), while the old ones stay
 /// mapped until the reshard is done.
@@ -75,10 +60,18 @@ pub struct ReshardSummary {
 /// # Errors
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)
 /// for `dst`; [`Error::UnknownBuffer`] for a buffer name that is not an entry of its model.
-pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<ReshardSummary> {
-    let (from, plan) = plan(src, world_size, options)?;
+pub fn reshard(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    world_size: usize,
+    options: &ReshardOptions,
+) -> Result<ReshardReport> {
+    let dst = dst.as_ref();
+    let (from, counts, plan) = plan(src.as_ref(), world_size, options)?;
     plan.write_all(dst, &options.write)?;
-    Ok(ReshardSummary { from, to: world_size, chunked: plan.chunked_count(), copied_bytes: plan.copied_bytes() })
+    let mut report = ReshardReport::new(from, world_size, options.write.report(counts, dst, world_size));
+    report.copied_bytes = Some(plan.copied_bytes());
+    Ok(report)
 }
 
 /// [`reshard`] as one rank of a job of `group.world_size()` ranks (the new part count), one call per rank
@@ -94,11 +87,11 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptio
 /// let dir = tempfile::tempdir().unwrap();
 /// let (one, two) = (dir.path().join("one"), dir.path().join("two"));
 /// let options = ckpt_hfai::ReshardOptions::default();
-/// ckpt_hfai::reshard(fixture.as_ref(), &one, 2, &options).unwrap();
+/// ckpt_hfai::reshard(fixture, &one, 2, &options).unwrap();
 /// std::thread::scope(|s| {
 ///     for g in ThreadGroup::new(2) {
 ///         let (two, options) = (&two, &options);
-///         s.spawn(move || ckpt_hfai::reshard_rank(fixture.as_ref(), two, options, &g).unwrap());
+///         s.spawn(move || ckpt_hfai::reshard_rank(fixture, two, options, &g).unwrap());
 ///     }
 /// });
 /// for part in ["PART_000.pt", "PART_001.pt"] {
@@ -108,13 +101,21 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptio
 ///
 /// # Errors
 /// As [`reshard`]; [`Error::RankFailed`] naming the rank that failed on the others.
-pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dyn Collective) -> Result<()> {
-    let plan = plan(src, group.world_size(), options).map(|(_, plan)| plan);
-    write_rank(plan, dst, &options.write, group, &|t| Ok(t.clone()))
+pub fn reshard_rank(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &ReshardOptions,
+    group: &dyn Collective,
+) -> Result<ReshardReport> {
+    let dst = dst.as_ref();
+    let planned = plan(src.as_ref(), group.world_size(), options);
+    let (from, counts) = planned.as_ref().map(|(from, counts, _)| (*from, counts.clone())).unwrap_or_default();
+    write_rank(planned.map(|(_, _, plan)| plan), dst, &options.write, group, &|t| Ok(t.clone()))?;
+    Ok(ReshardReport::new(from, group.world_size(), options.write.report(counts, dst, group.world_size())))
 }
 
-/// The source's part count and the split of its contents into `world_size` parts.
-fn plan(src: &Path, world_size: usize, options: &ReshardOptions) -> Result<(usize, Plan)> {
+/// The source's part count, its contents' counts, and the split of its contents into `world_size` parts.
+fn plan(src: &Path, world_size: usize, options: &ReshardOptions) -> Result<(usize, SaveReport, Plan)> {
     let merged = read_merged(src, &options.read)?;
     let mut contents = merged.contents;
     for (m, names) in options.buffers.iter().enumerate() {
@@ -138,5 +139,6 @@ fn plan(src: &Path, world_size: usize, options: &ReshardOptions) -> Result<(usiz
             model.buffers.push((k, v));
         }
     }
-    Ok((merged.world_size, Plan::new(contents, world_size, options.write.large_size)?))
+    let counts = contents.report();
+    Ok((merged.world_size, counts, Plan::new(contents, world_size, options.write.large_size)?))
 }

@@ -2,26 +2,11 @@
 //! and consistency (headers, `__nshards__`, chunks adding up) are checked whole by
 //! [`crate::HfaiReader::open`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use ckpt_tensor::VerifyReport;
 
 use crate::error::{Error, Result};
-
-/// What [`verify`] found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The checkpoint directory.
-    pub dir: PathBuf,
-    /// Every `PART_*.pt` file of the directory, checked, in name order.
-    pub parts: Vec<ckpt_torch::VerifyReport>,
-}
-
-impl VerifyReport {
-    /// Whether every record of every part checked out.
-    pub fn is_ok(&self) -> bool {
-        self.parts.iter().all(ckpt_torch::VerifyReport::is_ok)
-    }
-}
 
 /// Checks the CRC-32 of every record of every `PART_*.pt` file in `dir` (stale parts included: hfai's
 /// loader counts them too).
@@ -36,13 +21,14 @@ impl VerifyReport {
 /// ckpt_hfai::save(&state, dir.path(), &WriteOptions::default().with_world_size(2)).unwrap();
 /// let report = ckpt_hfai::verify(dir.path()).unwrap();
 /// assert!(report.is_ok());
-/// assert_eq!(report.parts.len(), 2);
+/// assert_eq!(report.files, 2);
 /// ```
 ///
 /// # Errors
 /// [`Error::Io`] listing the directory; [`Error::Torch`] for a part that is not a `torch.save` archive at
 /// all.
-pub fn verify(dir: &Path) -> Result<VerifyReport> {
+pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
+    let dir = dir.as_ref();
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
@@ -52,6 +38,9 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         }
     }
     files.sort();
-    let parts = files.iter().map(|f| ckpt_torch::verify(f)).collect::<Result<_, _>>()?;
-    Ok(VerifyReport { dir: dir.to_path_buf(), parts })
+    let mut report = VerifyReport::new("hfai", dir);
+    for file in &files {
+        report.merge(ckpt_torch::verify(file)?);
+    }
+    Ok(report)
 }

@@ -2,12 +2,12 @@
 //! rank of a process group (its own part), committed as a whole directory ([`ckpt_io::DirCommit`]):
 //! every part is written into a staging directory beside the destination, checked, and swapped in at once.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_collective::{Collective, SingleProcess};
-use ckpt_io::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_tensor::{Dict, DictKind, Tensor, Value};
+use ckpt_io::{CommitError, DirCommit, DirOptions, Durability, MANIFEST_NAME};
+use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;
@@ -31,14 +31,15 @@ pub struct WriteOptions {
     /// Strided tensors of strictly more bytes than this are flattened and split over the parts with
     /// `torch.chunk` (default [`LARGE_SIZE`], as hfai).
     pub large_size: u64,
-    /// Options for each part's `torch.save` file.
+    /// Options for each part's `torch.save` file (its record alignment and records); the parts are written
+    /// with this [`WriteOptions::durability`], not the torch options' own.
     pub torch: ckpt_torch::WriteOptions,
-    /// Write `ckpt.checksums.json` beside the parts: a CRC-32 of every record of every part, computed while
-    /// writing (hfai's loader ignores the file). Default `true`.
-    pub checksums: bool,
-    /// `fdatasync` every part and fsync the directories (default `true`). Off, the swap stays atomic for
-    /// readers, but a power failure may lose the new checkpoint.
-    pub sync: bool,
+    /// How durably the parts are written: `sync` `fdatasync`s every part and fsyncs the directories (off,
+    /// the swap stays atomic for readers, but a power failure may lose the new checkpoint); `checksums`
+    /// writes `ckpt.checksums.json` beside the parts (a CRC-32 of every record of every part, computed
+    /// while writing; hfai's loader ignores the file) and the records' own CRC-32s; `direct_io` writes
+    /// large parts with `O_DIRECT`.
+    pub durability: Durability,
 }
 
 impl Default for WriteOptions {
@@ -47,8 +48,7 @@ impl Default for WriteOptions {
             world_size: 1,
             large_size: LARGE_SIZE,
             torch: ckpt_torch::WriteOptions::default(),
-            checksums: true,
-            sync: true,
+            durability: Durability::default(),
         }
     }
 }
@@ -75,22 +75,29 @@ impl WriteOptions {
         self
     }
 
-    /// These options writing the checksum manifest (default) or not.
+    /// These options with `durability` ([`WriteOptions::durability`]).
     #[must_use]
-    pub fn with_checksums(mut self, on: bool) -> Self {
-        self.checksums = on;
-        self
-    }
-
-    /// These options with syncing on (default) or off.
-    #[must_use]
-    pub fn with_sync(mut self, sync: bool) -> Self {
-        self.sync = sync;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
     fn dir_options(&self) -> DirOptions {
-        DirOptions::default().with_sync(self.sync).with_checksums(self.checksums).with_owned(hfai_owned)
+        DirOptions::default().with_durability(self.durability).with_owned(hfai_owned)
+    }
+
+    /// The options of each part's `torch.save` file: [`WriteOptions::torch`] with this durability.
+    pub(crate) fn part_options(&self) -> ckpt_torch::WriteOptions {
+        self.torch.clone().with_durability(self.durability)
+    }
+
+    /// The report of a save of `counts` (the contents' tensors and values) in `parts` parts in `dir`.
+    pub(crate) fn report(&self, counts: SaveReport, dir: &Path, parts: usize) -> SaveReport {
+        let mut files: Vec<PathBuf> = (0..parts).map(|r| dir.join(part_file_name(r))).collect();
+        if self.durability.checksums {
+            files.push(dir.join(MANIFEST_NAME));
+        }
+        counts.with_files(files)
     }
 }
 
@@ -437,12 +444,6 @@ impl Plan {
         self.copied.load(Ordering::Relaxed)
     }
 
-    /// Number of tensors written in chunks.
-    pub(crate) fn chunked_count(&self) -> usize {
-        self.models.iter().map(|m| m.large.len()).sum::<usize>()
-            + self.optimizers.iter().map(|o| o.large.len()).sum::<usize>()
-    }
-
     fn item_value(&self, item: &Item) -> Result<Value> {
         match item {
             Item::Value(v) => Ok(v.clone()),
@@ -549,7 +550,7 @@ impl Plan {
         let name = part_file_name(rank);
         let prefix = ckpt_torch::prefix_for_path(Path::new(&name))?;
         let mut file = commit.create_file(&name).map_err(from_commit)?;
-        let written = ckpt_torch::save_to_durable(value, file.writer(), &prefix, &options.torch);
+        let written = ckpt_torch::save_to_durable(value, file.writer(), &prefix, &options.part_options());
         if let Some(e) = file.writer().io_error() {
             return Err(from_commit(CommitError::from_io(file.path(), e)));
         }
@@ -660,7 +661,7 @@ fn compact(v: &Value) -> Result<Value> {
 /// directory swapped in whole ([`ckpt_io::DirCommit`]): a crash at any point leaves the previous
 /// checkpoint or the new one, parts of an earlier, wider save disappear with it, and files in `dir` that
 /// are not hfai's are carried over. `ckpt.checksums.json` (a CRC-32 of every record) is written beside the
-/// parts unless [`WriteOptions::checksums`] is off.
+/// parts unless [`WriteOptions::durability`]'s checksums are off.
 ///
 /// The files are what hfai's `save` run on `world_size` ranks writes (spec §2-§4): the same key-to-rank split
 /// (largest first, to the least-loaded rank, ties to the lower rank, equal sizes later-key first), tensors
@@ -674,8 +675,12 @@ fn compact(v: &Value) -> Result<Value> {
 /// [`Error::TooFewChunks`] before anything is written; I/O and torch codec errors; the commit's errors
 /// (`Error::Core` holding a `ckpt_io::CommitError`: the destination locked by another save, a full disk, ...);
 /// [`Error::Incomplete`] or [`Error::ForeignFiles`] from the completion check.
-pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()> {
-    Plan::new(state.contents()?, options.world_size, options.large_size)?.write_all(dir, options)
+pub fn save(state: &SaveState, dir: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    let dir = dir.as_ref();
+    let contents = state.contents()?;
+    let counts = contents.report();
+    Plan::new(contents, options.world_size, options.large_size)?.write_all(dir, options)?;
+    Ok(options.report(counts, dir, options.world_size))
 }
 
 /// Saves `state` as one rank of `group`: like hfai's `save`, every rank calls it with the same state and
@@ -703,8 +708,14 @@ pub fn save(state: &SaveState, dir: &Path, options: &WriteOptions) -> Result<()>
 ///
 /// # Errors
 /// As [`save`] for this rank's own failure; [`Error::RankFailed`] naming the rank that failed otherwise.
-pub fn save_rank(state: &SaveState, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<()> {
-    save_rank_resolved(state, dir, options, group, &|t| Ok(t.clone()))
+/// Every rank returns the report of the whole checkpoint.
+pub fn save_rank(
+    state: &SaveState,
+    dir: impl AsRef<Path>,
+    options: &WriteOptions,
+    group: &dyn Collective,
+) -> Result<SaveReport> {
+    save_rank_resolved(state, dir.as_ref(), options, group, &|t| Ok(t.clone()))
 }
 
 /// [`save_rank`] for a state whose tensors stand for data this rank reads only if it writes them: the split
@@ -736,9 +747,12 @@ pub fn save_rank_resolved(
     options: &WriteOptions,
     group: &dyn Collective,
     resolve: Resolve<'_>,
-) -> Result<()> {
-    let plan = state.contents().and_then(|c| Plan::resolved(c, group.world_size(), options.large_size, resolve));
-    write_rank(plan, dir, options, group, resolve)
+) -> Result<SaveReport> {
+    let contents = state.contents();
+    let counts = contents.as_ref().map(Contents::report).unwrap_or_default();
+    let plan = contents.and_then(|c| Plan::resolved(c, group.world_size(), options.large_size, resolve));
+    write_rank(plan, dir, options, group, resolve)?;
+    Ok(options.report(counts, dir, group.world_size()))
 }
 
 /// Writes this rank's part of `plan` (every rank planned the same) into the staging directory rank 0 prepares

@@ -317,7 +317,7 @@ fn threshold_is_strict_and_too_few_chunks_are_refused() {
     sd.insert("w", f32s(0, &[5]));
     let state = SaveState::default().with_model(ModelState::new(sd));
     let dir = tempfile::tempdir().unwrap();
-    let e = save(&state, &dir.path().join("ckpt"), &WriteOptions::default().with_large_size(8).with_world_size(4))
+    let e = save(&state, dir.path().join("ckpt"), &WriteOptions::default().with_large_size(8).with_world_size(4))
         .unwrap_err();
     assert!(
         matches!(&e, Error::TooFewChunks { key, numel: 5, world_size: 4, chunks: 3, chunk_len: 2 } if key == "model.w"),
@@ -412,9 +412,13 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
     for (m, copied) in [(2, true), (5, true), (3, false), (1, true)] {
         let dst = tempfile::tempdir().unwrap();
         let s = reshard(src.path(), dst.path(), m, &reshard_opts).unwrap();
-        assert_eq!((s.from, s.to, s.chunked), (3, m, 3));
-        assert_eq!(s.copied_bytes > 0, copied, "3 -> {m}: {s:?}");
-        assert!(s.copied_bytes <= 3 * 1280);
+        assert_eq!((s.from, s.to), (3, m));
+        assert_eq!(s.saved.files.len(), m + 1, "the parts and the manifest: {s:?}");
+        assert!(s.saved.files.iter().all(|f| f.exists()), "{s:?}");
+        assert!(s.saved.tensors > 0 && s.saved.bytes >= 3 * 1280, "{s:?}");
+        let copied_bytes = s.copied_bytes.unwrap();
+        assert_eq!(copied_bytes > 0, copied, "3 -> {m}: {s:?}");
+        assert!(copied_bytes <= 3 * 1280);
         let back = HfaiReader::open(dst.path()).unwrap();
         assert_eq!(back.world_size(), m);
         assert_loads_to(&back, &state);
@@ -426,13 +430,13 @@ fn reshard_round_trips_and_copies_only_spanning_chunks() {
     // 3 parts (chunks of 107) to 6 (chunks of 54): only the new chunks that straddle 107 and 214 are copied
     let dst = tempfile::tempdir().unwrap();
     let s = reshard(src.path(), dst.path(), 6, &ReshardOptions::default().with_write(opts())).unwrap();
-    assert!(s.copied_bytes < 3 * 1280, "{s:?}");
+    assert!(s.copied_bytes.unwrap() < 3 * 1280, "{s:?}");
     assert_loads_to(&HfaiReader::open(dst.path()).unwrap(), &state);
 
     // a larger threshold joins the chunks again (the only copy)
     let dst = tempfile::tempdir().unwrap();
     let s = reshard(src.path(), dst.path(), 2, &ReshardOptions::default()).unwrap();
-    assert_eq!((s.chunked, s.copied_bytes), (0, 3 * 1280));
+    assert_eq!(s.copied_bytes, Some(3 * 1280));
     assert_loads_to(&HfaiReader::open(dst.path()).unwrap(), &state);
 
     let bad = ReshardOptions::default().with_buffers(0, ["nope"]);
@@ -460,7 +464,7 @@ fn saved(n: usize) -> tempfile::TempDir {
 fn edit_part(dir: &Path, rank: usize, edit: impl FnOnce(&mut Dict)) {
     let mut p = part(dir, rank);
     edit(&mut p);
-    ckpt_torch::save(&Value::Dict(p), &dir.join(part_file_name(rank)), &ckpt_torch::WriteOptions::default()).unwrap();
+    ckpt_torch::save(&Value::Dict(p), dir.join(part_file_name(rank)), &ckpt_torch::WriteOptions::default()).unwrap();
 }
 
 /// A part's `(params, large_params)` pair of model 0.
@@ -651,7 +655,7 @@ fn verify_names_every_part_with_a_flipped_record() {
     save(&sample(), dir.path(), &opts().with_world_size(3)).unwrap();
     let report = ckpt_hfai::verify(dir.path()).unwrap();
     assert!(report.is_ok());
-    assert_eq!(report.parts.len(), 3);
+    assert_eq!(report.files, 3);
     let part = dir.path().join(part_file_name(1));
     let mut bytes = std::fs::read(&part).unwrap();
     // The last byte of the first storage record: inside tensor data, wherever the record put it.
@@ -665,8 +669,9 @@ fn verify_names_every_part_with_a_flipped_record() {
     bytes[first.end as usize - 1] ^= 1;
     std::fs::write(&part, &bytes).unwrap();
     let report = ckpt_hfai::verify(dir.path()).unwrap();
-    let failed: Vec<&std::path::Path> = report.parts.iter().filter(|p| !p.is_ok()).map(|p| p.path.as_path()).collect();
+    let failed: Vec<&std::path::Path> = report.errors().filter_map(|p| p.file.as_deref()).collect();
     assert_eq!(failed, [part.as_path()]);
+    assert!(report.problems.iter().all(|p| p.kind == ckpt_hfai::ProblemKind::ChecksumMismatch));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -249,6 +249,15 @@ pub enum Mismatch {
     },
 }
 
+impl Mismatch {
+    /// The file the mismatch is in, by its name in the manifest (relative to the manifest's directory).
+    pub fn file(&self) -> &str {
+        match self {
+            Mismatch::Missing { file, .. } | Mismatch::Size { file, .. } | Mismatch::Chunk { file, .. } => file,
+        }
+    }
+}
+
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -10,7 +10,7 @@ use crate::checksum::{FileDigest, MANIFEST_NAME, Manifest};
 use crate::error::{CommitError, at};
 use crate::file::{open_path, parent_of};
 use crate::lock::DestinationLock;
-use crate::writer::{DurableWriter, WriterOptions};
+use crate::writer::{Durability, DurableWriter};
 use crate::{failpoint, release, sibling, sync_dir};
 use ckpt_collective::Collective;
 
@@ -20,7 +20,7 @@ use ckpt_collective::Collective;
 pub struct DirOptions {
     /// How each file is written (`fdatasync`, `O_DIRECT`, checksums). With `sync` off, neither the files
     /// nor the directories are fsync'd (torch's `sync_files=False`); the swap stays atomic.
-    pub writer: WriterOptions,
+    pub durability: Durability,
     /// Which names in an existing destination belong to the format. Entries it does not claim (a user's
     /// notes, a config file) are carried into the new directory by hard link; a foreign subdirectory makes
     /// the save fail with [`CommitError::Refused`] before anything is written. `None`: the destination is
@@ -32,29 +32,36 @@ pub struct DirOptions {
 
 impl Default for DirOptions {
     fn default() -> Self {
-        DirOptions { writer: WriterOptions::default(), owned: None, release_in_background: true }
+        DirOptions { durability: Durability::default(), owned: None, release_in_background: true }
     }
 }
 
 impl DirOptions {
+    /// These options with `durability` (syncing, the checksum manifest, `O_DIRECT`).
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
     /// These options with syncing on or off.
     #[must_use]
     pub fn with_sync(mut self, sync: bool) -> Self {
-        self.writer.sync = sync;
+        self.durability.sync = sync;
         self
     }
 
     /// These options with the checksum manifest on or off.
     #[must_use]
     pub fn with_checksums(mut self, on: bool) -> Self {
-        self.writer.checksums = on;
+        self.durability.checksums = on;
         self
     }
 
     /// These options with `O_DIRECT` allowed or not.
     #[must_use]
     pub fn with_direct_io(mut self, on: bool) -> Self {
-        self.writer.direct_io = on;
+        self.durability.direct_io = on;
         self
     }
 
@@ -232,10 +239,10 @@ impl DirCommit {
     /// [`CommitError::Refused`] for a name with a path separator, `.` or `..`; I/O errors creating it
     /// (an existing file of that name included: each file is written once).
     pub fn create_file(&self, name: &str) -> Result<StagedFile<'_>, CommitError> {
-        self.create_file_with(name, self.options.writer)
+        self.create_file_with(name, self.options.durability)
     }
 
-    fn create_file_with(&self, name: &str, options: WriterOptions) -> Result<StagedFile<'_>, CommitError> {
+    fn create_file_with(&self, name: &str, options: Durability) -> Result<StagedFile<'_>, CommitError> {
         let path = self.target.join(name);
         if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
             return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
@@ -265,7 +272,7 @@ impl DirCommit {
             return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
         }
         let staged = self.staging.join(name);
-        if !self.options.writer.checksums {
+        if !self.options.durability.checksums {
             return fs::metadata(&staged).map(|m| m.len()).map_err(|e| CommitError::from_io(&path, e));
         }
         let mut d = FileDigest::of_file(&staged).map_err(|e| CommitError::from_io(&path, e))?;
@@ -446,13 +453,13 @@ impl DirCommit {
         }
         finalize(self, payloads)?;
         failpoint::hit("dir.staged").map_err(at(&self.target))?;
-        if self.options.writer.checksums {
+        if self.options.durability.checksums {
             for d in self.digests.lock().map(|d| d.clone()).unwrap_or_default() {
                 manifest.insert(d);
             }
             failpoint::hit("dir.manifest").map_err(at(&self.target))?;
             let mut f =
-                self.create_file_with(MANIFEST_NAME, WriterOptions { checksums: false, ..self.options.writer })?;
+                self.create_file_with(MANIFEST_NAME, Durability { checksums: false, ..self.options.durability })?;
             let bytes = manifest.to_json();
             io::Write::write_all(f.writer(), &bytes).map_err(|e| CommitError::from_io(f.path(), e))?;
             f.finish()?;
@@ -465,7 +472,7 @@ impl DirCommit {
         if existed {
             self.carry_foreign_entries()?;
         }
-        let sync = self.options.writer.sync;
+        let sync = self.options.durability.sync;
         failpoint::hit("dir.sync").map_err(at(&self.target))?;
         if sync {
             sync_dir(&self.staging)?;
@@ -540,7 +547,7 @@ fn prepare(target: &Path, staging: &Path, options: &DirOptions) -> Result<Destin
     let parent = parent_of(target);
     fs::create_dir_all(parent).map_err(at(parent))?;
     let lock = DestinationLock::acquire(target)?;
-    recover_locked(target, options.writer.sync)?;
+    recover_locked(target, options.durability.sync)?;
     let mut mode = None;
     match fs::symlink_metadata(target) {
         Ok(meta) if meta.file_type().is_symlink() => {
@@ -830,7 +837,7 @@ mod tests {
             }
         }
         assert_eq!(names(root.path()), ["ck"]);
-        assert_eq!(names(&dst), [".metadata", "__0_0.distcp"]);
+        assert_eq!(names(&dst), [".metadata", "__0_0.distcp", "ckpt.checksums.json"]);
         assert_eq!(fs::read(dst.join("__0_0.distcp")).unwrap(), b"old");
 
         // The same group succeeding: every rank's files, one manifest.

@@ -8,15 +8,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{CommitError, at};
 use crate::lock::DestinationLock;
-use crate::writer::{DurableWriter, WriterOptions};
+use crate::writer::{Durability, DurableWriter};
 use crate::{failpoint, release, sibling, sync_dir};
 
 /// Options of a [`FileCommit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FileOptions {
-    /// How the bytes are written (`fdatasync`, `O_DIRECT`, checksums).
-    pub writer: WriterOptions,
+    /// How the bytes are written: `fdatasync` and `O_DIRECT`. A single file carries its format's own
+    /// checksums, which the format's writer computes: the commit computes none, whatever
+    /// [`Durability::checksums`] says.
+    pub durability: Durability,
     /// Take the destination's advisory lock (default `true`).
     pub lock: bool,
     /// Free the replaced file's blocks and page cache on a background thread (default `true`).
@@ -25,23 +27,30 @@ pub struct FileOptions {
 
 impl Default for FileOptions {
     fn default() -> Self {
-        FileOptions { writer: WriterOptions::default(), lock: true, release_in_background: true }
+        FileOptions { durability: Durability::default(), lock: true, release_in_background: true }
     }
 }
 
 impl FileOptions {
+    /// These options with `durability` (its `sync` and `direct_io`).
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
     /// These options with `fdatasync` on or off (off: the file is swapped in atomically but may be lost,
     /// or be empty, after a power failure).
     #[must_use]
     pub fn with_sync(mut self, sync: bool) -> Self {
-        self.writer.sync = sync;
+        self.durability.sync = sync;
         self
     }
 
     /// These options with `O_DIRECT` allowed or not.
     #[must_use]
     pub fn with_direct_io(mut self, direct: bool) -> Self {
-        self.writer.direct_io = direct;
+        self.durability.direct_io = direct;
         self
     }
 
@@ -129,7 +138,7 @@ impl FileCommit {
         if let Ok(old) = fs::metadata(target) {
             let _ = file.set_permissions(fs::Permissions::from_mode(old.permissions().mode() & 0o7777));
         }
-        commit.writer = Some(DurableWriter::new(file, target.to_path_buf(), options.writer));
+        commit.writer = Some(DurableWriter::new(file, target.to_path_buf(), options.durability.with_checksums(false)));
         failpoint::hit("file.created").map_err(at(&commit.tmp))?;
         Ok(commit)
     }
@@ -168,7 +177,7 @@ impl FileCommit {
         fs::rename(&self.tmp, &self.target).map_err(|e| CommitError::from_io(&self.target, e))?;
         self.done = true;
         failpoint::hit("file.renamed").map_err(at(&self.target))?;
-        if self.options.writer.sync {
+        if self.options.durability.sync {
             failpoint::hit("file.parent_sync").map_err(at(&self.target))?;
             sync_dir(parent_of(&self.target))?;
         }

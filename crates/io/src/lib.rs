@@ -34,7 +34,7 @@
 //!
 //! # Durability
 //! Data is `fdatasync`'d before the rename that publishes it, and the directory holding the new name is
-//! fsync'd before the save returns. Turning syncing off ([`WriterOptions::sync`]) keeps the swap atomic for
+//! fsync'd before the save returns. Turning syncing off ([`Durability::sync`]) keeps the swap atomic for
 //! readers but lets a power failure lose the new data; the default never turns it off.
 //!
 //! # How a writer adopts it
@@ -83,7 +83,7 @@ pub use lock::DestinationLock;
 pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use unfinished::{Unfinished, unfinished};
-pub use writer::{CHUNK, DurableWriter, WriterOptions, bytes_written, release_idle_buffers};
+pub use writer::{CHUNK, Durability, DurableWriter, bytes_written, release_idle_buffers};
 
 /// `.<name>.<suffix>` beside `target`: the names this crate gives its lock, temporary and staging files
 /// (`ckpt-lock`, `ckpt-tmp`, `ckpt-staging`; the module documentation's table), which no reader takes for a

@@ -18,7 +18,7 @@
 //! 80% of its time in `copy_folio_from_iter_atomic` — first touch of page-cache pages the hypervisor had
 //! taken back (free page reporting) — and took 0.9 to 9 s from run to run, while `O_DIRECT` from reused
 //! buffers took 1.04 s every time. Where `O_DIRECT` is not supported (tmpfs, some FUSE and network file
-//! systems: `EINVAL` when set or on the first write), or when [`WriterOptions::direct_io`] is off, the
+//! systems: `EINVAL` when set or on the first write), or when [`Durability::direct_io`] is off, the
 //! writer stays buffered: large writes go straight from the caller's slice to `write(2)`, and every 8 MiB
 //! written is started towards the disk with `sync_file_range(SYNC_FILE_RANGE_WRITE)` so the final
 //! `fdatasync` is short.
@@ -62,22 +62,63 @@ const POOL_MAX: usize = 2 * BUFFERS;
 /// held nine buffers (72 MiB) with three ranks writing at once, over its bound of largest tensor + 64 MiB.
 const LIVE_MAX: usize = 2 * BUFFERS;
 
-/// How a [`DurableWriter`] writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How durably a save writes: the one set of knobs every format crate's `WriteOptions` carries as its
+/// `durability` field, and the commits of this crate ([`FileOptions`](crate::FileOptions),
+/// [`DirOptions`](crate::DirOptions)) take.
+///
+/// The default is the crash-safe save: everything on. Each knob trades safety for speed on its own:
+///
+/// | knob | on (default) | off |
+/// |---|---|---|
+/// | [`sync`](Durability::sync) | `fdatasync` every file and fsync the directories before the save returns | the swap stays atomic for readers, but a power failure may lose the new checkpoint (torch's `sync_files=False`) |
+/// | [`checksums`](Durability::checksums) | checksums computed while writing, for `verify --deep`: `ckpt.checksums.json` beside directory formats, the format's own in single files (torch's record CRC-32s, CRC32C in safetensors headers) | none written (torch's `set_crc32_options(False)`) |
+/// | [`direct_io`](Durability::direct_io) | `O_DIRECT` for files larger than one buffer, where the file system allows it: the page cache is not filled with a checkpoint nobody reads back | buffered writes |
+///
+/// ```
+/// use ckpt_io::Durability;
+/// let scratch = Durability::default().with_sync(false);
+/// assert!(!scratch.sync && scratch.checksums && scratch.direct_io);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub struct WriterOptions {
-    /// `fdatasync` at the end (default `true`). Off only for scratch output that may be lost.
+pub struct Durability {
+    /// `fdatasync` every file and fsync the directories that name them before the save returns (default
+    /// `true`). Off only for scratch output that may be lost.
     pub sync: bool,
+    /// Compute checksums while writing (default `true`): the chunk checksums of a directory commit's
+    /// `ckpt.checksums.json` ([`DurableWriter::mark`]), or a single-file format's own checksums.
+    pub checksums: bool,
     /// Use `O_DIRECT` for files larger than one buffer where the file system supports it (default
     /// `true`).
     pub direct_io: bool,
-    /// Compute chunk checksums ([`DurableWriter::mark`]); default `false`.
-    pub checksums: bool,
 }
 
-impl Default for WriterOptions {
+impl Default for Durability {
     fn default() -> Self {
-        WriterOptions { sync: true, direct_io: true, checksums: false }
+        Durability { sync: true, checksums: true, direct_io: true }
+    }
+}
+
+impl Durability {
+    /// This durability with `fdatasync` on or off ([`Durability::sync`]).
+    #[must_use]
+    pub fn with_sync(mut self, sync: bool) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// This durability with checksums on or off ([`Durability::checksums`]).
+    #[must_use]
+    pub fn with_checksums(mut self, checksums: bool) -> Self {
+        self.checksums = checksums;
+        self
+    }
+
+    /// This durability with `O_DIRECT` allowed or not ([`Durability::direct_io`]).
+    #[must_use]
+    pub fn with_direct_io(mut self, direct_io: bool) -> Self {
+        self.direct_io = direct_io;
+        self
     }
 }
 
@@ -269,7 +310,7 @@ pub struct DurableWriter {
     file: File,
     /// The path named in errors.
     path: PathBuf,
-    options: WriterOptions,
+    options: Durability,
     mode: Mode,
     buf: Option<AlignedBuf>,
     filled: usize,
@@ -293,7 +334,7 @@ impl std::fmt::Debug for DurableWriter {
 }
 
 impl DurableWriter {
-    pub(crate) fn new(file: File, path: PathBuf, options: WriterOptions) -> DurableWriter {
+    pub(crate) fn new(file: File, path: PathBuf, options: Durability) -> DurableWriter {
         DurableWriter {
             file,
             path,
@@ -701,7 +742,7 @@ mod tests {
             .collect()
     }
 
-    fn roundtrip(options: WriterOptions, pieces: &[usize]) {
+    fn roundtrip(options: Durability, pieces: &[usize]) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let file = File::create(&path).unwrap();
@@ -722,7 +763,7 @@ mod tests {
     #[test]
     fn every_size_and_mode_round_trips() {
         for direct_io in [true, false] {
-            let o = WriterOptions { direct_io, ..WriterOptions::default() };
+            let o = Durability { direct_io, ..Durability::default() };
             roundtrip(o, &[]);
             roundtrip(o, &[1]);
             roundtrip(o, &[100, 5000, 3]);
@@ -731,7 +772,7 @@ mod tests {
             roundtrip(o, &[3 * CHUNK + 17]);
             roundtrip(o, &[10, 2 * CHUNK, 4095, CHUNK + 4096, 1 << 20, 12345]);
         }
-        roundtrip(WriterOptions { sync: false, ..WriterOptions::default() }, &[CHUNK + 5]);
+        roundtrip(Durability { sync: false, ..Durability::default() }, &[CHUNK + 5]);
     }
 
     #[test]
@@ -741,7 +782,7 @@ mod tests {
         // A read-only descriptor: every write fails with EBADF.
         File::create(&path).unwrap();
         let file = File::open(&path).unwrap();
-        let mut w = DurableWriter::new(file, path, WriterOptions::default());
+        let mut w = DurableWriter::new(file, path, Durability::default());
         w.write_all(&[1u8; 10]).unwrap(); // buffered, nothing handed to the kernel yet
         let e = w.write_all(&vec![0u8; CHUNK]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EBADF));

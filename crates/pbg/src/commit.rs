@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::PathBuf;
 
-use ckpt_io::{DestinationLock, FileDigest, MANIFEST_NAME, Manifest};
+use ckpt_io::{DestinationLock, Durability, FileDigest, MANIFEST_NAME, Manifest};
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -44,6 +44,10 @@ pub struct WriteOptions {
     /// [`crate::save`]: the training config that defines the layout, instead of the entries' `config`.
     /// A commit does not use it.
     pub config: Option<Config>,
+    /// [`crate::save`] and [`crate::save_rank`]: how durably the directory is written (`sync`: files and
+    /// directories fsync'd; `checksums`: the manifest `ckpt.checksums.json`; `direct_io`). A commit of PBG's
+    /// own training protocol always syncs its files and version file, as PBG does.
+    pub durability: Durability,
 }
 
 impl Default for WriteOptions {
@@ -54,6 +58,7 @@ impl Default for WriteOptions {
             carry_over: true,
             version_write: VersionWrite::Rename,
             config: None,
+            durability: Durability::default(),
         }
     }
 }
@@ -84,6 +89,13 @@ impl WriteOptions {
     #[must_use]
     pub fn with_version_write(mut self, how: VersionWrite) -> Self {
         self.version_write = how;
+        self
+    }
+
+    /// These options with `durability` ([`WriteOptions::durability`]).
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 

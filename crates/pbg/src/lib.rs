@@ -87,6 +87,8 @@ mod save;
 mod storage;
 mod verify;
 
+pub use ckpt_io::Durability;
+pub use ckpt_tensor::{Problem, ProblemKind, SaveReport, VerifyReport};
 pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
 pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_dumps};
 pub use entity_path::EntityStorage;
@@ -104,6 +106,5 @@ pub use partition::{
     EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
 };
 pub use reader::{PartitionEntry, PbgReader, ReadOptions};
-pub use save::{SaveReport, save, save_rank};
+pub use save::{save, save_rank};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};
-pub use verify::VerifyReport;

@@ -27,7 +27,7 @@ use std::path::Path;
 
 use ckpt_collective::{Collective, SingleProcess};
 use ckpt_io::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_tensor::{Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
 
 use crate::commit::WriteOptions;
 use crate::config::Config;
@@ -37,16 +37,6 @@ use crate::names::{CONFIG_FILE, FileName};
 use crate::optimizer::{OptimizerState, StateDict};
 use crate::partition::EntityPartition;
 use crate::storage::FileCheckpointStorage;
-
-/// What [`save`] wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveReport {
-    /// The version committed (the `version` entry, default 1).
-    pub version: u64,
-    /// The names of the entries left out: not PBG names, or not of the kind their name needs.
-    pub dropped: Vec<String>,
-}
 
 /// What the entries hold, under PBG's names.
 #[derive(Default)]
@@ -318,7 +308,8 @@ fn commit_error(e: CommitError) -> Error {
 /// let options = WriteOptions::default().with_config(ckpt_pbg::Config::parse(&text).unwrap());
 /// let dir = tempfile::tempdir().unwrap();
 /// let report = ckpt_pbg::save(&entries, dir.path(), &options).unwrap();
-/// assert_eq!((report.version, report.dropped.len()), (src.version(), 0));
+/// assert_eq!(report.dropped.len(), 0);
+/// assert!(report.files.iter().any(|f| f.ends_with("checkpoint_version.txt")));
 /// let out = PbgReader::open(dir.path()).unwrap();
 /// assert_eq!(out.partitions().iter().filter(|p| p.entity == "user_id").count(), 3);
 /// ```
@@ -328,8 +319,30 @@ fn commit_error(e: CommitError) -> Error {
 /// without a config; [`Error::LayoutMismatch`] when the entries do not fit the config's layout;
 /// [`Error::AlreadyExists`] when `dst` holds a checkpoint (its version file); the storage's errors; the
 /// commit's (`Error::Core` holding a `ckpt_io::CommitError`: another save to `dst` in progress, a full disk).
-pub fn save(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
-    write_plan(plan(entries, dst, options)?, dst, options)
+pub fn save(entries: &[(String, Value)], dst: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    let dst = dst.as_ref();
+    let dropped = write_plan(plan(entries, dst, options)?, dst, options)?;
+    Ok(report(entries, dropped, dst))
+}
+
+/// The report of a save of `entries` that left out `dropped` in the committed directory `dst`.
+fn report(entries: &[(String, Value)], dropped: Vec<String>, dst: &Path) -> SaveReport {
+    let mut report = SaveReport::default();
+    for (name, value) in entries {
+        if !dropped.contains(name) {
+            report.count(value);
+        }
+    }
+    report.dropped = dropped;
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dst)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()) && e.file_name().to_str().is_some_and(is_pbg_file))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    report.with_files(files)
 }
 
 /// The layout of a save of `entries` (see [`save`]), nothing read or written yet.
@@ -474,12 +487,12 @@ fn plan(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Resu
 
 /// Writes `plan` into a staging directory beside `dst`, swapped in whole (`DirCommit`): config first (the
 /// commit derives the files' metadata from it), then version V in one PBG commit.
-fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveReport> {
+fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<Vec<String>> {
     let Plan { config, version, partitions, model, dropped } = plan;
     if FileCheckpointStorage::new(dst).version_file().exists() {
         return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
     }
-    let staged = DirCommit::begin(dst, &SingleProcess, &dir_options()).map_err(commit_error)?;
+    let staged = DirCommit::begin(dst, &SingleProcess, &dir_options(options)).map_err(commit_error)?;
     // Checked again under the lock: another save may have committed since.
     if FileCheckpointStorage::new(dst).version_file().exists() {
         return Err(Error::AlreadyExists { path: FileCheckpointStorage::new(dst).version_file() });
@@ -510,7 +523,7 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
         }
     }
     staged.commit(&SingleProcess, Ok(()), |_| Ok(())).map_err(commit_error)?;
-    Ok(SaveReport { version, dropped })
+    Ok(dropped)
 }
 
 /// [`save`] as one rank of a job (threads, processes under MPI, [`ckpt_collective::host_ranks`]), one call per
@@ -551,14 +564,15 @@ fn write_plan(plan: Plan, dst: &Path, options: &WriteOptions) -> Result<SaveRepo
 /// failed.
 pub fn save_rank(
     entries: &[(String, Value)],
-    dst: &Path,
+    dst: impl AsRef<Path>,
     options: &WriteOptions,
     group: &dyn Collective,
 ) -> Result<SaveReport> {
+    let dst = dst.as_ref();
     let group: &dyn Collective = &group;
     let (rank, world) = (group.rank(), group.world_size());
     let planned = plan(entries, dst, options);
-    let staged = DirCommit::begin(dst, group, &dir_options()).map_err(commit_error)?;
+    let staged = DirCommit::begin(dst, group, &dir_options(options)).map_err(commit_error)?;
     let storage = FileCheckpointStorage::new(staged.staging());
     let mut report = None;
     let local = planned.and_then(|plan| {
@@ -594,7 +608,7 @@ pub fn save_rank(
             record(&staged, &storage.config_file())?;
         }
         crate::storage::dir_sync(storage.path())?;
-        report = Some(SaveReport { version, dropped });
+        report = Some(dropped);
         Ok(version)
     });
     let own = match &local {
@@ -625,7 +639,9 @@ pub fn save_rank(
     });
     let version = local?;
     committed.map_err(|e| failure.unwrap_or_else(|| commit_error(e)))?;
-    report.ok_or_else(|| Error::InvalidInput { what: format!("version {version}"), reason: "no report".into() })
+    let dropped =
+        report.ok_or_else(|| Error::InvalidInput { what: format!("version {version}"), reason: "no report".into() })?;
+    Ok(self::report(entries, dropped, dst))
 }
 
 /// Records the checksums of the staged file at `path` for the manifest.
@@ -635,8 +651,8 @@ fn record(staged: &DirCommit, path: &Path) -> Result<()> {
 }
 
 /// The directory commit of a save: PBG's files owned, the checksum manifest written.
-fn dir_options() -> DirOptions {
-    DirOptions::default().with_checksums(true).with_owned(is_pbg_file)
+fn dir_options(options: &WriteOptions) -> DirOptions {
+    DirOptions::default().with_durability(options.durability).with_owned(is_pbg_file)
 }
 
 /// A save laid out: the config, the version, the entity partitions (not read yet), the model, what is left

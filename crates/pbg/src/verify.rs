@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use ckpt_tensor::{Problem, ProblemKind, VerifyReport};
+
 use rayon::prelude::*;
 
 use crate::config::Config;
@@ -12,57 +14,39 @@ use crate::error::{Error, Result};
 use crate::names::FileName;
 use crate::storage::FileCheckpointStorage;
 
-/// What [`FileCheckpointStorage::verify`] found.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The committed version.
-    pub version: u64,
-    /// Files of versions newer than the committed one: an iteration in progress, or the leftovers of one
-    /// that crashed before its commit (PBG overwrites them on retry).
-    pub partial: Vec<FileName>,
-    /// Partitions expected at the committed version (from the entity path's count files and the config)
-    /// without a file.
-    pub missing: Vec<(String, u32)>,
-    /// Whether `model.v<version>.h5` is missing (for a version above 0).
-    pub missing_model: bool,
-    /// Files of the committed version that fail to read or validate (including embedding counts that
-    /// disagree with the count files, and undecodable optimizer blobs), with the error.
-    pub invalid: Vec<(FileName, Error)>,
-    /// Files of older versions that no snapshot links to: leaked by a crash between commit and cleanup.
-    pub stale: Vec<FileName>,
-    /// Snapshot links whose target cannot be found, even by file name in the checkpoint directory.
-    pub dangling_links: Vec<PathBuf>,
-}
-
-impl VerifyReport {
-    /// Whether the committed version is complete and valid (partial, stale files and dangling links are
-    /// reported but do not make a checkpoint unusable).
-    pub fn is_consistent(&self) -> bool {
-        self.missing.is_empty() && !self.missing_model && self.invalid.is_empty()
-    }
-}
-
 impl FileCheckpointStorage {
     /// Checks the directory against the committed version. Partitions are expected from the count files
     /// of `entities` (when given) and from `config.json` (when present); every file of the committed version
     /// is opened and validated (in parallel), its row count compared with the count file, its optimizer
     /// blob decoded.
     ///
+    /// Problems: a partition or the model file missing at the committed version ([`ProblemKind::Missing`]),
+    /// a file of the committed version that fails to read or validate, with embedding counts that disagree
+    /// with the count files and undecodable optimizer blobs ([`ProblemKind::Unreadable`], or
+    /// [`ProblemKind::Inconsistent`] for a count mismatch); warnings: files of versions newer than the
+    /// committed one (an iteration in progress, or the leftovers of one that crashed before its commit,
+    /// which PBG overwrites on retry: [`ProblemKind::Unfinished`]), files of older versions no snapshot
+    /// links to (leaked by a crash between commit and cleanup: [`ProblemKind::Stale`]), snapshot links whose
+    /// target is gone ([`ProblemKind::DanglingLink`]).
+    ///
     /// # Errors
     /// [`Error::Io`] if the directory cannot be listed, [`Error::BadVersionFile`].
     pub fn verify(&self, entities: Option<&EntityStorage>) -> Result<VerifyReport> {
         let version = self.load_version()?;
         let files = self.list()?;
-        let mut report = VerifyReport { version, ..VerifyReport::default() };
+        let mut report = VerifyReport::new("pbg", self.path());
+        let file = |name: &FileName| self.path().join(name.to_string());
         let snapshot_targets: BTreeSet<String> = self.snapshot_targets()?.into_iter().collect();
         let mut present = BTreeSet::new();
         for (name, _) in &files {
             match name.version() {
-                Some(v) if v > version => report.partial.push(name.clone()),
-                Some(v) if v < version && v > 0 && !snapshot_targets.contains(&name.to_string()) => {
-                    report.stale.push(name.clone());
-                }
+                Some(v) if v > version => report.push(
+                    Problem::new(ProblemKind::Unfinished, format!("uncommitted (newer than version {version})"))
+                        .in_file(file(name)),
+                ),
+                Some(v) if v < version && v > 0 && !snapshot_targets.contains(&name.to_string()) => report.push(
+                    Problem::new(ProblemKind::Stale, "an older version no snapshot links to").in_file(file(name)),
+                ),
                 Some(v) if v == version => {
                     present.insert(name.clone());
                 }
@@ -83,22 +67,43 @@ impl FileCheckpointStorage {
             for (entity, partition) in &expected {
                 let name = FileName::Embeddings { entity: entity.clone(), partition: *partition, version };
                 if !present.contains(&name) {
-                    report.missing.push((entity.clone(), *partition));
+                    let what = format!("version {version}: partition {partition} of entity {entity} has no file");
+                    report.push(
+                        Problem::new(ProblemKind::Missing, what)
+                            .in_file(file(&name))
+                            .at_entry(format!("{entity}/{partition}")),
+                    );
                 }
             }
-            report.missing_model = !present.contains(&FileName::Model { version });
+            let model = FileName::Model { version };
+            if !present.contains(&model) {
+                report.push(
+                    Problem::new(ProblemKind::Missing, format!("version {version}: no model file"))
+                        .in_file(file(&model)),
+                );
+            }
         }
 
-        report.invalid = present
+        let invalid: Vec<(FileName, Error)> = present
             .par_iter()
             .filter_map(|name| self.check_file(name, entities).err().map(|e| (name.clone(), e)))
             .collect();
+        report.files = present.len();
+        report.records = present.len() - invalid.len();
+        for (name, e) in &invalid {
+            let kind = match e {
+                Error::CountMismatch { .. } => ProblemKind::Inconsistent,
+                _ => ProblemKind::Unreadable,
+            };
+            report.push(Problem::from_error(kind, e).in_file(file(name)));
+        }
 
         for epoch in self.snapshots()? {
             let snap = self.snapshot(epoch);
             for (name, path) in snap.list()? {
                 if name.version().is_some() && !snap.resolve(&path).exists() {
-                    report.dangling_links.push(path);
+                    report
+                        .push(Problem::new(ProblemKind::DanglingLink, "snapshot link to a missing file").in_file(path));
                 }
             }
         }

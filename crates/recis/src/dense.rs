@@ -33,7 +33,8 @@ pub fn io_state_file(shard: usize) -> String {
 }
 
 fn save(value: &Value, path: &Path) -> Result<()> {
-    Ok(ckpt_torch::save(value, path, &ckpt_torch::WriteOptions::default())?)
+    ckpt_torch::save(value, path, &ckpt_torch::WriteOptions::default())?;
+    Ok(())
 }
 
 /// Writes `value` as the `torch.save` file `name` of `target`, each record marked for the checksum manifest.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 use ckpt_io::DirCommit;
-use ckpt_tensor::Tensor;
+use ckpt_tensor::{ReshardReport, SaveReport, Tensor};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -198,19 +198,46 @@ pub(crate) fn write_shard_to(
 ///
 /// # Errors
 /// As [`reshard_sparse`] and [`crate::checkpoint_dir`], plus [`Error::Io`].
-pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptions) -> Result<()> {
-    let src = &crate::manager::checkpoint_dir(src)?;
+pub fn reshard(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    world_size: usize,
+    options: &ReshardOptions,
+) -> Result<ReshardReport> {
+    let dst = dst.as_ref();
+    let src = &crate::manager::checkpoint_dir(src.as_ref())?;
     if world_size == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
     let sparse = open_sparse(src, options.max_header_len)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
     let dense_files = open_dense_files(src)?;
+    let counts = sparse_counts(&sparse);
     commit_local(dst, &options.write, is_checkpoint_file, |target| {
         let metas = reshard_sparse_to(target, &sparse, world_size, options)?;
         copy_dense_files(target, dense_files)?;
         Ok(metas)
-    })
+    })?;
+    Ok(reshard_report(&sparse, world_size, counts, dst))
+}
+
+/// The tensors (every table slot and dense tensor of the serializer's part) and their bytes.
+fn sparse_counts(sparse: &SparseCheckpoint) -> SaveReport {
+    let mut counts = SaveReport::default();
+    for name in sparse.tensor_names() {
+        if let Some((dtype, shape)) = sparse.tensor_info(name) {
+            counts.tensors += 1;
+            let numel = ckpt_tensor::checked_numel(&shape).unwrap_or(0) as u64;
+            counts.bytes = counts.bytes.saturating_add(numel.saturating_mul(dtype.size() as u64));
+        }
+    }
+    counts
+}
+
+/// The report of a reshard of `sparse` into `world_size` shards in the committed directory `dst`.
+fn reshard_report(sparse: &SparseCheckpoint, world_size: usize, counts: SaveReport, dst: &Path) -> ReshardReport {
+    let saved = counts.with_files(crate::writer::committed_files(dst, is_checkpoint_file));
+    ReshardReport::new(sparse.shard_num().unwrap_or(0), world_size, saved)
 }
 
 /// [`reshard`] as one rank of a job of `collective.world_size()` ranks, one call per rank (threads, processes
@@ -227,11 +254,11 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptio
 /// let dir = tempfile::tempdir().unwrap();
 /// let (one, three) = (dir.path().join("one"), dir.path().join("three"));
 /// let options = ckpt_recis::ReshardOptions::default();
-/// ckpt_recis::reshard(fixture.as_ref(), &one, 3, &options).unwrap();
+/// ckpt_recis::reshard(fixture, &one, 3, &options).unwrap();
 /// std::thread::scope(|s| {
 ///     for g in ThreadGroup::new(3) {
 ///         let (three, options) = (&three, &options);
-///         s.spawn(move || ckpt_recis::reshard_rank(fixture.as_ref(), three, options, &g).unwrap());
+///         s.spawn(move || ckpt_recis::reshard_rank(fixture, three, options, &g).unwrap());
 ///     }
 /// });
 /// for f in ["index", "tensorkey.json", "model-000002-of-000012.safetensors"] {
@@ -241,7 +268,13 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize, options: &ReshardOptio
 ///
 /// # Errors
 /// As [`reshard`]; [`Error::ShardFailed`] naming the rank that failed on the others.
-pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dyn Collective) -> Result<()> {
+pub fn reshard_rank(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    options: &ReshardOptions,
+    group: &dyn Collective,
+) -> Result<ReshardReport> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let group: &dyn Collective = &group;
     let rank = group.rank();
     // Read before the commit begins, so that an in-place reshard reads the old files.
@@ -251,6 +284,7 @@ pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dy
     });
     let commit = DirCommit::begin(dst, group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
+    let mut source = None;
     let local = opened.and_then(|(sparse, dense_files)| {
         let shard = Shard::new(rank, group.world_size())?;
         let tables = load_shard(&sparse, shard, options.partition)?;
@@ -262,9 +296,12 @@ pub fn reshard_rank(src: &Path, dst: &Path, options: &ReshardOptions, group: &dy
         let blocks = shard_blocks(&tables, &dense, shard)?;
         let meta = write_shard_files_to(target, shard, options.write.parallel, &blocks)?;
         copy_dense_files(target, dense_files)?;
+        source = Some((sparse_counts(&sparse), sparse));
         Ok(meta)
     });
-    commit_shards(commit, group, local, &options.write)
+    commit_shards(commit, group, local, &options.write)?;
+    let (counts, sparse) = source.unwrap_or_else(|| (SaveReport::default(), SparseCheckpoint::empty(src)));
+    Ok(reshard_report(&sparse, group.world_size(), counts, dst))
 }
 
 /// The serializer's part of the checkpoint directory `src` (empty without an `index`), accepting data-file

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 use ckpt_io::DirCommit;
-use ckpt_tensor::{Dict, DictKind, Tensor, Value};
+use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
 
 use crate::dense::{EXTRA_FILE, MODEL_FILE, write_torch_to};
 use crate::error::{Error, Result};
@@ -149,14 +149,6 @@ fn tables(sparse: &[(String, Tensor)]) -> Result<(Vec<TableChild>, Named)> {
     Ok((children, dense))
 }
 
-/// What [`save`] wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveReport {
-    /// Top-level keys of the state dict left out (io states).
-    pub dropped: Vec<String>,
-}
-
 /// Writes `state_dict` (a mapping) as the RecIS checkpoint directory `dir` (the module documentation has the
 /// rules): `model.pt` and `extra.pt`, then the serializer's part of [`WriteOptions::world_size`](crate::WriteOptions::world_size) shards, whose
 /// `index`, written last and even when it holds nothing, is what marks the directory as a complete RecIS
@@ -187,7 +179,8 @@ pub struct SaveReport {
 /// [`Error::StateDict`] when `state_dict` is not a mapping or its tables are inconsistent (slots without
 /// ids, row counts that differ from the ids', ids that are not 1-D int64); [`Error::InvalidArgument`] for 0
 /// shards; the writers' errors.
-pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<SaveReport> {
+pub fn save(state_dict: &Value, dir: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    let dir = dir.as_ref();
     let top = state_dict.as_dict().ok_or_else(|| {
         unsupported(format!("RecIS checkpoints hold a mapping; the top level is a {}", state_dict.type_name()))
     })?;
@@ -210,7 +203,20 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
         // written after everything else, is what marks the directory as a complete RecIS checkpoint.
         write_sharded_to(target, &tables, &dense, options.world_size, &reshard)
     })?;
-    Ok(SaveReport { dropped: parts.dropped_keys })
+    Ok(report(top, dir, parts.dropped_keys))
+}
+
+/// The report of a save of the mapping `top` in `dir` that left out the keys `dropped`: the committed
+/// checkpoint's files, and the tensors and values of the keys written.
+fn report(top: &Dict, dir: &Path, dropped: Vec<String>) -> SaveReport {
+    let mut report = SaveReport::default();
+    for (k, v) in &top.items {
+        if !k.as_str().is_some_and(|k| dropped.iter().any(|d| d == k)) {
+            report.count(v);
+        }
+    }
+    report.dropped = dropped;
+    report.with_files(crate::writer::committed_files(dir, is_checkpoint_file))
 }
 
 /// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::world_size`](crate::WriteOptions::world_size)
@@ -249,7 +255,13 @@ pub fn save(state_dict: &Value, dir: &Path, options: &WriteOptions) -> Result<Sa
 ///
 /// # Errors
 /// As [`save`]; [`Error::ShardFailed`] naming the rank that failed on the others.
-pub fn save_rank(state_dict: &Value, dir: &Path, options: &WriteOptions, group: &dyn Collective) -> Result<SaveReport> {
+pub fn save_rank(
+    state_dict: &Value,
+    dir: impl AsRef<Path>,
+    options: &WriteOptions,
+    group: &dyn Collective,
+) -> Result<SaveReport> {
+    let dir = dir.as_ref();
     let group: &dyn Collective = &group;
     let rank = group.rank();
     let planned = state_dict
@@ -281,5 +293,6 @@ pub fn save_rank(state_dict: &Value, dir: &Path, options: &WriteOptions, group: 
         write_shard_to(target, &tables, &dense, shard, &reshard)
     });
     commit_shards(commit, group, local, options)?;
-    Ok(SaveReport { dropped })
+    let empty = Dict::new(DictKind::Dict);
+    Ok(report(state_dict.as_dict().unwrap_or(&empty), dir, dropped))
 }

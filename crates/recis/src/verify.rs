@@ -2,26 +2,11 @@
 //! record. The serializer's part has no checksums; [`crate::RecisReader::open`] validates it whole
 //! (index, tensor keys, every data file's header and block offsets).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use ckpt_tensor::VerifyReport;
 
 use crate::error::{Error, Result};
-
-/// What [`verify`] found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The checkpoint directory checked (a root's latest checkpoint, see [`crate::checkpoint_dir`]).
-    pub dir: PathBuf,
-    /// Every `*.pt` file of the directory, checked, in name order.
-    pub torch_files: Vec<ckpt_torch::VerifyReport>,
-}
-
-impl VerifyReport {
-    /// Whether every record of every file checked out.
-    pub fn is_ok(&self) -> bool {
-        self.torch_files.iter().all(ckpt_torch::VerifyReport::is_ok)
-    }
-}
 
 /// Checks the CRC-32 of every record of every `*.pt` file of the checkpoint directory `path` names
 /// ([`crate::checkpoint_dir`]).
@@ -32,14 +17,14 @@ impl VerifyReport {
 /// ckpt_recis::dense::write_model(dir.path(), &Value::dict([("step", Value::Int(3))])).unwrap();
 /// let report = ckpt_recis::verify(dir.path()).unwrap();
 /// assert!(report.is_ok());
-/// assert_eq!(report.torch_files.len(), 1);
+/// assert_eq!(report.files, 1);
 /// ```
 ///
 /// # Errors
 /// As [`crate::checkpoint_dir`]; [`Error::Io`] listing the directory; [`Error::Torch`] for a `*.pt` file
 /// that is not a `torch.save` archive at all.
-pub fn verify(path: &Path) -> Result<VerifyReport> {
-    let dir = crate::manager::checkpoint_dir(path)?;
+pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
+    let dir = crate::manager::checkpoint_dir(path.as_ref())?;
     let mut files = Vec::new();
     for entry in std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))? {
         let entry = entry.map_err(|e| Error::io(&dir, e))?;
@@ -48,6 +33,9 @@ pub fn verify(path: &Path) -> Result<VerifyReport> {
         }
     }
     files.sort();
-    let torch_files = files.iter().map(|f| ckpt_torch::verify(f)).collect::<Result<_, _>>()?;
-    Ok(VerifyReport { dir, torch_files })
+    let mut report = VerifyReport::new("recis", &dir);
+    for file in &files {
+        report.merge(ckpt_torch::verify(file)?);
+    }
+    Ok(report)
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ckpt_collective::{Collective, SingleProcess};
-use ckpt_io::{CommitError, DirCommit, DirOptions, DurableWriter, MANIFEST_NAME};
+use ckpt_io::{CommitError, DirCommit, DirOptions, Durability, DurableWriter, MANIFEST_NAME};
 use ckpt_tensor::{DType, Tensor};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
@@ -52,13 +52,12 @@ pub struct WriteOptions {
     /// [`crate::save`]: the id key space (`slice_size`) of every hash table it builds (default
     /// [`DEFAULT_SLICE_SIZE`], RecIS's).
     pub slice_size: u32,
-    /// Write `ckpt.checksums.json` beside the checkpoint's files: a CRC-32 of every block of every data file
-    /// and of every record of the `torch.save` files, computed while writing (RecIS ignores the file).
-    /// Default `true`.
-    pub checksums: bool,
-    /// `fdatasync` every file and fsync the directories (default `true`). Off, a commit stays atomic for
-    /// readers, but a power failure may lose the new checkpoint.
-    pub sync: bool,
+    /// How durably the checkpoint is written: `checksums` writes `ckpt.checksums.json` beside the
+    /// checkpoint's files (a CRC-32 of every block of every data file and of every record of the
+    /// `torch.save` files, computed while writing; RecIS ignores the file); `sync` `fdatasync`s every file
+    /// and fsyncs the directories (off, a commit stays atomic for readers, but a power failure may lose the
+    /// new checkpoint); `direct_io` writes large data files with `O_DIRECT`.
+    pub durability: Durability,
 }
 
 impl Default for WriteOptions {
@@ -68,8 +67,7 @@ impl Default for WriteOptions {
             torch_rank_json: true,
             world_size: 1,
             slice_size: DEFAULT_SLICE_SIZE,
-            checksums: true,
-            sync: true,
+            durability: Durability::default(),
         }
     }
 }
@@ -103,24 +101,17 @@ impl WriteOptions {
         self
     }
 
-    /// These options writing the checksum manifest (default) or not.
+    /// These options with `durability` ([`WriteOptions::durability`]).
     #[must_use]
-    pub fn with_checksums(mut self, on: bool) -> Self {
-        self.checksums = on;
-        self
-    }
-
-    /// These options with syncing on (default) or off.
-    #[must_use]
-    pub fn with_sync(mut self, sync: bool) -> Self {
-        self.sync = sync;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
     /// The directory commit of a save: whole checkpoints (`owned`: [`is_checkpoint_file`]) or the
     /// serializer's part alone ([`is_sparse_file`]); other files of an existing destination are carried over.
     pub(crate) fn dir_options(&self, owned: fn(&str) -> bool) -> DirOptions {
-        DirOptions::default().with_sync(self.sync).with_checksums(self.checksums).with_owned(owned)
+        DirOptions::default().with_durability(self.durability).with_owned(owned)
     }
 }
 
@@ -138,6 +129,20 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
         .and_then(|n| n.strip_suffix(".pt"))
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
     is_sparse_file(name) || io_state || [MODEL_FILE, EXTRA_FILE, IO_STATE_COUNT_FILE].contains(&name)
+}
+
+/// The files of the committed checkpoint directory `dir` that `owned` claims, in name order: what a save
+/// or reshard that committed `dir` reports as written.
+pub(crate) fn committed_files(dir: &Path, owned: fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str().is_some_and(owned))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
 }
 
 /// Where a writer puts a checkpoint's files: an existing directory, each file committed on its own

@@ -806,14 +806,14 @@ fn save_lays_a_state_dict_out_as_recis_does() {
         ("model", Value::dict([("dense.w", Value::Tensor(w.clone()))])),
         ("io_state_0", Value::dict([("pos", Value::Int(4))])),
     ]);
-    let report = ckpt_recis::save(&shaped, &root.path().join("b"), &WriteOptions::default()).unwrap();
+    let report = ckpt_recis::save(&shaped, root.path().join("b"), &WriteOptions::default()).unwrap();
     assert_eq!(report.dropped, ["io_state_0"]);
     assert_eq!(RecisReader::open(root.path().join("b")).unwrap().sparse().child("tbl").unwrap().len(), 5);
     // What cannot be laid out is refused before anything is written.
     let orphan = Value::dict([("tbl@embedding", Value::Tensor(Tensor::zeros(DType::F32, &[2, 2]).unwrap()))]);
-    let e = ckpt_recis::save(&orphan, &root.path().join("c"), &WriteOptions::default()).unwrap_err();
+    let e = ckpt_recis::save(&orphan, root.path().join("c"), &WriteOptions::default()).unwrap_err();
     assert!(matches!(&e, Error::StateDict { reason } if reason.contains("no ids `tbl@id`")), "{e}");
-    let e = ckpt_recis::save(&Value::List(vec![]), &root.path().join("d"), &WriteOptions::default()).unwrap_err();
+    let e = ckpt_recis::save(&Value::List(vec![]), root.path().join("d"), &WriteOptions::default()).unwrap_err();
     assert!(matches!(&e, Error::StateDict { reason } if reason.contains("top level is a list")), "{e}");
     assert!(!root.path().join("c").exists() && !root.path().join("d").exists());
 }
@@ -839,7 +839,7 @@ fn an_output_root_names_its_latest_checkpoint_everywhere() {
     assert_eq!(RecisReader::open(&dst).unwrap().value("step").unwrap(), Value::Int(20));
     let report = ckpt_recis::verify(root.path()).unwrap();
     assert!(report.is_ok());
-    assert_eq!((report.dir, report.torch_files.len()), (root.path().join("ckpt_20"), 1));
+    assert_eq!((report.path, report.files), (root.path().join("ckpt_20"), 1));
     // An empty list names no checkpoint.
     let empty = tempfile::tempdir().unwrap();
     fs::write(empty.path().join("checkpoint"), "\n").unwrap();
@@ -865,5 +865,5 @@ fn verify_names_a_flipped_record_of_model_pt() {
     fs::write(&path, &bytes).unwrap();
     let report = ckpt_recis::verify(dir.path()).unwrap();
     assert!(!report.is_ok());
-    assert_eq!(report.torch_files[0].problems[0].0, "model/data/0");
+    assert_eq!(report.problems[0].entry.as_deref(), Some("model/data/0"));
 }

@@ -5,7 +5,7 @@
 //!
 //! - [`HfReader`] opens such a directory (every shard memory-mapped, the index checked against the files)
 //!   and lists its tensors, and the values ckpt recorded ([`crate::metadata`]).
-//! - [`save_entries`] writes one, sharded exactly as `huggingface_hub.split_torch_state_dict_into_shards`
+//! - [`save`] (or [`save_entries`], entry by entry; [`save_rank`] over a process group) writes one, sharded exactly as `huggingface_hub.split_torch_state_dict_into_shards`
 //!   shards (module [`shard`]), atomically (a staging directory beside the destination, then a rename).
 //! - [`parse_size`] reads `--max-shard-size` values as `transformers` does (`5GB`, `500MB`, `2GiB`).
 //!
@@ -33,10 +33,11 @@ mod read;
 pub mod shard;
 mod write;
 
+pub use ckpt_tensor::SaveReport;
 pub use error::{Error, Result};
 pub use read::HfReader;
 pub use shard::{DEFAULT_MAX_SHARD_SIZE, parse_size};
-pub use write::{SaveReport, WriteOptions, save_entries, save_entries_in};
+pub use write::{WriteOptions, save, save_entries, save_entries_rank, save_rank};
 
 /// The index file of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

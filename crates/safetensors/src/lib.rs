@@ -25,6 +25,8 @@ pub mod header;
 pub mod hf;
 pub mod metadata;
 
+pub use ckpt_io::Durability;
+pub use ckpt_tensor::SaveReport;
 pub use dtype::{safetensors_dtype, torch_dtype};
 
 use std::borrow::Cow;
@@ -251,7 +253,27 @@ pub fn write_file_checksummed(
     metadata: Option<HashMap<String, String>>,
     path: &Path,
 ) -> Result<()> {
-    ckpt_io::write_file(path, &FileOptions::default(), |w| write_checksummed_to(tensors, metadata, w, path))?;
+    write_file_with(tensors, metadata, path, &ckpt_io::Durability::default())
+}
+
+/// [`write_file`] with `durability`: the file's commit syncs and uses `O_DIRECT` as it says, and
+/// [`Durability::checksums`](ckpt_io::Durability::checksums) records per-tensor checksums
+/// ([`write_file_checksummed`]).
+///
+/// # Errors
+/// As [`write_file`].
+pub fn write_file_with(
+    tensors: &[(String, Tensor)],
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+    durability: &ckpt_io::Durability,
+) -> Result<()> {
+    let options = FileOptions::default().with_durability(*durability);
+    if durability.checksums {
+        ckpt_io::write_file(path, &options, |w| write_checksummed_to(tensors, metadata, w, path))?;
+    } else {
+        ckpt_io::write_file(path, &options, |w| write_to(tensors, metadata, w, path))?;
+    }
     Ok(())
 }
 
@@ -358,8 +380,7 @@ pub fn checksums(file: &SafetensorsReader) -> Result<Option<Vec<String>>> {
 /// As [`to_bytes`], plus [`Error::Io`] naming the path, or [`Error::Format`] holding `ckpt_io::CommitError` for a full disk, a
 /// read-only file system, a permission error or a concurrent save.
 pub fn write_file(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>, path: &Path) -> Result<()> {
-    ckpt_io::write_file(path, &FileOptions::default(), |w| write_to(tensors, metadata, w, path))?;
-    Ok(())
+    write_file_with(tensors, metadata, path, &ckpt_io::Durability::default().with_checksums(false))
 }
 
 /// Serializes a safetensors file into `w` (a [`ckpt_io`] writer of a directory's staged file, for

@@ -49,14 +49,14 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use ckpt_tensor::Tensor;
-use ckpt_tensor::Value;
+use ckpt_io::Durability;
 use ckpt_tensor::{Entry, EntryKind, TensorInfo, entry_kind};
 use ckpt_tensor::{Error, Result};
 use ckpt_tensor::{PathItem, leaves};
+use ckpt_tensor::{SaveReport, Tensor, Value};
 use values::{Decoder, Encoder};
 
-use super::write_file;
+use super::write_file_with;
 
 /// `__metadata__` key of the format tag.
 pub const FORMAT_KEY: &str = "format";
@@ -400,28 +400,23 @@ fn parse_paths(text: &str) -> Option<Vec<(String, Vec<PathItem>)>> {
 }
 
 /// Options of [`save`] and [`save_entries`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriteOptions {
     /// The format the checkpoint is converted from (`ckpt.source`), when known.
     pub source: Option<String>,
-    /// Record the CRC32C of every tensor in the header ([`super::CHECKSUMS_KEY`], default `true`), so that a
-    /// changed byte of tensor data is detected by `ckpt verify --deep`. Every safetensors reader loads the
-    /// file either way; off, the file is byte for byte what the `safetensors` crate's `serialize` writes.
-    pub checksums: bool,
-}
-
-impl Default for WriteOptions {
-    fn default() -> Self {
-        WriteOptions { source: None, checksums: true }
-    }
+    /// How durably the file is written. With [`Durability::checksums`] (the default) the CRC32C of every
+    /// tensor is recorded in the header ([`super::CHECKSUMS_KEY`]), so that a changed byte of tensor data
+    /// is detected by `ckpt verify --deep`. Every safetensors reader loads the file either way; off, the
+    /// file is byte for byte what the `safetensors` crate's `serialize` writes.
+    pub durability: Durability,
 }
 
 impl WriteOptions {
-    /// These options with the per-tensor checksums on or off ([`WriteOptions::checksums`]).
+    /// These options with `durability` ([`WriteOptions::durability`]).
     #[must_use]
-    pub fn with_checksums(mut self, on: bool) -> Self {
-        self.checksums = on;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -431,21 +426,6 @@ impl WriteOptions {
         self.source = Some(source.to_owned());
         self
     }
-}
-
-/// What [`save_entries`] wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveReport {
-    /// Tensor entries written (every entry holding a dense tensor: tensors, parameters, tensors with
-    /// attributes, tensors of any dtype, and the tensors inside objects, [`ckpt_tensor::object_tensors`]).
-    pub tensors: usize,
-    /// Bytes of the tensors of the file (tensor entries and the tensors values hold).
-    pub bytes: u64,
-    /// Other entries (opaque tensors included), recorded in `ckpt.values`.
-    pub values: usize,
-    /// Entries that could not be written, by name (a tensor whose data cannot be read).
-    pub dropped: Vec<String>,
 }
 
 /// What [`prepare`] gives: the file's tensors by name, its `__metadata__`, and what was written or dropped.
@@ -522,19 +502,15 @@ fn in_file_order(tensors: &[(String, Tensor)], paths: &[(String, Vec<PathItem>)]
 /// (atomically), following the convention ([`prepare`]).
 ///
 /// # Errors
-/// As [`write_file`]; [`ckpt_tensor::Error::InvalidArgument`] for two entries of one name.
+/// As [`write_file`](super::write_file); [`ckpt_tensor::Error::InvalidArgument`] for two entries of one name.
 pub fn save_entries<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     path: &Path,
     options: &WriteOptions,
 ) -> Result<SaveReport> {
     let (tensors, metadata, report) = prepare(entries, options)?;
-    if options.checksums {
-        super::write_file_checksummed(&tensors, Some(metadata), path)?;
-    } else {
-        write_file(&tensors, Some(metadata), path)?;
-    }
-    Ok(report)
+    write_file_with(&tensors, Some(metadata), path, &options.durability)?;
+    Ok(report.with_files(vec![path.to_path_buf()]))
 }
 
 /// Writes the state dict `value` as one safetensors file at `path`: [`save_entries`] of its leaves (every
@@ -542,7 +518,8 @@ pub fn save_entries<'a>(
 ///
 /// # Errors
 /// As [`save_entries`]; [`ckpt_tensor::Error::InvalidArgument`] for keys that cannot name a leaf.
-pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<SaveReport> {
+pub fn save(value: &Value, path: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    let path = path.as_ref();
     let leaves = leaves(value)?;
     save_entries(leaves.iter().map(|l| (l.key.as_str(), l.path.as_slice(), l.value)), path, options)
 }

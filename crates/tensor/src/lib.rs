@@ -13,6 +13,8 @@
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`CheckpointRead`]: what every format's reader offers (entries, tensors by name).
 //! - [`cast_float`]: torch's float conversions, bit for bit.
+//! - [`SaveReport`], [`VerifyReport`] with its [`Problem`]s, [`ReshardReport`]: the reports of one shape every
+//!   format crate returns.
 //! - [`Error`] and [`Fault`]: the model's errors, and the fault class every ckpt error has.
 //!
 //! ```
@@ -36,6 +38,7 @@ mod checkpoint;
 mod dtype;
 mod error;
 mod flatten;
+mod report;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
 mod tensor;
@@ -52,6 +55,7 @@ pub use flatten::{
     FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, entry_names, flatten, float_repr, join_path, leaf_names,
     leaves, object_parts, object_tensors, python_repr_of, python_str, unflatten,
 };
+pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{
     Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,

@@ -54,12 +54,14 @@ mod verify;
 mod write;
 pub mod zip;
 
+pub use ckpt_io::Durability;
+pub use ckpt_tensor::{Problem, ProblemKind, SaveReport, VerifyReport};
 pub use detect::{Container, detect};
 pub use error::{Error, Result};
 pub use module::{is_module, module_classes, module_state_dict};
 pub use read::{DEFAULT_MAX_INFLATED_BYTES, ReadOptions, TorchReader, load};
 pub use torchscript::Script;
-pub use verify::{VerifyReport, verify};
+pub use verify::verify;
 pub use write::{WriteOptions, prefix_for_path, save, save_to_durable, save_to_writer};
 
 /// Differential oracles for the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`); not API.

@@ -1,42 +1,20 @@
 //! Checking a `torch.save` file's integrity without decoding it: every ZIP record's CRC-32 against the
 //! central directory (torch itself never checks them).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use ckpt_tensor::Buffer;
+use ckpt_tensor::{Buffer, Problem, ProblemKind, VerifyReport};
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
 use crate::zip::{Archive, ZipError};
 
-/// What [`verify`] found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// The file.
-    pub path: PathBuf,
-    /// The container: legacy files carry no checksums, so nothing was checked.
-    pub container: Container,
-    /// Records whose CRC-32 was checked (records written with CRC 0, by `set_crc32_options(False)`, are not).
-    pub records: usize,
-    /// Bytes of record data checked.
-    pub bytes: u64,
-    /// Every record that failed its check, by full record name (`archive/data/0`), with the error
-    /// ([`ZipError::CrcMismatch`], or a record reaching outside the file).
-    pub problems: Vec<(String, ZipError)>,
-}
-
-impl VerifyReport {
-    /// Whether every record checked out.
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
 /// Checks every record CRC-32 of the `torch.save` file at `path` (legacy files have none). The archive's
 /// structure must parse (its central directory, every record inside the file); records whose data does not
 /// match are listed in [`VerifyReport::problems`] rather than failing the call, so every bad record is
-/// named.
+/// named: [`ProblemKind::ChecksumMismatch`] (or [`ProblemKind::Unreadable`] for a record reaching outside
+/// the file) at the record's full name (`archive/data/0`). A legacy file carries no checksums: its report
+/// has one [`ProblemKind::Unchecked`] warning and no records.
 ///
 /// ```
 /// use ckpt_tensor::{Tensor, Value};
@@ -52,21 +30,25 @@ impl VerifyReport {
 /// bytes[at] ^= 1;
 /// std::fs::write(&path, &bytes).unwrap();
 /// let report = ckpt_torch::verify(&path).unwrap();
-/// assert_eq!(report.problems[0].0, "m/data/0");
+/// assert_eq!(report.problems[0].entry.as_deref(), Some("m/data/0"));
 /// ```
 ///
 /// # Errors
 /// [`Error::Io`] if the file cannot be mapped; the [`detect`] errors for files that are not `torch.save`
 /// output; [`Error::Zip`] for an archive whose structure does not parse. Each names the path.
-pub fn verify(path: &Path) -> Result<VerifyReport> {
+pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
+    let path = path.as_ref();
     let buffer = Buffer::map_file(path).map_err(|e| match e {
         ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
         e => Error::Core(e),
     })?;
     let bytes = buffer.as_bytes();
     let container = detect(bytes).map_err(|e| e.at(path))?;
-    let mut report = VerifyReport { path: path.to_path_buf(), container, records: 0, bytes: 0, problems: Vec::new() };
+    let mut report = VerifyReport::new("torch", path);
+    report.files = 1;
     if container != Container::Zip {
+        report
+            .push(Problem::new(ProblemKind::Unchecked, "a legacy torch.save file carries no checksums").in_file(path));
         return Ok(report);
     }
     let archive = Archive::parse(bytes).map_err(|e| Error::from(e).at(path))?;
@@ -76,10 +58,19 @@ pub fn verify(path: &Path) -> Result<VerifyReport> {
                 report.records += 1;
                 report.bytes += rec.size();
             }
-            Err(e) => report.problems.push((rec.name().to_owned(), e)),
+            Err(e) => report.push(record_problem(path, rec.name(), &e)),
         }
     }
     Ok(report)
+}
+
+/// A record that failed its check, as a problem of the file at `path`.
+fn record_problem(path: &Path, record: &str, e: &ZipError) -> Problem {
+    let kind = match e {
+        ZipError::CrcMismatch { .. } => ProblemKind::ChecksumMismatch,
+        _ => ProblemKind::Unreadable,
+    };
+    Problem::from_error(kind, e).in_file(path).at_entry(record)
 }
 
 #[cfg(test)]
@@ -98,7 +89,7 @@ mod tests {
         crate::save(&sd, &path, &crate::WriteOptions::default()).unwrap();
         let clean = verify(&path).unwrap();
         assert!(clean.is_ok());
-        assert_eq!(clean.container, Container::Zip);
+        assert_eq!((clean.files, clean.problems.len()), (1, 0));
         let mut bytes = std::fs::read(&path).unwrap();
         for needle in [1.5f32.to_le_bytes().to_vec(), 7i64.to_le_bytes().to_vec()] {
             let at = bytes.windows(needle.len()).position(|w| w == needle.as_slice()).unwrap();
@@ -106,9 +97,11 @@ mod tests {
         }
         std::fs::write(&path, &bytes).unwrap();
         let bad = verify(&path).unwrap();
-        let names: Vec<&str> = bad.problems.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = bad.problems.iter().filter_map(|p| p.entry.as_deref()).collect();
         assert_eq!(names, ["two/data/0", "two/data/1"]);
-        assert!(bad.problems.iter().all(|(_, e)| matches!(e, ZipError::CrcMismatch { .. })));
+        assert!(
+            bad.problems.iter().all(|p| p.kind == ProblemKind::ChecksumMismatch && p.file.as_deref() == Some(&*path))
+        );
         assert_eq!(bad.records, clean.records - 2);
     }
 
@@ -118,9 +111,11 @@ mod tests {
         let empty = dir.path().join("empty.pt");
         std::fs::write(&empty, b"").unwrap();
         assert!(matches!(verify(&empty).unwrap_err().kind(), Error::Empty));
-        assert!(matches!(verify(&dir.path().join("missing.pt")), Err(Error::Io { .. })));
+        assert!(matches!(verify(dir.path().join("missing.pt")), Err(Error::Io { .. })));
         let legacy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures/torch/legacy.pt");
         let r = verify(&legacy).unwrap();
-        assert_eq!((r.container, r.records), (Container::Legacy, 0));
+        assert_eq!(r.records, 0);
+        assert!(r.is_ok());
+        assert_eq!(r.of_kind(ProblemKind::Unchecked).count(), 1);
     }
 }

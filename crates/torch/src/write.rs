@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
+use ckpt_io::Durability;
 use ckpt_pickle::Pickler;
-use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, StorageClass, Tensor, Value};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, SaveReport, StorageClass, Tensor, Value};
 
 use crate::error::{Error, Result};
 use crate::zip::{WriterOptions, ZipWriter};
@@ -16,9 +17,10 @@ use crate::zip::{WriterOptions, ZipWriter};
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WriteOptions {
-    /// Compute CRC-32s (torch's default). `false` writes 0 everywhere, like
-    /// `torch.serialization.set_crc32_options(False)`.
-    pub compute_crc32: bool,
+    /// How durably [`save`] writes: `sync` and `direct_io` for the file's commit, and `checksums` for the
+    /// records' CRC-32s (torch's default; off writes 0 everywhere, like
+    /// `torch.serialization.set_crc32_options(False)`).
+    pub durability: Durability,
     /// Data alignment of every record (torch's `storage_alignment`, default 64).
     pub storage_alignment: u64,
     /// Write the `.format_version`, `.storage_alignment` and `byteorder` records and
@@ -28,15 +30,15 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { compute_crc32: true, storage_alignment: 64, torch_2_13_records: true }
+        WriteOptions { durability: Durability::default(), storage_alignment: 64, torch_2_13_records: true }
     }
 }
 
 impl WriteOptions {
-    /// Compute CRC-32s (default) or write 0 like `set_crc32_options(False)`.
+    /// These options with `durability` ([`WriteOptions::durability`]).
     #[must_use]
-    pub fn with_crc32(mut self, compute: bool) -> Self {
-        self.compute_crc32 = compute;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -88,7 +90,8 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 /// let dir = tempfile::tempdir().unwrap();
 /// let path = dir.path().join("w.pt");
 /// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
-/// ckpt_torch::save(&sd, &path, &WriteOptions::default()).unwrap();
+/// let report = ckpt_torch::save(&sd, &path, &WriteOptions::default()).unwrap();
+/// assert_eq!((report.tensors, report.bytes, report.files.len()), (1, 8, 1));
 /// assert_eq!(ckpt_torch::load(&path).unwrap(), sd);
 /// ```
 ///
@@ -96,19 +99,19 @@ pub fn prefix_for_path(path: &Path) -> Result<String> {
 /// [`Error::Unwritable`] for values the format cannot hold; [`Error::Io`] naming the path;
 /// `Error::Core` holding a `ckpt_io::CommitError` for a full disk (or `RLIMIT_FSIZE`), a read-only file system,
 /// a permission error, or another save holding the destination's lock.
-pub fn save(value: &Value, path: &Path, options: &WriteOptions) -> Result<()> {
+pub fn save(value: &Value, path: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    let path = path.as_ref();
     let prefix = prefix_for_path(path)?;
     // The durable commit (ckpt_io): lock, temporary file, O_DIRECT pipeline, fdatasync, rename,
     // directory fsync, the replaced file freed in the background.
-    ckpt_io::write_file(path, &ckpt_io::FileOptions::default(), |file| {
-        save_to_writer(value, &mut *file, &prefix, options).map(|_| ())
-    })
-    .map(|_| ())
-    .map_err(|e: Error| match e {
-        // Disk full, read-only, permission, locked: already name the path, and stay matchable.
-        Error::Core(c) if c.format_error::<ckpt_io::CommitError>().is_some() => Error::Core(c),
-        e => e.at(path),
-    })
+    let file_options = ckpt_io::FileOptions::default().with_durability(options.durability);
+    ckpt_io::write_file(path, &file_options, |file| save_to_writer(value, &mut *file, &prefix, options).map(|_| ()))
+        .map(|_| SaveReport::of_value(value).with_files(vec![path.to_path_buf()]))
+        .map_err(|e: Error| match e {
+            // Disk full, read-only, permission, locked: already name the path, and stay matchable.
+            Error::Core(c) if c.format_error::<ckpt_io::CommitError>().is_some() => Error::Core(c),
+            e => e.at(path),
+        })
 }
 
 /// Writes `torch.save` output for `value` to `out` with record prefix `prefix` (torch uses `archive` for
@@ -166,7 +169,7 @@ fn save_marked<W: Write>(
     pickler.value(value)?;
     let storages = std::mem::take(&mut pickler.storages);
     let pkl = pickler.finish()?;
-    let opts = WriterOptions { alignment: options.storage_alignment, compute_crc32: options.compute_crc32 };
+    let opts = WriterOptions { alignment: options.storage_alignment, compute_crc32: options.durability.checksums };
     let mut zip = ZipWriter::with_options(out, prefix, opts);
     if let Some(m) = marker {
         zip.set_record_marker(m);

@@ -51,7 +51,9 @@ fn prefixes_follow_torch() {
 
 #[test]
 fn minimal_archive_and_crc_options() {
-    let opts = WriteOptions::default().with_crc32(false).with_torch_2_13_records(false);
+    let opts = WriteOptions::default()
+        .with_durability(ckpt_torch::Durability::default().with_checksums(false))
+        .with_torch_2_13_records(false);
     let bytes = save_to_writer(&sample(), Vec::new(), "archive", &opts).unwrap();
     let f = TorchReader::from_buffer(&Buffer::from_vec(bytes), &ReadOptions::default().with_verify_crc(true)).unwrap();
     assert_eq!(f.records(), ["data.pkl", "data/0", "version"]);

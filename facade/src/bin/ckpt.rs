@@ -360,22 +360,22 @@ fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, quiet: bool) -> ck
     pb.finish_and_clear();
     let report = report?;
     let mut out = std::io::stdout().lock();
-    for w in &report.warnings {
+    for w in report.warnings() {
         if !quiet {
             writeln!(out, "warning: {w}").map_err(stdout_err)?;
         }
     }
-    for p in &report.problems {
+    for p in report.errors() {
         writeln!(out, "problem: {p}").map_err(stdout_err)?;
     }
     let what = format!("{} checkpoint {}", report.format, path.display());
     if report.is_ok() {
         if !quiet {
-            writeln!(out, "ok: {what}: {} entries, {} verified", report.checked, human_bytes(report.bytes))
+            writeln!(out, "ok: {what}: {} entries, {} verified", report.records, human_bytes(report.bytes))
                 .map_err(stdout_err)?;
         }
     } else {
-        let n = report.problems.len();
+        let n = report.errors().count();
         writeln!(out, "FAILED: {what}: {n} problem{}", if n == 1 { "" } else { "s" }).map_err(stdout_err)?;
     }
     Ok(report.is_ok())
@@ -473,6 +473,14 @@ fn diff(
 struct LayoutArgs {
     #[arg(long, help = world_size_help(), default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     world_size: u32,
+    /// Do not fsync the files written (faster; the new checkpoint still replaces the old one atomically, but
+    /// a power failure may lose it).
+    #[arg(long)]
+    no_sync: bool,
+    /// Write no checksums (no `ckpt.checksums.json`, CRC-32 0 in `torch.save` records, no CRC32C in
+    /// safetensors headers): `ckpt verify --deep` then has nothing to check the bytes against.
+    #[arg(long)]
+    no_checksums: bool,
     #[command(flatten)]
     target: ckpt::TargetArgs,
 }
@@ -481,7 +489,11 @@ impl LayoutArgs {
     /// The conversion's options for a target of format `to`, or why the flags do not fit it.
     fn options(&self, to: ckpt::Format) -> Result<ckpt::ConvertOptions, String> {
         let target = self.target.options(to)?;
-        Ok(ckpt::ConvertOptions::default().with_world_size(self.world_size as usize).with_target(target))
+        let durability = ckpt::io::Durability::default().with_sync(!self.no_sync).with_checksums(!self.no_checksums);
+        Ok(ckpt::ConvertOptions::default()
+            .with_world_size(self.world_size as usize)
+            .with_target(target)
+            .with_durability(durability))
     }
 }
 

@@ -13,7 +13,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Progress, VerifyReport, absorb};
 use crate::source::SourceOptions;
 
 pub(crate) struct DeepSpeed;
@@ -83,10 +83,7 @@ impl Adaptor for DeepSpeed {
         let reader = open(path, limits, &SourceOptions::default())?;
         if depth == Depth::Deep {
             for file in reader.files().at(path)? {
-                let crcs = ckpt_torch::verify(&file).at(&file)?;
-                for (record, e) in &crcs.problems {
-                    report.record_problem(&crcs.path, record, e);
-                }
+                absorb(report, ckpt_torch::verify(&file).at(&file)?);
             }
         }
         read_all(

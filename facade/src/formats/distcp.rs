@@ -19,7 +19,7 @@ use crate::limits::ReadLimits;
 use crate::options::Depth;
 use crate::options::{ConvertOptions, DcpProfile};
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Progress, VerifyReport, absorb};
 
 pub(crate) struct Distcp;
 
@@ -146,9 +146,9 @@ impl Adaptor for Distcp {
             Depth::Deep => ckpt_distcp::verify_with(path, &read_options(path, limits)?),
         }
         .at(path)?;
-        report.checked = r.items;
+        report.records = r.records;
         report.bytes = r.bytes;
-        report.problems.extend(r.problems.iter().map(ToString::to_string));
+        absorb(report, r);
         Ok(())
     }
 
@@ -205,7 +205,7 @@ fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<
         DcpProfile::MaxCompat => ckpt_distcp::Profile::MaxCompat,
         DcpProfile::Torch213 => ckpt_distcp::Profile::Torch213,
     };
-    let write = WriteOptions::default().with_profile(profile);
+    let write = WriteOptions::default().with_profile(profile).with_durability(options.durability);
     let mut s = ConvertSummary::default();
     let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
     for e in ckpt_tensor::flatten(&content.tree).at(dst)? {

@@ -74,7 +74,7 @@ impl Adaptor for Hf {
         Ok(summary(report))
     }
 
-    /// Each process writes its shards ([`ckpt_safetensors::hf::save_entries_in`]: shards planned from the sizes, process
+    /// Each process writes its shards ([`ckpt_safetensors::hf::save_entries_rank`]: shards planned from the sizes, process
     /// `p` of `K` writes shards `p, p + K, ...`, reading only their tensors from the source
     /// ([`Source::outlined`])); process 0 writes the index last and commits.
     fn write_in(
@@ -88,14 +88,16 @@ impl Adaptor for Hf {
         let leaves = outlined.content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
         let resolve = |t: &ckpt_tensor::Tensor| outlined.resolve(t);
         let report =
-            ckpt_safetensors::hf::save_entries_in(leaves, dst, &write_options(source, options), group, &resolve)
+            ckpt_safetensors::hf::save_entries_rank(leaves, dst, &write_options(source, options), group, &resolve)
                 .at(dst);
         agree(group, report).map(summary)
     }
 }
 
 fn write_options(source: &Source<'_>, options: &ConvertOptions) -> ckpt_safetensors::hf::WriteOptions {
-    let mut write = ckpt_safetensors::hf::WriteOptions::default().with_source(source.format().name());
+    let mut write = ckpt_safetensors::hf::WriteOptions::default()
+        .with_source(source.format().name())
+        .with_durability(options.durability);
     if let crate::options::TargetOptions::Hf { max_shard_size: Some(max) } = options.target {
         write = write.with_max_shard_size(max);
     }

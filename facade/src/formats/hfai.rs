@@ -15,7 +15,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Progress, VerifyReport, absorb};
 
 pub(crate) struct Hfai;
 
@@ -74,7 +74,7 @@ impl Adaptor for Hfai {
                 match r {
                     Err(e) if !matches!(e, ckpt_hfai::Error::RankFailed { .. }) => return Err(e).at(dst),
                     Err(e) => first = first.or(Some(e)),
-                    Ok(()) => {}
+                    Ok(_) => {}
                 }
             }
             first.map_or(Ok(()), |e| Err(e).at(dst))
@@ -93,11 +93,7 @@ impl Adaptor for Hfai {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            for part in &ckpt_hfai::verify(path).at(path)?.parts {
-                for (record, e) in &part.problems {
-                    report.record_problem(&part.path, record, e);
-                }
-            }
+            absorb(report, ckpt_hfai::verify(path).at(path)?);
         }
         read_all(&self.checkpoint(path, limits)?, depth, report, progress);
         Ok(())
@@ -137,7 +133,8 @@ fn prepare(
 ) -> Result<(ConvertSummary, ckpt_hfai::SaveState, ckpt_hfai::WriteOptions)> {
     let top = source.top_mapping(content, Format::Hfai)?;
     let (state, dropped_keys) = ckpt_hfai::SaveState::from_state_dict(top);
-    let mut write = ckpt_hfai::WriteOptions::default().with_world_size(options.world_size);
+    let mut write =
+        ckpt_hfai::WriteOptions::default().with_world_size(options.world_size).with_durability(options.durability);
     if let crate::options::TargetOptions::Hfai { large_size: Some(large) } = options.target {
         write = write.with_large_size(large);
     }

@@ -13,7 +13,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Problem, ProblemKind, Progress, VerifyReport};
 use crate::source::{NameMap, SourceOptions};
 
 pub(crate) struct Megatron;
@@ -76,7 +76,7 @@ impl Adaptor for Megatron {
         for e in ckpt_tensor::CheckpointRead::entries(&reader) {
             if matches!(e.kind, ckpt_tensor::EntryKind::Value) {
                 if let Err(err) = ckpt_tensor::CheckpointRead::value(&reader, &e.name) {
-                    report.problems.push(format!("{}: {err}", e.name));
+                    report.push(Problem::from_error(ProblemKind::Unreadable, &err).at_entry(&e.name));
                 }
             }
         }

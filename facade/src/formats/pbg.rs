@@ -16,7 +16,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport, chain};
+use crate::report::{Problem, ProblemKind, Progress, VerifyReport, absorb};
 
 pub(crate) struct Pbg;
 
@@ -90,31 +90,16 @@ impl Adaptor for Pbg {
         let entity_path = ckpt_pbg::ConfigFile::locate(path).ok().and_then(|c| c.entity_path()).filter(|p| p.is_dir());
         let entities = entity_path.map(ckpt_pbg::EntityStorage::new);
         if entities.is_none() {
-            report.warnings.push(
-                "entity path not found (config.json's entity_path, relative to the working directory or the \
-                 checkpoint's parent): embedding counts not checked"
-                    .into(),
+            report.push(
+                Problem::new(
+                    ProblemKind::Unchecked,
+                    "entity path not found (config.json's entity_path, relative to the working directory or the \
+                     checkpoint's parent): embedding counts not checked",
+                )
+                .in_file(path),
             );
         }
-        let r = storage.verify(entities.as_ref()).at(path)?;
-        for (entity, part) in &r.missing {
-            report.problems.push(format!("version {}: missing partition {part} of entity {entity}", r.version));
-        }
-        if r.missing_model {
-            report.problems.push(format!("version {}: missing model.v{}.h5", r.version, r.version));
-        }
-        for (name, e) in &r.invalid {
-            report.problems.push(format!("{name}: {}", chain(e)));
-        }
-        for name in &r.partial {
-            report.warnings.push(format!("{name}: uncommitted (newer than version {})", r.version));
-        }
-        for name in &r.stale {
-            report.warnings.push(format!("{name}: stale (older version no snapshot links to)"));
-        }
-        for link in &r.dangling_links {
-            report.warnings.push(format!("{}: dangling snapshot link", link.display()));
-        }
+        absorb(report, storage.verify(entities.as_ref()).at(path)?);
         // Every file of the committed version: opened, and deep, read.
         read_all(&self.checkpoint(path, limits)?, depth, report, &|_, _| {});
         Ok(())
@@ -124,7 +109,7 @@ impl Adaptor for Pbg {
 /// The source's entries by name and the write options of a conversion into PBG.
 fn prepare(source: &Source<'_>, options: &ConvertOptions) -> Result<(Vec<Leaf>, ckpt_pbg::WriteOptions)> {
     let content = source.content()?;
-    let mut write = ckpt_pbg::WriteOptions::default();
+    let mut write = ckpt_pbg::WriteOptions::default().with_durability(options.durability);
     if let Some(path) = config_of(options) {
         let text = std::fs::read_to_string(path).at(path)?;
         write = write.with_config(ckpt_pbg::Config::parse(&text).at(path)?);

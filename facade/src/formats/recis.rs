@@ -16,7 +16,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Progress, VerifyReport, absorb};
 
 pub(crate) struct Recis;
 
@@ -95,7 +95,9 @@ impl Adaptor for Recis {
             let (src, limits) = (source.path, source.limits);
             let parallel = agree(group, source_parallel(src, options, limits))?;
             let reshard = ckpt_recis::ReshardOptions::default()
-                .with_write(ckpt_recis::WriteOptions::default().with_parallel(parallel))
+                .with_write(
+                    ckpt_recis::WriteOptions::default().with_parallel(parallel).with_durability(options.durability),
+                )
                 .with_max_header_len(limits.max_data_header_bytes);
             let ran = host_ranks(group, world, |g| ckpt_recis::reshard_rank(src, dst, &reshard, g));
             agree(group, hosted_outcome(ran, is_other_rank, dst))?;
@@ -137,11 +139,7 @@ impl Adaptor for Recis {
     ) -> Result<()> {
         let ck = self.checkpoint(path, limits)?;
         if depth == Depth::Deep {
-            for file in &ckpt_recis::verify(path).at(path)?.torch_files {
-                for (record, e) in &file.problems {
-                    report.record_problem(&file.path, record, e);
-                }
-            }
+            absorb(report, ckpt_recis::verify(path).at(path)?);
         }
         read_all(&ck, depth, report, progress);
         Ok(())
@@ -155,7 +153,7 @@ impl Adaptor for Recis {
     /// Ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied ([`ckpt_recis::reshard`]).
     fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
         let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
-        ckpt_recis::reshard(src, dst, world, &options).at(src)
+        ckpt_recis::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
 
     /// Each process writes the new shards of the ranks it hosts, reading only their ids and rows
@@ -187,7 +185,8 @@ fn is_other_rank(e: &ckpt_recis::Error) -> bool {
 
 /// The write options of a conversion into RecIS.
 fn write_options(options: &ConvertOptions) -> ckpt_recis::WriteOptions {
-    let mut write = ckpt_recis::WriteOptions::default().with_world_size(options.world_size);
+    let mut write =
+        ckpt_recis::WriteOptions::default().with_world_size(options.world_size).with_durability(options.durability);
     if let Some(parallel) = recis_of(options).0 {
         write = write.with_parallel(parallel);
     }
@@ -243,7 +242,9 @@ fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
 
 /// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
 fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions, limits: &ReadLimits) -> Result<ConvertSummary> {
-    let write = ckpt_recis::WriteOptions::default().with_parallel(source_parallel(src, options, limits)?);
+    let write = ckpt_recis::WriteOptions::default()
+        .with_parallel(source_parallel(src, options, limits)?)
+        .with_durability(options.durability);
     let reshard =
         ckpt_recis::ReshardOptions::default().with_write(write).with_max_header_len(limits.max_data_header_bytes);
     ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;

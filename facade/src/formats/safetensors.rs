@@ -57,10 +57,11 @@ impl Adaptor for Safetensors {
     }
 
     /// Every leaf under its name, with the convention's metadata ([`metadata::save_entries`]).
-    fn write(&self, source: &Source<'_>, dst: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
+    fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         let content = source.content()?;
         let leaves = content.leaves.iter().map(|l| (l.name.as_str(), l.path.as_slice(), &l.value));
-        let options = metadata::WriteOptions::default().with_source(source.format().name());
+        let options =
+            metadata::WriteOptions::default().with_source(source.format().name()).with_durability(options.durability);
         let report = metadata::save_entries(leaves, dst, &options).at(dst)?;
         Ok(ConvertSummary {
             tensors: report.tensors,

@@ -11,7 +11,7 @@ use crate::limits::ReadLimits;
 use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
-use crate::report::{Progress, VerifyReport};
+use crate::report::{Progress, VerifyReport, absorb};
 
 pub(crate) struct Torch;
 
@@ -61,12 +61,16 @@ impl Adaptor for Torch {
     }
 
     /// The source's state dict, as `torch.save` writes it; a source that can streams itself instead.
-    fn write(&self, source: &Source<'_>, dst: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
-        if let Some(streamed) = source.stream_to_torch_save(dst) {
-            return streamed;
+    fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
+        // The streaming writers write with the default durability; another goes through the content.
+        if options.durability == ckpt_io::Durability::default() {
+            if let Some(streamed) = source.stream_to_torch_save(dst) {
+                return streamed;
+            }
         }
         let content = source.content()?;
-        ckpt_torch::save(&content.tree, dst, &ckpt_torch::WriteOptions::default()).at(dst)?;
+        let write = ckpt_torch::WriteOptions::default().with_durability(options.durability);
+        ckpt_torch::save(&content.tree, dst, &write).at(dst)?;
         Ok(count(&content.leaves))
     }
 
@@ -80,10 +84,7 @@ impl Adaptor for Torch {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            let crcs = ckpt_torch::verify(path).at(path)?;
-            for (record, e) in &crcs.problems {
-                report.record_problem(&crcs.path, record, e);
-            }
+            absorb(report, ckpt_torch::verify(path).at(path)?);
         }
         read_all(&self.checkpoint(path, limits)?, depth, report, progress);
         Ok(())

@@ -2,17 +2,17 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::metadata::{self, FORMAT_KEY, FORMAT_PT};
-use ckpt_io::{CommitError, DirCommit, DirOptions};
-use ckpt_tensor::{PathItem, Value};
+use ckpt_io::{CommitError, DirCommit, DirOptions, Durability};
+use ckpt_tensor::{PathItem, SaveReport, Value};
 use serde_json::Value as Json;
 
 use crate::hf::error::Result;
 use crate::hf::shard::{self, DEFAULT_MAX_SHARD_SIZE};
 
-/// Options of [`save_entries`].
+/// Options of [`save`], [`save_rank`] and [`save_entries`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriteOptions {
@@ -21,23 +21,24 @@ pub struct WriteOptions {
     pub max_shard_size: u64,
     /// The format the checkpoint is converted from (`ckpt.source`), when known.
     pub source: Option<String>,
-    /// Record the CRC32C of every tensor in its shard's header (default `true`;
-    /// [`crate::write_file_checksummed`]), so that `ckpt verify --deep` detects a changed
-    /// byte of tensor data. `transformers` and every safetensors reader load the shards either way.
-    pub checksums: bool,
+    /// How durably the shards are written. With [`Durability::checksums`] (the default) the CRC32C of every
+    /// tensor is recorded in its shard's header ([`crate::write_file_checksummed`]), so that `ckpt verify
+    /// --deep` detects a changed byte of tensor data; `transformers` and every safetensors reader load the
+    /// shards either way. The shards carry their own checksums, so no `ckpt.checksums.json` is written.
+    pub durability: Durability,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { max_shard_size: DEFAULT_MAX_SHARD_SIZE, source: None, checksums: true }
+        WriteOptions { max_shard_size: DEFAULT_MAX_SHARD_SIZE, source: None, durability: Durability::default() }
     }
 }
 
 impl WriteOptions {
-    /// Per-tensor checksums on or off ([`WriteOptions::checksums`]).
+    /// These options with `durability` ([`WriteOptions::durability`]).
     #[must_use]
-    pub fn with_checksums(mut self, on: bool) -> Self {
-        self.checksums = on;
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -56,20 +57,43 @@ impl WriteOptions {
     }
 }
 
-/// What [`save_entries`] wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SaveReport {
-    /// Tensor entries written.
-    pub tensors: usize,
-    /// Bytes of tensor data written (the index's `total_size`).
-    pub bytes: u64,
-    /// Other entries, recorded in the first shard's `ckpt.values`.
-    pub values: usize,
-    /// Entries that could not be written (a tensor whose data cannot be read).
-    pub dropped: Vec<String>,
-    /// The files written, in order (the shards, then the index).
-    pub files: Vec<PathBuf>,
+/// Writes the state dict `value` as a Hugging Face sharded checkpoint in the directory `dst`:
+/// [`save_entries`] of its leaves (every mapping, list and tuple descended into, names joined with `.`).
+///
+/// ```
+/// use ckpt_tensor::{CheckpointRead, Tensor, Value};
+/// let dir = tempfile::tempdir().unwrap();
+/// let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32; 4], &[4]).unwrap())), ("step", Value::Int(3))]);
+/// let report = ckpt_safetensors::hf::save(&sd, dir.path(), &Default::default()).unwrap();
+/// assert_eq!((report.tensors, report.values, report.files.len()), (1, 1, 1));
+/// assert_eq!(ckpt_safetensors::hf::HfReader::open(dir.path()).unwrap().tensor("w").unwrap().numel(), 4);
+/// ```
+///
+/// # Errors
+/// As [`save_entries`]; [`ckpt_tensor::Error`] for keys that cannot name a leaf.
+pub fn save(value: &Value, dst: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
+    save_rank(value, dst, options, &ckpt_collective::SingleProcess)
+}
+
+/// [`save`] split over the processes of `group`, every process calling it with the same state dict
+/// ([`save_entries_rank`]).
+///
+/// # Errors
+/// As [`save_entries_rank`].
+pub fn save_rank(
+    value: &Value,
+    dst: impl AsRef<Path>,
+    options: &WriteOptions,
+    group: &dyn ckpt_collective::Collective,
+) -> Result<SaveReport> {
+    let leaves = ckpt_tensor::leaves(value)?;
+    save_entries_rank(
+        leaves.iter().map(|l| (l.key.as_str(), l.path.as_slice(), l.value)),
+        dst.as_ref(),
+        options,
+        group,
+        &|t| Ok(t.clone()),
+    )
 }
 
 /// Writes `entries` (name, path in the nested state dict, value) as a Hugging Face sharded checkpoint in the
@@ -97,7 +121,7 @@ pub fn save_entries<'a>(
     dst: &Path,
     options: &WriteOptions,
 ) -> Result<SaveReport> {
-    save_entries_in(entries, dst, options, &ckpt_collective::SingleProcess, &|t| Ok(t.clone()))
+    save_entries_rank(entries, dst, options, &ckpt_collective::SingleProcess, &|t| Ok(t.clone()))
 }
 
 /// [`save_entries`] split over the processes of `group`, every process calling it with the same entries:
@@ -117,7 +141,7 @@ pub fn save_entries<'a>(
 /// std::thread::scope(|s| {
 ///     for g in ThreadGroup::new(2) {
 ///         let (entries, dst, options) = (&entries, dir.path(), &options);
-///         s.spawn(move || ckpt_safetensors::hf::save_entries_in(entries.iter().copied(), dst, options, &g, &|t| Ok(t.clone())).unwrap());
+///         s.spawn(move || ckpt_safetensors::hf::save_entries_rank(entries.iter().copied(), dst, options, &g, &|t| Ok(t.clone())).unwrap());
 ///     }
 /// });
 /// assert!(dir.path().join("model.safetensors").exists());
@@ -126,14 +150,14 @@ pub fn save_entries<'a>(
 /// # Errors
 /// As [`save_entries`]; `resolve`'s errors; [`ckpt_io::CommitError::RankFailed`] (inside
 /// [`crate::hf::Error`]) when another process failed.
-pub fn save_entries_in<'a>(
+pub fn save_entries_rank<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     dst: &Path,
     options: &WriteOptions,
     group: &dyn ckpt_collective::Collective,
     resolve: &(dyn Fn(&ckpt_tensor::Tensor) -> ckpt_tensor::Result<ckpt_tensor::Tensor> + Sync),
 ) -> Result<SaveReport> {
-    let mut st_options = metadata::WriteOptions::default();
+    let mut st_options = metadata::WriteOptions::default().with_durability(options.durability);
     if let Some(s) = &options.source {
         st_options = st_options.with_source(s);
     }
@@ -144,7 +168,8 @@ pub fn save_entries_in<'a>(
         shards.push(Vec::new()); // no tensor: one file with the records
     }
     let n = shards.len();
-    let dir_options = DirOptions::default().with_owned(owned);
+    // The shards carry their own checksums (CRC32C in each header): no manifest.
+    let dir_options = DirOptions::default().with_durability(options.durability.with_checksums(false)).with_owned(owned);
     let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_tensor::Error::from)?;
     let mut names = Vec::with_capacity(n + 1);
     let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
@@ -170,7 +195,7 @@ pub fn save_entries_in<'a>(
                 if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
             let mut staged = commit.create_file(&file).map_err(ckpt_tensor::Error::from)?;
             let path = staged.path().to_path_buf();
-            if options.checksums {
+            if options.durability.checksums {
                 crate::write_checksummed_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
             } else {
                 crate::write_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
@@ -196,13 +221,9 @@ pub fn save_entries_in<'a>(
     if index.is_some() {
         names.push(crate::hf::INDEX_FILE.to_owned());
     }
-    Ok(SaveReport {
-        tensors: prepared.tensors,
-        bytes: sizes.iter().sum(),
-        values: prepared.values,
-        dropped: prepared.dropped,
-        files: names.into_iter().map(|f| dst.join(f)).collect(),
-    })
+    let mut report = prepared.with_files(names.into_iter().map(|f| dst.join(f)).collect());
+    report.bytes = sizes.iter().sum();
+    Ok(report)
 }
 
 /// The names of a destination that belong to the format: shards, the index, the checksum manifest.
