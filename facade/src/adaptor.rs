@@ -146,10 +146,65 @@ pub(crate) trait Adaptor: Sync {
         None
     }
 
+    /// How the checkpoint `ck` (of this format) lays its state out: which of its entries are the format's
+    /// bookkeeping, under which prefix it nests the state, which entries are rows keyed by ids. What `diff`
+    /// leaves out of a comparison and how it names entries to compare them with another format's. Default:
+    /// every entry is state, under its own name.
+    fn layout(&self, _ck: &Checkpoint, _: &ReadLimits) -> Result<Layout> {
+        Ok(Layout::default())
+    }
+
     /// `path` opened as this format.
     fn checkpoint(&self, path: &Path, limits: &ReadLimits) -> Result<Checkpoint> {
         Ok(Checkpoint::new(self.format(), path, self.open(path, limits)?))
     }
+}
+
+/// How a checkpoint lays its state out ([`Adaptor::layout`]): the format's own bookkeeping beside the state,
+/// and the names the state has in it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Layout {
+    /// Entries that are the format's bookkeeping, not state (hfai's `__nshards__`, `__version__`, the empty
+    /// `optimizer` it writes when it saved none), in the checkpoint's order.
+    pub keys: Vec<String>,
+    /// The prefix (`model.`) under which the format nests a whole state that has no such level of its own:
+    /// an entry under it has the state's name less it.
+    pub nested_under: Option<String>,
+    /// Entries the format names otherwise than the state they hold: (entry, the names the state has, the
+    /// likeliest first). RecIS keeps `model.pt`'s entries bare (`w`, the state dict's `model.w`) and another
+    /// format's top-level values in `extra.pt` (`extra/step`: `extra.step`, or the source's `step`).
+    pub aliases: HashMap<String, Vec<String>>,
+    /// Tables whose rows are keyed by ids, in an order that depends on the checkpoint's shard layout.
+    pub keyed: Vec<KeyedRows>,
+}
+
+impl Layout {
+    /// Every name the state of the entry `name` may have in another format: its aliases, its name less the
+    /// nesting prefix, its own name.
+    pub fn names<'n>(&'n self, name: &'n str) -> Vec<&'n str> {
+        let mut out: Vec<&str> =
+            self.aliases.get(name).map(|a| a.iter().map(String::as_str).collect()).unwrap_or_default();
+        out.extend(self.nested_under.as_deref().and_then(|p| name.strip_prefix(p)));
+        out.push(name);
+        out
+    }
+
+    /// Whether the entry `name` is the format's bookkeeping.
+    pub fn is_key(&self, name: &str) -> bool {
+        self.keys.iter().any(|k| k == name)
+    }
+}
+
+/// A table of rows keyed by ids ([`Layout::keyed`]): its rows are equal to another checkpoint's when, id by
+/// id, they hold the same row, in whatever order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct KeyedRows {
+    /// The table's name (what a report names).
+    pub table: String,
+    /// The entry of its ids: 1-D, int64, one per row, each once.
+    pub ids: String,
+    /// Its entries holding one row (first dimension) per id.
+    pub rows: Vec<String>,
 }
 
 /// The checkpoint a conversion reads from.

@@ -1,13 +1,16 @@
 //! Comparing two checkpoints of any formats: entries on one side only, dtype and shape changes, value
 //! differences within numpy `allclose` tolerances.
 
+use std::collections::HashMap;
 use std::path::Path;
 
+use crate::adaptor::Layout;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::report::Progress;
-use ckpt_tensor::{DType, EntryKind, Tensor};
+use ckpt_tensor::{DType, Entry, EntryKind, Tensor};
 
 /// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
 /// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity. Non-tensor
@@ -24,6 +27,23 @@ pub struct DiffOptions {
     /// How both checkpoints are read (a DeepSpeed tag, Megatron's layers, a name map; formats they do not
     /// apply to ignore them).
     pub source: crate::source::SourceOptions,
+    /// What is compared: the state each format's layout carries (default), or every entry as listed.
+    pub layout: DiffLayout,
+}
+
+/// What [`diff`] compares of two checkpoints ([`DiffOptions::layout`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DiffLayout {
+    /// The state each format's layout carries: entries paired by their names, else by the names the state
+    /// has in its format (hfai nests a plain state dict under `model.`, RecIS keeps `model.pt`'s entries
+    /// bare); the format's own bookkeeping (hfai's `__nshards__`, `__version__`, its empty `optimizer`) left
+    /// out of the comparison and listed in [`DiffReport::layout_a`] and [`DiffReport::layout_b`]. A
+    /// conversion diffs equal to its source in every target format.
+    #[default]
+    State,
+    /// Every entry as its reader lists it, by its own name (layout keys are differences too).
+    Raw,
 }
 
 impl Default for DiffOptions {
@@ -33,6 +53,7 @@ impl Default for DiffOptions {
             atol: 1e-8,
             limits: ReadLimits::default(),
             source: crate::source::SourceOptions::default(),
+            layout: DiffLayout::State,
         }
     }
 }
@@ -49,6 +70,13 @@ impl DiffOptions {
     #[must_use]
     pub fn with_limits(mut self, limits: ReadLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// These options comparing what `layout` says ([`DiffLayout::Raw`]: every entry as listed).
+    #[must_use]
+    pub fn with_layout(mut self, layout: DiffLayout) -> Self {
+        self.layout = layout;
         self
     }
 
@@ -115,9 +143,35 @@ pub struct DiffReport {
     pub values_equal: usize,
     /// Entries that failed to read on either side: name, error.
     pub unreadable: Vec<(String, String)>,
-    /// Hash tables (RecIS's `<table>@id` with its `<table>@<slot>` rows) whose rows are in another order on
-    /// each side (another shard layout) and were compared id by id.
+    /// Tables of rows keyed by ids (as a format's layout declares them: RecIS's hash tables) whose rows are
+    /// in another order on each side (another shard layout) and were compared id by id.
     pub aligned_by_id: Vec<String>,
+    /// The first checkpoint's layout: its format, and its layout keys (not compared, not differences).
+    pub layout_a: LayoutKeys,
+    /// The second checkpoint's layout.
+    pub layout_b: LayoutKeys,
+}
+
+/// One side's layout in a [`DiffReport`]: the entries its format keeps as bookkeeping beside the state
+/// (hfai's `__nshards__`, `__version__`), left out of the comparison, and the prefix it nests the state
+/// under, if any. Empty with [`DiffLayout::Raw`].
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct LayoutKeys {
+    /// The checkpoint's format.
+    pub format: Option<Format>,
+    /// Its layout keys, in its order.
+    pub keys: Vec<String>,
+    /// The prefix (`model.`) under which its format nests the whole state, stripped from its names when
+    /// pairing them with the other side's.
+    pub nested_under: Option<String>,
+}
+
+impl LayoutKeys {
+    /// Whether the side has neither layout keys nor a nesting prefix.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.nested_under.is_none()
+    }
 }
 
 impl DiffReport {
@@ -132,8 +186,9 @@ impl DiffReport {
     }
 }
 
-/// Compares the checkpoints at `a` and `b` (formats detected, possibly different), entry by entry, by the
-/// names each reader lists.
+/// Compares the checkpoints at `a` and `b` (formats detected, possibly different), entry by entry: by the
+/// names each reader lists, else by the names the state has in each format's layout; the layout keys of
+/// each format (its bookkeeping) are listed apart, not compared ([`DiffOptions::layout`]).
 ///
 /// ```
 /// use ckpt::tensor::{Tensor, Value};
@@ -179,116 +234,339 @@ fn diff_checkpoints(
     options: &DiffOptions,
     progress: Progress<'_>,
 ) -> Result<DiffReport> {
+    let (la, lb) = (layout_of(ca, options)?, layout_of(cb, options)?);
     let ea = ca.entries();
     let eb = cb.entries();
-    let kinds_b: std::collections::HashMap<&str, &EntryKind> = eb.iter().map(|e| (e.name.as_str(), &e.kind)).collect();
-    let names_a: std::collections::HashSet<&str> = ea.iter().map(|e| e.name.as_str()).collect();
+    let pairing = pair(&ea, &eb, &la, &lb);
     let mut report = DiffReport {
-        only_b: eb.iter().filter(|e| !names_a.contains(e.name.as_str())).map(|e| e.name.clone()).collect(),
+        only_a: pairing.only_a,
+        only_b: pairing.only_b,
+        layout_a: side(ca, &la, pairing.keys_a),
+        layout_b: side(cb, &lb, pairing.keys_b),
         ..DiffReport::default()
     };
-    let alignments = id_alignments(ca, cb, &ea, &kinds_b);
-    report.aligned_by_id = alignments.keys().cloned().collect();
-    report.aligned_by_id.sort();
-    let total = ea.len() as u64;
-    for (i, e) in ea.iter().enumerate() {
+    let alignments = id_alignments(ca, cb, &pairing.pairs, &la, &lb);
+    report.aligned_by_id = alignments.tables.clone();
+    let total = pairing.pairs.len() as u64;
+    for (i, (x, y)) in pairing.pairs.iter().enumerate() {
         progress(i as u64, total);
-        let Some(kb) = kinds_b.get(e.name.as_str()) else {
-            report.only_a.push(e.name.clone());
-            continue;
-        };
-        let name = &e.name;
-        match (&e.kind, kb) {
-            (EntryKind::Tensor(_), EntryKind::Tensor(_)) => match (ca.tensor(name), cb.tensor(name)) {
+        let (na, nb) = (&ea[*x].name, &eb[*y].name);
+        let name = na.clone();
+        match (&ea[*x].kind, &eb[*y].kind) {
+            (EntryKind::Tensor(_), EntryKind::Tensor(_)) => match (ca.tensor(na), cb.tensor(nb)) {
                 (Ok(ta), Ok(tb)) => {
-                    match aligned(name, tb, &alignments).and_then(|tb| compare(name, &ta, &tb, options)) {
+                    match alignments.aligned(&name, tb).and_then(|tb| compare(&name, &ta, &tb, options)) {
                         Ok(d) => report.tensors.push(d),
-                        Err(err) => report.unreadable.push((name.clone(), err.to_string())),
+                        Err(err) => report.unreadable.push((name, err.to_string())),
                     }
                 }
-                (Err(err), _) | (_, Err(err)) => report.unreadable.push((name.clone(), err.to_string())),
+                (Err(err), _) | (_, Err(err)) => report.unreadable.push((name, err.to_string())),
             },
-            (EntryKind::OpaqueTensor(x), EntryKind::OpaqueTensor(y)) if x == y => {
+            (EntryKind::OpaqueTensor(p), EntryKind::OpaqueTensor(q)) if p == q => {
                 report.values_equal += 1;
+            }
+            // A tensor one format keeps as a value holding it (a numpy array in DCP's pickled items).
+            (EntryKind::Tensor(_), kb) if !is_tensor_kind(kb) && value_tensor(cb, nb).is_some() => {
+                match (ca.tensor(na), value_tensor(cb, nb)) {
+                    (Ok(ta), Some(tb)) => match compare(&name, &ta, &tb, options) {
+                        Ok(d) => report.tensors.push(d),
+                        Err(err) => report.unreadable.push((name, err.to_string())),
+                    },
+                    (Err(err), _) => report.unreadable.push((name, err.to_string())),
+                    (_, None) => {}
+                }
+            }
+            (ka, EntryKind::Tensor(_)) if !is_tensor_kind(ka) && value_tensor(ca, na).is_some() => {
+                match (value_tensor(ca, na), cb.tensor(nb)) {
+                    (Some(ta), Ok(tb)) => match compare(&name, &ta, &tb, options) {
+                        Ok(d) => report.tensors.push(d),
+                        Err(err) => report.unreadable.push((name, err.to_string())),
+                    },
+                    (_, Err(err)) => report.unreadable.push((name, err.to_string())),
+                    (None, _) => {}
+                }
             }
             (ka @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_)), kb)
             | (ka, kb @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_))) => {
-                report.kind_changes.push((name.clone(), kind_name(ka), kind_name(kb)));
+                report.kind_changes.push((name, kind_name(ka), kind_name(kb)));
             }
-            _ => match (ca.value(name), cb.value(name)) {
+            _ => match (ca.value(na), cb.value(nb)) {
                 (Ok(va), Ok(vb)) => {
                     if va.same(&vb) {
                         report.values_equal += 1;
                     } else {
-                        report.values_differ.push(name.clone());
+                        report.values_differ.push(name);
                     }
                 }
-                (Err(err), _) | (_, Err(err)) => report.unreadable.push((name.clone(), err.to_string())),
+                (Err(err), _) | (_, Err(err)) => report.unreadable.push((name, err.to_string())),
             },
         }
+    }
+    if options.layout == DiffLayout::State {
+        expand(ca, cb, &la, &lb, options, &mut report);
     }
     progress(total, total);
     Ok(report)
 }
 
-/// For every hash table `<table>@id` (1-D int64) on both sides holding the same ids in another order: the
-/// position in `b` of each id of `a`, by table name.
-fn id_alignments(
-    ca: &Checkpoint,
-    cb: &Checkpoint,
-    ea: &[ckpt_tensor::Entry],
-    kinds_b: &std::collections::HashMap<&str, &EntryKind>,
-) -> std::collections::HashMap<String, Vec<usize>> {
-    let mut out = std::collections::HashMap::new();
-    for e in ea {
-        let Some(table) = e.name.strip_suffix("@id") else {
-            continue;
-        };
-        let is_ids = |k: &EntryKind| matches!(k, EntryKind::Tensor(t) if t.dtype == DType::I64 && t.shape.len() == 1);
-        if !is_ids(&e.kind) || !kinds_b.get(e.name.as_str()).is_some_and(|k| is_ids(k)) {
+/// Whether an entry kind is a tensor's.
+fn is_tensor_kind(k: &EntryKind) -> bool {
+    matches!(k, EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_))
+}
+
+/// The tensor the value entry `name` of `ck` holds (a numpy array), if any.
+fn value_tensor(ck: &Checkpoint, name: &str) -> Option<Tensor> {
+    ck.value(name).ok().and_then(|v| v.as_tensor().cloned())
+}
+
+/// The entries of either side a format keeps otherwise than the other: a container one format keeps as one
+/// value entry (DCP's tuples and tensor-free lists, its legacy mappings) and the other as one entry per
+/// item (`tup` against `tup.0`, `tup.1`), compared item by item; empty containers, which some formats do
+/// not keep, hold no state and are no difference.
+fn expand(ca: &Checkpoint, cb: &Checkpoint, la: &Layout, lb: &Layout, options: &DiffOptions, report: &mut DiffReport) {
+    let (ka, kb) = (kinds(ca), kinds(cb));
+    let mut only_a = std::mem::take(&mut report.only_a);
+    let mut only_b = std::mem::take(&mut report.only_b);
+    for flip in [false, true] {
+        // `x`: the side whose value entries are expanded, `y`: the side whose entries are their items.
+        let (cx, cy, lx, ly, kx, ky) = if flip { (cb, ca, lb, la, &kb, &ka) } else { (ca, cb, la, lb, &ka, &kb) };
+        let (xs, ys) = if flip { (&mut only_b, &mut only_a) } else { (&mut only_a, &mut only_b) };
+        let by_name: HashMap<&str, &String> =
+            ys.iter().flat_map(|y| ly.names(y).into_iter().map(move |n| (n, y))).collect();
+        let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut expanded = Vec::new();
+        for x in xs.iter() {
+            if kx.get(x.as_str()).is_none_or(is_tensor_kind) {
+                continue;
+            }
+            let Ok(value) = cx.value(x) else { continue };
+            let Ok(items) = ckpt_tensor::leaves(&value) else { continue };
+            // Every item is an entry of the other side, under one of the container's names.
+            let Some(matched) = lx.names(x).into_iter().find_map(|prefix| {
+                items
+                    .iter()
+                    .map(|l| by_name.get(format!("{prefix}.{}", l.key).as_str()).map(|y| (l, *y)))
+                    .collect::<Option<Vec<_>>>()
+                    .filter(|m| !m.is_empty() && m.iter().all(|(_, y)| !taken.contains(y.as_str())))
+            }) else {
+                continue;
+            };
+            for (item, y) in matched {
+                taken.insert(y.clone());
+                let name = if flip { y.clone() } else { format!("{x}.{}", item.key) };
+                let other = ky.get(y.as_str()).is_some_and(is_tensor_kind);
+                match (item.value.as_tensor(), other) {
+                    (Some(t), true) => {
+                        let d = cy.tensor(y).map_err(|e| e.to_string()).and_then(|u| {
+                            let (ta, tb) = if flip { (&u, t) } else { (t, &u) };
+                            compare(&name, ta, tb, options).map_err(|e| e.to_string())
+                        });
+                        match d {
+                            Ok(d) => report.tensors.push(d),
+                            Err(err) => report.unreadable.push((name, err)),
+                        }
+                    }
+                    (None, false) => match cy.value(y) {
+                        Ok(v) if v.same(item.value) => report.values_equal += 1,
+                        Ok(_) => report.values_differ.push(name),
+                        Err(err) => report.unreadable.push((name, err.to_string())),
+                    },
+                    (_, _) => report.kind_changes.push((name, "value".into(), "tensor".into())),
+                }
+            }
+            expanded.push(x.clone());
+        }
+        xs.retain(|x| !expanded.contains(x));
+        ys.retain(|y| !taken.contains(y));
+    }
+    // Empty containers hold no state.
+    only_a.retain(|n| !is_empty_container(ca, &ka, n));
+    only_b.retain(|n| !is_empty_container(cb, &kb, n));
+    report.only_a = only_a;
+    report.only_b = only_b;
+}
+
+/// The kind of every entry of `ck`, by name.
+fn kinds(ck: &Checkpoint) -> HashMap<String, EntryKind> {
+    ck.entries().into_iter().map(|e| (e.name, e.kind)).collect()
+}
+
+/// Whether the entry `name` of `ck` is an empty mapping, list or tuple.
+fn is_empty_container(ck: &Checkpoint, kinds: &HashMap<String, EntryKind>, name: &str) -> bool {
+    if kinds.get(name).is_none_or(is_tensor_kind) {
+        return false;
+    }
+    match ck.value(name) {
+        Ok(ckpt_tensor::Value::Dict(d)) => d.items.is_empty(),
+        Ok(ckpt_tensor::Value::List(v) | ckpt_tensor::Value::Tuple(v)) => v.is_empty(),
+        _ => false,
+    }
+}
+
+/// The layout `options` compares `ck` under: its adaptor's ([`crate::adaptor::Adaptor::layout`]), or with
+/// [`DiffLayout::Raw`] only its keyed rows (every entry compared under its own name).
+fn layout_of(ck: &Checkpoint, options: &DiffOptions) -> Result<Layout> {
+    let layout = crate::formats::adaptor(ck.format(), ck.path())?.layout(ck, &options.limits)?;
+    Ok(match options.layout {
+        DiffLayout::State => layout,
+        DiffLayout::Raw => Layout { keyed: layout.keyed, ..Layout::default() },
+    })
+}
+
+/// One side's layout as a report says it: its format, its layout keys, the prefix it nests the state under.
+fn side(ck: &Checkpoint, layout: &Layout, keys: Vec<String>) -> LayoutKeys {
+    LayoutKeys { format: Some(ck.format()), keys, nested_under: layout.nested_under.clone() }
+}
+
+/// How the entries of two checkpoints pair up ([`pair`]).
+#[derive(Debug, Default)]
+struct Pairing {
+    /// Indices of an entry of `a` and of the entry of `b` holding the same state, in `a`'s order.
+    pairs: Vec<(usize, usize)>,
+    only_a: Vec<String>,
+    only_b: Vec<String>,
+    /// Layout keys of each side (never compared).
+    keys_a: Vec<String>,
+    keys_b: Vec<String>,
+}
+
+/// Pairs the entries of `a` and `b`: by their own names first, then by the names their layouts give their
+/// state (an entry's name on one side may be the other's state name: a state nested under `model.` in one
+/// format and written as it is by another). Layout keys are never compared: they are set apart, on the side
+/// whose layout names them, with the entry they pair with on the other side (another format's copy).
+fn pair(ea: &[Entry], eb: &[Entry], la: &Layout, lb: &Layout) -> Pairing {
+    let mut p = Pairing::default();
+    let by_name: HashMap<&str, usize> = eb.iter().enumerate().map(|(i, e)| (e.name.as_str(), i)).collect();
+    let mut used_b = vec![false; eb.len()];
+    let mut open_a = Vec::new();
+    let set_apart = |p: &mut Pairing, a: &str, b: &str| {
+        p.keys_a.push(a.to_owned());
+        p.keys_b.push(b.to_owned());
+    };
+    for (i, e) in ea.iter().enumerate() {
+        match by_name.get(e.name.as_str()) {
+            Some(&j) => {
+                used_b[j] = true;
+                if la.is_key(&e.name) || lb.is_key(&e.name) {
+                    set_apart(&mut p, &e.name, &e.name);
+                } else {
+                    p.pairs.push((i, j));
+                }
+            }
+            None => open_a.push(i),
+        }
+    }
+    // The entries of `b` left, by every name of their state.
+    let mut left_b: HashMap<&str, usize> = HashMap::new();
+    for (j, e) in eb.iter().enumerate().filter(|(j, _)| !used_b[*j]) {
+        for n in lb.names(&e.name) {
+            left_b.entry(n).or_insert(j);
+        }
+    }
+    for i in open_a {
+        let name = ea[i].name.as_str();
+        let found = la.names(name).into_iter().find_map(|n| left_b.get(n).copied().filter(|&j| !used_b[j]));
+        match found {
+            Some(j) => {
+                used_b[j] = true;
+                if la.is_key(name) || lb.is_key(&eb[j].name) {
+                    set_apart(&mut p, name, &eb[j].name);
+                } else {
+                    p.pairs.push((i, j));
+                }
+            }
+            None if la.is_key(name) => p.keys_a.push(name.to_owned()),
+            None => p.only_a.push(name.to_owned()),
+        }
+    }
+    for (e, _) in eb.iter().zip(&used_b).filter(|(_, used)| !**used) {
+        if lb.is_key(&e.name) {
+            p.keys_b.push(e.name.clone());
+        } else {
+            p.only_b.push(e.name.clone());
+        }
+    }
+    p.pairs.sort_unstable();
+    p
+}
+
+/// The keyed rows of two checkpoints aligned ([`id_alignments`]).
+#[derive(Debug, Default)]
+struct Alignments {
+    /// The tables aligned, sorted.
+    tables: Vec<String>,
+    /// For each entry (by `a`'s name) of an aligned table, the position in `b` of each id of `a`.
+    rows: HashMap<String, std::sync::Arc<Vec<usize>>>,
+}
+
+/// For every table of keyed rows ([`Layout::keyed`], either side's) whose ids are on both sides, the same ids
+/// in another order: the position in `b` of each id of `a`, for each of its row entries.
+fn id_alignments(ca: &Checkpoint, cb: &Checkpoint, pairs: &[(usize, usize)], la: &Layout, lb: &Layout) -> Alignments {
+    let ea = ca.entries();
+    let eb = cb.entries();
+    // `b`'s entry paired with each of `a`'s, and `a`'s with each of `b`'s.
+    let paired: HashMap<&str, &str> = pairs.iter().map(|&(i, j)| (ea[i].name.as_str(), eb[j].name.as_str())).collect();
+    let b_to_a: HashMap<&str, &str> = paired.iter().map(|(a, b)| (*b, *a)).collect();
+    let mut out = Alignments::default();
+    // Each table by `a`'s entry names.
+    let to_a = |n: &String| b_to_a.get(n.as_str()).map_or_else(|| n.clone(), |a| (*a).to_owned());
+    let tables = la.keyed.iter().map(|k| (k.table.clone(), k.ids.clone(), k.rows.clone()));
+    let tables =
+        tables.chain(lb.keyed.iter().map(|k| (k.table.clone(), to_a(&k.ids), k.rows.iter().map(to_a).collect())));
+    for (table, ids_a, rows) in tables {
+        if out.tables.contains(&table) {
             continue;
         }
-        let ids = |c: &Checkpoint| c.tensor(&e.name).ok().and_then(|t| t.to_vec::<i64>().ok());
-        let (Some(a), Some(b)) = (ids(ca), ids(cb)) else {
-            continue;
+        let Some(&ids_b) = paired.get(ids_a.as_str()) else { continue };
+        let ids = |c: &Checkpoint, n: &str| {
+            c.tensor(n)
+                .ok()
+                .filter(|t| t.dtype() == DType::I64 && t.shape().len() == 1)
+                .and_then(|t| t.to_vec::<i64>().ok())
         };
+        let (Some(a), Some(b)) = (ids(ca, &ids_a), ids(cb, ids_b)) else { continue };
         if a.len() != b.len() || a == b {
             continue;
         }
-        let position: std::collections::HashMap<i64, usize> = b.iter().enumerate().map(|(k, id)| (*id, k)).collect();
+        let position: HashMap<i64, usize> = b.iter().enumerate().map(|(k, id)| (*id, k)).collect();
         if position.len() != b.len() {
             continue; // duplicate ids: no one-to-one alignment
         }
-        if let Some(perm) = a.iter().map(|id| position.get(id).copied()).collect::<Option<Vec<usize>>>() {
-            out.insert(table.to_owned(), perm);
+        let Some(perm) = a.iter().map(|id| position.get(id).copied()).collect::<Option<Vec<usize>>>() else {
+            continue;
+        };
+        let perm = std::sync::Arc::new(perm);
+        for row in rows.into_iter().chain([ids_a]) {
+            out.rows.insert(row, perm.clone());
         }
+        out.tables.push(table);
     }
+    out.tables.sort();
     out
 }
 
-/// `b`'s entry `name` with its rows in the order of `a`'s ids, when `name` is `<table>@...` of an aligned
-/// table and has one row per id; else `b` as it is.
-fn aligned(
-    name: &str,
-    b: Tensor,
-    alignments: &std::collections::HashMap<String, Vec<usize>>,
-) -> ckpt_tensor::Result<Tensor> {
-    let Some(perm) = name.split_once('@').and_then(|(table, _)| alignments.get(table)) else {
-        return Ok(b);
-    };
-    if b.shape().first() != Some(&perm.len()) {
-        return Ok(b);
+impl Alignments {
+    /// `b`'s entry (paired with `a`'s entry `name`) with its rows in the order of `a`'s ids, when it is
+    /// a row entry of an aligned table with one row per id; else `b` as it is.
+    fn aligned(&self, name: &str, b: Tensor) -> ckpt_tensor::Result<Tensor> {
+        let Some(perm) = self.rows.get(name) else {
+            return Ok(b);
+        };
+        if b.shape().first() != Some(&perm.len()) {
+            return Ok(b);
+        }
+        let b = b.to_contiguous()?;
+        let data = b.data()?;
+        let row = data.len() / perm.len().max(1);
+        let mut out = Vec::with_capacity(data.len());
+        for &k in perm.iter() {
+            let bytes = data.get(k * row..(k + 1) * row).ok_or_else(|| {
+                ckpt_tensor::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len()))
+            })?;
+            out.extend_from_slice(bytes);
+        }
+        Tensor::from_buffer(b.dtype(), b.shape(), ckpt_tensor::Buffer::from_vec(out))
     }
-    let data = b.data()?;
-    let row = data.len() / perm.len().max(1);
-    let mut out = Vec::with_capacity(data.len());
-    for &k in perm {
-        let bytes = data.get(k * row..(k + 1) * row).ok_or_else(|| {
-            ckpt_tensor::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len()))
-        })?;
-        out.extend_from_slice(bytes);
-    }
-    Tensor::from_buffer(b.dtype(), b.shape(), ckpt_tensor::Buffer::from_vec(out))
 }
 
 /// The real dtype of a complex dtype's components.

@@ -191,13 +191,60 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
     assert!(out.contains("kind changed: step: value -> tensor int64 [1]"), "{out}");
 }
 
+/// A conversion diffs equal to its source: `ckpt convert dcp/ out --to hfai --world-size 4` nests the state
+/// under `model.` and adds hfai's header and an empty `optimizer`, which `ckpt diff` lists as layout keys.
+#[test]
+fn diff_of_a_conversion_names_layout_keys_and_exits_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("distcp/golden/d215");
+    let out = tmp.path().join("out");
+    let (code, o, e) = run(&[&"convert", &src, &out, &"--to", &"hfai", &"--world-size", &"4"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let (code, o, e) = run(&[&"diff", &src, &out]);
+    assert_eq!(code, 0, "{o}{e}");
+    assert!(o.contains("layout keys: b: __nshards__, __version__, optimizer (hfai)"), "{o}");
+    assert!(o.contains("state nested under: b: model. (hfai)"), "{o}");
+    assert!(o.lines().last().unwrap().starts_with("equal: 4 tensors, 1 values compared"), "{o}");
+    assert!(!o.contains("only in"), "{o}");
+    // Either way round.
+    let (code, o, _) = run(&[&"diff", &out, &src]);
+    assert_eq!(code, 0, "{o}");
+    assert!(o.contains("layout keys: a: __nshards__, __version__, optimizer (hfai)"), "{o}");
+    // Raw: today's entry-by-entry comparison, every layout key and nested name a difference.
+    let (code, o, _) = run(&[&"diff", &src, &out, &"--raw"]);
+    assert_eq!(code, 1, "{o}");
+    assert!(o.contains(&format!("only in {}: __nshards__", out.display())), "{o}");
+    assert!(o.contains(&format!("only in {}: model.row", out.display())), "{o}");
+    // A changed value is still a difference.
+    let changed = tmp.path().join("changed.pt");
+    let (code, o, e) = run(&[&"convert", &src, &changed, &"--to", &"torch"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let mut sd = ckpt::torch::load(&changed).unwrap();
+    fn item<'v>(v: &'v mut Value, key: &str) -> &'v mut Value {
+        let Value::Dict(d) = v else { panic!("not a dict: {v:?}") };
+        &mut d.items.iter_mut().find(|(k, _)| k.as_str() == Some(key)).unwrap().1
+    }
+    let Value::Int(rank) = item(item(&mut sd, "obj"), "rank") else { panic!("obj.rank") };
+    *rank += 1;
+    ckpt::torch::save(&sd, &changed, &ckpt::torch::WriteOptions::default()).unwrap();
+    let (code, o, _) = run(&[&"diff", &changed, &out]);
+    assert_eq!(code, 1, "{o}");
+    assert!(o.contains("value differs: obj.rank") && o.contains("DIFFERENT: 1 difference"), "{o}");
+}
+
 #[test]
 fn reshard_then_the_entries_are_the_source_entries() {
     let tmp = tempfile::tempdir().unwrap();
     let f = fixtures();
     let cases: [(PathBuf, usize, Format, &[&str]); 3] = [
         (f.join("distcp/golden/d215"), 3, Format::Distcp, &[]),
-        (f.join("hfai/single_n3/ckpt"), 2, Format::Hfai, &["value differs: __nshards__"]),
+        // hfai's header is its layout, not state: listed, not a difference.
+        (
+            f.join("hfai/single_n3/ckpt"),
+            2,
+            Format::Hfai,
+            &["layout keys: a: __nshards__, __version__ (hfai)", "layout keys: b: __nshards__, __version__ (hfai)"],
+        ),
         (f.join("recis/golden/two_shard_adamw"), 3, Format::Recis, &[]),
     ];
     for (src, n, format, expected_diff) in cases {
@@ -222,7 +269,13 @@ fn reshard_then_the_entries_are_the_source_entries() {
         let (code, out, _) = run(&[&"diff", &src, &dst]);
         let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("equal") && !l.starts_with("DIFFERENT")).collect();
         assert_eq!(lines, expected_diff, "{}: {out}", src.display());
-        assert_eq!(code, i32::from(!expected_diff.is_empty()));
+        assert_eq!(code, i32::from(expected_diff.iter().any(|l| !l.starts_with("layout keys"))));
+        if format == Format::Hfai {
+            // Compared raw, the part count differs.
+            let (code, out, _) = run(&[&"diff", &src, &dst, &"--raw"]);
+            assert_eq!(code, 1, "{out}");
+            assert!(out.contains("value differs: __nshards__") && !out.contains("layout keys"), "{out}");
+        }
         // The shard count shows in the format's own terms.
         let ck = ckpt::open(&dst).unwrap();
         match format {

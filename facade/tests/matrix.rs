@@ -470,3 +470,100 @@ fn selection_applies_to_every_target() {
             .unwrap_err();
     assert!(e.to_string().contains("two entries would be named \"w\""), "{e}");
 }
+
+/// Every golden fixture converted into every format `convert` supports (one rank and several where the
+/// target shards) diffs equal to its source (`ckpt diff` compares the state each format's layout carries;
+/// layout keys are reported apart), less only what the conversion reported dropped.
+#[test]
+fn conversions_diff_equal_to_their_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let mut pairs = BTreeSet::new();
+    let mut checked = 0;
+    for (label, src, from) in sources() {
+        let dir = tmp.path().join(label.replace('/', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for to in targets(from) {
+            let worlds: &[usize] = if to.is_sharded() && to != Format::Pbg { &[1, 3] } else { &[1] };
+            for &world in worlds {
+                let target = match to {
+                    Format::Hf => ckpt::TargetOptions::Hf { max_shard_size: Some(HF_SHARD) },
+                    _ => ckpt::TargetOptions::Defaults,
+                };
+                let options = ConvertOptions::default().with_world_size(world).with_target(target);
+                let out = out_path(&dir, &format!("{label}_w{world}"), to);
+                let ctx = format!("{label} -> {to} (world size {world})");
+                let summary = match convert(&src, Some(from), &out, to, &options) {
+                    Ok(s) => s,
+                    Err(Error::UnsupportedConversion { .. }) => continue,
+                    Err(e) => panic!("{ctx}: {e}"),
+                };
+                let d = ckpt::diff(&src, &out, &ckpt::DiffOptions::default().with_rtol(0.0).with_atol(0.0))
+                    .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                checked += 1;
+                pairs.insert(format!("{from}->{to}"));
+                // What the conversion reported dropped is on the source's side only; nothing else differs.
+                let dropped: BTreeSet<&str> = summary.dropped.iter().map(String::as_str).collect();
+                let only_a: Vec<&String> = d.only_a.iter().filter(|n| !dropped.contains(n.as_str())).collect();
+                let unequal = d.tensors.iter().any(|t| !t.is_equal());
+                if !only_a.is_empty()
+                    || !d.only_b.is_empty()
+                    || !d.kind_changes.is_empty()
+                    || !d.values_differ.is_empty()
+                    || !d.unreadable.is_empty()
+                    || unequal
+                {
+                    failures.push(format!("{ctx}: {} (dropped {dropped:?})", describe(&d)));
+                }
+            }
+        }
+    }
+    eprintln!("{checked} conversions diffed over {} format pairs: {pairs:?}", pairs.len());
+    assert!(failures.is_empty(), "{} of {checked} conversions differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A changed value is still a difference after every conversion: a checkpoint written in every format,
+/// converted into every target (several ranks where it shards), diffs equal to its source and unequal to a
+/// copy of its source with one tensor changed, the change named.
+#[test]
+fn conversions_diff_unequal_to_a_changed_source() {
+    use ckpt::tensor::{Tensor, Value};
+    let tmp = tempfile::tempdir().unwrap();
+    let state = |w0: f32| {
+        let w = Tensor::from_slice(&[w0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &[4, 2]).unwrap();
+        let b = Tensor::from_slice(&[0.5f32, 0.25, 0.125], &[3]).unwrap();
+        Value::dict([("w", Value::Tensor(w)), ("b", Value::Tensor(b)), ("step", Value::Int(7))])
+    };
+    let (pt, changed_pt) = (tmp.path().join("s.pt"), tmp.path().join("changed.pt"));
+    ckpt::torch::save(&state(0.0), &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    ckpt::torch::save(&state(9.0), &changed_pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let mut checked = 0;
+    for from in targets(Format::Torch).into_iter().filter(|f| *f != Format::Pbg) {
+        let src = out_path(tmp.path(), "src", from);
+        let changed = out_path(tmp.path(), "changed", from);
+        convert(&pt, None, &src, from, &ConvertOptions::default()).unwrap();
+        convert(&changed_pt, None, &changed, from, &ConvertOptions::default()).unwrap();
+        for to in targets(from).into_iter().filter(|f| *f != Format::Pbg) {
+            let world = if to.is_sharded() { 2 } else { 1 };
+            let out = out_path(tmp.path(), &format!("{from}_{to}"), to);
+            convert(&src, Some(from), &out, to, &ConvertOptions::default().with_world_size(world)).unwrap();
+            let ctx = format!("{from} -> {to}");
+            let d = ckpt::diff(&src, &out, &ckpt::DiffOptions::default()).unwrap();
+            assert!(d.is_equal(), "{ctx}: {}", describe(&d));
+            let d = ckpt::diff(&changed, &out, &ckpt::DiffOptions::default()).unwrap();
+            assert!(!d.is_equal(), "{ctx}: a changed source diffs equal");
+            let unequal: Vec<&str> = d.tensors.iter().filter(|t| !t.is_equal()).map(|t| t.name.as_str()).collect();
+            assert_eq!(unequal.len(), 1, "{ctx}: {}", describe(&d));
+            assert!(unequal[0].ends_with('w'), "{ctx}: {}", describe(&d));
+            assert_eq!(d.tensors.iter().find(|t| !t.is_equal()).unwrap().max_abs, 9.0, "{ctx}");
+            // Raw, the layout's keys and nesting are differences again where a format has them.
+            let raw = ckpt::diff(&src, &out, &ckpt::DiffOptions::default().with_layout(ckpt::DiffLayout::Raw)).unwrap();
+            if to == Format::Hfai && from != Format::Hfai {
+                assert!(!raw.is_equal(), "{ctx}: raw");
+                assert!(d.layout_b.keys.iter().any(|k| k == "__nshards__"), "{ctx}: {:?}", d.layout_b);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30, "{checked}");
+}

@@ -499,6 +499,11 @@ class DiffReport:
     values_equal: int
     unreadable: List[Tuple[str, str]]
     aligned_by_id: List[str]
+    #: Each side's layout: ``{"format", "keys", "nested_under"}``. ``keys`` are the format's bookkeeping (hfai's
+    #: ``__nshards__``, ``__version__``), listed apart and never compared; ``nested_under`` the prefix (``model.``)
+    #: under which the format nests the whole state. Empty with ``raw=True``.
+    layout_a: Dict[str, Any]
+    layout_b: Dict[str, Any]
 
     def __bool__(self) -> bool:
         return self.equal
@@ -576,14 +581,16 @@ def reshard(src: PathLike, dst: PathLike, world_size: int, *, progress: Optional
 
 
 def diff(a: PathLike, b: PathLike, *, rtol: float = 1e-5, atol: float = 1e-8, progress: Optional[bool] = None,
-         **limits: Any) -> DiffReport:
+         raw: bool = False, **limits: Any) -> DiffReport:
     """Compares two checkpoints of any formats entry by entry, as ``ckpt diff`` does: tensors within numpy's
-    ``allclose`` tolerances (``|a - b| <= atol + rtol * |b|``), other values exactly.
+    ``allclose`` tolerances (``|a - b| <= atol + rtol * |b|``), other values exactly. The state each format's
+    layout carries is compared (a conversion diffs equal to its source); the formats' own bookkeeping is listed
+    in ``layout_a`` and ``layout_b``. ``raw=True`` compares every entry as listed, layout keys included.
 
     >>> ckpt.diff("model.pt", "model.safetensors").equal
     True
     """
-    r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress)
+    r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress, raw)
     r["tensors"] = [TensorDiff(**t) for t in r["tensors"]]
     return DiffReport(**r)
 

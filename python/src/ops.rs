@@ -353,7 +353,8 @@ pub(crate) fn reshard(
 
 /// `ckpt.diff`: the report's parts, each a list (see `ckpt.DiffReport`).
 #[pyfunction]
-#[pyo3(signature = (a, b, rtol = 1e-5, atol = 1e-8, limits = None, progress = None))]
+#[pyo3(signature = (a, b, rtol = 1e-5, atol = 1e-8, limits = None, progress = None, raw = false))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn diff<'py>(
     py: Python<'py>,
     a: PathBuf,
@@ -362,8 +363,11 @@ pub(crate) fn diff<'py>(
     atol: f64,
     limits: Option<&Bound<'py, PyDict>>,
     progress: Option<bool>,
+    raw: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let options = DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?);
+    let layout = if raw { ckpt::DiffLayout::Raw } else { ckpt::DiffLayout::State };
+    let options =
+        DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?).with_layout(layout);
     let pb = bar(progress, &format!("comparing {} and {}", a.display(), b.display()));
     let report = py
         .detach(|| {
@@ -398,6 +402,13 @@ pub(crate) fn diff<'py>(
     out.set_item("values_equal", r.values_equal)?;
     out.set_item("unreadable", r.unreadable.clone())?;
     out.set_item("aligned_by_id", r.aligned_by_id.clone())?;
+    for (key, l) in [("layout_a", &r.layout_a), ("layout_b", &r.layout_b)] {
+        let d = PyDict::new(py);
+        d.set_item("format", l.format.map(ckpt::Format::name))?;
+        d.set_item("keys", l.keys.clone())?;
+        d.set_item("nested_under", l.nested_under.clone())?;
+        out.set_item(key, d)?;
+    }
     out.set_item("equal", r.is_equal())?;
     Ok(out)
 }

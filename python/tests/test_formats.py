@@ -129,6 +129,11 @@ def test_convert_verify_reshard_diff(tmp: Path) -> None:
     assert d.equal and d and not d.only_a and all(t.equal for t in d.tensors)
     d = ckpt.diff(src, tmp / "hf")
     assert not d.equal and d.only_a  # obj.* left out, floats cast
+    # hfai nests the state under `model.` beside its header: layout keys, not differences.
+    ckpt.convert(src, tmp / "hfai", to="hfai", world_size=2)
+    d = ckpt.diff(src, tmp / "hfai")
+    assert d.equal and "__nshards__" in d.layout_b["keys"] and d.layout_b["format"] == "hfai"
+    assert not ckpt.diff(src, tmp / "hfai", raw=True).equal
     pt = tmp / "m3.pt"
     ckpt.convert(src, pt, to="torch")
     same(ckpt.load(pt, framework="pt"), torch.load(pt, weights_only=False), "m3.pt")

@@ -90,11 +90,15 @@ enum Command {
         deep: bool,
     },
     /// Compare two checkpoints, of any formats: entries on one side only, dtype and shape changes, the largest
-    /// absolute and relative difference of each tensor, non-tensor values. Exits 0 when equal within
+    /// absolute and relative difference of each tensor, non-tensor values. The state each format's layout
+    /// carries is compared: entries pair by name, else by the name the state has in its format (hfai nests a
+    /// plain state dict under `model.`); a format's bookkeeping (hfai's `__nshards__`, `__version__`) is
+    /// listed as layout keys, not as differences (`--raw`: every entry as listed). Exits 0 when equal within
     /// tolerance (numpy allclose: |a - b| <= atol + rtol * |b|, NaN equal to NaN), 1 otherwise.
     #[command(after_help = "Examples:\n  ckpt diff a.pt b.pt\n  \
                             ckpt diff model.pt model.safetensors --rtol 1e-3 --atol 1e-5\n  \
-                            ckpt diff dcp_checkpoint/ hfai_ckpt/ --all")]
+                            ckpt diff dcp_checkpoint/ hfai_ckpt/ --all\n  \
+                            ckpt diff dcp_checkpoint/ hfai_ckpt/ --raw")]
     Diff {
         /// First checkpoint (`a`).
         a: PathBuf,
@@ -109,6 +113,10 @@ enum Command {
         /// Also list the tensors that are equal, with their differences.
         #[arg(long)]
         all: bool,
+        /// Compare every entry as its reader lists it, layout keys included (hfai's `__nshards__`, its
+        /// `model.` nesting, ...), instead of the state each format's layout carries.
+        #[arg(long)]
+        raw: bool,
     },
     /// Convert a checkpoint into another format.
     #[command(after_help = convert_help())]
@@ -254,7 +262,10 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             ckpt::open_source(path, None, limits, source).and_then(|c| cat(&c, name, *limit)).map(|()| true)
         }
         Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
-        Command::Diff { a, b, rtol, atol, all } => diff(a, b, *rtol, *atol, *all, limits, source, quiet),
+        Command::Diff { a, b, rtol, atol, all, raw } => {
+            let layout = if *raw { ckpt::DiffLayout::Raw } else { ckpt::DiffLayout::State };
+            diff(a, b, *rtol, *atol, *all, layout, limits, source, quiet)
+        }
         Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
             Ok(options) => {
                 let options =
@@ -388,12 +399,17 @@ fn diff(
     rtol: f64,
     atol: f64,
     all: bool,
+    layout: ckpt::DiffLayout,
     limits: &ckpt::ReadLimits,
     source: &ckpt::SourceOptions,
     quiet: bool,
 ) -> ckpt::Result<bool> {
-    let options =
-        ckpt::DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(*limits).with_source(source.clone());
+    let options = ckpt::DiffOptions::default()
+        .with_rtol(rtol)
+        .with_atol(atol)
+        .with_limits(*limits)
+        .with_source(source.clone())
+        .with_layout(layout);
     let pb = bar(quiet, 0, "comparing");
     let progress = |done: u64, total: u64| {
         pb.set_length(total);
@@ -445,6 +461,19 @@ fn diff(
     let equal = report.is_equal();
     if !quiet && !report.aligned_by_id.is_empty() {
         w(format!("rows compared by id (another shard layout): {}", report.aligned_by_id.join(", ")))?;
+    }
+    // Each side's layout: its format's bookkeeping (not compared) and the prefix it nests the state under.
+    for (side, l) in [("a", &report.layout_a), ("b", &report.layout_b)] {
+        if quiet || l.is_empty() {
+            continue;
+        }
+        let format = l.format.map_or_else(String::new, |f| format!(" ({f})"));
+        if !l.keys.is_empty() {
+            w(format!("layout keys: {side}: {}{format}", l.keys.join(", ")))?;
+        }
+        if let Some(prefix) = &l.nested_under {
+            w(format!("state nested under: {side}: {prefix}{format}"))?;
+        }
     }
     if !quiet || !equal {
         let compared = format!(

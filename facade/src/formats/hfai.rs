@@ -6,9 +6,9 @@ use ckpt_collective::{Collective, host_ranks};
 use ckpt_tensor::PathItem;
 
 use crate::adaptor::read_all;
-use crate::adaptor::{Adaptor, Content, Leaf, Source, count};
+use crate::adaptor::{Adaptor, Content, Layout, Leaf, Source, count};
 use crate::agree::agree;
-use crate::checkpoint::Reader;
+use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Cause, Error, Result};
 use crate::format::Format;
 use crate::limits::ReadLimits;
@@ -99,6 +99,15 @@ impl Adaptor for Hfai {
         Ok(())
     }
 
+    /// hfai's header (`__nshards__`, `__version__`), and the `optimizer` it writes empty when it saved none,
+    /// are layout keys; a checkpoint of one model and nothing else holds a plain state dict, which hfai
+    /// nests under `model.` ([`layout_of`]).
+    fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
+        let path = ck.path();
+        let reader = ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?;
+        Ok(layout_of(&reader))
+    }
+
     /// hfai's key split and `torch.chunk` chunking for `world` parts ([`ckpt_hfai::reshard`]).
     fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
         let mut options = ckpt_hfai::ReshardOptions::default();
@@ -123,6 +132,30 @@ impl Adaptor for Hfai {
         agree(group, own.map(|_| ()))
     }
 }
+
+/// The layout of the hfai checkpoint `reader` reads ([`Adaptor::layout`]).
+fn layout_of(reader: &ckpt_hfai::HfaiReader) -> Layout {
+    let top = reader.value().as_dict();
+    let get = |k: &str| top.and_then(|d| d.get(k));
+    let mut keys: Vec<String> = HEADER.iter().filter(|k| get(k).is_some()).map(|k| (*k).to_owned()).collect();
+    let empty = |v: &ckpt_tensor::Value| {
+        v.as_sequence().is_some_and(<[ckpt_tensor::Value]>::is_empty) || v.as_dict().is_some_and(|d| d.items.is_empty())
+    };
+    if reader.optimizers().is_empty() && get(OPTIMIZER).is_some_and(empty) {
+        keys.push(OPTIMIZER.to_owned());
+    }
+    // One model and nothing else: a plain state dict, nested under `model`.
+    let one_model = matches!(get(MODEL), Some(ckpt_tensor::Value::Dict(_)));
+    let nested = one_model && reader.others().next().is_none() && reader.optimizers().is_empty();
+    Layout { keys, nested_under: nested.then(|| format!("{MODEL}.")), ..Layout::default() }
+}
+
+/// hfai's header keys, which its `save` writes whatever it saves.
+const HEADER: [&str; 2] = ["__nshards__", "__version__"];
+/// The key of hfai's model state dict(s).
+const MODEL: &str = "model";
+/// The key of hfai's optimizer state dict(s), an empty list when it saved none.
+const OPTIMIZER: &str = "optimizer";
 
 /// The content of `source` as an hfai target takes it: what it writes (counted, dropped named), the state
 /// laid out as hfai's `save` takes it, the write options for `options.world_size` parts.
@@ -162,5 +195,39 @@ impl HfaiArgs {
     pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
         let given = self.hfai_large_size.map(|_| "--hfai-large-size");
         (crate::options::TargetOptions::Hfai { large_size: self.hfai_large_size }, given)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use ckpt_tensor::{Tensor, Value};
+
+    fn saved(top: &Value, world: usize) -> (tempfile::TempDir, ckpt_hfai::HfaiReader) {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, _) = ckpt_hfai::SaveState::from_state_dict(top.as_dict().unwrap());
+        let path = dir.path().join("h");
+        ckpt_hfai::save(&state, &path, &ckpt_hfai::WriteOptions::default().with_world_size(world)).unwrap();
+        let reader = ckpt_hfai::HfaiReader::open(&path).unwrap();
+        (dir, reader)
+    }
+
+    #[test]
+    fn a_plain_state_dict_is_nested_under_model_beside_layout_keys() {
+        let w = Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap());
+        let (_dir, reader) = saved(&Value::dict([("w", w.clone())]), 3);
+        let layout = layout_of(&reader);
+        assert_eq!(layout.keys, ["__nshards__", "__version__", "optimizer"]);
+        assert_eq!(layout.nested_under.as_deref(), Some("model."));
+        assert_eq!(layout.names("model.w"), ["w", "model.w"]);
+        assert!(layout.is_key("__nshards__") && !layout.is_key("model.w"));
+        // A training checkpoint (a model and other state): no nesting, only the header.
+        let top = Value::dict([("model", Value::dict([("w", w)])), ("epoch", Value::Int(3))]);
+        let (_dir, reader) = saved(&top, 2);
+        let layout = layout_of(&reader);
+        assert_eq!(layout.keys, ["__nshards__", "__version__", "optimizer"]);
+        assert_eq!(layout.nested_under, None);
+        assert_eq!(layout.names("model.w"), ["model.w"]);
     }
 }

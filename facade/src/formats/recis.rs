@@ -7,9 +7,9 @@ use ckpt_collective::{Collective, host_ranks};
 use ckpt_tensor::{CheckpointRead, PathItem};
 
 use crate::adaptor::read_all;
-use crate::adaptor::{Adaptor, Content, Leaf, Source, count};
+use crate::adaptor::{Adaptor, Content, KeyedRows, Layout, Leaf, Source, count};
 use crate::agree::{agree, agree_with_root, hosted_outcome};
-use crate::checkpoint::Reader;
+use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Cause, Error, Result};
 use crate::format::Format;
 use crate::limits::ReadLimits;
@@ -145,6 +145,14 @@ impl Adaptor for Recis {
         Ok(())
     }
 
+    /// RecIS's entries under the names of the state dict it reads as ([`ckpt_recis::RecisReader::state_dict`]:
+    /// the serializer's tensors under `sparse.`, `model.pt`'s bare names under `model.`, `extra/k` as
+    /// `extra.k`, `io_state_<s>/k` as `io_state_<s>.k`); every hash table's `<table>@<slot>` rows keyed by
+    /// its `<table>@id`, their order that of the shard layout ([`layout_of`]).
+    fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
+        Ok(layout_of(&open(ck.path(), limits)?))
+    }
+
     /// The checkpoint directory (an output root's latest checkpoint).
     fn manifest_dir(&self, path: &Path) -> std::path::PathBuf {
         ckpt_recis::checkpoint_dir(path).unwrap_or_else(|_| path.to_path_buf())
@@ -171,6 +179,45 @@ impl Adaptor for Recis {
         agree(group, hosted_outcome(ran, is_other_rank, src).map(|_| ()))
     }
 }
+
+/// The layout of the RecIS checkpoint `reader` reads ([`Adaptor::layout`]).
+fn layout_of(reader: &ckpt_recis::RecisReader) -> Layout {
+    let mut layout = Layout::default();
+    let sparse = reader.sparse();
+    let names = sparse.tensor_names();
+    for name in &names {
+        layout.aliases.insert((*name).to_owned(), vec![format!("sparse.{name}")]);
+    }
+    let parts = [("model", "", reader.model()), ("extra", "extra/", reader.extra())];
+    let io_states =
+        reader.io_states().iter().map(|(s, v)| (format!("io_state_{s}"), format!("io_state_{s}/"), Some(v)));
+    let parts = parts.into_iter().map(|(k, p, v)| (k.to_owned(), p.to_owned(), v)).chain(io_states);
+    for (key, prefix, value) in parts {
+        // `model.pt`'s bare names are already the source's; `extra.pt` and the io states hold a source's
+        // other top-level items.
+        for l in value.and_then(|v| ckpt_tensor::leaves(v).ok()).unwrap_or_default() {
+            let mut aliases = vec![format!("{key}.{}", l.key)];
+            if !prefix.is_empty() {
+                aliases.push(l.key.clone());
+            }
+            layout.aliases.insert(format!("{prefix}{}", l.key), aliases);
+        }
+    }
+    // A hash table's ids and the rows of each of its slots (`<table>@<slot>`), in the order of its shards.
+    for table in sparse.children() {
+        let ids = format!("{table}{ID_SUFFIX}");
+        if !names.contains(&ids.as_str()) {
+            continue;
+        }
+        let head = format!("{table}@");
+        let rows = names.iter().filter(|n| n.starts_with(&head) && **n != ids).map(|n| (*n).to_owned()).collect();
+        layout.keyed.push(KeyedRows { table: table.clone(), ids, rows });
+    }
+    layout
+}
+
+/// The slot of a hash table's ids: the entry `<table>@id`.
+const ID_SUFFIX: &str = "@id";
 
 /// Whether a conversion into RecIS copies a RecIS source by its own files (resharding them) instead of
 /// reading its content.
@@ -297,5 +344,36 @@ impl RecisArgs {
         let given = self.parallel.map(|_| "--parallel").or(self.slice_size.map(|_| "--slice-size"));
         let parallel = self.parallel.map(|p| p as usize);
         (crate::options::TargetOptions::Recis { parallel, slice_size: self.slice_size }, given)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use ckpt_tensor::{Tensor, Value};
+
+    #[test]
+    fn hash_tables_are_keyed_rows_and_entries_have_their_state_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = Tensor::from_slice(&[3i64, 70_000, -5], &[3]).unwrap();
+        let emb = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]).unwrap();
+        let w = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let sd = Value::dict([
+            ("tbl@id", Value::Tensor(ids)),
+            ("tbl@embedding", Value::Tensor(emb)),
+            ("model", Value::dict([("w", Value::Tensor(w))])),
+            ("step", Value::Int(4)),
+        ]);
+        ckpt_recis::save(&sd, dir.path(), &ckpt_recis::WriteOptions::default().with_world_size(2)).unwrap();
+        let layout = layout_of(&ckpt_recis::RecisReader::open(dir.path()).unwrap());
+        assert_eq!(
+            layout.keyed,
+            [KeyedRows { table: "tbl".into(), ids: "tbl@id".into(), rows: vec!["tbl@embedding".into()] }]
+        );
+        assert!(layout.keys.is_empty() && layout.nested_under.is_none());
+        assert_eq!(layout.names("tbl@id"), ["sparse.tbl@id", "tbl@id"]);
+        assert_eq!(layout.names("w"), ["model.w", "w"]);
+        assert_eq!(layout.names("extra/step"), ["extra.step", "step", "extra/step"]);
     }
 }
