@@ -89,6 +89,15 @@ pub enum HeaderError {
         /// The dtype code as written.
         dtype: String,
     },
+    /// An entry's dtype is one safetensors defines but torch has no equivalent for (`F4`, `F6_E2M3`,
+    /// `F6_E3M2`).
+    #[error("tensor {name:?} has dtype {dtype:?}, which torch has no equivalent for")]
+    UnsupportedDtype {
+        /// The tensor's name.
+        name: String,
+        /// The dtype code as written.
+        dtype: String,
+    },
     /// An entry's `data_offsets` do not match its dtype and shape, overlap another entry, leave a gap, or
     /// run past the data region.
     #[error("tensor {name:?}: {reason}")]
@@ -105,6 +114,7 @@ impl HeaderError {
     pub fn fault(&self) -> Fault {
         match self {
             HeaderError::TooLarge { .. } => Fault::Limit,
+            HeaderError::UnsupportedDtype { .. } => Fault::Unsupported,
             HeaderError::FileTooShort { .. }
             | HeaderError::PastEnd { .. }
             | HeaderError::Json(_)
@@ -249,8 +259,13 @@ fn entry(name: &str, value: &Json) -> Result<HeaderEntry, HeaderError> {
     let bad = |reason: &str| HeaderError::BadEntry { name: name.into(), reason: reason.into() };
     let obj = value.as_object().ok_or_else(|| bad("is not a JSON object"))?;
     let code = obj.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("has no string `dtype`"))?;
-    let dtype = DType::from_safetensors_code(code)
-        .ok_or_else(|| HeaderError::UnknownDtype { name: name.into(), dtype: code.into() })?;
+    let dtype = DType::from_safetensors_code(code).ok_or_else(|| {
+        if ["F4", "F6_E2M3", "F6_E3M2"].contains(&code) {
+            HeaderError::UnsupportedDtype { name: name.into(), dtype: code.into() }
+        } else {
+            HeaderError::UnknownDtype { name: name.into(), dtype: code.into() }
+        }
+    })?;
     let uint = |v: &Json| v.as_u64().and_then(|n| usize::try_from(n).ok());
     let shape = obj
         .get("shape")

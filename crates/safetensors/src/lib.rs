@@ -82,30 +82,29 @@ impl SafetensorsReader {
     }
 }
 
-/// Parses a safetensors file held in `buffer`. The whole header is validated (by the `safetensors`
-/// crate: header size cap, offsets contiguous and in bounds, sizes matching shapes) before any tensor is
-/// handed out; tensors are windows of `buffer`.
+/// Parses a safetensors file held in `buffer`. The whole header is validated by [`header::parse`] (the
+/// `safetensors` crate's header size cap, one error per rule: offsets tiling the data region, sizes
+/// matching shapes, known dtypes) before any tensor is handed out; tensors are windows of `buffer`, in the
+/// order of their data.
 ///
 /// # Errors
-/// [`Error::Format`] holding the `SafeTensorError` for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
+/// [`Error::Format`] holding the [`header::HeaderError`] for an invalid file (its fault: the file's, the
+/// limit's for a header over [`header::MAX_LEN`], unsupported for dtypes torch lacks, F4 and F6).
 pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
-    let bytes = buffer.as_bytes();
-    let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(codec)?;
-    let data_start =
-        header_len.checked_add(8).ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
-    let infos = meta.tensors();
-    let mut tensors = Vec::with_capacity(infos.len());
-    for name in meta.offset_keys() {
-        let Some(info) = infos.get(&name) else { continue };
-        let (begin, end) = info.data_offsets;
-        let start = data_start
-            .checked_add(begin)
-            .ok_or_else(|| Error::Malformed(format!("safetensors offset of {name} overflows")))?;
-        let window = buffer.slice_len(start, end.saturating_sub(begin))?;
-        let dtype = torch_dtype(info.dtype)?;
-        tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
+    let header = header::parse(buffer.as_bytes(), header::MAX_LEN)
+        .map_err(|e| Error::Format { fault: e.fault(), source: Box::new(e) })?;
+    let data_start = header.data_start();
+    let mut entries = header.entries;
+    entries.sort_by(|a, b| (a.data_offsets, &a.name).cmp(&(b.data_offsets, &b.name)));
+    let mut tensors = Vec::with_capacity(entries.len());
+    for e in entries {
+        let (begin, end) = e.data_offsets;
+        // The header is validated: the entries tile the data region, inside the buffer.
+        let window = buffer.slice_len(data_start + begin, end - begin)?;
+        let t = Tensor::from_buffer(e.dtype, &e.shape, window)?;
+        tensors.push((e.name, t));
     }
-    let metadata = meta.metadata().clone();
+    let metadata = header.metadata.map(|m| m.into_iter().collect::<HashMap<String, String>>());
     let records = Records::read(metadata.as_ref(), &tensors);
     Ok(SafetensorsReader { tensors, metadata, records })
 }
@@ -517,9 +516,10 @@ mod tests {
     fn rejects_bad_header() {
         let mut bytes = to_bytes(&[("a".into(), Tensor::zeros(DType::F32, &[2]).unwrap())], None).unwrap();
         bytes.truncate(bytes.len() - 1);
-        assert!(
-            matches!(read(&Buffer::from_vec(bytes)), Err(e) if e.format_error::<safetensors::SafeTensorError>().is_some())
-        );
+        assert!(matches!(
+            read(&Buffer::from_vec(bytes)),
+            Err(e) if matches!(e.format_error::<header::HeaderError>(), Some(header::HeaderError::BadOffsets { .. }))
+        ));
         assert!(read(&Buffer::from_vec(vec![255; 8])).is_err());
     }
 }
