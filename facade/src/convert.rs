@@ -134,12 +134,13 @@ use crate::source::SourceOptions;
 /// [`Error::UnsupportedConversion`] when the target cannot hold the source's data (see the table above),
 /// [`Error::FeatureDisabled`] when this build lacks a format, or the formats' own errors.
 pub fn convert(
-    src: &Path,
+    src: impl AsRef<Path>,
     from: Option<Format>,
-    dst: &Path,
+    dst: impl AsRef<Path>,
     to: Format,
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let (source, target) = plan(src, from, dst, to, options)?;
     target.write(&Source::new(src, source, &options.selection, &options.limits, &options.source), dst, options)
 }
@@ -161,7 +162,8 @@ pub fn convert(
 ///
 /// # Errors
 /// As [`convert`]: [`Error::UnsupportedConversion`] when `to` cannot hold the state dict, the writers' own.
-pub fn save(state_dict: &Value, dst: &Path, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
+pub fn save(state_dict: &Value, dst: impl AsRef<Path>, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
+    let dst = dst.as_ref();
     let (_, target) = plan(dst, Some(Format::Torch), dst, to, options)?;
     target.write(
         &Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source),

@@ -206,7 +206,7 @@ impl DiffReport {
 /// # Errors
 /// When either checkpoint cannot be opened; entries that fail to read are listed in
 /// [`DiffReport::unreadable`].
-pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport> {
+pub fn diff(a: impl AsRef<Path>, b: impl AsRef<Path>, options: &DiffOptions) -> Result<DiffReport> {
     diff_with_progress(a, b, options, &|_, _| {})
 }
 
@@ -214,7 +214,13 @@ pub fn diff(a: &Path, b: &Path, options: &DiffOptions) -> Result<DiffReport> {
 ///
 /// # Errors
 /// As [`diff`].
-pub fn diff_with_progress(a: &Path, b: &Path, options: &DiffOptions, progress: Progress<'_>) -> Result<DiffReport> {
+pub fn diff_with_progress(
+    a: impl AsRef<Path>,
+    b: impl AsRef<Path>,
+    options: &DiffOptions,
+    progress: Progress<'_>,
+) -> Result<DiffReport> {
+    let (a, b) = (a.as_ref(), b.as_ref());
     let ca = crate::open::open_source(a, None, &options.limits, &options.source)?;
     let cb = crate::open::open_source(b, None, &options.limits, &options.source)?;
     diff_checkpoints(&ca, &cb, options, progress)

@@ -50,20 +50,24 @@
 //! the layers `src/lib.rs` lists (`tests/layers.rs` checks it).
 //!
 //! # One grammar across the format crates
-//! The same names mean the same thing in every format crate:
+//! The same names mean the same thing in every format crate (paths are `impl AsRef<Path>` throughout):
 //!
 //! | what | name | torch | distcp | hfai | pbg | recis | deepspeed | safetensors, hf |
 //! |---|---|---|---|---|---|---|---|---|
-//! | open a checkpoint | `<F>Reader::open(impl AsRef<Path>)`, `open_with(path, &ReadOptions)` | yes | yes | yes | yes | yes | yes | `open` |
-//! | write one | `save(state, dst, &WriteOptions)` | yes | yes | yes (`SaveState`) | yes (entries) | yes | reads only | `write_file`; `hf::save_entries` |
-//! | one rank's part of a save | `save_rank(.., group: &dyn Collective)` | one file | yes | yes | yes | yes | — | `hf::save_entries_in` |
-//! | another rank count | `reshard(src, dst, world_size, &ReshardOptions)`, `reshard_rank` | — | `reshard` | yes | — | yes | — | — |
-//! | check one | `verify(path) -> VerifyReport` | yes | yes | yes | `PbgReader` | yes | — | facade |
+//! | open a checkpoint | `<F>Reader::open(path)`, `open_with(path, &ReadOptions)` | yes | yes | yes | yes | yes | yes | `SafetensorsReader::open`, `hf::HfReader::open` |
+//! | write one | `save(state, dst, &WriteOptions) -> SaveReport` | yes | yes | yes (`SaveState`) | yes (entries by name) | yes | reads only | `metadata::save`, `hf::save` |
+//! | one rank's part of a save | `save_rank(state, dst, &WriteOptions, group: &dyn Collective) -> SaveReport` | one file | yes (+ shard specs) | yes | yes | yes | — | `hf::save_rank` |
+//! | another rank count | `reshard(src, dst, world_size, &ReshardOptions) -> ReshardReport`, `reshard_rank(src, dst, &ReshardOptions, group)` | — | `reshard` | yes | — | yes | — | — |
+//! | check one | `verify(path) -> VerifyReport`, `verify_with(path, &ReadOptions)` where reading has options | yes | yes (`verify_with`) | yes | `FileCheckpointStorage::verify` | yes | — | facade |
+//! | how durably | `WriteOptions::durability: Durability { sync, checksums, direct_io }` ([`io::Durability`]) | yes | yes | yes | yes | yes | — | yes |
 //! | rank counts | `world_size` | — | yes | yes | — | yes | (`world`, read) | — |
+//! | `_with` | the same operation with its options struct (`open_with(path, &ReadOptions)`, `verify_with(path, &VerifyOptions)`); `_with_progress` adds a progress callback; `_rank` is one rank of a [`collective::Collective`]; `_in` spreads ranks over its processes | | | | | | | |
 //!
-//! Still to converge (issue 27): each crate's `WriteOptions` names its
-//! durability knobs its own way (`sync`, `sync_files`, `checksums`) rather than one `Durability`; `save`
-//! returns `()`, `Metadata` or a `SaveReport` of its crate's own shape, and the `VerifyReport`s differ.
+//! The reports have one shape each, in [`tensor`]: [`tensor::SaveReport`] (files, tensors, bytes, values,
+//! dropped), [`VerifyReport`] with structured [`Problem`]s (a [`ProblemKind`] per rule, the file and entry,
+//! the format's message; [`Severity`] from the kind), and [`tensor::ReshardReport`]. The facade's
+//! [`verify`] returns the same [`VerifyReport`]; its [`ConvertOptions::durability`] reaches every target's
+//! writer.
 //!
 //! # Many processes
 //! [`convert_in`] and [`reshard_in`] split a conversion or reshard over the processes of a

@@ -29,12 +29,12 @@ const MAX_BYTES: usize = 64;
 /// assert_eq!(text, "{\n  'cfg': &0 {\n    'parent': *0 (-> hparams.cfg),\n  },\n}");
 /// ```
 pub fn format_value(v: &Value, name: &str) -> String {
-    format_value_with(v, name, &HashMap::new())
+    format_value_naming(v, name, &HashMap::new())
 }
 
 /// [`format_value`], with the paths of shared objects defined outside `v` ([`shared_paths`] of the whole
 /// checkpoint): a reference from an entry to an object that encloses it is printed with that object's path.
-pub fn format_value_with(v: &Value, name: &str, outside: &HashMap<u32, String>) -> String {
+pub fn format_value_naming(v: &Value, name: &str, outside: &HashMap<u32, String>) -> String {
     let mut paths = outside.clone();
     definitions(v, &mut name.to_owned(), &mut paths, 0);
     let mut out = String::new();

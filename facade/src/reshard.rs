@@ -43,7 +43,7 @@ pub fn reshard_formats() -> &'static [Format] {
 /// # Errors
 /// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
 /// non-empty `dst`; the format's own errors.
-pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSummary> {
+pub fn reshard(src: impl AsRef<Path>, dst: impl AsRef<Path>, world_size: usize) -> Result<ReshardSummary> {
     reshard_with(src, dst, world_size, &ReadLimits::default())
 }
 
@@ -51,7 +51,13 @@ pub fn reshard(src: &Path, dst: &Path, world_size: usize) -> Result<ReshardSumma
 ///
 /// # Errors
 /// As [`reshard`].
-pub fn reshard_with(src: &Path, dst: &Path, world_size: usize, limits: &ReadLimits) -> Result<ReshardSummary> {
+pub fn reshard_with(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    world_size: usize,
+    limits: &ReadLimits,
+) -> Result<ReshardSummary> {
+    let (src, dst) = (src.as_ref(), dst.as_ref());
     let (format, adaptor) = check(src, dst, world_size)?;
     let (tensors, bytes) = count(adaptor, src, limits)?;
     adaptor.reshard(src, dst, world_size, limits)?;

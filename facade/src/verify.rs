@@ -69,7 +69,7 @@ impl VerifyOptions {
 /// ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
 /// let report = ckpt::verify(&path).unwrap();
 /// assert!(report.is_ok(), "{:?}", report.problems);
-/// let quick = ckpt::verify_with(&path, &ckpt::VerifyOptions::structure(), &|_, _| {}).unwrap();
+/// let quick = ckpt::verify_with(&path, &ckpt::VerifyOptions::structure()).unwrap();
 /// assert!(quick.is_ok());
 /// ```
 ///
@@ -78,23 +78,28 @@ impl VerifyOptions {
 /// once it is open are listed in [`VerifyReport::problems`]. A save of `path` that never committed (a
 /// killed rank) is reported as a [`ProblemKind::Unfinished`] warning, naming the ranks whose files are missing
 /// ([`ckpt_io::unfinished`]); when there is no checkpoint at `path` at all, it is the error.
-pub fn verify(path: &Path) -> Result<VerifyReport> {
-    verify_with(path, &VerifyOptions::default(), &|_, _| {})
+pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
+    verify_with(path, &VerifyOptions::default())
 }
 
-/// [`verify`] (deep), reporting progress over the entries read.
+/// [`verify`] to the depth of `options`, under its limits.
 ///
 /// # Errors
 /// As [`verify`].
-pub fn verify_with_progress(path: &Path, progress: Progress<'_>) -> Result<VerifyReport> {
-    verify_with(path, &VerifyOptions::default(), progress)
+pub fn verify_with(path: impl AsRef<Path>, options: &VerifyOptions) -> Result<VerifyReport> {
+    verify_with_progress(path, options, &|_, _| {})
 }
 
-/// [`verify`] to the depth of `options`, reporting progress over the entries checked.
+/// [`verify_with`], reporting progress over the entries checked.
 ///
 /// # Errors
 /// As [`verify`].
-pub fn verify_with(path: &Path, options: &VerifyOptions, progress: Progress<'_>) -> Result<VerifyReport> {
+pub fn verify_with_progress(
+    path: impl AsRef<Path>,
+    options: &VerifyOptions,
+    progress: Progress<'_>,
+) -> Result<VerifyReport> {
+    let path = path.as_ref();
     if !path.exists() {
         if let Some(u) = ckpt_io::unfinished(path) {
             // A first save that never committed: nothing to verify but what it left.

@@ -728,7 +728,7 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         assert_eq!(code, 0, "{format}: {out}{err}");
         let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
         assert_eq!(code, 0, "{format}: {out}{err}");
-        assert!(ckpt::verify_with(&dst, &structure, &|_, _| {}).unwrap().is_ok(), "{format}");
+        assert!(ckpt::verify_with(&dst, &structure).unwrap().is_ok(), "{format}");
         // The largest file holds the big tensor; flip one bit in the middle of it.
         let file = if dst.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
@@ -744,7 +744,7 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
         // Plain verify stays structural: it reads no tensor data, so the flip inside it passes.
         let (code, out, err) = run(&[&"verify", &dst]);
         assert_eq!(code, 0, "{format}: plain verify read tensor data: {out}{err}");
-        assert!(ckpt::verify_with(&dst, &structure, &|_, _| {}).unwrap().is_ok(), "{format}");
+        assert!(ckpt::verify_with(&dst, &structure).unwrap().is_ok(), "{format}");
         let (code, out, err) = run(&[&"verify", &"--deep", &dst]);
         assert_eq!(code, 1, "{format}: {out}{err}");
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -759,7 +759,7 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
                     .any(|p| p.to_string().contains(&name) && p.kind == ckpt::ProblemKind::ChecksumMismatch),
             "{format}: {report:?}"
         );
-        let deep = ckpt::verify_with(&dst, &ckpt::VerifyOptions::deep(), &|_, _| {}).unwrap();
+        let deep = ckpt::verify_with(&dst, &ckpt::VerifyOptions::deep()).unwrap();
         assert_eq!(deep.problems, report.problems, "{format}");
         if matches!(format, "safetensors" | "hf") {
             // The problem names the tensor whose checksum failed.

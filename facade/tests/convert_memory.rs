@@ -295,7 +295,7 @@ fn pbg_is_refused_where_nothing_can_hold_it() {
     let pt = dir.path().join("m.pt");
     let sd = Value::dict([("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap()))]);
     ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
-    let e = ckpt::convert(&pt, None, &dir.path().join("pbg"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
+    let e = ckpt::convert(&pt, None, dir.path().join("pbg"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
     assert!(matches!(e, ckpt::Error::UnsupportedConversion { .. }), "{e}");
 }
 

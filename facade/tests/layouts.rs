@@ -60,7 +60,7 @@ fn pbg_repartitioned_by_a_new_config() {
         let config = config_with(tmp.path(), users, items);
         let dst = tmp.path().join(format!("pbg_{users}_{items}"));
         let options = ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) });
-        let s = convert(&pbg_fixture(), None, &dst, Format::Pbg, &options).unwrap();
+        let s = convert(pbg_fixture(), None, &dst, Format::Pbg, &options).unwrap();
         assert!(s.dropped.is_empty(), "{:?}", s.dropped);
         let out = ckpt::pbg::PbgReader::open(&dst).unwrap();
         assert_eq!(out.version(), src.version(), "the version is kept, so PBG resumes at the same iteration");
@@ -151,8 +151,8 @@ fn pbg_converted_through_safetensors_resumes_training() {
     let work = tmp.path().join("work");
     copy_dir(&fixtures("pbg").join("data"), &work.join("data"));
     let st = tmp.path().join("v4.safetensors");
-    convert(&pbg_fixture(), None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
-    convert(&st, None, &work.join("ckpt"), Format::Pbg, &ConvertOptions::default()).unwrap();
+    convert(pbg_fixture(), None, &st, Format::Safetensors, &ConvertOptions::default()).unwrap();
+    convert(&st, None, work.join("ckpt"), Format::Pbg, &ConvertOptions::default()).unwrap();
     let out = run_python("pbg/check_resume.py", &[&work, Path::new("4")]);
     assert!(out.contains("resumed from converted version 4"), "{out}");
 }
@@ -166,9 +166,9 @@ fn pbg_layout_mismatches_are_refused() {
     let config = tmp.path().join("dim8.json");
     std::fs::write(&config, json.to_string()).unwrap();
     let e = convert(
-        &pbg_fixture(),
+        pbg_fixture(),
         None,
-        &tmp.path().join("a"),
+        tmp.path().join("a"),
         Format::Pbg,
         &ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) }),
     )
@@ -180,9 +180,9 @@ fn pbg_layout_mismatches_are_refused() {
         serde_json::json!([{"name": "follows", "lhs": "user_id", "rhs": "user_id", "operator": "linear"}]);
     std::fs::write(&config, json.to_string()).unwrap();
     let e = convert(
-        &pbg_fixture(),
+        pbg_fixture(),
         None,
-        &tmp.path().join("b"),
+        tmp.path().join("b"),
         Format::Pbg,
         &ConvertOptions::default().with_target(ckpt::TargetOptions::Pbg { config: Some(config.clone()) }),
     )
@@ -312,14 +312,14 @@ fn target_options_belong_to_the_target_format() {
     )]);
     // hfai's options for a distcp target are refused before anything is written.
     let hfai = ConvertOptions::default().with_target(ckpt::TargetOptions::Hfai { large_size: Some(16) });
-    let err = ckpt::save(&sd, &dir.path().join("dcp"), Format::Distcp, &hfai).unwrap_err();
+    let err = ckpt::save(&sd, dir.path().join("dcp"), Format::Distcp, &hfai).unwrap_err();
     assert!(matches!(err, ckpt::Error::InvalidArgument { .. }), "{err}");
     assert!(err.to_string().contains("hfai target"), "{err}");
     assert!(!dir.path().join("dcp").exists());
     // The target's own variant, and the defaults, are taken.
     let st = ConvertOptions::default().with_target(ckpt::TargetOptions::Distcp { profile: ckpt::DcpProfile::Torch213 });
-    ckpt::save(&sd, &dir.path().join("dcp"), Format::Distcp, &st).unwrap();
-    ckpt::save(&sd, &dir.path().join("m.pt"), Format::Torch, &ConvertOptions::default()).unwrap();
+    ckpt::save(&sd, dir.path().join("dcp"), Format::Distcp, &st).unwrap();
+    ckpt::save(&sd, dir.path().join("m.pt"), Format::Torch, &ConvertOptions::default()).unwrap();
     assert_eq!(ckpt::TargetOptions::Recis { parallel: None, slice_size: None }.format(), Some(Format::Recis));
     assert_eq!(ckpt::TargetOptions::Pbg { config: None }.format(), Some(Format::Pbg));
 }

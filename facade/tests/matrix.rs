@@ -305,7 +305,7 @@ fn unsupported_conversions_say_why() {
     let src = fixtures("torch").join("checkpoint.pt");
     let tmp = tempfile::tempdir().unwrap();
     // A torch checkpoint without entity partitions: refused for what it holds.
-    match convert(&src, None, &tmp.path().join("x"), Format::Pbg, &ConvertOptions::default()) {
+    match convert(&src, None, tmp.path().join("x"), Format::Pbg, &ConvertOptions::default()) {
         Err(Error::UnsupportedConversion { from, to, reason }) => {
             assert_eq!((from, to), (Format::Torch, Format::Pbg));
             assert!(reason.contains("this torch checkpoint has no `embeddings/"), "{reason}");
@@ -315,9 +315,9 @@ fn unsupported_conversions_say_why() {
     // RecIS to PBG: refused whatever the checkpoint holds.
     assert!(ckpt::unsupported_reason(Format::Recis, Format::Pbg).is_some());
     let recis = fixtures("recis").join("golden").join("two_shard_adamw");
-    let e = convert(&recis, None, &tmp.path().join("p"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
+    let e = convert(&recis, None, tmp.path().join("p"), Format::Pbg, &ConvertOptions::default()).unwrap_err();
     assert!(matches!(e, Error::UnsupportedConversion { from: Format::Recis, .. }), "{e}");
-    let e = convert(&src, None, &tmp.path().join("d"), Format::Distcp, &ConvertOptions::default().with_world_size(0))
+    let e = convert(&src, None, tmp.path().join("d"), Format::Distcp, &ConvertOptions::default().with_world_size(0))
         .unwrap_err();
     assert!(e.to_string().contains("world size 0"), "{e}");
     // A top level that is not a mapping cannot be a DCP or hfai state dict.
@@ -326,7 +326,7 @@ fn unsupported_conversions_say_why() {
     ckpt::torch::save(&ckpt::Value::List(vec![ckpt::Value::Tensor(t)]), &list, &ckpt::torch::WriteOptions::default())
         .unwrap();
     for to in [Format::Distcp, Format::Hfai, Format::Recis] {
-        let e = convert(&list, None, &tmp.path().join(format!("l.{to}")), to, &ConvertOptions::default()).unwrap_err();
+        let e = convert(&list, None, tmp.path().join(format!("l.{to}")), to, &ConvertOptions::default()).unwrap_err();
         assert!(e.to_string().contains("top level is a list"), "{to}: {e}");
     }
     assert!(nothing_written(tmp.path(), &["list.pt"]));
@@ -355,7 +355,7 @@ fn dropped_entries_are_reported() {
     assert!(s.dropped.is_empty()); // complex128: stored as float64 [2, 2], its dtype recorded
     assert_eq!(ckpt::open(&st).unwrap().tensor("c").unwrap().dtype(), DType::C128);
     // torch and distcp hold everything.
-    let s = convert(&pt, None, &tmp.path().join("m.distcp"), Format::Distcp, &ConvertOptions::default()).unwrap();
+    let s = convert(&pt, None, tmp.path().join("m.distcp"), Format::Distcp, &ConvertOptions::default()).unwrap();
     assert_eq!((s.tensors, s.values, s.dropped.len()), (2, 1, 0));
     // Back from safetensors: the nesting is restored from `ckpt.paths`.
     let back = tmp.path().join("back.pt");
@@ -453,7 +453,7 @@ fn selection_applies_to_every_target() {
     assert_eq!((s.tensors, s.values), (0, all.iter().filter(|e| e.name.starts_with("config.")).count()));
     let bad = Selection::default().with_dtype(DType::I32);
     assert!(matches!(
-        convert(&src, None, &tmp.path().join("z.pt"), Format::Torch, &ConvertOptions::default().with_selection(bad)),
+        convert(&src, None, tmp.path().join("z.pt"), Format::Torch, &ConvertOptions::default().with_selection(bad)),
         Err(Error::InvalidArgument { .. })
     ));
     // A name collision after stripping: `a.w` and `b.a.w` stripped of `b.`.
@@ -466,7 +466,7 @@ fn selection_applies_to_every_target() {
     ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
     let strip = Selection::default().with_strip_prefix("b.");
     let e =
-        convert(&pt, None, &tmp.path().join("c2.pt"), Format::Torch, &ConvertOptions::default().with_selection(strip))
+        convert(&pt, None, tmp.path().join("c2.pt"), Format::Torch, &ConvertOptions::default().with_selection(strip))
             .unwrap_err();
     assert!(e.to_string().contains("two entries would be named \"w\""), "{e}");
 }

@@ -184,7 +184,7 @@ fn safetensors_header_limit_is_enforced() {
         assert!(is_header_limit(&e), "{format}: {e:?}");
         assert_eq!(e.fault(), ckpt::Fault::Limit);
         assert!(e.to_string().contains("safetensors header") && e.to_string().contains("max_header_bytes"), "{e}");
-        let e = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight), &|_, _| {}).unwrap_err();
+        let e = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight)).unwrap_err();
         assert!(is_header_limit(&e), "{format}: {e:?}");
         let out = dir.path().join(format!("back_{format}.pt"));
         let options = ckpt::ConvertOptions::default().with_limits(tight);
@@ -217,11 +217,11 @@ fn recis_data_header_limit_is_enforced() {
         "{e:?}"
     );
     assert_eq!(e.fault(), ckpt::Fault::Limit);
-    let e = ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &tight).unwrap_err();
+    let e = ckpt::reshard_with(&path, dir.path().join("resharded"), 3, &tight).unwrap_err();
     assert!(matches!(cause::<ckpt::recis::Error>(&e), Some(ckpt::recis::Error::HeaderTooLarge { .. })), "{e:?}");
     let raised = ckpt::ReadLimits::default().with_max_data_header_bytes(1 << 20);
     assert!(!ckpt::open_with(&path, &raised).unwrap().entries().is_empty());
-    ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &raised).unwrap();
+    ckpt::reshard_with(&path, dir.path().join("resharded"), 3, &raised).unwrap();
 }
 
 /// `ReadLimits::max_metadata_bytes`: a DCP `.metadata` larger than the bound is distcp's `MetadataTooLarge`
@@ -239,15 +239,15 @@ fn dcp_metadata_limit_is_enforced() {
     assert!(too_large(&e), "{e:?}");
     assert_eq!(e.fault(), ckpt::Fault::Limit);
     for options in [ckpt::VerifyOptions::structure(), ckpt::VerifyOptions::deep()] {
-        let e = ckpt::verify_with(&path, &options.with_limits(tight), &|_, _| {}).unwrap_err();
+        let e = ckpt::verify_with(&path, &options.with_limits(tight)).unwrap_err();
         assert!(too_large(&e), "{e:?}");
     }
-    let e = ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &tight).unwrap_err();
+    let e = ckpt::reshard_with(&path, dir.path().join("resharded"), 3, &tight).unwrap_err();
     assert!(too_large(&e), "{e:?}");
     let raised = ckpt::ReadLimits::default().with_max_metadata_bytes(1 << 24);
     assert_eq!(ckpt::open_with(&path, &raised).unwrap().entries().len(), 40 + 1);
-    assert!(ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(raised), &|_, _| {}).unwrap().is_ok());
-    ckpt::reshard_with(&path, &dir.path().join("resharded"), 3, &raised).unwrap();
+    assert!(ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(raised)).unwrap().is_ok());
+    ckpt::reshard_with(&path, dir.path().join("resharded"), 3, &raised).unwrap();
 }
 
 /// `ReadLimits::max_inflated_bytes`: a zstd-compressed DCP item that inflates past the bound is distcp's
@@ -269,7 +269,7 @@ fn dcp_inflated_item_limit_is_enforced() {
         "{e:?}"
     );
     assert_eq!(e.fault(), ckpt::Fault::Limit);
-    let report = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight), &|_, _| {}).unwrap();
+    let report = ckpt::verify_with(&path, &ckpt::VerifyOptions::deep().with_limits(tight)).unwrap();
     assert!(report.problems.iter().any(|p| p.message.contains("decompresses to more than 65536 bytes")), "{report:?}");
     let raised = ckpt::ReadLimits::default().with_max_inflated_bytes(2 << 20);
     assert_eq!(ckpt::open_with(&path, &raised).unwrap().value("blob").unwrap(), Value::Bytes(vec![7; 1 << 20]));

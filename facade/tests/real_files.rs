@@ -95,7 +95,7 @@ fn every_tensor_is_listed_under_its_natural_name() {
 #[test]
 fn every_fixture_verifies_deep() {
     for file in FILES {
-        let report = ckpt::verify(&real(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let report = ckpt::verify(real(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(report.is_ok(), "{file}: {:?}", report.problems);
     }
 }

@@ -318,7 +318,7 @@ pub(crate) fn verify(
     let pb = bar(progress, &format!("verifying {}", path.display()));
     let report = py
         .detach(|| {
-            ckpt::verify_with(&path, &options, &|done, total| {
+            ckpt::verify_with_progress(&path, &options, &|done, total| {
                 pb.set_length(total);
                 pb.set_position(done);
             })

@@ -55,7 +55,7 @@ impl ReshardOptions {
 /// re-partitioned over the new parts, large tensors re-chunked with `torch.chunk`, `others` in part 0.
 /// Nothing is materialised that does not need it: small entries are written straight from the source's
 /// memory maps, and a new chunk that lies inside one stored chunk is a window of it; only new chunks
-/// spanning stored chunks are copied (see [`ReshardSummary::copied_bytes`]).
+/// spanning stored chunks are copied (see [`ReshardReport::copied_bytes`](ckpt_tensor::ReshardReport::copied_bytes)).
 ///
 /// # Errors
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)

@@ -18,6 +18,7 @@ use ckpt_tensor::{Buffer, DType, Tensor};
 
 use crate::dtype;
 use crate::error::{Error, Result};
+use crate::options::ReadOptions;
 
 /// The largest header accepted by default (as the safetensors library: 100 MB); [`DataFile::open_with`]
 /// takes another.
@@ -61,20 +62,20 @@ impl DataFile {
     /// [`Error::UnknownDtype`], [`Error::BadOffsets`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        Self::open_with(path, MAX_HEADER_LEN)
+        Self::open_with(path, &ReadOptions::default())
     }
 
-    /// [`DataFile::open`], accepting a header of at most `max_header_len` bytes.
+    /// [`DataFile::open`], accepting a header of at most `options.max_header_len` bytes.
     ///
     /// # Errors
     /// As [`DataFile::open`].
-    pub fn open_with(path: impl AsRef<Path>, max_header_len: u64) -> Result<Self> {
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
         let buffer = Buffer::map_file(path).map_err(|e| match e {
             ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
-        Self::from_buffer_with(buffer, path, max_header_len)
+        Self::from_buffer_with(buffer, path, options)
     }
 
     /// Validates a data file held in `buffer`; `path` names it in errors.
@@ -82,16 +83,16 @@ impl DataFile {
     /// # Errors
     /// As [`DataFile::open`].
     pub fn from_buffer(buffer: Buffer, path: &Path) -> Result<Self> {
-        Self::from_buffer_with(buffer, path, MAX_HEADER_LEN)
+        Self::from_buffer_with(buffer, path, &ReadOptions::default())
     }
 
-    /// [`DataFile::from_buffer`], accepting a header of at most `max_header_len` bytes.
+    /// [`DataFile::from_buffer`], accepting a header of at most `options.max_header_len` bytes.
     ///
     /// # Errors
     /// As [`DataFile::open`].
-    pub fn from_buffer_with(buffer: Buffer, path: &Path, max_header_len: u64) -> Result<Self> {
+    pub fn from_buffer_with(buffer: Buffer, path: &Path, options: &ReadOptions) -> Result<Self> {
         use ckpt_safetensors::header::{self, HeaderError};
-        let parsed = header::parse(buffer.as_bytes(), max_header_len).map_err(|e| {
+        let parsed = header::parse(buffer.as_bytes(), options.max_header_len).map_err(|e| {
             let path = path.to_path_buf();
             match e {
                 HeaderError::FileTooShort { len } => Error::FileTooShort { path, len },
@@ -307,19 +308,20 @@ mod tests {
         let p = dir.path().join("model-000000-of-000001.safetensors");
         write(&p, &[("a/part_0_1".to_string(), Tensor::from_slice(&[1.0f32], &[1]).unwrap())]).unwrap();
         let header_len = u64::from_le_bytes(std::fs::read(&p).unwrap()[..8].try_into().unwrap());
-        let e = DataFile::open_with(&p, header_len - 1).unwrap_err();
+        let limit = |n: u64| ReadOptions::default().with_max_header_len(n);
+        let e = DataFile::open_with(&p, &limit(header_len - 1)).unwrap_err();
         assert!(matches!(e, Error::HeaderTooLarge { limit, .. } if limit == header_len - 1), "{e}");
         assert_eq!(e.fault(), ckpt_tensor::Fault::Limit);
-        assert!(DataFile::open_with(&p, header_len).is_ok());
+        assert!(DataFile::open_with(&p, &limit(header_len)).is_ok());
         let sparse_dir = tempfile::tempdir().unwrap();
         let sd = ckpt_tensor::Value::dict([
             ("t@id", ckpt_tensor::Value::Tensor(Tensor::from_slice(&[1i64, 2], &[2]).unwrap())),
             ("t@embedding", ckpt_tensor::Value::Tensor(Tensor::from_slice(&[0.5f32; 4], &[2, 2]).unwrap())),
         ]);
         crate::save(&sd, sparse_dir.path(), &crate::WriteOptions::default()).unwrap();
-        let e = crate::SparseCheckpoint::open_with(sparse_dir.path(), 16).unwrap_err();
+        let e = crate::SparseCheckpoint::open_with(sparse_dir.path(), &limit(16)).unwrap_err();
         assert!(matches!(e, Error::HeaderTooLarge { limit: 16, .. }), "{e}");
-        assert!(crate::SparseCheckpoint::open_with(sparse_dir.path(), MAX_HEADER_LEN).is_ok());
+        assert!(crate::SparseCheckpoint::open_with(sparse_dir.path(), &limit(MAX_HEADER_LEN)).is_ok());
     }
 
     #[test]

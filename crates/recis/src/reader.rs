@@ -8,11 +8,10 @@ use ckpt_tensor::{
     CheckpointRead, Dict, DictKind, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves,
 };
 
-use ckpt_torch::ReadOptions;
-
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
 use crate::error::{Error, Result};
 use crate::index::INDEX_FILE;
+use crate::options::ReadOptions;
 use crate::sparse::SparseCheckpoint;
 
 /// A RecIS checkpoint directory (`<output_dir>/<ckpt_id>/`), opened.
@@ -48,22 +47,12 @@ impl RecisReader {
         Self::open_with(path, &ReadOptions::default())
     }
 
-    /// [`RecisReader::open`], reading the `torch.save` files (`model.pt`, `extra.pt`, io states) with
-    /// `options` (CRC verification, pickle limits).
+    /// [`RecisReader::open`] with `options`: how the `torch.save` files are read (CRC verification, pickle
+    /// limits) and the largest data-file header accepted.
     ///
     /// # Errors
     /// As [`RecisReader::open`].
     pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
-        let path = path.as_ref();
-        Self::open_with_max_header(path, options, crate::data_file::MAX_HEADER_LEN)
-    }
-
-    /// [`RecisReader::open_with`], accepting data-file headers of at most `max_header_len` bytes
-    /// ([`crate::DataFile::open_with`]; default [`crate::MAX_HEADER_LEN`]).
-    ///
-    /// # Errors
-    /// As [`RecisReader::open`].
-    pub fn open_with_max_header(path: impl AsRef<Path>, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
         let path = path.as_ref();
         let dir = &crate::manager::checkpoint_dir(path)?;
         // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
@@ -71,7 +60,7 @@ impl RecisReader {
         // the path names another directory by then, everything is read again (up to three times).
         for _ in 0..3 {
             let pinned = ckpt_io::PinnedDir::open(dir).ok();
-            let opened = Self::open_once(dir, options, max_header_len);
+            let opened = Self::open_once(dir, options);
             if pinned.as_ref().is_none_or(|p| !p.is_replaced()) {
                 return opened;
             }
@@ -79,7 +68,7 @@ impl RecisReader {
         Err(Error::io(dir, std::io::Error::other("replaced by other saves three times while being read")))
     }
 
-    fn open_once(dir: &Path, options: &ReadOptions, max_header_len: u64) -> Result<Self> {
+    fn open_once(dir: &Path, options: &ReadOptions) -> Result<Self> {
         let has = |f: &str| dir.join(f).is_file();
         if !has(INDEX_FILE) && !has(MODEL_FILE) && !has(EXTRA_FILE) {
             return Err(Error::MissingFile {
@@ -87,13 +76,10 @@ impl RecisReader {
                 what: "a RecIS checkpoint directory has an `index`, a `model.pt` or an `extra.pt`",
             });
         }
-        let sparse = if has(INDEX_FILE) {
-            SparseCheckpoint::open_with(dir, max_header_len)?
-        } else {
-            SparseCheckpoint::empty(dir)
-        };
-        let model = crate::dense::read_torch(&dir.join(MODEL_FILE), options)?;
-        let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), options)?;
+        let sparse =
+            if has(INDEX_FILE) { SparseCheckpoint::open_with(dir, options)? } else { SparseCheckpoint::empty(dir) };
+        let model = crate::dense::read_torch(&dir.join(MODEL_FILE), &options.torch)?;
+        let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), &options.torch)?;
         let mut io_states = Vec::new();
         let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
         for entry in listing {
@@ -107,7 +93,7 @@ impl RecisReader {
             else {
                 continue;
             };
-            let value = ckpt_torch::TorchReader::open_with(entry.path(), options)?.into_value();
+            let value = ckpt_torch::TorchReader::open_with(entry.path(), &options.torch)?.into_value();
             io_states.push((shard, value));
         }
         io_states.sort_by_key(|(s, _)| *s);

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::name::{IdPartition, Shard, gen_slice};
+use crate::options::ReadOptions;
 use crate::sparse::SparseCheckpoint;
 use crate::table::{HashTable, TableChild};
 use crate::writer::{
@@ -23,25 +24,15 @@ use crate::writer::{
 };
 
 /// Options of a reshard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct ReshardOptions {
     /// How the new shards are written.
     pub write: WriteOptions,
     /// The partition rule deciding which new shard holds an id.
     pub partition: IdPartition,
-    /// The largest data-file header of the source accepted, in bytes (default [`crate::MAX_HEADER_LEN`]).
-    pub max_header_len: u64,
-}
-
-impl Default for ReshardOptions {
-    fn default() -> Self {
-        ReshardOptions {
-            write: WriteOptions::default(),
-            partition: IdPartition::default(),
-            max_header_len: crate::data_file::MAX_HEADER_LEN,
-        }
-    }
+    /// How the source is read (its data files' header bound; its `torch.save` files are copied as bytes).
+    pub read: ReadOptions,
 }
 
 impl ReshardOptions {
@@ -52,10 +43,10 @@ impl ReshardOptions {
         self
     }
 
-    /// These options accepting source data-file headers of at most `bytes` ([`ReshardOptions::max_header_len`]).
+    /// These options with `read` as how the source is read.
     #[must_use]
-    pub fn with_max_header_len(mut self, bytes: u64) -> Self {
-        self.max_header_len = bytes;
+    pub fn with_read(mut self, read: ReadOptions) -> Self {
+        self.read = read;
         self
     }
 
@@ -209,7 +200,7 @@ pub fn reshard(
     if world_size == 0 {
         return Err(Error::InvalidArgument("resharding into 0 shards".into()));
     }
-    let sparse = open_sparse(src, options.max_header_len)?;
+    let sparse = open_sparse(src, &options.read)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
     let dense_files = open_dense_files(src)?;
     let counts = sparse_counts(&sparse);
@@ -280,7 +271,7 @@ pub fn reshard_rank(
     // Read before the commit begins, so that an in-place reshard reads the old files.
     let opened = crate::manager::checkpoint_dir(src).and_then(|src| {
         let dense = if rank == 0 { open_dense_files(&src)? } else { Vec::new() };
-        Ok((open_sparse(&src, options.max_header_len)?, dense))
+        Ok((open_sparse(&src, &options.read)?, dense))
     });
     let commit = DirCommit::begin(dst, group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
@@ -305,10 +296,10 @@ pub fn reshard_rank(
 }
 
 /// The serializer's part of the checkpoint directory `src` (empty without an `index`), accepting data-file
-/// headers of at most `max_header_len` bytes.
-fn open_sparse(src: &Path, max_header_len: u64) -> Result<SparseCheckpoint> {
+/// headers of at most `options.max_header_len` bytes.
+fn open_sparse(src: &Path, options: &ReadOptions) -> Result<SparseCheckpoint> {
     if src.join(crate::index::INDEX_FILE).is_file() {
-        SparseCheckpoint::open_with(src, max_header_len)
+        SparseCheckpoint::open_with(src, options)
     } else {
         Ok(SparseCheckpoint::empty(src))
     }

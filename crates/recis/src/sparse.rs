@@ -13,6 +13,7 @@ use crate::index::{INDEX_FILE, Index};
 use crate::name::{
     BlockSlice, ID_SLOT, IdPartition, SliceInfo, parse_block_name, parse_data_file_name, part_shard, split_tensor_name,
 };
+use crate::options::ReadOptions;
 use crate::table::{Slot, TableChild, check_same_slot};
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
 use crate::writer::Block;
@@ -90,15 +91,15 @@ impl SparseCheckpoint {
     /// variant of the first rule broken.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        Self::open_with(dir, crate::data_file::MAX_HEADER_LEN)
+        Self::open_with(dir, &ReadOptions::default())
     }
 
-    /// [`SparseCheckpoint::open`], accepting data-file headers of at most `max_header_len` bytes
+    /// [`SparseCheckpoint::open`], accepting data-file headers of at most `options.max_header_len` bytes
     /// ([`DataFile::open_with`]).
     ///
     /// # Errors
     /// As [`SparseCheckpoint::open`].
-    pub fn open_with(dir: impl AsRef<Path>, max_header_len: u64) -> Result<Self> {
+    pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let dir = dir.as_ref();
         let index_path = dir.join(INDEX_FILE);
         let index_bytes = read_required(&index_path, "a RecIS checkpoint directory has an `index` file")?;
@@ -124,7 +125,7 @@ impl SparseCheckpoint {
         // The data files are mapped and their headers checked in parallel; the first failure in file order
         // is reported, as a sequential open would.
         let opened: Vec<Result<DataFile>> =
-            paths.par_iter().map(|(_, path)| DataFile::open_with(path, max_header_len)).collect();
+            paths.par_iter().map(|(_, path)| DataFile::open_with(path, options)).collect();
         let mut files = BTreeMap::new();
         for ((id, _), file) in paths.into_iter().zip(opened) {
             files.insert(id, file?);

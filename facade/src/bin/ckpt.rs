@@ -367,7 +367,7 @@ fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, quiet: bool) -> ck
     };
     let depth = if deep { ckpt::Depth::Deep } else { ckpt::Depth::Structure };
     let options = ckpt::VerifyOptions::default().with_depth(depth).with_limits(*limits);
-    let report = ckpt::verify_with(path, &options, &progress);
+    let report = ckpt::verify_with_progress(path, &options, &progress);
     pb.finish_and_clear();
     let report = report?;
     let mut out = std::io::stdout().lock();
@@ -840,7 +840,7 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
                     .filter(|_| v.has_refs())
                     .map(|t| ckpt::outline::shared_paths(t.module_state_dict().unwrap_or(t.value())))
                     .unwrap_or_default();
-                ckpt::outline::format_value_with(&v, name, &outside)
+                ckpt::outline::format_value_naming(&v, name, &outside)
             }),
         }
     };

@@ -98,7 +98,7 @@ impl Adaptor for Recis {
                 .with_write(
                     ckpt_recis::WriteOptions::default().with_parallel(parallel).with_durability(options.durability),
                 )
-                .with_max_header_len(limits.max_data_header_bytes);
+                .with_read(read_options(limits));
             let ran = host_ranks(group, world, |g| ckpt_recis::reshard_rank(src, dst, &reshard, g));
             agree(group, hosted_outcome(ran, is_other_rank, dst))?;
             return files_summary(src, dst, limits);
@@ -160,7 +160,7 @@ impl Adaptor for Recis {
 
     /// Ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied ([`ckpt_recis::reshard`]).
     fn reshard(&self, src: &Path, dst: &Path, world: usize, limits: &ReadLimits) -> Result<()> {
-        let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
+        let options = ckpt_recis::ReshardOptions::default().with_read(read_options(limits));
         ckpt_recis::reshard(src, dst, world, &options).map(|_| ()).at(src)
     }
 
@@ -174,7 +174,7 @@ impl Adaptor for Recis {
         limits: &ReadLimits,
         group: &dyn Collective,
     ) -> Result<()> {
-        let options = ckpt_recis::ReshardOptions::default().with_max_header_len(limits.max_data_header_bytes);
+        let options = ckpt_recis::ReshardOptions::default().with_read(read_options(limits));
         let ran = host_ranks(group, world, |g| ckpt_recis::reshard_rank(src, dst, &options, g));
         agree(group, hosted_outcome(ran, is_other_rank, src).map(|_| ()))
     }
@@ -279,12 +279,14 @@ fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) ->
 
 /// The checkpoint at `path` under `limits`: its `.pt` files' pickle limits, its data files' header bound.
 fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
-    ckpt_recis::RecisReader::open_with_max_header(
-        path,
-        &super::torch::read_options(limits),
-        limits.max_data_header_bytes,
-    )
-    .at(path)
+    ckpt_recis::RecisReader::open_with(path, &read_options(limits)).at(path)
+}
+
+/// The reader options under `limits`: the `.pt` files' pickle limits, the data files' header bound.
+fn read_options(limits: &ReadLimits) -> ckpt_recis::ReadOptions {
+    ckpt_recis::ReadOptions::default()
+        .with_torch(super::torch::read_options(limits))
+        .with_max_header_len(limits.max_data_header_bytes)
 }
 
 /// RecIS to RecIS: each table keeping its `slice_size`, the data files per shard the source's unless given.
@@ -292,8 +294,7 @@ fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions, limits: &Read
     let write = ckpt_recis::WriteOptions::default()
         .with_parallel(source_parallel(src, options, limits)?)
         .with_durability(options.durability);
-    let reshard =
-        ckpt_recis::ReshardOptions::default().with_write(write).with_max_header_len(limits.max_data_header_bytes);
+    let reshard = ckpt_recis::ReshardOptions::default().with_write(write).with_read(read_options(limits));
     ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;
     files_summary(src, dst, limits)
 }
