@@ -59,6 +59,7 @@
 //! | one rank's part of a save | `save_rank(state, dst, &WriteOptions, group: &dyn Collective) -> SaveReport` | one file | yes (+ shard specs) | yes | yes | yes | — | `hf::save_rank` |
 //! | another rank count | `reshard(src, dst, world_size, &ReshardOptions) -> ReshardReport`, `reshard_rank(src, dst, &ReshardOptions, group)` | — | `reshard` | yes | — | yes | — | — |
 //! | check one | `verify(path) -> VerifyReport`, `verify_with(path, &ReadOptions)` where reading has options | yes | yes (`verify_with`) | yes | `FileCheckpointStorage::verify` | yes | — | facade |
+//! | what writers take | a state dict ([`Value`]) whose tensors are [`Tensor`]s; any library's tensor enters through [`tensor::TensorView`] ([`tensor::state_dict_of_views`]) | yes | yes | yes (`SaveState::from_state_dict`) | yes (its entries) | yes | — | yes |
 //! | how durably | `WriteOptions::durability: Durability { sync, checksums, direct_io }` ([`io::Durability`]) | yes | yes | yes | yes | yes | — | yes |
 //! | rank counts | `world_size` | — | yes | yes | — | yes | (`world`, read) | — |
 //! | `_with` | the same operation with its options struct (`open_with(path, &ReadOptions)`, `verify_with(path, &VerifyOptions)`); `_with_progress` adds a progress callback; `_rank` is one rank of a [`collective::Collective`]; `_in` spreads ranks over its processes | | | | | | | |

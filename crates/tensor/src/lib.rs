@@ -12,6 +12,8 @@
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
 //! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`CheckpointRead`]: what every format's reader offers (entries, tensors by name).
+//! - [`TensorView`]: what every writer takes a tensor as (a dtype, a shape, bytes, as safetensors' `View`):
+//!   any library's tensor reaches any ckpt writer through it ([`Tensor::from_view`], [`state_dict_of_views`]).
 //! - [`cast_float`]: torch's float conversions, bit for bit.
 //! - [`SaveReport`], [`VerifyReport`] with its [`Problem`]s, [`ReshardReport`]: the reports of one shape every
 //!   format crate returns.
@@ -43,6 +45,7 @@ mod report;
 pub mod tch_interop;
 mod tensor;
 mod value;
+mod view;
 
 pub use aligned::{AlignedBytes, PAGES_MIN, zeroed_vec};
 pub use brief::{BRIEF, brief};
@@ -61,3 +64,4 @@ pub use value::{
     Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,
     numpy_dtype_code, numpy_unsupported,
 };
+pub use view::{TensorView, state_dict_of_views};
