@@ -513,12 +513,12 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
          dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
          recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
          pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
-         progress: Optional[bool] = None) -> ConvertSummary:
+         progress: Optional[bool] = None, sync: bool = True, checksums: bool = True) -> ConvertSummary:
     """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
     ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
-    :func:`convert`'s.
+    :func:`convert`'s, ``sync`` and ``checksums`` included.
 
     >>> ckpt.save({"model": {"w": np.ones((2, 2), np.float32)}, "step": 3}, "out_dcp", format="distcp")
     ConvertSummary(tensors=1, bytes=16, values=1, dropped=[])
@@ -526,7 +526,7 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
     fmt = format
     s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
                    recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
-                   progress)
+                   progress, sync, checksums)
     return ConvertSummary(*s)
 
 
@@ -536,13 +536,17 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
             include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
-            progress: Optional[bool] = None, **limits: Any) -> ConvertSummary:
+            progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
+            **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
     ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
     ``"f16"``, ``"f32"``, ``"f64"``). A spinner shows on stderr when it is a terminal (``progress``).
+    ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
+    failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
+    safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
 
     A DCP checkpoint to Hugging Face shards, the model only, in bfloat16::
 
@@ -554,7 +558,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     exc = [exclude] if isinstance(exclude, str) else list(exclude)
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
-                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress)
+                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums)
     return ConvertSummary(*s)
 
 

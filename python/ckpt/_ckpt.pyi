@@ -41,14 +41,15 @@ def load(path: _Path, framework: str = "np", include: Sequence[str] = ..., exclu
 def save(state_dict: Any, path: _Path, format: str = "torch", world_size: int = 1, dcp_profile: Optional[str] = None,
          hfai_large_size: Optional[int] = None, recis_parallel: Optional[int] = None,
          recis_slice_size: Optional[int] = None, pbg_config: Optional[_Path] = None,
-         max_shard_size: Union[int, str, None] = None, progress: Optional[bool] = None) -> _Summary: ...
+         max_shard_size: Union[int, str, None] = None, progress: Optional[bool] = None, sync: bool = True,
+         checksums: bool = True) -> _Summary: ...
 def convert(src: _Path, dst: _Path, to: str, from_: Optional[str] = None, world_size: int = 1,
             dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
             recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
             pbg_config: Optional[_Path] = None, max_shard_size: Union[int, str, None] = None,
             include: Sequence[str] = ..., exclude: Sequence[str] = ..., strip_prefix: Optional[str] = None,
             add_prefix: Optional[str] = None, dtype: Optional[str] = None, limits: _Limits = None,
-            progress: Optional[bool] = None) -> _Summary: ...
+            progress: Optional[bool] = None, sync: bool = True, checksums: bool = True) -> _Summary: ...
 def verify(path: _Path, deep: bool = False, limits: _Limits = None,
            progress: Optional[bool] = None) -> Tuple[str, int, int, List[str], List[str]]: ...
 def reshard(src: _Path, dst: _Path, world_size: int, limits: _Limits = None,

@@ -2,6 +2,7 @@
 //! facade's function with the `ckpt` command's options, run with the GIL released, with a progress bar on
 //! stderr when it is a terminal.
 
+use ckpt::io::Durability;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -170,6 +171,7 @@ fn convert_options(
     max_shard_size: Option<&Bound<'_, PyAny>>,
     selection: Selection,
     limits: ReadLimits,
+    durability: Durability,
 ) -> PyResult<ConvertOptions> {
     let profile = match dcp_profile {
         None | Some("max-compat") | Some("max_compat") => DcpProfile::MaxCompat,
@@ -200,7 +202,13 @@ fn convert_options(
         .with_world_size(world_size)
         .with_target(target)
         .with_selection(selection)
-        .with_limits(limits))
+        .with_limits(limits)
+        .with_durability(durability))
+}
+
+/// The `sync` and `checksums` keyword arguments of `convert` and `save`.
+fn durability(sync: bool, checksums: bool) -> Durability {
+    Durability::default().with_sync(sync).with_checksums(checksums)
 }
 
 /// A conversion's summary as `(tensors, bytes, values, dropped)`.
@@ -215,7 +223,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
 #[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
-    limits = None, progress = None))]
+    limits = None, progress = None, sync = true, checksums = true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -237,6 +245,8 @@ pub(crate) fn convert(
     dtype: Option<&str>,
     limits: Option<&Bound<'_, PyDict>>,
     progress: Option<bool>,
+    sync: bool,
+    checksums: bool,
 ) -> PyResult<Summary> {
     let to = format_of(to, &dst)?;
     let from = from_.map(|f| format_of(f, &src)).transpose()?;
@@ -253,6 +263,7 @@ pub(crate) fn convert(
         max_shard_size,
         selection,
         read_limits(limits)?,
+        durability(sync, checksums),
     )?;
     let what = format!("converting {} to {to}", src.display());
     let estimate = || ckpt::output_estimate(&src, from, &options).ok();
@@ -264,7 +275,7 @@ pub(crate) fn convert(
 #[pyfunction]
 #[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
     hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
-    max_shard_size = None, progress = None))]
+    max_shard_size = None, progress = None, sync = true, checksums = true))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -279,6 +290,8 @@ pub(crate) fn save(
     pbg_config: Option<PathBuf>,
     max_shard_size: Option<&Bound<'_, PyAny>>,
     progress: Option<bool>,
+    sync: bool,
+    checksums: bool,
 ) -> PyResult<Summary> {
     let to = format_of(format, &path)?;
     let tree = FromPy::new(py)?.value(state_dict)?;
@@ -294,6 +307,7 @@ pub(crate) fn save(
         max_shard_size,
         Selection::default(),
         ReadLimits::default(),
+        durability(sync, checksums),
     )?;
     let what = format!("saving {} as {to}", path.display());
     let estimate = || Some(tensor_bytes(&tree));

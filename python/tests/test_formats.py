@@ -113,6 +113,24 @@ def test_target_options_belong_to_the_target_format(tmp: Path) -> None:
     assert ckpt.open(tmp / "d").format == "distcp"
 
 
+def test_durability_keywords_reach_the_writers(tmp: Path) -> None:
+    """``sync=False, checksums=False`` as ``ckpt convert --no-sync --no-checksums``: no checksum manifest, CRC-32
+    0 in ``torch.save`` records; by default both are written. Either way torch loads the result."""
+    sd = {"model": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "step": 3}
+    for checksums in (True, False):
+        d = tmp / f"dcp{checksums}"
+        ckpt.save(sd, d, format="distcp", sync=checksums, checksums=checksums)
+        assert (d / "ckpt.checksums.json").exists() == checksums
+        pt = tmp / f"m{checksums}.pt"
+        ckpt.convert(d, pt, to="torch", sync=checksums, checksums=checksums)
+        import zipfile
+
+        crcs = [i.CRC for i in zipfile.ZipFile(pt).infolist()]
+        assert any(crcs) == checksums, crcs
+        assert torch.load(pt, weights_only=True)["model"]["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert ckpt.verify(pt, deep=True).ok
+
+
 def test_convert_verify_reshard_diff(tmp: Path) -> None:
     src = FIXTURES / "distcp" / "torch213" / "m3"
     s = ckpt.convert(src, tmp / "hf", to="hf", max_shard_size=64, dtype="bf16", exclude="obj.*")
