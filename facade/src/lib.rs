@@ -46,7 +46,7 @@
 //! The facade glues; what a format is lives in its crate. `format.rs` says what each [`Format`] is and how
 //! it is recognised; `formats.rs` is the registry of the adaptors (`formats/<format>.rs`, one per format,
 //! behind its feature, with that format's `ckpt convert` flags) through which [`open`], [`convert`],
-//! [`verify`], [`reshard`] and [`inspect`] reach the format crate. The modules import downward only, in
+//! [`verify`], [`reshard`] and [`inspect()`] reach the format crate. The modules import downward only, in
 //! the layers `src/lib.rs` lists (`tests/layers.rs` checks it).
 //!
 //! # One grammar across the format crates
@@ -88,7 +88,7 @@ mod format;
 mod error;
 
 pub mod display;
-mod limits;
+pub mod limits;
 pub mod outline;
 pub mod select;
 mod source;
@@ -107,8 +107,8 @@ mod formats;
 mod open;
 
 mod convert;
-mod diff;
-mod inspect;
+pub mod diff;
+pub mod inspect;
 mod reshard;
 mod verify;
 
@@ -119,18 +119,15 @@ mod ranks;
 pub use checkpoint::Checkpoint;
 pub use ckpt_tensor::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{convert, output_estimate, save, state_dict};
-pub use diff::{DiffLayout, DiffOptions, DiffReport, LayoutKeys, TensorDiff, diff, diff_with_progress};
+pub use diff::{DiffOptions, DiffReport, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use format::{Format, UnknownFormatName, unsupported_reason};
 #[cfg(feature = "cli")]
 pub use formats::TargetArgs;
 pub use formats::crates::*;
 pub use formats::detect;
-pub use inspect::{InspectReport, InspectedEntry, InspectedKind, Totals, inspect};
-pub use limits::{
-    DEFAULT_MAX_DATA_HEADER_BYTES, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_INFLATED_BYTES, DEFAULT_MAX_METADATA_BYTES,
-    ReadLimits,
-};
+pub use inspect::{InspectReport, inspect};
+pub use limits::ReadLimits;
 pub use open::{open, open_as, open_as_with, open_source, open_with};
 pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
 pub use ranks::{convert_in, reshard_in, reshard_in_with};

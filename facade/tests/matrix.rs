@@ -557,7 +557,8 @@ fn conversions_diff_unequal_to_a_changed_source() {
             assert!(unequal[0].ends_with('w'), "{ctx}: {}", describe(&d));
             assert_eq!(d.tensors.iter().find(|t| !t.is_equal()).unwrap().max_abs, 9.0, "{ctx}");
             // Raw, the layout's keys and nesting are differences again where a format has them.
-            let raw = ckpt::diff(&src, &out, &ckpt::DiffOptions::default().with_layout(ckpt::DiffLayout::Raw)).unwrap();
+            let raw =
+                ckpt::diff(&src, &out, &ckpt::DiffOptions::default().with_layout(ckpt::diff::DiffLayout::Raw)).unwrap();
             if to == Format::Hfai && from != Format::Hfai {
                 assert!(!raw.is_equal(), "{ctx}: raw");
                 assert!(d.layout_b.keys.iter().any(|k| k == "__nshards__"), "{ctx}: {:?}", d.layout_b);

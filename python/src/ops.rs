@@ -379,7 +379,7 @@ pub(crate) fn diff<'py>(
     progress: Option<bool>,
     raw: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let layout = if raw { ckpt::DiffLayout::Raw } else { ckpt::DiffLayout::State };
+    let layout = if raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
     let options =
         DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?).with_layout(layout);
     let pb = bar(progress, &format!("comparing {} and {}", a.display(), b.display()));

@@ -263,7 +263,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         }
         Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
         Command::Diff { a, b, rtol, atol, all, raw } => {
-            let layout = if *raw { ckpt::DiffLayout::Raw } else { ckpt::DiffLayout::State };
+            let layout = if *raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
             diff(a, b, *rtol, *atol, *all, layout, limits, source, quiet)
         }
         Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
@@ -399,7 +399,7 @@ fn diff(
     rtol: f64,
     atol: f64,
     all: bool,
-    layout: ckpt::DiffLayout,
+    layout: ckpt::diff::DiffLayout,
     limits: &ckpt::ReadLimits,
     source: &ckpt::SourceOptions,
     quiet: bool,
@@ -767,13 +767,13 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
         .entries
         .iter()
         .map(|e| match &e.kind {
-            ckpt::InspectedKind::Tensor { dtype, shape, nbytes } => {
+            ckpt::inspect::InspectedKind::Tensor { dtype, shape, nbytes } => {
                 [e.name.clone(), dtype.torch_name().to_owned(), format!("{shape:?}"), human_bytes(*nbytes as u64)]
             }
-            ckpt::InspectedKind::OpaqueTensor { kind } => {
+            ckpt::inspect::InspectedKind::OpaqueTensor { kind } => {
                 [e.name.clone(), format!("{kind} tensor"), "-".into(), "-".into()]
             }
-            ckpt::InspectedKind::Value { type_name } => {
+            ckpt::inspect::InspectedKind::Value { type_name } => {
                 [e.name.clone(), (*type_name).to_owned(), "-".into(), "-".into()]
             }
             // A kind added to the report later: listed by name.
