@@ -16,7 +16,7 @@
 //! through reused aligned `O_DIRECT` buffers instead of fresh page-cache pages, and the replaced file is
 //! freed off the critical path. The file is byte for byte the one the in-place writer makes.
 //!
-//! Every file is opened through [`open_file`]: without libhdf5's advisory lock and with its descriptor
+//! Every file is opened through `open_file`: without libhdf5's advisory lock and with its descriptor
 //! closed on exec, so that a program started meanwhile (by any thread) cannot keep a file locked.
 
 use std::ffi::c_void;

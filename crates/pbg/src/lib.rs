@@ -72,16 +72,16 @@
 //! robustness against crafted files is that of the system library.
 
 mod commit;
-mod config;
+pub mod config;
 mod entity_path;
 mod error;
-mod export;
-mod h5;
-mod metadata;
-mod model;
-mod names;
+pub mod export;
+pub mod h5;
+pub mod metadata;
+pub mod model;
+pub mod names;
 mod optimizer;
-mod partition;
+pub mod partition;
 mod reader;
 mod save;
 mod storage;
@@ -90,21 +90,15 @@ mod verify;
 pub use ckpt_io::Durability;
 pub use ckpt_tensor::{Problem, ProblemKind, SaveReport, VerifyReport};
 pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
-pub use config::{Config, ConfigFile, EntityConfig, RelationConfig, python_json_dumps};
+pub use config::{Config, ConfigFile, EntityConfig, RelationConfig};
 pub use entity_path::EntityStorage;
 pub use error::{Error, Result};
-pub use export::{export_safetensors, export_tsv, write_entities_tsv, write_relation_types_tsv};
-pub use h5::{HDF5_SIGNATURE, check_header, is_hdf5};
-pub use metadata::{AttrValue, CONFIG_JSON_ATTR, FORMAT_VERSION, FORMAT_VERSION_ATTR, Iteration, Metadata};
-pub use model::{
-    MODEL_GROUP, Model, ModelParameter, STATE_DICT_KEY_ATTR, private_to_public, public_to_private, read_model_file,
-    write_model_file,
-};
-pub use names::{CONFIG_FILE, FileName, STATS_FILE, VERSION_FILE, check_entity_name};
+pub use export::{export_safetensors, export_tsv};
+pub use metadata::{AttrValue, Iteration, Metadata};
+pub use model::{Model, ModelParameter, read_model_file, write_model_file};
+pub use names::FileName;
 pub use optimizer::{OptimizerState, StateDict};
-pub use partition::{
-    EMBEDDINGS_DATASET, EntityPartition, OPTIMIZER_DATASET, read_partition_file, write_partition_file,
-};
+pub use partition::{EntityPartition, read_partition_file, write_partition_file};
 pub use reader::{PartitionEntry, PbgReader, ReadOptions};
 pub use save::{save, save_rank};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};

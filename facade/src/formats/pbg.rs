@@ -140,7 +140,7 @@ fn save_error(source: &Source<'_>, dst: &Path, options: &ConvertOptions, e: ckpt
                 .into(),
         ),
         ckpt_pbg::Error::LayoutMismatch { reason } => {
-            let config = config_of(options).map_or_else(|| dst.join(ckpt_pbg::CONFIG_FILE), Path::to_path_buf);
+            let config = config_of(options).map_or_else(|| dst.join(ckpt_pbg::names::CONFIG_FILE), Path::to_path_buf);
             unsupported(format!("{reason} (config {})", config.display()))
         }
         ckpt_pbg::Error::AlreadyExists { path } => Error::AlreadyExists {
