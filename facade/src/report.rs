@@ -18,7 +18,7 @@ pub struct ConvertSummary {
 /// What [`verify`](crate::verify) found: the report every format crate returns, one shape
 /// ([`ckpt_tensor::VerifyReport`]), with the facade's own findings (entries that do not read, the checksum
 /// manifest, a save that never committed) among its problems.
-pub use ckpt_tensor::{Problem, ProblemKind, Severity, VerifyReport};
+pub use ckpt_tensor::{Problem, ProblemKind, Severity, VerifyReport, error_chain};
 
 /// Takes a format crate's verification of the checkpoint's files into the facade's `report`: its files
 /// and problems (the facade counts the entries it reads itself).
@@ -33,21 +33,4 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 /// An error's message and its causes, on one line.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     error_chain(e, ": ")
-}
-
-/// An error's message followed by each of its causes ([`source`](std::error::Error::source)) that the
-/// message does not already include, joined by `separator` (`": "` on one line; the `ckpt` tool puts each
-/// cause on a line of its own).
-pub fn error_chain(e: &dyn std::error::Error, separator: &str) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(separator);
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
 }

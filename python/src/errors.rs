@@ -25,17 +25,7 @@ fn fault_name(fault: Fault) -> &'static str {
 
 /// An error's message followed by each cause not already part of it (as the `ckpt` command prints it).
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str("\n  caused by: ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
+    ckpt::error_chain(e, "\n  caused by: ")
 }
 
 /// The operating system's error number of the first I/O error in `e`'s causes.

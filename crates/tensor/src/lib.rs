@@ -58,7 +58,7 @@ pub use flatten::{
     FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, entry_names, flatten, float_repr, join_path, leaf_names,
     leaves, object_parts, object_tensors, python_repr_of, python_str, unflatten,
 };
-pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport};
+pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport, error_chain};
 pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
 pub use value::{
     Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,

@@ -10,6 +10,29 @@ use std::path::{Path, PathBuf};
 
 use crate::{Value, leaves};
 
+/// An error's message followed by each of its causes ([`source`](std::error::Error::source)) that the
+/// message does not already include, joined by `separator` (`": "` on one line; the `ckpt` tool and the
+/// Python package put each cause on a line of its own).
+///
+/// ```
+/// let io = std::io::Error::other("disk on fire");
+/// let e = ckpt_tensor::Error::io("/ckpt/model.pt", io);
+/// assert_eq!(ckpt_tensor::error_chain(&e, ": "), "/ckpt/model.pt: disk on fire");
+/// ```
+pub fn error_chain(e: &dyn std::error::Error, separator: &str) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(separator);
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
 /// What a save wrote.
 ///
 /// ```
@@ -183,17 +206,7 @@ impl Problem {
     /// A problem of `kind` described by `error` and each of its causes that its message does not already
     /// include.
     pub fn from_error(kind: ProblemKind, error: &(dyn std::error::Error + 'static)) -> Problem {
-        let mut message = error.to_string();
-        let mut source = error.source();
-        while let Some(s) = source {
-            let text = s.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = s.source();
-        }
-        Problem::new(kind, message)
+        Problem::new(kind, error_chain(error, ": "))
     }
 
     /// This problem placed in `file`.
