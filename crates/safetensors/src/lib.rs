@@ -21,11 +21,13 @@
 #![forbid(unsafe_code)]
 
 mod dtype;
+mod error;
 pub mod header;
 pub mod hf;
 pub mod metadata;
 
 pub use dtype::{safetensors_dtype, torch_dtype};
+pub use error::SafetensorsError;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -85,20 +87,18 @@ impl SafetensorsReader {
 /// handed out; tensors are windows of `buffer`.
 ///
 /// # Errors
-/// [`Error::Format`] holding the `SafeTensorError` for an invalid file; [`Error::Unsupported`] for dtypes torch lacks (F4, F6).
+/// [`Error::Format`] holding the `SafeTensorError` for an invalid file; [`SafetensorsError::NoTorchDtype`] for dtypes torch lacks (F4, F6).
 pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
     let bytes = buffer.as_bytes();
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(codec)?;
-    let data_start =
-        header_len.checked_add(8).ok_or_else(|| Error::Malformed("safetensors header length overflows".into()))?;
+    let data_start = header_len.checked_add(8).ok_or(SafetensorsError::HeaderLengthOverflow)?;
     let infos = meta.tensors();
     let mut tensors = Vec::with_capacity(infos.len());
     for name in meta.offset_keys() {
         let Some(info) = infos.get(&name) else { continue };
         let (begin, end) = info.data_offsets;
-        let start = data_start
-            .checked_add(begin)
-            .ok_or_else(|| Error::Malformed(format!("safetensors offset of {name} overflows")))?;
+        let start =
+            data_start.checked_add(begin).ok_or_else(|| SafetensorsError::OffsetOverflow { name: name.clone() })?;
         let window = buffer.slice_len(start, end.saturating_sub(begin))?;
         let dtype = torch_dtype(info.dtype)?;
         tensors.push((name, Tensor::from_buffer(dtype, &info.shape, window)?));
@@ -176,7 +176,7 @@ fn contiguous(tensors: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
 /// sorted by dtype alignment then name, header padded to 8 bytes).
 ///
 /// # Errors
-/// [`Error::Unsupported`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
+/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
 /// [`Error::Format`] holding the `SafeTensorError` for duplicate names.
 pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     let owned = contiguous(tensors)?;
@@ -196,7 +196,7 @@ fn header<'a>(
     let mut offset = 0usize;
     for (name, v) in views {
         let n = v.data_len();
-        let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
+        let end = offset.checked_add(n).ok_or(SafetensorsError::DataSizeOverflow)?;
         infos.push((
             name,
             safetensors::tensor::TensorInfo {
@@ -209,7 +209,7 @@ fn header<'a>(
         ordered.push(v);
     }
     let meta = safetensors::tensor::Metadata::new(metadata, infos).map_err(codec)?;
-    let mut json = serde_json::to_vec(&meta).map_err(|e| Error::InvalidArgument(format!("safetensors header: {e}")))?;
+    let mut json = serde_json::to_vec(&meta).map_err(|source| SafetensorsError::HeaderJson { source })?;
     json.resize(json.len().next_multiple_of(8), b' ');
     if json.len() > 100_000_000 {
         return Err(codec(safetensors::SafeTensorError::HeaderTooLarge));
@@ -281,7 +281,7 @@ pub fn write_checksummed_to(
         let pos = header
             .windows(needle.len())
             .position(|win| win == needle.as_bytes())
-            .ok_or_else(|| Error::InvalidArgument("safetensors header: checksum placeholder not found".into()))?;
+            .ok_or(SafetensorsError::ChecksumPlaceholderMissing)?;
         Some(w.position() + 8 + (pos + needle.len()) as u64)
     } else {
         None
@@ -435,7 +435,10 @@ mod tests {
         assert_eq!(back.get("n").unwrap(), &n);
         assert_eq!(back.get("h").unwrap(), &h);
         let c = Tensor::zeros(DType::C128, &[1]).unwrap();
-        assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            to_bytes(&[("c".into(), c)], None),
+            Err(e) if matches!(e.format_error(), Some(SafetensorsError::UnstorableDtype { dtype: DType::C128 }))
+        ));
     }
 
     #[test]
