@@ -425,7 +425,8 @@ impl Content {
             return Ok(self);
         }
         let invalid = |reason: String| Error::InvalidArgument { path: path.to_path_buf(), reason };
-        selection.validate().map_err(|e| invalid(e.to_string()))?;
+        // Kept whole as the source (a `SelectionError`, of `Fault::InvalidArgument`).
+        selection.validate().at(path)?;
         let mut leaves = Vec::new();
         let mut kept: HashMap<Vec<PathItem>, Value> = HashMap::new();
         let mut names = HashSet::new();

@@ -89,7 +89,8 @@ pub(crate) fn agree_with_root<T: Wire>(group: &dyn Collective, own: Option<Resul
     }
 }
 
-/// The error of a process whose group could not exchange outcomes: the environment's.
+/// The error of a process whose group could not exchange outcomes: the environment's. As text, as every
+/// [`Error::RankFailed`]: the variant is what crosses the process group as bytes, so it holds no source.
 fn exchange_failed(rank: usize, e: &ckpt_tensor::Error) -> Error {
     Error::RankFailed { rank, fault: Fault::Io, message: e.to_string() }
 }

@@ -551,6 +551,39 @@ fn id_alignments(ca: &Checkpoint, cb: &Checkpoint, pairs: &[(usize, usize)], la:
     out
 }
 
+/// A rule of a diff that the checkpoints break; it converts into the core error as
+/// [`ckpt_tensor::Error::Format`] with its [`DiffError::fault`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiffError {
+    /// A row of an aligned table past the rows of the entry.
+    #[error("invalid argument: {name}: row {row} beyond {rows} rows")]
+    RowBeyond {
+        /// The entry.
+        name: String,
+        /// The row.
+        row: usize,
+        /// The entry's rows.
+        rows: usize,
+    },
+}
+
+impl DiffError {
+    /// Who is at fault.
+    pub fn fault(&self) -> ckpt_tensor::Fault {
+        match self {
+            DiffError::RowBeyond { .. } => ckpt_tensor::Fault::InvalidArgument,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<DiffError> for ckpt_tensor::Error {
+    fn from(e: DiffError) -> Self {
+        ckpt_tensor::Error::format(e.fault(), e)
+    }
+}
+
 impl Alignments {
     /// `b`'s entry (paired with `a`'s entry `name`) with its rows in the order of `a`'s ids, when it is
     /// a row entry of an aligned table with one row per id; else `b` as it is.
@@ -566,8 +599,10 @@ impl Alignments {
         let row = data.len() / perm.len().max(1);
         let mut out = Vec::with_capacity(data.len());
         for &k in perm.iter() {
-            let bytes = data.get(k * row..(k + 1) * row).ok_or_else(|| {
-                ckpt_tensor::Error::InvalidArgument(format!("{name}: row {k} beyond {} rows", perm.len()))
+            let bytes = data.get(k * row..(k + 1) * row).ok_or_else(|| DiffError::RowBeyond {
+                name: name.to_owned(),
+                row: k,
+                rows: perm.len(),
             })?;
             out.extend_from_slice(bytes);
         }

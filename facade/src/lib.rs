@@ -119,7 +119,7 @@ mod ranks;
 pub use checkpoint::Checkpoint;
 pub use ckpt_tensor::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{convert, output_estimate, save, state_dict};
-pub use diff::{DiffOptions, DiffReport, diff, diff_with_progress};
+pub use diff::{DiffError, DiffOptions, DiffReport, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use format::{Format, UnknownFormatName, unsupported_reason};
 #[cfg(feature = "cli")]

@@ -19,7 +19,54 @@
 //! assert_eq!(path, [PathItem::Key("bn".into()), PathItem::Key("weight".into())]);
 //! ```
 
-use ckpt_tensor::{DType, Error, PathItem, Result, join_path};
+use ckpt_tensor::{DType, Fault, PathItem, Result, join_path};
+
+/// A [`Selection`] whose options cannot be applied, one variant per rule; it converts into the core error
+/// as [`ckpt_tensor::Error::Format`] of [`Fault::InvalidArgument`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelectionError {
+    /// A `--dtype` that is not one of the four float targets.
+    #[error("invalid argument: --dtype {dtype}: one of bf16, f16, f32, f64")]
+    BadDtype {
+        /// The dtype asked for.
+        dtype: DType,
+    },
+    /// An empty `--include` or `--exclude` pattern.
+    #[error("invalid argument: an empty --include/--exclude pattern")]
+    EmptyPattern,
+    /// A `--rename FROM=TO` with an empty `FROM`, or a `TO` with more `*` than `FROM`.
+    #[error(
+        "invalid argument: --rename {from}={to}: FROM must not be empty, and TO can use at most the {stars} `*` of \
+         FROM"
+    )]
+    BadRename {
+        /// The pattern renamed from.
+        from: String,
+        /// The pattern renamed to.
+        to: String,
+        /// The `*` of `from`.
+        stars: usize,
+    },
+}
+
+impl SelectionError {
+    /// Who is at fault: the caller, for every rule.
+    pub fn fault(&self) -> Fault {
+        match self {
+            SelectionError::BadDtype { .. } | SelectionError::EmptyPattern | SelectionError::BadRename { .. } => {
+                Fault::InvalidArgument
+            }
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<SelectionError> for ckpt_tensor::Error {
+    fn from(e: SelectionError) -> Self {
+        ckpt_tensor::Error::format(e.fault(), e)
+    }
+}
 
 /// What part of a checkpoint to keep, under which names, in which float dtype. The default keeps everything
 /// as it is.
@@ -102,22 +149,20 @@ impl Selection {
     /// Checks the options: the dtype is one of the four float targets, no pattern is empty.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] saying what is wrong.
+    /// A [`SelectionError`] saying what is wrong.
     pub fn validate(&self) -> Result<()> {
         if let Some(d) = self.dtype {
             if !matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
-                return Err(Error::InvalidArgument(format!("--dtype {d}: one of bf16, f16, f32, f64")));
+                return Err(SelectionError::BadDtype { dtype: d }.into());
             }
         }
         if self.include.iter().chain(&self.exclude).any(String::is_empty) {
-            return Err(Error::InvalidArgument("an empty --include/--exclude pattern".into()));
+            return Err(SelectionError::EmptyPattern.into());
         }
         for (from, to) in &self.rename {
             let (nf, nt) = (from.matches('*').count(), to.matches('*').count());
             if from.is_empty() || nt > nf {
-                return Err(Error::InvalidArgument(format!(
-                    "--rename {from}={to}: FROM must not be empty, and TO can use at most the {nf} `*` of FROM"
-                )));
+                return Err(SelectionError::BadRename { from: from.clone(), to: to.clone(), stars: nf }.into());
             }
         }
         Ok(())

@@ -454,7 +454,8 @@ fn selection_applies_to_every_target() {
     let bad = Selection::default().with_dtype(DType::I32);
     assert!(matches!(
         convert(&src, None, tmp.path().join("z.pt"), Format::Torch, &ConvertOptions::default().with_selection(bad)),
-        Err(Error::InvalidArgument { .. })
+        Err(Error::Format { source, .. })
+            if matches!(source.format_error(), Some(ckpt::select::SelectionError::BadDtype { dtype: DType::I32 }))
     ));
     // A name collision after stripping: `a.w` and `b.a.w` stripped of `b.`.
     let pt = tmp.path().join("c.pt");

@@ -3,7 +3,9 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use ckpt_tensor::{Error, Result};
+use ckpt_tensor::Result;
+
+use crate::error::Error;
 
 /// What multi-rank readers and writers need from a process group.
 ///
@@ -42,7 +44,7 @@ pub trait Collective: Send + Sync {
         let payload = if self.rank() == root { data } else { Vec::new() };
         let mut all = self.all_gather(payload)?;
         if root >= all.len() {
-            return Err(Error::InvalidArgument(format!("broadcast root {root} of {} ranks", all.len())));
+            return Err(Error::BadRoot { root, ranks: all.len() }.into());
         }
         Ok(all.swap_remove(root))
     }
@@ -143,8 +145,8 @@ impl ThreadGroup {
     }
 }
 
-fn broken() -> Error {
-    Error::InvalidArgument("the thread group was aborted by a failing rank".into())
+fn broken() -> ckpt_tensor::Error {
+    Error::Aborted.into()
 }
 
 impl Collective for ThreadGroup {

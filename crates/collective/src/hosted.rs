@@ -9,7 +9,9 @@
 use std::sync::Mutex;
 
 use crate::group::{Collective, ThreadGroup};
-use ckpt_tensor::{Error, Result};
+use ckpt_tensor::Result;
+
+use crate::error::Error;
 
 /// Tag of an outer message: one collective operation of the hosted ranks.
 const OP: u8 = 0;
@@ -47,7 +49,7 @@ pub fn hosted_ranks(process: usize, processes: usize, world: usize) -> Vec<usize
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a `world` of 0 or a panicking rank (the process's other ranks are then
+/// [`Error::NoRanks`] for a `world` of 0, [`Error::RankPanicked`] for a panicking rank (the process's other ranks are then
 /// released with errors; the other processes are not: under MPI, abort the job); errors of `outer`.
 pub fn host_ranks<R, F>(outer: &dyn Collective, world: usize, f: F) -> Result<Vec<(usize, R)>>
 where
@@ -55,7 +57,7 @@ where
     F: Fn(&dyn Collective) -> R + Sync,
 {
     if world == 0 {
-        return Err(Error::InvalidArgument("a job needs at least one rank".into()));
+        return Err(Error::NoRanks.into());
     }
     let (process, processes) = (outer.rank(), outer.world_size());
     let mine = hosted_ranks(process, processes, world);
@@ -94,7 +96,7 @@ where
         handles.into_iter().map(|h| h.join().ok().flatten()).collect()
     });
     if let Some(rank) = failed.lock().ok().and_then(|m| *m) {
-        return Err(Error::InvalidArgument(format!("rank {rank} of {world} panicked")));
+        return Err(Error::RankPanicked { rank, world }.into());
     }
     // Release the processes that host no rank: one last round, every process says it is done.
     if processes > world {
@@ -155,10 +157,8 @@ impl Collective for HostedRank<'_> {
     }
 }
 
-fn malformed(process: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "process {process} sent a message out of step (do all processes run the same ranks' operations?)"
-    ))
+fn malformed(process: usize) -> ckpt_tensor::Error {
+    Error::OutOfStep { process }.into()
 }
 
 fn encode(parts: &[Vec<u8>], out: &mut Vec<u8>) {
@@ -170,7 +170,7 @@ fn encode(parts: &[Vec<u8>], out: &mut Vec<u8>) {
 }
 
 fn decode(mut bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let bad = || Error::Malformed("a collective message is truncated".into());
+    let bad = || ckpt_tensor::Error::from(Error::TruncatedMessage);
     let take = |n: usize, bytes: &mut &[u8]| -> Result<Vec<u8>> {
         if bytes.len() < n {
             return Err(bad());

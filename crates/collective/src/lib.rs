@@ -28,11 +28,13 @@
 
 #![forbid(unsafe_code)]
 
+mod error;
 mod group;
 mod hosted;
 #[cfg(feature = "mpi")]
 mod mpi_group;
 
+pub use error::Error;
 pub use group::{Collective, SingleProcess, ThreadGroup};
 pub use hosted::{host_ranks, hosted_ranks};
 #[cfg(feature = "mpi")]

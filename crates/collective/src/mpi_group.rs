@@ -12,7 +12,9 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
 use crate::group::Collective;
-use ckpt_tensor::{Error, Result};
+use ckpt_tensor::Result;
+
+use crate::error::Error;
 
 /// The environment variable that sets [`MpiCollective::init`]'s watchdog: seconds one collective operation
 /// may wait before the job is aborted.
@@ -84,16 +86,16 @@ fn world() -> SimpleCommunicator {
     SimpleCommunicator::world()
 }
 
-fn too_big(what: &str, len: usize) -> Error {
-    Error::Limit(format!("an MPI {what} of {len} bytes: at most {} bytes per operation", Count::MAX))
+fn too_big(operation: &'static str, len: usize) -> ckpt_tensor::Error {
+    Error::MpiTooLarge { operation, len, max: Count::MAX }.into()
 }
 
-fn count_of(len: usize, what: &str) -> Result<Count> {
+fn count_of(len: usize, what: &'static str) -> Result<Count> {
     Count::try_from(len).map_err(|_| too_big(what, len))
 }
 
 /// Counts and displacements of a receive buffer holding parts of `lens` bytes one after another.
-fn layout(lens: &[u64], what: &str) -> Result<(Vec<Count>, Vec<Count>, usize)> {
+fn layout(lens: &[u64], what: &'static str) -> Result<(Vec<Count>, Vec<Count>, usize)> {
     let (mut counts, mut displs, mut total) = (Vec::with_capacity(lens.len()), Vec::with_capacity(lens.len()), 0);
     for &len in lens {
         let len = usize::try_from(len).map_err(|_| too_big(what, usize::MAX))?;
@@ -121,26 +123,27 @@ impl MpiCollective {
     /// Initializes MPI and returns the world communicator. Reads [`TIMEOUT_ENV`] (seconds) for a watchdog.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when MPI was already initialized in this process or the MPI library
-    /// cannot give at least `MPI_THREAD_SERIALIZED`, or `CKPT_MPI_TIMEOUT` is not a number of seconds.
+    /// [`Error::MpiAlreadyInitialized`] when MPI was already initialized in this process,
+    /// [`Error::MpiThreading`] when the MPI library cannot give at least `MPI_THREAD_SERIALIZED`,
+    /// [`Error::TimeoutNotANumber`] or [`Error::TimeoutNotPositive`] when `CKPT_MPI_TIMEOUT` is not a number
+    /// of seconds above 0.
     pub fn init() -> Result<MpiCollective> {
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
-            .ok_or_else(|| Error::InvalidArgument("MPI is already initialized in this process".into()))?;
+        let (universe, threading) =
+            mpi::initialize_with_threading(Threading::Multiple).ok_or(Error::MpiAlreadyInitialized)?;
         if threading < Threading::Serialized {
-            return Err(Error::InvalidArgument(format!(
-                "the MPI library gives {threading:?} thread support; ckpt needs at least Serialized"
-            )));
+            return Err(Error::MpiThreading { threading }.into());
         }
         let w = universe.world();
         let (rank, size) = (usize::try_from(w.rank()).unwrap_or(0), usize::try_from(w.size()).unwrap_or(1));
         let mpi = MpiCollective { _universe: universe, rank, size, threading, lock: Mutex::new(()), watchdog: None };
         match std::env::var(TIMEOUT_ENV) {
             Ok(s) if !s.trim().is_empty() => {
-                let secs: f64 = s.trim().parse().map_err(|_| {
-                    Error::InvalidArgument(format!("{TIMEOUT_ENV}={s:?}: expected a number of seconds"))
-                })?;
+                let secs: f64 = s
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::TimeoutNotANumber { variable: TIMEOUT_ENV, value: s.clone() })?;
                 if !(secs > 0.0 && secs.is_finite()) {
-                    return Err(Error::InvalidArgument(format!("{TIMEOUT_ENV}={s:?}: expected seconds above 0")));
+                    return Err(Error::TimeoutNotPositive { variable: TIMEOUT_ENV, value: s }.into());
                 }
                 mpi.with_timeout(Duration::from_secs_f64(secs))
             }
@@ -152,13 +155,11 @@ impl MpiCollective {
     /// `timeout` (a rank that never arrives), the job is aborted with a message naming this rank.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when the MPI library does not give `MPI_THREAD_MULTIPLE` (the watchdog
+    /// [`Error::TimeoutNeedsMultiple`] when the MPI library does not give `MPI_THREAD_MULTIPLE` (the watchdog
     /// calls `MPI_Abort` while another thread waits inside MPI).
     pub fn with_timeout(mut self, timeout: Duration) -> Result<MpiCollective> {
         if self.threading != Threading::Multiple {
-            return Err(Error::InvalidArgument(
-                "a collective timeout needs MPI_THREAD_MULTIPLE, which this MPI library does not give".into(),
-            ));
+            return Err(Error::TimeoutNeedsMultiple.into());
         }
         let since = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -188,7 +189,7 @@ impl MpiCollective {
                     }
                 }
             })
-            .map_err(|e| Error::InvalidArgument(format!("cannot start the MPI watchdog thread: {e}")))?;
+            .map_err(|source| Error::Watchdog { source })?;
         self.watchdog = Some(Watchdog { since, epoch, stop, handle: Some(handle) });
         Ok(self)
     }
@@ -206,7 +207,7 @@ impl MpiCollective {
 
     /// Runs one MPI operation: serialized with the process's other threads, watched by the watchdog.
     fn op<T>(&self, f: impl FnOnce(&SimpleCommunicator) -> Result<T>) -> Result<T> {
-        let _guard = self.lock.lock().map_err(|_| Error::InvalidArgument("the MPI lock is poisoned".into()))?;
+        let _guard = self.lock.lock().map_err(|_| Error::LockPoisoned)?;
         if let Some(w) = &self.watchdog {
             w.since.store(w.epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
         }
@@ -307,9 +308,9 @@ impl Collective for MpiCollective {
 impl MpiCollective {
     fn root(&self, root: usize) -> Result<mpi::topology::Rank> {
         if root >= self.size {
-            return Err(Error::InvalidArgument(format!("root {root} of {} MPI ranks", self.size)));
+            return Err(Error::BadRoot { root, ranks: self.size }.into());
         }
-        mpi::topology::Rank::try_from(root).map_err(|_| Error::InvalidArgument(format!("root {root}")))
+        mpi::topology::Rank::try_from(root).map_err(|_| Error::BadRoot { root, ranks: self.size }.into())
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ckpt_tensor::Fault;
+use ckpt_tensor::{DType, Fault};
 
 /// What went wrong reading a DeepSpeed checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +120,38 @@ pub enum Error {
         /// What it is.
         found: &'static str,
     },
+    /// A parameter whose shape's element count overflows `usize`.
+    #[error("malformed data: {name}: shape {shape:?} overflows")]
+    ShapeOverflow {
+        /// The parameter.
+        name: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A flat group piece that is not a 1-D tensor of the parameter's dtype.
+    #[error(
+        "malformed data: {name}: a flat piece is {found_dtype} of shape {found_shape:?}, expected a 1-D {dtype} tensor"
+    )]
+    BadFlatPiece {
+        /// The parameter.
+        name: String,
+        /// The parameter's dtype.
+        dtype: DType,
+        /// The piece's dtype.
+        found_dtype: DType,
+        /// The piece's shape.
+        found_shape: Vec<usize>,
+    },
+    /// Flat groups that hold fewer elements than a parameter needs.
+    #[error("malformed data: {name}: the flat groups hold {held} of its {numel} elements")]
+    FlatGroupsShort {
+        /// The parameter.
+        name: String,
+        /// The elements the groups hold.
+        held: usize,
+        /// The parameter's elements.
+        numel: usize,
+    },
     /// An error of the tensor model (a view out of range, an allocation that failed).
     #[error(transparent)]
     Core(#[from] ckpt_tensor::Error),
@@ -137,7 +169,10 @@ impl Error {
             | Error::Layout { .. }
             | Error::RankCount { .. }
             | Error::FlatGroups { .. }
-            | Error::DuplicateName { .. } => Fault::Malformed,
+            | Error::DuplicateName { .. }
+            | Error::ShapeOverflow { .. }
+            | Error::BadFlatPiece { .. }
+            | Error::FlatGroupsShort { .. } => Fault::Malformed,
             Error::Unsupported { .. } => Fault::Unsupported,
             Error::NoEntry { .. } | Error::WrongKind { .. } => Fault::InvalidArgument,
             Error::Core(e) => e.fault(),

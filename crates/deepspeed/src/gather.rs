@@ -35,7 +35,7 @@ pub(crate) fn run(flats: &[Tensor], start: usize, len: usize) -> Result<Option<V
 /// a time.
 pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Tensor>) -> Result<Tensor> {
     let numel = ckpt_tensor::checked_numel(shape)
-        .ok_or_else(|| ckpt_tensor::Error::Malformed(format!("{name}: shape {shape:?} overflows")))?;
+        .ok_or_else(|| Error::ShapeOverflow { name: name.to_owned(), shape: shape.to_vec() })?;
     let mut kept = Vec::with_capacity(pieces.len());
     let mut left = numel;
     for p in pieces {
@@ -43,23 +43,19 @@ pub(crate) fn assemble(name: &str, dtype: DType, shape: &[usize], pieces: Vec<Te
             break;
         }
         if p.dtype() != dtype || p.dim() != 1 {
-            return Err(ckpt_tensor::Error::Malformed(format!(
-                "{name}: a flat piece is {} of shape {:?}, expected a 1-D {dtype} tensor",
-                p.dtype(),
-                p.shape()
-            ))
-            .into());
+            return Err(Error::BadFlatPiece {
+                name: name.to_owned(),
+                dtype,
+                found_dtype: p.dtype(),
+                found_shape: p.shape().to_vec(),
+            });
         }
         let take = p.numel().min(left);
         kept.push(p.narrow(0, 0, take)?.to_contiguous()?);
         left -= take;
     }
     if left != 0 {
-        return Err(ckpt_tensor::Error::Malformed(format!(
-            "{name}: the flat groups hold {} of its {numel} elements",
-            numel - left
-        ))
-        .into());
+        return Err(Error::FlatGroupsShort { name: name.to_owned(), held: numel - left, numel });
     }
     match kept.as_slice() {
         [] => Ok(Tensor::zeros(dtype, shape)?),

@@ -92,7 +92,7 @@ fn param_groups(states: At<'_>) -> Result<Vec<Group>> {
 
 fn numel(name: &str, shape: &[usize]) -> Result<usize> {
     ckpt_tensor::checked_numel(shape)
-        .ok_or_else(|| ckpt_tensor::Error::Malformed(format!("{name}: shape {shape:?} overflows")).into())
+        .ok_or_else(|| Error::ShapeOverflow { name: name.to_owned(), shape: shape.to_vec() })
 }
 
 /// The buffers of the model states file, floating-point ones cast to float32 (as `zero_to_fp32` does).

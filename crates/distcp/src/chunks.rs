@@ -174,7 +174,7 @@ pub(crate) fn copy_box(
 ) -> Result<()> {
     let es = src.dtype().size();
     let n = len.len();
-    let bad = || Error::Core(ckpt_tensor::Error::InvalidArgument("chunk copy outside its tensors".into()));
+    let bad = || Error::ChunkCopyOutside;
     if src.dim() != n || dst_shape.len() != n || src_start.len() != n || dst_start.len() != n {
         return Err(bad());
     }

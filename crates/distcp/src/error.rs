@@ -261,6 +261,15 @@ pub enum Error {
         /// The limit.
         limit: u64,
     },
+    /// A safetensors data file of the Hugging Face layout cannot be read as safetensors.
+    #[error("{}: {source}", path.display())]
+    UnreadableSafetensors {
+        /// The file.
+        path: PathBuf,
+        /// The safetensors reader's error.
+        #[source]
+        source: ckpt_tensor::Error,
+    },
     /// A safetensors data file of the Hugging Face layout is invalid.
     #[error("{}: {reason}", path.display())]
     BadSafetensors {
@@ -322,6 +331,24 @@ pub enum Error {
         /// Ranks loading it.
         ranks: usize,
     },
+    /// A Megatron-Core checkpoint's `metadata.json` is not JSON.
+    #[error("{}: not JSON: {source}", path.display())]
+    MegatronJson {
+        /// The `metadata.json` file.
+        path: PathBuf,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The index of a Hugging Face layout is not JSON.
+    #[error("{}: invalid JSON: {source}", path.display())]
+    IndexJson {
+        /// The index file.
+        path: PathBuf,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A Megatron-Core checkpoint's `metadata.json` is missing, not JSON, or names a backend other than
     /// `torch_dist` (`zarr` checkpoints are not read).
     #[error("{}: {problem}", path.display())]
@@ -351,6 +378,29 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A copy between chunks whose boxes are not inside their tensors.
+    #[error("invalid argument: chunk copy outside its tensors")]
+    ChunkCopyOutside,
+    /// More storage items than a `u32` counts.
+    #[error("limit exceeded: more than 2^32 storage items")]
+    TooManyStorageItems,
+    /// A region whose byte count overflows `usize`.
+    #[error("limit exceeded: region {sizes:?} of {key} is too large")]
+    RegionTooLarge {
+        /// The entry's key.
+        key: String,
+        /// The region's sizes.
+        sizes: Vec<usize>,
+    },
+    /// A save of no ranks.
+    #[error("invalid argument: a save needs at least one rank")]
+    NoRanks,
+    /// A writer thread of a multi-rank save panicked.
+    #[error("invalid argument: a writer thread panicked")]
+    WriterPanicked,
+    /// A multi-rank save whose ranks returned neither metadata nor an error.
+    #[error("invalid argument: no rank returned")]
+    NoRankReturned,
     /// A `torch.save` file (conversion source or target) failed.
     #[error(transparent)]
     Torch(#[from] ckpt_torch::Error),
@@ -384,13 +434,45 @@ impl Error {
             | Error::RegionOutOfBounds { .. }
             | Error::Unwritable { .. }
             | Error::AlreadyExists { .. }
-            | Error::RankCountMismatch { .. } => Fault::InvalidArgument,
+            | Error::RankCountMismatch { .. }
+            | Error::ChunkCopyOutside
+            | Error::NoRanks
+            | Error::WriterPanicked
+            | Error::NoRankReturned => Fault::InvalidArgument,
             Error::UnknownTransform { .. } => Fault::Unsupported,
             Error::MegatronMetadata { problem, .. } if problem.contains("backend") => Fault::Unsupported,
             Error::DecompressedTooLarge { .. }
             | Error::MetadataTooLarge { .. }
-            | Error::MegatronTooManyLayers { .. } => Fault::Limit,
-            _ => Fault::Malformed,
+            | Error::MegatronTooManyLayers { .. }
+            | Error::TooManyStorageItems
+            | Error::RegionTooLarge { .. } => Fault::Limit,
+            Error::NotACheckpoint { .. }
+            | Error::MetadataPickle { .. }
+            | Error::UnexpectedClass { .. }
+            | Error::BadField { .. }
+            | Error::MissingField { .. }
+            | Error::UnknownDType { .. }
+            | Error::MergeConflict { .. }
+            | Error::UnsafePath { .. }
+            | Error::MissingFile { .. }
+            | Error::ItemOutOfFile { .. }
+            | Error::ChunkRank { .. }
+            | Error::ChunkOutOfBounds { .. }
+            | Error::OverlappingChunks { .. }
+            | Error::IncompleteCoverage { .. }
+            | Error::MissingItem { .. }
+            | Error::ItemNotTensor { .. }
+            | Error::ChunkShapeMismatch { .. }
+            | Error::DTypeMismatch { .. }
+            | Error::Zstd { .. }
+            | Error::BadSafetensors { .. }
+            // Malformed whatever the reader's own fault, as before the reader's error was kept.
+            | Error::UnreadableSafetensors { .. }
+            | Error::RankFailed { .. }
+            | Error::MegatronMetadata { .. }
+            | Error::MegatronJson { .. }
+            | Error::IndexJson { .. }
+            | Error::MegatronLayout { .. } => Fault::Malformed,
         }
     }
 }

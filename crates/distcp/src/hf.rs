@@ -53,7 +53,7 @@ fn layout_files(dir: &Path) -> Result<Vec<String>> {
     }
     let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
     let json: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| bad(&index, format!("invalid JSON: {e}")))?;
+        serde_json::from_slice(&text).map_err(|source| Error::IndexJson { path: index.clone(), source })?;
     let map = json
         .get("weight_map")
         .and_then(serde_json::Value::as_object)
@@ -81,7 +81,8 @@ pub(crate) fn metadata(dir: &Path) -> Result<(Metadata, Vec<PathBuf>)> {
             return Err(Error::MissingFile { key: String::new(), file: file.clone() });
         }
         let buffer = Buffer::map_file(&path)?;
-        let st = ckpt_safetensors::read(&buffer).map_err(|e| bad(&path, e.to_string()))?;
+        let st = ckpt_safetensors::read(&buffer)
+            .map_err(|source| Error::UnreadableSafetensors { path: path.clone(), source })?;
         let sharding: HashMap<String, Vec<usize>> = match st.metadata.as_ref().and_then(|m| m.get(SHARDING_INFO_KEY)) {
             None => HashMap::new(),
             Some(text) => parse_sharding(text).map_err(|reason| bad(&path, reason))?,

@@ -149,8 +149,8 @@ impl MegatronReader {
         let dir = dir.as_ref();
         let path = dir.join(METADATA_JSON);
         let text = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let metadata: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| Error::MegatronMetadata { path: path.clone(), problem: format!("not JSON: {e}") })?;
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|source| Error::MegatronJson { path: path.clone(), source })?;
         match metadata.get("sharded_backend").and_then(serde_json::Value::as_str) {
             Some("torch_dist") => {}
             Some(other) => {

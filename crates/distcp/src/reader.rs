@@ -208,7 +208,7 @@ fn item_index(metadata: &Metadata, keys: &HashMap<String, usize>) -> Result<Vec<
     let mut items: Vec<Vec<u32>> = vec![Vec::new(); keys.len()];
     let mut last: Option<(&str, usize)> = None;
     for (i, (ix, _)) in metadata.storage_data.iter().enumerate() {
-        let i = u32::try_from(i).map_err(|_| ckpt_tensor::Error::Limit("more than 2^32 storage items".into()))?;
+        let i = u32::try_from(i).map_err(|_| Error::TooManyStorageItems)?;
         let k = match last {
             Some((fqn, k)) if fqn == ix.fqn => Some(k),
             _ => keys.get(ix.fqn.as_str()).copied(),
@@ -635,7 +635,7 @@ impl DcpReader {
         }
         let nbytes = ckpt_tensor::checked_numel(sizes)
             .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| ckpt_tensor::Error::Limit(format!("region {sizes:?} of {key} is too large")))?;
+            .ok_or_else(|| Error::RegionTooLarge { key: key.to_owned(), sizes: sizes.to_vec() })?;
         let copy = |out: &mut AlignedBytes, i: usize, o: &[usize], l: &[usize], t: &Tensor| {
             // Lazy conjugation/negation bits are resolved before the raw bytes are copied.
             let resolved;
@@ -667,10 +667,7 @@ impl DcpReader {
                 let shape = sizes.to_vec();
                 let fill = move |out: &mut [u8]| -> ckpt_tensor::Result<()> {
                     for (t, src, l, dst) in &parts {
-                        copy_box(t, src, l, out, &shape, dst).map_err(|e| match e {
-                            Error::Core(e) => e,
-                            e => ckpt_tensor::Error::Malformed(e.to_string()),
-                        })?;
+                        copy_box(t, src, l, out, &shape, dst)?;
                     }
                     Ok(())
                 };

@@ -245,7 +245,7 @@ pub fn save_ranks(
 ) -> Result<SaveReport> {
     let dir = dir.as_ref();
     if ranks.is_empty() {
-        return Err(Error::Core(ckpt_tensor::Error::InvalidArgument("a save needs at least one rank".into())));
+        return Err(Error::NoRanks);
     }
     let results: Vec<Result<SaveReport>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ThreadGroup::new(ranks.len())
@@ -253,14 +253,7 @@ pub fn save_ranks(
             .zip(ranks)
             .map(|(group, (sd, shards))| scope.spawn(move || save_rank(sd, shards, dir, options, &group)))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Core(ckpt_tensor::Error::InvalidArgument("a writer thread panicked".into())))
-                })
-            })
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::WriterPanicked))).collect()
     });
     let mut metadata = None;
     let mut first_err = None;
@@ -275,7 +268,7 @@ pub fn save_ranks(
     match (first_err, metadata) {
         (Some(e), _) => Err(e),
         (None, Some(m)) => Ok(m),
-        (None, None) => Err(Error::Core(ckpt_tensor::Error::InvalidArgument("no rank returned".into()))),
+        (None, None) => Err(Error::NoRankReturned),
     }
 }
 
@@ -308,6 +301,8 @@ pub(crate) fn save_with_source(
             }
             m
         }
+        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+        // returns its own error, source intact.
         Err(e) => json!({"error": e.to_string()}),
     };
     let gathered = exchange(group, &msg)?;
@@ -351,6 +346,8 @@ pub(crate) fn save_with_source(
     }
     let msg = match &written {
         Ok(results) => json!({"results": planner::results_to_json(results)}),
+        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+        // returns its own error, source intact.
         Err(e) => json!({"error": e.to_string()}),
     };
     let gathered = exchange(group, &msg);

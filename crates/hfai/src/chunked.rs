@@ -73,8 +73,10 @@ impl Chunked {
     /// Elements `start .. start + len` as a flat tensor with a storage of exactly those bytes, and whether
     /// they had to be copied (the range spans pieces) rather than handed out as a window.
     pub(crate) fn range(&self, start: usize, len: usize) -> Result<(Tensor, bool)> {
-        let end = start.checked_add(len).filter(|&e| e <= self.numel).ok_or_else(|| {
-            ckpt_tensor::Error::InvalidArgument(format!("elements {start}+{len} of a {}-element tensor", self.numel))
+        let end = start.checked_add(len).filter(|&e| e <= self.numel).ok_or(Error::ElementsOutOfRange {
+            start,
+            len,
+            numel: self.numel,
         })?;
         let es = self.dtype.size();
         // pieces overlapping [start, end), skipping empty ones
@@ -99,7 +101,7 @@ impl Chunked {
                     parts.push(p.storage().slice(from * es..to * es)?);
                 }
                 if parts.iter().map(Buffer::len).sum::<usize>() != len * es {
-                    return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()).into());
+                    return Err(Error::OverlappingChunkRanges);
                 }
                 let fill_at = move |offset: usize, out: &mut [u8]| -> ckpt_tensor::Result<()> {
                     let end = offset + out.len();
@@ -109,7 +111,7 @@ impl Chunked {
                         let (lo, hi) = (offset.max(at), end.min(at + src.len()));
                         if lo < hi {
                             let Some((dst, tail)) = rest.split_at_mut_checked(hi - rest_at) else {
-                                return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()));
+                                return Err(Error::OverlappingChunkRanges.into());
                             };
                             sections.push((dst, src.slice(lo - at..hi - at)?));
                             rest = tail;
@@ -118,7 +120,7 @@ impl Chunked {
                         at += src.len();
                     }
                     if !rest.is_empty() {
-                        return Err(ckpt_tensor::Error::InvalidArgument("chunk ranges overlap".into()));
+                        return Err(Error::OverlappingChunkRanges.into());
                     }
                     sections.into_par_iter().try_for_each(|(dst, src)| {
                         dst.copy_from_slice(&src.bytes()?);

@@ -66,6 +66,8 @@ impl Report {
     pub(crate) fn of<T>(r: &Result<T>, fingerprints: impl FnOnce(&T) -> Vec<Fingerprint>) -> Report {
         match r {
             Ok(v) => Report::Done(fingerprints(v)),
+            // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+            // returns its own error, source intact.
             Err(e) => Report::Failed(e.to_string()),
         }
     }

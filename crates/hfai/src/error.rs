@@ -247,6 +247,41 @@ pub enum Error {
         /// The file names.
         names: Vec<String>,
     },
+    /// A range of elements past the end of a chunked tensor.
+    #[error("invalid argument: elements {start}+{len} of a {numel}-element tensor")]
+    ElementsOutOfRange {
+        /// The first element.
+        start: usize,
+        /// The elements asked for.
+        len: usize,
+        /// The tensor's elements.
+        numel: usize,
+    },
+    /// The chunks of a chunked tensor cover a range with overlaps.
+    #[error("invalid argument: chunk ranges overlap")]
+    OverlappingChunkRanges,
+    /// A tensor asked for whose data cannot be read as a dense tensor.
+    #[error("unsupported: {name:?} is a {kind:?} tensor; its data cannot be read as a dense tensor")]
+    OpaqueTensor {
+        /// The entry's name.
+        name: String,
+        /// The kind of tensor.
+        kind: ckpt_tensor::OpaqueTensorKind,
+    },
+    /// A tensor asked for that is another kind of value.
+    #[error("invalid argument: {name:?} is a {type_name}, not a tensor")]
+    NotATensor {
+        /// The entry's name.
+        name: String,
+        /// The value's type.
+        type_name: &'static str,
+    },
+    /// An entry asked for that the checkpoint does not hold.
+    #[error("invalid argument: no entry named {name:?}")]
+    NoSuchEntry {
+        /// The name asked for.
+        name: String,
+    },
     /// A core error (bad view, allocation, collective).
     #[error(transparent)]
     Core(#[from] ckpt_tensor::Error),
@@ -288,8 +323,28 @@ impl Error {
             | Error::ReservedKey { .. }
             | Error::UnknownBuffer { .. }
             | Error::BadOptimizer { .. }
-            | Error::TooFewChunks { .. } => Fault::InvalidArgument,
-            _ => Fault::Malformed,
+            | Error::TooFewChunks { .. }
+            | Error::ElementsOutOfRange { .. }
+            | Error::OverlappingChunkRanges
+            | Error::NotATensor { .. }
+            | Error::NoSuchEntry { .. } => Fault::InvalidArgument,
+            Error::OpaqueTensor { .. } => Fault::Unsupported,
+            Error::NotADirectory { .. }
+            | Error::MissingPart { .. }
+            | Error::ExtraParts { .. }
+            | Error::NshardsMismatch { .. }
+            | Error::Layout { .. }
+            | Error::CountMismatch { .. }
+            | Error::ChunkSizeMismatch { .. }
+            | Error::ShapeMismatch { .. }
+            | Error::ChunkDType { .. }
+            | Error::ChunkNotFlat { .. }
+            | Error::DuplicateKey { .. }
+            | Error::OrphanChunk { .. }
+            | Error::RankFailed { .. }
+            | Error::Incomplete { .. }
+            | Error::Inconsistent { .. }
+            | Error::ForeignFiles { .. } => Fault::Malformed,
         }
     }
 }

@@ -531,12 +531,11 @@ impl CheckpointRead for HfaiReader {
 
     fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         match self.find(name)? {
-            Value::OpaqueTensor { kind, .. } => Err(ckpt_tensor::Error::Unsupported(format!(
-                "{name:?} is a {kind:?} tensor; its data cannot be read as a dense tensor"
-            ))),
-            v => v.as_tensor().cloned().ok_or_else(|| {
-                ckpt_tensor::Error::InvalidArgument(format!("{name:?} is a {}, not a tensor", v.type_name()))
-            }),
+            Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
+            v => v
+                .as_tensor()
+                .cloned()
+                .ok_or_else(|| Error::NotATensor { name: name.to_owned(), type_name: v.type_name() }.into()),
         }
     }
 
@@ -547,7 +546,7 @@ impl CheckpointRead for HfaiReader {
 
 impl HfaiReader {
     fn find(&self, name: &str) -> ckpt_tensor::Result<&Value> {
-        let missing = || ckpt_tensor::Error::InvalidArgument(format!("no entry named {name:?}"));
+        let missing = || ckpt_tensor::Error::from(Error::NoSuchEntry { name: name.to_owned() });
         match self.leaf_index.get_or_init(|| LeafIndex::new(&self.value).ok()) {
             Some(index) => index.get(&self.value, name).ok_or_else(missing),
             // A key whose str() is not reproduced: leaves() names the error.

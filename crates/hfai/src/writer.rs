@@ -124,6 +124,7 @@ fn finalize_check(
     failure: &mut Option<Error>,
 ) -> std::result::Result<(), CommitError> {
     check_staged(commit.staging(), commit.target(), reports).map_err(|e| {
+        // The commit's `Refused` takes text; the error itself, source intact, is kept in `failure` and returned.
         let reason = e.to_string();
         *failure = Some(e);
         CommitError::Refused { path: commit.target().to_path_buf(), reason }
@@ -769,6 +770,8 @@ pub(crate) fn write_rank(
     let own = plan.and_then(|plan| plan.write_part(&commit, group.rank(), options, resolve));
     let payload = match &own {
         Ok(f) => Ok(f.encode().into_bytes()),
+        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+        // returns its own error, source intact.
         Err(e) => Err(e.to_string()),
     };
     let mut failure = None;

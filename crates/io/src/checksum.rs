@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value as Json, json};
 
-use ckpt_tensor::{Error, Result};
+use ckpt_tensor::{Error, Fault, Result};
 
 /// The manifest's file name.
 pub const MANIFEST_NAME: &str = "ckpt.checksums.json";
@@ -272,8 +272,112 @@ impl std::fmt::Display for Mismatch {
     }
 }
 
-fn malformed(what: &str) -> Error {
-    Error::Malformed(format!("{MANIFEST_NAME}: {what}"))
+/// The rules of a checksum manifest ([`MANIFEST_NAME`]), one variant each.
+///
+/// They convert into the core error as [`Error::Format`] with their [`ManifestError::fault`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The manifest is not JSON.
+    #[error("malformed data: {MANIFEST_NAME}: {source}")]
+    NotJson {
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// JSON whose `format` is not `ckpt.checksums`.
+    #[error("malformed data: {MANIFEST_NAME}: not a ckpt checksum manifest")]
+    NotAManifest,
+    /// A manifest version other than 1.
+    #[error("unsupported: {MANIFEST_NAME} version {version:?}")]
+    UnsupportedVersion {
+        /// The `version` field, if any.
+        version: Option<Json>,
+    },
+    /// A checksum algorithm this library does not compute.
+    #[error("unsupported: {MANIFEST_NAME} algorithm {algorithm:?}")]
+    UnsupportedAlgorithm {
+        /// The `algorithm` field, if any.
+        algorithm: Option<Json>,
+    },
+    /// No `files` object.
+    #[error("malformed data: {MANIFEST_NAME}: no \"files\" object")]
+    NoFiles,
+    /// A file entry without a size.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: no size")]
+    NoSize {
+        /// The file.
+        file: String,
+    },
+    /// A file entry without a chunk list.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: no chunks")]
+    NoChunks {
+        /// The file.
+        file: String,
+    },
+    /// A chunk that is not `[name, offset, length, hash]`.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: a chunk is not [name, offset, length, hash]")]
+    BadChunk {
+        /// The file.
+        file: String,
+    },
+    /// A chunk checksum that is not 8 hex digits.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: a checksum is not 8 hex digits")]
+    BadChecksum {
+        /// The file.
+        file: String,
+    },
+    /// A chunk whose end overflows.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: a chunk overflows")]
+    ChunkOverflow {
+        /// The file.
+        file: String,
+    },
+    /// Chunks with gaps, overlaps, or past the file's size.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: chunks are not consecutive within the file")]
+    ChunksNotConsecutive {
+        /// The file.
+        file: String,
+    },
+    /// Chunks that end before the file does.
+    #[error("malformed data: {MANIFEST_NAME}: {file}: chunks do not cover the file")]
+    ChunksIncomplete {
+        /// The file.
+        file: String,
+    },
+    /// A file name that leaves the checkpoint directory (`..`, an absolute path, empty).
+    #[error("malformed data: {MANIFEST_NAME}: file name {name:?} leaves the checkpoint directory")]
+    UnsafeName {
+        /// The file name.
+        name: String,
+    },
+}
+
+impl ManifestError {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            ManifestError::UnsupportedVersion { .. } | ManifestError::UnsupportedAlgorithm { .. } => Fault::Unsupported,
+            ManifestError::NotJson { .. }
+            | ManifestError::NotAManifest
+            | ManifestError::NoFiles
+            | ManifestError::NoSize { .. }
+            | ManifestError::NoChunks { .. }
+            | ManifestError::BadChunk { .. }
+            | ManifestError::BadChecksum { .. }
+            | ManifestError::ChunkOverflow { .. }
+            | ManifestError::ChunksNotConsecutive { .. }
+            | ManifestError::ChunksIncomplete { .. }
+            | ManifestError::UnsafeName { .. } => Fault::Malformed,
+        }
+    }
+}
+
+/// The core error, keeping the manifest's error as its source ([`Error::Format`]).
+impl From<ManifestError> for Error {
+    fn from(e: ManifestError) -> Self {
+        Error::format(e.fault(), e)
+    }
 }
 
 impl Manifest {
@@ -314,31 +418,34 @@ impl Manifest {
     /// Parses a manifest, checking its structure (every chunk in bounds, consecutive, covering the file).
     ///
     /// # Errors
-    /// [`Error::Malformed`] for anything else; [`Error::Unsupported`] for another algorithm or version.
+    /// [`ManifestError`]: [`Fault::Malformed`] for a broken structure, [`Fault::Unsupported`] for another
+    /// algorithm or version.
     pub fn from_json(bytes: &[u8]) -> Result<Manifest> {
-        let doc: Json = serde_json::from_slice(bytes).map_err(|e| malformed(&e.to_string()))?;
+        let doc: Json = serde_json::from_slice(bytes).map_err(|source| ManifestError::NotJson { source })?;
         if doc.get("format").and_then(Json::as_str) != Some("ckpt.checksums") {
-            return Err(malformed("not a ckpt checksum manifest"));
+            return Err(ManifestError::NotAManifest.into());
         }
         if doc.get("version").and_then(Json::as_u64) != Some(1) {
-            return Err(Error::Unsupported(format!("{MANIFEST_NAME} version {:?}", doc.get("version"))));
+            return Err(ManifestError::UnsupportedVersion { version: doc.get("version").cloned() }.into());
         }
         let algorithm_of = |v: Option<&Json>| {
             v.and_then(Json::as_str)
                 .and_then(Algorithm::from_name)
-                .ok_or_else(|| Error::Unsupported(format!("{MANIFEST_NAME} algorithm {v:?}")))
+                .ok_or_else(|| ManifestError::UnsupportedAlgorithm { algorithm: v.cloned() })
         };
         let default_algorithm = algorithm_of(doc.get("algorithm"))?;
-        let files = doc.get("files").and_then(Json::as_object).ok_or_else(|| malformed("no \"files\" object"))?;
+        let files = doc.get("files").and_then(Json::as_object).ok_or(ManifestError::NoFiles)?;
         let mut manifest = Manifest::default();
         for (name, entry) in files {
-            let bad = |what: &str| malformed(&format!("{name}: {what}"));
-            let size = entry.get("size").and_then(Json::as_u64).ok_or_else(|| bad("no size"))?;
+            let file = || name.clone();
+            let size =
+                entry.get("size").and_then(Json::as_u64).ok_or_else(|| ManifestError::NoSize { file: file() })?;
             let algorithm = match entry.get("algorithm") {
                 None => default_algorithm,
                 Some(a) => algorithm_of(Some(a))?,
             };
-            let list = entry.get("chunks").and_then(Json::as_array).ok_or_else(|| bad("no chunks"))?;
+            let list =
+                entry.get("chunks").and_then(Json::as_array).ok_or_else(|| ManifestError::NoChunks { file: file() })?;
             let mut chunks = Vec::with_capacity(list.len());
             let mut at = 0u64;
             for c in list {
@@ -348,18 +455,19 @@ impl Manifest {
                     c.get(2).and_then(Json::as_u64),
                     c.get(3).and_then(Json::as_str),
                 ) else {
-                    return Err(bad("a chunk is not [name, offset, length, hash]"));
+                    return Err(ManifestError::BadChunk { file: file() }.into());
                 };
-                let checksum = u32::from_str_radix(hash, 16).map_err(|_| bad("a checksum is not 8 hex digits"))?;
-                let end = offset.checked_add(length).ok_or_else(|| bad("a chunk overflows"))?;
+                let checksum =
+                    u32::from_str_radix(hash, 16).map_err(|_| ManifestError::BadChecksum { file: file() })?;
+                let end = offset.checked_add(length).ok_or_else(|| ManifestError::ChunkOverflow { file: file() })?;
                 if offset != at || end > size {
-                    return Err(bad("chunks are not consecutive within the file"));
+                    return Err(ManifestError::ChunksNotConsecutive { file: file() }.into());
                 }
                 at = end;
                 chunks.push(ChunkDigest { name: n.to_owned(), offset, length, checksum });
             }
             if at != size {
-                return Err(bad("chunks do not cover the file"));
+                return Err(ManifestError::ChunksIncomplete { file: file() }.into());
             }
             manifest.files.insert(name.clone(), FileDigest { file: name.clone(), size, algorithm, chunks });
         }
@@ -383,7 +491,7 @@ impl Manifest {
     /// good). File names must stay inside `dir`.
     ///
     /// # Errors
-    /// [`Error::Malformed`] for a file name that leaves the directory.
+    /// [`ManifestError::UnsafeName`] for a file name that leaves the directory.
     pub fn verify_dir(&self, dir: &Path) -> Result<Vec<Mismatch>> {
         self.check_dir(dir, true)
     }
@@ -445,7 +553,7 @@ fn safe_join(dir: &Path, name: &str) -> Result<PathBuf> {
     let p = Path::new(name);
     let plain = p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
     if name.is_empty() || !plain {
-        return Err(malformed(&format!("file name {name:?} leaves the checkpoint directory")));
+        return Err(ManifestError::UnsafeName { name: name.to_owned() }.into());
     }
     Ok(dir.join(p))
 }
@@ -563,9 +671,12 @@ mod tests {
             assert!(Manifest::from_json(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         let other = br#"{"format":"ckpt.checksums","version":1,"algorithm":"xxh3-64","files":{}}"#;
-        assert!(matches!(Manifest::from_json(other), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            Manifest::from_json(other),
+            Err(e) if matches!(e.format_error(), Some(ManifestError::UnsupportedAlgorithm { .. }))
+        ));
         let other = br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32c","files":{"a":{"algorithm":"md5","size":0,"chunks":[]}}}"#;
-        assert!(matches!(Manifest::from_json(other), Err(Error::Unsupported(_))));
+        assert!(matches!(Manifest::from_json(other), Err(e) if e.fault() == Fault::Unsupported));
         let m = Manifest::from_json(
             br#"{"format":"ckpt.checksums","version":1,"algorithm":"crc32","files":{"../x":{"size":0,"chunks":[]}}}"#,
         )

@@ -179,7 +179,7 @@ impl StagedFile<'_> {
 }
 
 fn group_error(e: ckpt_tensor::Error) -> CommitError {
-    CommitError::Group { message: e.to_string() }
+    CommitError::Group { source: e }
 }
 
 impl DirCommit {
@@ -199,6 +199,8 @@ impl DirCommit {
         let prepared = if rank == 0 { prepare(&target, &staging, options).map(Some) } else { Ok(None) };
         let message = match &prepared {
             Ok(_) => Vec::new(),
+            // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+            // returns its own error, source intact.
             Err(e) => e.to_string().into_bytes(),
         };
         let message = group.broadcast(message, 0).map_err(group_error)?;
@@ -396,6 +398,8 @@ impl DirCommit {
         let verdict = match &outcome {
             Ok(()) => Vec::new(),
             Err(CommitError::RankFailed { rank, message }) => format!("{rank}\n{message}").into_bytes(),
+            // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+            // returns its own error, source intact.
             Err(e) => format!("0\n{e}").into_bytes(),
         };
         let verdict = group.broadcast(verdict, 0).map_err(group_error)?;

@@ -63,10 +63,11 @@ pub enum CommitError {
         message: String,
     },
     /// The process group failed (a collective operation returned an error).
-    #[error("the process group failed: {message}")]
+    #[error("the process group failed: {source}")]
     Group {
-        /// The collective's error, as text.
-        message: String,
+        /// The collective's error.
+        #[source]
+        source: ckpt_tensor::Error,
     },
     /// Any other I/O error.
     #[error("{}: {source}", path.display())]
@@ -96,7 +97,13 @@ impl CommitError {
     pub fn fault(&self) -> ckpt_tensor::Fault {
         match self {
             CommitError::Refused { .. } => ckpt_tensor::Fault::InvalidArgument,
-            _ => ckpt_tensor::Fault::Io,
+            CommitError::DiskFull { .. }
+            | CommitError::ReadOnly { .. }
+            | CommitError::PermissionDenied { .. }
+            | CommitError::Locked { .. }
+            | CommitError::RankFailed { .. }
+            | CommitError::Group { .. }
+            | CommitError::Io { .. } => ckpt_tensor::Fault::Io,
         }
     }
 

@@ -72,7 +72,8 @@ impl Config {
     /// # Errors
     /// [`Error::BadConfig`] naming the first problem.
     pub fn parse(text: &str) -> Result<Config> {
-        let json: Json = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let json: Json = serde_json::from_str(text)
+            .map_err(|source| Error::ConfigJson { path: Path::new("config").to_path_buf(), source })?;
         let Json::Object(json) = json else { return Err(bad("not a JSON object")) };
         let ents = json.get("entities").and_then(Json::as_object).ok_or_else(|| bad("no \"entities\" mapping"))?;
         let mut entities = Vec::with_capacity(ents.len());
@@ -135,6 +136,7 @@ impl Config {
         })?;
         Config::parse(&text).map_err(|e| match e {
             Error::BadConfig { reason, .. } => Error::BadConfig { path: path.to_path_buf(), reason },
+            Error::ConfigJson { source, .. } => Error::ConfigJson { path: path.to_path_buf(), source },
             e => e,
         })
     }

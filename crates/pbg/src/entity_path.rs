@@ -39,7 +39,8 @@ fn parse_count(path: &Path, text: &str) -> Result<u64> {
 
 fn parse_names(path: &Path, text: &str) -> Result<Vec<String>> {
     let bad = |reason: String| Error::BadEntityFile { path: path.to_path_buf(), reason };
-    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|source| Error::EntityFileJson { path: path.to_path_buf(), source })?;
     let list = json.as_array().ok_or_else(|| bad("not a JSON list of names".into()))?;
     list.iter()
         .enumerate()

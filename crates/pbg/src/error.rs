@@ -184,6 +184,24 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A config that is not JSON.
+    #[error("{}: not JSON: {source}", path.display())]
+    ConfigJson {
+        /// The config file (or the HDF5 file whose `config/json` attribute it is).
+        path: PathBuf,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An entity-path JSON file that is not JSON.
+    #[error("{}: not JSON: {source}", path.display())]
+    EntityFileJson {
+        /// The file.
+        path: PathBuf,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// An entity-path file (`entity_count_*.txt`, `entity_names_*.json`, `dynamic_rel_names.json`) is
     /// malformed.
     #[error("{}: {reason}", path.display())]
@@ -298,7 +316,27 @@ impl Error {
             | Error::NoEmbeddings
             | Error::NoConfig
             | Error::LayoutMismatch { .. } => Fault::InvalidArgument,
-            _ => Fault::Malformed,
+            Error::NotHdf5 { .. }
+            | Error::Truncated { .. }
+            | Error::Hdf5 { .. }
+            | Error::FormatVersion { .. }
+            | Error::MissingDataset { .. }
+            | Error::WrongDtype { .. }
+            | Error::WrongRank { .. }
+            | Error::BadStorage { .. }
+            | Error::CountMismatch { .. }
+            | Error::DimensionMismatch { .. }
+            | Error::OptimizerBlob { .. }
+            | Error::OptimizerLayout(_)
+            | Error::UnmappedParameter { .. }
+            | Error::BadAttribute { .. }
+            | Error::BadVersionFile { .. }
+            | Error::BadConfig { .. }
+            | Error::ConfigJson { .. }
+            | Error::EntityFileJson { .. }
+            | Error::BadEntityFile { .. }
+            | Error::NamesMismatch { .. }
+            | Error::RelationNameMismatch { .. } => Fault::Malformed,
         }
     }
 }

@@ -357,6 +357,7 @@ fn plan(entries: &[(String, Value)], dst: &Path, options: &WriteOptions) -> Resu
         (None, Some(text)) => {
             parsed = Config::parse(text).map_err(|e| match e {
                 Error::BadConfig { reason, .. } => Error::BadConfig { path: dst.join(CONFIG_FILE), reason },
+                Error::ConfigJson { source, .. } => Error::ConfigJson { path: dst.join(CONFIG_FILE), source },
                 e => e,
             })?;
             &parsed
@@ -613,6 +614,8 @@ pub fn save_rank(
     });
     let own = match &local {
         Ok(_) => Ok(()),
+        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+        // returns its own error, source intact.
         Err(e) => Err(e.to_string()),
     };
     let mut failure = None;
@@ -632,6 +635,7 @@ pub fn save_rank(
             Ok(())
         };
         finalize().map_err(|e| {
+            // The commit's `Refused` takes text; the error itself, source intact, is kept in `failure` and returned.
             let reason = e.to_string();
             failure = Some(e);
             CommitError::Refused { path: c.target().to_path_buf(), reason }

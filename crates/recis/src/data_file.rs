@@ -98,7 +98,7 @@ impl DataFile {
                 HeaderError::FileTooShort { len } => Error::FileTooShort { path, len },
                 HeaderError::TooLarge { header_len, limit } => Error::HeaderTooLarge { path, header_len, limit },
                 HeaderError::PastEnd { header_len, file_len } => Error::HeaderPastEnd { path, header_len, file_len },
-                HeaderError::Json(e) => Error::Json { path, message: e.to_string() },
+                HeaderError::Json(e) => Error::Json { path, source: e.into() },
                 HeaderError::UnknownDtype { name, dtype } => Error::UnknownDtype { path, key: name, dtype },
                 HeaderError::BadOffsets { name, reason } => Error::BadOffsets { path, key: name, reason },
                 HeaderError::BadEntry { name, reason } => {

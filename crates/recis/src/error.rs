@@ -37,12 +37,13 @@ pub enum Error {
         file_id: u64,
     },
     /// A JSON file (`index`, `tensorkey.json`, a data-file header) is not valid JSON.
-    #[error("{}: invalid JSON: {message}", path.display())]
+    #[error("{}: invalid JSON: {source}", path.display())]
     Json {
         /// The file.
         path: PathBuf,
-        /// serde_json's message (with line and column).
-        message: String,
+        /// The parser's error: serde_json's (with line and column), or the UTF-8 decoder's.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
     /// `index` is JSON, but not `{"block_index": {key: file id}, "file_index": {file name: file id}}`.
     #[error("{}: not a RecIS index: {reason}", path.display())]
@@ -288,9 +289,105 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// An argument is out of range (`parallel` 0, a shard index not below the shard count, ...).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// A shard index that is not below the shard count (or a shard count of 0).
+    #[error("invalid argument: shard index {index} must be below the shard count {num}")]
+    BadShard {
+        /// The shard index.
+        index: usize,
+        /// The shard count.
+        num: usize,
+    },
+    /// A slice bound of a shard that does not fit `u32`.
+    #[error("invalid argument: slice bound {bound}")]
+    SliceBoundTooLarge {
+        /// The bound.
+        bound: u64,
+    },
+    /// A save or reshard into 0 shards.
+    #[error("invalid argument: {action} 0 shards")]
+    ZeroShards {
+        /// What was asked (`writing`, `resharding into`).
+        action: &'static str,
+    },
+    /// An entry asked for as a tensor that is not one.
+    #[error("invalid argument: entry {name:?} is not a tensor")]
+    NotATensor {
+        /// The entry's name.
+        name: String,
+    },
+    /// A slot of a 0-dim tensor, which has no rows.
+    #[error("invalid argument: slot {slot:?}: a 0-dim tensor has no rows")]
+    ScalarSlot {
+        /// The slot's name.
+        slot: String,
+    },
+    /// A row index past the end of a slot.
+    #[error("invalid argument: row {row} of slot {slot:?} with {rows} rows")]
+    RowOutOfRange {
+        /// The slot's name.
+        slot: String,
+        /// The row asked for.
+        row: usize,
+        /// The slot's rows.
+        rows: usize,
+    },
+    /// A gather whose byte count overflows `usize`.
+    #[error("invalid argument: {rows} rows of slot {slot:?} overflow")]
+    GatherOverflow {
+        /// The slot's name.
+        slot: String,
+        /// The rows gathered.
+        rows: usize,
+    },
+    /// A gathered row found outside its slot's bytes when the gather is made.
+    #[error("malformed data: row {row} outside its slot of {slot_bytes} bytes")]
+    RowOutsideSlot {
+        /// The row.
+        row: usize,
+        /// The slot's bytes.
+        slot_bytes: usize,
+    },
+    /// A byte range past the rows of a gather.
+    #[error("malformed data: row {row} past the gather")]
+    RowPastGather {
+        /// The row of the gather.
+        row: usize,
+    },
+    /// A concatenation of nothing.
+    #[error("invalid argument: concatenating no {what}")]
+    NothingToConcat {
+        /// What was to be concatenated (`slots`, `tables`).
+        what: &'static str,
+    },
+    /// A hash table, or a coalesce, with no children or more than [`crate::table::MAX_CHILDREN`].
+    #[error("invalid argument: a hash table has 1 to {max} children, not {count}")]
+    ChildCount {
+        /// The children given.
+        count: usize,
+        /// The most children a table has.
+        max: usize,
+    },
+    /// Table ids that are not a 1-D int64 tensor.
+    #[error("invalid argument: table {table:?}: ids must be a 1-D int64 tensor, got {dtype} {shape:?}")]
+    BadIds {
+        /// The table's name.
+        table: String,
+        /// The ids' dtype.
+        dtype: ckpt_tensor::DType,
+        /// The ids' shape.
+        shape: Vec<usize>,
+    },
+    /// A `parallel` of 0 files per shard.
+    #[error("invalid argument: parallel must be at least 1")]
+    ZeroParallel,
+    /// More data files than `usize` counts.
+    #[error("invalid argument: {parallel} files for each of {shards} shards")]
+    TooManyFiles {
+        /// The files per shard.
+        parallel: usize,
+        /// The shards.
+        shards: usize,
+    },
     /// Another shard of a multi-shard save failed.
     #[error("shard {shard} failed: {message}")]
     ShardFailed {
@@ -350,13 +447,53 @@ impl Error {
             Error::Core(c) => c.fault(),
             Error::Torch(t) => t.fault(),
             Error::NotFound { .. }
-            | Error::InvalidArgument(_)
             | Error::BadName { .. }
             | Error::BadCheckpointId { .. }
-            | Error::StateDict { .. } => Fault::InvalidArgument,
+            | Error::StateDict { .. }
+            | Error::BadShard { .. }
+            | Error::SliceBoundTooLarge { .. }
+            | Error::ZeroShards { .. }
+            | Error::NotATensor { .. }
+            | Error::ScalarSlot { .. }
+            | Error::RowOutOfRange { .. }
+            | Error::GatherOverflow { .. }
+            | Error::NothingToConcat { .. }
+            | Error::ChildCount { .. }
+            | Error::BadIds { .. }
+            | Error::ZeroParallel
+            | Error::TooManyFiles { .. } => Fault::InvalidArgument,
             Error::UnsupportedDtype { .. } | Error::LegacyIndex { .. } => Fault::Unsupported,
             Error::HeaderTooLarge { .. } => Fault::Limit,
-            _ => Fault::Malformed,
+            Error::MissingFile { .. }
+            | Error::MissingDataFile { .. }
+            | Error::Json { .. }
+            | Error::BadIndex { .. }
+            | Error::BadTensorKey { .. }
+            | Error::UnknownFileId { .. }
+            | Error::DuplicateFileId { .. }
+            | Error::BlockNameWithoutCaret { .. }
+            | Error::BadSlice { .. }
+            | Error::FileTooShort { .. }
+            | Error::HeaderPastEnd { .. }
+            | Error::BadHeader { .. }
+            | Error::UnknownDtype { .. }
+            | Error::BadOffsets { .. }
+            | Error::BlockNotInFile { .. }
+            | Error::DuplicateBlock { .. }
+            | Error::RowCountMismatch { .. }
+            | Error::MissingIdBlock { .. }
+            | Error::NoSlotBlocks { .. }
+            | Error::BadIdBlock { .. }
+            | Error::SlotMismatch { .. }
+            | Error::DuplicateId { .. }
+            | Error::BadChildIndex { .. }
+            | Error::SliceSizeMismatch { .. }
+            | Error::RowOutsideSlot { .. }
+            | Error::RowPastGather { .. }
+            | Error::ShardFailed { .. }
+            | Error::BadShardMeta(_)
+            | Error::NoCheckpoint { .. }
+            | Error::IoStateCount { .. } => Fault::Malformed,
         }
     }
 }

@@ -33,14 +33,13 @@ impl Index {
     /// # Errors
     /// [`Error::LegacyIndex`] for a v1 index (a list of paths), [`Error::Json`], [`Error::BadIndex`].
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
-        let text = std::str::from_utf8(bytes).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
+        let text = std::str::from_utf8(bytes).map_err(|e| Error::Json { path: path.into(), source: e.into() })?;
         // A v1 index is one data-file path per line: no JSON punctuation anywhere.
         let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty()).peekable();
         if lines.peek().is_some() && lines.all(|l| !l.contains(['{', '}', '[', ']', '"'])) {
             return Err(Error::LegacyIndex { path: path.into() });
         }
-        let json: Json =
-            serde_json::from_str(text).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
+        let json: Json = serde_json::from_str(text).map_err(|e| Error::Json { path: path.into(), source: e.into() })?;
         let bad = |reason: String| Error::BadIndex { path: path.into(), reason };
         let obj = json.as_object().ok_or_else(|| bad("the top level is not a JSON object".into()))?;
         let section = |name: &str| -> Result<BTreeMap<String, u64>> {

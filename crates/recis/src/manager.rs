@@ -236,6 +236,8 @@ impl CheckpointManager {
         let listed = if group.rank() == 0 { self.list_and_rotate(id) } else { Ok(()) };
         let message = match &listed {
             Ok(()) => Vec::new(),
+            // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+            // returns its own error, source intact.
             Err(e) => e.to_string().into_bytes(),
         };
         let message = group.broadcast(message, 0).map_err(crate::data_file::from_core)?;

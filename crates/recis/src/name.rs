@@ -178,10 +178,10 @@ impl IdPartition {
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] if `num` is 0 or `index >= num`; [`Error::BadSlice`] for a bad `slice_size`.
+/// [`Error::BadShard`] if `num` is 0 or `index >= num`; [`Error::BadSlice`] for a bad `slice_size`.
 pub fn gen_slice(index: usize, num: usize, slice_size: u32) -> Result<SliceInfo> {
     if num == 0 || index >= num {
-        return Err(Error::InvalidArgument(format!("shard {index} of {num}")));
+        return Err(Error::BadShard { index, num });
     }
     let size = u64::from(slice_size);
     let n = num as u64;
@@ -189,7 +189,7 @@ pub fn gen_slice(index: usize, num: usize, slice_size: u32) -> Result<SliceInfo>
     let (base, rem) = (size / n, size % n);
     let begin = i * base + i.min(rem);
     let end = begin + base + u64::from(i < rem);
-    let to_u32 = |v: u64| u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("slice bound {v}")));
+    let to_u32 = |bound: u64| u32::try_from(bound).map_err(|_| Error::SliceBoundTooLarge { bound });
     SliceInfo::new(to_u32(begin)?, to_u32(end)?, slice_size)
 }
 
@@ -204,10 +204,10 @@ impl Shard {
     /// Shard `index` of `num`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] unless `index < num`.
+    /// [`Error::BadShard`] unless `index < num`.
     pub fn new(index: usize, num: usize) -> Result<Self> {
         if index >= num {
-            return Err(Error::InvalidArgument(format!("shard index {index} must be below the shard count {num}")));
+            return Err(Error::BadShard { index, num });
         }
         Ok(Shard { index, num })
     }

@@ -260,10 +260,7 @@ impl CheckpointRead for RecisReader {
             return Ok(self.sparse.read_tensor(name)?);
         }
         match self.torch_leaf(name) {
-            Some(v) => v
-                .as_tensor()
-                .cloned()
-                .ok_or_else(|| ckpt_tensor::Error::InvalidArgument(format!("entry {name:?} is not a tensor"))),
+            Some(v) => v.as_tensor().cloned().ok_or_else(|| Error::NotATensor { name: name.to_owned() }.into()),
             None => Err(Error::NotFound { what: "entry", name: name.into() }.into()),
         }
     }

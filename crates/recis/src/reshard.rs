@@ -80,10 +80,10 @@ pub fn load_shard(src: &SparseCheckpoint, shard: Shard, partition: IdPartition) 
 /// files of an existing `dst` other than the serializer's are carried over).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for 0 shards; as [`load_shard`] and [`write_sharded`]; the commit's errors.
+/// [`Error::ZeroShards`] for 0 shards; as [`load_shard`] and [`write_sharded`]; the commit's errors.
 pub fn reshard_sparse(src: &SparseCheckpoint, dst: &Path, shards: usize, options: &ReshardOptions) -> Result<()> {
     if shards == 0 {
-        return Err(Error::InvalidArgument("resharding into 0 shards".into()));
+        return Err(Error::ZeroShards { action: "resharding into" });
     }
     commit_local(dst, &options.write, is_sparse_file, |target| reshard_sparse_to(target, src, shards, options))
 }
@@ -128,7 +128,7 @@ fn reshard_sparse_to(
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for 0 shards; [`Error::BadSlice`] for a bad `slice_size`; as
+/// [`Error::ZeroShards`] for 0 shards; [`Error::BadSlice`] for a bad `slice_size`; as
 /// [`write_shard_files`](crate::writer::write_shard_files) and [`write_meta`](crate::writer::write_meta); the commit's errors.
 pub fn write_sharded(
     dst: &Path,
@@ -138,7 +138,7 @@ pub fn write_sharded(
     options: &ReshardOptions,
 ) -> Result<()> {
     if shards == 0 {
-        return Err(Error::InvalidArgument("writing 0 shards".into()));
+        return Err(Error::ZeroShards { action: "writing" });
     }
     commit_local(dst, &options.write, is_sparse_file, |target| write_sharded_to(target, tables, dense, shards, options))
 }
@@ -152,7 +152,7 @@ pub(crate) fn write_sharded_to(
     options: &ReshardOptions,
 ) -> Result<Vec<ShardMeta>> {
     if shards == 0 {
-        return Err(Error::InvalidArgument("writing 0 shards".into()));
+        return Err(Error::ZeroShards { action: "writing" });
     }
     (0..shards)
         .into_par_iter()
@@ -198,7 +198,7 @@ pub fn reshard(
     let dst = dst.as_ref();
     let src = &crate::manager::checkpoint_dir(src.as_ref())?;
     if world_size == 0 {
-        return Err(Error::InvalidArgument("resharding into 0 shards".into()));
+        return Err(Error::ZeroShards { action: "resharding into" });
     }
     let sparse = open_sparse(src, &options.read)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).

@@ -177,7 +177,7 @@ fn tables(sparse: &[(String, Tensor)]) -> Result<(Vec<TableChild>, Named)> {
 ///
 /// # Errors
 /// [`Error::StateDict`] when `state_dict` is not a mapping or its tables are inconsistent (slots without
-/// ids, row counts that differ from the ids', ids that are not 1-D int64); [`Error::InvalidArgument`] for 0
+/// ids, row counts that differ from the ids', ids that are not 1-D int64); [`Error::ZeroShards`] for 0
 /// shards; the writers' errors.
 pub fn save(state_dict: &Value, dir: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
     let dir = dir.as_ref();
@@ -187,7 +187,7 @@ pub fn save(state_dict: &Value, dir: impl AsRef<Path>, options: &WriteOptions) -
     let parts = split(top)?;
     let (children, dense) = tables(&parts.sparse)?;
     if options.world_size == 0 {
-        return Err(Error::InvalidArgument("writing 0 shards".into()));
+        return Err(Error::ZeroShards { action: "writing" });
     }
     // One directory commit: staged beside `dir`, swapped in whole.
     let tables: Vec<(TableChild, u32)> = children.into_iter().map(|c| (c, options.slice_size)).collect();

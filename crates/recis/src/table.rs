@@ -56,7 +56,7 @@ impl Slot {
     ///
     /// # Errors
     /// [`Error::BadName`] for an empty name, a name containing `@` or `^`, or the reserved name `id`;
-    /// [`Error::InvalidArgument`] for a 0-dim tensor.
+    /// [`Error::ScalarSlot`] for a 0-dim tensor.
     pub fn new(name: impl Into<String>, tensor: Tensor) -> Result<Self> {
         let name = name.into();
         check_name(&name, "slot")?;
@@ -67,7 +67,7 @@ impl Slot {
             });
         }
         if tensor.dim() == 0 {
-            return Err(Error::InvalidArgument(format!("slot {name:?}: a 0-dim tensor has no rows")));
+            return Err(Error::ScalarSlot { slot: name });
         }
         Ok(Slot { name, tensor: tensor.to_contiguous()? })
     }
@@ -112,10 +112,10 @@ impl Slot {
     /// Row `k` as a tensor of the row shape (a view, no copy).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] past the end.
+    /// [`Error::RowOutOfRange`] past the end.
     pub fn row(&self, k: usize) -> Result<Tensor> {
         if k >= self.rows() {
-            return Err(Error::InvalidArgument(format!("row {k} of slot {:?} with {} rows", self.name, self.rows())));
+            return Err(Error::RowOutOfRange { slot: self.name.clone(), row: k, rows: self.rows() });
         }
         let bytes = self.tensor.storage().slice_len(k * self.row_len(), self.row_len())?;
         Ok(Tensor::from_buffer(self.dtype(), self.row_shape(), bytes)?)
@@ -129,12 +129,12 @@ impl Slot {
             .iter()
             .find(|&&p| p.checked_add(1).and_then(|e| e.checked_mul(len)).is_none_or(|e| e > source.len()))
         {
-            return Err(Error::InvalidArgument(format!("row {p} of slot {:?}", self.name)));
+            return Err(Error::RowOutOfRange { slot: self.name.clone(), row: p, rows: self.rows() });
         }
         let nbytes = positions
             .len()
             .checked_mul(len)
-            .ok_or_else(|| Error::InvalidArgument(format!("{} rows of slot {:?}", positions.len(), self.name)))?;
+            .ok_or_else(|| Error::GatherOverflow { slot: self.name.clone(), rows: positions.len() })?;
         let rows = Arc::clone(positions);
         // The rows are copied when the slot's bytes are asked for (`Buffer::deferred_ranged`): a writer
         // streaming the slots of a shard makes one piece of one slot at a time, instead of every slot of
@@ -144,13 +144,11 @@ impl Slot {
                 return Ok(());
             }
             let bytes = source.bytes()?;
-            let outside =
-                |p: usize| ckpt_tensor::Error::Malformed(format!("row {p} outside its slot of {} bytes", bytes.len()));
+            let outside = |row: usize| ckpt_tensor::Error::from(Error::RowOutsideSlot { row, slot_bytes: bytes.len() });
             let (mut row, mut skip) = (offset / len.max(1), offset % len.max(1));
             let mut done = 0;
             while done < out.len() {
-                let &p =
-                    rows.get(row).ok_or_else(|| ckpt_tensor::Error::Malformed(format!("row {row} past the gather")))?;
+                let &p = rows.get(row).ok_or(Error::RowPastGather { row })?;
                 let src = bytes.get(p * len + skip..(p + 1) * len).ok_or_else(|| outside(p))?;
                 let n = src.len().min(out.len() - done);
                 let (Some(d), Some(src)) = (out.get_mut(done..done + n), src.get(..n)) else {
@@ -174,7 +172,7 @@ impl Slot {
     /// Slots with equal names, dtypes and row shapes, rows concatenated.
     pub(crate) fn concat(parts: &[&Slot]) -> Result<Slot> {
         let Some(first) = parts.first() else {
-            return Err(Error::InvalidArgument("concatenating no slots".into()));
+            return Err(Error::NothingToConcat { what: "slots" });
         };
         // Copied when the slot's bytes are asked for ([`Buffer::concat`]): of each part only the range asked
         // for is made (when the part is itself deferred), one part at a time.
@@ -304,7 +302,7 @@ impl TableChild {
     /// copying when it is aligned).
     ///
     /// # Errors
-    /// As [`TableChild::new`], plus [`Error::InvalidArgument`] if `ids` is not a 1-D int64 tensor.
+    /// As [`TableChild::new`], plus [`Error::BadIds`] if `ids` is not a 1-D int64 tensor.
     pub fn from_tensors(name: impl Into<String>, ids: Tensor, slots: Vec<Slot>) -> Result<Self> {
         Self::with_id_tensor(name.into(), ids, slots, None)
     }
@@ -312,11 +310,7 @@ impl TableChild {
     pub(crate) fn with_id_tensor(name: String, ids: Tensor, slots: Vec<Slot>, slice: Option<&str>) -> Result<Self> {
         check_name(&name, "table")?;
         if ids.dtype() != DType::I64 || ids.dim() != 1 {
-            return Err(Error::InvalidArgument(format!(
-                "table {name:?}: ids must be a 1-D int64 tensor, got {} {:?}",
-                ids.dtype(),
-                ids.shape()
-            )));
+            return Err(Error::BadIds { table: name, dtype: ids.dtype(), shape: ids.shape().to_vec() });
         }
         // Typed access needs contiguous, 8-aligned ids; copy only when the window is not.
         let ids = if ids.as_slice::<i64>().is_ok() {
@@ -449,7 +443,7 @@ impl TableChild {
     /// Children with the same name and slots, rows concatenated in order (`parts` must be non-empty).
     pub(crate) fn concat(parts: &[TableChild]) -> Result<TableChild> {
         let Some(first) = parts.first() else {
-            return Err(Error::InvalidArgument("concatenating no tables".into()));
+            return Err(Error::NothingToConcat { what: "tables" });
         };
         if parts.len() == 1 {
             return Ok(first.clone());
@@ -512,14 +506,11 @@ impl HashTable {
     /// A table holding `slice` of the key space, with `children` (one for an ordinary table).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] without children or with more than [`MAX_CHILDREN`];
+    /// [`Error::ChildCount`] without children or with more than [`MAX_CHILDREN`];
     /// [`Error::DuplicateBlock`] for two children of one name.
     pub fn new(slice: SliceInfo, children: Vec<TableChild>) -> Result<Self> {
         if children.is_empty() || children.len() > MAX_CHILDREN {
-            return Err(Error::InvalidArgument(format!(
-                "a hash table has 1 to {MAX_CHILDREN} children, not {}",
-                children.len()
-            )));
+            return Err(Error::ChildCount { count: children.len(), max: MAX_CHILDREN });
         }
         let mut seen = std::collections::HashSet::new();
         for c in &children {
@@ -586,14 +577,14 @@ impl HashTable {
 /// rows concatenated in child order. This is how a loader fills a coalesced target from per-child tables.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] without children or with more than [`MAX_CHILDREN`]; [`Error::SlotMismatch`]
+/// [`Error::ChildCount`] without children or with more than [`MAX_CHILDREN`]; [`Error::SlotMismatch`]
 /// if the children's slots differ in names, dtypes or row shapes.
 pub fn coalesce(children: &[TableChild]) -> Result<(Vec<i64>, Vec<Slot>)> {
     let Some(first) = children.first() else {
-        return Err(Error::InvalidArgument("coalescing no children".into()));
+        return Err(Error::ChildCount { count: 0, max: MAX_CHILDREN });
     };
     if children.len() > MAX_CHILDREN {
-        return Err(Error::InvalidArgument(format!("{} children, at most {MAX_CHILDREN}", children.len())));
+        return Err(Error::ChildCount { count: children.len(), max: MAX_CHILDREN });
     }
     let encoded: Vec<i64> =
         children.iter().enumerate().flat_map(|(i, c)| c.ids().iter().map(move |&id| encode_id(id, i))).collect();

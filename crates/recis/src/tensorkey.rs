@@ -35,7 +35,7 @@ impl TensorKey {
     /// [`Error::Json`], [`Error::BadTensorKey`].
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
         let json: Json =
-            serde_json::from_slice(bytes).map_err(|e| Error::Json { path: path.into(), message: e.to_string() })?;
+            serde_json::from_slice(bytes).map_err(|e| Error::Json { path: path.into(), source: e.into() })?;
         let bad = |reason: String| Error::BadTensorKey { path: path.into(), reason };
         let obj = json.as_object().ok_or_else(|| bad("the top level is not a JSON object".into()))?;
         let map = obj

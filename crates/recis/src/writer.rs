@@ -205,6 +205,8 @@ pub(crate) fn commit_shards(
 ) -> Result<()> {
     let payload = match &local {
         Ok(m) => Ok(m.to_bytes()),
+        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
+        // returns its own error, source intact.
         Err(e) => Err(e.to_string()),
     };
     let mut failure = None;
@@ -237,6 +239,7 @@ pub(crate) fn commit_local(
 /// as refused) so that the save returns it.
 fn finalize(commit: &DirCommit, r: Result<()>, failure: &mut Option<Error>) -> std::result::Result<(), CommitError> {
     r.map_err(|e| {
+        // The commit's `Refused` takes text; the error itself, source intact, is kept in `failure` and returned.
         let reason = e.to_string();
         *failure = Some(e);
         CommitError::Refused { path: commit.target().to_path_buf(), reason }
@@ -429,7 +432,7 @@ impl ShardMeta {
 /// [`write_meta`].
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for `parallel` 0; [`Error::DuplicateBlock`] for two blocks with one key;
+/// [`Error::ZeroParallel`] for `parallel` 0; [`Error::DuplicateBlock`] for two blocks with one key;
 /// [`Error::Io`].
 pub fn write_shard_files(dir: &Path, shard: Shard, parallel: usize, blocks: &[Block]) -> Result<ShardMeta> {
     write_shard_files_to(Target::Dir(dir), shard, parallel, blocks)
@@ -443,11 +446,9 @@ pub(crate) fn write_shard_files_to(
     blocks: &[Block],
 ) -> Result<ShardMeta> {
     if parallel == 0 {
-        return Err(Error::InvalidArgument("parallel must be at least 1".into()));
+        return Err(Error::ZeroParallel);
     }
-    let total = parallel
-        .checked_mul(shard.num())
-        .ok_or_else(|| Error::InvalidArgument(format!("{parallel} files for each of {} shards", shard.num())))?;
+    let total = parallel.checked_mul(shard.num()).ok_or(Error::TooManyFiles { parallel, shards: shard.num() })?;
     check_tables(blocks)?;
     let mut tensorkey = TensorKey::default();
     let mut index = Index::default();

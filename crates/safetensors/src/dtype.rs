@@ -1,11 +1,13 @@
 //! The `safetensors` crate's dtypes and ckpt's [`DType`]s, one to one where both exist.
 
-use ckpt_tensor::{DType, Error, Result};
+use ckpt_tensor::{DType, Result};
+
+use crate::SafetensorsError;
 
 /// The `safetensors` crate's dtype for `dtype`.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for dtypes safetensors cannot hold (complex128, complex32, quantized, float4).
+/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors cannot hold (complex128, complex32, quantized, float4).
 pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
     use safetensors::Dtype as S;
     Ok(match dtype {
@@ -29,7 +31,7 @@ pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
         DType::F8E5M2Fnuz => S::F8_E5M2FNUZ,
         DType::F8E8M0Fnu => S::F8_E8M0,
         other => {
-            return Err(Error::Unsupported(format!("dtype {} cannot be stored in safetensors", other.torch_name())));
+            return Err(SafetensorsError::UnstorableDtype { dtype: other }.into());
         }
     })
 }
@@ -37,7 +39,7 @@ pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
 /// The dtype for a `safetensors` crate dtype.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for safetensors dtypes torch has no equivalent for (F4, F6_*).
+/// [`SafetensorsError::NoTorchDtype`] for safetensors dtypes torch has no equivalent for (F4, F6_*).
 pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
     use safetensors::Dtype as S;
     Ok(match d {
@@ -61,7 +63,7 @@ pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
         S::F8_E5M2FNUZ => DType::F8E5M2Fnuz,
         S::F8_E8M0 => DType::F8E8M0Fnu,
         other => {
-            return Err(Error::Unsupported(format!("safetensors dtype {other:?} has no torch equivalent")));
+            return Err(SafetensorsError::NoTorchDtype { dtype: other }.into());
         }
     })
 }
@@ -81,10 +83,13 @@ mod tests {
                 assert_eq!(st.to_string(), c);
                 n += 1;
             } else {
-                assert!(matches!(safetensors_dtype(d), Err(Error::Unsupported(_))), "{d}");
+                assert!(matches!(safetensors_dtype(d), Err(e) if e.fault() == ckpt_tensor::Fault::Unsupported), "{d}");
             }
         }
         assert_eq!(n, 19);
-        assert!(matches!(torch_dtype(safetensors::Dtype::F4), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            torch_dtype(safetensors::Dtype::F4),
+            Err(e) if matches!(e.format_error(), Some(SafetensorsError::NoTorchDtype { .. }))
+        ));
     }
 }

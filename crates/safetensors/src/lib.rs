@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod dtype;
+mod error;
 pub mod header;
 pub mod hf;
 pub mod metadata;
@@ -28,6 +29,7 @@ pub mod metadata;
 pub use ckpt_io::Durability;
 pub use ckpt_tensor::SaveReport;
 pub use dtype::{safetensors_dtype, torch_dtype};
+pub use error::SafetensorsError;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -177,7 +179,7 @@ fn contiguous(tensors: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
 /// sorted by dtype alignment then name, header padded to 8 bytes).
 ///
 /// # Errors
-/// [`Error::Unsupported`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
+/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
 /// [`Error::Format`] holding the `SafeTensorError` for duplicate names.
 pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     let owned = contiguous(tensors)?;
@@ -197,7 +199,7 @@ fn header<'a>(
     let mut offset = 0usize;
     for (name, v) in views {
         let n = v.data_len();
-        let end = offset.checked_add(n).ok_or_else(|| Error::Limit("safetensors data size overflows".into()))?;
+        let end = offset.checked_add(n).ok_or(SafetensorsError::DataSizeOverflow)?;
         infos.push((
             name,
             safetensors::tensor::TensorInfo {
@@ -210,7 +212,7 @@ fn header<'a>(
         ordered.push(v);
     }
     let meta = safetensors::tensor::Metadata::new(metadata, infos).map_err(codec)?;
-    let mut json = serde_json::to_vec(&meta).map_err(|e| Error::InvalidArgument(format!("safetensors header: {e}")))?;
+    let mut json = serde_json::to_vec(&meta).map_err(|source| SafetensorsError::HeaderJson { source })?;
     json.resize(json.len().next_multiple_of(8), b' ');
     if json.len() > 100_000_000 {
         return Err(codec(safetensors::SafeTensorError::HeaderTooLarge));
@@ -302,7 +304,7 @@ pub fn write_checksummed_to(
         let pos = header
             .windows(needle.len())
             .position(|win| win == needle.as_bytes())
-            .ok_or_else(|| Error::InvalidArgument("safetensors header: checksum placeholder not found".into()))?;
+            .ok_or(SafetensorsError::ChecksumPlaceholderMissing)?;
         Some(w.position() + 8 + (pos + needle.len()) as u64)
     } else {
         None
@@ -455,7 +457,10 @@ mod tests {
         assert_eq!(back.get("n").unwrap(), &n);
         assert_eq!(back.get("h").unwrap(), &h);
         let c = Tensor::zeros(DType::C128, &[1]).unwrap();
-        assert!(matches!(to_bytes(&[("c".into(), c)], None), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            to_bytes(&[("c".into(), c)], None),
+            Err(e) if matches!(e.format_error(), Some(SafetensorsError::UnstorableDtype { dtype: DType::C128 }))
+        ));
     }
 
     #[test]

@@ -50,8 +50,10 @@ use std::path::Path;
 use serde_json::Value as Json;
 
 use ckpt_io::Durability;
+use ckpt_tensor::Result;
 use ckpt_tensor::{Entry, EntryKind, TensorInfo, entry_kind};
-use ckpt_tensor::{Error, Result};
+
+use crate::SafetensorsError;
 use ckpt_tensor::{PathItem, leaves};
 use ckpt_tensor::{SaveReport, Tensor, Value};
 use values::{Decoder, Encoder};
@@ -310,26 +312,26 @@ impl Records {
     /// The dense tensor of entry `name`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when there is no such entry, or it is not a dense tensor.
+    /// [`SafetensorsError::NoSuchTensor`] when there is no such entry, [`SafetensorsError::NotADenseTensor`]
+    /// when it is not a dense tensor.
     pub fn tensor(&self, tensors: &[(String, Tensor)], name: &str) -> Result<Tensor> {
         match self.entry(tensors, name) {
             Some(EntryRef::Tensor(t)) => Ok(t.clone()),
-            Some(EntryRef::Value(v)) => v
-                .as_tensor()
-                .cloned()
-                .ok_or_else(|| Error::InvalidArgument(format!("entry {name:?} is not a dense tensor"))),
-            None => Err(Error::InvalidArgument(format!("no tensor named {name:?}"))),
+            Some(EntryRef::Value(v)) => {
+                v.as_tensor().cloned().ok_or_else(|| SafetensorsError::NotADenseTensor { name: name.to_owned() }.into())
+            }
+            None => Err(SafetensorsError::NoSuchTensor { name: name.to_owned() }.into()),
         }
     }
 
     /// The value of entry `name`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when there is no such entry.
+    /// [`SafetensorsError::NoSuchEntry`] when there is no such entry.
     pub fn value(&self, tensors: &[(String, Tensor)], name: &str) -> Result<Value> {
         self.entry(tensors, name)
             .map(EntryRef::to_value)
-            .ok_or_else(|| Error::InvalidArgument(format!("no entry named {name:?}")))
+            .ok_or_else(|| SafetensorsError::NoSuchEntry { name: name.to_owned() }.into())
     }
 }
 
@@ -447,7 +449,7 @@ pub fn prepare<'a>(
     let mut names = HashSet::new();
     for (name, path, _) in &entries {
         if !names.insert(*name) {
-            return Err(Error::InvalidArgument(format!("two entries are named {name:?}")));
+            return Err(SafetensorsError::DuplicateEntry { name: (*name).to_owned() }.into());
         }
         metadata.path(name, path);
     }
@@ -502,7 +504,7 @@ fn in_file_order(tensors: &[(String, Tensor)], paths: &[(String, Vec<PathItem>)]
 /// (atomically), following the convention ([`prepare`]).
 ///
 /// # Errors
-/// As [`write_file`](super::write_file); [`ckpt_tensor::Error::InvalidArgument`] for two entries of one name.
+/// As [`write_file`](super::write_file); [`SafetensorsError::DuplicateEntry`] for two entries of one name.
 pub fn save_entries<'a>(
     entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
     path: &Path,
@@ -517,7 +519,7 @@ pub fn save_entries<'a>(
 /// mapping, list and tuple descended into, names joined with `.`).
 ///
 /// # Errors
-/// As [`save_entries`]; [`ckpt_tensor::Error::InvalidArgument`] for keys that cannot name a leaf.
+/// As [`save_entries`]; [`Fault::InvalidArgument`](ckpt_tensor::Fault::InvalidArgument) for keys that cannot name a leaf.
 pub fn save(value: &Value, path: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
     let path = path.as_ref();
     let leaves = leaves(value)?;

@@ -52,9 +52,9 @@ impl AlignedBytes {
     /// `len` zero bytes.
     ///
     /// # Errors
-    /// [`Error::Limit`] if the memory cannot be had.
+    /// [`Error::AllocationFailed`] if the memory cannot be had.
     pub fn zeroed(len: usize) -> Result<Self> {
-        let cannot = || Error::Limit(format!("cannot allocate {len} bytes"));
+        let cannot = || Error::AllocationFailed { bytes: len };
         let memory = if len >= PAGES_MIN {
             let bytes = zeroed_vec(len.checked_add(63).ok_or_else(cannot)?)?;
             let start = bytes.as_ptr().align_offset(64);
@@ -74,7 +74,7 @@ impl AlignedBytes {
     /// An aligned copy of `bytes`.
     ///
     /// # Errors
-    /// [`Error::Limit`] if the memory cannot be had.
+    /// [`Error::AllocationFailed`] if the memory cannot be had.
     pub fn copy_from(bytes: &[u8]) -> Result<Self> {
         let mut b = Self::zeroed(bytes.len())?;
         b.as_mut_bytes().copy_from_slice(bytes);
@@ -126,19 +126,19 @@ impl AsRef<[u8]> for AlignedBytes {
 /// maps fresh pages untouched, where `resize` would write every byte) and advised for huge pages.
 ///
 /// # Errors
-/// [`Error::Limit`] if the memory cannot be had.
+/// [`Error::AllocationFailed`] if the memory cannot be had.
 pub fn zeroed_vec(len: usize) -> Result<Vec<u8>> {
     if len < PAGES_MIN {
         let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
+        v.try_reserve_exact(len).map_err(|_| Error::AllocationFailed { bytes: len })?;
         v.resize(len, 0);
         return Ok(v);
     }
-    let layout = Layout::array::<u8>(len).map_err(|_| Error::Limit(format!("cannot allocate {len} bytes")))?;
+    let layout = Layout::array::<u8>(len).map_err(|_| Error::AllocationFailed { bytes: len })?;
     // SAFETY: the layout's size is at least PAGES_MIN, not zero.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
     if ptr.is_null() {
-        return Err(Error::Limit(format!("cannot allocate {len} bytes")));
+        return Err(Error::AllocationFailed { bytes: len });
     }
     // SAFETY: `ptr` comes from the global allocator with the layout of `[u8; len]` (size `len`, alignment 1),
     // which is what a `Vec<u8>` of capacity `len` frees with, and its `len` bytes are initialized (zero).
@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn impossible_sizes_are_errors() {
-        assert!(matches!(AlignedBytes::zeroed(usize::MAX - 8), Err(Error::Limit(_))));
-        assert!(matches!(zeroed_vec(usize::MAX - 8), Err(Error::Limit(_))));
+        assert!(matches!(AlignedBytes::zeroed(usize::MAX - 8), Err(Error::AllocationFailed { .. })));
+        assert!(matches!(zeroed_vec(usize::MAX - 8), Err(Error::AllocationFailed { .. })));
     }
 }

@@ -23,7 +23,7 @@ enum Backing {
     Shared(Box<dyn AsRef<[u8]> + Send + Sync>),
     /// `len` bytes that `fill` makes when they are needed: kept in `made` once borrowed
     /// ([`Buffer::as_bytes`]), made afresh for each caller of [`Buffer::bytes`] until then.
-    Deferred { len: usize, fill: Fill, made: OnceLock<std::result::Result<AlignedBytes, String>> },
+    Deferred { len: usize, fill: Fill, made: OnceLock<std::result::Result<AlignedBytes, Arc<Error>>> },
 }
 
 /// Makes all the bytes of a deferred buffer into the slice it is given.
@@ -65,9 +65,9 @@ impl Backing {
 }
 
 /// `len` bytes made by `fill` into aligned memory.
-fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<AlignedBytes, String> {
-    let mut bytes = AlignedBytes::zeroed(len).map_err(|e| e.to_string())?;
-    fill.whole(bytes.as_mut_bytes()).map_err(|e| e.to_string())?;
+fn make_blocks(len: usize, fill: &Fill) -> std::result::Result<AlignedBytes, Arc<Error>> {
+    let mut bytes = AlignedBytes::zeroed(len).map_err(Arc::new)?;
+    fill.whole(bytes.as_mut_bytes()).map_err(Arc::new)?;
     Ok(bytes)
 }
 
@@ -95,7 +95,7 @@ impl Buffer {
     /// A zero-filled owned buffer of `len` bytes, 64-byte aligned.
     ///
     /// # Errors
-    /// [`Error::Limit`] if the allocation fails.
+    /// [`Error::AllocationFailed`] if the allocation fails.
     pub fn zeroed(len: usize) -> Result<Self> {
         Ok(Buffer { backing: Arc::new(Backing::Owned(AlignedBytes::zeroed(len)?)), start: 0, len })
     }
@@ -103,7 +103,7 @@ impl Buffer {
     /// An owned, 64-byte aligned copy of `bytes`.
     ///
     /// # Errors
-    /// [`Error::Limit`] if the allocation fails.
+    /// [`Error::AllocationFailed`] if the allocation fails.
     pub fn copy_from(bytes: &[u8]) -> Result<Self> {
         let len = bytes.len();
         Ok(Buffer { backing: Arc::new(Backing::Owned(AlignedBytes::copy_from(bytes)?)), start: 0, len })
@@ -203,8 +203,10 @@ impl Buffer {
             })
             .collect();
         Buffer::deferred_ranged(total, move |offset, out: &mut [u8]| {
-            let end = offset.checked_add(out.len()).filter(|&e| e <= total).ok_or_else(|| {
-                Error::InvalidArgument(format!("bytes {offset}..+{} of a concatenation of {total}", out.len()))
+            let end = offset.checked_add(out.len()).filter(|&e| e <= total).ok_or(Error::ByteRangeOutOfRange {
+                offset,
+                len: out.len(),
+                total,
             })?;
             let first = starts.partition_point(|&s| s <= offset).saturating_sub(1);
             for (part, &at) in parts.iter().zip(&starts).skip(first) {
@@ -242,7 +244,7 @@ impl Buffer {
         }
         let piece = piece.clamp(1, self.len.max(1));
         let mut v = Vec::new();
-        v.try_reserve_exact(piece).map_err(|_| Error::Limit(format!("cannot allocate {piece} bytes")))?;
+        v.try_reserve_exact(piece).map_err(|_| Error::AllocationFailed { bytes: piece })?;
         let mut at = 0;
         while at < self.len {
             let n = piece.min(self.len - at);
@@ -265,7 +267,7 @@ impl Buffer {
     /// [`Buffer::deferred_ranged`]) and dropped with the result.
     ///
     /// # Errors
-    /// The fill's error, or [`Error::Limit`] if the bytes cannot be allocated.
+    /// The fill's error (as [`Error::DeferredFill`] once the bytes are kept), or [`Error::AllocationFailed`] if the bytes cannot be allocated.
     pub fn bytes(&self) -> Result<Cow<'_, [u8]>> {
         match &*self.backing {
             Backing::Deferred { fill: Fill::Ranged(fill_at), made, .. } if made.get().is_none() => {
@@ -284,7 +286,7 @@ impl Buffer {
                 Ok(Cow::Owned(v))
             }
             Backing::Deferred { made, .. } => match made.get() {
-                Some(Err(e)) => Err(Error::Malformed(e.clone())),
+                Some(Err(e)) => Err(Error::DeferredFill { source: Arc::clone(e) }),
                 _ => Ok(Cow::Borrowed(self.as_bytes())),
             },
             _ => Ok(Cow::Borrowed(self.as_bytes())),
@@ -368,13 +370,10 @@ impl Buffer {
     /// A sub-window, without copying.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `range` is not inside this window.
+    /// [`Error::SliceOutOfRange`] if `range` is not inside this window.
     pub fn slice(&self, range: Range<usize>) -> Result<Self> {
         if range.start > range.end || range.end > self.len {
-            return Err(Error::InvalidArgument(format!(
-                "slice {}..{} out of a buffer of {} bytes",
-                range.start, range.end, self.len
-            )));
+            return Err(Error::SliceOutOfRange { start: range.start, end: range.end, len: self.len });
         }
         Ok(Buffer { backing: Arc::clone(&self.backing), start: self.start + range.start, len: range.end - range.start })
     }
@@ -382,11 +381,9 @@ impl Buffer {
     /// A sub-window given as offset and length, with overflow checked.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the window is not inside this buffer.
+    /// [`Error::SliceOverflow`] or [`Error::SliceOutOfRange`] if the window is not inside this buffer.
     pub fn slice_len(&self, offset: usize, len: usize) -> Result<Self> {
-        let end = offset
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidArgument(format!("slice at {offset} of {len} bytes overflows")))?;
+        let end = offset.checked_add(len).ok_or(Error::SliceOverflow { offset, len })?;
         self.slice(offset..end)
     }
 
@@ -413,16 +410,13 @@ impl Buffer {
     /// Reinterprets the bytes as a slice of `T` without copying.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the window is not aligned for `T` or its length is not a multiple of
+    /// [`Error::NotTypedSlice`] if the window is not aligned for `T` or its length is not a multiple of
     /// `size_of::<T>()`.
     pub fn typed<T: FromBytes + Immutable + KnownLayout>(&self) -> Result<&[T]> {
-        <[T]>::ref_from_bytes(self.as_bytes()).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "buffer of {} bytes at address {:#x} is not a whole, aligned slice of {}",
-                self.len,
-                self.as_bytes().as_ptr() as usize,
-                std::any::type_name::<T>()
-            ))
+        <[T]>::ref_from_bytes(self.as_bytes()).map_err(|_| Error::NotTypedSlice {
+            len: self.len,
+            address: self.as_bytes().as_ptr() as usize,
+            type_name: std::any::type_name::<T>(),
         })
     }
 
@@ -513,9 +507,9 @@ mod tests {
             .unwrap();
         assert_eq!(sizes, vec![10]);
 
-        let failing = Buffer::deferred_ranged(10, |_, _: &mut [u8]| Err(Error::Malformed("no".into())));
-        assert!(matches!(failing.bytes(), Err(Error::Malformed(_))));
-        assert!(matches!(failing.pieces(4, |_| Ok::<(), Error>(())), Err(Error::Malformed(_))));
+        let failing = Buffer::deferred_ranged(10, |_, _: &mut [u8]| Err(Error::ViewOutsideStorage));
+        assert!(matches!(failing.bytes(), Err(Error::ViewOutsideStorage)));
+        assert!(matches!(failing.pieces(4, |_| Ok::<(), Error>(())), Err(Error::ViewOutsideStorage)));
         // The first error of the consumer stops the stream.
         let fresh = Buffer::deferred_ranged(10, |_, out: &mut [u8]| {
             out.fill(1);
@@ -524,9 +518,9 @@ mod tests {
         let mut calls = 0;
         let r = fresh.pieces(2, |_| {
             calls += 1;
-            Err(Error::Limit("full".into()))
+            Err(Error::AllocationFailed { bytes: 2 })
         });
-        assert!(matches!(r, Err(Error::Limit(_))));
+        assert!(matches!(r, Err(Error::AllocationFailed { bytes: 2 })));
         assert_eq!(calls, 1);
     }
 

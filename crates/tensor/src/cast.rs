@@ -37,17 +37,15 @@ pub fn is_castable_float(dtype: DType) -> bool {
 /// kept.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when `t` is not floating point or `to` is not one of the four targets;
-/// [`Error::Limit`] when the result cannot be allocated.
+/// [`Error::CastSource`] when `t` is not floating point, [`Error::CastTarget`] when `to` is not one of the
+/// four targets; [`Error::AllocationFailed`] when the result cannot be allocated.
 pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
     if !matches!(to, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
-        return Err(Error::InvalidArgument(format!(
-            "cast to {to}: the targets are float16, bfloat16, float32, float64"
-        )));
+        return Err(Error::CastTarget { to });
     }
     let from = t.dtype();
     if !is_castable_float(from) {
-        return Err(Error::InvalidArgument(format!("cast of a {from} tensor: not floating point")));
+        return Err(Error::CastSource { from });
     }
     if from == to {
         return Ok(t.clone());
@@ -55,8 +53,7 @@ pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
     let data = t.data()?;
     let n = t.numel();
     let mut out = Vec::new();
-    out.try_reserve_exact(n * to.size())
-        .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", n * to.size())))?;
+    out.try_reserve_exact(n * to.size()).map_err(|_| Error::AllocationFailed { bytes: n * to.size() })?;
     convert_into(from, to, &data, &mut out);
     Ok(Tensor::from_buffer(to, t.shape(), Buffer::from_vec(out))?.with_requires_grad(t.requires_grad()))
 }
@@ -96,9 +93,8 @@ pub fn cast_float_lazy(t: &Tensor, to: DType) -> Result<Tensor> {
         let mut made = Vec::with_capacity((last - first) * ts);
         convert_into(from, to, &bytes, &mut made);
         let skip = offset - first * ts;
-        let part = made
-            .get(skip..skip + out.len())
-            .ok_or_else(|| Error::InvalidArgument(format!("bytes {offset}+{} of {total}", out.len())))?;
+        let part =
+            made.get(skip..skip + out.len()).ok_or(Error::ByteRangeOutOfRange { offset, len: out.len(), total })?;
         out.copy_from_slice(part);
         Ok(())
     };

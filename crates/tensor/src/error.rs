@@ -1,6 +1,9 @@
 //! The core error type, split by who is at fault.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::DType;
 
 /// Who is at fault for an error: the file, the library, a resource cap, the operating system, or the caller.
 ///
@@ -54,18 +57,248 @@ impl std::fmt::Display for Fault {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The data violates its format.
-    #[error("malformed data: {0}")]
-    Malformed(String),
-    /// The data is valid but uses something this library does not handle.
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// A resource limit was reached.
-    #[error("limit exceeded: {0}")]
-    Limit(String),
-    /// The caller asked for something impossible (a slice out of range, a dtype mismatch).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// A shape whose element or byte count overflows `usize`.
+    #[error("invalid argument: shape {shape:?} overflows")]
+    ShapeOverflow {
+        /// The shape.
+        shape: Vec<usize>,
+    },
+    /// A buffer whose length is not the byte count of a contiguous tensor.
+    #[error("invalid argument: a {dtype} tensor of shape {shape:?} needs {needed} bytes, the buffer has {available}")]
+    BufferSizeMismatch {
+        /// The element type.
+        dtype: DType,
+        /// The shape.
+        shape: Vec<usize>,
+        /// The bytes the tensor needs.
+        needed: usize,
+        /// The bytes the buffer has.
+        available: usize,
+    },
+    /// A view whose shape and strides have different lengths.
+    #[error("invalid argument: shape {shape:?} and strides {strides:?} have different lengths")]
+    StridesLengthMismatch {
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides.
+        strides: Vec<usize>,
+    },
+    /// A view whose extent in its storage overflows `usize`.
+    #[error("invalid argument: view (offset {storage_offset}, shape {shape:?}, strides {strides:?}) overflows")]
+    ViewOverflow {
+        /// The view's offset in its storage, in elements.
+        storage_offset: usize,
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides, in elements.
+        strides: Vec<usize>,
+    },
+    /// A view that reaches past the end of its storage.
+    #[error(
+        "invalid argument: view (offset {storage_offset}, shape {shape:?}, strides {strides:?}) of {dtype} needs \
+         {needed} bytes of storage, the storage has {available}"
+    )]
+    StorageTooShort {
+        /// The element type.
+        dtype: DType,
+        /// The view's offset in its storage, in elements.
+        storage_offset: usize,
+        /// The shape.
+        shape: Vec<usize>,
+        /// The strides, in elements.
+        strides: Vec<usize>,
+        /// The bytes of storage the view needs.
+        needed: usize,
+        /// The bytes the storage has.
+        available: usize,
+    },
+    /// A view found outside its storage when its bytes are read (a storage whose deferred fill failed).
+    #[error("malformed data: tensor view outside its storage")]
+    ViewOutsideStorage,
+    /// The conjugation bit on a tensor that is not complex.
+    #[error("invalid argument: conjugation bit on a {dtype} tensor")]
+    ConjugateNotComplex {
+        /// The tensor's element type.
+        dtype: DType,
+    },
+    /// The negation bit on a tensor whose dtype has no negation.
+    #[error("unsupported: negation bit on a {dtype} tensor")]
+    NegationUnsupported {
+        /// The tensor's element type.
+        dtype: DType,
+    },
+    /// Memory that cannot be allocated.
+    #[error("limit exceeded: cannot allocate {bytes} bytes")]
+    AllocationFailed {
+        /// The bytes asked for.
+        bytes: usize,
+    },
+    /// A borrow of a tensor's elements that needs a contiguous tensor without conjugation or negation bits.
+    #[error("invalid argument: as_slice needs a contiguous tensor without conjugation/negation bits")]
+    NotContiguous,
+    /// Tensor data that is not aligned for the element type asked for.
+    #[error("invalid argument: tensor data is not aligned for {type_name}")]
+    Misaligned {
+        /// The Rust element type.
+        type_name: &'static str,
+    },
+    /// A buffer that is not a whole, aligned slice of the type asked for.
+    #[error(
+        "invalid argument: buffer of {len} bytes at address {address:#x} is not a whole, aligned slice of {type_name}"
+    )]
+    NotTypedSlice {
+        /// The buffer's length in bytes.
+        len: usize,
+        /// The buffer's address.
+        address: usize,
+        /// The Rust element type.
+        type_name: &'static str,
+    },
+    /// Elements asked for as a type that is not the tensor's dtype.
+    #[error("invalid argument: tensor is {found}, asked for {expected} ({type_name})")]
+    DtypeMismatch {
+        /// The dtype of the type asked for.
+        expected: DType,
+        /// The tensor's dtype.
+        found: DType,
+        /// The Rust element type asked for.
+        type_name: &'static str,
+    },
+    /// A dimension index past a tensor's dimensions.
+    #[error("invalid argument: dim {dim} of a {ndim}-dim tensor")]
+    DimOutOfRange {
+        /// The dimension asked for.
+        dim: usize,
+        /// The tensor's number of dimensions.
+        ndim: usize,
+    },
+    /// A narrow past the end of its dimension.
+    #[error("invalid argument: narrow {start}+{len} of dim {dim} of size {size}")]
+    NarrowOutOfRange {
+        /// The dimension.
+        dim: usize,
+        /// The first index.
+        start: usize,
+        /// The number of indices.
+        len: usize,
+        /// The dimension's size.
+        size: usize,
+    },
+    /// A region whose offsets or sizes do not have one entry per dimension.
+    #[error("invalid argument: region with {offsets} offsets and {sizes} sizes for a {ndim}-dim tensor")]
+    RegionRankMismatch {
+        /// The number of offsets.
+        offsets: usize,
+        /// The number of sizes.
+        sizes: usize,
+        /// The tensor's number of dimensions.
+        ndim: usize,
+    },
+    /// A reshape to a shape of another element count.
+    #[error("invalid argument: cannot reshape {from:?} ({numel} elements) to {to:?}")]
+    ReshapeMismatch {
+        /// The tensor's shape.
+        from: Vec<usize>,
+        /// The tensor's element count.
+        numel: usize,
+        /// The shape asked for.
+        to: Vec<usize>,
+    },
+    /// A byte range past the end of a buffer made on demand (or its overflow).
+    #[error("invalid argument: bytes {offset}+{len} of {total}")]
+    ByteRangeOutOfRange {
+        /// The first byte asked for.
+        offset: usize,
+        /// The number of bytes asked for.
+        len: usize,
+        /// The bytes there are.
+        total: usize,
+    },
+    /// A slice that is not inside a buffer.
+    #[error("invalid argument: slice {start}..{end} out of a buffer of {len} bytes")]
+    SliceOutOfRange {
+        /// The first byte.
+        start: usize,
+        /// The byte after the last one.
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    /// A slice whose end overflows `usize`.
+    #[error("invalid argument: slice at {offset} of {len} bytes overflows")]
+    SliceOverflow {
+        /// The first byte.
+        offset: usize,
+        /// The length.
+        len: usize,
+    },
+    /// The fill of a buffer made on demand failed when its bytes were kept; the error is shared by every
+    /// later read of them.
+    #[error("malformed data: {source}")]
+    DeferredFill {
+        /// The fill's error.
+        #[source]
+        source: Arc<Error>,
+    },
+    /// A cast to a dtype that is not one of float16, bfloat16, float32, float64.
+    #[error("invalid argument: cast to {to}: the targets are float16, bfloat16, float32, float64")]
+    CastTarget {
+        /// The dtype asked for.
+        to: DType,
+    },
+    /// A cast of a tensor that is not floating point.
+    #[error("invalid argument: cast of a {from} tensor: not floating point")]
+    CastSource {
+        /// The tensor's dtype.
+        from: DType,
+    },
+    /// A mapping key that has no string form in a flattened name.
+    #[error("unsupported: str() of a {type_name} mapping key")]
+    UnsupportedKey {
+        /// The key's type.
+        type_name: &'static str,
+    },
+    /// A state dict that is not a mapping.
+    #[error("invalid argument: a state dict must be a mapping, got {type_name}")]
+    StateDictNotMapping {
+        /// The value's type.
+        type_name: &'static str,
+    },
+    /// Two leaves of a state dict that flatten to one name.
+    #[error("invalid argument: duplicated flatten key {key}")]
+    DuplicateFlattenKey {
+        /// The name.
+        key: String,
+    },
+    /// An unflatten path that does not start with a key.
+    #[error("invalid argument: path {path} must start with a key")]
+    PathNotKeyFirst {
+        /// The path, joined.
+        path: String,
+    },
+    /// An empty unflatten path.
+    #[error("invalid argument: empty path")]
+    EmptyPath,
+    /// An unflatten path with a list index above [`crate::MAX_UNFLATTEN_INDEX`].
+    #[error("invalid argument: list index {index} in path {path} is above the limit {limit}")]
+    ListIndexTooLarge {
+        /// The index.
+        index: usize,
+        /// The path, joined.
+        path: String,
+        /// The largest index allowed.
+        limit: usize,
+    },
+    /// An unflatten path that steps into a value that is neither a mapping nor a list as it asks.
+    #[error("invalid argument: path {path} crosses a {type_name} at step {step}")]
+    PathCrossesValue {
+        /// The path, joined.
+        path: String,
+        /// The type of the value crossed.
+        type_name: &'static str,
+        /// The step, as written in a path.
+        step: String,
+    },
     /// An I/O error on a path.
     #[error("{}: {source}", path.display())]
     Io {
@@ -101,10 +334,34 @@ impl Error {
     /// Who is at fault.
     pub fn fault(&self) -> Fault {
         match self {
-            Error::Malformed(_) => Fault::Malformed,
-            Error::Unsupported(_) => Fault::Unsupported,
-            Error::Limit(_) => Fault::Limit,
-            Error::InvalidArgument(_) => Fault::InvalidArgument,
+            Error::ViewOutsideStorage | Error::DeferredFill { .. } => Fault::Malformed,
+            Error::NegationUnsupported { .. } | Error::UnsupportedKey { .. } => Fault::Unsupported,
+            Error::AllocationFailed { .. } => Fault::Limit,
+            Error::ShapeOverflow { .. }
+            | Error::BufferSizeMismatch { .. }
+            | Error::StridesLengthMismatch { .. }
+            | Error::ViewOverflow { .. }
+            | Error::StorageTooShort { .. }
+            | Error::ConjugateNotComplex { .. }
+            | Error::NotContiguous
+            | Error::Misaligned { .. }
+            | Error::NotTypedSlice { .. }
+            | Error::DtypeMismatch { .. }
+            | Error::DimOutOfRange { .. }
+            | Error::NarrowOutOfRange { .. }
+            | Error::RegionRankMismatch { .. }
+            | Error::ReshapeMismatch { .. }
+            | Error::ByteRangeOutOfRange { .. }
+            | Error::SliceOutOfRange { .. }
+            | Error::SliceOverflow { .. }
+            | Error::CastTarget { .. }
+            | Error::CastSource { .. }
+            | Error::StateDictNotMapping { .. }
+            | Error::DuplicateFlattenKey { .. }
+            | Error::PathNotKeyFirst { .. }
+            | Error::EmptyPath
+            | Error::ListIndexTooLarge { .. }
+            | Error::PathCrossesValue { .. } => Fault::InvalidArgument,
             Error::Io { .. } => Fault::Io,
             Error::Format { fault, .. } => *fault,
         }
@@ -114,6 +371,7 @@ impl Error {
     pub fn format_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
             Error::Format { source, .. } => source.downcast_ref::<E>(),
+            Error::DeferredFill { source } => source.format_error(),
             _ => None,
         }
     }
@@ -128,10 +386,13 @@ mod tests {
 
     #[test]
     fn every_error_has_a_fault() {
-        assert_eq!(Error::Malformed(String::new()).fault(), Fault::Malformed);
-        assert_eq!(Error::Unsupported(String::new()).fault(), Fault::Unsupported);
-        assert_eq!(Error::Limit(String::new()).fault(), Fault::Limit);
-        assert_eq!(Error::InvalidArgument(String::new()).fault(), Fault::InvalidArgument);
+        assert_eq!(Error::ViewOutsideStorage.fault(), Fault::Malformed);
+        assert_eq!(Error::NegationUnsupported { dtype: DType::U8 }.fault(), Fault::Unsupported);
+        assert_eq!(Error::AllocationFailed { bytes: 1 }.fault(), Fault::Limit);
+        assert_eq!(Error::EmptyPath.fault(), Fault::InvalidArgument);
+        let kept = Error::DeferredFill { source: Arc::new(Error::EmptyPath) };
+        assert_eq!(kept.fault(), Fault::Malformed);
+        assert_eq!(std::error::Error::source(&kept).map(ToString::to_string), Some(Error::EmptyPath.to_string()));
         assert_eq!(Error::io("/x", std::io::Error::other("disk")).fault(), Fault::Io);
         let e = Error::format(Fault::Limit, std::io::Error::other("too big"));
         assert_eq!(e.fault(), Fault::Limit);
@@ -139,6 +400,6 @@ mod tests {
         let source = std::error::Error::source(&e).map(ToString::to_string);
         assert_eq!(source.as_deref(), Some("too big"));
         assert!(e.format_error::<std::io::Error>().is_some());
-        assert!(Error::Limit(String::new()).format_error::<std::io::Error>().is_none());
+        assert!(Error::EmptyPath.format_error::<std::io::Error>().is_none());
     }
 }

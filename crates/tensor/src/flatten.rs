@@ -52,7 +52,7 @@ pub struct FlatEntry<'a> {
 /// Python's `str()` of a mapping key, for the common key types.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for key types whose `str()` this library does not reproduce (objects, tensors).
+/// [`Error::UnsupportedKey`] for key types whose `str()` this library does not reproduce (objects, tensors).
 pub fn python_str(v: &Value) -> Result<String> {
     Ok(match v {
         Value::Str(s) => s.clone(),
@@ -91,7 +91,7 @@ fn python_repr(v: &Value) -> Result<String> {
             if parts.len() == 1 { format!("({},)", parts[0]) } else { format!("({})", parts.join(", ")) }
         }
         other => {
-            return Err(Error::Unsupported(format!("str() of a {} mapping key", other.type_name())));
+            return Err(Error::UnsupportedKey { type_name: other.type_name() });
         }
     })
 }
@@ -171,17 +171,17 @@ fn python_notation<F: std::fmt::Display + std::fmt::LowerExp>(f: F) -> String {
 /// ```
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] if the top level is not a mapping or two leaves get the same key (DCP's
-/// "duplicated flatten key"); [`Error::Unsupported`] for a key whose `str()` is not reproduced.
+/// [`Error::StateDictNotMapping`] if the top level is not a mapping, [`Error::DuplicateFlattenKey`] if two
+/// leaves get the same key (DCP's "duplicated flatten key"); [`Error::UnsupportedKey`] for a key whose `str()` is not reproduced.
 pub fn flatten(state_dict: &Value) -> Result<Vec<FlatEntry<'_>>> {
     if !matches!(look_through(state_dict), Value::Dict(_)) {
-        return Err(Error::InvalidArgument(format!("a state dict must be a mapping, got {}", state_dict.type_name())));
+        return Err(Error::StateDictNotMapping { type_name: state_dict.type_name() });
     }
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     Walker::new(Walk::Flatten).run(state_dict, &mut |leaf| {
         if !seen.insert(leaf.name.to_owned()) {
-            return Err(Error::InvalidArgument(format!("duplicated flatten key {}", leaf.name)));
+            return Err(Error::DuplicateFlattenKey { key: leaf.name.to_owned() });
         }
         out.push(FlatEntry { key: leaf.name.to_owned(), path: leaf.path.to_vec(), value: leaf.value });
         Ok(())
@@ -217,7 +217,7 @@ fn is_terminal(v: &Value) -> bool {
 /// These are the parts a checkpoint converts as; [`entry_names`] also names the tensors objects hold.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for a mapping key whose `str()` is not reproduced.
+/// [`Error::UnsupportedKey`] for a mapping key whose `str()` is not reproduced.
 pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
     let mut out = Vec::new();
     Walker::new(Walk::Leaves).run(value, &mut |leaf| {
@@ -689,13 +689,15 @@ pub const MAX_UNFLATTEN_INDEX: usize = 1 << 24;
 /// creates a `dict`, an index step a `list` padded with `None`.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for an empty path, a path that crosses a leaf, a first step that is an index,
+/// [`Error::EmptyPath`], [`Error::PathCrossesValue`], [`Error::PathNotKeyFirst`], [`Error::ListIndexTooLarge`]
+/// (all [`Fault::InvalidArgument`](crate::Fault::InvalidArgument)) for an empty path, a path that crosses a
+/// leaf, a first step that is an index,
 /// or an index above [`MAX_UNFLATTEN_INDEX`].
 pub fn unflatten(leaves: impl IntoIterator<Item = (Vec<PathItem>, Value)>) -> Result<Value> {
     let mut root = Value::Dict(Dict::new(DictKind::Dict));
     for (path, value) in leaves {
         if !matches!(path.first(), Some(PathItem::Key(_))) {
-            return Err(Error::InvalidArgument(format!("path {} must start with a key", join_path(&path))));
+            return Err(Error::PathNotKeyFirst { path: join_path(&path) });
         }
         set_element(&mut root, &path, value)?;
     }
@@ -705,7 +707,7 @@ pub fn unflatten(leaves: impl IntoIterator<Item = (Vec<PathItem>, Value)>) -> Re
 fn set_element(root: &mut Value, path: &[PathItem], value: Value) -> Result<()> {
     let mut cur = root;
     let Some((last, inner)) = path.split_last() else {
-        return Err(Error::InvalidArgument("empty path".into()));
+        return Err(Error::EmptyPath);
     };
     for (i, step) in inner.iter().enumerate() {
         let next_is_key = matches!(path.get(i + 1), Some(PathItem::Key(_)));
@@ -737,21 +739,16 @@ fn child_slot<'v>(container: &'v mut Value, step: &PathItem, path: &[PathItem]) 
         }
         (Value::List(items), PathItem::Index(i)) => {
             if *i > MAX_UNFLATTEN_INDEX {
-                return Err(Error::InvalidArgument(format!(
-                    "list index {i} in path {} is above the limit {MAX_UNFLATTEN_INDEX}",
-                    join_path(path)
-                )));
+                return Err(Error::ListIndexTooLarge { index: *i, path: join_path(path), limit: MAX_UNFLATTEN_INDEX });
             }
             if items.len() <= *i {
                 items.resize(i + 1, Value::None);
             }
             Ok(&mut items[*i])
         }
-        (other, step) => Err(Error::InvalidArgument(format!(
-            "path {} crosses a {} at step {step}",
-            join_path(path),
-            other.type_name()
-        ))),
+        (other, step) => {
+            Err(Error::PathCrossesValue { path: join_path(path), type_name: other.type_name(), step: step.to_string() })
+        }
     }
 }
 

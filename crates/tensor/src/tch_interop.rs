@@ -14,7 +14,7 @@
 //! | `float8_e4m3fn`, `float8_e5m2` | `Float8e4m3fn`, `Float8e5m2` |
 //! | `float8_e4m3fnuz`, `float8_e5m2fnuz` | `Float8e4m3fnuz`, `Float8e5m2fnuz` |
 //!
-//! Every other dtype is [`Error::Unsupported`]: `uint16`, `uint32`, `uint64`, `float8_e8m0fnu`,
+//! Every other dtype is refused ([`TchError::QuantizedDtype`], [`TchError::NoKind`]): `uint16`, `uint32`, `uint64`, `float8_e8m0fnu`,
 //! `float4_e2m1fn_x2` and the `bits*` dtypes have no `tch::Kind` in tch 0.26, and the quantized dtypes (`qint8`, `quint8`,
 //! `qint32`, `quint4x2`, `quint2x4`) need a scale and zero point that a [`Tensor`] does not carry (tch has
 //! `QInt8`/`QUInt8`/`QInt32` kinds, but a quantized `tch::Tensor` is rejected too).
@@ -39,8 +39,130 @@ use tch::{Device, Kind};
 use crate::aligned::AlignedBytes;
 use crate::buffer::Buffer;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::tensor::{Tensor, required_storage_elements};
+
+/// The rules of a conversion between [`Tensor`] and [`tch::Tensor`], one variant each.
+///
+/// They convert into the core error as [`Error::Format`] with their [`TchError::fault`], keeping this error
+/// as the source ([`Error::format_error`] finds it).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TchError {
+    /// A quantized dtype: its scale and zero point are not in a [`Tensor`].
+    #[error("unsupported: dtype {} is quantized; quantized tensors cannot be converted to tch", dtype.torch_name())]
+    QuantizedDtype {
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// A dtype that has no [`tch::Kind`] in tch 0.26.
+    #[error("unsupported: dtype {} has no tch::Kind in tch 0.26", dtype.torch_name())]
+    NoKind {
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// A quantized [`tch::Kind`]: its scale and zero point have no place in a [`Tensor`].
+    #[error("unsupported: quantized tch kind {kind:?}: its scale and zero point have no place in a ckpt tensor")]
+    QuantizedKind {
+        /// The tch kind.
+        kind: Kind,
+    },
+    /// A tensor that requires grad with a dtype that torch does not let require gradients.
+    #[error(
+        "unsupported: a {dtype} tensor that requires grad: torch only lets floating point and complex tensors \
+         require gradients"
+    )]
+    GradOnNonFloat {
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// An undefined `tch::Tensor`.
+    #[error("invalid argument: undefined tch tensor")]
+    Undefined,
+    /// A `tch::Tensor` with the mkldnn layout.
+    #[error("unsupported: tch tensor with the mkldnn layout (only strided tensors convert)")]
+    Mkldnn,
+    /// A sparse `tch::Tensor`.
+    #[error("unsupported: sparse tch tensor (only strided tensors convert)")]
+    Sparse,
+    /// A `tch::Tensor` whose layout libtorch cannot tell as strided.
+    #[error("unsupported: tch tensor without a strided layout: {source}")]
+    NotStrided {
+        /// libtorch's error.
+        #[source]
+        source: tch::TchError,
+    },
+    /// A libtorch scalar type that tch 0.26 has no kind for.
+    #[error(
+        "unsupported: tch tensor of libtorch scalar type {code}, which tch 0.26 has no kind for (uint16/32/64, \
+         float8_e8m0fnu, float4_e2m1fn_x2, ...)"
+    )]
+    UnknownScalarType {
+        /// libtorch's scalar type code.
+        code: i32,
+    },
+    /// A byte count of a copy that overflows `usize`.
+    #[error("invalid argument: {numel} elements of {element_size} bytes overflow")]
+    CopyOverflow {
+        /// The elements.
+        numel: usize,
+        /// The bytes of one element.
+        element_size: usize,
+    },
+    /// A libtorch call that failed.
+    #[error("invalid argument: libtorch {operation}: {source}")]
+    Libtorch {
+        /// The libtorch operation.
+        operation: &'static str,
+        /// libtorch's error.
+        #[source]
+        source: tch::TchError,
+    },
+    /// A size, stride or offset that does not fit libtorch's `i64`.
+    #[error("invalid argument: {what} {value} does not fit libtorch's i64")]
+    TooLargeForLibtorch {
+        /// What the number is (size, stride, storage offset, ...).
+        what: &'static str,
+        /// The number.
+        value: usize,
+    },
+    /// A negative size, stride or offset of a `tch::Tensor`.
+    #[error("unsupported: tch tensor with {what} {value}")]
+    Negative {
+        /// What the number is (size, stride, storage offset).
+        what: &'static str,
+        /// The number.
+        value: i64,
+    },
+}
+
+impl TchError {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            TchError::QuantizedDtype { .. }
+            | TchError::NoKind { .. }
+            | TchError::QuantizedKind { .. }
+            | TchError::GradOnNonFloat { .. }
+            | TchError::Mkldnn
+            | TchError::Sparse
+            | TchError::NotStrided { .. }
+            | TchError::UnknownScalarType { .. }
+            | TchError::Negative { .. } => Fault::Unsupported,
+            TchError::Undefined
+            | TchError::CopyOverflow { .. }
+            | TchError::Libtorch { .. }
+            | TchError::TooLargeForLibtorch { .. } => Fault::InvalidArgument,
+        }
+    }
+}
+
+/// The core error, keeping the conversion's error as its source ([`Error::Format`]).
+impl From<TchError> for Error {
+    fn from(e: TchError) -> Self {
+        Error::format(e.fault(), e)
+    }
+}
 
 /// What a conversion copies, and so which parts of the layout survive it.
 ///
@@ -69,8 +191,9 @@ pub enum CopyMode {
 /// The [`tch::Kind`] of a dtype.
 ///
 /// # Errors
-/// [`Error::Unsupported`] naming the dtype if tch has no kind for it (the unsigned 16/32/64-bit integers,
-/// `float8_e8m0fnu`, `float4_e2m1fn_x2`, the `bits*` dtypes) or it is quantized.
+/// [`TchError::NoKind`] naming the dtype if tch has no kind for it (the unsigned 16/32/64-bit integers,
+/// `float8_e8m0fnu`, `float4_e2m1fn_x2`, the `bits*` dtypes), [`TchError::QuantizedDtype`] if it is
+/// quantized (both [`Fault::Unsupported`]).
 pub fn dtype_to_kind(dtype: DType) -> Result<Kind> {
     Ok(match dtype {
         DType::Bool => Kind::Bool,
@@ -91,13 +214,10 @@ pub fn dtype_to_kind(dtype: DType) -> Result<Kind> {
         DType::F8E4M3Fnuz => Kind::Float8e4m3fnuz,
         DType::F8E5M2Fnuz => Kind::Float8e5m2fnuz,
         DType::QInt8 | DType::QUInt8 | DType::QInt32 | DType::QUInt4x2 | DType::QUInt2x4 => {
-            return Err(Error::Unsupported(format!(
-                "dtype {} is quantized; quantized tensors cannot be converted to tch",
-                dtype.torch_name()
-            )));
+            return Err(TchError::QuantizedDtype { dtype }.into());
         }
         other => {
-            return Err(Error::Unsupported(format!("dtype {} has no tch::Kind in tch 0.26", other.torch_name())));
+            return Err(TchError::NoKind { dtype: other }.into());
         }
     })
 }
@@ -105,7 +225,7 @@ pub fn dtype_to_kind(dtype: DType) -> Result<Kind> {
 /// The dtype of a [`tch::Kind`].
 ///
 /// # Errors
-/// [`Error::Unsupported`] for the quantized kinds (`QInt8`, `QUInt8`, `QInt32`).
+/// [`TchError::QuantizedKind`] for the quantized kinds (`QInt8`, `QUInt8`, `QInt32`).
 pub fn kind_to_dtype(kind: Kind) -> Result<DType> {
     Ok(match kind {
         Kind::Bool => DType::Bool,
@@ -126,9 +246,7 @@ pub fn kind_to_dtype(kind: Kind) -> Result<DType> {
         Kind::Float8e4m3fnuz => DType::F8E4M3Fnuz,
         Kind::Float8e5m2fnuz => DType::F8E5M2Fnuz,
         Kind::QInt8 | Kind::QUInt8 | Kind::QInt32 => {
-            return Err(Error::Unsupported(format!(
-                "quantized tch kind {kind:?}: its scale and zero point have no place in a ckpt tensor"
-            )));
+            return Err(TchError::QuantizedKind { kind }.into());
         }
     })
 }
@@ -141,9 +259,9 @@ pub fn kind_to_dtype(kind: Kind) -> Result<DType> {
 /// or 1 stays that way.
 ///
 /// # Errors
-/// [`Error::Unsupported`] if tch has no kind for the dtype ([`dtype_to_kind`]) or the tensor requires grad
-/// but is not floating point or complex (torch forbids that); [`Error::InvalidArgument`] if a size, stride
-/// or offset does not fit in `i64` or libtorch fails.
+/// As [`dtype_to_kind`]; [`TchError::GradOnNonFloat`] if the tensor requires grad but is not floating
+/// point or complex (torch forbids that); [`TchError::TooLargeForLibtorch`] if a size, stride or offset does
+/// not fit in `i64`; [`TchError::Libtorch`] if libtorch fails.
 ///
 /// ```
 /// use ckpt_tensor::Tensor;
@@ -174,10 +292,7 @@ pub fn to_tch_with(tensor: &Tensor, mode: CopyMode) -> Result<tch::Tensor> {
     let dtype = tensor.dtype();
     let kind = dtype_to_kind(dtype)?;
     if tensor.requires_grad() && !(dtype.is_floating_point() || dtype.is_complex()) {
-        return Err(Error::Unsupported(format!(
-            "a {dtype} tensor that requires grad: torch only lets floating point and complex tensors require \
-             gradients"
-        )));
+        return Err(TchError::GradOnNonFloat { dtype }.into());
     }
     let size = to_i64s(tensor.shape(), "size")?;
     let es = dtype.size();
@@ -187,18 +302,19 @@ pub fn to_tch_with(tensor: &Tensor, mode: CopyMode) -> Result<tch::Tensor> {
             tch_call("from_data_size", tch::Tensor::f_from_data_size(&data, &size, kind))?
         }
         CopyMode::Storage | CopyMode::Span => {
-            let end = required_storage_elements(tensor.shape(), tensor.strides(), tensor.storage_offset())
-                .ok_or_else(|| Error::InvalidArgument("tensor view overflows".into()))?;
+            let end = required_storage_elements(tensor.shape(), tensor.strides(), tensor.storage_offset()).ok_or_else(
+                || Error::ViewOverflow {
+                    storage_offset: tensor.storage_offset(),
+                    shape: tensor.shape().to_vec(),
+                    strides: tensor.strides().to_vec(),
+                },
+            )?;
             // An empty view addresses nothing (`end` is 0); keep its offset only when copying the storage.
             let (start, offset) = match mode {
                 CopyMode::Storage => (0, tensor.storage_offset()),
                 _ => (end.min(tensor.storage_offset()), 0),
             };
-            let bytes = tensor
-                .storage()
-                .as_bytes()
-                .get(start * es..end * es)
-                .ok_or_else(|| Error::Malformed("tensor view outside its storage".into()))?;
+            let bytes = tensor.storage().as_bytes().get(start * es..end * es).ok_or(Error::ViewOutsideStorage)?;
             let flat_len = to_i64(end - start, "storage length")?;
             let flat = tch_call("from_data_size", tch::Tensor::f_from_data_size(bytes, &[flat_len], kind))?;
             let stride = to_i64s(tensor.strides(), "stride")?;
@@ -220,9 +336,10 @@ pub fn to_tch_with(tensor: &Tensor, mode: CopyMode) -> Result<tch::Tensor> {
 /// [`from_tch_with`] to copy less.
 ///
 /// # Errors
-/// [`Error::Unsupported`] for non-strided layouts (sparse COO/CSR/CSC/BSR/BSC, mkldnn, nested), quantized
-/// kinds and scalar types tch 0.26 has no kind for (`uint16`, ...); [`Error::InvalidArgument`] for an
-/// undefined tensor or if libtorch fails (for example moving a `meta` tensor to the CPU).
+/// [`Fault::Unsupported`] for non-strided layouts ([`TchError::Sparse`], [`TchError::Mkldnn`],
+/// [`TchError::NotStrided`]), quantized kinds and scalar types tch 0.26 has no kind for
+/// ([`TchError::UnknownScalarType`], `uint16`, ...); [`TchError::Undefined`] for an undefined tensor;
+/// [`TchError::Libtorch`] if libtorch fails (for example moving a `meta` tensor to the CPU).
 ///
 /// ```
 /// let t = tch::Tensor::arange(6, (tch::Kind::Float, tch::Device::Cpu)).view([2, 3]).tr();
@@ -242,27 +359,24 @@ pub fn from_tch(tensor: &tch::Tensor) -> Result<Tensor> {
 /// As [`from_tch`].
 pub fn from_tch_with(tensor: &tch::Tensor, mode: CopyMode) -> Result<Tensor> {
     if !tensor.defined() {
-        return Err(Error::InvalidArgument("undefined tch tensor".into()));
+        return Err(TchError::Undefined.into());
     }
     // Layout first: size()/stride() panic inside tch on layouts without strides.
     if tensor.is_mkldnn() {
-        return Err(Error::Unsupported("tch tensor with the mkldnn layout (only strided tensors convert)".into()));
+        return Err(TchError::Mkldnn.into());
     }
     match tensor.f_sparse_dim() {
         Ok(0) if !tensor.is_sparse() => {}
         Ok(_) => {
-            return Err(Error::Unsupported("sparse tch tensor (only strided tensors convert)".into()));
+            return Err(TchError::Sparse.into());
         }
         Err(e) => {
-            return Err(Error::Unsupported(format!("tch tensor without a strided layout: {e}")));
+            return Err(TchError::NotStrided { source: e }.into());
         }
     }
     let kind = tensor.f_kind().map_err(|e| match e {
-        tch::TchError::UnknownKind(code) => Error::Unsupported(format!(
-            "tch tensor of libtorch scalar type {code}, which tch 0.26 has no kind for (uint16/32/64, \
-             float8_e8m0fnu, float4_e2m1fn_x2, ...)"
-        )),
-        other => Error::InvalidArgument(format!("libtorch scalar_type: {other}")),
+        tch::TchError::UnknownKind(code) => TchError::UnknownScalarType { code },
+        other => TchError::Libtorch { operation: "scalar_type", source: other },
     })?;
     let dtype = kind_to_dtype(kind)?;
     let requires_grad = tensor.requires_grad();
@@ -285,15 +399,18 @@ pub fn from_tch_with(tensor: &tch::Tensor, mode: CopyMode) -> Result<Tensor> {
             let numel = shape
                 .iter()
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| Error::InvalidArgument(format!("tch tensor of shape {shape:?} overflows")))?;
+                .ok_or_else(|| Error::ShapeOverflow { shape: shape.clone() })?;
             let storage = copy_out(&t, numel, es)?;
             Tensor::from_buffer(dtype, &shape, storage)?
         }
         CopyMode::Storage | CopyMode::Span => {
             let strides = to_usizes(&t.stride(), "stride")?;
             let offset = to_usize(tch_call("storage_offset", t.f_storage_offset())?, "storage offset")?;
-            let end = required_storage_elements(&shape, &strides, offset)
-                .ok_or_else(|| Error::InvalidArgument(format!("tch view of shape {shape:?} overflows")))?;
+            let end = required_storage_elements(&shape, &strides, offset).ok_or_else(|| Error::ViewOverflow {
+                storage_offset: offset,
+                shape: shape.clone(),
+                strides: strides.clone(),
+            })?;
             let (start, keep_offset) = match mode {
                 CopyMode::Storage => (0, offset),
                 _ => (end.min(offset), 0),
@@ -336,8 +453,7 @@ impl TryFrom<&tch::Tensor> for Tensor {
 
 /// Copies the first `numel` elements of `t` (in row-major order) into a new 64-byte aligned buffer.
 fn copy_out(t: &tch::Tensor, numel: usize, element_size: usize) -> Result<Buffer> {
-    let len =
-        numel.checked_mul(element_size).ok_or_else(|| Error::InvalidArgument(format!("{numel} elements overflow")))?;
+    let len = numel.checked_mul(element_size).ok_or(TchError::CopyOverflow { numel, element_size })?;
     let mut bytes = AlignedBytes::zeroed(len)?;
     if len > 0 {
         tch_call("copy_data", t.f_copy_data_u8(bytes.as_mut_bytes(), numel))?;
@@ -345,23 +461,23 @@ fn copy_out(t: &tch::Tensor, numel: usize, element_size: usize) -> Result<Buffer
     Ok(Buffer::from_owner(bytes))
 }
 
-/// Maps a libtorch failure to [`Error::InvalidArgument`], naming the operation.
-fn tch_call<T>(op: &str, r: std::result::Result<T, tch::TchError>) -> Result<T> {
-    r.map_err(|e| Error::InvalidArgument(format!("libtorch {op}: {e}")))
+/// Maps a libtorch failure to [`TchError::Libtorch`], naming the operation and keeping libtorch's error.
+fn tch_call<T>(operation: &'static str, r: std::result::Result<T, tch::TchError>) -> Result<T> {
+    r.map_err(|source| TchError::Libtorch { operation, source }.into())
 }
 
-fn to_i64(v: usize, what: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit libtorch's i64")))
+fn to_i64(v: usize, what: &'static str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| TchError::TooLargeForLibtorch { what, value: v }.into())
 }
 
-fn to_i64s(v: &[usize], what: &str) -> Result<Vec<i64>> {
+fn to_i64s(v: &[usize], what: &'static str) -> Result<Vec<i64>> {
     v.iter().map(|&x| to_i64(x, what)).collect()
 }
 
-fn to_usize(v: i64, what: &str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| Error::Unsupported(format!("tch tensor with {what} {v}")))
+fn to_usize(v: i64, what: &'static str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| TchError::Negative { what, value: v }.into())
 }
 
-fn to_usizes(v: &[i64], what: &str) -> Result<Vec<usize>> {
+fn to_usizes(v: &[i64], what: &'static str) -> Result<Vec<usize>> {
     v.iter().map(|&x| to_usize(x, what)).collect()
 }

@@ -79,16 +79,18 @@ impl Tensor {
     /// A contiguous tensor over the whole of `storage`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `storage` is not exactly `numel × dtype.size()` bytes.
+    /// [`Error::ShapeOverflow`]; [`Error::BufferSizeMismatch`] if `storage` is not exactly `numel × dtype.size()` bytes.
     pub fn from_buffer(dtype: DType, shape: &[usize], storage: Buffer) -> Result<Self> {
         let nbytes = checked_numel(shape)
             .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows")))?;
+            .ok_or_else(|| Error::ShapeOverflow { shape: shape.to_vec() })?;
         if nbytes != storage.len() {
-            return Err(Error::InvalidArgument(format!(
-                "a {dtype} tensor of shape {shape:?} needs {nbytes} bytes, the buffer has {}",
-                storage.len()
-            )));
+            return Err(Error::BufferSizeMismatch {
+                dtype,
+                shape: shape.to_vec(),
+                needed: nbytes,
+                available: storage.len(),
+            });
         }
         Ok(Tensor {
             dtype,
@@ -106,7 +108,8 @@ impl Tensor {
     /// inside the storage.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if shape and strides differ in length, or the view reaches outside the
+    /// [`Error::StridesLengthMismatch`] if shape and strides differ in length, [`Error::ViewOverflow`] or
+    /// [`Error::StorageTooShort`] if the view reaches outside the
     /// storage (or the storage is not a whole number of elements).
     pub fn from_parts(
         dtype: DType,
@@ -116,24 +119,20 @@ impl Tensor {
         storage: Buffer,
     ) -> Result<Self> {
         if shape.len() != strides.len() {
-            return Err(Error::InvalidArgument(format!(
-                "shape {shape:?} and strides {strides:?} have different lengths"
-            )));
+            return Err(Error::StridesLengthMismatch { shape: shape.to_vec(), strides: strides.to_vec() });
         }
-        let needed = required_storage_elements(shape, strides, storage_offset).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "view (offset {storage_offset}, shape {shape:?}, strides {strides:?}) overflows"
-            ))
-        })?;
-        let needed_bytes = needed
-            .checked_mul(dtype.size())
-            .ok_or_else(|| Error::InvalidArgument(format!("view of {needed} elements overflows")))?;
+        let overflow = || Error::ViewOverflow { storage_offset, shape: shape.to_vec(), strides: strides.to_vec() };
+        let needed = required_storage_elements(shape, strides, storage_offset).ok_or_else(overflow)?;
+        let needed_bytes = needed.checked_mul(dtype.size()).ok_or_else(overflow)?;
         if needed_bytes > storage.len() {
-            return Err(Error::InvalidArgument(format!(
-                "view (offset {storage_offset}, shape {shape:?}, strides {strides:?}) of {dtype} needs {needed_bytes} \
-                 bytes of storage, the storage has {}",
-                storage.len()
-            )));
+            return Err(Error::StorageTooShort {
+                dtype,
+                storage_offset,
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                needed: needed_bytes,
+                available: storage.len(),
+            });
         }
         Ok(Tensor {
             dtype,
@@ -150,7 +149,7 @@ impl Tensor {
     /// A contiguous tensor holding a copy of `data` (64-byte aligned).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `shape` does not hold `data.len()` elements.
+    /// [`Error::BufferSizeMismatch`] if `shape` does not hold `data.len()` elements.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Self> {
         Self::from_buffer(T::DTYPE, shape, Buffer::copy_from(data.as_bytes())?)
     }
@@ -158,11 +157,11 @@ impl Tensor {
     /// A zero-filled contiguous tensor.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] on overflow, [`Error::Limit`] if the allocation fails.
+    /// [`Error::ShapeOverflow`] on overflow, [`Error::AllocationFailed`] if the allocation fails.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Result<Self> {
         let nbytes = checked_numel(shape)
             .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows")))?;
+            .ok_or_else(|| Error::ShapeOverflow { shape: shape.to_vec() })?;
         Self::from_buffer(dtype, shape, Buffer::zeroed(nbytes)?)
     }
 
@@ -216,10 +215,10 @@ impl Tensor {
     /// `{'conj': True}` / `{'neg': True}` metadata means).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for the conjugation bit on a non-complex dtype.
+    /// [`Error::ConjugateNotComplex`] for the conjugation bit on a non-complex dtype.
     pub fn with_lazy_bits(mut self, conj: bool, neg: bool) -> Result<Self> {
         if conj && !self.dtype.is_complex() {
-            return Err(Error::InvalidArgument(format!("conjugation bit on a {} tensor", self.dtype)));
+            return Err(Error::ConjugateNotComplex { dtype: self.dtype });
         }
         self.conj = conj;
         self.neg = neg;
@@ -276,7 +275,7 @@ impl Tensor {
     /// new vector otherwise.
     ///
     /// # Errors
-    /// [`Error::Limit`] if a gather cannot allocate.
+    /// [`Error::AllocationFailed`] if a gather cannot allocate.
     pub fn data(&self) -> Result<Cow<'_, [u8]>> {
         if self.conj || self.neg {
             let mut raw = self.stored_data()?.into_owned();
@@ -308,7 +307,7 @@ impl Tensor {
     /// The stored elements in row-major order, without applying the conjugation/negation bits.
     ///
     /// # Errors
-    /// [`Error::Limit`] if a gather cannot allocate.
+    /// [`Error::AllocationFailed`] if a gather cannot allocate.
     pub fn stored_data(&self) -> Result<Cow<'_, [u8]>> {
         if self.storage.is_deferred() && self.nbytes() > 0 {
             // Bytes made on demand ([`Buffer::deferred`]): made for this call alone, so that a writer holds
@@ -329,11 +328,10 @@ impl Tensor {
             return self.window().map(Cow::Borrowed);
         }
         let mut out = Vec::new();
-        out.try_reserve_exact(self.nbytes())
-            .map_err(|_| Error::Limit(format!("cannot allocate {} bytes", self.nbytes())))?;
+        out.try_reserve_exact(self.nbytes()).map_err(|_| Error::AllocationFailed { bytes: self.nbytes() })?;
         self.gather_into(&mut out);
         if out.len() != self.nbytes() {
-            return Err(Error::Malformed("tensor view outside its storage".into()));
+            return Err(Error::ViewOutsideStorage);
         }
         Ok(Cow::Owned(out))
     }
@@ -345,10 +343,7 @@ impl Tensor {
             return Ok(&[]);
         }
         let start = self.storage_offset * self.dtype.size();
-        self.storage
-            .as_bytes()
-            .get(start..start + self.nbytes())
-            .ok_or_else(|| Error::Malformed("tensor view outside its storage".into()))
+        self.storage.as_bytes().get(start..start + self.nbytes()).ok_or(Error::ViewOutsideStorage)
     }
 
     /// Appends the elements in row-major order to `out`.
@@ -393,7 +388,7 @@ impl Tensor {
     /// the same storage, offset 0); otherwise the elements are gathered into a new aligned buffer.
     ///
     /// # Errors
-    /// [`Error::Limit`] if a gather cannot allocate.
+    /// [`Error::AllocationFailed`] if a gather cannot allocate.
     pub fn to_contiguous(&self) -> Result<Tensor> {
         let storage = if self.nbytes() == 0 {
             self.storage.slice(0..0)?
@@ -418,24 +413,21 @@ impl Tensor {
     /// The elements as a typed slice, without copying.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `T` is not this tensor's dtype, the tensor is not contiguous, or its
+    /// [`Error::DtypeMismatch`] if `T` is not this tensor's dtype, [`Error::NotContiguous`] if the tensor is not
+    /// contiguous, [`Error::Misaligned`] if its
     /// bytes are not aligned for `T` (use [`Tensor::to_vec`] or [`Tensor::to_contiguous`] then).
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         self.check_dtype::<T>()?;
         if !self.is_contiguous() || self.conj || self.neg {
-            return Err(Error::InvalidArgument(
-                "as_slice needs a contiguous tensor without conjugation/negation bits".into(),
-            ));
+            return Err(Error::NotContiguous);
         }
-        <[T]>::ref_from_bytes(self.window()?).map_err(|_| {
-            Error::InvalidArgument(format!("tensor data is not aligned for {}", std::any::type_name::<T>()))
-        })
+        <[T]>::ref_from_bytes(self.window()?).map_err(|_| Error::Misaligned { type_name: std::any::type_name::<T>() })
     }
 
     /// The elements in row-major order, copied into a vector (works for any layout and alignment).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `T` is not this tensor's dtype.
+    /// [`Error::DtypeMismatch`] if `T` is not this tensor's dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_dtype::<T>()?;
         let data = self.data()?;
@@ -444,12 +436,11 @@ impl Tensor {
 
     fn check_dtype<T: Element>(&self) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(Error::InvalidArgument(format!(
-                "tensor is {}, asked for {} ({})",
-                self.dtype,
-                T::DTYPE,
-                std::any::type_name::<T>()
-            )));
+            return Err(Error::DtypeMismatch {
+                expected: T::DTYPE,
+                found: self.dtype,
+                type_name: std::any::type_name::<T>(),
+            });
         }
         Ok(())
     }
@@ -457,14 +448,11 @@ impl Tensor {
     /// A view of `len` elements of dimension `dim` starting at `start` (torch's `narrow`), without copying.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if `dim` or the range is out of bounds.
+    /// [`Error::DimOutOfRange`] or [`Error::NarrowOutOfRange`] if `dim` or the range is out of bounds.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
-        let size = *self
-            .shape
-            .get(dim)
-            .ok_or_else(|| Error::InvalidArgument(format!("dim {dim} of a {}-dim tensor", self.dim())))?;
+        let size = *self.shape.get(dim).ok_or_else(|| Error::DimOutOfRange { dim, ndim: self.dim() })?;
         if start.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::InvalidArgument(format!("narrow {start}+{len} of dim {dim} of size {size}")));
+            return Err(Error::NarrowOutOfRange { dim, start, len, size });
         }
         let mut t = self.clone();
         if len > 0 {
@@ -477,15 +465,10 @@ impl Tensor {
     /// A view of the hyper-rectangle `offsets .. offsets + sizes` (one entry per dimension), without copying.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the region is not inside the tensor.
+    /// [`Error::RegionRankMismatch`], [`Error::NarrowOutOfRange`] if the region is not inside the tensor.
     pub fn region(&self, offsets: &[usize], sizes: &[usize]) -> Result<Tensor> {
         if offsets.len() != self.dim() || sizes.len() != self.dim() {
-            return Err(Error::InvalidArgument(format!(
-                "region with {} offsets and {} sizes for a {}-dim tensor",
-                offsets.len(),
-                sizes.len(),
-                self.dim()
-            )));
+            return Err(Error::RegionRankMismatch { offsets: offsets.len(), sizes: sizes.len(), ndim: self.dim() });
         }
         let mut t = self.clone();
         for (d, (&o, &s)) in offsets.iter().zip(sizes).enumerate() {
@@ -497,10 +480,10 @@ impl Tensor {
     /// Swaps two dimensions (a view).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if a dimension is out of range.
+    /// [`Error::DimOutOfRange`] if a dimension is out of range.
     pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
         if a >= self.dim() || b >= self.dim() {
-            return Err(Error::InvalidArgument(format!("transpose({a}, {b}) of a {}-dim tensor", self.dim())));
+            return Err(Error::DimOutOfRange { dim: a.max(b), ndim: self.dim() });
         }
         let mut t = self.clone();
         t.shape.swap(a, b);
@@ -511,14 +494,10 @@ impl Tensor {
     /// The same elements with another shape; zero copy when contiguous, gathered first otherwise.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the element counts differ.
+    /// [`Error::ReshapeMismatch`] if the element counts differ.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         if checked_numel(shape) != Some(self.numel()) {
-            return Err(Error::InvalidArgument(format!(
-                "cannot reshape {:?} ({} elements) to {shape:?}",
-                self.shape,
-                self.numel()
-            )));
+            return Err(Error::ReshapeMismatch { from: self.shape.to_vec(), numel: self.numel(), to: shape.to_vec() });
         }
         let mut t = self.to_contiguous()?;
         t.strides = contiguous_dims(shape);
@@ -579,7 +558,7 @@ fn apply_lazy_bits(dtype: DType, bytes: &mut [u8], conj: bool, neg: bool) -> Res
             }
         }
         _ if !neg => {}
-        other => return Err(Error::Unsupported(format!("negation bit on a {other} tensor"))),
+        other => return Err(Error::NegationUnsupported { dtype: other }),
     }
     Ok(())
 }

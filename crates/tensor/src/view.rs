@@ -79,20 +79,18 @@ impl Tensor {
     /// The tensor `view` describes, its bytes copied once into ckpt's aligned memory.
     ///
     /// # Errors
-    /// [`TensorView::data`]'s error; [`Error::InvalidArgument`] when the view gives another number of bytes
-    /// than its dtype and shape need (or their size overflows).
+    /// [`TensorView::data`]'s error; [`Error::BufferSizeMismatch`] when the view gives another number of
+    /// bytes than its dtype and shape need, [`Error::ShapeOverflow`] when their size overflows.
     pub fn from_view(view: &impl TensorView) -> Result<Tensor> {
-        let need = view.data_len().ok_or_else(|| {
-            Error::InvalidArgument(format!("a {} view of shape {:?} overflows", view.dtype(), view.shape()))
-        })?;
+        let need = view.data_len().ok_or_else(|| Error::ShapeOverflow { shape: view.shape().to_vec() })?;
         let data = view.data()?;
         if data.len() != need {
-            return Err(Error::InvalidArgument(format!(
-                "a {} view of shape {:?} needs {need} bytes, its data has {}",
-                view.dtype(),
-                view.shape(),
-                data.len()
-            )));
+            return Err(Error::BufferSizeMismatch {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                needed: need,
+                available: data.len(),
+            });
         }
         Tensor::from_buffer(view.dtype(), view.shape(), crate::Buffer::from_vec(data.into_owned()))
     }
@@ -139,7 +137,7 @@ mod tests {
 
     #[test]
     fn a_view_with_the_wrong_byte_count_is_refused() {
-        assert!(matches!(Tensor::from_view(&Short), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Tensor::from_view(&Short), Err(Error::BufferSizeMismatch { needed: 16, available: 12, .. })));
     }
 
     #[test]

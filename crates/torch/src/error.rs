@@ -126,6 +126,16 @@ pub enum Error {
     /// A tensor view reaches outside its storage.
     #[error("tensor view outside its storage: {0}")]
     ViewOutOfBounds(String),
+    /// The view a `_rebuild_tensor*` call describes is not a valid view of its storage.
+    #[error("tensor view outside its storage: {function}: {source}")]
+    BadView {
+        /// The rebuild function.
+        function: String,
+        /// The core error that refused the view (boxed: it would make every `Result` of this crate, and of
+        /// the crates that embed this error, larger).
+        #[source]
+        source: Box<ckpt_tensor::Error>,
+    },
     /// An unknown dtype name.
     #[error("unknown dtype torch.{0}")]
     UnknownDType(String),
@@ -188,6 +198,11 @@ impl Error {
             Error::Pickle { source, .. } => match source.kind() {
                 ckpt_pickle::ErrorKind::Limit => Fault::Limit,
                 ckpt_pickle::ErrorKind::Unsupported => Fault::Unsupported,
+                ckpt_pickle::ErrorKind::Malformed
+                | ckpt_pickle::ErrorKind::InvalidArgument
+                | ckpt_pickle::ErrorKind::Io => Fault::Malformed,
+                // `ErrorKind` is `#[non_exhaustive]` (another crate's): a class added to it later is damage
+                // until mapped here.
                 _ => Fault::Malformed,
             },
             Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_) => Fault::InvalidArgument,
@@ -210,6 +225,7 @@ impl Error {
             | Error::StorageSize { .. }
             | Error::BadRebuild { .. }
             | Error::ViewOutOfBounds(_)
+            | Error::BadView { .. }
             | Error::UnknownDType(_)
             | Error::Legacy(_) => Fault::Malformed,
         }

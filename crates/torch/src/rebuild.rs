@@ -295,7 +295,7 @@ fn tensor_value(
 ) -> R<Value> {
     let tensor = Tensor::from_parts(dtype, size, stride, offset, data)
         .and_then(|t| t.with_lazy_bits(conj, neg))
-        .map_err(|e| Failure::Torch(Error::ViewOutOfBounds(format!("{function}: {e}"))))?;
+        .map_err(|source| Failure::Torch(Error::BadView { function: function.to_owned(), source: Box::new(source) }))?;
     Ok(Value::Tensor(tensor.with_requires_grad(requires_grad)))
 }
 

@@ -16,6 +16,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The index is not JSON.
+    #[error("{}: invalid JSON: {source}", path.display())]
+    IndexJson {
+        /// The index.
+        path: PathBuf,
+        /// The JSON parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A `--max-shard-size` that transformers would not accept.
     #[error("invalid shard size {text:?}: an integer (bytes) or a number with a unit (5GB, 500MB, 64KB, 2GiB)")]
     BadSize {
@@ -40,7 +49,7 @@ impl Error {
     /// Who is at fault.
     pub fn fault(&self) -> Fault {
         match self {
-            Error::Malformed { .. } => Fault::Malformed,
+            Error::Malformed { .. } | Error::IndexJson { .. } => Fault::Malformed,
             Error::BadSize { .. } => Fault::InvalidArgument,
             Error::Io { .. } => Fault::Io,
             Error::Core(e) => e.fault(),

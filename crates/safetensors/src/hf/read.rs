@@ -33,8 +33,8 @@ impl HfReader {
         let bad = |reason: String| Error::Malformed { path: index_path.clone(), reason };
         let (names, weight_map, total_size) = if index_path.is_file() {
             let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
-            let json: serde_json::Value =
-                serde_json::from_slice(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            let json: serde_json::Value = serde_json::from_slice(&text)
+                .map_err(|source| Error::IndexJson { path: index_path.clone(), source })?;
             let map = json
                 .get("weight_map")
                 .and_then(serde_json::Value::as_object)

@@ -46,9 +46,11 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Map, Value as Json};
 
 use ckpt_tensor::DType;
+use ckpt_tensor::Result;
 use ckpt_tensor::Tensor;
 use ckpt_tensor::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};
-use ckpt_tensor::{Error, Result};
+
+use crate::SafetensorsError;
 
 /// Bytes values longer than this are stored as a tensor of the file instead of hex.
 pub const BYTES_INLINE_MAX: usize = 4096;
@@ -233,10 +235,11 @@ impl Encoder {
             Value::Ref(id) => tagged("ref", Json::from(*id)),
             // `Value` is non-exhaustive: a kind added to the model after this encoding is refused, not dropped.
             other => {
-                return Err(Error::Unsupported(format!(
-                    "{at}: {} cannot be recorded in safetensors metadata",
-                    ckpt_tensor::brief(other)
-                )));
+                return Err(SafetensorsError::UnrecordableValue {
+                    at: at.to_owned(),
+                    value: ckpt_tensor::brief(other),
+                }
+                .into());
             }
         })
     }
@@ -361,7 +364,7 @@ fn carrier(t: &Tensor) -> Result<(Tensor, Option<DType>)> {
         DType::Bits16 => DType::U16,
         DType::QInt32 => DType::I32,
         d if d.size() == 1 => DType::U8,
-        d => return Err(Error::Unsupported(format!("a {d} tensor in safetensors"))),
+        d => return Err(SafetensorsError::NoStandInDtype { dtype: d }.into()),
     };
     Ok((Tensor::from_buffer(dtype, &shape, t.storage().clone())?, Some(t.dtype())))
 }

@@ -1,0 +1,102 @@
+//! The rules of reading and writing safetensors files beyond the header's ([`crate::header::HeaderError`]),
+//! one variant each.
+
+use ckpt_tensor::{DType, Fault};
+
+/// A safetensors rule that a file, a tensor or a request breaks.
+///
+/// The crate's functions return the core error; these convert into it as [`ckpt_tensor::Error::Format`]
+/// with their [`SafetensorsError::fault`], and [`ckpt_tensor::Error::format_error`] finds them again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SafetensorsError {
+    /// The data region of the tensors to write overflows `usize`.
+    #[error("limit exceeded: safetensors data size overflows")]
+    DataSizeOverflow,
+    /// The header of the tensors to write cannot be serialized.
+    #[error("invalid argument: safetensors header: {source}")]
+    HeaderJson {
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The checksum placeholder is missing from the written header.
+    #[error("invalid argument: safetensors header: checksum placeholder not found")]
+    ChecksumPlaceholderMissing,
+    /// A dtype safetensors cannot hold (complex128, complex32, quantized, float4).
+    #[error("unsupported: dtype {} cannot be stored in safetensors", dtype.torch_name())]
+    UnstorableDtype {
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// A safetensors dtype torch has no equivalent for (F4, F6_*).
+    #[error("unsupported: safetensors dtype {dtype:?} has no torch equivalent")]
+    NoTorchDtype {
+        /// The safetensors dtype.
+        dtype: safetensors::Dtype,
+    },
+    /// A value that the metadata encoding has no form for.
+    #[error("unsupported: {at}: {value} cannot be recorded in safetensors metadata")]
+    UnrecordableValue {
+        /// Where the value is in the state dict.
+        at: String,
+        /// The value, in brief ([`ckpt_tensor::brief`]).
+        value: String,
+    },
+    /// A tensor whose dtype has no same-size stand-in that safetensors holds.
+    #[error("unsupported: a {dtype} tensor in safetensors")]
+    NoStandInDtype {
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// An entry asked for as a tensor that is not a dense tensor.
+    #[error("invalid argument: entry {name:?} is not a dense tensor")]
+    NotADenseTensor {
+        /// The entry's name.
+        name: String,
+    },
+    /// A tensor asked for that the file does not hold.
+    #[error("invalid argument: no tensor named {name:?}")]
+    NoSuchTensor {
+        /// The name asked for.
+        name: String,
+    },
+    /// An entry asked for that the file does not hold.
+    #[error("invalid argument: no entry named {name:?}")]
+    NoSuchEntry {
+        /// The name asked for.
+        name: String,
+    },
+    /// Two entries of one name to write.
+    #[error("invalid argument: two entries are named {name:?}")]
+    DuplicateEntry {
+        /// The name.
+        name: String,
+    },
+}
+
+impl SafetensorsError {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            SafetensorsError::DataSizeOverflow => Fault::Limit,
+            SafetensorsError::UnstorableDtype { .. }
+            | SafetensorsError::NoTorchDtype { .. }
+            | SafetensorsError::UnrecordableValue { .. }
+            | SafetensorsError::NoStandInDtype { .. } => Fault::Unsupported,
+            SafetensorsError::HeaderJson { .. }
+            | SafetensorsError::ChecksumPlaceholderMissing
+            | SafetensorsError::NotADenseTensor { .. }
+            | SafetensorsError::NoSuchTensor { .. }
+            | SafetensorsError::NoSuchEntry { .. }
+            | SafetensorsError::DuplicateEntry { .. } => Fault::InvalidArgument,
+        }
+    }
+}
+
+/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
+impl From<SafetensorsError> for ckpt_tensor::Error {
+    fn from(e: SafetensorsError) -> Self {
+        ckpt_tensor::Error::format(e.fault(), e)
+    }
+}
