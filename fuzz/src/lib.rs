@@ -146,7 +146,7 @@ pub fn write_dir_without_hdf5(target: &str, files: &[FileEntry<'_>]) -> PathBuf 
         .iter()
         .map(|f| {
             let mut bytes = f.bytes.to_vec();
-            while let Ok(offset) = ckpt_pbg::check_header(Path::new(&f.name), &bytes) {
+            while let Ok(offset) = ckpt_pbg::h5::check_header(Path::new(&f.name), &bytes) {
                 match bytes.get_mut(offset) {
                     Some(b) => *b ^= 0xff,
                     None => break,
