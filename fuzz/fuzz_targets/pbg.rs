@@ -11,9 +11,9 @@
 
 use std::path::Path;
 
+use ckpt_pbg::h5::check_header;
 use ckpt_pbg::{
     AttrValue, Config, EntityStorage, FileCheckpointStorage, FileName, Iteration, Metadata, OptimizerState, PbgReader,
-    check_header,
 };
 use ckpt_tensor::Buffer;
 use libfuzzer_sys::fuzz_target;
