@@ -11,7 +11,9 @@ pub mod crash;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ckpt_tensor::{DictKind, OpaqueTensorKind, PathItem, Value, join_path, python_str};
+use ckpt_tensor::flatten::join_path;
+use ckpt_tensor::flatten::python_str;
+use ckpt_tensor::{DictKind, OpaqueTensorKind, PathItem, Value};
 use serde_json::{Value as Json, json};
 
 /// The repository root.
@@ -120,7 +122,7 @@ fn render(v: &Value, path: &mut Vec<PathItem>) -> Json {
         Value::None => json!({"t": "none"}),
         Value::Bool(b) => json!({"t": "bool", "v": b}),
         Value::Int(i) => json!({"t": "int", "v": i.to_string()}),
-        Value::BigInt(b) => json!({"t": "int", "v": ckpt_tensor::bigint_decimal(b)}),
+        Value::BigInt(b) => json!({"t": "int", "v": ckpt_tensor::value::bigint_decimal(b)}),
         Value::Float(f) => json!({"t": "float", "v": float_hex(*f)}),
         Value::Complex(re, im) => json!({"t": "complex", "re": float_hex(*re), "im": float_hex(*im)}),
         Value::Str(s) => json!({"t": "str", "v": s}),
@@ -180,7 +182,7 @@ mod tests {
 
     #[test]
     fn bigints() {
-        use ckpt_tensor::bigint_decimal;
+        use ckpt_tensor::value::bigint_decimal;
         assert_eq!(bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), "18446744073709551616");
         assert_eq!(bigint_decimal(&[0xff]), "-1");
         assert_eq!(bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]), "-9223372036854775808");

@@ -19,7 +19,8 @@ use ckpt_recis::table::{TableChild, coalesce};
 use ckpt_recis::writer::{save_tables, write_meta, write_shard_files};
 use ckpt_recis::{CheckpointManager, DataFile, HashTable, ReshardOptions, Shard, Slot, SparseCheckpoint, WriteOptions};
 use ckpt_recis::{load_shard, reshard_sparse};
-use ckpt_tensor::{Buffer, DType, Tensor, Value, float_repr, leaves};
+use ckpt_tensor::flatten::float_repr;
+use ckpt_tensor::{Buffer, DType, Tensor, Value, leaves};
 use serde_json::{Value as Json, json};
 
 const CASES: [&str; 3] = ["two_shard_adamw", "coalesced_bf16", "bool_dtype_bug"];

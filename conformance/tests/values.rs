@@ -103,7 +103,7 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
                 match &n.value {
                     Value::Float(f) => assert_eq!(float_hex(*f), value.as_str().unwrap(), "{}", e.name),
                     Value::Int(i) => assert_eq!(i.to_string(), value.as_str().unwrap(), "{}", e.name),
-                    Value::BigInt(b) => assert_eq!(ckpt_tensor::bigint_decimal(b), value.as_str().unwrap()),
+                    Value::BigInt(b) => assert_eq!(ckpt_tensor::value::bigint_decimal(b), value.as_str().unwrap()),
                     Value::Bool(b) => assert_eq!(Some(*b), value.as_bool(), "{}", e.name),
                     Value::Complex(re, im) => {
                         assert_eq!(
@@ -122,8 +122,8 @@ fn numpy_scalars_and_arrays_read_as_numpy_wrote_them() {
     // Scalars read as the Python numbers they are.
     assert_eq!(r.get("best_acc").unwrap().as_f64(), Some(0.8125));
     assert_eq!(r.get("step").unwrap().as_int(), Some(1200));
-    assert_eq!(ckpt_tensor::python_str(r.get("phase").unwrap()).unwrap(), "(1.5-0.25j)");
-    assert_eq!(ckpt_tensor::python_str(r.get("lr").unwrap()).unwrap(), "0.5");
+    assert_eq!(ckpt_tensor::flatten::python_str(r.get("phase").unwrap()).unwrap(), "(1.5-0.25j)");
+    assert_eq!(ckpt_tensor::flatten::python_str(r.get("lr").unwrap()).unwrap(), "0.5");
 }
 
 #[test]

@@ -5,7 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use ckpt_collective::Collective;
-use ckpt_tensor::{Dict, EntryKind, PathItem, Value, python_str, unflatten};
+use ckpt_tensor::flatten::python_str;
+use ckpt_tensor::{Dict, EntryKind, PathItem, Value, unflatten};
 
 use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Error, Result};
@@ -459,11 +460,11 @@ impl Content {
 
 /// `value` with its floating-point tensor (a tensor, a parameter's, a tensor-with-state's) cast to `to`.
 fn cast(value: Value, to: ckpt_tensor::DType) -> ckpt_tensor::Result<Value> {
-    let castable = |t: &ckpt_tensor::Tensor| ckpt_tensor::is_castable_float(t.dtype());
+    let castable = |t: &ckpt_tensor::Tensor| ckpt_tensor::cast::is_castable_float(t.dtype());
     Ok(match value {
-        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_tensor::cast_float_lazy(&t, to)?),
+        Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_tensor::cast::cast_float_lazy(&t, to)?),
         Value::Parameter { tensor, state } if castable(&tensor) => {
-            Value::Parameter { tensor: ckpt_tensor::cast_float_lazy(&tensor, to)?, state }
+            Value::Parameter { tensor: ckpt_tensor::cast::cast_float_lazy(&tensor, to)?, state }
         }
         Value::TensorWithState { tensor, class, state } => {
             Value::TensorWithState { tensor: Box::new(cast(*tensor, to)?), class, state }
@@ -524,7 +525,7 @@ pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSu
             None => {
                 s.values += 1;
                 // The tensors inside an object are entries of their own.
-                for (_, t) in ckpt_tensor::object_tensors(&l.value) {
+                for (_, t) in ckpt_tensor::flatten::object_tensors(&l.value) {
                     s.tensors += 1;
                     s.bytes += t.as_tensor().map_or(0, |t| t.nbytes() as u64);
                 }

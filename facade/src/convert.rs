@@ -198,7 +198,7 @@ pub fn output_estimate(src: &Path, from: Option<Format>, options: &ConvertOption
             continue;
         }
         let bytes = match options.selection.dtype {
-            Some(to) if ckpt_tensor::is_castable_float(info.dtype) => info.numel().saturating_mul(to.size()),
+            Some(to) if ckpt_tensor::cast::is_castable_float(info.dtype) => info.numel().saturating_mul(to.size()),
             _ => info.nbytes(),
         };
         total = total.saturating_add(bytes as u64);

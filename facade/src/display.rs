@@ -1,6 +1,7 @@
 //! Printing tensor values numpy-style, for every dtype (float8 and float4 decoded by their bit layouts).
 
-use ckpt_tensor::{DType, Tensor, contiguous_strides};
+use ckpt_tensor::tensor::contiguous_strides;
+use ckpt_tensor::{DType, Tensor};
 
 /// Decodes a minifloat with `e` exponent bits and `m` mantissa bits.
 ///

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use ckpt_tensor::{Dict, DictKind, Object, Value, object_parts, python_repr_of};
+use ckpt_tensor::flatten::object_parts;
+use ckpt_tensor::flatten::python_repr_of;
+use ckpt_tensor::{Dict, DictKind, Object, Value};
 
 /// Containers nested deeper than this print as `...` (a value decoded under the default limits nests at
 /// most 1000 deep; the printer recurses).
@@ -86,7 +88,7 @@ fn definitions(v: &Value, path: &mut String, paths: &mut HashMap<u32, String>, d
 }
 
 /// Calls `f` with the path segment (`None`: the names continue the parent's) and value of every child of
-/// `v`; objects' parts named as [`ckpt_tensor::entry_names`] names the tensors inside them.
+/// `v`; objects' parts named as [`ckpt_tensor::flatten::entry_names`] names the tensors inside them.
 fn each_child(v: &Value, f: &mut dyn FnMut(Option<String>, &Value)) {
     let items = |items: &[Value], f: &mut dyn FnMut(Option<String>, &Value)| {
         for (i, item) in items.iter().enumerate() {

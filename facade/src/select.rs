@@ -19,7 +19,8 @@
 //! assert_eq!(path, [PathItem::Key("bn".into()), PathItem::Key("weight".into())]);
 //! ```
 
-use ckpt_tensor::{DType, Fault, PathItem, Result, join_path};
+use ckpt_tensor::flatten::join_path;
+use ckpt_tensor::{DType, Fault, PathItem, Result};
 
 /// A [`Selection`] whose options cannot be applied, one variant per rule; it converts into the core error
 /// as [`ckpt_tensor::Error::Format`] of [`Fault::InvalidArgument`].

@@ -197,7 +197,7 @@ pub fn read_value(v: &Value) -> u64 {
             _ => {}
         }
     }
-    digest ^ ckpt_tensor::python_str(v).map(|s| s.len() as u64).unwrap_or(0)
+    digest ^ ckpt_tensor::flatten::python_str(v).map(|s| s.len() as u64).unwrap_or(0)
 }
 
 /// What every target does with an opened checkpoint: list the entries, then read every one of them (tensors

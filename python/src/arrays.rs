@@ -78,7 +78,7 @@ pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResul
             (t.storage().clone(), t.shape().to_vec(), strides, t.storage_offset() * size, false)
         } else {
             let data = py.detach(|| t.data().map(|d| d.into_owned())).map_err(to_err)?;
-            let strides = ckpt::tensor::contiguous_strides(t.shape()).iter().map(|s| s * size).collect();
+            let strides = ckpt::tensor::tensor::contiguous_strides(t.shape()).iter().map(|s| s * size).collect();
             (Buffer::from_vec(data), t.shape().to_vec(), strides, 0, true)
         };
     // Every element addressed lies inside the storage: `Tensor` checks its view against its storage when it

@@ -136,7 +136,7 @@ fn copy_box(t: &ckpt::Tensor, address: usize, strides: &[usize], bounds: (usize,
         (bytes.get(start..).ok_or("tensor outside its storage")?, t.strides().to_vec())
     } else {
         contiguous = t.data().map_err(|e| e.to_string())?;
-        (&contiguous[..], ckpt::tensor::contiguous_strides(t.shape()))
+        (&contiguous[..], ckpt::tensor::tensor::contiguous_strides(t.shape()))
     };
     let dims = t.shape();
     let n = dims.len();

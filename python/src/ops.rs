@@ -116,7 +116,7 @@ fn with_spinner<T>(what: String, f: impl FnOnce() -> T) -> T {
 
 /// Bytes of the tensors of a state dict held in memory, those inside objects included.
 fn tensor_bytes(tree: &Value) -> u64 {
-    ckpt::tensor::entry_names(tree)
+    ckpt::tensor::flatten::entry_names(tree)
         .unwrap_or_default()
         .iter()
         .filter_map(|(_, v)| v.as_tensor())

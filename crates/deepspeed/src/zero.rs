@@ -105,8 +105,11 @@ fn buffers(states: At<'_>) -> Result<Vec<(String, Tensor)>> {
             continue;
         }
         let t = v.tensor()?;
-        let t =
-            if ckpt_tensor::is_castable_float(t.dtype()) { ckpt_tensor::cast_float(t, DType::F32)? } else { t.clone() };
+        let t = if ckpt_tensor::cast::is_castable_float(t.dtype()) {
+            ckpt_tensor::cast_float(t, DType::F32)?
+        } else {
+            t.clone()
+        };
         out.push((name.to_owned(), t));
     }
     Ok(out)

@@ -1,7 +1,8 @@
 //! Chunk geometry: boxes of a tensor in global coordinates, their validation (bounds, overlaps,
 //! coverage), DTensor's `Shard` split, and copying one box of a strided tensor into a dense one.
 
-use ckpt_tensor::{AlignedBytes, Buffer, DType, Tensor, contiguous_strides};
+use ckpt_tensor::tensor::contiguous_strides;
+use ckpt_tensor::{AlignedBytes, Buffer, DType, Tensor};
 
 use crate::error::{Error, Result};
 use crate::metadata::ChunkStorageMetadata;

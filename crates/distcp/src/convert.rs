@@ -9,7 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ckpt_pickle::Pickler;
-use ckpt_tensor::{DType, StorageClass, Value, contiguous_strides, unflatten};
+use ckpt_tensor::tensor::contiguous_strides;
+use ckpt_tensor::{DType, StorageClass, Value, unflatten};
 use ckpt_torch::zip::ZipWriter;
 
 use crate::error::{Error, Result};

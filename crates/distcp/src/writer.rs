@@ -137,7 +137,7 @@ impl WriteOptions {
 /// Saves a state dict from one process, like `dcp.save(state_dict, checkpoint_id=dir, no_dist=True)`.
 /// Returns what was written ([`save_report`]).
 ///
-/// Keys follow torch 2.4+'s flattening ([`ckpt_tensor::flatten`]); tensors become one item each, every other
+/// Keys follow torch 2.4+'s flattening ([`ckpt_tensor::flatten()`]); tensors become one item each, every other
 /// leaf a BYTE_IO item (a `torch.save` of the value).
 ///
 /// # Errors

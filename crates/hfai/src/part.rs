@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_tensor::{Buffer, Dict, Tensor, Value, python_str};
+use ckpt_tensor::flatten::python_str;
+use ckpt_tensor::{Buffer, Dict, Tensor, Value};
 use ckpt_torch::{ReadOptions, TorchReader};
 
 use crate::commit::Fingerprint;

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ckpt_collective::Collective;
-use ckpt_tensor::{CheckpointRead, DType, Dict, Entry, LeafIndex, Tensor, Value, entry_kind, leaves};
+use ckpt_tensor::flatten::LeafIndex;
+use ckpt_tensor::{CheckpointRead, DType, Dict, Entry, Tensor, Value, entry_kind, leaves};
 use ckpt_torch::ReadOptions;
 use rayon::prelude::*;
 
@@ -324,7 +325,7 @@ fn merge(first: Part, rest: Vec<Part>) -> Result<Merged> {
 
 /// A key as it appears in leaf names (`str(key)`).
 fn show_key(k: &Value) -> String {
-    ckpt_tensor::python_str(k).unwrap_or_else(|_| show(k))
+    ckpt_tensor::flatten::python_str(k).unwrap_or_else(|_| show(k))
 }
 
 impl HfaiReader {

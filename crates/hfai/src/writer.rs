@@ -604,7 +604,7 @@ fn leaf_name(what: &str, count: usize, index: usize, keys: &[&Value]) -> String 
     }
     for k in keys {
         name.push('.');
-        name.push_str(&ckpt_tensor::python_str(k).unwrap_or_else(|_| show(k)));
+        name.push_str(&ckpt_tensor::flatten::python_str(k).unwrap_or_else(|_| show(k)));
     }
     name
 }

@@ -82,7 +82,7 @@ fn opts() -> WriteOptions {
 }
 
 fn by_key(d: &Dict) -> HashMap<String, &Value> {
-    d.items.iter().map(|(k, v)| (ckpt_tensor::python_str(k).unwrap(), v)).collect()
+    d.items.iter().map(|(k, v)| (ckpt_tensor::flatten::python_str(k).unwrap(), v)).collect()
 }
 
 fn assert_tensor_eq(a: &Value, b: &Value, what: &str) {
@@ -707,7 +707,7 @@ fn rank_shares_read_only_their_parts() {
             assert_eq!(share.parts(), ckpt_collective::hosted_ranks(p, k, 4), "process {p} of {k}");
             assert_eq!(share.world_size(), 4);
             for (key, v) in &share.model().unwrap().items {
-                let key = ckpt_tensor::python_str(key).unwrap();
+                let key = ckpt_tensor::flatten::python_str(key).unwrap();
                 assert_tensor_eq(v, whole.model().unwrap().get(key.as_str()).unwrap(), &key);
                 model_keys.push(key);
             }
@@ -721,7 +721,7 @@ fn rank_shares_read_only_their_parts() {
         }
         model_keys.sort();
         let mut expected: Vec<String> =
-            whole.model().unwrap().items.iter().map(|(k, _)| ckpt_tensor::python_str(k).unwrap()).collect();
+            whole.model().unwrap().items.iter().map(|(k, _)| ckpt_tensor::flatten::python_str(k).unwrap()).collect();
         expected.retain(|k| !whole.chunked().contains(&format!("model.{k}")));
         expected.sort();
         assert_eq!(model_keys, expected, "{k} processes hold every whole model entry once");

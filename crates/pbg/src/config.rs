@@ -345,7 +345,7 @@ fn dump(v: &Json, indent: usize, level: usize, out: &mut String) {
             (None, Some(u), _) => {
                 let _ = write!(out, "{u}");
             }
-            (None, None, Some(f)) => out.push_str(&ckpt_tensor::float_repr(f)),
+            (None, None, Some(f)) => out.push_str(&ckpt_tensor::flatten::float_repr(f)),
             _ => out.push_str(&n.to_string()),
         },
         Json::String(s) => dump_str(s, out),

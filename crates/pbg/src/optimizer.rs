@@ -267,7 +267,7 @@ impl StateDict {
 }
 
 fn python_repr(v: &Value) -> String {
-    ckpt_tensor::python_str(v).unwrap_or_else(|_| v.type_name().to_owned())
+    ckpt_tensor::flatten::python_str(v).unwrap_or_else(|_| v.type_name().to_owned())
 }
 
 #[cfg(test)]

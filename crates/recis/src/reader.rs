@@ -4,9 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use ckpt_tensor::{
-    CheckpointRead, Dict, DictKind, Entry, EntryKind, LeafIndex, Tensor, TensorInfo, Value, entry_kind, leaves,
-};
+use ckpt_tensor::flatten::LeafIndex;
+use ckpt_tensor::{CheckpointRead, Dict, DictKind, Entry, EntryKind, Tensor, TensorInfo, Value, entry_kind, leaves};
 
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
 use crate::error::{Error, Result};

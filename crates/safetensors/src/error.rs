@@ -40,7 +40,7 @@ pub enum SafetensorsError {
     UnrecordableValue {
         /// Where the value is in the state dict.
         at: String,
-        /// The value, in brief ([`ckpt_tensor::brief`]).
+        /// The value, in brief ([`ckpt_tensor::brief()`]).
         value: String,
     },
     /// A tensor whose dtype has no same-size stand-in that safetensors holds.

@@ -192,7 +192,7 @@ pub struct Records {
     value_index: HashMap<String, usize>,
     tensor_index: HashMap<String, usize>,
     /// The tensors inside each object value, by the value's name: entries of their own after it, named as
-    /// [`ckpt_tensor::entry_names`] names them (the names the writer stored them under), as a torch file's reader
+    /// [`ckpt_tensor::flatten::entry_names`] names them (the names the writer stored them under), as a torch file's reader
     /// lists them.
     inside: Vec<(String, Vec<(String, Value)>)>,
 }
@@ -335,10 +335,10 @@ impl Records {
     }
 }
 
-/// The tensors inside the object value `v` of entry `name` ([`ckpt_tensor::object_tensors`]) that the file stores
+/// The tensors inside the object value `v` of entry `name` ([`ckpt_tensor::flatten::object_tensors`]) that the file stores
 /// under those names (`used`: the stored tensors the values refer to).
 fn tensors_inside(name: &str, v: &Value, used: &HashSet<String>) -> Vec<(String, Value)> {
-    ckpt_tensor::object_tensors(v)
+    ckpt_tensor::flatten::object_tensors(v)
         .into_iter()
         .map(|(inner, t)| (format!("{name}.{inner}"), t))
         .filter(|(n, _)| used.contains(n))
@@ -471,7 +471,7 @@ pub fn prepare<'a>(
                 } else {
                     report.values += 1;
                     // An object's tensors are entries of their own when the file is read back.
-                    report.tensors += ckpt_tensor::object_tensors(value).len();
+                    report.tensors += ckpt_tensor::flatten::object_tensors(value).len();
                 }
                 tensors.extend(stored);
                 kept_paths.push((name, path));

@@ -31,5 +31,5 @@ pub fn brief(v: &dyn std::fmt::Debug) -> String {
     out.0
 }
 
-/// Characters [`brief`] keeps.
+/// Characters [`brief()`] keeps.
 pub const BRIEF: usize = 120;

@@ -279,7 +279,7 @@ pub enum Error {
     /// An empty unflatten path.
     #[error("invalid argument: empty path")]
     EmptyPath,
-    /// An unflatten path with a list index above [`crate::MAX_UNFLATTEN_INDEX`].
+    /// An unflatten path with a list index above [`crate::flatten::MAX_UNFLATTEN_INDEX`].
     #[error("invalid argument: list index {index} in path {path} is above the limit {limit}")]
     ListIndexTooLarge {
         /// The index.

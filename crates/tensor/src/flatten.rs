@@ -209,9 +209,9 @@ fn is_terminal(v: &Value) -> bool {
     }
 }
 
-/// Every leaf of a value with its path, descending into every mapping, list and tuple (unlike [`flatten`],
+/// Every leaf of a value with its path, descending into every mapping, list and tuple (unlike [`flatten()`],
 /// which keeps tuples and tensor-free lists whole). Tensors of every kind are leaves; so are empty
-/// containers, sets, objects and all other values. Shared objects and references are walked as [`flatten`]
+/// containers, sets, objects and all other values. Shared objects and references are walked as [`flatten()`]
 /// walks them. A top level that is not a container is one leaf with an empty key.
 ///
 /// These are the parts a checkpoint converts as; [`entry_names`] also names the tensors objects hold.

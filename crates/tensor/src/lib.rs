@@ -10,7 +10,7 @@
 //!   [`AlignedBytes`]: the owned memory, fresh huge pages for large tensors.
 //! - [`Tensor`]: dtype, shape, strides, storage offset over a shared [`Buffer`].
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
-//! - [`flatten`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
+//! - [`flatten()`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`CheckpointRead`]: what every format's reader offers (entries, tensors by name).
 //! - [`TensorView`]: what every writer takes a tensor as (a dtype, a shape, bytes, as safetensors' `View`):
 //!   any library's tensor reaches any ckpt writer through it ([`Tensor::from_view`], [`state_dict_of_views`]).
@@ -32,36 +32,30 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod aligned;
-mod brief;
+pub mod aligned;
+pub mod brief;
 mod buffer;
-mod cast;
+pub mod cast;
 mod checkpoint;
 mod dtype;
 mod error;
-mod flatten;
+pub mod flatten;
 mod report;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
-mod tensor;
-mod value;
+pub mod tensor;
+pub mod value;
 mod view;
 
-pub use aligned::{AlignedBytes, PAGES_MIN, zeroed_vec};
-pub use brief::{BRIEF, brief};
+pub use aligned::AlignedBytes;
+pub use brief::brief;
 pub use buffer::Buffer;
-pub use cast::{cast_float, cast_float_lazy, is_castable_float};
+pub use cast::cast_float;
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use dtype::{DType, StorageClass};
 pub use error::{Error, Fault, Result};
-pub use flatten::{
-    FlatEntry, LeafIndex, MAX_UNFLATTEN_INDEX, PathItem, entry_names, flatten, float_repr, join_path, leaf_names,
-    leaves, object_parts, object_tensors, python_repr_of, python_str, unflatten,
-};
+pub use flatten::{FlatEntry, PathItem, flatten, leaves, unflatten};
 pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport, error_chain};
-pub use tensor::{Element, Tensor, checked_numel, contiguous_strides, required_storage_elements};
-pub use value::{
-    Dict, DictKind, NUMPY_MULTIARRAY, Numpy, Object, OpaqueTensorKind, Value, ValueShape, bigint_decimal,
-    numpy_dtype_code, numpy_unsupported,
-};
+pub use tensor::{Element, Tensor, checked_numel};
+pub use value::{Dict, DictKind, Numpy, Object, OpaqueTensorKind, Value, ValueShape};
 pub use view::{TensorView, state_dict_of_views};

@@ -10,9 +10,11 @@
 //! Writing pickles them back as numpy would, so `torch.load(weights_only=False)` gives equal numpy values.
 //! numpy values of dtypes torch has no counterpart of (object arrays, structured dtypes, strings, datetimes,
 //! big-endian data) stay the pickled objects they were, written back unchanged; asking for their data gives
-//! [`crate::Error::UnsupportedNumpy`] naming the dtype ([`ckpt_tensor::numpy_unsupported`]).
+//! [`crate::Error::UnsupportedNumpy`] naming the dtype ([`ckpt_tensor::value::numpy_unsupported`]).
 
-use ckpt_tensor::{Buffer, DType, NUMPY_MULTIARRAY, Numpy, Object, Tensor, Value, numpy_dtype_code};
+use ckpt_tensor::value::NUMPY_MULTIARRAY;
+use ckpt_tensor::value::numpy_dtype_code;
+use ckpt_tensor::{Buffer, DType, Numpy, Object, Tensor, Value};
 
 /// The torch dtype of a numpy type code (`f8`, `i4`, `b1`, `c16` ...) in little-endian or no byte order.
 fn supported(code: &str, order: &str) -> Option<DType> {
@@ -340,7 +342,7 @@ mod tests {
             let o = Value::Object(Box::new(array(dtype(code, order), data)));
             let lifted = lift(o.clone());
             assert_eq!(lifted, o, "{code}: left as the object it was");
-            let why = ckpt_tensor::numpy_unsupported(&lifted).unwrap();
+            let why = ckpt_tensor::value::numpy_unsupported(&lifted).unwrap();
             assert!(why.contains(named), "{why}");
         }
         // The supported dtype in the same shape is read.

@@ -4,7 +4,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use ckpt_tensor::{Buffer, CheckpointRead, DType, Entry, LeafIndex, Tensor, Value, entry_kind, leaf_names, leaves};
+use ckpt_tensor::flatten::LeafIndex;
+use ckpt_tensor::flatten::leaf_names;
+use ckpt_tensor::{Buffer, CheckpointRead, DType, Entry, Tensor, Value, entry_kind, leaves};
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};
@@ -276,7 +278,7 @@ impl CheckpointRead for TorchReader {
 
     fn tensor(&self, name: &str) -> ckpt_tensor::Result<Tensor> {
         let v = self.get(name)?;
-        if let Some(reason) = ckpt_tensor::numpy_unsupported(v) {
+        if let Some(reason) = ckpt_tensor::value::numpy_unsupported(v) {
             return Err(Error::UnsupportedNumpy { name: name.to_owned(), reason }.into());
         }
         match v {
@@ -893,7 +895,7 @@ mod tests {
             let (dtype, storage, cap) =
                 if i % 3 == 0 { (DType::I64, i64s.clone(), 512) } else { (DType::F32, f32s.clone(), 4096) };
             let offset = (i * 13) % (cap - numel);
-            let strides = ckpt_tensor::contiguous_strides(&shape);
+            let strides = ckpt_tensor::tensor::contiguous_strides(&shape);
             let t =
                 Tensor::from_parts(dtype, &shape, &strides, offset, storage).unwrap().with_requires_grad(i % 4 == 1);
             let v = if i % 17 == 5 {

@@ -152,7 +152,7 @@ fn known(module: &str, name: &str) -> Known {
         ("torch._utils", "_rebuild_parameter_with_state") => Known::RebuildParameterWithState,
         ("torch._tensor", "_rebuild_from_type_v2") => Known::RebuildFromTypeV2,
         ("torch._utils", f) => opaque_kind(f).map_or(Known::Other, Known::Opaque),
-        (m, "scalar" | "_reconstruct") if ckpt_tensor::NUMPY_MULTIARRAY.contains(&m) => Known::Numpy,
+        (m, "scalar" | "_reconstruct") if ckpt_tensor::value::NUMPY_MULTIARRAY.contains(&m) => Known::Numpy,
         _ => Known::Other,
     }
 }

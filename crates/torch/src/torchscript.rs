@@ -4,7 +4,8 @@
 //! never run. Read as the state dict of the module's tensors, named by attribute path as `state_dict()`
 //! names parameters and buffers, and `constants.<i>` for the constants.
 
-use ckpt_tensor::{Dict, DictKind, Value, entry_names};
+use ckpt_tensor::flatten::entry_names;
+use ckpt_tensor::{Dict, DictKind, Value};
 
 use crate::zip::Archive;
 

@@ -820,7 +820,7 @@ fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Res
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
     // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
     let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
-        || c.value(name).is_ok_and(|v| ckpt::tensor::numpy_unsupported(&v).is_some());
+        || c.value(name).is_ok_and(|v| ckpt::tensor::value::numpy_unsupported(&v).is_some());
     let text = if is_tensor {
         ckpt::display::format_tensor(&c.tensor(name)?, limit)
     } else {
@@ -833,7 +833,7 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
             }
             // Containers and objects indented, a shared object labelled where it is defined and every
             // reference to it printed with that place's path.
-            v => ckpt::tensor::python_str(&v).unwrap_or_else(|_| {
+            v => ckpt::tensor::flatten::python_str(&v).unwrap_or_else(|_| {
                 // A reference out of the entry points to an object that encloses it: named from the top.
                 let outside = c
                     .downcast_ref::<ckpt::torch::TorchReader>()

@@ -48,7 +48,8 @@ use serde_json::{Map, Value as Json};
 use ckpt_tensor::DType;
 use ckpt_tensor::Result;
 use ckpt_tensor::Tensor;
-use ckpt_tensor::{Dict, DictKind, Object, OpaqueTensorKind, Value, bigint_decimal};
+use ckpt_tensor::value::bigint_decimal;
+use ckpt_tensor::{Dict, DictKind, Object, OpaqueTensorKind, Value};
 
 use crate::SafetensorsError;
 
@@ -274,7 +275,7 @@ impl Encoder {
         }
         let mut pairs = Vec::with_capacity(items.len());
         for (i, (k, v)) in items.iter().enumerate() {
-            let name = ckpt_tensor::python_str(k).unwrap_or_else(|_| i.to_string());
+            let name = ckpt_tensor::flatten::python_str(k).unwrap_or_else(|_| i.to_string());
             let k = self.encode(k, &format!("{at}.{i}.key"), None)?;
             let v = self.encode(v, &child(&name), None)?;
             pairs.push(Json::Array(vec![k, v]));
@@ -282,7 +283,7 @@ impl Encoder {
         Ok(Json::Array(pairs))
     }
 
-    /// An object's encoding. Tensors inside it are named where [`ckpt_tensor::entry_names`] names them (its
+    /// An object's encoding. Tensors inside it are named where [`ckpt_tensor::flatten::entry_names`] names them (its
     /// arguments and items by position, its attributes and keys by name, a module's parameters and buffers
     /// as `state_dict()` does), so that the file stores them under the names the source lists.
     fn object(&mut self, o: &Object, at: &str) -> Result<Json> {
@@ -305,7 +306,7 @@ impl Encoder {
     }
 
     /// An object's state: attributes named under the object's own name (a module's `_parameters`,
-    /// `_buffers` and `_modules` passed through, as [`ckpt_tensor::object_parts`] names them).
+    /// `_buffers` and `_modules` passed through, as [`ckpt_tensor::flatten::object_parts`] names them).
     fn state(&mut self, state: &Value, at: &str) -> Result<Json> {
         Ok(match state {
             Value::Shared { id, value } => {
@@ -336,7 +337,7 @@ impl Encoder {
     fn dict_items_pairs(&mut self, items: &[(Value, Value)], at: &str) -> Result<Json> {
         let mut pairs = Vec::with_capacity(items.len());
         for (i, (k, v)) in items.iter().enumerate() {
-            let name = ckpt_tensor::python_str(k).unwrap_or_else(|_| i.to_string());
+            let name = ckpt_tensor::flatten::python_str(k).unwrap_or_else(|_| i.to_string());
             let k = self.encode(k, &format!("{at}.{i}.key"), None)?;
             let v = self.encode(v, &format!("{at}.{name}"), None)?;
             pairs.push(Json::Array(vec![k, v]));
