@@ -29,7 +29,7 @@ fn matches_tag(tag: &str, e: &Error) -> bool {
         "record_too_short" => matches!(e, Error::StorageSize { .. }),
         "tar_legacy" => matches!(e, Error::TarFormat),
         "truncated" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::NotZip)),
-        "view_out_of_bounds" => matches!(e, Error::ViewOutOfBounds(_)),
+        "view_out_of_bounds" => matches!(e, Error::BadView { .. }),
         other => panic!("unknown tag {other} in EXPECTED.json"),
     }
 }

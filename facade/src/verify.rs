@@ -113,7 +113,8 @@ pub fn verify_with_progress(
     check_manifest(&adaptor.manifest_dir(path), options.depth, &mut report);
     if let Some(u) = ckpt_io::unfinished(path) {
         // The checkpoint at `path` is whole (the previous one); the new one never committed.
-        report.push(Problem::new(ProblemKind::Unfinished, u.to_string()).in_file(path));
+        // The message names the destination and its staging directory.
+        report.push(Problem::new(ProblemKind::Unfinished, u.to_string()));
     }
     Ok(report)
 }

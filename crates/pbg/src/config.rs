@@ -321,7 +321,7 @@ impl ConfigFile {
 ///
 /// ```
 /// use serde_json::json;
-/// let text = ckpt_pbg::python_json_dumps(&json!({"a": [1, 2.0, 1e-5], "é": {}}), 4);
+/// let text = ckpt_pbg::config::python_json_dumps(&json!({"a": [1, 2.0, 1e-5], "é": {}}), 4);
 /// assert_eq!(text, "{\n    \"a\": [\n        1,\n        2.0,\n        1e-05\n    ],\n    \"\\u00e9\": {}\n}");
 /// ```
 pub fn python_json_dumps(value: &Json, indent: usize) -> String {

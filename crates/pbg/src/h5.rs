@@ -90,7 +90,7 @@ pub fn is_hdf5(bytes: &[u8]) -> bool {
 ///
 /// ```
 /// use std::path::Path;
-/// assert!(matches!(ckpt_pbg::check_header(Path::new("x.h5"), b"PK\x03\x04"), Err(ckpt_pbg::Error::NotHdf5 { .. })));
+/// assert!(matches!(ckpt_pbg::h5::check_header(Path::new("x.h5"), b"PK\x03\x04"), Err(ckpt_pbg::Error::NotHdf5 { .. })));
 /// ```
 ///
 /// # Errors

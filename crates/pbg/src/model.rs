@@ -26,7 +26,7 @@ fn field(s: &str) -> Option<&str> {
 /// `entities/{type}/global_embedding` ↔ `global_embs.emb_{type}`.
 ///
 /// ```
-/// use ckpt_pbg::{private_to_public, public_to_private};
+/// use ckpt_pbg::model::{private_to_public, public_to_private};
 /// assert_eq!(public_to_private("relations/0/operator/rhs/real").as_deref(), Some("rhs_operators.0.real"));
 /// assert_eq!(private_to_public("global_embs.emb_user").as_deref(), Some("entities/user/global_embedding"));
 /// assert_eq!(public_to_private("relations/0/rhs/real"), None);

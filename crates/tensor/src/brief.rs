@@ -6,7 +6,7 @@
 /// ```
 /// let long: Vec<u32> = (0..10_000).collect();
 /// let s = ckpt_tensor::brief(&long);
-/// assert!(s.starts_with("[0, 1, 2") && s.ends_with('…') && s.chars().count() == ckpt_tensor::BRIEF + 1);
+/// assert!(s.starts_with("[0, 1, 2") && s.ends_with('…') && s.chars().count() == ckpt_tensor::brief::BRIEF + 1);
 /// assert_eq!(ckpt_tensor::brief(&"short"), "\"short\"");
 /// ```
 pub fn brief(v: &dyn std::fmt::Debug) -> String {

@@ -66,7 +66,7 @@ pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
 /// ```
 /// use ckpt_tensor::{DType, Tensor};
 /// let t = Tensor::from_slice(&[1.0f32, 2.5, -3.0], &[3]).unwrap();
-/// let lazy = ckpt_tensor::cast_float_lazy(&t, DType::BF16).unwrap();
+/// let lazy = ckpt_tensor::cast::cast_float_lazy(&t, DType::BF16).unwrap();
 /// assert!(lazy.storage().is_deferred());
 /// assert!(lazy.bitwise_eq(&ckpt_tensor::cast_float(&t, DType::BF16).unwrap()));
 /// ```

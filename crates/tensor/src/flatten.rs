@@ -234,7 +234,7 @@ pub fn leaves(value: &Value) -> Result<Vec<FlatEntry<'_>>> {
 /// same name.
 ///
 /// ```
-/// use ckpt_tensor::{Value, entry_names};
+/// use ckpt_tensor::{Value, flatten::entry_names};
 /// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::List(vec![]))]);
 /// let names: Vec<String> = entry_names(&v).unwrap().into_iter().map(|(n, _)| n).collect();
 /// assert_eq!(names, ["model.w", "step"]);
@@ -256,7 +256,7 @@ pub fn entry_names(value: &Value) -> Result<Vec<(String, &Value)>> {
 /// any other value.
 ///
 /// ```
-/// use ckpt_tensor::{Object, Tensor, Value, object_tensors};
+/// use ckpt_tensor::{Object, Tensor, Value, flatten::object_tensors};
 /// let t = Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap());
 /// let metric = Value::Object(Box::new(Object {
 ///     callable: Value::Global { module: "m".into(), name: "Metric".into() },
@@ -290,7 +290,7 @@ pub fn leaf_names(value: &Value) -> Result<Vec<(String, &Value)>> {
 /// Where two entries share a name the first wins, as with a search of [`entry_names`].
 ///
 /// ```
-/// use ckpt_tensor::{LeafIndex, Value};
+/// use ckpt_tensor::{flatten::LeafIndex, Value};
 /// let v = Value::dict([("model", Value::dict([("w", Value::Int(1))])), ("step", Value::Int(7))]);
 /// let index = LeafIndex::new(&v).unwrap();
 /// assert_eq!(index.get(&v, "model.w"), Some(&Value::Int(1)));

@@ -182,7 +182,7 @@ impl fmt::Display for ProblemKind {
 /// use ckpt_tensor::{Problem, ProblemKind, Severity};
 /// let p = Problem::new(ProblemKind::ChecksumMismatch, "CRC-32 0x1 != 0x2").in_file("m.pt").at_entry("archive/data/0");
 /// assert_eq!(p.severity(), Severity::Error);
-/// assert_eq!(p.to_string(), "m.pt: archive/data/0: checksum-mismatch: CRC-32 0x1 != 0x2");
+/// assert_eq!(p.to_string(), "m.pt: archive/data/0: CRC-32 0x1 != 0x2 [checksum-mismatch]");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -237,7 +237,7 @@ impl fmt::Display for Problem {
         if let Some(entry) = &self.entry {
             write!(f, "{entry}: ")?;
         }
-        write!(f, "{}: {}", self.kind, self.message)
+        write!(f, "{} [{}]", self.message, self.kind)
     }
 }
 

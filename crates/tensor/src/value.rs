@@ -891,7 +891,7 @@ impl Value {
 /// Decimal text of a little-endian two's complement integer (a [`Value::BigInt`]'s payload).
 ///
 /// ```
-/// assert_eq!(ckpt_tensor::bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), "18446744073709551616");
+/// assert_eq!(ckpt_tensor::value::bigint_decimal(&[0, 0, 0, 0, 0, 0, 0, 0, 1]), "18446744073709551616");
 /// ```
 pub fn bigint_decimal(le: &[u8]) -> String {
     let negative = le.last().is_some_and(|b| b & 0x80 != 0);

@@ -123,9 +123,6 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A tensor view reaches outside its storage.
-    #[error("tensor view outside its storage: {0}")]
-    ViewOutOfBounds(String),
     /// The view a `_rebuild_tensor*` call describes is not a valid view of its storage.
     #[error("tensor view outside its storage: {function}: {source}")]
     BadView {
@@ -224,7 +221,6 @@ impl Error {
             | Error::UnknownStorageType { .. }
             | Error::StorageSize { .. }
             | Error::BadRebuild { .. }
-            | Error::ViewOutOfBounds(_)
             | Error::BadView { .. }
             | Error::UnknownDType(_)
             | Error::Legacy(_) => Fault::Malformed,
