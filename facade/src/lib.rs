@@ -64,9 +64,9 @@
 //! | rank counts | `world_size` | — | yes | yes | — | yes | (`world`, read) | — |
 //! | `_with` | the same operation with its options struct (`open_with(path, &ReadOptions)`, `verify_with(path, &VerifyOptions)`); `_with_progress` adds a progress callback; `_rank` is one rank of a [`collective::Collective`]; `_in` spreads ranks over its processes | | | | | | | |
 //!
-//! The reports have one shape each, in [`tensor`]: [`tensor::SaveReport`] (files, tensors, bytes, values,
+//! The reports have one shape each, in [`io`]: [`io::SaveReport`] (files, tensors, bytes, values,
 //! dropped), [`VerifyReport`] with structured [`Problem`]s (a [`ProblemKind`] per rule, the file and entry,
-//! the format's message; [`Severity`] from the kind), and [`tensor::ReshardReport`]. The facade's
+//! the format's message; [`Severity`] from the kind), and [`io::ReshardReport`]. The facade's
 //! [`verify`] returns the same [`VerifyReport`]; its [`ConvertOptions::durability`] reaches every target's
 //! writer.
 //!

@@ -15,10 +15,11 @@ pub struct ConvertSummary {
     pub dropped: Vec<String>,
 }
 
+pub use ckpt_io::{Problem, ProblemKind, Severity, VerifyReport};
 /// What [`verify`](crate::verify) found: the report every format crate returns, one shape
-/// ([`ckpt_tensor::VerifyReport`]), with the facade's own findings (entries that do not read, the checksum
+/// ([`ckpt_io::VerifyReport`]), with the facade's own findings (entries that do not read, the checksum
 /// manifest, a save that never committed) among its problems.
-pub use ckpt_tensor::{Problem, ProblemKind, Severity, VerifyReport, error_chain};
+pub use ckpt_tensor::error_chain;
 
 /// Takes a format crate's verification of the checkpoint's files into the facade's `report`: its files
 /// and problems (the facade counts the entries it reads itself).

@@ -73,7 +73,7 @@ mod writer;
 
 pub use chunks::{shard_box, shard_range};
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
+pub use ckpt_io::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use error::{Error, Result};
 pub use metadata::{
     ChunkStorageMetadata, MemoryFormat, Metadata, MetadataIndex, PlannerData, Profile, StorageInfo, StorageMeta,

@@ -10,7 +10,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use ckpt_tensor::{PathItem, ReshardReport, SaveReport, Value, flatten, unflatten};
+use ckpt_io::{ReshardReport, SaveReport};
+use ckpt_tensor::{PathItem, Value, flatten, unflatten};
 
 use crate::chunks::shard_box;
 use crate::error::{Error, Result};

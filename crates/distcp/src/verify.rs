@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use ckpt_tensor::{Problem, ProblemKind, VerifyReport};
+use ckpt_io::{Problem, ProblemKind, VerifyReport};
 
 use crate::error::{Error, Result};
 use crate::metadata::StorageMetadata;

@@ -16,8 +16,9 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use ckpt_collective::{Collective, SingleProcess, ThreadGroup};
+use ckpt_io::SaveReport;
 use ckpt_io::{CommitError, DirCommit, DirOptions, Durability};
-use ckpt_tensor::{SaveReport, Tensor, Value};
+use ckpt_tensor::{Tensor, Value};
 use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 

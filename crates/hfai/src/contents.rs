@@ -83,9 +83,9 @@ pub(crate) type Copied = u64;
 impl Contents {
     /// The tensors, tensor bytes and other values of these contents, as a save's report (a chunked tensor
     /// is one tensor).
-    pub(crate) fn report(&self) -> ckpt_tensor::SaveReport {
-        let mut report = ckpt_tensor::SaveReport::default();
-        let item = |report: &mut ckpt_tensor::SaveReport, item: &Item| match item {
+    pub(crate) fn report(&self) -> ckpt_io::SaveReport {
+        let mut report = ckpt_io::SaveReport::default();
+        let item = |report: &mut ckpt_io::SaveReport, item: &Item| match item {
             Item::Value(v) => report.count(v),
             Item::Chunked(c) => {
                 report.tensors += 1;

@@ -88,7 +88,7 @@ mod verify;
 mod writer;
 
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
+pub use ckpt_io::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use ckpt_torch::ReadOptions;
 pub use error::{Error, Result};
 pub use part::{VERSION, part_file_name};

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use ckpt_collective::Collective;
-use ckpt_tensor::{ReshardReport, SaveReport, Value};
+use ckpt_io::{ReshardReport, SaveReport};
+use ckpt_tensor::Value;
 use ckpt_torch::ReadOptions;
 
 use crate::contents::Item;
@@ -55,7 +56,7 @@ impl ReshardOptions {
 /// re-partitioned over the new parts, large tensors re-chunked with `torch.chunk`, `others` in part 0.
 /// Nothing is materialised that does not need it: small entries are written straight from the source's
 /// memory maps, and a new chunk that lies inside one stored chunk is a window of it; only new chunks
-/// spanning stored chunks are copied (see [`ReshardReport::copied_bytes`](ckpt_tensor::ReshardReport::copied_bytes)).
+/// spanning stored chunks are copied (see [`ReshardReport::copied_bytes`](ckpt_io::ReshardReport::copied_bytes)).
 ///
 /// # Errors
 /// Any error of [`HfaiReader::open`](crate::HfaiReader::open) for `src` or of [`save`](crate::save)

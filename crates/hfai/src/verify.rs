@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use ckpt_tensor::VerifyReport;
+use ckpt_io::VerifyReport;
 
 use crate::error::{Error, Result};
 

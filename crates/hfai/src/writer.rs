@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ckpt_collective::{Collective, SingleProcess};
+use ckpt_io::SaveReport;
 use ckpt_io::{CommitError, DirCommit, DirOptions, Durability, MANIFEST_NAME};
-use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;

@@ -1,6 +1,6 @@
 //! The durable commit path: how every ckpt writer puts a checkpoint on disk so that a crash at any
 //! instant leaves the previous checkpoint or the new one, whole, and never costs more than the disk's own
-//! speed.
+//! speed; and what a write or a check of one reports.
 //!
 //! - [`FileCommit`] / [`write_file`]: one file. Temporary file beside the destination, written by a
 //!   [`DurableWriter`], `fdatasync`, rename over the destination, fsync of the directory; the replaced
@@ -17,6 +17,9 @@
 //! - [`unfinished`]: what a save that never committed left (a killed rank): which ranks finished their
 //!   files (markers in the staging directory: `.ckpt-save.json` from rank 0, `.ckpt-rank-<r>.done` from each
 //!   rank whose files are durable; removed before the commit).
+//! - [`report`]: the reports of one shape every format crate returns: [`SaveReport`] (the files a save
+//!   wrote, its tensors, bytes and values), [`VerifyReport`] with structured [`Problem`]s (what rule, which
+//!   file and entry), [`ReshardReport`].
 //! - [`CommitError`]: disk full, read-only, permission denied, locked — matchable, with the OS error as
 //!   the source.
 //!
@@ -69,6 +72,7 @@ mod file;
 mod lock;
 mod pinned;
 mod release;
+pub mod report;
 mod unfinished;
 mod writer;
 
@@ -82,6 +86,7 @@ pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
 pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
+pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport};
 pub use unfinished::{Unfinished, unfinished};
 pub use writer::{CHUNK, Durability, DurableWriter, bytes_written, release_idle_buffers};
 

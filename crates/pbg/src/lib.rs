@@ -88,7 +88,7 @@ mod storage;
 mod verify;
 
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::{Problem, ProblemKind, SaveReport, VerifyReport};
+pub use ckpt_io::{Problem, ProblemKind, SaveReport, VerifyReport};
 pub use commit::{Commit, CommitReport, VersionWrite, WriteOptions};
 pub use config::{Config, ConfigFile, EntityConfig, RelationConfig};
 pub use entity_path::EntityStorage;

@@ -26,8 +26,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ckpt_collective::{Collective, SingleProcess};
+use ckpt_io::SaveReport;
 use ckpt_io::{CommitError, DirCommit, DirOptions, MANIFEST_NAME};
-use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 
 use crate::commit::WriteOptions;
 use crate::config::Config;

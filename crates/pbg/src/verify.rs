@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use ckpt_tensor::{Problem, ProblemKind, VerifyReport};
+use ckpt_io::{Problem, ProblemKind, VerifyReport};
 
 use rayon::prelude::*;
 

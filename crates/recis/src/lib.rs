@@ -96,7 +96,7 @@ mod verify;
 pub mod writer;
 
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
+pub use ckpt_io::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use data_file::{DataFile, HeaderEntry, MAX_HEADER_LEN};
 pub use dense::{EXTRA_FILE, MODEL_FILE};
 pub use error::{Error, Result};

@@ -10,7 +10,8 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 use ckpt_io::DirCommit;
-use ckpt_tensor::{ReshardReport, SaveReport, Tensor};
+use ckpt_io::{ReshardReport, SaveReport};
+use ckpt_tensor::Tensor;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};

@@ -19,7 +19,8 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 use ckpt_io::DirCommit;
-use ckpt_tensor::{Dict, DictKind, SaveReport, Tensor, Value};
+use ckpt_io::SaveReport;
+use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 
 use crate::dense::{EXTRA_FILE, MODEL_FILE, write_torch_to};
 use crate::error::{Error, Result};

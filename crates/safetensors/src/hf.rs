@@ -33,7 +33,7 @@ mod read;
 pub mod shard;
 mod write;
 
-pub use ckpt_tensor::SaveReport;
+pub use ckpt_io::SaveReport;
 pub use error::{Error, Result};
 pub use read::HfReader;
 pub use shard::{DEFAULT_MAX_SHARD_SIZE, parse_size};

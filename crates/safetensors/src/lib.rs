@@ -27,7 +27,7 @@ pub mod hf;
 pub mod metadata;
 
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::SaveReport;
+pub use ckpt_io::SaveReport;
 pub use dtype::{safetensors_dtype, torch_dtype};
 pub use error::SafetensorsError;
 

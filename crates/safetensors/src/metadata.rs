@@ -54,8 +54,9 @@ use ckpt_tensor::Result;
 use ckpt_tensor::{Entry, EntryKind, TensorInfo, entry_kind};
 
 use crate::SafetensorsError;
+use ckpt_io::SaveReport;
 use ckpt_tensor::{PathItem, leaves};
-use ckpt_tensor::{SaveReport, Tensor, Value};
+use ckpt_tensor::{Tensor, Value};
 use values::{Decoder, Encoder};
 
 use super::write_file_with;

@@ -380,6 +380,29 @@ impl Error {
 /// `Result` with the core [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error's message followed by each of its causes ([`source`](std::error::Error::source)) that the
+/// message does not already include, joined by `separator` (`": "` on one line; the `ckpt` tool and the
+/// Python package put each cause on a line of its own).
+///
+/// ```
+/// let io = std::io::Error::other("disk on fire");
+/// let e = ckpt_tensor::Error::io("/ckpt/model.pt", io);
+/// assert_eq!(ckpt_tensor::error_chain(&e, ": "), "/ckpt/model.pt: disk on fire");
+/// ```
+pub fn error_chain(e: &dyn std::error::Error, separator: &str) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(separator);
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,8 +15,6 @@
 //! - [`TensorView`]: what every writer takes a tensor as (a dtype, a shape, bytes, as safetensors' `View`):
 //!   any library's tensor reaches any ckpt writer through it ([`Tensor::from_view`], [`state_dict_of_views`]).
 //! - [`cast_float`]: torch's float conversions, bit for bit.
-//! - [`SaveReport`], [`VerifyReport`] with its [`Problem`]s, [`ReshardReport`]: the reports of one shape every
-//!   format crate returns.
 //! - [`Error`] and [`Fault`]: the model's errors, and the fault class every ckpt error has.
 //!
 //! ```
@@ -40,7 +38,6 @@ mod checkpoint;
 mod dtype;
 mod error;
 pub mod flatten;
-mod report;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
 pub mod tensor;
@@ -53,9 +50,9 @@ pub use buffer::Buffer;
 pub use cast::cast_float;
 pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
 pub use dtype::{DType, StorageClass};
+pub use error::error_chain;
 pub use error::{Error, Fault, Result};
 pub use flatten::{FlatEntry, PathItem, flatten, leaves, unflatten};
-pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport, error_chain};
 pub use tensor::{Element, Tensor, checked_numel};
 pub use value::{Dict, DictKind, Numpy, Object, OpaqueTensorKind, Value, ValueShape};
 pub use view::{TensorView, state_dict_of_views};

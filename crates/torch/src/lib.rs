@@ -55,7 +55,7 @@ mod write;
 pub mod zip;
 
 pub use ckpt_io::Durability;
-pub use ckpt_tensor::{Problem, ProblemKind, SaveReport, VerifyReport};
+pub use ckpt_io::{Problem, ProblemKind, SaveReport, VerifyReport};
 pub use detect::{Container, detect};
 pub use error::{Error, Result};
 pub use module::{is_module, module_classes, module_state_dict};

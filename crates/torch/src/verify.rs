@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use ckpt_tensor::{Buffer, Problem, ProblemKind, VerifyReport};
+use ckpt_io::{Problem, ProblemKind, VerifyReport};
+use ckpt_tensor::Buffer;
 
 use crate::detect::{Container, detect};
 use crate::error::{Error, Result};

@@ -7,8 +7,9 @@ use std::io::Write;
 use std::path::Path;
 
 use ckpt_io::Durability;
+use ckpt_io::SaveReport;
 use ckpt_pickle::Pickler;
-use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, SaveReport, StorageClass, Tensor, Value};
+use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, StorageClass, Tensor, Value};
 
 use crate::error::{Error, Result};
 use crate::zip::{WriterOptions, ZipWriter};

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::metadata::{self, FORMAT_KEY, FORMAT_PT};
+use ckpt_io::SaveReport;
 use ckpt_io::{CommitError, DirCommit, DirOptions, Durability};
-use ckpt_tensor::{PathItem, SaveReport, Value};
+use ckpt_tensor::{PathItem, Value};
 use serde_json::Value as Json;
 
 use crate::hf::error::Result;

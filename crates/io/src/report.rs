@@ -8,35 +8,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::{Value, leaves};
-
-/// An error's message followed by each of its causes ([`source`](std::error::Error::source)) that the
-/// message does not already include, joined by `separator` (`": "` on one line; the `ckpt` tool and the
-/// Python package put each cause on a line of its own).
-///
-/// ```
-/// let io = std::io::Error::other("disk on fire");
-/// let e = ckpt_tensor::Error::io("/ckpt/model.pt", io);
-/// assert_eq!(ckpt_tensor::error_chain(&e, ": "), "/ckpt/model.pt: disk on fire");
-/// ```
-pub fn error_chain(e: &dyn std::error::Error, separator: &str) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(separator);
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
+use ckpt_tensor::{Value, error_chain, leaves};
 
 /// What a save wrote.
 ///
 /// ```
-/// use ckpt_tensor::{SaveReport, Tensor, Value};
+/// use ckpt_tensor::{Tensor, Value};
+/// use ckpt_io::SaveReport;
 /// let sd = Value::dict([
 ///     ("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap())),
 ///     ("step", Value::Int(3)),
@@ -179,7 +157,7 @@ impl fmt::Display for ProblemKind {
 /// format's own message.
 ///
 /// ```
-/// use ckpt_tensor::{Problem, ProblemKind, Severity};
+/// use ckpt_io::{Problem, ProblemKind, Severity};
 /// let p = Problem::new(ProblemKind::ChecksumMismatch, "CRC-32 0x1 != 0x2").in_file("m.pt").at_entry("archive/data/0");
 /// assert_eq!(p.severity(), Severity::Error);
 /// assert_eq!(p.to_string(), "m.pt: archive/data/0: CRC-32 0x1 != 0x2 [checksum-mismatch]");
@@ -244,7 +222,7 @@ impl fmt::Display for Problem {
 /// What a verification found.
 ///
 /// ```
-/// use ckpt_tensor::{Problem, ProblemKind, VerifyReport};
+/// use ckpt_io::{Problem, ProblemKind, VerifyReport};
 /// let mut report = VerifyReport::new("distcp", "ckpt/");
 /// report.records = 4;
 /// report.push(Problem::new(ProblemKind::Stale, "old file").in_file("ckpt/old.bin"));
