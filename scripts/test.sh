@@ -73,6 +73,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quie
 # its own. Not packaged: the conformance suite and the benches (unpublished), and the Python package's
 # extension (published to PyPI by maturin, from python/). The verify build goes to target/package.
 step "the library crates package and build as published (cargo package)"
+# cargo verifies each package against the others through a local registry in target/.../package, and
+# unpacks them under $CARGO_HOME/registry/src/<hash of that path>/ only if not unpacked already: a later run
+# from the same path at the same version would build against the sources an earlier run unpacked. Remove
+# those of this workspace's crates (no dependency of ckpt is published under a ckpt- name).
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/ckpt-*-"$version"
 cargo package --quiet --workspace --exclude ckpt-conformance --exclude ckpt-benches --exclude ckpt-python \
   --allow-dirty
 
