@@ -90,6 +90,21 @@ pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, Veri
 pub use unfinished::{Unfinished, unfinished};
 pub use writer::{CHUNK, Durability, DurableWriter, bytes_written, release_idle_buffers};
 
+/// The files of the directory `dir` whose names `owned` claims (a format's names, as
+/// [`DirOptions::owned`] takes them), in name order: what a save that committed `dir` reports as written.
+/// A directory that cannot be listed has none.
+pub fn owned_files(dir: &Path, owned: fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()) && e.file_name().to_str().is_some_and(owned))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
+}
+
 /// `.<name>.<suffix>` beside `target`: the names this crate gives its lock, temporary and staging files
 /// (`ckpt-lock`, `ckpt-tmp`, `ckpt-staging`; the module documentation's table), which no reader takes for a
 /// checkpoint.

@@ -335,15 +335,7 @@ fn report(entries: &[(String, Value)], dropped: Vec<String>, dst: &Path) -> Save
         }
     }
     report.dropped = dropped;
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dst)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()) && e.file_name().to_str().is_some_and(is_pbg_file))
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    report.with_files(files)
+    report.with_files(ckpt_io::owned_files(dst, is_pbg_file))
 }
 
 /// The layout of a save of `entries` (see [`save`]), nothing read or written yet.

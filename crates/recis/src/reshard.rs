@@ -228,7 +228,7 @@ fn sparse_counts(sparse: &SparseCheckpoint) -> SaveReport {
 
 /// The report of a reshard of `sparse` into `world_size` shards in the committed directory `dst`.
 fn reshard_report(sparse: &SparseCheckpoint, world_size: usize, counts: SaveReport, dst: &Path) -> ReshardReport {
-    let saved = counts.with_files(crate::writer::committed_files(dst, is_checkpoint_file));
+    let saved = counts.with_files(ckpt_io::owned_files(dst, is_checkpoint_file));
     ReshardReport::new(sparse.shard_num().unwrap_or(0), world_size, saved)
 }
 

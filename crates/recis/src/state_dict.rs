@@ -217,7 +217,7 @@ fn report(top: &Dict, dir: &Path, dropped: Vec<String>) -> SaveReport {
         }
     }
     report.dropped = dropped;
-    report.with_files(crate::writer::committed_files(dir, is_checkpoint_file))
+    report.with_files(ckpt_io::owned_files(dir, is_checkpoint_file))
 }
 
 /// [`save`] as one rank of a job of `collective.world_size()` ranks (the shard count; [`WriteOptions::world_size`](crate::WriteOptions::world_size)

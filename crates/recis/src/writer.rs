@@ -131,20 +131,6 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
     is_sparse_file(name) || io_state || [MODEL_FILE, EXTRA_FILE, IO_STATE_COUNT_FILE].contains(&name)
 }
 
-/// The files of the committed checkpoint directory `dir` that `owned` claims, in name order: what a save
-/// or reshard that committed `dir` reports as written.
-pub(crate) fn committed_files(dir: &Path, owned: fn(&str) -> bool) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_str().is_some_and(owned))
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    files
-}
-
 /// Where a writer puts a checkpoint's files: an existing directory, each file committed on its own
 /// ([`ckpt_io::write_file`]), or the staging directory of a directory commit.
 #[derive(Clone, Copy)]

@@ -76,7 +76,8 @@ impl<V: TensorView + ?Sized> TensorView for &V {
 }
 
 impl Tensor {
-    /// The tensor `view` describes, its bytes copied once into ckpt's aligned memory.
+    /// The tensor `view` describes, owning its bytes (a borrowed view's bytes are copied once; owned ones are
+    /// taken as they are).
     ///
     /// # Errors
     /// [`TensorView::data`]'s error; [`Error::BufferSizeMismatch`] when the view gives another number of
