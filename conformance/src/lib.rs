@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod crash;
+pub mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

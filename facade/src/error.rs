@@ -12,6 +12,10 @@ use crate::format::Format;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// Object storage failed (a URL source or target): the storage error says what, and its
+    /// [`fault`](ckpt_io::storage::StorageError::fault) who is at fault.
+    #[error(transparent)]
+    Storage(#[from] ckpt_io::storage::StorageError),
     /// An I/O error.
     #[error("{}: {source}", path.display())]
     Io {
@@ -110,6 +114,7 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
+            Error::Storage(e) => e.fault(),
             Error::UnknownFormat { .. } => Fault::Malformed,
             Error::FeatureDisabled { .. } | Error::UnsupportedConversion { .. } => Fault::Unsupported,
             Error::Format { source, .. } => source.fault(),

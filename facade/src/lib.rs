@@ -82,7 +82,7 @@
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
 // 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, diff,
-// inspect, reshard, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
+// inspect, reshard, storage, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
 mod format;
 
 mod error;
@@ -110,6 +110,8 @@ mod convert;
 pub mod diff;
 pub mod inspect;
 mod reshard;
+#[cfg(feature = "remote")]
+pub mod storage;
 mod verify;
 
 #[cfg(feature = "cli")]

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["adaptor"],
     &["formats"],
     &["open"],
-    &["convert", "diff", "inspect", "reshard", "verify"],
+    &["convert", "diff", "inspect", "reshard", "storage", "verify"],
     &["ranks", "progress"],
 ];
 

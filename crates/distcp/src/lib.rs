@@ -83,4 +83,4 @@ pub use planner::ShardSpec;
 pub use reader::{DEFAULT_MAX_METADATA_BYTES, DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
 pub use verify::{verify, verify_structure, verify_structure_with, verify_with};
-pub use writer::{WriteOptions, save, save_rank, save_ranks, save_report};
+pub use writer::{OBJECT_LAYOUT, WriteOptions, save, save_rank, save_ranks, save_report};

@@ -414,6 +414,11 @@ fn dcp_owned(name: &str) -> bool {
         || (name.starts_with("__") && name.ends_with(".metadata"))
 }
 
+/// How a DCP checkpoint lies on an object store: its files, and `.metadata` written last (the commit
+/// point of torch's own writers).
+pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
+    ckpt_io::storage::ObjectLayout { format: "distcp", owned: dcp_owned, commit_points: &[".metadata"] };
+
 fn dir_options(options: &WriteOptions) -> DirOptions {
     DirOptions::default().with_durability(options.durability).with_owned(dcp_owned)
 }

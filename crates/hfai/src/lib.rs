@@ -96,4 +96,6 @@ pub use partition::{assign, chunk_ranges, count_size};
 pub use reader::{HfaiReader, PartChunk, RankShare, load};
 pub use reshard::{ReshardOptions, reshard, reshard_rank};
 pub use verify::verify;
-pub use writer::{LARGE_SIZE, ModelState, Resolve, SaveState, WriteOptions, save, save_rank, save_rank_resolved};
+pub use writer::{
+    LARGE_SIZE, ModelState, OBJECT_LAYOUT, Resolve, SaveState, WriteOptions, save, save_rank, save_rank_resolved,
+};

@@ -109,6 +109,12 @@ fn hfai_owned(name: &str) -> bool {
     matches!(classify(name), PartName::Rank(_)) || name == MANIFEST_NAME
 }
 
+/// How an hfai checkpoint lies on an object store: its `PART_*.pt` files, and ckpt's checksum manifest
+/// written last. hfai has no commit point of its own: a checkpoint missing a part fails the reader's
+/// completeness check.
+pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
+    ckpt_io::storage::ObjectLayout { format: "hfai", owned: hfai_owned, commit_points: &[MANIFEST_NAME] };
+
 /// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].
 fn from_commit(e: CommitError) -> Error {
     match e {

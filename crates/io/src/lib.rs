@@ -73,6 +73,7 @@ mod lock;
 mod pinned;
 mod release;
 pub mod report;
+pub mod storage;
 mod unfinished;
 mod writer;
 

@@ -100,5 +100,5 @@ pub use names::FileName;
 pub use optimizer::{OptimizerState, StateDict};
 pub use partition::{EntityPartition, read_partition_file, write_partition_file};
 pub use reader::{PartitionEntry, PbgReader, ReadOptions};
-pub use save::{save, save_rank};
+pub use save::{OBJECT_LAYOUT, save, save_rank};
 pub use storage::{FileCheckpointStorage, is_checkpoint_dir};

@@ -283,6 +283,11 @@ fn is_pbg_file(name: &str) -> bool {
     FileName::parse(name).is_some() || name == CONFIG_FILE || name == MANIFEST_NAME
 }
 
+/// How a PBG checkpoint lies on an object store: its files, and `checkpoint_version.txt` written last
+/// (PBG's own commit point).
+pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
+    ckpt_io::storage::ObjectLayout { format: "pbg", owned: is_pbg_file, commit_points: &[crate::names::VERSION_FILE] };
+
 fn commit_error(e: CommitError) -> Error {
     Error::Core(e.into())
 }

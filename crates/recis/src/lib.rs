@@ -111,4 +111,4 @@ pub use state_dict::{save, save_rank};
 pub use table::{HashTable, Slot};
 pub use tensorkey::{TENSORKEY_FILE, TensorKey};
 pub use verify::verify;
-pub use writer::WriteOptions;
+pub use writer::{OBJECT_LAYOUT, WriteOptions};

@@ -131,6 +131,14 @@ pub(crate) fn is_checkpoint_file(name: &str) -> bool {
     is_sparse_file(name) || io_state || [MODEL_FILE, EXTRA_FILE, IO_STATE_COUNT_FILE].contains(&name)
 }
 
+/// How a RecIS checkpoint directory lies on an object store: its files, and the `index` written last
+/// (the reader starts from it). A manager's root rewrites its `checkpoint` list after that, as on disk.
+pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout = ckpt_io::storage::ObjectLayout {
+    format: "recis",
+    owned: is_checkpoint_file,
+    commit_points: &[crate::index::INDEX_FILE],
+};
+
 /// Where a writer puts a checkpoint's files: an existing directory, each file committed on its own
 /// ([`ckpt_io::write_file`]), or the staging directory of a directory commit.
 #[derive(Clone, Copy)]

@@ -37,7 +37,7 @@ pub use ckpt_io::SaveReport;
 pub use error::{Error, Result};
 pub use read::HfReader;
 pub use shard::{DEFAULT_MAX_SHARD_SIZE, parse_size};
-pub use write::{WriteOptions, save, save_entries, save_entries_rank, save_rank};
+pub use write::{OBJECT_LAYOUT, WriteOptions, save, save_entries, save_entries_rank, save_rank};
 
 /// The index file of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

@@ -24,6 +24,8 @@ const TOP_EXAMPLES: &str = "Examples:
      pbg partition files are written by all processes, each its own files, process 0 the metadata last;
      single-file targets (torch, safetensors, one-shard hf) by process 0)
   ckpt export-tsv pbg/config.json --entities-output entities.tsv --relation-types-output relation_types.tsv
+  ckpt inspect s3://bucket/runs/step-100      (AWS_* variables or --storage-option configure the store)
+  ckpt convert dcp_checkpoint/ s3://bucket/hf_model --to hf --verbose
 
 Exit codes: 0 success, 1 a check failed (verify, diff), 2 usage error, 3 bad input, 4 I/O error.";
 
@@ -38,6 +40,8 @@ struct Cli {
     limits: LimitArgs,
     #[command(flatten)]
     source: SourceArgs,
+    #[command(flatten)]
+    storage: StorageArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -229,6 +233,13 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     let cli = Cli::parse_from(args);
     let limits = &cli.limits.read_limits();
     let source = &cli.source.options();
+    let storage = &match cli.storage.options() {
+        Ok(options) => Storage { options, verbose: cli.storage.verbose },
+        Err(usage) => {
+            eprintln!("error: {usage}");
+            return EXIT_USAGE;
+        }
+    };
     let group = match Launch::start() {
         Ok(g) => g,
         Err(e) => {
@@ -248,9 +259,10 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
-            ckpt::open_source(path, None, limits, source)
-                .and_then(|c| {
-                    inspect(&c, *json, &selection)?;
+            fetched(path, storage)
+                .and_then(|staged| Ok((ckpt::open_source(staged.path(), None, limits, source)?, staged)))
+                .and_then(|(c, _staged)| {
+                    inspect(&c, path, *json, &selection)?;
                     // The process ends next: freeing a large checkpoint's metadata (hundreds of thousands of
                     // chunks) would only add to its time. A reader holds nothing that needs its destructor.
                     std::mem::forget(c);
@@ -258,28 +270,28 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 })
                 .map(|()| true)
         }
-        Command::Cat { path, name, limit } => {
-            ckpt::open_source(path, None, limits, source).and_then(|c| cat(&c, name, *limit)).map(|()| true)
-        }
-        Command::Verify { path, deep } => verify(path, *deep, limits, quiet),
+        Command::Cat { path, name, limit } => fetched(path, storage)
+            .and_then(|staged| cat(&ckpt::open_source(staged.path(), None, limits, source)?, name, *limit))
+            .map(|()| true),
+        Command::Verify { path, deep } => verify(path, *deep, limits, storage, quiet),
         Command::Diff { a, b, rtol, atol, all, raw } => {
             let layout = if *raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
-            diff(a, b, *rtol, *atol, *all, layout, limits, source, quiet)
+            diff(a, b, *rtol, *atol, *all, layout, limits, source, storage, quiet)
         }
         Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
             Ok(options) => {
                 let options =
                     options.with_selection(select.selection()).with_limits(*limits).with_source(source.clone());
-                convert(src, dst, *to, *from, &options, quiet, group)
+                convert(src, dst, *to, *from, &options, storage, quiet, group)
             }
             Err(usage) => {
                 eprintln!("error: {usage}");
                 return EXIT_USAGE;
             }
         },
-        Command::Reshard { path, dst, world_size } => reshard(path, dst, *world_size, limits, quiet, group),
+        Command::Reshard { path, dst, world_size } => reshard(path, dst, *world_size, limits, storage, quiet, group),
         Command::ExportTsv { config, entities_output, relation_types_output } => {
-            export_tsv(config, entities_output, relation_types_output, limits, quiet)
+            export_tsv(config, entities_output, relation_types_output, limits, storage, quiet)
         }
     };
     match result {
@@ -359,7 +371,8 @@ fn stdout_err(e: std::io::Error) -> ckpt::Error {
     ckpt::Error::Io { path: "<stdout>".into(), source: e }
 }
 
-fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, quiet: bool) -> ckpt::Result<bool> {
+fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, storage: &Storage, quiet: bool) -> ckpt::Result<bool> {
+    let staged = fetched(path, storage)?;
     let pb = bar(quiet, 0, &format!("verifying {}", path.display()));
     let progress = |done: u64, total: u64| {
         pb.set_length(total);
@@ -367,9 +380,26 @@ fn verify(path: &Path, deep: bool, limits: &ckpt::ReadLimits, quiet: bool) -> ck
     };
     let depth = if deep { ckpt::Depth::Deep } else { ckpt::Depth::Structure };
     let options = ckpt::VerifyOptions::default().with_depth(depth).with_limits(*limits);
-    let report = ckpt::verify_with_progress(path, &options, &progress);
+    let report = ckpt::verify_with_progress(staged.path(), &options, &progress);
     pb.finish_and_clear();
-    let report = report?;
+    // At a URL: what a save that did not finish left beside the checkpoint (its lock, objects without a
+    // commit point), listed also when what is there cannot be read as a checkpoint at all.
+    let left = match place(path)? {
+        ckpt::storage::Location::Remote(url) => {
+            ckpt::storage::unfinished(&url, ckpt::detect(staged.path()).ok(), &storage.options)?
+        }
+        ckpt::storage::Location::Local(_) => Vec::new(),
+    };
+    let mut report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            for p in &left {
+                println!("problem: {p}");
+            }
+            return Err(e);
+        }
+    };
+    report.problems.extend(left);
     let mut out = std::io::stdout().lock();
     for w in report.warnings() {
         if !quiet {
@@ -402,8 +432,10 @@ fn diff(
     layout: ckpt::diff::DiffLayout,
     limits: &ckpt::ReadLimits,
     source: &ckpt::SourceOptions,
+    storage: &Storage,
     quiet: bool,
 ) -> ckpt::Result<bool> {
+    let (a_staged, b_staged) = (fetched(a, storage)?, fetched(b, storage)?);
     let options = ckpt::DiffOptions::default()
         .with_rtol(rtol)
         .with_atol(atol)
@@ -415,7 +447,7 @@ fn diff(
         pb.set_length(total);
         pb.set_position(done);
     };
-    let report = ckpt::diff_with_progress(a, b, &options, &progress);
+    let report = ckpt::diff_with_progress(a_staged.path(), b_staged.path(), &options, &progress);
     pb.finish_and_clear();
     let report = report?;
     let mut out = std::io::stdout().lock();
@@ -620,23 +652,28 @@ fn dtype_parser() -> impl clap::builder::TypedValueParser<Value = ckpt::DType> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn convert(
     src: &Path,
     dst: &Path,
     to: Format,
     from: Option<Format>,
     options: &ckpt::ConvertOptions,
+    storage: &Storage,
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
     let what = format!("converting {} to {to}", src.display());
+    let staged = fetched(src, storage)?;
+    let target = target(dst, group)?;
     let summary = write_progress(
         quiet,
         group,
         &what,
-        || ckpt::output_estimate(src, from, options),
-        || ckpt::convert_in(src, from, dst, to, options, group),
+        || ckpt::output_estimate(staged.path(), from, options),
+        || ckpt::convert_in(staged.path(), from, target.path(), to, options, group),
     )?;
+    published(target, to, storage, group)?;
     let mut out = std::io::stdout().lock();
     if !summary.dropped.is_empty() && group.rank() == 0 {
         // One line, the first names and a count: a big optimizer state can drop thousands of values.
@@ -668,14 +705,18 @@ fn reshard(
     dst: &Path,
     world: u32,
     limits: &ckpt::ReadLimits,
+    storage: &Storage,
     quiet: bool,
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
     let what = format!("resharding {} for {world}", src.display());
-    let estimate = || ckpt::output_estimate(src, None, &ckpt::ConvertOptions::default().with_limits(*limits));
+    let staged = fetched(src, storage)?;
+    let target = target(dst, group)?;
+    let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(*limits));
     let summary = write_progress(quiet, group, &what, estimate, || {
-        ckpt::reshard_in_with(src, dst, world as usize, limits, group)
+        ckpt::reshard_in_with(staged.path(), target.path(), world as usize, limits, group)
     })?;
+    published(target, summary.format, storage, group)?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),
@@ -693,7 +734,7 @@ fn reshard(
 }
 
 #[cfg(not(feature = "pbg"))]
-fn export_tsv(config: &Path, _: &Path, _: &Path, _: &ckpt::ReadLimits, _: bool) -> ckpt::Result<bool> {
+fn export_tsv(config: &Path, _: &Path, _: &Path, _: &ckpt::ReadLimits, _: &Storage, _: bool) -> ckpt::Result<bool> {
     Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
 }
 
@@ -703,8 +744,15 @@ fn export_tsv(
     entities_output: &Path,
     relation_types_output: &Path,
     limits: &ckpt::ReadLimits,
+    storage: &Storage,
     quiet: bool,
 ) -> ckpt::Result<bool> {
+    let shown = (config, entities_output, relation_types_output);
+    let staged = fetched(config, storage)?;
+    let config = staged.path();
+    let entities = ckpt::storage::target(&place(entities_output)?)?;
+    let relations = ckpt::storage::target(&place(relation_types_output)?)?;
+    let (entities_output, relation_types_output) = (entities.path(), relations.path());
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
         move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
@@ -723,13 +771,16 @@ fn export_tsv(
     });
     pb.finish_and_clear();
     let version = result?;
+    let group = ckpt::collective::SingleProcess;
+    published(entities, ckpt::Format::Pbg, storage, &group)?;
+    published(relations, ckpt::Format::Pbg, storage, &group)?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),
             "exported version {version} of {}: {} and {}",
-            checkpoint_dir.display(),
-            entities_output.display(),
-            relation_types_output.display()
+            shown.0.display(),
+            shown.1.display(),
+            shown.2.display()
         )
         .map_err(stdout_err)?;
     }
@@ -748,8 +799,10 @@ fn human_bytes(n: u64) -> String {
 }
 
 /// Prints [`ckpt::inspect`]'s report: as JSON, or as a table with the totals.
-fn inspect(c: &Checkpoint, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
-    let report = ckpt::inspect(c, selection);
+fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
+    let mut report = ckpt::inspect(c, selection);
+    // The path or URL as given, not the local copy a URL was fetched into.
+    shown.clone_into(&mut report.path);
     let mut out = std::io::stdout().lock();
     let io = |e| ckpt::Error::Io { path: "<stdout>".into(), source: e };
     if json {
@@ -846,6 +899,89 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })
+}
+
+/// Object storage: every checkpoint path may be a URL (`s3://bucket/key`, `gs://`, `az://`, `https://` for
+/// reads), configured by each cloud's environment variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...)
+/// and these options.
+#[derive(clap::Args)]
+struct StorageArgs {
+    /// A configuration key of the URL's store (`aws_endpoint=http://127.0.0.1:9000`, `aws_region=...`,
+    /// `allow_http=true`; repeatable). Values are never printed.
+    #[arg(long = "storage-option", global = true, value_name = "KEY=VALUE")]
+    storage_option: Vec<String>,
+    /// Report what object storage moved: objects, bytes and requests of each URL read or written.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+}
+
+impl StorageArgs {
+    fn options(&self) -> Result<ckpt::storage::StorageOptions, String> {
+        self.storage_option
+            .iter()
+            .try_fold(ckpt::storage::StorageOptions::default(), |o, pair| o.with_pair(pair).map_err(|e| e.to_string()))
+    }
+}
+
+/// A command's path argument as a place: a URL when it has a scheme, else a local path.
+fn place(path: &Path) -> ckpt::Result<ckpt::storage::Location> {
+    match path.to_str() {
+        Some(text) => Ok(ckpt::storage::Location::parse(text)?),
+        None => Ok(ckpt::storage::Location::Local(path.to_path_buf())),
+    }
+}
+
+/// The checkpoint at `path` ready to read (a URL's objects fetched), reporting the transfer if `verbose`.
+fn fetched(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Source> {
+    let source = ckpt::storage::fetch(&place(path)?, &storage.options)?;
+    if let (true, Some(t)) = (storage.verbose, source.transfer()) {
+        eprintln!("fetched {}: {t}", place(path)?);
+    }
+    Ok(source)
+}
+
+/// Where to write `path` (a URL: a local staging path, published by [`published`]).
+fn target(path: &Path, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Target> {
+    let location = place(path)?;
+    if !location.is_local() && group.world_size() > 1 {
+        return Err(ckpt::Error::InvalidArgument {
+            path: path.to_path_buf(),
+            reason: "a multi-process (mpirun) save to object storage is not supported yet; write to a shared \
+                     directory and convert from there"
+                .into(),
+        });
+    }
+    ckpt::storage::target(&location)
+}
+
+/// Uploads what was written to `target` as `format` (rank 0 only), reporting the transfer if `verbose`.
+fn published(
+    target: ckpt::storage::Target,
+    format: Format,
+    storage: &Storage,
+    group: &dyn Collective,
+) -> ckpt::Result<()> {
+    if group.rank() != 0 {
+        return Ok(());
+    }
+    let location = target.location().clone();
+    if let (true, Some((report, t))) = (storage.verbose, target.publish(format, &storage.options)?) {
+        eprintln!(
+            "published {location}: {t}{}",
+            if report.removed.is_empty() {
+                String::new()
+            } else {
+                format!(", {} old objects removed", report.removed.len())
+            }
+        );
+    }
+    Ok(())
+}
+
+/// The storage options and `--verbose`, as every command uses them.
+struct Storage {
+    options: ckpt::storage::StorageOptions,
+    verbose: bool,
 }
 
 /// Resource limits of the readers (README, "Resource limits"): raise them for large input you trust.

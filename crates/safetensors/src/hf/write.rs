@@ -232,6 +232,11 @@ fn owned(name: &str) -> bool {
     name.ends_with(".safetensors") || name == crate::hf::INDEX_FILE || name == ckpt_io::MANIFEST_NAME
 }
 
+/// How Hugging Face shards lie on an object store: the shards, and `model.safetensors.index.json`
+/// written last (a single shard without index is its own commit).
+pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
+    ckpt_io::storage::ObjectLayout { format: "hf", owned, commit_points: &[crate::hf::INDEX_FILE] };
+
 /// The index as `transformers` writes it: `json.dumps(index, indent=2, sort_keys=True) + "\n"` (non-ASCII
 /// characters escaped, as Python's `ensure_ascii`).
 fn index_json(total_size: u64, weight_map: &[(&str, String)]) -> String {

@@ -1,0 +1,51 @@
+//! Where checkpoints live: local paths and object stores by URL (`s3://`, `gs://`, `az://`, `http(s)://`),
+//! behind one seam.
+//!
+//! - [`Location`]: a path or a URL, told apart by the scheme: a URL is never taken for a relative path.
+//! - [`StorageOptions`]: the store's configuration keys (over each cloud's standard environment variables:
+//!   `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ALLOW_HTTP`,
+//!   `GOOGLE_*`, `AZURE_*`), retries with backoff, timeouts, parallel requests, part size. Credentials never
+//!   reach a message: URLs are shown without user information or query, option values never, and store
+//!   errors have every secret value replaced.
+//! - [`Registry`] (feature `remote`): the store for each scheme, as PyTorch-BigGraph's plugin registry.
+//! - [`Store`] (feature `remote`): a blocking handle on one prefix: list, head, ranged reads (coalesced,
+//!   parallel), downloads and multipart uploads (parallel, memory within `concurrency × part_size`),
+//!   conditional puts (`If-None-Match` / `If-Match`), deletes; requests and bytes counted ([`Stats`]).
+//! - [`StorageError`]: one variant per cause (missing bucket, refused credentials, conflict, throttled,
+//!   server failure, timeout, broken connection, truncated object, …), retried with backoff first where
+//!   retrying is right.
+//!
+//! Local paths keep the commit path of this crate unchanged (mmap reads, `O_DIRECT` pipelined writes,
+//! `RENAME_EXCHANGE` swaps, locks). How a checkpoint commits on an object store, where nothing can be
+//! renamed, is [`remote_commit`]'s subject.
+
+mod error;
+mod location;
+mod options;
+#[cfg(feature = "remote")]
+mod registry;
+#[cfg(feature = "remote")]
+mod remote;
+#[cfg(feature = "remote")]
+pub mod remote_commit;
+
+pub use error::{BoxError, StorageError};
+pub use location::{Location, RemoteUrl};
+pub use options::{OptionSyntax, StorageOptions};
+#[cfg(feature = "remote")]
+pub use registry::{Registry, StoreBuilder, registry};
+#[cfg(feature = "remote")]
+pub use remote::{ObjectInfo, PutCondition, Stats, StatsSnapshot, Store};
+
+/// How a directory format lies on an object store: the names it owns under a checkpoint prefix (what a
+/// new save replaces and removes) and its commit points, the objects written last, in order
+/// ([`remote_commit`]'s table). Each directory format crate exports its own (`OBJECT_LAYOUT`).
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectLayout {
+    /// The format's name (`distcp`, `hf`, …), for messages.
+    pub format: &'static str,
+    /// Whether an object name under the prefix belongs to the format.
+    pub owned: fn(&str) -> bool,
+    /// The objects written last, in this order; a checkpoint without any of them is unfinished.
+    pub commit_points: &'static [&'static str],
+}

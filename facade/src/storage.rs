@@ -1,0 +1,275 @@
+//! Checkpoints on object storage by URL (`s3://`, `gs://`, `az://`, `http(s)://`; feature `remote`).
+//!
+//! Every reader and writer of this crate works on local paths; this module puts URLs in front of them:
+//! - a URL source is fetched into a private temporary directory ([`fetch`]): every object under the
+//!   prefix (or the one object the URL names), with parallel ranged reads of the part size, so memory
+//!   stays within `concurrency × part_size`; the local readers then read it as they read any path.
+//! - a URL target is written into a private temporary directory by the format's own writer, then
+//!   published ([`Target::publish`]) by `ckpt_io::storage::remote_commit`: files uploaded in parallel
+//!   (multipart, bounded buffers), each format's commit point last, conditional writes, the destination's
+//!   lock object refusing a concurrent writer, a previous checkpoint's and a killed save's objects removed.
+//!
+//! Both go through the local disk: a source is read whole, a target is written whole before its upload.
+//! [`Transfer`] reports the requests and bytes each moved.
+//!
+//! ```no_run
+//! use ckpt::storage::{Location, StorageOptions};
+//! let options = StorageOptions::default(); // AWS_* variables configure S3
+//! let source = ckpt::storage::fetch(&Location::parse("s3://bucket/runs/step-100")?, &options)?;
+//! let checkpoint = ckpt::open(source.path())?;
+//! println!("{} entries", checkpoint.entries().len());
+//! # Ok::<(), ckpt::Error>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+
+pub use ckpt_io::storage::remote_commit::{LOCK_NAME, PublishReport, RemoteCommit, leftovers};
+pub use ckpt_io::storage::{
+    Location, ObjectInfo, ObjectLayout, PutCondition, RemoteUrl, StatsSnapshot, StorageError, StorageOptions, Store,
+    registry,
+};
+
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::report::{Problem, ProblemKind};
+
+/// What one transfer moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    /// Objects read or written.
+    pub objects: usize,
+    /// Bytes of object data moved.
+    pub bytes: u64,
+    /// Requests sent.
+    pub requests: u64,
+}
+
+impl std::fmt::Display for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} object{}, {} bytes, {} requests",
+            self.objects,
+            if self.objects == 1 { "" } else { "s" },
+            self.bytes,
+            self.requests
+        )
+    }
+}
+
+/// A checkpoint to read: a local path as it is, or a URL's objects fetched into a temporary directory that
+/// lives as long as this value.
+#[derive(Debug)]
+pub struct Source {
+    path: PathBuf,
+    transfer: Option<Transfer>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Source {
+    /// The local path to read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What fetching moved; `None` for a local path.
+    pub fn transfer(&self) -> Option<Transfer> {
+        self.transfer
+    }
+}
+
+/// Whether an object under a checkpoint prefix is ckpt's own bookkeeping (a lock), not part of the
+/// checkpoint.
+fn bookkeeping(name: &str) -> bool {
+    name.rsplit('/').next().is_some_and(|n| n == LOCK_NAME || (n.starts_with('.') && n.ends_with(".ckpt-lock.json")))
+}
+
+/// `location` ready to read: a local path as it is; a URL's objects fetched (the one object it names, or
+/// every object under it as a directory) into a temporary directory.
+///
+/// # Errors
+/// [`Error::Storage`]: no object at the URL ([`StorageError::NotFound`]), a missing bucket, refused
+/// credentials, a server that fails after retries, …; [`Error::Io`] for the temporary directory.
+pub fn fetch(location: &Location, options: &StorageOptions) -> Result<Source> {
+    let url = match location {
+        Location::Local(path) => return Ok(Source { path: path.clone(), transfer: None, _dir: None }),
+        Location::Remote(url) => url,
+    };
+    let store = Store::open(url, options)?;
+    let dir = tempfile::Builder::new()
+        .prefix("ckpt-fetch-")
+        .tempdir()
+        .map_err(|e| Error::Io { path: std::env::temp_dir(), source: e })?;
+    let name = url.file_name().unwrap_or("checkpoint").to_owned();
+    let local = dir.path().join(&name);
+    let listed: Vec<ObjectInfo> =
+        store.list()?.into_iter().filter(|o| !o.name.is_empty() && !bookkeeping(&o.name)).collect();
+    let mut transfer = Transfer::default();
+    if listed.is_empty() {
+        // Not a prefix: the URL names one object.
+        let Some(object) = store.head("")? else { return Err(StorageError::NotFound { url: url.redacted() }.into()) };
+        transfer.bytes += store.download("", object.size, &local)?;
+        transfer.objects = 1;
+    } else {
+        for object in &listed {
+            let dst = object.name.split('/').fold(local.clone(), |p, part| p.join(part));
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+            }
+            transfer.bytes += store.download(&object.name, object.size, &dst)?;
+            transfer.objects += 1;
+        }
+    }
+    transfer.requests = store.stats().requests;
+    Ok(Source { path: local, transfer: Some(transfer), _dir: Some(dir) })
+}
+
+/// Where a checkpoint is written: a local path as it is, or, for a URL, a temporary local path whose
+/// contents [`Target::publish`] uploads.
+#[derive(Debug)]
+pub struct Target {
+    location: Location,
+    path: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// `location` ready to write: a local path as it is; for a URL, a path in a new temporary directory
+/// named as the URL's last segment.
+///
+/// # Errors
+/// [`Error::Io`] for the temporary directory.
+pub fn target(location: &Location) -> Result<Target> {
+    match location {
+        Location::Local(path) => Ok(Target { location: location.clone(), path: path.clone(), _dir: None }),
+        Location::Remote(url) => {
+            let dir = tempfile::Builder::new()
+                .prefix("ckpt-publish-")
+                .tempdir()
+                .map_err(|e| Error::Io { path: std::env::temp_dir(), source: e })?;
+            let path = dir.path().join(url.file_name().unwrap_or("checkpoint"));
+            Ok(Target { location: location.clone(), path, _dir: Some(dir) })
+        }
+    }
+}
+
+/// How a directory of `format` lies on an object store: the format crate's layout, or (for a format
+/// without one) every object owned and no commit point.
+pub fn layout(format: Format) -> ObjectLayout {
+    match format {
+        #[cfg(feature = "distcp")]
+        Format::Distcp => ckpt_distcp::OBJECT_LAYOUT,
+        #[cfg(feature = "hfai")]
+        Format::Hfai => ckpt_hfai::OBJECT_LAYOUT,
+        #[cfg(feature = "pbg")]
+        Format::Pbg => ckpt_pbg::OBJECT_LAYOUT,
+        #[cfg(feature = "recis")]
+        Format::Recis => ckpt_recis::OBJECT_LAYOUT,
+        Format::Hf => ckpt_safetensors::hf::OBJECT_LAYOUT,
+        other => ObjectLayout { format: other.name(), owned: |_| true, commit_points: &[] },
+    }
+}
+
+/// The files under `dir`, by name relative to it (`/`-separated), in name order.
+fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![(String::new(), dir.to_path_buf())];
+    while let Some((prefix, at)) = todo.pop() {
+        for entry in std::fs::read_dir(&at).map_err(|e| Error::Io { path: at.clone(), source: e })? {
+            let entry = entry.map_err(|e| Error::Io { path: at.clone(), source: e })?;
+            let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            let kind = entry.file_type().map_err(|e| Error::Io { path: entry.path(), source: e })?;
+            if kind.is_dir() {
+                todo.push((format!("{name}/"), entry.path()));
+            } else if kind.is_file() {
+                out.push((name, entry.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl Target {
+    /// The local path the writer writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the checkpoint goes.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Uploads what was written at [`Target::path`] to the URL, with the commit protocol of
+    /// `ckpt_io::storage::remote_commit` and `format`'s [`layout`]: a file as one object (a single put
+    /// or a completed multipart upload), a directory's files in parallel and its commit points last.
+    /// Nothing to do for a local path (`None`).
+    ///
+    /// # Errors
+    /// [`Error::Storage`]: a concurrent save ([`StorageError::Locked`], [`StorageError::Conflict`]), a
+    /// missing bucket, refused credentials, a server that fails after retries, …; nothing of the new
+    /// checkpoint is committed then.
+    pub fn publish(self, format: Format, options: &StorageOptions) -> Result<Option<(PublishReport, Transfer)>> {
+        let Location::Remote(url) = &self.location else { return Ok(None) };
+        let report = if self.path.is_dir() {
+            let store = Store::open(url, options)?;
+            let files = files_under(&self.path)?;
+            let layout = layout(format);
+            let report =
+                RemoteCommit::begin(&store, LOCK_NAME)?.publish(&files, layout.commit_points, &layout.owned)?;
+            (report, store.stats())
+        } else {
+            let Some((parent, name)) = url.parent() else {
+                return Err(StorageError::InvalidUrl {
+                    url: url.redacted(),
+                    reason: "a file needs a key under the bucket".into(),
+                }
+                .into());
+            };
+            let store = Store::open(&parent, options)?;
+            let report =
+                RemoteCommit::begin(&store, &format!(".{name}.ckpt-lock.json"))?.publish_file(&name, &self.path)?;
+            (report, store.stats())
+        };
+        let (report, stats) = report;
+        let transfer = Transfer { objects: report.files.len(), bytes: report.bytes, requests: stats.requests };
+        Ok(Some((report, transfer)))
+    }
+}
+
+/// What an unfinished save left at the URL `url` for a checkpoint of `format` (`None`: the format could
+/// not be told, so objects any directory format claims count), as problems for `verify`: its lock
+/// object, and, when no commit point exists, the objects it wrote.
+///
+/// # Errors
+/// [`Error::Storage`] for the listing.
+pub fn unfinished(url: &RemoteUrl, format: Option<Format>, options: &StorageOptions) -> Result<Vec<Problem>> {
+    let store = Store::open(url, options)?;
+    let layouts: Vec<ObjectLayout> = match format {
+        Some(f) => vec![layout(f)],
+        None => Format::ALL.iter().map(|f| layout(*f)).filter(|l| !l.commit_points.is_empty()).collect(),
+    };
+    let mut left: Vec<ObjectInfo> = Vec::new();
+    for l in &layouts {
+        for o in leftovers(&store, l.commit_points, &l.owned)? {
+            if !left.iter().any(|seen| seen.name == o.name) {
+                left.push(o);
+            }
+        }
+    }
+    left.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(left
+        .into_iter()
+        .map(|o| {
+            let what = if bookkeeping(&o.name) {
+                "the lock of a save that has not finished (or was killed)"
+            } else {
+                "left by a save that did not commit"
+            };
+            let mut p =
+                Problem::new(ProblemKind::Unfinished, format!("{what} ({} bytes); the next save removes it", o.size));
+            p.file = Some(PathBuf::from(store.url_of(&o.name)));
+            p
+        })
+        .collect())
+}

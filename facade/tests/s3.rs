@@ -1,0 +1,345 @@
+//! Every format and command through a real S3-compatible server (moto, started on 127.0.0.1 by each test
+//! and stopped when it ends), the commit protocol on an object store, and each fault the storage layer
+//! classifies, injected by a proxy in front of the server. Nothing here skips: without moto the tests
+//! fail and name the set-up command.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ckpt::storage::{Location, PutCondition, StorageError, StorageOptions, Store};
+use ckpt_conformance::s3::{Fault, FaultProxy, MotoServer, SECRET_KEY};
+
+/// Runs `ckpt args…` against `endpoint` with the standard AWS variables.
+fn ckpt(endpoint: &str, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ckpt"));
+    for (k, v) in MotoServer::env(endpoint) {
+        c.env(k, v);
+    }
+    c.args(args).output().expect("run ckpt")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[track_caller]
+fn ok(endpoint: &str, args: &[&str]) -> String {
+    let out = ckpt(endpoint, args);
+    assert!(out.status.success(), "ckpt {args:?} failed:\n{}", text(&out));
+    text(&out)
+}
+
+/// Runs a failing command; returns its exit code and output, checking that no secret leaked.
+#[track_caller]
+fn fails(endpoint: &str, args: &[&str]) -> (i32, String) {
+    let out = ckpt(endpoint, args);
+    let all = text(&out);
+    assert!(!out.status.success(), "ckpt {args:?} should fail:\n{all}");
+    assert!(!all.contains(SECRET_KEY), "the secret key leaked:\n{all}");
+    (out.status.code().unwrap_or(-1), all)
+}
+
+/// A store handle on `url` at `endpoint` (what the tests inspect the bucket with).
+fn store(endpoint: &str, url: &str) -> Store {
+    let Location::Remote(url) = Location::parse(url).unwrap() else { panic!("{url} is not a URL") };
+    let mut options = StorageOptions::default();
+    for (k, v) in MotoServer::env(endpoint) {
+        let key = k.to_ascii_lowercase();
+        options = options.with(if key == "aws_endpoint_url" { "aws_endpoint" } else { &key }, &v);
+    }
+    Store::open(&url, &options).unwrap()
+}
+
+fn names(endpoint: &str, url: &str) -> Vec<String> {
+    store(endpoint, url).list().unwrap().into_iter().map(|o| o.name).collect()
+}
+
+fn fixture(rel: &str) -> String {
+    ckpt_conformance::repo_root().join("conformance/fixtures").join(rel).display().to_string()
+}
+
+#[test]
+fn every_format_round_trips_through_s3() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let pt = fixture("torch/checkpoint.pt");
+    // (source, URL, format, extra arguments, commit point the bucket must hold)
+    let cases: Vec<(String, &str, &str, Vec<&str>, &str)> = vec![
+        (pt.clone(), "s3://ckpt/rt/model.pt", "torch", vec![], ""),
+        (pt.clone(), "s3://ckpt/rt/model.safetensors", "safetensors", vec![], ""),
+        (pt.clone(), "s3://ckpt/rt/hf", "hf", vec!["--max-shard-size", "64"], "model.safetensors.index.json"),
+        (fixture("distcp/torch213/m2"), "s3://ckpt/rt/dcp", "distcp", vec![], ".metadata"),
+        (fixture("hfai/multi_n2/ckpt"), "s3://ckpt/rt/hfai", "hfai", vec![], "ckpt.checksums.json"),
+        (fixture("recis/golden/two_shard_adamw"), "s3://ckpt/rt/recis", "recis", vec![], "index"),
+        (fixture("pbg/ckpt"), "s3://ckpt/rt/pbg", "pbg", vec![], "checkpoint_version.txt"),
+    ];
+    for (src, url, to, extra, commit) in &cases {
+        let mut args = vec!["convert", src.as_str(), url, "--to", to, "--verbose"];
+        args.extend(extra.iter().copied());
+        let said = ok(e, &args);
+        assert!(said.contains(&format!("published {url}")), "{said}");
+        let listed = names(e, url);
+        if commit.is_empty() {
+            // A single file: one object, nothing beside it (no lock left).
+            let (parent, name) = url.rsplit_once('/').unwrap();
+            assert_eq!(names(e, parent).iter().filter(|n| n.starts_with(&format!(".{name}"))).count(), 0);
+        } else {
+            assert!(listed.iter().any(|n| n == commit), "{url}: no {commit} in {listed:?}");
+            assert!(!listed.iter().any(|n| n.contains("ckpt-lock")), "{url}: a lock was left: {listed:?}");
+        }
+        let inspect = ok(e, &["inspect", url, "--verbose"]);
+        assert!(
+            inspect.contains(&format!("{to} checkpoint {url}")) || *to == "safetensors" || *to == "hf",
+            "{inspect}"
+        );
+        assert!(inspect.contains("fetched"), "{inspect}");
+        ok(e, &["verify", "--deep", url]);
+        let same = ok(e, &["diff", src, url]);
+        assert!(same.contains("equal"), "{src} against {url}:\n{same}");
+        // And back to a local path, from the URL.
+        let back = scratch.path().join(format!("back-{to}"));
+        let mut args = vec!["convert", url, back.to_str().unwrap(), "--to", to];
+        args.extend(extra.iter().copied());
+        ok(e, &args);
+        assert!(ok(e, &["diff", url, back.to_str().unwrap()]).contains("equal"));
+    }
+    // cat of one tensor, reshard from URL to URL, export-tsv to URLs.
+    let entry = ok(e, &["inspect", "s3://ckpt/rt/dcp", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(
+        entry.lines().take_while(|l| !l.starts_with("fetched")).collect::<Vec<_>>().join("\n").as_str(),
+    )
+    .unwrap_or_else(|err| panic!("{err}: {entry}"));
+    let first = json["entries"][0]["name"].as_str().unwrap();
+    ok(e, &["cat", "s3://ckpt/rt/dcp", first]);
+    ok(e, &["reshard", "s3://ckpt/rt/dcp", "s3://ckpt/rt/dcp3", "--world-size", "3"]);
+    assert!(ok(e, &["diff", "s3://ckpt/rt/dcp", "s3://ckpt/rt/dcp3"]).contains("equal"));
+    // export-tsv writes to URLs (its source's config names entity files beside the checkpoint, read locally).
+    ok(
+        e,
+        &[
+            "export-tsv",
+            &fixture("pbg/ckpt"),
+            "--entities-output",
+            "s3://ckpt/tsv/e.tsv",
+            "--relation-types-output",
+            "s3://ckpt/tsv/r.tsv",
+        ],
+    );
+    let local_e = scratch.path().join("e.tsv");
+    let local_r = scratch.path().join("r.tsv");
+    ok(
+        e,
+        &[
+            "export-tsv",
+            &fixture("pbg/ckpt"),
+            "--entities-output",
+            local_e.to_str().unwrap(),
+            "--relation-types-output",
+            local_r.to_str().unwrap(),
+        ],
+    );
+    let remote = store(e, "s3://ckpt/tsv");
+    let got = remote.read("e.tsv", 0..std::fs::metadata(&local_e).unwrap().len()).unwrap();
+    assert_eq!(&got[..], &std::fs::read(&local_e).unwrap()[..]);
+    // A URL is never a relative path: nothing named `s3:` appears in the working directory.
+    assert!(!Path::new("s3:").exists());
+}
+
+#[test]
+fn commits_on_the_object_store() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let dcp = fixture("distcp/torch213/m2");
+    let url = "s3://ckpt/runs/step-1";
+    ok(e, &["convert", &dcp, url, "--to", "distcp"]);
+    let first = names(e, url);
+
+    // Another save holds the lock: refused, naming the holder; nothing changed.
+    let s = store(e, url);
+    let holder = serde_json::json!({ "pid": 1, "host": "another-host", "started": 0 }).to_string();
+    s.put(ckpt::storage::LOCK_NAME, holder.into(), PutCondition::Create).unwrap();
+    let (code, said) = fails(e, &["convert", &dcp, url, "--to", "distcp"]);
+    assert_eq!(code, 4, "{said}");
+    assert!(
+        said.contains("another save to this destination is in progress") && said.contains("another-host"),
+        "{said}"
+    );
+    // verify names the lock (a warning: the save may still be running).
+    let said = ok(e, &["verify", url]);
+    assert!(said.contains("warning:") && said.contains("lock of a save"), "{said}");
+    s.delete(ckpt::storage::LOCK_NAME).unwrap();
+
+    // A killed save: its lock (a dead process of this host), files uploaded, no commit point. verify
+    // lists them; the next save removes them.
+    s.delete(".metadata").unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_owned();
+    let dead = serde_json::json!({ "pid": 4_194_304 + 9, "host": host, "started": 0 }).to_string();
+    s.put(ckpt::storage::LOCK_NAME, dead.into(), PutCondition::Create).unwrap();
+    s.put("__7_0.distcp", bytes::Bytes::from_static(b"half a file"), PutCondition::Overwrite).unwrap();
+    let (_, said) = fails(e, &["verify", url]);
+    assert!(said.contains("__7_0.distcp") && said.contains("did not commit"), "{said}");
+    ok(e, &["convert", &dcp, url, "--to", "distcp"]);
+    assert_eq!(names(e, url), first);
+    ok(e, &["verify", "--deep", url]);
+
+    // Conditional writes on this server: If-None-Match refuses an existing object.
+    assert!(matches!(s.put(".metadata", "x".into(), PutCondition::Create), Err(StorageError::Conflict { .. })));
+    let etag = s.head(".metadata").unwrap().unwrap().etag.unwrap();
+    assert!(matches!(
+        s.put(".metadata", "x".into(), PutCondition::Update("\"nope\"".into())),
+        Err(StorageError::Conflict { .. })
+    ));
+    let _ = etag;
+}
+
+/// A source big enough for multipart uploads (12 MiB of f32 in a safetensors file).
+fn big_source(dir: &Path) -> String {
+    let n = 3 << 20;
+    let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let t = ckpt::Tensor::from_slice(&values, &[n]).unwrap();
+    let sd = ckpt::Value::dict([("w", ckpt::Value::Tensor(t))]);
+    let path = dir.join("big.pt");
+    ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn faults_get_their_own_errors_and_commit_nothing() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let dir = tempfile::tempdir().unwrap();
+    let dcp = fixture("distcp/torch213/m2");
+    let quick = ["--storage-option", "max_retries=2", "--storage-option", "retry_timeout=10s"];
+    let with = |args: &[&str]| -> Vec<String> { args.iter().chain(quick.iter()).map(|s| (*s).to_owned()).collect() };
+    let run = |proxy: &FaultProxy, args: &[&str]| {
+        let args = with(args);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        ckpt(&proxy.endpoint(), &refs)
+    };
+
+    // Throttled twice, then served: retried with backoff, committed.
+    let proxy =
+        FaultProxy::start(server.port(), Fault::Status { status: 503, code: "SlowDown", times: Some(2), method: None });
+    let out = run(&proxy, &["convert", &dcp, "s3://ckpt/f/retried", "--to", "distcp"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(proxy.injected(), 2);
+    assert!(names(&server.endpoint(), "s3://ckpt/f/retried").contains(&".metadata".to_owned()));
+
+    // Throttled on every upload: a specific error after the retries, and no commit point.
+    proxy.set(Fault::Status { status: 503, code: "SlowDown", times: None, method: Some("PUT") });
+    let (code, said) = {
+        let out = run(&proxy, &["convert", &dcp, "s3://ckpt/f/throttled", "--to", "distcp"]);
+        (out.status.code().unwrap_or(-1), text(&out))
+    };
+    assert_eq!(code, 4, "{said}");
+    assert!(said.contains("kept throttling"), "{said}");
+    assert!(!names(&server.endpoint(), "s3://ckpt/f/throttled").contains(&".metadata".to_owned()));
+
+    // A server failing (500) on every upload.
+    proxy.set(Fault::Status { status: 500, code: "InternalError", times: None, method: Some("PUT") });
+    let out = run(&proxy, &["convert", &dcp, "s3://ckpt/f/failing", "--to", "distcp"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("server failed"), "{}", text(&out));
+    assert!(!names(&server.endpoint(), "s3://ckpt/f/failing").contains(&".metadata".to_owned()));
+
+    // A server that dies mid-upload (connections closed halfway through every large body).
+    proxy.set(Fault::DropUploads { min_body: 1 << 20 });
+    let big = big_source(dir.path());
+    let args =
+        ["convert", big.as_str(), "s3://ckpt/f/dropped", "--to", "distcp", "--storage-option", "part_size=5242880"];
+    let out = run(&proxy, &args);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("connection to the server failed"), "{}", text(&out));
+    assert!(!names(&server.endpoint(), "s3://ckpt/f/dropped").contains(&".metadata".to_owned()));
+    // The same upload through a healthy server: multipart, committed, equal.
+    proxy.set(Fault::None);
+    let out = run(&proxy, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(ok(&server.endpoint(), &["diff", &big, "s3://ckpt/f/dropped"]).contains("equal"));
+
+    // A slow server: every request held longer than the request timeout.
+    proxy.set(Fault::Delay(std::time::Duration::from_secs(3)));
+    let out = run(
+        &proxy,
+        &[
+            "inspect",
+            "s3://ckpt/f/retried",
+            "--storage-option",
+            "timeout=500ms",
+            "--storage-option",
+            "retry_timeout=2s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("did not answer in time"), "{}", text(&out));
+
+    // Credentials the server refuses; the secret never shows.
+    proxy.set(Fault::RefuseKey(ckpt_conformance::s3::ACCESS_KEY));
+    let out = run(&proxy, &["inspect", "s3://ckpt/f/retried"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("refused the credentials"), "{}", text(&out));
+    assert!(!text(&out).contains(SECRET_KEY));
+
+    // A missing bucket, reading and writing.
+    let e = &server.endpoint();
+    let (code, said) = fails(e, &["inspect", "s3://no-such-bucket/x"]);
+    assert!(code == 4 && said.contains("bucket does not exist"), "{said}");
+    let (code, said) = fails(e, &["convert", &dcp, "s3://no-such-bucket/x", "--to", "distcp"]);
+    assert!(code == 4 && said.contains("bucket does not exist"), "{said}");
+    // Nothing at the URL.
+    let (code, said) = fails(e, &["inspect", "s3://ckpt/nothing/here.pt"]);
+    assert!(code == 4 && said.contains("no such object"), "{said}");
+
+    // A checkpoint truncated on the server: the reader says what is wrong.
+    ok(e, &["convert", &big, "s3://ckpt/f/model.pt", "--to", "torch"]);
+    let s = store(e, "s3://ckpt/f");
+    let whole = s.read("model.pt", 0..s.head("model.pt").unwrap().unwrap().size).unwrap();
+    s.put("model.pt", whole.slice(..whole.len() / 2), PutCondition::Overwrite).unwrap();
+    let (code, said) = fails(e, &["inspect", "s3://ckpt/f/model.pt"]);
+    assert_eq!(code, 3, "{said}");
+    let (code, _) = fails(e, &["verify", "--deep", "s3://ckpt/f/model.pt"]);
+    assert!(code == 1 || code == 3);
+
+    // Unknown schemes and options are usage errors, never local paths.
+    let (code, said) = fails(e, &["inspect", "ftp://host/x.pt"]);
+    assert!(code == 2 && said.contains("no storage is registered"), "{said}");
+    let (code, said) = fails(e, &["inspect", "s3://ckpt/f/model.pt", "--storage-option", "no_such_option=1"]);
+    assert!(code == 2 && said.contains("no_such_option"), "{said}");
+}
+
+/// Runs `conformance/python/s3/dcp_fsspec.py` (torch's `FsspecWriter`/`FsspecReader` over s3fs).
+fn torch_fsspec(endpoint: &str, args: &[&str]) -> Output {
+    let script = ckpt_conformance::repo_root().join("conformance/python/s3/dcp_fsspec.py");
+    let mut c = Command::new(ckpt_conformance::python());
+    for (k, v) in MotoServer::env(endpoint) {
+        c.env(k, v);
+    }
+    c.arg(script).args(args).args(["--endpoint", endpoint]).output().expect("run python")
+}
+
+#[test]
+fn torch_and_ckpt_read_each_others_dcp_checkpoints_on_s3() {
+    let server = MotoServer::start();
+    server.create_bucket("interop");
+    let e = &server.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref.pt");
+    let reference = reference.to_str().unwrap();
+    // torch writes through fsspec (s3fs); ckpt reads it.
+    let out = torch_fsspec(e, &["write", "s3://interop/torch-written", "--reference", reference]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(ok(e, &["diff", reference, "s3://interop/torch-written"]).contains("equal"));
+    ok(e, &["verify", "s3://interop/torch-written"]);
+    // ckpt writes; torch loads it through fsspec, bit for bit.
+    ok(e, &["convert", reference, "s3://interop/ckpt-written", "--to", "distcp"]);
+    let out = torch_fsspec(e, &["read", "s3://interop/ckpt-written", "--reference", reference]);
+    assert!(out.status.success(), "{}", text(&out));
+    // And a reshard of torch's checkpoint, from the bucket to the bucket, loads in torch.
+    ok(e, &["reshard", "s3://interop/torch-written", "s3://interop/resharded", "--world-size", "2"]);
+    let out = torch_fsspec(e, &["read", "s3://interop/resharded", "--reference", reference]);
+    assert!(out.status.success(), "{}", text(&out));
+}
