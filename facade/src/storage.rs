@@ -3,14 +3,16 @@
 //! Every reader and writer of this crate works on local paths; this module puts URLs in front of them:
 //! - a URL source is fetched into a private temporary directory ([`fetch`]): every object under the
 //!   prefix (or the one object the URL names), with parallel ranged reads of the part size, so memory
-//!   stays within `concurrency × part_size`; the local readers then read it as they read any path.
+//!   stays within `concurrency × part_size`; the local readers then read it as they read any path. For a
+//!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata` and the headers
+//!   of safetensors files and Hugging Face shards are fetched alone.
 //! - a URL target is written into a private temporary directory by the format's own writer, then
 //!   published ([`Target::publish`]) by `ckpt_io::storage::remote_commit`: files uploaded in parallel
 //!   (multipart, bounded buffers), each format's commit point last, conditional writes, the destination's
 //!   lock object refusing a concurrent writer, a previous checkpoint's and a killed save's objects removed.
 //!
-//! Both go through the local disk: a source is read whole, a target is written whole before its upload.
-//! [`Transfer`] reports the requests and bytes each moved.
+//! Both go through the local disk: apart from listings, a source is read whole, and a target is written
+//! whole before its upload. [`Transfer`] reports the requests and bytes each moved.
 //!
 //! ```no_run
 //! use ckpt::storage::{Location, StorageOptions};
@@ -84,6 +86,21 @@ fn bookkeeping(name: &str) -> bool {
     name.rsplit('/').next().is_some_and(|n| n == LOCK_NAME || (n.starts_with('.') && n.ends_with(".ckpt-lock.json")))
 }
 
+/// How much of a URL source [`fetch_with`] fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fetch {
+    /// Every byte of every object: for reading tensors, verifying, converting.
+    #[default]
+    Whole,
+    /// What listing the entries needs (`inspect`): a DCP checkpoint's `.metadata` (its data files are
+    /// left unfetched, as sparse files of their size: the DCP reader opens them only to read a tensor),
+    /// the headers of `.safetensors` files and Hugging Face shards (their data left unfetched likewise);
+    /// anything else whole. The local copy then holds zeros where nothing was fetched: read nothing but
+    /// the listing from it.
+    Index,
+}
+
 /// `location` ready to read: a local path as it is; a URL's objects fetched (the one object it names, or
 /// every object under it as a directory) into a temporary directory.
 ///
@@ -91,6 +108,17 @@ fn bookkeeping(name: &str) -> bool {
 /// [`Error::Storage`]: no object at the URL ([`StorageError::NotFound`]), a missing bucket, refused
 /// credentials, a server that fails after retries, …; [`Error::Io`] for the temporary directory.
 pub fn fetch(location: &Location, options: &StorageOptions) -> Result<Source> {
+    fetch_with(location, options, Fetch::Whole)
+}
+
+/// The longest `.safetensors` header [`Fetch::Index`] fetches (the readers' default limit).
+const MAX_INDEX_HEADER: u64 = 100_000_000;
+
+/// [`fetch`], fetching what `what` says.
+///
+/// # Errors
+/// As [`fetch`]; [`StorageError::Truncated`] for a `.safetensors` object shorter than its header says.
+pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) -> Result<Source> {
     let url = match location {
         Location::Local(path) => return Ok(Source { path: path.clone(), transfer: None, _dir: None }),
         Location::Remote(url) => url,
@@ -104,24 +132,69 @@ pub fn fetch(location: &Location, options: &StorageOptions) -> Result<Source> {
     let local = dir.path().join(&name);
     let listed: Vec<ObjectInfo> =
         store.list()?.into_iter().filter(|o| !o.name.is_empty() && !bookkeeping(&o.name)).collect();
-    let mut transfer = Transfer::default();
+    let mut objects = 0;
     if listed.is_empty() {
         // Not a prefix: the URL names one object.
         let Some(object) = store.head("")? else { return Err(StorageError::NotFound { url: url.redacted() }.into()) };
-        transfer.bytes += store.download("", object.size, &local)?;
-        transfer.objects = 1;
+        let partial = what == Fetch::Index && name.ends_with(".safetensors");
+        fetch_object(&store, "", object.size, &local, partial.then_some(Part::Header))?;
+        objects = 1;
     } else {
+        let has = |n: &str| listed.iter().any(|o| o.name == n);
+        // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
+        let dcp = has(".metadata");
+        let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
         for object in &listed {
             let dst = object.name.split('/').fold(local.clone(), |p, part| p.join(part));
             if let Some(parent) = dst.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
             }
-            transfer.bytes += store.download(&object.name, object.size, &dst)?;
-            transfer.objects += 1;
+            let part = match what {
+                Fetch::Index if dcp && object.name.ends_with(".distcp") => Some(Part::Nothing),
+                Fetch::Index if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
+                _ => None,
+            };
+            fetch_object(&store, &object.name, object.size, &dst, part)?;
+            objects += 1;
         }
     }
-    transfer.requests = store.stats().requests;
+    let stats = store.stats();
+    let transfer = Transfer { objects, bytes: stats.bytes_read, requests: stats.requests };
     Ok(Source { path: local, transfer: Some(transfer), _dir: Some(dir) })
+}
+
+/// What of an object [`fetch_object`] fetches when not all of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Nothing: a sparse file of its size.
+    Nothing,
+    /// A safetensors file's length prefix and JSON header.
+    Header,
+}
+
+/// Fetches the object `name` of `size` bytes into `dst`: whole, or `part` of it into a sparse file of
+/// its size.
+fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<Part>) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let Some(part) = part else {
+        store.download(name, size, dst)?;
+        return Ok(());
+    };
+    let io = |source| Error::Io { path: dst.to_path_buf(), source };
+    let file = std::fs::File::create(dst).map_err(io)?;
+    file.set_len(size).map_err(io)?;
+    if part == Part::Header && size >= 8 {
+        // The length prefix and, in the same request, the first 64 KiB (most headers are shorter).
+        let first = store.read(name, 0..size.min(64 << 10))?;
+        let len = first.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_le_bytes);
+        let end = len.min(MAX_INDEX_HEADER).saturating_add(8).min(size);
+        file.write_all_at(&first, 0).map_err(io)?;
+        if end > first.len() as u64 {
+            let rest = store.read(name, first.len() as u64..end)?;
+            file.write_all_at(&rest, first.len() as u64).map_err(io)?;
+        }
+    }
+    Ok(())
 }
 
 /// Where a checkpoint is written: a local path as it is, or, for a URL, a temporary local path whose

@@ -106,6 +106,26 @@ fn every_format_round_trips_through_s3() {
         ok(e, &args);
         assert!(ok(e, &["diff", url, back.to_str().unwrap()]).contains("equal"));
     }
+    // inspect fetches what listing needs: a DCP checkpoint's .metadata (and the small manifest), not its
+    // data files; the headers of Hugging Face shards.
+    for (url, data_suffix) in [("s3://ckpt/rt/dcp", ".distcp"), ("s3://ckpt/rt/hf", ".safetensors")] {
+        let objects = store(e, url).list().unwrap();
+        let all: u64 = objects.iter().map(|o| o.size).sum();
+        let data: u64 = objects.iter().filter(|o| o.name.ends_with(data_suffix)).map(|o| o.size).sum();
+        let said = ok(e, &["inspect", url, "--verbose"]);
+        let line =
+            said.lines().find_map(|l| l.strip_prefix(&format!("fetched {url}: "))).unwrap_or_else(|| panic!("{said}"));
+        let number = |i: usize, unit: &str| -> u64 {
+            line.split(", ").nth(i).and_then(|b| b.strip_suffix(unit)).and_then(|b| b.parse().ok()).unwrap()
+        };
+        let (fetched, requests) = (number(1, " bytes"), number(2, " requests"));
+        if data_suffix == ".distcp" {
+            assert_eq!(fetched, all - data, "{url}: {said}");
+        } else {
+            // One request per object (these shards are smaller than the 64 KiB first read), and a listing.
+            assert!(fetched <= all && requests <= objects.len() as u64 + 1, "{url}: {line}");
+        }
+    }
     // cat of one tensor, reshard from URL to URL, export-tsv to URLs.
     let entry = ok(e, &["inspect", "s3://ckpt/rt/dcp", "--json"]);
     let json: serde_json::Value = serde_json::from_str(

@@ -1,6 +1,7 @@
 //! The durable commit path: how every ckpt writer puts a checkpoint on disk so that a crash at any
 //! instant leaves the previous checkpoint or the new one, whole, and never costs more than the disk's own
-//! speed; and what a write or a check of one reports.
+//! speed (and, feature `remote`, on an object store, where readers see a checkpoint whole or not at all);
+//! and what a write or a check of one reports.
 //!
 //! - [`FileCommit`] / [`write_file`]: one file. Temporary file beside the destination, written by a
 //!   [`DurableWriter`], `fdatasync`, rename over the destination, fsync of the directory; the replaced
@@ -20,6 +21,9 @@
 //! - [`report`]: the reports of one shape every format crate returns: [`SaveReport`] (the files a save
 //!   wrote, its tensors, bytes and values), [`VerifyReport`] with structured [`Problem`]s (what rule, which
 //!   file and entry), [`ReshardReport`].
+//! - [`storage`]: where checkpoints live: a local path or an object-store URL ([`storage::Location`]),
+//!   and with the `remote` feature the stores by URL scheme (S3, GCS, Azure, HTTP), ranged reads,
+//!   multipart uploads, conditional writes, and how a checkpoint commits on an object store.
 //! - [`CommitError`]: disk full, read-only, permission denied, locked — matchable, with the OS error as
 //!   the source.
 //!

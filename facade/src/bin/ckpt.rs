@@ -259,7 +259,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
-            fetched(path, storage)
+            fetched_for(path, storage, ckpt::storage::Fetch::Index)
                 .and_then(|staged| Ok((ckpt::open_source(staged.path(), None, limits, source)?, staged)))
                 .and_then(|(c, _staged)| {
                     inspect(&c, path, *json, &selection)?;
@@ -933,7 +933,12 @@ fn place(path: &Path) -> ckpt::Result<ckpt::storage::Location> {
 
 /// The checkpoint at `path` ready to read (a URL's objects fetched), reporting the transfer if `verbose`.
 fn fetched(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Source> {
-    let source = ckpt::storage::fetch(&place(path)?, &storage.options)?;
+    fetched_for(path, storage, ckpt::storage::Fetch::Whole)
+}
+
+/// [`fetched`], fetching what `what` says (`inspect`: the metadata alone where the format allows).
+fn fetched_for(path: &Path, storage: &Storage, what: ckpt::storage::Fetch) -> ckpt::Result<ckpt::storage::Source> {
+    let source = ckpt::storage::fetch_with(&place(path)?, &storage.options, what)?;
     if let (true, Some(t)) = (storage.verbose, source.transfer()) {
         eprintln!("fetched {}: {t}", place(path)?);
     }
