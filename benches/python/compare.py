@@ -872,7 +872,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "RESULTS.md")
     ap.add_argument("--only", default="reads,writes,durable,scaling,convert",
                     help="sections, or read workloads (" + ", ".join(READ_WORKLOADS) + "), comma-separated; or "
-                         "`python` alone: the Python package against torch, safetensors and dcp.load")
+                         "`python` alone: the Python package against torch, safetensors and dcp.load; or `s3` "
+                         "alone: object storage against torch's fsspec storage on a local moto server")
     ap.add_argument("--dcp-ranks", default="",
                     help="ranks of the dcp-open jobs (× 400 chunks each), e.g. 64,256,1024; default: quick 64,256, "
                          "full 64,256,1024 (25,600 / 102,400 / 409,600 chunks)")
@@ -881,6 +882,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.only == "python":
         return python_only(args)
+    if args.only == "s3":
+        return s3_only(args)
     cfg = (
         {"mib": 256, "durable_mib": 256, "recis_ids": 1_000_000, "dcp_ranks": [64, 256], "pt200k": False,
          "scale_mib": [64, 512, 4096]}
@@ -978,6 +981,40 @@ def main() -> int:
     return 0
 
 
+def s3_only(args: argparse.Namespace) -> int:
+    """``--only s3``: object storage against torch's fsspec storage (``s3_compare.py``, issue 28), written as
+    the section "## Object storage (issue 28)" of ``--out``, every other section of it kept as it is."""
+    import s3_compare
+
+    work: Path = args.dir
+    res = Results(args.reps)
+    started = time.time()
+    try:
+        s3_compare.run(res, work, 128 if args.quick else 1024, TOOL)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    header = (f"Written by `benches/compare --only s3{' --quick' if args.quick else ''}` (3 interleaved repetitions "
+              f"after a warm-up, {(time.time() - started) / 60:.0f} min).\n\n{machine()}")
+    replace_section(args.out, s3_compare.HEADING, s3_compare.section(res, header))
+    print(f"\nwrote the object storage section of {args.out}")
+    return 0
+
+
+def replace_section(out: Path, prefix: str, text: str) -> None:
+    """Writes ``text`` into ``out`` in place of the level-2 section whose heading starts with ``prefix`` (its
+    heading carries a count that changes from run to run), or after the last section; keeps every other line."""
+    old = out.read_text() if out.exists() else ""
+    lines = old.splitlines(keepends=True)
+    start = next((i for i, l in enumerate(lines) if l.startswith(prefix)), None)
+    if start is None:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        new = "".join(lines[:start]) + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
+    out.write_text(new)
+
+
 def python_only(args: argparse.Namespace) -> int:
     """``--only python``: the Python package's workloads (``python_package.py``), written as the section
     "## Python package" of ``--out``, every other section of it kept as it is."""
@@ -997,16 +1034,7 @@ def python_only(args: argparse.Namespace) -> int:
     header = (f"Written by `benches/compare --only python{' --quick' if args.quick else ''}` ({args.reps} interleaved "
               f"repetitions after a warm-up, warm page cache, {(time.time() - started) / 60:.0f} min), ckpt "
               f"{ckpt.__version__} (release wheel).\n\n{machine()}")
-    text = python_package.section(res, header)
-    old = args.out.read_text() if args.out.exists() else ""
-    lines = old.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.startswith("## Python package")), None)
-    if start is None:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        new = "".join(lines[:start]) + text + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
-    args.out.write_text(new)
+    replace_section(args.out, "## Python package", python_package.section(res, header))
     print(f"\nwrote the Python package section of {args.out}")
     return 0
 

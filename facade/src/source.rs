@@ -31,6 +31,11 @@ pub struct SourceOptions {
     pub unstack_layers: bool,
     /// megatron: a mapping of the model's tensor names (and layouts) onto a Hugging Face model family's.
     pub name_map: Option<NameMap>,
+    /// The checkpoint is opened to list its entries, from a partial copy (what an object store's listing
+    /// fetch leaves: `ckpt::storage::Fetch::Index`): readers take on trust the parts they do not read
+    /// (torch: each ZIP record's data offset from torch's layout rule, without its local header). Read no
+    /// tensor data from such a checkpoint.
+    pub listing_only: bool,
 }
 
 impl SourceOptions {
@@ -45,6 +50,13 @@ impl SourceOptions {
     #[must_use]
     pub fn with_unstack_layers(mut self, on: bool) -> Self {
         self.unstack_layers = on;
+        self
+    }
+
+    /// Opens the checkpoint to list its entries only ([`SourceOptions::listing_only`]).
+    #[must_use]
+    pub fn with_listing_only(mut self, on: bool) -> Self {
+        self.listing_only = on;
         self
     }
 

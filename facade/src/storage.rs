@@ -4,8 +4,9 @@
 //! - a URL source is fetched into a private temporary directory ([`fetch`]): every object under the
 //!   prefix (or the one object the URL names), with parallel ranged reads of the part size, so memory
 //!   stays within `concurrency × part_size`; the local readers then read it as they read any path. For a
-//!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata` and the headers
-//!   of safetensors files and Hugging Face shards are fetched alone.
+//!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata`, the headers
+//!   of safetensors files and Hugging Face shards, and a `.pt`'s central directory and small records
+//!   (`data.pkl`, `version`, …) are fetched alone.
 //! - a URL target is written into a private temporary directory by the format's own writer, then
 //!   published ([`Target::publish`]) by `ckpt_io::storage::remote_commit`: files uploaded in parallel
 //!   (multipart, bounded buffers), each format's commit point last, conditional writes, the destination's
@@ -95,8 +96,9 @@ pub enum Fetch {
     Whole,
     /// What listing the entries needs (`inspect`): a DCP checkpoint's `.metadata` (its data files are
     /// left unfetched, as sparse files of their size: the DCP reader opens them only to read a tensor),
-    /// the headers of `.safetensors` files and Hugging Face shards (their data left unfetched likewise);
-    /// anything else whole. The local copy then holds zeros where nothing was fetched: read nothing but
+    /// the headers of `.safetensors` files and Hugging Face shards (their data left unfetched likewise),
+    /// a `torch.save` file's end records, central directory and records but the tensors' (open it with
+    /// `SourceOptions::listing_only`, which trusts torch's layout for the rest); anything else whole. The local copy then holds zeros where nothing was fetched: read nothing but
     /// the listing from it.
     Index,
 }
@@ -136,8 +138,12 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     if listed.is_empty() {
         // Not a prefix: the URL names one object.
         let Some(object) = store.head("")? else { return Err(StorageError::NotFound { url: url.redacted() }.into()) };
-        let partial = what == Fetch::Index && name.ends_with(".safetensors");
-        fetch_object(&store, "", object.size, &local, partial.then_some(Part::Header))?;
+        let part = match what {
+            Fetch::Index if name.ends_with(".safetensors") => Some(Part::Header),
+            Fetch::Index => Some(Part::Zip),
+            Fetch::Whole => None,
+        };
+        fetch_object(&store, "", object.size, &local, part)?;
         objects = 1;
     } else {
         let has = |n: &str| listed.iter().any(|o| o.name == n);
@@ -170,6 +176,9 @@ enum Part {
     Nothing,
     /// A safetensors file's length prefix and JSON header.
     Header,
+    /// A `torch.save` ZIP archive's end records, central directory, and every record but the tensors'
+    /// (`data/<key>`) with its local header; anything else (a legacy file) whole.
+    Zip,
 }
 
 /// Fetches the object `name` of `size` bytes into `dst`: whole, or `part` of it into a sparse file of
@@ -183,6 +192,9 @@ fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<P
     let io = |source| Error::Io { path: dst.to_path_buf(), source };
     let file = std::fs::File::create(dst).map_err(io)?;
     file.set_len(size).map_err(io)?;
+    if part == Part::Zip {
+        return fetch_zip_index(store, name, size, dst, &file);
+    }
     if part == Part::Header && size >= 8 {
         // The length prefix and, in the same request, the first 64 KiB (most headers are shorter).
         let first = store.read(name, 0..size.min(64 << 10))?;
@@ -194,6 +206,55 @@ fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<P
             file.write_all_at(&rest, first.len() as u64).map_err(io)?;
         }
     }
+    Ok(())
+}
+
+/// The end records and central directory of a ZIP archive fetch ([`Part::Zip`]): the last 64 KiB and 98
+/// bytes (the longest comment, the end record and zip64's two).
+const ZIP_TAIL: u64 = (64 << 10) + 98;
+
+/// Fetches what listing a `torch.save` ZIP archive needs into the sparse file `file` at `dst`: the end
+/// records, the central directory, and `data.pkl` with the other small records (each with its local
+/// header); the tensor records stay unfetched, which the torch reader trusts its layout rule for
+/// (`SourceOptions::listing_only`). An object that is not such an archive is fetched whole.
+#[cfg(feature = "torch")]
+fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std::fs::File) -> Result<()> {
+    use ckpt_torch::zip::Archive;
+    use std::os::unix::fs::FileExt;
+    let io = |source| Error::Io { path: dst.to_path_buf(), source };
+    let map = |dst: &Path| {
+        ckpt_tensor::Buffer::map_file(dst)
+            .map_err(|e| Error::Io { path: dst.to_path_buf(), source: std::io::Error::other(e.to_string()) })
+    };
+    let tail_start = size.saturating_sub(ZIP_TAIL);
+    let tail = store.read(name, tail_start..size)?;
+    file.write_all_at(&tail, tail_start).map_err(io)?;
+    let whole = || -> Result<()> {
+        store.download(name, size, dst)?;
+        Ok(())
+    };
+    let Ok(cd) = Archive::central_directory_range(map(dst)?.as_bytes()) else { return whole() };
+    if cd.start < tail_start && cd.end <= size {
+        let rest = store.read(name, cd.start..tail_start)?;
+        file.write_all_at(&rest, cd.start).map_err(io)?;
+    }
+    let Ok(archive) = Archive::parse_predicted(map(dst)?.as_bytes()) else { return whole() };
+    let wanted: Vec<std::ops::Range<u64>> = archive
+        .records()
+        .iter()
+        .filter(|r| !r.short_name().starts_with("data/"))
+        .map(|r| r.local_header_offset()..r.data_offset().saturating_add(r.compressed_size()).min(size))
+        .collect();
+    for (range, bytes) in wanted.iter().zip(store.read_ranges(name, &wanted)?) {
+        file.write_all_at(&bytes, range.start).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Without the torch reader, a `.pt` is fetched whole.
+#[cfg(not(feature = "torch"))]
+fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, _: &std::fs::File) -> Result<()> {
+    store.download(name, size, dst)?;
     Ok(())
 }
 

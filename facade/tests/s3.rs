@@ -126,6 +126,30 @@ fn every_format_round_trips_through_s3() {
             assert!(fetched <= all && requests <= objects.len() as u64 + 1, "{url}: {line}");
         }
     }
+    // A .pt of 2,000 tensors: inspect fetches its central directory and data.pkl, not its tensors, in a
+    // few requests, and lists what the local file lists.
+    let many = scratch.path().join("many.pt");
+    let entries: Vec<(String, ckpt::Value)> = (0..2000)
+        .map(|i| {
+            let t = ckpt::Tensor::from_slice(&vec![i as f32; 256], &[16, 16]).unwrap();
+            (format!("layer{i}.weight"), ckpt::Value::Tensor(t))
+        })
+        .collect();
+    ckpt::torch::save(&ckpt::Value::dict(entries), &many, &ckpt::torch::WriteOptions::default()).unwrap();
+    ok(e, &["convert", many.to_str().unwrap(), "s3://ckpt/rt/many.pt", "--to", "torch"]);
+    let said = ok(e, &["inspect", "s3://ckpt/rt/many.pt", "--verbose", "--json"]);
+    let line =
+        said.lines().find_map(|l| l.strip_prefix("fetched s3://ckpt/rt/many.pt: ")).unwrap_or_else(|| panic!("{said}"));
+    let field = |i: usize| -> u64 {
+        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
+    };
+    let size = std::fs::metadata(&many).unwrap().len();
+    assert!(field(1) * 4 < size && field(2) <= 16, "{line} of a {size}-byte file");
+    let listed = |text: &str| -> serde_json::Value {
+        let json: String = text.lines().filter(|l| !l.starts_with("fetched ")).collect::<Vec<_>>().join("\n");
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["entries"].clone()
+    };
+    assert_eq!(listed(&said), listed(&ok(e, &["inspect", many.to_str().unwrap(), "--json"])));
     // cat of one tensor, reshard from URL to URL, export-tsv to URLs.
     let entry = ok(e, &["inspect", "s3://ckpt/rt/dcp", "--json"]);
     let json: serde_json::Value = serde_json::from_str(

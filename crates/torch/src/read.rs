@@ -30,6 +30,12 @@ pub struct ReadOptions {
     /// The most bytes one DEFLATE-compressed record may inflate to (torch writes stored records; some
     /// other writers compress them). Default [`DEFAULT_MAX_INFLATED_BYTES`].
     pub max_inflated_bytes: u64,
+    /// Take each ZIP record's data offset from torch's layout rule instead of reading every local header
+    /// ([`Archive::parse_predicted`]; `data.pkl`'s header is still checked). For listing a partial copy of a
+    /// file, as `ckpt inspect` of an object-store URL fetches it (central directory, `data.pkl` and the
+    /// small records, no tensor data): tensors read from such a reader come from where the rule says. Off
+    /// by default.
+    pub trust_layout: bool,
 }
 
 /// The default bound on one DEFLATE record's inflated size: 4 GiB.
@@ -42,6 +48,7 @@ impl Default for ReadOptions {
             limits: ckpt_pickle::Limits::default(),
             py2_strings: ckpt_pickle::Py2Strings::default(),
             max_inflated_bytes: DEFAULT_MAX_INFLATED_BYTES,
+            trust_layout: false,
         }
     }
 }
@@ -58,6 +65,13 @@ impl ReadOptions {
     #[must_use]
     pub fn with_py2_strings(mut self, py2_strings: ckpt_pickle::Py2Strings) -> Self {
         self.py2_strings = py2_strings;
+        self
+    }
+
+    /// These options with ZIP data offsets taken from torch's layout rule ([`ReadOptions::trust_layout`]).
+    #[must_use]
+    pub fn with_trust_layout(mut self, trust: bool) -> Self {
+        self.trust_layout = trust;
         self
     }
 
@@ -447,8 +461,14 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
         }
     };
     let headers = if file.is_some() { HeaderSource::ReadAt(&read_at) } else { HeaderSource::Slice(&forget) };
-    let (archive, decoded) =
-        Archive::parse_overlapped(buffer.as_bytes(), headers, |archive| decode_zip(archive, buffer, options))?;
+    let (archive, decoded) = if options.trust_layout {
+        let archive = Archive::parse_predicted(buffer.as_bytes())?;
+        archive.check_predicted(buffer.as_bytes(), "data.pkl")?;
+        let decoded = decode_zip(&archive, buffer, options);
+        (archive, decoded)
+    } else {
+        Archive::parse_overlapped(buffer.as_bytes(), headers, |archive| decode_zip(archive, buffer, options))?
+    };
     let Decoded { value, version, script } = decoded?;
     let (state_dict, script) = match script {
         Some((sd, script)) => (Some(sd), Some(Box::new(script))),

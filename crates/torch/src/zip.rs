@@ -230,6 +230,18 @@ pub enum ZipError {
         offset: u64,
     },
 
+    /// A record's local header puts its data elsewhere than torch's layout rule does, where a reader
+    /// trusted the rule ([`Archive::parse_predicted`]).
+    #[error("record {name:?}: data at offset {found}, not where torch's writer puts it ({predicted})")]
+    Unpredicted {
+        /// The record's full name.
+        name: String,
+        /// The offset the layout rule gives.
+        predicted: u64,
+        /// The offset its local header gives.
+        found: u64,
+    },
+
     /// A stored (method 0) entry whose compressed and uncompressed sizes differ.
     #[error("stored record {name:?} has compressed size {compressed} but uncompressed size {uncompressed}")]
     StoredSizeMismatch {

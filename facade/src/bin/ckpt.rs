@@ -259,8 +259,10 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
+            // At a URL, only what listing needs is fetched; the readers trust the rest.
+            let listing = source.clone().with_listing_only(!place(path).is_ok_and(|p| p.is_local()));
             fetched_for(path, storage, ckpt::storage::Fetch::Index)
-                .and_then(|staged| Ok((ckpt::open_source(staged.path(), None, limits, source)?, staged)))
+                .and_then(|staged| Ok((ckpt::open_source(staged.path(), None, limits, &listing)?, staged)))
                 .and_then(|(c, _staged)| {
                     inspect(&c, path, *json, &selection)?;
                     // The process ends next: freeing a large checkpoint's metadata (hundreds of thousands of

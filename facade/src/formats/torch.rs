@@ -12,6 +12,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::source::SourceOptions;
 
 pub(crate) struct Torch;
 
@@ -28,6 +29,12 @@ impl Adaptor for Torch {
 
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?))
+    }
+
+    /// As [`Adaptor::open`]; a listing ([`SourceOptions::listing_only`]) trusts torch's ZIP layout.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        let options = read_options(limits).with_trust_layout(source.listing_only);
+        Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &options).at(path)?))
     }
 
     /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as

@@ -241,16 +241,7 @@ impl Store {
             stream::iter(fetches.into_iter().map(|r| {
                 let path = path.clone();
                 async move {
-                    self.stats.request();
-                    let bytes = self.inner.get_range(&path, r.clone()).await.map_err(|e| self.classify(name, e))?;
-                    self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    if (bytes.len() as u64) < r.end - r.start {
-                        return Err(StorageError::Truncated {
-                            url: self.url_of(name),
-                            expected: r.end,
-                            found: r.start + bytes.len() as u64,
-                        });
-                    }
+                    let bytes = self.get_range(&path, name, r.clone(), r.end).await?;
                     Ok((r, bytes))
                 }
             }))
@@ -306,16 +297,7 @@ impl Store {
             stream::iter(parts.map(|r| {
                 let path = path.clone();
                 async move {
-                    self.stats.request();
-                    let bytes = self.inner.get_range(&path, r.clone()).await.map_err(|e| self.classify(name, e))?;
-                    self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    if (bytes.len() as u64) < r.end - r.start {
-                        return Err(StorageError::Truncated {
-                            url: self.url_of(name),
-                            expected: size,
-                            found: r.start + bytes.len() as u64,
-                        });
-                    }
+                    let bytes = self.get_range(&path, name, r.clone(), size).await?;
                     file.write_all_at(&bytes, r.start).map_err(local)
                 }
             }))
@@ -323,6 +305,28 @@ impl Store {
             .try_collect::<Vec<()>>(),
         )?;
         Ok(size)
+    }
+
+    /// One GET of `range` of the object at `path` (`name` for messages), counted; an object that ends
+    /// before `range` does is [`StorageError::Truncated`], reported as expecting `expected` bytes.
+    async fn get_range(
+        &self,
+        path: &ObjectPath,
+        name: &str,
+        range: Range<u64>,
+        expected: u64,
+    ) -> Result<Bytes, StorageError> {
+        self.stats.request();
+        let bytes = self.inner.get_range(path, range.clone()).await.map_err(|e| self.classify(name, e))?;
+        self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if (bytes.len() as u64) < range.end - range.start {
+            return Err(StorageError::Truncated {
+                url: self.url_of(name),
+                expected,
+                found: range.start + bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
     }
 
     /// Writes `data` as the object `name` in one request, under `condition`. Returns the new entity tag.

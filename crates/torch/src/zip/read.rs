@@ -379,6 +379,51 @@ impl Archive {
         Ok(archive)
     }
 
+    /// Parses the central directory of a torch ZIP archive and takes each record's data offset from
+    /// torch's layout rule (after a local header of the record's full name, its zip64 field and the `FB`
+    /// field aligning the data to 64 bytes) without reading any local header. For a listing from a partial
+    /// copy of an archive (its central directory, and then `data.pkl` and the small records, fetched from an
+    /// object store; the tensor records not): check the records read with [`Archive::check_predicted`].
+    ///
+    /// # Errors
+    /// [`Archive::parse`]'s, but those of local headers.
+    pub fn parse_predicted(bytes: &[u8]) -> Result<Archive, ZipError> {
+        let archive = Self::parse_central(bytes, LocalHeaders::Predict)?;
+        check_overlaps(&archive.records, archive.cd_offset, archive.len)?;
+        Ok(archive)
+    }
+
+    /// Checks that the local header of the record `name_without_prefix` puts its data where
+    /// [`Archive::parse_predicted`] took it to be. A missing record passes.
+    ///
+    /// # Errors
+    /// The local header's own errors; [`ZipError::Unpredicted`] when it puts the data elsewhere.
+    pub fn check_predicted(&self, bytes: &[u8], name_without_prefix: &str) -> Result<(), ZipError> {
+        let Some(rec) = self.get(name_without_prefix) else { return Ok(()) };
+        let at = local_data_offset(bytes, rec)?;
+        if at != rec.data_offset {
+            return Err(ZipError::Unpredicted { name: rec.name.clone(), predicted: rec.data_offset, found: at });
+        }
+        Ok(())
+    }
+
+    /// Where the central directory of the archive ending `bytes` lies, from its end records alone (the last
+    /// 64 KiB and 22 bytes of the archive hold them, with zip64's): what a reader fetches from an object
+    /// store before anything else of a `.pt`. Offsets are relative to `bytes[0]`, as the end records give them.
+    ///
+    /// # Errors
+    /// [`ZipError::NotZip`] without end records; their own errors.
+    pub fn central_directory_range(bytes: &[u8]) -> Result<Range<u64>, ZipError> {
+        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip)?;
+        let end = read_end_records(bytes, eocd_pos)?;
+        let cd_end = end.cd_offset.checked_add(end.cd_size).ok_or(ZipError::CentralDirectoryMisplaced {
+            cd_offset: end.cd_offset,
+            cd_size: end.cd_size,
+            end_records: end.start,
+        })?;
+        Ok(end.cd_offset..cd_end)
+    }
+
     /// Parses like [`Archive::parse`] and runs `work` on the archive while a second thread reads the
     /// local headers, which for an archive of many small records is most of what parsing costs (a page
     /// of the file every record).

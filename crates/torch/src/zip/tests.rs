@@ -1458,3 +1458,46 @@ fn deflate_records_inflate_within_their_bounds() {
     let r = ar.get("data/0").unwrap();
     assert!(matches!(ar.verify_crc(&bad_crc, r), Err(ZipError::CrcMismatch { .. })));
 }
+
+// ------------------------------------------------------------------------------------------------
+// listing from a partial copy (object storage): central directory range, predicted offsets
+
+#[test]
+fn a_listing_needs_the_tail_the_central_directory_and_the_small_records() {
+    let payload = vec![7u8; 5000];
+    let bytes =
+        writer_output(&[("data.pkl", b"pickle"), ("data/0", &payload), ("data/1", &payload), ("version", b"3\n")]);
+    let whole = Archive::parse(&bytes).unwrap();
+    let cd = Archive::central_directory_range(&bytes).unwrap();
+    assert_eq!(cd.start, whole.central_directory_offset());
+    // A copy holding only the end records, the central directory and the records but the tensors'.
+    let mut partial = vec![0u8; bytes.len()];
+    let keep = |p: &mut Vec<u8>, r: std::ops::Range<u64>| {
+        let r = r.start as usize..r.end as usize;
+        p[r.clone()].copy_from_slice(&bytes[r]);
+    };
+    keep(&mut partial, cd.start..bytes.len() as u64);
+    let predicted = Archive::parse_predicted(&partial).unwrap();
+    for r in predicted.records() {
+        let whole_r = whole.get(r.short_name()).unwrap();
+        assert_eq!(r.data_offset(), whole_r.data_offset(), "{}", r.name());
+        if !r.short_name().starts_with("data/") {
+            keep(&mut partial, r.local_header_offset()..r.data_offset() + r.compressed_size());
+        }
+    }
+    predicted.check_predicted(&partial, "data.pkl").unwrap();
+    assert_eq!(predicted.data(&partial, predicted.get("data.pkl").unwrap()).unwrap(), b"pickle");
+    // A tensor's header was not fetched: checking it fails rather than trusting zeros.
+    assert!(predicted.check_predicted(&partial, "data/0").is_err());
+    // data.pkl where the rule does not put it: its header says so.
+    let mut moved = bytes.clone();
+    let pkl = whole.get("data.pkl").unwrap();
+    let extra_len_at = pkl.local_header_offset() as usize + 28;
+    let extra_len = get16(&moved, extra_len_at);
+    set16(&mut moved, extra_len_at, extra_len + 4);
+    assert!(matches!(
+        Archive::parse_predicted(&moved).unwrap().check_predicted(&moved, "data.pkl"),
+        Err(ZipError::Unpredicted { .. } | ZipError::Truncated { .. } | ZipError::BadSignature { .. })
+    ));
+    assert!(matches!(Archive::central_directory_range(b"not a zip"), Err(ZipError::NotZip)));
+}

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Object storage side by side (issue 28): ckpt against torch's fsspec storage (s3fs) on the same S3-compatible
+server, in one run, interleaved. The server is moto's server mode on 127.0.0.1 (from ``.venv``), started here
+and stopped at the end; both sides reach it through the same endpoint.
+
+* DCP save of the ``model.pt`` state dict (``read_workloads.py``: 1 GiB, 8 tensors): ``dcp.save`` with
+  ``FsspecWriter`` (the state dict already in memory) against ``ckpt convert model.pt s3://… --to distcp``
+  (a whole process: reads the file, writes, uploads, commits);
+* DCP load of that checkpoint: ``dcp.load`` with ``FsspecReader`` into preallocated tensors against
+  ``ckpt verify --deep s3://…`` (fetches every object and reads and checks every byte);
+* listing a 20,000-tensor ``.pt`` on S3: ``ckpt inspect --verbose`` (requests, bytes, seconds) against
+  ``torch.load(weights_only=True, mmap=False)`` of the object opened through s3fs.
+
+Run through ``benches/compare --only s3`` (``--quick``: 128 MiB); it writes the section "## Object storage
+(issue 28)" of ``benches/RESULTS.md`` and leaves every other section as it is.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+HEADING = "## Object storage (issue 28)"
+ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_REGION": "us-east-1",
+       "AWS_ALLOW_HTTP": "true"}
+
+
+class Moto:
+    """moto's S3 server on a free port of 127.0.0.1 (bounded start-up wait), stopped by ``close``."""
+
+    def __init__(self, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([PY, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=2).read()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise SystemExit(f"moto's server did not start: {log.read_text()}")
+                time.sleep(0.2)
+
+    def bucket(self, name: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=10).read()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def timed(f: Callable[[], Any]) -> Callable[[], float]:
+    def run() -> float:
+        gc.collect()
+        t = time.perf_counter()
+        f()
+        return time.perf_counter() - t
+
+    return run
+
+
+def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
+    """Adds the tables to ``res`` (compare.py's ``Results``); returns the listing's transfer line."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    import fsspec
+
+    work.mkdir(parents=True, exist_ok=True)
+    full = work / "full"
+    subprocess.run([PY, HERE / "read_workloads.py", full, "--mib", str(mib), "--parts", "model"], check=True,
+                   stdout=subprocess.DEVNULL)
+    pt20k = work / "pt20k.pt"
+    if not pt20k.exists():
+        subprocess.run([PY, HERE / "pt_many_tensors.py", pt20k, "--tensors", "20000", "--bytes", "10240"],
+                       check=True, stdout=subprocess.DEVNULL)
+    model = full / "model.pt"
+    moto = Moto(work / "moto.log")
+    try:
+        moto.bucket("bench")
+        env = dict(os.environ, **ENV, AWS_ENDPOINT_URL=moto.endpoint)
+        os.environ.update(ENV)
+        kw = {"key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"], "skip_instance_cache": True,
+              "client_kwargs": {"endpoint_url": moto.endpoint, "region_name": "us-east-1"}}
+        sd = torch.load(model, mmap=True, weights_only=True)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+
+        def ckpt(*args: str) -> str:
+            p = subprocess.run([str(tool), *args], env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
+            return p.stdout + p.stderr
+
+        t = res.interleave(f"s3: DCP save of {nbytes / 2**20:.0f} MiB ({len(sd)} tensors) to moto on 127.0.0.1", nbytes, [
+            ("dcp.save, FsspecWriter (s3fs)",
+             timed(lambda: dcp.save(sd, storage_writer=FsspecWriter("s3://bench/torch", **kw), no_dist=True))),
+            ("ckpt convert model.pt s3://… --to distcp",
+             timed(lambda: ckpt("convert", "-q", str(model), "s3://bench/ckpt", "--to", "distcp"))),
+        ], reps=3)
+        res.ratio("s3: DCP save, ckpt / dcp.save with FsspecWriter", t, "dcp.save, FsspecWriter (s3fs)",
+                  "ckpt convert model.pt s3://… --to distcp", "≥ 3")
+
+        dst = {k: torch.zeros_like(v) for k, v in sd.items()}
+        t = res.interleave(f"s3: DCP load of {nbytes / 2**20:.0f} MiB from moto on 127.0.0.1", nbytes, [
+            ("dcp.load, FsspecReader (s3fs), preallocated",
+             timed(lambda: dcp.load(dst, storage_reader=FsspecReader("s3://bench/torch", **kw), no_dist=True))),
+            ("ckpt verify --deep s3://… (every byte fetched, read, checked)",
+             timed(lambda: ckpt("verify", "-q", "--deep", "s3://bench/ckpt"))),
+        ], reps=3)
+        res.ratio("s3: DCP load, ckpt / dcp.load with FsspecReader", t, "dcp.load, FsspecReader (s3fs), preallocated",
+                  "ckpt verify --deep s3://… (every byte fetched, read, checked)", "≥ 3")
+
+        ckpt("convert", "-q", str(pt20k), "s3://bench/pt20k.pt", "--to", "torch")
+        fs = fsspec.filesystem("s3", **kw)
+
+        def torch_load() -> None:
+            with fs.open("bench/pt20k.pt", "rb") as f:
+                torch.load(f, weights_only=True)
+
+        line: Dict[str, str] = {}
+
+        def listing() -> None:
+            out = ckpt("inspect", "--verbose", "s3://bench/pt20k.pt")
+            line["transfer"] = next(l for l in out.splitlines() if l.startswith("fetched "))
+
+        t = res.interleave(f"s3: list a 20,000-tensor .pt ({pt20k.stat().st_size / 2**20:.0f} MiB)", 0, [
+            ("torch.load of the object through s3fs", timed(torch_load)),
+            ("ckpt inspect s3://…", timed(listing)),
+        ], reps=3)
+        res.ratio("s3: list a 20,000-tensor .pt, ckpt / torch.load through s3fs", t,
+                  "torch.load of the object through s3fs", "ckpt inspect s3://…")
+        requests = int(line["transfer"].split(", ")[2].split()[0])
+        fetched = int(line["transfer"].split(", ")[1].split()[0])
+        res.target("s3: requests to list a 20,000-tensor .pt", f"{requests} ({fetched / 2**20:.1f} MiB of "
+                   f"{pt20k.stat().st_size / 2**20:.1f} MiB fetched)", "≤ 16", requests <= 16)
+        res.target("s3: bytes a region read fetches / the region's size", "not measured: no region reads from "
+                   "object storage yet (a source is fetched whole)", "≤ 1.1", None)
+        return line
+    finally:
+        moto.close()
+
+
+def section(res: Any, header: str) -> str:
+    targets = [r for r in res.ratios if r[0].startswith("s3:")]
+    rows = ["| what | measured | required | met |", "|---|---|---|---|"]
+    rows += [f"| {w.removeprefix('s3: ')} | {v} | {t} | {m} |" for w, v, t, m in targets]
+    met = sum(r[3] == "met" for r in targets)
+    n = sum(1 for r in targets if r[3])
+    return (f"{HEADING}: {met} of {n} targets met\n\n{header}\n\n" + "\n".join(rows) + "\n\n" + NOTE + "\n"
+            + "\n".join(s for s in res.sections if "s3:" in s) + "\n")
+
+
+NOTE = ("Both sides talk to the same moto server (Python, in memory), which bounds both. ckpt writes the "
+        "checkpoint to a private temporary directory, then uploads its files in parallel (multipart, 8 parts of "
+        "16 MiB in flight) with `.metadata` last; `FsspecWriter` uploads each file through s3fs. ckpt's load "
+        "fetches every object with 8 ranged GETs in flight into a temporary directory, then reads it; `dcp.load` "
+        "reads each item through s3fs. Listing a `.pt` fetches its end records, central directory and small "
+        "records (`data.pkl`, `version`, ...) into a sparse local copy and trusts torch's layout for the "
+        "tensor records; `torch.load` through s3fs reads the whole object.")
+
+
+def medians(times: Dict[str, List[float]]) -> Dict[str, float]:
+    return {k: statistics.median(v) for k, v in times.items()}
