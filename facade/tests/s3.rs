@@ -355,9 +355,10 @@ fn faults_get_their_own_errors_and_commit_nothing() {
     assert!(code == 2 && said.contains("no_such_option"), "{said}");
 }
 
-/// Runs `conformance/python/s3/dcp_fsspec.py` (torch's `FsspecWriter`/`FsspecReader` over s3fs).
-fn torch_fsspec(endpoint: &str, args: &[&str]) -> Output {
-    let script = ckpt_conformance::repo_root().join("conformance/python/s3/dcp_fsspec.py");
+/// Runs `conformance/python/s3/<script>` (torch's DCP storage over S3: `dcp_fsspec.py`, fsspec's
+/// `FsspecWriter`/`FsspecReader` on s3fs; `dcp_s3torchconnector.py`, AWS's `S3StorageWriter`/`S3StorageReader`).
+fn torch_s3(script: &str, endpoint: &str, args: &[&str]) -> Output {
+    let script = ckpt_conformance::repo_root().join("conformance/python/s3").join(script);
     let mut c = Command::new(ckpt_conformance::python());
     for (k, v) in MotoServer::env(endpoint) {
         c.env(k, v);
@@ -373,17 +374,20 @@ fn torch_and_ckpt_read_each_others_dcp_checkpoints_on_s3() {
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("ref.pt");
     let reference = reference.to_str().unwrap();
-    // torch writes through fsspec (s3fs); ckpt reads it.
-    let out = torch_fsspec(e, &["write", "s3://interop/torch-written", "--reference", reference]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(ok(e, &["diff", reference, "s3://interop/torch-written"]).contains("equal"));
-    ok(e, &["verify", "s3://interop/torch-written"]);
-    // ckpt writes; torch loads it through fsspec, bit for bit.
-    ok(e, &["convert", reference, "s3://interop/ckpt-written", "--to", "distcp"]);
-    let out = torch_fsspec(e, &["read", "s3://interop/ckpt-written", "--reference", reference]);
-    assert!(out.status.success(), "{}", text(&out));
-    // And a reshard of torch's checkpoint, from the bucket to the bucket, loads in torch.
-    ok(e, &["reshard", "s3://interop/torch-written", "s3://interop/resharded", "--world-size", "2"]);
-    let out = torch_fsspec(e, &["read", "s3://interop/resharded", "--reference", reference]);
-    assert!(out.status.success(), "{}", text(&out));
+    for (script, at) in [("dcp_fsspec.py", "s3://interop/fsspec"), ("dcp_s3torchconnector.py", "s3://interop/s3tc")] {
+        let url = |name: &str| format!("{at}/{name}");
+        // torch writes through its S3 storage; ckpt reads it.
+        let out = torch_s3(script, e, &["write", &url("torch-written"), "--reference", reference]);
+        assert!(out.status.success(), "{script}: {}", text(&out));
+        assert!(ok(e, &["diff", reference, &url("torch-written")]).contains("equal"));
+        ok(e, &["verify", &url("torch-written")]);
+        // ckpt writes; torch loads it through its S3 storage, bit for bit.
+        ok(e, &["convert", reference, &url("ckpt-written"), "--to", "distcp"]);
+        let out = torch_s3(script, e, &["read", &url("ckpt-written"), "--reference", reference]);
+        assert!(out.status.success(), "{script}: {}", text(&out));
+        // And a reshard of torch's checkpoint, from the bucket to the bucket, loads in torch.
+        ok(e, &["reshard", &url("torch-written"), &url("resharded"), "--world-size", "2"]);
+        let out = torch_s3(script, e, &["read", &url("resharded"), "--reference", reference]);
+        assert!(out.status.success(), "{script}: {}", text(&out));
+    }
 }
