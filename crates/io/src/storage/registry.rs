@@ -210,6 +210,21 @@ mod tests {
         let bad = StorageOptions::default().with("no_such_key", "v");
         let e = r.open(&url("s3://bucket/k"), &bad).unwrap_err();
         assert!(matches!(&e, StorageError::Option { key, .. } if key == "no_such_key"), "{e}");
+        // HTTPS works (rustls with ring as its provider): a server that is no TLS server fails the handshake
+        // as a connection error, after the retries.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for c in listener.incoming().flatten() {
+                drop(c);
+            }
+        });
+        let quick = StorageOptions::default()
+            .with_max_retries(1)
+            .with_backoff(Duration::from_millis(1), Duration::from_millis(2));
+        let https = r.open(&url(&format!("https://127.0.0.1:{port}/m.pt")), &quick).unwrap();
+        let e = https.head("").unwrap_err();
+        assert!(matches!(e, StorageError::Connection { .. }), "{e:?}");
         let (_, root) = parse(&url("s3://bucket/runs/step%2010/a+b")).unwrap();
         assert_eq!(root.as_ref(), "runs/step 10/a+b");
     }

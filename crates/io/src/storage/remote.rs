@@ -18,6 +18,15 @@ use super::{Registry, RemoteUrl, StorageError, StorageOptions};
 /// Gaps up to this size between two wanted ranges are fetched rather than split into two requests.
 const COALESCE_GAP: u64 = 1 << 20;
 
+/// Makes ring rustls's crypto provider for this process (HTTPS: the build has no other), unless the program
+/// installed one: before any store's HTTP client is built.
+fn install_tls_provider() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// The runtime every [`Store`] blocks on: a few worker threads, started on first use.
 fn runtime() -> Result<&'static tokio::runtime::Runtime, StorageError> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
@@ -540,6 +549,7 @@ impl Registry {
     /// [`StorageError::UnknownScheme`], [`StorageError::Option`] or [`StorageError::Config`].
     pub fn open(&self, url: &RemoteUrl, options: &StorageOptions) -> Result<Store, StorageError> {
         let build = self.builder(url)?;
+        install_tls_provider();
         let (inner, root) = build(url, options)?;
         Store::from_parts(inner, root, url.clone(), options)
     }
