@@ -122,28 +122,33 @@ def main() -> int:
     args = parser.parse_args()
     fs_kwargs = s3fs_kwargs(args.endpoint)
 
-    if args.command == "write":
-        sd = make_state_dict()
-        dcp.save(sd, storage_writer=FsspecWriter(args.url, **fs_kwargs), no_dist=True)
-        torch.save(make_state_dict(), args.reference)
-        print(f"wrote {args.url} and {args.reference}")
+    return run(args.command, args.url, args.reference,
+               lambda: FsspecWriter(args.url, **fs_kwargs), lambda: FsspecReader(args.url, **fs_kwargs))
+
+
+def run(command: str, url: str, reference: str, writer: Any, reader: Any) -> int:
+    """``write`` (``dcp.save`` through ``writer()``, and the reference) or ``read`` (``dcp.load`` through
+    ``reader()``, checked against the reference): what both scripts of this directory do with their storage."""
+    if command == "write":
+        dcp.save(make_state_dict(), storage_writer=writer(), no_dist=True)
+        torch.save(make_state_dict(), reference)
+        print(f"wrote {url} and {reference}")
         return 0
 
-    want = torch.load(args.reference, weights_only=True)
+    want = torch.load(reference, weights_only=True)
     got = template_of(want)
-    reader = FsspecReader(args.url, **fs_kwargs)
-    dcp.load(got, storage_reader=reader, no_dist=True)
+    storage = reader()
+    dcp.load(got, storage_reader=storage, no_dist=True)
     errors: list[str] = []
     compare("", got, want, errors)
-    check_metadata(reader.read_metadata().state_dict_metadata, want, errors)
+    check_metadata(storage.read_metadata().state_dict_metadata, want, errors)
     for e in errors:
         print(f"MISMATCH {e}")
     if errors:
-        print(f"FAIL: {args.url} differs from {args.reference} ({len(errors)} mismatches)")
+        print(f"FAIL: {url} differs from {reference} ({len(errors)} mismatches)")
         return 1
-    print(f"OK: {args.url} equals {args.reference}")
+    print(f"OK: {url} equals {reference}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,11 +34,8 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.distributed.checkpoint as dcp
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dcp_fsspec import check_metadata, compare, make_state_dict, template_of  # noqa: E402
+from dcp_fsspec import run  # noqa: E402
 
 from s3torchconnector import S3ClientConfig  # noqa: E402
 from s3torchconnector.dcp import S3StorageReader, S3StorageWriter  # noqa: E402
@@ -57,29 +54,9 @@ def main() -> int:
     region = os.environ.get("AWS_REGION", "us-east-1")
     config = S3ClientConfig(force_path_style=True)
 
-    if args.command == "write":
-        sd = make_state_dict()
-        writer = S3StorageWriter(region, args.url, s3client_config=config)
-        dcp.save(sd, storage_writer=writer, no_dist=True)
-        torch.save(make_state_dict(), args.reference)
-        print(f"wrote {args.url} and {args.reference}")
-        return 0
-
-    want = torch.load(args.reference, weights_only=True)
-    got = template_of(want)
-    reader = S3StorageReader(region, args.url, s3client_config=config)
-    dcp.load(got, storage_reader=reader, no_dist=True)
-    errors: list[str] = []
-    compare("", got, want, errors)
-    check_metadata(reader.read_metadata().state_dict_metadata, want, errors)
-    for e in errors:
-        print(f"MISMATCH {e}")
-    if errors:
-        print(f"FAIL: {args.url} differs from {args.reference} ({len(errors)} mismatches)")
-        return 1
-    print(f"OK: {args.url} equals {args.reference}")
-    return 0
-
+    return run(args.command, args.url, args.reference,
+               lambda: S3StorageWriter(region, args.url, s3client_config=config),
+               lambda: S3StorageReader(region, args.url, s3client_config=config))
 
 if __name__ == "__main__":
     sys.exit(main())
