@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub use ckpt_io::storage::remote_commit::{LOCK_NAME, PublishReport, RemoteCommit, leftovers};
+pub use ckpt_io::storage::remote_commit::{LOCK_NAME, PublishReport, RemoteCommit, file_lock_name, is_lock, leftovers};
 pub use ckpt_io::storage::{
     Location, ObjectInfo, ObjectLayout, PutCondition, RemoteUrl, StatsSnapshot, StorageError, StorageOptions, Store,
     registry,
@@ -81,12 +81,6 @@ impl Source {
     }
 }
 
-/// Whether an object under a checkpoint prefix is ckpt's own bookkeeping (a lock), not part of the
-/// checkpoint.
-fn bookkeeping(name: &str) -> bool {
-    name.rsplit('/').next().is_some_and(|n| n == LOCK_NAME || (n.starts_with('.') && n.ends_with(".ckpt-lock.json")))
-}
-
 /// How much of a URL source [`fetch_with`] fetches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -101,6 +95,11 @@ pub enum Fetch {
     /// `SourceOptions::listing_only`, which trusts torch's layout for the rest); anything else whole. The local copy then holds zeros where nothing was fetched: read nothing but
     /// the listing from it.
     Index,
+}
+
+/// A new private temporary directory named `<prefix>…`, removed when dropped.
+fn temp_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new().prefix(prefix).tempdir().map_err(|e| Error::Io { path: std::env::temp_dir(), source: e })
 }
 
 /// `location` ready to read: a local path as it is; a URL's objects fetched (the one object it names, or
@@ -126,14 +125,11 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         Location::Remote(url) => url,
     };
     let store = Store::open(url, options)?;
-    let dir = tempfile::Builder::new()
-        .prefix("ckpt-fetch-")
-        .tempdir()
-        .map_err(|e| Error::Io { path: std::env::temp_dir(), source: e })?;
+    let dir = temp_dir("ckpt-fetch-")?;
     let name = url.file_name().unwrap_or("checkpoint").to_owned();
     let local = dir.path().join(&name);
     let listed: Vec<ObjectInfo> =
-        store.list()?.into_iter().filter(|o| !o.name.is_empty() && !bookkeeping(&o.name)).collect();
+        store.list()?.into_iter().filter(|o| !o.name.is_empty() && !is_lock(&o.name)).collect();
     let mut objects = 0;
     if listed.is_empty() {
         // Not a prefix: the URL names one object.
@@ -276,10 +272,7 @@ pub fn target(location: &Location) -> Result<Target> {
     match location {
         Location::Local(path) => Ok(Target { location: location.clone(), path: path.clone(), _dir: None }),
         Location::Remote(url) => {
-            let dir = tempfile::Builder::new()
-                .prefix("ckpt-publish-")
-                .tempdir()
-                .map_err(|e| Error::Io { path: std::env::temp_dir(), source: e })?;
+            let dir = temp_dir("ckpt-publish-")?;
             let path = dir.path().join(url.file_name().unwrap_or("checkpoint"));
             Ok(Target { location: location.clone(), path, _dir: Some(dir) })
         }
@@ -361,8 +354,7 @@ impl Target {
                 .into());
             };
             let store = Store::open(&parent, options)?;
-            let report =
-                RemoteCommit::begin(&store, &format!(".{name}.ckpt-lock.json"))?.publish_file(&name, &self.path)?;
+            let report = RemoteCommit::begin(&store, &file_lock_name(&name))?.publish_file(&name, &self.path)?;
             (report, store.stats())
         };
         let (report, stats) = report;
@@ -395,7 +387,7 @@ pub fn unfinished(url: &RemoteUrl, format: Option<Format>, options: &StorageOpti
     Ok(left
         .into_iter()
         .map(|o| {
-            let what = if bookkeeping(&o.name) {
+            let what = if is_lock(&o.name) {
                 "the lock of a save that has not finished (or was killed)"
             } else {
                 "left by a save that did not commit"

@@ -113,13 +113,18 @@ def check_metadata(md: dict[str, Any], want: Any, errors: list[str]) -> None:
             errors.append(f"{k}: stored as {type(md[k]).__name__}, want a pickled object")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The command line both scripts of this directory take: ``write|read URL --endpoint E --reference REF``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("command", choices=["write", "read"])
     parser.add_argument("url", help="s3://bucket/prefix of the DCP checkpoint")
     parser.add_argument("--endpoint", required=True, help="S3 endpoint, e.g. http://127.0.0.1:5077")
     parser.add_argument("--reference", required=True, help="local torch.save file")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = arguments(__doc__)
     fs_kwargs = s3fs_kwargs(args.endpoint)
 
     return run(args.command, args.url, args.reference,

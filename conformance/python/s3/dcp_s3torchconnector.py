@@ -30,24 +30,18 @@ Single process, no process group (``no_dist=True``). No network except the given
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dcp_fsspec import run  # noqa: E402
+from dcp_fsspec import arguments, run  # noqa: E402
 
 from s3torchconnector import S3ClientConfig  # noqa: E402
 from s3torchconnector.dcp import S3StorageReader, S3StorageWriter  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["write", "read"])
-    parser.add_argument("url", help="s3://bucket/prefix of the DCP checkpoint")
-    parser.add_argument("--endpoint", required=True, help="S3 endpoint, e.g. http://127.0.0.1:5077")
-    parser.add_argument("--reference", required=True, help="local torch.save file")
-    args = parser.parse_args()
+    args = arguments(__doc__)
 
     # The native client reads this when it is built (lazily, on first request).
     os.environ["AWS_ENDPOINT_URL"] = args.endpoint

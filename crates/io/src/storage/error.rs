@@ -3,9 +3,6 @@
 
 use std::path::PathBuf;
 
-/// The error of a boxed source, as object stores and HTTP clients report them.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
 /// Why reading or writing object storage failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

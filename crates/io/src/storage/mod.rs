@@ -29,7 +29,7 @@ mod remote;
 #[cfg(feature = "remote")]
 pub mod remote_commit;
 
-pub use error::{BoxError, StorageError};
+pub use error::StorageError;
 pub use location::{Location, RemoteUrl};
 pub use options::{OptionSyntax, StorageOptions};
 #[cfg(feature = "remote")]

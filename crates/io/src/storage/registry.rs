@@ -135,16 +135,19 @@ fn configure<B, K: FromStr>(
     Ok(builder)
 }
 
+/// `<scheme>://<bucket>` of a parsed cloud URL (without its user information, where credentials travel).
+fn bucket_url(scheme: &str, parsed: &url::Url) -> String {
+    format!("{scheme}://{}", parsed.host_str().unwrap_or_default())
+}
+
 fn config_error(url: &RemoteUrl, options: &StorageOptions, e: object_store::Error) -> StorageError {
     StorageError::Config { url: url.redacted(), message: redact(&e.to_string(), &options.secrets()) }
 }
 
 fn build_s3(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    let (_, root) = parse(url)?;
-    let base =
-        format!("s3://{}", url.redacted().split_once("://").map_or("", |(_, r)| r).split('/').next().unwrap_or(""));
-    let builder = AmazonS3Builder::from_env().with_url(base).with_retry(retry(options));
+    let (parsed, root) = parse(url)?;
+    let builder = AmazonS3Builder::from_env().with_url(bucket_url("s3", &parsed)).with_retry(retry(options));
     let builder = configure(url, builder, options, AmazonS3ConfigKey::Client, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
     Ok((Arc::new(store), root))
@@ -152,10 +155,8 @@ fn build_s3(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn Object
 
 fn build_gcs(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-    let (_, root) = parse(url)?;
-    let base =
-        format!("gs://{}", url.redacted().split_once("://").map_or("", |(_, r)| r).split('/').next().unwrap_or(""));
-    let builder = GoogleCloudStorageBuilder::from_env().with_url(base).with_retry(retry(options));
+    let (parsed, root) = parse(url)?;
+    let builder = GoogleCloudStorageBuilder::from_env().with_url(bucket_url("gs", &parsed)).with_retry(retry(options));
     let builder = configure(url, builder, options, GoogleConfigKey::Client, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
     Ok((Arc::new(store), root))

@@ -43,6 +43,17 @@ type Staged = (String, PathBuf);
 /// The lock object's name inside a destination prefix.
 pub const LOCK_NAME: &str = ".ckpt-lock.json";
 
+/// The lock object's name beside the single file `name` in its prefix (`.<name>.ckpt-lock.json`).
+pub fn file_lock_name(name: &str) -> String {
+    format!(".{name}{LOCK_NAME}")
+}
+
+/// Whether the object `name` (its last segment) is the lock of a save: [`LOCK_NAME`] or a
+/// [`file_lock_name`].
+pub fn is_lock(name: &str) -> bool {
+    name.rsplit('/').next().is_some_and(|n| n.starts_with('.') && n.ends_with(LOCK_NAME))
+}
+
 /// What a published checkpoint moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishReport {
@@ -79,7 +90,7 @@ fn alive(pid: u32) -> bool {
 
 impl RemoteCommit {
     /// Takes the lock of the destination `store` (a prefix), with `lock` as the lock object's name
-    /// ([`LOCK_NAME`] for a directory; `.<name>.ckpt-lock.json` beside a single file).
+    /// ([`LOCK_NAME`] for a directory; [`file_lock_name`] beside a single file).
     ///
     /// # Errors
     /// [`StorageError::Locked`] while another save holds it; the classified store error.
@@ -109,7 +120,7 @@ impl RemoteCommit {
             take(PutCondition::Update(etag))?;
             return Ok(RemoteCommit { store: store.clone(), lock: lock.to_owned(), held: true });
         }
-        if info_missing(&text) {
+        if text.is_empty() {
             // Released between our put and our read: try once more.
             if take(PutCondition::Create).is_ok() {
                 return Ok(RemoteCommit { store: store.clone(), lock: lock.to_owned(), held: true });
@@ -227,10 +238,6 @@ impl RemoteCommit {
     }
 }
 
-fn info_missing(text: &str) -> bool {
-    text.is_empty()
-}
-
 impl Drop for RemoteCommit {
     fn drop(&mut self) {
         let _ = self.release();
@@ -250,10 +257,7 @@ pub fn leftovers(
 ) -> Result<Vec<ObjectInfo>, StorageError> {
     let listed = store.list()?;
     let committed = commit_points.iter().any(|p| listed.iter().any(|o| o.name == *p));
-    Ok(listed
-        .into_iter()
-        .filter(|o| o.name == LOCK_NAME || o.name.ends_with(".ckpt-lock.json") || (!committed && owned(&o.name)))
-        .collect())
+    Ok(listed.into_iter().filter(|o| is_lock(&o.name) || (!committed && owned(&o.name))).collect())
 }
 
 #[cfg(test)]
@@ -298,6 +302,8 @@ mod tests {
         assert_eq!(names, vec![".metadata", "__0_0.distcp", "notes.txt"]);
         assert_eq!(&store.read(".metadata", 0..2).unwrap()[..], b"m1");
         assert!(leftovers(&store, &[".metadata"], &owned).unwrap().is_empty());
+        assert!(is_lock(LOCK_NAME) && is_lock("runs/.ckpt-lock.json") && is_lock(&file_lock_name("m.pt")));
+        assert!(!is_lock("__0_0.distcp") && !is_lock(".metadata"));
     }
 
     #[test]
