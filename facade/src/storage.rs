@@ -254,28 +254,54 @@ fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, _: &std::fs
     Ok(())
 }
 
-/// Where a checkpoint is written: a local path as it is, or, for a URL, a temporary local path whose
-/// contents [`Target::publish`] uploads.
+/// Where a checkpoint is written: a local path, or a URL, which the format's writer streams to (its
+/// commits take URLs where they take paths: `ckpt_io`'s `DirCommit` and `FileCommit`).
 #[derive(Debug)]
 pub struct Target {
     location: Location,
     path: PathBuf,
-    _dir: Option<tempfile::TempDir>,
+    /// The process's store totals when the target was made, for [`Target::publish`]'s report.
+    before: StatsSnapshot,
+    /// A URL target written by a writer that takes local paths only ([`staged_target`]): its local
+    /// directory, uploaded by [`Target::publish`].
+    staged: Option<tempfile::TempDir>,
 }
 
-/// `location` ready to write: a local path as it is; for a URL, a path in a new temporary directory
-/// named as the URL's last segment.
+/// `location` ready to write: a local path as it is; a URL as the path every format's writer takes
+/// (the stores it opens take `options`, set as the process's default).
+///
+/// # Errors
+/// None today; kept for targets that need preparing.
+pub fn target(location: &Location, options: &StorageOptions) -> Result<Target> {
+    let path = match location {
+        Location::Local(path) => path.clone(),
+        Location::Remote(url) => {
+            StorageOptions::set_process_default(options.clone());
+            PathBuf::from(url.as_given())
+        }
+    };
+    Ok(Target { location: location.clone(), path, before: ckpt_io::storage::totals(), staged: None })
+}
+
+/// [`target`] for a writer that takes local paths only (PyTorch-BigGraph's TSV export opens its files
+/// itself): a URL gets a path in a private temporary directory, whose file [`Target::publish`] streams to
+/// the object, committed as every single file is (one put or a completed multipart upload).
 ///
 /// # Errors
 /// [`Error::Io`] for the temporary directory.
-pub fn target(location: &Location) -> Result<Target> {
-    match location {
-        Location::Local(path) => Ok(Target { location: location.clone(), path: path.clone(), _dir: None }),
-        Location::Remote(url) => {
-            let dir = temp_dir("ckpt-publish-")?;
-            let path = dir.path().join(url.file_name().unwrap_or("checkpoint"));
-            Ok(Target { location: location.clone(), path, _dir: Some(dir) })
-        }
+pub fn staged_target(location: &Location, options: &StorageOptions) -> Result<Target> {
+    let Location::Remote(url) = location else { return target(location, options) };
+    StorageOptions::set_process_default(options.clone());
+    let dir = temp_dir("ckpt-publish-")?;
+    let path = dir.path().join(url.file_name().unwrap_or("checkpoint"));
+    Ok(Target { location: location.clone(), path, before: ckpt_io::storage::totals(), staged: Some(dir) })
+}
+
+/// A commit error as the facade's: an object store's stays [`Error::Storage`].
+fn commit_error(path: &Path, e: ckpt_io::CommitError) -> Error {
+    match e {
+        ckpt_io::CommitError::Storage { source } => Error::Storage(source),
+        e => Error::Io { path: path.to_path_buf(), source: std::io::Error::other(e.to_string()) },
     }
 }
 
@@ -296,28 +322,8 @@ pub fn layout(format: Format) -> ObjectLayout {
     }
 }
 
-/// The files under `dir`, by name relative to it (`/`-separated), in name order.
-fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let mut out = Vec::new();
-    let mut todo = vec![(String::new(), dir.to_path_buf())];
-    while let Some((prefix, at)) = todo.pop() {
-        for entry in std::fs::read_dir(&at).map_err(|e| Error::Io { path: at.clone(), source: e })? {
-            let entry = entry.map_err(|e| Error::Io { path: at.clone(), source: e })?;
-            let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
-            let kind = entry.file_type().map_err(|e| Error::Io { path: entry.path(), source: e })?;
-            if kind.is_dir() {
-                todo.push((format!("{name}/"), entry.path()));
-            } else if kind.is_file() {
-                out.push((name, entry.path()));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 impl Target {
-    /// The local path the writer writes.
+    /// The path the writer writes: a local path, or the URL itself.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -327,39 +333,28 @@ impl Target {
         &self.location
     }
 
-    /// Uploads what was written at [`Target::path`] to the URL, with the commit protocol of
-    /// `ckpt_io::storage::remote_commit` and `format`'s [`layout`]: a file as one object (a single put
-    /// or a completed multipart upload), a directory's files in parallel and its commit points last.
-    /// Nothing to do for a local path (`None`).
+    /// What writing a URL target moved since [`target`] made it (`None` for a local path): the writer
+    /// streamed every file and committed it by the protocol of `ckpt_io::storage::remote_commit` with
+    /// `format`'s commit points; this only reports.
     ///
     /// # Errors
-    /// [`Error::Storage`]: a concurrent save ([`StorageError::Locked`], [`StorageError::Conflict`]), a
-    /// missing bucket, refused credentials, a server that fails after retries, …; nothing of the new
-    /// checkpoint is committed then.
-    pub fn publish(self, format: Format, options: &StorageOptions) -> Result<Option<(PublishReport, Transfer)>> {
+    /// None today.
+    pub fn publish(self) -> Result<Option<Transfer>> {
         let Location::Remote(url) = &self.location else { return Ok(None) };
-        let report = if self.path.is_dir() {
-            let store = Store::open(url, options)?;
-            let files = files_under(&self.path)?;
-            let layout = layout(format);
-            let report =
-                RemoteCommit::begin(&store, LOCK_NAME)?.publish(&files, layout.commit_points, &layout.owned)?;
-            (report, store.stats())
-        } else {
-            let Some((parent, name)) = url.parent() else {
-                return Err(StorageError::InvalidUrl {
-                    url: url.redacted(),
-                    reason: "a file needs a key under the bucket".into(),
-                }
-                .into());
-            };
-            let store = Store::open(&parent, options)?;
-            let report = RemoteCommit::begin(&store, &file_lock_name(&name))?.publish_file(&name, &self.path)?;
-            (report, store.stats())
-        };
-        let (report, stats) = report;
-        let transfer = Transfer { objects: report.files.len(), bytes: report.bytes, requests: stats.requests };
-        Ok(Some((report, transfer)))
+        if self.staged.is_some() {
+            let dst = PathBuf::from(url.as_given());
+            let local = &self.path;
+            ckpt_io::write_file(&dst, &ckpt_io::FileOptions::default(), |w| {
+                let mut f = std::fs::File::open(local).map_err(|e| ckpt_io::CommitError::from_io(local, e))?;
+                std::io::copy(&mut f, w).map(|_| ()).map_err(|e| ckpt_io::CommitError::from_io(local, e))
+            })
+            .map_err(|e| commit_error(&dst, e))?;
+        }
+        let now = ckpt_io::storage::totals();
+        let bytes = now.bytes_written.saturating_sub(self.before.bytes_written);
+        let requests = now.requests.saturating_sub(self.before.requests);
+        let objects = usize::try_from(now.objects_written.saturating_sub(self.before.objects_written)).unwrap_or(0);
+        Ok(Some(Transfer { objects, bytes, requests }))
     }
 }
 

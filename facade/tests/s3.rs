@@ -227,7 +227,22 @@ fn commits_on_the_object_store() {
     let (_, said) = fails(e, &["verify", url]);
     assert!(said.contains("__7_0.distcp") && said.contains("did not commit"), "{said}");
     ok(e, &["convert", &dcp, url, "--to", "distcp"]);
-    assert_eq!(names(e, url), first);
+    let second = names(e, url);
+    assert_eq!(second.len(), first.len(), "{second:?}");
+    assert!(second.contains(&".metadata".to_owned()) && !second.iter().any(|n| n.starts_with("__7_")), "{second:?}");
+    assert!(second.iter().all(|n| !first.contains(n) || !n.ends_with(".distcp")), "new data file names each save");
+    ok(e, &["verify", "--deep", url]);
+
+    // A later save killed after uploading a data file, the previous checkpoint standing: verify lists the
+    // object its manifest does not name; the next save removes it.
+    s.put("__0_0.0123456789ab.distcp", bytes::Bytes::from_static(b"half"), PutCondition::Overwrite).unwrap();
+    let said = ok(e, &["verify", url]);
+    assert!(
+        said.contains("warning:") && said.contains("0123456789ab.distcp: left by a save that did not commit"),
+        "{said}"
+    );
+    ok(e, &["convert", &dcp, url, "--to", "distcp"]);
+    assert!(!names(e, url).iter().any(|n| n.contains("0123456789ab")));
     ok(e, &["verify", "--deep", url]);
 
     // Conditional writes on this server: If-None-Match refuses an existing object.
@@ -304,6 +319,16 @@ fn faults_get_their_own_errors_and_commit_nothing() {
     let out = run(&proxy, &args);
     assert!(out.status.success(), "{}", text(&out));
     assert!(ok(&server.endpoint(), &["diff", &big, "s3://ckpt/f/dropped"]).contains("equal"));
+    // A second save to the same URL dies mid-upload: the previous checkpoint stays whole and loadable
+    // (the new data files have names of their own; `.metadata` is replaced only at the commit).
+    let before = names(&server.endpoint(), "s3://ckpt/f/dropped");
+    proxy.set(Fault::DropUploads { min_body: 1 << 20 });
+    let out = run(&proxy, &args);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    proxy.set(Fault::None);
+    ok(&server.endpoint(), &["verify", "--deep", "s3://ckpt/f/dropped"]);
+    assert!(ok(&server.endpoint(), &["diff", &big, "s3://ckpt/f/dropped"]).contains("equal"));
+    assert_eq!(names(&server.endpoint(), "s3://ckpt/f/dropped"), before, "no part of the failed save is visible");
 
     // A slow server: every request held longer than the request timeout.
     proxy.set(Fault::Delay(std::time::Duration::from_secs(3)));

@@ -420,7 +420,7 @@ pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
     ckpt_io::storage::ObjectLayout { format: "distcp", owned: dcp_owned, commit_points: &[".metadata"] };
 
 fn dir_options(options: &WriteOptions) -> DirOptions {
-    DirOptions::default().with_durability(options.durability).with_owned(dcp_owned)
+    DirOptions::default().with_durability(options.durability).with_layout(OBJECT_LAYOUT)
 }
 
 /// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].
@@ -500,9 +500,20 @@ fn write_rank(w: &RankWrite<'_, '_, '_>) -> Result<Vec<(MetadataIndex, StorageIn
     let per_file: Vec<Vec<(MetadataIndex, StorageInfo)>> = files
         .par_iter()
         .enumerate()
-        .map(|(n, items)| write_file(w, &format!("__{}_{n}.distcp", w.rank), items))
+        .map(|(n, items)| write_file(w, &data_file_name(w.rank, n, w.commit.save_id()), items))
         .collect::<Result<_>>()?;
     Ok(per_file.into_iter().flatten().collect())
+}
+
+/// The name of rank `rank`'s data file `n`: torch's `__{rank}_{n}.distcp`, with the save's id before the
+/// suffix on an object store (`__0_0.5f3a9c01b2d4.distcp`), so that a save to the URL of a previous
+/// checkpoint never replaces one of its objects and the previous checkpoint stays loadable until the new
+/// `.metadata` replaces its own (readers take the names from `.metadata`).
+fn data_file_name(rank: usize, n: usize, save_id: Option<&str>) -> String {
+    match save_id {
+        Some(id) => format!("__{rank}_{n}.{id}.distcp"),
+        None => format!("__{rank}_{n}.distcp"),
+    }
 }
 
 fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result<Vec<(MetadataIndex, StorageInfo)>> {

@@ -84,7 +84,7 @@ impl WriteOptions {
     }
 
     fn dir_options(&self) -> DirOptions {
-        DirOptions::default().with_durability(self.durability).with_owned(hfai_owned)
+        DirOptions::default().with_durability(self.durability).with_layout(OBJECT_LAYOUT)
     }
 
     /// The options of each part's `torch.save` file: [`WriteOptions::torch`] with this durability.
@@ -557,7 +557,8 @@ impl Plan {
     ) -> Result<Fingerprint> {
         let name = part_file_name(rank);
         let prefix = ckpt_torch::prefix_for_path(Path::new(&name))?;
-        let mut file = commit.create_file(&name).map_err(from_commit)?;
+        // On the local disk even for an object store: the completeness check reads each part's tail back.
+        let mut file = commit.create_staged_file(&name).map_err(from_commit)?;
         let written = ckpt_torch::save_to_durable(value, file.writer(), &prefix, &options.part_options());
         if let Some(e) = file.writer().io_error() {
             return Err(from_commit(CommitError::from_io(file.path(), e)));

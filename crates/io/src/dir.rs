@@ -28,11 +28,17 @@ pub struct DirOptions {
     pub owned: Option<fn(&str) -> bool>,
     /// Free the replaced directory's files on a background thread (default `true`).
     pub release_in_background: bool,
+    /// The format's commit points on an object store ([`ObjectLayout::commit_points`]): with a URL
+    /// destination they are written last, in this order; every other file streams to its object as it is
+    /// written.
+    ///
+    /// [`ObjectLayout::commit_points`]: crate::storage::ObjectLayout::commit_points
+    pub commit_points: &'static [&'static str],
 }
 
 impl Default for DirOptions {
     fn default() -> Self {
-        DirOptions { durability: Durability::default(), owned: None, release_in_background: true }
+        DirOptions { durability: Durability::default(), owned: None, release_in_background: true, commit_points: &[] }
     }
 }
 
@@ -69,6 +75,15 @@ impl DirOptions {
     #[must_use]
     pub fn with_owned(mut self, owned: fn(&str) -> bool) -> Self {
         self.owned = Some(owned);
+        self
+    }
+
+    /// These options with the format's layout: its own names and its commit points on an object store
+    /// ([`DirOptions::owned`], [`DirOptions::commit_points`]).
+    #[must_use]
+    pub fn with_layout(mut self, layout: crate::storage::ObjectLayout) -> Self {
+        self.owned = Some(layout.owned);
+        self.commit_points = layout.commit_points;
         self
     }
 }
@@ -139,6 +154,9 @@ pub struct DirCommit {
     lock: Option<DestinationLock>,
     digests: Mutex<Vec<FileDigest>>,
     finished: bool,
+    /// A URL destination's store side; `staging` is then this rank's private local directory.
+    #[cfg(feature = "remote")]
+    remote: Option<crate::dir_remote::RemoteDir>,
 }
 
 /// A file being written into a [`DirCommit`]'s staging directory.
@@ -190,6 +208,9 @@ impl DirCommit {
     /// On rank 0 its own error ([`CommitError::Locked`], [`CommitError::Refused`], I/O); on the other
     /// ranks [`CommitError::RankFailed`] with rank 0's message.
     pub fn begin(target: &Path, group: &dyn Collective, options: &DirOptions) -> Result<DirCommit, CommitError> {
+        if let Some(url) = crate::storage::url_of_path(target)? {
+            return Self::begin_remote(&url, group, options);
+        }
         let target = match target.file_name() {
             Some(_) => target.to_path_buf(),
             None => fs::canonicalize(target).map_err(at(target))?,
@@ -222,7 +243,68 @@ impl DirCommit {
             lock,
             digests: Mutex::new(Vec::new()),
             finished: false,
+            #[cfg(feature = "remote")]
+            remote: None,
         })
+    }
+
+    /// [`DirCommit::begin`] for an object-store URL (`crate::dir_remote`): rank 0 takes the lock object and
+    /// deletes the previous checkpoint's commit points; every rank opens the store and a private local
+    /// staging directory.
+    #[cfg(feature = "remote")]
+    fn begin_remote(
+        url: &crate::storage::RemoteUrl,
+        group: &dyn Collective,
+        options: &DirOptions,
+    ) -> Result<DirCommit, CommitError> {
+        let rank = group.rank();
+        let target = PathBuf::from(url.redacted());
+        let prepared = if rank == 0 {
+            let id = crate::dir_remote::new_save_id();
+            crate::dir_remote::RemoteDir::begin(url, true, options.commit_points, id).map(Some)
+        } else {
+            Ok(None)
+        };
+        // Rank 0's outcome: 1 and the save's id, or 0 and its error.
+        let message = match &prepared {
+            Ok(Some(r)) => [&[1u8][..], r.save_id().as_bytes()].concat(),
+            Ok(None) => Vec::new(),
+            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        };
+        let message = group.broadcast(message, 0).map_err(group_error)?;
+        let remote = match (prepared?, message.split_first()) {
+            (Some(r), _) => r,
+            (None, Some((1, id))) => {
+                let id = String::from_utf8_lossy(id).into_owned();
+                crate::dir_remote::RemoteDir::begin(url, false, options.commit_points, id)?
+            }
+            (None, other) => {
+                let text = other.map(|(_, m)| String::from_utf8_lossy(m).into_owned()).unwrap_or_default();
+                return Err(CommitError::RankFailed { rank: 0, message: text });
+            }
+        };
+        let staging = private_dir()?;
+        Ok(DirCommit {
+            target,
+            staging,
+            rank,
+            world: group.world_size(),
+            options: options.clone(),
+            lock: None,
+            digests: Mutex::new(Vec::new()),
+            finished: false,
+            remote: Some(remote),
+        })
+    }
+
+    /// Without the `remote` feature a URL destination is refused ([`crate::storage::url_of_path`]).
+    #[cfg(not(feature = "remote"))]
+    fn begin_remote(
+        url: &crate::storage::RemoteUrl,
+        _: &dyn Collective,
+        _: &DirOptions,
+    ) -> Result<DirCommit, CommitError> {
+        Err(CommitError::Refused { path: PathBuf::from(url.redacted()), reason: crate::storage::NO_REMOTE.into() })
     }
 
     /// The destination.
@@ -250,6 +332,31 @@ impl DirCommit {
             return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
         }
         failpoint::hit("file.create").map_err(at(&path))?;
+        #[cfg(feature = "remote")]
+        if let Some(remote) = self.remote.as_ref().filter(|r| !r.is_commit_point(name)) {
+            let writer = remote.create(name, &path, options)?;
+            failpoint::hit("file.created").map_err(at(&path))?;
+            return Ok(StagedFile { commit: self, name: name.to_owned(), path, writer });
+        }
+        self.create_local(name, path, options)
+    }
+
+    /// Creates `name` in the staging directory, on the local disk even when the destination is an object
+    /// store (it is uploaded at the commit): for a format that reads its files back before it commits
+    /// (hfai checks each part's length and tail). Otherwise as [`DirCommit::create_file`].
+    ///
+    /// # Errors
+    /// As [`DirCommit::create_file`].
+    pub fn create_staged_file(&self, name: &str) -> Result<StagedFile<'_>, CommitError> {
+        let path = self.target.join(name);
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+            return Err(CommitError::Refused { path, reason: format!("{name:?} is not a plain file name") });
+        }
+        failpoint::hit("file.create").map_err(at(&path))?;
+        self.create_local(name, path, self.options.durability)
+    }
+
+    fn create_local(&self, name: &str, path: PathBuf, options: Durability) -> Result<StagedFile<'_>, CommitError> {
         let file = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -297,10 +404,30 @@ impl DirCommit {
     /// ranks nothing happens. Call it on every rank only once every rank has stopped writing (after a
     /// collective operation that follows the writes), for a failure found outside [`DirCommit::commit`].
     pub fn abort(mut self) {
-        if self.rank == 0 {
+        if self.rank == 0 || self.is_remote() {
             let _ = fs::remove_dir_all(&self.staging);
         }
         self.finished = true;
+    }
+
+    /// The name of this save on an object store, the same on every rank and unique at the destination
+    /// (`None` for a local destination): a format that can enter it into its file names keeps the previous
+    /// checkpoint whole while the new one is written (DCP's data files: `.metadata` names them).
+    pub fn save_id(&self) -> Option<&str> {
+        #[cfg(feature = "remote")]
+        if let Some(r) = &self.remote {
+            return Some(r.save_id());
+        }
+        None
+    }
+
+    /// Whether the destination is an object-store URL (files stream to their objects; `staging` is a
+    /// private local directory of this rank for files written by path and the commit points).
+    pub fn is_remote(&self) -> bool {
+        #[cfg(feature = "remote")]
+        return self.remote.is_some();
+        #[cfg(not(feature = "remote"))]
+        false
     }
 
     /// Step 3, called by every rank of `group` once it has finished its files (`own`: its outcome, the
@@ -360,8 +487,21 @@ impl DirCommit {
     where
         F: FnOnce(&DirCommit, Vec<Vec<u8>>) -> Result<(), CommitError>,
     {
-        // A report: 1, the length of the checksum digests (u64 LE), the digests, the payload; or 0 and the
-        // error message.
+        // A report: 1, the length of the checksum digests (u64 LE), the digests, the length of the names of
+        // the files this rank sent to an object store (u64 LE), those names (`\n`-separated), the payload;
+        // or 0 and the error message.
+        #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
+        let mut own = own;
+        #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
+        let mut own_error: Option<CommitError> = None;
+        #[cfg(feature = "remote")]
+        if let (Ok(_), Some(remote)) = (&own, &self.remote) {
+            // Files written by path go up before the report: rank 0 commits only once every rank's are there.
+            if let Err(e) = remote.upload_staged(&self.staging) {
+                own = Err(e.to_string());
+                own_error = Some(e);
+            }
+        }
         if own.is_ok() {
             self.files_done();
         }
@@ -372,10 +512,13 @@ impl DirCommit {
                     m.insert(d);
                 }
                 let digests = m.to_json();
-                let mut r = Vec::with_capacity(9 + digests.len() + payload.len());
+                let names = self.remote_names().join("\n").into_bytes();
+                let mut r = Vec::with_capacity(17 + digests.len() + names.len() + payload.len());
                 r.push(1u8);
                 r.extend_from_slice(&(digests.len() as u64).to_le_bytes());
                 r.extend_from_slice(&digests);
+                r.extend_from_slice(&(names.len() as u64).to_le_bytes());
+                r.extend_from_slice(&names);
                 r.extend_from_slice(payload);
                 r
             }
@@ -403,6 +546,10 @@ impl DirCommit {
             Err(e) => format!("0\n{e}").into_bytes(),
         };
         let verdict = group.broadcast(verdict, 0).map_err(group_error)?;
+        if let Some(e) = own_error {
+            // This rank's own failure, source intact (the others got it as text).
+            return Err(e);
+        }
         if self.rank == 0 {
             return outcome;
         }
@@ -421,6 +568,7 @@ impl DirCommit {
     {
         let mut manifest = Manifest::default();
         let mut payloads = Vec::with_capacity(reports.len());
+        let mut names = std::collections::BTreeSet::new();
         for (rank, bytes) in reports.into_iter().enumerate() {
             let unreadable =
                 |what: &str| CommitError::RankFailed { rank, message: format!("sent an unreadable report: {what}") };
@@ -429,12 +577,9 @@ impl DirCommit {
                 let message = String::from_utf8_lossy(body).into_owned();
                 return Err(CommitError::RankFailed { rank, message });
             }
-            let (len, rest) = body.split_at_checked(8).ok_or_else(|| unreadable("no digest length"))?;
-            let len = u64::from_le_bytes(len.try_into().unwrap_or_default());
-            let (digests, payload) = usize::try_from(len)
-                .ok()
-                .and_then(|n| rest.split_at_checked(n))
-                .ok_or_else(|| unreadable("a digest length past its end"))?;
+            let (digests, rest) = length_prefixed(body).ok_or_else(|| unreadable("a digest length past its end"))?;
+            let (sent, payload) = length_prefixed(rest).ok_or_else(|| unreadable("a name length past its end"))?;
+            names.extend(String::from_utf8_lossy(sent).split('\n').filter(|n| !n.is_empty()).map(str::to_owned));
             payloads.push(payload.to_vec());
             if rank == 0 {
                 continue; // rank 0's digests are read below, with the final files'
@@ -468,6 +613,14 @@ impl DirCommit {
             io::Write::write_all(f.writer(), &bytes).map_err(|e| CommitError::from_io(f.path(), e))?;
             f.finish()?;
         }
+        #[cfg(feature = "remote")]
+        if let Some(remote) = &self.remote {
+            failpoint::hit("dir.exchange").map_err(at(&self.target))?;
+            remote.commit(&self.staging, names, self.options.owned)?;
+            failpoint::hit("dir.done").map_err(at(&self.target))?;
+            return Ok(());
+        }
+        let _ = names;
         let existed = match fs::symlink_metadata(&self.target) {
             Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -538,10 +691,47 @@ impl DirCommit {
     }
 }
 
+impl DirCommit {
+    /// The names of the files this rank sent to an object store (none for a local destination).
+    fn remote_names(&self) -> Vec<String> {
+        #[cfg(feature = "remote")]
+        if let Some(remote) = &self.remote {
+            return remote.names();
+        }
+        Vec::new()
+    }
+}
+
 impl Drop for DirCommit {
     fn drop(&mut self) {
-        if !self.finished && self.rank == 0 && self.world == 1 {
+        // A URL destination's staging directory is this rank's own, local and private: always removed.
+        if self.is_remote() || (!self.finished && self.rank == 0 && self.world == 1) {
             let _ = fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
+/// The bytes after a u64 LE length prefix, split at that length.
+fn length_prefixed(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = bytes.split_at_checked(8)?;
+    let len = usize::try_from(u64::from_le_bytes(len.try_into().ok()?)).ok()?;
+    rest.split_at_checked(len)
+}
+
+/// A new private directory under the system's temporary directory, for a URL destination's local
+/// staging.
+#[cfg(feature = "remote")]
+fn private_dir() -> Result<PathBuf, CommitError> {
+    use std::os::unix::fs::DirBuilderExt;
+    static UNIQUE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let base = std::env::temp_dir();
+    loop {
+        let n = UNIQUE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = base.join(format!(".ckpt-staging-{}-{n}", std::process::id()));
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(CommitError::from_io(&base, e)),
         }
     }
 }

@@ -69,6 +69,13 @@ pub enum CommitError {
         #[source]
         source: ckpt_tensor::Error,
     },
+    /// The object store refused or failed (a destination URL): its own error, with what to do about it.
+    #[error("{source}")]
+    Storage {
+        /// The store's classified error.
+        #[source]
+        source: crate::storage::StorageError,
+    },
     /// Any other I/O error.
     #[error("{}: {source}", path.display())]
     Io {
@@ -84,6 +91,15 @@ impl CommitError {
     /// Classifies an I/O error on `path` into the specific variant its `errno` calls for.
     pub fn from_io(path: impl Into<PathBuf>, source: io::Error) -> Self {
         let path = path.into();
+        // An object store's error, carried through `io::Error` by a remote writer: kept as it is.
+        if source.get_ref().is_some_and(|e| e.is::<crate::storage::StorageError>()) {
+            if let Some(inner) = source.into_inner() {
+                if let Ok(storage) = inner.downcast::<crate::storage::StorageError>() {
+                    return CommitError::Storage { source: *storage };
+                }
+            }
+            return CommitError::Io { path, source: io::Error::other("an object store error") };
+        }
         match source.raw_os_error() {
             Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => CommitError::DiskFull { path, source },
             Some(libc::EROFS) => CommitError::ReadOnly { path, source },
@@ -97,6 +113,7 @@ impl CommitError {
     pub fn fault(&self) -> ckpt_tensor::Fault {
         match self {
             CommitError::Refused { .. } => ckpt_tensor::Fault::InvalidArgument,
+            CommitError::Storage { source } => source.fault(),
             CommitError::DiskFull { .. }
             | CommitError::ReadOnly { .. }
             | CommitError::PermissionDenied { .. }
@@ -116,7 +133,7 @@ impl CommitError {
             | CommitError::Locked { path, .. }
             | CommitError::Refused { path, .. }
             | CommitError::Io { path, .. } => Some(path),
-            CommitError::RankFailed { .. } | CommitError::Group { .. } => None,
+            CommitError::RankFailed { .. } | CommitError::Group { .. } | CommitError::Storage { .. } => None,
         }
     }
 

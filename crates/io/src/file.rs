@@ -103,6 +103,9 @@ pub struct FileCommit {
     options: FileOptions,
     lock: Option<DestinationLock>,
     done: bool,
+    /// A URL destination: the lock object held beside it (the writer streams the object itself).
+    #[cfg(feature = "remote")]
+    remote: Option<crate::storage::remote_commit::RemoteCommit>,
 }
 
 impl FileCommit {
@@ -112,6 +115,9 @@ impl FileCommit {
     /// [`CommitError::Locked`]; [`CommitError::PermissionDenied`], [`CommitError::ReadOnly`],
     /// [`CommitError::DiskFull`] or [`CommitError::Io`] creating the temporary file.
     pub fn create(target: &Path, options: &FileOptions) -> Result<FileCommit, CommitError> {
+        if let Some(url) = crate::storage::url_of_path(target)? {
+            return Self::create_remote(&url, options);
+        }
         let lock = if options.lock { Some(DestinationLock::acquire(target)?) } else { None };
         let tmp = if options.lock {
             sibling(target, "ckpt-tmp")?
@@ -133,14 +139,61 @@ impl FileCommit {
             .custom_flags(libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(|e| CommitError::from_io(target, e))?;
-        let mut commit =
-            FileCommit { target: target.to_path_buf(), tmp, writer: None, options: options.clone(), lock, done: false };
+        let mut commit = FileCommit {
+            target: target.to_path_buf(),
+            tmp,
+            writer: None,
+            options: options.clone(),
+            lock,
+            done: false,
+            #[cfg(feature = "remote")]
+            remote: None,
+        };
         if let Ok(old) = fs::metadata(target) {
             let _ = file.set_permissions(fs::Permissions::from_mode(old.permissions().mode() & 0o7777));
         }
         commit.writer = Some(DurableWriter::new(file, target.to_path_buf(), options.durability.with_checksums(false)));
         failpoint::hit("file.created").map_err(at(&commit.tmp))?;
         Ok(commit)
+    }
+
+    /// [`FileCommit::create`] for an object-store URL: takes the lock object beside it
+    /// (`.<name>.ckpt-lock.json`, `If-None-Match`), and streams the object: one put, or a multipart upload
+    /// that becomes visible only when completed — the commit point of a single file.
+    #[cfg(feature = "remote")]
+    fn create_remote(url: &crate::storage::RemoteUrl, options: &FileOptions) -> Result<FileCommit, CommitError> {
+        use crate::storage::remote_commit::{RemoteCommit, file_lock_name};
+        use crate::storage::{StorageError, StorageOptions, Store};
+        let target = PathBuf::from(url.redacted());
+        let storage = |source| CommitError::Storage { source };
+        let Some((parent, name)) = url.parent() else {
+            return Err(storage(StorageError::InvalidUrl {
+                url: url.redacted(),
+                reason: "a file needs a key under the bucket".into(),
+            }));
+        };
+        let store = Store::open(&parent, &StorageOptions::process_default()).map_err(storage)?;
+        let lock = RemoteCommit::begin(&store, &file_lock_name(&name)).map_err(storage)?;
+        failpoint::hit("file.create").map_err(at(&target))?;
+        let writer = DurableWriter::to_parts(
+            Box::new(store.upload(&name)),
+            target.clone(),
+            options.durability.with_checksums(false),
+        );
+        Ok(FileCommit {
+            tmp: target.clone(),
+            target,
+            writer: Some(writer),
+            options: options.clone(),
+            lock: None,
+            done: false,
+            remote: Some(lock),
+        })
+    }
+
+    #[cfg(not(feature = "remote"))]
+    fn create_remote(url: &crate::storage::RemoteUrl, _: &FileOptions) -> Result<FileCommit, CommitError> {
+        Err(CommitError::Refused { path: PathBuf::from(url.redacted()), reason: crate::storage::NO_REMOTE.into() })
     }
 
     /// The writer of the new contents.
@@ -172,6 +225,14 @@ impl FileCommit {
             source: io::Error::other("the commit has no writer"),
         })?;
         let digest = writer.finish().map_err(|e| CommitError::from_io(&self.target, e))?;
+        #[cfg(feature = "remote")]
+        if let Some(lock) = self.remote.take() {
+            // The completed upload was the commit point.
+            self.done = true;
+            lock.finish(&[], &|_| true, &|_| false).map_err(|source| CommitError::Storage { source })?;
+            failpoint::hit("file.done").map_err(at(&self.target))?;
+            return Ok(digest);
+        }
         let old = if self.options.release_in_background { open_path(&self.target) } else { None };
         failpoint::hit("file.rename").map_err(at(&self.target))?;
         fs::rename(&self.tmp, &self.target).map_err(|e| CommitError::from_io(&self.target, e))?;
@@ -193,6 +254,11 @@ impl FileCommit {
 impl Drop for FileCommit {
     fn drop(&mut self) {
         drop(self.writer.take());
+        #[cfg(feature = "remote")]
+        if self.remote.is_some() {
+            // Nothing local: the abandoned upload was aborted with its writer; the lock goes with `remote`.
+            return;
+        }
         if !self.done {
             let _ = fs::remove_file(&self.tmp);
         }

@@ -70,10 +70,13 @@
 
 pub mod checksum;
 mod dir;
+#[cfg(feature = "remote")]
+mod dir_remote;
 mod error;
 pub mod failpoint;
 mod file;
 mod lock;
+mod part_writer;
 mod pinned;
 mod release;
 pub mod report;
@@ -93,7 +96,7 @@ pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport};
 pub use unfinished::{Unfinished, unfinished};
-pub use writer::{CHUNK, Durability, DurableWriter, bytes_written, release_idle_buffers};
+pub use writer::{CHUNK, Durability, DurableWriter, PartSink, bytes_written, release_idle_buffers};
 
 /// The files of the directory `dir` whose names `owned` claims (a format's names, as
 /// [`DirOptions::owned`] takes them), in name order: what a save that committed `dir` reports as written.

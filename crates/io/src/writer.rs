@@ -303,10 +303,23 @@ pub fn bytes_written() -> u64 {
 
 /// A writer that hands bytes to the kernel the fastest durable way the file system allows (see the
 /// module documentation). Obtained from [`FileCommit::writer`](crate::FileCommit::writer) or a staged
-/// file of a [`DirCommit`](crate::DirCommit); the commit finishes it.
+/// file of a [`DirCommit`](crate::DirCommit); the commit finishes it. A destination on an object store
+/// (feature `remote`) gets the same writer, sending its bytes as the parts of a multipart upload
+/// ([`PartSink`]) instead of writing a local file.
 ///
 /// After an I/O error every later write fails with the same error kind: the commit is abandoned.
 pub struct DurableWriter {
+    sink: Sink,
+}
+
+/// Where a [`DurableWriter`]'s bytes go.
+enum Sink {
+    Disk(DiskWriter),
+    Remote(crate::part_writer::PartWriter),
+}
+
+/// The local file writer of a [`DurableWriter`].
+struct DiskWriter {
     file: File,
     /// The path named in errors.
     path: PathBuf,
@@ -329,13 +342,133 @@ pub struct DurableWriter {
 
 impl std::fmt::Debug for DurableWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DurableWriter").field("path", &self.path).field("pos", &self.pos).finish_non_exhaustive()
+        f.debug_struct("DurableWriter")
+            .field("path", &self.path())
+            .field("pos", &self.position())
+            .field("remote", &matches!(self.sink, Sink::Remote(_)))
+            .finish_non_exhaustive()
     }
 }
 
 impl DurableWriter {
     pub(crate) fn new(file: File, path: PathBuf, options: Durability) -> DurableWriter {
-        DurableWriter {
+        DurableWriter { sink: Sink::Disk(DiskWriter::new(file, path, options)) }
+    }
+
+    /// A writer whose bytes go to `sink` as parts of `sink.part_size()` bytes (an object store's multipart
+    /// upload), named `path` in errors. Checksums are computed as for a file.
+    pub fn to_parts(sink: Box<dyn PartSink>, path: PathBuf, options: Durability) -> DurableWriter {
+        DurableWriter { sink: Sink::Remote(crate::part_writer::PartWriter::new(sink, path, options)) }
+    }
+
+    /// Bytes written so far: the offset the next byte will have in the file.
+    pub fn position(&self) -> u64 {
+        match &self.sink {
+            Sink::Disk(w) => w.pos,
+            Sink::Remote(w) => w.position(),
+        }
+    }
+
+    /// Starts a new checksum chunk named `name` at the current position (the previous chunk ends
+    /// here). Format writers mark each item (a tensor chunk, a record) so that the checksum manifest names
+    /// byte ranges readers can check on their own. Bytes before the first mark form a chunk named `""`.
+    /// Does nothing when checksums are off.
+    pub fn mark(&mut self, name: impl Into<String>) {
+        match &mut self.sink {
+            Sink::Disk(w) => w.mark(name.into()),
+            Sink::Remote(w) => w.mark(name.into()),
+        }
+    }
+
+    /// Overwrites `bytes` at `offset` of what was already written, before the file is synced and committed:
+    /// for a header whose fixed-width placeholder (a checksum of the data after it) is only known at the
+    /// end. Chunk checksums ([`DurableWriter::mark`]) keep the bytes first written, so a patched range should
+    /// not be covered by them (the safetensors writer, the one user, writes without chunk checksums). On an
+    /// object store, a patch must lie within the first part (a header), which is sent last.
+    ///
+    /// # Errors
+    /// [`io::ErrorKind::InvalidInput`] when the range reaches past what was written.
+    pub fn patch(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        match &mut self.sink {
+            Sink::Disk(w) => w.patch(offset, bytes),
+            Sink::Remote(w) => w.patch(offset, bytes),
+        }
+    }
+
+    /// The path errors name.
+    pub fn path(&self) -> &std::path::Path {
+        match &self.sink {
+            Sink::Disk(w) => &w.path,
+            Sink::Remote(w) => w.path(),
+        }
+    }
+
+    /// Whether the writer has failed with an I/O error, and which.
+    pub fn io_error(&self) -> Option<io::Error> {
+        match &self.sink {
+            Sink::Disk(w) => w.io_error(),
+            Sink::Remote(w) => w.io_error(),
+        }
+    }
+
+    /// Writes what is buffered, waits for the background writer, trims the `O_DIRECT` padding and
+    /// `fdatasync`s (when syncing), and closes the file; on an object store, sends the last parts and
+    /// completes the upload. Returns its checksum digest (when computed).
+    pub(crate) fn finish(self) -> io::Result<Option<FileDigest>> {
+        match self.sink {
+            Sink::Disk(w) => w.finish(),
+            Sink::Remote(w) => w.finish(),
+        }
+    }
+}
+
+impl Write for DurableWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.write_all(data).map(|()| data.len())
+    }
+
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        WRITTEN.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        match &mut self.sink {
+            Sink::Disk(w) => w.write_all(data),
+            Sink::Remote(w) => w.write_all(data),
+        }
+    }
+
+    /// Does nothing: data reaches the kernel in whole buffers (or the store in whole parts), and the disk
+    /// at the commit.
+    fn flush(&mut self) -> io::Result<()> {
+        match self.io_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The parts of a [`DurableWriter`] writing to an object store: a multipart upload whose parts may be sent
+/// in any order (`object_store`'s `MultipartStore`). The writer sends parts `1..` as they fill and part 0
+/// (where a header's patches land) last, at [`PartSink::finish`]. Dropping a sink without finishing it
+/// abandons the upload: nothing becomes visible.
+pub trait PartSink: Send {
+    /// The size of every part but the last (at least 5 MiB on S3).
+    fn part_size(&self) -> usize;
+    /// Sends part `index` (its place in the object: part 0 holds the first bytes, and is never sent here),
+    /// returning once it is under way; blocks while the sink's bound of parts in flight is reached.
+    ///
+    /// # Errors
+    /// The failure of this part or of an earlier one.
+    fn send(&mut self, index: usize, part: Vec<u8>) -> io::Result<()>;
+    /// Completes the object: `first` is part 0, `parts` the number of parts (1: `first` is the whole
+    /// object, sent as one put).
+    ///
+    /// # Errors
+    /// The failure of any part or of the completion; nothing becomes visible then.
+    fn finish(self: Box<Self>, first: Vec<u8>, parts: usize) -> io::Result<()>;
+}
+
+impl DiskWriter {
+    fn new(file: File, path: PathBuf, options: Durability) -> DiskWriter {
+        DiskWriter {
             file,
             path,
             options,
@@ -351,29 +484,13 @@ impl DurableWriter {
         }
     }
 
-    /// Bytes written so far: the offset the next byte will have in the file.
-    pub fn position(&self) -> u64 {
-        self.pos
-    }
-
-    /// Starts a new checksum chunk named `name` at the current position (the previous chunk ends
-    /// here). Format writers mark each item (a tensor chunk, a record) so that the checksum manifest names
-    /// byte ranges readers can check on their own. Bytes before the first mark form a chunk named `""`.
-    /// Does nothing when checksums are off.
-    pub fn mark(&mut self, name: impl Into<String>) {
+    fn mark(&mut self, name: String) {
         if let Some(h) = self.hasher.as_mut() {
-            h.mark(name.into(), self.pos);
+            h.mark(name, self.pos);
         }
     }
 
-    /// Overwrites `bytes` at `offset` of what was already written, before the file is synced and committed:
-    /// for a header whose fixed-width placeholder (a checksum of the data after it) is only known at the
-    /// end. Chunk checksums ([`DurableWriter::mark`]) keep the bytes first written, so a patched range should
-    /// not be covered by them (the safetensors writer, the one user, writes without chunk checksums).
-    ///
-    /// # Errors
-    /// [`io::ErrorKind::InvalidInput`] when the range reaches past what was written.
-    pub fn patch(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    fn patch(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         let end = offset.checked_add(bytes.len() as u64);
         if end.is_none_or(|end| end > self.pos) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "patch past the bytes written"));
@@ -382,13 +499,7 @@ impl DurableWriter {
         Ok(())
     }
 
-    /// The path errors name.
-    pub fn path(&self) -> &std::path::Path {
-        &self.path
-    }
-
-    /// Whether the writer has failed with an I/O error, and which.
-    pub fn io_error(&self) -> Option<io::Error> {
+    fn io_error(&self) -> Option<io::Error> {
         self.error.as_ref().map(|(kind, raw, msg)| match raw {
             Some(n) => io::Error::from_raw_os_error(*n),
             None => io::Error::new(*kind, msg.clone()),
@@ -514,7 +625,6 @@ impl DurableWriter {
 
     fn write_inner(&mut self, mut data: &[u8]) -> io::Result<()> {
         self.pos += data.len() as u64;
-        WRITTEN.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
         // Buffered: large writes go straight from the caller's memory to the kernel.
         if matches!(self.mode, Mode::Buffered) && data.len() >= CHUNK {
             self.write_partial()?;
@@ -566,9 +676,7 @@ impl DurableWriter {
         Ok(())
     }
 
-    /// Writes what is buffered, waits for the background writer, trims the `O_DIRECT` padding and
-    /// `fdatasync`s (when syncing), and closes the file. Returns its checksum digest (when computed).
-    pub(crate) fn finish(mut self) -> io::Result<Option<FileDigest>> {
+    fn finish(mut self) -> io::Result<Option<FileDigest>> {
         self.check()?;
         let r = self.finish_inner();
         if let Err(e) = r {
@@ -639,11 +747,7 @@ impl DurableWriter {
     }
 }
 
-impl Write for DurableWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.write_all(data).map(|()| data.len())
-    }
-
+impl DiskWriter {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.check()?;
         match self.write_inner(data) {
@@ -651,14 +755,9 @@ impl Write for DurableWriter {
             Err(e) => Err(self.fail(e)),
         }
     }
-
-    /// Does nothing: data reaches the kernel in whole buffers, and the disk at the commit.
-    fn flush(&mut self) -> io::Result<()> {
-        self.check()
-    }
 }
 
-impl Drop for DurableWriter {
+impl Drop for DiskWriter {
     fn drop(&mut self) {
         if let Mode::Direct(p) = &mut self.mode {
             p.stop();

@@ -654,7 +654,7 @@ fn record(staged: &DirCommit, path: &Path) -> Result<()> {
 
 /// The directory commit of a save: PBG's files owned, the checksum manifest written.
 fn dir_options(options: &WriteOptions) -> DirOptions {
-    DirOptions::default().with_durability(options.durability).with_owned(is_pbg_file)
+    DirOptions::default().with_durability(options.durability).with_layout(OBJECT_LAYOUT)
 }
 
 /// A save laid out: the config, the version, the entity partitions (not read yet), the model, what is left

@@ -111,7 +111,7 @@ impl WriteOptions {
     /// The directory commit of a save: whole checkpoints (`owned`: [`is_checkpoint_file`]) or the
     /// serializer's part alone ([`is_sparse_file`]); other files of an existing destination are carried over.
     pub(crate) fn dir_options(&self, owned: fn(&str) -> bool) -> DirOptions {
-        DirOptions::default().with_durability(self.durability).with_owned(owned)
+        DirOptions::default().with_durability(self.durability).with_layout(OBJECT_LAYOUT).with_owned(owned)
     }
 }
 

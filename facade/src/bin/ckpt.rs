@@ -667,7 +667,7 @@ fn convert(
 ) -> ckpt::Result<bool> {
     let what = format!("converting {} to {to}", src.display());
     let staged = fetched(src, storage)?;
-    let target = target(dst, group)?;
+    let target = target(dst, storage, group)?;
     let summary = write_progress(
         quiet,
         group,
@@ -675,7 +675,7 @@ fn convert(
         || ckpt::output_estimate(staged.path(), from, options),
         || ckpt::convert_in(staged.path(), from, target.path(), to, options, group),
     )?;
-    published(target, to, storage, group)?;
+    published(target, storage, group)?;
     let mut out = std::io::stdout().lock();
     if !summary.dropped.is_empty() && group.rank() == 0 {
         // One line, the first names and a count: a big optimizer state can drop thousands of values.
@@ -713,12 +713,12 @@ fn reshard(
 ) -> ckpt::Result<bool> {
     let what = format!("resharding {} for {world}", src.display());
     let staged = fetched(src, storage)?;
-    let target = target(dst, group)?;
+    let target = target(dst, storage, group)?;
     let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(*limits));
     let summary = write_progress(quiet, group, &what, estimate, || {
         ckpt::reshard_in_with(staged.path(), target.path(), world as usize, limits, group)
     })?;
-    published(target, summary.format, storage, group)?;
+    published(target, storage, group)?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),
@@ -752,8 +752,8 @@ fn export_tsv(
     let shown = (config, entities_output, relation_types_output);
     let staged = fetched(config, storage)?;
     let config = staged.path();
-    let entities = ckpt::storage::target(&place(entities_output)?)?;
-    let relations = ckpt::storage::target(&place(relation_types_output)?)?;
+    let entities = ckpt::storage::staged_target(&place(entities_output)?, &storage.options)?;
+    let relations = ckpt::storage::staged_target(&place(relation_types_output)?, &storage.options)?;
     let (entities_output, relation_types_output) = (entities.path(), relations.path());
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
@@ -774,8 +774,8 @@ fn export_tsv(
     pb.finish_and_clear();
     let version = result?;
     let group = ckpt::collective::SingleProcess;
-    published(entities, ckpt::Format::Pbg, storage, &group)?;
-    published(relations, ckpt::Format::Pbg, storage, &group)?;
+    published(entities, storage, &group)?;
+    published(relations, storage, &group)?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),
@@ -947,8 +947,8 @@ fn fetched_for(path: &Path, storage: &Storage, what: ckpt::storage::Fetch) -> ck
     Ok(source)
 }
 
-/// Where to write `path` (a URL: a local staging path, published by [`published`]).
-fn target(path: &Path, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Target> {
+/// Where to write `path` (a URL: the writers stream to it; [`published`] reports the transfer).
+fn target(path: &Path, storage: &Storage, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Target> {
     let location = place(path)?;
     if !location.is_local() && group.world_size() > 1 {
         return Err(ckpt::Error::InvalidArgument {
@@ -958,29 +958,17 @@ fn target(path: &Path, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Ta
                 .into(),
         });
     }
-    ckpt::storage::target(&location)
+    ckpt::storage::target(&location, &storage.options)
 }
 
-/// Uploads what was written to `target` as `format` (rank 0 only), reporting the transfer if `verbose`.
-fn published(
-    target: ckpt::storage::Target,
-    format: Format,
-    storage: &Storage,
-    group: &dyn Collective,
-) -> ckpt::Result<()> {
+/// Reports what writing `target` moved (rank 0 only) if `verbose`.
+fn published(target: ckpt::storage::Target, storage: &Storage, group: &dyn Collective) -> ckpt::Result<()> {
     if group.rank() != 0 {
         return Ok(());
     }
     let location = target.location().clone();
-    if let (true, Some((report, t))) = (storage.verbose, target.publish(format, &storage.options)?) {
-        eprintln!(
-            "published {location}: {t}{}",
-            if report.removed.is_empty() {
-                String::new()
-            } else {
-                format!(", {} old objects removed", report.removed.len())
-            }
-        );
+    if let (true, Some(t)) = (storage.verbose, target.publish()?) {
+        eprintln!("published {location}: {t}");
     }
     Ok(())
 }

@@ -28,14 +28,38 @@ mod registry;
 mod remote;
 #[cfg(feature = "remote")]
 pub mod remote_commit;
+#[cfg(feature = "remote")]
+mod upload;
 
 pub use error::StorageError;
 pub use location::{Location, RemoteUrl};
 pub use options::{OptionSyntax, StorageOptions};
 #[cfg(feature = "remote")]
-pub use registry::{Registry, StoreBuilder, registry};
+pub use registry::{BuiltStore, Registry, StoreBuilder, registry};
 #[cfg(feature = "remote")]
-pub use remote::{ObjectInfo, PutCondition, Stats, StatsSnapshot, Store};
+pub use remote::{ObjectInfo, PutCondition, Stats, StatsSnapshot, Store, totals};
+#[cfg(feature = "remote")]
+pub use upload::ObjectUpload;
+
+/// Why a URL destination is refused by a build without the `remote` feature.
+#[cfg(not(feature = "remote"))]
+pub(crate) const NO_REMOTE: &str =
+    "an object-store URL, and this build of ckpt-io has no object storage (its `remote` feature is off)";
+
+/// The object-store URL a path given to a commit spells (`s3://bucket/ckpt` as a `Path`), if it is one:
+/// the commits of this crate take URLs where they take paths, so that every format's `save` writes to
+/// object storage through them.
+///
+/// # Errors
+/// [`CommitError::Refused`](crate::CommitError::Refused) for a URL that cannot be read.
+pub(crate) fn url_of_path(path: &std::path::Path) -> Result<Option<RemoteUrl>, crate::CommitError> {
+    let Some(text) = path.to_str().filter(|t| t.contains("://")) else { return Ok(None) };
+    match Location::parse(text) {
+        Ok(Location::Remote(url)) => Ok(Some(url)),
+        Ok(Location::Local(_)) => Ok(None),
+        Err(e) => Err(crate::CommitError::Refused { path: path.to_path_buf(), reason: e.to_string() }),
+    }
+}
 
 /// How a directory format lies on an object store: the names it owns under a checkpoint prefix (what a
 /// new save replaces and removes) and its commit points, the objects written last, in order

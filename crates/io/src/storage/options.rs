@@ -95,7 +95,26 @@ fn parse_duration(text: &str) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
 }
 
+/// The options of stores opened without explicit options ([`StorageOptions::process_default`]).
+static PROCESS_DEFAULT: std::sync::RwLock<Option<StorageOptions>> = std::sync::RwLock::new(None);
+
 impl StorageOptions {
+    /// The options a store is opened with when the caller names none: a format crate's writer saving to
+    /// a URL path (`ckpt_distcp::save(&state, "s3://bucket/step100", ..)`) opens its store with these.
+    /// [`StorageOptions::default`] (the environment's configuration) unless
+    /// [`StorageOptions::set_process_default`] set others.
+    pub fn process_default() -> StorageOptions {
+        PROCESS_DEFAULT.read().ok().and_then(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Sets what [`StorageOptions::process_default`] returns for the rest of the process (the `ckpt`
+    /// command sets its `--storage-option`s so).
+    pub fn set_process_default(options: StorageOptions) {
+        if let Ok(mut o) = PROCESS_DEFAULT.write() {
+            *o = Some(options);
+        }
+    }
+
     /// Sets the configuration key `key` to `value`.
     #[must_use]
     pub fn with(mut self, key: &str, value: &str) -> Self {

@@ -8,15 +8,46 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientConfigKey, ObjectStore};
 
 use super::options::redact;
 use super::{RemoteUrl, StorageError, StorageOptions};
 
-/// Builds the store for a URL: the store and the prefix the URL names inside it.
-pub type StoreBuilder =
-    dyn Fn(&RemoteUrl, &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> + Send + Sync;
+/// Builds the store for a URL ([`BuiltStore`]).
+pub type StoreBuilder = dyn Fn(&RemoteUrl, &StorageOptions) -> Result<BuiltStore, StorageError> + Send + Sync;
+
+/// What a [`StoreBuilder`] makes.
+#[derive(Clone)]
+pub struct BuiltStore {
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// The same store's multipart interface, where it has one (S3, GCS, Azure, in-memory): uploads whose
+    /// parts are sent in any order, as streaming writers need (they send the first part, where a
+    /// header's patches land, last). Without it a streamed file is sent in order.
+    pub multipart: Option<Arc<dyn MultipartStore>>,
+    /// The prefix the URL names inside the store.
+    pub root: ObjectPath,
+}
+
+impl std::fmt::Debug for BuiltStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltStore")
+            .field("store", &self.store.to_string())
+            .field("multipart", &self.multipart.is_some())
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+impl BuiltStore {
+    /// A store with a multipart interface.
+    pub fn with_multipart<S: ObjectStore + MultipartStore>(store: S, root: ObjectPath) -> BuiltStore {
+        let store = Arc::new(store);
+        BuiltStore { store: Arc::clone(&store) as Arc<dyn ObjectStore>, multipart: Some(store), root }
+    }
+}
 
 /// Stores by URL scheme. [`registry`] is the process-wide one every [`Store::open`](super::Store::open)
 /// consults; [`Registry::register`] adds or replaces a scheme (a private store, a test double).
@@ -144,41 +175,41 @@ fn config_error(url: &RemoteUrl, options: &StorageOptions, e: object_store::Erro
     StorageError::Config { url: url.redacted(), message: redact(&e.to_string(), &options.secrets()) }
 }
 
-fn build_s3(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
+fn build_s3(url: &RemoteUrl, options: &StorageOptions) -> Result<BuiltStore, StorageError> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     let (parsed, root) = parse(url)?;
     let builder = AmazonS3Builder::from_env().with_url(bucket_url("s3", &parsed)).with_retry(retry(options));
     let builder = configure(url, builder, options, AmazonS3ConfigKey::Client, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
-    Ok((Arc::new(store), root))
+    Ok(BuiltStore::with_multipart(store, root))
 }
 
-fn build_gcs(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
+fn build_gcs(url: &RemoteUrl, options: &StorageOptions) -> Result<BuiltStore, StorageError> {
     use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
     let (parsed, root) = parse(url)?;
     let builder = GoogleCloudStorageBuilder::from_env().with_url(bucket_url("gs", &parsed)).with_retry(retry(options));
     let builder = configure(url, builder, options, GoogleConfigKey::Client, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
-    Ok((Arc::new(store), root))
+    Ok(BuiltStore::with_multipart(store, root))
 }
 
-fn build_azure(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
+fn build_azure(url: &RemoteUrl, options: &StorageOptions) -> Result<BuiltStore, StorageError> {
     use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
     let (_, root) = parse(url)?;
     let builder = MicrosoftAzureBuilder::from_env().with_url(url.as_given()).with_retry(retry(options));
     let builder = configure(url, builder, options, AzureConfigKey::Client, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
-    Ok((Arc::new(store), root))
+    Ok(BuiltStore::with_multipart(store, root))
 }
 
-fn build_http(url: &RemoteUrl, options: &StorageOptions) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
+fn build_http(url: &RemoteUrl, options: &StorageOptions) -> Result<BuiltStore, StorageError> {
     use object_store::http::HttpBuilder;
     let (parsed, root) = parse(url)?;
     let base = &parsed[..url::Position::BeforePath];
     let builder = HttpBuilder::new().with_url(base).with_retry(retry(options));
     let builder = configure(url, builder, options, |k| k, |b, k, v| b.with_config(k, v))?;
     let store = builder.build().map_err(|e| config_error(url, options, e))?;
-    Ok((Arc::new(store), root))
+    Ok(BuiltStore { store: Arc::new(store), multipart: None, root })
 }
 
 #[cfg(test)]

@@ -9,10 +9,12 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use futures_util::stream::{self, StreamExt, TryStreamExt};
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use super::options::redact;
+use super::upload::ObjectUpload;
 use super::{Registry, RemoteUrl, StorageError, StorageOptions};
 
 /// Gaps up to this size between two wanted ranges are fetched rather than split into two requests.
@@ -52,6 +54,7 @@ pub struct Stats {
     requests: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    objects_written: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one instant.
@@ -63,11 +66,43 @@ pub struct StatsSnapshot {
     pub bytes_read: u64,
     /// Bytes of object data sent.
     pub bytes_written: u64,
+    /// Objects a streamed write ([`Store::upload`]) completed.
+    pub objects_written: u64,
+}
+
+/// Requests and bytes of every [`Store`] of the process ([`totals`]).
+static TOTALS: Stats = Stats {
+    requests: AtomicU64::new(0),
+    bytes_read: AtomicU64::new(0),
+    bytes_written: AtomicU64::new(0),
+    objects_written: AtomicU64::new(0),
+};
+
+/// Requests and bytes every [`Store`] of this process has moved so far (monotonic): what a command
+/// reports for stores it did not open itself (a format's writer streaming to a URL opens its own).
+pub fn totals() -> StatsSnapshot {
+    TOTALS.snapshot()
 }
 
 impl Stats {
     fn request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        TOTALS.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn read(&self, bytes: u64) {
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        TOTALS.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn wrote(&self, bytes: u64) {
+        self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+        TOTALS.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn completed(&self) {
+        self.objects_written.fetch_add(1, Ordering::Relaxed);
+        TOTALS.objects_written.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counts now.
@@ -76,6 +111,7 @@ impl Stats {
             requests: self.requests.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            objects_written: self.objects_written.load(Ordering::Relaxed),
         }
     }
 }
@@ -108,6 +144,7 @@ pub enum PutCondition {
 pub struct Store {
     runtime: &'static tokio::runtime::Runtime,
     inner: Arc<dyn ObjectStore>,
+    multipart: Option<Arc<dyn MultipartStore>>,
     root: ObjectPath,
     url: RemoteUrl,
     options: StorageOptions,
@@ -145,12 +182,21 @@ impl Store {
         Ok(Store {
             runtime: runtime()?,
             inner,
+            multipart: None,
             root,
             url,
             secrets: Arc::new(options.secrets()),
             options: options.clone(),
             stats: Arc::new(Stats::default()),
         })
+    }
+
+    /// This store with its multipart interface (parts sent in any order; see [`BuiltStore::multipart`]).
+    ///
+    /// [`BuiltStore::multipart`]: super::BuiltStore::multipart
+    #[must_use]
+    pub fn with_multipart(self, multipart: Arc<dyn MultipartStore>) -> Store {
+        Store { multipart: Some(multipart), ..self }
     }
 
     /// The URL of the prefix.
@@ -327,7 +373,7 @@ impl Store {
     ) -> Result<Bytes, StorageError> {
         self.stats.request();
         let bytes = self.inner.get_range(path, range.clone()).await.map_err(|e| self.classify(name, e))?;
-        self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.stats.read(bytes.len() as u64);
         if (bytes.len() as u64) < range.end - range.start {
             return Err(StorageError::Truncated {
                 url: self.url_of(name),
@@ -355,7 +401,7 @@ impl Store {
         let result = self
             .block_on(self.inner.put_opts(&self.path(name), PutPayload::from_bytes(data), PutOptions::from(mode)))
             .map_err(|e| self.classify(name, e))?;
-        self.stats.bytes_written.fetch_add(len, Ordering::Relaxed);
+        self.stats.wrote(len);
         Ok(result.e_tag)
     }
 
@@ -400,7 +446,7 @@ impl Store {
                 let stats = &self.stats;
                 in_flight.push_back(async move {
                     fut.await.map_err(|e| self.classify(name, e))?;
-                    stats.bytes_written.fetch_add(len, Ordering::Relaxed);
+                    stats.wrote(len);
                     Ok::<(), StorageError>(())
                 });
             }
@@ -424,6 +470,12 @@ impl Store {
         }
     }
 
+    /// A streaming upload of the object `name` ([`ObjectUpload`]): the sink of a
+    /// [`DurableWriter`](crate::DurableWriter) writing straight to the store.
+    pub fn upload(&self, name: &str) -> ObjectUpload {
+        ObjectUpload::new(self.clone(), name)
+    }
+
     /// Removes the object `name`; a missing one is not an error.
     ///
     /// # Errors
@@ -439,7 +491,7 @@ impl Store {
         }
     }
 
-    fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.block_on(future)
     }
 
@@ -447,6 +499,30 @@ impl Store {
     /// removed from every message.
     pub(crate) fn classify(&self, name: &str, e: object_store::Error) -> StorageError {
         classify(&self.url_of(name), &self.secrets, e)
+    }
+
+    pub(crate) fn object_path(&self, name: &str) -> ObjectPath {
+        self.path(name)
+    }
+
+    pub(crate) fn multipart_store(&self) -> Option<&Arc<dyn MultipartStore>> {
+        self.multipart.as_ref()
+    }
+
+    pub(crate) fn runtime(&self) -> &'static tokio::runtime::Runtime {
+        self.runtime
+    }
+
+    pub(crate) fn count_request(&self) {
+        self.stats.request();
+    }
+
+    pub(crate) fn count_written(&self, bytes: u64) {
+        self.stats.wrote(bytes);
+    }
+
+    pub(crate) fn count_completed(&self) {
+        self.stats.completed();
     }
 }
 
@@ -550,8 +626,12 @@ impl Registry {
     pub fn open(&self, url: &RemoteUrl, options: &StorageOptions) -> Result<Store, StorageError> {
         let build = self.builder(url)?;
         install_tls_provider();
-        let (inner, root) = build(url, options)?;
-        Store::from_parts(inner, root, url.clone(), options)
+        let built = build(url, options)?;
+        let store = Store::from_parts(built.store, built.root, url.clone(), options)?;
+        Ok(match built.multipart {
+            Some(m) => store.with_multipart(m),
+            None => store,
+        })
     }
 }
 

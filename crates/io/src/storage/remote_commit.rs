@@ -147,40 +147,129 @@ impl RemoteCommit {
     /// The first failure; the lock is released, the commit points were not written, and the next save
     /// removes what this one uploaded.
     pub fn publish(
-        mut self,
+        self,
         files: &[(String, PathBuf)],
         commit_points: &[&str],
         owned: &dyn Fn(&str) -> bool,
     ) -> Result<PublishReport, StorageError> {
+        let before = self.clear_commit_points(commit_points)?;
+        let (last, first): (Vec<Staged>, Vec<Staged>) =
+            files.iter().cloned().partition(|(n, _)| commit_points.contains(&n.as_str()));
+        let mut report = PublishReport {
+            bytes: self.upload_files(&first)?,
+            files: first.iter().map(|(n, _)| n.clone()).collect(),
+            removed: Vec::new(),
+        };
+        let (points, bytes) = self.put_commit_points(&last, commit_points)?;
+        report.files.extend(points);
+        report.bytes += bytes;
+        report.removed = self.finish(&before, &|n| files.iter().any(|(f, _)| f == n), owned)?;
+        Ok(report)
+    }
+
+    /// Step 2: deletes the previous checkpoint's commit points (readers then find no checkpoint rather than
+    /// a mix). Returns what the destination held before, for [`RemoteCommit::finish`].
+    ///
+    /// # Errors
+    /// The classified store error.
+    pub fn clear_commit_points(&self, commit_points: &[&str]) -> Result<Vec<ObjectInfo>, StorageError> {
         let before = self.store.list()?;
         for point in commit_points {
             if before.iter().any(|o| o.name == *point) {
                 self.store.delete(point)?;
             }
         }
-        let (last, first): (Vec<&Staged>, Vec<&Staged>) =
-            files.iter().partition(|(n, _)| commit_points.contains(&n.as_str()));
-        let mut report = PublishReport {
-            bytes: self.upload_parallel(&first)?,
-            files: first.iter().map(|(n, _)| n.clone()).collect(),
-            removed: Vec::new(),
-        };
+        Ok(before)
+    }
+
+    /// Step 4: writes the commit points among `files` in the order of `commit_points`, each with
+    /// `If-None-Match: *`. Returns their names and bytes.
+    ///
+    /// # Errors
+    /// [`StorageError::Conflict`] when a concurrent writer wrote one; [`StorageError::Local`]; the
+    /// classified store error.
+    pub fn put_commit_points(
+        &self,
+        files: &[(String, PathBuf)],
+        commit_points: &[&str],
+    ) -> Result<(Vec<String>, u64), StorageError> {
+        let (mut names, mut bytes) = (Vec::new(), 0);
         for point in commit_points {
-            let Some((name, path)) = last.iter().find(|(n, _)| n == point) else { continue };
+            let Some((name, path)) = files.iter().find(|(n, _)| n == point) else { continue };
             let data = std::fs::read(path).map_err(|source| StorageError::Local { path: path.clone(), source })?;
-            report.bytes += data.len() as u64;
+            bytes += data.len() as u64;
             self.store.put(name, Bytes::from(data), PutCondition::Create)?;
-            report.files.push(name.clone());
+            names.push(name.clone());
         }
-        for old in &before {
+        Ok((names, bytes))
+    }
+
+    /// Step 4 of a save that kept the previous checkpoint's commit points (its files did not collide with
+    /// the new one's): writes the commit points among `files` in the order of `commit_points`, each
+    /// replacing the previous one only if it is still the one `before` listed (`If-Match` on its entity
+    /// tag), or created with `If-None-Match: *` where there was none (or a collision removed it). Readers
+    /// see the previous checkpoint until then, the new one after. Returns their names and bytes.
+    ///
+    /// # Errors
+    /// [`StorageError::Conflict`] when another writer changed a commit point meanwhile;
+    /// [`StorageError::Local`]; the classified store error.
+    pub fn replace_commit_points(
+        &self,
+        files: &[(String, PathBuf)],
+        commit_points: &[&str],
+        before: &[ObjectInfo],
+    ) -> Result<(Vec<String>, u64), StorageError> {
+        let (mut names, mut bytes) = (Vec::new(), 0);
+        for point in commit_points {
+            let Some((name, path)) = files.iter().find(|(n, _)| n == point) else { continue };
+            let expected = before.iter().find(|o| o.name == *name).and_then(|o| o.etag.clone());
+            let condition = match (self.store.head(name)?, expected) {
+                (None, _) => PutCondition::Create,
+                (Some(now), Some(tag)) if now.etag.as_ref() == Some(&tag) => PutCondition::Update(tag),
+                (Some(_), _) => return Err(StorageError::Conflict { url: self.store.url_of(name) }),
+            };
+            let data = std::fs::read(path).map_err(|source| StorageError::Local { path: path.clone(), source })?;
+            bytes += data.len() as u64;
+            self.store.put(name, Bytes::from(data), condition)?;
+            names.push(name.clone());
+        }
+        Ok((names, bytes))
+    }
+
+    /// Step 2 deferred: deletes the previous checkpoint's commit points only now, when a new file is about
+    /// to replace one of its objects (readers then find no checkpoint rather than a mix).
+    ///
+    /// # Errors
+    /// The classified store error.
+    pub fn delete_commit_points(store: &Store, commit_points: &[&str]) -> Result<(), StorageError> {
+        for point in commit_points {
+            store.delete(point)?;
+        }
+        Ok(())
+    }
+
+    /// Steps 5 and 6: removes the objects of `before` (the listing of [`RemoteCommit::clear_commit_points`])
+    /// that the new checkpoint has not `written` and that `owned` claims (or that are ckpt's own
+    /// `.ckpt-*`), and releases the lock. Returns the names removed.
+    ///
+    /// # Errors
+    /// The classified store error.
+    pub fn finish(
+        mut self,
+        before: &[ObjectInfo],
+        written: &dyn Fn(&str) -> bool,
+        owned: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<String>, StorageError> {
+        let mut removed = Vec::new();
+        for old in before {
             let ours = old.name.rsplit('/').next().is_some_and(|n| n.starts_with(".ckpt-"));
-            if old.name != self.lock && !files.iter().any(|(n, _)| *n == old.name) && (ours || owned(&old.name)) {
+            if old.name != self.lock && !written(&old.name) && (ours || owned(&old.name)) {
                 self.store.delete(&old.name)?;
-                report.removed.push(old.name.clone());
+                removed.push(old.name.clone());
             }
         }
         self.release()?;
-        Ok(report)
+        Ok(removed)
     }
 
     /// Uploads one file as the object this commit's destination names (a single-file destination: the
@@ -194,39 +283,12 @@ impl RemoteCommit {
         Ok(PublishReport { files: vec![name.to_owned()], bytes, removed: Vec::new() })
     }
 
-    fn upload_parallel(&self, files: &[&Staged]) -> Result<u64, StorageError> {
-        let options = self.store.options();
-        let workers = files.len().clamp(1, 4);
-        // Each worker's parts share the store's concurrency, so memory stays within concurrency × part size.
-        let per_file = options.clone().with_concurrency(options.concurrency / workers);
-        let store = self.store.with_options(&per_file);
-        let next = Mutex::new(files.iter());
-        let total = Mutex::new(Ok::<u64, StorageError>(0));
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| {
-                    loop {
-                        let item = match next.lock() {
-                            Ok(mut it) => it.next(),
-                            Err(_) => None,
-                        };
-                        let Some((name, path)) = item else { break };
-                        if total.lock().map(|t| t.is_err()).unwrap_or(true) {
-                            break;
-                        }
-                        let sent = store.upload_file(name, path);
-                        if let Ok(mut t) = total.lock() {
-                            match (sent, t.as_mut()) {
-                                (Ok(n), Ok(sum)) => *sum += n,
-                                (Err(e), Ok(_)) => *t = Err(e),
-                                (_, Err(_)) => {}
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        total.into_inner().unwrap_or_else(|p| p.into_inner())
+    /// Step 3 for files staged on the local disk ([`upload_files`]).
+    ///
+    /// # Errors
+    /// The first failure.
+    pub fn upload_files(&self, files: &[(String, PathBuf)]) -> Result<u64, StorageError> {
+        upload_files(&self.store, files)
     }
 
     fn release(&mut self) -> Result<(), StorageError> {
@@ -244,12 +306,55 @@ impl Drop for RemoteCommit {
     }
 }
 
-/// What an unfinished save left under a destination prefix: its lock object, and — when none of
-/// `commit_points` exists — every object `owned` claims. Empty for a committed checkpoint whose save
-/// finished.
+/// Uploads files staged on the local disk (name under `store`'s prefix, local file) in parallel: four at a
+/// time, their parts sharing the store's concurrency, so memory stays within `concurrency × part_size`.
+/// Returns the bytes sent.
 ///
 /// # Errors
-/// The classified store error of the listing.
+/// The first failure.
+pub fn upload_files(store: &Store, files: &[(String, PathBuf)]) -> Result<u64, StorageError> {
+    let options = store.options();
+    let workers = files.len().clamp(1, 4);
+    // Each worker's parts share the store's concurrency, so memory stays within concurrency × part size.
+    let per_file = options.clone().with_concurrency(options.concurrency / workers);
+    let store = store.with_options(&per_file);
+    let next = Mutex::new(files.iter());
+    let total = Mutex::new(Ok::<u64, StorageError>(0));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let item = match next.lock() {
+                        Ok(mut it) => it.next(),
+                        Err(_) => None,
+                    };
+                    let Some((name, path)) = item else { break };
+                    if total.lock().map(|t| t.is_err()).unwrap_or(true) {
+                        break;
+                    }
+                    let sent = store.upload_file(name, path);
+                    if let Ok(mut t) = total.lock() {
+                        match (sent, t.as_mut()) {
+                            (Ok(n), Ok(sum)) => *sum += n,
+                            (Err(e), Ok(_)) => *t = Err(e),
+                            (_, Err(_)) => {}
+                        }
+                    }
+                }
+            });
+        }
+    });
+    total.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What an unfinished save left under a destination prefix: its lock object, and — when none of
+/// `commit_points` exists — every object `owned` claims; when the checkpoint is committed and has ckpt's
+/// checksum manifest (which lists every file of it), the objects `owned` claims that the manifest does not
+/// list (a later save that died before its commit, having left the previous checkpoint whole). Empty for
+/// a committed checkpoint whose save finished.
+///
+/// # Errors
+/// The classified store error of the listing or of reading the manifest.
 pub fn leftovers(
     store: &Store,
     commit_points: &[&str],
@@ -257,7 +362,16 @@ pub fn leftovers(
 ) -> Result<Vec<ObjectInfo>, StorageError> {
     let listed = store.list()?;
     let committed = commit_points.iter().any(|p| listed.iter().any(|o| o.name == *p));
-    Ok(listed.into_iter().filter(|o| is_lock(&o.name) || (!committed && owned(&o.name))).collect())
+    let manifest = match listed.iter().find(|o| o.name == crate::MANIFEST_NAME) {
+        Some(m) if committed => crate::Manifest::from_json(&store.read(&m.name, 0..m.size)?).ok(),
+        _ => None,
+    };
+    let stray = |name: &str| {
+        manifest.as_ref().is_some_and(|m| {
+            owned(name) && name != crate::MANIFEST_NAME && !commit_points.contains(&name) && !m.files.contains_key(name)
+        })
+    };
+    Ok(listed.into_iter().filter(|o| is_lock(&o.name) || (!committed && owned(&o.name)) || stray(&o.name)).collect())
 }
 
 #[cfg(test)]

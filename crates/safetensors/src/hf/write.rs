@@ -170,7 +170,8 @@ pub fn save_entries_rank<'a>(
     }
     let n = shards.len();
     // The shards carry their own checksums (CRC32C in each header): no manifest.
-    let dir_options = DirOptions::default().with_durability(options.durability.with_checksums(false)).with_owned(owned);
+    let dir_options =
+        DirOptions::default().with_durability(options.durability.with_checksums(false)).with_layout(OBJECT_LAYOUT);
     let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_tensor::Error::from)?;
     let mut names = Vec::with_capacity(n + 1);
     let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
