@@ -109,7 +109,11 @@ impl Report {
 /// Rank 0's check before the swap. `reports[r]` is rank `r`'s report of the part it wrote into `staging`;
 /// `target` is the destination, whose `PART_*.pt` names hfai does not write (`PART_1.pt`) would be carried
 /// into the new checkpoint and make hfai's loader reject it.
-pub(crate) fn check_staged(staging: &Path, target: &Path, reports: &[Report]) -> Result<()> {
+///
+/// `private`: each rank staged its parts in a directory of its own (an object-store destination, where each
+/// rank uploads what it wrote): a part of another rank is then not here to read back, and its rank's
+/// report (the fingerprint of what it uploaded) stands for it.
+pub(crate) fn check_staged(staging: &Path, target: &Path, reports: &[Report], private: bool) -> Result<()> {
     for (rank, r) in reports.iter().enumerate() {
         if let Report::Failed(message) = r {
             return Err(Error::RankFailed { rank, message: message.clone() });
@@ -126,6 +130,9 @@ pub(crate) fn check_staged(staging: &Path, target: &Path, reports: &[Report]) ->
         let found = match Fingerprint::of_file(&staging.join(part_file_name(rank))) {
             Ok(f) => f,
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                if private {
+                    continue;
+                }
                 return Err(incomplete("the file is missing".into()));
             }
             Err(e) => return Err(e),
@@ -187,25 +194,27 @@ mod tests {
             Report::Done(vec![Fingerprint::of_bytes(bytes)])
         };
         let reports = vec![write(0, b"part zero"), write(1, b"part one")];
-        check_staged(&d, &target, &reports).unwrap();
+        check_staged(&d, &target, &reports, false).unwrap();
 
         fs::write(d.join("PART_001.pt"), b"part 1ne").unwrap(); // same size, other bytes
-        let e = check_staged(&d, &target, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports, false).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("overwritten")), "{e}");
         fs::write(d.join("PART_001.pt"), b"part one, longer").unwrap();
-        let e = check_staged(&d, &target, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports, false).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("16 bytes on disk")), "{e}");
         fs::remove_file(d.join("PART_001.pt")).unwrap();
-        let e = check_staged(&d, &target, &reports).unwrap_err();
+        let e = check_staged(&d, &target, &reports, false).unwrap_err();
         assert!(matches!(&e, Error::Incomplete { problem, .. } if problem.contains("missing")), "{e}");
+        // Staged privately (an object-store destination): another rank's part is not here; its report stands.
+        check_staged(&d, &target, &reports, true).unwrap();
 
         let failed = vec![reports[0].clone(), Report::Failed("disk full".into())];
-        let e = check_staged(&d, &target, &failed).unwrap_err();
+        let e = check_staged(&d, &target, &failed, false).unwrap_err();
         assert!(matches!(&e, Error::RankFailed { rank: 1, message } if message == "disk full"), "{e}");
 
         fs::create_dir(&target).unwrap();
         fs::write(target.join("PART_1.pt"), b"not hfai's").unwrap();
-        let e = check_staged(&d, &target, &reports[..1]).unwrap_err();
+        let e = check_staged(&d, &target, &reports[..1], false).unwrap_err();
         assert!(matches!(&e, Error::ForeignFiles { names, .. } if names == &["PART_1.pt"]), "{e}");
     }
 

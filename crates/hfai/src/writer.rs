@@ -130,7 +130,7 @@ fn finalize_check(
     reports: &[Report],
     failure: &mut Option<Error>,
 ) -> std::result::Result<(), CommitError> {
-    check_staged(commit.staging(), commit.target(), reports).map_err(|e| {
+    check_staged(commit.staging(), commit.target(), reports, commit.is_remote()).map_err(|e| {
         // The commit's `Refused` takes text; the error itself, source intact, is kept in `failure` and returned.
         let reason = e.to_string();
         *failure = Some(e);

@@ -949,16 +949,8 @@ fn fetched_for(path: &Path, storage: &Storage, what: ckpt::storage::Fetch) -> ck
 
 /// Where to write `path` (a URL: the writers stream to it; [`published`] reports the transfer).
 fn target(path: &Path, storage: &Storage, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Target> {
-    let location = place(path)?;
-    if !location.is_local() && group.world_size() > 1 {
-        return Err(ckpt::Error::InvalidArgument {
-            path: path.to_path_buf(),
-            reason: "a multi-process (mpirun) save to object storage is not supported yet; write to a shared \
-                     directory and convert from there"
-                .into(),
-        });
-    }
-    ckpt::storage::target(&location, &storage.options)
+    let _ = group;
+    ckpt::storage::target(&place(path)?, &storage.options)
 }
 
 /// Reports what writing `target` moved (rank 0 only) if `verbose`.

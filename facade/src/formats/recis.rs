@@ -295,24 +295,20 @@ fn reshard_files(src: &Path, dst: &Path, options: &ConvertOptions, limits: &Read
         .with_parallel(source_parallel(src, options, limits)?)
         .with_durability(options.durability);
     let reshard = ckpt_recis::ReshardOptions::default().with_write(write).with_read(read_options(limits));
-    let report = ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;
-    if dst.to_str().is_some_and(|d| d.contains("://")) {
-        // An object-store destination is not read back: the reshard's own counts.
-        let saved = report.saved;
-        return Ok(ConvertSummary {
-            tensors: saved.tensors,
-            bytes: saved.bytes,
-            values: saved.values,
-            dropped: saved.dropped,
-        });
-    }
+    ckpt_recis::reshard(src, dst, options.world_size, &reshard).at(dst)?;
     files_summary(src, dst, limits)
+}
+
+/// Whether `dst` is an object-store URL (written by streaming, not read back).
+fn is_url(dst: &Path) -> bool {
+    dst.to_str().is_some_and(|d| d.contains("://"))
 }
 
 /// What a RecIS to RecIS conversion from `src` (read under `limits`) wrote at `dst`.
 fn files_summary(src: &Path, dst: &Path, limits: &ReadLimits) -> Result<ConvertSummary> {
     let before = open(src, limits)?;
-    let kept = ckpt_recis::RecisReader::open(dst).at(dst)?.entries();
+    // An object-store destination is not read back: a reshard keeps every entry of the source.
+    let kept = if is_url(dst) { before.entries() } else { ckpt_recis::RecisReader::open(dst).at(dst)?.entries() };
     let mut s = ConvertSummary::default();
     for e in &kept {
         match e.tensor_info() {
