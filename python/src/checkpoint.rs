@@ -162,7 +162,7 @@ impl Checkpoint {
     /// The bytes `torch.save` writes for the value `name` (how `ckpt.dcp.Reader` hands a non-tensor entry to
     /// DCP's planner, which `torch.load`s it).
     fn value_bytes<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let path = self.inner.path().to_path_buf();
+        let path = self.shown.clone();
         let bytes = py
             .detach(|| -> ckpt::Result<Vec<u8>> {
                 let v = self.inner.value(name)?;
@@ -193,5 +193,5 @@ impl Checkpoint {
 
 /// A core error about this checkpoint.
 pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::tensor::Error) -> PyErr {
-    core_to_py(e, ck.inner.path())
+    core_to_py(e, &ck.shown)
 }

@@ -104,26 +104,27 @@ pub(crate) fn to_py(e: ckpt::Error) -> PyErr {
 /// no user information, no query) a storage operation was reading or writing.
 #[derive(Debug)]
 pub(crate) struct About {
-    error: ckpt::Error,
+    /// Boxed: a facade error is large, and this is the error of every fallible step of a call.
+    error: Box<ckpt::Error>,
     about: Option<PathBuf>,
 }
 
 impl About {
     /// `error`, about `location`.
     pub(crate) fn at(error: ckpt::Error, location: &ckpt::storage::Location) -> About {
-        About { error, about: Some(PathBuf::from(location.to_string())) }
+        About { error: Box::new(error), about: Some(PathBuf::from(location.to_string())) }
     }
 }
 
 impl From<ckpt::Error> for About {
     fn from(error: ckpt::Error) -> About {
-        About { error, about: None }
+        About { error: Box::new(error), about: None }
     }
 }
 
 impl From<ckpt::storage::StorageError> for About {
     fn from(error: ckpt::storage::StorageError) -> About {
-        About { error: error.into(), about: None }
+        About { error: Box::new(error.into()), about: None }
     }
 }
 
@@ -152,6 +153,7 @@ impl<T> IntoPy<T> for ckpt::Result<T> {
 impl<T> IntoPy<T> for Result<T, About> {
     fn py(self) -> PyResult<T> {
         self.map_err(|About { error, about }| {
+            let error = *error;
             let path = path_of(&error).map(Path::to_path_buf).or(about);
             exception(error.fault(), chain(&error), path.as_deref(), errno_of(&error))
         })

@@ -122,7 +122,7 @@ def test_dcp_save_convert_verify_reshard_diff(s3env: str, tmp: Path) -> None:
     sd = _state()
     dcp_url = f"s3://{BUCKET}/dcp"
     ckpt.save(sd, dcp_url, format="distcp", world_size=2)
-    assert f"dcp/.metadata" in _keys(s3env, "dcp/")
+    assert "dcp/.metadata" in _keys(s3env, "dcp/")
     assert ckpt.detect(dcp_url) == "distcp"
     same(ckpt.load(dcp_url, framework="pt"), sd)
 
