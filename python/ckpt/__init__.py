@@ -640,7 +640,8 @@ def verify(path: PathLike, deep: bool = False, *, progress: Optional[bool] = Non
     """Checks the checkpoint at ``path`` as ``ckpt verify`` does: structure without reading tensor data, and with
     ``deep=True`` every byte and every checksum. Problems are listed in the report (``report.ok``); a checkpoint
     that cannot be read at all raises. At an object-storage URL (fetched whole first; ``storage_options``: see
-    :func:`open`), what an unfinished save left there (its lock, objects without a commit point) is a problem.
+    :func:`open`), what an unfinished save left there (its lock, objects without a commit point) is listed in
+    ``warnings``, as ``ckpt verify`` lists it.
 
     >>> ckpt.verify("dcp_checkpoint/", deep=True).problems
     []

@@ -369,7 +369,8 @@ pub(crate) fn verify(
     });
     pb.finish_and_clear();
     // At a URL, as `ckpt verify`: what a save that did not finish left beside the checkpoint (its lock,
-    // objects without a commit point) is a problem of the report.
+    // objects without a commit point) joins the report, as warnings of kind `unfinished` (the next save
+    // removes them).
     let left = py
         .detach(|| -> Result<Vec<ckpt::Problem>, About> {
             match crate::remote::place(&path)? {
