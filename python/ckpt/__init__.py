@@ -17,6 +17,11 @@ over the file's memory map (no copy), and torch is needed only for torch tensors
 >>> ckpt.verify("dcp_checkpoint/", deep=True).ok
 True
 
+Every path may also be an object-storage URL (``s3://``, ``gs://``, ``az://``, ``http(s)://`` for reads), as
+the ``ckpt`` command takes them, configured by each cloud's environment variables and ``storage_options``:
+
+>>> sd = ckpt.load("s3://bucket/runs/step-100", storage_options={"aws_region": "us-east-1"})
+
 The ``ckpt`` command-line tool is installed with the package (``ckpt --help``).
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 from dataclasses import dataclass, field
 from typing import (Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union)
 
@@ -36,7 +42,7 @@ from ._values import Device, Global, Object, OpaqueTensor, Storage, TorchDType, 
 __version__: str = _ckpt.__version__
 
 __all__ = [
-    "open", "load", "safe_open", "save", "convert", "verify", "reshard", "diff", "formats", "dtype_name",
+    "open", "load", "safe_open", "save", "convert", "verify", "reshard", "diff", "detect", "formats", "dtype_name",
     "Checkpoint", "Entry", "SafeOpen", "Slice", "ConvertSummary", "VerifyReport", "ReshardSummary", "DiffReport",
     "TensorDiff", "Error", "BadInputError", "MalformedError", "UnsupportedError", "LimitError", "IoError",
     "NotFoundError", "UsageError", "EntryNotFoundError", "TorchDType", "Device", "Global", "Object",
@@ -44,6 +50,10 @@ __all__ = [
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: Object storage options, as the ``ckpt`` command's ``--storage-option KEY=VALUE``: the store's configuration
+#: keys (``aws_endpoint``, ``aws_region``, ``aws_allow_http``, ...) and ckpt's own (``max_retries``,
+#: ``retry_timeout``, ``concurrency``, ``part_size``). Values are never shown in errors.
+StorageOptions = Optional[Dict[str, Union[str, int, float, bool]]]
 Framework = Literal["np", "numpy", "pt", "torch"]
 
 #: The read limits every reading call takes as keyword arguments, as the ``ckpt`` command's flags
@@ -52,14 +62,46 @@ LIMITS = ("max_depth", "max_memo", "max_container_len", "max_nodes", "max_alloc_
           "trusted", "max_header_bytes", "max_data_header_bytes", "max_metadata_bytes", "max_inflated_bytes")
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _is_url(p: str) -> bool:
+    """Whether ``p`` is an object-storage URL (a scheme other than ``file://``), as ckpt tells them apart."""
+    return _SCHEME.match(p) is not None and not p.lower().startswith("file://")
+
+
 def _path(p: PathLike) -> str:
-    if isinstance(p, str) and "://" in p:
-        if p.startswith("file://"):
-            return p[len("file://"):]
-        scheme = p.split("://", 1)[0]
-        raise UnsupportedError(f"{p}: {scheme}:// URLs are not read by this version of ckpt; give a local path",
-                               fault="unsupported", path=p)
+    """A path argument as the extension takes it: a URL as given (str only: ``os.PathLike`` objects are local
+    paths), a local ``file:///path`` as its path."""
+    if isinstance(p, str):
+        for prefix in ("file://localhost/", "file:///"):
+            if p.lower().startswith(prefix):
+                return "/" + p[len(prefix):]
+        return p
     return os.fspath(p)
+
+
+def _storage(options: StorageOptions) -> Optional[Dict[str, str]]:
+    """``storage_options`` as the extension takes them: str keys and str values (booleans ``"true"`` or
+    ``"false"``, numbers as written)."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        try:
+            options = dict(options)
+        except (TypeError, ValueError):
+            raise TypeError("storage_options must be a dict of str to str") from None
+    out: Dict[str, str] = {}
+    for k, v in options.items():
+        if not isinstance(k, str):
+            raise TypeError(f"storage_options: key {k!r} is not a str")
+        if isinstance(v, bool):
+            out[k] = "true" if v else "false"
+        elif isinstance(v, (str, int, float)):
+            out[k] = str(v)
+        else:  # never the value itself: it may be a secret
+            raise TypeError(f"storage_options[{k!r}]: a {type(v).__name__}, expected a str")
+    return out
 
 
 def _limits(limits: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -123,7 +165,8 @@ class Checkpoint:
 
     @property
     def path(self) -> str:
-        """The path it was opened from."""
+        """The path it was opened from; for a URL, the URL without user information and query (where
+        credentials travel)."""
         return os.fspath(self._n().path)
 
     @property
@@ -168,7 +211,7 @@ class Checkpoint:
         if framework != "pt":
             return None
         if self._converter is None:
-            self._converter = _torch.Converter(self.path, self.format, self._opened_as)
+            self._converter = _torch.Converter(os.fspath(self._n().local_path), self.format, self._opened_as)
         return self._converter
 
     def __getitem__(self, name: str) -> Any:
@@ -206,7 +249,7 @@ class Checkpoint:
              framework: Optional[Framework] = None) -> Any:
         """The nested state dict (see :func:`load`)."""
         fw = _framework(framework) if framework else self._framework
-        return _ckpt.load(self.path, fw, list(include), list(exclude), self._torch(fw))
+        return _ckpt.load(os.fspath(self._n().local_path), fw, list(include), list(exclude), self._torch(fw))
 
     # --- lifetime ----------------------------------------------------------------------------------------
     def _n(self) -> Any:
@@ -231,9 +274,15 @@ class Checkpoint:
 
 
 def open(path: PathLike, *, format: Optional[str] = None, framework: Framework = "np",
-         **limits: Any) -> Checkpoint:
+         storage_options: StorageOptions = None, **limits: Any) -> Checkpoint:
     """Opens the checkpoint at ``path`` (a file or directory; ``file://`` URLs too) of any format ckpt reads,
     detecting the format unless ``format`` names it. Reads metadata only; tensors are read when asked for.
+
+    ``path`` may be an object-storage URL (``s3://bucket/runs/step-100``, ``gs://``, ``az://``,
+    ``https://``): its objects are fetched into a temporary directory first (as ``ckpt cat`` does), which the
+    checkpoint keeps until it is closed and collected. ``storage_options``: the store's configuration
+    (:data:`StorageOptions`, the ``ckpt`` command's ``--storage-option``), over each cloud's environment
+    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
 
     ``framework``: what tensors come back as, numpy arrays (``"np"``) or torch tensors (``"pt"``).
     ``limits``: the read limits (:data:`LIMITS`), e.g. ``max_nodes=10**8`` or ``trusted=True`` for large input
@@ -245,14 +294,18 @@ def open(path: PathLike, *, format: Optional[str] = None, framework: Framework =
     """
     p = _path(path)
     fw = _framework(framework)
+    if _is_url(p):
+        native = _ckpt.open(p, format, _limits(limits), _storage(storage_options))
+        # The fetched copy is private to this checkpoint: torch tensors may map it.
+        return Checkpoint(native, fw, _torch.identity(os.fspath(native.local_path)))
     before = _torch.identity(p)
-    native = _ckpt.open(p, format, _limits(limits))
+    native = _ckpt.open(p, format, _limits(limits), _storage(storage_options))
     opened_as = before if before is not None and _torch.identity(p) == before else None
     return Checkpoint(native, fw, opened_as)
 
 
 def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Sequence[str]] = (),
-         exclude: Union[str, Sequence[str]] = (), **limits: Any) -> Any:
+         exclude: Union[str, Sequence[str]] = (), storage_options: StorageOptions = None, **limits: Any) -> Any:
     """The checkpoint at ``path``, any format, as the nested state dict ``torch.load(path, weights_only=True)``
     gives for a ``.pt`` file: dicts (``OrderedDict`` kept), lists, tuples and Python values as they were, tensors
     as numpy arrays over the file's map (``framework="np"``, no torch needed) or torch tensors
@@ -261,6 +314,9 @@ def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Seq
 
     ``include``/``exclude``: globs on the flattened entry names (``"model.*"``, ``"*.num_batches_tracked"``);
     only what they keep is read.
+
+    ``path`` may be an object-storage URL, fetched whole first (as ``ckpt convert`` reads it), with
+    ``storage_options`` (see :func:`open`); torch tensors of it are then copies.
 
     >>> sd = ckpt.load("last.ckpt", include="state_dict.*", exclude="*.num_batches_tracked")
     >>> sd["state_dict"]["model.fc.weight"].dtype
@@ -272,8 +328,11 @@ def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Seq
     exc = [exclude] if isinstance(exclude, str) else list(exclude)
     converter = None
     if fw == "pt":
-        converter = _torch.Converter(p, _ckpt.detect(p), _torch.identity(p))
-    return _ckpt.load(p, fw, inc, exc, converter, _limits(limits))
+        if _is_url(p):  # fetched into a temporary directory that is gone when load returns: copies
+            converter = _torch.Converter(p, "", None)
+        else:
+            converter = _torch.Converter(p, _ckpt.detect(p), _torch.identity(p))
+    return _ckpt.load(p, fw, inc, exc, converter, _limits(limits), _storage(storage_options))
 
 
 # --- safetensors' API over every format -------------------------------------------------------------------
@@ -339,11 +398,12 @@ class Slice:
 class SafeOpen:
     """:func:`safe_open`'s object: safetensors' ``safe_open`` API over a checkpoint of any format."""
 
-    def __init__(self, path: PathLike, framework: Framework, device: str, **limits: Any) -> None:
+    def __init__(self, path: PathLike, framework: Framework, device: str, storage_options: StorageOptions = None,
+                 **limits: Any) -> None:
         if device not in ("cpu", None):
             raise UsageError(f"device {device!r}: ckpt reads to the CPU; move tensors with .to()", fault="usage")
         self._framework = _framework(framework)
-        self._ck = open(path, framework=self._framework, **limits)
+        self._ck = open(path, framework=self._framework, storage_options=storage_options, **limits)
         self._keys: Optional[List[str]] = None
 
     def _out(self, array: Any, dtype: Optional[str]) -> Any:
@@ -399,7 +459,7 @@ def _safetensors_metadata(ck: Checkpoint) -> Optional[Dict[str, str]]:
     import json  # noqa: PLC0415
     import struct  # noqa: PLC0415
 
-    path = ck.path
+    path = os.fspath(ck._n().local_path)
     if ck.format == "hf":
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if not files:
@@ -414,7 +474,8 @@ def _safetensors_metadata(ck: Checkpoint) -> Optional[Dict[str, str]]:
     return dict(meta) if meta is not None else None
 
 
-def safe_open(filename: PathLike, framework: Framework = "np", device: str = "cpu", **limits: Any) -> SafeOpen:
+def safe_open(filename: PathLike, framework: Framework = "np", device: str = "cpu", *,
+              storage_options: StorageOptions = None, **limits: Any) -> SafeOpen:
     """safetensors' ``safe_open``, drop-in, over every format ckpt reads: ``keys()``, ``get_tensor(name)``,
     ``get_slice(name)[...]``, ``metadata()``.
 
@@ -425,8 +486,10 @@ def safe_open(filename: PathLike, framework: Framework = "np", device: str = "cp
 
     Differences: numpy arrays are read-only views of the file (safetensors copies them); a missing name raises
     :class:`EntryNotFoundError` (a ``KeyError``; safetensors raises its ``SafetensorError``).
+
+    ``filename`` may be an object-storage URL, fetched whole first, with ``storage_options`` (see :func:`open`).
     """
-    return SafeOpen(filename, framework, device, **limits)
+    return SafeOpen(filename, framework, device, storage_options, **limits)
 
 
 # --- whole checkpoints ------------------------------------------------------------------------------------
@@ -513,12 +576,14 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
          dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
          recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
          pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
-         progress: Optional[bool] = None, sync: bool = True, checksums: bool = True) -> ConvertSummary:
+         progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
+         storage_options: StorageOptions = None) -> ConvertSummary:
     """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
     ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
-    :func:`convert`'s, ``sync`` and ``checksums`` included.
+    :func:`convert`'s, ``sync`` and ``checksums`` included, and ``path`` may be an object-storage URL (see
+    :func:`convert`).
 
     >>> ckpt.save({"model": {"w": np.ones((2, 2), np.float32)}, "step": 3}, "out_dcp", format="distcp")
     ConvertSummary(tensors=1, bytes=16, values=1, dropped=[])
@@ -526,7 +591,7 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
     fmt = format
     s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
                    recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
-                   progress, sync, checksums)
+                   progress, sync, checksums, _storage(storage_options))
     return ConvertSummary(*s)
 
 
@@ -537,7 +602,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-            **limits: Any) -> ConvertSummary:
+            storage_options: StorageOptions = None, **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
@@ -547,6 +612,13 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
     failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
     safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
+
+    ``src`` and ``dst`` may be object-storage URLs, as ``ckpt convert`` takes them: a source is fetched whole
+    into a temporary directory; a target is written into one, then uploaded (files in parallel, the format's
+    commit point last, the destination's lock refusing a concurrent save, a previous checkpoint's objects
+    removed). ``storage_options``: see :func:`open`.
+
+        >>> ckpt.convert("s3://bucket/runs/step-100", "s3://bucket/hf/step-100", to="hf")
 
     A DCP checkpoint to Hugging Face shards, the model only, in bfloat16::
 
@@ -558,45 +630,64 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     exc = [exclude] if isinstance(exclude, str) else list(exclude)
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
-                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums)
+                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
+                      _storage(storage_options))
     return ConvertSummary(*s)
 
 
-def verify(path: PathLike, deep: bool = False, *, progress: Optional[bool] = None, **limits: Any) -> VerifyReport:
+def verify(path: PathLike, deep: bool = False, *, progress: Optional[bool] = None,
+           storage_options: StorageOptions = None, **limits: Any) -> VerifyReport:
     """Checks the checkpoint at ``path`` as ``ckpt verify`` does: structure without reading tensor data, and with
     ``deep=True`` every byte and every checksum. Problems are listed in the report (``report.ok``); a checkpoint
-    that cannot be read at all raises.
+    that cannot be read at all raises. At an object-storage URL (fetched whole first; ``storage_options``: see
+    :func:`open`), what an unfinished save left there (its lock, objects without a commit point) is listed in
+    ``warnings``, as ``ckpt verify`` lists it.
 
     >>> ckpt.verify("dcp_checkpoint/", deep=True).problems
     []
     """
-    return VerifyReport(*_ckpt.verify(_path(path), deep, _limits(limits), progress))
+    return VerifyReport(*_ckpt.verify(_path(path), deep, _limits(limits), progress, _storage(storage_options)))
 
 
 def reshard(src: PathLike, dst: PathLike, world_size: int, *, progress: Optional[bool] = None,
-            **limits: Any) -> ReshardSummary:
+            storage_options: StorageOptions = None, **limits: Any) -> ReshardSummary:
     """Rewrites a sharded checkpoint (distcp, hfai, recis) for ``world_size`` ranks, parts or shards, in a new
-    directory ``dst``, as ``ckpt reshard`` does.
+    directory ``dst``, as ``ckpt reshard`` does; ``src`` and ``dst`` may be object-storage URLs (see
+    :func:`convert`).
 
     >>> ckpt.reshard("dcp_8ranks/", "dcp_4ranks/", 4).world_size
     4
     """
-    return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits), progress))
+    return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits), progress,
+                                         _storage(storage_options)))
 
 
 def diff(a: PathLike, b: PathLike, *, rtol: float = 1e-5, atol: float = 1e-8, progress: Optional[bool] = None,
-         raw: bool = False, **limits: Any) -> DiffReport:
+         raw: bool = False, storage_options: StorageOptions = None, **limits: Any) -> DiffReport:
     """Compares two checkpoints of any formats entry by entry, as ``ckpt diff`` does: tensors within numpy's
     ``allclose`` tolerances (``|a - b| <= atol + rtol * |b|``), other values exactly. The state each format's
     layout carries is compared (a conversion diffs equal to its source); the formats' own bookkeeping is listed
-    in ``layout_a`` and ``layout_b``. ``raw=True`` compares every entry as listed, layout keys included.
+    in ``layout_a`` and ``layout_b``. ``raw=True`` compares every entry as listed, layout keys included. Either
+    side may be an object-storage URL, fetched whole first (``storage_options``: see :func:`open`).
 
     >>> ckpt.diff("model.pt", "model.safetensors").equal
     True
     """
-    r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress, raw)
+    r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress, raw, _storage(storage_options))
     r["tensors"] = [TensorDiff(**t) for t in r["tensors"]]
     return DiffReport(**r)
+
+
+def detect(path: PathLike, *, storage_options: StorageOptions = None) -> str:
+    """The format of the checkpoint at ``path`` (``"torch"``, ``"distcp"``, ``"safetensors"``, ...), from its
+    marker files and leading bytes, as :func:`open` detects it. At an object-storage URL only what listing
+    needs is fetched (a DCP checkpoint's ``.metadata``, a ``.pt``'s records but its tensors', safetensors
+    headers); ``storage_options``: see :func:`open`.
+
+    >>> ckpt.detect("step-1000/")
+    'distcp'
+    """
+    return _ckpt.detect(_path(path), _storage(storage_options))
 
 
 def formats() -> List[Tuple[str, str, bool]]:

@@ -33,14 +33,16 @@ if TYPE_CHECKING:  # what type checkers see; the class itself is made on first u
     class Reader(StorageReader):
         path: "str | None"
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, **limits: Any) -> None: ...
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
+                     storage_options: "dict[str, str] | None" = None, **limits: Any) -> None: ...
 
     from torch.distributed.checkpoint import StorageWriter
 
     class Writer(StorageWriter):
         path: "str | None"
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None) -> None: ...
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
+                     storage_options: "dict[str, str] | None" = None) -> None: ...
 
 
 def _reader_class() -> Any:
@@ -58,14 +60,17 @@ def _reader_class() -> Any:
         """A ``torch.distributed.checkpoint.StorageReader`` that reads through ckpt.
 
         ``path``: the checkpoint (any format ckpt reads; ``dcp.load(..., checkpoint_id=...)`` may give it
-        instead). ``limits``: ckpt's read limits (``ckpt.LIMITS``).
+        instead); an object-storage URL (``s3://bucket/step-100``) is fetched whole first, with
+        ``storage_options`` (see ``ckpt.open``). ``limits``: ckpt's read limits (``ckpt.LIMITS``).
 
         >>> dcp.load(model_state, storage_reader=ckpt.dcp.Reader("checkpoint/"))
         """
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, **limits: Any) -> None:
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *,
+                     storage_options: "dict[str, str] | None" = None, **limits: Any) -> None:
             super().__init__()
             self.path = None if path is None else os.fspath(path)
+            self.storage_options = storage_options
             self.limits = limits
             self.load_id = str(uuid.uuid4())
             self._ck: Any = None
@@ -83,7 +88,7 @@ def _reader_class() -> Any:
                 if self.path is None:
                     raise ckpt.UsageError("ckpt.dcp.Reader: no checkpoint path (give one, or checkpoint_id)",
                                           fault="usage")
-                self._ck = ckpt.open(self.path, **self.limits)
+                self._ck = ckpt.open(self.path, storage_options=self.storage_options, **self.limits)
             return self._ck
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -178,14 +183,18 @@ def _writer_class() -> Any:
 
         ``path``: the checkpoint directory (or ``dcp.save(..., checkpoint_id=...)``); ``dcp_profile``:
         ``"max-compat"`` (loads in torch 2.0 to 2.15, the default) or ``"torch213"`` (torch 2.13's layout).
+        ``path`` may be an object-storage URL (``s3://bucket/step-100``): written locally, then uploaded, with
+        ``storage_options`` (see ``ckpt.save``).
 
         >>> dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))
         """
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None) -> None:
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
+                     storage_options: "dict[str, str] | None" = None) -> None:
             super().__init__()
             self.path = None if path is None else os.fspath(path)
             self.dcp_profile = dcp_profile
+            self.storage_options = storage_options
             self.save_id = str(uuid.uuid4())
             self._items: dict = {}
 
@@ -238,7 +247,8 @@ def _writer_class() -> Any:
             state: dict = {}
             for fqn, value in self._items.items():
                 _set_element(state, tuple(paths.get(fqn, (fqn,))), value)
-            ckpt.save(state, self.path, format="distcp", dcp_profile=self.dcp_profile)
+            ckpt.save(state, self.path, format="distcp", dcp_profile=self.dcp_profile,
+                      storage_options=self.storage_options)
             self._items = {}
 
         def storage_meta(self) -> Any:

@@ -1,5 +1,6 @@
 //! An open checkpoint of any format (`ckpt.open`): entries before any data, then tensors and values read
-//! lazily, tensors as numpy arrays over the map or torch tensors.
+//! lazily, tensors as numpy arrays over the map or torch tensors. A checkpoint at a URL is fetched whole into
+//! a temporary directory, which the object keeps as long as it lives.
 
 use std::path::PathBuf;
 
@@ -7,14 +8,19 @@ use ckpt::{EntryKind, Format};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::errors::{IntoPy, core_to_py, usage};
+use crate::errors::{About, IntoPy, core_to_py, usage};
 use crate::ops::read_limits;
+use crate::remote::{fetched, shown, storage_options};
 use crate::values::{Framework, ToPy};
 
 /// An open checkpoint (the native half of `ckpt.Checkpoint`).
 #[pyclass(frozen, module = "ckpt._ckpt")]
 pub(crate) struct Checkpoint {
     inner: ckpt::Checkpoint,
+    /// The path, or the URL without credentials, it was opened from.
+    shown: PathBuf,
+    /// A URL's objects fetched into a temporary directory, which `inner` reads (dropped after it).
+    _source: ckpt::storage::Source,
 }
 
 impl Checkpoint {
@@ -34,24 +40,31 @@ impl Checkpoint {
 }
 
 /// Opens the checkpoint at `path` (`format`: its format's name, detected when `None`) under `limits`, with the
-/// GIL released.
+/// GIL released; at a URL, its objects are fetched first (as `ckpt cat` does), with `storage_options`.
 #[pyfunction]
-#[pyo3(signature = (path, format = None, limits = None))]
+#[pyo3(signature = (path, format = None, limits = None, storage_options = None))]
 pub(crate) fn open(
     py: Python<'_>,
     path: PathBuf,
     format: Option<&str>,
     limits: Option<&Bound<'_, PyDict>>,
+    storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Checkpoint> {
     let limits = read_limits(limits)?;
-    let format = format.map(|f| f.parse::<Format>().map_err(|e| usage(e.to_string(), Some(&path)))).transpose()?;
-    let inner = py
-        .detach(|| match format {
-            Some(f) => ckpt::open_as_with(&path, f, &limits),
-            None => ckpt::open_with(&path, &limits),
+    let storage = self::storage_options(storage_options)?;
+    let shown = shown(&path);
+    let format = format.map(|f| f.parse::<Format>().map_err(|e| usage(e.to_string(), Some(&shown)))).transpose()?;
+    let (inner, source) = py
+        .detach(|| -> Result<_, About> {
+            let source = fetched(&path, &storage, ckpt::storage::Fetch::Whole)?;
+            let inner = match format {
+                Some(f) => ckpt::open_as_with(source.path(), f, &limits),
+                None => ckpt::open_with(source.path(), &limits),
+            }?;
+            Ok((inner, source))
         })
         .py()?;
-    Ok(Checkpoint { inner })
+    Ok(Checkpoint { inner, shown, _source: source })
 }
 
 #[pymethods]
@@ -62,9 +75,15 @@ impl Checkpoint {
         self.inner.format().name()
     }
 
-    /// The path it was opened from.
+    /// The path it was opened from; for a URL, the URL without user information and query.
     #[getter]
-    fn path(&self) -> PathBuf {
+    fn path(&self) -> std::ffi::OsString {
+        self.shown.clone().into_os_string()
+    }
+
+    /// The local path read: the path it was opened from, or where a URL's objects were fetched.
+    #[getter]
+    fn local_path(&self) -> PathBuf {
         self.inner.path().to_path_buf()
     }
 
@@ -143,7 +162,7 @@ impl Checkpoint {
     /// The bytes `torch.save` writes for the value `name` (how `ckpt.dcp.Reader` hands a non-tensor entry to
     /// DCP's planner, which `torch.load`s it).
     fn value_bytes<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let path = self.inner.path().to_path_buf();
+        let path = self.shown.clone();
         let bytes = py
             .detach(|| -> ckpt::Result<Vec<u8>> {
                 let v = self.inner.value(name)?;
@@ -168,11 +187,11 @@ impl Checkpoint {
     }
 
     fn __repr__(&self) -> String {
-        format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.inner.path().display())
+        format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.shown.display())
     }
 }
 
 /// A core error about this checkpoint.
 pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::tensor::Error) -> PyErr {
-    core_to_py(e, ck.inner.path())
+    core_to_py(e, &ck.shown)
 }

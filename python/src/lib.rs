@@ -8,7 +8,8 @@
 //!
 //! Modules: `arrays` (numpy arrays over ckpt's buffers), `values` (ckpt's `Value` tree to Python objects and
 //! back), `checkpoint` (an open checkpoint), `ops` (load, save, convert, verify, reshard, diff), `dcp` (what
-//! `ckpt.dcp.Reader` asks of a checkpoint), `cli` (the `ckpt` command), `errors` (the exceptions).
+//! `ckpt.dcp.Reader` asks of a checkpoint), `remote` (paths that are object-storage URLs: fetched, or written and
+//! published, as the `ckpt` command does), `cli` (the `ckpt` command), `errors` (the exceptions).
 
 mod arrays;
 mod checkpoint;
@@ -16,6 +17,7 @@ mod cli;
 mod dcp;
 mod errors;
 mod ops;
+mod remote;
 mod values;
 
 use pyo3::prelude::*;

@@ -1,12 +1,14 @@
 //! The package's operations on whole checkpoints — load, save, convert, verify, reshard, diff — each the
 //! facade's function with the `ckpt` command's options, run with the GIL released, with a progress bar on
-//! stderr when it is a terminal.
+//! stderr when it is a terminal. Every path may be an object-storage URL, read and written as the command
+//! does (`remote`), with the command's `--storage-option`s as the `storage_options` keyword argument.
 
 use ckpt::io::Durability;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ckpt::storage::Fetch;
 use ckpt::{
     ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, TargetOptions, Value, VerifyOptions,
 };
@@ -14,7 +16,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::errors::{IntoPy, usage};
+use crate::errors::{About, IntoPy, usage};
+use crate::remote::{fetched, published, shown, storage_options, target};
 use crate::values::{Framework, FromPy, ToPy};
 
 /// The read limits named in `limits` (the `ckpt` command's `--max-*` and `--trusted` flags, without `--`,
@@ -138,8 +141,12 @@ fn bar(show: Option<bool>, what: &str) -> ProgressBar {
 }
 
 /// `ckpt.load`: the nested state dict of the checkpoint at `path`, the entries `include`/`exclude` keep.
+/// At a URL, every object is fetched first (arrays over a fetched file's map keep its memory once its
+/// temporary directory is gone).
 #[pyfunction]
-#[pyo3(signature = (path, framework = "np", include = Vec::new(), exclude = Vec::new(), torch = None, limits = None))]
+#[pyo3(signature = (path, framework = "np", include = Vec::new(), exclude = Vec::new(), torch = None, limits = None,
+    storage_options = None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -148,11 +155,18 @@ pub(crate) fn load<'py>(
     exclude: Vec<String>,
     torch: Option<Bound<'py, PyAny>>,
     limits: Option<&Bound<'py, PyDict>>,
+    storage_options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let to = ToPy::new(Framework::parse(framework)?, torch);
     let limits = read_limits(limits)?;
+    let storage = self::storage_options(storage_options)?;
     let selection = selection(include, exclude, None, None, None)?;
-    let tree = py.detach(|| ckpt::state_dict(&path, &selection, &limits)).py()?;
+    let tree = py
+        .detach(|| -> Result<Value, About> {
+            let staged = fetched(&path, &storage, Fetch::Whole)?;
+            Ok(ckpt::state_dict(staged.path(), &selection, &limits)?)
+        })
+        .py()?;
     to.value(py, &tree)
 }
 
@@ -223,7 +237,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
 #[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
-    limits = None, progress = None, sync = true, checksums = true))]
+    limits = None, progress = None, sync = true, checksums = true, storage_options = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -247,7 +261,9 @@ pub(crate) fn convert(
     progress: Option<bool>,
     sync: bool,
     checksums: bool,
+    storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Summary> {
+    let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
     let from = from_.map(|f| format_of(f, &src)).transpose()?;
     let selection = selection(include, exclude, strip_prefix, add_prefix, dtype)?;
@@ -265,9 +281,16 @@ pub(crate) fn convert(
         read_limits(limits)?,
         durability(sync, checksums),
     )?;
-    let what = format!("converting {} to {to}", src.display());
-    let estimate = || ckpt::output_estimate(&src, from, &options).ok();
-    with_progress(py, progress, what, estimate, || ckpt::convert(&src, from, &dst, to, &options)).py().map(summary)
+    // As `ckpt convert`: the source fetched, the target written locally, then published.
+    let what = format!("converting {} to {to}", shown(&src).display());
+    let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
+    let target = target(&dst).py()?;
+    let estimate = || ckpt::output_estimate(staged.path(), from, &options).ok();
+    let s =
+        with_progress(py, progress, what, estimate, || ckpt::convert(staged.path(), from, target.path(), to, &options))
+            .py()?;
+    py.detach(|| published(target, to, &storage)).py()?;
+    Ok(summary(s))
 }
 
 /// `ckpt.save`: the state dict `state_dict` (nested dicts, lists, tuples, numpy arrays, torch tensors, Python
@@ -275,7 +298,7 @@ pub(crate) fn convert(
 #[pyfunction]
 #[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
     hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
-    max_shard_size = None, progress = None, sync = true, checksums = true))]
+    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -292,7 +315,9 @@ pub(crate) fn save(
     progress: Option<bool>,
     sync: bool,
     checksums: bool,
+    storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Summary> {
+    let storage = self::storage_options(storage_options)?;
     let to = format_of(format, &path)?;
     let tree = FromPy::new(py)?.value(state_dict)?;
     let options = convert_options(
@@ -309,9 +334,12 @@ pub(crate) fn save(
         ReadLimits::default(),
         durability(sync, checksums),
     )?;
-    let what = format!("saving {} as {to}", path.display());
+    let what = format!("saving {} as {to}", shown(&path).display());
+    let target = target(&path).py()?;
     let estimate = || Some(tensor_bytes(&tree));
-    with_progress(py, progress, what, estimate, || ckpt::save(&tree, &path, to, &options)).py().map(summary)
+    let s = with_progress(py, progress, what, estimate, || ckpt::save(&tree, target.path(), to, &options)).py()?;
+    py.detach(|| published(target, to, &storage)).py()?;
+    Ok(summary(s))
 }
 
 /// A verification's report as `(format, checked, bytes, problems, warnings)`.
@@ -319,34 +347,51 @@ type Report = (&'static str, usize, u64, Vec<String>, Vec<String>);
 
 /// `ckpt.verify`: its [`Report`].
 #[pyfunction]
-#[pyo3(signature = (path, deep = false, limits = None, progress = None))]
+#[pyo3(signature = (path, deep = false, limits = None, progress = None, storage_options = None))]
 pub(crate) fn verify(
     py: Python<'_>,
     path: PathBuf,
     deep: bool,
     limits: Option<&Bound<'_, PyDict>>,
     progress: Option<bool>,
+    storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Report> {
     let options =
         if deep { VerifyOptions::deep() } else { VerifyOptions::structure() }.with_limits(read_limits(limits)?);
-    let pb = bar(progress, &format!("verifying {}", path.display()));
-    let report = py
-        .detach(|| {
-            ckpt::verify_with_progress(&path, &options, &|done, total| {
-                pb.set_length(total);
-                pb.set_position(done);
-            })
+    let storage = self::storage_options(storage_options)?;
+    let staged = py.detach(|| fetched(&path, &storage, Fetch::Whole)).py()?;
+    let pb = bar(progress, &format!("verifying {}", shown(&path).display()));
+    let report = py.detach(|| {
+        ckpt::verify_with_progress(staged.path(), &options, &|done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
         })
-        .py();
+    });
     pb.finish_and_clear();
-    let r = report?;
+    // At a URL, as `ckpt verify`: what a save that did not finish left beside the checkpoint (its lock,
+    // objects without a commit point) joins the report, as warnings of kind `unfinished` (the next save
+    // removes them).
+    let left = py
+        .detach(|| -> Result<Vec<ckpt::Problem>, About> {
+            match crate::remote::place(&path)? {
+                ckpt::storage::Location::Remote(url) => {
+                    let format = ckpt::detect(staged.path()).ok();
+                    ckpt::storage::unfinished(&url, format, &storage)
+                        .map_err(|e| About::at(e, &ckpt::storage::Location::Remote(url.clone())))
+                }
+                ckpt::storage::Location::Local(_) => Ok(Vec::new()),
+            }
+        })
+        .py()?;
+    let mut r = report.py()?;
+    r.problems.extend(left);
     let text = |problems: Vec<&ckpt::Problem>| problems.into_iter().map(ToString::to_string).collect();
     Ok((r.format, r.records, r.bytes, text(r.errors().collect()), text(r.warnings().collect())))
 }
 
 /// `ckpt.reshard`: `(format, world_size, tensors, bytes)`.
 #[pyfunction]
-#[pyo3(signature = (src, dst, world_size, limits = None, progress = None))]
+#[pyo3(signature = (src, dst, world_size, limits = None, progress = None, storage_options = None))]
 pub(crate) fn reshard(
     py: Python<'_>,
     src: PathBuf,
@@ -354,20 +399,29 @@ pub(crate) fn reshard(
     world_size: usize,
     limits: Option<&Bound<'_, PyDict>>,
     progress: Option<bool>,
+    storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<(&'static str, usize, usize, u64)> {
     let limits = read_limits(limits)?;
-    let what = format!("resharding {} for {world_size}", src.display());
+    let storage = self::storage_options(storage_options)?;
+    let what = format!("resharding {} for {world_size}", shown(&src).display());
+    let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
+    let target = target(&dst).py()?;
     let estimate = || {
         let options = ckpt::ConvertOptions::default().with_limits(limits);
-        ckpt::output_estimate(&src, None, &options).ok()
+        ckpt::output_estimate(staged.path(), None, &options).ok()
     };
-    let s = with_progress(py, progress, what, estimate, || ckpt::reshard_with(&src, &dst, world_size, &limits)).py()?;
+    let s = with_progress(py, progress, what, estimate, || {
+        ckpt::reshard_with(staged.path(), target.path(), world_size, &limits)
+    })
+    .py()?;
+    py.detach(|| published(target, s.format, &storage)).py()?;
     Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
 }
 
 /// `ckpt.diff`: the report's parts, each a list (see `ckpt.DiffReport`).
 #[pyfunction]
-#[pyo3(signature = (a, b, rtol = 1e-5, atol = 1e-8, limits = None, progress = None, raw = false))]
+#[pyo3(signature = (a, b, rtol = 1e-5, atol = 1e-8, limits = None, progress = None, raw = false,
+    storage_options = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn diff<'py>(
     py: Python<'py>,
@@ -378,14 +432,19 @@ pub(crate) fn diff<'py>(
     limits: Option<&Bound<'py, PyDict>>,
     progress: Option<bool>,
     raw: bool,
+    storage_options: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let storage = self::storage_options(storage_options)?;
     let layout = if raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
     let options =
         DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?).with_layout(layout);
-    let pb = bar(progress, &format!("comparing {} and {}", a.display(), b.display()));
+    let (a_staged, b_staged) = py
+        .detach(|| Ok::<_, About>((fetched(&a, &storage, Fetch::Whole)?, fetched(&b, &storage, Fetch::Whole)?)))
+        .py()?;
+    let pb = bar(progress, &format!("comparing {} and {}", shown(&a).display(), shown(&b).display()));
     let report = py
         .detach(|| {
-            ckpt::diff_with_progress(&a, &b, &options, &|done, total| {
+            ckpt::diff_with_progress(a_staged.path(), b_staged.path(), &options, &|done, total| {
                 pb.set_length(total);
                 pb.set_position(done);
             })
@@ -427,10 +486,22 @@ pub(crate) fn diff<'py>(
     Ok(out)
 }
 
-/// The format of the checkpoint at `path`, by name, from its marker files and leading bytes.
+/// The format of the checkpoint at `path`, by name, from its marker files and leading bytes (at a URL, from
+/// what listing it needs: a DCP checkpoint's `.metadata`, a `.pt`'s records but its tensors', headers).
 #[pyfunction]
-pub(crate) fn detect(py: Python<'_>, path: PathBuf) -> PyResult<&'static str> {
-    py.detach(|| ckpt::detect(&path)).py().map(|f| f.name())
+#[pyo3(signature = (path, storage_options = None))]
+pub(crate) fn detect(
+    py: Python<'_>,
+    path: PathBuf,
+    storage_options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<&'static str> {
+    let storage = self::storage_options(storage_options)?;
+    py.detach(|| -> Result<Format, About> {
+        let staged = fetched(&path, &storage, Fetch::Index)?;
+        Ok(ckpt::detect(staged.path())?)
+    })
+    .py()
+    .map(|f| f.name())
 }
 
 /// Every format's `(name, about, sharded)`.
