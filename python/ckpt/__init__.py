@@ -614,9 +614,9 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
 
     ``src`` and ``dst`` may be object-storage URLs, as ``ckpt convert`` takes them: a source is fetched whole
-    into a temporary directory; a target is written into one, then uploaded (files in parallel, the format's
+    into a temporary directory; a target is streamed to (each file straight to its object, the format's
     commit point last, the destination's lock refusing a concurrent save, a previous checkpoint's objects
-    removed). ``storage_options``: see :func:`open`.
+    removed once the new one is committed). ``storage_options``: see :func:`open`.
 
         >>> ckpt.convert("s3://bucket/runs/step-100", "s3://bucket/hf/step-100", to="hf")
 

@@ -183,7 +183,7 @@ def _writer_class() -> Any:
 
         ``path``: the checkpoint directory (or ``dcp.save(..., checkpoint_id=...)``); ``dcp_profile``:
         ``"max-compat"`` (loads in torch 2.0 to 2.15, the default) or ``"torch213"`` (torch 2.13's layout).
-        ``path`` may be an object-storage URL (``s3://bucket/step-100``): written locally, then uploaded, with
+        ``path`` may be an object-storage URL (``s3://bucket/step-100``): streamed to the bucket, with
         ``storage_options`` (see ``ckpt.save``).
 
         >>> dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))

@@ -281,15 +281,15 @@ pub(crate) fn convert(
         read_limits(limits)?,
         durability(sync, checksums),
     )?;
-    // As `ckpt convert`: the source fetched, the target written locally, then published.
+    // As `ckpt convert`: the source fetched, the target streamed to.
     let what = format!("converting {} to {to}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
-    let target = target(&dst).py()?;
+    let target = target(&dst, &storage).py()?;
     let estimate = || ckpt::output_estimate(staged.path(), from, &options).ok();
     let s =
         with_progress(py, progress, what, estimate, || ckpt::convert(staged.path(), from, target.path(), to, &options))
             .py()?;
-    py.detach(|| published(target, to, &storage)).py()?;
+    py.detach(|| published(target)).py()?;
     Ok(summary(s))
 }
 
@@ -335,10 +335,10 @@ pub(crate) fn save(
         durability(sync, checksums),
     )?;
     let what = format!("saving {} as {to}", shown(&path).display());
-    let target = target(&path).py()?;
+    let target = target(&path, &storage).py()?;
     let estimate = || Some(tensor_bytes(&tree));
     let s = with_progress(py, progress, what, estimate, || ckpt::save(&tree, target.path(), to, &options)).py()?;
-    py.detach(|| published(target, to, &storage)).py()?;
+    py.detach(|| published(target)).py()?;
     Ok(summary(s))
 }
 
@@ -405,7 +405,7 @@ pub(crate) fn reshard(
     let storage = self::storage_options(storage_options)?;
     let what = format!("resharding {} for {world_size}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
-    let target = target(&dst).py()?;
+    let target = target(&dst, &storage).py()?;
     let estimate = || {
         let options = ckpt::ConvertOptions::default().with_limits(limits);
         ckpt::output_estimate(staged.path(), None, &options).ok()
@@ -414,7 +414,7 @@ pub(crate) fn reshard(
         ckpt::reshard_with(staged.path(), target.path(), world_size, &limits)
     })
     .py()?;
-    py.detach(|| published(target, s.format, &storage)).py()?;
+    py.detach(|| published(target)).py()?;
     Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
 }
 

@@ -1,14 +1,14 @@
 //! Checkpoints at object-storage URLs (`s3://`, `gs://`, `az://`, `http(s)://`) for every call that takes a
 //! path, as the `ckpt` command reads and writes them (facade/src/bin/ckpt.rs: `place`, `fetched`, `target`,
 //! `published`): a URL source is fetched into a temporary directory that lives as long as the value this
-//! module returns ([`ckpt::storage::Source`]); a URL target is written into a temporary directory and then
-//! published ([`ckpt::storage::Target::publish`]). The `storage_options` keyword argument holds what the
+//! module returns ([`ckpt::storage::Source`]); a URL target is the path every format's writer takes, which
+//! streams each file straight to its object and commits with the format's commit points last
+//! ([`ckpt::storage::target`]). The `storage_options` keyword argument holds what the
 //! command's `--storage-option KEY=VALUE` gives: the store's configuration keys and ckpt's own (`max_retries`,
 //! `retry_timeout`, `concurrency`, `part_size`). Values are never shown, in errors or anywhere else.
 
 use std::path::{Path, PathBuf};
 
-use ckpt::Format;
 use ckpt::storage::{Fetch, Location, Source, StorageOptions, Target};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -57,14 +57,15 @@ pub(crate) fn fetched(path: &Path, options: &StorageOptions, what: Fetch) -> Res
     ckpt::storage::fetch_with(&location, options, what).map_err(|e| About::at(e, &location))
 }
 
-/// Where to write `path`: a local path as it is; for a URL, a temporary path that [`published`] uploads.
-pub(crate) fn target(path: &Path) -> Result<Target, About> {
+/// Where to write `path`: a local path as it is; a URL, which the writers stream to (opening its store
+/// with `options`).
+pub(crate) fn target(path: &Path, options: &StorageOptions) -> Result<Target, About> {
     let location = place(path)?;
-    ckpt::storage::target(&location).map_err(|e| About::at(e, &location))
+    ckpt::storage::target(&location, options).map_err(|e| About::at(e, &location))
 }
 
-/// Uploads what was written at `target` as a checkpoint of `format` (nothing for a local path).
-pub(crate) fn published(target: Target, format: Format, options: &StorageOptions) -> Result<(), About> {
+/// Ends a write to `target` (nothing left to do: the writer committed it).
+pub(crate) fn published(target: Target) -> Result<(), About> {
     let location = target.location().clone();
-    target.publish(format, options).map(|_| ()).map_err(|e| About::at(e, &location))
+    target.publish().map(|_| ()).map_err(|e| About::at(e, &location))
 }
