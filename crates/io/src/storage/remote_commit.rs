@@ -1,34 +1,42 @@
 //! How a checkpoint commits on an object store, where nothing can be renamed: each format's own commit
 //! point is written last, and the destination's lock object refuses a concurrent writer.
 //!
-//! A save to the prefix `<url>/`:
+//! A save to the prefix `<url>/` (a `DirCommit` or `FileCommit` given the URL as its path; `ckpt_io`'s
+//! `dir_remote` drives these steps):
 //! 1. takes the lock: `<url>/.ckpt-lock.json` put with `If-None-Match: *` (a second writer gets
 //!    [`StorageError::Locked`] naming the holder; a lock whose holder was a process of this host that no
-//!    longer runs is taken over with `If-Match` on its entity tag);
-//! 2. deletes the previous checkpoint's commit points, so that from here on a reader finds no checkpoint
-//!    rather than a mix of two (object stores replace objects one at a time; the previous checkpoint at
-//!    the *same* URL cannot be kept whole while its files are replaced: save each step to its own URL to
-//!    keep the last one loadable, as training jobs do);
-//! 3. uploads every other file, in parallel, multipart above the part size (a multipart upload becomes
-//!    visible only when completed, whole);
-//! 4. writes the commit points last, in order, each with `If-None-Match: *`, so a concurrent writer
-//!    that got past the lock cannot be overwritten silently:
+//!    longer runs is taken over with `If-Match` on its entity tag), and lists what the prefix holds;
+//! 2. streams every file to its object as the format writes it (a multipart upload, visible only when
+//!    completed, whole), each process its own files. The previous checkpoint's commit points stay until
+//!    a new file is about to replace one of its objects: then they are deleted first
+//!    ([`RemoteCommit::delete_commit_points`]), so that readers find no checkpoint rather than a mix.
+//!    Formats whose file names can carry the save's id never replace an object of the previous
+//!    checkpoint (DCP's data files `__<rank>_<n>.<save id>.distcp`, named by `.metadata`; PBG's files are
+//!    versioned): the previous checkpoint stays whole and loadable until step 3;
+//! 3. writes ckpt's checksum manifest and then the format's commit points last, in order, each with
+//!    `If-Match` on the entity tag the listing of step 1 gave (another writer's change is refused,
+//!    [`StorageError::Conflict`]), or `If-None-Match: *` where there was none
+//!    ([`RemoteCommit::replace_commit_points`]):
 //!
 //!    | format | commit point |
 //!    |---|---|
 //!    | distcp | `.metadata` |
 //!    | Hugging Face shards | `model.safetensors.index.json` |
-//!    | RecIS | `checkpoint` (the manager's list) |
+//!    | RecIS | `index` |
 //!    | PyTorch-BigGraph | `checkpoint_version.txt` |
 //!    | hfai | `.hfai_meta` markers are its own; ckpt's `ckpt.checksums.json` manifest |
 //!    | a single file (`.pt`, `.safetensors`) | the object itself: one put or a completed multipart upload |
-//! 5. removes what the destination held that the new checkpoint does not: the files of the previous
+//! 4. removes what the destination held that the new checkpoint does not: the files of the previous
 //!    checkpoint and those a killed save left (objects the format owns, and ckpt's own `.ckpt-*`
 //!    objects); anything else under the prefix is left alone;
-//! 6. deletes the lock.
+//! 5. deletes the lock.
 //!
-//! A save killed at any step leaves either no commit point (readers find no checkpoint; [`leftovers`]
-//! lists what it wrote, for `verify`) or the new checkpoint whole; the next save removes its objects.
+//! A save killed at any step leaves the previous checkpoint whole (when none of its objects was
+//! replaced), or no commit point (readers find no checkpoint), or the new checkpoint whole. [`leftovers`]
+//! lists what it wrote, for `verify` (objects without a commit point, or that the committed checkpoint's
+//! manifest does not name); the next save removes them.
+//!
+//! [`RemoteCommit::publish`] runs the same steps for a checkpoint already written to a local directory.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
