@@ -795,14 +795,23 @@ impl DcpReader {
     /// errors are errors.
     fn parse_filled(&self, key: &str, info: &StorageInfo, window: &Buffer) -> Result<Option<Tensor>> {
         use ckpt_torch::zip::Archive;
-        /// The end records and central directory of most items: the last 64 KiB and 98 bytes (the longest
-        /// comment, the end record and zip64's two).
+        /// Where the end records of an item lie: in its last 4 KiB (with the central directory of a few
+        /// records) unless a comment is long; always in its last 64 KiB and 98 bytes (the longest comment,
+        /// the end record and zip64's two).
+        const SHORT_TAIL: u64 = 4 << 10;
         const ZIP_TAIL: u64 = (64 << 10) + 98;
         /// Ranges of small records closer than this are filled as one.
         const GAP: u64 = 64 << 10;
         let len = window.len() as u64;
-        self.files.fill(key, info, len.saturating_sub(ZIP_TAIL)..len)?;
-        let Ok(cd) = Archive::central_directory_range(window.as_bytes()) else { return Ok(None) };
+        self.files.fill(key, info, len.saturating_sub(SHORT_TAIL)..len)?;
+        let cd = match Archive::central_directory_range(window.as_bytes()) {
+            Ok(cd) => cd,
+            Err(_) => {
+                self.files.fill(key, info, len.saturating_sub(ZIP_TAIL)..len)?;
+                let Ok(cd) = Archive::central_directory_range(window.as_bytes()) else { return Ok(None) };
+                cd
+            }
+        };
         if cd.end > len {
             return Ok(None);
         }

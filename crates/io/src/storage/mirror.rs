@@ -172,7 +172,10 @@ impl SparseMirror {
         let local = |source| StorageError::Local { path: object.path.clone(), source };
         let file = std::fs::OpenOptions::new().write(true).open(&object.path).map_err(local)?;
         for batch in parts.chunks(self.store.options().concurrency.max(1)) {
-            let got = self.store.read_ranges_within(&key, batch, 0)?;
+            let got = match self.store.read_ranges_within(&key, batch, 0) {
+                Ok(got) => got,
+                Err(e) => return Err(self.shortened(&key, batch, e)),
+            };
             for (r, bytes) in batch.iter().zip(&got) {
                 if (bytes.len() as u64) != r.end - r.start {
                     return Err(StorageError::Truncated {
@@ -189,6 +192,24 @@ impl SparseMirror {
             }
         }
         Ok(())
+    }
+}
+
+impl SparseMirror {
+    /// The error of a failed read of `batch` of the object `key`: [`StorageError::Truncated`] when the
+    /// object is now shorter than the batch's end (stores answer a range past the end in their own ways:
+    /// S3's 416 InvalidRange, a short body), else `e`.
+    fn shortened(&self, key: &str, batch: &[Range<u64>], e: StorageError) -> StorageError {
+        if matches!(e, StorageError::Truncated { .. }) {
+            return e;
+        }
+        let end = batch.iter().map(|r| r.end).max().unwrap_or(0);
+        match self.store.head(key) {
+            Ok(Some(info)) if info.size < end => {
+                StorageError::Truncated { url: self.store.url_of(key), expected: end, found: info.size }
+            }
+            _ => e,
+        }
     }
 }
 
