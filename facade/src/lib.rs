@@ -136,7 +136,7 @@ pub use ranks::{convert_in, reshard_in, reshard_in_with};
 pub use report::{ConvertSummary, Problem, ProblemKind, Progress, Severity, VerifyReport, error_chain};
 pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
 pub use select::Selection;
-pub use source::{NameMap, SourceOptions};
+pub use source::{NameMap, PathFill, SourceOptions};
 pub use verify::{VerifyOptions, verify, verify_with, verify_with_progress};
 
 /// The repository README's Rust examples, compiled and run as doctests (`cargo test --doc -p ckpt --features

@@ -2,6 +2,29 @@
 //! Megatron's layer-stacked tensors are split per layer, and under which names a model's tensors appear.
 //! Formats they do not apply to ignore them.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ckpt_io::storage::RangeFill;
+
+/// The fill hook of the partial local copy at one path ([`SourceOptions::with_fill`]). Equal when it is the
+/// same hook for the same path.
+#[derive(Debug, Clone)]
+pub struct PathFill {
+    /// The local path of the copy (as opened).
+    pub path: PathBuf,
+    /// What fills its bytes before they are read.
+    pub fill: Arc<dyn RangeFill>,
+}
+
+impl PartialEq for PathFill {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && Arc::ptr_eq(&self.fill, &other.fill)
+    }
+}
+
+impl Eq for PathFill {}
+
 /// A standard mapping of a training framework's tensor names onto a model family's Hugging Face names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -36,6 +59,10 @@ pub struct SourceOptions {
     /// (torch: each ZIP record's data offset from torch's layout rule, without its local header). Read no
     /// tensor data from such a checkpoint.
     pub listing_only: bool,
+    /// Checkpoints that are partial local copies (a URL fetched with `ckpt::storage::Fetch::Lazy`), each
+    /// with the hook that fills the bytes a reader is about to read: the DCP reader (and Megatron's) reads
+    /// such a copy through it, fetching only what each read needs. Other formats are never left partial.
+    pub fills: Vec<PathFill>,
 }
 
 impl SourceOptions {
@@ -58,6 +85,22 @@ impl SourceOptions {
     pub fn with_listing_only(mut self, on: bool) -> Self {
         self.listing_only = on;
         self
+    }
+
+    /// Reads the checkpoint at `path` (a partial local copy) through `fill` ([`SourceOptions::fills`]);
+    /// `None` changes nothing (a local checkpoint, or a copy fetched whole).
+    #[must_use]
+    pub fn with_fill(mut self, path: &Path, fill: Option<Arc<dyn RangeFill>>) -> Self {
+        if let Some(fill) = fill {
+            self.fills.retain(|f| f.path != path);
+            self.fills.push(PathFill { path: path.to_path_buf(), fill });
+        }
+        self
+    }
+
+    /// The fill hook of the checkpoint at `path`, if it is a partial copy.
+    pub fn fill_for(&self, path: &Path) -> Option<Arc<dyn RangeFill>> {
+        self.fills.iter().find(|f| f.path == path).map(|f| Arc::clone(&f.fill))
     }
 
     /// Maps a Megatron model's names onto a Hugging Face model family's.

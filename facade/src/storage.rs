@@ -6,7 +6,11 @@
 //!   stays within `concurrency × part_size`; the local readers then read it as they read any path. For a
 //!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata`, the headers
 //!   of safetensors files and Hugging Face shards, and a `.pt`'s central directory and small records
-//!   (`data.pkl`, `version`, …) are fetched alone.
+//!   (`data.pkl`, `version`, …) are fetched alone. For reading some tensors of a DCP checkpoint
+//!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use) its data files are fetched as they are read:
+//!   sparse local files that a [`SparseMirror`] fills with the byte ranges each read needs (ranged,
+//!   coalesced, parallel requests, memory within `concurrency × part_size`), through the hook the source
+//!   hands to the reader ([`Source::fill`], `SourceOptions::with_fill`).
 //! - a URL target is written into a private temporary directory by the format's own writer, then
 //!   published ([`Target::publish`]) by `ckpt_io::storage::remote_commit`: files uploaded in parallel
 //!   (multipart, bounded buffers), each format's commit point last, conditional writes, the destination's
@@ -25,11 +29,12 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use ckpt_io::storage::remote_commit::{LOCK_NAME, PublishReport, RemoteCommit, file_lock_name, is_lock, leftovers};
 pub use ckpt_io::storage::{
-    Location, ObjectInfo, ObjectLayout, PutCondition, RemoteUrl, StatsSnapshot, StorageError, StorageOptions, Store,
-    registry,
+    Location, ObjectInfo, ObjectLayout, PutCondition, RangeFill, RemoteUrl, SparseMirror, StatsSnapshot, StorageError,
+    StorageOptions, Store, registry,
 };
 
 use crate::error::{Error, Result};
@@ -65,7 +70,10 @@ impl std::fmt::Display for Transfer {
 #[derive(Debug)]
 pub struct Source {
     path: PathBuf,
-    transfer: Option<Transfer>,
+    /// For a URL: the objects of the copy, and the store they came from (whose counts grow as a lazy
+    /// copy is filled).
+    fetched: Option<(usize, Store)>,
+    mirror: Option<Arc<SparseMirror>>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -75,9 +83,19 @@ impl Source {
         &self.path
     }
 
-    /// What fetching moved; `None` for a local path.
+    /// What fetching moved so far; `None` for a local path. For a lazy copy ([`Fetch::Lazy`]) the counts
+    /// include every fill made by the reads until now: ask after reading.
     pub fn transfer(&self) -> Option<Transfer> {
-        self.transfer
+        self.fetched.as_ref().map(|(objects, store)| {
+            let stats = store.stats();
+            Transfer { objects: *objects, bytes: stats.bytes_read, requests: stats.requests }
+        })
+    }
+
+    /// The hook that fills a lazy copy's bytes before they are read (`SourceOptions::with_fill`); `None`
+    /// for a local path or a copy fetched whole.
+    pub fn fill(&self) -> Option<Arc<dyn RangeFill>> {
+        self.mirror.as_ref().map(|m| Arc::clone(m) as Arc<dyn RangeFill>)
     }
 }
 
@@ -95,6 +113,13 @@ pub enum Fetch {
     /// `SourceOptions::listing_only`, which trusts torch's layout for the rest); anything else whole. The local copy then holds zeros where nothing was fetched: read nothing but
     /// the listing from it.
     Index,
+    /// What reading some tensors needs, fetched as they are read: a DCP checkpoint's `.metadata` and other
+    /// small files whole, its data files (`*.distcp`) as sparse files of their size that the reader fills
+    /// with the byte ranges each read needs ([`Source::fill`]: open the copy with `ckpt::open_source` and
+    /// `SourceOptions::with_fill(source.path(), source.fill())`; a region of a tensor fetches its items'
+    /// ZIP metadata and the region's bytes). Anything but a DCP checkpoint (a single object, other
+    /// formats) is fetched whole, as [`Fetch::Whole`].
+    Lazy,
 }
 
 /// A new private temporary directory named `<prefix>…`, removed when dropped.
@@ -121,7 +146,7 @@ const MAX_INDEX_HEADER: u64 = 100_000_000;
 /// As [`fetch`]; [`StorageError::Truncated`] for a `.safetensors` object shorter than its header says.
 pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) -> Result<Source> {
     let url = match location {
-        Location::Local(path) => return Ok(Source { path: path.clone(), transfer: None, _dir: None }),
+        Location::Local(path) => return Ok(Source { path: path.clone(), fetched: None, mirror: None, _dir: None }),
         Location::Remote(url) => url,
     };
     let store = Store::open(url, options)?;
@@ -137,7 +162,7 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         let part = match what {
             Fetch::Index if name.ends_with(".safetensors") => Some(Part::Header),
             Fetch::Index => Some(Part::Zip),
-            Fetch::Whole => None,
+            Fetch::Whole | Fetch::Lazy => None,
         };
         fetch_object(&store, "", object.size, &local, part)?;
         objects = 1;
@@ -146,6 +171,7 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
         let dcp = has(".metadata");
         let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
+        let mut lazy = (what == Fetch::Lazy && dcp).then(|| SparseMirror::new(store.clone()));
         for object in &listed {
             let dst = object.name.split('/').fold(local.clone(), |p, part| p.join(part));
             if let Some(parent) = dst.parent() {
@@ -156,13 +182,22 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
                 Fetch::Index if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
                 _ => None,
             };
-            fetch_object(&store, &object.name, object.size, &dst, part)?;
+            match &mut lazy {
+                Some(mirror) if object.name.ends_with(".distcp") => {
+                    mirror.add_sparse(&object.name, object.size, &dst)?
+                }
+                Some(mirror) => {
+                    fetch_object(&store, &object.name, object.size, &dst, part)?;
+                    mirror.add_present(&object.name, object.size, &dst);
+                }
+                None => fetch_object(&store, &object.name, object.size, &dst, part)?,
+            }
             objects += 1;
         }
+        let mirror = lazy.map(Arc::new);
+        return Ok(Source { path: local, fetched: Some((objects, store)), mirror, _dir: Some(dir) });
     }
-    let stats = store.stats();
-    let transfer = Transfer { objects, bytes: stats.bytes_read, requests: stats.requests };
-    Ok(Source { path: local, transfer: Some(transfer), _dir: Some(dir) })
+    Ok(Source { path: local, fetched: Some((objects, store)), mirror: None, _dir: Some(dir) })
 }
 
 /// What of an object [`fetch_object`] fetches when not all of it.

@@ -416,3 +416,104 @@ fn torch_and_ckpt_read_each_others_dcp_checkpoints_on_s3() {
         assert!(out.status.success(), "{script}: {}", text(&out));
     }
 }
+
+/// The `fetched <url> (as read): N objects, B bytes, R requests` line of a lazy read's `--verbose` output:
+/// (bytes, requests).
+fn fetched_as_read(said: &str, url: &str) -> (u64, u64) {
+    let line = said
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("fetched {url} (as read): ")))
+        .unwrap_or_else(|| panic!("no lazy transfer line for {url}:\n{said}"));
+    let field = |i: usize| -> u64 {
+        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
+    };
+    (field(1), field(2))
+}
+
+#[test]
+fn reads_fetch_only_what_they_need() {
+    use ckpt::distcp::{DcpReader, Error as DcpError, ReadOptions, WriteOptions, save};
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    // Three large tensors in one data file (a single-rank save): 8 MiB, 2 MiB, 2 MiB.
+    let dir = scratch.path().join("dcp");
+    let f32s = |rows: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
+    };
+    let (a, b, c) = (f32s(4096, 0.0), f32s(1024, 1e7), f32s(1024, 2e7));
+    let sd = ckpt::Value::dict([
+        ("a", ckpt::Value::Tensor(a.clone())),
+        ("b", ckpt::Value::Tensor(b.clone())),
+        ("c", ckpt::Value::Tensor(c)),
+        ("step", ckpt::Value::Int(7)),
+    ]);
+    save(&sd, &dir, &WriteOptions::default()).unwrap();
+    let url = "s3://ckpt/lazy/dcp";
+    let remote = store(e, url);
+    let mut small = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let size = remote.upload_file(&name, &entry.path()).unwrap();
+        if !name.ends_with(".distcp") {
+            small += size;
+        }
+    }
+
+    // `ckpt cat URL b`: b's 2 MiB, its item's ZIP metadata, and the small files (.metadata), no more.
+    let b_bytes = (1024 * 512 * 4) as u64;
+    let out = ckpt(e, &["cat", url, "b", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    assert!(fetched >= b_bytes + small, "{said}");
+    assert!(fetched as f64 <= 1.1 * b_bytes as f64 + small as f64, "{fetched} bytes for {b_bytes}: {said}");
+    assert!(requests <= 12, "{said}");
+    eprintln!("cat b: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {small} of small files");
+    let local = ckpt(e, &["cat", dir.to_str().unwrap(), "b"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+
+    // A region through the library: rows 1000..2024 of a (2 MiB of its 8 MiB).
+    let options = store(e, url).options().clone();
+    let source =
+        ckpt::storage::fetch_with(&Location::parse(url).unwrap(), &options, ckpt::storage::Fetch::Lazy).unwrap();
+    let opened = source.transfer().unwrap();
+    assert_eq!(opened.bytes, small, "opening fetches the small files alone");
+    let reader = DcpReader::open_with(source.path(), &ReadOptions::default().with_fill(source.fill())).unwrap();
+    let region = reader.read_region("a", &[1000, 0], &[1024, 512]).unwrap();
+    assert_eq!(region, a.region(&[1000, 0], &[1024, 512]).unwrap().to_contiguous().unwrap());
+    let need = (1024 * 512 * 4) as u64;
+    let fetched = source.transfer().unwrap().bytes - opened.bytes;
+    assert!(fetched >= need && fetched as f64 <= 1.1 * need as f64, "{fetched} bytes for a {need}-byte region");
+    eprintln!("region of a: {fetched} bytes for a {need}-byte region");
+    // Read again: nothing fetched twice. A whole tensor through the facade's reader equals the local one.
+    let before = source.transfer().unwrap();
+    reader.read_region("a", &[1100, 0], &[10, 512]).unwrap();
+    assert_eq!(source.transfer().unwrap().bytes, before.bytes);
+    let lazy = ckpt::SourceOptions::default().with_fill(source.path(), source.fill());
+    let ck = ckpt::open_source(source.path(), None, &ckpt::ReadLimits::default(), &lazy).unwrap();
+    assert_eq!(ck.tensor("b").unwrap(), b);
+
+    // A data object truncated on the server after the listing: a specific error, never zeros.
+    let truncated =
+        ckpt::storage::fetch_with(&Location::parse(url).unwrap(), &options, ckpt::storage::Fetch::Lazy).unwrap();
+    let data = std::fs::read(dir.join("__0_0.distcp")).unwrap();
+    remote.put("__0_0.distcp", data[..data.len() / 2].to_vec().into(), PutCondition::Overwrite).unwrap();
+    let reader = DcpReader::open_with(truncated.path(), &ReadOptions::default().with_fill(truncated.fill())).unwrap();
+    // c is the last tensor written: in the half the server no longer has.
+    let err = reader.read_tensor("c").unwrap_err();
+    match &err {
+        DcpError::Fetch { key, source, .. } => {
+            assert_eq!(key, "c");
+            assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("truncated"), "{err}");
+    // Listed truncated: the reader refuses the checkpoint at open, naming the item past the file's end.
+    let (_, said) = fails(e, &["cat", url, "c"]);
+    assert!(said.contains("reaches past the end"), "{said}");
+}

@@ -230,6 +230,22 @@ pub enum Error {
         /// The descriptor.
         descriptor: String,
     },
+    /// Bytes of an item could not be made present before they were read (a checkpoint read lazily from an
+    /// object store, `ReadOptions::fill`: the transfer failed, or the object is shorter than listed).
+    #[error("{key}: cannot fetch bytes {start}..{end} of {file:?}: {source}")]
+    Fetch {
+        /// The key read.
+        key: String,
+        /// The data file (relative path).
+        file: String,
+        /// First byte wanted, in the file.
+        start: u64,
+        /// End of the bytes wanted, in the file.
+        end: u64,
+        /// The fill's error (kind `UnexpectedEof` for an object shorter than the range).
+        #[source]
+        source: std::io::Error,
+    },
     /// A zstd-transformed item cannot be decompressed.
     #[error("{key}: zstd item in {file:?}: {source}")]
     Zstd {
@@ -424,6 +440,8 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
+            Error::Fetch { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof => Fault::Malformed,
+            Error::Fetch { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
             Error::Torch(t) => t.fault(),
             Error::BadItem { source, .. } => source.fault(),

@@ -8,6 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ckpt_io::PinnedDir;
+use ckpt_io::storage::RangeFill;
 use ckpt_tensor::{Buffer, Tensor, Value};
 use ckpt_torch::TorchReader;
 
@@ -45,16 +46,73 @@ enum Handle {
 /// Files are opened in the directory pinned when the reader opened ([`PinnedDir`]): a checkpoint swapped in
 /// at the same path meanwhile is never mixed in; files of a pinned directory that was removed meanwhile
 /// are missing.
+///
+/// With a fill hook ([`RangeFill`], a partial local copy of a checkpoint on an object store), every item's
+/// bytes are filled before they are read ([`DataFiles::raw`]); [`DataFiles::window`] hands out an item's
+/// bytes unfilled, for a reader that fills the parts it reads itself ([`DataFiles::fill`]).
 pub(crate) struct DataFiles {
     dir: PathBuf,
     pinned: Arc<PinnedDir>,
     mmap: bool,
+    fill: Option<Arc<dyn RangeFill>>,
     open: Mutex<HashMap<String, Arc<Handle>>>,
 }
 
 impl DataFiles {
-    pub(crate) fn new(pinned: Arc<PinnedDir>, mmap: bool) -> Self {
-        DataFiles { dir: pinned.path().to_path_buf(), pinned, mmap, open: Mutex::new(HashMap::new()) }
+    pub(crate) fn new(pinned: Arc<PinnedDir>, mmap: bool, fill: Option<Arc<dyn RangeFill>>) -> Self {
+        DataFiles { dir: pinned.path().to_path_buf(), pinned, mmap, fill, open: Mutex::new(HashMap::new()) }
+    }
+
+    /// The fill hook, if the data files are a partial copy.
+    pub(crate) fn fill_hook(&self) -> Option<&dyn RangeFill> {
+        self.fill.as_deref()
+    }
+
+    /// Makes the bytes `range` of the item `info` (relative to the item's start, clamped to its length)
+    /// present: nothing to do without a fill hook.
+    pub(crate) fn fill(&self, key: &str, info: &StorageInfo, range: std::ops::Range<u64>) -> Result<()> {
+        let Some(fill) = &self.fill else { return Ok(()) };
+        let (start, end) = (range.start.min(info.length), range.end.min(info.length));
+        if start >= end {
+            return Ok(());
+        }
+        let (Some(start), Some(end)) = (info.offset.checked_add(start), info.offset.checked_add(end)) else {
+            return Err(Error::ItemOutOfFile {
+                key: key.to_owned(),
+                file: info.relative_path.clone(),
+                offset: info.offset,
+                length: info.length,
+                file_len: u64::MAX,
+            });
+        };
+        fill.fill(&info.relative_path, start..end).map_err(|source| Error::Fetch {
+            key: key.to_owned(),
+            file: info.relative_path.clone(),
+            start,
+            end,
+            source,
+        })
+    }
+
+    /// The item's bytes as a window of the mapped file, nothing filled (the file is mapped for this even
+    /// when the reader does not map: a partial reader touches only what it filled).
+    pub(crate) fn window(&self, key: &str, info: &StorageInfo) -> Result<Buffer> {
+        let handle = self.handle(key, &info.relative_path)?;
+        let map = match &*handle {
+            Handle::Mapped(map) => map.clone(),
+            Handle::Open(f) => Buffer::map(f, &self.dir.join(&info.relative_path))?,
+        };
+        let out_of_file = || Error::ItemOutOfFile {
+            key: key.to_owned(),
+            file: info.relative_path.clone(),
+            offset: info.offset,
+            length: info.length,
+            file_len: map.len() as u64,
+        };
+        let (Ok(off), Ok(len)) = (usize::try_from(info.offset), usize::try_from(info.length)) else {
+            return Err(out_of_file());
+        };
+        map.slice_len(off, len).map_err(|_| out_of_file())
     }
 
     /// The length of the data file `file` (a path the metadata gives, already checked by [`safe_join`]):
@@ -100,6 +158,7 @@ impl DataFiles {
     /// The stored (possibly transformed) bytes of an item: a window of the file map, or a fresh buffer.
     pub(crate) fn raw(&self, key: &str, info: &StorageInfo) -> Result<Buffer> {
         let handle = self.handle(key, &info.relative_path)?;
+        self.fill(key, info, 0..info.length)?;
         let out_of_file = |file_len: u64| Error::ItemOutOfFile {
             key: key.to_owned(),
             file: info.relative_path.clone(),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ckpt_io::PinnedDir;
+use ckpt_io::storage::RangeFill;
 use ckpt_tensor::{
     AlignedBytes, Buffer, CheckpointRead, Entry, EntryKind, PathItem, Tensor, TensorInfo, Value, unflatten,
 };
@@ -34,6 +35,12 @@ pub struct ReadOptions {
     pub max_metadata_bytes: u64,
     /// Limits for the pickle decoder (`.metadata` and items).
     pub limits: ckpt_pickle::Limits,
+    /// The data files are a partial local copy (a checkpoint on an object store): every byte range of a
+    /// data file is filled through this hook before it is read, and a region read
+    /// ([`DcpReader::read_region`]) fills only the parts of the items it reads (each item's ZIP end
+    /// records, central directory and small records, and the bytes of the region's elements), copying the
+    /// region out so that nothing unfilled is handed out. Default `None`: local files, read as they are.
+    pub fill: Option<Arc<dyn RangeFill>>,
 }
 
 /// The default of [`ReadOptions::max_metadata_bytes`]: 1 GiB.
@@ -47,6 +54,7 @@ impl Default for ReadOptions {
             max_object_bytes: 1 << 30,
             max_metadata_bytes: DEFAULT_MAX_METADATA_BYTES,
             limits: Default::default(),
+            fill: None,
         }
     }
 }
@@ -84,6 +92,13 @@ impl ReadOptions {
     #[must_use]
     pub fn with_limits(mut self, limits: ckpt_pickle::Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Sets [`ReadOptions::fill`].
+    #[must_use]
+    pub fn with_fill(mut self, fill: Option<Arc<dyn RangeFill>>) -> Self {
+        self.fill = fill;
         self
     }
 
@@ -372,7 +387,7 @@ impl DcpReader {
         let paths = metadata.planner_data.iter().flatten().map(|(k, p)| (k.clone(), p.clone())).collect();
         Ok(DcpReader {
             dir: dir.to_path_buf(),
-            files: DataFiles::new(pinned, options.mmap),
+            files: DataFiles::new(pinned, options.mmap, options.fill.clone()),
             metadata,
             source,
             keys,
@@ -626,6 +641,9 @@ impl DcpReader {
         if covered != total {
             return Err(Error::IncompleteCoverage { key: key.to_owned(), covered, total });
         }
+        if self.files.fill_hook().is_some() {
+            return self.read_region_filled(key, sizes, offsets, &hits);
+        }
         // One chunk holds the whole region: a view of it.
         if let [(i, o, l)] = hits.as_slice() {
             let c = &md.chunks[*i];
@@ -687,6 +705,147 @@ impl DcpReader {
             }
             dense_tensor(out, dtype, sizes)
         }
+    }
+
+    /// [`Self::read_region`] of a partial copy (a fill hook): each overlapping part read with
+    /// [`Self::read_box_filled`], the parts copied into a new row-major tensor (a single part is the result).
+    fn read_region_filled(
+        &self,
+        key: &str,
+        sizes: &[usize],
+        offsets: &[usize],
+        hits: &[(usize, Vec<usize>, Vec<usize>)],
+    ) -> Result<Tensor> {
+        let md = self.tensor_metadata(key)?;
+        let dtype = md.properties.dtype;
+        let rel = |i: usize, o: &[usize]| -> Vec<usize> {
+            md.chunks.get(i).map(|c| o.iter().zip(&c.offsets).map(|(a, b)| a - b).collect()).unwrap_or_default()
+        };
+        if let [(i, o, l)] = hits {
+            return self.read_box_filled(key, *i, &rel(*i, o), l);
+        }
+        let nbytes = ckpt_tensor::checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| Error::RegionTooLarge { key: key.to_owned(), sizes: sizes.to_vec() })?;
+        // One part at a time (each fill is itself parallel): memory stays at the result and one part.
+        let mut out = AlignedBytes::zeroed(nbytes)?;
+        for (i, o, l) in hits {
+            let part = self.read_box_filled(key, *i, &rel(*i, o), l)?;
+            let part = if part.is_conj() || part.is_neg() { part.to_contiguous()? } else { part };
+            let dst: Vec<usize> = o.iter().zip(offsets).map(|(a, b)| a - b).collect();
+            copy_box(&part, &vec![0; l.len()], l, out.as_mut_bytes(), sizes, &dst)?;
+        }
+        dense_tensor(out, dtype, sizes)
+    }
+
+    /// The box `rel .. rel + len` of chunk `chunk` of `key` from a partial copy, filling only what it reads:
+    /// for an untransformed item, the item's ZIP end records, central directory and records but the tensor
+    /// data's (torch.save items; nothing of the Hugging Face layout's raw items), then the bytes from the
+    /// box's first element to its last. The box is copied out unless the item's whole storage was filled,
+    /// so that no tensor handed out has unfilled bytes in its storage. Anything else (a transformed item,
+    /// CRC checks, an item the partial parse does not read as expected) fills the whole item and reads it
+    /// as [`Self::read_chunk`] does.
+    fn read_box_filled(&self, key: &str, chunk: usize, rel: &[usize], len: &[usize]) -> Result<Tensor> {
+        let whole = || -> Result<Tensor> { Ok(self.read_chunk(key, chunk)?.region(rel, len)?) };
+        let md = self.tensor_metadata(key)?;
+        let c = md.chunks.get(chunk).ok_or_else(|| Error::NoSuchEntry(format!("{key} chunk {chunk}")))?;
+        let info = self.storage_info(key, Some(&c.offsets))?;
+        if !info.transform_descriptors.is_empty() || self.options.verify_crc {
+            return whole();
+        }
+        let window = self.files.window(key, info)?;
+        let dtype = md.properties.dtype;
+        let stored = if self.source == MetadataSource::HfSafetensors {
+            Tensor::from_buffer(dtype, &c.sizes, window.clone()).ok()
+        } else {
+            self.parse_filled(key, info, &window)?
+        };
+        let Some(t) = stored.filter(|t| t.dtype() == dtype && t.shape() == c.sizes.as_slice()) else {
+            return whole();
+        };
+        let view = t.region(rel, len)?;
+        let storage = view.storage();
+        // The storage must be a window of the item (not a copy the parse made of unfilled bytes).
+        let inside = storage.same_backing(&window)
+            && storage.offset_in_backing() >= window.offset_in_backing()
+            && storage.offset_in_backing() + storage.len() <= window.offset_in_backing() + window.len();
+        if !inside || view.numel() == 0 {
+            return whole();
+        }
+        let base = (storage.offset_in_backing() - window.offset_in_backing()) as u64;
+        let size = dtype.size() as u64;
+        let last: u64 = view.shape().iter().zip(view.strides()).map(|(&l, &s)| (l.saturating_sub(1) * s) as u64).sum();
+        let first = view.storage_offset() as u64;
+        let span = base + first * size..base + (first + last + 1) * size;
+        if span.end > base + storage.len() as u64 {
+            return whole();
+        }
+        self.files.fill(key, info, span.clone())?;
+        if span.start == base && span.end == base + storage.len() as u64 {
+            return Ok(view);
+        }
+        let data = view.stored_data()?;
+        let owned = Tensor::from_buffer(dtype, len, Buffer::copy_from(&data)?)?;
+        Ok(owned.with_requires_grad(view.requires_grad()).with_lazy_bits(view.is_conj(), view.is_neg())?)
+    }
+
+    /// The tensor of the torch.save item `info` held by `window` (unfilled), parsed after filling the end
+    /// records, the central directory and every record's local header, and the data of every record but the
+    /// tensor data (`data/<key>`). `None` when it does not parse so (the caller reads it whole); fill
+    /// errors are errors.
+    fn parse_filled(&self, key: &str, info: &StorageInfo, window: &Buffer) -> Result<Option<Tensor>> {
+        use ckpt_torch::zip::Archive;
+        /// Where the end records of an item lie: in its last 4 KiB (with the central directory of a few
+        /// records) unless a comment is long; always in its last 64 KiB and 98 bytes (the longest comment,
+        /// the end record and zip64's two).
+        const SHORT_TAIL: u64 = 4 << 10;
+        const ZIP_TAIL: u64 = (64 << 10) + 98;
+        /// Ranges of small records closer than this are filled as one.
+        const GAP: u64 = 64 << 10;
+        let len = window.len() as u64;
+        self.files.fill(key, info, len.saturating_sub(SHORT_TAIL)..len)?;
+        let cd = match Archive::central_directory_range(window.as_bytes()) {
+            Ok(cd) => cd,
+            Err(_) => {
+                self.files.fill(key, info, len.saturating_sub(ZIP_TAIL)..len)?;
+                let Ok(cd) = Archive::central_directory_range(window.as_bytes()) else { return Ok(None) };
+                cd
+            }
+        };
+        if cd.end > len {
+            return Ok(None);
+        }
+        self.files.fill(key, info, cd)?;
+        let Ok(archive) = Archive::parse_predicted(window.as_bytes()) else { return Ok(None) };
+        let mut wanted: Vec<std::ops::Range<u64>> = archive
+            .records()
+            .iter()
+            .map(|r| {
+                let end = if r.short_name().starts_with("data/") {
+                    r.data_offset()
+                } else {
+                    r.data_offset().saturating_add(r.compressed_size())
+                };
+                r.local_header_offset()..end.min(len)
+            })
+            .collect();
+        wanted.sort_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u64>> = Vec::with_capacity(wanted.len());
+        for r in wanted {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end.saturating_add(GAP) => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        for r in merged {
+            self.files.fill(key, info, r)?;
+        }
+        if !window.as_bytes().starts_with(b"PK\x03\x04") {
+            return Ok(None);
+        }
+        let file = &info.relative_path;
+        let Ok(value) = item::parse(key, file, window, &self.options.torch()) else { return Ok(None) };
+        Ok(item::tensor_of(key, file, value).ok())
     }
 
     /// The non-tensor value stored under `key` (a BYTE_IO item, unpickled), or the tensor for a tensor key.

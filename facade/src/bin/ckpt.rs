@@ -272,8 +272,13 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 })
                 .map(|()| true)
         }
-        Command::Cat { path, name, limit } => fetched(path, storage)
-            .and_then(|staged| cat(&ckpt::open_source(staged.path(), None, limits, source)?, name, *limit))
+        // At a URL, a DCP checkpoint's data is fetched as it is read: the tensors shown, no more.
+        Command::Cat { path, name, limit } => fetched_for(path, storage, ckpt::storage::Fetch::Lazy)
+            .and_then(|staged| {
+                let source = source.clone().with_fill(staged.path(), staged.fill());
+                cat(&ckpt::open_source(staged.path(), None, limits, &source)?, name, *limit)?;
+                report_lazy(path, storage, &staged)
+            })
             .map(|()| true),
         Command::Verify { path, deep } => verify(path, *deep, limits, storage, quiet),
         Command::Diff { a, b, rtol, atol, all, raw } => {
@@ -437,12 +442,14 @@ fn diff(
     storage: &Storage,
     quiet: bool,
 ) -> ckpt::Result<bool> {
-    let (a_staged, b_staged) = (fetched(a, storage)?, fetched(b, storage)?);
+    let lazy = ckpt::storage::Fetch::Lazy;
+    let (a_staged, b_staged) = (fetched_for(a, storage, lazy)?, fetched_for(b, storage, lazy)?);
+    let source = source.clone().with_fill(a_staged.path(), a_staged.fill()).with_fill(b_staged.path(), b_staged.fill());
     let options = ckpt::DiffOptions::default()
         .with_rtol(rtol)
         .with_atol(atol)
         .with_limits(*limits)
-        .with_source(source.clone())
+        .with_source(source)
         .with_layout(layout);
     let pb = bar(quiet, 0, "comparing");
     let progress = |done: u64, total: u64| {
@@ -451,6 +458,8 @@ fn diff(
     };
     let report = ckpt::diff_with_progress(a_staged.path(), b_staged.path(), &options, &progress);
     pb.finish_and_clear();
+    report_lazy(a, storage, &a_staged)?;
+    report_lazy(b, storage, &b_staged)?;
     let report = report?;
     let mut out = std::io::stdout().lock();
     let mut w = |line: String| writeln!(out, "{line}").map_err(stdout_err);
@@ -667,7 +676,7 @@ fn convert(
 ) -> ckpt::Result<bool> {
     let what = format!("converting {} to {to}", src.display());
     let staged = fetched(src, storage)?;
-    let target = target(dst, storage, group)?;
+    let target = target(dst, storage)?;
     let summary = write_progress(
         quiet,
         group,
@@ -713,7 +722,7 @@ fn reshard(
 ) -> ckpt::Result<bool> {
     let what = format!("resharding {} for {world}", src.display());
     let staged = fetched(src, storage)?;
-    let target = target(dst, storage, group)?;
+    let target = target(dst, storage)?;
     let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(*limits));
     let summary = write_progress(quiet, group, &what, estimate, || {
         ckpt::reshard_in_with(staged.path(), target.path(), world as usize, limits, group)
@@ -941,15 +950,24 @@ fn fetched(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Source
 /// [`fetched`], fetching what `what` says (`inspect`: the metadata alone where the format allows).
 fn fetched_for(path: &Path, storage: &Storage, what: ckpt::storage::Fetch) -> ckpt::Result<ckpt::storage::Source> {
     let source = ckpt::storage::fetch_with(&place(path)?, &storage.options, what)?;
-    if let (true, Some(t)) = (storage.verbose, source.transfer()) {
+    if let (true, Some(t), None) = (storage.verbose, source.transfer(), source.fill()) {
         eprintln!("fetched {}: {t}", place(path)?);
     }
     Ok(source)
 }
 
-/// Where to write `path` (a URL: the writers stream to it; [`published`] reports the transfer).
-fn target(path: &Path, storage: &Storage, group: &dyn Collective) -> ckpt::Result<ckpt::storage::Target> {
-    let _ = group;
+/// For a copy fetched as it is read ([`ckpt::storage::Fetch::Lazy`]): reports, if `verbose`, what the reads
+/// fetched in all (the metadata and every fill), once the command has read what it reads.
+fn report_lazy(path: &Path, storage: &Storage, source: &ckpt::storage::Source) -> ckpt::Result<()> {
+    if let (true, Some(t), Some(_)) = (storage.verbose, source.transfer(), source.fill()) {
+        eprintln!("fetched {} (as read): {t}", place(path)?);
+    }
+    Ok(())
+}
+
+/// Where to write `path` (a URL: the writers stream to it; [`published`] reports the transfer). Under
+/// mpirun every process writes its own files to it and rank 0 commits.
+fn target(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Target> {
     ckpt::storage::target(&place(path)?, &storage.options)
 }
 

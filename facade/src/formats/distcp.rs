@@ -20,6 +20,7 @@ use crate::options::Depth;
 use crate::options::{ConvertOptions, DcpProfile};
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::source::SourceOptions;
 
 pub(crate) struct Distcp;
 
@@ -36,6 +37,12 @@ impl Adaptor for Distcp {
 
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(open(path, limits)?))
+    }
+
+    /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]).
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        let options = read_options(path, limits)?.with_fill(source.fill_for(path));
+        Ok(Box::new(ckpt_distcp::DcpReader::open_with(path, &options).at(path)?))
     }
 
     /// Every key with its path from `planner_data`; the state dict they nest into.

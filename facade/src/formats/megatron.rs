@@ -23,7 +23,8 @@ fn open(path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Mega
     let options = MegatronOptions::default()
         .with_unstack_layers(source.unstack_layers)
         .with_llama(source.name_map == Some(NameMap::Llama));
-    MegatronReader::open(path, &super::distcp::read_options(path, limits)?, options).at(path)
+    let read = super::distcp::read_options(path, limits)?.with_fill(source.fill_for(path));
+    MegatronReader::open(path, &read, options).at(path)
 }
 
 impl Adaptor for Megatron {

@@ -11,6 +11,9 @@
 //! - [`Store`] (feature `remote`): a blocking handle on one prefix: list, head, ranged reads (coalesced,
 //!   parallel), downloads and multipart uploads (parallel, memory within `concurrency × part_size`),
 //!   conditional puts (`If-None-Match` / `If-Match`), deletes; requests and bytes counted ([`Stats`]).
+//! - [`RangeFill`]: the hook a reader of a partial local copy calls before it reads a byte range;
+//!   [`SparseMirror`] (feature `remote`) implements it over a [`Store`]: lazy, ranged, coalesced and parallel
+//!   reads into sparse local files, each byte fetched once.
 //! - [`StorageError`]: one variant per cause (missing bucket, refused credentials, conflict, throttled,
 //!   server failure, timeout, broken connection, truncated object, …), retried with backoff first where
 //!   retrying is right.
@@ -20,7 +23,10 @@
 //! renamed, is [`remote_commit`]'s subject.
 
 mod error;
+mod fill;
 mod location;
+#[cfg(feature = "remote")]
+mod mirror;
 mod options;
 #[cfg(feature = "remote")]
 mod registry;
@@ -32,7 +38,10 @@ pub mod remote_commit;
 mod upload;
 
 pub use error::StorageError;
+pub use fill::RangeFill;
 pub use location::{Location, RemoteUrl};
+#[cfg(feature = "remote")]
+pub use mirror::SparseMirror;
 pub use options::{OptionSyntax, StorageOptions};
 #[cfg(feature = "remote")]
 pub use registry::{BuiltStore, Registry, StoreBuilder, registry};

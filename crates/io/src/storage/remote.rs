@@ -290,7 +290,17 @@ impl Store {
     /// # Errors
     /// [`StorageError::Truncated`] when the object ends before a range does; the classified store error.
     pub fn read_ranges(&self, name: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>, StorageError> {
-        let fetches = plan_fetches(ranges, self.options.part_size as u64);
+        self.read_ranges_within(name, ranges, COALESCE_GAP)
+    }
+
+    /// [`Store::read_ranges`], fetching ranges closer than `gap` bytes as one.
+    pub(crate) fn read_ranges_within(
+        &self,
+        name: &str,
+        ranges: &[Range<u64>],
+        gap: u64,
+    ) -> Result<Vec<Bytes>, StorageError> {
+        let fetches = plan_fetches(ranges, self.options.part_size as u64, gap);
         let path = self.path(name);
         let got: Vec<(Range<u64>, Bytes)> = self.block_on(
             stream::iter(fetches.into_iter().map(|r| {
@@ -526,15 +536,15 @@ impl Store {
     }
 }
 
-/// The requests that fetch `ranges`: sorted, merged where they overlap or lie closer than
-/// [`COALESCE_GAP`], and cut at `part` bytes.
-pub(crate) fn plan_fetches(ranges: &[Range<u64>], part: u64) -> Vec<Range<u64>> {
+/// The requests that fetch `ranges`: sorted, merged where they overlap or lie closer than `gap` bytes
+/// ([`COALESCE_GAP`] for [`Store::read_ranges`]), and cut at `part` bytes.
+pub(crate) fn plan_fetches(ranges: &[Range<u64>], part: u64, gap: u64) -> Vec<Range<u64>> {
     let mut sorted: Vec<Range<u64>> = ranges.iter().filter(|r| r.start < r.end).cloned().collect();
     sorted.sort_by_key(|r| r.start);
     let mut merged: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
     for r in sorted {
         match merged.last_mut() {
-            Some(last) if r.start <= last.end.saturating_add(COALESCE_GAP) => last.end = last.end.max(r.end),
+            Some(last) if r.start <= last.end.saturating_add(gap) => last.end = last.end.max(r.end),
             _ => merged.push(r),
         }
     }
@@ -636,19 +646,21 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
     #[test]
     fn fetches_coalesce_and_split() {
-        assert_eq!(plan_fetches(&[0..10, 20..30], 1 << 30), vec![0..30]);
-        assert_eq!(plan_fetches(&[5 << 20..6 << 20, 0..10], 1 << 30), vec![0..10, 5 << 20..6 << 20]);
-        assert_eq!(plan_fetches(std::slice::from_ref(&(0..25)), 10), vec![0..10, 10..20, 20..25]);
-        assert_eq!(plan_fetches(std::slice::from_ref(&(3..3)), 10), Vec::<Range<u64>>::new());
+        assert_eq!(plan_fetches(&[0..10, 20..30], 1 << 30, COALESCE_GAP), vec![0..30]);
+        assert_eq!(plan_fetches(&[5 << 20..6 << 20, 0..10], 1 << 30, COALESCE_GAP), vec![0..10, 5 << 20..6 << 20]);
+        assert_eq!(plan_fetches(std::slice::from_ref(&(0..25)), 10, COALESCE_GAP), vec![0..10, 10..20, 20..25]);
+        assert_eq!(plan_fetches(std::slice::from_ref(&(3..3)), 10, COALESCE_GAP), Vec::<Range<u64>>::new());
+        assert_eq!(plan_fetches(&[0..10, 20..30], 1 << 30, 4), vec![0..10, 20..30]);
+        assert_eq!(plan_fetches(&[0..10, 10..30], 1 << 30, 0), vec![0..30]);
     }
 
-    fn memory() -> Store {
+    pub(crate) fn memory() -> Store {
         let url = match super::super::Location::parse("memory://test/root").unwrap() {
             super::super::Location::Remote(u) => u,
             super::super::Location::Local(_) => panic!(),
