@@ -312,7 +312,9 @@ impl DirCommit {
         &self.target
     }
 
-    /// The staging directory the ranks write into.
+    /// The staging directory the ranks write into; for an object-store destination, this rank's private
+    /// local directory, for the files a library writes by path (uploaded at the commit) — the files
+    /// [`DirCommit::create_file`] makes stream to their objects instead and are not found here.
     pub fn staging(&self) -> &Path {
         &self.staging
     }

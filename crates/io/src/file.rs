@@ -208,7 +208,8 @@ impl FileCommit {
         &self.target
     }
 
-    /// The temporary file being written.
+    /// The temporary file being written; for an object-store destination, its URL (redacted): the writer
+    /// streams the object itself and nothing is written locally.
     pub fn temp_path(&self) -> &Path {
         &self.tmp
     }
