@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Object storage side by side (issue 28): ckpt against torch's fsspec storage (s3fs) on the same S3-compatible
 server, in one run, interleaved. The server is moto's server mode on 127.0.0.1 (from ``.venv``), started here
-and stopped at the end; both sides reach it through the same endpoint.
+and stopped at the end; both sides reach it through the same endpoint. The DCP save and load are measured
+again on s3s-fs (a Rust S3 server over a directory, installed into ``target/s3s-fs`` by ``benches/compare``),
+whose requests cost little: moto parses every body in Python and serves a ranged GET in the time of the whole
+object, which bounds both clients there.
 
 * DCP save of the ``model.pt`` state dict (``read_workloads.py``: 1 GiB, 8 tensors): ``dcp.save`` with
   ``FsspecWriter`` (the state dict already in memory) against ``ckpt convert model.pt s3://… --to distcp``
@@ -68,6 +71,38 @@ class Moto:
             self.proc.kill()
 
 
+class S3sFs:
+    """s3s-fs (the `s3s` project's S3 server over a directory, Rust; `benches/compare --only s3` installs it into
+    ``target/s3s-fs``) on a free port of 127.0.0.1, stopped by ``close``: a second server whose requests cost
+    little, so that the clients' own speed shows (moto parses every body in Python)."""
+
+    def __init__(self, binary: Path, root: Path, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(self.port), "--access-key",
+                                      ENV["AWS_ACCESS_KEY_ID"], "--secret-key", ENV["AWS_SECRET_ACCESS_KEY"], str(root)],
+                                     stdout=log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2):
+                    break
+            except OSError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise SystemExit(f"s3s-fs did not start: {log.read_text()}")
+                time.sleep(0.2)
+
+    def bucket(self, name: str) -> None:
+        (self.root / name).mkdir(exist_ok=True)
+
+    def close(self) -> None:
+        Moto.close(self)  # type: ignore[arg-type]
+
+
 def timed(f: Callable[[], Any]) -> Callable[[], float]:
     def run() -> float:
         gc.collect()
@@ -110,25 +145,7 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
                 raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
             return p.stdout + p.stderr
 
-        t = res.interleave(f"s3: DCP save of {nbytes / 2**20:.0f} MiB ({len(sd)} tensors) to moto on 127.0.0.1", nbytes, [
-            ("dcp.save, FsspecWriter (s3fs)",
-             timed(lambda: dcp.save(sd, storage_writer=FsspecWriter("s3://bench/torch", **kw), no_dist=True))),
-            ("ckpt convert model.pt s3://… --to distcp",
-             timed(lambda: ckpt("convert", "-q", str(model), "s3://bench/ckpt", "--to", "distcp"))),
-        ], reps=3)
-        res.ratio("s3: DCP save, ckpt / dcp.save with FsspecWriter", t, "dcp.save, FsspecWriter (s3fs)",
-                  "ckpt convert model.pt s3://… --to distcp", "≥ 3")
-
-        dst = {k: torch.zeros_like(v) for k, v in sd.items()}
-        t = res.interleave(f"s3: DCP load of {nbytes / 2**20:.0f} MiB from moto on 127.0.0.1", nbytes, [
-            ("dcp.load, FsspecReader (s3fs), preallocated",
-             timed(lambda: dcp.load(dst, storage_reader=FsspecReader("s3://bench/torch", **kw), no_dist=True))),
-            ("ckpt verify --deep s3://… (every byte fetched, read, checked)",
-             timed(lambda: ckpt("verify", "-q", "--deep", "s3://bench/ckpt"))),
-        ], reps=3)
-        res.ratio("s3: DCP load, ckpt / dcp.load with FsspecReader", t, "dcp.load, FsspecReader (s3fs), preallocated",
-                  "ckpt verify --deep s3://… (every byte fetched, read, checked)", "≥ 3")
-
+        save_load(res, "moto", env, kw, sd, nbytes, model, ckpt)
         ckpt("convert", "-q", str(pt20k), "s3://bench/pt20k.pt", "--to", "torch")
         fs = fsspec.filesystem("s3", **kw)
 
@@ -165,9 +182,55 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
                    f"{(got - meta) / need:.4f}, {got / need:.4f} with the {meta}-byte `.metadata` (`ckpt cat "
                    f"s3://… {key}`: {got} bytes in {reqs} requests for its {need} bytes, of the "
                    f"{nbytes / 2**20:.0f} MiB checkpoint)", "≤ 1.1", got - meta <= 1.1 * need)
-        return line
     finally:
         moto.close()
+    # The same save and load on a server whose requests cost little (s3s-fs, Rust).
+    binary = HERE.parent.parent / "target" / "s3s-fs" / "bin" / "s3s-fs"
+    if not binary.exists():
+        raise SystemExit(f"{binary} is missing: benches/compare --only s3 installs it (cargo install s3s-fs)")
+    server = S3sFs(binary, work / "s3s-root", work / "s3s-fs.log")
+    try:
+        server.bucket("bench")
+        env = dict(os.environ, **ENV, AWS_ENDPOINT_URL=server.endpoint)
+        kw = dict(kw, client_kwargs={"endpoint_url": server.endpoint, "region_name": "us-east-1"})
+
+        def ckpt_s3s(*args: str) -> str:
+            p = subprocess.run([str(tool), *args], env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
+            return p.stdout + p.stderr
+
+        save_load(res, "s3s-fs", env, kw, sd, nbytes, model, ckpt_s3s)
+    finally:
+        server.close()
+    return line
+
+
+def save_load(res: Any, server: str, env: Dict[str, str], kw: Dict[str, Any], sd: Any, nbytes: int, model: Path,
+              ckpt: Callable[..., str]) -> None:
+    """DCP save and load of ``sd`` (``model``'s tensors) on ``server``: ckpt against torch's fsspec storage."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    on = "" if server == "moto" else f" ({server})"
+    t = res.interleave(f"s3: DCP save of {nbytes / 2**20:.0f} MiB ({len(sd)} tensors) to {server} on 127.0.0.1", nbytes, [
+        ("dcp.save, FsspecWriter (s3fs)",
+         timed(lambda: dcp.save(sd, storage_writer=FsspecWriter("s3://bench/torch", **kw), no_dist=True))),
+        ("ckpt convert model.pt s3://… --to distcp",
+         timed(lambda: ckpt("convert", "-q", str(model), "s3://bench/ckpt", "--to", "distcp"))),
+    ], reps=3)
+    res.ratio(f"s3: DCP save{on}, ckpt / dcp.save with FsspecWriter", t, "dcp.save, FsspecWriter (s3fs)",
+              "ckpt convert model.pt s3://… --to distcp", "≥ 3")
+
+    dst = {k: torch.zeros_like(v) for k, v in sd.items()}
+    t = res.interleave(f"s3: DCP load of {nbytes / 2**20:.0f} MiB from {server} on 127.0.0.1", nbytes, [
+        ("dcp.load, FsspecReader (s3fs), preallocated",
+         timed(lambda: dcp.load(dst, storage_reader=FsspecReader("s3://bench/torch", **kw), no_dist=True))),
+        ("ckpt verify --deep s3://… (every byte fetched, read, checked)",
+         timed(lambda: ckpt("verify", "-q", "--deep", "s3://bench/ckpt"))),
+    ], reps=3)
+    res.ratio(f"s3: DCP load{on}, ckpt / dcp.load with FsspecReader", t, "dcp.load, FsspecReader (s3fs), preallocated",
+              "ckpt verify --deep s3://… (every byte fetched, read, checked)", "≥ 3")
 
 
 def section(res: Any, header: str) -> str:
@@ -180,15 +243,16 @@ def section(res: Any, header: str) -> str:
             + "\n".join(s for s in res.sections if "s3:" in s) + "\n")
 
 
-NOTE = ("Both sides talk to the same moto server (Python, in memory), which bounds both. ckpt writes the "
-        "checkpoint to a private temporary directory, then uploads its files in parallel (multipart, 8 parts of "
-        "16 MiB in flight) with `.metadata` last; `FsspecWriter` uploads each file through s3fs. ckpt's load "
-        "fetches every object with 8 ranged GETs in flight into a temporary directory, then reads it; `dcp.load` "
-        "reads each item through s3fs. Listing a `.pt` fetches its end records, central directory and small "
-        "records (`data.pkl`, `version`, ...) into a sparse local copy and trusts torch's layout for the "
-        "tensor records; `torch.load` through s3fs reads the whole object. A region read (`ckpt cat` of one "
-        "tensor) fetches the checkpoint's `.metadata`, then, into sparse local files, its item's ZIP metadata "
-        "and the bytes of the tensor, each byte once.")
+NOTE = ("Both sides talk to the same server: moto (Python, in memory), which bounds both (it parses every "
+        "body in Python and serves a ranged GET in the time of the whole object), then s3s-fs (Rust, over a "
+        "directory), whose requests cost little. ckpt streams each file to its object as it writes it "
+        "(multipart, up to 8 parts of 16 MiB in flight per file, no local copy) with `.metadata` last; "
+        "`FsspecWriter` uploads each file through s3fs. ckpt's load fetches every object with 8 ranged GETs in "
+        "flight into a temporary directory, then reads it; `dcp.load` reads each item through s3fs. Listing a "
+        "`.pt` fetches its end records, central directory and small records (`data.pkl`, `version`, ...) into a "
+        "sparse local copy and trusts torch's layout for the tensor records; `torch.load` through s3fs reads "
+        "the whole object. A region read (`ckpt cat` of one tensor) fetches the checkpoint's `.metadata`, then, "
+        "into sparse local files, its item's ZIP metadata and the bytes of the tensor, each byte once.")
 
 
 def medians(times: Dict[str, List[float]]) -> Dict[str, float]:

@@ -1,6 +1,7 @@
 //! Checkpoints on object storage by URL (`s3://`, `gs://`, `az://`, `http(s)://`; feature `remote`).
 //!
-//! Every reader and writer of this crate works on local paths; this module puts URLs in front of them:
+//! The writers take URLs where they take paths; the readers read local paths, and this module puts URLs in
+//! front of them:
 //! - a URL source is fetched into a private temporary directory ([`fetch`]): every object under the
 //!   prefix (or the one object the URL names), with parallel ranged reads of the part size, so memory
 //!   stays within `concurrency × part_size`; the local readers then read it as they read any path. For a
@@ -11,13 +12,15 @@
 //!   sparse local files that a [`SparseMirror`] fills with the byte ranges each read needs (ranged,
 //!   coalesced, parallel requests, memory within `concurrency × part_size`), through the hook the source
 //!   hands to the reader ([`Source::fill`], `SourceOptions::with_fill`).
-//! - a URL target is written into a private temporary directory by the format's own writer, then
-//!   published ([`Target::publish`]) by `ckpt_io::storage::remote_commit`: files uploaded in parallel
-//!   (multipart, bounded buffers), each format's commit point last, conditional writes, the destination's
-//!   lock object refusing a concurrent writer, a previous checkpoint's and a killed save's objects removed.
+//! - a URL target ([`target`]) is the URL itself, given to the format's writer as its path: ckpt-io's
+//!   `DirCommit` and `FileCommit` stream each file to its object as it is written (multipart uploads,
+//!   bounded buffers, checksums computed on the way) and commit by `ckpt_io::storage::remote_commit`:
+//!   each format's commit point last with conditional writes, the destination's lock object refusing a
+//!   concurrent writer, the previous checkpoint kept loadable where the new files do not replace its
+//!   objects, its and a killed save's objects removed after. Under mpirun every process streams its own
+//!   files. [`staged_target`] is for the one writer that opens its files itself (PBG's TSV export).
 //!
-//! Both go through the local disk: apart from listings, a source is read whole, and a target is written
-//! whole before its upload. [`Transfer`] reports the requests and bytes each moved.
+//! [`Transfer`] reports the requests and bytes each moved.
 //!
 //! ```no_run
 //! use ckpt::storage::{Location, StorageOptions};

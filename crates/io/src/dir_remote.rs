@@ -64,7 +64,15 @@ impl RemoteDir {
     ) -> Result<RemoteDir, CommitError> {
         let store = Store::open(url, &StorageOptions::process_default()).map_err(storage)?;
         let held = if root { Some(RemoteCommit::begin(&store, LOCK_NAME).map_err(storage)?) } else { None };
-        let before = store.list().map_err(storage)?;
+        let mut before = store.list().map_err(storage)?;
+        if root {
+            // Some servers list no entity tags: the commit points' are asked for, to replace them with
+            // `If-Match` at the commit.
+            let last: Vec<&str> = std::iter::once(MANIFEST_NAME).chain(commit_points.iter().copied()).collect();
+            for o in before.iter_mut().filter(|o| o.etag.is_none() && last.contains(&o.name.as_str())) {
+                o.etag = store.head(&o.name).map_err(storage)?.and_then(|h| h.etag);
+            }
+        }
         Ok(RemoteDir {
             store,
             commit_points,

@@ -234,11 +234,14 @@ impl RemoteCommit {
             let condition = match (self.store.head(name)?, expected) {
                 (None, _) => PutCondition::Create,
                 (Some(now), Some(tag)) if now.etag.as_ref() == Some(&tag) => PutCondition::Update(tag),
+                // A store without entity tags: the lock object is the only guard.
+                (Some(now), None) if now.etag.is_none() => PutCondition::Overwrite,
                 (Some(_), _) => return Err(StorageError::Conflict { url: self.store.url_of(name) }),
             };
             let data = std::fs::read(path).map_err(|source| StorageError::Local { path: path.clone(), source })?;
             bytes += data.len() as u64;
             self.store.put(name, Bytes::from(data), condition)?;
+            self.store.count_completed();
             names.push(name.clone());
         }
         Ok((names, bytes))
