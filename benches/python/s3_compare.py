@@ -40,25 +40,34 @@ ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "A
        "AWS_ALLOW_HTTP": "true"}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(proc: subprocess.Popen, up: Callable[[], Any], what: str, log: Path) -> None:
+    """Waits until ``up()`` stops raising ``OSError`` (60 s at most, or until ``proc`` exits)."""
+    deadline = time.time() + 60
+    while True:
+        try:
+            up()
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"{what} did not start: {log.read_text()}")
+            time.sleep(0.2)
+
+
 class Moto:
     """moto's S3 server on a free port of 127.0.0.1 (bounded start-up wait), stopped by ``close``."""
 
     def __init__(self, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([PY, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=log.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.endpoint, timeout=2).read()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"moto's server did not start: {log.read_text()}")
-                time.sleep(0.2)
+        wait_up(self.proc, lambda: urllib.request.urlopen(self.endpoint, timeout=2).read(), "moto's server", log)
 
     def bucket(self, name: str) -> None:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=10).read()
@@ -77,24 +86,14 @@ class S3sFs:
     little, so that the clients' own speed shows (moto parses every body in Python)."""
 
     def __init__(self, binary: Path, root: Path, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(self.port), "--access-key",
                                       ENV["AWS_ACCESS_KEY_ID"], "--secret-key", ENV["AWS_SECRET_ACCESS_KEY"], str(root)],
                                      stdout=log.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=2):
-                    break
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"s3s-fs did not start: {log.read_text()}")
-                time.sleep(0.2)
+        wait_up(self.proc, lambda: socket.create_connection(("127.0.0.1", self.port), timeout=2).close(), "s3s-fs", log)
 
     def bucket(self, name: str) -> None:
         (self.root / name).mkdir(exist_ok=True)

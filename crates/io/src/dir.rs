@@ -234,10 +234,21 @@ impl DirCommit {
         if !message.is_empty() {
             return Err(CommitError::RankFailed { rank: 0, message: String::from_utf8_lossy(&message).into_owned() });
         }
-        Ok(DirCommit {
+        Ok(DirCommit::assembled(target, staging, group, options, lock))
+    }
+
+    /// A commit begun on rank `group.rank()`, nothing written yet.
+    fn assembled(
+        target: PathBuf,
+        staging: PathBuf,
+        group: &dyn Collective,
+        options: &DirOptions,
+        lock: Option<DestinationLock>,
+    ) -> DirCommit {
+        DirCommit {
             target,
             staging,
-            rank,
+            rank: group.rank(),
             world: group.world_size(),
             options: options.clone(),
             lock,
@@ -245,7 +256,7 @@ impl DirCommit {
             finished: false,
             #[cfg(feature = "remote")]
             remote: None,
-        })
+        }
     }
 
     /// [`DirCommit::begin`] for an object-store URL (`crate::dir_remote`): rank 0 takes the lock object and
@@ -283,18 +294,9 @@ impl DirCommit {
                 return Err(CommitError::RankFailed { rank: 0, message: text });
             }
         };
-        let staging = private_dir()?;
-        Ok(DirCommit {
-            target,
-            staging,
-            rank,
-            world: group.world_size(),
-            options: options.clone(),
-            lock: None,
-            digests: Mutex::new(Vec::new()),
-            finished: false,
-            remote: Some(remote),
-        })
+        let mut commit = DirCommit::assembled(target, private_dir()?, group, options, None);
+        commit.remote = Some(remote);
+        Ok(commit)
     }
 
     /// Without the `remote` feature a URL destination is refused ([`crate::storage::url_of_path`]).
