@@ -7,8 +7,9 @@
 //!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata`, the headers
 //!   of safetensors files and Hugging Face shards, and a `.pt`'s central directory and small records
 //!   (`data.pkl`, `version`, …) are fetched alone. For reading some tensors of a DCP checkpoint
-//!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use), and of a safetensors file or Hugging Face
-//!   shards (headers fetched first), the data files are fetched as they are read:
+//!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use), of a safetensors file or Hugging Face
+//!   shards (headers fetched first), and of a `.pt` file (its ZIP index fetched first), the data files
+//!   are fetched as they are read:
 //!   sparse local files that a [`SparseMirror`] fills with the byte ranges each read needs (ranged,
 //!   coalesced, parallel requests, memory within `concurrency × part_size`), through the hook the source
 //!   hands to the reader ([`Source::fill`], `SourceOptions::with_fill`).
@@ -120,9 +121,12 @@ pub enum Fetch {
     /// with the byte ranges each read needs ([`Source::fill`]: open the copy with `ckpt::open_source` and
     /// `SourceOptions::with_fill(source.path(), source.fill())`; a region of a tensor fetches its items'
     /// ZIP metadata and the region's bytes). A `.safetensors` file and a Hugging Face shard directory
-    /// likewise: each file's header fetched, each tensor's bytes as it is read (only where the copy is
-    /// detected as such; a directory of safetensors files another format reads is fetched whole).
-    /// Anything else (other formats, other single objects) is fetched whole, as [`Fetch::Whole`].
+    /// likewise: each file's header fetched, each tensor's bytes as it is read; and a `torch.save` file
+    /// (one object): its end records, central directory and small records fetched as [`Fetch::Index`]
+    /// fetches them, each tensor's storage record (local header, checked, and data) as it is read. Only
+    /// where the copy is detected as such (a directory of safetensors files another format reads, a ZIP
+    /// file that is not torch's, are fetched whole). Anything else (other formats, directories of `.pt`
+    /// files) is fetched whole, as [`Fetch::Whole`].
     Lazy,
 }
 
@@ -164,14 +168,15 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         let Some(object) = store.head("")? else { return Err(StorageError::NotFound { url: url.redacted() }.into()) };
         let part = match what {
             Fetch::Index | Fetch::Lazy if name.ends_with(".safetensors") => Some(Part::Header),
-            Fetch::Index => Some(Part::Zip),
-            Fetch::Whole | Fetch::Lazy => None,
+            Fetch::Index | Fetch::Lazy => Some(Part::Zip),
+            Fetch::Whole => None,
         };
         let present = fetch_object(&store, "", object.size, &local, part)?;
         let mut fill: Option<Arc<dyn RangeFill>> = None;
-        if what == Fetch::Lazy && part.is_some() {
+        let fetched_whole = present.first() == Some(&(0..object.size));
+        if what == Fetch::Lazy && part.is_some() && !fetched_whole {
             // Lazy only where the reader the copy is opened with fills what it reads.
-            if lazy_reader(&local, &[Format::Safetensors]) {
+            if lazy_reader(&local, &[Format::Safetensors, Format::Torch]) {
                 let mut mirror = SparseMirror::new(store.clone());
                 mirror.add_partial("", object.size, &local, present);
                 fill = Some(Arc::new(OneObject(mirror)));

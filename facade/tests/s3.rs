@@ -592,3 +592,53 @@ fn lazy_safetensors_and_shards_fetch_one_tensor() {
     let local = ckpt(e, &["cat", dir.to_str().unwrap(), "b"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
 }
+
+/// `ckpt cat` of a `torch.save` file on S3 fetches its ZIP index and the one storage record read (`Fetch::Lazy`).
+#[test]
+fn lazy_torch_save_fetches_one_storage() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let f32s = |rows: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
+    };
+    let (a, b, c) = (f32s(4096, 0.0), f32s(1024, 1e7), f32s(1024, 2e7));
+    let sd = ckpt::Value::dict([
+        ("a", ckpt::Value::Tensor(a)),
+        ("b", ckpt::Value::Tensor(b.clone())),
+        ("c", ckpt::Value::Tensor(c)),
+        ("step", ckpt::Value::Int(7)),
+    ]);
+    let file = scratch.path().join("model.pt");
+    ckpt::torch::save(&sd, &file, &ckpt::torch::WriteOptions::default()).unwrap();
+    store(e, "s3://ckpt/lazy").upload_file("model.pt", &file).unwrap();
+    let url = "s3://ckpt/lazy/model.pt";
+    let b_bytes = (1024 * 512 * 4) as u64;
+
+    // Through the library: opening fetches the index alone; b its record (and its 64-byte aligned header).
+    let options = store(e, url).options().clone();
+    let source =
+        ckpt::storage::fetch_with(&Location::parse(url).unwrap(), &options, ckpt::storage::Fetch::Lazy).unwrap();
+    assert!(source.fill().is_some(), "a .pt is read lazily");
+    let index = source.transfer().unwrap().bytes;
+    assert!(index < 200_000, "the index: {index} bytes");
+    let lazy = ckpt::SourceOptions::default().with_fill(source.path(), source.fill());
+    let ck = ckpt::open_source(source.path(), None, &ckpt::ReadLimits::default(), &lazy).unwrap();
+    assert_eq!(source.transfer().unwrap().bytes, index, "opening fetches nothing more");
+    assert_eq!(ck.tensor("b").unwrap(), b);
+    let fetched = source.transfer().unwrap().bytes - index;
+    assert!(fetched >= b_bytes && fetched as f64 <= 1.1 * b_bytes as f64, "{fetched} bytes for {b_bytes}");
+    eprintln!("torch b: {fetched} bytes for {b_bytes} tensor bytes, after {index} bytes of index");
+
+    // `ckpt cat URL b`: the same bytes, what the local cat prints.
+    let out = ckpt(e, &["cat", url, "b", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    assert!(fetched as f64 <= 1.1 * b_bytes as f64 + index as f64, "{fetched} bytes for {b_bytes} + {index}: {said}");
+    eprintln!("cat b of a .pt: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {index} of index");
+    let local = ckpt(e, &["cat", file.to_str().unwrap(), "b"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+}
