@@ -8,7 +8,9 @@
 //!   listing ([`Fetch::Index`], what `ckpt inspect` uses) a DCP checkpoint's `.metadata`, the headers
 //!   of safetensors files and Hugging Face shards, and a `.pt`'s central directory and small records
 //!   (`data.pkl`, `version`, …) are fetched alone. For reading some tensors of a DCP checkpoint
-//!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use) its data files are fetched as they are read:
+//!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use), of a safetensors file or Hugging Face
+//!   shards (headers fetched first), and of a `.pt` file (its ZIP index fetched first), the data files
+//!   are fetched as they are read:
 //!   sparse local files that a [`SparseMirror`] fills with the byte ranges each read needs (ranged,
 //!   coalesced, parallel requests, memory within `concurrency × part_size`), through the hook the source
 //!   hands to the reader ([`Source::fill`], `SourceOptions::with_fill`).
@@ -31,6 +33,7 @@
 //! # Ok::<(), ckpt::Error>(())
 //! ```
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -76,7 +79,7 @@ pub struct Source {
     /// For a URL: the objects of the copy, and the store they came from (whose counts grow as a lazy
     /// copy is filled).
     fetched: Option<(usize, Store)>,
-    mirror: Option<Arc<SparseMirror>>,
+    fill: Option<Arc<dyn RangeFill>>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -98,7 +101,7 @@ impl Source {
     /// The hook that fills a lazy copy's bytes before they are read (`SourceOptions::with_fill`); `None`
     /// for a local path or a copy fetched whole.
     pub fn fill(&self) -> Option<Arc<dyn RangeFill>> {
-        self.mirror.as_ref().map(|m| Arc::clone(m) as Arc<dyn RangeFill>)
+        self.fill.clone()
     }
 }
 
@@ -120,8 +123,13 @@ pub enum Fetch {
     /// small files whole, its data files (`*.distcp`) as sparse files of their size that the reader fills
     /// with the byte ranges each read needs ([`Source::fill`]: open the copy with `ckpt::open_source` and
     /// `SourceOptions::with_fill(source.path(), source.fill())`; a region of a tensor fetches its items'
-    /// ZIP metadata and the region's bytes). Anything but a DCP checkpoint (a single object, other
-    /// formats) is fetched whole, as [`Fetch::Whole`].
+    /// ZIP metadata and the region's bytes). A `.safetensors` file and a Hugging Face shard directory
+    /// likewise: each file's header fetched, each tensor's bytes as it is read; and a `torch.save` file
+    /// (one object): its end records, central directory and small records fetched as [`Fetch::Index`]
+    /// fetches them, each tensor's storage record (local header, checked, and data) as it is read. Only
+    /// where the copy is detected as such (a directory of safetensors files another format reads, a ZIP
+    /// file that is not torch's, are fetched whole). Anything else (other formats, directories of `.pt`
+    /// files) is fetched whole, as [`Fetch::Whole`].
     Lazy,
 }
 
@@ -149,7 +157,7 @@ const MAX_INDEX_HEADER: u64 = 100_000_000;
 /// As [`fetch`]; [`StorageError::Truncated`] for a `.safetensors` object shorter than its header says.
 pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) -> Result<Source> {
     let url = match location {
-        Location::Local(path) => return Ok(Source { path: path.clone(), fetched: None, mirror: None, _dir: None }),
+        Location::Local(path) => return Ok(Source { path: path.clone(), fetched: None, fill: None, _dir: None }),
         Location::Remote(url) => url,
     };
     let store = Store::open(url, options)?;
@@ -158,49 +166,83 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     let local = dir.path().join(&name);
     let listed: Vec<ObjectInfo> =
         store.list()?.into_iter().filter(|o| !o.name.is_empty() && !is_lock(&o.name)).collect();
-    let mut objects = 0;
     if listed.is_empty() {
         // Not a prefix: the URL names one object.
         let Some(object) = store.head("")? else { return Err(StorageError::NotFound { url: url.redacted() }.into()) };
         let part = match what {
-            Fetch::Index if name.ends_with(".safetensors") => Some(Part::Header),
-            Fetch::Index => Some(Part::Zip),
-            Fetch::Whole | Fetch::Lazy => None,
+            Fetch::Index | Fetch::Lazy if name.ends_with(".safetensors") => Some(Part::Header),
+            Fetch::Index | Fetch::Lazy => Some(Part::Zip),
+            Fetch::Whole => None,
         };
-        fetch_object(&store, "", object.size, &local, part)?;
-        objects = 1;
-    } else {
-        let has = |n: &str| listed.iter().any(|o| o.name == n);
-        // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
-        let dcp = has(".metadata");
-        let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
-        let mut lazy = (what == Fetch::Lazy && dcp).then(|| SparseMirror::new(store.clone()));
-        for object in &listed {
-            let dst = object.name.split('/').fold(local.clone(), |p, part| p.join(part));
-            if let Some(parent) = dst.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+        let present = fetch_object(&store, "", object.size, &local, part)?;
+        let mut fill: Option<Arc<dyn RangeFill>> = None;
+        let fetched_whole = present.first() == Some(&(0..object.size));
+        if what == Fetch::Lazy && part.is_some() && !fetched_whole {
+            // Lazy only where the reader the copy is opened with fills what it reads.
+            if lazy_reader(&local, &[Format::Safetensors, Format::Torch]) {
+                let mut mirror = SparseMirror::new(store.clone());
+                mirror.add_partial("", object.size, &local, present);
+                fill = Some(Arc::new(OneObject(mirror)));
+            } else {
+                store.download("", object.size, &local)?;
             }
-            let part = match what {
-                Fetch::Index if dcp && object.name.ends_with(".distcp") => Some(Part::Nothing),
-                Fetch::Index if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
-                _ => None,
-            };
-            match &mut lazy {
-                Some(mirror) if object.name.ends_with(".distcp") => {
-                    mirror.add_sparse(&object.name, object.size, &dst)?
-                }
-                Some(mirror) => {
-                    fetch_object(&store, &object.name, object.size, &dst, part)?;
-                    mirror.add_present(&object.name, object.size, &dst);
-                }
-                None => fetch_object(&store, &object.name, object.size, &dst, part)?,
-            }
-            objects += 1;
         }
-        let mirror = lazy.map(Arc::new);
-        return Ok(Source { path: local, fetched: Some((objects, store)), mirror, _dir: Some(dir) });
+        return Ok(Source { path: local, fetched: Some((1, store)), fill, _dir: Some(dir) });
     }
-    Ok(Source { path: local, fetched: Some((objects, store)), mirror: None, _dir: Some(dir) })
+    let mut objects = 0;
+    let has = |n: &str| listed.iter().any(|o| o.name == n);
+    // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
+    let dcp = has(".metadata");
+    let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
+    let mut lazy = (what == Fetch::Lazy && (dcp || shards)).then(|| SparseMirror::new(store.clone()));
+    // Where the copy holds only part of an object, the object's name, size and local path.
+    let mut partial: Vec<(&str, u64, PathBuf)> = Vec::new();
+    for object in &listed {
+        let dst = object.name.split('/').fold(local.clone(), |p, part| p.join(part));
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_path_buf(), source: e })?;
+        }
+        let part = match what {
+            Fetch::Index | Fetch::Lazy if dcp && object.name.ends_with(".distcp") => Some(Part::Nothing),
+            Fetch::Index | Fetch::Lazy if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
+            _ => None,
+        };
+        let present = fetch_object(&store, &object.name, object.size, &dst, part)?;
+        if part.is_some() {
+            partial.push((&object.name, object.size, dst.clone()));
+        }
+        if let Some(mirror) = &mut lazy {
+            mirror.add_partial(&object.name, object.size, &dst, present);
+        }
+        objects += 1;
+    }
+    // Shards are read lazily by the Hugging Face reader alone (another format's reader of safetensors
+    // files, DCP's Hugging Face layout, would read the zeros): anything else gets them whole.
+    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[Format::Hf]) {
+        for (name, size, dst) in &partial {
+            store.download(name, *size, dst)?;
+        }
+        lazy = None;
+    }
+    let fill = lazy.map(|m| Arc::new(m) as Arc<dyn RangeFill>);
+    Ok(Source { path: local, fetched: Some((objects, store)), fill, _dir: Some(dir) })
+}
+
+/// Whether the partial local copy at `path` is of one of `formats`, whose readers fill what they read
+/// (`SourceOptions::with_fill`).
+fn lazy_reader(path: &Path, formats: &[Format]) -> bool {
+    crate::formats::detect(path).is_ok_and(|f| formats.contains(&f))
+}
+
+/// The fill hook of a copy of one object (a URL naming a file, not a prefix): every file name a reader
+/// gives is that object.
+#[derive(Debug)]
+struct OneObject(SparseMirror);
+
+impl RangeFill for OneObject {
+    fn fill(&self, _file: &str, range: std::ops::Range<u64>) -> std::io::Result<()> {
+        self.0.fill("", range)
+    }
 }
 
 /// What of an object [`fetch_object`] fetches when not all of it.
@@ -216,12 +258,12 @@ enum Part {
 }
 
 /// Fetches the object `name` of `size` bytes into `dst`: whole, or `part` of it into a sparse file of
-/// its size.
-fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<Part>) -> Result<()> {
+/// its size. Returns the byte ranges fetched.
+fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<Part>) -> Result<Vec<Range<u64>>> {
     use std::os::unix::fs::FileExt;
     let Some(part) = part else {
         store.download(name, size, dst)?;
-        return Ok(());
+        return Ok(std::iter::once(0..size).collect());
     };
     let io = |source| Error::Io { path: dst.to_path_buf(), source };
     let file = std::fs::File::create(dst).map_err(io)?;
@@ -229,6 +271,7 @@ fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<P
     if part == Part::Zip {
         return fetch_zip_index(store, name, size, dst, &file);
     }
+    let mut present = Vec::new();
     if part == Part::Header && size >= 8 {
         // The length prefix and, in the same request, the first 64 KiB (most headers are shorter).
         let first = store.read(name, 0..size.min(64 << 10))?;
@@ -238,9 +281,11 @@ fn fetch_object(store: &Store, name: &str, size: u64, dst: &Path, part: Option<P
         if end > first.len() as u64 {
             let rest = store.read(name, first.len() as u64..end)?;
             file.write_all_at(&rest, first.len() as u64).map_err(io)?;
+            present.push(first.len() as u64..first.len() as u64 + rest.len() as u64);
         }
+        present.push(0..first.len() as u64);
     }
-    Ok(())
+    Ok(present)
 }
 
 /// The end records and central directory of a ZIP archive fetch ([`Part::Zip`]): the last 64 KiB and 98
@@ -252,7 +297,7 @@ const ZIP_TAIL: u64 = (64 << 10) + 98;
 /// header); the tensor records stay unfetched, which the torch reader trusts its layout rule for
 /// (`SourceOptions::listing_only`). An object that is not such an archive is fetched whole.
 #[cfg(feature = "torch")]
-fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std::fs::File) -> Result<()> {
+fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std::fs::File) -> Result<Vec<Range<u64>>> {
     use ckpt_torch::zip::Archive;
     use std::os::unix::fs::FileExt;
     let io = |source| Error::Io { path: dst.to_path_buf(), source };
@@ -263,14 +308,16 @@ fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std:
     let tail_start = size.saturating_sub(ZIP_TAIL);
     let tail = store.read(name, tail_start..size)?;
     file.write_all_at(&tail, tail_start).map_err(io)?;
-    let whole = || -> Result<()> {
+    let mut present: Vec<Range<u64>> = std::iter::once(tail_start..tail_start + tail.len() as u64).collect();
+    let whole = || -> Result<Vec<Range<u64>>> {
         store.download(name, size, dst)?;
-        Ok(())
+        Ok(std::iter::once(0..size).collect())
     };
     let Ok(cd) = Archive::central_directory_range(map(dst)?.as_bytes()) else { return whole() };
     if cd.start < tail_start && cd.end <= size {
         let rest = store.read(name, cd.start..tail_start)?;
         file.write_all_at(&rest, cd.start).map_err(io)?;
+        present.push(cd.start..cd.start + rest.len() as u64);
     }
     let Ok(archive) = Archive::parse_predicted(map(dst)?.as_bytes()) else { return whole() };
     let wanted: Vec<std::ops::Range<u64>> = archive
@@ -281,15 +328,16 @@ fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std:
         .collect();
     for (range, bytes) in wanted.iter().zip(store.read_ranges(name, &wanted)?) {
         file.write_all_at(&bytes, range.start).map_err(io)?;
+        present.push(range.start..range.start + bytes.len() as u64);
     }
-    Ok(())
+    Ok(present)
 }
 
 /// Without the torch reader, a `.pt` is fetched whole.
 #[cfg(not(feature = "torch"))]
-fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, _: &std::fs::File) -> Result<()> {
+fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, _: &std::fs::File) -> Result<Vec<Range<u64>>> {
     store.download(name, size, dst)?;
-    Ok(())
+    Ok(std::iter::once(0..size).collect())
 }
 
 /// Where a checkpoint is written: a local path, or a URL, which the format's writer streams to (its

@@ -517,3 +517,128 @@ fn reads_fetch_only_what_they_need() {
     let (_, said) = fails(e, &["cat", url, "c"]);
     assert!(said.contains("reaches past the end"), "{said}");
 }
+
+/// `ckpt cat` of a safetensors file and of a Hugging Face shard directory on S3 fetches the headers and
+/// the one tensor read, no more (`Fetch::Lazy`), with the local `cat`'s output.
+#[test]
+fn lazy_safetensors_and_shards_fetch_one_tensor() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let f32s = |rows: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
+    };
+    // 8 MiB, 2 MiB, 2 MiB.
+    let tensors = vec![
+        ("a".to_string(), f32s(4096, 0.0)),
+        ("b".to_string(), f32s(1024, 1e7)),
+        ("c".to_string(), f32s(1024, 2e7)),
+    ];
+    let b_bytes = (1024 * 512 * 4) as u64;
+
+    // One file.
+    let file = scratch.path().join("model.safetensors");
+    ckpt::safetensors::write_file(&tensors, None, &file).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let url = "s3://ckpt/lazy/model.safetensors";
+    store(e, "s3://ckpt/lazy").upload_file("model.safetensors", &file).unwrap();
+    let out = ckpt(e, &["cat", url, "b", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    assert!(fetched >= b_bytes, "{said}");
+    assert!(fetched as f64 <= 1.1 * (b_bytes + header) as f64, "{fetched} bytes for {b_bytes} + {header}: {said}");
+    assert!(requests <= 6, "{said}");
+    eprintln!(
+        "cat b of a file: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {header} of header"
+    );
+    let local = ckpt(e, &["cat", file.to_str().unwrap(), "b"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+
+    // Shards: one tensor a shard (4 MiB shards).
+    let dir = scratch.path().join("hf");
+    let options = ckpt::hf::WriteOptions::default().with_max_shard_size(4 << 20);
+    let values: Vec<ckpt::Value> = tensors.iter().map(|(_, t)| ckpt::Value::Tensor(t.clone())).collect();
+    let leaves = tensors.iter().zip(&values).map(|((n, _), v)| (n.as_str(), &[][..], v));
+    ckpt::hf::save_entries(leaves, &dir, &options).unwrap();
+    let url = "s3://ckpt/lazy/hf";
+    let remote = store(e, url);
+    let mut headers = 0;
+    let mut small = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let size = remote.upload_file(&name, &entry.path()).unwrap();
+        if name.ends_with(".safetensors") {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            headers += 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        } else {
+            small += size;
+        }
+    }
+    let out = ckpt(e, &["cat", url, "b", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    let need = b_bytes + headers + small;
+    assert!(fetched >= b_bytes + small, "{said}");
+    assert!(fetched as f64 <= 1.1 * need as f64, "{fetched} bytes for {need}: {said}");
+    eprintln!(
+        "cat b of shards: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {headers} of headers + {small} of index"
+    );
+    let local = ckpt(e, &["cat", dir.to_str().unwrap(), "b"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+}
+
+/// `ckpt cat` of a `torch.save` file on S3 fetches its ZIP index and the one storage record read (`Fetch::Lazy`).
+#[test]
+fn lazy_torch_save_fetches_one_storage() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let f32s = |rows: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
+    };
+    let (a, b, c) = (f32s(4096, 0.0), f32s(1024, 1e7), f32s(1024, 2e7));
+    let sd = ckpt::Value::dict([
+        ("a", ckpt::Value::Tensor(a)),
+        ("b", ckpt::Value::Tensor(b.clone())),
+        ("c", ckpt::Value::Tensor(c)),
+        ("step", ckpt::Value::Int(7)),
+    ]);
+    let file = scratch.path().join("model.pt");
+    ckpt::torch::save(&sd, &file, &ckpt::torch::WriteOptions::default()).unwrap();
+    store(e, "s3://ckpt/lazy").upload_file("model.pt", &file).unwrap();
+    let url = "s3://ckpt/lazy/model.pt";
+    let b_bytes = (1024 * 512 * 4) as u64;
+
+    // Through the library: opening fetches the index alone; b its record (and its 64-byte aligned header).
+    let options = store(e, url).options().clone();
+    let source =
+        ckpt::storage::fetch_with(&Location::parse(url).unwrap(), &options, ckpt::storage::Fetch::Lazy).unwrap();
+    assert!(source.fill().is_some(), "a .pt is read lazily");
+    let index = source.transfer().unwrap().bytes;
+    assert!(index < 200_000, "the index: {index} bytes");
+    let lazy = ckpt::SourceOptions::default().with_fill(source.path(), source.fill());
+    let ck = ckpt::open_source(source.path(), None, &ckpt::ReadLimits::default(), &lazy).unwrap();
+    assert_eq!(source.transfer().unwrap().bytes, index, "opening fetches nothing more");
+    assert_eq!(ck.tensor("b").unwrap(), b);
+    let fetched = source.transfer().unwrap().bytes - index;
+    assert!(fetched >= b_bytes && fetched as f64 <= 1.1 * b_bytes as f64, "{fetched} bytes for {b_bytes}");
+    eprintln!("torch b: {fetched} bytes for {b_bytes} tensor bytes, after {index} bytes of index");
+
+    // `ckpt cat URL b`: the same bytes, what the local cat prints.
+    let out = ckpt(e, &["cat", url, "b", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    assert!(fetched as f64 <= 1.1 * b_bytes as f64 + index as f64, "{fetched} bytes for {b_bytes} + {index}: {said}");
+    eprintln!("cat b of a .pt: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {index} of index");
+    let local = ckpt(e, &["cat", file.to_str().unwrap(), "b"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+}

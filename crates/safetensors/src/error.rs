@@ -73,6 +73,19 @@ pub enum SafetensorsError {
         /// The name.
         name: String,
     },
+    /// The bytes of a tensor of a partial local copy could not be made present ([`crate::ReadOptions::fill`]).
+    #[error("I/O error: fetching bytes {start}..{end} of {file:?}: {source}")]
+    Fetch {
+        /// The file, as named to the fill hook.
+        file: String,
+        /// The first byte asked for.
+        start: u64,
+        /// The end of the bytes asked for.
+        end: u64,
+        /// The fill hook's error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl SafetensorsError {
@@ -80,6 +93,7 @@ impl SafetensorsError {
     pub fn fault(&self) -> Fault {
         match self {
             SafetensorsError::DataSizeOverflow => Fault::Limit,
+            SafetensorsError::Fetch { .. } => Fault::Io,
             SafetensorsError::UnstorableDtype { .. }
             | SafetensorsError::NoTorchDtype { .. }
             | SafetensorsError::UnrecordableValue { .. }

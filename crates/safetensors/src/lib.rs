@@ -34,7 +34,9 @@ pub use error::SafetensorsError;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
+use ckpt_io::storage::RangeFill;
 use ckpt_io::{Algorithm, DurableWriter, FileOptions};
 use ckpt_tensor::Buffer;
 use ckpt_tensor::Tensor;
@@ -62,6 +64,14 @@ impl SafetensorsReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         read_file(path)
+    }
+
+    /// Maps and reads the file at `path` as `options` say ([`read_file_with`]).
+    ///
+    /// # Errors
+    /// As [`read_file_with`].
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
+        read_file_with(path.as_ref(), options)
     }
 
     /// What ckpt recorded in the file's `__metadata__` (paths of nested entries, values).
@@ -93,6 +103,60 @@ impl SafetensorsReader {
 /// [`Error::Format`] holding the [`header::HeaderError`] for an invalid file (its fault: the file's, the
 /// limit's for a header over [`header::MAX_LEN`], unsupported for dtypes torch lacks, F4 and F6).
 pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
+    read_with(buffer, "", &ReadOptions::default())
+}
+
+/// How a safetensors file is read ([`read_with`], [`read_file_with`]).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// The hook that makes a partial local copy's bytes present before they are read (a checkpoint on an
+    /// object store fetched as it is read: only the length prefix and the header are present when the file
+    /// is opened). With one, every tensor's bytes are made on demand ([`Buffer::deferred_ranged`]): each
+    /// range of a tensor read is filled (the file's bytes `8 + header length + data offset + …`) before it
+    /// is copied out of the mapped file, so nothing unfilled is ever handed out. Default `None`: a local
+    /// file, whose tensors are windows of the map.
+    pub fill: Option<Arc<dyn RangeFill>>,
+}
+
+impl ReadOptions {
+    /// Sets [`ReadOptions::fill`].
+    #[must_use]
+    pub fn with_fill(mut self, fill: Option<Arc<dyn RangeFill>>) -> Self {
+        self.fill = fill;
+        self
+    }
+}
+
+/// The bytes `offset..offset + len` of `buffer` (a partial local copy of the file `file`), made on demand
+/// by filling each range asked for through `fill` first, then copying it out of `buffer`.
+fn filled_window(buffer: &Buffer, file: &str, fill: &Arc<dyn RangeFill>, offset: usize, len: usize) -> Result<Buffer> {
+    // Checked here, so that every range asked for later lies inside the buffer.
+    let window = buffer.slice_len(offset, len)?;
+    let fill = Arc::clone(fill);
+    let file = file.to_owned();
+    Ok(Buffer::deferred_ranged(len, move |at, out: &mut [u8]| {
+        let src = window.slice_len(at, out.len())?;
+        let start = offset.saturating_add(at) as u64;
+        let end = start.saturating_add(out.len() as u64);
+        fill.fill(&file, start..end).map_err(|source| SafetensorsError::Fetch {
+            file: file.clone(),
+            start,
+            end,
+            source,
+        })?;
+        out.copy_from_slice(src.as_bytes());
+        Ok(())
+    }))
+}
+
+/// [`read`] as `options` say: with a fill hook ([`ReadOptions::fill`]), `buffer` is a partial local copy
+/// of the file named `file` (as the hook knows it: its path relative to the checkpoint) whose header is
+/// present, and each tensor's bytes are filled when they are read.
+///
+/// # Errors
+/// As [`read`]; reading a tensor's bytes later fails with [`SafetensorsError::Fetch`] when its fill fails.
+pub fn read_with(buffer: &Buffer, file: &str, options: &ReadOptions) -> Result<SafetensorsReader> {
     let header = header::parse(buffer.as_bytes(), header::MAX_LEN)
         .map_err(|e| Error::Format { fault: e.fault(), source: Box::new(e) })?;
     let data_start = header.data_start();
@@ -102,7 +166,10 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
     for e in entries {
         let (begin, end) = e.data_offsets;
         // The header is validated: the entries tile the data region, inside the buffer.
-        let window = buffer.slice_len(data_start + begin, end - begin)?;
+        let window = match &options.fill {
+            None => buffer.slice_len(data_start + begin, end - begin)?,
+            Some(fill) => filled_window(buffer, file, fill, data_start + begin, end - begin)?,
+        };
         let t = Tensor::from_buffer(e.dtype, &e.shape, window)?;
         tensors.push((e.name, t));
     }
@@ -117,7 +184,17 @@ pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
 /// As [`read`], each error but [`Error::Io`] (which names the path already) as [`Error::Format`] holding an
 /// [`InFile`] that names the file, with the same [`Fault`](ckpt_tensor::Fault).
 pub fn read_file(path: &Path) -> Result<SafetensorsReader> {
-    read(&Buffer::map_file(path)?).map_err(|e| match e {
+    read_file_with(path, &ReadOptions::default())
+}
+
+/// [`read_file`] as `options` say ([`read_with`]); the fill hook, if any, is given the file's name (its
+/// last path component: a single file's name, or a shard's name in its directory).
+///
+/// # Errors
+/// As [`read_file`].
+pub fn read_file_with(path: &Path, options: &ReadOptions) -> Result<SafetensorsReader> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    read_with(&Buffer::map_file(path)?, &name, options).map_err(|e| match e {
         e @ Error::Io { .. } => e,
         e => Error::Format { fault: e.fault(), source: Box::new(InFile { path: path.to_path_buf(), source: e }) },
     })
@@ -515,6 +592,57 @@ mod tests {
         }
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, ["m.safetensors"]);
+    }
+
+    /// A fill hook over a copy of `from` whose data region is zeroed: copies each range asked for in.
+    #[derive(Debug)]
+    struct CopyIn {
+        from: std::path::PathBuf,
+        to: std::path::PathBuf,
+        asked: std::sync::Mutex<Vec<(String, std::ops::Range<u64>)>>,
+    }
+
+    impl RangeFill for CopyIn {
+        fn fill(&self, file: &str, range: std::ops::Range<u64>) -> std::io::Result<()> {
+            use std::os::unix::fs::FileExt;
+            self.asked.lock().unwrap().push((file.to_owned(), range.clone()));
+            let bytes = std::fs::read(&self.from)?;
+            let part = bytes.get(range.start as usize..range.end as usize).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            std::fs::OpenOptions::new().write(true).open(&self.to)?.write_all_at(part, range.start)
+        }
+    }
+
+    #[test]
+    fn a_partial_copy_is_filled_tensor_by_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("full.safetensors");
+        let to = dir.path().join("m.safetensors");
+        let a = Tensor::from_slice(&(0..1000).map(|i| i as f32).collect::<Vec<_>>(), &[10, 100]).unwrap();
+        let b = Tensor::from_slice(&[7u8, 8, 9], &[3]).unwrap();
+        write_file(&[("a".to_string(), a.clone()), ("b".to_string(), b.clone())], None, &from).unwrap();
+        let mut bytes = std::fs::read(&from).unwrap();
+        let data_start = 8 + usize::try_from(u64::from_le_bytes(bytes[..8].try_into().unwrap())).unwrap();
+        bytes[data_start..].fill(0);
+        std::fs::write(&to, &bytes).unwrap();
+        let hook = Arc::new(CopyIn { from: from.clone(), to: to.clone(), asked: Default::default() });
+        let fill: Arc<dyn RangeFill> = hook.clone();
+        let back = read_file_with(&to, &ReadOptions::default().with_fill(Some(fill))).unwrap();
+        assert!(hook.asked.lock().unwrap().is_empty(), "opening reads the header alone");
+        assert_eq!(back.get("b").unwrap(), &b);
+        let asked = hook.asked.lock().unwrap().clone();
+        // b (u8) comes after a (f32) in the data: its 3 bytes at the end.
+        let end = bytes.len() as u64;
+        assert_eq!(asked, vec![("m.safetensors".to_string(), end - 3..end)]);
+        assert_eq!(back.get("a").unwrap(), &a);
+        assert_eq!(std::fs::read(&to).unwrap(), std::fs::read(&from).unwrap());
+        // A failed fill is an error of the read, never zeros.
+        bytes[data_start..].fill(0);
+        std::fs::write(&to, &bytes).unwrap();
+        let fill: Arc<dyn RangeFill> =
+            Arc::new(CopyIn { from: dir.path().join("gone"), to: to.clone(), asked: Default::default() });
+        let back = read_file_with(&to, &ReadOptions::default().with_fill(Some(fill))).unwrap();
+        let e = back.get("a").unwrap().to_vec::<f32>().unwrap_err();
+        assert!(matches!(e.format_error(), Some(SafetensorsError::Fetch { .. })), "{e}");
     }
 
     #[test]

@@ -57,6 +57,21 @@ pub enum Error {
     /// The ZIP container is invalid.
     #[error("zip container: {0}")]
     Zip(#[from] ZipError),
+    /// The bytes of a record of a partial local copy could not be made present ([`crate::ReadOptions::fill`]).
+    #[error("fetching record {name:?} (bytes {start}..{end} of {file:?}): {source}")]
+    Fetch {
+        /// Record name without the prefix.
+        name: String,
+        /// The file, as named to the fill hook.
+        file: String,
+        /// The first byte asked for.
+        start: u64,
+        /// The end of the bytes asked for.
+        end: u64,
+        /// The fill hook's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A required record is missing from the archive.
     #[error("the archive has no record {name:?}")]
     MissingRecord {
@@ -190,7 +205,7 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::At { source, .. } => source.fault(),
-            Error::Io { .. } => Fault::Io,
+            Error::Io { .. } | Error::Fetch { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
             Error::Pickle { source, .. } => match source.kind() {
                 ckpt_pickle::ErrorKind::Limit => Fault::Limit,

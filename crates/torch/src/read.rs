@@ -2,7 +2,9 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use ckpt_io::storage::RangeFill;
 
 use ckpt_tensor::flatten::LeafIndex;
 use ckpt_tensor::flatten::leaf_names;
@@ -36,6 +38,18 @@ pub struct ReadOptions {
     /// small records, no tensor data): tensors read from such a reader come from where the rule says. Off
     /// by default.
     pub trust_layout: bool,
+    /// The hook that makes a partial local copy's bytes present before they are read (a `.pt` on an object
+    /// store fetched as it is read: its end records, central directory and every record but the tensors'
+    /// `data/<key>` present when it is opened). With one, a ZIP archive is read as with
+    /// [`ReadOptions::trust_layout`], every record but `data/` ones is filled and its local header checked
+    /// when the file is opened, and each `data/<key>` storage is made on demand: its first read fills the
+    /// record's local header and checks it puts the data where torch's layout rule did, and every read
+    /// fills the bytes it reads first, so nothing unfilled is handed out. Default `None`: a local file,
+    /// whose storages are windows of the map.
+    pub fill: Option<Arc<dyn RangeFill>>,
+    /// The file's name as [`ReadOptions::fill`] knows it (its path relative to the checkpoint). `None`:
+    /// the last component of the path [`TorchReader::open_with`] opens (empty for a buffer).
+    pub fill_file: Option<String>,
 }
 
 /// The default bound on one DEFLATE record's inflated size: 4 GiB.
@@ -49,6 +63,8 @@ impl Default for ReadOptions {
             py2_strings: ckpt_pickle::Py2Strings::default(),
             max_inflated_bytes: DEFAULT_MAX_INFLATED_BYTES,
             trust_layout: false,
+            fill: None,
+            fill_file: None,
         }
     }
 }
@@ -72,6 +88,20 @@ impl ReadOptions {
     #[must_use]
     pub fn with_trust_layout(mut self, trust: bool) -> Self {
         self.trust_layout = trust;
+        self
+    }
+
+    /// These options with a fill hook ([`ReadOptions::fill`]).
+    #[must_use]
+    pub fn with_fill(mut self, fill: Option<Arc<dyn RangeFill>>) -> Self {
+        self.fill = fill;
+        self
+    }
+
+    /// These options with the file's name as the fill hook knows it ([`ReadOptions::fill_file`]).
+    #[must_use]
+    pub fn with_fill_file(mut self, file: Option<String>) -> Self {
+        self.fill_file = file;
         self
     }
 
@@ -141,6 +171,11 @@ impl TorchReader {
             ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
+        if options.fill.is_some() && options.fill_file.is_none() {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let options = options.clone().with_fill_file(name);
+            return Self::from_map(&file, &buffer, &options).map_err(|e| e.at(path));
+        }
         Self::from_map(&file, &buffer, options).map_err(|e| e.at(path))
     }
 
@@ -340,6 +375,8 @@ struct ZipStorages<'a> {
     max_inflated: u64,
     /// The records' directory: `data/` (`data.pkl`), `constants/` (a TorchScript archive's `constants.pkl`).
     dir: &'static str,
+    /// [`ReadOptions::fill`] and the file's name for it: storages made on demand, filled first.
+    fill: Option<(Arc<dyn RangeFill>, Arc<str>)>,
 }
 
 impl<'a> ZipStorages<'a> {
@@ -352,7 +389,15 @@ impl<'a> ZipStorages<'a> {
             cache: Vec::new(),
             max_inflated: DEFAULT_MAX_INFLATED_BYTES,
             dir: "data/",
+            fill: None,
         }
+    }
+
+    /// These storages filled through `options`' hook ([`ReadOptions::fill`]).
+    fn with_fill(mut self, options: &ReadOptions) -> Self {
+        self.fill =
+            options.fill.as_ref().map(|f| (Arc::clone(f), Arc::from(options.fill_file.as_deref().unwrap_or_default())));
+        self
     }
 
     fn record(&self, name: &str) -> Result<Buffer> {
@@ -375,6 +420,71 @@ impl<'a> ZipStorages<'a> {
             std::borrow::Cow::Owned(v) => Ok(Buffer::copy_from(&v)?),
         }
     }
+}
+
+/// Fills the bytes `range` of the file `file` through `fill`, for the record `rec`.
+fn fill_range(rec: &crate::zip::Record, fill: &dyn RangeFill, file: &str, range: std::ops::Range<u64>) -> Result<()> {
+    fill.fill(file, range.clone()).map_err(|source| Error::Fetch {
+        name: rec.short_name().to_owned(),
+        file: file.to_owned(),
+        start: range.start,
+        end: range.end,
+        source,
+    })
+}
+
+/// Fills the whole of the record `rec` (local header and data) of the partial copy in `buffer`, and checks
+/// that its local header puts the data where the central directory's prediction did.
+fn fill_record(buffer: &Buffer, rec: &crate::zip::Record, fill: &dyn RangeFill, file: &str) -> Result<()> {
+    fill_range(rec, fill, file, rec.local_header_offset()..rec.data_range().end)?;
+    Archive::check_predicted_record(buffer.as_bytes(), rec)?;
+    Ok(())
+}
+
+/// The stored record `rec` of the partial copy in `buffer`, made on demand: the first read fills its local
+/// header and checks it ([`Archive::check_predicted_record`]); each read fills the bytes it reads, then
+/// copies them out of `buffer`.
+fn filled_record(
+    buffer: &Buffer,
+    rec: &crate::zip::Record,
+    fill: &Arc<dyn RangeFill>,
+    file: &Arc<str>,
+) -> Result<Buffer> {
+    let data = rec.data_range();
+    let (start, len) = match (usize::try_from(data.start), usize::try_from(data.end - data.start)) {
+        (Ok(s), Ok(l)) => (s, l),
+        _ => {
+            return Err(Error::Zip(crate::zip::ZipError::Truncated {
+                what: "record data",
+                offset: data.start,
+                needed: data.end - data.start,
+                available: (buffer.len() as u64).saturating_sub(data.start),
+            }));
+        }
+    };
+    // Checked here, so that every range asked for later lies inside the buffer.
+    let window = buffer.slice_len(start, len).map_err(Error::Core)?;
+    let whole = buffer.clone();
+    let rec = rec.clone();
+    let fill = Arc::clone(fill);
+    let file = Arc::clone(file);
+    // Set once the local header is filled and checked (a failure is retried, and reported, by every read).
+    let checked: OnceLock<()> = OnceLock::new();
+    Ok(Buffer::deferred_ranged(len, move |at, out: &mut [u8]| {
+        let src = window.slice_len(at, out.len())?;
+        let from = data.start.saturating_add(at as u64);
+        let to = from.saturating_add(out.len() as u64);
+        if checked.get().is_none() {
+            // A read from the record's start fetches its header with the bytes, in one request.
+            let header_to = if at == 0 { to } else { rec.data_offset() };
+            fill_range(&rec, fill.as_ref(), &file, rec.local_header_offset()..header_to)?;
+            Archive::check_predicted_record(whole.as_bytes(), &rec).map_err(Error::Zip)?;
+            let _ = checked.set(());
+        }
+        fill_range(&rec, fill.as_ref(), &file, from..to)?;
+        out.copy_from_slice(src.as_bytes());
+        Ok(())
+    }))
 }
 
 impl StorageSource for ZipStorages<'_> {
@@ -408,7 +518,15 @@ impl ZipStorages<'_> {
             return Ok(b.clone());
         }
         let rec = archive.records().get(i).ok_or_else(missing)?;
-        let b = self.record_data(rec)?;
+        let b = match &self.fill {
+            // A stored record of a partial copy: made on demand. A compressed one is filled now and inflated.
+            Some((fill, file)) if rec.method() == 0 => filled_record(self.buffer, rec, fill, file)?,
+            Some((fill, file)) => {
+                fill_record(self.buffer, rec, fill.as_ref(), file)?;
+                self.record_data(rec)?
+            }
+            None => self.record_data(rec)?,
+        };
         if let Some(slot) = self.cache.get_mut(i) {
             *slot = Some(b.clone());
         }
@@ -461,7 +579,18 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
         }
     };
     let headers = if file.is_some() { HeaderSource::ReadAt(&read_at) } else { HeaderSource::Slice(&forget) };
-    let (archive, decoded) = if options.trust_layout {
+    let (archive, decoded) = if let Some(fill) = &options.fill {
+        // A partial copy: the central directory is present, the local headers of the tensors' records not.
+        let archive = Archive::parse_predicted(buffer.as_bytes())?;
+        let file = options.fill_file.as_deref().unwrap_or_default();
+        for rec in archive.records() {
+            if options.verify_crc || !rec.short_name().starts_with("data/") {
+                fill_record(buffer, rec, fill.as_ref(), file)?;
+            }
+        }
+        let decoded = decode_zip(&archive, buffer, options);
+        (archive, decoded)
+    } else if options.trust_layout {
         let archive = Archive::parse_predicted(buffer.as_bytes())?;
         archive.check_predicted(buffer.as_bytes(), "data.pkl")?;
         let decoded = decode_zip(&archive, buffer, options);
@@ -505,7 +634,8 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
             archive.verify_crc(bytes, rec)?;
         }
     }
-    let mut storages = ZipStorages { max_inflated: options.max_inflated_bytes, ..ZipStorages::new(archive, buffer) };
+    let mut storages = ZipStorages { max_inflated: options.max_inflated_bytes, ..ZipStorages::new(archive, buffer) }
+        .with_fill(options);
     let version_name = if archive.get(".data/version").is_some() { ".data/version" } else { "version" };
     let version_text = storages.record(version_name)?;
     let version_str = String::from_utf8_lossy(version_text.as_bytes()).trim_end_matches(['\n', '\r']).to_owned();
@@ -526,7 +656,7 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
     if archive.get("constants.pkl").is_some() {
         // A TorchScript archive: the module's tensor constants are pickled apart, their storages under
         // `constants/`.
-        let mut constants = ZipStorages { dir: "constants/", ..ZipStorages::new(archive, buffer) };
+        let mut constants = ZipStorages { dir: "constants/", ..ZipStorages::new(archive, buffer) }.with_fill(options);
         constants.max_inflated = options.max_inflated_bytes;
         let pkl = constants.record("constants.pkl")?;
         let table = rebuild(pkl.as_bytes(), &options.pickle(), &mut constants, "constants.pkl")?;
@@ -581,6 +711,79 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A fill hook over a copy of `from` whose `data/` records are zeroed: copies each range asked for in.
+    #[derive(Debug)]
+    struct CopyIn {
+        from: std::path::PathBuf,
+        to: std::path::PathBuf,
+        asked: std::sync::Mutex<Vec<(String, std::ops::Range<u64>)>>,
+    }
+
+    impl RangeFill for CopyIn {
+        fn fill(&self, file: &str, range: std::ops::Range<u64>) -> std::io::Result<()> {
+            self.asked.lock().unwrap().push((file.to_owned(), range.clone()));
+            let bytes = std::fs::read(&self.from)?;
+            let part = bytes.get(range.start as usize..range.end as usize).ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            std::fs::OpenOptions::new().write(true).open(&self.to)?.write_all_at(part, range.start)
+        }
+    }
+
+    #[test]
+    fn a_partial_copy_is_filled_storage_by_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("full.pt");
+        let to = dir.path().join("m.pt");
+        let a = Tensor::from_slice(&(0..1000).map(|i| i as f32).collect::<Vec<_>>(), &[10, 100]).unwrap();
+        let b = Tensor::from_slice(&[7u8, 8, 9], &[3]).unwrap();
+        let mut d = ckpt_tensor::Dict::new(ckpt_tensor::DictKind::Dict);
+        d.insert("a", Value::Tensor(a.clone()));
+        d.insert("b", Value::Tensor(b.clone()));
+        crate::save(&Value::Dict(d), &from, &crate::WriteOptions::default()).unwrap();
+        let mut bytes = std::fs::read(&from).unwrap();
+        let archive = Archive::parse(&bytes).unwrap();
+        let data: Vec<crate::zip::Record> =
+            archive.records().iter().filter(|r| r.short_name().starts_with("data/")).cloned().collect();
+        for r in &data {
+            bytes[r.local_header_offset() as usize..r.data_range().end as usize].fill(0);
+        }
+        std::fs::write(&to, &bytes).unwrap();
+        let hook = Arc::new(CopyIn { from: from.clone(), to: to.clone(), asked: Default::default() });
+        let fill: Arc<dyn RangeFill> = hook.clone();
+        let reader = TorchReader::open_with(&to, &ReadOptions::default().with_fill(Some(fill))).unwrap();
+        let opened = hook.asked.lock().unwrap().len();
+        assert!(
+            hook.asked.lock().unwrap().iter().all(|(f, r)| f == "m.pt"
+                && data.iter().all(|d| r.end <= d.local_header_offset() || r.start >= d.data_range().end)),
+            "opening fills no tensor record: {:?}",
+            hook.asked.lock().unwrap()
+        );
+        assert_eq!(reader.tensor("b").unwrap(), b);
+        let rb = data.iter().find(|r| r.short_name() == "data/1").unwrap();
+        let asked = hook.asked.lock().unwrap()[opened..].to_vec();
+        assert_eq!(
+            asked,
+            vec![
+                ("m.pt".to_string(), rb.local_header_offset()..rb.data_range().end),
+                ("m.pt".to_string(), rb.data_range())
+            ]
+        );
+        assert_eq!(reader.tensor("a").unwrap(), a);
+        assert_eq!(std::fs::read(&to).unwrap(), std::fs::read(&from).unwrap());
+        // A local header that puts the data elsewhere than predicted is an error, never wrong bytes.
+        let mut moved = std::fs::read(&from).unwrap();
+        let lh = rb.local_header_offset() as usize;
+        moved[lh + 28] = moved[lh + 28].wrapping_add(4); // the local extra field's length
+        std::fs::write(&from, &moved).unwrap();
+        for r in &data {
+            bytes[r.local_header_offset() as usize..r.data_range().end as usize].fill(0);
+        }
+        std::fs::write(&to, &bytes).unwrap();
+        let fill: Arc<dyn RangeFill> = Arc::new(CopyIn { from, to: to.clone(), asked: Default::default() });
+        let reader = TorchReader::open_with(&to, &ReadOptions::default().with_fill(Some(fill))).unwrap();
+        let e = reader.tensor("b").unwrap().to_vec::<u8>().unwrap_err();
+        assert!(e.to_string().contains("not where torch's writer puts it"), "{e}");
     }
 
     #[test]

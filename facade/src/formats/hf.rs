@@ -15,6 +15,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport};
+use crate::source::SourceOptions;
 
 pub(crate) struct Hf;
 
@@ -33,6 +34,14 @@ impl Adaptor for Hf {
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         crate::adaptor::check_safetensors_headers(limits, path)?;
         Ok(Box::new(ckpt_safetensors::hf::HfReader::open(path).at(path)?))
+    }
+
+    /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each shard's tensors are filled as they are read.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        crate::adaptor::check_safetensors_headers(limits, path)?;
+        let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
+        Ok(Box::new(ckpt_safetensors::hf::HfReader::open_with(path, &options).at(path)?))
     }
 
     /// Every shard's header (and the index against the shards), every entry resolved; deep, every shard's

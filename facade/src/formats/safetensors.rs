@@ -15,6 +15,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport};
+use crate::source::SourceOptions;
 
 pub(crate) struct Safetensors;
 
@@ -27,6 +28,14 @@ impl Adaptor for Safetensors {
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         crate::adaptor::check_safetensors_headers(limits, path)?;
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
+    }
+
+    /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each tensor's bytes are filled as they are read.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        crate::adaptor::check_safetensors_headers(limits, path)?;
+        let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
+        Ok(Box::new(SafetensorsReader::open_with(path, &options).at(path)?))
     }
 
     /// The header (dtypes, shapes, offsets covering the data), every entry resolved; deep, the per-tensor

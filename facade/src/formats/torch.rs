@@ -31,9 +31,11 @@ impl Adaptor for Torch {
         Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?))
     }
 
-    /// As [`Adaptor::open`]; a listing ([`SourceOptions::listing_only`]) trusts torch's ZIP layout.
+    /// As [`Adaptor::open`]; a listing ([`SourceOptions::listing_only`]) trusts torch's ZIP layout; a
+    /// partial copy is read through its fill hook ([`SourceOptions::fills`]): each tensor record filled
+    /// (its local header checked) as it is read.
     fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
-        let options = read_options(limits).with_trust_layout(source.listing_only);
+        let options = read_options(limits).with_trust_layout(source.listing_only).with_fill(source.fill_for(path));
         Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &options).at(path)?))
     }
 

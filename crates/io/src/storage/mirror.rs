@@ -119,6 +119,18 @@ impl SparseMirror {
             .insert(normalized(name), Mirrored { path: local.to_path_buf(), size, present: Mutex::new(present) });
     }
 
+    /// Records that the object `name` of `size` bytes is mirrored at `local`, a file of its size already
+    /// made, in which the byte ranges `present` were fetched by other means (a header fetched to list the
+    /// object): fills of it fetch only the rest.
+    pub fn add_partial(&mut self, name: &str, size: u64, local: &Path, present: impl IntoIterator<Item = Range<u64>>) {
+        let mut ranges = Vec::new();
+        for r in present {
+            insert(&mut ranges, r.start.min(size)..r.end.min(size));
+        }
+        self.objects
+            .insert(normalized(name), Mirrored { path: local.to_path_buf(), size, present: Mutex::new(ranges) });
+    }
+
     /// Bytes of the object `name` present locally (`None` for an object it does not mirror).
     pub fn present_bytes(&self, name: &str) -> Option<u64> {
         let object = self.objects.get(&normalized(name))?;
@@ -298,6 +310,13 @@ mod tests {
         let e = mirror.fill_range("x", 50..150).unwrap_err();
         assert!(matches!(e, StorageError::Truncated { found: 100, .. }), "{e}");
         assert_eq!(mirror.present_bytes("x"), Some(0), "nothing recorded as present");
+        let part = dir.path().join("p");
+        std::fs::write(&part, [0u8; 100]).unwrap();
+        mirror.add_partial("x", 100, &part, [10..20, 15..30, 90..200]);
+        assert_eq!(mirror.present_bytes("x"), Some(30));
+        let before = mirror.stats();
+        mirror.fill_range("x", 12..28).unwrap();
+        assert_eq!(mirror.stats(), before, "present: nothing fetched");
         let whole = dir.path().join("w");
         mirror.add_present("w", 10, &whole);
         mirror.fill_range("w", 0..10).unwrap();

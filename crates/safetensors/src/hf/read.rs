@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use crate::metadata::Records;
-use crate::{SafetensorsReader, read_file};
+use crate::{ReadOptions, SafetensorsReader, read_file_with};
 use ckpt_tensor::{CheckpointRead, Entry, PathItem, Tensor, Value};
 
 use crate::hf::error::{Error, Result};
@@ -28,6 +28,16 @@ impl HfReader {
     /// [`Error::Malformed`] for an index that is not transformers' (no `weight_map`, a file outside the
     /// directory, a tensor missing from its file or in two files); the shards' safetensors errors; I/O.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(dir, &ReadOptions::default())
+    }
+
+    /// [`HfReader::open`] as `options` say: with a fill hook ([`ReadOptions::fill`]), the directory is a
+    /// partial local copy whose index and shard headers are present, and each shard's tensors are filled
+    /// (under the shard's file name) as they are read.
+    ///
+    /// # Errors
+    /// As [`HfReader::open`].
+    pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let dir = dir.as_ref();
         let index_path = dir.join(crate::hf::INDEX_FILE);
         let bad = |reason: String| Error::Malformed { path: index_path.clone(), reason };
@@ -68,7 +78,7 @@ impl HfReader {
         let mut seen = HashSet::new();
         for name in &names {
             let path = dir.join(name);
-            let shard: SafetensorsReader = read_file(&path)?;
+            let shard: SafetensorsReader = read_file_with(&path, options)?;
             for (tensor, _) in &shard.tensors {
                 if !seen.insert(tensor.clone()) {
                     return Err(bad(format!("tensor {tensor:?} is in two files")));

@@ -400,6 +400,15 @@ impl Archive {
     /// The local header's own errors; [`ZipError::Unpredicted`] when it puts the data elsewhere.
     pub fn check_predicted(&self, bytes: &[u8], name_without_prefix: &str) -> Result<(), ZipError> {
         let Some(rec) = self.get(name_without_prefix) else { return Ok(()) };
+        Self::check_predicted_record(bytes, rec)
+    }
+
+    /// [`Archive::check_predicted`] of the record `rec` (of this archive): its local header, once present
+    /// in `bytes`, puts its data where [`Archive::parse_predicted`] took it to be.
+    ///
+    /// # Errors
+    /// As [`Archive::check_predicted`].
+    pub fn check_predicted_record(bytes: &[u8], rec: &Record) -> Result<(), ZipError> {
         let at = local_data_offset(bytes, rec)?;
         if at != rec.data_offset {
             return Err(ZipError::Unpredicted { name: rec.name.clone(), predicted: rec.data_offset, found: at });
