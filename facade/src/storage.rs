@@ -194,7 +194,9 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
     let dcp = has(".metadata");
     let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
-    let mut lazy = (what == Fetch::Lazy && (dcp || shards)).then(|| SparseMirror::new(store.clone()));
+    // A directory of `.pt` files (hfai's parts): each one's ZIP index first.
+    let parts = !dcp && has(PART0);
+    let mut lazy = (what == Fetch::Lazy && (dcp || shards || parts)).then(|| SparseMirror::new(store.clone()));
     // Where the copy holds only part of an object, the object's name, size and local path.
     let mut partial: Vec<(&str, u64, PathBuf)> = Vec::new();
     for object in &listed {
@@ -205,10 +207,11 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         let part = match what {
             Fetch::Index | Fetch::Lazy if dcp && object.name.ends_with(".distcp") => Some(Part::Nothing),
             Fetch::Index | Fetch::Lazy if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
+            Fetch::Lazy if parts && object.name.ends_with(".pt") => Some(Part::Zip),
             _ => None,
         };
         let present = fetch_object(&store, &object.name, object.size, &dst, part)?;
-        if part.is_some() {
+        if part.is_some() && present.first() != Some(&(0..object.size)) {
             partial.push((&object.name, object.size, dst.clone()));
         }
         if let Some(mirror) = &mut lazy {
@@ -218,7 +221,7 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     }
     // Shards are read lazily by the Hugging Face reader alone (another format's reader of safetensors
     // files, DCP's Hugging Face layout, would read the zeros): anything else gets them whole.
-    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[Format::Hf]) {
+    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[if parts { Format::Hfai } else { Format::Hf }]) {
         for (name, size, dst) in &partial {
             store.download(name, *size, dst)?;
         }
@@ -227,6 +230,10 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     let fill = lazy.map(|m| Arc::new(m) as Arc<dyn RangeFill>);
     Ok(Source { path: local, fetched: Some((objects, store)), fill, _dir: Some(dir) })
 }
+
+/// The first part of an hfai checkpoint, the marker of a directory whose `.pt` files [`Fetch::Lazy`] fetches
+/// as they are read.
+const PART0: &str = "PART_000.pt";
 
 /// Whether the partial local copy at `path` is of one of `formats`, whose readers fill what they read
 /// (`SourceOptions::with_fill`).

@@ -641,4 +641,20 @@ fn lazy_torch_save_fetches_one_storage() {
     eprintln!("cat b of a .pt: {fetched} bytes in {requests} requests for {b_bytes} tensor bytes + {index} of index");
     let local = ckpt(e, &["cat", file.to_str().unwrap(), "b"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+
+    // hfai parts (PART_*.pt, read through the torch reader): each part's ZIP index, then b's record.
+    let hfai = "s3://ckpt/lazy/hfai";
+    let said = ok(e, &["convert", file.to_str().unwrap(), hfai, "--to", "hfai"]);
+    let total: u64 = store(e, hfai).list().unwrap().iter().map(|o| o.size).sum();
+    let local_dir = scratch.path().join("hfai");
+    ok(e, &["convert", file.to_str().unwrap(), local_dir.to_str().unwrap(), "--to", "hfai"]);
+    let key = "model.b";
+    let out = ckpt(e, &["cat", hfai, key, "--verbose"]);
+    let said = format!("{said}{}", text(&out));
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, hfai);
+    assert!(fetched >= b_bytes && fetched < b_bytes + 400_000, "{fetched} bytes of {total} for {b_bytes}: {said}");
+    eprintln!("cat {key} of hfai parts: {fetched} bytes of {total} in {requests} requests for {b_bytes} tensor bytes");
+    let local = ckpt(e, &["cat", local_dir.to_str().unwrap(), key]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
 }

@@ -16,7 +16,7 @@ use crate::part::{PartName, classify, part_file_name};
 /// Bytes at the end of a part that the fingerprint covers: the ZIP end records and the end of the
 /// central directory, whose entries carry every record's CRC-32 (the last one is `.data/serialization_id`,
 /// itself derived from all records' CRCs).
-const TAIL: u64 = 64 * 1024;
+pub(crate) const TAIL: u64 = 64 * 1024;
 
 /// Identity of a part file: its length and the CRC-32 of its tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -145,6 +145,20 @@ impl Part {
             ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
             e => Error::Core(e),
         })?;
+        // A partial local copy ([`ReadOptions::fill`]): the part's name in its directory is what the hook
+        // knows it by, and the tail the fingerprint covers is filled first.
+        let named;
+        let options = match &options.fill {
+            Some(fill) if options.fill_file.is_none() => {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let len = buffer.len() as u64;
+                fill.fill(&name, len.saturating_sub(crate::commit::TAIL)..len)
+                    .map_err(|source| Error::Io { path: path.to_owned(), source })?;
+                named = options.clone().with_fill_file(Some(name));
+                &named
+            }
+            _ => options,
+        };
         let fingerprint = Fingerprint::of_bytes(buffer.as_bytes());
         let value = TorchReader::from_map(&file, &buffer, options).map_err(|e| e.at(path))?.into_value();
         let c = Checker { path };

@@ -16,6 +16,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::source::SourceOptions;
 
 pub(crate) struct Hfai;
 
@@ -32,6 +33,14 @@ impl Adaptor for Hfai {
 
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?))
+    }
+
+    /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each part's tensor records filled as they are read (chunks of a tensor split across parts are
+    /// concatenated, so filled, when the checkpoint is opened).
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        let options = super::torch::read_options(limits).with_fill(source.fill_for(path));
+        Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &options).at(path)?))
     }
 
     /// What hfai's `load` returns, and its leaves.
@@ -103,6 +112,10 @@ impl Adaptor for Hfai {
     /// are layout keys; a checkpoint of one model and nothing else holds a plain state dict, which hfai
     /// nests under `model.` ([`layout_of`]).
     fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
+        // The reader the checkpoint was opened with (a partial copy's, with its fill hook), else reopened.
+        if let Some(reader) = ck.downcast_ref::<ckpt_hfai::HfaiReader>() {
+            return Ok(layout_of(reader));
+        }
         let path = ck.path();
         let reader = ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?;
         Ok(layout_of(&reader))
