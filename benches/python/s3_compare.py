@@ -138,13 +138,8 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
         sd = torch.load(model, mmap=True, weights_only=True)
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
 
-        def ckpt(*args: str) -> str:
-            p = subprocess.run([str(tool), *args], env=env, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
-            return p.stdout + p.stderr
-
-        save_load(res, "moto", env, kw, sd, nbytes, model, ckpt)
+        ckpt = runner(tool, env)
+        save_load(res, "moto", kw, sd, nbytes, model, ckpt)
         ckpt("convert", "-q", str(pt20k), "s3://bench/pt20k.pt", "--to", "torch")
         fs = fsspec.filesystem("s3", **kw)
 
@@ -193,19 +188,24 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
         env = dict(os.environ, **ENV, AWS_ENDPOINT_URL=server.endpoint)
         kw = dict(kw, client_kwargs={"endpoint_url": server.endpoint, "region_name": "us-east-1"})
 
-        def ckpt_s3s(*args: str) -> str:
-            p = subprocess.run([str(tool), *args], env=env, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
-            return p.stdout + p.stderr
-
-        save_load(res, "s3s-fs", env, kw, sd, nbytes, model, ckpt_s3s)
+        save_load(res, "s3s-fs", kw, sd, nbytes, model, runner(tool, env))
     finally:
         server.close()
     return line
 
 
-def save_load(res: Any, server: str, env: Dict[str, str], kw: Dict[str, Any], sd: Any, nbytes: int, model: Path,
+def runner(tool: Path, env: Dict[str, str]) -> Callable[..., str]:
+    """``ckpt args…`` with ``env``, returning what it printed; a failure ends the bench."""
+    def ckpt(*args: str) -> str:
+        p = subprocess.run([str(tool), *args], env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"ckpt {args} failed: {p.stdout}{p.stderr}")
+        return p.stdout + p.stderr
+
+    return ckpt
+
+
+def save_load(res: Any, server: str, kw: Dict[str, Any], sd: Any, nbytes: int, model: Path,
               ckpt: Callable[..., str]) -> None:
     """DCP save and load of ``sd`` (``model``'s tensors) on ``server``: ckpt against torch's fsspec storage."""
     import torch

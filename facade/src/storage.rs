@@ -37,7 +37,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use ckpt_io::storage::remote_commit::{LOCK_NAME, PublishReport, RemoteCommit, file_lock_name, is_lock, leftovers};
+pub use ckpt_io::storage::remote_commit::{LOCK_NAME, RemoteCommit, file_lock_name, is_lock, leftovers};
 pub use ckpt_io::storage::{
     Location, ObjectInfo, ObjectLayout, PutCondition, RangeFill, RemoteUrl, SparseMirror, StatsSnapshot, StorageError,
     StorageOptions, Store, registry,

@@ -35,8 +35,6 @@
 //! replaced), or no commit point (readers find no checkpoint), or the new checkpoint whole. [`leftovers`]
 //! lists what it wrote, for `verify` (objects without a commit point, or that the committed checkpoint's
 //! manifest does not name); the next save removes them.
-//!
-//! [`RemoteCommit::publish`] runs the same steps for a checkpoint already written to a local directory.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -44,9 +42,6 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use super::{ObjectInfo, PutCondition, StorageError, Store};
-
-/// A file to publish: its name under the prefix, and the local file.
-type Staged = (String, PathBuf);
 
 /// The lock object's name inside a destination prefix.
 pub const LOCK_NAME: &str = ".ckpt-lock.json";
@@ -62,19 +57,8 @@ pub fn is_lock(name: &str) -> bool {
     name.rsplit('/').next().is_some_and(|n| n.starts_with('.') && n.ends_with(LOCK_NAME))
 }
 
-/// What a published checkpoint moved.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishReport {
-    /// The objects written, by name under the prefix, commit points last.
-    pub files: Vec<String>,
-    /// Bytes uploaded.
-    pub bytes: u64,
-    /// Objects of a previous checkpoint or of a killed save removed.
-    pub removed: Vec<String>,
-}
-
-/// A save in progress to one destination prefix: holds its lock object until [`RemoteCommit::publish`]
-/// or drop.
+/// A save in progress to one destination prefix: holds its lock object until [`RemoteCommit::finish`] or
+/// drop.
 #[derive(Debug)]
 pub struct RemoteCommit {
     store: Store,
@@ -146,73 +130,7 @@ impl RemoteCommit {
         &self.store
     }
 
-    /// Publishes a checkpoint: `files` (name under the prefix, local file) uploaded in parallel, then
-    /// `commit_points` (names among `files`) in order, with `If-None-Match: *`; then the objects the
-    /// destination held before that `owned` claims (or that are ckpt's own `.ckpt-*`) and the new
-    /// checkpoint lacks are removed, and the lock released. The module documentation has the steps.
-    ///
-    /// # Errors
-    /// The first failure; the lock is released, the commit points were not written, and the next save
-    /// removes what this one uploaded.
-    pub fn publish(
-        self,
-        files: &[(String, PathBuf)],
-        commit_points: &[&str],
-        owned: &dyn Fn(&str) -> bool,
-    ) -> Result<PublishReport, StorageError> {
-        let before = self.clear_commit_points(commit_points)?;
-        let (last, first): (Vec<Staged>, Vec<Staged>) =
-            files.iter().cloned().partition(|(n, _)| commit_points.contains(&n.as_str()));
-        let mut report = PublishReport {
-            bytes: self.upload_files(&first)?,
-            files: first.iter().map(|(n, _)| n.clone()).collect(),
-            removed: Vec::new(),
-        };
-        let (points, bytes) = self.put_commit_points(&last, commit_points)?;
-        report.files.extend(points);
-        report.bytes += bytes;
-        report.removed = self.finish(&before, &|n| files.iter().any(|(f, _)| f == n), owned)?;
-        Ok(report)
-    }
-
-    /// Step 2: deletes the previous checkpoint's commit points (readers then find no checkpoint rather than
-    /// a mix). Returns what the destination held before, for [`RemoteCommit::finish`].
-    ///
-    /// # Errors
-    /// The classified store error.
-    pub fn clear_commit_points(&self, commit_points: &[&str]) -> Result<Vec<ObjectInfo>, StorageError> {
-        let before = self.store.list()?;
-        for point in commit_points {
-            if before.iter().any(|o| o.name == *point) {
-                self.store.delete(point)?;
-            }
-        }
-        Ok(before)
-    }
-
-    /// Step 4: writes the commit points among `files` in the order of `commit_points`, each with
-    /// `If-None-Match: *`. Returns their names and bytes.
-    ///
-    /// # Errors
-    /// [`StorageError::Conflict`] when a concurrent writer wrote one; [`StorageError::Local`]; the
-    /// classified store error.
-    pub fn put_commit_points(
-        &self,
-        files: &[(String, PathBuf)],
-        commit_points: &[&str],
-    ) -> Result<(Vec<String>, u64), StorageError> {
-        let (mut names, mut bytes) = (Vec::new(), 0);
-        for point in commit_points {
-            let Some((name, path)) = files.iter().find(|(n, _)| n == point) else { continue };
-            let data = std::fs::read(path).map_err(|source| StorageError::Local { path: path.clone(), source })?;
-            bytes += data.len() as u64;
-            self.store.put(name, Bytes::from(data), PutCondition::Create)?;
-            names.push(name.clone());
-        }
-        Ok((names, bytes))
-    }
-
-    /// Step 4 of a save that kept the previous checkpoint's commit points (its files did not collide with
+    /// Step 3 of a save that kept the previous checkpoint's commit points (its files did not collide with
     /// the new one's): writes the commit points among `files` in the order of `commit_points`, each
     /// replacing the previous one only if it is still the one `before` listed (`If-Match` on its entity
     /// tag), or created with `If-None-Match: *` where there was none (or a collision removed it). Readers
@@ -259,7 +177,7 @@ impl RemoteCommit {
         Ok(())
     }
 
-    /// Steps 5 and 6: removes the objects of `before` (the listing of [`RemoteCommit::clear_commit_points`])
+    /// Steps 4 and 5: removes the objects of `before` (the destination's listing when the save began)
     /// that the new checkpoint has not `written` and that `owned` claims (or that are ckpt's own
     /// `.ckpt-*`), and releases the lock. Returns the names removed.
     ///
@@ -281,25 +199,6 @@ impl RemoteCommit {
         }
         self.release()?;
         Ok(removed)
-    }
-
-    /// Uploads one file as the object this commit's destination names (a single-file destination: the
-    /// store is the parent prefix and `name` the file), then releases the lock.
-    ///
-    /// # Errors
-    /// The classified store error; nothing becomes visible unless the upload completed.
-    pub fn publish_file(mut self, name: &str, path: &std::path::Path) -> Result<PublishReport, StorageError> {
-        let bytes = self.store.upload_file(name, path)?;
-        self.release()?;
-        Ok(PublishReport { files: vec![name.to_owned()], bytes, removed: Vec::new() })
-    }
-
-    /// Step 3 for files staged on the local disk ([`upload_files`]).
-    ///
-    /// # Errors
-    /// The first failure.
-    pub fn upload_files(&self, files: &[(String, PathBuf)]) -> Result<u64, StorageError> {
-        upload_files(&self.store, files)
     }
 
     fn release(&mut self) -> Result<(), StorageError> {
@@ -419,10 +318,15 @@ mod tests {
 
         let commit = RemoteCommit::begin(&store, LOCK_NAME).unwrap();
         assert!(matches!(RemoteCommit::begin(&store, LOCK_NAME), Err(StorageError::Locked { .. })));
-        let files = vec![write("__0_0.distcp", "data"), write(".metadata", "m1")];
-        let report = commit.publish(&files, &[".metadata"], &owned).unwrap();
-        assert_eq!(report.files, vec!["__0_0.distcp".to_owned(), ".metadata".to_owned()]);
-        assert_eq!(report.removed, vec!["old.distcp".to_owned()]);
+        let before = store.list().unwrap();
+        let data = vec![write("__0_0.distcp", "data")];
+        assert_eq!(upload_files(&store, &data).unwrap(), 4);
+        assert_eq!(&store.read(".metadata", 0..2).unwrap()[..], b"m0", "the previous commit point stands until step 3");
+        let points = vec![write(".metadata", "m1")];
+        let (written, _) = commit.replace_commit_points(&points, &[".metadata"], &before).unwrap();
+        assert_eq!(written, vec![".metadata".to_owned()]);
+        let removed = commit.finish(&before, &|n| n == "__0_0.distcp" || n == ".metadata", &owned).unwrap();
+        assert_eq!(removed, vec!["old.distcp".to_owned()]);
         let names: Vec<String> = store.list().unwrap().into_iter().map(|o| o.name).collect();
         assert_eq!(names, vec![".metadata", "__0_0.distcp", "notes.txt"]);
         assert_eq!(&store.read(".metadata", 0..2).unwrap()[..], b"m1");
