@@ -139,7 +139,7 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
 
         ckpt = runner(tool, env)
-        save_load(res, "moto", kw, sd, nbytes, model, ckpt)
+        save_load(res, "moto", moto.proc.pid, kw, sd, nbytes, model, ckpt)
         ckpt("convert", "-q", str(pt20k), "s3://bench/pt20k.pt", "--to", "torch")
         fs = fsspec.filesystem("s3", **kw)
 
@@ -188,7 +188,7 @@ def run(res: Any, work: Path, mib: int, tool: Path) -> Dict[str, str]:
         env = dict(os.environ, **ENV, AWS_ENDPOINT_URL=server.endpoint)
         kw = dict(kw, client_kwargs={"endpoint_url": server.endpoint, "region_name": "us-east-1"})
 
-        save_load(res, "s3s-fs", kw, sd, nbytes, model, runner(tool, env))
+        save_load(res, "s3s-fs", server.proc.pid, kw, sd, nbytes, model, runner(tool, env))
     finally:
         server.close()
     return line
@@ -205,31 +205,71 @@ def runner(tool: Path, env: Dict[str, str]) -> Callable[..., str]:
     return ckpt
 
 
-def save_load(res: Any, server: str, kw: Dict[str, Any], sd: Any, nbytes: int, model: Path,
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time process ``pid`` has used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def charged(f: Callable[[], float], pid: int, spent: List[float]) -> Callable[[], float]:
+    """``f``, appending to ``spent`` the CPU seconds process ``pid`` (the server) used during each call."""
+    def run() -> float:
+        before = cpu_seconds(pid)
+        t = f()
+        spent.append(cpu_seconds(pid) - before)
+        return t
+
+    return run
+
+
+def save_load(res: Any, server: str, pid: int, kw: Dict[str, Any], sd: Any, nbytes: int, model: Path,
               ckpt: Callable[..., str]) -> None:
-    """DCP save and load of ``sd`` (``model``'s tensors) on ``server``: ckpt against torch's fsspec storage."""
+    """DCP save and load of ``sd`` (``model``'s tensors) on ``server`` (process ``pid``): ckpt against torch's
+    fsspec storage. Each run's server CPU time is measured too: a server that spends ``c`` CPU seconds on a
+    save cannot finish it in less than ``c / cores`` seconds, whichever client sends it, which bounds the
+    ratio any client can reach on this machine."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
     on = "" if server == "moto" else f" ({server})"
+    # moto serves requests on threads of one Python interpreter (one runs at a time); s3s-fs on every core.
+    threads = 1 if server == "moto" else os.cpu_count() or 1
+    torch_save, ckpt_save = "dcp.save, FsspecWriter (s3fs)", "ckpt convert model.pt s3://… --to distcp"
+    spent: Dict[str, List[float]] = {torch_save: [], ckpt_save: []}
     t = res.interleave(f"s3: DCP save of {nbytes / 2**20:.0f} MiB ({len(sd)} tensors) to {server} on 127.0.0.1", nbytes, [
-        ("dcp.save, FsspecWriter (s3fs)",
-         timed(lambda: dcp.save(sd, storage_writer=FsspecWriter("s3://bench/torch", **kw), no_dist=True))),
-        ("ckpt convert model.pt s3://… --to distcp",
-         timed(lambda: ckpt("convert", "-q", str(model), "s3://bench/ckpt", "--to", "distcp"))),
+        (torch_save, charged(timed(lambda: dcp.save(sd, storage_writer=FsspecWriter("s3://bench/torch", **kw),
+                                                     no_dist=True)), pid, spent[torch_save])),
+        (ckpt_save, charged(timed(lambda: ckpt("convert", "-q", str(model), "s3://bench/ckpt", "--to", "distcp")),
+                            pid, spent[ckpt_save])),
     ], reps=3)
-    res.ratio(f"s3: DCP save{on}, ckpt / dcp.save with FsspecWriter", t, "dcp.save, FsspecWriter (s3fs)",
-              "ckpt convert model.pt s3://… --to distcp", "≥ 3")
+    res.ratio(f"s3: DCP save{on}, ckpt / dcp.save with FsspecWriter", t, torch_save, ckpt_save, "≥ 3")
+    server_bound(res, f"s3: DCP save{on}", t, spent, torch_save, ckpt_save, threads)
 
     dst = {k: torch.zeros_like(v) for k, v in sd.items()}
+    torch_load, ckpt_load = ("dcp.load, FsspecReader (s3fs), preallocated",
+                             "ckpt verify --deep s3://… (every byte fetched, read, checked)")
+    spent = {torch_load: [], ckpt_load: []}
     t = res.interleave(f"s3: DCP load of {nbytes / 2**20:.0f} MiB from {server} on 127.0.0.1", nbytes, [
-        ("dcp.load, FsspecReader (s3fs), preallocated",
-         timed(lambda: dcp.load(dst, storage_reader=FsspecReader("s3://bench/torch", **kw), no_dist=True))),
-        ("ckpt verify --deep s3://… (every byte fetched, read, checked)",
-         timed(lambda: ckpt("verify", "-q", "--deep", "s3://bench/ckpt"))),
+        (torch_load, charged(timed(lambda: dcp.load(dst, storage_reader=FsspecReader("s3://bench/torch", **kw),
+                                                     no_dist=True)), pid, spent[torch_load])),
+        (ckpt_load, charged(timed(lambda: ckpt("verify", "-q", "--deep", "s3://bench/ckpt")), pid,
+                            spent[ckpt_load])),
     ], reps=3)
-    res.ratio(f"s3: DCP load{on}, ckpt / dcp.load with FsspecReader", t, "dcp.load, FsspecReader (s3fs), preallocated",
-              "ckpt verify --deep s3://… (every byte fetched, read, checked)", "≥ 3")
+    res.ratio(f"s3: DCP load{on}, ckpt / dcp.load with FsspecReader", t, torch_load, ckpt_load, "≥ 3")
+    server_bound(res, f"s3: DCP load{on}", t, spent, torch_load, ckpt_load, threads)
+
+
+def server_bound(res: Any, what: str, t: Dict[str, List[float]], spent: Dict[str, List[float]], base: str,
+                 ours: str, threads: int) -> None:
+    """A row (no target) with the server's median CPU seconds per run of each side, and the ratio they allow:
+    the server cannot finish ckpt's run in less than its CPU seconds over the threads it runs at once
+    (``threads``: the machine's cores for s3s-fs; one for moto, whose Python holds one lock)."""
+    cpu = {k: statistics.median(v) for k, v in spent.items()}
+    floor = cpu[ours] / threads
+    on = f"on {threads} cores" if threads > 1 else "on one thread"
+    res.target(f"{what}, the server's CPU per run and the ratio it allows {on}",
+               f"{cpu[base]:.1f} s ({base.split(',')[0]}), {cpu[ours]:.1f} s (ckpt): no client's run takes under "
+               f"{floor:.2f} s, so the ratio is at most {statistics.median(t[base]) / floor:.2f}", "", None)
 
 
 def section(res: Any, header: str) -> str:

@@ -255,6 +255,20 @@ fn commits_on_the_object_store() {
     let _ = etag;
 }
 
+/// Two tensors of 6 MiB each in a `.pt` file: two shards of a Hugging Face target with a 7 MB limit, each
+/// a multipart upload with 5 MiB parts.
+fn two_tensor_source(dir: &Path) -> String {
+    let n = 3 << 19;
+    let tensor = |k: f32| {
+        let values: Vec<f32> = (0..n).map(|i| i as f32 * k).collect();
+        ckpt::Value::Tensor(ckpt::Tensor::from_slice(&values, &[n]).unwrap())
+    };
+    let sd = ckpt::Value::dict([("a", tensor(1.0)), ("b", tensor(-0.5))]);
+    let path = dir.join("two.pt");
+    ckpt::torch::save(&sd, &path, &ckpt::torch::WriteOptions::default()).unwrap();
+    path.display().to_string()
+}
+
 /// A source big enough for multipart uploads (12 MiB of f32 in a safetensors file).
 fn big_source(dir: &Path) -> String {
     let n = 3 << 20;
@@ -329,6 +343,59 @@ fn faults_get_their_own_errors_and_commit_nothing() {
     ok(&server.endpoint(), &["verify", "--deep", "s3://ckpt/f/dropped"]);
     assert!(ok(&server.endpoint(), &["diff", &big, "s3://ckpt/f/dropped"]).contains("equal"));
     assert_eq!(names(&server.endpoint(), "s3://ckpt/f/dropped"), before, "no part of the failed save is visible");
+
+    // Hugging Face shards re-saved to the same URL: shard names that would replace an object of the
+    // previous checkpoint carry the save's id (the index names them), so a save that dies mid-upload
+    // leaves the previous checkpoint whole and loadable, as DCP's.
+    let two = two_tensor_source(dir.path());
+    let hf = "s3://ckpt/f/hf";
+    let args = [
+        "convert",
+        two.as_str(),
+        hf,
+        "--to",
+        "hf",
+        "--max-shard-size",
+        "7000000",
+        "--storage-option",
+        "part_size=5242880",
+    ];
+    let standard =
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"];
+    let out = run(&proxy, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(names(&server.endpoint(), hf), standard, "the first save takes huggingface_hub's names");
+    let out = run(&proxy, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let resaved = names(&server.endpoint(), hf);
+    assert_eq!(resaved.len(), 3, "{resaved:?}");
+    assert!(resaved.iter().all(|n| !standard[..2].contains(&n.as_str())), "{resaved:?}");
+    let shards: Vec<&String> = resaved.iter().filter(|n| n.ends_with(".safetensors")).collect();
+    assert_eq!(shards.len(), 2, "{resaved:?}");
+    for (i, shard) in shards.iter().enumerate() {
+        let stem = format!("model-0000{}-of-00002.", i + 1);
+        let id = shard.strip_prefix(&stem).and_then(|r| r.strip_suffix(".safetensors")).unwrap_or_default();
+        assert!(id.len() == 12 && id.bytes().all(|c| c.is_ascii_hexdigit()), "{shard}");
+    }
+    let listed = store(&server.endpoint(), hf);
+    let size = listed.head("model.safetensors.index.json").unwrap().unwrap().size;
+    let index = String::from_utf8(listed.read("model.safetensors.index.json", 0..size).unwrap().to_vec()).unwrap();
+    assert!(shards.iter().all(|s| index.contains(&format!("\"{s}\""))), "{index}");
+    ok(&server.endpoint(), &["verify", "--deep", hf]);
+    assert!(ok(&server.endpoint(), &["diff", &two, hf]).contains("equal"));
+    // A third save dies mid-upload: the second stays whole and loadable, nothing of the third visible.
+    proxy.set(Fault::DropUploads { min_body: 1 << 20 });
+    let out = run(&proxy, &args);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    proxy.set(Fault::None);
+    ok(&server.endpoint(), &["verify", "--deep", hf]);
+    assert!(ok(&server.endpoint(), &["diff", &two, hf]).contains("equal"));
+    assert_eq!(names(&server.endpoint(), hf), resaved, "no part of the failed save is visible");
+    // The next save collides with nothing: huggingface_hub's names again, the second save's removed.
+    let out = run(&proxy, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(names(&server.endpoint(), hf), standard);
+    assert!(ok(&server.endpoint(), &["diff", &two, hf]).contains("equal"));
 
     // A slow server: every request held longer than the request timeout.
     proxy.set(Fault::Delay(std::time::Duration::from_secs(3)));
@@ -657,4 +724,55 @@ fn lazy_torch_save_fetches_one_storage() {
     eprintln!("cat {key} of hfai parts: {fetched} bytes of {total} in {requests} requests for {b_bytes} tensor bytes");
     let local = ckpt(e, &["cat", local_dir.to_str().unwrap(), key]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+}
+
+/// RecIS's checkpoint manager with an object-store root: each id a prefix committed with its `index` last,
+/// the `checkpoint` list one object rewritten after it (read back from the bucket, so that ids saved
+/// earlier stay listed), checkpoints rotated out by `max_keep` removed from the bucket.
+#[test]
+fn recis_manager_lists_and_rotates_checkpoints_under_a_url() {
+    use ckpt::recis::manager::{ShardState, checkpoint_id};
+    use ckpt::recis::name::SliceInfo;
+    use ckpt::recis::table::TableChild;
+    use ckpt::recis::{CheckpointManager, HashTable, Slot};
+
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let mut options = StorageOptions::default();
+    for (k, v) in MotoServer::env(e) {
+        let key = k.to_ascii_lowercase();
+        options = options.with(if key == "aws_endpoint_url" { "aws_endpoint" } else { &key }, &v);
+    }
+    // The library's writers take their store's configuration from the process default (as the CLI sets it).
+    StorageOptions::set_process_default(options);
+    let root = "s3://ckpt/recis-run";
+    let state = |scale: f32| {
+        let emb = ckpt::Tensor::from_slice(&[0.5 * scale, 1.5 * scale, -2.0 * scale], &[3, 1]).unwrap();
+        let child = TableChild::new("user", vec![7, 9, 11], vec![Slot::new("embedding", emb).unwrap()]).unwrap();
+        ShardState { tables: vec![HashTable::single(SliceInfo::full(65536).unwrap(), child)], ..Default::default() }
+    };
+    let manager = CheckpointManager::new(root).with_max_keep(2);
+    assert_eq!(manager.list().unwrap(), Vec::<String>::new(), "no list in the bucket yet");
+    for step in [100, 200] {
+        manager.save(&state(step as f32), &checkpoint_id(step), &ckpt::collective::SingleProcess).unwrap();
+    }
+    // A second manager (another process) reads the list from the bucket and rotates what the first saved.
+    let later = CheckpointManager::new(root).with_max_keep(2);
+    assert_eq!(later.list().unwrap(), ["ckpt_100", "ckpt_200"]);
+    later.save(&state(300.0), &checkpoint_id(300), &ckpt::collective::SingleProcess).unwrap();
+    assert_eq!(later.list().unwrap(), ["ckpt_200", "ckpt_300"]);
+    let objects = names(e, root);
+    assert!(
+        objects.contains(&"checkpoint".to_owned()) && objects.contains(&"ckpt_300/index".to_owned()),
+        "{objects:?}"
+    );
+    assert!(!objects.iter().any(|n| n.starts_with("ckpt_100/")), "rotated out: {objects:?}");
+    assert!(objects.iter().any(|n| n.starts_with("ckpt_200/")), "{objects:?}");
+    // The root reads as its latest checkpoint, every byte checked.
+    ok(e, &["verify", "--deep", root]);
+    let local = tempfile::tempdir().unwrap();
+    CheckpointManager::new(local.path()).save(&state(300.0), "ckpt_300", &ckpt::collective::SingleProcess).unwrap();
+    let said = ok(e, &["diff", &local.path().join("ckpt_300").display().to_string(), root]);
+    assert!(said.contains("equal"), "{said}");
 }

@@ -425,6 +425,20 @@ impl DirCommit {
         None
     }
 
+    /// Whether writing the file `name` would replace an object the destination held when this save began
+    /// (always `false` for a local destination, which is swapped in whole). A format whose commit point
+    /// names its files chooses another name for such a file (with [`DirCommit::save_id`]), so that the
+    /// previous checkpoint stays whole and loadable until the new commit point replaces its own: the answer
+    /// is the same on every rank (rank 0 lists the destination before any rank writes).
+    pub fn replaces(&self, name: &str) -> bool {
+        #[cfg(feature = "remote")]
+        if let Some(r) = &self.remote {
+            return r.held_before(name);
+        }
+        let _ = name;
+        false
+    }
+
     /// Whether the destination is an object-store URL (files stream to their objects; `staging` is a
     /// private local directory of this rank for files written by path and the commit points).
     pub fn is_remote(&self) -> bool {
@@ -966,6 +980,10 @@ mod tests {
         assert_eq!(names(&dst), [".metadata", "__0_0.distcp", "__1_0.distcp", MANIFEST_NAME]);
         assert_eq!(names(root.path()), ["ck"], "no staging, lock or old copy left");
         fs::write(dst.join("notes.txt"), b"mine").unwrap();
+        // A local destination is swapped in whole: no file of it is replaced in place.
+        let c = DirCommit::begin(&dst, &SingleProcess, &options).unwrap();
+        assert!(!c.replaces("__0_0.distcp") && c.save_id().is_none());
+        drop(c);
         save(&dst, &options, &[("__0_0.distcp", b"three")]).unwrap();
         assert_eq!(names(&dst), [".metadata", "__0_0.distcp", MANIFEST_NAME, "notes.txt"]);
         assert_eq!(fs::read(dst.join("notes.txt")).unwrap(), b"mine", "foreign files are carried over");

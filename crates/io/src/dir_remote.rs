@@ -91,10 +91,15 @@ impl RemoteDir {
         &self.save_id
     }
 
+    /// Whether the destination held an object named `name` when the save began.
+    pub(crate) fn held_before(&self, name: &str) -> bool {
+        self.before.iter().any(|o| o.name == name)
+    }
+
     /// Before `name` is written: if the previous checkpoint has an object of that name, its commit points
     /// are deleted first (once), so that no reader ever sees its commit point over a replaced file.
     fn replacing(&self, name: &str) -> Result<(), CommitError> {
-        if self.cleared.load(Ordering::Acquire) || !self.before.iter().any(|o| o.name == name) {
+        if self.cleared.load(Ordering::Acquire) || !self.held_before(name) {
             return Ok(());
         }
         RemoteCommit::delete_commit_points(&self.store, self.commit_points).map_err(storage)?;
@@ -239,6 +244,8 @@ mod tests {
         let commit = DirCommit::begin(dst, &SingleProcess, &DirOptions::default().with_layout(LAYOUT)).unwrap();
         assert!(commit.is_remote() && commit.save_id().is_some_and(|id| id.len() == 12));
         assert!(store.head(".ckpt-lock.json").unwrap().is_some(), "the lock object is held");
+        // What the destination held at the start: a format names its files around them.
+        assert!(commit.replaces("old.distcp") && commit.replaces(".metadata") && !commit.replaces("new.distcp"));
         let mut f = commit.create_file("new.distcp").unwrap();
         f.writer().write_all(b"x").unwrap();
         f.finish().unwrap();
@@ -246,6 +253,7 @@ mod tests {
         assert_eq!(&store.read("old.distcp", 0..3).unwrap()[..], b"old");
         store.put("__0_0.distcp", Bytes::from_static(b"previous"), PutCondition::Overwrite).unwrap();
         // (The listing at the save's start did not have it: no collision either.)
+        assert!(!commit.replaces("__0_0.distcp") && !commit.replaces("new.distcp"));
 
         // 20 MiB: a multipart upload of two 16 MiB parts, none of it on the local disk.
         let data: Vec<u8> = (0..20u32 << 20).map(|i| (i % 251) as u8).collect();

@@ -18,6 +18,13 @@
 //! RecIS load the listed latest); after the list, the new one. Readers of the root never see a listed but
 //! incomplete checkpoint.
 //!
+//! The root may be an object-store URL spelled as a path (`s3://bucket/run`, with ckpt-io's `remote`
+//! feature): each checkpoint is then the prefix `<root>/<id>/`, streamed and committed with its `index`
+//! last (ckpt-io's commit on an object store), the list one object rewritten after it (read back from the
+//! bucket, so ids saved by earlier processes stay listed), and a checkpoint rotated out is every object
+//! under its prefix, deleted. A save of a new id never touches the listed ones: a crash leaves the previous
+//! checkpoint whole and listed.
+//!
 //! Differences from RecIS, all on the safe side:
 //! * **Atomic checkpoints** (above); RecIS writes into `<id>` in place and lists it when done.
 //! * **Rotation across processes.** `max_keep` is applied to the list read from disk, not to an in-memory
@@ -46,6 +53,9 @@ use crate::writer::{
 
 /// The name of the list file.
 pub const CHECKPOINT_LIST: &str = "checkpoint";
+
+/// The largest `checkpoint` list read (a million ids of 16 bytes).
+const MAX_LIST_BYTES: u64 = 16 << 20;
 
 /// The id RecIS's trainer gives the checkpoint of a global step: `ckpt_<step>`.
 pub fn checkpoint_id(step: i64) -> String {
@@ -162,20 +172,22 @@ impl CheckpointManager {
     /// The listed checkpoint ids, oldest first (non-empty lines, trimmed, as RecIS reads them). Empty when
     /// there is no list yet.
     ///
+    /// The root may be an object-store URL spelled as a path (`s3://bucket/run`): the list is then read
+    /// from its object.
+    ///
     /// # Errors
-    /// [`Error::Io`].
+    /// [`Error::Io`]; `Error::Core` for a list larger than 16 MiB or the object store's errors.
     pub fn list(&self) -> Result<Vec<String>> {
         let path = self.root.join(CHECKPOINT_LIST);
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(String::from_utf8_lossy(&bytes)
-                .split('\n')
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(Error::io(path, e)),
-        }
+        let Some(bytes) = ckpt_io::storage::read_small_file(&path, MAX_LIST_BYTES).map_err(from_commit)? else {
+            return Ok(Vec::new());
+        };
+        Ok(String::from_utf8_lossy(&bytes)
+            .split('\n')
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
     }
 
     /// The latest checkpoint id (the last non-empty line of the list).
@@ -285,12 +297,7 @@ impl CheckpointManager {
             if check_id(&old).is_err() {
                 continue;
             }
-            let dir = self.root.join(&old);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(dir, e)),
-            }
+            ckpt_io::storage::remove_tree(&self.root.join(&old)).map_err(from_commit)?;
         }
         Ok(())
     }

@@ -14,6 +14,8 @@
 //! - [`RangeFill`]: the hook a reader of a partial local copy calls before it reads a byte range;
 //!   [`SparseMirror`] (feature `remote`) implements it over a [`Store`]: lazy, ranged, coalesced and parallel
 //!   reads into sparse local files, each byte fetched once.
+//! - [`read_small_file`], [`remove_tree`]: what a format does by path outside a commit (a list read, a
+//!   checkpoint rotated out), on a local path or a URL.
 //! - [`StorageError`]: one variant per cause (missing bucket, refused credentials, conflict, throttled,
 //!   server failure, timeout, broken connection, truncated object, …), retried with backoff first where
 //!   retrying is right.
@@ -22,6 +24,7 @@
 //! `RENAME_EXCHANGE` swaps, locks). How a checkpoint commits on an object store, where nothing can be
 //! renamed, is [`remote_commit`]'s subject.
 
+mod by_path;
 mod error;
 mod fill;
 mod location;
@@ -37,6 +40,7 @@ pub mod remote_commit;
 #[cfg(feature = "remote")]
 mod upload;
 
+pub use by_path::{read_small_file, remove_tree};
 pub use error::StorageError;
 pub use fill::RangeFill;
 pub use location::{Location, RemoteUrl};

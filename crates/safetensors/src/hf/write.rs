@@ -173,21 +173,19 @@ pub fn save_entries_rank<'a>(
     let dir_options =
         DirOptions::default().with_durability(options.durability.with_checksums(false)).with_layout(OBJECT_LAYOUT);
     let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_tensor::Error::from)?;
-    let mut names = Vec::with_capacity(n + 1);
+    let mut names: Vec<String> = (0..n).map(|i| shard_file_name(&commit, i, n)).collect();
     let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
-    for (i, members) in shards.iter().enumerate() {
-        let file = shard::file_name(i, n);
+    for (members, file) in shards.iter().zip(&names) {
         for &k in members {
             if let Some((name, _)) = tensors.get(k) {
                 weight_map.push((name, file.clone()));
             }
         }
-        names.push(file);
     }
     let (process, processes) = (group.rank(), group.world_size().max(1));
     let written = (|| -> Result<()> {
-        for (i, members) in shards.iter().enumerate().filter(|(i, _)| i % processes == process) {
-            let file = shard::file_name(i, n);
+        for ((i, members), file) in shards.iter().enumerate().zip(&names).filter(|((i, _), _)| i % processes == process)
+        {
             let shard_tensors: Vec<(String, ckpt_tensor::Tensor)> = members
                 .iter()
                 .filter_map(|&k| tensors.get(k))
@@ -195,7 +193,7 @@ pub fn save_entries_rank<'a>(
                 .collect::<ckpt_tensor::Result<_>>()?;
             let meta =
                 if i == 0 { records.clone() } else { HashMap::from([(FORMAT_KEY.to_owned(), FORMAT_PT.to_owned())]) };
-            let mut staged = commit.create_file(&file).map_err(ckpt_tensor::Error::from)?;
+            let mut staged = commit.create_file(file).map_err(ckpt_tensor::Error::from)?;
             let path = staged.path().to_path_buf();
             if options.durability.checksums {
                 crate::write_checksummed_to(&shard_tensors, Some(meta), staged.writer(), &path)?;
@@ -228,13 +226,31 @@ pub fn save_entries_rank<'a>(
     Ok(report)
 }
 
+/// The name of shard `i` of `n` in `commit`: `huggingface_hub`'s ([`shard::file_name`]), unless that would
+/// replace an object the destination on an object store already holds; then the save's id goes before the
+/// extension (`model-00001-of-00002.<id>.safetensors`, named by the index as any name is), so that the
+/// previous checkpoint stays whole and loadable until the new index replaces its own. A single shard has no
+/// index to name it: `model.safetensors` is one object, replaced whole when its upload completes.
+fn shard_file_name(commit: &DirCommit, i: usize, n: usize) -> String {
+    let file = shard::file_name(i, n);
+    match commit.save_id() {
+        Some(id) if n > 1 && commit.replaces(&file) => {
+            let stem = file.strip_suffix(".safetensors").unwrap_or(&file);
+            format!("{stem}.{id}.safetensors")
+        }
+        _ => file,
+    }
+}
+
 /// The names of a destination that belong to the format: shards, the index, the checksum manifest.
 fn owned(name: &str) -> bool {
     name.ends_with(".safetensors") || name == crate::hf::INDEX_FILE || name == ckpt_io::MANIFEST_NAME
 }
 
 /// How Hugging Face shards lie on an object store: the shards, and `model.safetensors.index.json`
-/// written last (a single shard without index is its own commit).
+/// written last (a single shard without index is its own commit). A shard whose name the previous
+/// checkpoint holds takes the save's id instead (see `shard_file_name`), so the previous checkpoint stays
+/// whole until the new index replaces its own.
 pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
     ckpt_io::storage::ObjectLayout { format: "hf", owned, commit_points: &[crate::hf::INDEX_FILE] };
 
