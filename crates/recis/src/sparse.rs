@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use ckpt_tensor::{DType, Tensor};
+use ckpt_tensor::{Buffer, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::data_file::DataFile;
@@ -346,11 +346,7 @@ impl SparseCheckpoint {
             .collect::<Result<Vec<_>>>()?;
         match tensors.as_slice() {
             [one] => Ok(one.clone()),
-            _ => {
-                let slots = tensors.into_iter().map(|t| Slot::new("x", t)).collect::<Result<Vec<_>>>()?;
-                let refs: Vec<&Slot> = slots.iter().collect();
-                Ok(Slot::concat(&refs)?.tensor().clone())
-            }
+            _ => concat_rows(name, tensors),
         }
     }
 
@@ -512,6 +508,48 @@ impl SparseCheckpoint {
             .collect::<Result<Vec<_>>>()?;
         TableChild::concat(&parts)
     }
+}
+
+/// Bytes of a block copied at a time when a concatenation is made ([`concat_rows`]).
+const CONCAT_PIECE: usize = 1 << 20;
+
+/// The slices `parts` of the table slot `name` (row-major blocks of one dtype and row shape, as opening
+/// checked) concatenated along dimension 0: a tensor made when its bytes are first read, each block's bytes
+/// read then (through the fill hook of a partial copy), so that listing or dropping it reads nothing.
+fn concat_rows(name: &str, parts: Vec<Tensor>) -> Result<Tensor> {
+    let Some(first) = parts.first() else { return Err(Error::NotFound { what: "tensor", name: name.into() }) };
+    let (dtype, row_shape) = (first.dtype(), first.shape().get(1..).unwrap_or_default().to_vec());
+    let mut rows = 0usize;
+    let mut nbytes = 0usize;
+    for p in &parts {
+        let (r, rest) = p.shape().split_first().unwrap_or((&0, &[]));
+        if p.dtype() != dtype || rest != row_shape.as_slice() || p.dim() == 0 {
+            return Err(Error::SlotMismatch {
+                child: name.into(),
+                slot: name.into(),
+                reason: format!("slices of {dtype} rows of {row_shape:?} and of {} of {:?}", p.dtype(), p.shape()),
+            });
+        }
+        rows = rows.saturating_add(*r);
+        nbytes = nbytes.saturating_add(p.nbytes());
+    }
+    let mut shape = vec![rows];
+    shape.extend(row_shape);
+    let made = Buffer::deferred(nbytes, move |out: &mut [u8]| {
+        let mut at = 0usize;
+        for p in &parts {
+            p.data_pieces(CONCAT_PIECE, |piece| {
+                let end = at.saturating_add(piece.len());
+                let len = out.len();
+                let dst = out.get_mut(at..end).ok_or(ckpt_tensor::Error::SliceOutOfRange { start: at, end, len })?;
+                dst.copy_from_slice(piece);
+                at = end;
+                Ok::<(), ckpt_tensor::Error>(())
+            })?;
+        }
+        Ok(())
+    });
+    Ok(Tensor::from_buffer(dtype, &shape, made)?)
 }
 
 /// The blocks of one slice of a child table ([`SparseCheckpoint::child_blocks`]).

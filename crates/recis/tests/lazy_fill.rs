@@ -179,6 +179,10 @@ fn reading_a_tensor_fills_only_its_bytes_and_everything_reads_as_the_local_copy(
     let metadata = covered(&opened);
     assert!(metadata < 64 << 10, "opening filled {metadata} bytes of {total}");
     assert_eq!(lazy.entries(), local.entries());
+    // The state dict (what a conversion reads) holds tensors made when their bytes are read: nothing filled.
+    let state = lazy.state_dict().unwrap();
+    assert_eq!(fill.fills().len(), opened.len(), "the state dict read no tensor bytes");
+    drop(state);
 
     // One table slot, split over both shards' files: exactly its blocks' bytes.
     let embedding = lazy.tensor("user@embedding").unwrap();
