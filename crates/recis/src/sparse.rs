@@ -397,8 +397,7 @@ impl SparseCheckpoint {
     /// shapes (no data read): an id block of int64 ids, at least one slot block, each with as many rows as
     /// ids.
     fn child_blocks(&self, child: &str) -> Result<Vec<ChildBlocks<'_>>> {
-        let mut groups: BTreeMap<String, (SliceInfo, Option<&BlockRecord>, Vec<(&str, &BlockRecord)>)> =
-            BTreeMap::new();
+        let mut groups: BTreeMap<String, SliceGroup<'_>> = BTreeMap::new();
         for b in &self.blocks {
             let (BlockSlice::Table(slice), Some((c, slot))) = (b.slice, b.table_slot()) else {
                 continue;
@@ -551,6 +550,10 @@ fn concat_rows(name: &str, parts: Vec<Tensor>) -> Result<Tensor> {
     });
     Ok(Tensor::from_buffer(dtype, &shape, made)?)
 }
+
+/// A slice's blocks as [`SparseCheckpoint::child_blocks`] gathers them: the slice, its id block if any,
+/// its slot blocks with their slots' names.
+type SliceGroup<'a> = (SliceInfo, Option<&'a BlockRecord>, Vec<(&'a str, &'a BlockRecord)>);
 
 /// The blocks of one slice of a child table ([`SparseCheckpoint::child_blocks`]).
 struct ChildBlocks<'a> {

@@ -134,7 +134,7 @@ impl ReadOptions {
 /// zeros. For readers of safetensors-laid-out files (a tensor's bytes, `8 + header length + data offset`).
 ///
 /// # Errors
-/// [`Error::SliceOutOfRange`](ckpt_tensor::Error::SliceOutOfRange) (or `SliceOverflow`) when the window is
+/// [`Error::SliceOutOfRange`] (or `SliceOverflow`) when the window is
 /// not inside `buffer`; reading the window's bytes later fails with [`SafetensorsError::Fetch`] when its
 /// fill fails.
 pub fn filled_window(
