@@ -41,8 +41,17 @@ pub(crate) trait Adaptor: Sync {
         self.open(path, limits)
     }
 
-    /// [`read`](Adaptor::read), read as `source` says. Default: the options do not apply to the format.
-    fn read_source(&self, path: &Path, limits: &ReadLimits, _source: &SourceOptions) -> Result<Content> {
+    /// [`read`](Adaptor::read), read as `source` says (a partial copy through its fill hook,
+    /// [`SourceOptions::fills`]), for a conversion that keeps the entries `selection` keeps: a format may
+    /// leave the others unread, their leaves `None` (which [`Content::select`] drops), so that a partial
+    /// copy fetches nothing of them. Default: the options do not apply to the format, every entry is read.
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        _source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
         self.read(path, limits)
     }
 
@@ -274,7 +283,7 @@ impl<'a> Source<'a> {
     /// This is where every target reads its content from, so a selection applies to every target.
     pub fn content(&self) -> Result<Content> {
         let content = match self.origin {
-            Origin::File(adaptor) => adaptor.read_source(self.path, self.limits, self.options)?,
+            Origin::File(adaptor) => adaptor.read_source(self.path, self.limits, self.options, self.selection)?,
             Origin::Memory(tree) => Content::from_tree(tree.clone(), self.path)?,
         };
         content.select(self.selection, self.path)

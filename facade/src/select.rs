@@ -140,6 +140,12 @@ impl Selection {
         *self == Selection::default()
     }
 
+    /// Whether some entries may be left out ([`Selection::keeps`] is not always true: include or exclude
+    /// globs are given).
+    pub fn filters(&self) -> bool {
+        !self.include.is_empty() || !self.exclude.is_empty()
+    }
+
     /// Whether names change ([`Selection::rename`] is not the identity).
     pub fn renames(&self) -> bool {
         self.strip_prefix.as_deref().is_some_and(|p| !p.is_empty())

@@ -60,8 +60,10 @@ pub struct SourceOptions {
     /// tensor data from such a checkpoint.
     pub listing_only: bool,
     /// Checkpoints that are partial local copies (a URL fetched with `ckpt::storage::Fetch::Lazy`), each
-    /// with the hook that fills the bytes a reader is about to read: the DCP reader (and Megatron's) reads
-    /// such a copy through it, fetching only what each read needs. Other formats are never left partial.
+    /// with the hook that fills the bytes a reader is about to read: the readers of DCP (and Megatron),
+    /// safetensors files, Hugging Face shards, `torch.save` files, hfai parts and RecIS directories read
+    /// such a copy through it (when opened and when a conversion reads it), fetching only what each read
+    /// needs. Other formats are never left partial.
     pub fills: Vec<PathFill>,
 }
 

@@ -9,7 +9,8 @@
 //!   of safetensors files and Hugging Face shards, and a `.pt`'s central directory and small records
 //!   (`data.pkl`, `version`, …) are fetched alone. For reading some tensors of a DCP checkpoint
 //!   ([`Fetch::Lazy`], what `ckpt cat` and `ckpt diff` use), of a safetensors file or Hugging Face
-//!   shards (headers fetched first), and of a `.pt` file (its ZIP index fetched first), the data files
+//!   shards (headers fetched first), of a `.pt` file and an hfai directory (ZIP indexes fetched first),
+//!   and of a RecIS directory (headers and ZIP indexes fetched first), the data files
 //!   are fetched as they are read:
 //!   sparse local files that a [`SparseMirror`] fills with the byte ranges each read needs (ranged,
 //!   coalesced, parallel requests, memory within `concurrency × part_size`), through the hook the source
@@ -126,10 +127,14 @@ pub enum Fetch {
     /// ZIP metadata and the region's bytes). A `.safetensors` file and a Hugging Face shard directory
     /// likewise: each file's header fetched, each tensor's bytes as it is read; and a `torch.save` file
     /// (one object): its end records, central directory and small records fetched as [`Fetch::Index`]
-    /// fetches them, each tensor's storage record (local header, checked, and data) as it is read. Only
-    /// where the copy is detected as such (a directory of safetensors files another format reads, a ZIP
-    /// file that is not torch's, are fetched whole). Anything else (other formats, directories of `.pt`
-    /// files) is fetched whole, as [`Fetch::Whole`].
+    /// fetches them, each tensor's storage record (local header, checked, and data) as it is read; an
+    /// hfai directory's `PART_*.pt` files likewise; a RecIS checkpoint directory (its `index`) or output
+    /// root (its `checkpoint` list and `<ckpt_id>/` directories): its small files whole (`index`,
+    /// `tensorkey.json`, the lists and counts, the manifest), each data file's header and each `.pt`
+    /// file's ZIP index, each block and tensor record as it is read. Only where the copy is detected as
+    /// such (a directory of safetensors files another format reads, a ZIP file that is not torch's, are
+    /// fetched whole). Anything else (other formats, other directories of `.pt` files) is fetched whole,
+    /// as [`Fetch::Whole`].
     Lazy,
 }
 
@@ -193,10 +198,12 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
     let has = |n: &str| listed.iter().any(|o| o.name == n);
     // Only a DCP checkpoint's and Hugging Face shards' readers open their data files lazily.
     let dcp = has(".metadata");
-    let shards = !dcp && !has("index") && listed.iter().all(|o| !o.name.ends_with(".pt"));
     // A directory of `.pt` files (hfai's parts): each one's ZIP index first.
     let parts = !dcp && has(PART0);
-    let mut lazy = (what == Fetch::Lazy && (dcp || shards || parts)).then(|| SparseMirror::new(store.clone()));
+    // A RecIS checkpoint directory or output root: its data files' headers, its `.pt` files' ZIP indexes.
+    let recis = !dcp && !parts && (has(RECIS_INDEX) || has(RECIS_LIST));
+    let shards = !dcp && !recis && listed.iter().all(|o| !o.name.ends_with(".pt"));
+    let mut lazy = (what == Fetch::Lazy && (dcp || shards || parts || recis)).then(|| SparseMirror::new(store.clone()));
     // Where the copy holds only part of an object, the object's name, size and local path.
     let mut partial: Vec<(&str, u64, PathBuf)> = Vec::new();
     for object in &listed {
@@ -208,6 +215,8 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
             Fetch::Index | Fetch::Lazy if dcp && object.name.ends_with(".distcp") => Some(Part::Nothing),
             Fetch::Index | Fetch::Lazy if shards && object.name.ends_with(".safetensors") => Some(Part::Header),
             Fetch::Lazy if parts && object.name.ends_with(".pt") => Some(Part::Zip),
+            Fetch::Lazy if recis && object.name.ends_with(".safetensors") => Some(Part::Header),
+            Fetch::Lazy if recis && object.name.ends_with(".pt") => Some(Part::Zip),
             _ => None,
         };
         let present = fetch_object(&store, &object.name, object.size, &dst, part)?;
@@ -220,8 +229,16 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         objects += 1;
     }
     // Shards are read lazily by the Hugging Face reader alone (another format's reader of safetensors
-    // files, DCP's Hugging Face layout, would read the zeros): anything else gets them whole.
-    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[if parts { Format::Hfai } else { Format::Hf }]) {
+    // files, DCP's Hugging Face layout, would read the zeros), parts by hfai's, a RecIS directory by
+    // RecIS's: anything else gets them whole.
+    let reader = if parts {
+        Format::Hfai
+    } else if recis {
+        Format::Recis
+    } else {
+        Format::Hf
+    };
+    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[reader]) {
         for (name, size, dst) in &partial {
             store.download(name, *size, dst)?;
         }
@@ -234,6 +251,13 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
 /// The first part of an hfai checkpoint, the marker of a directory whose `.pt` files [`Fetch::Lazy`] fetches
 /// as they are read.
 const PART0: &str = "PART_000.pt";
+
+/// A RecIS checkpoint directory's block index (`ckpt_recis::INDEX_FILE`): with [`RECIS_LIST`], the marker
+/// of a directory whose data and `.pt` files [`Fetch::Lazy`] fetches as they are read.
+const RECIS_INDEX: &str = "index";
+
+/// A RecIS output root's checkpoint list (`ckpt_recis::CHECKPOINT_LIST`).
+const RECIS_LIST: &str = "checkpoint";
 
 /// Whether the partial local copy at `path` is of one of `formats`, whose readers fill what they read
 /// (`SourceOptions::with_fill`).

@@ -776,3 +776,210 @@ fn recis_manager_lists_and_rotates_checkpoints_under_a_url() {
     let said = ok(e, &["diff", &local.path().join("ckpt_300").display().to_string(), root]);
     assert!(said.contains("equal"), "{said}");
 }
+
+/// Asserts that the conversions `a` and `b` are the same: the same bytes, or for safetensors files (whose
+/// `__metadata__` map a writer may order otherwise) the same tensors, in the same order, and metadata.
+#[track_caller]
+fn assert_same_output(a: &Path, b: &Path) {
+    if a.extension().is_some_and(|e| e == "safetensors") {
+        let (x, y) = (ckpt::safetensors::read_file(a).unwrap(), ckpt::safetensors::read_file(b).unwrap());
+        assert_eq!(x.tensors, y.tensors, "{a:?} and {b:?}");
+        assert_eq!(x.metadata, y.metadata, "{a:?} and {b:?}");
+        return;
+    }
+    let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+    let at = x.iter().zip(&y).position(|(p, q)| p != q);
+    assert!(x == y, "{a:?} ({} bytes) and {b:?} ({} bytes) differ at {at:?}", x.len(), y.len());
+}
+
+/// Uploads every file under `dir` to `url`, each under its path relative to `dir`; returns the total size.
+fn upload_tree(endpoint: &str, dir: &Path, url: &str) -> u64 {
+    let remote = store(endpoint, url);
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).unwrap().to_str().unwrap().to_owned();
+                total += remote.upload_file(&rel, &path).unwrap();
+            }
+        }
+    }
+    total
+}
+
+/// `ckpt cat` of one tensor of a RecIS output root (and checkpoint directory) on S3 fetches its small files,
+/// its data files' headers and `.pt` indexes and the tensor's blocks, no more (`Fetch::Lazy`), printing
+/// what the local `cat` prints; `ckpt diff` of the URL and the local copy finds them equal; and `convert
+/// --include` of one tensor fetches that tensor.
+#[test]
+fn lazy_recis_fetches_one_tensor() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let f32s = |rows: usize, cols: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * cols).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, cols]).unwrap()
+    };
+    // Two shards of two data files each: user's embedding and exp_avg (4 MiB each), item's, model.pt's w
+    // (1 MiB), extra.pt's step.
+    let users = 4096;
+    let ids: Vec<i64> = (0..users as i64).map(|i| i * 7 - 100).collect();
+    let sd = ckpt::Value::dict([
+        ("user@id", ckpt::Value::Tensor(ckpt::Tensor::from_slice(&ids, &[users]).unwrap())),
+        ("user@embedding", ckpt::Value::Tensor(f32s(users, 256, 0.0))),
+        ("user@exp_avg", ckpt::Value::Tensor(f32s(users, 256, 1e7))),
+        ("item@id", ckpt::Value::Tensor(ckpt::Tensor::from_slice(&(0..512).collect::<Vec<i64>>(), &[512]).unwrap())),
+        ("item@embedding", ckpt::Value::Tensor(f32s(512, 16, 2e7))),
+        ("model", ckpt::Value::dict([("w", ckpt::Value::Tensor(f32s(1024, 256, 3e7)))])),
+        ("step", ckpt::Value::Int(7)),
+    ]);
+    let root = scratch.path().join("recis");
+    let write = ckpt::recis::WriteOptions::default().with_world_size(2).with_parallel(2);
+    ckpt::recis::save(&sd, root.join("ckpt_7"), &write).unwrap();
+    std::fs::write(root.join("checkpoint"), "ckpt_7\n").unwrap();
+    let url = "s3://ckpt/lazy/recis";
+    let total = upload_tree(e, &root, url);
+    let (mut small, mut headers, mut pt) = (0, 0, 0);
+    for o in store(e, url).list().unwrap() {
+        if o.name.ends_with(".safetensors") {
+            let bytes = std::fs::read(root.join(&o.name)).unwrap();
+            headers += 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        } else if o.name.ends_with(".pt") {
+            pt += o.size;
+        } else {
+            small += o.size;
+        }
+    }
+
+    // The output root: user@embedding's two slices.
+    let need = (users * 256 * 4) as u64;
+    let out = ckpt(e, &["cat", url, "user@embedding", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, requests) = fetched_as_read(&said, url);
+    assert!(fetched >= need + small, "{said}");
+    // The .pt files' indexes: their last 64 KiB at most each (two files, both smaller than 2 MiB).
+    let index = small + headers + 2 * ((64 << 10) + 98);
+    assert!(fetched as f64 <= 1.1 * need as f64 + index as f64, "{fetched} bytes of {total} for {need}: {said}");
+    assert!(fetched < total / 2, "{fetched} bytes of {total}");
+    eprintln!(
+        "cat user@embedding of a RecIS root: {fetched} bytes of {total} in {requests} requests for {need} tensor \
+         bytes + {small} of small files + {headers} of headers ({pt} bytes of .pt files)"
+    );
+    let local = ckpt(e, &["cat", root.to_str().unwrap(), "user@embedding"]);
+    assert!(local.status.success(), "{}", text(&local));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+
+    // The checkpoint directory itself: model.pt's w, its record alone besides the indexes.
+    let dir_url = "s3://ckpt/lazy/recis/ckpt_7";
+    let w = (1024 * 256 * 4) as u64;
+    let out = ckpt(e, &["cat", dir_url, "w", "--verbose"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let (fetched, _) = fetched_as_read(&said, dir_url);
+    assert!(fetched >= w && fetched as f64 <= 1.1 * w as f64 + index as f64, "{fetched} bytes for {w}: {said}");
+    eprintln!("cat w of a RecIS directory: {fetched} bytes of {total} for {w} tensor bytes");
+    let local = ckpt(e, &["cat", root.join("ckpt_7").to_str().unwrap(), "w"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&local.stdout));
+
+    // diff reads every entry (and the layout) through the fill: equal to the local copy.
+    let same = ok(e, &["diff", url, root.to_str().unwrap()]);
+    assert!(same.contains("equal"), "{same}");
+
+    // convert --include of one table slot: that slot's blocks.
+    let lazy_out = scratch.path().join("lazy.safetensors");
+    let local_out = scratch.path().join("local.safetensors");
+    let said = ok(
+        e,
+        &["convert", url, lazy_out.to_str().unwrap(), "--to", "safetensors", "--include", "user@exp_avg", "--verbose"],
+    );
+    let (fetched, _) = fetched_as_read(&said, url);
+    assert!(
+        fetched >= need && fetched as f64 <= 1.1 * need as f64 + index as f64,
+        "{fetched} bytes of {total}: {said}"
+    );
+    eprintln!("convert --include user@exp_avg of a RecIS root: {fetched} bytes of {total} for {need} tensor bytes");
+    ok(
+        e,
+        &[
+            "convert",
+            root.to_str().unwrap(),
+            local_out.to_str().unwrap(),
+            "--to",
+            "safetensors",
+            "--include",
+            "user@exp_avg",
+        ],
+    );
+    assert_same_output(&lazy_out, &local_out);
+}
+
+/// `ckpt convert URL DST --include …` fetches the selected tensors' bytes and the indexes, not the rest of the
+/// source (`Fetch::Lazy`), and writes what the local conversion writes: from a DCP checkpoint, a `.pt` file
+/// and a safetensors file.
+#[test]
+fn convert_select_fetches_what_it_selects() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let scratch = tempfile::tempdir().unwrap();
+    let f32s = |rows: usize, from: f32| {
+        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
+        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
+    };
+    // 8 MiB, 2 MiB, 2 MiB, and a value.
+    let sd = ckpt::Value::dict([
+        ("a", ckpt::Value::Tensor(f32s(4096, 0.0))),
+        ("b", ckpt::Value::Tensor(f32s(1024, 1e7))),
+        ("c", ckpt::Value::Tensor(f32s(1024, 2e7))),
+        ("step", ckpt::Value::Int(7)),
+    ]);
+    let b_bytes = (1024 * 512 * 4) as u64;
+    let dcp = scratch.path().join("dcp");
+    ckpt::distcp::save(&sd, &dcp, &ckpt::distcp::WriteOptions::default()).unwrap();
+    let pt = scratch.path().join("model.pt");
+    ckpt::torch::save(&sd, &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let st = scratch.path().join("model.safetensors");
+    ok(e, &["convert", pt.to_str().unwrap(), st.to_str().unwrap(), "--to", "safetensors"]);
+    let sources = [
+        (dcp.clone(), "s3://ckpt/select/dcp", "torch", "out.pt"),
+        (pt.clone(), "s3://ckpt/select/model.pt", "safetensors", "out.safetensors"),
+        (st.clone(), "s3://ckpt/select/model.safetensors", "torch", "out.pt"),
+    ];
+    for (local, url, to, name) in sources {
+        let total = if local.is_dir() {
+            upload_tree(e, &local, url)
+        } else {
+            let (parent, object) = url.rsplit_once('/').unwrap();
+            store(e, parent).upload_file(object, &local).unwrap()
+        };
+        let lazy_out = scratch.path().join(format!("lazy-{to}-{}", local.file_name().unwrap().to_string_lossy()));
+        let local_out = scratch.path().join(format!("local-{to}-{}", local.file_name().unwrap().to_string_lossy()));
+        std::fs::create_dir_all(&lazy_out).unwrap();
+        std::fs::create_dir_all(&local_out).unwrap();
+        let (lazy_out, local_out) = (lazy_out.join(name), local_out.join(name));
+        let args = |src: &str, dst: &Path| -> Vec<String> {
+            ["convert", src, dst.to_str().unwrap(), "--to", to, "--include", "b", "--verbose"]
+                .map(str::to_owned)
+                .to_vec()
+        };
+        let said = ok(e, &args(url, &lazy_out).iter().map(String::as_str).collect::<Vec<_>>());
+        let (fetched, requests) = fetched_as_read(&said, url);
+        // b's bytes, the indexes (a .pt's last 64 KiB, a DCP checkpoint's .metadata, a header), no more.
+        assert!(fetched >= b_bytes, "{url}: {said}");
+        assert!(fetched as f64 <= 1.1 * b_bytes as f64 + 200_000.0, "{url}: {fetched} bytes of {total}: {said}");
+        assert!(fetched < total / 4, "{url}: {fetched} bytes of {total}");
+        eprintln!(
+            "convert --include b of {url} to {to}: {fetched} bytes of {total} in {requests} requests for {b_bytes}"
+        );
+        ok(e, &args(local.to_str().unwrap(), &local_out).iter().map(String::as_str).collect::<Vec<_>>());
+        assert_same_output(&lazy_out, &local_out);
+        let back = ckpt::open(&lazy_out).unwrap();
+        assert_eq!(back.entries().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["b"], "{url}");
+    }
+}

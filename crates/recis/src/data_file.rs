@@ -13,7 +13,9 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use ckpt_io::storage::RangeFill;
 use ckpt_tensor::{Buffer, DType, Tensor};
 
 use crate::dtype;
@@ -43,7 +45,9 @@ pub struct HeaderEntry {
 /// and the entries tile the data region exactly (no gaps, no overlaps, nothing after the last one).
 ///
 /// Tensors are zero-copy windows of the map. Blocks are not aligned in the file; use
-/// [`Tensor::to_vec`] or [`Tensor::to_contiguous`] when typed slices are needed.
+/// [`Tensor::to_vec`] or [`Tensor::to_contiguous`] when typed slices are needed. A partial local copy
+/// opened with a fill hook ([`ReadOptions::fill`]) has its header filled when it is opened and its blocks'
+/// bytes filled as they are read.
 #[derive(Debug, Clone)]
 pub struct DataFile {
     path: PathBuf,
@@ -51,6 +55,8 @@ pub struct DataFile {
     header_len: usize,
     entries: Vec<HeaderEntry>,
     by_key: HashMap<String, usize>,
+    /// [`ReadOptions::fill`] and the file's name for it.
+    fill: Option<(Arc<dyn RangeFill>, String)>,
 }
 
 impl DataFile {
@@ -65,17 +71,21 @@ impl DataFile {
         Self::open_with(path, &ReadOptions::default())
     }
 
-    /// [`DataFile::open`], accepting a header of at most `options.max_header_len` bytes.
+    /// [`DataFile::open`], accepting a header of at most `options.max_header_len` bytes; a partial local
+    /// copy read through `options.fill` (the file named to it by its name in the checkpoint directory).
     ///
     /// # Errors
-    /// As [`DataFile::open`].
+    /// As [`DataFile::open`]; [`Error::Core`] holding a `ckpt_safetensors::SafetensorsError::Fetch` when
+    /// the header's fill fails.
     pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
-        let buffer = Buffer::map_file(path).map_err(|e| match e {
-            ckpt_tensor::Error::Io { path, source } => Error::Io { path, source },
-            e => Error::Core(e),
-        })?;
-        Self::from_buffer_with(buffer, path, options)
+        let buffer = Buffer::map_file(path).map_err(from_core)?;
+        let Some(fill) = &options.fill else { return Self::from_buffer_with(buffer, path, options) };
+        let name = options.fill_name(&path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+        ckpt_safetensors::fill_header(&buffer, &name, fill.as_ref(), options.max_header_len).map_err(from_core)?;
+        let mut file = Self::from_buffer_with(buffer, path, options)?;
+        file.fill = Some((Arc::clone(fill), name));
+        Ok(file)
     }
 
     /// Validates a data file held in `buffer`; `path` names it in errors.
@@ -122,7 +132,7 @@ impl DataFile {
             })
             .collect();
         let by_key = entries.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
-        Ok(DataFile { path: path.into(), buffer, header_len: parsed.len, entries, by_key })
+        Ok(DataFile { path: path.into(), buffer, header_len: parsed.len, entries, by_key, fill: None })
     }
 
     /// The file's path.
@@ -159,10 +169,16 @@ impl DataFile {
         self.tensor_of(entry)
     }
 
-    /// The tensor of one of this file's entries.
+    /// The tensor of one of this file's entries: a window of the map, or of a partial copy, made on demand
+    /// by filling what is read first.
     pub(crate) fn tensor_of(&self, entry: &HeaderEntry) -> Result<Tensor> {
         let (b, e) = entry.data_offsets;
-        let window = self.buffer.slice((8 + self.header_len + b)..(8 + self.header_len + e))?;
+        // The header is validated: the blocks tile the data region, inside the buffer.
+        let (start, len) = (8 + self.header_len + b, e - b);
+        let window = match &self.fill {
+            None => self.buffer.slice_len(start, len)?,
+            Some((fill, name)) => ckpt_safetensors::filled_window(&self.buffer, name, fill, start, len)?,
+        };
         Ok(Tensor::from_buffer(entry.dtype, &entry.shape, window)?)
     }
 }

@@ -47,13 +47,16 @@ impl RecisReader {
     }
 
     /// [`RecisReader::open`] with `options`: how the `torch.save` files are read (CRC verification, pickle
-    /// limits) and the largest data-file header accepted.
+    /// limits), the largest data-file header accepted, and, for a partial local copy, the fill hook every
+    /// file is read through ([`ReadOptions::fill`]; files named to it by their path relative to `path`).
     ///
     /// # Errors
-    /// As [`RecisReader::open`].
+    /// As [`RecisReader::open`]; a failed fill of what opening reads (data-file headers, the `.pt` files'
+    /// records but their tensors') is an error.
     pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
         let dir = &crate::manager::checkpoint_dir(path)?;
+        let options = &options.for_dir(path, dir);
         // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
         // hand this reader files of two generations. The directory is pinned first and checked after; if
         // the path names another directory by then, everything is read again (up to three times).
@@ -77,22 +80,25 @@ impl RecisReader {
         }
         let sparse =
             if has(INDEX_FILE) { SparseCheckpoint::open_with(dir, options)? } else { SparseCheckpoint::empty(dir) };
-        let model = crate::dense::read_torch(&dir.join(MODEL_FILE), &options.torch)?;
-        let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), &options.torch)?;
+        let model = crate::dense::read_torch(&dir.join(MODEL_FILE), &options.torch_for(MODEL_FILE))?;
+        let extra = crate::dense::read_torch(&dir.join(EXTRA_FILE), &options.torch_for(EXTRA_FILE))?;
         let mut io_states = Vec::new();
         let listing = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
         for entry in listing {
             let entry = entry.map_err(|e| Error::io(dir, e))?;
             let name = entry.file_name();
-            let Some(shard) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("io_state_")?.strip_suffix(".pt"))
-                .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
-                .and_then(|s| s.parse::<usize>().ok())
-            else {
+            let Some((name, shard)) = name.to_str().and_then(|n| {
+                let shard = n
+                    .strip_prefix("io_state_")?
+                    .strip_suffix(".pt")
+                    .filter(|s| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))?
+                    .parse::<usize>()
+                    .ok()?;
+                Some((n, shard))
+            }) else {
                 continue;
             };
-            let value = ckpt_torch::TorchReader::open_with(entry.path(), &options.torch)?.into_value();
+            let value = ckpt_torch::TorchReader::open_with(entry.path(), &options.torch_for(name))?.into_value();
             io_states.push((shard, value));
         }
         io_states.sort_by_key(|(s, _)| *s);

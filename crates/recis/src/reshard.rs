@@ -197,13 +197,14 @@ pub fn reshard(
     options: &ReshardOptions,
 ) -> Result<ReshardReport> {
     let dst = dst.as_ref();
-    let src = &crate::manager::checkpoint_dir(src.as_ref())?;
+    let (given, src) = (src.as_ref(), &crate::manager::checkpoint_dir(src.as_ref())?);
     if world_size == 0 {
         return Err(Error::ZeroShards { action: "resharding into" });
     }
-    let sparse = open_sparse(src, &options.read)?;
+    let read = options.read.for_dir(given, src);
+    let sparse = open_sparse(src, &read)?;
     // The dense files, opened before anything is written (so that an in-place reshard copies the old ones).
-    let dense_files = open_dense_files(src)?;
+    let dense_files = open_dense_files(src, &read)?;
     let counts = sparse_counts(&sparse);
     commit_local(dst, &options.write, is_checkpoint_file, |target| {
         let metas = reshard_sparse_to(target, &sparse, world_size, options)?;
@@ -270,9 +271,10 @@ pub fn reshard_rank(
     let group: &dyn Collective = &group;
     let rank = group.rank();
     // Read before the commit begins, so that an in-place reshard reads the old files.
-    let opened = crate::manager::checkpoint_dir(src).and_then(|src| {
-        let dense = if rank == 0 { open_dense_files(&src)? } else { Vec::new() };
-        Ok((open_sparse(&src, &options.read)?, dense))
+    let opened = crate::manager::checkpoint_dir(src).and_then(|dir| {
+        let read = options.read.for_dir(src, &dir);
+        let dense = if rank == 0 { open_dense_files(&dir, &read)? } else { Vec::new() };
+        Ok((open_sparse(&dir, &read)?, dense))
     });
     let commit = DirCommit::begin(dst, group, &options.write.dir_options(is_checkpoint_file)).map_err(from_commit)?;
     let target = Target::Staged(&commit);
@@ -306,13 +308,23 @@ fn open_sparse(src: &Path, options: &ReadOptions) -> Result<SparseCheckpoint> {
     }
 }
 
-/// `model.pt` and `extra.pt` of `src`, those it has, opened.
-fn open_dense_files(src: &Path) -> Result<Vec<(&'static str, std::path::PathBuf, std::fs::File)>> {
+/// `model.pt` and `extra.pt` of `src`, those it has, opened; in a partial local copy
+/// ([`ReadOptions::fill`]), filled whole first (they are copied byte for byte).
+fn open_dense_files(
+    src: &Path,
+    options: &ReadOptions,
+) -> Result<Vec<(&'static str, std::path::PathBuf, std::fs::File)>> {
     let mut dense_files = Vec::new();
     for f in [crate::dense::MODEL_FILE, crate::dense::EXTRA_FILE] {
         let from = src.join(f);
         match std::fs::File::open(&from) {
-            Ok(file) => dense_files.push((f, from, file)),
+            Ok(file) => {
+                if let Some(fill) = &options.fill {
+                    let len = file.metadata().map_err(|e| Error::io(&from, e))?.len();
+                    fill.fill(&options.fill_name(f), 0..len).map_err(|e| Error::io(&from, e))?;
+                }
+                dense_files.push((f, from, file));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(from, e)),
         }

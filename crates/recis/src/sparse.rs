@@ -4,17 +4,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use ckpt_tensor::{DType, Tensor};
+use ckpt_tensor::{Buffer, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::data_file::DataFile;
 use crate::error::{Error, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
-    BlockSlice, ID_SLOT, IdPartition, SliceInfo, parse_block_name, parse_data_file_name, part_shard, split_tensor_name,
+    BlockSlice, ID_SLOT, IdPartition, SliceInfo, check_name, parse_block_name, parse_data_file_name, part_shard,
+    split_tensor_name,
 };
 use crate::options::ReadOptions;
-use crate::table::{Slot, TableChild, check_same_slot};
+use crate::table::{Slot, TableChild, check_same_rows, check_slot_name};
 use crate::tensorkey::{TENSORKEY_FILE, TensorKey};
 use crate::writer::Block;
 
@@ -214,24 +215,25 @@ impl SparseCheckpoint {
             list.sort_by_key(|&i| blocks.get(i).map(|b| b.slice.to_string()).unwrap_or_default());
         }
         let ckpt = SparseCheckpoint { dir, index, tensorkey, files, blocks, by_tensor, children, shard_num, parallel };
-        // 4. Every table slice is loadable.
+        // 4. Every table slice is loadable, from the blocks' dtypes and shapes alone (no data is read: a
+        // partial copy read through a fill hook fetches nothing more to open).
         for child in &ckpt.children {
-            let slices = ckpt.child_slices(child)?;
-            if let Some((_, first)) = slices.first() {
-                for (_, other) in slices.iter().skip(1) {
-                    let missing = |a: &TableChild, b: &TableChild| {
-                        a.slots().iter().find(|s| b.slot(s.name()).is_none()).map(|s| Error::SlotMismatch {
+            let slices = ckpt.child_blocks(child)?;
+            if let Some(first) = slices.first() {
+                for other in slices.iter().skip(1) {
+                    let missing = |a: &ChildBlocks<'_>, b: &ChildBlocks<'_>| {
+                        a.slots.iter().find(|(s, _)| b.slot(s).is_none()).map(|(s, _)| Error::SlotMismatch {
                             child: child.clone(),
-                            slot: s.name().into(),
+                            slot: (*s).into(),
                             reason: "present in one slice, missing in another".into(),
                         })
                     };
                     if let Some(e) = missing(first, other).or_else(|| missing(other, first)) {
                         return Err(e);
                     }
-                    for s in first.slots() {
-                        if let Some(o) = other.slot(s.name()) {
-                            check_same_slot(child, s, o)?;
+                    for (slot, b) in &first.slots {
+                        if let Some(o) = other.slot(slot) {
+                            check_same_rows(child, slot, rows_of(b), rows_of(o))?;
                         }
                     }
                 }
@@ -344,11 +346,7 @@ impl SparseCheckpoint {
             .collect::<Result<Vec<_>>>()?;
         match tensors.as_slice() {
             [one] => Ok(one.clone()),
-            _ => {
-                let slots = tensors.into_iter().map(|t| Slot::new("x", t)).collect::<Result<Vec<_>>>()?;
-                let refs: Vec<&Slot> = slots.iter().collect();
-                Ok(Slot::concat(&refs)?.tensor().clone())
-            }
+            _ => concat_rows(name, tensors),
         }
     }
 
@@ -382,7 +380,24 @@ impl SparseCheckpoint {
     /// [`Error::NotFound`], [`Error::MissingIdBlock`], [`Error::NoSlotBlocks`], [`Error::BadIdBlock`],
     /// [`Error::RowCountMismatch`].
     pub fn child_slices(&self, child: &str) -> Result<Vec<(SliceInfo, TableChild)>> {
-        let mut groups: BTreeMap<String, (SliceInfo, Option<&BlockRecord>, Vec<&BlockRecord>)> = BTreeMap::new();
+        let groups = self.child_blocks(child)?;
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            let ids = self.block_tensor(g.ids)?;
+            let mut slots = Vec::with_capacity(g.slots.len());
+            for (slot, b) in g.slots {
+                slots.push(Slot::new(slot, self.block_tensor(b)?)?);
+            }
+            out.push((g.slice, TableChild::with_id_tensor(child.into(), ids, slots, Some(&g.text))?));
+        }
+        Ok(out)
+    }
+
+    /// The blocks of each slice of a child table, in slice-string order, checked from their dtypes and
+    /// shapes (no data read): an id block of int64 ids, at least one slot block, each with as many rows as
+    /// ids.
+    fn child_blocks(&self, child: &str) -> Result<Vec<ChildBlocks<'_>>> {
+        let mut groups: BTreeMap<String, SliceGroup<'_>> = BTreeMap::new();
         for b in &self.blocks {
             let (BlockSlice::Table(slice), Some((c, slot))) = (b.slice, b.table_slot()) else {
                 continue;
@@ -394,44 +409,42 @@ impl SparseCheckpoint {
             if slot == ID_SLOT {
                 g.1 = Some(b);
             } else {
-                g.2.push(b);
+                g.2.push((slot, b));
             }
         }
         if groups.is_empty() {
             return Err(Error::NotFound { what: "table", name: child.into() });
         }
+        check_name(child, "table")?;
         let mut out = Vec::with_capacity(groups.len());
-        for (text, (slice, id_block, slot_blocks)) in groups {
+        for (text, (slice, id_block, slots)) in groups {
             let id_block =
                 id_block.ok_or_else(|| Error::MissingIdBlock { child: child.into(), slice: text.clone() })?;
-            if slot_blocks.is_empty() {
+            if slots.is_empty() {
                 return Err(Error::NoSlotBlocks { child: child.into(), slice: text });
             }
-            if id_block.dtype != DType::I64 || id_block.shape.len() != 1 {
+            let (DType::I64, [ids]) = (id_block.dtype, id_block.shape.as_slice()) else {
                 return Err(Error::BadIdBlock {
                     child: child.into(),
                     slice: text,
                     dtype: id_block.dtype,
                     shape: id_block.shape.clone(),
                 });
-            }
-            let ids = self.block_tensor(id_block)?;
-            let mut slots = Vec::with_capacity(slot_blocks.len());
-            for b in slot_blocks {
-                let (_, slot) = b.table_slot().unwrap_or_default();
-                let t = self.block_tensor(b)?;
-                if t.dim() == 0 {
+            };
+            for (slot, b) in &slots {
+                check_slot_name(slot)?;
+                let rows = b.shape.first().copied().unwrap_or(0);
+                if b.shape.is_empty() || rows != *ids {
                     return Err(Error::RowCountMismatch {
                         child: child.into(),
                         slice: text,
-                        ids: ids.numel(),
-                        slot: slot.into(),
-                        rows: 0,
+                        ids: *ids,
+                        slot: (*slot).into(),
+                        rows,
                     });
                 }
-                slots.push(Slot::new(slot, t)?);
             }
-            out.push((slice, TableChild::with_id_tensor(child.into(), ids, slots, Some(&text))?));
+            out.push(ChildBlocks { slice, text, ids: id_block, slots });
         }
         Ok(out)
     }
@@ -494,6 +507,76 @@ impl SparseCheckpoint {
             .collect::<Result<Vec<_>>>()?;
         TableChild::concat(&parts)
     }
+}
+
+/// Bytes of a block copied at a time when a concatenation is made ([`concat_rows`]).
+const CONCAT_PIECE: usize = 1 << 20;
+
+/// The slices `parts` of the table slot `name` (row-major blocks of one dtype and row shape, as opening
+/// checked) concatenated along dimension 0: a tensor made when its bytes are first read, each block's bytes
+/// read then (through the fill hook of a partial copy), so that listing or dropping it reads nothing.
+fn concat_rows(name: &str, parts: Vec<Tensor>) -> Result<Tensor> {
+    let Some(first) = parts.first() else { return Err(Error::NotFound { what: "tensor", name: name.into() }) };
+    let (dtype, row_shape) = (first.dtype(), first.shape().get(1..).unwrap_or_default().to_vec());
+    let mut rows = 0usize;
+    let mut nbytes = 0usize;
+    for p in &parts {
+        let (r, rest) = p.shape().split_first().unwrap_or((&0, &[]));
+        if p.dtype() != dtype || rest != row_shape.as_slice() || p.dim() == 0 {
+            return Err(Error::SlotMismatch {
+                child: name.into(),
+                slot: name.into(),
+                reason: format!("slices of {dtype} rows of {row_shape:?} and of {} of {:?}", p.dtype(), p.shape()),
+            });
+        }
+        rows = rows.saturating_add(*r);
+        nbytes = nbytes.saturating_add(p.nbytes());
+    }
+    let mut shape = vec![rows];
+    shape.extend(row_shape);
+    let made = Buffer::deferred(nbytes, move |out: &mut [u8]| {
+        let mut at = 0usize;
+        for p in &parts {
+            p.data_pieces(CONCAT_PIECE, |piece| {
+                let end = at.saturating_add(piece.len());
+                let len = out.len();
+                let dst = out.get_mut(at..end).ok_or(ckpt_tensor::Error::SliceOutOfRange { start: at, end, len })?;
+                dst.copy_from_slice(piece);
+                at = end;
+                Ok::<(), ckpt_tensor::Error>(())
+            })?;
+        }
+        Ok(())
+    });
+    Ok(Tensor::from_buffer(dtype, &shape, made)?)
+}
+
+/// A slice's blocks as [`SparseCheckpoint::child_blocks`] gathers them: the slice, its id block if any,
+/// its slot blocks with their slots' names.
+type SliceGroup<'a> = (SliceInfo, Option<&'a BlockRecord>, Vec<(&'a str, &'a BlockRecord)>);
+
+/// The blocks of one slice of a child table ([`SparseCheckpoint::child_blocks`]).
+struct ChildBlocks<'a> {
+    /// The slice.
+    slice: SliceInfo,
+    /// The slice as written in block names (`begin@end@size`), which errors name.
+    text: String,
+    /// The id block.
+    ids: &'a BlockRecord,
+    /// The slot blocks, each with its slot's name, in block order.
+    slots: Vec<(&'a str, &'a BlockRecord)>,
+}
+
+impl ChildBlocks<'_> {
+    /// The block of the slot `name`.
+    fn slot(&self, name: &str) -> Option<&BlockRecord> {
+        self.slots.iter().find(|(s, _)| *s == name).map(|(_, b)| *b)
+    }
+}
+
+/// A slot block's rows: its dtype and row shape (its shape less the first dimension).
+fn rows_of(b: &BlockRecord) -> (DType, &[usize]) {
+    (b.dtype, b.shape.get(1..).unwrap_or_default())
 }
 
 fn read_required(path: &Path, what: &'static str) -> Result<Vec<u8>> {

@@ -59,13 +59,7 @@ impl Slot {
     /// [`Error::ScalarSlot`] for a 0-dim tensor.
     pub fn new(name: impl Into<String>, tensor: Tensor) -> Result<Self> {
         let name = name.into();
-        check_name(&name, "slot")?;
-        if name.contains('@') || name == ID_SLOT {
-            return Err(Error::BadName {
-                name,
-                reason: "slot names may not contain `@` or be `id` (the id block's slot)".into(),
-            });
-        }
+        check_slot_name(&name)?;
         if tensor.dim() == 0 {
             return Err(Error::ScalarSlot { slot: name });
         }
@@ -476,19 +470,30 @@ impl TableChild {
     }
 }
 
+/// Checks a slot's name: a name ([`check_name`]) without `@`, other than `id` (the id block's slot).
+pub(crate) fn check_slot_name(name: &str) -> Result<()> {
+    check_name(name, "slot")?;
+    if name.contains('@') || name == ID_SLOT {
+        return Err(Error::BadName {
+            name: name.into(),
+            reason: "slot names may not contain `@` or be `id` (the id block's slot)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that two slots of one name agree in dtype and row shape.
 pub(crate) fn check_same_slot(child: &str, a: &Slot, b: &Slot) -> Result<()> {
-    if a.dtype() != b.dtype() || a.row_shape() != b.row_shape() {
+    check_same_rows(child, &a.name, (a.dtype(), a.row_shape()), (b.dtype(), b.row_shape()))
+}
+
+/// Checks that two places' rows of the slot `slot` of `child`, each a dtype and a row shape, agree.
+pub(crate) fn check_same_rows(child: &str, slot: &str, a: (DType, &[usize]), b: (DType, &[usize])) -> Result<()> {
+    if a != b {
         return Err(Error::SlotMismatch {
             child: child.into(),
-            slot: a.name.clone(),
-            reason: format!(
-                "{} rows of {:?} in one place, {} rows of {:?} in another",
-                a.dtype(),
-                a.row_shape(),
-                b.dtype(),
-                b.row_shape()
-            ),
+            slot: slot.into(),
+            reason: format!("{} rows of {:?} in one place, {} rows of {:?} in another", a.0, a.1, b.0, b.1),
         });
     }
     Ok(())

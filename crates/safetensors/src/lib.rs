@@ -129,8 +129,21 @@ impl ReadOptions {
 }
 
 /// The bytes `offset..offset + len` of `buffer` (a partial local copy of the file `file`), made on demand
-/// by filling each range asked for through `fill` first, then copying it out of `buffer`.
-fn filled_window(buffer: &Buffer, file: &str, fill: &Arc<dyn RangeFill>, offset: usize, len: usize) -> Result<Buffer> {
+/// by filling each range asked for through `fill` first, then copying it out of `buffer`: nothing unfilled
+/// is ever handed out, and a failed fill is an error of the read ([`SafetensorsError::Fetch`]), never
+/// zeros. For readers of safetensors-laid-out files (a tensor's bytes, `8 + header length + data offset`).
+///
+/// # Errors
+/// [`Error::SliceOutOfRange`] (or `SliceOverflow`) when the window is
+/// not inside `buffer`; reading the window's bytes later fails with [`SafetensorsError::Fetch`] when its
+/// fill fails.
+pub fn filled_window(
+    buffer: &Buffer,
+    file: &str,
+    fill: &Arc<dyn RangeFill>,
+    offset: usize,
+    len: usize,
+) -> Result<Buffer> {
     // Checked here, so that every range asked for later lies inside the buffer.
     let window = buffer.slice_len(offset, len)?;
     let fill = Arc::clone(fill);
@@ -148,6 +161,34 @@ fn filled_window(buffer: &Buffer, file: &str, fill: &Arc<dyn RangeFill>, offset:
         out.copy_from_slice(src.as_bytes());
         Ok(())
     }))
+}
+
+/// Makes the length prefix and the header of the safetensors file `file`, a partial local copy held in
+/// `buffer`, present through `fill`: its first 8 bytes, then the header they give (not past `max_len`
+/// bytes nor the end of `buffer`: a longer header is left for [`header::parse`] to refuse), for a reader
+/// that does not rely on the copy holding its headers already (as an object-store fetch's copy does: the
+/// mirror fetches nothing for bytes present).
+///
+/// # Errors
+/// [`SafetensorsError::Fetch`] when a fill fails.
+pub fn fill_header(buffer: &Buffer, file: &str, fill: &dyn RangeFill, max_len: u64) -> Result<()> {
+    let size = buffer.len() as u64;
+    let fetch = |start: u64, end: u64| {
+        fill.fill(file, start..end).map_err(|source| SafetensorsError::Fetch {
+            file: file.to_owned(),
+            start,
+            end,
+            source,
+        })
+    };
+    let prefix_end = size.min(8);
+    fetch(0, prefix_end)?;
+    let len = buffer.as_bytes().get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map_or(0, u64::from_le_bytes);
+    let end = len.min(max_len).saturating_add(8).min(size);
+    if end > prefix_end {
+        fetch(prefix_end, end)?;
+    }
+    Ok(())
 }
 
 /// [`read`] as `options` say: with a fill hook ([`ReadOptions::fill`]), `buffer` is a partial local copy

@@ -675,7 +675,12 @@ fn convert(
     group: &dyn Collective,
 ) -> ckpt::Result<bool> {
     let what = format!("converting {} to {to}", src.display());
-    let staged = fetched(src, storage)?;
+    // At a URL, a selection of some entries fetches what it reads: the formats read lazily fetch their
+    // indexes, then the kept tensors' bytes as the target writes them (the others are fetched whole).
+    let lazy = options.selection.filters();
+    let staged =
+        fetched_for(src, storage, if lazy { ckpt::storage::Fetch::Lazy } else { ckpt::storage::Fetch::Whole })?;
+    let options = &options.clone().with_source(options.source.clone().with_fill(staged.path(), staged.fill()));
     let target = target(dst, storage)?;
     let summary = write_progress(
         quiet,
@@ -685,6 +690,9 @@ fn convert(
         || ckpt::convert_in(staged.path(), from, target.path(), to, options, group),
     )?;
     published(target, storage, group)?;
+    if group.rank() == 0 {
+        report_lazy(src, storage, &staged)?;
+    }
     let mut out = std::io::stdout().lock();
     if !summary.dropped.is_empty() && group.rank() == 0 {
         // One line, the first names and a count: a big optimizer state can drop thousands of values.

@@ -14,6 +14,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct DeepSpeed;
@@ -49,13 +50,19 @@ impl Adaptor for DeepSpeed {
     }
 
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default())
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
     }
 
     /// The model a conversion takes: the consolidated fp32 state dict, as DeepSpeed's `zero_to_fp32` writes
     /// it (the optimizer state and the 16-bit copies stay in the checkpoint: `ckpt inspect` lists them). Its
     /// tensors split over ranks are made from the ranks' files one piece at a time as the target writes them.
-    fn read_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Content> {
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
         let reader = open(path, limits, source)?;
         let leaves = reader
             .model()

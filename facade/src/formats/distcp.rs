@@ -20,6 +20,7 @@ use crate::options::Depth;
 use crate::options::{ConvertOptions, DcpProfile};
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct Distcp;
@@ -47,14 +48,20 @@ impl Adaptor for Distcp {
 
     /// Every key with its path from `planner_data`; the state dict they nest into.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let reader = open(path, limits)?;
-        let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
-        let mut leaves = Vec::with_capacity(keys.len());
-        for name in keys {
-            let value = reader.read_value(&name).at(path)?;
-            leaves.push(Leaf { path: reader.path_of(&name), name, value });
-        }
-        Content::from_leaves(leaves, path)
+        content_of(&open(path, limits)?, path, &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]),
+    /// the keys `selection` does not keep left unread (a tensor's items are read, so fetched, when it is).
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        selection: &Selection,
+    ) -> Result<Content> {
+        let options = read_options(path, limits)?.with_fill(source.fill_for(path));
+        content_of(&ckpt_distcp::DcpReader::open_with(path, &options).at(path)?, path, selection)
     }
 
     /// As [`read`](Adaptor::read), every tensor stored in several items (which the reader would assemble)
@@ -186,6 +193,18 @@ impl Adaptor for Distcp {
         let states = agree(group, states)?;
         save_hosted(group, &states, dst, world, &ckpt_distcp::WriteOptions::default())
     }
+}
+
+/// The content of the checkpoint `reader` reads (at `path`): every key with its path from `planner_data`,
+/// the keys `selection` does not keep unread (`None`, dropped by the selection).
+fn content_of(reader: &ckpt_distcp::DcpReader, path: &Path, selection: &Selection) -> Result<Content> {
+    let keys: Vec<String> = reader.keys().map(str::to_owned).collect();
+    let mut leaves = Vec::with_capacity(keys.len());
+    for name in keys {
+        let value = if selection.keeps(&name) { reader.read_value(&name).at(path)? } else { Value::None };
+        leaves.push(Leaf { path: reader.path_of(&name), name, value });
+    }
+    Content::from_leaves(leaves, path)
 }
 
 /// The reader options of the checkpoint at `path` under `limits` (pickle limits, `.metadata` size, inflated

@@ -15,6 +15,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct Hf;
@@ -68,8 +69,21 @@ impl Adaptor for Hf {
     /// Every entry in the source's order (tensors of every shard, and the values ckpt recorded); the nesting
     /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each shard's tensors filled when their bytes are read (a selection's dropped tensors never are).
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
         crate::adaptor::check_safetensors_headers(limits, path)?;
-        let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
+        let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
+        let reader = ckpt_safetensors::hf::HfReader::open_with(path, &options).at(path)?;
         let leaves = reader.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)
     }

@@ -16,6 +16,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct Hfai;
@@ -45,7 +46,20 @@ impl Adaptor for Hfai {
 
     /// What hfai's `load` returns, and its leaves.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let reader = ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?;
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each part's tensor records filled when their bytes are read (chunked tensors when it is opened).
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
+        let options = super::torch::read_options(limits).with_fill(source.fill_for(path));
+        let reader = ckpt_hfai::HfaiReader::open_with(path, &options).at(path)?;
         Content::from_tree(reader.into_value(), path)
     }
 

@@ -14,6 +14,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Problem, ProblemKind, Progress, VerifyReport};
+use crate::select::Selection;
 use crate::source::{NameMap, SourceOptions};
 
 pub(crate) struct Megatron;
@@ -43,13 +44,19 @@ impl Adaptor for Megatron {
     }
 
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default())
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
     }
 
     /// The model a conversion takes: the model's tensors (not the optimizer's, not `common.pt`'s values or
     /// the `_extra_state` objects), read when the target writes them: a layer of a stacked tensor, or the
     /// rows of a split one, one at a time.
-    fn read_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Content> {
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
         let reader = open(path, limits, source)?;
         let mut leaves = Vec::new();
         for e in ckpt_tensor::CheckpointRead::entries(&reader) {

@@ -17,6 +17,8 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::select::Selection;
+use crate::source::SourceOptions;
 
 pub(crate) struct Recis;
 
@@ -35,11 +37,30 @@ impl Adaptor for Recis {
         Ok(Box::new(open(path, limits)?))
     }
 
+    /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each data file's blocks and each `.pt` file's tensor records filled as they are read.
+    fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
+        Ok(Box::new(open_filled(path, limits, source)?))
+    }
+
     /// The RecIS-shaped state dict ([`ckpt_recis::RecisReader::state_dict`]: `sparse`, `model`, `extra`,
     /// `io_state_<s>`), its leaves named as the reader's entries: the serializer's tensors by their own
     /// names, `model.pt`'s leaves bare, the others under `extra/` and `io_state_<s>/`.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let tree = open(path, limits)?.state_dict().at(path)?;
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// the state dict's tensors are made when their bytes are read (a table slot's slices concatenated
+    /// then), so a selection's dropped tensors fetch nothing.
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
+        let tree = open_filled(path, limits, source)?.state_dict().at(path)?;
         let mut leaves = Vec::new();
         for (key, value) in tree.as_dict().map(|d| d.items.as_slice()).unwrap_or_default() {
             let key = key.as_str().unwrap_or_default();
@@ -150,6 +171,10 @@ impl Adaptor for Recis {
     /// `extra.k`, `io_state_<s>/k` as `io_state_<s>.k`); every hash table's `<table>@<slot>` rows keyed by
     /// its `<table>@id`, their order that of the shard layout ([`layout_of`]).
     fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
+        // The reader the checkpoint was opened with (a partial copy's, with its fill hook), else reopened.
+        if let Some(reader) = ck.downcast_ref::<ckpt_recis::RecisReader>() {
+            return Ok(layout_of(reader));
+        }
         Ok(layout_of(&open(ck.path(), limits)?))
     }
 
@@ -280,6 +305,12 @@ fn source_parallel(src: &Path, options: &ConvertOptions, limits: &ReadLimits) ->
 /// The checkpoint at `path` under `limits`: its `.pt` files' pickle limits, its data files' header bound.
 fn open(path: &Path, limits: &ReadLimits) -> Result<ckpt_recis::RecisReader> {
     ckpt_recis::RecisReader::open_with(path, &read_options(limits)).at(path)
+}
+
+/// [`open`], a partial copy read through its fill hook ([`SourceOptions::fill_for`]).
+fn open_filled(path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<ckpt_recis::RecisReader> {
+    let options = read_options(limits).with_fill(source.fill_for(path));
+    ckpt_recis::RecisReader::open_with(path, &options).at(path)
 }
 
 /// The reader options under `limits`: the `.pt` files' pickle limits, the data files' header bound.

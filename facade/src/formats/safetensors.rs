@@ -15,6 +15,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct Safetensors;
@@ -59,8 +60,21 @@ impl Adaptor for Safetensors {
     /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting
     /// from the recorded paths, else a flat dict.
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each tensor's bytes filled when they are read (a selection's dropped tensors never are).
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
         crate::adaptor::check_safetensors_headers(limits, path)?;
-        let file = SafetensorsReader::open(path).at(path)?;
+        let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
+        let file = SafetensorsReader::open_with(path, &options).at(path)?;
         let leaves = file.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();
         Content::from_leaves(leaves, path)
     }

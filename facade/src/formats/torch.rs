@@ -12,6 +12,7 @@ use crate::options::ConvertOptions;
 use crate::options::Depth;
 use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
+use crate::select::Selection;
 use crate::source::SourceOptions;
 
 pub(crate) struct Torch;
@@ -43,7 +44,20 @@ impl Adaptor for Torch {
     /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
     /// [`Adaptor::stream_to_torch_save`]).
     fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        let reader = ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?;
+        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
+    }
+
+    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    /// each tensor record filled when its bytes are read (a selection's dropped tensors never are).
+    fn read_source(
+        &self,
+        path: &Path,
+        limits: &ReadLimits,
+        source: &SourceOptions,
+        _selection: &Selection,
+    ) -> Result<Content> {
+        let options = read_options(limits).with_fill(source.fill_for(path));
+        let reader = ckpt_torch::TorchReader::open_with(path, &options).at(path)?;
         match reader.module_state_dict() {
             Some(state_dict) => Content::from_tree(state_dict.clone(), path),
             None => Content::from_tree(reader.into_value(), path),
