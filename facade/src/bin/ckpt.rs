@@ -259,12 +259,17 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             let mut selection = ckpt::Selection::default();
             selection.include.clone_from(include);
             selection.exclude.clone_from(exclude);
-            // At a URL, only what listing needs is fetched; the readers trust the rest.
+            // At a URL, only what listing needs is fetched (indexes, headers, ZIP central directories); the
+            // readers trust the rest, and fetch what they do read (an hfai tensor split across parts).
             let listing = source.clone().with_listing_only(!place(path).is_ok_and(|p| p.is_local()));
-            fetched_for(path, storage, ckpt::storage::Fetch::Index)
-                .and_then(|staged| Ok((ckpt::open_source(staged.path(), None, limits, &listing)?, staged)))
-                .and_then(|(c, _staged)| {
+            fetched_for(path, storage, ckpt::storage::Fetch::Lazy)
+                .and_then(|staged| {
+                    let listing = listing.with_fill(staged.path(), staged.fill());
+                    Ok((ckpt::open_source(staged.path(), None, limits, &listing)?, staged))
+                })
+                .and_then(|(c, staged)| {
                     inspect(&c, path, *json, &selection)?;
+                    report_lazy(path, storage, &staged)?;
                     // The process ends next: freeing a large checkpoint's metadata (hundreds of thousands of
                     // chunks) would only add to its time. A reader holds nothing that needs its destructor.
                     std::mem::forget(c);
