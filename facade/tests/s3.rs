@@ -43,12 +43,17 @@ fn fails(endpoint: &str, args: &[&str]) -> (i32, String) {
 /// A store handle on `url` at `endpoint` (what the tests inspect the bucket with).
 fn store(endpoint: &str, url: &str) -> Store {
     let Location::Remote(url) = Location::parse(url).unwrap() else { panic!("{url} is not a URL") };
+    Store::open(&url, &options(endpoint)).unwrap()
+}
+
+/// The storage options of the AWS variables [`ckpt`] sets for `endpoint`.
+fn options(endpoint: &str) -> StorageOptions {
     let mut options = StorageOptions::default();
     for (k, v) in MotoServer::env(endpoint) {
         let key = k.to_ascii_lowercase();
         options = options.with(if key == "aws_endpoint_url" { "aws_endpoint" } else { &key }, &v);
     }
-    Store::open(&url, &options).unwrap()
+    options
 }
 
 fn names(endpoint: &str, url: &str) -> Vec<String> {
@@ -139,11 +144,9 @@ fn every_format_round_trips_through_s3() {
     ok(e, &["convert", many.to_str().unwrap(), "s3://ckpt/rt/many.pt", "--to", "torch"]);
     let said = ok(e, &["inspect", "s3://ckpt/rt/many.pt", "--verbose", "--json"]);
     let line = fetched_line(&said, "s3://ckpt/rt/many.pt");
-    let field = |i: usize| -> u64 {
-        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
-    };
+    let (fetched, requests) = bytes_and_requests(line);
     let size = std::fs::metadata(&many).unwrap().len();
-    assert!(field(1) * 4 < size && field(2) <= 16, "{line} of a {size}-byte file");
+    assert!(fetched * 4 < size && requests <= 16, "{line} of a {size}-byte file");
     let listed = |text: &str| -> serde_json::Value {
         let json: String = text.lines().filter(|l| !l.starts_with("fetched ")).collect::<Vec<_>>().join("\n");
         serde_json::from_str::<serde_json::Value>(&json).unwrap()["entries"].clone()
@@ -497,15 +500,22 @@ fn fetched_line<'a>(said: &'a str, url: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no transfer line for {url}:\n{said}"))
 }
 
+/// The bytes and requests of a transfer line's counts (`N objects, N bytes, N requests`).
+#[track_caller]
+fn bytes_and_requests(line: &str) -> (u64, u64) {
+    let field = |i: usize| -> u64 {
+        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
+    };
+    (field(1), field(2))
+}
+
+#[track_caller]
 fn fetched_as_read(said: &str, url: &str) -> (u64, u64) {
     let line = said
         .lines()
         .find_map(|l| l.strip_prefix(&format!("fetched {url} (as read): ")))
         .unwrap_or_else(|| panic!("no lazy transfer line for {url}:\n{said}"));
-    let field = |i: usize| -> u64 {
-        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
-    };
-    (field(1), field(2))
+    bytes_and_requests(line)
 }
 
 #[test]
@@ -751,11 +761,7 @@ fn inspected(endpoint: &str, url: &str, local: &Path) -> (u64, u64) {
         serde_json::from_str::<serde_json::Value>(&json).unwrap_or_else(|e| panic!("{e}: {text}"))["entries"].clone()
     };
     assert_eq!(entries(&said), entries(&ok(endpoint, &["inspect", local.to_str().unwrap(), "--json"])), "{url}");
-    let line = fetched_line(&said, url);
-    let field = |i: usize| -> u64 {
-        line.split(", ").nth(i).and_then(|f| f.split(' ').next()).and_then(|n| n.parse().ok()).unwrap()
-    };
-    (field(1), field(2))
+    bytes_and_requests(fetched_line(&said, url))
 }
 
 /// RecIS's checkpoint manager with an object-store root: each id a prefix committed with its `index` last,
@@ -771,13 +777,8 @@ fn recis_manager_lists_and_rotates_checkpoints_under_a_url() {
     let server = MotoServer::start();
     server.create_bucket("ckpt");
     let e = &server.endpoint();
-    let mut options = StorageOptions::default();
-    for (k, v) in MotoServer::env(e) {
-        let key = k.to_ascii_lowercase();
-        options = options.with(if key == "aws_endpoint_url" { "aws_endpoint" } else { &key }, &v);
-    }
     // The library's writers take their store's configuration from the process default (as the CLI sets it).
-    StorageOptions::set_process_default(options);
+    StorageOptions::set_process_default(options(e));
     let root = "s3://ckpt/recis-run";
     let state = |scale: f32| {
         let emb = ckpt::Tensor::from_slice(&[0.5 * scale, 1.5 * scale, -2.0 * scale], &[3, 1]).unwrap();
