@@ -21,7 +21,7 @@ use crate::source::SourceOptions;
 /// content, verify it, reshard it. One implementation per format, in `formats/<format>.rs`, listed in the
 /// registry (`formats.rs`); nothing else in the facade names a format crate.
 ///
-/// Call protocol: [`open`](Adaptor::open), [`read`](Adaptor::read), [`verify`](Adaptor::verify),
+/// Call protocol: [`open`](Adaptor::open), [`read_source`](Adaptor::read_source), [`verify`](Adaptor::verify),
 /// [`reshard`](Adaptor::reshard) and [`stream_to_torch_save`](Adaptor::stream_to_torch_save) take a path
 /// detected (or declared) as this adaptor's format; [`write`](Adaptor::write) takes a [`Source`] of any
 /// format and writes this format at `dst`; [`explain`](Adaptor::explain) takes any file no format
@@ -41,10 +41,11 @@ pub(crate) trait Adaptor: Sync {
         self.open(path, limits)
     }
 
-    /// [`read`](Adaptor::read), read as `source` says (a partial copy through its fill hook,
-    /// [`SourceOptions::fills`]), for a conversion that keeps the entries `selection` keeps: a format may
-    /// leave the others unread, their leaves `None` (which [`Content::select`] drops), so that a partial
-    /// copy fetches nothing of them. Default: the options do not apply to the format, every entry is read.
+    /// The content of `path` for a conversion, read as `source` says (a partial copy through its fill
+    /// hook, [`SourceOptions::fills`]): every entry as a leaf, and the nested state dict. A format may leave
+    /// the entries `selection` drops unread, their leaves `None` (which [`Content::select`] drops), so that
+    /// a partial copy fetches nothing of them. Default: one leaf per entry of [`open`](Adaptor::open), the
+    /// state dict rebuilt from the names; the options do not apply, every entry is read.
     fn read_source(
         &self,
         path: &Path,
@@ -52,12 +53,6 @@ pub(crate) trait Adaptor: Sync {
         _source: &SourceOptions,
         _selection: &Selection,
     ) -> Result<Content> {
-        self.read(path, limits)
-    }
-
-    /// The content of `path` for a conversion: every entry as a leaf, and the nested state dict. Default: one
-    /// leaf per entry of [`open`](Adaptor::open), the state dict rebuilt from the names.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
         let ck = self.checkpoint(path, limits)?;
         let mut leaves = Vec::new();
         for e in ck.entries() {
@@ -70,14 +65,14 @@ pub(crate) trait Adaptor: Sync {
         Content::from_leaves(leaves, path)
     }
 
-    /// [`read`](Adaptor::read) for a target that reads a tensor only where it writes it: tensors the reader
+    /// [`read_source`](Adaptor::read_source) (default options, every entry) for a target that reads a tensor only where it writes it: tensors the reader
     /// would assemble into new memory may be outlines (their dtype and shape, no data) that
-    /// [`Outlined::resolve`] reads when the target writes them. Default: [`read`](Adaptor::read), no outlines
+    /// [`Outlined::resolve`] reads when the target writes them. Default: [`read_source`](Adaptor::read_source), no outlines
     /// (tensors are windows of memory maps, whose pages are read only when touched). Asked by the targets
     /// that write split over processes.
     #[cfg(any(feature = "hfai", feature = "hf"))]
     fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {
-        Ok(Outlined::whole(self.read(path, limits)?))
+        Ok(Outlined::whole(self.read_source(path, limits, &SourceOptions::default(), &Selection::default())?))
     }
 
     /// Writes the content of `source` (any format) as this format at `dst`: a file for single-file formats, a

@@ -22,7 +22,9 @@ pub use ckpt_io::{Problem, ProblemKind, Severity, VerifyReport};
 pub use ckpt_tensor::error_chain;
 
 /// Takes a format crate's verification of the checkpoint's files into the facade's `report`: its files
-/// and problems (the facade counts the entries it reads itself).
+/// and problems (the facade counts the entries it reads itself). Every format that has one reads
+/// `torch.save` files.
+#[cfg(feature = "torch")]
 pub(crate) fn absorb(report: &mut VerifyReport, checked: VerifyReport) {
     report.files += checked.files;
     report.problems.extend(checked.problems);

@@ -257,6 +257,12 @@ fn commits_on_the_object_store() {
     let _ = etag;
 }
 
+/// A `rows × cols` f32 tensor counting up from `from`.
+fn f32s(rows: usize, cols: usize, from: f32) -> ckpt::Tensor {
+    let v: Vec<f32> = (0..rows * cols).map(|i| from + i as f32).collect();
+    ckpt::Tensor::from_slice(&v, &[rows, cols]).unwrap()
+}
+
 /// Two tensors of 6 MiB each in a `.pt` file: two shards of a Hugging Face target with a 7 MB limit, each
 /// a multipart upload with 5 MiB parts.
 fn two_tensor_source(dir: &Path) -> String {
@@ -527,11 +533,7 @@ fn reads_fetch_only_what_they_need() {
     let scratch = tempfile::tempdir().unwrap();
     // Three large tensors in one data file (a single-rank save): 8 MiB, 2 MiB, 2 MiB.
     let dir = scratch.path().join("dcp");
-    let f32s = |rows: usize, from: f32| {
-        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
-        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
-    };
-    let (a, b, c) = (f32s(4096, 0.0), f32s(1024, 1e7), f32s(1024, 2e7));
+    let (a, b, c) = (f32s(4096, 512, 0.0), f32s(1024, 512, 1e7), f32s(1024, 512, 2e7));
     let sd = ckpt::Value::dict([
         ("a", ckpt::Value::Tensor(a.clone())),
         ("b", ckpt::Value::Tensor(b.clone())),
@@ -614,15 +616,11 @@ fn lazy_safetensors_and_shards_fetch_one_tensor() {
     server.create_bucket("ckpt");
     let e = &server.endpoint();
     let scratch = tempfile::tempdir().unwrap();
-    let f32s = |rows: usize, from: f32| {
-        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
-        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
-    };
     // 8 MiB, 2 MiB, 2 MiB.
     let tensors = vec![
-        ("a".to_string(), f32s(4096, 0.0)),
-        ("b".to_string(), f32s(1024, 1e7)),
-        ("c".to_string(), f32s(1024, 2e7)),
+        ("a".to_string(), f32s(4096, 512, 0.0)),
+        ("b".to_string(), f32s(1024, 512, 1e7)),
+        ("c".to_string(), f32s(1024, 512, 2e7)),
     ];
     let b_bytes = (1024 * 512 * 4) as u64;
 
@@ -688,11 +686,7 @@ fn lazy_torch_save_fetches_one_storage() {
     server.create_bucket("ckpt");
     let e = &server.endpoint();
     let scratch = tempfile::tempdir().unwrap();
-    let f32s = |rows: usize, from: f32| {
-        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
-        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
-    };
-    let (a, b, c) = (f32s(4096, 0.0), f32s(1024, 1e7), f32s(1024, 2e7));
+    let (a, b, c) = (f32s(4096, 512, 0.0), f32s(1024, 512, 1e7), f32s(1024, 512, 2e7));
     let sd = ckpt::Value::dict([
         ("a", ckpt::Value::Tensor(a)),
         ("b", ckpt::Value::Tensor(b.clone())),
@@ -854,10 +848,6 @@ fn lazy_recis_fetches_one_tensor() {
     server.create_bucket("ckpt");
     let e = &server.endpoint();
     let scratch = tempfile::tempdir().unwrap();
-    let f32s = |rows: usize, cols: usize, from: f32| {
-        let v: Vec<f32> = (0..rows * cols).map(|i| from + i as f32).collect();
-        ckpt::Tensor::from_slice(&v, &[rows, cols]).unwrap()
-    };
     // Two shards of two data files each: user's embedding and exp_avg (4 MiB each), item's, model.pt's w
     // (1 MiB), extra.pt's step.
     let users = 4096;
@@ -966,15 +956,11 @@ fn convert_select_fetches_what_it_selects() {
     server.create_bucket("ckpt");
     let e = &server.endpoint();
     let scratch = tempfile::tempdir().unwrap();
-    let f32s = |rows: usize, from: f32| {
-        let v: Vec<f32> = (0..rows * 512).map(|i| from + i as f32).collect();
-        ckpt::Tensor::from_slice(&v, &[rows, 512]).unwrap()
-    };
     // 8 MiB, 2 MiB, 2 MiB, and a value.
     let sd = ckpt::Value::dict([
-        ("a", ckpt::Value::Tensor(f32s(4096, 0.0))),
-        ("b", ckpt::Value::Tensor(f32s(1024, 1e7))),
-        ("c", ckpt::Value::Tensor(f32s(1024, 2e7))),
+        ("a", ckpt::Value::Tensor(f32s(4096, 512, 0.0))),
+        ("b", ckpt::Value::Tensor(f32s(1024, 512, 1e7))),
+        ("c", ckpt::Value::Tensor(f32s(1024, 512, 2e7))),
         ("step", ckpt::Value::Int(7)),
     ]);
     let b_bytes = (1024 * 512 * 4) as u64;

@@ -25,6 +25,18 @@ struct CopyFill {
     fail: AtomicBool,
 }
 
+impl CopyFill {
+    /// A fill of the partial copy `to` from the whole checkpoint `from`, counting what it fills.
+    fn new(from: &Path, to: &Path) -> Arc<CopyFill> {
+        Arc::new(CopyFill {
+            from: from.to_path_buf(),
+            to: to.to_path_buf(),
+            filled: Mutex::new(Vec::new()),
+            fail: AtomicBool::new(false),
+        })
+    }
+}
+
 impl RangeFill for CopyFill {
     fn fill(&self, file: &str, range: Range<u64>) -> std::io::Result<()> {
         if self.fail.load(Ordering::SeqCst) {
@@ -157,12 +169,7 @@ fn reading_a_tensor_fills_only_its_bytes_and_everything_reads_as_the_local_copy(
     assert_eq!(local.dir(), root.join("ckpt_7"));
     let copy = tmp.path().join("copy");
     partial_copy(&root, &copy);
-    let fill = Arc::new(CopyFill {
-        from: root.clone(),
-        to: copy.clone(),
-        filled: Mutex::new(Vec::new()),
-        fail: AtomicBool::new(false),
-    });
+    let fill = CopyFill::new(&root, &copy);
     let hook: Arc<dyn RangeFill> = fill.clone();
     let lazy = RecisReader::open_with(&copy, &ReadOptions::default().with_fill(Some(hook))).unwrap();
 
@@ -243,12 +250,7 @@ fn a_failed_fill_is_an_error_never_zeros() {
     output_root(&root);
     let copy = tmp.path().join("copy");
     partial_copy(&root, &copy);
-    let fill = Arc::new(CopyFill {
-        from: root.clone(),
-        to: copy.clone(),
-        filled: Mutex::new(Vec::new()),
-        fail: AtomicBool::new(false),
-    });
+    let fill = CopyFill::new(&root, &copy);
     let hook: Arc<dyn RangeFill> = fill.clone();
     let options = ReadOptions::default().with_fill(Some(hook));
     let lazy = RecisReader::open_with(&copy, &options).unwrap();

@@ -49,10 +49,6 @@ impl Adaptor for DeepSpeed {
         Ok(Box::new(open(path, limits, source)?))
     }
 
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
     /// The model a conversion takes: the consolidated fp32 state dict, as DeepSpeed's `zero_to_fp32` writes
     /// it (the optimizer state and the 16-bit copies stay in the checkpoint: `ckpt inspect` lists them). Its
     /// tensors split over ranks are made from the ranks' files one piece at a time as the target writes them.

@@ -47,11 +47,8 @@ impl Adaptor for Distcp {
     }
 
     /// Every key with its path from `planner_data`; the state dict they nest into.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        content_of(&open(path, limits)?, path, &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]),
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]),
     /// the keys `selection` does not keep left unread (a tensor's items are read, so fetched, when it is).
     fn read_source(
         &self,
@@ -64,7 +61,7 @@ impl Adaptor for Distcp {
         content_of(&ckpt_distcp::DcpReader::open_with(path, &options).at(path)?, path, selection)
     }
 
-    /// As [`read`](Adaptor::read), every tensor stored in several items (which the reader would assemble)
+    /// As [`read_source`](Adaptor::read_source), every tensor stored in several items (which the reader would assemble)
     /// an outline.
     #[cfg(any(feature = "hfai", feature = "hf"))]
     fn read_outlined(&self, path: &Path, limits: &ReadLimits) -> Result<Outlined> {

@@ -68,11 +68,8 @@ impl Adaptor for Hf {
 
     /// Every entry in the source's order (tensors of every shard, and the values ckpt recorded); the nesting
     /// from the recorded paths, else a flat dict.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each shard's tensors filled when their bytes are read (a selection's dropped tensors never are).
     fn read_source(
         &self,

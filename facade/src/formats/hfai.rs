@@ -45,11 +45,8 @@ impl Adaptor for Hfai {
     }
 
     /// What hfai's `load` returns, and its leaves.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each part's tensor records filled when their bytes are read (chunked tensors when it is opened).
     fn read_source(
         &self,

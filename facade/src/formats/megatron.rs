@@ -43,10 +43,6 @@ impl Adaptor for Megatron {
         Ok(Box::new(open(path, limits, source)?))
     }
 
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
     /// The model a conversion takes: the model's tensors (not the optimizer's, not `common.pt`'s values or
     /// the `_extra_state` objects), read when the target writes them: a layer of a stacked tensor, or the
     /// rows of a split one, one at a time.

@@ -46,11 +46,8 @@ impl Adaptor for Recis {
     /// The RecIS-shaped state dict ([`ckpt_recis::RecisReader::state_dict`]: `sparse`, `model`, `extra`,
     /// `io_state_<s>`), its leaves named as the reader's entries: the serializer's tensors by their own
     /// names, `model.pt`'s leaves bare, the others under `extra/` and `io_state_<s>/`.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// the state dict's tensors are made when their bytes are read (a table slot's slices concatenated
     /// then), so a selection's dropped tensors fetch nothing.
     fn read_source(

@@ -59,11 +59,8 @@ impl Adaptor for Safetensors {
 
     /// Every entry in the source's order (tensors and the values ckpt recorded, [`metadata`]); the nesting
     /// from the recorded paths, else a flat dict.
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each tensor's bytes filled when they are read (a selection's dropped tensors never are).
     fn read_source(
         &self,

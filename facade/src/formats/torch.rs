@@ -43,11 +43,8 @@ impl Adaptor for Torch {
     /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as
     /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
     /// [`Adaptor::stream_to_torch_save`]).
-    fn read(&self, path: &Path, limits: &ReadLimits) -> Result<Content> {
-        self.read_source(path, limits, &SourceOptions::default(), &Selection::default())
-    }
-
-    /// As [`read`](Adaptor::read), a partial copy read through its fill hook ([`SourceOptions::fills`]):
+    ///
+    /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each tensor record filled when its bytes are read (a selection's dropped tensors never are).
     fn read_source(
         &self,
