@@ -66,6 +66,7 @@ mod item;
 pub mod megatron;
 pub mod metadata;
 mod planner;
+mod rank_save;
 mod reader;
 mod reshard;
 mod verify;
@@ -80,6 +81,7 @@ pub use metadata::{
     StorageMetadata, TensorProperties, TensorStorageMetadata,
 };
 pub use planner::ShardSpec;
+pub use rank_save::{ItemData, RankItem, RankSave};
 pub use reader::{DEFAULT_MAX_METADATA_BYTES, DcpReader, MetadataSource, ReadOptions};
 pub use reshard::{RankState, ReshardOptions, reshard, save_sharded, shard_state_dict};
 pub use verify::{verify, verify_structure, verify_structure_with, verify_with};

@@ -38,7 +38,7 @@ pub const DCP_VERSION: &str = "1.0.0";
 pub type PlannerData = Vec<(String, Vec<PathItem>)>;
 
 /// The decoded `.metadata`: what every key is, where its items are, and how keys nest.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Metadata {
     /// Flattened key → what it stores, in the file's order.
     pub state_dict_metadata: Vec<(String, StorageMetadata)>,

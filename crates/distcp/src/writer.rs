@@ -419,12 +419,12 @@ fn dcp_owned(name: &str) -> bool {
 pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
     ckpt_io::storage::ObjectLayout { format: "distcp", owned: dcp_owned, commit_points: &[".metadata"] };
 
-fn dir_options(options: &WriteOptions) -> DirOptions {
+pub(crate) fn dir_options(options: &WriteOptions) -> DirOptions {
     DirOptions::default().with_durability(options.durability).with_layout(OBJECT_LAYOUT)
 }
 
 /// A commit error as this crate's: another rank's failure stays [`Error::RankFailed`].
-fn from_commit(e: CommitError) -> Error {
+pub(crate) fn from_commit(e: CommitError) -> Error {
     match e {
         CommitError::RankFailed { rank, message } => Error::RankFailed { rank, message },
         e => Error::Core(e.into()),
@@ -509,7 +509,7 @@ fn write_rank(w: &RankWrite<'_, '_, '_>) -> Result<Vec<(MetadataIndex, StorageIn
 /// suffix on an object store (`__0_0.5f3a9c01b2d4.distcp`), so that a save to the URL of a previous
 /// checkpoint never replaces one of its objects and the previous checkpoint stays loadable until the new
 /// `.metadata` replaces its own (readers take the names from `.metadata`).
-fn data_file_name(rank: usize, n: usize, save_id: Option<&str>) -> String {
+pub(crate) fn data_file_name(rank: usize, n: usize, save_id: Option<&str>) -> String {
     match save_id {
         Some(id) => format!("__{rank}_{n}.{id}.distcp"),
         None => format!("__{rank}_{n}.distcp"),
@@ -559,7 +559,7 @@ fn write_file(rw: &RankWrite<'_, '_, '_>, name: &str, items: &[usize]) -> Result
 }
 
 /// The checksum chunk name of an item: its key, and the chunk's offsets for a tensor chunk (`w@0,5`).
-fn item_name(fqn: &str, offsets: Option<&[usize]>) -> String {
+pub(crate) fn item_name(fqn: &str, offsets: Option<&[usize]>) -> String {
     match offsets {
         Some(o) if !o.is_empty() => {
             let o: Vec<String> = o.iter().map(usize::to_string).collect();
@@ -576,7 +576,7 @@ fn item_tensor(t: &Tensor) -> Result<Tensor> {
     Ok(t.with_requires_grad(false))
 }
 
-fn write_item<W: Write>(
+pub(crate) fn write_item<W: Write>(
     w: &mut W,
     key: &str,
     payload: &Payload<'_>,

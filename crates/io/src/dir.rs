@@ -14,6 +14,9 @@ use crate::writer::{Durability, DurableWriter};
 use crate::{failpoint, release, sibling, sync_dir};
 use ckpt_collective::Collective;
 
+mod ticket;
+pub use ticket::CommitTicket;
+
 /// Options of a [`DirCommit`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -234,22 +237,22 @@ impl DirCommit {
         if !message.is_empty() {
             return Err(CommitError::RankFailed { rank: 0, message: String::from_utf8_lossy(&message).into_owned() });
         }
-        Ok(DirCommit::assembled(target, staging, group, options, lock))
+        Ok(DirCommit::assembled(target, staging, (group.rank(), group.world_size()), options, lock))
     }
 
-    /// A commit begun on rank `group.rank()`, nothing written yet.
+    /// A commit begun on rank `place.0` of `place.1` ranks, nothing written yet.
     fn assembled(
         target: PathBuf,
         staging: PathBuf,
-        group: &dyn Collective,
+        place: (usize, usize),
         options: &DirOptions,
         lock: Option<DestinationLock>,
     ) -> DirCommit {
         DirCommit {
             target,
             staging,
-            rank: group.rank(),
-            world: group.world_size(),
+            rank: place.0,
+            world: place.1,
             options: options.clone(),
             lock,
             digests: Mutex::new(Vec::new()),
@@ -294,7 +297,8 @@ impl DirCommit {
                 return Err(CommitError::RankFailed { rank: 0, message: text });
             }
         };
-        let mut commit = DirCommit::assembled(target, private_dir()?, group, options, None);
+        let mut commit =
+            DirCommit::assembled(target, private_dir()?, (group.rank(), group.world_size()), options, None);
         commit.remote = Some(remote);
         Ok(commit)
     }
@@ -505,9 +509,6 @@ impl DirCommit {
     where
         F: FnOnce(&DirCommit, Vec<Vec<u8>>) -> Result<(), CommitError>,
     {
-        // A report: 1, the length of the checksum digests (u64 LE), the digests, the length of the names of
-        // the files this rank sent to an object store (u64 LE), those names (`\n`-separated), the payload;
-        // or 0 and the error message.
         #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
         let mut own = own;
         #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
@@ -520,28 +521,7 @@ impl DirCommit {
                 own_error = Some(e);
             }
         }
-        if own.is_ok() {
-            self.files_done();
-        }
-        let report = match &own {
-            Ok(payload) => {
-                let mut m = Manifest::default();
-                for d in self.digests.lock().map(|d| d.clone()).unwrap_or_default() {
-                    m.insert(d);
-                }
-                let digests = m.to_json();
-                let names = self.remote_names().join("\n").into_bytes();
-                let mut r = Vec::with_capacity(17 + digests.len() + names.len() + payload.len());
-                r.push(1u8);
-                r.extend_from_slice(&(digests.len() as u64).to_le_bytes());
-                r.extend_from_slice(&digests);
-                r.extend_from_slice(&(names.len() as u64).to_le_bytes());
-                r.extend_from_slice(&names);
-                r.extend_from_slice(payload);
-                r
-            }
-            Err(message) => [&[0u8][..], message.as_bytes()].concat(),
-        };
+        let report = self.report_bytes(&own);
         let gathered = group.gather(report, 0).map_err(group_error)?;
         let outcome = match gathered {
             Some(reports) => {
@@ -578,6 +558,34 @@ impl DirCommit {
         let text = String::from_utf8_lossy(&verdict);
         let (rank, message) = text.split_once('\n').unwrap_or(("0", &text));
         Err(CommitError::RankFailed { rank: rank.parse().unwrap_or(0), message: message.to_owned() })
+    }
+
+    /// This rank's report to rank 0 (after recording that its files are done, when it succeeded): 1, the
+    /// length of the checksum digests (u64 LE), the digests, the length of the names of the files this rank
+    /// sent to an object store (u64 LE), those names (`\n`-separated), the payload; or 0 and the error message.
+    fn report_bytes(&self, own: &Result<Vec<u8>, String>) -> Vec<u8> {
+        if own.is_ok() {
+            self.files_done();
+        }
+        match own {
+            Ok(payload) => {
+                let mut m = Manifest::default();
+                for d in self.digests.lock().map(|d| d.clone()).unwrap_or_default() {
+                    m.insert(d);
+                }
+                let digests = m.to_json();
+                let names = self.remote_names().join("\n").into_bytes();
+                let mut r = Vec::with_capacity(17 + digests.len() + names.len() + payload.len());
+                r.push(1u8);
+                r.extend_from_slice(&(digests.len() as u64).to_le_bytes());
+                r.extend_from_slice(&digests);
+                r.extend_from_slice(&(names.len() as u64).to_le_bytes());
+                r.extend_from_slice(&names);
+                r.extend_from_slice(payload);
+                r
+            }
+            Err(message) => [&[0u8][..], message.as_bytes()].concat(),
+        }
     }
 
     fn commit_as_root<F>(&self, reports: Vec<Vec<u8>>, finalize: F) -> Result<(), CommitError>

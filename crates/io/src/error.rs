@@ -76,6 +76,36 @@ pub enum CommitError {
         #[source]
         source: crate::storage::StorageError,
     },
+    /// A commit ticket ([`crate::CommitTicket`]) that is not one: the message between the ranks was damaged
+    /// or is not a ticket.
+    #[error("the commit ticket from rank 0 is unreadable ({reason})")]
+    TicketUnreadable {
+        /// What is missing or wrong.
+        reason: String,
+    },
+    /// A rank joined or committed a save that is not its own: another destination, a rank outside the
+    /// save, or a commit with the wrong number of reports.
+    #[error("{}: {reason}", path.display())]
+    TicketMismatch {
+        /// This rank's destination.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// A rank does not see the staging directory rank 0 made: the ranks of a multi-rank save to a local path
+    /// must share its file system.
+    #[error(
+        "{}: rank 0's staging directory {} is not visible on this rank; every rank must save to the same shared \
+         file system (or save to an object-store URL)",
+        path.display(),
+        staging.display()
+    )]
+    StagingNotShared {
+        /// The destination.
+        path: PathBuf,
+        /// Rank 0's staging directory.
+        staging: PathBuf,
+    },
     /// Any other I/O error.
     #[error("{}: {source}", path.display())]
     Io {
@@ -112,7 +142,10 @@ impl CommitError {
     /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
     pub fn fault(&self) -> ckpt_tensor::Fault {
         match self {
-            CommitError::Refused { .. } => ckpt_tensor::Fault::InvalidArgument,
+            CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
+                ckpt_tensor::Fault::InvalidArgument
+            }
+            CommitError::TicketUnreadable { .. } => ckpt_tensor::Fault::Io,
             CommitError::Storage { source } => source.fault(),
             CommitError::DiskFull { .. }
             | CommitError::ReadOnly { .. }
@@ -132,8 +165,13 @@ impl CommitError {
             | CommitError::PermissionDenied { path, .. }
             | CommitError::Locked { path, .. }
             | CommitError::Refused { path, .. }
+            | CommitError::TicketMismatch { path, .. }
+            | CommitError::StagingNotShared { path, .. }
             | CommitError::Io { path, .. } => Some(path),
-            CommitError::RankFailed { .. } | CommitError::Group { .. } | CommitError::Storage { .. } => None,
+            CommitError::RankFailed { .. }
+            | CommitError::Group { .. }
+            | CommitError::Storage { .. }
+            | CommitError::TicketUnreadable { .. } => None,
         }
     }
 
