@@ -10,16 +10,17 @@ the state dict's tensors, in parallel, with the GIL released: no ``torch.load`` 
 copy. It reads every format ckpt reads, not only DCP: an hfai, PyTorch-BigGraph, RecIS, ``.pt`` or
 safetensors checkpoint loads into a sharded model the same way (each tensor one chunk).
 
-:class:`Writer` hands what ``dcp.save`` plans to ckpt's DCP writer (``ckpt.save(..., format="distcp")``):
-durable (staged, fsync'd, swapped in whole; a crash leaves the old checkpoint or the new one) and loadable by
-every torch from 2.0. It writes from one process (a job of several ranks saves with torch's own writer, or
-gathers and calls ``ckpt.save(state_dict, path, format="distcp", world_size=N)``).
+:class:`Writer` writes what ``dcp.save`` (or ``dcp.async_save``) plans, in a job of any number of ranks:
+each rank its own items, straight from its tensors, into one staging area; the coordinator commits once
+every rank's results are in. Durable (fsync'd, swapped in whole; a crash on any rank leaves the old
+checkpoint or the new one) and loadable by every torch from 2.0.
 
 torch is imported when :class:`Reader` or :class:`Writer` is first used (``import ckpt`` never imports it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import uuid
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # what type checkers see; the class itself is made on first u
         path: "str | None"
 
         def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
-                     storage_options: "dict[str, str] | None" = None) -> None: ...
+                     storage_options: "dict[str, str] | None" = None, sync: bool = True,
+                     checksums: bool = True) -> None: ...
 
 
 def _reader_class() -> Any:
@@ -168,88 +170,211 @@ def _reader_class() -> Any:
     return Reader
 
 
+@dataclasses.dataclass(frozen=True)
+class _RankTicket:
+    """What the coordinator puts into every rank's save plan (``SavePlan.storage_data``): the ticket of the
+    save it began, which each rank joins to write into the same staging area."""
+
+    ticket: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankReport:
+    """What each rank's write results carry besides its items (``WriteResult.storage_data`` of one extra
+    result, under the key :data:`_REPORT_FQN`): its report for the coordinator's commit (its outcome and the
+    checksums of its files). ``finish`` takes these out; they never reach ``.metadata``."""
+
+    rank: int
+    report: bytes
+
+
+_REPORT_FQN = "ckpt.rank_report"
+
+# The save each destination has in progress in this process (its coordinator's): a save that failed on some
+# rank never reaches `finish`, and its writer would hold the destination's lock; the next save to the same
+# destination from this process gives it up first (removes its staging directory, releases the lock).
+_open_saves: dict = {}
+
+
 def _writer_class() -> Any:
-    import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from torch.distributed.checkpoint import StorageWriter  # noqa: PLC0415
+    from torch.distributed.checkpoint.filesystem import _StorageInfo  # noqa: PLC0415
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata  # noqa: PLC0415
     from torch.distributed.checkpoint.planner import WriteItemType  # noqa: PLC0415
     from torch.distributed.checkpoint.storage import WriteResult  # noqa: PLC0415
     from torch.futures import Future  # noqa: PLC0415
 
     import ckpt  # noqa: PLC0415
+    from ckpt import _ckpt  # noqa: PLC0415
 
     class Writer(StorageWriter):
-        """A ``torch.distributed.checkpoint.StorageWriter`` that writes through ckpt, from one process.
+        """A ``torch.distributed.checkpoint.StorageWriter`` that writes through ckpt, in a job of any number
+        of ranks (or one process without a process group).
 
-        ``path``: the checkpoint directory (or ``dcp.save(..., checkpoint_id=...)``); ``dcp_profile``:
-        ``"max-compat"`` (loads in torch 2.0 to 2.15, the default) or ``"torch213"`` (torch 2.13's layout).
-        ``path`` may be an object-storage URL (``s3://bucket/step-100``): streamed to the bucket, with
-        ``storage_options`` (see ``ckpt.save``).
+        ``path``: the checkpoint directory (or ``dcp.save(..., checkpoint_id=...)``); an object-storage URL
+        (``s3://bucket/step-100``) is written there with ``storage_options`` (see ``ckpt.save``).
+        ``dcp_profile``: ``"max-compat"`` (loads in torch 2.0 to 2.15, the default) or ``"torch213"`` (torch
+        2.13's layout). ``sync``: fsync every file (the default; ``False`` trades crash safety for speed).
+        ``checksums``: record a CRC-32 per item in ``ckpt.checksums.json`` (``ckpt verify`` checks them).
+
+        Every rank writes only its own items, into its own file ``__{rank}_0.distcp``, straight from its
+        tensors (with the GIL released). The ranks write into one staging directory the coordinator creates
+        beside the destination; the coordinator commits in ``finish``, once every rank's results are in:
+        ``.metadata`` last, then the directory swapped in whole (or, for a URL, the object-store commit). A
+        save killed at any moment leaves the previous checkpoint whole; the next save removes what it left.
+        The ranks must share the destination's file system (or save to a URL).
 
         >>> dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))
+        >>> dcp.async_save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))
         """
 
         def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
-                     storage_options: "dict[str, str] | None" = None) -> None:
+                     storage_options: "dict[str, str] | None" = None, sync: bool = True,
+                     checksums: bool = True) -> None:
             super().__init__()
             self.path = None if path is None else os.fspath(path)
             self.dcp_profile = dcp_profile
             self.storage_options = storage_options
+            self.sync = sync
+            self.checksums = checksums
             self.save_id = str(uuid.uuid4())
-            self._items: dict = {}
+            self.rank = 0
+            self.is_coordinator = True
+            self._save: Any = None
+
+        def __reduce__(self) -> Any:
+            # An async save in another process (torch's process-based checkpointer) pickles the writer: the
+            # class is made on first use, so it is named through the module; the save in progress stays here.
+            state = dict(self.__dict__)
+            state["_save"] = None
+            return (_new_writer, (), state)
+
+        def _give_up(self) -> None:
+            save, self._save = self._save, None
+            if save is not None:
+                if _open_saves.get(self.path) is save:
+                    del _open_saves[self.path]
+                save.abort()
 
         def reset(self, checkpoint_id: "str | os.PathLike[str] | None" = None) -> None:
+            # A save that never reached `finish` (a rank failed) is given up: no rank writes into it any
+            # more once the next save begins.
+            self._give_up()
             if checkpoint_id is not None:
                 self.path = os.fspath(checkpoint_id)
             self.save_id = str(uuid.uuid4())
-            self._items = {}
+
+        def _path(self) -> str:
+            if self.path is None:
+                raise ckpt.UsageError("ckpt.dcp.Writer: no checkpoint path (give one, or checkpoint_id)",
+                                      fault="usage")
+            return self.path
 
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self.is_coordinator = is_coordinator
+            rank = kwargs.get("rank")
+            if rank is None:
+                rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            self.rank = rank
+            many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            if not kwargs.get("use_collectives", True) and many:
                 raise ckpt.UsageError(
-                    "ckpt.dcp.Writer writes from one process; this job has "
-                    f"{dist.get_world_size()} ranks (save with torch's FileSystemWriter, or gather the state dict "
-                    "and call ckpt.save(state_dict, path, format='distcp', world_size=N))", fault="usage")
+                    "ckpt.dcp.Writer: dcp.save(..., use_collectives=False) has every rank save on its own; "
+                    "ckpt commits one checkpoint for all ranks: save with use_collectives=True", fault="usage")
 
         def prepare_local_plan(self, plan: Any) -> Any:
             return plan
 
         def prepare_global_plan(self, plans: List[Any]) -> List[Any]:
-            return plans
+            # The coordinator begins the save: the lock, clean-up of a killed save, the staging directory.
+            self._give_up()
+            stale = _open_saves.pop(self._path(), None)
+            if stale is not None:
+                stale.abort()
+            self._save = _ckpt.dcp_begin(self._path(), len(plans), self.dcp_profile, self.sync, self.checksums,
+                                         self.storage_options)
+            _open_saves[self._path()] = self._save
+            ticket = _RankTicket(self._save.ticket())
+            return [dataclasses.replace(plan, storage_data=ticket) for plan in plans]
 
         def write_data(self, plan: Any, planner: Any) -> Future:
-            results = []
+            ticket = plan.storage_data
+            if not isinstance(ticket, _RankTicket):
+                raise ckpt.UsageError("ckpt.dcp.Writer: the save plan carries no ckpt ticket (was "
+                                      "prepare_global_plan skipped?)", fault="usage")
+            if self.is_coordinator and self._save is not None:
+                save = self._save
+            else:
+                save = _ckpt.dcp_join(self._path(), ticket.ticket, self.rank, self.dcp_profile, self.sync,
+                                      self.checksums, self.storage_options)
+            items = []
             for item in plan.items:
                 data = planner.resolve_data(item)
-                fqn = item.index.fqn
                 if item.type == WriteItemType.BYTE_IO:
-                    data.seek(0)
-                    self._items[fqn] = torch.load(data, weights_only=False)
-                    size = data.getbuffer().nbytes
+                    obj: Any = bytes(data.getbuffer())
                 else:
-                    t = data.detach()
-                    whole = list(item.tensor_data.size)
-                    if list(t.shape) != whole:
-                        raise ckpt.UsageError(f"ckpt.dcp.Writer: {fqn} is a shard ({list(t.shape)} of {whole}); it "
-                                              "writes whole tensors, from one process", fault="usage")
-                    self._items[fqn] = t
-                    size = t.numel() * t.element_size()
-                results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=None))
+                    obj = data.detach()
+                    if obj.device.type != "cpu":
+                        obj = obj.cpu()
+                offsets = None if item.index.offset is None else list(item.index.offset)
+                items.append((item.index.fqn, offsets, obj))
+            try:
+                placed = save.write(items)
+            except BaseException as e:
+                save.report(f"{type(e).__name__}: {e}")
+                raise
+            results = []
+            for item, (relative_path, offset, length, transforms) in zip(plan.items, placed):
+                info = _StorageInfo(relative_path, offset, length, transform_descriptors=transforms or None)
+                results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=info))
+            report = _RankReport(self.rank, save.report(None))
+            results.append(WriteResult(index=MetadataIndex(_REPORT_FQN), size_in_bytes=0, storage_data=report))
             fut: Future = Future()
             fut.set_result(results)
             return fut
 
         def finish(self, metadata: Any, results: List[List[Any]]) -> None:
-            if self.path is None:
-                raise ckpt.UsageError("ckpt.dcp.Writer: no checkpoint path (give one, or checkpoint_id)",
-                                      fault="usage")
-            paths = metadata.planner_data or {}
-            state: dict = {}
-            for fqn, value in self._items.items():
-                _set_element(state, tuple(paths.get(fqn, (fqn,))), value)
-            ckpt.save(state, self.path, format="distcp", dcp_profile=self.dcp_profile,
-                      storage_options=self.storage_options)
-            self._items = {}
+            save, self._save = self._save, None
+            if save is not None and _open_saves.get(self.path) is save:
+                del _open_saves[self.path]
+            if save is None:
+                raise ckpt.UsageError("ckpt.dcp.Writer.finish: no save in progress on this rank (finish runs "
+                                      "on the coordinator, after prepare_global_plan)", fault="usage")
+            reports: dict = {}
+            storage: dict = {}
+            for wr_list in results:
+                for wr in wr_list:
+                    if isinstance(wr.storage_data, _RankReport):
+                        reports[wr.storage_data.rank] = wr.storage_data.report
+                    else:
+                        storage[wr.index] = wr.storage_data
+            world = len(results)
+            if sorted(reports) != list(range(world)):
+                save.abort()
+                raise ckpt.Error(f"ckpt.dcp.Writer: reports from ranks {sorted(reports)} of {world}; every rank "
+                                 "writes through ckpt.dcp.Writer", fault="io")
+            entries = []
+            for fqn, md in metadata.state_dict_metadata.items():
+                if isinstance(md, TensorStorageMetadata):
+                    chunks = [(list(c.offsets), list(c.sizes)) for c in md.chunks]
+                    entries.append((fqn, str(md.properties.dtype), list(md.size), chunks,
+                                    bool(md.properties.requires_grad)))
+                else:
+                    entries.append((fqn, None, None, None, False))
+            rows = []
+            for index, info in storage.items():
+                rows.append((index.fqn, None if index.offset is None else list(index.offset), index.index,
+                             info.relative_path, info.offset, info.length,
+                             list(getattr(info, "transform_descriptors", None) or [])))
+            planner_data = None
+            if isinstance(metadata.planner_data, dict):
+                planner_data = [(fqn, list(path)) for fqn, path in metadata.planner_data.items()
+                                if isinstance(path, tuple) and all(isinstance(p, (str, int)) for p in path)]
+            save.commit(entries, rows, planner_data, self.save_id, [reports[r] for r in range(world)])
+            # What dcp.save returns: the metadata as written.
+            metadata.storage_data = storage
+            metadata.storage_meta = self.storage_meta()
 
         def storage_meta(self) -> Any:
             from torch.distributed.checkpoint.metadata import StorageMeta  # noqa: PLC0415
@@ -267,26 +392,10 @@ def _writer_class() -> Any:
     return Writer
 
 
-def _set_element(root: dict, path: tuple, value: Any) -> None:
-    """Puts ``value`` at ``path`` in ``root`` as DCP's ``set_element`` does: string keys make dicts, integer
-    indices lists."""
-    cur: Any = root
-    for i, key in enumerate(path[:-1]):
-        nxt = path[i + 1]
-        empty: Any = [] if isinstance(nxt, int) else {}
-        if isinstance(cur, list):
-            while len(cur) <= key:
-                cur.append(None)
-            if cur[key] is None:
-                cur[key] = empty
-            cur = cur[key]
-        else:
-            cur = cur.setdefault(key, empty)
-    last = path[-1]
-    if isinstance(cur, list):
-        while len(cur) <= last:
-            cur.append(None)
-    cur[last] = value
+def _new_writer() -> Any:
+    """A blank :class:`Writer`, whose state pickle then sets (``Writer.__reduce__``)."""
+    cls = __getattr__("Writer")
+    return cls.__new__(cls)
 
 
 def fqn_of(req: Any) -> str:

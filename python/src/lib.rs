@@ -8,13 +8,14 @@
 //!
 //! Modules: `arrays` (numpy arrays over ckpt's buffers), `values` (ckpt's `Value` tree to Python objects and
 //! back), `checkpoint` (an open checkpoint), `ops` (load, save, convert, verify, reshard, diff), `dcp` (what
-//! `ckpt.dcp.Reader` asks of a checkpoint), `remote` (paths that are object-storage URLs: fetched, or written and
+//! `ckpt.dcp.Reader` asks of a checkpoint), `dcp_writer` (one rank's part of `ckpt.dcp.Writer`'s save), `remote` (paths that are object-storage URLs: fetched, or written and
 //! published, as the `ckpt` command does), `cli` (the `ckpt` command), `errors` (the exceptions).
 
 mod arrays;
 mod checkpoint;
 mod cli;
 mod dcp;
+mod dcp_writer;
 mod errors;
 mod ops;
 mod remote;
@@ -37,6 +38,9 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::diff, m)?)?;
     m.add_function(wrap_pyfunction!(ops::formats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::detect, m)?)?;
+    m.add_class::<dcp_writer::DcpRankSave>()?;
+    m.add_function(wrap_pyfunction!(dcp_writer::dcp_begin, m)?)?;
+    m.add_function(wrap_pyfunction!(dcp_writer::dcp_join, m)?)?;
     m.add_function(wrap_pyfunction!(cli::main, m)?)?;
     Ok(())
 }
