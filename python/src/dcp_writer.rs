@@ -98,6 +98,9 @@ pub(crate) fn dcp_join(
 /// the rest of a BYTE_IO item.
 type EntryRow = (String, Option<String>, Option<Vec<usize>>, Option<Vec<(Vec<usize>, Vec<usize>)>>, bool);
 
+/// Where [`DcpRankSave::write`] put an item: file, offset, length, stream transforms.
+type Placed = (String, u64, u64, Vec<String>);
+
 /// A row of `Metadata.storage_data`: key, chunk offsets, chunk index, file, offset, length, transforms.
 type StorageRow = (String, Option<Vec<usize>>, Option<usize>, String, u64, u64, Vec<String>);
 
@@ -141,13 +144,15 @@ impl DcpRankSave {
             let stored = match (dtype, size, chunks) {
                 (Some(dtype), Some(size), Some(chunks)) => {
                     let name = dtype.strip_prefix("torch.").unwrap_or(&dtype);
-                    let dtype = DType::from_torch_name(name)
-                        .ok_or_else(|| usage(format!("{fqn}: dtype {dtype} has no DCP equivalent"), Some(&self.shown)))?;
+                    let dtype = DType::from_torch_name(name).ok_or_else(|| {
+                        usage(format!("{fqn}: dtype {dtype} has no DCP equivalent"), Some(&self.shown))
+                    })?;
                     let mut properties = TensorProperties::new(dtype);
                     properties.requires_grad = requires_grad;
                     properties.memory_format = MemoryFormat::Contiguous;
                     properties.legacy_class = legacy;
-                    let chunks = chunks.into_iter().map(|(offsets, sizes)| ChunkStorageMetadata { offsets, sizes }).collect();
+                    let chunks =
+                        chunks.into_iter().map(|(offsets, sizes)| ChunkStorageMetadata { offsets, sizes }).collect();
                     StorageMetadata::Tensor(TensorStorageMetadata { properties, size, chunks })
                 }
                 _ => StorageMetadata::Bytes,
@@ -196,7 +201,7 @@ impl DcpRankSave {
 
     /// Writes this rank's items (`[(key, chunk offsets or None, tensor | array | bytes)]`) into its data
     /// file with the GIL released; returns `[(file, offset, length, transforms)]` in the same order.
-    fn write(&self, py: Python<'_>, items: &Bound<'_, PyList>) -> PyResult<Vec<(String, u64, u64, Vec<String>)>> {
+    fn write(&self, py: Python<'_>, items: &Bound<'_, PyList>) -> PyResult<Vec<Placed>> {
         enum Data {
             Tensor(Tensor),
             Bytes(Vec<u8>),
