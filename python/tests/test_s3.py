@@ -157,6 +157,43 @@ def test_dcp_save_convert_verify_reshard_diff(s3env: str, tmp: Path) -> None:
     same(ckpt.load(f"s3://{BUCKET}/dcpw", framework="pt")["model"], sd["model"])
 
 
+def test_a_sharded_job_saves_to_a_url(s3env: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dcp.save`` through ``ckpt.dcp.Writer`` from 3 gloo ranks to an ``s3://`` URL (each rank uploads its own
+    file; the coordinator commits): torch's ``FsspecReader`` (s3fs) loads what torch's own writer wrote to a
+    directory from the same job; a second save to the same URL replaces it whole."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    job = Path(__file__).parent / "training_job.py"
+    spec = importlib.util.spec_from_file_location("training_job", job)
+    assert spec is not None and spec.loader is not None
+    tj = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tj)
+    url = f"s3://{BUCKET}/train/step-1"
+    monkeypatch.setenv("CKPT_TRAINING_URL", url)
+
+    def load(reader: Any) -> dict:
+        sd: dict = {}
+        _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        return sd
+
+    for attempt in range(2):
+        r = subprocess.run([sys.executable, str(job), "save", str(tmp / str(attempt)), "3"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+        fs_options = {"key": ACCESS_KEY, "secret": SECRET_KEY, "client_kwargs": {"endpoint_url": s3env}}
+        ours = load(FsspecReader(url, **fs_options))
+        tj.compare(ours, load(dcp.FileSystemReader(tmp / str(attempt) / "torch")), f"attempt {attempt}")
+        keys = _keys(s3env, "train/step-1/")
+        assert "train/step-1/.metadata" in keys and len([k for k in keys if k.endswith(".distcp")]) == 3, keys
+        assert not [k for k in keys if "lock" in k or "staging" in k], keys
+
+
 def test_verify_reports_an_unfinished_save(s3env: str) -> None:
     url = f"s3://{BUCKET}/unfinished"
     ckpt.save(_state(), url, format="distcp")

@@ -7,7 +7,7 @@
 Scenarios (each rank runs the same):
 
 - ``save``: two training steps, then ``dcp.save`` of the same state dict twice, through ``ckpt.dcp.Writer``
-  to ``OUT/ckpt`` and through torch's ``FileSystemWriter`` to ``OUT/torch``. The state dict holds the model
+  to ``OUT/ckpt`` (or to the URL in ``CKPT_TRAINING_URL``) and through torch's ``FileSystemWriter`` to ``OUT/torch``. The state dict holds the model
   and optimizer (DTensor ``Shard(0)`` shards, optimizer ``param_groups``), a ``ShardedTensor``, a
   ``Replicate`` DTensor, on 4 ranks a DTensor on a 2-D mesh (``Shard(0), Shard(1)``), a plain tensor every
   rank holds, a ``BytesIO``, the RNG state, ints and strings.
@@ -154,7 +154,9 @@ def rank_main(rank: int, world: int, port: int, scenario: str, out: str) -> None
         out_dir = Path(out)
         if scenario == "save":
             _, _, sd = build(rank, world, trained=True)
-            meta = dcp.save(sd, storage_writer=ckpt.dcp.Writer(out_dir / "ckpt"))
+            # CKPT_TRAINING_URL: save to that object-store URL instead of OUT/ckpt.
+            dest = os.environ.get("CKPT_TRAINING_URL") or out_dir / "ckpt"
+            meta = dcp.save(sd, storage_writer=ckpt.dcp.Writer(dest))
             assert not any(str(k.fqn).startswith("ckpt.") for k in meta.storage_data), "a rank report leaked"
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(out_dir / "torch"))
         elif scenario in ("async_thread", "async_process"):
