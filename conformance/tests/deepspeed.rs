@@ -397,7 +397,7 @@ fn bf16_optimizer_rejections_name_the_rule() {
         *item(&mut groups[0], "emb.weight") = Value::Int(3);
     });
     let err = DeepSpeedReader::open(&dir).unwrap_err();
-    assert!(matches!(err, Error::Layout { ref expected, .. } if expected.contains("fragment_address")), "{err}");
+    assert!(matches!(err, Error::Layout { expected, .. } if expected.contains("fragment_address")), "{err}");
     // A rank's file missing.
     let (_t, dir) = broken_at(&bf16_case(), |d| {
         std::fs::remove_file(d.join("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")).unwrap()
