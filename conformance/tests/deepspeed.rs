@@ -310,6 +310,33 @@ fn bf16_optimizer_equals_what_deepspeed_gathers_bit_for_bit() {
     assert_eq!(client, ["epoch", "note", "sampler"]);
 }
 
+/// DeepSpeed's other consolidation of the same fragments, `ds_to_universal`: every trained parameter's fp32
+/// weights and optimizer state read from the universal checkpoint equal the `BF16_Optimizer` checkpoint's.
+/// (`--inject_missing_state` fills the tied `out.weight` and the frozen layer from the module's bf16 weights,
+/// which `zero_to_fp32`'s layout, followed for ZeRO 1, takes from the fp32 parameter it is tied to, or
+/// leaves out.)
+#[test]
+fn bf16_optimizer_equals_its_ds_to_universal_conversion() {
+    let b = DeepSpeedReader::open(bf16_case()).unwrap();
+    let u = DeepSpeedReader::open(fixtures("deepspeed_bf16").join("universal_bf16_optimizer_w2")).unwrap();
+    assert_eq!(u.kind(), Kind::Universal);
+    let trained: Vec<(String, Tensor)> = tensors(&bf16_case().join("reference.pt"));
+    let mut compared = 0;
+    for e in u.entries() {
+        let is_trained = trained.iter().any(|(n, _)| *n == e.name);
+        if !(is_trained || e.name.starts_with("optimizer.state.") && !e.name.ends_with(".step")) {
+            continue;
+        }
+        let (x, y) = (b.tensor(&e.name).unwrap(), u.tensor(&e.name).unwrap());
+        assert!(x.to_contiguous().unwrap().bitwise_eq(&y.to_contiguous().unwrap()), "{}", e.name);
+        compared += 1;
+    }
+    assert_eq!(compared, 5 + 10, "5 trained parameters, 2 states of each");
+    let alias = u.tensor("out.weight").unwrap();
+    let module = b.tensor("module.out.weight").unwrap();
+    assert!(ckpt_tensor::cast_float(&module, DType::F32).unwrap().bitwise_eq(&alias.to_contiguous().unwrap()));
+}
+
 /// The consolidated fp32 weights of each group, one after the other, are the ranks' partitions joined, the
 /// group's padding (the end of the last rank's, `group_paddings`) left out: nothing lost, nothing moved.
 #[test]

@@ -24,6 +24,9 @@ gathers them from the ranks' partitions through ``param_slice_mappings``' fragme
 * ``expected.json``: the case, world size, group paddings, the references' names, dtypes and shapes, and the
   client state;
 
+then converts it with ``ds_to_universal`` into ``OUTDIR/universal_bf16_optimizer_w2/`` (``latest_universal``,
+``global_step2_universal/``), DeepSpeed's other way of joining the ranks' fragments;
+
 plus ``OUTDIR/STAMP.json`` and ``OUTDIR/README.md``. Deterministic (pinned environment, seeds, one thread);
 ``check_reproducible.py`` compares a fresh run with the committed files.
 """
@@ -58,6 +61,8 @@ warnings.filterwarnings("ignore")
 COMMAND = ".venv/bin/python conformance/python/deepspeed/make_bf16_fixtures.py conformance/fixtures/deepspeed_bf16"
 INPUTS = ("deepspeed/make_bf16_fixtures.py", "deepspeed/make_fixtures.py", "pinenv.py")
 CASE = "bf16_optimizer_w2"
+#: ``ds_to_universal``'s conversion of CASE: DeepSpeed's other consolidation of the same fragments
+UNIVERSAL = "universal_bf16_optimizer_w2"
 WORLD = 2
 DESCRIPTION = "BF16_Optimizer (ZeRO 1, bf16, fp32 gradient accumulation), 2 ranks"
 TAG = make_fixtures.TAG
@@ -153,6 +158,7 @@ and prove the committed files are reproducible with
 | case | content |
 |---|---|
 | `{case}` | {description} |
+| `{universal}` | `ds_to_universal` of `{case}` (every parameter's `fp32.pt`, `exp_avg.pt`, ... joined by DeepSpeed) |
 
 `{case}/reference.pt` holds the fp32 master weights of each trained parameter as DeepSpeed gathers them from
 the ranks (`deepspeed.utils.safe_get_full_fp32_param`), `reference_optim.pt` its `exp_avg` and `exp_avg_sq`
@@ -171,6 +177,7 @@ def main(argv: list[str]) -> int:
     outdir = Path(argv[1]).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(outdir / CASE, ignore_errors=True)
+    shutil.rmtree(outdir / UNIVERSAL, ignore_errors=True)
     port = make_fixtures.free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = [
@@ -188,6 +195,7 @@ def main(argv: list[str]) -> int:
     import torchtree
 
     case_dir = outdir / CASE
+    make_fixtures.universal(case_dir, outdir / UNIVERSAL)
     paddings_file = case_dir / ".paddings.json"
     paddings = json.loads(paddings_file.read_text())
     paddings_file.unlink()
@@ -205,7 +213,12 @@ def main(argv: list[str]) -> int:
         "reference_optim": describe(torch.load(case_dir / "reference_optim.pt")),
         "client_state": CLIENT_STATE,
     })
-    files = {p.relative_to(outdir).as_posix(): sha256_file(p) for p in sorted(case_dir.rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(outdir).as_posix(): sha256_file(p)
+        for d in (case_dir, outdir / UNIVERSAL)
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
     here = HERE.parent
     write_json(outdir / "STAMP.json", {
         "command": COMMAND,
@@ -220,7 +233,8 @@ def main(argv: list[str]) -> int:
         "training_derived": TRAINING_DERIVED,
     })
     (outdir / "README.md").write_text(README.format(ds=deepspeed.__version__, torch=torchtree.public_torch_version(),
-                                                     command=COMMAND, case=CASE, description=DESCRIPTION),
+                                                     command=COMMAND, case=CASE, universal=UNIVERSAL,
+                                                     description=DESCRIPTION),
                                       encoding="utf-8")
     print(f"{CASE}: {len(files)} files")
     return 0
