@@ -100,6 +100,8 @@ diff -r conformance/fixtures/values "$fresh/values"
 diff -r -x README.md conformance/fixtures/real "$fresh/real"
 .venv/bin/python conformance/python/deepspeed/make_fixtures.py "$fresh/deepspeed" >/dev/null
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/deepspeed "$fresh/deepspeed"
+.venv/bin/python conformance/python/deepspeed/make_bf16_fixtures.py "$fresh/deepspeed_bf16" >/dev/null
+.venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/deepspeed_bf16 "$fresh/deepspeed_bf16"
 .venv/bin/python conformance/python/megatron/make_fixtures.py "$fresh/megatron" >/dev/null
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/megatron "$fresh/megatron"
 

@@ -1,8 +1,9 @@
-//! The `ckpt` tool on training checkpoints made by the real software (`conformance/fixtures/deepspeed`, by
-//! deepspeed 0.19.8; `conformance/fixtures/megatron`, by megatron-core 0.16.1): `inspect`, `cat`, `verify`,
-//! `diff` and `convert --to hf`, whose output Python checks against DeepSpeed's own consolidation
-//! (`get_fp32_state_dict_from_zero_checkpoint`) and Megatron's own loading (`dist_checkpointing.load`, with
-//! the Llama names split independently), run now.
+//! The `ckpt` tool on training checkpoints made by the real software (`conformance/fixtures/deepspeed` and
+//! `deepspeed_bf16`, by deepspeed 0.19.8; `conformance/fixtures/megatron`, by megatron-core 0.16.1): `inspect`,
+//! `cat`, `verify`, `diff` and `convert --to hf`, whose output Python checks against DeepSpeed's own
+//! consolidation (`get_fp32_state_dict_from_zero_checkpoint`, or for `BF16_Optimizer` checkpoints the fp32
+//! weights DeepSpeed gathered) and Megatron's own loading (`dist_checkpointing.load`, with the Llama names split
+//! independently), run now.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -232,4 +233,50 @@ fn verify_deep_finds_a_changed_byte_of_a_rank_file() {
 fn ckpt_deepspeed_first_bytes(tag: &Path) -> Vec<u8> {
     let ck = ckpt::open(tag).unwrap();
     ck.tensor("l1.weight").unwrap().to_contiguous().unwrap().data().unwrap()[..8].to_vec()
+}
+
+/// DeepSpeed's `BF16_Optimizer` checkpoint (`conformance/fixtures/deepspeed_bf16`, by deepspeed 0.19.8 on CPU):
+/// `inspect`, `verify --deep`, and every conversion, checked by Python against the fp32 weights DeepSpeed
+/// gathered of it (`check_bf16_convert.py`); the `.pt` conversion `diff`s equal to the checkpoint.
+#[test]
+fn bf16_optimizer_inspect_verify_convert_diff() {
+    let case = fixtures("deepspeed_bf16").join("bf16_optimizer_w2");
+    let (code, out, err) = ckpt(&[&"inspect", &case]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("deepspeed checkpoint") && out.contains("BF16_Optimizer"), "{out}");
+    for want in ["l2.weight", "module.l2.weight", "optimizer.state.l2.weight.exp_avg_sq", "optimizer.group_paddings"] {
+        assert!(out.contains(want), "{want} in {out}");
+    }
+    for args in [&[&"verify" as &dyn AsRef<std::ffi::OsStr>, &case][..], &[&"verify", &case, &"--deep"]] {
+        let (code, out, err) = ckpt(args);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+    let (code, out, _) = ckpt(&[&"cat", &case, &"optimizer.state.l1.bias.step"]);
+    assert_eq!(code, 0);
+    assert!(out.contains('2'), "{out}");
+    let tmp = tempfile::tempdir().unwrap();
+    let outputs = [
+        (tmp.path().join("hf"), "hf", None),
+        (tmp.path().join("hf_bf16"), "hf", Some("bf16")),
+        (tmp.path().join("model.safetensors"), "safetensors", None),
+        (tmp.path().join("model.pt"), "torch", None),
+    ];
+    for (out, to, dtype) in &outputs {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &case, out, &"--to", to];
+        if let Some(d) = dtype {
+            args.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, d]);
+        }
+        let (code, stdout, err) = ckpt(&args);
+        assert_eq!(code, 0, "{to}: {stdout}{err}");
+        let mut py: Vec<&Path> = vec![out, &case];
+        if let Some(d) = dtype {
+            py.extend([Path::new("--dtype"), Path::new(d)]);
+        }
+        run_python("deepspeed/check_bf16_convert.py", &py);
+    }
+    let pt = tmp.path().join("model.pt");
+    let (code, out, err) = ckpt(&[&"diff", &case, &pt]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = ckpt(&[&"diff", &case, &tmp.path().join("model.safetensors")]);
+    assert_eq!(code, 0, "{out}{err}");
 }

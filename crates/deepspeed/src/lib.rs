@@ -7,7 +7,11 @@
 //! (`global_step14/`): the model states (`mp_rank_00_model_states.pt`; in ZeRO 3 one
 //! `zero_pp_rank_R_mp_rank_00_model_states.pt` per rank) and one optimizer states file per data-parallel rank
 //! (`[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt`) whose flat fp32 groups hold the rank's partition of
-//! the master weights. [`DeepSpeedReader`] opens a root (the tag in `latest`, or one chosen with
+//! the master weights. bf16 training with fp32 gradient accumulation (ZeRO stage 1) saves the state of
+//! DeepSpeed's `BF16_Optimizer` instead ([`Kind::Bf16Optimizer`]: `single_partition_of_fp32_groups`,
+//! `group_paddings`, `param_slice_mappings`, no `zero_stage`; DeepSpeed's own `zero_to_fp32` refuses it):
+//! its parameters are joined from the ranks' fragments that `param_slice_mappings` locates, with the same
+//! entries as a ZeRO checkpoint's. [`DeepSpeedReader`] opens a root (the tag in `latest`, or one chosen with
 //! [`ReadOptions::with_tag`]) or a tag directory, and lays the parameters out of the ranks' partitions as
 //! DeepSpeed's consolidation does ([`zero`](crate) module docs: stages 1 and 2 split each param group over the
 //! ranks, stage 3 splits each parameter), with frozen, tied and buffer entries, several param groups, fp16
@@ -41,6 +45,7 @@
 
 #![forbid(unsafe_code)]
 
+mod bf16_optimizer;
 mod error;
 mod files;
 mod gather;

@@ -43,6 +43,9 @@ pub enum Kind {
     Zero,
     /// A universal checkpoint (`ds_to_universal`).
     Universal,
+    /// A checkpoint `engine.save_checkpoint` writes with DeepSpeed's `BF16_Optimizer` (bf16 with fp32
+    /// gradient accumulation, ZeRO stage 1): flat fp32 partitions joined by `param_slice_mappings`.
+    Bf16Optimizer,
 }
 
 /// A DeepSpeed checkpoint, opened: the consolidated state dict, the module's own weights, the optimizer
@@ -111,11 +114,18 @@ impl DeepSpeedReader {
         } else {
             crate::zero::read(&dir, &options.torch)?
         };
-        Self::from_parts(dir, tag, if universal { Kind::Universal } else { Kind::Zero }, c)
+        let kind = if universal {
+            Kind::Universal
+        } else if c.bf16_optimizer {
+            Kind::Bf16Optimizer
+        } else {
+            Kind::Zero
+        };
+        Self::from_parts(dir, tag, kind, c)
     }
 
     fn from_parts(dir: PathBuf, tag: String, kind: Kind, c: Consolidated) -> Result<Self> {
-        let Consolidated { stage, world, model, module, optimizer, model_states } = c;
+        let Consolidated { stage, world, model, module, optimizer, model_states, .. } = c;
         let mut entries: Vec<(String, Value)> = Vec::new();
         let mut index = HashMap::new();
         // The consolidated state dict must be whole: a repeated name there is a broken checkpoint.
@@ -159,7 +169,12 @@ impl DeepSpeedReader {
                 }
             }
         }
-        details.push(("kind".into(), if kind == Kind::Universal { "universal".into() } else { "zero".into() }));
+        let kind_name = match kind {
+            Kind::Zero => "zero",
+            Kind::Universal => "universal",
+            Kind::Bf16Optimizer => "zero (BF16_Optimizer)",
+        };
+        details.push(("kind".into(), kind_name.into()));
         if stage > 0 {
             details.push(("zero stage".into(), stage.to_string()));
         }
@@ -210,12 +225,13 @@ impl DeepSpeedReader {
         &self.tag
     }
 
-    /// A ZeRO or a universal checkpoint.
+    /// A ZeRO, `BF16_Optimizer` or universal checkpoint.
     pub fn kind(&self) -> Kind {
         self.kind
     }
 
-    /// The ZeRO stage (1, 2 or 3; 0 when a universal checkpoint does not say).
+    /// The ZeRO stage (1, 2 or 3; for `BF16_Optimizer`, the stage its configuration names; 0 when a
+    /// universal checkpoint does not say).
     pub fn stage(&self) -> usize {
         self.stage
     }

@@ -147,5 +147,5 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
         });
     }
     let module = Vec::new();
-    Ok(Consolidated { stage, world, model, module, optimizer, model_states })
+    Ok(Consolidated { stage, world, model, module, optimizer, model_states, bf16_optimizer: false })
 }

@@ -74,14 +74,17 @@ pub(crate) struct Consolidated {
     pub optimizer: Vec<(String, Value)>,
     /// The model states file (rank 0's), whole.
     pub model_states: Value,
+    /// Whether DeepSpeed's `BF16_Optimizer` wrote the optimizer states (not the ZeRO optimizer).
+    pub bf16_optimizer: bool,
 }
 
 /// The parameters of a param group, in order, with their shapes.
-struct Group {
-    params: Vec<(String, Vec<usize>)>,
+pub(crate) struct Group {
+    /// `(name, shape)` of each parameter.
+    pub params: Vec<(String, Vec<usize>)>,
 }
 
-fn param_groups(states: At<'_>) -> Result<Vec<Group>> {
+pub(crate) fn param_groups(states: At<'_>) -> Result<Vec<Group>> {
     let mut out = Vec::new();
     for g in groups(states.get("param_shapes", "param_shapes")?)? {
         let params = g.named()?.into_iter().map(|(n, s)| Ok((n.to_owned(), s.shape()?))).collect::<Result<_>>()?;
@@ -90,13 +93,13 @@ fn param_groups(states: At<'_>) -> Result<Vec<Group>> {
     Ok(out)
 }
 
-fn numel(name: &str, shape: &[usize]) -> Result<usize> {
+pub(crate) fn numel(name: &str, shape: &[usize]) -> Result<usize> {
     ckpt_tensor::checked_numel(shape)
         .ok_or_else(|| Error::ShapeOverflow { name: name.to_owned(), shape: shape.to_vec() })
 }
 
 /// The buffers of the model states file, floating-point ones cast to float32 (as `zero_to_fp32` does).
-fn buffers(states: At<'_>) -> Result<Vec<(String, Tensor)>> {
+pub(crate) fn buffers(states: At<'_>) -> Result<Vec<(String, Tensor)>> {
     let names: Vec<&str> =
         states.get("buffer_names", "buffer_names")?.list()?.iter().map(At::str).collect::<Result<_>>()?;
     let mut out = Vec::new();
@@ -117,7 +120,7 @@ fn buffers(states: At<'_>) -> Result<Vec<(String, Tensor)>> {
 
 /// The optimizer's values other than its flat state, named `optimizer.<key>...` (and the param groups of
 /// the wrapped optimizer, `optimizer.param_groups.<i>...`).
-fn optimizer_values(osd: At<'_>, base: Option<At<'_>>, out: &mut Vec<(String, Value)>) -> Result<()> {
+pub(crate) fn optimizer_values(osd: At<'_>, base: Option<At<'_>>, out: &mut Vec<(String, Value)>) -> Result<()> {
     for (k, v) in osd.named()? {
         if FLAT_KEYS.contains(&k) {
             continue;
@@ -145,7 +148,7 @@ pub(crate) fn push_leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Va
 
 /// The shared parameters (`shared_params`: name → the name of the parameter it is), appended under each
 /// alias whose target is in `model`.
-fn shared(states: At<'_>, model: &mut Vec<(String, Tensor)>) -> Result<()> {
+pub(crate) fn shared(states: At<'_>, model: &mut Vec<(String, Tensor)>) -> Result<()> {
     let Some(pairs) = states.opt("shared_params", "shared_params")? else { return Ok(()) };
     if matches!(pairs.value, Value::None) {
         return Ok(());
@@ -160,7 +163,7 @@ fn shared(states: At<'_>, model: &mut Vec<(String, Tensor)>) -> Result<()> {
 }
 
 /// The frozen parameters' shapes, in order (`frozen_param_shapes`, absent or None when there are none).
-fn frozen_shapes(states: At<'_>) -> Result<Vec<(String, Vec<usize>)>> {
+pub(crate) fn frozen_shapes(states: At<'_>) -> Result<Vec<(String, Vec<usize>)>> {
     match states.opt("frozen_param_shapes", "frozen_param_shapes")? {
         Some(v) if !matches!(v.value, Value::None) => {
             v.named()?.into_iter().map(|(n, s)| Ok((n.to_owned(), s.shape()?))).collect()
@@ -180,6 +183,9 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
     }
     let optim: Vec<Value> = optim_files.iter().map(|f| load(&f.path, options)).collect::<Result<_>>()?;
     let osd0 = At::top(&optim_files[0].path, &optim[0]).get("optimizer_state_dict", "optimizer_state_dict")?;
+    if crate::bf16_optimizer::is_bf16_optimizer(osd0)? {
+        return crate::bf16_optimizer::read(dir, &optim_files, &optim, options);
+    }
     let stage = osd0.get("zero_stage", "optimizer_state_dict.zero_stage")?.count()?;
     let pc = osd0.get("partition_count", "optimizer_state_dict.partition_count")?;
     let world = match pc.value {
@@ -223,7 +229,7 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
 }
 
 /// The `optimizer_state_dict` of every rank's optimizer states file.
-fn rank_osds<'a>(files: &'a [crate::files::RankFile], optim: &'a [Value]) -> Result<Vec<At<'a>>> {
+pub(crate) fn rank_osds<'a>(files: &'a [crate::files::RankFile], optim: &'a [Value]) -> Result<Vec<At<'a>>> {
     files
         .iter()
         .zip(optim)
@@ -232,12 +238,12 @@ fn rank_osds<'a>(files: &'a [crate::files::RankFile], optim: &'a [Value]) -> Res
 }
 
 /// The tensors of a list of flat groups.
-fn flat_list<'a>(v: At<'a>) -> Result<Vec<&'a Tensor>> {
+pub(crate) fn flat_list<'a>(v: At<'a>) -> Result<Vec<&'a Tensor>> {
     v.list()?.iter().map(At::tensor).collect()
 }
 
 /// Per-element and per-group state of the wrapped optimizer: for each group, its state mapping on each rank.
-fn group_states<'a>(base: At<'a>, ngroups: usize) -> Result<Vec<At<'a>>> {
+pub(crate) fn group_states<'a>(base: At<'a>, ngroups: usize) -> Result<Vec<At<'a>>> {
     match base.value {
         // Elastic checkpoints: a list of per-group states without padding.
         Value::List(_) | Value::Tuple(_) => base.list(),
@@ -378,10 +384,10 @@ fn read_stage12(
         .map(|(n, v)| (format!("module.{n}"), v.value.clone()))
         .collect();
     optimizer_values(osds[0], bases[0], &mut opt_entries)?;
-    Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states })
+    Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states, bf16_optimizer: false })
 }
 
-fn missing_group(dir: &Path, g: usize) -> Error {
+pub(crate) fn missing_group(dir: &Path, g: usize) -> Error {
     Error::FlatGroups { dir: dir.to_path_buf(), group: g, problem: "a rank has no flat tensor for it".into() }
 }
 
@@ -527,5 +533,5 @@ fn read_stage3(
     let stage = 3;
     drop(rank_models);
     let model_states = model_values.into_iter().next().unwrap_or(Value::None);
-    Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states })
+    Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states, bf16_optimizer: false })
 }

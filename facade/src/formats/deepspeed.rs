@@ -5,8 +5,8 @@ use std::path::Path;
 use ckpt_tensor::{PathItem, Value};
 
 use crate::adaptor::read_all;
-use crate::adaptor::{Adaptor, Content, Leaf, Source};
-use crate::checkpoint::Reader;
+use crate::adaptor::{Adaptor, Content, Layout, Leaf, Source};
+use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Cause, Error, Result};
 use crate::format::Format;
 use crate::limits::ReadLimits;
@@ -89,13 +89,25 @@ impl Adaptor for DeepSpeed {
                 absorb(report, ckpt_torch::verify(&file).at(&file)?);
             }
         }
-        read_all(
-            &crate::checkpoint::Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)),
-            depth,
-            report,
-            progress,
-        );
+        read_all(&Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)), depth, report, progress);
         Ok(())
+    }
+
+    /// The state a DeepSpeed checkpoint carries is its consolidated state dict, what a conversion takes
+    /// ([`Adaptor::read_source`]); the module's 16-bit copies, the optimizer state and the engine and client
+    /// state are layout keys, set apart (`ckpt diff --raw` compares them too). So a conversion diffs equal to
+    /// its source.
+    fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
+        let keys = |reader: &ckpt_deepspeed::DeepSpeedReader| {
+            let model: std::collections::HashSet<&str> = reader.model().iter().map(|(n, _)| n.as_str()).collect();
+            reader.items().iter().filter(|(n, _)| !model.contains(n.as_str())).map(|(n, _)| n.clone()).collect()
+        };
+        // The reader the checkpoint was opened with (its tag), else reopened.
+        if let Some(reader) = ck.downcast_ref::<ckpt_deepspeed::DeepSpeedReader>() {
+            return Ok(Layout { keys: keys(reader), ..Layout::default() });
+        }
+        let reader = open(ck.path(), limits, &SourceOptions::default())?;
+        Ok(Layout { keys: keys(&reader), ..Layout::default() })
     }
 
     fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
