@@ -164,6 +164,12 @@ class Checkpoint:
         return self._n().format
 
     @property
+    def fetched(self) -> Optional[Tuple[int, int, int]]:
+        """For a checkpoint opened from a URL: ``(objects, bytes, requests)`` fetched so far (with
+        ``lazy=True``, every read's fills included: ask after reading); ``None`` for a local path."""
+        return self._n().fetched
+
+    @property
     def path(self) -> str:
         """The path it was opened from; for a URL, the URL without user information and query (where
         credentials travel)."""
@@ -274,7 +280,7 @@ class Checkpoint:
 
 
 def open(path: PathLike, *, format: Optional[str] = None, framework: Framework = "np",
-         storage_options: StorageOptions = None, **limits: Any) -> Checkpoint:
+         storage_options: StorageOptions = None, lazy: bool = False, **limits: Any) -> Checkpoint:
     """Opens the checkpoint at ``path`` (a file or directory; ``file://`` URLs too) of any format ckpt reads,
     detecting the format unless ``format`` names it. Reads metadata only; tensors are read when asked for.
 
@@ -282,7 +288,9 @@ def open(path: PathLike, *, format: Optional[str] = None, framework: Framework =
     ``https://``): its objects are fetched into a temporary directory first (as ``ckpt cat`` does), which the
     checkpoint keeps until it is closed and collected. ``storage_options``: the store's configuration
     (:data:`StorageOptions`, the ``ckpt`` command's ``--storage-option``), over each cloud's environment
-    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...). ``lazy=True`` fetches only what listing
+    needs first and each tensor's bytes as it is read (a DCP checkpoint's byte ranges, a safetensors tensor's
+    bytes, a ``torch.save`` record; ``Checkpoint.fetched`` tells how much moved), instead of every object.
 
     ``framework``: what tensors come back as, numpy arrays (``"np"``) or torch tensors (``"pt"``).
     ``limits``: the read limits (:data:`LIMITS`), e.g. ``max_nodes=10**8`` or ``trusted=True`` for large input
@@ -295,7 +303,11 @@ def open(path: PathLike, *, format: Optional[str] = None, framework: Framework =
     p = _path(path)
     fw = _framework(framework)
     if _is_url(p):
-        native = _ckpt.open(p, format, _limits(limits), _storage(storage_options))
+        native = _ckpt.open(p, format, _limits(limits), _storage(storage_options), lazy)
+        if lazy:
+            # A partial copy, filled as it is read: torch tensors are made from what was read, never by
+            # mapping the copy.
+            return Checkpoint(native, fw, None)
         # The fetched copy is private to this checkpoint: torch tensors may map it.
         return Checkpoint(native, fw, _torch.identity(os.fspath(native.local_path)))
     before = _torch.identity(p)

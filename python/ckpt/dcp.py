@@ -62,8 +62,8 @@ def _reader_class() -> Any:
         """A ``torch.distributed.checkpoint.StorageReader`` that reads through ckpt.
 
         ``path``: the checkpoint (any format ckpt reads; ``dcp.load(..., checkpoint_id=...)`` may give it
-        instead); an object-storage URL (``s3://bucket/step-100``) is fetched whole first, with
-        ``storage_options`` (see ``ckpt.open``). ``limits``: ckpt's read limits (``ckpt.LIMITS``).
+        instead); an object-storage URL (``s3://bucket/step-100``) is read lazily, with ``storage_options``
+        (see ``ckpt.open``): each rank fetches the metadata and the byte ranges of its own boxes. ``limits``: ckpt's read limits (``ckpt.LIMITS``).
 
         >>> dcp.load(model_state, storage_reader=ckpt.dcp.Reader("checkpoint/"))
         """
@@ -90,7 +90,8 @@ def _reader_class() -> Any:
                 if self.path is None:
                     raise ckpt.UsageError("ckpt.dcp.Reader: no checkpoint path (give one, or checkpoint_id)",
                                           fault="usage")
-                self._ck = ckpt.open(self.path, storage_options=self.storage_options, **self.limits)
+                # A URL is read lazily: each rank fetches .metadata and the byte ranges of its own boxes.
+                self._ck = ckpt.open(self.path, storage_options=self.storage_options, lazy=True, **self.limits)
             return self._ck
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

@@ -42,13 +42,14 @@ impl Checkpoint {
 /// Opens the checkpoint at `path` (`format`: its format's name, detected when `None`) under `limits`, with the
 /// GIL released; at a URL, its objects are fetched first (as `ckpt cat` does), with `storage_options`.
 #[pyfunction]
-#[pyo3(signature = (path, format = None, limits = None, storage_options = None))]
+#[pyo3(signature = (path, format = None, limits = None, storage_options = None, lazy = false))]
 pub(crate) fn open(
     py: Python<'_>,
     path: PathBuf,
     format: Option<&str>,
     limits: Option<&Bound<'_, PyDict>>,
     storage_options: Option<&Bound<'_, PyDict>>,
+    lazy: bool,
 ) -> PyResult<Checkpoint> {
     let limits = read_limits(limits)?;
     let storage = self::storage_options(storage_options)?;
@@ -56,6 +57,13 @@ pub(crate) fn open(
     let format = format.map(|f| f.parse::<Format>().map_err(|e| usage(e.to_string(), Some(&shown)))).transpose()?;
     let (inner, source) = py
         .detach(|| -> Result<_, About> {
+            if lazy {
+                // A URL's bytes fetched as they are read (a local path reads as it is).
+                let source = fetched(&path, &storage, ckpt::storage::Fetch::Lazy)?;
+                let fill = ckpt::SourceOptions::default().with_fill(source.path(), source.fill());
+                let inner = ckpt::open_source(source.path(), format, &limits, &fill)?;
+                return Ok((inner, source));
+            }
             let source = fetched(&path, &storage, ckpt::storage::Fetch::Whole)?;
             let inner = match format {
                 Some(f) => ckpt::open_as_with(source.path(), f, &limits),
@@ -69,6 +77,13 @@ pub(crate) fn open(
 
 #[pymethods]
 impl Checkpoint {
+    /// For a checkpoint at a URL, what fetching moved until now: `(objects, bytes, requests)` (a lazy copy
+    /// counts every fill its reads made); `None` for a local path.
+    #[getter]
+    fn fetched(&self) -> Option<(usize, u64, u64)> {
+        self._source.transfer().map(|t| (t.objects, t.bytes, t.requests))
+    }
+
     /// The format's name (`torch`, `safetensors`, `distcp`, `hf`, `hfai`, `pbg`, `recis`).
     #[getter]
     fn format(&self) -> &'static str {

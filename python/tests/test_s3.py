@@ -193,6 +193,18 @@ def test_a_sharded_job_saves_to_a_url(s3env: str, tmp: Path, monkeypatch: pytest
         assert "train/step-1/.metadata" in keys and len([k for k in keys if k.endswith(".distcp")]) == 3, keys
         assert not [k for k in keys if "lock" in k or "staging" in k], keys
 
+    # ckpt.dcp.Reader reads a URL lazily: a load of one tensor fetches .metadata and that tensor's items, not
+    # the data files.
+    listed = _client(s3env).list_objects_v2(Bucket=BUCKET, Prefix="train/step-1/")["Contents"]
+    data_bytes = sum(o["Size"] for o in listed if o["Key"].endswith(".distcp"))
+    reader = ckpt.dcp.Reader(url)
+    part = {"extra": {"plain": torch.zeros(7, dtype=torch.int64)}}
+    dcp.load(part, storage_reader=reader, no_dist=True)
+    assert torch.equal(part["extra"]["plain"], torch.arange(7) * 3)
+    objects, fetched, requests = reader._checkpoint().fetched
+    metadata_bytes = next(o["Size"] for o in listed if o["Key"].endswith("/.metadata"))
+    assert fetched - metadata_bytes < data_bytes / 4, (fetched, metadata_bytes, data_bytes)
+
 
 def test_verify_reports_an_unfinished_save(s3env: str) -> None:
     url = f"s3://{BUCKET}/unfinished"
