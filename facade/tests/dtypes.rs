@@ -226,7 +226,7 @@ fn diff_compares_packed_dtypes_bitwise() {
     let f4: Vec<_> = d.tensors.iter().filter(|t| !t.is_equal()).collect();
     assert_eq!(f4.len(), 1, "{d:?}");
     assert_eq!((f4[0].name.as_str(), f4[0].mismatched, f4[0].bytewise), ("float4_e2m1fn_x2", 1, true));
-    assert!(ckpt::diff(&fixture("dtypes.pt"), &src, &DiffOptions::default()).unwrap().only_a == ["complex32"]);
+    assert!(ckpt::diff(fixture("dtypes.pt"), &src, &DiffOptions::default()).unwrap().only_a == ["complex32"]);
 }
 
 #[test]
