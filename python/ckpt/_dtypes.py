@@ -106,6 +106,9 @@ def torch_name(dtype: Any) -> str:
         return names[dtype]
     if dtype.name in ML_DTYPES:
         return dtype.name
+    for packed_name, unpacked in ML_DTYPES_UNPACKED.items():
+        if dtype.name == unpacked:
+            return packed_name  # the values of a packed tensor, one a byte (:func:`packed` packs them back)
     raise TypeError(f"numpy dtype {dtype} has no torch dtype: use bool, integers, float16/32/64, complex64/128 "
                     "or an ml_dtypes type")
 
