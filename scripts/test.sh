@@ -104,6 +104,8 @@ diff -r -x README.md conformance/fixtures/real "$fresh/real"
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/deepspeed_bf16 "$fresh/deepspeed_bf16"
 .venv/bin/python conformance/python/megatron/make_fixtures.py "$fresh/megatron" >/dev/null
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/megatron "$fresh/megatron"
+.venv/bin/python conformance/python/dtypes/make_fixtures.py "$fresh/dtypes" >/dev/null
+diff -r conformance/fixtures/dtypes "$fresh/dtypes"
 
 step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
 .venv/bin/python conformance/python/selftest_reproducible.py

@@ -209,6 +209,9 @@ fn rust_built_value() -> Value {
         if matches!(d, DType::QInt8 | DType::QUInt8 | DType::QInt32 | DType::QUInt4x2 | DType::QUInt2x4) {
             continue; // quantized dtypes exist only inside quantized tensors
         }
+        if !d.in_torch() {
+            continue; // safetensors' float6: torch has no dtype for it (the writer refuses it, tests/dtypes.rs)
+        }
         let mut bytes = arange_bytes(6 * d.size());
         if d == DType::Bool {
             bytes.iter_mut().for_each(|b| *b &= 1);

@@ -464,7 +464,8 @@ impl Content {
 
 /// `value` with its floating-point tensor (a tensor, a parameter's, a tensor-with-state's) cast to `to`.
 fn cast(value: Value, to: ckpt_tensor::DType) -> ckpt_tensor::Result<Value> {
-    let castable = |t: &ckpt_tensor::Tensor| ckpt_tensor::cast::is_castable_float(t.dtype());
+    // Every floating-point tensor: a packed float4/float6 one is refused by the cast (torch converts neither).
+    let castable = |t: &ckpt_tensor::Tensor| t.dtype().is_floating_point();
     Ok(match value {
         Value::Tensor(t) if castable(&t) => Value::Tensor(ckpt_tensor::cast::cast_float_lazy(&t, to)?),
         Value::Parameter { tensor, state } if castable(&tensor) => {

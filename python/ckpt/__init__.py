@@ -352,7 +352,12 @@ def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Seq
 _ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "int8": "I8",
               "int16": "I16", "int32": "I32", "int64": "I64", "float16": "F16", "bfloat16": "BF16",
               "float32": "F32", "float64": "F64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
-              "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+              "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+              "float8_e5m2fnuz": "F8_E5M2FNUZ", "float4_e2m1fn_x2": "F4", "float6_e2m3fn_x4": "F6_E2M3",
+              "float6_e3m2fn_x4": "F6_E3M2"}
+
+#: values per element of the packed dtypes, whose last dimension safetensors counts in values
+_PACKED = {"float4_e2m1fn_x2": 2, "float6_e2m3fn_x4": 4, "float6_e3m2fn_x4": 4}
 
 
 class Slice:
@@ -364,8 +369,13 @@ class Slice:
         self._entry = owner._ck.entry(name)
 
     def get_shape(self) -> List[int]:
-        """The tensor's shape."""
-        return list(self._entry.shape or ())
+        """The tensor's shape as safetensors gives it: a packed dtype's last dimension counts values (a
+        ``float4_e2m1fn_x2`` tensor ``[8, 32]`` is ``F4 [8, 64]``). Indexing counts packed elements."""
+        shape = list(self._entry.shape or ())
+        n = _PACKED.get(self._entry.dtype or "", 1)
+        if n > 1 and shape:
+            shape[-1] *= n
+        return shape
 
     def get_dtype(self) -> str:
         """The dtype as safetensors names it (``"F32"``, ``"BF16"``; torch's name where safetensors has none)."""
@@ -373,7 +383,7 @@ class Slice:
         return _ST_DTYPES.get(d, d)
 
     def __getitem__(self, index: Any) -> Any:
-        shape = self.get_shape()
+        shape = list(self._entry.shape or ())
         idx = index if isinstance(index, tuple) else (index,)
         if any(i is Ellipsis for i in idx):
             k = idx.index(Ellipsis)

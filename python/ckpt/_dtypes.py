@@ -1,10 +1,13 @@
 """numpy dtypes of torch's dtypes.
 
-numpy has bool, the integers, float16/32/64 and complex64/128. For bfloat16 and the float8 family, the
-``ml_dtypes`` package (``pip install ml_dtypes``; JAX's) has numpy dtypes: when it is installed, arrays
-come back in them. When it is not, or for a dtype it lacks (complex32, float4 pairs, quantized, bits), the
-array comes back raw — unsigned integers of the same width holding the bits — and its dtype names the real
-one in its metadata::
+numpy has bool, the integers, float16/32/64 and complex64/128. For bfloat16, the float8 family and float4,
+the ``ml_dtypes`` package (``pip install ml_dtypes``; JAX's) has numpy dtypes: when it is installed, arrays
+come back in them. A ``float4_e2m1fn_x2`` tensor (two FP4 values a byte) comes back as ml_dtypes'
+``float4_e2m1fn``, one value a byte, its last dimension doubled (as safetensors counts it); ``ckpt.save``
+packs such an array back. When ml_dtypes is not installed, or for a dtype it lacks (complex32, quantized,
+bits, the float6 groups safetensors packs four to three bytes, ``float6_e2m3fn_x4``/``float6_e3m2fn_x4``),
+the array comes back raw — unsigned integers of the same width holding the bits (void items of 3 bytes for
+float6) — and its dtype names the real one in its metadata::
 
     >>> a.dtype, a.dtype.metadata
     (dtype('uint16'), mappingproxy({'ckpt.dtype': 'bfloat16'}))
@@ -24,13 +27,17 @@ NUMPY = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32"
 #: torch dtype name -> the ml_dtypes type of the same name
 ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 
+#: torch dtype name -> the ml_dtypes type of its unpacked values (the tensor packs several a byte)
+ML_DTYPES_UNPACKED = {"float4_e2m1fn_x2": "float4_e2m1fn"}
+
 #: element sizes of the dtypes neither has (raw arrays), as the unsigned integers of that width
-RAW = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64", 16: "V16"}
+RAW = {1: "uint8", 2: "uint16", 3: "V3", 4: "uint32", 8: "uint64", 16: "V16"}
 
 SIZES = {
     "bfloat16": 2, "complex32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
     "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "qint8": 1, "quint8": 1, "qint32": 4,
     "quint4x2": 1, "quint2x4": 1, "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    "float6_e2m3fn_x4": 3, "float6_e3m2fn_x4": 3,
 }
 
 
@@ -52,7 +59,26 @@ def numpy_dtype(name: str) -> Any:
     m = ml_dtypes()
     if m is not None and name in ML_DTYPES and hasattr(m, name):
         return np.dtype(getattr(m, name))
+    unpacked = ML_DTYPES_UNPACKED.get(name)
+    if m is not None and unpacked is not None and hasattr(m, unpacked):
+        return np.dtype(getattr(m, unpacked))
     return np.dtype(RAW[SIZES.get(name, 1)], metadata={"ckpt.dtype": name})
+
+
+def packed(array: Any) -> Any:
+    """``array`` as the torch tensor stores it: an ml_dtypes ``float4_e2m1fn`` array packed two values a byte
+    (the first in the low nibble) into ``uint8`` with its last dimension halved and the dtype named
+    ``float4_e2m1fn_x2`` in its metadata; any other array as it is."""
+    import numpy as np  # noqa: PLC0415
+
+    if array.dtype.name != "float4_e2m1fn" or array.dtype.metadata:
+        return array
+    if array.ndim == 0 or array.shape[-1] % 2:
+        raise ValueError(f"a float4_e2m1fn array of shape {array.shape} cannot be packed as float4_e2m1fn_x2: "
+                         "its last dimension must be even (two values a byte)")
+    codes = np.ascontiguousarray(array).view(np.uint8) & 0x0F
+    out = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return np.ascontiguousarray(out).view(np.dtype("uint8", metadata={"ckpt.dtype": "float4_e2m1fn_x2"}))
 
 
 def numpy_dtypes(names: List[str]) -> List[Any]:
@@ -80,6 +106,9 @@ def torch_name(dtype: Any) -> str:
         return names[dtype]
     if dtype.name in ML_DTYPES:
         return dtype.name
+    for packed_name, unpacked in ML_DTYPES_UNPACKED.items():
+        if dtype.name == unpacked:
+            return packed_name  # the values of a packed tensor, one a byte (:func:`packed` packs them back)
     raise TypeError(f"numpy dtype {dtype} has no torch dtype: use bool, integers, float16/32/64, complex64/128 "
                     "or an ml_dtypes type")
 

@@ -1,5 +1,8 @@
 """torch tensors of what ckpt read (``framework="pt"``), imported only when asked for.
 
+A dtype torch lacks (safetensors' ``F6_E2M3``/``F6_E3M2``, ckpt's ``float6_e2m3fn_x4``/``float6_e3m2fn_x4``)
+comes back as a ``uint8`` tensor of its bytes, the last dimension counting bytes.
+
 A tensor that is a window of a ``.pt`` or ``.safetensors`` file's map is made over a copy-on-write map of
 that file (``torch.UntypedStorage.from_file(shared=False)``, as safetensors does): no copy, and writable —
 a write changes this process's pages, never the file. Any other tensor (a directory format's, a compressed
@@ -50,7 +53,13 @@ class Converter:
         import numpy as np  # noqa: PLC0415
 
         torch = self.torch
-        tdtype = getattr(torch, dtype)
+        tdtype = getattr(torch, dtype, None)
+        if tdtype is None:
+            # A dtype torch lacks (safetensors' float6, four values in three bytes): its bytes, the last
+            # dimension counting them.
+            a = np.array(arr, copy=True, order="C").reshape(-1).view(np.uint8)
+            rows = tuple(shape[:-1]) + ((shape[-1] if shape else 1) * arr.dtype.itemsize,)
+            return torch.from_numpy(a).reshape(rows)
         size = tdtype.itemsize
         if offset is not None and offset % size == 0 and self.mappable:
             storage = self._storage()

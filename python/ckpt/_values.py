@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-from ._dtypes import torch_name
+from ._dtypes import packed, torch_name
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ def parts(obj: Any) -> Tuple[str, Any]:
     import numpy as np  # noqa: PLC0415
 
     if isinstance(obj, np.ndarray):
+        obj = packed(obj)  # an ml_dtypes float4_e2m1fn array: torch's float4_e2m1fn_x2, two values a byte
         raw, ptr, n = _raw(obj)
         return "tensor", (raw, ptr, n, torch_name(obj.dtype), list(obj.shape), False)
     if isinstance(obj, np.generic):

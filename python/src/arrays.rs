@@ -69,8 +69,29 @@ pub(crate) fn is_zero_copy(t: &Tensor) -> bool {
 
 /// The numpy array of `t`: over its storage, read-only, when [`is_zero_copy`]; else over a fresh row-major
 /// copy of its elements, writable. `writable` asks for a writable array in every case (a copy where the
-/// array would be read-only).
+/// array would be read-only). A `float4_e2m1fn_x2` tensor comes back one value a byte as ml_dtypes'
+/// `float4_e2m1fn` when ml_dtypes has it (a fresh array whose last dimension is twice the tensor's: the
+/// low nibble of each byte first, as torch and safetensors pack them); else as its packed bytes.
 pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResult<Bound<'py, PyAny>> {
+    if t.dtype() == DType::F4E2M1FnX2 {
+        let dtype = numpy_dtype(py, t.dtype())?;
+        if dtype.getattr("name")?.extract::<String>()? == "float4_e2m1fn" {
+            let packed = py.detach(|| t.data().map(|d| d.into_owned())).map_err(to_err)?;
+            let values: Vec<u8> = packed.iter().flat_map(|b| [b & 0x0F, b >> 4]).collect();
+            let mut shape = t.shape().to_vec();
+            match shape.last_mut() {
+                Some(last) => *last *= 2,
+                None => shape.push(2),
+            }
+            return new_array(py, Buffer::from_vec(values), &shape, 1, dtype);
+        }
+    }
+    array_as_stored(py, t, writable)
+}
+
+/// [`array`] with every dtype's elements as stored (a packed float4 tensor as its bytes, in the packed
+/// shape), for the torch tensors of `framework="pt"`.
+fn array_as_stored<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResult<Bound<'py, PyAny>> {
     let size = t.dtype().size();
     let (buf, shape, strides, start, fresh): (Buffer, Vec<usize>, Vec<usize>, usize, bool) =
         if is_zero_copy(t) && !writable {
@@ -83,14 +104,41 @@ pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResul
         };
     // Every element addressed lies inside the storage: `Tensor` checks its view against its storage when it
     // is made (`required_storage_elements`), and a fresh copy is exactly its elements.
+    let dtype = numpy_dtype(py, t.dtype())?;
+    array_over(py, buf, &shape, &strides, start, fresh, dtype)
+}
+
+/// A fresh, writable row-major array of `shape` over `buf`, memory made for it (elements of `size` bytes:
+/// exactly `buf`'s bytes).
+fn new_array<'py>(
+    py: Python<'py>,
+    buf: Buffer,
+    shape: &[usize],
+    size: usize,
+    dtype: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let strides: Vec<usize> = ckpt::tensor::tensor::contiguous_strides(shape).iter().map(|s| s * size).collect();
+    array_over(py, buf, shape, &strides, 0, true, dtype)
+}
+
+/// The array of `dtype`, `shape` and byte `strides` whose first element is `start` bytes into `buf`; every
+/// element it addresses must lie inside `buf`. Writable when `fresh` (memory nothing else references).
+fn array_over<'py>(
+    py: Python<'py>,
+    buf: Buffer,
+    shape: &[usize],
+    strides: &[usize],
+    start: usize,
+    fresh: bool,
+    dtype: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     let holder = Bound::new(py, MappedBytes { buf })?;
     let base = holder.borrow().buf.as_bytes().as_ptr();
-    let dtype = numpy_dtype(py, t.dtype())?;
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
     let mut byte_strides: Vec<npy_intp> = strides.iter().map(|&s| s as npy_intp).collect();
     let flags: c_int = if fresh { npyffi::NPY_ARRAY_WRITEABLE } else { 0 };
     // SAFETY: `data` points `start` bytes into the holder's buffer, and every element of the view (`dims`,
-    // `byte_strides`, the dtype's size) lies inside it (above). The holder becomes the array's base (one
+    // `byte_strides`, the dtype's size) lies inside it (this function's contract, which its callers keep). The holder becomes the array's base (one
     // reference handed over), so the buffer lives as long as the array. The descriptor reference that
     // `PyArray_NewFromDescr` steals is a new one (`into_ptr`). Read-only arrays are never written through;
     // writable ones own fresh memory that nothing else references.
@@ -127,7 +175,7 @@ fn to_err(e: ckpt::tensor::Error) -> PyErr {
 /// array ([`array`]), the dtype's torch name, and, when the array is a window of a memory map, the byte
 /// offset of its first element in the mapped file with its shape and strides in elements (`None` else).
 pub(crate) fn torch_parts<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyTuple>> {
-    let arr = array(py, t, false)?;
+    let arr = array_as_stored(py, t, false)?;
     let mapped = is_zero_copy(t) && t.storage().is_mapped();
     let offset = mapped.then(|| t.storage().offset_in_backing() + t.storage_offset() * t.dtype().size());
     (arr, t.dtype().torch_name(), offset, t.shape().to_vec(), t.strides().to_vec(), t.requires_grad()).into_pyobject(py)

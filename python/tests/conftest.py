@@ -27,10 +27,12 @@ def tensor_bits(t: Any) -> tuple:
     """(dtype name, shape, the row-major bytes) of a torch tensor or numpy array (numpy arrays of ml_dtypes
     types and ckpt's raw arrays by their torch name)."""
     import ckpt
+    from ckpt._dtypes import packed
 
     if isinstance(t, np.generic):
         t = np.asarray(t)
     if isinstance(t, np.ndarray):
+        t = packed(t)  # ml_dtypes float4_e2m1fn values: torch's float4_e2m1fn_x2 pairs
         return ckpt.dtype_name(t), tuple(t.shape), t.tobytes(order="C")
     import torch
 

@@ -16,9 +16,12 @@ import ckpt
 from conftest import FIXTURES, tensor_bits
 
 def _readable(path: Path) -> bool:
-    """Whether safetensors itself opens the file (RecIS's golden `bool_dtype_bug` writes a dtype it rejects)."""
+    """Whether safetensors itself opens the file and loads its tensors in torch (RecIS's golden `bool_dtype_bug`
+    writes a dtype it rejects; torch has no dtype for F6)."""
     try:
-        with st_open(str(path), framework="pt"):
+        with st_open(str(path), framework="pt") as f:
+            for k in f.keys():
+                f.get_tensor(k)
             return True
     except Exception:  # noqa: BLE001
         return False
@@ -56,7 +59,7 @@ def cases(made_path: Path):
 def test_same_as_safetensors(made: Path, framework: str) -> None:
     for path in cases(made):
         if framework == "np" and _has_bf16(path):
-            continue  # safetensors' numpy framework cannot read bfloat16; ckpt's gives ml_dtypes arrays
+            continue  # safetensors' numpy framework cannot read bfloat16, float8, float4; ckpt's gives ml_dtypes arrays
         with st_open(str(path), framework=framework) as theirs, ckpt.safe_open(path, framework=framework) as mine:
             assert mine.keys() == theirs.keys(), path
             assert mine.metadata() == theirs.metadata(), path
@@ -65,6 +68,8 @@ def test_same_as_safetensors(made: Path, framework: str) -> None:
                 assert tensor_bits(mine.get_tensor(k)) == tensor_bits(theirs.get_tensor(k)), (path, k)
                 ms, ts = mine.get_slice(k), theirs.get_slice(k)
                 assert ms.get_shape() == ts.get_shape() and ms.get_dtype() == ts.get_dtype(), (path, k)
+                if ts.get_dtype() == "F4":
+                    continue  # safetensors' own slices of F4 fail ("shape [8, 64] is invalid for input of size 256")
                 shape = ts.get_shape()
                 for index in _indexes(shape):
                     assert tensor_bits(ms[index]) == tensor_bits(ts[index]), (path, k, index)
@@ -72,7 +77,8 @@ def test_same_as_safetensors(made: Path, framework: str) -> None:
 
 def _has_bf16(path: Path) -> bool:
     with st_open(str(path), framework="pt") as f:
-        return any(f.get_slice(k).get_dtype() in ("BF16", "F8_E4M3", "F8_E5M2") for k in f.keys())
+        numpy_lacks = ("BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4")
+        return any(f.get_slice(k).get_dtype() in numpy_lacks for k in f.keys())
 
 
 def _indexes(shape):

@@ -90,6 +90,16 @@ pub(crate) fn local_plan<'a>(
             let t = e.value.as_tensor().ok_or_else(|| {
                 Error::unwritable(&e.key, "sparse, quantized, nested and meta tensors cannot be saved by DCP")
             })?;
+            if !t.dtype().in_torch() {
+                return Err(Error::unwritable(
+                    &e.key,
+                    format!(
+                        "torch has no dtype for {} (safetensors' {}): keep it in safetensors, or leave it out",
+                        t.dtype(),
+                        t.dtype().safetensors_code().unwrap_or("F6")
+                    ),
+                ));
+            }
             let (size, offsets) = match shards.get(&e.key) {
                 Some(spec) => {
                     used.insert(e.key.clone());

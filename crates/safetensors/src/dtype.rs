@@ -7,7 +7,8 @@ use crate::SafetensorsError;
 /// The `safetensors` crate's dtype for `dtype`.
 ///
 /// # Errors
-/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors cannot hold (complex128, complex32, quantized, float4).
+/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors cannot hold (complex128, complex32, quantized,
+/// bits).
 pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
     use safetensors::Dtype as S;
     Ok(match dtype {
@@ -30,6 +31,9 @@ pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
         DType::F8E4M3Fnuz => S::F8_E4M3FNUZ,
         DType::F8E5M2Fnuz => S::F8_E5M2FNUZ,
         DType::F8E8M0Fnu => S::F8_E8M0,
+        DType::F4E2M1FnX2 => S::F4,
+        DType::F6E2M3FnX4 => S::F6_E2M3,
+        DType::F6E3M2FnX4 => S::F6_E3M2,
         other => {
             return Err(SafetensorsError::UnstorableDtype { dtype: other }.into());
         }
@@ -39,7 +43,8 @@ pub fn safetensors_dtype(dtype: DType) -> Result<safetensors::Dtype> {
 /// The dtype for a `safetensors` crate dtype.
 ///
 /// # Errors
-/// [`SafetensorsError::NoTorchDtype`] for safetensors dtypes torch has no equivalent for (F4, F6_*).
+/// [`SafetensorsError::NoTorchDtype`] for safetensors dtypes ckpt has no equivalent for (none of
+/// safetensors 0.8's: `F4` is torch's `float4_e2m1fn_x2`, the `F6_*` ckpt's float6 dtypes).
 pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
     use safetensors::Dtype as S;
     Ok(match d {
@@ -62,6 +67,9 @@ pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
         S::F8_E4M3FNUZ => DType::F8E4M3Fnuz,
         S::F8_E5M2FNUZ => DType::F8E5M2Fnuz,
         S::F8_E8M0 => DType::F8E8M0Fnu,
+        S::F4 => DType::F4E2M1FnX2,
+        S::F6_E2M3 => DType::F6E2M3FnX4,
+        S::F6_E3M2 => DType::F6E3M2FnX4,
         other => {
             return Err(SafetensorsError::NoTorchDtype { dtype: other }.into());
         }
@@ -86,10 +94,11 @@ mod tests {
                 assert!(matches!(safetensors_dtype(d), Err(e) if e.fault() == ckpt_tensor::Fault::Unsupported), "{d}");
             }
         }
-        assert_eq!(n, 19);
-        assert!(matches!(
-            torch_dtype(safetensors::Dtype::F4),
-            Err(e) if matches!(e.format_error(), Some(SafetensorsError::NoTorchDtype { .. }))
-        ));
+        assert_eq!(n, 22);
+        assert_eq!(torch_dtype(safetensors::Dtype::F4).unwrap(), DType::F4E2M1FnX2);
+        // The bits per value safetensors counts are ckpt's bytes per packed element.
+        for d in [DType::F4E2M1FnX2, DType::F6E2M3FnX4, DType::F6E3M2FnX4] {
+            assert_eq!(safetensors_dtype(d).unwrap().bitsize() * d.packed_values(), 8 * d.size(), "{d}");
+        }
     }
 }

@@ -23,13 +23,13 @@ pub enum SafetensorsError {
     /// The checksum placeholder is missing from the written header.
     #[error("invalid argument: safetensors header: checksum placeholder not found")]
     ChecksumPlaceholderMissing,
-    /// A dtype safetensors cannot hold (complex128, complex32, quantized, float4).
+    /// A dtype safetensors cannot hold (complex128, complex32, quantized, bits).
     #[error("unsupported: dtype {} cannot be stored in safetensors", dtype.torch_name())]
     UnstorableDtype {
         /// The tensor's dtype.
         dtype: DType,
     },
-    /// A safetensors dtype torch has no equivalent for (F4, F6_*).
+    /// A safetensors dtype ckpt has no equivalent for (one a later safetensors adds).
     #[error("unsupported: safetensors dtype {dtype:?} has no torch equivalent")]
     NoTorchDtype {
         /// The safetensors dtype.
@@ -42,6 +42,18 @@ pub enum SafetensorsError {
         at: String,
         /// The value, in brief ([`ckpt_tensor::brief()`]).
         value: String,
+    },
+    /// A 0-dimensional tensor of a packed dtype (`float4_e2m1fn_x2`, the float6 dtypes): safetensors counts
+    /// values in the last dimension, and a tensor without one has no safetensors shape.
+    #[error(
+        "unsupported: tensor {name:?}: a 0-dimensional {dtype} tensor cannot be stored in safetensors, which \
+         counts packed values along the last dimension (reshape it to [1] first)"
+    )]
+    PackedScalar {
+        /// The tensor's name.
+        name: String,
+        /// Its dtype.
+        dtype: DType,
     },
     /// A tensor whose dtype has no same-size stand-in that safetensors holds.
     #[error("unsupported: a {dtype} tensor in safetensors")]
@@ -96,6 +108,7 @@ impl SafetensorsError {
             SafetensorsError::Fetch { .. } => Fault::Io,
             SafetensorsError::UnstorableDtype { .. }
             | SafetensorsError::NoTorchDtype { .. }
+            | SafetensorsError::PackedScalar { .. }
             | SafetensorsError::UnrecordableValue { .. }
             | SafetensorsError::NoStandInDtype { .. } => Fault::Unsupported,
             SafetensorsError::HeaderJson { .. }

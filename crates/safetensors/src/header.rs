@@ -89,14 +89,34 @@ pub enum HeaderError {
         /// The dtype code as written.
         dtype: String,
     },
-    /// An entry's dtype is one safetensors defines but torch has no equivalent for (`F4`, `F6_E2M3`,
-    /// `F6_E3M2`).
-    #[error("tensor {name:?} has dtype {dtype:?}, which torch has no equivalent for")]
+    /// An entry's dtype is one safetensors defines but ckpt has no dtype for (none today: kept for the codes
+    /// later versions of safetensors add).
+    #[error("tensor {name:?} has dtype {dtype:?}, which ckpt has no equivalent for")]
     UnsupportedDtype {
         /// The tensor's name.
         name: String,
         /// The dtype code as written.
         dtype: String,
+    },
+    /// An entry of a packed dtype (`F4`: 2 values a byte; `F6_E2M3`, `F6_E3M2`: 4 values in 3 bytes) whose
+    /// last dimension is not a whole number of packed elements, or that has no dimension: torch's
+    /// `float4_e2m1fn_x2` (and ckpt's float6 dtypes) pack the values of the last dimension, so such a
+    /// tensor has no torch shape.
+    #[error(
+        "tensor {name:?}: {dtype} shape {shape:?} cannot be held as packed elements: the last dimension must be \
+         a multiple of {values} (torch's {torch} packs {values} values of the last dimension per element)"
+    )]
+    PackedShape {
+        /// The tensor's name.
+        name: String,
+        /// The dtype code as written.
+        dtype: String,
+        /// The shape as written (values).
+        shape: Vec<usize>,
+        /// The values per packed element.
+        values: usize,
+        /// The packed dtype's name.
+        torch: &'static str,
     },
     /// An entry's `data_offsets` do not match its dtype and shape, overlap another entry, leave a gap, or
     /// run past the data region.
@@ -114,7 +134,7 @@ impl HeaderError {
     pub fn fault(&self) -> Fault {
         match self {
             HeaderError::TooLarge { .. } => Fault::Limit,
-            HeaderError::UnsupportedDtype { .. } => Fault::Unsupported,
+            HeaderError::UnsupportedDtype { .. } | HeaderError::PackedShape { .. } => Fault::Unsupported,
             HeaderError::FileTooShort { .. }
             | HeaderError::PastEnd { .. }
             | HeaderError::Json(_)
@@ -136,7 +156,9 @@ pub struct HeaderEntry {
     pub dtype: DType,
     /// The dtype code as written (`F32`, `BOOL`, or the lowercase `bool` some writers emit).
     pub dtype_code: String,
-    /// Its shape.
+    /// Its shape: as the header gives it, but for packed dtypes (`F4`, `F6_*`), whose last dimension
+    /// counts packed elements as torch's `float4_e2m1fn_x2` does (the header's divided by
+    /// [`DType::packed_values`]).
     pub shape: Vec<usize>,
     /// Its bytes, relative to the start of the data region ([`Header::data_start`]).
     pub data_offsets: (usize, usize),
@@ -259,19 +281,22 @@ fn entry(name: &str, value: &Json) -> Result<HeaderEntry, HeaderError> {
     let bad = |reason: &str| HeaderError::BadEntry { name: name.into(), reason: reason.into() };
     let obj = value.as_object().ok_or_else(|| bad("is not a JSON object"))?;
     let code = obj.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("has no string `dtype`"))?;
-    let dtype = DType::from_safetensors_code(code).ok_or_else(|| {
-        if ["F4", "F6_E2M3", "F6_E3M2"].contains(&code) {
-            HeaderError::UnsupportedDtype { name: name.into(), dtype: code.into() }
-        } else {
-            HeaderError::UnknownDtype { name: name.into(), dtype: code.into() }
-        }
-    })?;
+    let dtype = DType::from_safetensors_code(code)
+        .ok_or_else(|| HeaderError::UnknownDtype { name: name.into(), dtype: code.into() })?;
     let uint = |v: &Json| v.as_u64().and_then(|n| usize::try_from(n).ok());
-    let shape = obj
+    let values = obj
         .get("shape")
         .and_then(Json::as_array)
         .and_then(|a| a.iter().map(uint).collect::<Option<Vec<usize>>>())
         .ok_or_else(|| bad("has no `shape` array of non-negative integers"))?;
+    // safetensors counts values; a packed dtype's tensor counts packed elements along the last dimension.
+    let shape = dtype.shape_from_safetensors(&values).ok_or_else(|| HeaderError::PackedShape {
+        name: name.into(),
+        dtype: code.into(),
+        shape: values.clone(),
+        values: dtype.packed_values(),
+        torch: dtype.torch_name(),
+    })?;
     let offsets = obj
         .get("data_offsets")
         .and_then(Json::as_array)
@@ -289,10 +314,14 @@ fn entry(name: &str, value: &Json) -> Result<HeaderEntry, HeaderError> {
     }
     let nbytes = checked_numel(&shape)
         .and_then(|n| n.checked_mul(dtype.size()))
-        .ok_or_else(|| bad_offsets(format!("shape {shape:?} overflows")))?;
+        .ok_or_else(|| bad_offsets(format!("shape {values:?} overflows")))?;
     if end - begin != nbytes {
+        let packing = match dtype.packed_values() {
+            1 => String::new(),
+            n => format!(" ({n} values in {} bytes)", dtype.size()),
+        };
         return Err(bad_offsets(format!(
-            "data_offsets [{begin}, {end}] hold {} bytes, but {code} {shape:?} needs {nbytes}",
+            "data_offsets [{begin}, {end}] hold {} bytes, but {code} {values:?}{packing} needs {nbytes}",
             end - begin
         )));
     }
@@ -338,7 +367,8 @@ pub struct Entry<'a> {
     pub name: &'a str,
     /// The dtype code to write (`F32`; RecIS writes `bool` for booleans).
     pub dtype: &'a str,
-    /// The shape.
+    /// The tensor's shape (a packed dtype's last dimension counting packed elements, as
+    /// [`HeaderEntry::shape`]: it is written as safetensors counts it, [`DType::safetensors_shape`]).
     pub shape: &'a [usize],
     /// The tensor's bytes.
     pub nbytes: usize,
@@ -377,7 +407,11 @@ pub fn write(entries: &[Entry<'_>], metadata: &[(&str, &str)], min_padding: usiz
         out.push_str(":{\"dtype\":");
         out.push_str(&Json::from(e.dtype).to_string());
         out.push_str(",\"shape\":[");
-        for (j, d) in e.shape.iter().enumerate() {
+        let shape = match DType::from_safetensors_code(e.dtype) {
+            Some(d) => d.safetensors_shape(e.shape).unwrap_or_else(|| e.shape.to_vec()),
+            None => e.shape.to_vec(),
+        };
+        for (j, d) in shape.iter().enumerate() {
             if j > 0 {
                 out.push(',');
             }
@@ -538,5 +572,29 @@ mod tests {
         assert!(matches!(read_file(&dir.path().join("none"), MAX_LEN), Err(ReadError::Io(_))));
         let mut short: &[u8] = b"abc";
         assert_eq!(declared_len(&mut short).unwrap(), None);
+    }
+
+    #[test]
+    fn packed_dtypes_count_values_in_the_header_and_elements_in_the_tensor() {
+        // F4 [2, 8] is 16 values, 8 bytes: torch's float4_e2m1fn_x2 [2, 4]; written back as F4 [2, 8].
+        let h = write(&[Entry { name: "q", dtype: "F4", shape: &[2, 4], nbytes: 8 }], &[], 0);
+        assert!(std::str::from_utf8(&h[8..]).unwrap().contains(r#""dtype":"F4","shape":[2,8]"#));
+        let header = parse(&file(&h[8..], 8), MAX_LEN).unwrap();
+        assert_eq!((header.entries[0].dtype, header.entries[0].shape.clone()), (DType::F4E2M1FnX2, vec![2, 4]));
+        // F6: 4 values in 3 bytes.
+        let h = br#"{"s":{"dtype":"F6_E3M2","shape":[8],"data_offsets":[0,6]}}"#;
+        let header = parse(&file(h, 6), MAX_LEN).unwrap();
+        assert_eq!((header.entries[0].dtype, header.entries[0].shape.clone()), (DType::F6E3M2FnX4, vec![2]));
+        // An odd last dimension has no torch shape: its own error, ckpt's limit rather than the file's fault.
+        let h = br#"{"q":{"dtype":"F4","shape":[4,1],"data_offsets":[0,2]}}"#;
+        let e = parse(&file(h, 2), MAX_LEN).unwrap_err();
+        assert!(matches!(&e, HeaderError::PackedShape { name, values: 2, .. } if name == "q"), "{e}");
+        assert_eq!(e.fault(), Fault::Unsupported);
+        assert!(e.to_string().contains("float4_e2m1fn_x2"), "{e}");
+        // Truncated FP4 data: the bytes the packed shape needs, named.
+        let h = br#"{"q":{"dtype":"F4","shape":[2,8],"data_offsets":[0,7]}}"#;
+        let e = parse(&file(h, 7), MAX_LEN).unwrap_err();
+        assert!(matches!(e, HeaderError::BadOffsets { .. }), "{e}");
+        assert!(e.to_string().contains("F4 [2, 8] (2 values in 1 bytes) needs 8"), "{e}");
     }
 }

@@ -101,7 +101,9 @@ impl SafetensorsReader {
 ///
 /// # Errors
 /// [`Error::Format`] holding the [`header::HeaderError`] for an invalid file (its fault: the file's, the
-/// limit's for a header over [`header::MAX_LEN`], unsupported for dtypes torch lacks, F4 and F6).
+/// limit's for a header over [`header::MAX_LEN`], unsupported for a packed `F4`/`F6_*` tensor whose last
+/// dimension is not a whole number of packed elements). A packed tensor's shape counts packed elements
+/// (`F4 [4, 16]` reads as `float4_e2m1fn_x2 [4, 8]`, as `safetensors.torch` loads it).
 pub fn read(buffer: &Buffer) -> Result<SafetensorsReader> {
     read_with(buffer, "", &ReadOptions::default())
 }
@@ -253,9 +255,10 @@ pub struct InFile {
 }
 
 /// A tensor as the `safetensors` crate's `View`: contiguous data is borrowed, strided views are gathered.
+/// The shape is the header's: a packed dtype's last dimension counts values ([`ckpt_tensor::DType::safetensors_shape`]).
 struct StView<'a> {
     dtype: safetensors::Dtype,
-    shape: &'a [usize],
+    shape: Vec<usize>,
     tensor: &'a Tensor,
 }
 
@@ -264,7 +267,7 @@ impl safetensors::View for StView<'_> {
         self.dtype
     }
     fn shape(&self) -> &[usize] {
-        self.shape
+        &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
         // Borrows contiguous tensors; gathers strided views and bytes made on demand.
@@ -279,7 +282,12 @@ fn prepared<'a>(tensors: &'a [(String, Tensor)]) -> Result<Vec<(String, StView<'
     tensors
         .iter()
         .map(|(name, t)| {
-            Ok((name.clone(), StView { dtype: safetensors_dtype(t.dtype())?, shape: t.shape(), tensor: t }))
+            let dtype = safetensors_dtype(t.dtype())?;
+            let shape = t
+                .dtype()
+                .safetensors_shape(t.shape())
+                .ok_or_else(|| SafetensorsError::PackedScalar { name: name.clone(), dtype: t.dtype() })?;
+            Ok((name.clone(), StView { dtype, shape, tensor: t }))
         })
         .collect()
 }
@@ -297,7 +305,8 @@ fn contiguous(tensors: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
 /// sorted by dtype alignment then name, header padded to 8 bytes).
 ///
 /// # Errors
-/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors lacks (complex128, complex32, quantized, float4);
+/// [`SafetensorsError::UnstorableDtype`] for dtypes safetensors lacks (complex128, complex32, quantized, bits),
+/// [`SafetensorsError::PackedScalar`] for a 0-dimensional float4 or float6 tensor;
 /// [`Error::Format`] holding the `SafeTensorError` for duplicate names.
 pub fn to_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     let owned = contiguous(tensors)?;
@@ -684,6 +693,24 @@ mod tests {
         let back = read_file_with(&to, &ReadOptions::default().with_fill(Some(fill))).unwrap();
         let e = back.get("a").unwrap().to_vec::<f32>().unwrap_err();
         assert!(matches!(e.format_error(), Some(SafetensorsError::Fetch { .. })), "{e}");
+    }
+
+    #[test]
+    fn float4_is_f4_with_the_last_dimension_counting_values() {
+        let bytes: Vec<u8> = (0..32).collect();
+        let t = Tensor::from_buffer(DType::F4E2M1FnX2, &[4, 8], Buffer::from_vec(bytes.clone())).unwrap();
+        let file = to_bytes(&[("q".into(), t.clone())], None).unwrap();
+        let h = header::parse(&file, header::MAX_LEN).unwrap();
+        assert_eq!((h.entries[0].dtype_code.as_str(), h.entries[0].data_offsets), ("F4", (0, 32)));
+        // The `safetensors` crate reads the header as values: [4, 16].
+        let st = safetensors::SafeTensors::deserialize(&file).unwrap();
+        assert_eq!(st.tensor("q").unwrap().shape(), [4, 16]);
+        let back = read(&Buffer::from_vec(file)).unwrap();
+        assert_eq!(back.get("q").unwrap(), &t);
+        // A 0-dimensional FP4 tensor has no safetensors shape (safetensors refuses it too).
+        let scalar = Tensor::from_buffer(DType::F4E2M1FnX2, &[], Buffer::from_vec(vec![7])).unwrap();
+        let e = to_bytes(&[("s".into(), scalar)], None).unwrap_err();
+        assert!(matches!(e.format_error(), Some(SafetensorsError::PackedScalar { .. })), "{e}");
     }
 
     #[test]

@@ -28,8 +28,8 @@ use crate::tensor::Tensor;
 
 /// Whether `dtype` is a floating-point dtype [`cast_float`] converts from.
 pub fn is_castable_float(dtype: DType) -> bool {
-    // Every floating-point dtype but packed float4, whose elements are not addressable one by one.
-    dtype.is_floating_point() && dtype != DType::F4E2M1FnX2
+    // Every floating-point dtype but the packed float4 and float6 ones, which torch does not convert.
+    dtype.is_floating_point() && dtype.packed_values() == 1
 }
 
 /// `t` converted to `to` (float16, bfloat16, float32 or float64) as torch's `t.to(to)` converts it (module
@@ -37,13 +37,17 @@ pub fn is_castable_float(dtype: DType) -> bool {
 /// kept.
 ///
 /// # Errors
-/// [`Error::CastSource`] when `t` is not floating point, [`Error::CastTarget`] when `to` is not one of the
-/// four targets; [`Error::AllocationFailed`] when the result cannot be allocated.
+/// [`Error::CastPacked`] when `t` is packed float4 or float6 (torch converts neither), [`Error::CastSource`]
+/// when `t` is not floating point, [`Error::CastTarget`] when `to` is not one of the four targets;
+/// [`Error::AllocationFailed`] when the result cannot be allocated.
 pub fn cast_float(t: &Tensor, to: DType) -> Result<Tensor> {
+    let from = t.dtype();
+    if from.packed_values() > 1 {
+        return Err(Error::CastPacked { from });
+    }
     if !matches!(to, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
         return Err(Error::CastTarget { to });
     }
-    let from = t.dtype();
     if !is_castable_float(from) {
         return Err(Error::CastSource { from });
     }
@@ -326,6 +330,15 @@ mod tests {
         assert!(cast_float(&t, DType::F16).is_err());
         let f = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
         assert!(cast_float(&f, DType::I32).is_err());
+        // Packed float4/float6: torch's .to() converts neither way; the error says so.
+        for d in [DType::F4E2M1FnX2, DType::F6E2M3FnX4] {
+            let p = Tensor::zeros(d, &[2]).unwrap();
+            let e = cast_float(&p, DType::BF16).unwrap_err();
+            assert!(matches!(e, Error::CastPacked { from } if from == d), "{e}");
+            assert_eq!(e.fault(), crate::Fault::Unsupported);
+            assert!(matches!(cast_float_lazy(&p, DType::F32), Err(Error::CastPacked { .. })));
+        }
+        assert!(matches!(cast_float(&f, DType::F4E2M1FnX2), Err(Error::CastTarget { .. })));
         assert_eq!(cast_float(&f, DType::F64).unwrap().to_vec::<f64>().unwrap(), [1.0]);
     }
 }

@@ -81,6 +81,12 @@ pub enum DType {
     Bits2x4,
     /// `torch.bits4x2`: two packed 4-bit values.
     Bits4x2,
+    /// safetensors' `F6_E2M3` (OCP MX FP6, e2m3): four 6-bit floats packed in three bytes, as safetensors
+    /// packs them. torch has no such dtype: ckpt names it `float6_e2m3fn_x4` and keeps its bytes as they are.
+    F6E2M3FnX4,
+    /// safetensors' `F6_E3M2` (OCP MX FP6, e3m2): four 6-bit floats packed in three bytes. torch has no
+    /// such dtype: ckpt names it `float6_e3m2fn_x4` and keeps its bytes as they are.
+    F6E3M2FnX4,
 }
 
 /// How a storage's element count is counted in a `torch.save` persistent id.
@@ -138,7 +144,7 @@ const TABLE: &[Info] = &[
     info(DType::F8E4M3Fnuz, "float8_e4m3fnuz", 1, Untyped, Some("F8_E4M3FNUZ"), None),
     info(DType::F8E5M2Fnuz, "float8_e5m2fnuz", 1, Untyped, Some("F8_E5M2FNUZ"), None),
     info(DType::F8E8M0Fnu, "float8_e8m0fnu", 1, Untyped, Some("F8_E8M0"), None),
-    info(DType::F4E2M1FnX2, "float4_e2m1fn_x2", 1, Untyped, None, None),
+    info(DType::F4E2M1FnX2, "float4_e2m1fn_x2", 1, Untyped, Some("F4"), None),
     info(DType::QInt8, "qint8", 1, Typed("QInt8Storage"), None, None),
     info(DType::QUInt8, "quint8", 1, Typed("QUInt8Storage"), None, None),
     info(DType::QInt32, "qint32", 4, Typed("QInt32Storage"), None, None),
@@ -149,11 +155,13 @@ const TABLE: &[Info] = &[
     info(DType::Bits1x8, "bits1x8", 1, Untyped, None, None),
     info(DType::Bits2x4, "bits2x4", 1, Untyped, None, None),
     info(DType::Bits4x2, "bits4x2", 1, Untyped, None, None),
+    info(DType::F6E2M3FnX4, "float6_e2m3fn_x4", 3, Untyped, Some("F6_E2M3"), None),
+    info(DType::F6E3M2FnX4, "float6_e3m2fn_x4", 3, Untyped, Some("F6_E3M2"), None),
 ];
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 32] = [
+    pub const ALL: [DType; 34] = [
         DType::Bool,
         DType::U8,
         DType::U16,
@@ -186,6 +194,8 @@ impl DType {
         DType::Bits1x8,
         DType::Bits2x4,
         DType::Bits4x2,
+        DType::F6E2M3FnX4,
+        DType::F6E3M2FnX4,
     ];
 
     fn info(self) -> &'static Info {
@@ -227,6 +237,65 @@ impl DType {
         self.info().numpy
     }
 
+    /// How many values one element packs along the last dimension: 2 for `float4_e2m1fn_x2`, 4 for the
+    /// float6 dtypes, 1 for every other dtype. safetensors counts values, not packed elements, in its
+    /// shapes ([`DType::safetensors_shape`]).
+    pub fn packed_values(self) -> usize {
+        match self {
+            DType::F4E2M1FnX2 => 2,
+            DType::F6E2M3FnX4 | DType::F6E3M2FnX4 => 4,
+            _ => 1,
+        }
+    }
+
+    /// Whether torch has this dtype (every one but the float6 dtypes, which only safetensors defines).
+    pub fn in_torch(self) -> bool {
+        !matches!(self, DType::F6E2M3FnX4 | DType::F6E3M2FnX4)
+    }
+
+    /// The shape a safetensors header gives a tensor of this dtype and `shape`: the last dimension counts
+    /// values, [`DType::packed_values`] per element (a `float4_e2m1fn_x2` tensor `[4, 8]` is `F4 [4, 16]`,
+    /// as `safetensors` ≥ 0.6 writes it). `None` for a 0-dimensional packed tensor, which safetensors cannot
+    /// hold (its one value would not fill a byte: `safetensors` refuses it too).
+    ///
+    /// ```
+    /// use ckpt_tensor::DType;
+    /// assert_eq!(DType::F4E2M1FnX2.safetensors_shape(&[4, 8]), Some(vec![4, 16]));
+    /// assert_eq!(DType::F32.safetensors_shape(&[4, 8]), Some(vec![4, 8]));
+    /// ```
+    pub fn safetensors_shape(self, shape: &[usize]) -> Option<Vec<usize>> {
+        let n = self.packed_values();
+        let mut out = shape.to_vec();
+        if n > 1 {
+            let last = out.last_mut()?;
+            *last = last.checked_mul(n)?;
+        }
+        Some(out)
+    }
+
+    /// The tensor shape of a safetensors header's `shape` for this dtype ([`DType::safetensors_shape`]
+    /// reversed); `None` when the last dimension is not a whole number of packed elements (or a packed
+    /// dtype has no dimension).
+    ///
+    /// ```
+    /// use ckpt_tensor::DType;
+    /// assert_eq!(DType::F4E2M1FnX2.shape_from_safetensors(&[4, 16]), Some(vec![4, 8]));
+    /// assert_eq!(DType::F4E2M1FnX2.shape_from_safetensors(&[4, 3]), None);
+    /// ```
+    pub fn shape_from_safetensors(self, shape: &[usize]) -> Option<Vec<usize>> {
+        let n = self.packed_values();
+        if n == 1 {
+            return Some(shape.to_vec());
+        }
+        let mut out = shape.to_vec();
+        let last = out.last_mut()?;
+        if *last % n != 0 {
+            return None;
+        }
+        *last /= n;
+        Some(out)
+    }
+
     /// Whether this is a floating-point type (including float8/float4 and complex).
     pub fn is_floating_point(self) -> bool {
         matches!(
@@ -241,6 +310,8 @@ impl DType {
                 | DType::F8E5M2Fnuz
                 | DType::F8E8M0Fnu
                 | DType::F4E2M1FnX2
+                | DType::F6E2M3FnX4
+                | DType::F6E3M2FnX4
         )
     }
 
@@ -335,5 +406,20 @@ mod tests {
         assert_eq!(DType::F8E5M2.size(), 1);
         assert_eq!(DType::U16.storage_class(), StorageClass::Untyped);
         assert_eq!(DType::F32.storage_class(), StorageClass::Typed("FloatStorage"));
+        assert_eq!(DType::F6E2M3FnX4.size(), 3);
+    }
+
+    #[test]
+    fn packed_shapes_count_values_in_safetensors() {
+        assert_eq!(DType::from_safetensors_code("F4"), Some(DType::F4E2M1FnX2));
+        assert_eq!(DType::from_safetensors_code("F6_E3M2"), Some(DType::F6E3M2FnX4));
+        assert_eq!(DType::F6E2M3FnX4.safetensors_shape(&[2, 3]), Some(vec![2, 12]));
+        assert_eq!(DType::F6E2M3FnX4.shape_from_safetensors(&[2, 12]), Some(vec![2, 3]));
+        assert_eq!(DType::F6E2M3FnX4.shape_from_safetensors(&[2, 6]), None);
+        assert_eq!(DType::F4E2M1FnX2.safetensors_shape(&[]), None);
+        assert_eq!(DType::F32.safetensors_shape(&[]), Some(vec![]));
+        assert_eq!(DType::F4E2M1FnX2.shape_from_safetensors(&[]), None);
+        assert_eq!(DType::I8.shape_from_safetensors(&[]), Some(vec![]));
+        assert!(DType::ALL.iter().all(|d| d.in_torch() != d.torch_name().starts_with("float6_")));
     }
 }

@@ -246,6 +246,16 @@ pub enum Error {
         /// The dtype asked for.
         to: DType,
     },
+    /// A cast of a packed float4 or float6 tensor: torch defines no conversion of them (torch 2.13's `.to()`
+    /// of a `float4_e2m1fn_x2` tensor raises "copy_kernel not implemented", both ways).
+    #[error(
+        "unsupported: cast of a {from} tensor: torch defines no conversion of packed float4/float6 values \
+         (its .to() raises \"not implemented\"); leave --dtype out, or --exclude these tensors"
+    )]
+    CastPacked {
+        /// The tensor's dtype.
+        from: DType,
+    },
     /// A cast of a tensor that is not floating point.
     #[error("invalid argument: cast of a {from} tensor: not floating point")]
     CastSource {
@@ -335,7 +345,9 @@ impl Error {
     pub fn fault(&self) -> Fault {
         match self {
             Error::ViewOutsideStorage | Error::DeferredFill { .. } => Fault::Malformed,
-            Error::NegationUnsupported { .. } | Error::UnsupportedKey { .. } => Fault::Unsupported,
+            Error::NegationUnsupported { .. } | Error::UnsupportedKey { .. } | Error::CastPacked { .. } => {
+                Fault::Unsupported
+            }
             Error::AllocationFailed { .. } => Fault::Limit,
             Error::ShapeOverflow { .. }
             | Error::BufferSizeMismatch { .. }

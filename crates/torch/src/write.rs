@@ -642,6 +642,12 @@ impl DataPickler {
                 "a plain {dtype} tensor (quantized dtypes exist only inside quantized tensors)"
             )));
         }
+        if !dtype.in_torch() {
+            return Err(unwritable(format!(
+                "a {dtype} tensor: torch has no dtype for safetensors' {} (keep it in safetensors, or leave it out)",
+                dtype.safetensors_code().unwrap_or("F6")
+            )));
+        }
         let untyped = t.dtype().storage_class() == StorageClass::Untyped;
         let bits: Vec<&str> =
             [("conj", t.is_conj()), ("neg", t.is_neg())].into_iter().filter_map(|(k, on)| on.then_some(k)).collect();
