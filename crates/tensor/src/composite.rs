@@ -177,8 +177,8 @@ impl Composite {
     }
 
     /// The dense tensor torch makes of it: `dequantize()` (float32, `(int - zero_point) * scale` rounded as
-    /// torch rounds it) of a quantized tensor, `to_dense()` of a sparse one (repeated indices of an
-    /// uncoalesced tensor summed).
+    /// torch rounds it) of a quantized tensor, `to_dense()` of a sparse one (the values added into zeros, as
+    /// torch does: repeated indices of an uncoalesced tensor summed, a stored -0.0 made +0.0).
     ///
     /// # Errors
     /// [`Error::NoDenseForm`] for a nested tensor and batched compressed sparse tensors;
@@ -396,8 +396,20 @@ impl Dense {
             return Err(bad(self.layout, format!("value {j} or position {at} is outside the tensor")));
         };
         if !*set {
+            // torch adds the values into zeros: the same bits, but +0.0 for a stored -0.0.
             dst.copy_from_slice(src);
             *set = true;
+            let negative_zero: &[u8] = match self.dtype {
+                DType::F64 => &[0, 0, 0, 0, 0, 0, 0, 0x80],
+                DType::F32 => &[0, 0, 0, 0x80],
+                DType::F16 | DType::BF16 => &[0, 0x80],
+                _ => return Ok(()),
+            };
+            for x in dst.chunks_exact_mut(negative_zero.len()) {
+                if x == negative_zero {
+                    x.fill(0);
+                }
+            }
             return Ok(());
         }
         macro_rules! sum {

@@ -115,3 +115,17 @@ fn nested_tensors_have_no_dense_form() {
     assert!(matches!(e, Error::NoDenseForm { layout: Layout::Nested, .. }) && e.fault() == Fault::Unsupported);
     assert!(e.to_string().contains("read its components instead"), "{e}");
 }
+
+#[test]
+fn stored_negative_zeros_become_positive_as_torch_adds_into_zeros() {
+    // A 1x2 block holding -0.0 and 1.0: torch's to_dense() gives +0.0 (0.0 + -0.0).
+    let bsr = Composite::new(
+        Layout::SparseBsr,
+        DType::F32,
+        vec![1, 2],
+        vec![t(&[0i64, 1], &[2]), t(&[0i64], &[1]), t(&[-0.0f32, 1.0], &[1, 1, 2])],
+    )
+    .unwrap();
+    let bits: Vec<u32> = bsr.to_dense().unwrap().to_vec::<f32>().unwrap().iter().map(|f| f.to_bits()).collect();
+    assert_eq!(bits, [0, 1.0f32.to_bits()]);
+}
