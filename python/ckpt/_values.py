@@ -157,7 +157,9 @@ def composite(pt: bool, layout: str, dtype: str, shape: List[int], components: L
     elif layout == "sparse_coo":
         t = torch.sparse_coo_tensor(parts["indices"], parts["values"], shape, is_coalesced=bool(coalesced))
     elif layout == "nested":
-        t = torch._nested_view_from_buffer(parts["buffer"], parts["sizes"], parts["strides"],
+        # The offsets count from the start of the buffer's storage: a buffer of its own storage (not a
+        # window of the file's map).
+        t = torch._nested_view_from_buffer(parts["buffer"].clone(), parts["sizes"], parts["strides"],
                                            parts["storage_offsets"])
     else:
         names = list(parts)
