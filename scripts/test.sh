@@ -98,6 +98,8 @@ fresh=$(mktemp -d)
 diff -r conformance/fixtures/values "$fresh/values"
 .venv/bin/python conformance/python/make_real_fixtures.py "$fresh/real" >/dev/null
 diff -r -x README.md conformance/fixtures/real "$fresh/real"
+.venv/bin/python conformance/python/make_composite_fixtures.py "$fresh/composite" >/dev/null
+diff -r conformance/fixtures/composite "$fresh/composite"
 .venv/bin/python conformance/python/deepspeed/make_fixtures.py "$fresh/deepspeed" >/dev/null
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/deepspeed "$fresh/deepspeed"
 .venv/bin/python conformance/python/deepspeed/make_bf16_fixtures.py "$fresh/deepspeed_bf16" >/dev/null

@@ -23,8 +23,25 @@ from safetensors import safe_open
 TAGS = {
     "int", "float", "complex", "bytes", "bytearray", "tuple", "set", "frozenset", "dict", "odict", "counter",
     "torch.Size", "torch.dtype", "torch.device", "tensor", "parameter", "tensor_with_state", "opaque_tensor",
-    "storage", "global", "object", "numpy",
+    "storage", "global", "object", "numpy", "composite",
 }
+
+
+def composite(layout: str, parts: dict[str, torch.Tensor], shape: list[int], axis: Any, coalesced: Any) -> torch.Tensor:
+    """The quantized, sparse or nested tensor of a ``composite`` record, made by torch's own constructors."""
+    if layout == "per_tensor_affine":
+        return torch._make_per_tensor_quantized_tensor(parts["int_repr"], float(parts["scale"]),
+                                                       int(parts["zero_point"]))
+    if layout == "per_channel_affine":
+        return torch._make_per_channel_quantized_tensor(parts["int_repr"], parts["scale"], parts["zero_point"], axis)
+    if layout == "sparse_coo":
+        return torch.sparse_coo_tensor(parts["indices"], parts["values"], shape, is_coalesced=bool(coalesced))
+    if layout == "nested":
+        return torch._nested_view_from_buffer(parts["buffer"].clone(), parts["sizes"], parts["strides"],
+                                              parts["storage_offsets"])
+    compressed, plain = (parts["crow_indices"], parts["col_indices"]) if "crow_indices" in parts else (
+        parts["ccol_indices"], parts["row_indices"])
+    return torch.sparse_compressed_tensor(compressed, plain, parts["values"], shape, layout=getattr(torch, layout))
 
 
 class Decoder:
@@ -104,6 +121,9 @@ class Decoder:
             return t
         if tag == "opaque_tensor":
             return self.decode(j["rebuild"])
+        if tag == "composite":
+            parts = {k: self.tensor(v) for k, v in j["components"].items()}
+            return composite(p, parts, j["shape"], j.get("axis"), j.get("coalesced"))
         if tag == "storage":
             data = bytearray(self.raw(p))
             dtype = getattr(torch, j["dtype"])

@@ -160,6 +160,11 @@ fn render(v: &Value, path: &mut Vec<PathItem>) -> Json {
             json!({"t": "tensor_with_state", "path": join_path(path), "state": typed_tree(state)})
         }
         Value::OpaqueTensor { kind, object } => json!({"t": "opaque", "kind": opaque_name(*kind, object)}),
+        // The manifests name quantized tensors by kind and sparse ones by layout, as opaque tensors were.
+        Value::Composite(c) => json!({"t": "opaque", "kind": match c.layout {
+            ckpt_tensor::Layout::PerTensorAffine | ckpt_tensor::Layout::PerChannelAffine => "quantized",
+            other => other.name(),
+        }}),
         Value::Size(d) => json!({"t": "size", "v": d}),
         Value::DType(d) => json!({"t": "dtype", "v": d.torch_name()}),
         Value::Device { kind, index } => json!({"t": "device", "type": kind, "index": index}),

@@ -439,9 +439,13 @@ impl Content {
             if !selection.keeps(&l.name) {
                 continue;
             }
+            let value = match l.value {
+                Value::Composite(c) if selection.dense => Value::Tensor(c.to_dense().at(path)?),
+                other => other,
+            };
             let value = match selection.dtype {
-                Some(to) => cast(l.value, to).at(path)?,
-                None => l.value,
+                Some(to) => cast(value, to).at(path)?,
+                None => value,
             };
             let (name, new_path) = match selection.rename(&l.name, &l.path) {
                 Some(renamed) => renamed,
@@ -522,6 +526,11 @@ fn prune(value: &Value, at: &mut Vec<PathItem>, kept: &HashMap<Vec<PathItem>, Va
 pub(crate) fn count<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> ConvertSummary {
     let mut s = ConvertSummary::default();
     for l in leaves {
+        if let Value::Composite(c) = &l.value {
+            s.tensors += 1;
+            s.bytes += c.components.iter().map(|t| t.nbytes() as u64).sum::<u64>();
+            continue;
+        }
         match l.value.as_tensor() {
             Some(t) => {
                 s.tensors += 1;
@@ -558,6 +567,20 @@ pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport,
                 }
             }
             EntryKind::OpaqueTensor(_) => {}
+            // A quantized, sparse or nested tensor: its components, each read as a tensor is.
+            EntryKind::Composite(_) => {
+                let read = ck.value(&e.name).and_then(|v| match v {
+                    Value::Composite(c) => c.components.iter().try_fold(0usize, |n, t| match depth {
+                        Depth::Deep => t.data().map(|d| n + touch(&d)).at(ck.path()),
+                        Depth::Structure => Ok(n + t.nbytes()),
+                    }),
+                    _ => Ok(0),
+                });
+                match read {
+                    Ok(n) => report.bytes += n as u64,
+                    Err(err) => report.push(Problem::from_error(ProblemKind::Unreadable, &err).at_entry(&e.name)),
+                }
+            }
             _ => {
                 if let Err(err) = ck.value(&e.name) {
                     report.push(Problem::from_error(ProblemKind::Unreadable, &err).at_entry(&e.name));

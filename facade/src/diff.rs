@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::report::Progress;
-use ckpt_tensor::{DType, Entry, EntryKind, Tensor};
+use ckpt_tensor::{DType, Entry, EntryKind, Tensor, Value};
 
 /// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
 /// `|a - b| <= atol + rtol * |b|` (numpy's `allclose`), or both NaN, or both the same infinity. Non-tensor
@@ -230,6 +230,7 @@ fn kind_name(k: &EntryKind) -> String {
     match k {
         EntryKind::Tensor(t) => format!("tensor {} {:?}", t.dtype.torch_name(), t.shape),
         EntryKind::OpaqueTensor(o) => format!("{o:?} tensor").to_lowercase(),
+        EntryKind::Composite(c) => format!("{} tensor {} {:?}", c.layout, c.dtype.torch_name(), c.shape),
         _ => "value".into(),
     }
 }
@@ -271,6 +272,28 @@ fn diff_checkpoints(
             (EntryKind::OpaqueTensor(p), EntryKind::OpaqueTensor(q)) if p == q => {
                 report.values_equal += 1;
             }
+            // Quantized, sparse and nested tensors of one layout, dtype and shape: component by component
+            // (`<name>.<component>`), the per-channel axis as a value.
+            (EntryKind::Composite(p), EntryKind::Composite(q))
+                if (p.layout, p.dtype, &p.shape) == (q.layout, q.dtype, &q.shape) =>
+            {
+                match (ca.value(na), cb.value(nb)) {
+                    (Ok(Value::Composite(a)), Ok(Value::Composite(b))) => {
+                        if a.axis != b.axis {
+                            report.values_differ.push(format!("{name} (axis)"));
+                        }
+                        for ((component, ta), tb) in a.named_components().zip(&b.components) {
+                            let at = format!("{name}.{component}");
+                            match compare(&at, ta, tb, options) {
+                                Ok(d) => report.tensors.push(d),
+                                Err(err) => report.unreadable.push((at, err.to_string())),
+                            }
+                        }
+                    }
+                    (Err(err), _) | (_, Err(err)) => report.unreadable.push((name, err.to_string())),
+                    _ => report.unreadable.push((name, "listed as a composite tensor, read as another value".into())),
+                }
+            }
             // A tensor one format keeps as a value holding it (a numpy array in DCP's pickled items).
             (EntryKind::Tensor(_), kb) if !is_tensor_kind(kb) && value_tensor(cb, nb).is_some() => {
                 match (ca.tensor(na), value_tensor(cb, nb)) {
@@ -292,8 +315,8 @@ fn diff_checkpoints(
                     (None, _) => {}
                 }
             }
-            (ka @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_)), kb)
-            | (ka, kb @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_))) => {
+            (ka @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_) | EntryKind::Composite(_)), kb)
+            | (ka, kb @ (EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_) | EntryKind::Composite(_))) => {
                 report.kind_changes.push((name, kind_name(ka), kind_name(kb)));
             }
             _ => match (ca.value(na), cb.value(nb)) {
@@ -317,7 +340,7 @@ fn diff_checkpoints(
 
 /// Whether an entry kind is a tensor's.
 fn is_tensor_kind(k: &EntryKind) -> bool {
-    matches!(k, EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_))
+    matches!(k, EntryKind::Tensor(_) | EntryKind::OpaqueTensor(_) | EntryKind::Composite(_))
 }
 
 /// The tensor the value entry `name` of `ck` holds (a numpy array), if any.

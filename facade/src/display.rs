@@ -199,6 +199,29 @@ fn fmt_dim(out: &mut String, t: &Tensor, data: &[u8], strides: &[usize], dim: us
     out.push(']');
 }
 
+/// Formats a quantized, sparse or nested tensor: a line with its dtype, layout and shape (and a per-channel
+/// axis), then each component by name, numpy-style ([`format_tensor`]).
+///
+/// ```
+/// use ckpt::display::format_composite;
+/// use ckpt::tensor::{Composite, DType, Layout, Tensor};
+/// let parts = vec![Tensor::from_slice(&[5u8, 9], &[2])?, Tensor::from_slice(&[0.5f64], &[])?, Tensor::from_slice(&[1i64], &[])?];
+/// let q = Composite::new(Layout::PerTensorAffine, DType::QUInt8, vec![2], parts)?;
+/// assert_eq!(format_composite(&q, 3), "quint8 per_tensor_affine tensor of shape [2]\nint_repr: [5, 9]\nscale: 0.5000\nzero_point: 1");
+/// # Ok::<(), ckpt::tensor::Error>(())
+/// ```
+pub fn format_composite(c: &ckpt_tensor::Composite, edgeitems: usize) -> String {
+    let mut out = format!("{} {} tensor of shape {:?}", c.dtype.torch_name(), c.layout, c.shape);
+    if let Some(axis) = c.axis {
+        out.push_str(&format!(" (axis {axis})"));
+    }
+    for (name, t) in c.named_components() {
+        let text = format_tensor(t, edgeitems).replace('\n', &format!("\n{}", " ".repeat(name.len() + 2)));
+        out.push_str(&format!("\n{name}: {text}"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -53,6 +53,19 @@ pub enum InspectedKind {
         /// The kind, lower case (`sparse`, ...).
         kind: String,
     },
+    /// A quantized, sparse or nested tensor: its layout, dtype and dense shape, and its components.
+    Composite {
+        /// torch's name of the layout (`per_tensor_affine`, `sparse_csr`, `nested`, ...).
+        layout: &'static str,
+        /// Its dtype (`quint8`, the values' dtype).
+        dtype: DType,
+        /// Its dense shape (a nested tensor's: its number of tensors).
+        shape: Vec<usize>,
+        /// Each component's name, dtype and shape.
+        components: Vec<(&'static str, DType, Vec<usize>)>,
+        /// The bytes of its components.
+        nbytes: usize,
+    },
     /// Any other value, by its Python type name (`int`, `dict`, ...).
     Value {
         /// The type name.
@@ -100,6 +113,18 @@ pub fn inspect(checkpoint: &Checkpoint, selection: &Selection) -> InspectReport 
                     totals.nbytes = totals.nbytes.saturating_add(t.nbytes());
                     InspectedKind::Tensor { dtype: t.dtype, shape: t.shape.clone(), nbytes: t.nbytes() }
                 }
+                EntryKind::Composite(c) => {
+                    totals.tensors += 1;
+                    let nbytes = c.components.iter().fold(0usize, |n, (_, t)| n.saturating_add(t.nbytes()));
+                    totals.nbytes = totals.nbytes.saturating_add(nbytes);
+                    InspectedKind::Composite {
+                        layout: c.layout.name(),
+                        dtype: c.dtype,
+                        shape: c.shape.clone(),
+                        components: c.components.iter().map(|(n, t)| (*n, t.dtype, t.shape.clone())).collect(),
+                        nbytes,
+                    }
+                }
                 EntryKind::OpaqueTensor(k) => {
                     totals.opaque_tensors += 1;
                     InspectedKind::OpaqueTensor { kind: format!("{k:?}").to_lowercase() }
@@ -126,7 +151,9 @@ impl InspectReport {
     /// The report as `ckpt inspect --json` prints it:
     /// `{"format", "path", "details": {..}, "entries": [{"name", "kind", "dtype", "shape", "nbytes"} ..],
     /// "totals": {"tensors", "nbytes", "values", "opaque_tensors"}}`; a value entry has its `type`, an
-    /// opaque tensor its `opaque` kind, and both a null dtype, shape and size.
+    /// opaque tensor its `opaque` kind, and both a null dtype, shape and size; a quantized, sparse or nested
+    /// tensor is a `tensor` with its `layout` and `components` (`[{"name", "dtype", "shape"}]`), its size the
+    /// components' bytes.
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
         let entries: Vec<serde_json::Value> = self
@@ -135,6 +162,11 @@ impl InspectReport {
             .map(|e| match &e.kind {
                 InspectedKind::Tensor { dtype, shape, nbytes } => json!({
                     "name": e.name, "kind": "tensor", "dtype": dtype.torch_name(), "shape": shape, "nbytes": nbytes,
+                }),
+                InspectedKind::Composite { layout, dtype, shape, components, nbytes } => json!({
+                    "name": e.name, "kind": "tensor", "layout": layout, "dtype": dtype.torch_name(), "shape": shape,
+                    "nbytes": nbytes,
+                    "components": components.iter().map(|(n, d, s)| json!({"name": n, "dtype": d.torch_name(), "shape": s})).collect::<Vec<_>>(),
                 }),
                 InspectedKind::OpaqueTensor { kind } => json!({
                     "name": e.name, "kind": "opaque_tensor", "opaque": kind, "dtype": null, "shape": null, "nbytes": null,

@@ -86,6 +86,10 @@ pub struct Selection {
     /// Cast every floating-point tensor to this dtype (float16, bfloat16, float32 or float64), as torch's
     /// `.to()` does ([`ckpt_tensor::cast_float`]); other tensors and values are left as they are.
     pub dtype: Option<DType>,
+    /// Make every quantized or sparse tensor dense ([`ckpt_tensor::Composite::to_dense`]: dequantized to
+    /// float32 as torch's `dequantize()` does, `to_dense()` of a sparse one) before any cast; a nested tensor
+    /// has no dense form and is refused.
+    pub dense: bool,
     /// Rename rules `(from, to)`, applied after the prefixes; the first rule that matches a name renames
     /// it ([`rename_by_rules`]).
     pub rename: Vec<(String, String)>,
@@ -124,6 +128,13 @@ impl Selection {
     #[must_use]
     pub fn with_dtype(mut self, dtype: DType) -> Self {
         self.dtype = Some(dtype);
+        self
+    }
+
+    /// Makes quantized and sparse tensors dense ([`Selection::dense`]).
+    #[must_use]
+    pub fn with_dense(mut self) -> Self {
+        self.dense = true;
         self
     }
 

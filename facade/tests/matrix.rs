@@ -36,6 +36,9 @@ fn snap(path: &Path) -> Snap {
                 let h = sha(&t.data().unwrap());
                 s.tensors.insert(e.name, (info.dtype.torch_name().to_owned(), info.shape.clone(), h));
             }
+            // Quantized and sparse tensors (special.pt): counted as tensors, written as their components;
+            // checked against torch and safetensors in `composite.rs`.
+            EntryKind::Composite(_) => {}
             _ => {
                 s.others.insert(e.name);
             }

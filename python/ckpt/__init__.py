@@ -37,7 +37,7 @@ from . import _ckpt, _torch
 from ._dtypes import dtype_name
 from ._errors import (BadInputError, EntryNotFoundError, Error, IoError, LimitError, MalformedError, NotFoundError,
                       UnsupportedError, UsageError)
-from ._values import Device, Global, Object, OpaqueTensor, Storage, TorchDType, Unknown
+from ._values import CompositeTensor, Device, Global, Object, OpaqueTensor, Storage, TorchDType, Unknown
 
 __version__: str = _ckpt.__version__
 
@@ -46,7 +46,7 @@ __all__ = [
     "Checkpoint", "Entry", "SafeOpen", "Slice", "ConvertSummary", "VerifyReport", "ReshardSummary", "DiffReport",
     "TensorDiff", "Error", "BadInputError", "MalformedError", "UnsupportedError", "LimitError", "IoError",
     "NotFoundError", "UsageError", "EntryNotFoundError", "TorchDType", "Device", "Global", "Object",
-    "OpaqueTensor", "Storage", "Unknown", "dcp",
+    "OpaqueTensor", "CompositeTensor", "Storage", "Unknown", "dcp",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -124,7 +124,9 @@ class Entry(NamedTuple):
 
     #: flattened name, as DCP names it (``model.layers.0.weight``)
     name: str
-    #: ``"tensor"``, ``"opaque"`` (a tensor whose data cannot be read: sparse, quantized, ...) or ``"value"``
+    #: ``"tensor"``, ``"composite"`` (a quantized, sparse or nested tensor: ``value(name)`` gives its
+    #: components, or the torch tensor with ``framework="pt"``), ``"opaque"`` (a tensor whose data cannot be
+    #: read: meta, ...) or ``"value"``
     kind: str
     #: the torch dtype name of a tensor (``"float32"``, ``"bfloat16"``), else ``None``
     dtype: Optional[str]
@@ -624,13 +626,14 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-            storage_options: StorageOptions = None, **limits: Any) -> ConvertSummary:
+            storage_options: StorageOptions = None, dense: bool = False, **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
     ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
-    ``"f16"``, ``"f32"``, ``"f64"``). A spinner shows on stderr when it is a terminal (``progress``).
+    ``"f16"``, ``"f32"``, ``"f64"``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
+    dequantized to float32 as torch's ``dequantize()``, ``to_dense()``). A spinner shows on stderr when it is a terminal (``progress``).
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
     failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
     safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
@@ -653,7 +656,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
                       exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
-                      _storage(storage_options))
+                      _storage(storage_options), dense)
     return ConvertSummary(*s)
 
 

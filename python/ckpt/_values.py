@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._dtypes import packed, torch_name
 
@@ -71,6 +71,25 @@ class OpaqueTensor:
 
 
 @dataclass
+class CompositeTensor:
+    """A quantized, sparse or nested tensor as its components (``framework="np"``): ``layout``
+    (``per_tensor_affine``, ``per_channel_affine``, ``sparse_coo``, ``sparse_csr``, ``sparse_csc``,
+    ``sparse_bsr``, ``sparse_bsc``, ``nested``), torch's ``dtype`` name (``quint8``, the values' dtype), the dense
+    ``shape`` (a nested tensor's: its number of tensors), and ``components`` by torch's accessor names
+    (``int_repr``, ``scale``, ``zero_point``; ``indices``, ``values``; ``crow_indices``, ``col_indices``,
+    ``values``; ``buffer``, ``sizes``, ``strides``, ``storage_offsets``); ``axis`` of per-channel scales,
+    ``coalesced`` of a COO tensor. With ``framework="pt"`` the entry is the torch tensor itself."""
+
+    layout: str
+    dtype: str
+    shape: Tuple[int, ...]
+    components: Dict[str, Any]
+    axis: Optional[int] = None
+    coalesced: Optional[bool] = None
+    requires_grad: bool = False
+
+
+@dataclass
 class Storage:
     """A bare ``torch`` storage saved on its own: its dtype and its elements (a 1-D array or tensor)."""
 
@@ -122,6 +141,33 @@ def tensor_with_state(pt: bool, t: Any, cls: Any, state: Any) -> Any:
 
 def opaque_tensor(pt: bool, kind: str, obj: Object) -> OpaqueTensor:
     return OpaqueTensor(kind, obj)
+
+
+def composite(pt: bool, layout: str, dtype: str, shape: List[int], components: List[Tuple[str, Any]],
+              axis: Optional[int], coalesced: Optional[bool], requires_grad: bool) -> Any:
+    parts = dict(components)
+    if not pt:
+        return CompositeTensor(layout, dtype, tuple(shape), parts, axis, coalesced, requires_grad)
+    torch = _torch()
+    if layout == "per_tensor_affine":
+        t = torch._make_per_tensor_quantized_tensor(parts["int_repr"], float(parts["scale"]),
+                                                    int(parts["zero_point"]))
+    elif layout == "per_channel_affine":
+        t = torch._make_per_channel_quantized_tensor(parts["int_repr"], parts["scale"], parts["zero_point"], axis)
+    elif layout == "sparse_coo":
+        t = torch.sparse_coo_tensor(parts["indices"], parts["values"], shape, is_coalesced=bool(coalesced))
+    elif layout == "nested":
+        # The offsets count from the start of the buffer's storage: a buffer of its own storage (not a
+        # window of the file's map).
+        t = torch._nested_view_from_buffer(parts["buffer"].clone(), parts["sizes"], parts["strides"],
+                                           parts["storage_offsets"])
+    else:
+        names = list(parts)
+        t = torch.sparse_compressed_tensor(parts[names[0]], parts[names[1]], parts["values"], shape,
+                                           layout=getattr(torch, layout))
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 def storage(pt: bool, data: Any, dtype: str) -> Any:

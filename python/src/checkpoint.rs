@@ -102,8 +102,8 @@ impl Checkpoint {
         self.inner.path().to_path_buf()
     }
 
-    /// Every entry as `(name, kind, dtype, shape, nbytes)`: kind `tensor`, `opaque` or `value`; dtype, shape and
-    /// nbytes `None` but for tensors.
+    /// Every entry as `(name, kind, dtype, shape, nbytes)`: kind `tensor`, `composite` (quantized, sparse,
+    /// nested), `opaque` or `value`; dtype, shape and nbytes `None` but for tensors and composites.
     fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let entries = py.detach(|| self.inner.entries());
         let rows = entries.into_iter().map(|e| -> PyResult<Bound<'py, PyTuple>> {
@@ -112,6 +112,13 @@ impl Checkpoint {
                     let nbytes = info.nbytes();
                     let shape = PyTuple::new(py, &info.shape)?;
                     (e.name, "tensor", info.dtype.torch_name(), shape, nbytes).into_pyobject(py)
+                }
+                // A quantized, sparse or nested tensor: its dtype and dense shape, its size the components'
+                // bytes (its layout and components: `value(name)`).
+                EntryKind::Composite(c) => {
+                    let nbytes = c.components.iter().map(|(_, t)| t.nbytes()).sum::<usize>();
+                    let shape = PyTuple::new(py, &c.shape)?;
+                    (e.name, "composite", c.dtype.torch_name(), shape, nbytes).into_pyobject(py)
                 }
                 EntryKind::OpaqueTensor(kind) => {
                     let kind = format!("{kind:?}").to_lowercase();

@@ -237,7 +237,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
 #[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
-    limits = None, progress = None, sync = true, checksums = true, storage_options = None))]
+    limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -262,11 +262,13 @@ pub(crate) fn convert(
     sync: bool,
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
+    dense: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
     let from = from_.map(|f| format_of(f, &src)).transpose()?;
     let selection = selection(include, exclude, strip_prefix, add_prefix, dtype)?;
+    let selection = if dense { selection.with_dense() } else { selection };
     let options = convert_options(
         &dst,
         to,

@@ -127,6 +127,13 @@ impl<'py> ToPy<'py> {
                 let object = self.object(py, object)?;
                 self.helper(py, "opaque_tensor", (format!("{kind:?}").to_lowercase(), object))?
             }
+            Value::Composite(c) => {
+                let components =
+                    c.named_components().map(|(n, t)| Ok((n, self.tensor(py, t)?))).collect::<PyResult<Vec<_>>>()?;
+                let args = (c.layout.name(), c.dtype.torch_name(), c.shape.clone(), components, c.axis, c.coalesced);
+                let (layout, dtype, shape, components, axis, coalesced) = args;
+                self.helper(py, "composite", (layout, dtype, shape, components, axis, coalesced, c.requires_grad))?
+            }
             Value::Storage { dtype, data } => {
                 let t = Tensor::from_buffer(*dtype, &[data.len() / dtype.size().max(1)], data.clone())
                     .map_err(|e| usage(e.to_string(), None))?;

@@ -48,11 +48,26 @@ def same(a: Any, b: Any, where: str = "") -> None:
     (NaN equal to NaN)."""
     import torch
 
-    if isinstance(b, torch.Tensor) and (b.layout != torch.strided or b.is_quantized or b.is_meta):
-        # sparse and quantized tensors: ckpt keeps them as the objects that rebuild them, never their data
+    if isinstance(b, torch.Tensor) and b.is_meta:
+        # meta tensors: ckpt keeps them as the objects that rebuild them (they have no data)
         import ckpt
 
         assert isinstance(a, ckpt.OpaqueTensor), f"{where}: {type(a)}"
+        return
+    if isinstance(b, torch.Tensor) and (b.layout != torch.strided or b.is_quantized or b.is_nested):
+        # sparse, quantized and nested tensors: the torch tensor made of ckpt's components (framework="pt"),
+        # or the components themselves
+        import ckpt
+
+        if isinstance(a, ckpt.CompositeTensor):
+            return
+        assert isinstance(a, torch.Tensor), f"{where}: {type(a)}"
+        assert (a.layout, a.dtype, a.shape, a.is_quantized) == (b.layout, b.dtype, b.shape, b.is_quantized), where
+        if b.is_quantized:
+            assert tensor_bits(a.int_repr()) == tensor_bits(b.int_repr()), f"{where}: int_repr"
+            assert tensor_bits(a.dequantize()) == tensor_bits(b.dequantize()), f"{where}: dequantize"
+        elif not b.is_nested:
+            assert tensor_bits(a.to_dense()) == tensor_bits(b.to_dense()), f"{where}: to_dense"
         return
     if isinstance(b, torch.Tensor) or (isinstance(b, np.ndarray) and not isinstance(a, (int, float))):
         assert isinstance(a, (torch.Tensor, np.ndarray)), f"{where}: {type(a)} is not a tensor"

@@ -67,6 +67,17 @@ pub enum SafetensorsError {
         /// The entry's name.
         name: String,
     },
+    /// A quantized, sparse or nested tensor asked for as a dense tensor.
+    #[error(
+        "{name:?} is a {layout} tensor, not a dense one: read its components (ckpt cat, the entry's value) or \
+         make it dense (convert --dense)"
+    )]
+    CompositeTensor {
+        /// The entry's name.
+        name: String,
+        /// Its layout.
+        layout: ckpt_tensor::Layout,
+    },
     /// A tensor asked for that the file does not hold.
     #[error("invalid argument: no tensor named {name:?}")]
     NoSuchTensor {
@@ -110,7 +121,8 @@ impl SafetensorsError {
             | SafetensorsError::NoTorchDtype { .. }
             | SafetensorsError::PackedScalar { .. }
             | SafetensorsError::UnrecordableValue { .. }
-            | SafetensorsError::NoStandInDtype { .. } => Fault::Unsupported,
+            | SafetensorsError::NoStandInDtype { .. }
+            | SafetensorsError::CompositeTensor { .. } => Fault::Unsupported,
             SafetensorsError::HeaderJson { .. }
             | SafetensorsError::ChecksumPlaceholderMissing
             | SafetensorsError::NotADenseTensor { .. }

@@ -8,7 +8,7 @@
 //! | `format` | `pt`, what Hugging Face loaders expect |
 //! | `ckpt.source` | the format the checkpoint was converted from (`torch`, `distcp`, `pbg`, ...), when known |
 //! | `ckpt.paths` | a JSON object from each entry name to its path in the nested state dict (`["model", "layers", 0, "weight"]`: strings are mapping keys, integers list indices), in the source's entry order; left out when every path is its name and the file's own order is the source's |
-//! | `ckpt.values` | a JSON object from entry name to value, in the typed encoding of [`values`], for every entry that is not a plain tensor stored under its name: non-tensor values (`None`, bools, ints of any size, floats with NaN, infinities and -0.0, strings, bytes, tuples, lists, sets, dicts with their kind, key types and attributes, `torch.Size`, dtypes, devices, globals, any pickled object), parameters, tensors with `requires_grad` or attributes, tensors of dtypes safetensors lacks, opaque (sparse, quantized, ...) tensors |
+//! | `ckpt.values` | a JSON object from entry name to value, in the typed encoding of [`values`], for every entry that is not a plain tensor stored under its name: non-tensor values (`None`, bools, ints of any size, floats with NaN, infinities and -0.0, strings, bytes, tuples, lists, sets, dicts with their kind, key types and attributes, `torch.Size`, dtypes, devices, globals, any pickled object), parameters, tensors with `requires_grad` or attributes, tensors of dtypes safetensors lacks, quantized, sparse and nested tensors (their layout, dtype, shape and axis; their components are tensors of the file: `<name>` the int representation, `<name>.scale`, `<name>.zero_point`, `<name>.indices`, ...), opaque (meta, ...) tensors |
 //!
 //! Tensors an encoded value holds (a tuple of tensors, a parameter's data, the storages of a sparse tensor)
 //! are tensors of the file that the encoding names; a value's top-level tensor is stored under the entry's
@@ -318,6 +318,9 @@ impl Records {
     pub fn tensor(&self, tensors: &[(String, Tensor)], name: &str) -> Result<Tensor> {
         match self.entry(tensors, name) {
             Some(EntryRef::Tensor(t)) => Ok(t.clone()),
+            Some(EntryRef::Value(Value::Composite(c))) => {
+                Err(SafetensorsError::CompositeTensor { name: name.to_owned(), layout: c.layout }.into())
+            }
             Some(EntryRef::Value(v)) => {
                 v.as_tensor().cloned().ok_or_else(|| SafetensorsError::NotADenseTensor { name: name.to_owned() }.into())
             }
@@ -467,7 +470,7 @@ pub fn prepare<'a>(
         }
         match metadata.value_with_tensors(name, value) {
             Ok(stored) => {
-                if value.as_tensor().is_some() {
+                if value.as_tensor().is_some() || matches!(value, Value::Composite(_)) {
                     report.tensors += 1;
                 } else {
                     report.values += 1;

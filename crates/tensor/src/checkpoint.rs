@@ -1,5 +1,6 @@
 //! What every format's reader exposes: entries known before any data is read, then lazy reads.
 
+use crate::composite::{Composite, Layout};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -26,6 +27,20 @@ impl TensorInfo {
     }
 }
 
+/// Metadata of a quantized, sparse or nested tensor entry ([`crate::Composite`]), known without reading
+/// its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompositeInfo {
+    /// How its components make its values.
+    pub layout: Layout,
+    /// Its dtype as torch reports it (`quint8`, the values' dtype of a sparse tensor).
+    pub dtype: DType,
+    /// The dense shape (a nested tensor's: its number of tensors).
+    pub shape: Vec<usize>,
+    /// Each component's name ([`Layout::components`]) and metadata.
+    pub components: Vec<(&'static str, TensorInfo)>,
+}
+
 /// What an entry holds.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -34,6 +49,9 @@ pub enum EntryKind {
     Tensor(TensorInfo),
     /// A tensor whose data cannot be read (sparse, quantized, ...).
     OpaqueTensor(OpaqueTensorKind),
+    /// A quantized, sparse or nested tensor, read as its components ([`CheckpointRead::value`] gives the
+    /// [`Value::Composite`]).
+    Composite(CompositeInfo),
     /// Any other value (DCP calls these BYTE_IO items).
     Value,
 }
@@ -91,9 +109,23 @@ pub trait CheckpointRead {
 pub fn entry_kind(v: &Value) -> EntryKind {
     match v {
         Value::OpaqueTensor { kind, .. } => EntryKind::OpaqueTensor(*kind),
+        Value::Composite(c) => EntryKind::Composite(composite_info(c)),
         other => match other.as_tensor() {
             Some(t) => EntryKind::Tensor(TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }),
             None => EntryKind::Value,
         },
+    }
+}
+
+/// The entry metadata of a composite tensor.
+pub fn composite_info(c: &Composite) -> CompositeInfo {
+    CompositeInfo {
+        layout: c.layout,
+        dtype: c.dtype,
+        shape: c.shape.clone(),
+        components: c
+            .named_components()
+            .map(|(n, t)| (n, TensorInfo { dtype: t.dtype(), shape: t.shape().to_vec() }))
+            .collect(),
     }
 }

@@ -309,6 +309,22 @@ pub enum Error {
         /// The step, as written in a path.
         step: String,
     },
+    /// A quantized, sparse or nested tensor whose components do not make a tensor of its layout and shape.
+    #[error("malformed {layout} tensor: {reason}; the file is damaged or was not written by torch")]
+    BadComposite {
+        /// The tensor's layout.
+        layout: crate::Layout,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A dense form asked of a composite tensor that has none here.
+    #[error("a {layout} tensor has no dense form here: {reason}; read its components instead")]
+    NoDenseForm {
+        /// The tensor's layout.
+        layout: crate::Layout,
+        /// Why.
+        reason: &'static str,
+    },
     /// An I/O error on a path.
     #[error("{}: {source}", path.display())]
     Io {
@@ -344,10 +360,11 @@ impl Error {
     /// Who is at fault.
     pub fn fault(&self) -> Fault {
         match self {
-            Error::ViewOutsideStorage | Error::DeferredFill { .. } => Fault::Malformed,
-            Error::NegationUnsupported { .. } | Error::UnsupportedKey { .. } | Error::CastPacked { .. } => {
-                Fault::Unsupported
-            }
+            Error::ViewOutsideStorage | Error::DeferredFill { .. } | Error::BadComposite { .. } => Fault::Malformed,
+            Error::NegationUnsupported { .. }
+            | Error::UnsupportedKey { .. }
+            | Error::CastPacked { .. }
+            | Error::NoDenseForm { .. } => Fault::Unsupported,
             Error::AllocationFailed { .. } => Fault::Limit,
             Error::ShapeOverflow { .. }
             | Error::BufferSizeMismatch { .. }

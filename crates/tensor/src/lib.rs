@@ -9,6 +9,7 @@
 //! - [`Buffer`]: owned (64-byte aligned) or memory-mapped bytes; clone and slice without copying;
 //!   [`AlignedBytes`]: the owned memory, fresh huge pages for large tensors.
 //! - [`Tensor`]: dtype, shape, strides, storage offset over a shared [`Buffer`].
+//! - [`Composite`]: quantized, sparse and nested tensors, as named component tensors with a [`Layout`].
 //! - [`Value`]: the Python object tree (dict vs OrderedDict, tuple vs list, `torch.Size`, unknown objects).
 //! - [`flatten()`] / [`unflatten`]: `torch.distributed.checkpoint`'s key rules.
 //! - [`CheckpointRead`]: what every format's reader offers (entries, tensors by name).
@@ -35,6 +36,7 @@ pub mod brief;
 mod buffer;
 pub mod cast;
 mod checkpoint;
+pub mod composite;
 mod dtype;
 mod error;
 pub mod flatten;
@@ -48,7 +50,8 @@ pub use aligned::AlignedBytes;
 pub use brief::brief;
 pub use buffer::Buffer;
 pub use cast::cast_float;
-pub use checkpoint::{CheckpointRead, Entry, EntryKind, TensorInfo, entry_kind};
+pub use checkpoint::{CheckpointRead, CompositeInfo, Entry, EntryKind, TensorInfo, entry_kind};
+pub use composite::{Composite, Layout};
 pub use dtype::{DType, StorageClass};
 pub use error::error_chain;
 pub use error::{Error, Fault, Result};

@@ -3,6 +3,7 @@
 use std::collections::hash_map::Entry;
 
 use crate::buffer::Buffer;
+use crate::composite::Composite;
 use crate::dtype::DType;
 use crate::tensor::Tensor;
 
@@ -439,6 +440,9 @@ pub enum Value {
         /// The rebuild call, for writing it back.
         object: Box<Object>,
     },
+    /// A quantized, sparse or nested tensor, as its named component tensors ([`Composite`]): listed as one
+    /// entry with its layout, dtype and shape; its components are readable, and its dense form where it has one.
+    Composite(Box<Composite>),
     /// A bare storage (a `torch.UntypedStorage` or typed storage saved directly).
     Storage {
         /// Element type (`U8` for an untyped storage).
@@ -822,7 +826,11 @@ impl Value {
     pub fn is_tensor_like(&self) -> bool {
         matches!(
             self,
-            Value::Tensor(_) | Value::Parameter { .. } | Value::TensorWithState { .. } | Value::OpaqueTensor { .. }
+            Value::Tensor(_)
+                | Value::Parameter { .. }
+                | Value::TensorWithState { .. }
+                | Value::OpaqueTensor { .. }
+                | Value::Composite(_)
         )
     }
 
@@ -850,6 +858,11 @@ impl Value {
             Value::Parameter { .. } => "Parameter",
             Value::TensorWithState { .. } => "Tensor (with state)",
             Value::OpaqueTensor { .. } => "Tensor (opaque)",
+            Value::Composite(c) => match c.layout {
+                crate::Layout::PerTensorAffine | crate::Layout::PerChannelAffine => "Tensor (quantized)",
+                crate::Layout::Nested => "Tensor (nested)",
+                _ => "Tensor (sparse)",
+            },
             Value::Storage { .. } => "Storage",
             Value::Size(_) => "torch.Size",
             Value::DType(_) => "torch.dtype",

@@ -168,6 +168,17 @@ pub enum Error {
         /// What kind.
         kind: ckpt_tensor::OpaqueTensorKind,
     },
+    /// A quantized, sparse or nested tensor asked for as a dense tensor.
+    #[error(
+        "{name:?} is a {layout} tensor, not a dense one: read its components (ckpt cat, the entry's value) or \
+         make it dense (convert --dense)"
+    )]
+    CompositeTensor {
+        /// Entry name.
+        name: String,
+        /// Its layout.
+        layout: ckpt_tensor::Layout,
+    },
     /// A numpy value whose dtype has no tensor counterpart (object arrays, structured dtypes, strings).
     #[error("{name:?}: {reason}")]
     UnsupportedNumpy {
@@ -219,6 +230,7 @@ impl Error {
             },
             Error::NoSuchEntry(_) | Error::NoSuchTensor(_) | Error::Unwritable(_) => Fault::InvalidArgument,
             Error::OpaqueTensor { .. }
+            | Error::CompositeTensor { .. }
             | Error::TarFormat
             | Error::PreviewFormat
             | Error::BigEndian { .. }

@@ -38,10 +38,14 @@
 //! # Safety on hostile input
 //! Every length and offset read from a file is checked before use; the pickle decoder never executes code
 //! and enforces [`ckpt_pickle::Limits`]; unknown classes become opaque [`ckpt_tensor::Value::Object`]s.
-//! Sparse, quantized and nested tensors come back as [`ckpt_tensor::Value::OpaqueTensor`].
+//! Quantized (per-tensor and per-channel affine), sparse (COO, CSR, CSC, BSR, BSC) and nested tensors come
+//! back as [`ckpt_tensor::Value::Composite`] (their component tensors) and are written back in torch's form;
+//! other tensors torch rebuilds by its own functions (meta, device and subclass tensors) as
+//! [`ckpt_tensor::Value::OpaqueTensor`].
 
 #![forbid(unsafe_code)]
 
+mod composite;
 pub mod detect;
 mod error;
 mod legacy;

@@ -332,6 +332,7 @@ impl CheckpointRead for TorchReader {
         }
         match v {
             Value::OpaqueTensor { kind, .. } => Err(Error::OpaqueTensor { name: name.to_owned(), kind: *kind }.into()),
+            Value::Composite(c) => Err(Error::CompositeTensor { name: name.to_owned(), layout: c.layout }.into()),
             other => other.as_tensor().cloned().ok_or_else(|| Error::NoSuchTensor(name.to_owned()).into()),
         }
     }

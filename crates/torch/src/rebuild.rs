@@ -457,6 +457,39 @@ impl<'a> TorchBuilder<'_, 'a> {
         Ok(out)
     }
 
+    /// The value of `t` with the tuples, lists and calls it holds looked at through the shelf, `depth` levels
+    /// down (deeper, or an object with state or items: `None`): a rebuild call's arguments as a rule reads
+    /// them, without changing what the shelf holds.
+    fn resolve(&mut self, t: &T<'a>, depth: usize) -> R<Value> {
+        let t = self.look(t).clone();
+        Ok(match t {
+            T::Tuple(items) if depth > 0 => Value::Tuple(self.resolve_all(&items, depth - 1)?),
+            T::List(items) if depth > 0 => Value::List(self.resolve_all(&items, depth - 1)?),
+            T::Call(p) if depth > 0 && p.state.is_none() && p.list_items.is_empty() && p.dict_items.is_empty() => {
+                let global = self.global_of(&p.callable).map(|g| (g.known, g.value.clone()));
+                match global {
+                    Some((Known::Size, _)) => self.rebuild(*p)?,
+                    Some((_, callable)) => Value::Object(Box::new(Object {
+                        callable,
+                        args: self.resolve(&p.args, depth - 1)?,
+                        newobj: !p.reduce,
+                        state: None,
+                        list_items: Vec::new(),
+                        dict_items: Vec::new(),
+                    })),
+                    None => Value::None,
+                }
+            }
+            T::Tuple(_) | T::List(_) | T::Call(_) | T::Dict(_) | T::Handle(_) => Value::None,
+            other => self.finish(other)?,
+        })
+    }
+
+    /// [`TorchBuilder::resolve`] of each of `items`.
+    fn resolve_all(&mut self, items: &[T<'a>], depth: usize) -> R<Vec<Value>> {
+        items.iter().map(|i| self.resolve(i, depth)).collect()
+    }
+
     /// The object kept symbolically.
     fn generic(&mut self, p: Pending<'a>) -> R<Value> {
         Ok(Value::Object(Box::new(Object {
@@ -715,6 +748,17 @@ impl<'a> TorchBuilder<'_, 'a> {
                 match crate::numpy::numpy_of(&probe) {
                     Some(n) => Ok(Value::Numpy(Box::new(n))),
                     None => self.generic(p),
+                }
+            }
+            Known::Opaque(kind) if reduce && plain => {
+                let items = self.seq_items(&p.args).to_vec();
+                let args = self.resolve_all(&items, 3)?;
+                match crate::composite::raise(kind, &args)? {
+                    Some(c) => Ok(Value::Composite(Box::new(c))),
+                    None => match self.generic(p)? {
+                        Value::Object(object) => Ok(Value::OpaqueTensor { kind, object }),
+                        other => Ok(other),
+                    },
                 }
             }
             Known::Opaque(kind) => match self.generic(p)? {

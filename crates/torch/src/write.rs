@@ -495,6 +495,7 @@ impl DataPickler {
                 .map(|_| ())
             }
             Value::OpaqueTensor { object, .. } => self.object(None, object),
+            Value::Composite(c) => self.object(None, &crate::composite::lower(c)?),
             Value::Storage { dtype, data } => self.persistent_id(data, *dtype),
             Value::Size(dims) => self
                 .reduce_of(me, "torch", "Size", 1, |me| {

@@ -594,6 +594,11 @@ struct SelectArgs {
     /// tensors and values are left as they are).
     #[arg(long, value_parser = dtype_parser())]
     dtype: Option<ckpt::DType>,
+    /// Make quantized and sparse tensors dense: quantized ones dequantized to float32 as torch's
+    /// `dequantize()` does, sparse ones as `to_dense()` (without it, their components are written: `<name>`,
+    /// `<name>.scale`, `<name>.zero_point`, `<name>.indices`, ...). Nested tensors have no dense form.
+    #[arg(long)]
+    dense: bool,
     /// Rename entries: FROM=TO (repeatable; the first rule that matches a name applies). With `*` in FROM
     /// the whole name must match and each `*` in TO takes what the `*` of FROM matched, in order
     /// (`'decoder.layers.*.mlp.*=model.layers.*.mlp.*'`); without, FROM is a prefix replaced by TO.
@@ -647,6 +652,7 @@ impl SelectArgs {
         s.strip_prefix.clone_from(&self.strip_prefix);
         s.add_prefix.clone_from(&self.add_prefix);
         s.dtype = self.dtype;
+        s.dense = self.dense;
         for (from, to) in &self.rename {
             s = s.with_rename(from, to);
         }
@@ -850,6 +856,17 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
             ckpt::inspect::InspectedKind::OpaqueTensor { kind } => {
                 [e.name.clone(), format!("{kind} tensor"), "-".into(), "-".into()]
             }
+            // A quantized, sparse or nested tensor: its dtype and layout, its dense shape (a nested tensor's
+            // components: its buffer's and sizes' shapes), its components' bytes.
+            ckpt::inspect::InspectedKind::Composite { layout, dtype, shape, components, nbytes } => {
+                let shape = if *layout == "nested" {
+                    let parts: Vec<String> = components.iter().take(2).map(|(n, _, s)| format!("{n} {s:?}")).collect();
+                    format!("{shape:?} ({})", parts.join(", "))
+                } else {
+                    format!("{shape:?}")
+                };
+                [e.name.clone(), format!("{} ({layout})", dtype.torch_name()), shape, human_bytes(*nbytes as u64)]
+            }
             ckpt::inspect::InspectedKind::Value { type_name } => {
                 [e.name.clone(), (*type_name).to_owned(), "-".into(), "-".into()]
             }
@@ -904,6 +921,8 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
         // A value: strings as they are (a PBG config prints as its JSON), others as Python's repr.
         match c.value(name)? {
             ckpt::Value::Str(s) => s,
+            // A quantized, sparse or nested tensor: its components.
+            ckpt::Value::Composite(c) => ckpt::display::format_composite(&c, limit),
             // A value holding a tensor (a numpy array a format keeps pickled, as DCP's BYTE_IO items).
             v if v.as_tensor().is_some() => {
                 v.as_tensor().map(|t| ckpt::display::format_tensor(t, limit)).unwrap_or_default()

@@ -29,6 +29,7 @@
 //! | `parameter` | a `tensor` encoding | `state` (the `__dict__`, when set) | `torch.nn.Parameter` |
 //! | `tensor_with_state` | the tensor's encoding | `class`, `state` | a tensor rebuilt by `_rebuild_from_type_v2` |
 //! | `opaque_tensor` | `"sparse"`, `"quantized"`, `"nested"`, `"meta"` or `"other"` | `rebuild`: an `object` encoding | a sparse, quantized, ... tensor |
+//! | `composite` | the layout (`per_tensor_affine`, `per_channel_affine`, `sparse_coo`, `sparse_csr`, `sparse_csc`, `sparse_bsr`, `sparse_bsc`, `nested`) | `dtype`, `shape`, `components` (an object from each component's name to its `tensor` encoding), `axis` (per-channel), `coalesced` (COO), `requires_grad` (when true) | a quantized, sparse or nested tensor: a quantized tensor's int representation stored under the entry's own name, every other component under `<entry>.<component>` (`w.scale`, `w.zero_point`, `m.crow_indices`) |
 //! | `storage` | `{"tensor": name}` (its bytes, a 1-D `U8` tensor of the file) | `dtype` | a bare storage |
 //! | `global` | `[module, qualified name]` | | a class or function |
 //! | `numpy` | the value: a scalar's encoding, or a `tensor` encoding for an array | `dtype` (the numpy dtype by torch's name of it), `module` (`numpy._core.multiarray` or `numpy.core.multiarray`) | a numpy scalar or array |
@@ -76,6 +77,7 @@ const TAGS: &[&str] = &[
     "parameter",
     "tensor_with_state",
     "opaque_tensor",
+    "composite",
     "storage",
     "global",
     "object",
@@ -199,6 +201,33 @@ impl Encoder {
                 let mut o = Map::new();
                 o.insert("opaque_tensor".into(), Json::String(kind.into()));
                 o.insert("rebuild".into(), self.object(object, at)?);
+                Json::Object(o)
+            }
+            Value::Composite(c) => {
+                let mut components = Map::new();
+                for (i, (component, t)) in c.named_components().enumerate() {
+                    // A quantized tensor's int representation is the entry itself; the rest are `<entry>.<name>`.
+                    let json = if i == 0 && c.layout.is_quantized() {
+                        self.store_tensor(t, own, at)?
+                    } else {
+                        self.store_tensor(t, None, &child(&component))?
+                    };
+                    components.insert(component.into(), json);
+                }
+                let mut o = Map::new();
+                o.insert("composite".into(), Json::String(c.layout.name().into()));
+                o.insert("dtype".into(), Json::String(c.dtype.torch_name().into()));
+                o.insert("shape".into(), Json::from(c.shape.clone()));
+                o.insert("components".into(), Json::Object(components));
+                if let Some(axis) = c.axis {
+                    o.insert("axis".into(), Json::from(axis));
+                }
+                if let Some(coalesced) = c.coalesced {
+                    o.insert("coalesced".into(), Json::Bool(coalesced));
+                }
+                if c.requires_grad {
+                    o.insert("requires_grad".into(), Json::Bool(true));
+                }
                 Json::Object(o)
             }
             Value::Storage { dtype, data } => {
@@ -585,6 +614,32 @@ impl<'a> Decoder<'a> {
                     _ => return Err("opaque_tensor: rebuild is not an object".into()),
                 };
                 Value::OpaqueTensor { kind, object }
+            }
+            "composite" => {
+                let layout = text(payload)?;
+                let layout =
+                    ckpt_tensor::Layout::from_name(&layout).ok_or_else(|| format!("unknown layout {layout:?}"))?;
+                let dtype = dtype_from(field("dtype").ok_or("composite: no dtype")?)?;
+                let shape: Vec<usize> = field("shape")
+                    .and_then(Json::as_array)
+                    .ok_or("composite: no shape")?
+                    .iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()).ok_or("composite: bad shape"))
+                    .collect::<Result<_, _>>()?;
+                let parts = field("components").and_then(Json::as_object).ok_or("composite: no components")?;
+                let mut components = Vec::with_capacity(layout.components().len());
+                for name in layout.components() {
+                    let part = parts.get(*name).and_then(Json::as_object);
+                    components.push(self.tensor(part.ok_or_else(|| format!("composite: no component {name}"))?)?);
+                }
+                let mut c = ckpt_tensor::Composite::new(layout, dtype, shape, components).map_err(|e| e.to_string())?;
+                c.axis = match field("axis") {
+                    Some(a) => Some(a.as_u64().and_then(|a| usize::try_from(a).ok()).ok_or("composite: bad axis")?),
+                    None => None,
+                };
+                c.coalesced = field("coalesced").and_then(Json::as_bool);
+                c.requires_grad = field("requires_grad").and_then(Json::as_bool) == Some(true);
+                Value::Composite(Box::new(c))
             }
             "storage" => Value::Storage {
                 dtype: dtype_from(field("dtype").ok_or("storage: no dtype")?)?,
