@@ -2,7 +2,8 @@
 //! `PackageExporter` with an interned model class, a mocked and an extern module, a scripted module, a text
 //! resource. Each opens as format `package` with exactly the tensors its manifest lists (what
 //! `PackageImporter` loads: `<resource path>.<state_dict name or key>`, dtype, shape, sha256), names its
-//! modules without running them, verifies deep, converts to safetensors and to torch and diffs equal; the
+//! modules without running them, verifies deep, converts to safetensors and to torch (which `torch.load` reads
+//! to the same tensors) and diffs equal; the
 //! tool does the same; a package whose pickle names a module it does not hold is refused.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ckpt::{ConvertOptions, DiffOptions, EntryKind, Format, convert};
-use ckpt_conformance::fixtures;
+use ckpt_conformance::{fixtures, run_python};
 use sha2::{Digest, Sha256};
 
 const FILES: [&str; 2] = ["model.pt", "tensors.pt"];
@@ -105,6 +106,10 @@ fn every_fixture_verifies_deep_and_converts() {
             let d = ckpt::diff(&src, dst, &DiffOptions::default().with_atol(0.0).with_rtol(0.0)).unwrap();
             assert!(d.is_equal(), "{file} vs {}: {d:?}", dst.display());
         }
+        // torch.load of the rewrite gives what PackageImporter loads from the package.
+        let json = package_fixture(&file.replace(".pt", ".json"));
+        let out = run_python("torch_package/check_torch.py", &[&json, &pt]);
+        assert!(out.contains(&format!("{} tensors equal", manifest(file).len())), "{file}: {out}");
     }
 }
 

@@ -48,7 +48,7 @@ from torch import nn  # noqa: E402
 from torch.package import PackageExporter, PackageImporter  # noqa: E402
 
 import package_classes  # noqa: E402
-from manifest import tensor_record  # noqa: E402
+from package_manifest import tensors_of  # noqa: E402
 
 GENERATOR = "torch_package/make_fixtures.py"
 
@@ -87,21 +87,6 @@ def scripted() -> torch.jit.ScriptModule:
         lin.weight.copy_(exact((2, 2), 7))
         lin.bias.copy_(exact((2,), 8))
     return torch.jit.script(lin)
-
-
-def tensors_of(name: str, obj: Any) -> dict[str, Any]:
-    """Every tensor of a loaded resource by the name ckpt lists it by."""
-    out: dict[str, Any] = {}
-    if isinstance(obj, torch.jit.ScriptModule | nn.Module):
-        for k, v in obj.state_dict().items():
-            out[f"{name}.{k}"] = tensor_record(v)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            if isinstance(v, torch.Tensor):
-                out[f"{name}.{k}"] = tensor_record(v)
-            elif isinstance(v, np.ndarray):
-                out[f"{name}.{k}"] = tensor_record(torch.from_numpy(v))
-    return out
 
 
 def write_json(path: Path, data: Any) -> None:
