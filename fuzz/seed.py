@@ -128,6 +128,15 @@ def main(out):
     for p in files_under(ROOT / "crates" / "torch" / "tests" / "zipdata"):
         s.add("torch_zip", p.read_bytes())
 
+    # pickle_file / torch_package: the plain pickles; the torch.package archives and their resources.
+    for p in files_under(FIXTURES / "pickle", suffix=".pkl"):
+        s.add("pickle_file", p.read_bytes())
+    for p in files_under(FIXTURES / "package", suffix=".pt"):
+        s.add("torch_package", p.read_bytes())
+        for name, data in zip_members(p):
+            if name.endswith(".pkl"):
+                s.add("torch_package", data)
+
     # Directory formats: one file-set per checkpoint directory.
     distcp_dirs = sorted({p.parent for p in files_under(*SOURCES) if p.name.endswith(".metadata")
                           or p.name == "model.safetensors.index.json" or p.name.startswith("shard-")})

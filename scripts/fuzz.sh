@@ -22,11 +22,11 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1m[fuzz]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[fuzz] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-TARGETS=(pickle torch_zip torch_legacy distcp recis hfai pbg open_dir)
+TARGETS=(pickle torch_zip torch_legacy pickle_file torch_package distcp recis hfai pbg open_dir)
 dicts_of() {
   case "$1" in
-    pickle | torch_legacy) echo pickle ;;
-    torch_zip) echo zip pickle ;;
+    pickle | torch_legacy | pickle_file) echo pickle ;;
+    torch_zip | torch_package) echo zip pickle ;;
     distcp) echo files distcp zip pickle ;;
     recis) echo files recis zip pickle ;;
     hfai) echo files zip pickle ;;

@@ -96,6 +96,8 @@ fresh=$(mktemp -d)
 .venv/bin/python conformance/python/hfai/check_reproducible.py conformance/fixtures/hfai "$fresh/hfai"
 .venv/bin/python conformance/python/make_values_fixtures.py "$fresh/values" >/dev/null
 diff -r conformance/fixtures/values "$fresh/values"
+.venv/bin/python conformance/python/plain_pickle/make_fixtures.py "$fresh/pickle" >/dev/null
+.venv/bin/python conformance/python/plain_pickle/check_reproducible.py conformance/fixtures/pickle "$fresh/pickle"
 .venv/bin/python conformance/python/make_real_fixtures.py "$fresh/real" >/dev/null
 diff -r -x README.md conformance/fixtures/real "$fresh/real"
 .venv/bin/python conformance/python/make_composite_fixtures.py "$fresh/composite" >/dev/null
@@ -113,7 +115,7 @@ step "the reproducibility checks accept other CPUs' rounding and reject real cha
 .venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
-for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron cli; do
+for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron pickle package cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 

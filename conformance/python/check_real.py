@@ -5,6 +5,7 @@ Usage::
 
     .venv/bin/python conformance/python/check_real.py ORIGINAL REWRITTEN
     .venv/bin/python conformance/python/check_real.py --jit ORIGINAL.jit STATE_DICT.pt
+    .venv/bin/python conformance/python/check_real.py --jit-all ORIGINAL.jit STATE_DICT_AND_EXTRAS.pt
 
 The first form loads both with ``torch.load(weights_only=False, map_location='cpu')`` and compares them
 deeply: tensors by dtype, shape, ``requires_grad`` and bits; containers and objects by exact type and
@@ -12,8 +13,11 @@ contents (an object's ``__dict__``, a module's ``state_dict()`` and ``training``
 object of the original that is one object in several places (an omegaconf node and its children's
 ``_parent`` links, a shared dict) must be one object at the same places of the rewritten file, and no two
 distinct objects may become one. The second form checks that a state dict ckpt converted from a TorchScript
-archive (weights only) holds the module's ``state_dict()`` and its tensor constants
-(``code_with_constants``), bit for bit, ``requires_grad`` as the archive's parameters have it. Prints one line per check; exits non-zero on the first difference.
+archive by default (weights only) is the module's ``state_dict()`` and nothing else, bit for bit,
+``requires_grad`` as the archive's parameters have it, which ``load_state_dict(strict=True)`` accepts; the
+third, for a conversion that asked for the tensors outside it (``--include``), that it also holds the tensor
+constants (``code_with_constants``) and the other tensor attributes, bit for bit. Prints one line per check;
+exits non-zero on the first difference.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class Graph:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[1] == "--jit":
+    if len(argv) == 4 and argv[1] in ("--jit", "--jit-all"):
         module = torch.jit.load(argv[2], map_location="cpu")
         converted = torch.load(argv[3], weights_only=True)
         # keep_vars: the parameters as the archive holds them (``requires_grad`` included), not detached.
@@ -115,6 +119,13 @@ def main(argv: list[str]) -> int:
             if k not in converted:
                 fail(k, "missing from the converted state dict")
             same_tensor(t, converted[k], k)
+        if argv[1] == "--jit":
+            # A default conversion is the state dict and nothing else: load_state_dict(strict=True) takes it.
+            if sorted(converted) != sorted(want):
+                fail("state_dict", f"keys {sorted(converted)} != {sorted(want)}")
+            module.load_state_dict(converted, strict=True)
+            print(f"state_dict: {len(want)} tensors equal, load_state_dict(strict=True) accepts it")
+            return 0
         print(f"state_dict: {len(want)} tensors equal")
         # ``CONSTANTS.c<i>`` is numbered per module's code: every module's, compared as a multiset.
         constants = [t for _, sub in module.named_modules()
@@ -126,6 +137,15 @@ def main(argv: list[str]) -> int:
                                        sorted(got, key=lambda t: t.tolist()), strict=True)):
             same_tensor(c, g, f"constants.{i}")
         print(f"constants: {len(constants)} equal")
+        # The other tensor attributes, by their path in the module.
+        attributes = [k for k in converted if k.startswith("attributes.")]
+        for k in attributes:
+            owner = module
+            *path, last = k.removeprefix("attributes.").split(".")
+            for step in path:
+                owner = getattr(owner, step)
+            same_tensor(getattr(owner, last), converted[k], k)
+        print(f"attributes: {len(attributes)} equal")
         return 0
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)

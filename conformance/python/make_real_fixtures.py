@@ -21,9 +21,11 @@ Writes into OUTDIR (the committed copy lives in ``conformance/fixtures/real/``):
   ``DictConfig`` (nested configs and a ``ListConfig``, each child linked back to its parent through
   ``_parent``: a cyclic object graph);
 - ``scripted.jit``: ``torch.jit.save`` of a scripted and frozen module (``real_scripted.py``: parameters
-  and buffers of nested modules, two tensor constants in ``constants.pkl``, the code in ``code/``); its manifest's ``tensors`` are the module's
-  ``state_dict()``, its ``constants`` the tensor constants of every module's code (ckpt lists them as
-  ``constants.<i>``, by their order in ``constants.pkl``);
+  and buffers of nested modules, a tensor attribute that is neither, two tensor constants in
+  ``constants.pkl``, the code in ``code/``); its manifest's ``tensors`` are the module's ``state_dict()``, its
+  ``attributes`` the other tensor attributes (ckpt lists them as ``attributes.<path>``), its ``constants`` the
+  tensor constants of every module's code (ckpt lists them as ``constants.<i>``, by their order in
+  ``constants.pkl``);
 - ``deflate.pt``: a ``torch.save`` file whose records are DEFLATE-compressed (as a re-zipped file is),
   which ``torch.load`` reads;
 - ``objects.ckpt``: a model checkpoint whose modules sit inside an object (chemprop's layout: Lightning's
@@ -378,6 +380,7 @@ def scripted_module() -> torch.jit.ScriptModule:
         outer.inner.bn.running_mean.copy_(exact((2,), 3))
         outer.inner.bn.running_var.copy_(exact((2,), 4).abs() + 0.5)
         outer.inner.scale.fill_(2.0)
+        outer.inner._state = exact((2,), 5)  # noqa: SLF001
     return torch.jit.freeze(torch.jit.script(outer), preserved_attrs=["inner"])
 
 
@@ -453,6 +456,8 @@ def main(argv: list[str]) -> int:
     record("scripted.jit", "torch.jit.script of a module (parameters, buffers), frozen with its submodule kept "
            "(two buffers folded into tensor constants), saved with torch.jit.save", {**jit.state_dict()},
            state_dict=list(jit.state_dict()), constants_pkl_bytes=len(constants),
+           # Tensor attributes that are neither parameters nor buffers: ckpt lists them as ``attributes.<path>``.
+           attributes={"inner._state": tensor_record(jit.inner._state)},  # noqa: SLF001
            constants=sorted(code_constants, key=lambda r: (r["sha256"], r["dtype"], r["shape"])))
 
     buf = io.BytesIO()

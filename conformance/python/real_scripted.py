@@ -2,7 +2,8 @@
 fixed file name ``real_scripted.py`` (so that the archive's ``.debug_pkl`` records name no path of the
 machine that made it), scripted, frozen with ``inner`` kept, and saved with ``torch.jit.save``. Freezing
 turns ``offset`` and ``shift`` into the tensor constants of ``constants.pkl``; ``inner``'s parameters and
-buffers stay attributes, which ``state_dict()`` lists."""
+buffers stay attributes, which ``state_dict()`` lists, and so does its ``_state``, a tensor attribute that is
+neither a parameter nor a buffer (``state_dict()`` leaves it out)."""
 
 import torch
 from torch import nn
@@ -37,9 +38,10 @@ class Inner(nn.Module):
         self.lin = Affine()
         self.bn = Norm()
         self.register_buffer("scale", torch.ones(1))
+        self._state = torch.zeros(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.lin(x)) * self.scale
+        return self.bn(self.lin(x)) * self.scale + self._state
 
 
 class Outer(nn.Module):

@@ -265,7 +265,9 @@ impl<'a> Source<'a> {
         feature = "hfai",
         feature = "pbg",
         feature = "recis",
-        feature = "deepspeed"
+        feature = "deepspeed",
+        feature = "pickle",
+        feature = "package"
     ))]
     pub fn format(&self) -> Format {
         match self.origin {

@@ -34,6 +34,12 @@ pub enum Format {
     /// Hugging Face sharded safetensors directories (`model-0000i-of-0000n.safetensors` +
     /// `model.safetensors.index.json`, or one `model.safetensors`).
     Hf,
+    /// Plain pickles of objects holding tensors or modules (`pickle.dump`, protocols 0 to 5), which
+    /// `torch.load` refuses.
+    Pickle,
+    /// torch.package archives (`torch.package.PackageExporter`: pickled resources, their modules' code,
+    /// TorchScript modules).
+    Package,
 }
 
 /// What the facade knows about a format whether or not this build has it: enough to name it, recognise
@@ -55,7 +61,7 @@ struct Known {
 }
 
 /// Every format, in [`Format`]'s order, which is also the order detection tries them in.
-const KNOWN: [Known; 9] = [
+const KNOWN: [Known; 11] = [
     Known {
         format: Format::Torch,
         name: "torch",
@@ -149,6 +155,27 @@ const KNOWN: [Known; 9] = [
         detect: |p| HF_MARKERS.iter().any(|m| p.marker(m)),
         enabled: cfg!(feature = "hf"),
     },
+    Known {
+        format: Format::Pickle,
+        name: "pickle",
+        about: "plain pickles of models and tensors (pickle.dump, .pkl)",
+        sharded: false,
+        writable: false,
+        // After torch: a legacy torch.save stream starts with a pickle too.
+        detect: |p| p.plain_pickle(),
+        enabled: cfg!(feature = "pickle"),
+    },
+    Known {
+        format: Format::Package,
+        name: "package",
+        about: "torch.package archives (PackageExporter: pickled resources, code listed, never run)",
+        sharded: false,
+        writable: false,
+        // A ZIP archive as torch.save's: told apart by its central directory (`.data/extern_modules`), which
+        // the registry's detection reads for a file recognised as torch.
+        detect: |_| false,
+        enabled: cfg!(feature = "package"),
+    },
 ];
 
 /// The file names of a Hugging Face checkpoint directory (transformers' `save_pretrained`).
@@ -168,8 +195,8 @@ const REFUSED: &[(Format, Format, &str)] = &[(
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 9] = {
-        let mut all = [Format::Torch; 9];
+    pub const ALL: [Format; 11] = {
+        let mut all = [Format::Torch; 11];
         let mut i = 0;
         while i < all.len() {
             all[i] = KNOWN[i].format;
@@ -269,6 +296,25 @@ impl Probe<'_> {
         head.get(8) == Some(&b'{') && len.is_some_and(|len| len > 1)
     }
 
+    /// Whether a file starts like a plain pickle: a PROTO opcode of protocol 2 to 5, or how protocol 0 and 1
+    /// pickles of a dict, a list or an object start (`(dp0`, `(lp0`, `}q`, `]q`, `c<module>\n<name>\n`).
+    pub(crate) fn plain_pickle(&self) -> bool {
+        let Probe::File(head) = self else { return false };
+        let global = |rest: &[u8]| {
+            let mut lines = rest.splitn(3, |&b| b == b'\n');
+            let ident =
+                |s: &[u8]| !s.is_empty() && s.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+            matches!((lines.next(), lines.next(), lines.next()), (Some(m), Some(n), Some(_)) if ident(m) && ident(n))
+        };
+        match head {
+            [0x80, 2..=5, ..] => true,
+            [b'(', b'd' | b'l', b'p', d, ..] => d.is_ascii_digit(),
+            [b'}' | b']', b'q' | b'r' | b'(' | b'.', ..] => true,
+            [b'(', b'c', rest @ ..] | [b'c', rest @ ..] => global(rest),
+            _ => false,
+        }
+    }
+
     /// The string `field` of the JSON object in the directory's file `name`, when it has one.
     pub(crate) fn json_field(&self, name: &str, field: &str) -> Option<String> {
         let Probe::Dir(dir, _) = self else { return None };
@@ -354,5 +400,12 @@ mod tests {
         assert!(!Probe::Dir(Path::new("."), &[]).safetensors_header());
         assert!(Probe::Dir(Path::new("."), &["PART_001.pt".to_owned()]).marker("PART_*.pt"));
         assert!(!Probe::File(b"PART_001.pt").marker("PART_*.pt"));
+        for head in [&b"\x80\x04\x95"[..], b"\x80\x02}q\x00", b"(dp0\nS'a'", b"}q\x00(", b"c__main__\nNet\nq\x00"] {
+            assert!(Probe::File(head).plain_pickle(), "{head:?}");
+        }
+        for head in [&b"\x80\x06"[..], b"(dict", b"cat a\n", b"{}", b"PK\x03\x04"] {
+            assert!(!Probe::File(head).plain_pickle(), "{head:?}");
+        }
+        assert_eq!(recognise(&Probe::File(&LEGACY_TORCH_MAGIC)), Some(Format::Torch));
     }
 }

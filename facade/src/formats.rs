@@ -24,8 +24,12 @@ mod hf;
 mod hfai;
 #[cfg(feature = "megatron")]
 mod megatron;
+#[cfg(feature = "package")]
+mod package;
 #[cfg(feature = "pbg")]
 mod pbg;
+#[cfg(feature = "pickle")]
+mod pickle;
 #[cfg(feature = "recis")]
 mod recis;
 #[cfg(feature = "safetensors")]
@@ -83,6 +87,10 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &deepspeed::DeepSpeed,
     #[cfg(feature = "hf")]
     &hf::Hf,
+    #[cfg(feature = "pickle")]
+    &pickle::Pickle,
+    #[cfg(feature = "package")]
+    &package::TorchPackage,
 ];
 
 /// `ckpt convert`'s flags for the target format, each format's own (they live with its adaptor,
@@ -163,6 +171,11 @@ pub fn detect(path: &Path) -> Result<Format> {
     let mut head = Vec::new();
     File::open(path).at(path)?.take(4096).read_to_end(&mut head).at(path)?;
     if let Some(format) = recognise(&Probe::File(&head)) {
+        // A torch.package archive is a ZIP archive as torch.save's: its central directory tells.
+        #[cfg(feature = "torch")]
+        if format == Format::Torch && head.starts_with(b"PK") && ckpt_torch::package::is_package_file(path) {
+            return Ok(Format::Package);
+        }
         return Ok(format);
     }
     // Let an adaptor name the wrong-file cases (git-LFS pointer, HTML, TAR-era, empty ...).

@@ -55,12 +55,30 @@ fn manifest_constants(file: &str) -> Vec<(String, Vec<usize>, String)> {
     v
 }
 
+/// A TorchScript archive's other tensor attributes, as the manifest lists them, by `attributes.<path>`.
+fn manifest_attributes(file: &str) -> Tensors {
+    let json = manifest_json(file);
+    json["attributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, t)| (format!("attributes.{name}"), record(t)))
+        .collect()
+}
+
 /// `listed`, the constants (`constants.<i>`) apart, sorted.
 fn split_constants(mut all: Tensors) -> (Tensors, Vec<(String, Vec<usize>, String)>) {
     let names: Vec<String> = all.keys().filter(|n| n.starts_with("constants.")).cloned().collect();
     let mut constants: Vec<_> = names.iter().filter_map(|n| all.remove(n)).collect();
     constants.sort();
     (all, constants)
+}
+
+/// `listed`, the other tensor attributes (`attributes.<path>`) apart.
+fn split_attributes(mut all: Tensors) -> (Tensors, Tensors) {
+    let names: Vec<String> = all.keys().filter(|n| n.starts_with("attributes.")).cloned().collect();
+    let attributes = names.into_iter().filter_map(|n| all.remove(&n).map(|t| (n, t))).collect();
+    (all, attributes)
 }
 
 /// The tensors ckpt lists in the checkpoint at `path`, read back.
@@ -86,10 +104,13 @@ fn every_tensor_is_listed_under_its_natural_name() {
         let want = manifest(file);
         assert!(!want.is_empty(), "{file}: the manifest lists no tensor");
         let (tensors, constants) = split_constants(listed(&path));
+        let (tensors, attributes) = split_attributes(tensors);
         assert_eq!(tensors, want, "{file}");
         assert_eq!(constants, manifest_constants(file), "{file}");
+        assert_eq!(attributes, manifest_attributes(file), "{file}");
     }
     assert_eq!(manifest_constants("scripted.jit").len(), 2, "the TorchScript fixture has two constants");
+    assert_eq!(manifest_attributes("scripted.jit").len(), 1, "the TorchScript fixture has a tensor attribute");
 }
 
 #[test]
@@ -108,8 +129,9 @@ fn safetensors_conversion_keeps_every_entry() {
         let dst = tmp.path().join(format!("{file}.safetensors"));
         let summary = convert(&src, None, &dst, Format::Safetensors, &ConvertOptions::default())
             .unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert_eq!(summary.tensors, manifest(file).len() + manifest_constants(file).len(), "{file}");
-        assert_eq!(split_constants(listed(&dst)), split_constants(listed(&src)), "{file}");
+        // A TorchScript archive's tensors outside its state dict are left out unless asked for.
+        assert_eq!(summary.tensors, manifest(file).len(), "{file}");
+        assert_eq!(listed(&dst), manifest(file), "{file}");
         let report = ckpt::verify(&dst).unwrap();
         assert!(report.is_ok(), "{file}: {:?}", report.problems);
         let d = ckpt::diff(&src, &dst, &DiffOptions::default().with_atol(0.0).with_rtol(0.0)).unwrap();
@@ -179,15 +201,34 @@ fn torchscript_converts_to_a_weights_only_state_dict() {
     assert!(reader.script().is_some(), "a TorchScript archive is read as one");
     let dst = tmp.path().join("state_dict.pt");
     let summary = convert(&src, None, &dst, Format::Torch, &ConvertOptions::default()).unwrap();
-    assert_eq!(summary.tensors, manifest("scripted.jit").len() + 2);
+    assert_eq!(summary.tensors, manifest("scripted.jit").len());
     let script = reader.script().unwrap();
     assert_eq!(script.parameters.len() + script.buffers.len(), manifest("scripted.jit").len());
     assert_eq!(script.constants, 2);
+    assert_eq!(script.attributes, ["inner._state"]);
     assert!(script.code.iter().any(|c| c.starts_with("code/__torch__")), "{:?}", script.code);
-    // Read back: the state dict and the constants, nothing of the module's code or classes.
-    assert_eq!(split_constants(listed(&dst)), split_constants(listed(&src)));
+    // Read back: the state dict and nothing else (load_state_dict(strict=True) takes it), nothing of the
+    // module's code or classes.
+    assert_eq!(listed(&dst), manifest("scripted.jit"));
     let out = run_python("check_real.py", &["--jit".as_ref(), &src, &dst]);
-    assert!(out.contains("state_dict: 8 tensors equal") && out.contains("constants: 2 equal"), "{out}");
+    assert!(out.contains("state_dict: 8 tensors equal, load_state_dict(strict=True) accepts it"), "{out}");
+    // The tensors outside the state dict read by name, and converted when --include asks for them.
+    let ck = ckpt::open(&src).unwrap();
+    assert!(ck.tensor("attributes.inner._state").is_ok() && ck.tensor("constants.0").is_ok());
+    let all = tmp.path().join("with_extras.pt");
+    let options = ConvertOptions::default().with_selection(ckpt::select::Selection::default().with_include("*"));
+    let summary = convert(&src, None, &all, Format::Torch, &options).unwrap();
+    assert_eq!(summary.tensors, manifest("scripted.jit").len() + 3);
+    assert_eq!(listed(&all), listed(&src));
+    let out = run_python("check_real.py", &["--jit-all".as_ref(), &src, &all]);
+    assert!(out.contains("constants: 2 equal") && out.contains("attributes: 1 equal"), "{out}");
+    // Only what the globs name: the constants, not the attribute.
+    let some = tmp.path().join("with_constants.safetensors");
+    let selection = ckpt::select::Selection::default().with_include("inner.*").with_include("constants.*");
+    let options = ConvertOptions::default().with_selection(selection);
+    let summary = convert(&src, None, &some, Format::Safetensors, &options).unwrap();
+    assert_eq!(summary.tensors, manifest("scripted.jit").len() + 2);
+    assert!(listed(&some).keys().all(|n| !n.starts_with("attributes.")));
 }
 
 /// Runs the `ckpt` tool; returns (exit code, stdout).

@@ -253,3 +253,21 @@ mod tests {
         assert_eq!(files, [FileEntry { name: "a".into(), bytes: b"2" }]);
     }
 }
+
+/// A minimal torch.package archive whose one pickled resource, `models/model.pkl`, is `pickle` (and whose
+/// storages are none): the externs torch's own pickles name, a version, `byteorder`.
+pub fn torch_package_of(pickle: &[u8]) -> Vec<u8> {
+    let mut zip = ckpt_torch::zip::ZipWriter::new(Vec::new(), "package");
+    let records: [(&str, &[u8]); 4] = [
+        ("models/model.pkl", pickle),
+        (".data/extern_modules", b"torch\ncollections\nbuiltins\n"),
+        (".data/version", b"6\n"),
+        ("byteorder", b"little"),
+    ];
+    for (name, data) in records {
+        if zip.write_record(name, data).is_err() {
+            return Vec::new();
+        }
+    }
+    zip.finish().unwrap_or_default()
+}

@@ -162,7 +162,8 @@ class Checkpoint:
     # --- what it is --------------------------------------------------------------------------------------
     @property
     def format(self) -> str:
-        """The format's name: ``torch``, ``safetensors``, ``hf``, ``distcp``, ``hfai``, ``pbg`` or ``recis``."""
+        """The format's name: ``torch``, ``safetensors``, ``hf``, ``distcp``, ``hfai``, ``pbg``, ``recis``,
+        ``deepspeed``, ``megatron`` or ``pickle``."""
         return self._n().format
 
     @property

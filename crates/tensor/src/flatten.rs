@@ -534,7 +534,9 @@ impl<'v> Walker<'v> {
     }
 
     fn emit(&self, v: &'v Value, f: &mut Emit<'_, 'v>) -> Result<()> {
-        if self.in_object && !look_through(v).is_tensor_like() {
+        // Inside an object, its tensors (numpy arrays among them) are entries; its other attributes are not.
+        let inner = look_through(v);
+        if self.in_object && !inner.is_tensor_like() && !matches!(inner, Value::Numpy(n) if n.is_array()) {
             return Ok(());
         }
         f(&Leaf { name: &self.name, path: &self.path, positions: &self.positions, value: v })

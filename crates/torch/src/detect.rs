@@ -10,6 +10,9 @@ pub enum Container {
     Zip,
     /// Legacy pickle stream (`_use_new_zipfile_serialization=False`, torch 0.1.10–1.5).
     Legacy,
+    /// A plain pickle (`pickle.dump(obj)`), not a `torch.save` stream: `torch.load` refuses it, `pickle.load`
+    /// reads it (each tensor's storage a `torch.storage._load_from_bytes` of a whole `torch.save` stream).
+    Pickle,
 }
 
 /// The pickle-protocol-2 encoding of torch's legacy `MAGIC_NUMBER` (0x1950A86A20F9469CFC6C) without the
@@ -52,6 +55,9 @@ pub fn detect(bytes: &[u8]) -> Result<Container, Error> {
     if head.first() == Some(&0x80) && (contains(head, LEGACY_MAGIC)) || contains(head, LEGACY_MAGIC_TEXT) {
         return Ok(Container::Legacy);
     }
+    if looks_like_pickle(head) {
+        return Ok(Container::Pickle);
+    }
     let text = String::from_utf8_lossy(head).trim_start().to_ascii_lowercase();
     if text.starts_with("<!doctype html")
         || text.starts_with("<html")
@@ -68,6 +74,26 @@ pub fn detect(bytes: &[u8]) -> Result<Container, Error> {
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Whether `head` starts a plain pickle: a PROTO opcode of protocol 2 to 5, or what a protocol 0 or 1 pickle of
+/// a container or an object starts with (`(dp0`, `(lp0`, `}q\x00`, `]q\x00`, `ccopy_reg\n_reconstructor`,
+/// `c<module>\n<name>\n`). Text that merely starts with one of those bytes is not taken.
+pub fn looks_like_pickle(head: &[u8]) -> bool {
+    match head {
+        [0x80, 2..=5, ..] => true,
+        [b'(', b'd' | b'l', b'p', d, ..] => d.is_ascii_digit(),
+        [b'}' | b']', b'q' | b'r' | b'(' | b'.', ..] => true,
+        [b'(', b'c', global @ ..] | [b'c', global @ ..] => starts_with_global(global),
+        _ => false,
+    }
+}
+
+/// Whether `rest` (after a GLOBAL opcode) is a dotted module name, a newline, a name and a newline.
+fn starts_with_global(rest: &[u8]) -> bool {
+    let mut lines = rest.splitn(3, |&b| b == b'\n');
+    let ident = |s: &[u8]| !s.is_empty() && s.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.');
+    matches!((lines.next(), lines.next(), lines.next()), (Some(m), Some(n), Some(_)) if ident(m) && ident(n))
 }
 
 /// 8-byte little-endian header length followed by `{`.
@@ -99,5 +125,14 @@ mod tests {
         st.extend_from_slice(b"{}");
         assert!(matches!(detect(&st), Err(Error::Safetensors)));
         assert!(matches!(detect(b"\x00\x01garbage"), Err(Error::Unrecognized { .. })));
+        // Plain pickles of every protocol; text that starts with a pickle opcode's byte is not one.
+        for head in
+            [&b"\x80\x02}q\x00."[..], b"\x80\x05\x95", b"(dp0\n", b"}q\x00(", b"ccopy_reg\n_reconstructor\np0\n"]
+        {
+            assert_eq!(detect(head).unwrap(), Container::Pickle, "{head:?}");
+        }
+        for text in [&b"(hello"[..], b"}{", b"cat file\n", b"\x80\x06"] {
+            assert!(matches!(detect(text), Err(Error::Unrecognized { .. })), "{text:?}");
+        }
     }
 }

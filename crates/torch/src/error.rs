@@ -187,6 +187,59 @@ pub enum Error {
         /// What it is, naming its dtype.
         reason: String,
     },
+    /// A plain pickle (`pickle.dump`) holds a persistent id, which only a `torch.save` stream resolves.
+    #[error(
+        "a plain pickle holds a persistent id (storage {key:?}), which pickle.load cannot resolve: this is not \
+         a pickle.dump output; if it is part of a torch.save stream, open the whole .pt file"
+    )]
+    PersistentIdInPickle {
+        /// The storage key the persistent id names.
+        key: String,
+    },
+    /// The bytes of a `torch.storage._load_from_bytes(b"...")` call are not a `torch.save` stream.
+    #[error(
+        "torch.storage._load_from_bytes holds {len} bytes that are not a torch.save stream ({source}); \
+         the file is damaged or was not written by pickling torch tensors"
+    )]
+    LoadFromBytes {
+        /// How many bytes the call holds.
+        len: usize,
+        /// Why they are not read as a `torch.save` stream.
+        #[source]
+        source: Box<Error>,
+    },
+    /// `torch.storage._load_from_bytes` streams nested inside each other deeper than a real file nests them.
+    #[error(
+        "torch.storage._load_from_bytes streams are nested more than {max} deep (a pickled storage holds one \
+         stream); the file is hostile or damaged"
+    )]
+    NestedTooDeep {
+        /// The deepest nesting read.
+        max: usize,
+    },
+    /// A pickled resource of a torch.package archive could not be read.
+    #[error("torch.package resource {resource:?}: {source}")]
+    PackageResource {
+        /// The resource's path in the package.
+        resource: String,
+        /// Why.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A pickled resource of a torch.package archive names a module the package neither holds nor externs.
+    #[error(
+        "torch.package resource {resource:?} names the module {module:?}, which the package neither holds nor \
+         marks extern (extern: {extern_modules}); PackageImporter would refuse it: the archive is incomplete or \
+         damaged, re-export it with the module interned or extern"
+    )]
+    PackageMissingModule {
+        /// The resource's path in the package.
+        resource: String,
+        /// The module it names.
+        module: String,
+        /// The package's extern modules.
+        extern_modules: String,
+    },
     /// The value cannot be written by the torch.save writer.
     #[error("cannot write: {0}")]
     Unwritable(String),
@@ -250,7 +303,11 @@ impl Error {
             | Error::BadRebuild { .. }
             | Error::BadView { .. }
             | Error::UnknownDType(_)
-            | Error::Legacy(_) => Fault::Malformed,
+            | Error::Legacy(_)
+            | Error::PersistentIdInPickle { .. }
+            | Error::NestedTooDeep { .. } => Fault::Malformed,
+            Error::LoadFromBytes { source, .. } | Error::PackageResource { source, .. } => source.fault(),
+            Error::PackageMissingModule { .. } => Fault::Malformed,
         }
     }
 }

@@ -142,5 +142,5 @@ pub(crate) fn read(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
     }
     let mut storages = LegacyStorages { data };
     let pickle = bytes.get(object_at..).unwrap_or_default();
-    rebuild(pickle, &options.pickle(), &mut storages, "object")
+    rebuild(pickle, options, &mut storages, "object")
 }

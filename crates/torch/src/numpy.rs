@@ -31,8 +31,55 @@ fn multiarray(o: &Object, name: &str) -> Option<String> {
     (n == name && NUMPY_MULTIARRAY.contains(&module)).then(|| module.to_owned())
 }
 
+/// The modules of numpy's `_frombuffer(buffer, dtype, shape, order)`, what an array pickles as under
+/// protocol 5 (numpy 2 and numpy 1), each with the `multiarray` module its arrays are written back under.
+pub(crate) const NUMPY_NUMERIC: [(&str, &str); 2] =
+    [("numpy._core.numeric", "numpy._core.multiarray"), ("numpy.core.numeric", "numpy.core.multiarray")];
+
+/// The array of `numpy._core.numeric._frombuffer(buffer, dtype, shape, order)` (protocol 5's in-band form:
+/// the buffer a `bytearray`, or `bytes` for a read-only array; `order` `'C'` or `'F'`).
+fn frombuffer(o: &Object) -> Option<Numpy> {
+    let (module, name) = o.callable_name()?;
+    let (_, multiarray) = NUMPY_NUMERIC.iter().find(|(m, _)| *m == module).filter(|_| name == "_frombuffer")?;
+    let Value::Tuple(args) = &o.args else { return None };
+    let [Value::ByteArray(data) | Value::Bytes(data), dtype, Value::Tuple(shape), Value::Str(order)] = args.as_slice()
+    else {
+        return None;
+    };
+    if o.state.is_some() || !matches!(order.as_str(), "C" | "F") {
+        return None;
+    }
+    array(dtype, shape, order == "F", data, multiarray)
+}
+
+/// The array of `dtype` and `shape` over the little-endian bytes `data` (Fortran or C order), `module` the
+/// `multiarray` module it is written back under.
+fn array(dtype: &Value, shape: &[Value], fortran: bool, data: &[u8], module: &str) -> Option<Numpy> {
+    let (code, order) = numpy_dtype_code(dtype)?;
+    let dtype = supported(code, order)?;
+    let shape: Vec<usize> =
+        shape.iter().map(|d| d.as_int().and_then(|d| usize::try_from(d).ok())).collect::<Option<_>>()?;
+    let numel = ckpt_tensor::checked_numel(&shape)?;
+    if numel.checked_mul(dtype.size())? != data.len() {
+        return None;
+    }
+    let mut strides = vec![0; shape.len()];
+    let mut step = 1usize;
+    let order: Box<dyn Iterator<Item = usize>> =
+        if fortran { Box::new(0..shape.len()) } else { Box::new((0..shape.len()).rev()) };
+    for i in order {
+        *strides.get_mut(i)? = step;
+        step = step.checked_mul((*shape.get(i)?).max(1))?;
+    }
+    let tensor = Tensor::from_parts(dtype, &shape, &strides, 0, Buffer::from_vec(data.to_vec())).ok()?;
+    Some(Numpy { value: Value::Tensor(tensor), dtype, module: module.to_owned() })
+}
+
 /// The numpy value `o` pickles, when it is a numpy scalar or array of a dtype torch has.
 pub(crate) fn numpy_of(o: &Object) -> Option<Numpy> {
+    if let Some(n) = frombuffer(o) {
+        return Some(n);
+    }
     if let Some(module) = multiarray(o, "scalar") {
         let Value::Tuple(args) = &o.args else { return None };
         let [dtype, Value::Bytes(data)] = args.as_slice() else { return None };
@@ -52,24 +99,7 @@ pub(crate) fn numpy_of(o: &Object) -> Option<Numpy> {
     let [Value::Int(1), Value::Tuple(shape), dtype, Value::Bool(fortran), Value::Bytes(data)] = state.as_slice() else {
         return None;
     };
-    let (code, order) = numpy_dtype_code(dtype)?;
-    let dtype = supported(code, order)?;
-    let shape: Vec<usize> =
-        shape.iter().map(|d| d.as_int().and_then(|d| usize::try_from(d).ok())).collect::<Option<_>>()?;
-    let numel = ckpt_tensor::checked_numel(&shape)?;
-    if numel.checked_mul(dtype.size())? != data.len() {
-        return None;
-    }
-    let mut strides = vec![0; shape.len()];
-    let mut step = 1usize;
-    let order: Box<dyn Iterator<Item = usize>> =
-        if *fortran { Box::new(0..shape.len()) } else { Box::new((0..shape.len()).rev()) };
-    for i in order {
-        strides[i] = step;
-        step = step.checked_mul(shape[i].max(1))?;
-    }
-    let tensor = Tensor::from_parts(dtype, &shape, &strides, 0, Buffer::from_vec(data.clone())).ok()?;
-    Some(Numpy { value: Value::Tensor(tensor), dtype, module })
+    array(dtype, shape, *fortran, data, &module)
 }
 
 /// A numpy scalar's value from its little-endian bytes.

@@ -50,6 +50,8 @@ pub struct ReadOptions {
     /// The file's name as [`ReadOptions::fill`] knows it (its path relative to the checkpoint). `None`:
     /// the last component of the path [`TorchReader::open_with`] opens (empty for a buffer).
     pub fill_file: Option<String>,
+    /// How deep inside `torch.storage._load_from_bytes` streams the buffer read is (0: a file).
+    pub(crate) nesting: usize,
 }
 
 /// The default bound on one DEFLATE record's inflated size: 4 GiB.
@@ -65,6 +67,7 @@ impl Default for ReadOptions {
             trust_layout: false,
             fill: None,
             fill_file: None,
+            nesting: 0,
         }
     }
 }
@@ -146,6 +149,8 @@ pub struct TorchReader {
     state_dict: Option<Value>,
     /// What a TorchScript archive declares (code, parameters, buffers).
     script: Option<Box<crate::torchscript::Script>>,
+    /// What a torch.package archive holds (resources, modules, extern and mocked modules).
+    package: Option<Box<crate::package::Package>>,
     /// Leaves by name, built on the first look-up (reading every entry stays linear).
     leaf_index: OnceLock<Option<LeafIndex>>,
 }
@@ -203,14 +208,18 @@ impl TorchReader {
     fn read(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions) -> Result<Self> {
         match detect(buffer.as_bytes())? {
             Container::Zip => read_zip(buffer, file, options),
-            Container::Legacy => {
+            container @ (Container::Legacy | Container::Pickle) => {
                 // (The legacy stream's pickle is followed by its storages: the tree is walked, not the bytes.)
-                let value = legacy::read(buffer, options)?;
+                let value = match container {
+                    Container::Legacy => legacy::read(buffer, options)?,
+                    _ => crate::plain_pickle::read(buffer, options)?,
+                };
                 Ok(TorchReader {
                     state_dict: module_state_dict(&value),
                     script: None,
+                    package: None,
                     value,
-                    container: Container::Legacy,
+                    container,
                     prefix: None,
                     version: None,
                     archive: None,
@@ -238,6 +247,13 @@ impl TorchReader {
     /// `torch.save` file.
     pub fn script(&self) -> Option<&crate::Script> {
         self.script.as_deref()
+    }
+
+    /// For a torch.package archive (`torch.package.PackageExporter`): its resources and the modules it
+    /// holds, externs and mocks (its tensors are the entries, each pickled resource's under its path);
+    /// `None` for a `torch.save` file.
+    pub fn package(&self) -> Option<&crate::Package> {
+        self.package.as_deref()
     }
 
     /// The saved object.
@@ -286,7 +302,11 @@ impl TorchReader {
 
 impl CheckpointRead for TorchReader {
     fn format_name(&self) -> &'static str {
-        "torch"
+        match (self.container, &self.package) {
+            (Container::Pickle, _) => "pickle",
+            (_, Some(_)) => "package",
+            _ => "torch",
+        }
     }
 
     fn entries(&self) -> Vec<Entry> {
@@ -301,6 +321,7 @@ impl CheckpointRead for TorchReader {
             match self.container {
                 Container::Zip => "zip".to_owned(),
                 Container::Legacy => "legacy".to_owned(),
+                Container::Pickle => "plain pickle (pickle.dump, not torch.save)".to_owned(),
             },
         )];
         if let Some(p) = &self.prefix {
@@ -316,6 +337,24 @@ impl CheckpointRead for TorchReader {
             d.push(("parameters".into(), script.parameters.join(", ")));
             d.push(("buffers".into(), script.buffers.join(", ")));
             d.push(("constants".into(), script.constants.to_string()));
+            if !script.attributes.is_empty() {
+                d.push(("other tensor attributes".into(), script.attributes.join(", ")));
+            }
+            d.push((
+                "outside the state dict".into(),
+                "attributes.* and constants.* are listed and read, and converted only with --include".into(),
+            ));
+        }
+        if let Some(package) = &self.package {
+            d.push(("torch.package".into(), format!("{} pickled resources", package.pickles.len())));
+            d.push((
+                "resources".into(),
+                package.pickles.iter().chain(&package.resources).cloned().collect::<Vec<_>>().join(", "),
+            ));
+            d.push(("modules (code listed, never run)".into(), package.modules.join(", ")));
+            d.push(("extern modules (not in the package)".into(), package.extern_modules.join(", ")));
+            d.push(("mocked modules".into(), package.mocked_modules.join(", ")));
+            d.push(("torchscript modules (as their weights)".into(), package.scripts.to_string()));
         }
         let classes = module_classes(&self.value);
         if let Some(top) = classes.first() {
@@ -363,7 +402,7 @@ pub fn templates_agree(buffer: &Buffer) {
 }
 
 /// Reads the storage records of a ZIP archive.
-struct ZipStorages<'a> {
+pub(crate) struct ZipStorages<'a> {
     archive: &'a Archive,
     buffer: &'a Buffer,
     /// Storage key (the name after `data/`) -> record index, built on first use.
@@ -401,7 +440,15 @@ impl<'a> ZipStorages<'a> {
         self
     }
 
-    fn record(&self, name: &str) -> Result<Buffer> {
+    /// The storages of `archive` (in `buffer`) under `dir` (`data/`; `.data/` in a torch.package archive),
+    /// read under `options` (their fill hook, their inflated-size bound).
+    pub(crate) fn in_dir(archive: &'a Archive, buffer: &'a Buffer, dir: &'static str, options: &ReadOptions) -> Self {
+        ZipStorages { dir, max_inflated: options.max_inflated_bytes, ..ZipStorages::new(archive, buffer) }
+            .with_fill(options)
+    }
+
+    /// The bytes of the record `name` (without the archive prefix).
+    pub(crate) fn record(&self, name: &str) -> Result<Buffer> {
         let rec = self.archive.get(name).ok_or_else(|| Error::MissingRecord { name: name.to_owned() })?;
         self.record_data(rec)
     }
@@ -599,7 +646,7 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     } else {
         Archive::parse_overlapped(buffer.as_bytes(), headers, |archive| decode_zip(archive, buffer, options))?
     };
-    let Decoded { value, version, script } = decoded?;
+    let Decoded { value, version, script, package } = decoded?;
     let (state_dict, script) = match script {
         Some((sd, script)) => (Some(sd), Some(Box::new(script))),
         None => (module_state_dict(&value), None),
@@ -607,6 +654,7 @@ fn read_zip(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions
     Ok(TorchReader {
         state_dict,
         script,
+        package: package.map(Box::new),
         value,
         container: Container::Zip,
         prefix: Some(archive.prefix().to_owned()),
@@ -625,6 +673,8 @@ struct Decoded {
     version: u64,
     /// A TorchScript archive's state dict and what it declares.
     script: Option<(Value, crate::torchscript::Script)>,
+    /// What a torch.package archive holds besides its pickles.
+    package: Option<crate::package::Package>,
 }
 
 /// The saved object of a ZIP archive and its `version` record.
@@ -652,19 +702,23 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
             return Err(Error::BigEndian { found: order });
         }
     }
+    if crate::package::is_package(archive) {
+        let (value, package) = crate::package::read(archive, buffer, options)?;
+        return Ok(Decoded { value, version, script: None, package: Some(package) });
+    }
     let pkl = storages.record("data.pkl")?;
-    let value = rebuild(pkl.as_bytes(), &options.pickle(), &mut storages, "data.pkl")?;
+    let value = rebuild(pkl.as_bytes(), options, &mut storages, "data.pkl")?;
     if archive.get("constants.pkl").is_some() {
         // A TorchScript archive: the module's tensor constants are pickled apart, their storages under
         // `constants/`.
         let mut constants = ZipStorages { dir: "constants/", ..ZipStorages::new(archive, buffer) }.with_fill(options);
         constants.max_inflated = options.max_inflated_bytes;
         let pkl = constants.record("constants.pkl")?;
-        let table = rebuild(pkl.as_bytes(), &options.pickle(), &mut constants, "constants.pkl")?;
+        let table = rebuild(pkl.as_bytes(), options, &mut constants, "constants.pkl")?;
         let (state_dict, script) = crate::torchscript::read(archive, bytes, &value, &table);
-        return Ok(Decoded { value, version, script: Some((state_dict, script)) });
+        return Ok(Decoded { value, version, script: Some((state_dict, script)), package: None });
     }
-    Ok(Decoded { value, version, script: None })
+    Ok(Decoded { value, version, script: None, package: None })
 }
 
 /// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
@@ -811,6 +865,7 @@ mod tests {
             records: OnceLock::new(),
             state_dict: None,
             script: None,
+            package: None,
             leaf_index: OnceLock::new(),
         };
         let names: Vec<String> = f.entries().into_iter().map(|e| e.name).collect();

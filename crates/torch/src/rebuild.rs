@@ -18,6 +18,7 @@ use ckpt_pickle::{Builder, Call, CallKind, Captures, Items, Pairs, Pattern, Sequ
 use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
 
 use crate::error::Error;
+use crate::read::ReadOptions;
 
 /// Where the bytes of the storages a pickle refers to come from.
 pub(crate) trait StorageSource {
@@ -26,6 +27,13 @@ pub(crate) trait StorageSource {
     /// # Errors
     /// A missing record, or one of another size.
     fn storage(&mut self, dtype: DType, key: &str, numel: i64) -> Result<Buffer, Error>;
+
+    /// The value of torch.package's other persistent id, `('reduce_package', id, function, args)`: what
+    /// `function(importer, *args)` makes, read without running it; `None` when this source makes nothing of
+    /// `function` (the call is kept as an opaque object). Default: `None`.
+    fn reduce_package(&mut self, _function: (&str, &str), _args: &Value) -> Option<Result<Value, Error>> {
+        None
+    }
 }
 
 /// Why a pickle could not be rebuilt: the machine's error about the pickle itself, or a rebuild rule's.
@@ -71,13 +79,15 @@ type R<T> = Result<T, Failure>;
 /// The pickle's error (named `part`), or a rebuild rule's.
 pub(crate) fn rebuild(
     pkl: &[u8],
-    options: &ckpt_pickle::Options,
+    options: &ReadOptions,
     storages: &mut dyn StorageSource,
     part: &'static str,
 ) -> Result<Value, Error> {
-    rebuild_with(pkl, options, storages, true).0.map_err(|e| e.into_error(part))
+    let nested = Nested { options: options.pickle(), depth: options.nesting };
+    rebuild_in(pkl, nested, storages, true).0.map_err(|e| e.into_error(part))
 }
 
+#[cfg(any(test, fuzzing))]
 /// [`rebuild`], with tensor records read straight from the bytes (`templates`) or all run by the machine (for
 /// tests that compare the two); and how many records were read from the bytes.
 pub(crate) fn rebuild_with(
@@ -86,7 +96,24 @@ pub(crate) fn rebuild_with(
     storages: &mut dyn StorageSource,
     templates: bool,
 ) -> (R<Value>, usize) {
+    rebuild_in(pkl, Nested { options: *options, depth: 0 }, storages, templates)
+}
+
+/// The most `torch.storage._load_from_bytes` streams nested inside each other (a pickled storage holds one
+/// stream, which holds the storage alone).
+pub(crate) const MAX_NESTING: usize = 4;
+
+/// How a pickle is read: the machine's options, and how deep inside `_load_from_bytes` streams it is.
+struct Nested {
+    options: ckpt_pickle::Options,
+    depth: usize,
+}
+
+fn rebuild_in(pkl: &[u8], nested: Nested, storages: &mut dyn StorageSource, templates: bool) -> (R<Value>, usize) {
+    let options = &nested.options;
     let mut b = TorchBuilder {
+        nesting: nested.depth,
+        pickle: *options,
         storages,
         globals: Vec::new(),
         shelf: Shelf::default(),
@@ -128,6 +155,8 @@ enum Known {
     RebuildParameter,
     RebuildParameterWithState,
     RebuildFromTypeV2,
+    /// `torch.storage._load_from_bytes(b)`: a storage pickled by itself, `b` a whole `torch.save` stream.
+    LoadFromBytes,
     /// `numpy.core.multiarray.scalar` and `_reconstruct` (numpy 2: `numpy._core.multiarray`).
     Numpy,
     Opaque(OpaqueTensorKind),
@@ -151,8 +180,10 @@ fn known(module: &str, name: &str) -> Known {
         ("torch._utils", "_rebuild_parameter") => Known::RebuildParameter,
         ("torch._utils", "_rebuild_parameter_with_state") => Known::RebuildParameterWithState,
         ("torch._tensor", "_rebuild_from_type_v2") => Known::RebuildFromTypeV2,
+        ("torch.storage", "_load_from_bytes") => Known::LoadFromBytes,
         ("torch._utils", f) => opaque_kind(f).map_or(Known::Other, Known::Opaque),
         (m, "scalar" | "_reconstruct") if ckpt_tensor::value::NUMPY_MULTIARRAY.contains(&m) => Known::Numpy,
+        (m, "_frombuffer") if crate::numpy::NUMPY_NUMERIC.iter().any(|(n, _)| *n == m) => Known::Numpy,
         _ => Known::Other,
     }
 }
@@ -229,6 +260,10 @@ pub(crate) enum T<'a> {
 }
 
 struct TorchBuilder<'s, 'a> {
+    /// How deep inside `_load_from_bytes` streams this pickle is (0: the file's own).
+    nesting: usize,
+    /// The machine's options, for the streams inside `_load_from_bytes`.
+    pickle: ckpt_pickle::Options,
     storages: &'s mut dyn StorageSource,
     globals: Vec<Global>,
     shelf: Shelf<T<'a>>,
@@ -836,9 +871,19 @@ impl<'a> TorchBuilder<'_, 'a> {
                 self.describe(pid)
             ))));
         }
+        if let [T::Str(tag), _id, function, args] = items.as_slice() {
+            if tag == "reduce_package" {
+                return self.reduce_package(function, args);
+            }
+        }
         let (tag, class, key, numel, view) = match items.as_slice() {
-            [T::Str(tag), class, T::Str(key), _location, T::Int(numel)] => (tag, class, key, *numel, None),
-            [T::Str(tag), class, T::Str(key), _location, T::Int(numel), view] => (tag, class, key, *numel, Some(view)),
+            // (torch.package names its storages by int keys.)
+            [T::Str(tag), class, key @ (T::Str(_) | T::Int(_)), _location, T::Int(numel)] => {
+                (tag, class, key, *numel, None)
+            }
+            [T::Str(tag), class, key @ (T::Str(_) | T::Int(_)), _location, T::Int(numel), view] => {
+                (tag, class, key, *numel, Some(view))
+            }
             [T::Str(tag), ..] if tag != "storage" => {
                 return Err(Failure::Torch(Error::BadPersistentId(format!("tag {tag:?} is not 'storage'"))));
             }
@@ -852,6 +897,13 @@ impl<'a> TorchBuilder<'_, 'a> {
         if tag != "storage" {
             return Err(Failure::Torch(Error::BadPersistentId(format!("tag {tag:?} is not 'storage'"))));
         }
+        let key: Cow<'_, str> = match key {
+            T::Int(i) => Cow::Owned(i.to_string()),
+            T::Str(s) => Cow::Borrowed(s.as_ref()),
+            other => {
+                return Err(Failure::Torch(Error::BadPersistentId(format!("storage key {}", self.describe(other)))));
+            }
+        };
         let dtype = match self.global_of(class) {
             Some(g) => match g.storage {
                 Some(d) => d,
@@ -869,7 +921,7 @@ impl<'a> TorchBuilder<'_, 'a> {
                 ))));
             }
         };
-        let data = self.storages.storage(dtype, key, numel)?;
+        let data = self.storages.storage(dtype, &key, numel)?;
         let data = match view {
             None | Some(T::None) => data,
             Some(T::Tuple(v)) => match v.as_slice() {
@@ -894,6 +946,64 @@ impl<'a> TorchBuilder<'_, 'a> {
             }
         };
         Ok(T::Storage(dtype, data))
+    }
+
+    /// `torch.storage._load_from_bytes(b)`: `torch.load(io.BytesIO(b))`, with `b` read by this crate's reader
+    /// (a legacy or ZIP `torch.save` stream; a plain pickle is not one). A storage stays a storage for the
+    /// `_rebuild_tensor_v2` around it; anything else the stream holds is its value.
+    fn load_from_bytes(&mut self, p: &Pending<'a>) -> R<T<'a>> {
+        let name = "_load_from_bytes";
+        let args = self.seq_items(&p.args).to_vec();
+        let arg = self.arg(&args, 0, name)?.clone();
+        let bytes = match self.finish_ref(&arg)? {
+            Value::Bytes(b) | Value::ByteArray(b) => b,
+            other => return Err(bad(name, format!("argument 0 must be bytes, got {}", other.type_name()))),
+        };
+        if self.nesting >= MAX_NESTING {
+            return Err(Failure::Torch(Error::NestedTooDeep { max: MAX_NESTING }));
+        }
+        let len = bytes.len();
+        let fail = |source: Error| Failure::Torch(Error::LoadFromBytes { len, source: Box::new(source) });
+        match crate::detect::detect(&bytes) {
+            Ok(crate::detect::Container::Pickle) => {
+                let head = bytes.get(..bytes.len().min(16)).unwrap_or_default().to_vec();
+                return Err(fail(Error::Unrecognized { head }));
+            }
+            Err(e) => return Err(fail(e)),
+            Ok(_) => {}
+        }
+        let mut options =
+            ReadOptions::default().with_limits(self.pickle.limits).with_py2_strings(self.pickle.py2_strings);
+        options.nesting = self.nesting + 1;
+        let buffer = Buffer::from_vec(bytes);
+        let value = crate::TorchReader::from_buffer(&buffer, &options).map_err(fail)?.into_value();
+        Ok(match value {
+            Value::Storage { dtype, data } => T::Storage(dtype, data),
+            other => T::V(Box::new(other)),
+        })
+    }
+
+    /// torch.package's `('reduce_package', id, function, args)` persistent id: what the storage source makes
+    /// of `function` and `args` (a TorchScript module's weights), or the call kept as an opaque object.
+    fn reduce_package(&mut self, function: &T<'a>, args: &T<'a>) -> R<T<'a>> {
+        let Some(g) = self.global_of(function) else {
+            let what = format!("reduce_package function is not a global: {}", self.describe(function));
+            return Err(Failure::Torch(Error::BadPersistentId(what)));
+        };
+        let (module, name, callable) = (g.module.clone(), g.name.clone(), g.value.clone());
+        let args = self.finish_ref(args)?;
+        let value = match self.storages.reduce_package((&module, &name), &args) {
+            Some(made) => made?,
+            None => Value::Object(Box::new(Object {
+                callable,
+                args,
+                newobj: false,
+                state: None,
+                list_items: Vec::new(),
+                dict_items: Vec::new(),
+            })),
+        };
+        Ok(T::V(Box::new(value)))
     }
 
     /// The object behind a handle, or `t` itself, to change.
@@ -999,6 +1109,9 @@ impl<'a> Builder<'a> for TorchBuilder<'_, 'a> {
             });
         if eager {
             return self.rebuild(p).map(|v| T::V(Box::new(v)));
+        }
+        if p.reduce && self.global_of(&p.callable).is_some_and(|g| g.known == Known::LoadFromBytes) {
+            return self.load_from_bytes(&p);
         }
         Ok(T::Call(Box::new(p)))
     }

@@ -1,8 +1,11 @@
 //! TorchScript archives (`torch.jit.save`): `data.pkl` holds the module as objects of `__torch__` classes
 //! (each module's attributes, parameters and buffers among them, in its `__dict__`), `constants.pkl` the
 //! tensor constants of its code (storages under `constants/`), and `code/` the code, which is listed and
-//! never run. Read as the state dict of the module's tensors, named by attribute path as `state_dict()`
-//! names parameters and buffers, and `constants.<i>` for the constants.
+//! never run. Read as the module's state dict: its parameters and buffers named by attribute path, as
+//! `torch.jit.load(f).state_dict()` names them. Its other tensors are listed apart, under their own prefixes
+//! ([`Script::EXTRA_PREFIXES`]): tensor attributes that are neither (`_state`, `_context`) as
+//! `attributes.<path>`, the tensor constants of `constants.pkl` as `constants.<i>`. They read by name and
+//! stay out of a conversion unless it asks for them ([`Script::is_extra`]).
 
 use ckpt_tensor::flatten::entry_names;
 use ckpt_tensor::{Dict, DictKind, Value};
@@ -21,31 +24,67 @@ pub struct Script {
     pub buffers: Vec<String>,
     /// Number of tensor constants.
     pub constants: usize,
+    /// Names of the module's tensor attributes that are neither parameters nor buffers (`inner._state`),
+    /// listed as `attributes.<name>`.
+    pub attributes: Vec<String>,
+}
+
+impl Script {
+    /// The prefixes of the entries a TorchScript archive lists besides its state dict: tensor attributes
+    /// that are neither parameters nor buffers, and tensor constants.
+    pub const EXTRA_PREFIXES: [&'static str; 2] = ["attributes.", "constants."];
+
+    /// Whether the entry `name` of a TorchScript archive is one of its tensors outside the state dict
+    /// (`attributes.<path>`, `constants.<i>`), which a conversion leaves out unless asked for.
+    pub fn is_extra(name: &str) -> bool {
+        Self::EXTRA_PREFIXES.iter().any(|p| name.starts_with(p))
+    }
 }
 
 /// The module's tensors (every tensor among its attributes, nested modules' by their path) and its
 /// constants, as one state dict; and what the archive declares of them.
 pub(crate) fn read(archive: &Archive, bytes: &[u8], module: &Value, constants: &Value) -> (Value, Script) {
-    let declared = declarations(archive, bytes);
+    read_in(archive, bytes, "code/", module, constants)
+}
+
+/// [`read`], the code under `code_dir` (`code/`; `.data/ts_code/code/` in a torch.package archive).
+pub(crate) fn read_in(
+    archive: &Archive,
+    bytes: &[u8],
+    code_dir: &str,
+    module: &Value,
+    constants: &Value,
+) -> (Value, Script) {
+    let declared = declarations(archive, bytes, code_dir);
     let mut script = Script {
         code: archive
             .records()
             .iter()
             .map(|r| r.short_name())
-            .filter(|n| n.starts_with("code/") && n.ends_with(".py"))
+            .filter(|n| n.starts_with(code_dir) && n.ends_with(".py"))
             .map(str::to_owned)
             .collect(),
         ..Script::default()
     };
+    // Which of the module's tensors are parameters and buffers: each module object's class declares its own.
+    classify(module, "", &declared, &mut script, 0);
     let mut sd = Dict::new(DictKind::OrderedDict);
+    let mut attributes = Vec::new();
     for (name, v) in entry_names(module).unwrap_or_default() {
         if !v.is_tensor_like() || name.is_empty() {
             continue;
         }
-        sd.insert(name, v.clone());
+        // (Code that declares no class cannot tell: every tensor is taken as the state dict's.)
+        if declared.is_empty() || script.parameters.contains(&name) || script.buffers.contains(&name) {
+            sd.insert(name, v.clone());
+        } else {
+            attributes.push((name, v.clone()));
+        }
     }
-    // Which of them are parameters and buffers: each module object's class declares its own.
-    classify(module, "", &declared, &mut script, 0);
+    for (name, v) in attributes {
+        sd.insert(format!("attributes.{name}"), v);
+        script.attributes.push(name);
+    }
     let items: &[Value] = match constants {
         Value::Tuple(items) | Value::List(items) => items,
         _ => &[],
@@ -64,11 +103,11 @@ pub(crate) fn read(archive: &Archive, bytes: &[u8], module: &Value, constants: &
 /// `code/__torch__/torch/nn/modules/linear.py` (class `__torch__.torch.nn.modules.linear.Linear`).
 type Declared = Vec<(String, Vec<String>, Vec<String>)>;
 
-fn declarations(archive: &Archive, bytes: &[u8]) -> Declared {
+fn declarations(archive: &Archive, bytes: &[u8], code_dir: &str) -> Declared {
     let mut out = Vec::new();
     for rec in archive.records() {
         let name = rec.short_name();
-        let Some(path) = name.strip_prefix("code/").and_then(|p| p.strip_suffix(".py")) else { continue };
+        let Some(path) = name.strip_prefix(code_dir).and_then(|p| p.strip_suffix(".py")) else { continue };
         // The code is small; a record that does not inflate is not described (its tensors still read).
         let Ok(text) = archive.record_bytes(bytes, rec, 16 << 20) else { continue };
         let Ok(text) = std::str::from_utf8(&text) else { continue };

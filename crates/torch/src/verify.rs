@@ -48,8 +48,8 @@ pub fn verify(path: impl AsRef<Path>) -> Result<VerifyReport> {
     let mut report = VerifyReport::new("torch", path);
     report.files = 1;
     if container != Container::Zip {
-        report
-            .push(Problem::new(ProblemKind::Unchecked, "a legacy torch.save file carries no checksums").in_file(path));
+        let what = if container == Container::Pickle { "a plain pickle" } else { "a legacy torch.save file" };
+        report.push(Problem::new(ProblemKind::Unchecked, format!("{what} carries no checksums")).in_file(path));
         return Ok(report);
     }
     let archive = Archive::parse(bytes).map_err(|e| Error::from(e).at(path))?;

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use crate::adaptor::read_all;
-use crate::adaptor::{Adaptor, Content, Source, count};
+use crate::adaptor::{Adaptor, Content, Layout, Source, count};
+use crate::checkpoint::Checkpoint;
 use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
 use crate::format::Format;
@@ -14,6 +15,7 @@ use crate::report::ConvertSummary;
 use crate::report::{Progress, VerifyReport, absorb};
 use crate::select::Selection;
 use crate::source::SourceOptions;
+use ckpt_tensor::Value;
 
 pub(crate) struct Torch;
 
@@ -51,14 +53,29 @@ impl Adaptor for Torch {
         path: &Path,
         limits: &ReadLimits,
         source: &SourceOptions,
-        _selection: &Selection,
+        selection: &Selection,
     ) -> Result<Content> {
         let options = read_options(limits).with_fill(source.fill_for(path));
         let reader = ckpt_torch::TorchReader::open_with(path, &options).at(path)?;
-        match reader.module_state_dict() {
-            Some(state_dict) => Content::from_tree(state_dict.clone(), path),
-            None => Content::from_tree(reader.into_value(), path),
+        match (reader.module_state_dict(), reader.script()) {
+            (Some(Value::Dict(state_dict)), Some(_)) => {
+                Content::from_tree(Value::Dict(script_selected(state_dict, selection)), path)
+            }
+            (Some(state_dict), _) => Content::from_tree(state_dict.clone(), path),
+            (None, _) => Content::from_tree(reader.into_value(), path),
         }
+    }
+
+    /// A TorchScript archive's tensors outside its state dict (`attributes.*`, `constants.*`) are its own
+    /// bookkeeping to a comparison, as they are left out of a conversion by default.
+    fn layout(&self, ck: &Checkpoint, _: &ReadLimits) -> Result<Layout> {
+        let scripted = ck.downcast_ref::<ckpt_torch::TorchReader>().is_some_and(|r| r.script().is_some());
+        let keys = if scripted {
+            ck.entries().into_iter().map(|e| e.name).filter(|n| ckpt_torch::Script::is_extra(n)).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Layout { keys, ..Layout::default() })
     }
 
     /// A whole pickled module is written back whole (the module objects, not only their state dict); any
@@ -115,6 +132,18 @@ impl Adaptor for Torch {
     fn explain(&self, head: &[u8], path: &Path) -> Option<Error> {
         ckpt_torch::detect(head).err().map(|e| Cause::at(e, path))
     }
+}
+
+/// A TorchScript archive's state dict as a conversion takes it: its parameters and buffers, and of the
+/// tensors it lists besides them ([`ckpt_torch::Script::is_extra`]: `attributes.*`, `constants.*`) those an
+/// `--include` glob names.
+fn script_selected(state_dict: &ckpt_tensor::Dict, selection: &Selection) -> ckpt_tensor::Dict {
+    let mut out = state_dict.clone();
+    out.items.retain(|(k, _)| {
+        let name = k.as_str().unwrap_or_default();
+        !ckpt_torch::Script::is_extra(name) || (!selection.include.is_empty() && selection.keeps(name))
+    });
+    out
 }
 
 /// The `torch.save` reader's options under `limits` (its pickle limits); the formats made of `torch.save`
