@@ -14,6 +14,8 @@
 //! | `hf` | `hf` (`ckpt-safetensors`' [`safetensors::hf`]) | Hugging Face sharded safetensors directories |
 //! | `deepspeed` | `deepspeed` (`ckpt-deepspeed`) | DeepSpeed ZeRO 1-3 and universal checkpoints (read) |
 //! | `megatron` | `distcp` (`ckpt-distcp`, its `megatron` profile) | Megatron-Core `torch_dist` checkpoints (read) |
+//! | `pickle` (default) | [`torch`] (`ckpt-torch`) | plain pickles of models and tensors, `pickle.dump` (read) |
+//! | `package` (default) | [`torch`] (`ckpt-torch`'s `package`) | torch.package archives, `PackageExporter` (read) |
 //! | `tch` | `ckpt-tensor/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //! | `mpi` | `ckpt-collective/mpi` | `collective::MpiCollective`: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |
