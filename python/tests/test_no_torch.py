@@ -25,7 +25,7 @@ assert "torch" not in sys.modules and "ml_dtypes" not in sys.modules
 F = sys.argv[1]
 seen = {}
 for case in ["torch/checkpoint.pt", "torch/dtypes.pt", "distcp/torch213/m3", "hfai/single_n3/ckpt", "pbg/ckpt",
-             "recis/golden/two_shard_adamw", "values/hf_sharded"]:
+             "recis/golden/two_shard_adamw", "values/hf_sharded", "dtypes/dtypes.pt", "dtypes/f6.safetensors"]:
     ck = ckpt.open(os.path.join(F, case))
     n = 0
     for e in ck.entries:
