@@ -60,7 +60,7 @@ def test_fresh_venv_without_torch(tmp: Path) -> None:
     import json
 
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(got["formats"]) == {"torch", "distcp", "hfai", "pbg", "recis", "hf"}
+    assert set(got["formats"]) == {"torch", "distcp", "hfai", "pbg", "recis", "hf", "safetensors"}
     assert got["hdf5"] and all("ckpt.libs" in p for p in got["hdf5"]), got["hdf5"]
     cli = subprocess.run([str(env_dir / "bin" / "ckpt"), "inspect", str(FIXTURES / "distcp" / "torch213" / "m3")],
                          capture_output=True, text=True, timeout=60)
