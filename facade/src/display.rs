@@ -1,4 +1,5 @@
-//! Printing tensor values numpy-style, for every dtype (float8 and float4 decoded by their bit layouts).
+//! Printing tensor values numpy-style, for every dtype (float8 and float4 decoded by their bit layouts: an
+//! FP4 element as its pair of values, a float6 one as its three bytes).
 
 use ckpt_tensor::tensor::contiguous_strides;
 use ckpt_tensor::{DType, Tensor};
@@ -136,8 +137,26 @@ fn element(dtype: DType, b: &[u8]) -> String {
             let v = b.first().copied().unwrap_or(0);
             float_text(if v == 0xFF { f64::NAN } else { 2f64.powi(i32::from(v) - 127) })
         }
+        DType::F4E2M1FnX2 => {
+            // Two FP4 values, the low nibble first (as torch and safetensors pack them).
+            let v = b.first().copied().unwrap_or(0);
+            format!("({}, {})", float_text(fp4(v & 0x0F)), float_text(fp4(v >> 4)))
+        }
+        DType::F6E2M3FnX4 | DType::F6E3M2FnX4 => {
+            // Four float6 values in three bytes: the bytes, as safetensors holds them.
+            let hex: String = b.iter().take(3).map(|x| format!("{x:02x}")).collect();
+            format!("0x{hex}")
+        }
         _ => format!("0x{:02x}", b.first().copied().unwrap_or(0)),
     }
+}
+
+/// The value of an FP4 (e2m1, OCP MX) code, its low 4 bits: sign, 2 exponent bits (bias 1), 1 mantissa
+/// bit; no infinities or NaN.
+fn fp4(code: u8) -> f64 {
+    const MAGNITUDES: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let magnitude = MAGNITUDES.get(usize::from(code & 0x07)).copied().unwrap_or(0.0);
+    if code & 0x08 != 0 { -magnitude } else { magnitude }
 }
 
 /// Formats a tensor's values numpy-style: nested brackets, at most `edgeitems` values at each end of a
@@ -226,6 +245,17 @@ pub fn format_composite(c: &ckpt_tensor::Composite, edgeitems: usize) -> String 
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn packed_floats() {
+        // FP4 codes as ml_dtypes.float4_e2m1fn decodes them: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+        let codes: Vec<f64> = (0..16).map(fp4).collect();
+        assert_eq!(codes[..8], [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]);
+        assert!(codes[8] == 0.0 && codes[8].is_sign_negative() && codes[15] == -6.0);
+        assert_eq!(element(DType::F4E2M1FnX2, &[0xF2]), "(1., -6.)");
+        assert_eq!(element(DType::F6E2M3FnX4, &[0x3F, 0xC1, 0x5A]), "0x3fc15a");
+        assert_eq!(element_f64(DType::F4E2M1FnX2, &[0x22]), None, "packed: compared bitwise");
+    }
 
     #[test]
     fn minifloats() {

@@ -275,6 +275,10 @@ fn ckpt_tool(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (i32, String, String) {
 #[test]
 fn the_tool_inspects_verifies_converts_and_diffs_every_fixture() {
     let tmp = tempfile::tempdir().unwrap();
+    // cat decodes FP4 pairs, the low nibble first (bytes 0x00, 0x01, 0x02, ...: (0, 0), (0.5, 0), (1, 0), ...).
+    let (code, out, err) = ckpt_tool(&[&"cat", &fixture("dtypes.safetensors"), &"float4_e2m1fn_x2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("[[(0., 0.), (0.5000, 0.), (1., 0.)"), "{out}");
     for file in FILES {
         let path = fixture(file);
         let (code, out, err) = ckpt_tool(&[&"inspect", &path]);

@@ -25,7 +25,7 @@ assert "torch" not in sys.modules and "ml_dtypes" not in sys.modules
 F = sys.argv[1]
 seen = {}
 for case in ["torch/checkpoint.pt", "torch/dtypes.pt", "distcp/torch213/m3", "hfai/single_n3/ckpt", "pbg/ckpt",
-             "recis/golden/two_shard_adamw", "values/hf_sharded"]:
+             "recis/golden/two_shard_adamw", "values/hf_sharded", "dtypes/dtypes.pt", "dtypes/f6.safetensors"]:
     ck = ckpt.open(os.path.join(F, case))
     n = 0
     for e in ck.entries:
@@ -60,7 +60,7 @@ def test_fresh_venv_without_torch(tmp: Path) -> None:
     import json
 
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(got["formats"]) == {"torch", "distcp", "hfai", "pbg", "recis", "hf"}
+    assert set(got["formats"]) == {"torch", "distcp", "hfai", "pbg", "recis", "hf", "safetensors"}
     assert got["hdf5"] and all("ckpt.libs" in p for p in got["hdf5"]), got["hdf5"]
     cli = subprocess.run([str(env_dir / "bin" / "ckpt"), "inspect", str(FIXTURES / "distcp" / "torch213" / "m3")],
                          capture_output=True, text=True, timeout=60)

@@ -89,15 +89,6 @@ pub enum HeaderError {
         /// The dtype code as written.
         dtype: String,
     },
-    /// An entry's dtype is one safetensors defines but ckpt has no dtype for (none today: kept for the codes
-    /// later versions of safetensors add).
-    #[error("tensor {name:?} has dtype {dtype:?}, which ckpt has no equivalent for")]
-    UnsupportedDtype {
-        /// The tensor's name.
-        name: String,
-        /// The dtype code as written.
-        dtype: String,
-    },
     /// An entry of a packed dtype (`F4`: 2 values a byte; `F6_E2M3`, `F6_E3M2`: 4 values in 3 bytes) whose
     /// last dimension is not a whole number of packed elements, or that has no dimension: torch's
     /// `float4_e2m1fn_x2` (and ckpt's float6 dtypes) pack the values of the last dimension, so such a
@@ -134,7 +125,7 @@ impl HeaderError {
     pub fn fault(&self) -> Fault {
         match self {
             HeaderError::TooLarge { .. } => Fault::Limit,
-            HeaderError::UnsupportedDtype { .. } | HeaderError::PackedShape { .. } => Fault::Unsupported,
+            HeaderError::PackedShape { .. } => Fault::Unsupported,
             HeaderError::FileTooShort { .. }
             | HeaderError::PastEnd { .. }
             | HeaderError::Json(_)
