@@ -15,7 +15,11 @@
 //! 1. safetensors holds tensors; ckpt keeps every other entry losslessly in `__metadata__` under
 //!    `ckpt.values`, in a typed JSON encoding (tuples vs lists, dicts with their kind and key types, big ints,
 //!    NaN and infinities, bytes, `torch.Size`, dtypes, devices, parameters, opaque tensors, any pickled object;
-//!    the tensors a value holds are tensors of the file it names). Tensors of dtypes safetensors lacks are
+//!    the tensors a value holds are tensors of the file it names). A quantized, sparse or nested tensor is
+//!    stored as its components (`<name>` the int representation, `<name>.scale`, `<name>.zero_point`;
+//!    `<name>.indices`, `<name>.crow_indices`, ...; `<name>.buffer`, `<name>.sizes`, ...) with its layout,
+//!    dtype, shape and axis in `ckpt.values`, and converts back to the torch tensor; with
+//!    [`Selection::dense`] it is written dense instead. Tensors of dtypes safetensors lacks are
 //!    stored as their bytes under a dtype it has, their real dtype recorded. Only what cannot be read at all
 //!    is listed in [`ConvertSummary::dropped`]. Tensor names are the source's entry names
 //!    ([`crate::Checkpoint::entries`]). The file's `__metadata__` holds `format = "pt"` (what Hugging Face

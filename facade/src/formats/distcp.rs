@@ -232,7 +232,8 @@ fn prepare(source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<
     let mut s = ConvertSummary::default();
     let mut flat: Vec<(Vec<PathItem>, Value)> = Vec::new();
     for e in ckpt_tensor::flatten(&content.tree).at(dst)? {
-        if matches!(e.value, Value::OpaqueTensor { .. }) {
+        // DCP saves dense tensors only (`--dense` makes quantized and sparse ones dense before this).
+        if matches!(e.value, Value::OpaqueTensor { .. } | Value::Composite(_)) {
             s.dropped.push(e.key);
         } else {
             flat.push((e.path, e.value.clone()));
