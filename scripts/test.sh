@@ -98,6 +98,8 @@ fresh=$(mktemp -d)
 diff -r conformance/fixtures/values "$fresh/values"
 .venv/bin/python conformance/python/plain_pickle/make_fixtures.py "$fresh/pickle" >/dev/null
 .venv/bin/python conformance/python/plain_pickle/check_reproducible.py conformance/fixtures/pickle "$fresh/pickle"
+.venv/bin/python conformance/python/torch_package/make_fixtures.py "$fresh/package" >/dev/null
+.venv/bin/python conformance/python/torch_package/check_reproducible.py conformance/fixtures/package "$fresh/package"
 .venv/bin/python conformance/python/make_real_fixtures.py "$fresh/real" >/dev/null
 diff -r -x README.md conformance/fixtures/real "$fresh/real"
 .venv/bin/python conformance/python/make_composite_fixtures.py "$fresh/composite" >/dev/null

@@ -7,7 +7,9 @@ Usage::
 
 The manifests must be equal byte for byte, and each archive must hold the same records in the same order with
 the same bytes, but for what depends on the process: the ``id()`` a ``('reduce_package', id, ...)`` persistent
-id carries (compared as "some int"), and ``.data/serialization_id``, which torch derives from it.
+id carries (compared as "some int"), ``.data/serialization_id``, which torch derives from it, and the
+absolute paths of source files that TorchScript's debug records (``*.debug_pkl``) name, which depend on where
+the repository and its ``.venv`` lie (compared from ``site-packages/`` or ``conformance/`` on).
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ import sys
 import zipfile
 from pathlib import Path
 from typing import Any
+
+
+def _source_path(arg: Any) -> Any:
+    """An absolute ``.py`` path as it reads from ``site-packages/`` or ``conformance/`` on."""
+    if isinstance(arg, str) and arg.startswith("/") and arg.endswith(".py"):
+        for root in ("site-packages/", "conformance/"):
+            if root in arg:
+                return "<...>/" + arg.split(root, 1)[1]
+    return arg
 
 
 def canonical_pickle(data: bytes) -> list[Any]:
@@ -29,7 +40,7 @@ def canonical_pickle(data: bytes) -> list[Any]:
         if after_reduce_package and isinstance(arg, int):
             arg = "<id>"
         after_reduce_package = arg == "reduce_package"
-        out.append((op.name, arg))
+        out.append((op.name, _source_path(arg)))
     return out
 
 
@@ -43,7 +54,7 @@ def archive_problems(a: Path, b: Path) -> list[str]:
         da, db = za.read(na), zb.read(nb)
         if s == ".data/serialization_id" or da == db:
             continue
-        if s.endswith(".pkl") and canonical_pickle(da) == canonical_pickle(db):
+        if s.endswith((".pkl", ".debug_pkl")) and canonical_pickle(da) == canonical_pickle(db):
             continue
         problems.append(f"{a.name}: record {s} differs")
     return problems
