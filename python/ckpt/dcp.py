@@ -410,6 +410,15 @@ def __getattr__(name: str) -> Any:
     makers = {"Reader": _reader_class, "Writer": _writer_class}
     if name in makers:
         if name not in _classes:
-            _classes[name] = makers[name]()
+            try:
+                _classes[name] = makers[name]()
+            except ImportError as e:
+                import ckpt  # noqa: PLC0415
+
+                raise ckpt.UsageError(
+                    f"ckpt.dcp.{name} needs torch with torch.distributed.checkpoint, which this Python cannot "
+                    f"import ({e}); install a torch built with distributed support (the pip wheels for Linux "
+                    "are), or read and write checkpoints with ckpt.load / ckpt.save, which need no torch",
+                    fault="usage") from e
         return _classes[name]
     raise AttributeError(f"module 'ckpt.dcp' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """A training job that checkpoints through ``ckpt.dcp.Writer``: ``WORLD`` gloo processes on 127.0.0.1
 (``torch.multiprocessing``, a 60 s process-group timeout), a small model sharded with FSDP2
-(``fully_shard``) and its Adam state, plus every other kind of item DCP saves.
+(``fully_shard``) and its AdamW state, plus every other kind of item DCP saves.
 
     python training_job.py SCENARIO OUT WORLD
 
@@ -58,7 +58,7 @@ def build(rank: int, world: int, trained: bool, sharded_tensor_item: bool = True
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optim = torch.optim.Adam(model.parameters(), lr=0.01)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
     if trained:
         g = torch.Generator().manual_seed(rank)
         for _ in range(2):
@@ -170,7 +170,9 @@ def rank_main(rank: int, world: int, port: int, scenario: str, out: str) -> None
             fut.result(timeout=120)
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(out_dir / "torch"))
         elif scenario == "load":
-            _, _, template = build(rank, world, trained=False)
+            saved = dcp.FileSystemReader(out_dir / "ckpt").read_metadata().state_dict_metadata
+            _, _, template = build(rank, world, trained=False,
+                                   sharded_tensor_item="extra.sharded_tensor" in saved)
             ours, theirs = blank(template), blank(template)
             dcp.load(ours, storage_reader=dcp.FileSystemReader(out_dir / "ckpt"))
             dcp.load(theirs, storage_reader=dcp.FileSystemReader(out_dir / "torch"))
