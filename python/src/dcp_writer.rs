@@ -61,13 +61,8 @@ pub(crate) fn dcp_begin(
     checksums: bool,
     storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
 ) -> PyResult<DcpRankSave> {
-    let storage = self::storage_options(storage_options)?;
-    let (options, profile) = options(dcp_profile, sync, checksums, &path)?;
-    let shown = shown(&path);
-    let target = target(&path, &storage).py()?;
-    let at = target.path().to_path_buf();
-    let save = py.detach(|| RankSave::begin(&at, world_size, &options)).map_err(|e| failed(&shown, e))?;
-    Ok(DcpRankSave::new(save, shown, profile, &path, target))
+    let how = (dcp_profile, sync, checksums);
+    DcpRankSave::start(py, path, how, storage_options, |at, options| RankSave::begin(at, world_size, options))
 }
 
 /// `ckpt._ckpt.dcp_join`: rank `rank` joins the save the coordinator's `ticket` describes.
@@ -84,13 +79,8 @@ pub(crate) fn dcp_join(
     checksums: bool,
     storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
 ) -> PyResult<DcpRankSave> {
-    let storage = self::storage_options(storage_options)?;
-    let (options, profile) = options(dcp_profile, sync, checksums, &path)?;
-    let shown = shown(&path);
-    let target = target(&path, &storage).py()?;
-    let at = target.path().to_path_buf();
-    let save = py.detach(|| RankSave::join(&at, ticket, rank, &options)).map_err(|e| failed(&shown, e))?;
-    Ok(DcpRankSave::new(save, shown, profile, &path, target))
+    let how = (dcp_profile, sync, checksums);
+    DcpRankSave::start(py, path, how, storage_options, |at, options| RankSave::join(at, ticket, rank, options))
 }
 
 /// A row of `Metadata.state_dict_metadata` as `ckpt.dcp.Writer.finish` passes it: the key, then for a
@@ -105,14 +95,28 @@ type Placed = (String, u64, u64, Vec<String>);
 type StorageRow = (String, Option<Vec<usize>>, Option<usize>, String, u64, u64, Vec<String>);
 
 impl DcpRankSave {
-    fn new(save: RankSave, shown: PathBuf, profile: Profile, path: &Path, target: Target) -> DcpRankSave {
-        DcpRankSave {
+    /// Opens `path` for writing (a URL's store with `storage_options`) and starts this rank's part with
+    /// `start` (begin or join), with the GIL released. `how`: the DCP profile, sync and checksums.
+    fn start(
+        py: Python<'_>,
+        path: PathBuf,
+        how: (Option<&str>, bool, bool),
+        storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
+        start: impl FnOnce(&Path, &WriteOptions) -> ckpt::distcp::Result<RankSave> + Send,
+    ) -> PyResult<DcpRankSave> {
+        let storage = self::storage_options(storage_options)?;
+        let (options, profile) = options(how.0, how.1, how.2, &path)?;
+        let shown = shown(&path);
+        let target = target(&path, &storage).py()?;
+        let at = target.path().to_path_buf();
+        let save = py.detach(|| start(&at, &options)).map_err(|e| failed(&shown, e))?;
+        Ok(DcpRankSave {
             save: Mutex::new(Some(save)),
             shown,
             profile,
             checkpoint_id: path.to_string_lossy().into_owned(),
             target: Mutex::new(Some(target)),
-        }
+        })
     }
 
     fn take(&self) -> PyResult<RankSave> {
@@ -143,8 +147,7 @@ impl DcpRankSave {
         for (fqn, dtype, size, chunks, requires_grad) in entries {
             let stored = match (dtype, size, chunks) {
                 (Some(dtype), Some(size), Some(chunks)) => {
-                    let name = dtype.strip_prefix("torch.").unwrap_or(&dtype);
-                    let dtype = DType::from_torch_name(name).ok_or_else(|| {
+                    let dtype = DType::from_torch_name(&dtype).ok_or_else(|| {
                         usage(format!("{fqn}: dtype {dtype} has no DCP equivalent"), Some(&self.shown))
                     })?;
                     let mut properties = TensorProperties::new(dtype);

@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::files::{At, RankFile, groups, load};
 use crate::gather::assemble;
 use crate::zero::{
-    Consolidated, buffers, flat_list, frozen_shapes, group_states, missing_group, numel, optimizer_values,
-    param_groups, rank_osds, shared,
+    Consolidated, buffers, flat_list, frozen_shapes, group_states, missing_group, module_copies, numel,
+    optimizer_values, param_groups, rank_osds, shared,
 };
 
 /// Whether the `optimizer_state_dict` of an optimizer states file is `BF16_Optimizer`'s: flat fp32
@@ -276,12 +276,7 @@ pub(crate) fn read(
         }
     }
     shared(states, &mut model)?;
-    let module = states
-        .get("module", "module")?
-        .named()?
-        .into_iter()
-        .map(|(n, v)| (format!("module.{n}"), v.value.clone()))
-        .collect();
+    let module = module_copies(states)?;
     optimizer_values(osds[0], bases[0], &mut opt_entries)?;
     let stage = configured_stage(At::top(&optim_files[0].path, &optim[0]))?;
     Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states, bf16_optimizer: true })

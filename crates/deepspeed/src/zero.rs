@@ -148,6 +148,16 @@ pub(crate) fn push_leaves(prefix: &str, value: &Value, out: &mut Vec<(String, Va
 
 /// The shared parameters (`shared_params`: name → the name of the parameter it is), appended under each
 /// alias whose target is in `model`.
+/// The module's own (16-bit) copies of the weights, as `module.<name>` entries.
+pub(crate) fn module_copies(states: At<'_>) -> Result<Vec<(String, Value)>> {
+    Ok(states
+        .get("module", "module")?
+        .named()?
+        .into_iter()
+        .map(|(n, v)| (format!("module.{n}"), v.value.clone()))
+        .collect())
+}
+
 pub(crate) fn shared(states: At<'_>, model: &mut Vec<(String, Tensor)>) -> Result<()> {
     let Some(pairs) = states.opt("shared_params", "shared_params")? else { return Ok(()) };
     if matches!(pairs.value, Value::None) {
@@ -377,12 +387,7 @@ fn read_stage12(
         }
     }
     shared(states, &mut model)?;
-    let module = states
-        .get("module", "module")?
-        .named()?
-        .into_iter()
-        .map(|(n, v)| (format!("module.{n}"), v.value.clone()))
-        .collect();
+    let module = module_copies(states)?;
     optimizer_values(osds[0], bases[0], &mut opt_entries)?;
     Ok(Consolidated { stage, world, model, module, optimizer: opt_entries, model_states, bf16_optimizer: false })
 }

@@ -180,6 +180,6 @@ impl RankSave {
     /// Gives the save up (on the coordinator: removes the staging directory and releases the lock), once no
     /// rank writes any more. The previous checkpoint stays.
     pub fn abort(self) {
-        self.commit.abandon();
+        self.commit.abort();
     }
 }

@@ -191,7 +191,7 @@ impl DirCommit {
         _: usize,
         _: &DirOptions,
     ) -> Result<DirCommit, CommitError> {
-        Err(CommitError::Refused { path: PathBuf::from(url.redacted()), reason: crate::storage::NO_REMOTE.into() })
+        Err(no_remote(url))
     }
 
     /// Step 3 on every rank, once its files are finished (`own`: its outcome; on success, bytes of its own
@@ -240,13 +240,12 @@ impl DirCommit {
         drop(self.lock.take());
         r
     }
+}
 
-    /// Gives the save up on rank 0 after a failure found outside [`DirCommit::commit_reports`], once no
-    /// rank writes any more: the staging directory is removed and the lock released. On other ranks,
-    /// nothing happens (their files go with the staging directory).
-    pub fn abandon(self) {
-        self.abort();
-    }
+/// Without the `remote` feature a URL destination is refused.
+#[cfg(not(feature = "remote"))]
+fn no_remote(url: &crate::storage::RemoteUrl) -> CommitError {
+    CommitError::Refused { path: PathBuf::from(url.redacted()), reason: crate::storage::NO_REMOTE.into() }
 }
 
 fn parent_or_dot(p: &Path) -> &Path {
@@ -329,7 +328,7 @@ mod tests {
         assert!(staging.join("partial").exists());
         let c0 = DirCommit::prepare(&dst, 2, &options).unwrap();
         assert!(!staging.join("partial").exists());
-        c0.abandon();
+        c0.abort();
         assert!(!staging.exists());
         assert_eq!(std::fs::read(dst.join("part0")).unwrap(), b"previous");
     }
@@ -353,7 +352,7 @@ mod tests {
         assert!(matches!(e, CommitError::StagingNotShared { .. }), "{e}");
         assert!(e.to_string().contains("share"), "{e}");
         assert!(matches!(CommitTicket::from_bytes(b"{}"), Err(CommitError::TicketUnreadable { .. })));
-        c0.abandon();
+        c0.abort();
         assert!(!sibling(&dst, "ckpt-staging").unwrap().exists());
     }
 }
