@@ -24,7 +24,7 @@ import dataclasses
 import io
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, List, Sequence
 
 __all__ = ["Reader", "Writer"]
 
@@ -42,9 +42,12 @@ if TYPE_CHECKING:  # what type checkers see; the class itself is made on first u
     class Writer(StorageWriter):
         path: "str | None"
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
-                     storage_options: "dict[str, str] | None" = None, sync: bool = True,
-                     checksums: bool = True) -> None: ...
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, to: str = "dcp",
+                     dcp_profile: "str | None" = None, storage_options: "dict[str, str] | None" = None,
+                     sync: bool = True, checksums: bool = True, max_shard_size: "int | str | None" = None,
+                     dtype: "str | None" = None, include: "str | Sequence[str]" = (),
+                     exclude: "str | Sequence[str]" = (), strip_prefix: "str | None" = None,
+                     add_prefix: "str | None" = None) -> None: ...
 
 
 def _reader_class() -> Any:
@@ -191,6 +194,297 @@ class _RankReport:
 
 _REPORT_FQN = "ckpt.rank_report"
 
+
+@dataclasses.dataclass(frozen=True)
+class _HfLayout:
+    """What the coordinator of a ``to="hf"`` save puts into every rank's plan: the shards (each a list of
+    ``(name, fqn, dtype, size)``, the tensor's name in the files, its key in the state dict, the dtype it is
+    written in, its global size), the rank that writes each, where every tensor's chunks are (``fqn ->
+    [(rank, offsets, sizes)]``, the planner's own chunks), the source dtypes, the values kept (``(fqn,
+    rank)``: the BYTE_IO items, recorded in the first shard's ``__metadata__`` by rank 0) and the entries as
+    planned (for those records). The ticket and the shard files' names are added by the coordinator."""
+
+    world: int
+    shards: list
+    owners: list
+    chunks: dict
+    src_dtypes: dict
+    values: list
+    entries: list
+    ticket: bytes = b""
+    files: list = dataclasses.field(default_factory=list)
+
+
+def _nbytes(dtype: str, size: "list[int]") -> int:
+    import torch  # noqa: PLC0415
+
+    n = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    for d in size:
+        n *= int(d)
+    return n
+
+
+def _hf_entries(plans: List[Any]) -> "tuple[list, dict, dict, dict]":
+    """Every rank's items in the order DCP's metadata lists them (rank by rank, items in plan order): the
+    entries ``(fqn, path, spec)`` (``spec`` a tensor's ``(dtype, size, requires_grad)`` or ``None`` for a
+    value), the chunks of each tensor, its source dtype, and the rank holding each value."""
+    from torch.distributed.checkpoint.planner import WriteItemType  # noqa: PLC0415
+
+    entries: list = []
+    chunks: dict = {}
+    dtypes: dict = {}
+    holders: dict = {}
+    seen: set = set()
+    for rank, plan in enumerate(plans):
+        paths = plan.planner_data if isinstance(getattr(plan, "planner_data", None), dict) else {}
+        for item in plan.items:
+            fqn = item.index.fqn
+            if item.type == WriteItemType.BYTE_IO:
+                holders.setdefault(fqn, rank)
+                spec: Any = None
+            else:
+                td = item.tensor_data
+                dtype = str(td.properties.dtype).removeprefix("torch.")
+                chunks.setdefault(fqn, []).append((rank, [int(x) for x in td.chunk.offsets],
+                                                   [int(x) for x in td.chunk.sizes]))
+                dtypes[fqn] = dtype
+                spec = (dtype, [int(x) for x in td.size], bool(td.properties.requires_grad))
+            if fqn not in seen:
+                seen.add(fqn)
+                path = paths.get(fqn)
+                ok = isinstance(path, tuple) and all(isinstance(p, (str, int)) for p in path)
+                entries.append((fqn, list(path) if ok else [], spec))
+    return entries, chunks, dtypes, holders
+
+
+def _hf_layout(writer: Any, plans: List[Any]) -> _HfLayout:
+    """The coordinator's plan of a ``to="hf"`` save (see :class:`_HfLayout`): the shards ``ckpt.convert(...,
+    to="hf")`` would write for the same entries and options, each given to a rank (shard 0, with the
+    records, to rank 0; the others to the rank with the fewest bytes so far)."""
+    import warnings  # noqa: PLC0415
+
+    import ckpt  # noqa: PLC0415
+    from ckpt import _ckpt  # noqa: PLC0415
+
+    entries, chunks, dtypes, holders = _hf_entries(plans)
+    chosen, stored, shards, _records, (_tensors, _values, dropped) = _ckpt.hf_layout(
+        entries, writer.max_shard_size, writer.include, writer.exclude, writer.strip_prefix, writer.add_prefix,
+        writer.dtype)
+    if not any(c is not None for c in chosen):
+        names = ", ".join(fqn for fqn, _, _ in entries[:8]) + (", ..." if len(entries) > 8 else "")
+        raise ckpt.UsageError(f"ckpt.dcp.Writer(to=\"hf\"): include={writer.include} exclude={writer.exclude} "
+                              f"select none of the {len(entries)} entries ({names})", fault="usage")
+    tensors: dict = {}
+    values = []
+    for (fqn, _path, spec), c in zip(entries, chosen):
+        if c is None:
+            continue
+        if spec is None:
+            values.append((fqn, holders[fqn]))
+        else:
+            tensors[c[0]] = (fqn, c[1], spec[1])
+    planned = []
+    for members in shards:
+        row = []
+        for k in members:
+            name, dtype, shape = stored[k]
+            src = tensors.get(name)
+            if src is None or src[1] != dtype or list(src[2]) != list(shape):
+                raise ckpt.UsageError(
+                    f"ckpt.dcp.Writer(to=\"hf\"): {name!r} ({dtype}) is not a plain safetensors tensor (a dtype "
+                    "safetensors lacks, or a value holding tensors); exclude it, or save a DCP checkpoint "
+                    "(to=\"dcp\") and convert it with ckpt.convert(..., to=\"hf\")", fault="usage")
+            row.append((name, src[0], dtype, list(shape)))
+        planned.append(row)
+    if dropped:
+        warnings.warn(f"ckpt.dcp.Writer(to=\"hf\"): left out (cannot be stored): {', '.join(dropped)}",
+                      stacklevel=3)
+    world = len(plans)
+    load = [0] * world
+    owners = []
+    for i, row in enumerate(planned):
+        owner = 0 if i == 0 else min(range(world), key=lambda r: (load[r], r))
+        owners.append(owner)
+        load[owner] += sum(_nbytes(dtype, size) for _n, _f, dtype, size in row)
+    layout = _HfLayout(world=world, shards=planned, owners=owners, chunks=chunks, src_dtypes=dtypes,
+                       values=values, entries=entries)
+    return layout
+
+
+# ckpt's own gloo group for the chunks of a to="hf" save, one per default process group.
+_groups: dict = {}
+
+
+def _exchange_group() -> Any:
+    from datetime import timedelta  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
+
+    default = dist.distributed_c10d._get_default_group()
+    held = _groups.get(id(default))
+    if held is None or held[0] is not default:
+        held = (default, dist.new_group(backend="gloo", timeout=timedelta(minutes=5)))
+        _groups[id(default)] = held
+    return held[1]
+
+
+def _hf_write(writer: Any, plan: Any, planner: Any) -> list:
+    """One rank's part of a ``to="hf"`` save: its items resolved, each shard's chunks sent to the rank
+    that writes it (round by round: in round ``r`` every owner assembles its ``r``-th shard, so a rank
+    holds one shard's worth at a time), its own shards written, and its report. Every rank takes part in
+    every round even after an error of its own, so that no rank waits for it; the error is then reported
+    and raised."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    from torch.distributed.checkpoint.planner import WriteItemType  # noqa: PLC0415
+    from torch.distributed.checkpoint.storage import WriteResult  # noqa: PLC0415
+
+    import ckpt  # noqa: PLC0415
+    from ckpt import _ckpt  # noqa: PLC0415
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex  # noqa: PLC0415
+
+    lay = plan.storage_data
+    if not isinstance(lay, _HfLayout):
+        raise ckpt.UsageError("ckpt.dcp.Writer: the save plan carries no ckpt layout (was prepare_global_plan "
+                              "skipped?)", fault="usage")
+    rank = writer.rank
+    if writer.is_coordinator and writer._save is not None:
+        save = writer._save
+    else:
+        save = _ckpt.hf_join(writer._path(), lay.ticket, rank, writer.sync, writer.checksums,
+                             writer.storage_options)
+    error: "BaseException | None" = None
+    local: dict = {}
+    local_bytes: dict = {}
+    try:
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                local_bytes[item.index.fqn] = bytes(data.getbuffer())
+            else:
+                t = data.detach()
+                local[(item.index.fqn, tuple(int(x) for x in item.index.offset or ()))] = \
+                    t.cpu() if t.device.type != "cpu" else t
+    except BaseException as e:  # noqa: BLE001
+        error = e
+    per_owner = [[i for i, o in enumerate(lay.owners) if o == r] for r in range(lay.world)]
+    rounds = max(len(x) for x in per_owner)
+    group = writer._group
+    for r in range(rounds):
+        send: list = [[] for _ in range(lay.world)]
+        for owner in range(lay.world):
+            if owner == rank or r >= len(per_owner[owner]) or error is not None:
+                continue
+            try:
+                for _name, fqn, _dtype, _size in lay.shards[per_owner[owner][r]]:
+                    for cr, offsets, _sizes in lay.chunks[fqn]:
+                        if cr == rank:
+                            t = local[(fqn, tuple(offsets))]
+                            send[owner].append(t.contiguous().reshape(-1).view(torch.uint8))
+                if r == 0 and owner == 0:
+                    for fqn, holder in lay.values:
+                        if holder == rank:
+                            b = local_bytes[fqn]
+                            send[0].append(torch.frombuffer(bytearray(len(b).to_bytes(8, "little") + b),
+                                                            dtype=torch.uint8))
+            except BaseException as e:  # noqa: BLE001
+                error, send[owner] = e, []
+        counts = [sum(int(x.numel()) for x in parts) for parts in send]
+        received = torch.empty(0, dtype=torch.uint8)
+        got = [0] * lay.world
+        if lay.world > 1:
+            counts_out = torch.empty(lay.world, dtype=torch.int64)
+            dist.all_to_all_single(counts_out, torch.tensor(counts, dtype=torch.int64), group=group)
+            got = [int(x) for x in counts_out]
+            flat = [x for parts in send for x in parts]
+            inp = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
+            received = torch.empty(sum(got), dtype=torch.uint8)
+            dist.all_to_all_single(received, inp, output_split_sizes=got, input_split_sizes=counts, group=group)
+        del send
+        if r >= len(per_owner[rank]) or error is not None:
+            continue
+        try:
+            _hf_write_shard(writer, save, lay, per_owner[rank][r], received, got, local, local_bytes)
+        except BaseException as e:  # noqa: BLE001
+            error = e
+    if error is not None:
+        save.report(f"{type(error).__name__}: {error}")
+        raise error
+    results = [WriteResult(index=item.index, size_in_bytes=0, storage_data=None) for item in plan.items]
+    report = _RankReport(rank, save.report(None))
+    results.append(WriteResult(index=MetadataIndex(_REPORT_FQN), size_in_bytes=0, storage_data=report))
+    return results
+
+
+def _hf_write_shard(writer: Any, save: Any, lay: _HfLayout, shard: int, received: Any, got: list,
+                    local: dict, local_bytes: dict) -> None:
+    """Assembles shard ``shard`` from this rank's chunks and those ``received`` (``got[k]`` bytes from rank
+    ``k``, in the order :func:`_hf_write` sends them), casts, and writes it; shard 0 with the records."""
+    import torch  # noqa: PLC0415
+
+    import ckpt  # noqa: PLC0415
+    from ckpt import _ckpt  # noqa: PLC0415
+
+    starts = [sum(got[:k]) for k in range(len(got))]
+    pos = list(starts)
+
+    def take(source: int, n: int) -> Any:
+        if pos[source] + n > starts[source] + got[source]:
+            raise ckpt.Error(f"ckpt.dcp.Writer(to=\"hf\"): rank {source} sent less than shard {shard} needs "
+                             "(it failed: see its error)", fault="io")
+        out = received[pos[source]:pos[source] + n]
+        pos[source] += n
+        return out
+
+    tensors = []
+    for name, fqn, dtype, size in lay.shards[shard]:
+        full = torch.empty(size, dtype=getattr(torch, lay.src_dtypes[fqn]))
+        es = full.element_size()
+        whole = full.reshape(size or [1]).view(torch.uint8)
+        covered = 0
+        for cr, offsets, sizes in lay.chunks[fqn]:
+            offs, szs = (offsets, sizes) if size else ([0], [1])
+            n = 1
+            for z in szs:
+                n *= z
+            if cr == writer.rank:
+                data = local[(fqn, tuple(offsets))].contiguous().reshape(szs).view(torch.uint8)
+            else:
+                data = take(cr, n * es).view(szs[:-1] + [szs[-1] * es])
+            at = tuple(slice(o, o + z) for o, z in zip(offs[:-1], szs[:-1])) + \
+                (slice(offs[-1] * es, (offs[-1] + szs[-1]) * es),)
+            whole[at].copy_(data)
+            covered += n
+        if covered != full.numel():
+            raise ckpt.Error(f"ckpt.dcp.Writer(to=\"hf\"): the chunks DCP planned for {fqn!r} hold {covered} of its "
+                             f"{full.numel()} elements", fault="io")
+        if dtype != lay.src_dtypes[fqn]:
+            full = full.to(getattr(torch, dtype))
+        tensors.append((name, full))
+    records = None
+    if shard == 0:
+        values: dict = {}
+        for fqn, holder in lay.values:
+            if holder == writer.rank:
+                values[fqn] = local_bytes[fqn]
+            else:
+                n = int.from_bytes(take(holder, 8).numpy().tobytes(), "little")
+                values[fqn] = take(holder, n).numpy().tobytes()
+        entries = [(fqn, path, values.get(fqn) if spec is None else spec) for fqn, path, spec in lay.entries]
+        _chosen, stored, _shards, records, _counts = _ckpt.hf_layout(
+            entries, writer.max_shard_size, writer.include, writer.exclude, writer.strip_prefix,
+            writer.add_prefix, writer.dtype)
+        planned = {name for row in lay.shards for name, _f, _d, _s in row}
+        extra = [name for name, _d, _s in stored if name not in planned]
+        if extra:
+            raise ckpt.UsageError(f"ckpt.dcp.Writer(to=\"hf\"): the values {extra} hold tensors, which Hugging Face "
+                                  "shards written from a job do not take: exclude them, or save a DCP checkpoint "
+                                  "(to=\"dcp\") and convert it", fault="usage")
+    if any(pos[k] != starts[k] + got[k] for k in range(len(got))):
+        raise ckpt.Error(f"ckpt.dcp.Writer(to=\"hf\"): more bytes arrived than shard {shard} holds", fault="io")
+    save.write_shard(lay.files[shard], tensors, records)
+
 # The save each destination has in progress in this process (its coordinator's): a save that failed on some
 # rank never reaches `finish`, and its writer would hold the destination's lock; the next save to the same
 # destination from this process gives it up first (removes its staging directory, releases the lock).
@@ -230,25 +524,50 @@ def _writer_class() -> Any:
         >>> dcp.async_save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))
         """
 
-        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, dcp_profile: "str | None" = None,
-                     storage_options: "dict[str, str] | None" = None, sync: bool = True,
-                     checksums: bool = True) -> None:
+        def __init__(self, path: "str | os.PathLike[str] | None" = None, *, to: str = "dcp",
+                     dcp_profile: "str | None" = None, storage_options: "dict[str, str] | None" = None,
+                     sync: bool = True, checksums: bool = True, max_shard_size: "int | str | None" = None,
+                     dtype: "str | None" = None, include: "str | Sequence[str]" = (),
+                     exclude: "str | Sequence[str]" = (), strip_prefix: "str | None" = None,
+                     add_prefix: "str | None" = None) -> None:
             super().__init__()
+            if to not in ("dcp", "distcp", "hf"):
+                raise ckpt.UsageError(f"ckpt.dcp.Writer: to={to!r}: \"dcp\" (a DCP checkpoint) or \"hf\" "
+                                      "(Hugging Face safetensors shards)", fault="usage")
+            self.to = "hf" if to == "hf" else "dcp"
+            hf_options = {"max_shard_size": max_shard_size, "dtype": dtype, "include": include or None,
+                          "exclude": exclude or None, "strip_prefix": strip_prefix, "add_prefix": add_prefix}
+            if self.to == "dcp":
+                given = [k for k, v in hf_options.items() if v is not None]
+                if given:
+                    raise ckpt.UsageError(f"ckpt.dcp.Writer: {given[0]}= applies to Hugging Face shards "
+                                          "(to=\"hf\"); a DCP checkpoint keeps every item as it is", fault="usage")
+            elif dcp_profile is not None:
+                raise ckpt.UsageError("ckpt.dcp.Writer: dcp_profile= applies to DCP checkpoints (to=\"dcp\"), "
+                                      "not to Hugging Face shards", fault="usage")
             self.path = None if path is None else os.fspath(path)
             self.dcp_profile = dcp_profile
             self.storage_options = storage_options
             self.sync = sync
             self.checksums = checksums
+            self.max_shard_size = None if max_shard_size is None else _ckpt.hf_parse_size(max_shard_size)
+            self.dtype = dtype
+            self.include = [include] if isinstance(include, str) else list(include)
+            self.exclude = [exclude] if isinstance(exclude, str) else list(exclude)
+            self.strip_prefix = strip_prefix
+            self.add_prefix = add_prefix
             self.save_id = str(uuid.uuid4())
             self.rank = 0
             self.is_coordinator = True
             self._save: Any = None
+            self._group: Any = None
 
         def __reduce__(self) -> Any:
             # An async save in another process (torch's process-based checkpointer) pickles the writer: the
             # class is made on first use, so it is named through the module; the save in progress stays here.
             state = dict(self.__dict__)
             state["_save"] = None
+            state["_group"] = None
             return (_new_writer, (), state)
 
         def _give_up(self) -> None:
@@ -283,6 +602,9 @@ def _writer_class() -> Any:
                 raise ckpt.UsageError(
                     "ckpt.dcp.Writer: dcp.save(..., use_collectives=False) has every rank save on its own; "
                     "ckpt commits one checkpoint for all ranks: save with use_collectives=True", fault="usage")
+            # Hugging Face shards from several ranks: each shard's chunks travel to the rank that writes it
+            # over a gloo group of ckpt's own (not the job's: an async save runs beside training).
+            self._group = _exchange_group() if self.to == "hf" and many else None
 
         def prepare_local_plan(self, plan: Any) -> Any:
             return plan
@@ -293,13 +615,26 @@ def _writer_class() -> Any:
             stale = _open_saves.pop(self._path(), None)
             if stale is not None:
                 stale.abort()
-            self._save = _ckpt.dcp_begin(self._path(), len(plans), self.dcp_profile, self.sync, self.checksums,
-                                         self.storage_options)
-            _open_saves[self._path()] = self._save
-            ticket = _RankTicket(self._save.ticket())
-            return [dataclasses.replace(plan, storage_data=ticket) for plan in plans]
+            if self.to == "hf":
+                layout = _hf_layout(self, plans)
+                self._save = _ckpt.hf_begin(self._path(), len(plans), self.sync, self.checksums,
+                                            self.storage_options)
+                _open_saves[self._path()] = self._save
+                shared: Any = dataclasses.replace(layout, ticket=self._save.ticket(),
+                                                  files=self._save.shard_names(len(layout.shards)))
+                self._layout = shared
+            else:
+                self._save = _ckpt.dcp_begin(self._path(), len(plans), self.dcp_profile, self.sync,
+                                             self.checksums, self.storage_options)
+                _open_saves[self._path()] = self._save
+                shared = _RankTicket(self._save.ticket())
+            return [dataclasses.replace(plan, storage_data=shared) for plan in plans]
 
         def write_data(self, plan: Any, planner: Any) -> Future:
+            if self.to == "hf":
+                fut: Future = Future()
+                fut.set_result(_hf_write(self, plan, planner))
+                return fut
             ticket = plan.storage_data
             if not isinstance(ticket, _RankTicket):
                 raise ckpt.UsageError("ckpt.dcp.Writer: the save plan carries no ckpt ticket (was "
@@ -331,9 +666,9 @@ def _writer_class() -> Any:
                 results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=info))
             report = _RankReport(self.rank, save.report(None))
             results.append(WriteResult(index=MetadataIndex(_REPORT_FQN), size_in_bytes=0, storage_data=report))
-            fut: Future = Future()
-            fut.set_result(results)
-            return fut
+            done: Future = Future()
+            done.set_result(results)
+            return done
 
         def finish(self, metadata: Any, results: List[List[Any]]) -> None:
             save, self._save = self._save, None
@@ -355,6 +690,16 @@ def _writer_class() -> Any:
                 save.abort()
                 raise ckpt.Error(f"ckpt.dcp.Writer: reports from ranks {sorted(reports)} of {world}; every rank "
                                  "writes through ckpt.dcp.Writer", fault="io")
+            if self.to == "hf":
+                layout = self._layout
+                weight_map = [(name, layout.files[s]) for s, members in enumerate(layout.shards)
+                              for name, _fqn, _dtype, _size in members]
+                total = sum(_nbytes(dtype, size) for members in layout.shards for _n, _f, dtype, size in members)
+                save.commit(total if len(layout.files) > 1 else None, weight_map, layout.files,
+                            [reports[r] for r in range(world)])
+                metadata.storage_data = {}
+                metadata.storage_meta = self.storage_meta()
+                return
             entries = []
             for fqn, md in metadata.state_dict_metadata.items():
                 if isinstance(md, TensorStorageMetadata):

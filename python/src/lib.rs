@@ -8,7 +8,7 @@
 //!
 //! Modules: `arrays` (numpy arrays over ckpt's buffers), `values` (ckpt's `Value` tree to Python objects and
 //! back), `checkpoint` (an open checkpoint), `ops` (load, save, convert, verify, reshard, diff), `dcp` (what
-//! `ckpt.dcp.Reader` asks of a checkpoint), `dcp_writer` (one rank's part of `ckpt.dcp.Writer`'s save), `remote` (paths that are object-storage URLs: fetched, or written and
+//! `ckpt.dcp.Reader` asks of a checkpoint), `dcp_writer` (one rank's part of `ckpt.dcp.Writer`'s save), `hf_writer` (the same for `to="hf"`), `remote` (paths that are object-storage URLs: fetched, or written and
 //! published, as the `ckpt` command does), `cli` (the `ckpt` command), `errors` (the exceptions).
 
 mod arrays;
@@ -17,6 +17,7 @@ mod cli;
 mod dcp;
 mod dcp_writer;
 mod errors;
+mod hf_writer;
 mod ops;
 mod remote;
 mod values;
@@ -41,6 +42,11 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dcp_writer::DcpRankSave>()?;
     m.add_function(wrap_pyfunction!(dcp_writer::dcp_begin, m)?)?;
     m.add_function(wrap_pyfunction!(dcp_writer::dcp_join, m)?)?;
+    m.add_class::<hf_writer::HfRankSave>()?;
+    m.add_function(wrap_pyfunction!(hf_writer::hf_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(hf_writer::hf_parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(hf_writer::hf_begin, m)?)?;
+    m.add_function(wrap_pyfunction!(hf_writer::hf_join, m)?)?;
     m.add_function(wrap_pyfunction!(cli::main, m)?)?;
     Ok(())
 }

@@ -55,7 +55,7 @@ pub(crate) fn read_limits(limits: Option<&Bound<'_, PyDict>>) -> PyResult<ReadLi
 }
 
 /// The selection of `include`/`exclude` globs, prefixes and float dtype.
-fn selection(
+pub(crate) fn selection(
     include: Vec<String>,
     exclude: Vec<String>,
     strip_prefix: Option<String>,

@@ -7,6 +7,8 @@
 //!   and lists its tensors, and the values ckpt recorded ([`crate::metadata`]).
 //! - [`save`] (or [`save_entries`], entry by entry; [`save_rank`] over a process group) writes one, sharded exactly as `huggingface_hub.split_torch_state_dict_into_shards`
 //!   shards (module [`shard`]), atomically (a staging directory beside the destination, then a rename).
+//! - [`RankSave`] is one rank's part of a save whose plan and data travel by other means (a sharded
+//!   training job's `dcp.save` through `ckpt.dcp.Writer(path, to="hf")`), planned by [`layout`].
 //! - [`parse_size`] reads `--max-shard-size` values as `transformers` does (`5GB`, `500MB`, `2GiB`).
 //!
 //! torch's DCP `HuggingFaceStorageWriter` writes the same file names with `DCP_SHARDING_INFO` in every
@@ -29,12 +31,14 @@
 //! ```
 
 mod error;
+pub mod rank_save;
 mod read;
 pub mod shard;
 mod write;
 
 pub use ckpt_io::SaveReport;
 pub use error::{Error, Result};
+pub use rank_save::{Layout, RankSave, layout};
 pub use read::HfReader;
 pub use shard::{DEFAULT_MAX_SHARD_SIZE, parse_size};
 pub use write::{OBJECT_LAYOUT, WriteOptions, save, save_entries, save_entries_rank, save_rank};

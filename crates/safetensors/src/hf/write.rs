@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-use crate::metadata::{self, FORMAT_KEY, FORMAT_PT};
+use crate::hf::rank_save::{Layout, dir_options, layout};
+use crate::metadata::{FORMAT_KEY, FORMAT_PT};
 use ckpt_io::SaveReport;
-use ckpt_io::{CommitError, DirCommit, DirOptions, Durability};
+use ckpt_io::{CommitError, DirCommit, Durability};
 use ckpt_tensor::{PathItem, Value};
 use serde_json::Value as Json;
 
@@ -158,21 +159,10 @@ pub fn save_entries_rank<'a>(
     group: &dyn ckpt_collective::Collective,
     resolve: &(dyn Fn(&ckpt_tensor::Tensor) -> ckpt_tensor::Result<ckpt_tensor::Tensor> + Sync),
 ) -> Result<SaveReport> {
-    let mut st_options = metadata::WriteOptions::default().with_durability(options.durability);
-    if let Some(s) = &options.source {
-        st_options = st_options.with_source(s);
-    }
-    let (tensors, records, prepared) = metadata::prepare(entries, &st_options)?;
+    let Layout { tensors, shards, records, report: prepared } = layout(entries, options)?;
     let sizes: Vec<u64> = tensors.iter().map(|(_, t)| t.nbytes() as u64).collect();
-    let mut shards = shard::plan(&sizes, options.max_shard_size);
-    if shards.is_empty() {
-        shards.push(Vec::new()); // no tensor: one file with the records
-    }
     let n = shards.len();
-    // The shards carry their own checksums (CRC32C in each header): no manifest.
-    let dir_options =
-        DirOptions::default().with_durability(options.durability.with_checksums(false)).with_layout(OBJECT_LAYOUT);
-    let commit = DirCommit::begin(dst, group, &dir_options).map_err(ckpt_tensor::Error::from)?;
+    let commit = DirCommit::begin(dst, group, &dir_options(options)).map_err(ckpt_tensor::Error::from)?;
     let mut names: Vec<String> = (0..n).map(|i| shard_file_name(&commit, i, n)).collect();
     let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
     for (members, file) in shards.iter().zip(&names) {
@@ -231,7 +221,7 @@ pub fn save_entries_rank<'a>(
 /// extension (`model-00001-of-00002.<id>.safetensors`, named by the index as any name is), so that the
 /// previous checkpoint stays whole and loadable until the new index replaces its own. A single shard has no
 /// index to name it: `model.safetensors` is one object, replaced whole when its upload completes.
-fn shard_file_name(commit: &DirCommit, i: usize, n: usize) -> String {
+pub(crate) fn shard_file_name(commit: &DirCommit, i: usize, n: usize) -> String {
     let file = shard::file_name(i, n);
     match commit.save_id() {
         Some(id) if n > 1 && commit.replaces(&file) => {
@@ -256,7 +246,7 @@ pub const OBJECT_LAYOUT: ckpt_io::storage::ObjectLayout =
 
 /// The index as `transformers` writes it: `json.dumps(index, indent=2, sort_keys=True) + "\n"` (non-ASCII
 /// characters escaped, as Python's `ensure_ascii`).
-fn index_json(total_size: u64, weight_map: &[(&str, String)]) -> String {
+pub(crate) fn index_json(total_size: u64, weight_map: &[(&str, String)]) -> String {
     let mut sorted: Vec<&(&str, String)> = weight_map.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
     let map: serde_json::Map<String, Json> =
