@@ -206,6 +206,44 @@ def test_a_sharded_job_saves_to_a_url(s3env: str, tmp: Path, monkeypatch: pytest
     assert fetched - metadata_bytes < data_bytes / 4, (fetched, metadata_bytes, data_bytes)
 
 
+def test_a_sharded_job_saves_hugging_face_shards_to_a_url(s3env: str, tmp: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ckpt.dcp.Writer(url, to="hf")`` from 2 gloo ranks to an ``s3://`` URL: each rank uploads the shards
+    it owns, the coordinator writes the index last; the objects are, file for file, what ``ckpt.convert``
+    writes from torch's own checkpoint of the same job, and the ``safetensors`` package reads them."""
+    import json
+    import struct
+    import subprocess
+    import sys
+
+    from safetensors.torch import load as load_safetensors
+
+    job = Path(__file__).parent / "hf_job.py"
+    url = f"s3://{BUCKET}/train-hf/step-1"
+    monkeypatch.setenv("CKPT_TRAINING_URL", url)
+    options = {"max_shard_size": 600}
+    r = subprocess.run([sys.executable, str(job), "save", str(tmp), "2", json.dumps(options)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    ckpt.convert(tmp / "torch", tmp / "converted", to="hf", **options)
+    client = _client(s3env)
+    keys = sorted(k[len("train-hf/step-1/"):] for k in _keys(s3env, "train-hf/step-1/"))
+    assert keys == sorted(p.name for p in (tmp / "converted").iterdir()), keys
+
+    def split(data: bytes) -> tuple:
+        (n,) = struct.unpack("<Q", data[:8])
+        return json.loads(data[8:8 + n]), data[8 + n:]
+
+    for key in keys:
+        ours = client.get_object(Bucket=BUCKET, Key=f"train-hf/step-1/{key}")["Body"].read()
+        theirs = (tmp / "converted" / key).read_bytes()
+        if key.endswith(".safetensors"):
+            assert split(ours) == split(theirs), key
+            assert load_safetensors(ours).keys() == load_safetensors(theirs).keys()
+        else:
+            assert ours == theirs, key
+
+
 def test_verify_reports_an_unfinished_save(s3env: str) -> None:
     url = f"s3://{BUCKET}/unfinished"
     ckpt.save(_state(), url, format="distcp")
