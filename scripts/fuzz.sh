@@ -6,7 +6,7 @@
 # leak, timeout (-timeout, default 10 s per input) or out-of-memory (-rss_limit_mb, default 2048), and prints,
 # for every target that found one, where the reproducer is and how to replay it.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     60 s per target by default (the test command's bounded run)
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     30 s per target by default (the test command's bounded run)
 #   scripts/fuzz.sh 3600 distcp pbg           a longer campaign on two targets
 #   scripts/fuzz.sh --merge 3600              ... and fold what it found into fuzz/corpus (minimized)
 #   scripts/fuzz.sh --reseed                  rebuild fuzz/corpus from the fixtures (fuzz/seed.py) + itself
@@ -36,7 +36,7 @@ dicts_of() {
   esac
 }
 
-seconds=60 merge=0 reseed=0 build_only=0 chosen=()
+seconds=30 merge=0 reseed=0 build_only=0 chosen=()
 for arg in "$@"; do
   case "$arg" in
     --merge) merge=1 ;;

@@ -4,7 +4,7 @@
 # torch (conformance/fixtures/REPRODUCIBILITY.md), then runs the whole Rust suite (which loads Rust-written
 # files in real torch), and the tch feature's tests against libtorch, the Python package's tests (python/tests,
 # against torch, safetensors and dcp.load, after `pip install ./python`), then a bounded fuzzing run of every
-# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 60, as many targets at once as there are cores).
+# parser (scripts/fuzz.sh; CKPT_FUZZ_SECONDS per target, default 30, as many targets at once as there are cores).
 # Prints how long each step took, and at the end (pass or fail) every step's time and the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -154,11 +154,11 @@ pytest_tmp=$(mktemp -d)
 CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider \
   --basetemp "$pytest_tmp/base" -o tmp_path_retention_policy=failed python/tests
 
-step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-60} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
+step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-30} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"
 if ! wait "$fuzz_build"; then
   cat "$fuzz_build_log" >&2
   echo "building the fuzz targets failed (log above)" >&2
   exit 1
 fi
 fuzz_build=""
-bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-60}"
+bash scripts/fuzz.sh "${CKPT_FUZZ_SECONDS:-30}"
