@@ -48,6 +48,12 @@ impl Checkpoint {
         self.inner.entries()
     }
 
+    /// Why the entry `name` cannot be read, where that is known without reading it (a data file of a
+    /// directory format that is missing); `None` otherwise ([`CheckpointRead::unreadable`]).
+    pub fn unreadable(&self, name: &str) -> Option<String> {
+        self.inner.unreadable(name)
+    }
+
     /// Reads the tensor entry `name`.
     ///
     /// # Errors

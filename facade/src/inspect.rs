@@ -33,6 +33,9 @@ pub struct InspectedEntry {
     pub name: String,
     /// What it is.
     pub kind: InspectedKind,
+    /// Why it cannot be read, where that is known without reading it (a data file that is missing); the
+    /// entry is still listed, from the metadata.
+    pub unreadable: Option<String>,
 }
 
 /// What an entry is.
@@ -131,11 +134,15 @@ pub fn inspect(checkpoint: &Checkpoint, selection: &Selection) -> InspectReport 
                 }
                 _ => {
                     totals.values += 1;
-                    let type_name = checkpoint.value(&e.name).map(|v| v.type_name()).unwrap_or("value");
+                    let type_name = match checkpoint.unreadable(&e.name) {
+                        Some(_) => "value",
+                        None => checkpoint.value(&e.name).map(|v| v.type_name()).unwrap_or("value"),
+                    };
                     InspectedKind::Value { type_name }
                 }
             };
-            InspectedEntry { name: e.name, kind }
+            let unreadable = checkpoint.unreadable(&e.name);
+            InspectedEntry { name: e.name, kind, unreadable }
         })
         .collect();
     InspectReport {
@@ -159,7 +166,8 @@ impl InspectReport {
         let entries: Vec<serde_json::Value> = self
             .entries
             .iter()
-            .map(|e| match &e.kind {
+            .map(|e| {
+                let mut row = match &e.kind {
                 InspectedKind::Tensor { dtype, shape, nbytes } => json!({
                     "name": e.name, "kind": "tensor", "dtype": dtype.torch_name(), "shape": shape, "nbytes": nbytes,
                 }),
@@ -174,6 +182,11 @@ impl InspectReport {
                 InspectedKind::Value { type_name } => json!({
                     "name": e.name, "kind": "value", "type": type_name, "dtype": null, "shape": null, "nbytes": null,
                 }),
+                };
+                if let (Some(why), Some(map)) = (&e.unreadable, row.as_object_mut()) {
+                    map.insert("unreadable".into(), json!(why));
+                }
+                row
             })
             .collect();
         let details: serde_json::Map<String, serde_json::Value> =

@@ -302,3 +302,58 @@ fn per_call_pickle_limits_reach_pbg_optimizer_state() {
     }
     assert!(limited > 0, "no PBG fixture with optimizer state");
 }
+
+/// A DCP checkpoint with one data file gone: it still opens, every entry `.metadata` lists is listed (those
+/// in the missing file marked, with the file named), the entries of the present file read, and reading one
+/// of the missing file's entries fails naming the file. `ckpt inspect` and `ckpt cat` do the same.
+#[test]
+fn a_missing_dcp_data_file_spares_the_other_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d215");
+    std::fs::create_dir(&dir).unwrap();
+    for f in std::fs::read_dir(fixtures().join("distcp/golden/d215")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::remove_file(dir.join("__0_0.distcp")).unwrap();
+    let ck = ckpt::open(&dir).unwrap();
+    let report = ckpt::inspect(&ck, &ckpt::Selection::default());
+    assert_eq!(report.entries.len(), 5);
+    assert!(
+        report.details.iter().any(|(k, v)| k == "missing data files" && v == "__0_0.distcp"),
+        "{:?}",
+        report.details
+    );
+    let (mut missing, mut read) = (0, 0);
+    for e in &report.entries {
+        let got = match &e.kind {
+            ckpt::inspect::InspectedKind::Tensor { .. } => ck.tensor(&e.name).map(|_| ()),
+            _ => ck.value(&e.name).map(|_| ()),
+        };
+        match &e.unreadable {
+            Some(why) => {
+                assert_eq!(why, "data file \"__0_0.distcp\" is missing");
+                let err = got.unwrap_err().to_string();
+                assert!(err.contains("__0_0.distcp") && err.contains("does not exist"), "{err}");
+                missing += 1;
+            }
+            None => {
+                got.unwrap();
+                read += 1;
+            }
+        }
+    }
+    assert!(missing > 0 && read > 0, "{missing} unreadable, {read} read");
+    let json = report.to_json();
+    let marked = json["entries"].as_array().unwrap().iter().filter(|e| e.get("unreadable").is_some()).count();
+    assert_eq!(marked, missing);
+
+    let ckpt_bin = env!("CARGO_BIN_EXE_ckpt");
+    let out = std::process::Command::new(ckpt_bin).arg("inspect").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("(unreadable: data file \"__0_0.distcp\" is missing)").count(), missing, "{text}");
+    let readable = report.entries.iter().find(|e| e.unreadable.is_none()).unwrap();
+    let out = std::process::Command::new(ckpt_bin).arg("cat").arg(&dir).arg(&readable.name).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

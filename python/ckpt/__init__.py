@@ -231,8 +231,8 @@ class Checkpoint:
         return self.value(name)
 
     def tensor(self, name: str, framework: Optional[Framework] = None) -> Any:
-        """The tensor entry ``name``, read lazily: a numpy array over the file's map where the layout allows
-        (read-only: ``np.array(a)`` copies it), else over fresh memory; with ``framework="pt"`` a torch tensor
+        """The tensor entry ``name``, read lazily: a read-only numpy array, over the file's map where the layout
+        allows, else over fresh memory (``np.array(a)`` gives a writable copy); with ``framework="pt"`` a torch tensor
         (copy-on-write over the file for ``.pt`` and ``.safetensors``, a copy otherwise)."""
         fw = _framework(framework) if framework else self._framework
         self.entry(name)

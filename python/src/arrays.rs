@@ -1,9 +1,11 @@
 //! numpy arrays over ckpt's tensors without copying: an array's memory is the tensor's storage (a window of
 //! the checkpoint's memory map, usually), kept alive by the array's base object, a [`MappedBytes`].
 //!
-//! Arrays over ckpt's storage are read-only: the map is the file, and storage read from a file is shared by
-//! every view of it and by later reads. Arrays whose bytes were made for the call (a gathered view of a
-//! deferred storage, a conjugate resolved) own fresh memory and are writable.
+//! Every array is read-only, whatever the format: arrays over ckpt's storage because the map is the file
+//! (storage read from a file is shared by every view of it and by later reads), and arrays whose bytes were
+//! made for the call (a DCP chunk assembled, a DeepSpeed partition joined, a deferred storage gathered, a
+//! conjugate resolved) so that a reader's arrays behave the same in every format; `np.array(a)` or
+//! `a.copy()` gives a writable one.
 
 use std::ffi::{c_int, c_void};
 
@@ -67,9 +69,9 @@ pub(crate) fn is_zero_copy(t: &Tensor) -> bool {
     !t.is_conj() && !t.is_neg() && !t.storage().is_deferred()
 }
 
-/// The numpy array of `t`: over its storage, read-only, when [`is_zero_copy`]; else over a fresh row-major
-/// copy of its elements, writable. `writable` asks for a writable array in every case (a copy where the
-/// array would be read-only). A `float4_e2m1fn_x2` tensor comes back one value a byte as ml_dtypes'
+/// The numpy array of `t`, read-only in every case: over its storage when [`is_zero_copy`]; else over a
+/// fresh row-major copy of its elements (the same promise whatever the format: `np.array(a)` or `a.copy()`
+/// gives a writable one). `writable` asks for a writable array instead (a fresh copy). A `float4_e2m1fn_x2` tensor comes back one value a byte as ml_dtypes'
 /// `float4_e2m1fn` when ml_dtypes has it (a fresh array whose last dimension is twice the tensor's: the
 /// low nibble of each byte first, as torch and safetensors pack them); else as its packed bytes.
 pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResult<Bound<'py, PyAny>> {
@@ -83,7 +85,7 @@ pub(crate) fn array<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResul
                 Some(last) => *last *= 2,
                 None => shape.push(2),
             }
-            return new_array(py, Buffer::from_vec(values), &shape, 1, dtype);
+            return new_array(py, Buffer::from_vec(values), &shape, 1, dtype, writable);
         }
     }
     array_as_stored(py, t, writable)
@@ -105,38 +107,40 @@ fn array_as_stored<'py>(py: Python<'py>, t: &Tensor, writable: bool) -> PyResult
     // Every element addressed lies inside the storage: `Tensor` checks its view against its storage when it
     // is made (`required_storage_elements`), and a fresh copy is exactly its elements.
     let dtype = numpy_dtype(py, t.dtype())?;
-    array_over(py, buf, &shape, &strides, start, fresh, dtype)
+    array_over(py, buf, &shape, &strides, start, fresh && writable, dtype)
 }
 
-/// A fresh, writable row-major array of `shape` over `buf`, memory made for it (elements of `size` bytes:
-/// exactly `buf`'s bytes).
+/// A fresh row-major array of `shape` over `buf`, memory made for it (elements of `size` bytes: exactly
+/// `buf`'s bytes); writable when asked.
 fn new_array<'py>(
     py: Python<'py>,
     buf: Buffer,
     shape: &[usize],
     size: usize,
     dtype: Bound<'py, PyAny>,
+    writable: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let strides: Vec<usize> = ckpt::tensor::tensor::contiguous_strides(shape).iter().map(|s| s * size).collect();
-    array_over(py, buf, shape, &strides, 0, true, dtype)
+    array_over(py, buf, shape, &strides, 0, writable, dtype)
 }
 
 /// The array of `dtype`, `shape` and byte `strides` whose first element is `start` bytes into `buf`; every
-/// element it addresses must lie inside `buf`. Writable when `fresh` (memory nothing else references).
+/// element it addresses must lie inside `buf`. Writable when `writable` (only for fresh memory nothing else
+/// references).
 fn array_over<'py>(
     py: Python<'py>,
     buf: Buffer,
     shape: &[usize],
     strides: &[usize],
     start: usize,
-    fresh: bool,
+    writable: bool,
     dtype: Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let holder = Bound::new(py, MappedBytes { buf })?;
     let base = holder.borrow().buf.as_bytes().as_ptr();
     let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
     let mut byte_strides: Vec<npy_intp> = strides.iter().map(|&s| s as npy_intp).collect();
-    let flags: c_int = if fresh { npyffi::NPY_ARRAY_WRITEABLE } else { 0 };
+    let flags: c_int = if writable { npyffi::NPY_ARRAY_WRITEABLE } else { 0 };
     // SAFETY: `data` points `start` bytes into the holder's buffer, and every element of the view (`dims`,
     // `byte_strides`, the dtype's size) lies inside it (this function's contract, which its callers keep). The holder becomes the array's base (one
     // reference handed over), so the buffer lives as long as the array. The descriptor reference that

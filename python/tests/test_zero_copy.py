@@ -140,3 +140,46 @@ def test_conversions_and_saves_show_a_bar_of_the_bytes_written(tmp: Path) -> Non
     shown = _stderr_of(save, tty=True)
     assert "saving" in shown and "256.00 MiB" in shown, shown
     assert _stderr_of(save.replace("progress=True", "progress=False"), tty=True) == ""
+
+
+# One checkpoint of every format ckpt reads (the bundled fixtures, written by the original software): every
+# array ckpt returns is read-only, a view of the map where the layout allows and a read-only copy otherwise
+# (DCP chunks assembled, DeepSpeed partitions joined, Megatron shards concatenated, PBG's HDF5 datasets).
+FIXTURES = Path(__file__).resolve().parents[2] / "conformance" / "fixtures"
+EVERY_FORMAT = {
+    "torch zip": "torch/checkpoint.pt",
+    "torch conjugate": "torch/conj.pt",
+    "torch deflated": "real/deflate.pt",
+    "torch legacy": "real/py2_torch03.pt",
+    "safetensors": "dtypes/f6.safetensors",
+    "distcp": "distcp/golden/d215",
+    "hfai": "hfai/single_n3/ckpt",
+    "pbg": "pbg/ckpt",
+    "recis": "recis/golden/two_shard_adamw",
+    "deepspeed": "deepspeed/zero3_w2",
+    "deepspeed bf16": "deepspeed_bf16/bf16_optimizer_w2",
+    "megatron": "megatron/gpt_tp2/ckpt",
+    "pickle": "pickle/wrapper_p5.pkl",
+    "torch.package": "package/model.pt",
+    "torchscript": "real/scripted.jit",
+    "composite": "composite/quantized.pt",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EVERY_FORMAT))
+def test_every_array_of_every_format_is_read_only(kind: str) -> None:
+    path = FIXTURES / EVERY_FORMAT[kind]
+    ck = ckpt.open(path)
+    seen = 0
+    for name in ck.keys():
+        a = ck[name]
+        if not isinstance(a, np.ndarray):
+            continue
+        seen += 1
+        assert not a.flags.writeable, (kind, name)
+        if a.size:
+            with pytest.raises(ValueError):
+                a.reshape(-1)[0] = a.reshape(-1)[0]
+        copy = np.array(a)
+        assert copy.flags.writeable and np.array_equal(copy.view(np.uint8), a.view(np.uint8)), (kind, name)
+    assert seen, f"{kind}: no array among {ck.keys()[:10]}"

@@ -158,6 +158,9 @@ pub struct DcpReader {
     paths: HashMap<String, Vec<PathItem>>,
     files: DataFiles,
     options: ReadOptions,
+    /// Data files the metadata names that do not exist (found at open): their entries cannot be read, the
+    /// others can.
+    missing: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for DcpReader {
@@ -346,13 +349,28 @@ impl DcpReader {
     ///
     /// # Errors
     /// As [`DcpReader::open`].
+    ///
+    /// A data file that does not exist does not stop the open: the entries whose items it holds cannot be
+    /// read ([`DcpReader::missing_files`], [`CheckpointRead::unreadable`]); every other entry reads.
     pub fn open_with(dir: impl AsRef<Path>, options: &ReadOptions) -> Result<DcpReader> {
         let dir = dir.as_ref();
-        let r = Self::open_unchecked(dir, options)?;
-        if let Some(e) = r.metadata_problems(true).into_iter().next() {
-            return Err(e);
+        let mut r = Self::open_unchecked(dir, options)?;
+        let mut missing = std::collections::BTreeSet::new();
+        for e in r.metadata_problems(false) {
+            match e {
+                Error::MissingFile { file, .. } => {
+                    missing.insert(file);
+                }
+                e => return Err(e),
+            }
         }
+        r.missing = missing;
         Ok(r)
+    }
+
+    /// The data files the metadata names that do not exist, sorted.
+    pub fn missing_files(&self) -> impl Iterator<Item = &str> {
+        self.missing.iter().map(String::as_str)
     }
 
     /// Reads the metadata without validating it (for [`crate::verify`], which reports every problem).
@@ -394,6 +412,7 @@ impl DcpReader {
             items,
             paths,
             options: options.clone(),
+            missing: std::collections::BTreeSet::new(),
         })
     }
 
@@ -913,6 +932,18 @@ impl CheckpointRead for DcpReader {
         "distcp"
     }
 
+    fn unreadable(&self, name: &str) -> Option<String> {
+        if self.missing.is_empty() {
+            return None;
+        }
+        let k = *self.keys.get(name)?;
+        let items = self.items.get(k)?;
+        items.iter().find_map(|&i| {
+            let (_, info) = self.metadata.storage_data.get(i as usize)?;
+            self.missing.contains(&info.relative_path).then(|| format!("data file {:?} is missing", info.relative_path))
+        })
+    }
+
     fn entries(&self) -> Vec<Entry> {
         self.metadata
             .state_dict_metadata
@@ -943,6 +974,10 @@ impl CheckpointRead for DcpReader {
             },
         ));
         d.push(("writer".into(), self.writer_hint().to_owned()));
+        if !self.missing.is_empty() {
+            let files: Vec<&str> = self.missing_files().collect();
+            d.push(("missing data files".into(), files.join(", ")));
+        }
         if let Some(v) = &md.version {
             d.push(("version".into(), v.clone()));
         }

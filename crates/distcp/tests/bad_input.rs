@@ -10,7 +10,7 @@ use ckpt_distcp::{
     DcpReader, Error, Metadata, ProblemKind, Profile, ReadOptions, StorageMetadata, WriteOptions, save, verify,
 };
 use ckpt_pickle::{Object, Value as P};
-use ckpt_tensor::{DType, Tensor, Value};
+use ckpt_tensor::{CheckpointRead, DType, Tensor, Value};
 
 const MD: &str = "torch.distributed.checkpoint.metadata";
 
@@ -140,7 +140,13 @@ fn paths_escaping_the_directory() {
     let d = tempfile::tempdir().unwrap();
     sample(d.path());
     rewrite(d.path(), |md| md.storage_data[0].1.relative_path = "__9_9.distcp".into());
-    assert!(matches!(open_err(d.path()), Error::MissingFile { file, .. } if file == "__9_9.distcp"));
+    // A data file that does not exist is not a bad path: the checkpoint opens, lists it as missing, and only
+    // the entries whose items it holds fail to read, naming it.
+    let key = metadata(d.path()).storage_data[0].0.fqn.clone();
+    let r = DcpReader::open(d.path()).unwrap();
+    assert_eq!(r.missing_files().collect::<Vec<_>>(), ["__9_9.distcp"]);
+    assert_eq!(r.unreadable(&key).as_deref(), Some("data file \"__9_9.distcp\" is missing"));
+    assert!(matches!(r.read_value(&key), Err(Error::MissingFile { file, .. }) if file == "__9_9.distcp"));
 }
 
 fn obj(module: &str, name: &str, state: Option<P>) -> P {

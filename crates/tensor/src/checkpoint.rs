@@ -92,6 +92,12 @@ pub trait CheckpointRead {
         Vec::new()
     }
 
+    /// Why the entry `name` cannot be read, known without reading it (a data file of a directory format
+    /// that is missing); `None` when nothing is known against it. Listing shows it beside the entry.
+    fn unreadable(&self, _name: &str) -> Option<String> {
+        None
+    }
+
     /// The tensor entry `name`.
     ///
     /// # Errors

@@ -881,8 +881,9 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
             *w = (*w).max(cell.chars().count());
         }
     }
-    for r in std::iter::once(&header).chain(&rows) {
-        writeln!(
+    let notes = std::iter::once(None).chain(report.entries.iter().map(|e| e.unreadable.as_deref()));
+    for (r, note) in std::iter::once(&header).chain(&rows).zip(notes) {
+        write!(
             out,
             "{:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}",
             r[0],
@@ -895,6 +896,10 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
             w3 = widths[3]
         )
         .map_err(io)?;
+        match note {
+            Some(why) => writeln!(out, "  (unreadable: {why})").map_err(io)?,
+            None => writeln!(out).map_err(io)?,
+        }
     }
     let t = report.totals;
     let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
