@@ -415,9 +415,10 @@ fn main() -> ExitCode {
     let step = flag(&args, "--step").unwrap_or(1);
     #[cfg(feature = "mpi")]
     if ckpt::collective::launched_by_mpi() {
-        let outcome = ckpt::collective::MpiCollective::init()
-            .map_err(Failure::from)
-            .and_then(|mpi| run(&mpi, &cmd, &dir, step).map_err(|e| format!("rank {}: {e}", mpi.rank()).into()));
+        let outcome = ckpt::collective::MpiCollective::init().map_err(Failure::from).and_then(|mpi| {
+            let who = format!("rank {} of {}", mpi.rank(), mpi.world_size());
+            run(&mpi, &cmd, &dir, step).map(|m| format!("{who}: {m}")).map_err(|e| format!("{who}: {e}").into())
+        });
         return report(vec![outcome]);
     }
     let world = usize::try_from(flag(&args, "--ranks").unwrap_or(2)).unwrap_or(2).max(1);
