@@ -365,8 +365,10 @@ pub fn load(dir: &Path, own: &[Shard]) -> Result<usize, Failure> {
     Ok(checked)
 }
 
-/// Runs `f` on `world` ranks as threads of a [`ThreadGroup`]; returns each rank's result. A rank that
-/// fails breaks the group, so no other rank waits for it.
+/// Runs `f` on `world` ranks as threads of a [`ThreadGroup`]; returns each rank's result. `f` takes part in
+/// every collective the other ranks do, failure or not (as [`save`] does: a failure travels to rank 0 and
+/// back as the verdict), so a rank that returns an error leaves no other waiting. A rank that panics breaks
+/// the group: the others' collectives then fail instead of waiting for it.
 pub fn on_threads<T: Send>(
     world: usize,
     f: impl Fn(&ThreadGroup) -> Result<T, Failure> + Sync,
@@ -377,11 +379,10 @@ pub fn on_threads<T: Send>(
             .into_iter()
             .map(|g| {
                 s.spawn(move || {
-                    let r = f(&g);
-                    if r.is_err() {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&g))).unwrap_or_else(|_| {
                         g.abort();
-                    }
-                    r
+                        Err(format!("rank {} panicked", g.rank()).into())
+                    })
                 })
             })
             .collect();
