@@ -14,8 +14,10 @@ directory, no lock file).
 Coverage: every hit of every failpoint each rank passes (30 kills: 25 on the coordinator, 5 on rank 1; about
 a second each). Not covered here: the three-rename swap for file systems without ``RENAME_EXCHANGE``
 (``CKPT_COMMIT_NO_EXCHANGE=1``, ``dir.half_swapped``), where a kill between its renames leaves no destination
-until the next save's recovery (``conformance/tests/crash.rs`` covers it). No hang: the parent waits a bounded time for the surviving rank once one was killed
-and kills it if it has not ended (the summary says whether any had to be); gloo's process group has a short
+until the next save's recovery (``conformance/tests/crash.rs`` covers it).
+
+No hang: the parent waits a bounded time for the surviving rank once one was killed and kills it if it has
+not ended (the summary says whether any had to be: the test requires none); gloo's process group has a short
 timeout too.
 """
 
