@@ -1,9 +1,9 @@
 """The README's "Training with ckpt" commands run as written: every ``torchrun`` line of the section's ``sh``
 blocks, in order, on CPU with gloo (``python/examples/train_fsdp2.py``: an FSDP2 save on 2 ranks, resumes
 on 3 and then 2 ranks saving with both async checkpointers, a save to ``s3://`` and a resume from it on 3
-ranks), with ``runs/`` under a temporary directory and ``s3://bucket`` on moto's S3 server (127.0.0.1, a free port). After each command
-torch's own readers (``FileSystemReader``, ``FsspecReader`` for the URL) load the checkpoint it ended with.
-``python/README.md`` shows the same commands."""
+ranks), with ``runs/`` under a temporary directory and ``s3://bucket`` on moto's S3 server (127.0.0.1, a free
+port). After each command torch's own readers (``FileSystemReader``, ``FsspecReader`` for the URL) load the
+checkpoint it ended with. ``python/README.md`` shows the same commands."""
 
 from __future__ import annotations
 
