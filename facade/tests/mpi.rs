@@ -418,6 +418,33 @@ fn example_saves_with_4_ranks_and_loads_with_2_and_3_and_in_torch() {
     }
 }
 
+/// `examples/train_ranks.rs` under `mpirun`: 3 processes save through `RankSave` (ticket and reports over
+/// the `MpiCollective`), 2 processes and then 4 threads load their own boxes, every value checked.
+#[test]
+fn train_ranks_saves_and_loads_under_mpirun() {
+    let exe = std::env::current_exe().unwrap();
+    let program = exe.parent().and_then(Path::parent).unwrap().join("examples").join("train_ranks");
+    assert!(program.exists(), "{} is missing: `cargo test --features mpi,...` builds it", program.display());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("step-3");
+    let r = run(mpirun(3, &program, &[&"save", &dir, &"--step", &"3"]), LIMIT);
+    r.ok();
+    for rank in 0..3 {
+        assert!(r.out.contains(&format!("rank {rank} of 3: saved step 3")), "{}", r.out);
+        assert!(dir.join(format!("__{rank}_0.distcp")).exists());
+    }
+    let r = run(mpirun(2, &program, &[&"load", &dir, &"--step", &"3"]), LIMIT);
+    r.ok();
+    for rank in 0..2 {
+        assert!(r.out.contains(&format!("rank {rank} of 2: checked")), "{}", r.out);
+    }
+    let mut threads = Command::new(&program);
+    threads.args([&"load" as &dyn AsRef<std::ffi::OsStr>, &dir, &"--ranks", &"4", &"--step", &"3"]);
+    let r = run(threads, LIMIT);
+    r.ok();
+    assert_eq!(r.out.matches(" of 4: checked").count(), 4, "{}", r.out);
+}
+
 /// Each process of an MPI job reads only its own hfai parts: with part 3 damaged, the processes hosting
 /// parts 0-2 still read and check theirs, the one hosting part 3 fails.
 #[test]

@@ -8,6 +8,12 @@ with ``dcp.load``. Runs on CPU with gloo (or on GPUs with NCCL: torch copies dev
 The second command resumes the first run's latest checkpoint in a job of another size (DCP reshards as it
 loads) and goes on. Each checkpoint is ``OUT/step-N/``, an ordinary DCP checkpoint; ``OUT/latest`` names the
 newest one once it is committed.
+
+``--async-save`` (or ``--async-save thread``) saves with torch's thread-based async checkpointer,
+``--async-save process`` with its process-based one. ``--out`` may be an object-storage URL
+(``s3://bucket/runs/demo``): each checkpoint is committed there with ckpt's object-store protocol, the store
+configured by the ``AWS_*`` variables and ``--storage-option KEY=VALUE`` (``storage_options``); ``latest`` is
+then not written, and ``--resume URL`` names the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -31,8 +38,14 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the run's directory (checkpoints step-N/ and latest)")
     ap.add_argument("--steps", type=int, default=6, help="train until this step")
     ap.add_argument("--save-every", type=int, default=3, help="save every N steps")
-    ap.add_argument("--async-save", action="store_true", help="dcp.async_save: training goes on while it saves")
+    ap.add_argument("--async-save", nargs="?", const="thread", choices=["thread", "process"],
+                    help="dcp.async_save with torch's thread- (the default) or process-based checkpointer: "
+                         "training goes on while it saves")
+    ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="for a URL --out or --resume: a storage option (aws_endpoint, aws_allow_http, ...)")
+    ap.add_argument("--resume", help="the checkpoint to resume from (default: OUT/latest, if any)")
     args = ap.parse_args()
+    opts = dict(o.split("=", 1) for o in args.storage_option) or None
 
     gpu = torch.cuda.is_available()
     dist.init_process_group("nccl" if gpu else "gloo")
@@ -40,7 +53,8 @@ def main() -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
-    out = Path(args.out)
+    url = "://" in args.out
+    out = args.out.rstrip("/") if url else Path(args.out)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)).to(device)
@@ -52,15 +66,17 @@ def main() -> None:
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
 
     step = 0
-    latest = out / "latest"
-    if latest.exists():
+    resume = args.resume
+    if resume is None and not url and (out / "latest").exists():
+        resume = str(out / (out / "latest").read_text().strip())
+    if resume is not None:
         model_sd, optim_sd = get_state_dict(model, optim)
         state = {"model": model_sd, "optim": optim_sd, "step": 0}
-        dcp.load(state, storage_reader=ckpt.dcp.Reader(out / latest.read_text().strip()))
+        dcp.load(state, storage_reader=ckpt.dcp.Reader(resume, storage_options=opts))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         step = state["step"]
         if rank == 0:
-            print(f"resumed from {latest.read_text().strip()} (step {step}) on {world} ranks")
+            print(f"resumed from {resume.rstrip('/').rsplit('/', 1)[-1]} (step {step}) on {world} ranks")
 
     # An async save runs its collectives on a process group of its own, beside training's.
     save_group = dist.new_group(backend="gloo") if args.async_save else None
@@ -79,9 +95,11 @@ def main() -> None:
                 pending = None
             model_sd, optim_sd = get_state_dict(model, optim)
             state = {"model": model_sd, "optim": optim_sd, "step": step}
-            writer = ckpt.dcp.Writer(out / f"step-{step}")
+            writer = ckpt.dcp.Writer(f"{out}/step-{step}", storage_options=opts)
             if args.async_save:
-                pending = dcp.async_save(state, storage_writer=writer, process_group=save_group)
+                kind = AsyncCheckpointerType.PROCESS if args.async_save == "process" else AsyncCheckpointerType.THREAD
+                pending = dcp.async_save(state, storage_writer=writer, process_group=save_group,
+                                         async_checkpointer_type=kind)
                 pending.add_done_callback(lambda f, s=step: _committed(f, out, s, rank))
             else:
                 dcp.save(state, storage_writer=writer)
@@ -94,11 +112,11 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _committed(fut, out: Path, step: int, rank: int) -> None:
-    """Once a save is committed, rank 0 points ``latest`` at it (written atomically)."""
+def _committed(fut, out, step: int, rank: int) -> None:
+    """Once a save is committed, rank 0 points ``latest`` at it (written atomically; a local ``--out``)."""
     if fut is not None:
         fut.result()
-    if rank == 0:
+    if rank == 0 and isinstance(out, Path):
         tmp = out / ".latest.tmp"
         tmp.write_text(f"step-{step}\n")
         os.replace(tmp, out / "latest")
