@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                     help="for a URL --out or --resume: a storage option (aws_endpoint, aws_allow_http, ...)")
     ap.add_argument("--resume", help="the checkpoint to resume from (default: OUT/latest, if any)")
+    ap.add_argument("--export-hf", metavar="DIR",
+                    help="at the end, the model as Hugging Face shards in DIR (bfloat16), straight from the ranks")
     args = ap.parse_args()
     opts = dict(o.split("=", 1) for o in args.storage_option) or None
 
@@ -108,6 +110,15 @@ def main() -> None:
                 print(f"step {step}: loss {loss.item():.4f}, saved step-{step}")
     if pending is not None:
         pending.result()
+    if args.export_hf:
+        # The model alone, whole tensors under their FQNs, in bfloat16: each rank writes the shards it owns
+        # (the chunks of each shard travel to its rank), the coordinator writes the index and commits.
+        hf = ckpt.dcp.Writer(args.export_hf, to="hf", include="model.*", strip_prefix="model.", dtype="bf16",
+                             max_shard_size="4KB", storage_options=opts)
+        model_sd, _ = get_state_dict(model, optim)
+        dcp.save({"model": model_sd}, storage_writer=hf)
+        if rank == 0:
+            print(f"exported step {step} to {args.export_hf}")
     dist.barrier()
     dist.destroy_process_group()
 

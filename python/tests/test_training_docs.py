@@ -7,6 +7,7 @@ checkpoint it ended with. ``python/README.md`` shows the same commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -17,6 +18,8 @@ from typing import Iterator
 
 import boto3
 import pytest
+import torch
+from safetensors import safe_open
 import torch.distributed.checkpoint as dcp
 from moto.server import ThreadedMotoServer
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
@@ -64,7 +67,7 @@ def whole(reader) -> dict:
 
 def test_the_training_section_runs_as_written(tmp_path: Path, endpoint: str) -> None:
     cmds = commands(ROOT / "README.md")
-    assert len(cmds) == 5, cmds
+    assert len(cmds) == 6, cmds
     assert cmds == commands(ROOT / "python" / "README.md"), "python/README.md shows the same commands"
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -95,4 +98,14 @@ def test_the_training_section_runs_as_written(tmp_path: Path, endpoint: str) -> 
             if steps > 6:  # every local run after the first resumes the latest checkpoint
                 assert "resumed from step-" in r.stdout and f"on {ranks} ranks" in r.stdout, r.stdout
         assert saved["step"] == steps, (cmd, saved["step"])
+        if "--export-hf" in argv:
+            # The model as Hugging Face shards, bfloat16, the "model." prefix stripped: equal to the
+            # checkpoint saved at the same step, cast as torch casts.
+            hf = Path(argv[argv.index("--export-hf") + 1])
+            index = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
+            assert sorted(index) == sorted(saved["model"]), sorted(index)
+            for name, file in index.items():
+                with safe_open(hf / file, "pt") as f:
+                    assert torch.equal(f.get_tensor(name), saved["model"][name].to(torch.bfloat16)), name
+            assert f"exported step {steps}" in r.stdout, r.stdout
         assert saved["model"]["0.weight"].shape == (64, 16), cmd
