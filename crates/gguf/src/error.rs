@@ -205,6 +205,12 @@ pub enum GgufError {
         /// The dtype asked for.
         dtype: ckpt_tensor::DType,
     },
+    /// An entry (metadata key or tensor) asked for that the file does not hold.
+    #[error("invalid argument: the GGUF file has no metadata key or tensor named {name:?}")]
+    NoSuchEntry {
+        /// The name asked for.
+        name: String,
+    },
     /// A tensor asked for that the file does not hold.
     #[error("invalid argument: the GGUF file has no tensor named {name:?}")]
     NoSuchTensor {
@@ -236,9 +242,10 @@ impl GgufError {
             | GgufError::UnknownGgmlType { .. }
             | GgufError::NotDequantized { .. } => Fault::Unsupported,
             GgufError::NestingTooDeep { .. } => Fault::Limit,
-            GgufError::BlockLength { .. } | GgufError::DequantizeDtype { .. } | GgufError::NoSuchTensor { .. } => {
-                Fault::InvalidArgument
-            }
+            GgufError::BlockLength { .. }
+            | GgufError::DequantizeDtype { .. }
+            | GgufError::NoSuchEntry { .. }
+            | GgufError::NoSuchTensor { .. } => Fault::InvalidArgument,
         }
     }
 }

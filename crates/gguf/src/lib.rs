@@ -6,6 +6,8 @@
 //!   handed out: every count against the bytes left, every tensor's type, shape, offset, alignment and extent,
 //!   no overlaps, no name or key twice.
 //! - [`metadata`]: the key-value pairs, every GGUF value type (nested arrays included).
+//! - [`Reader`] is a [`ckpt_tensor::CheckpointRead`]: the metadata as values ([`python_value`]), the tensors
+//!   under their names.
 //! - [`GgmlType`]: the ggml types, their codes and blocks.
 //! - [`dequantize()`]: blocks to f32 for F32, F16, BF16, F64, I8 to I64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to
 //!   Q6_K, TQ1_0, TQ2_0, MXFP4 and NVFP4. The IQ types, Q8_1, Q8_K and Q1_0 are not dequantized yet
@@ -23,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 pub mod dequantize;
 mod error;
 mod ggml_type;
@@ -30,6 +33,7 @@ pub mod header;
 pub mod metadata;
 mod reader;
 
+pub use checkpoint::python_value;
 pub use dequantize::dequantize;
 pub use error::GgufError;
 pub use ggml_type::GgmlType;

@@ -6,7 +6,7 @@ use std::path::Path;
 use ckpt_tensor::{Buffer, DType, Result, Tensor};
 use half::{bf16, f16};
 
-use crate::dequantize::dequantize;
+use crate::dequantize::{can_dequantize, dequantize};
 use crate::header::{Header, TensorInfo};
 use crate::metadata::MetadataValue;
 use crate::{GgmlType, GgufError};
@@ -126,19 +126,28 @@ impl Reader {
     }
 
     /// The tensor `name` dequantized to `dtype` (float32, or float16/bfloat16 rounded from the f32 values to
-    /// nearest even), with its logical shape.
+    /// nearest even), with its logical shape. The values are made when they are read, a range at a time
+    /// (a writer streaming the tensor holds one piece of it, [`Buffer::deferred_ranged`]).
     ///
     /// # Errors
-    /// [`GgufError::DequantizeDtype`] for another dtype; as [`Reader::dequantize_f32`].
+    /// [`GgufError::DequantizeDtype`] for another dtype; [`GgufError::NotDequantized`] for a type ckpt does not
+    /// dequantize yet; [`GgufError::NoSuchTensor`].
     pub fn dequantize(&self, name: &str, dtype: DType) -> Result<Tensor> {
-        let shape = self.tensor_info(name)?.shape();
-        let bytes: Vec<u8> = match dtype {
-            DType::F32 => self.dequantize_f32(name)?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            DType::F16 => self.dequantize_f32(name)?.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
-            DType::BF16 => self.dequantize_f32(name)?.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
-            other => return Err(GgufError::DequantizeDtype { dtype: other }.into()),
-        };
-        Tensor::from_buffer(dtype, &shape, Buffer::from_vec(bytes))
+        let info = self.tensor_info(name)?;
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(GgufError::DequantizeDtype { dtype }.into());
+        }
+        if !can_dequantize(info.ggml_type) {
+            return Err(GgufError::NotDequantized { ggml_type: info.ggml_type }.into());
+        }
+        let raw = self.raw_of(info)?;
+        let n = usize::try_from(info.n_elements()).map_err(|_| out_of_bounds(info, self.buffer.len()))?;
+        let (ggml_type, size) = (info.ggml_type, dtype.size());
+        let len = n.checked_mul(size).ok_or_else(|| out_of_bounds(info, self.buffer.len()))?;
+        let values = Buffer::deferred_ranged(len, move |offset, out| {
+            fill_dequantized(ggml_type, raw.as_bytes(), dtype, offset, out).map_err(ckpt_tensor::Error::from)
+        });
+        Tensor::from_buffer(dtype, &info.shape(), values)
     }
 
     /// The whole file's bytes (the map).
@@ -163,4 +172,38 @@ fn out_of_bounds(info: &TensorInfo, file_len: usize) -> ckpt_tensor::Error {
         file_len: file_len as u64,
     }
     .into()
+}
+
+/// Writes the bytes `offset..offset + out.len()` of the values of `blocks` (of `ggml_type`) as `dtype` into
+/// `out`: the blocks those bytes fall in are dequantized, and the window copied.
+fn fill_dequantized(
+    ggml_type: GgmlType,
+    blocks: &[u8],
+    dtype: DType,
+    offset: usize,
+    out: &mut [u8],
+) -> std::result::Result<(), GgufError> {
+    let (block_size, type_size, size) = (ggml_type.block_size(), ggml_type.type_size(), dtype.size());
+    let block_bytes = block_size * size;
+    let first = offset / block_bytes;
+    let end = offset.saturating_add(out.len()).div_ceil(block_bytes);
+    let wrong_length = || GgufError::BlockLength {
+        ggml_type,
+        bytes: blocks.len(),
+        values: offset.saturating_add(out.len()) / size,
+        block_size,
+        type_size,
+    };
+    let source = blocks.get(first * type_size..end * type_size).ok_or_else(wrong_length)?;
+    let mut values = vec![0f32; (end - first) * block_size];
+    dequantize(ggml_type, source, &mut values)?;
+    let bytes: Vec<u8> = match dtype {
+        DType::F16 => values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+        DType::BF16 => values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    let skip = offset - first * block_bytes;
+    let window = bytes.get(skip..skip + out.len()).ok_or_else(wrong_length)?;
+    out.copy_from_slice(window);
+    Ok(())
 }

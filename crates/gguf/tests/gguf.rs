@@ -144,6 +144,14 @@ fn dequantizes_to_f16_and_bf16_through_f32() {
     let bf16s = reader.dequantize("q4_k", DType::BF16).unwrap();
     let want: Vec<u8> = f32s.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
     assert_eq!(bf16s.storage().as_bytes(), want.as_slice());
+    // Values are made a window at a time: any window is the same bytes as the whole.
+    let lazy = reader.tensor("q4_k").unwrap();
+    let whole: Vec<u8> = f32s.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for (start, end) in [(0, 4), (3, 1029), (1020, 2052), (4090, 4096), (0, 4096)] {
+        let window = lazy.storage().slice(start..end).unwrap();
+        assert_eq!(&*window.bytes().unwrap(), &whole[start..end], "{start}..{end}");
+    }
+    assert!(lazy.storage().is_deferred());
     let refused = reader.dequantize("q4_k", DType::I32).unwrap_err();
     assert!(matches!(refused.format_error::<GgufError>(), Some(GgufError::DequantizeDtype { .. })));
     // Integer tensors convert as `as` does.

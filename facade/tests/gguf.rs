@@ -1,0 +1,134 @@
+//! GGUF files (issue 42, `conformance/fixtures/gguf/`, written by gguf-py's `GGUFWriter`): each is detected as
+//! format `gguf`, lists its metadata as values and its tensors in torch-order shapes, verifies deep, converts to
+//! safetensors, hf and torch with the values gguf-py's `gguf.quants.dequantize` gives (checked by gguf-py and
+//! the real loaders) and diffs equal to its conversions; the tool inspects (metadata, ggml types), cats a
+//! value and a tensor, and converts with `--dtype`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use ckpt::{ConvertOptions, DiffOptions, EntryKind, Format, convert};
+use ckpt_conformance::{fixtures, run_python};
+
+const FILES: [&str; 4] = ["metadata.gguf", "quants.gguf", "aligned64.gguf", "v2.gguf"];
+
+fn gguf_fixture(name: &str) -> PathBuf {
+    fixtures("gguf").join(name)
+}
+
+#[test]
+fn every_fixture_opens_as_gguf_with_its_metadata_and_tensors() {
+    for file in FILES {
+        let path = gguf_fixture(file);
+        assert_eq!(ckpt::detect(&path).unwrap(), Format::Gguf, "{file}");
+        let ck = ckpt::open(&path).unwrap();
+        let reader = ck.downcast_ref::<ckpt::gguf::Reader>().unwrap();
+        let entries = ck.entries();
+        assert_eq!(entries.len(), reader.metadata().len() + reader.tensors().len(), "{file}");
+        for (e, (key, _)) in entries.iter().zip(reader.metadata()) {
+            assert_eq!(&e.name, key);
+            assert_eq!(e.kind, EntryKind::Value);
+        }
+        for (e, t) in entries.iter().skip(reader.metadata().len()).zip(reader.tensors()) {
+            assert_eq!(e.name, t.name);
+            let info = e.tensor_info().unwrap();
+            assert_eq!(info.shape, t.shape(), "{file} {}", t.name);
+            let tensor = ck.tensor(&e.name).unwrap();
+            assert_eq!(tensor.dtype(), info.dtype);
+            let want: Vec<u8> = reader.dequantize_f32(&t.name).unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+            let got = ckpt::tensor::cast::cast_float_lazy(&tensor, ckpt::DType::F32).unwrap_or(tensor.clone());
+            if t.ggml_type.plain_dtype().is_none_or(|d| d.is_floating_point() && d != ckpt::DType::F64) {
+                assert_eq!(&*got.data().unwrap(), want.as_slice(), "{file} {}", t.name);
+            }
+        }
+        assert_eq!(ck.value("general.architecture").unwrap(), ckpt::Value::Str(reader.architecture().unwrap().into()));
+    }
+}
+
+#[test]
+fn every_fixture_verifies_deep_converts_and_diffs_equal() {
+    let tmp = tempfile::tempdir().unwrap();
+    for file in FILES {
+        let src = gguf_fixture(file);
+        let report = ckpt::verify(&src).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(report.is_ok(), "{file}: {:?}", report.problems);
+        let n = ckpt::open(&src).unwrap().downcast_ref::<ckpt::gguf::Reader>().unwrap().tensors().len();
+        for (to, name) in [(Format::Safetensors, "x.safetensors"), (Format::Torch, "x.pt"), (Format::Hf, "hf")] {
+            let dst = tmp.path().join(format!("{file}.{name}"));
+            let summary = convert(&src, None, &dst, to, &ConvertOptions::default()).unwrap();
+            assert_eq!(summary.tensors, n, "{file} --to {to}");
+            let d = ckpt::diff(&src, &dst, &DiffOptions::default().with_atol(0.0).with_rtol(0.0)).unwrap();
+            if to == Format::Torch {
+                // torch.save's entries name a list's items (`tokenizer.ggml.tokens.0`): the metadata arrays
+                // are the GGUF side's layout keys whole, items on the torch side. Every tensor is equal.
+                let keys: Vec<String> = ckpt::open(&src)
+                    .unwrap()
+                    .downcast_ref::<ckpt::gguf::Reader>()
+                    .unwrap()
+                    .metadata()
+                    .iter()
+                    .map(|(k, _)| format!("{k}."))
+                    .collect();
+                assert!(d.only_a.is_empty() && d.kind_changes.is_empty() && d.values_differ.is_empty(), "{d:?}");
+                assert!(d.only_b.iter().all(|n| keys.iter().any(|k| n.starts_with(k.as_str()))), "{d:?}");
+                assert_eq!(d.tensors.len(), n);
+                assert!(d.tensors.iter().all(|t| t.mismatched == 0 && t.dtype.0 == t.dtype.1), "{d:?}");
+            } else {
+                assert!(d.is_equal(), "{file} vs {to}: {d:?}");
+            }
+            // gguf-py and the real loaders agree (torch.load once: it is slow to import).
+            if to == Format::Safetensors || (to == Format::Torch && file == "quants.gguf") {
+                let out = run_python("gguf/check_converted.py", &[&src, &dst]);
+                assert!(out.contains(&format!("{n} tensors equal")), "{file} --to {to}: {out}");
+            }
+        }
+    }
+}
+
+fn ckpt_tool(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (i32, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"));
+    for a in args {
+        cmd.arg(a);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn the_tool_inspects_cats_verifies_and_converts() {
+    let path = gguf_fixture("metadata.gguf");
+    let (code, out) = ckpt_tool(&[&"inspect", &path]);
+    assert_eq!(code, 0, "{out}");
+    for line in
+        ["architecture: llama", "context length: 4096", "vocabulary: 100 tokens", "tensor f16.3d: F16 ne [4, 3, 2]"]
+    {
+        assert!(out.contains(line), "{line}?\n{out}");
+    }
+    assert!(out.contains("tokenizer.ggml.tokens: [STRING; 100] [\"tok0\""), "long arrays summarized:\n{out}");
+    assert!(out.contains("f16.3d") && out.contains("[2, 3, 4]"), "torch-order shape:\n{out}");
+    let (code, out) = ckpt_tool(&[&"cat", &path, &"llama.context_length"]);
+    assert_eq!((code, out.trim()), (0, "4096"));
+    let quants = gguf_fixture("quants.gguf");
+    let (code, out) = ckpt_tool(&[&"inspect", &quants]);
+    assert!(code == 0 && out.contains("tensor q4_k: Q4_K ne [512, 2]"), "{out}");
+    let (code, out) = ckpt_tool(&[&"cat", &quants, &"q8_0"]);
+    assert!(code == 0 && out.starts_with("[["), "{out}");
+    let (code, out) = ckpt_tool(&[&"verify", &"--deep", &quants]);
+    assert_eq!(code, 0, "{out}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("q.safetensors");
+    let (code, out) = ckpt_tool(&[&"convert", &quants, &dst, &"--to", &"safetensors", &"--dtype", &"bfloat16"]);
+    assert_eq!(code, 0, "{out}");
+    let st = ckpt::open(&dst).unwrap();
+    let reader = ckpt::gguf::Reader::open(&quants).unwrap();
+    for t in reader.tensors() {
+        let want = reader.dequantize(&t.name, ckpt::DType::BF16).unwrap();
+        let got = st.tensor(&t.name).unwrap();
+        assert_eq!(got.dtype(), ckpt::DType::BF16);
+        assert_eq!(&*got.data().unwrap(), &*want.data().unwrap(), "{}", t.name);
+    }
+    let (code, out) = ckpt_tool(&[&"convert", &dst, &tmp.path().join("back.gguf"), &"--to", &"gguf"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("does not write"), "{out}");
+}

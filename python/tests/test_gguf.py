@@ -1,0 +1,64 @@
+"""GGUF files written by gguf-py's GGUFWriter (conformance/fixtures/gguf) read through ``ckpt.open`` equal to what
+gguf-py's own ``GGUFReader`` and ``gguf.quants.dequantize`` read: metadata values, tensors in torch order (GGUF's
+dimensions reversed), quantized tensors dequantized bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ckpt
+from conftest import FIXTURES
+
+gguf = pytest.importorskip("gguf")
+
+FILES = ["metadata.gguf", "quants.gguf", "aligned64.gguf", "v2.gguf"]
+
+
+def field_value(field) -> object:
+    """A field as Python values: gguf-py's ``contents()`` for scalars, strings and arrays."""
+    return field.contents()
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_gguf_equals_gguf_py(name: str) -> None:
+    path = FIXTURES / "gguf" / name
+    theirs = gguf.GGUFReader(str(path))
+    ck = ckpt.open(path)
+    assert ck.format == "gguf"
+    keys = [k for k in theirs.fields if not k.startswith("GGUF.")]
+    tensor_names = [t.name for t in theirs.tensors]
+    assert ck.keys() == keys + tensor_names
+    for key in keys:
+        want = field_value(theirs.fields[key])
+        got = ck.value(key)
+        if isinstance(want, float):
+            assert np.float64(got).tobytes() == np.float64(want).tobytes(), key
+        else:
+            assert got == want, key
+    for t in theirs.tensors:
+        got = ck.tensor(t.name)
+        if t.tensor_type in (gguf.GGMLQuantizationType.F64, gguf.GGMLQuantizationType.I8,
+                             gguf.GGMLQuantizationType.I16, gguf.GGMLQuantizationType.I32,
+                             gguf.GGMLQuantizationType.I64):
+            want = np.asarray(t.data)
+        else:
+            want = gguf.quants.dequantize(t.data, t.tensor_type)
+        assert got.shape == want.shape, t.name
+        if t.tensor_type in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
+            # ckpt keeps a plain 16-bit tensor as it is; gguf-py widens it to float32 (exactly).
+            assert got.dtype.name == {"F16": "float16", "BF16": "bfloat16"}[t.tensor_type.name], t.name
+            got = got.astype(np.float32)
+        assert got.dtype == want.dtype, t.name
+        assert got.tobytes() == want.tobytes(), t.name
+
+
+def test_gguf_details_name_types_and_metadata() -> None:
+    ck = ckpt.open(FIXTURES / "gguf" / "quants.gguf")
+    details = ck.details
+    assert details["architecture"] == "llama"
+    assert details["tensor q4_k"] == "Q4_K ne [512, 2]"
+    meta = ckpt.open(FIXTURES / "gguf" / "metadata.gguf").details
+    assert meta["context length"] == "4096"
+    assert meta["vocabulary"] == "100 tokens"
+    assert meta["tokenizer.ggml.tokens"].startswith("[STRING; 100] [")
