@@ -182,6 +182,26 @@ pub enum GgufError {
         /// The type.
         ggml_type: GgmlType,
     },
+    /// A ggml type that ckpt does not quantize to.
+    #[error("unsupported: ckpt writes GGUF tensors as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1, not {ggml_type}")]
+    NotQuantized {
+        /// The type.
+        ggml_type: GgmlType,
+    },
+    /// A tensor whose dtype GGUF has no type for (bool, unsigned integers, complex, float8).
+    #[error("unsupported: tensor {name:?}: GGUF has no type for {dtype} tensors")]
+    UnwritableDtype {
+        /// The tensor.
+        name: String,
+        /// Its dtype.
+        dtype: ckpt_tensor::DType,
+    },
+    /// An alignment to write that is not a power of two.
+    #[error("invalid argument: GGUF alignment {alignment} is not a power of two")]
+    WriteAlignment {
+        /// The alignment asked for.
+        alignment: u32,
+    },
     /// Block bytes or an output whose length does not fit whole blocks of the type.
     #[error(
         "invalid argument: {ggml_type}: {bytes} bytes of blocks and {values} values do not make whole blocks of \
@@ -240,9 +260,12 @@ impl GgufError {
             GgufError::BigEndian { .. }
             | GgufError::UnsupportedVersion { .. }
             | GgufError::UnknownGgmlType { .. }
-            | GgufError::NotDequantized { .. } => Fault::Unsupported,
+            | GgufError::NotDequantized { .. }
+            | GgufError::NotQuantized { .. }
+            | GgufError::UnwritableDtype { .. } => Fault::Unsupported,
             GgufError::NestingTooDeep { .. } => Fault::Limit,
             GgufError::BlockLength { .. }
+            | GgufError::WriteAlignment { .. }
             | GgufError::DequantizeDtype { .. }
             | GgufError::NoSuchEntry { .. }
             | GgufError::NoSuchTensor { .. } => Fault::InvalidArgument,

@@ -13,6 +13,9 @@
 //!   Q6_K, TQ1_0, TQ2_0, MXFP4 and NVFP4. The IQ types, Q8_1, Q8_K and Q1_0 are not dequantized yet
 //!   ([`GgufError::NotDequantized`]); their raw blocks read ([`Reader::raw`]).
 //!
+//! - [`save`]: a GGUF v3 file written streaming and durably, float tensors quantized ([`quantize()`]) to F32,
+//!   F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 bit for bit as gguf-py's `gguf.quants.quantize`.
+//!
 //! # Shapes
 //!
 //! GGUF stores a tensor's dimensions innermost first (`ne[0]` is the length of a row, [`TensorInfo::dims`]).
@@ -31,7 +34,9 @@ mod error;
 mod ggml_type;
 pub mod header;
 pub mod metadata;
+pub mod quantize;
 mod reader;
+pub mod writer;
 
 pub use checkpoint::python_value;
 pub use dequantize::dequantize;
@@ -39,4 +44,6 @@ pub use error::GgufError;
 pub use ggml_type::GgmlType;
 pub use header::{DEFAULT_ALIGNMENT, Header, MAX_DIMS, TensorInfo};
 pub use metadata::{MAX_ARRAY_DEPTH, MetadataValue, ValueType, summarize};
+pub use quantize::quantize;
 pub use reader::Reader;
+pub use writer::{WriteOptions, save};

@@ -214,6 +214,39 @@ impl MetadataValue {
     }
 }
 
+impl MetadataValue {
+    /// Appends the value's bytes (without its type code) as GGUF lays them out.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            MetadataValue::U8(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::I8(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::U16(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::I16(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::U32(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::I32(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::F32(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::Bool(v) => out.push(u8::from(*v)),
+            MetadataValue::String(v) => write_string(out, v),
+            MetadataValue::U64(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::I64(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::F64(v) => out.extend(v.to_le_bytes()),
+            MetadataValue::Array(element_type, items) => {
+                out.extend(element_type.code().to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                for item in items {
+                    item.write(out);
+                }
+            }
+        }
+    }
+}
+
+/// Appends a GGUF string: its u64 length, then its UTF-8 bytes.
+pub(crate) fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
 impl std::fmt::Display for MetadataValue {
     /// Scalars as they are, strings quoted, arrays in full (see [`crate::summarize`] for a short form).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
