@@ -119,7 +119,7 @@ step "the reproducibility checks accept other CPUs' rounding and reject real cha
 .venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
-for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron pickle package cli; do
+for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron pickle package gguf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 

@@ -181,9 +181,9 @@ const KNOWN: [Known; 12] = [
     Known {
         format: Format::Gguf,
         name: "gguf",
-        about: "GGUF files of llama.cpp and ggml (.gguf; quantized tensors dequantized)",
+        about: "GGUF files of llama.cpp and ggml (.gguf; quantized tensors dequantized, written with --quant)",
         sharded: false,
-        writable: false,
+        writable: true,
         detect: |p| p.magic(0, b"GGUF"),
         enabled: cfg!(feature = "gguf"),
     },

@@ -122,6 +122,9 @@ pub struct TargetArgs {
     #[cfg(feature = "hf")]
     #[command(flatten)]
     hf: hf::HfArgs,
+    #[cfg(feature = "gguf")]
+    #[command(flatten)]
+    gguf: gguf::GgufArgs,
 }
 
 #[cfg(feature = "cli")]
@@ -144,6 +147,8 @@ impl TargetArgs {
         let offered = offered.chain([self.pbg.target()]);
         #[cfg(feature = "hf")]
         let offered = offered.chain([self.hf.target()]);
+        #[cfg(feature = "gguf")]
+        let offered = offered.chain([self.gguf.target()]);
         crate::options::TargetOptions::pick(to, offered)
     }
 }

@@ -128,7 +128,33 @@ fn the_tool_inspects_cats_verifies_and_converts() {
         assert_eq!(got.dtype(), ckpt::DType::BF16);
         assert_eq!(&*got.data().unwrap(), &*want.data().unwrap(), "{}", t.name);
     }
-    let (code, out) = ckpt_tool(&[&"convert", &dst, &tmp.path().join("back.gguf"), &"--to", &"gguf"]);
-    assert_ne!(code, 0, "{out}");
-    assert!(out.contains("does not write"), "{out}");
+    let (code, out) =
+        ckpt_tool(&[&"convert", &dst, &tmp.path().join("bad.gguf"), &"--to", &"gguf", &"--quant", &"q4_k"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("q4_k: GGUF targets take"), "{out}");
+}
+
+#[test]
+fn converts_to_gguf_as_gguf_py_quantizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    for file in ["metadata.gguf", "quants.gguf"] {
+        let src = gguf_fixture(file);
+        // The source's values as float32 (quantized tensors dequantized as gguf-py does): what gguf-py quantizes.
+        let values = tmp.path().join(format!("{file}.safetensors"));
+        convert(&src, None, &values, Format::Safetensors, &ConvertOptions::default()).unwrap();
+        for quant in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"] {
+            let dst = tmp.path().join(format!("{file}.{quant}.gguf"));
+            let (code, out) = ckpt_tool(&[&"convert", &src, &dst, &"--to", &"gguf", &"--quant", &quant]);
+            assert_eq!(code, 0, "{file} {quant}: {out}");
+            // One gguf-py run per file for the quantized types (each checks every tensor's blocks).
+            if quant == "f32" || quant == "q4_1" {
+                let printed = run_python("gguf/check_written.py", &[&values, &dst, &src]);
+                assert!(printed.contains("tensors equal"), "{file} {quant}: {printed}");
+            }
+            let back = ckpt::open(&dst).unwrap();
+            let reader = back.downcast_ref::<ckpt::gguf::Reader>().unwrap();
+            let source = ckpt::gguf::Reader::open(&src).unwrap();
+            assert_eq!(reader.metadata(), source.metadata(), "{file} {quant}: the metadata carried over");
+        }
+    }
 }

@@ -5,9 +5,10 @@ bytes ``gguf.quants.quantize`` makes of the source's float32 values for its ggml
 
 Usage::
 
-    .venv/bin/python conformance/python/gguf/check_written.py SOURCE.safetensors WRITTEN.gguf METADATA.json
+    .venv/bin/python conformance/python/gguf/check_written.py SOURCE.safetensors WRITTEN.gguf METADATA
 
-METADATA.json: ``{key: value}`` as ``GGUFReader``'s ``contents()`` gives them. Prints ``N tensors equal``.
+METADATA: a JSON file of ``{key: value}`` as ``GGUFReader``'s ``contents()`` gives them, or a GGUF file whose
+metadata the written one must carry (but ``general.alignment``). Prints ``N tensors equal``.
 """
 
 from __future__ import annotations
@@ -17,15 +18,22 @@ import sys
 
 import gguf
 import numpy as np
-from safetensors.numpy import load_file
+import torch
+from safetensors.torch import load_file
 
 T = gguf.GGMLQuantizationType
 
 
 def main() -> None:
-    source = load_file(sys.argv[1])
+    # 16-bit floats widened to float32 exactly (numpy has no bfloat16); other dtypes as stored.
+    source = {k: (v.float() if v.dtype in (torch.float16, torch.bfloat16) else v).numpy()
+              for k, v in load_file(sys.argv[1]).items()}
     reader = gguf.GGUFReader(sys.argv[2])
-    want_metadata = json.loads(open(sys.argv[3]).read())
+    if sys.argv[3].endswith(".gguf"):
+        original = gguf.GGUFReader(sys.argv[3]).fields
+        want_metadata = {k: f.contents() for k, f in original.items() if not k.startswith("GGUF.")}
+    else:
+        want_metadata = json.loads(open(sys.argv[3]).read())
     got_metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert got_metadata == want_metadata, (got_metadata, want_metadata)
     assert sorted(t.name for t in reader.tensors) == sorted(source), ([t.name for t in reader.tensors], list(source))

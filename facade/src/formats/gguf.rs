@@ -1,10 +1,11 @@
 //! GGUF files (llama.cpp, ggml), through `ckpt-gguf`'s reader: the metadata as values under their keys, the
-//! tensors under their names in torch-order shapes, quantized ones dequantized to float32 as they are read.
-//! Read only: a conversion writes another format.
+//! tensors under their names in torch-order shapes, quantized ones dequantized to float32 as they are read;
+//! written from any format with `--quant`, streaming and durably (`ckpt_gguf::save`).
 
 use std::path::Path;
 
-use ckpt_gguf::Reader as GgufReader;
+use ckpt_gguf::{GgmlType, Reader as GgufReader, WriteOptions};
+use ckpt_tensor::Value;
 
 use crate::adaptor::{Adaptor, Layout, Source};
 use crate::checkpoint::{Checkpoint, Reader};
@@ -26,12 +27,31 @@ impl Adaptor for Gguf {
         Ok(Box::new(GgufReader::open(path).at(path)?))
     }
 
-    fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {
-        Err(Error::UnsupportedConversion {
-            from: source.format(),
-            to: Format::Gguf,
-            reason: "ckpt reads GGUF files but does not write them yet; convert to safetensors, hf or torch".into(),
-        })
+    /// Every tensor under its name (torch-order shapes written as GGUF's reversed dimensions), float tensors of
+    /// two or more dimensions in `--quant`'s type; the metadata of a GGUF source carried over as it was. Other
+    /// values have no place in GGUF and are reported dropped.
+    fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
+        let quant = quant(options, dst)?;
+        let metadata = if source.format() == Format::Gguf {
+            GgufReader::open(source.path).at(source.path)?.metadata().to_vec()
+        } else {
+            Vec::new()
+        };
+        let content = source.content()?;
+        let mut tensors = Vec::new();
+        let mut dropped = Vec::new();
+        for leaf in &content.leaves {
+            match &leaf.value {
+                Value::Tensor(t) | Value::Parameter { tensor: t, .. } => tensors.push((leaf.name.clone(), t.clone())),
+                _ if metadata.iter().any(|(k, _)| *k == leaf.name) => {}
+                _ => dropped.push(leaf.name.clone()),
+            }
+        }
+        let values = metadata.len();
+        let write =
+            WriteOptions::default().with_quant(quant).with_metadata(metadata).with_durability(options.durability);
+        let report = ckpt_gguf::save(&tensors, dst, &write).at(dst)?;
+        Ok(ConvertSummary { tensors: report.tensors, bytes: report.bytes, values, dropped })
     }
 
     /// The header (checked whole at open), the data laid out as llama.cpp loads it (each tensor where the
@@ -90,5 +110,46 @@ impl Adaptor for Gguf {
             .map(|r| r.metadata().iter().map(|(k, _)| k.clone()).collect())
             .unwrap_or_default();
         Ok(Layout { keys, ..Layout::default() })
+    }
+}
+
+/// The ggml type `--quant` names (default F32).
+fn quant(options: &ConvertOptions, dst: &Path) -> Result<GgmlType> {
+    let name = match &options.target {
+        crate::options::TargetOptions::Gguf { quant: Some(name) } => name.as_str(),
+        _ => return Ok(GgmlType::F32),
+    };
+    GgmlType::from_name(name).filter(|t| ckpt_gguf::quantize::can_quantize(*t)).ok_or_else(|| Error::InvalidArgument {
+        path: dst.to_path_buf(),
+        reason: format!("--quant {name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+    })
+}
+
+/// `ckpt convert`'s flags for GGUF targets.
+#[cfg(feature = "cli")]
+#[derive(clap::Args, Debug, Default)]
+pub struct GgufArgs {
+    /// gguf targets: the type of the float tensors of two or more dimensions whose rows are whole blocks of it
+    /// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; default f32); 1-D tensors stay f32, as llama.cpp's
+    /// converter keeps them. Quantized bit for bit as gguf-py's gguf.quants.quantize.
+    #[arg(long, value_name = "TYPE", value_parser = quant_name)]
+    pub quant: Option<GgmlType>,
+}
+
+/// `--quant`, a type ckpt writes.
+#[cfg(feature = "cli")]
+fn quant_name(name: &str) -> std::result::Result<GgmlType, String> {
+    GgmlType::from_name(name)
+        .filter(|t| ckpt_gguf::quantize::can_quantize(*t))
+        .ok_or_else(|| format!("{name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"))
+}
+
+#[cfg(feature = "cli")]
+impl GgufArgs {
+    /// The target options these flags give, and the flags given.
+    pub(crate) fn target(&self) -> (crate::options::TargetOptions, Option<&'static str>) {
+        let given = self.quant.as_ref().map(|_| "--quant");
+        let quant = self.quant.map(|t| t.name().to_ascii_lowercase());
+        (crate::options::TargetOptions::Gguf { quant }, given)
     }
 }
