@@ -151,6 +151,9 @@ fn converts_to_gguf_as_gguf_py_quantizes() {
                 let printed = run_python("gguf/check_written.py", &[&values, &dst, &src]);
                 assert!(printed.contains("tensors equal"), "{file} {quant}: {printed}");
             }
+            // Laid out as llama.cpp loads it (verify reports any other layout).
+            let report = ckpt::verify(&dst).unwrap();
+            assert!(report.is_ok(), "{file} {quant}: {:?}", report.problems);
             let back = ckpt::open(&dst).unwrap();
             let reader = back.downcast_ref::<ckpt::gguf::Reader>().unwrap();
             let source = ckpt::gguf::Reader::open(&src).unwrap();
