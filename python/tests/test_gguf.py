@@ -72,3 +72,31 @@ def test_gguf_details_name_types_and_metadata() -> None:
     assert meta["context length"] == "4096"
     assert meta["vocabulary"] == "100 tokens"
     assert meta["tokenizer.ggml.tokens"].startswith("[STRING; 100] [")
+
+
+@pytest.mark.parametrize("name", ["metadata.gguf", "quants.gguf"])
+def test_written_gguf_is_read_by_gguf_py(name: str, tmp_path) -> None:
+    """``ckpt.convert(..., to="gguf")`` (float tensors as F32): gguf-py's GGUFReader reads the file with the
+    source's metadata and the source's values (quantized ones as gguf-py dequantizes them)."""
+    src = FIXTURES / "gguf" / name
+    dst = tmp_path / "out.gguf"
+    ckpt.convert(src, dst, to="gguf")
+    source = gguf.GGUFReader(str(src))
+    written = gguf.GGUFReader(str(dst))
+    assert [k for k in written.fields if not k.startswith("GGUF.")] == [k for k in source.fields if not k.startswith("GGUF.")]
+    for key, field in source.fields.items():
+        if not key.startswith("GGUF."):
+            assert written.fields[key].contents() == field.contents(), key
+    assert [t.name for t in written.tensors] == [t.name for t in source.tensors]
+    for want, got in zip(source.tensors, written.tensors):
+        if want.tensor_type in (gguf.GGMLQuantizationType.I8, gguf.GGMLQuantizationType.I16,
+                                gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64):
+            assert got.tensor_type == want.tensor_type
+            assert np.asarray(got.data).tobytes() == np.asarray(want.data).tobytes(), want.name
+            continue
+        assert got.tensor_type == gguf.GGMLQuantizationType.F32, want.name
+        if want.tensor_type == gguf.GGMLQuantizationType.F64:
+            values = np.asarray(want.data).astype(np.float32)
+        else:
+            values = gguf.quants.dequantize(want.data, want.tensor_type)
+        assert np.asarray(got.data).reshape(values.shape).tobytes() == values.tobytes(), want.name
