@@ -177,7 +177,8 @@ pub enum TargetOptions {
     /// A GGUF target.
     Gguf {
         /// The ggml type of the float tensors of two or more dimensions whose rows are whole blocks of it:
-        /// `f32` (default), `f16`, `bf16`, `q8_0`, `q4_0`, `q4_1`, `q5_0` or `q5_1` (`--quant`).
+        /// `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q4_1`, `q5_0` or `q5_1` (`--quant`); default: every tensor in
+        /// its own type.
         quant: Option<String>,
     },
 }

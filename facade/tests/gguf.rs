@@ -159,5 +159,16 @@ fn converts_to_gguf_as_gguf_py_quantizes() {
             let source = ckpt::gguf::Reader::open(&src).unwrap();
             assert_eq!(reader.metadata(), source.metadata(), "{file} {quant}: the metadata carried over");
         }
+        // Without --quant: every tensor in its own type (quantized ones as their f32 values), diffing equal.
+        let dst = tmp.path().join(format!("{file}.plain.gguf"));
+        let (code, out) = ckpt_tool(&[&"convert", &src, &dst, &"--to", &"gguf"]);
+        assert_eq!(code, 0, "{file}: {out}");
+        let written = ckpt::gguf::Reader::open(&dst).unwrap();
+        for t in ckpt::gguf::Reader::open(&src).unwrap().tensors() {
+            let want = if t.ggml_type.is_lossless() { t.ggml_type } else { ckpt::gguf::GgmlType::F32 };
+            assert_eq!(written.ggml_type(&t.name).unwrap(), want, "{file} {}", t.name);
+        }
+        let d = ckpt::diff(&src, &dst, &DiffOptions::default().with_atol(0.0).with_rtol(0.0)).unwrap();
+        assert!(d.is_equal(), "{file}: {d:?}");
     }
 }

@@ -76,7 +76,7 @@ def test_gguf_details_name_types_and_metadata() -> None:
 
 @pytest.mark.parametrize("name", ["metadata.gguf", "quants.gguf"])
 def test_written_gguf_is_read_by_gguf_py(name: str, tmp_path) -> None:
-    """``ckpt.convert(..., to="gguf")`` (float tensors as F32): gguf-py's GGUFReader reads the file with the
+    """``ckpt.convert(..., to="gguf")`` (every tensor in its own type, quantized ones as float32): gguf-py's GGUFReader reads the file with the
     source's metadata and the source's values (quantized ones as gguf-py dequantizes them)."""
     src = FIXTURES / "gguf" / name
     dst = tmp_path / "out.gguf"
@@ -88,15 +88,14 @@ def test_written_gguf_is_read_by_gguf_py(name: str, tmp_path) -> None:
         if not key.startswith("GGUF."):
             assert written.fields[key].contents() == field.contents(), key
     assert [t.name for t in written.tensors] == [t.name for t in source.tensors]
+    plain = {gguf.GGMLQuantizationType[n] for n in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")}
     for want, got in zip(source.tensors, written.tensors):
-        if want.tensor_type in (gguf.GGMLQuantizationType.I8, gguf.GGMLQuantizationType.I16,
-                                gguf.GGMLQuantizationType.I32, gguf.GGMLQuantizationType.I64):
-            assert got.tensor_type == want.tensor_type
+        if want.tensor_type in plain:
+            # Without --quant every tensor keeps its type, byte for byte.
+            assert got.tensor_type == want.tensor_type, want.name
             assert np.asarray(got.data).tobytes() == np.asarray(want.data).tobytes(), want.name
             continue
+        # A quantized source tensor is written as the float32 values gguf-py dequantizes it to.
         assert got.tensor_type == gguf.GGMLQuantizationType.F32, want.name
-        if want.tensor_type == gguf.GGMLQuantizationType.F64:
-            values = np.asarray(want.data).astype(np.float32)
-        else:
-            values = gguf.quants.dequantize(want.data, want.tensor_type)
+        values = gguf.quants.dequantize(want.data, want.tensor_type)
         assert np.asarray(got.data).reshape(values.shape).tobytes() == values.tobytes(), want.name

@@ -19,8 +19,9 @@ use crate::{GgmlType, GgufError};
 pub struct WriteOptions {
     /// The type of the float tensors of two or more dimensions whose rows are whole blocks of it; the rest
     /// (1-D tensors such as norms and biases, rows of partial blocks) are written as F32, as llama.cpp's
-    /// `convert_hf_to_gguf.py` keeps them. Integer tensors keep their type. Default F32.
-    pub quant: GgmlType,
+    /// `convert_hf_to_gguf.py` keeps them. Integer tensors keep their type. `None` (the default): every
+    /// tensor keeps its own type (F32, F16, BF16, F64, I8 to I64; other float dtypes as F32), losslessly.
+    pub quant: Option<GgmlType>,
     /// The alignment of the tensor data (a power of two; `general.alignment` is written when it is not 32).
     pub alignment: u32,
     /// The metadata, in order (`general.architecture` first, as `GGUFWriter` writes it).
@@ -32,7 +33,7 @@ pub struct WriteOptions {
 impl Default for WriteOptions {
     fn default() -> Self {
         WriteOptions {
-            quant: GgmlType::F32,
+            quant: None,
             alignment: DEFAULT_ALIGNMENT as u32,
             metadata: Vec::new(),
             durability: Durability::default(),
@@ -43,7 +44,7 @@ impl Default for WriteOptions {
 impl WriteOptions {
     /// With the type of the tensors that can take it ([`WriteOptions::quant`]).
     pub fn with_quant(mut self, quant: GgmlType) -> Self {
-        self.quant = quant;
+        self.quant = Some(quant);
         self
     }
 
@@ -66,7 +67,8 @@ impl WriteOptions {
     }
 }
 
-/// The ggml type a tensor of `dtype` and `shape` (torch order) is written as under `quant`.
+/// The ggml type a tensor of `dtype` and `shape` (torch order) is written as under `quant`
+/// ([`WriteOptions::quant`]).
 ///
 /// # Errors
 /// [`GgufError::UnwritableDtype`] for a dtype GGUF has no type for.
@@ -74,7 +76,7 @@ pub fn tensor_type(
     name: &str,
     dtype: DType,
     shape: &[usize],
-    quant: GgmlType,
+    quant: Option<GgmlType>,
 ) -> std::result::Result<GgmlType, GgufError> {
     match dtype {
         DType::I8 => return Ok(GgmlType::I8),
@@ -84,6 +86,14 @@ pub fn tensor_type(
         d if d.is_floating_point() && !d.is_complex() => {}
         _ => return Err(GgufError::UnwritableDtype { name: name.to_owned(), dtype }),
     }
+    let Some(quant) = quant else {
+        return Ok(match dtype {
+            DType::F16 => GgmlType::F16,
+            DType::BF16 => GgmlType::BF16,
+            DType::F64 => GgmlType::F64,
+            _ => GgmlType::F32,
+        });
+    };
     let row = shape.last().copied().unwrap_or(1);
     if shape.len() >= 2 && row % quant.block_size() == 0 { Ok(quant) } else { Ok(GgmlType::F32) }
 }
@@ -96,8 +106,8 @@ pub fn tensor_type(
 /// [`GgufError::WriteAlignment`]; the commit's I/O errors.
 pub fn save(tensors: &[(String, Tensor)], dst: impl AsRef<Path>, options: &WriteOptions) -> Result<SaveReport> {
     let dst = dst.as_ref();
-    if !can_quantize(options.quant) {
-        return Err(GgufError::NotQuantized { ggml_type: options.quant }.into());
+    if let Some(quant) = options.quant.filter(|q| !can_quantize(*q)) {
+        return Err(GgufError::NotQuantized { ggml_type: quant }.into());
     }
     if !options.alignment.is_power_of_two() {
         return Err(GgufError::WriteAlignment { alignment: options.alignment }.into());
@@ -161,9 +171,10 @@ fn pad(bytes: &mut Vec<u8>, alignment: u64) {
     bytes.resize(len.div_ceil(alignment).saturating_mul(alignment) as usize, 0);
 }
 
-/// The bytes of `t` as `ggml_type`: integers as stored, floats as f32 values quantized.
+/// The bytes of `t` as `ggml_type`: integers and tensors kept in their own type as stored, floats as f32
+/// values quantized.
 fn encode(t: &Tensor, ggml_type: GgmlType) -> Result<Vec<u8>> {
-    if matches!(ggml_type, GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64) {
+    if ggml_type.plain_dtype() == Some(t.dtype()) {
         return Ok(t.to_contiguous()?.data()?.into_owned());
     }
     let f32s = if t.dtype() == DType::F32 { t.clone() } else { ckpt_tensor::cast::cast_float_lazy(t, DType::F32)? };

@@ -128,6 +128,28 @@ fn every_written_type_is_what_gguf_py_quantizes() {
 }
 
 #[test]
+fn without_quant_every_tensor_keeps_its_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 =
+        ckpt_tensor::cast::cast_float_lazy(&Tensor::from_slice(&values(64, 9), &[64]).unwrap(), DType::BF16).unwrap();
+    let source = vec![
+        ("f32".to_owned(), Tensor::from_slice(&values(2 * 32, 7), &[2, 32]).unwrap()),
+        ("f64".to_owned(), Tensor::from_slice(&[1.5f64, -2.25, 1e300], &[3]).unwrap()),
+        ("bf16".to_owned(), bf16.clone()),
+        ("i64".to_owned(), Tensor::from_slice(&[i64::MIN, 0, i64::MAX], &[3]).unwrap()),
+    ];
+    let out = tmp.path().join("plain.gguf");
+    save(&source, &out, &WriteOptions::default()).unwrap();
+    let back = Reader::open(&out).unwrap();
+    for ((name, t), ggml_type) in source.iter().zip([GgmlType::F32, GgmlType::F64, GgmlType::BF16, GgmlType::I64]) {
+        assert_eq!(back.ggml_type(name).unwrap(), ggml_type, "{name}");
+        let got = back.tensor(name).unwrap();
+        assert_eq!((got.dtype(), got.shape()), (t.dtype(), t.shape()), "{name}");
+        assert_eq!(got.data().unwrap(), t.to_contiguous().unwrap().data().unwrap(), "{name}: lossless");
+    }
+}
+
+#[test]
 fn refuses_what_it_cannot_write() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("x.gguf");

@@ -27,8 +27,8 @@ impl Adaptor for Gguf {
         Ok(Box::new(GgufReader::open(path).at(path)?))
     }
 
-    /// Every tensor under its name (torch-order shapes written as GGUF's reversed dimensions), float tensors of
-    /// two or more dimensions in `--quant`'s type; the metadata of a GGUF source carried over as it was. Other
+    /// Every tensor under its name (torch-order shapes written as GGUF's reversed dimensions) in its own type,
+    /// or with `--quant` float tensors of two or more dimensions in its type; the metadata of a GGUF source carried over as it was. Other
     /// values have no place in GGUF and are reported dropped.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
         let quant = quant(options, dst)?;
@@ -42,14 +42,23 @@ impl Adaptor for Gguf {
         let mut dropped = Vec::new();
         for leaf in &content.leaves {
             match &leaf.value {
-                Value::Tensor(t) | Value::Parameter { tensor: t, .. } => tensors.push((leaf.name.clone(), t.clone())),
+                Value::Tensor(t) | Value::Parameter { tensor: t, .. } => {
+                    // A dtype GGUF has no type for (bool, unsigned, complex) is left out, and named.
+                    if ckpt_gguf::writer::tensor_type(&leaf.name, t.dtype(), t.shape(), quant).is_ok() {
+                        tensors.push((leaf.name.clone(), t.clone()));
+                    } else {
+                        dropped.push(leaf.name.clone());
+                    }
+                }
                 _ if metadata.iter().any(|(k, _)| *k == leaf.name) => {}
                 _ => dropped.push(leaf.name.clone()),
             }
         }
         let values = metadata.len();
-        let write =
-            WriteOptions::default().with_quant(quant).with_metadata(metadata).with_durability(options.durability);
+        let mut write = WriteOptions::default().with_metadata(metadata).with_durability(options.durability);
+        if let Some(quant) = quant {
+            write = write.with_quant(quant);
+        }
         let report = ckpt_gguf::save(&tensors, dst, &write).at(dst)?;
         Ok(ConvertSummary { tensors: report.tensors, bytes: report.bytes, values, dropped })
     }
@@ -113,15 +122,17 @@ impl Adaptor for Gguf {
     }
 }
 
-/// The ggml type `--quant` names (default F32).
-fn quant(options: &ConvertOptions, dst: &Path) -> Result<GgmlType> {
+/// The ggml type `--quant` names (`None`: every tensor keeps its own type).
+fn quant(options: &ConvertOptions, dst: &Path) -> Result<Option<GgmlType>> {
     let name = match &options.target {
         crate::options::TargetOptions::Gguf { quant: Some(name) } => name.as_str(),
-        _ => return Ok(GgmlType::F32),
+        _ => return Ok(None),
     };
-    GgmlType::from_name(name).filter(|t| ckpt_gguf::quantize::can_quantize(*t)).ok_or_else(|| Error::InvalidArgument {
-        path: dst.to_path_buf(),
-        reason: format!("--quant {name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+    GgmlType::from_name(name).filter(|t| ckpt_gguf::quantize::can_quantize(*t)).map(Some).ok_or_else(|| {
+        Error::InvalidArgument {
+            path: dst.to_path_buf(),
+            reason: format!("--quant {name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+        }
     })
 }
 
@@ -130,8 +141,9 @@ fn quant(options: &ConvertOptions, dst: &Path) -> Result<GgmlType> {
 #[derive(clap::Args, Debug, Default)]
 pub struct GgufArgs {
     /// gguf targets: the type of the float tensors of two or more dimensions whose rows are whole blocks of it
-    /// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1; default f32); 1-D tensors stay f32, as llama.cpp's
-    /// converter keeps them. Quantized bit for bit as gguf-py's gguf.quants.quantize.
+    /// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1); 1-D tensors become f32, as llama.cpp's converter
+    /// keeps them. Quantized bit for bit as gguf-py's gguf.quants.quantize. Default: every tensor in its own
+    /// type (f32, f16, bf16, f64, integers), losslessly.
     #[arg(long, value_name = "TYPE", value_parser = quant_name)]
     pub quant: Option<GgmlType>,
 }
