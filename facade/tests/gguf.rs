@@ -172,3 +172,24 @@ fn converts_to_gguf_as_gguf_py_quantizes() {
         assert!(d.is_equal(), "{file}: {d:?}");
     }
 }
+
+#[test]
+fn verify_reports_a_layout_llama_cpp_refuses() {
+    // quants.gguf with its last tensor (nvfp4: 2 dims) moved 32 bytes on, into 32 appended bytes: a gap that
+    // ckpt and gguf-py read through, and llama.cpp refuses.
+    let mut bytes = std::fs::read(gguf_fixture("quants.gguf")).unwrap();
+    let name = b"\x05\x00\x00\x00\x00\x00\x00\x00nvfp4";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 2 * 8 + 4;
+    let offset = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    bytes[at..at + 8].copy_from_slice(&(offset + 32).to_le_bytes());
+    bytes.extend([0u8; 32]);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("gap.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let report = ckpt::verify(&path).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    let problem = &report.problems[0];
+    assert_eq!(problem.kind, ckpt::ProblemKind::Inconsistent);
+    assert!(problem.message.contains("llama.cpp refuses"), "{problem:?}");
+    assert_eq!(ckpt::open(&path).unwrap().tensor("nvfp4").unwrap().shape(), &[2, 128]);
+}
