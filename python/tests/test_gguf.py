@@ -99,3 +99,20 @@ def test_written_gguf_is_read_by_gguf_py(name: str, tmp_path) -> None:
         assert got.tensor_type == gguf.GGMLQuantizationType.F32, want.name
         values = gguf.quants.dequantize(want.data, want.tensor_type)
         assert np.asarray(got.data).reshape(values.shape).tobytes() == values.tobytes(), want.name
+
+
+def test_convert_quant_is_gguf_py_quantize(tmp_path) -> None:
+    """``quant="q8_0"``: 2-D float tensors of whole blocks quantized as ``gguf.quants.quantize`` quantizes the
+    source's float32 values, the rest float32; ``quant`` for another target is a usage error."""
+    src = FIXTURES / "gguf" / "quants.gguf"
+    dst = tmp_path / "q8.gguf"
+    ckpt.convert(src, dst, to="gguf", quant="q8_0")
+    source = gguf.GGUFReader(str(src))
+    written = gguf.GGUFReader(str(dst))
+    for want, got in zip(source.tensors, written.tensors):
+        values = gguf.quants.dequantize(want.data, want.tensor_type)
+        assert got.tensor_type == gguf.GGMLQuantizationType.Q8_0, want.name
+        blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+        assert np.asarray(got.data).tobytes() == np.ascontiguousarray(blocks).tobytes(), want.name
+    with pytest.raises(ckpt.UsageError):
+        ckpt.convert(src, tmp_path / "x.safetensors", to="safetensors", quant="q8_0")
