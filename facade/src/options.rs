@@ -177,7 +177,7 @@ pub enum TargetOptions {
     /// A GGUF target.
     Gguf {
         /// The ggml type of the float tensors of two or more dimensions whose rows are whole blocks of it:
-        /// `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q4_1`, `q5_0` or `q5_1` (`--quant`); default: every tensor in
+        /// `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1` or `mxfp4` (`--quant`); default: every tensor in
         /// its own type.
         quant: Option<String>,
     },

@@ -142,12 +142,12 @@ fn converts_to_gguf_as_gguf_py_quantizes() {
         // The source's values as float32 (quantized tensors dequantized as gguf-py does): what gguf-py quantizes.
         let values = tmp.path().join(format!("{file}.safetensors"));
         convert(&src, None, &values, Format::Safetensors, &ConvertOptions::default()).unwrap();
-        for quant in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"] {
+        for quant in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"] {
             let dst = tmp.path().join(format!("{file}.{quant}.gguf"));
             let (code, out) = ckpt_tool(&[&"convert", &src, &dst, &"--to", &"gguf", &"--quant", &quant]);
             assert_eq!(code, 0, "{file} {quant}: {out}");
             // One gguf-py run per file for the quantized types (each checks every tensor's blocks).
-            if quant == "f32" || quant == "q4_1" {
+            if quant == "f32" || quant == "q4_1" || quant == "mxfp4" {
                 let printed = run_python("gguf/check_written.py", &[&values, &dst, &src]);
                 assert!(printed.contains("tensors equal"), "{file} {quant}: {printed}");
             }

@@ -633,7 +633,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
     ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
-    ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``), and the selection:
+    ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
     ``"f16"``, ``"f32"``, ``"f64"``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
     dequantized to float32 as torch's ``dequantize()``, ``to_dense()``). A spinner shows on stderr when it is a terminal (``progress``).

@@ -183,7 +183,9 @@ pub enum GgufError {
         ggml_type: GgmlType,
     },
     /// A ggml type that ckpt does not quantize to.
-    #[error("unsupported: ckpt writes GGUF tensors as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1, not {ggml_type}")]
+    #[error(
+        "unsupported: ckpt writes GGUF tensors as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4, not {ggml_type}"
+    )]
     NotQuantized {
         /// The type.
         ggml_type: GgmlType,

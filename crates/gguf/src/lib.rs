@@ -14,7 +14,7 @@
 //!   ([`GgufError::NotDequantized`]); their raw blocks read ([`Reader::raw`]).
 //!
 //! - [`save`]: a GGUF v3 file written streaming and durably, float tensors quantized ([`quantize()`]) to F32,
-//!   F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 bit for bit as gguf-py's `gguf.quants.quantize`.
+//!   F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or MXFP4 bit for bit as gguf-py's `gguf.quants.quantize`.
 //!
 //! # Shapes
 //!

@@ -9,7 +9,8 @@ use half::f16;
 
 use crate::{GgmlType, GgufError};
 
-/// Whether ckpt quantizes to the type (what gguf-py quantizes and a conversion offers).
+/// Whether ckpt quantizes to the type (what gguf-py quantizes and a conversion offers; TQ1_0/TQ2_0, ternary,
+/// are left out).
 pub fn can_quantize(ggml_type: GgmlType) -> bool {
     matches!(
         ggml_type,
@@ -21,6 +22,7 @@ pub fn can_quantize(ggml_type: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q5_1
+            | GgmlType::MXFP4
     )
 }
 
@@ -54,6 +56,7 @@ pub fn quantize(ggml_type: GgmlType, values: &[f32], out: &mut [u8]) -> Result<(
         GgmlType::Q4_1 => pairs.for_each(|(x, o)| q4_1(x, o)),
         GgmlType::Q5_0 => pairs.for_each(|(x, o)| q5_0(x, o)),
         GgmlType::Q5_1 => pairs.for_each(|(x, o)| q5_1(x, o)),
+        GgmlType::MXFP4 => pairs.for_each(|(x, o)| mxfp4(x, o)),
         _ => return Err(GgufError::NotQuantized { ggml_type }),
     }
     Ok(())
@@ -173,4 +176,33 @@ fn q5_1(x: &[f32], o: &mut [u8]) {
     put_f16(o, 2, min);
     o[4..8].copy_from_slice(&qh.to_le_bytes());
     o[8..24].copy_from_slice(&qs);
+}
+
+/// The values of a 4-bit E2M1 code, doubled (ggml's `kvalues_mxfp4`).
+const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4: the shared exponent e = floor(log2(max |x|)) - 2 + 127 (0 for an all-zero block), the scale its
+/// halved E8M0 value, each value the code whose doubled E2M1 value times the scale is nearest (the first of
+/// equals), value j low nibble and j + 16 high.
+fn mxfp4(x: &[f32], o: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { u32::from(e - 1) << 23 };
+    let d = f32::from_bits(bits);
+    let code = |v: f32| {
+        let mut best = 0u8;
+        let mut best_err = f32::INFINITY;
+        for (k, kv) in E2M1_DOUBLED.iter().enumerate() {
+            let err = (d * f32::from(*kv) - v).abs();
+            if err < best_err {
+                best_err = err;
+                best = k as u8;
+            }
+        }
+        best
+    };
+    o[0] = e;
+    for j in 0..16 {
+        o[1 + j] = code(x[j]) | (code(x[j + 16]) << 4);
+    }
 }

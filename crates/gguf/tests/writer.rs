@@ -107,6 +107,7 @@ fn every_written_type_is_what_gguf_py_quantizes() {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::MXFP4,
     ] {
         let out = tmp.path().join(format!("{quant}.gguf"));
         let options = WriteOptions::default().with_quant(quant).with_metadata(metadata.clone());

@@ -131,7 +131,7 @@ fn quant(options: &ConvertOptions, dst: &Path) -> Result<Option<GgmlType>> {
     GgmlType::from_name(name).filter(|t| ckpt_gguf::quantize::can_quantize(*t)).map(Some).ok_or_else(|| {
         Error::InvalidArgument {
             path: dst.to_path_buf(),
-            reason: format!("--quant {name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"),
+            reason: format!("--quant {name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or mxfp4"),
         }
     })
 }
@@ -141,7 +141,7 @@ fn quant(options: &ConvertOptions, dst: &Path) -> Result<Option<GgmlType>> {
 #[derive(clap::Args, Debug, Default)]
 pub struct GgufArgs {
     /// gguf targets: the type of the float tensors of two or more dimensions whose rows are whole blocks of it
-    /// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1); 1-D tensors become f32, as llama.cpp's converter
+    /// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4); 1-D tensors become f32, as llama.cpp's converter
     /// keeps them. Quantized bit for bit as gguf-py's gguf.quants.quantize. Default: every tensor in its own
     /// type (f32, f16, bf16, f64, integers), losslessly.
     #[arg(long, value_name = "TYPE", value_parser = quant_name)]
@@ -153,7 +153,7 @@ pub struct GgufArgs {
 fn quant_name(name: &str) -> std::result::Result<GgmlType, String> {
     GgmlType::from_name(name)
         .filter(|t| ckpt_gguf::quantize::can_quantize(*t))
-        .ok_or_else(|| format!("{name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1"))
+        .ok_or_else(|| format!("{name}: GGUF targets take f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or mxfp4"))
 }
 
 #[cfg(feature = "cli")]
