@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 say() { printf '\033[1m[fuzz]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[fuzz] error:\033[0m %s\n' "$*" >&2; exit 1; }
 
-TARGETS=(pickle torch_zip torch_legacy pickle_file torch_package distcp recis hfai pbg open_dir)
+TARGETS=(pickle torch_zip torch_legacy pickle_file torch_package distcp recis hfai pbg open_dir gguf)
 dicts_of() {
   case "$1" in
     pickle | torch_legacy | pickle_file) echo pickle ;;
@@ -32,6 +32,7 @@ dicts_of() {
     hfai) echo files zip pickle ;;
     pbg) echo files pbg zip pickle ;;
     open_dir) echo files distcp recis pbg zip pickle ;;
+    gguf) echo gguf ;;
     *) die "unknown target $1 (scripts/fuzz.sh --list)" ;;
   esac
 }

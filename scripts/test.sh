@@ -112,12 +112,14 @@ diff -r conformance/fixtures/composite "$fresh/composite"
 .venv/bin/python conformance/python/deepspeed/check_reproducible.py conformance/fixtures/megatron "$fresh/megatron"
 .venv/bin/python conformance/python/dtypes/make_fixtures.py "$fresh/dtypes" >/dev/null
 diff -r conformance/fixtures/dtypes "$fresh/dtypes"
+.venv/bin/python conformance/python/gguf/make_fixtures.py "$fresh/gguf" >/dev/null
+diff -r conformance/fixtures/gguf "$fresh/gguf"
 
 step "the reproducibility checks accept other CPUs' rounding and reject real changes (self-test)"
 .venv/bin/python conformance/python/selftest_reproducible.py
 
 step "the facade builds with each format feature alone"
-for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron pickle package cli; do
+for feature in torch safetensors distcp hfai pbg recis hf deepspeed megatron pickle package gguf cli; do
   cargo check --quiet -p ckpt --no-default-features --features "$feature"
 done
 

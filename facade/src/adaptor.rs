@@ -267,7 +267,8 @@ impl<'a> Source<'a> {
         feature = "recis",
         feature = "deepspeed",
         feature = "pickle",
-        feature = "package"
+        feature = "package",
+        feature = "gguf"
     ))]
     pub fn format(&self) -> Format {
         match self.origin {

@@ -40,6 +40,8 @@ pub enum Format {
     /// torch.package archives (`torch.package.PackageExporter`: pickled resources, their modules' code,
     /// TorchScript modules).
     Package,
+    /// GGUF files (llama.cpp, ggml): metadata and tensors, quantized ones dequantized.
+    Gguf,
 }
 
 /// What the facade knows about a format whether or not this build has it: enough to name it, recognise
@@ -61,7 +63,7 @@ struct Known {
 }
 
 /// Every format, in [`Format`]'s order, which is also the order detection tries them in.
-const KNOWN: [Known; 11] = [
+const KNOWN: [Known; 12] = [
     Known {
         format: Format::Torch,
         name: "torch",
@@ -176,6 +178,15 @@ const KNOWN: [Known; 11] = [
         detect: |_| false,
         enabled: cfg!(feature = "package"),
     },
+    Known {
+        format: Format::Gguf,
+        name: "gguf",
+        about: "GGUF files of llama.cpp and ggml (.gguf; quantized tensors dequantized, written with --quant)",
+        sharded: false,
+        writable: true,
+        detect: |p| p.magic(0, b"GGUF"),
+        enabled: cfg!(feature = "gguf"),
+    },
 ];
 
 /// The file names of a Hugging Face checkpoint directory (transformers' `save_pretrained`).
@@ -195,8 +206,8 @@ const REFUSED: &[(Format, Format, &str)] = &[(
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 11] = {
-        let mut all = [Format::Torch; 11];
+    pub const ALL: [Format; 12] = {
+        let mut all = [Format::Torch; 12];
         let mut i = 0;
         while i < all.len() {
             all[i] = KNOWN[i].format;

@@ -18,6 +18,8 @@ use crate::format::{Format, Probe, recognise};
 mod deepspeed;
 #[cfg(feature = "distcp")]
 mod distcp;
+#[cfg(feature = "gguf")]
+mod gguf;
 #[cfg(feature = "hf")]
 mod hf;
 #[cfg(feature = "hfai")]
@@ -46,6 +48,9 @@ pub mod crates {
     pub use ckpt_deepspeed as deepspeed;
     #[cfg(feature = "distcp")]
     pub use ckpt_distcp as distcp;
+    /// GGUF files: the reader, the ggml types, dequantization.
+    #[cfg(feature = "gguf")]
+    pub use ckpt_gguf as gguf;
     #[cfg(feature = "hfai")]
     pub use ckpt_hfai as hfai;
     /// The durable commit path every writer uses.
@@ -91,6 +96,8 @@ const ADAPTORS: &[&dyn Adaptor] = &[
     &pickle::Pickle,
     #[cfg(feature = "package")]
     &package::TorchPackage,
+    #[cfg(feature = "gguf")]
+    &gguf::Gguf,
 ];
 
 /// `ckpt convert`'s flags for the target format, each format's own (they live with its adaptor,
@@ -115,6 +122,9 @@ pub struct TargetArgs {
     #[cfg(feature = "hf")]
     #[command(flatten)]
     hf: hf::HfArgs,
+    #[cfg(feature = "gguf")]
+    #[command(flatten)]
+    gguf: gguf::GgufArgs,
 }
 
 #[cfg(feature = "cli")]
@@ -137,6 +147,8 @@ impl TargetArgs {
         let offered = offered.chain([self.pbg.target()]);
         #[cfg(feature = "hf")]
         let offered = offered.chain([self.hf.target()]);
+        #[cfg(feature = "gguf")]
+        let offered = offered.chain([self.gguf.target()]);
         crate::options::TargetOptions::pick(to, offered)
     }
 }

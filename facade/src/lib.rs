@@ -16,6 +16,7 @@
 //! | `megatron` | `distcp` (`ckpt-distcp`, its `megatron` profile) | Megatron-Core `torch_dist` checkpoints (read) |
 //! | `pickle` (default) | [`torch`] (`ckpt-torch`) | plain pickles of models and tensors, `pickle.dump` (read) |
 //! | `package` (default) | [`torch`] (`ckpt-torch`'s `package`) | torch.package archives, `PackageExporter` (read) |
+//! | `gguf` | `gguf` (`ckpt-gguf`) | GGUF files of llama.cpp and ggml, quantized tensors dequantized; written with `--quant` |
 //! | `tch` | `ckpt-tensor/tch` | `tch::Tensor` conversions |
 //! | `cli` | — | the `ckpt` command-line tool |
 //! | `mpi` | `ckpt-collective/mpi` | `collective::MpiCollective`: the `ckpt` tool splits `convert`/`reshard` over `mpirun`'s processes |

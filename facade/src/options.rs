@@ -174,6 +174,13 @@ pub enum TargetOptions {
         /// `500MB`, `2GiB`; `--max-shard-size`).
         max_shard_size: Option<u64>,
     },
+    /// A GGUF target.
+    Gguf {
+        /// The ggml type of the float tensors of two or more dimensions whose rows are whole blocks of it:
+        /// `f32`, `f16`, `bf16`, `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1` or `mxfp4` (`--quant`); default: every tensor in
+        /// its own type.
+        quant: Option<String>,
+    },
 }
 
 impl TargetOptions {
@@ -218,6 +225,7 @@ impl TargetOptions {
             TargetOptions::Recis { .. } => Some(Format::Recis),
             TargetOptions::Pbg { .. } => Some(Format::Pbg),
             TargetOptions::Hf { .. } => Some(Format::Hf),
+            TargetOptions::Gguf { .. } => Some(Format::Gguf),
         }
     }
 }

@@ -171,9 +171,11 @@ fn st_holds(dtype: &str) -> bool {
     ckpt::DType::from_torch_name(dtype).is_some_and(|d| ckpt::safetensors::safetensors_dtype(d).is_ok())
 }
 
-/// Targets of a source format: every format `convert` accepts.
+/// Targets of a source format: every format `convert` accepts, but GGUF, an inference format that holds
+/// float tensors as F32 or `--quant`'s type and no other values (facade/tests/gguf.rs checks it against
+/// gguf-py).
 fn targets(from: Format) -> Vec<Format> {
-    Format::ALL.into_iter().filter(|&to| ckpt::unsupported_reason(from, to).is_none()).collect()
+    Format::ALL.into_iter().filter(|&to| to != Format::Gguf && ckpt::unsupported_reason(from, to).is_none()).collect()
 }
 
 /// Whether a snapshot holds a PyTorch-BigGraph layout (what a pbg target needs).

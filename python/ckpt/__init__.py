@@ -602,7 +602,7 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
          recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
          pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
          progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-         storage_options: StorageOptions = None) -> ConvertSummary:
+         storage_options: StorageOptions = None, quant: Optional[str] = None) -> ConvertSummary:
     """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
@@ -616,7 +616,7 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
     fmt = format
     s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
                    recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
-                   progress, sync, checksums, _storage(storage_options))
+                   progress, sync, checksums, _storage(storage_options), quant)
     return ConvertSummary(*s)
 
 
@@ -627,11 +627,13 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-            storage_options: StorageOptions = None, dense: bool = False, **limits: Any) -> ConvertSummary:
+            storage_options: StorageOptions = None, dense: bool = False, quant: Optional[str] = None,
+            **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
-    ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), and the selection:
+    ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
+    ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
     ``"f16"``, ``"f32"``, ``"f64"``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
     dequantized to float32 as torch's ``dequantize()``, ``to_dense()``). A spinner shows on stderr when it is a terminal (``progress``).
@@ -657,7 +659,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
                       exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
-                      _storage(storage_options), dense)
+                      _storage(storage_options), dense, quant)
     return ConvertSummary(*s)
 
 

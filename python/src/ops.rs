@@ -183,6 +183,7 @@ fn convert_options(
     recis_slice_size: Option<u32>,
     pbg_config: Option<PathBuf>,
     max_shard_size: Option<&Bound<'_, PyAny>>,
+    quant: Option<String>,
     selection: Selection,
     limits: ReadLimits,
     durability: Durability,
@@ -210,6 +211,7 @@ fn convert_options(
         (TargetOptions::Recis { parallel: recis_parallel, slice_size: recis_slice_size }, recis_given),
         (TargetOptions::Pbg { config: pbg_config.clone() }, pbg_config.as_ref().map(|_| "pbg_config")),
         (TargetOptions::Hf { max_shard_size }, max_shard_size.map(|_| "max_shard_size")),
+        (TargetOptions::Gguf { quant: quant.clone() }, quant.as_ref().map(|_| "quant")),
     ];
     let target = TargetOptions::pick(to, offered).map_err(|e| usage(e, Some(path)))?;
     Ok(ConvertOptions::default()
@@ -237,7 +239,8 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
 #[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
-    limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false))]
+    limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false,
+    quant = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -263,6 +266,7 @@ pub(crate) fn convert(
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
     dense: bool,
+    quant: Option<String>,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
@@ -279,6 +283,7 @@ pub(crate) fn convert(
         recis_slice_size,
         pbg_config,
         max_shard_size,
+        quant,
         selection,
         read_limits(limits)?,
         durability(sync, checksums),
@@ -300,7 +305,7 @@ pub(crate) fn convert(
 #[pyfunction]
 #[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
     hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
-    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None))]
+    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None, quant = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -318,6 +323,7 @@ pub(crate) fn save(
     sync: bool,
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
+    quant: Option<String>,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(format, &path)?;
@@ -332,6 +338,7 @@ pub(crate) fn save(
         recis_slice_size,
         pbg_config,
         max_shard_size,
+        quant,
         Selection::default(),
         ReadLimits::default(),
         durability(sync, checksums),

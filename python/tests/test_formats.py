@@ -174,7 +174,7 @@ def test_limits_are_the_cli_flags() -> None:
 def test_formats_listed() -> None:
     names = [f[0] for f in ckpt.formats()]
     assert names == ["torch", "safetensors", "megatron", "distcp", "hfai", "pbg", "recis", "deepspeed", "hf", "pickle",
-                     "package"]
+                     "package", "gguf"]
 
 
 def test_save_refuses_cycles_and_deep_nesting(tmp: Path) -> None:

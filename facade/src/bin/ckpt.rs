@@ -829,6 +829,9 @@ fn human_bytes(n: u64) -> String {
 }
 
 /// Prints [`ckpt::inspect`]'s report: as JSON, or as a table with the totals.
+/// More details than this are listed one per line by `inspect`, not in parentheses after the path.
+const LONG_DETAILS: usize = 8;
+
 fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
     let mut report = ckpt::inspect(c, selection);
     // The path or URL as given, not the local copy a URL was fetched into.
@@ -842,6 +845,12 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
     let detail_text: Vec<String> = report.details.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     if detail_text.is_empty() {
         writeln!(out, "{} checkpoint {}", report.format, report.path.display()).map_err(io)?;
+    } else if detail_text.len() > LONG_DETAILS {
+        // Many details (a GGUF file's metadata and ggml types): one per line.
+        writeln!(out, "{} checkpoint {}", report.format, report.path.display()).map_err(io)?;
+        for line in &detail_text {
+            writeln!(out, "  {line}").map_err(io)?;
+        }
     } else {
         writeln!(out, "{} checkpoint {} ({})", report.format, report.path.display(), detail_text.join(", "))
             .map_err(io)?;
