@@ -462,14 +462,18 @@ def section(res: Any, header: str) -> str:
 
 NOTE = ("Each row is one `torchrun --nproc-per-node 2` job (gloo, CPU) of an FSDP2 (`fully_shard`) model and its "
         "AdamW state (`get_state_dict`: DTensor shards, `param_groups`), both ranks on this machine's cores and "
-        "disk. A run's seconds are the slowest rank's, from a barrier to the end of its DCP call; the async rows "
-        "time what `dcp.async_save` blocks for (\"done\": until its future's result). The CPU columns add both "
-        "ranks' user and system seconds (every thread; the process-based async checkpointer's own process is not "
-        "in them), and \"cores busy\" is that over the wall time: near the core count, the save is CPU-bound on "
-        "this machine. Peak extra memory: each rank's `VmHWM` after the save minus its `VmRSS` before it (the "
-        "high-water mark reset first), the largest over ranks and runs. The URL rows use a smaller state: moto "
-        "(Python, in memory, the same server for every side) holds every client to ~0.08 GB/s (see the "
-        "object-storage section).")
+        "disk, measured while other engineers' builds shared the machine (the load average above): take the "
+        "ratios, from interleaved runs, not the seconds. A run's seconds are the slowest rank's, from a barrier to "
+        "the end of its DCP call; the async rows time what `dcp.async_save` blocks for (\"done\": until its "
+        "future's result; both include torch's staging copy of the state). The CPU columns add both ranks' user "
+        "and system seconds (every thread; the process-based async checkpointer's own process is not in them), "
+        "and \"cores busy\" is that over the wall time. Peak extra memory: each rank's `VmHWM` after the call "
+        "minus its `VmRSS` before it (the high-water mark reset first), the largest over ranks and runs; it counts "
+        "file pages mapped by the call too (`ckpt.dcp.Reader` maps the data files: its loads show the rank's "
+        "whole state) and the async stagers' copy of the state; the target applies to the saves. "
+        "`HuggingFaceStorageWriter` fsyncs its sharded files but not the consolidated ones; ckpt's are durable. "
+        "The URL rows use a smaller state: moto (Python, in memory, the same server for every side) holds every "
+        "client to ~0.08 GB/s (see the object-storage section); \"server CPU s\" is moto's per run.")
 
 
 def main() -> int:
