@@ -873,7 +873,13 @@ def main() -> int:
     ap.add_argument("--only", default="reads,writes,durable,scaling,convert",
                     help="sections, or read workloads (" + ", ".join(READ_WORKLOADS) + "), comma-separated; or "
                          "`python` alone: the Python package against torch, safetensors and dcp.load; or `s3` "
-                         "alone: object storage against torch's fsspec storage on a local moto server")
+                         "alone: object storage against torch's fsspec storage on a local moto server; or `train` "
+                         "alone: ckpt.dcp in a 2-rank FSDP2 job against torch's storage")
+    ap.add_argument("--train-mib", type=int, default=int(os.environ.get("CKPT_BENCH_TRAIN_MIB", 0)) or None,
+                    help="--only train: model + AdamW state of the job (default 2048, --quick 64; or "
+                         "$CKPT_BENCH_TRAIN_MIB)")
+    ap.add_argument("--train-s3-mib", type=int, default=None,
+                    help="--only train: the state of the URL rows (default 256, --quick 32; 0: none)")
     ap.add_argument("--dcp-ranks", default="",
                     help="ranks of the dcp-open jobs (× 400 chunks each), e.g. 64,256,1024; default: quick 64,256, "
                          "full 64,256,1024 (25,600 / 102,400 / 409,600 chunks)")
@@ -884,6 +890,8 @@ def main() -> int:
         return python_only(args)
     if args.only == "s3":
         return s3_only(args)
+    if args.only == "train":
+        return train_only(args)
     cfg = (
         {"mib": 256, "durable_mib": 256, "recis_ids": 1_000_000, "dcp_ranks": [64, 256], "pt200k": False,
          "scale_mib": [64, 512, 4096]}
@@ -998,6 +1006,39 @@ def s3_only(args: argparse.Namespace) -> int:
               f"after a warm-up, {(time.time() - started) / 60:.0f} min).\n\n{machine()}")
     replace_section(args.out, s3_compare.HEADING, s3_compare.section(res, header))
     print(f"\nwrote the object storage section of {args.out}")
+    return 0
+
+
+def train_only(args: argparse.Namespace) -> int:
+    """``--only train``: ckpt.dcp in a 2-rank FSDP2 job (``train_compare.py``, issue 38), written as the section
+    "## Training (issue 38)" of ``--out``, every other section of it kept as it is."""
+    import train_compare
+
+    import ckpt
+
+    work: Path = args.dir
+    res = Results(args.reps)
+    started = time.time()
+    mib = args.train_mib or (64 if args.quick else 2048)
+    s3_mib = args.train_s3_mib if args.train_s3_mib is not None else 32 if args.quick else 256
+    try:
+        data = train_compare.run(res, work, mib, s3_mib, args.reps, 3, not args.no_cold)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    opts = f"{' --quick' if args.quick else ''}{f' --train-mib {mib}' if args.train_mib else ''}"
+    state = sum(i["bytes"] for i in data["infos"])
+    per_rank = ", ".join(f"{i['bytes'] / 2**20:.0f} MiB" for i in data["infos"])
+    header = (f"Written by `benches/compare --only train{opts}` ({args.reps} interleaved repetitions after a "
+              f"warm-up, URL rows 3; {(time.time() - started) / 60:.0f} min), ckpt {ckpt.__version__} (release "
+              f"wheel), {data['world']} ranks: {data['shape']} with AdamW, {state / 2**20:.0f} MiB of state "
+              f"({per_rank} per rank, largest item "
+              f"{max(i['largest'] for i in data['infos']) / 2**20:.0f} MiB)"
+              + (f"; URL rows: {data['s3_shape']}, "
+                 f"{sum(i['bytes'] for i in data['s3_infos']) / 2**20:.0f} MiB" if "s3_infos" in data else "")
+              + f".\n\n{machine()}")
+    replace_section(args.out, train_compare.HEADING, train_compare.section(res, header))
+    print(f"\nwrote the training section of {args.out}")
     return 0
 
 

@@ -93,6 +93,12 @@ pub(crate) fn read_into(py: Python<'_>, ck: &Checkpoint, copies: Vec<Copy>) -> P
         ck.inner().tensor(name)?.region(o, s).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e })
     };
     py.detach(|| {
+        // A lazy copy (a URL) fetches each chunk this rank reads whole as part of one range per file first.
+        if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
+            let regions: Vec<(&str, &[usize], &[usize])> =
+                copies.iter().map(|(name, o, s, ..)| (name.as_str(), &o[..], &s[..])).collect();
+            dcp.prefetch_regions(&regions).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() })?;
+        }
         copies.par_iter().try_for_each(|(name, offsets, sizes, address, strides, element_size, bounds)| {
             let t = read(name, offsets, sizes)?;
             if t.dtype().size() != *element_size || strides.len() != t.dim() {

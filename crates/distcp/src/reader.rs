@@ -623,6 +623,58 @@ impl DcpReader {
         self.read_region(key, &zeros, &md.size)
     }
 
+    /// Makes present, in few fills, the whole items of every chunk that one of `regions` (`(key, offsets,
+    /// sizes)`, as [`Self::read_region`] takes them) covers entirely, before the regions are read: a
+    /// partial copy (a checkpoint on an object store) then fetches a rank's own items as one range per run
+    /// of items in a data file (items less than 64 KiB apart are one run), cut by the fill hook at its part
+    /// size, instead of a few small ranges per box. Chunks a region covers only in part are left to
+    /// [`Self::read_region`], which fetches the box's bytes alone. Nothing to do without a fill hook; keys
+    /// that are not tensors are left to the read, which reports them.
+    ///
+    /// # Errors
+    /// [`Error::Fetch`] (naming the run's first key) when a fill fails.
+    pub fn prefetch_regions(&self, regions: &[(&str, &[usize], &[usize])]) -> Result<()> {
+        /// Items closer than this in one file are fetched as one range (the bytes between them too).
+        const RUN_GAP: u64 = 64 << 10;
+        let Some(fill) = self.files.fill_hook() else { return Ok(()) };
+        let mut wanted: HashMap<&str, Vec<(u64, u64, &str)>> = HashMap::new();
+        for &(key, offsets, sizes) in regions {
+            let Ok(md) = self.tensor_metadata(key) else { continue };
+            for c in &md.chunks {
+                let Some((at, len)) = intersect(&c.offsets, &c.sizes, offsets, sizes) else { continue };
+                if at != c.offsets || len != c.sizes {
+                    continue;
+                }
+                let info = self.storage_info(key, Some(&c.offsets))?;
+                if !info.transform_descriptors.is_empty() {
+                    continue;
+                }
+                let Some(end) = info.offset.checked_add(info.length) else { continue };
+                wanted.entry(info.relative_path.as_str()).or_default().push((info.offset, end, key));
+            }
+        }
+        for (file, mut items) in wanted {
+            items.sort_unstable();
+            let mut runs: Vec<(u64, u64, &str)> = Vec::new();
+            for (start, end, key) in items {
+                match runs.last_mut() {
+                    Some(last) if start <= last.1.saturating_add(RUN_GAP) => last.1 = last.1.max(end),
+                    _ => runs.push((start, end, key)),
+                }
+            }
+            for (start, end, key) in runs {
+                fill.fill(file, start..end).map_err(|source| Error::Fetch {
+                    key: key.to_owned(),
+                    file: file.to_owned(),
+                    start,
+                    end,
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// The region `offsets .. offsets + sizes` of tensor `key`, in global coordinates, reading only the
     /// items whose chunks overlap it. A region inside a single chunk is a view of that chunk (zero copy
     /// from the map); otherwise the overlapping parts are copied into a new row-major tensor.

@@ -147,3 +147,56 @@ fn a_failed_fill_is_an_error_never_zeros() {
         assert_eq!(e.fault(), ckpt_tensor::Fault::Malformed);
     }
 }
+
+#[test]
+fn prefetch_fills_a_ranks_whole_items_as_one_range_per_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("full");
+    let ts: Vec<Tensor> = (0..6).map(|i| f32s(512, 64, i as f32 * 1e5)).collect();
+    let sd = Value::dict(ts.iter().enumerate().map(|(i, t)| (format!("t{i}"), Value::Tensor(t.clone()))));
+    save_sharded(&sd, &dir, 2, &WriteOptions::default()).unwrap();
+    let local = DcpReader::open(&dir).unwrap();
+    assert_eq!(local.tensor_metadata("t0").unwrap().chunks.len(), 2);
+    let copy = tmp.path().join("sparse");
+    let fill = sparse_copy(&dir, &copy, false);
+    let hook: Arc<dyn RangeFill> = fill.clone();
+    let r = DcpReader::open_with(&copy, &ReadOptions::default().with_fill(Some(hook))).unwrap();
+
+    // Rank 1's boxes: rows 256..512 of every tensor (its own chunks, whole), and a part of a chunk of t0.
+    let keys: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    let (off, size) = ([256usize, 0], [256usize, 64]);
+    let mut regions: Vec<(&str, &[usize], &[usize])> = keys.iter().map(|k| (k.as_str(), &off[..], &size[..])).collect();
+    let (part_off, part_size) = ([10usize, 0], [20usize, 64]);
+    regions.push(("t0", &part_off[..], &part_size[..]));
+    regions.push(("no-such-key", &off[..], &size[..]));
+    r.prefetch_regions(&regions).unwrap();
+    let fills = fill.filled.lock().unwrap().clone();
+    assert_eq!(fills.len(), 1, "one range for the six items of one file: {fills:?}");
+    let items = 6 * 256 * 64 * 4;
+    let got = fill.bytes();
+    assert!(got >= items as u64 && got <= items as u64 + 6 * (8 << 10), "filled {got} for {items} bytes of data");
+
+    // The boxes read equal to the local read, and every range they fill lies inside the prefetched one (a
+    // mirror that remembers what it holds, as the object store's does, fetches nothing more; this fill
+    // copies again).
+    let (file, run) = fills[0].clone();
+    for k in &keys {
+        assert_eq!(r.read_region(k, &off, &size).unwrap(), local.read_region(k, &off, &size).unwrap());
+    }
+    for (f, later) in fill.filled.lock().unwrap().iter().skip(1) {
+        assert!(*f == file && later.start >= run.start && later.end <= run.end, "{f} {later:?} outside {run:?}");
+    }
+    assert_eq!(
+        r.read_region("t0", &part_off, &part_size).unwrap(),
+        local.read_region("t0", &part_off, &part_size).unwrap()
+    );
+
+    // A failed fill is an error naming the item and the file.
+    let failing = sparse_copy(&dir, &tmp.path().join("failing"), true);
+    let hook: Arc<dyn RangeFill> = failing;
+    let r = DcpReader::open_with(tmp.path().join("failing"), &ReadOptions::default().with_fill(Some(hook))).unwrap();
+    assert!(matches!(r.prefetch_regions(&regions[..1]), Err(Error::Fetch { .. })));
+
+    // Without a fill hook: nothing to do.
+    local.prefetch_regions(&regions).unwrap();
+}
