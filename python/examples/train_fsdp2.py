@@ -114,7 +114,7 @@ def main() -> None:
         # The model alone, whole tensors under their FQNs, in bfloat16: each rank writes the shards it owns
         # (the chunks of each shard travel to its rank), the coordinator writes the index and commits.
         hf = ckpt.dcp.Writer(args.export_hf, to="hf", include="model.*", strip_prefix="model.", dtype="bf16",
-                             max_shard_size="4KB", storage_options=opts)
+                             max_shard_size="1KB", storage_options=opts)
         model_sd, _ = get_state_dict(model, optim)
         dcp.save({"model": model_sd}, storage_writer=hf)
         if rank == 0:
