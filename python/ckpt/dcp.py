@@ -218,7 +218,7 @@ class _HfLayout:
 def _nbytes(dtype: str, size: "list[int]") -> int:
     import torch  # noqa: PLC0415
 
-    n = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    n = getattr(torch, dtype).itemsize
     for d in size:
         n *= int(d)
     return n

@@ -105,10 +105,6 @@ type LayoutRows = (
     (usize, usize, Vec<String>),
 );
 
-fn torch_name(dtype: DType) -> String {
-    dtype.torch_name().trim_start_matches("torch.").to_owned()
-}
-
 /// `ckpt._ckpt.hf_layout`: the shards `ckpt.convert(..., to="hf")` would write for `entries` (see
 /// [`EntrySpec`]) with the selection (`include`/`exclude` globs, `strip_prefix`/`add_prefix`, floats cast to
 /// `dtype`) and `max_shard_size` ([`LayoutRows`]).
@@ -149,14 +145,15 @@ pub(crate) fn hf_layout(
         if !names.insert(new_name.clone()) {
             return Err(usage(format!("two entries would be named {new_name:?} after renaming"), None));
         }
-        chosen.push(Some((new_name.clone(), value.as_tensor().map(|t| torch_name(t.dtype())))));
+        chosen.push(Some((new_name.clone(), value.as_tensor().map(|t| t.dtype().torch_name().to_owned()))));
         kept.push((new_name, new_path, value));
     }
     let options = write_options(max_shard_size, true, true);
     let plan = py
         .detach(|| ckpt::hf::layout(kept.iter().map(|(n, p, v)| (n.as_str(), p.as_slice(), v)), &options))
         .map_err(|e| usage(format!("Hugging Face shards: {e}"), None))?;
-    let stored = plan.tensors.iter().map(|(n, t)| (n.clone(), torch_name(t.dtype()), t.shape().to_vec())).collect();
+    let stored =
+        plan.tensors.iter().map(|(n, t)| (n.clone(), t.dtype().torch_name().to_owned(), t.shape().to_vec())).collect();
     Ok((chosen, stored, plan.shards, plan.records, (plan.report.tensors, plan.report.values, plan.report.dropped)))
 }
 

@@ -159,19 +159,11 @@ pub fn save_entries_rank<'a>(
     group: &dyn ckpt_collective::Collective,
     resolve: &(dyn Fn(&ckpt_tensor::Tensor) -> ckpt_tensor::Result<ckpt_tensor::Tensor> + Sync),
 ) -> Result<SaveReport> {
-    let Layout { tensors, shards, records, report: prepared } = layout(entries, options)?;
-    let sizes: Vec<u64> = tensors.iter().map(|(_, t)| t.nbytes() as u64).collect();
-    let n = shards.len();
+    let plan = layout(entries, options)?;
+    let n = plan.shards.len();
     let commit = DirCommit::begin(dst, group, &dir_options(options)).map_err(ckpt_tensor::Error::from)?;
     let mut names: Vec<String> = (0..n).map(|i| shard_file_name(&commit, i, n)).collect();
-    let mut weight_map: Vec<(&str, String)> = Vec::with_capacity(tensors.len());
-    for (members, file) in shards.iter().zip(&names) {
-        for &k in members {
-            if let Some((name, _)) = tensors.get(k) {
-                weight_map.push((name, file.clone()));
-            }
-        }
-    }
+    let Layout { tensors, shards, records, report: prepared } = &plan;
     let (process, processes) = (group.rank(), group.world_size().max(1));
     let written = (|| -> Result<()> {
         for ((i, members), file) in shards.iter().enumerate().zip(&names).filter(|((i, _), _)| i % processes == process)
@@ -196,7 +188,7 @@ pub fn save_entries_rank<'a>(
     })();
     // Every process learns every outcome in the commit: a failed one passes its error, and gets it back.
     let own = written.as_ref().map(|&()| ()).map_err(ToString::to_string);
-    let index = (n > 1).then(|| index_json(sizes.iter().sum(), &weight_map));
+    let index = (n > 1).then(|| index_json(plan.total_size(), &plan.weight_map(&names)));
     let committed = commit.commit(group, own, |c| {
         if let Some(text) = &index {
             let mut f = c.create_file(crate::hf::INDEX_FILE)?;
@@ -211,8 +203,8 @@ pub fn save_entries_rank<'a>(
     if index.is_some() {
         names.push(crate::hf::INDEX_FILE.to_owned());
     }
-    let mut report = prepared.with_files(names.into_iter().map(|f| dst.join(f)).collect());
-    report.bytes = sizes.iter().sum();
+    let mut report = prepared.clone().with_files(names.into_iter().map(|f| dst.join(f)).collect());
+    report.bytes = plan.total_size();
     Ok(report)
 }
 
