@@ -10,7 +10,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["format"],
     &["error"],
-    &["limits", "select", "source", "display", "outline"],
+    &["limits", "select", "source", "display", "outline", "suggest"],
     &["checkpoint"],
     &["options", "report"],
     &["agree"],
