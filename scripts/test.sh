@@ -152,8 +152,10 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-build-isolation --forc
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --release --quiet -m python/Cargo.toml -o "$wheels"
 # Its temporary files (the progress tests write checkpoints of some hundred MB) go to a folder removed at
 # the end, and only a failed test's are kept: pytest would otherwise keep its last three runs' in /tmp.
+# Two test files at a time (pytest-xdist, each file whole on one worker, so its module fixtures are made
+# once): the multi-rank torch jobs and the subprocesses spend much of their time waiting.
 pytest_tmp=$(mktemp -d)
-CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider \
+CKPT_WHEEL=$(ls "$wheels"/ckpt-*.whl) .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
   --basetemp "$pytest_tmp/base" -o tmp_path_retention_policy=failed python/tests
 
 step "fuzzing: every target for ${CKPT_FUZZ_SECONDS:-30} s from its corpus, $(nproc) at a time (scripts/fuzz.sh)"

@@ -246,6 +246,12 @@ impl Format {
         self.known().enabled
     }
 
+    /// Whether ckpt writes this format (a target of [`crate::convert`]); DeepSpeed, Megatron, plain pickles and
+    /// torch.package archives are read only.
+    pub fn writable(self) -> bool {
+        self.known().writable
+    }
+
     /// Whether a checkpoint of this format splits over ranks, shards or parts that [`crate::reshard`]
     /// rewrites for another number.
     pub fn is_sharded(self) -> bool {

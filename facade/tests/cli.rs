@@ -556,8 +556,10 @@ fn help_lists_formats_and_profiles_from_the_library() {
     for f in Format::ALL {
         assert!(out.contains(&format!("- {}:", f.name())) && out.contains(f.about()), "{f}: {out}");
     }
-    let names: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
-    assert!(out.contains(&format!("Formats: {}.", names.join(", "))), "{out}");
+    let names = |writable: bool| {
+        Format::ALL.iter().filter(|f| f.writable() == writable).map(|f| f.name()).collect::<Vec<_>>().join(", ")
+    };
+    assert!(out.contains(&format!("Targets: {}. Read only: {}.", names(true), names(false))), "{out}");
     assert!(out.contains("max-compat") && out.contains("torch213"), "{out}");
     let (_, out, _) = run(&[&"reshard", &"--help"]);
     for f in ckpt::reshard_formats() {
@@ -583,6 +585,76 @@ fn help_lists_formats_and_profiles_from_the_library() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--hfai-large-size is an option of hfai targets; this conversion writes distcp"), "{err}");
     assert!(!other.exists());
+}
+
+/// Issue 41: each command's help lists its own flags first, then each group under its heading (the target's,
+/// the selection, how the source is read, read limits, storage), and ends with 2 to 4 examples; `--to` offers
+/// only the formats ckpt writes.
+#[test]
+fn help_groups_flags_under_headings_and_ends_with_examples() {
+    let own = |cmd: &str| -> &[&str] {
+        match cmd {
+            "inspect" => &["--json", "--include", "--exclude"],
+            "cat" => &["--limit"],
+            "verify" => &["--deep"],
+            "diff" => &["--rtol", "--atol", "--all", "--raw"],
+            "convert" => &["--to", "--from"],
+            "reshard" => &["--world-size"],
+            _ => &["--entities-output", "--relation-types-output"],
+        }
+    };
+    for cmd in ["inspect", "cat", "verify", "diff", "convert", "reshard", "export-tsv"] {
+        let (code, out, err) = run(&[&cmd, &"--help"]);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        let headings: Vec<&str> =
+            out.lines().filter(|l| !l.starts_with(' ') && l.ends_with(':')).map(|l| l.trim_end_matches(':')).collect();
+        let mut want = vec!["Arguments", "Options"];
+        if cmd == "convert" {
+            want.extend(["Target", "Selection"]);
+        }
+        want.extend(["Source", "Read limits", "Storage", "Examples"]);
+        assert_eq!(headings, want, "{cmd}: {out}");
+        // Every flag sits under its group's heading: the command's own under Options, the limits under Read
+        // limits, the storage flags under Storage.
+        let section = |name: &str| {
+            let start = out.find(&format!("\n{name}:\n")).unwrap_or_else(|| panic!("{cmd}: no {name}: {out}"));
+            let rest = &out[start + name.len() + 3..];
+            let end =
+                headings.iter().skip_while(|h| **h != name).nth(1).and_then(|next| rest.find(&format!("\n{next}:\n")));
+            rest[..end.unwrap_or(rest.len())].to_owned()
+        };
+        for flag in own(cmd) {
+            assert!(section("Options").contains(flag), "{cmd}: {flag} not under Options: {out}");
+        }
+        assert!(!section("Options").contains("--max-depth") && !section("Options").contains("--storage-option"));
+        assert!(section("Read limits").contains("--max-depth") && section("Read limits").contains("--trusted"));
+        assert!(section("Storage").contains("--storage-option"), "{cmd}: {out}");
+        assert!(section("Source").contains("--tag") && section("Source").contains("--name-map"), "{cmd}");
+        if cmd == "convert" {
+            assert!(section("Target").contains("--world-size") && section("Target").contains("--max-shard-size"));
+            assert!(section("Selection").contains("--include") && section("Selection").contains("--rename"));
+        }
+        // The help ends with 2 to 4 examples, each a `ckpt <cmd>` line.
+        let examples: Vec<&str> = out.rsplit("Examples:\n").next().unwrap().lines().filter(|l| !l.is_empty()).collect();
+        assert!((2..=4).contains(&examples.len()), "{cmd}: {examples:?}");
+        for line in examples {
+            assert!(line.starts_with(&format!("  ckpt {cmd} ")), "{cmd}: {line:?}");
+        }
+    }
+    // `--to` offers the formats ckpt writes and refuses the others as a usage error, before reading anything.
+    let (_, out, _) = run(&[&"convert", &"--help"]);
+    let to = &out[out.find("--to <TO>").unwrap()..out.find("--from <FROM>").unwrap()];
+    for f in Format::ALL {
+        assert_eq!(to.contains(&format!("- {}:", f.name())), f.writable(), "{f}: {to}");
+    }
+    let src = fixtures().join("torch/checkpoint.pt");
+    let tmp = tempfile::tempdir().unwrap();
+    for f in Format::ALL.into_iter().filter(|f| !f.writable()) {
+        let (code, _, err) = run(&[&"convert", &src, &tmp.path().join("out"), &"--to", &f.name()]);
+        assert_eq!(code, 2, "{f}: {err}");
+        assert!(err.contains(&format!("invalid value '{f}' for '--to <TO>'")) && err.contains("safetensors"), "{err}");
+    }
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none());
 }
 
 /// Issue 11 as a user meets it: numpy values in a training checkpoint, a whole pickled module, a Lightning

@@ -36,10 +36,12 @@ struct Cli {
     /// Print nothing but results and errors.
     #[arg(long, short, global = true)]
     quiet: bool,
-    #[command(flatten)]
-    limits: LimitArgs,
+    // Each group's flags under its own heading in every command's help, in this order after the command's
+    // own: how the source is read, the readers' limits, object storage.
     #[command(flatten)]
     source: SourceArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
     #[command(flatten)]
     storage: StorageArgs,
     #[command(subcommand)]
@@ -129,8 +131,8 @@ enum Command {
         src: PathBuf,
         /// The destination file or directory.
         dst: PathBuf,
-        /// The target format.
-        #[arg(long, value_parser = format_parser())]
+        /// The target format (one that ckpt writes).
+        #[arg(long, value_parser = target_parser())]
         to: Format,
         /// The source format (detected when omitted).
         #[arg(long, value_parser = format_parser())]
@@ -157,11 +159,11 @@ enum Command {
     /// torchbiggraph_export_to_tsv does (outputs must not exist).
     #[command(
         name = "export-tsv",
-        after_help = "Examples:\n  \
+        after_help = "CONFIG is PBG's config file (checkpoint_path and entity_path resolved against the working\n\
+                            directory, then the config's directory), or a checkpoint directory (its config.json).\n\n\
+                            Examples:\n  \
                             ckpt export-tsv config.json --entities-output entities.tsv --relation-types-output relation_types.tsv\n  \
-                            ckpt export-tsv pbg/ckpt --entities-output e.tsv --relation-types-output r.tsv\n\n\
-                            CONFIG is PBG's config file (checkpoint_path and entity_path resolved against the working\n\
-                            directory, then the config's directory), or a checkpoint directory (its config.json)."
+                            ckpt export-tsv pbg/ckpt --entities-output e.tsv --relation-types-output r.tsv"
     )]
     ExportTsv {
         /// PBG's config file, or a checkpoint directory.
@@ -175,26 +177,35 @@ enum Command {
     },
 }
 
-/// `--to` / `--from`: a format by name, the possible values (with what each is) from the registry.
+/// `--from`: a format by name, the possible values (with what each is) from the registry.
 fn format_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
-    let values = Format::ALL.map(|f| clap::builder::PossibleValue::new(f.name()).help(f.about()));
+    formats_parser(Format::ALL.into_iter())
+}
+
+/// `--to`: a format that ckpt writes ([`Format::writable`]), by name; the read-only formats are not offered.
+fn target_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
+    formats_parser(Format::ALL.into_iter().filter(|f| f.writable()))
+}
+
+/// A parser of the names of `formats`, each offered with what it is.
+fn formats_parser(formats: impl Iterator<Item = Format>) -> impl clap::builder::TypedValueParser<Value = Format> {
+    let values: Vec<_> = formats.map(|f| clap::builder::PossibleValue::new(f.name()).help(f.about())).collect();
     clap::builder::PossibleValuesParser::new(values).try_map(|name| name.parse::<Format>())
 }
 
 fn convert_help() -> String {
-    let formats: Vec<&str> = Format::ALL.iter().map(|f| f.name()).collect();
+    let names = |writable: bool| {
+        let names: Vec<&str> = Format::ALL.iter().filter(|f| f.writable() == writable).map(|f| f.name()).collect();
+        names.join(", ")
+    };
     format!(
-        "Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
-         ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
-         ckpt convert model.safetensors model.pt --to torch\n  \
-         ckpt convert recis_ckpt/ recis_4/ --to recis --world-size 4 --parallel 2\n  \
-         ckpt convert tables.safetensors recis_ckpt/ --to recis --slice-size 65536\n  \
-         ckpt convert pbg.safetensors pbg_ckpt/ --to pbg --pbg-config config.json\n  \
+        "Targets: {}. Read only: {}.\n\n\
+         Examples:\n  ckpt convert model.pt model.safetensors --to safetensors\n  \
          ckpt convert dcp_checkpoint/ hf_model/ --to hf --max-shard-size 2GB\n  \
-         ckpt convert last.ckpt model.safetensors --to safetensors --include 'state_dict.*' --strip-prefix state_dict.model. --dtype bf16\n  \
-         ckpt convert ddp.pt model.pt --to torch --exclude 'optimizer.*' --strip-prefix model.module.\n\n\
-         Formats: {}.",
-        formats.join(", ")
+         ckpt convert hfai_ckpt/ out_dcp/ --to distcp --world-size 2\n  \
+         ckpt convert last.ckpt model.safetensors --to safetensors --include 'state_dict.*' --strip-prefix state_dict.model. --dtype bf16",
+        names(true),
+        names(false)
     )
 }
 
@@ -547,6 +558,7 @@ fn diff(
 /// The target layout of `ckpt convert`: its number of ranks, and the target format's own flags (each
 /// format's are declared with its adaptor in the library, `ckpt::TargetArgs`).
 #[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Target")]
 struct LayoutArgs {
     #[arg(long, help = world_size_help(), default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     world_size: u32,
@@ -576,6 +588,7 @@ impl LayoutArgs {
 
 /// Which entries `ckpt convert` writes, under which names, in which float dtype.
 #[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Selection")]
 struct SelectArgs {
     /// Convert only entries whose name (as `ckpt inspect` lists it) matches this glob (repeatable; `*`
     /// matches dots too, `?` one character, `[..]` a set).
@@ -615,6 +628,7 @@ fn rename_rule(text: &str) -> Result<(String, String), String> {
 
 /// How a checkpoint is read (every command): a DeepSpeed root's tag, Megatron's layers, a name map.
 #[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Source")]
 struct SourceArgs {
     /// deepspeed: the tag (save) to read under a checkpoint root, e.g. global_step14 (default: the one
     /// `latest` names).
@@ -962,6 +976,7 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
 /// reads), configured by each cloud's environment variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...)
 /// and these options.
 #[derive(clap::Args)]
+#[command(next_help_heading = "Storage")]
 struct StorageArgs {
     /// A configuration key of the URL's store (`aws_endpoint=http://127.0.0.1:9000`, `aws_region=...`,
     /// `allow_http=true`; repeatable). Values are never printed.
@@ -1037,6 +1052,7 @@ struct Storage {
 
 /// Resource limits of the readers (README, "Resource limits"): raise them for large input you trust.
 #[derive(clap::Args)]
+#[command(next_help_heading = "Read limits")]
 struct LimitArgs {
     /// Pickle: the deepest nesting of values (default 1000).
     #[arg(long, global = true, value_name = "N")]
