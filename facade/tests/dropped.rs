@@ -121,7 +121,13 @@ fn keeps_everything(src: &Path, dst: &Path) {
     assert!(summary.dropped.is_empty(), "{:?}", summary.dropped);
     let listed = names(src);
     assert_eq!(summary.tensors + summary.values, listed.len(), "{}", src.display());
-    assert_eq!(sorted(names(dst)), sorted(listed), "{}", src.display());
+    // Each listed entry is there under its name (a value Megatron lists whole, `[None]`, a torch file lists
+    // by its items: `<name>.0`).
+    let converted = names(dst);
+    for n in &listed {
+        let there = converted.iter().any(|c| c == n || c.strip_prefix(n.as_str()).is_some_and(|r| r.starts_with('.')));
+        assert!(there, "{}: {n} not in {converted:?}", src.display());
+    }
     let report = ckpt::diff::diff(src, dst, &Default::default()).unwrap();
     assert!(report.is_equal(), "{}: {report:?}", src.display());
     assert!(report.layout_a.keys.is_empty(), "{:?}", report.layout_a.keys);
@@ -171,7 +177,7 @@ fn cli_deepspeed_to_torch_keeps_everything_and_diffs_equal() {
         .iter()
         .fold((0, 0), |(t, v), e| if e.tensor_info().is_some() { (t + 1, v) } else { (t, v + 1) });
     assert!(stdout.contains(&format!("{tensors} tensors")) && stdout.contains(&format!("{values} values")), "{stdout}");
-    assert!(!stdout.contains("dropped"), "{stdout}");
+    assert!(!stdout.contains("cannot hold"), "{stdout}");
     let (code, stdout, err) = ckpt(&[&"diff", &zero3, &out]);
     assert_eq!(code, 0, "{stdout}{err}");
 }
