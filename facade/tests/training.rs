@@ -273,8 +273,9 @@ fn bf16_optimizer_inspect_verify_convert_diff() {
         (tmp.path().join("model.safetensors"), "safetensors", None),
         (tmp.path().join("model.pt"), "torch", None),
     ];
+    // The weights alone (--model-only), as DeepSpeed gathers them.
     for (out, to, dtype) in &outputs {
-        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &case, out, &"--to", to];
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &case, out, &"--to", to, &"--model-only"];
         if let Some(d) = dtype {
             args.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, d]);
         }
@@ -286,9 +287,12 @@ fn bf16_optimizer_inspect_verify_convert_diff() {
         }
         run_python("deepspeed/check_bf16_convert.py", &py);
     }
-    let pt = tmp.path().join("model.pt");
-    let (code, out, err) = ckpt(&[&"diff", &case, &pt]);
-    assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = ckpt(&[&"diff", &case, &tmp.path().join("model.safetensors")]);
-    assert_eq!(code, 0, "{out}{err}");
+    // Without it, everything inspect lists: diff finds the conversion equal to its source.
+    for (file, to) in [("all.pt", "torch"), ("all.safetensors", "safetensors")] {
+        let out = tmp.path().join(file);
+        let (code, stdout, err) = ckpt(&[&"convert", &case, &out, &"--to", &to]);
+        assert_eq!(code, 0, "{to}: {stdout}{err}");
+        let (code, stdout, err) = ckpt(&[&"diff", &case, &out]);
+        assert_eq!(code, 0, "{to}: {stdout}{err}");
+    }
 }
