@@ -56,10 +56,10 @@ def test_deepspeed_to_torch_keeps_what_inspect_lists(tmp_path: Path) -> None:
     state per parameter, the engine and client state; ``ckpt.diff`` finds it equal to its source."""
     pt = tmp_path / "all.pt"
     summary = ckpt.convert(CASE, pt, to="torch")
-    listed = [e.name for e in ckpt.open(CASE).entries()]
+    listed = [e.name for e in ckpt.open(CASE).entries]
     assert summary.dropped == []
     assert summary.tensors + summary.values == len(listed)
-    assert sorted(e.name for e in ckpt.open(pt).entries()) == sorted(listed)
+    assert sorted(e.name for e in ckpt.open(pt).entries) == sorted(listed)
     assert any(n.startswith("optimizer.state.") for n in listed) and any(n.startswith("module.") for n in listed)
     loaded = torch.load(pt, weights_only=True)
     for key, want in torch.load(CASE / "reference_optim.pt").items():
@@ -69,4 +69,4 @@ def test_deepspeed_to_torch_keeps_what_inspect_lists(tmp_path: Path) -> None:
     # The names inspect lists select: the optimizer state alone.
     opt = tmp_path / "opt.pt"
     ckpt.convert(CASE, opt, to="torch", include="optimizer.*")
-    assert sorted(e.name for e in ckpt.open(opt).entries()) == sorted(n for n in listed if n.startswith("optimizer."))
+    assert sorted(e.name for e in ckpt.open(opt).entries) == sorted(n for n in listed if n.startswith("optimizer."))
