@@ -32,8 +32,8 @@ const NEAREST: usize = 5;
 pub(crate) fn empty_selection_reason(unmatched: &[String], removed: &usize, nearest: &[String]) -> String {
     if unmatched.is_empty() {
         return format!(
-            "the exclude patterns remove all {removed} entries the selection would otherwise keep, so it selects \
-             nothing; loosen --exclude (`ckpt inspect --include ...` lists what each pattern matches)"
+            "the exclude patterns remove every entry the selection would otherwise keep ({removed}), so it \
+             selects nothing; loosen --exclude (`ckpt inspect --include ...` lists what each pattern matches)"
         );
     }
     let patterns: Vec<String> = unmatched.iter().map(|p| format!("{p:?}")).collect();

@@ -26,14 +26,14 @@ def test_convert_of_a_selection_that_matches_nothing_raises_with_the_nearest_nam
     with pytest.raises(ckpt.UsageError, match='"rwo" matches no entry.*row'):
         ckpt.convert(D215, dst, to="torch", include=["row", "rwo"])
     # Excludes that remove everything the includes matched.
-    with pytest.raises(ckpt.UsageError, match="exclude patterns remove all 1 entries"):
+    with pytest.raises(ckpt.UsageError, match=r"exclude patterns remove every entry .* \(1\)"):
         ckpt.convert(D215, dst, to="safetensors", include="row", exclude="r*")
 
 
 def test_load_of_a_selection_that_matches_nothing_raises() -> None:
     with pytest.raises(ckpt.UsageError, match='"nomatch\\*" matches no entry'):
         ckpt.load(D215, include="nomatch*")
-    with ckpt.open(D215) as ck, pytest.raises(ckpt.UsageError, match="exclude patterns remove all"):
+    with ckpt.open(D215) as ck, pytest.raises(ckpt.UsageError, match="exclude patterns remove every entry"):
         ck.load(exclude=["*"])
     assert list(ckpt.load(D215, include="row")) == ["row"]
 
