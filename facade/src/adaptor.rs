@@ -435,6 +435,8 @@ impl Content {
         let invalid = |reason: String| Error::InvalidArgument { path: path.to_path_buf(), reason };
         // Kept whole as the source (a `SelectionError`, of `Fault::InvalidArgument`).
         selection.validate().at(path)?;
+        // A selection that selects nothing is refused, with the names nearest what it asked for.
+        selection.check_selects(&self.leaves.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(), path)?;
         let mut leaves = Vec::new();
         let mut kept: HashMap<Vec<PathItem>, Value> = HashMap::new();
         let mut names = HashSet::new();

@@ -80,7 +80,15 @@
 //! names them: `include`/`exclude` globs, `strip_prefix`/`add_prefix`, and `dtype` for floating-point tensors
 //! ([`Selection`] says what happens to non-tensor structure: entries are kept or dropped whole, optimizer
 //! indices are not renumbered). With a selection, the distcp → torch and RecIS → RecIS conversions read the
-//! content instead of copying tensors by their own means.
+//! content instead of copying tensors by their own means. A selection that selects nothing is refused
+//! ([`Error::EmptySelection`], with the names nearest its patterns): an include pattern that matches no entry
+//! (even when the others match: a typo), or excludes that remove every entry.
+//!
+//! # What is dropped
+//! Every entry of the source's listing ([`crate::Checkpoint::entries`], what `ckpt inspect` lists) is
+//! converted (a DeepSpeed checkpoint's 16-bit `module.*` copies, optimizer state and engine and client
+//! state too; a Megatron checkpoint's optimizer state and `common.pt` values), unless the selection leaves
+//! it out; what the target cannot hold is named in [`ConvertSummary::dropped`].
 //!
 //! # Memory
 //! Sources are opened lazily: torch, hfai, safetensors, PyTorch-BigGraph and RecIS tensors are windows of
@@ -177,9 +185,8 @@ pub fn save(state_dict: &Value, dst: impl AsRef<Path>, to: Format, options: &Con
 }
 
 /// About how many bytes converting `src` (of `from`, or detected) writes: every tensor the selection keeps,
-/// in the dtype it is written in. The targets add their headers and metadata, and a DeepSpeed or Megatron
-/// source converts its model weights only, so this is what a progress display measures
-/// [`ckpt_io::bytes_written`] against, not an exact size. Reads the source's listing only.
+/// in the dtype it is written in. The targets add their headers and metadata, so this is what a progress
+/// display measures [`ckpt_io::bytes_written`] against, not an exact size. Reads the source's listing only.
 ///
 /// ```
 /// # std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();

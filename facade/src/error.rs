@@ -107,6 +107,20 @@ pub enum Error {
         /// Its error, as text: it crossed the process group as bytes, so its source chain is this message.
         message: String,
     },
+    /// A selection selects nothing it names: an include pattern matches no entry of the checkpoint, or the
+    /// exclude patterns remove every entry the includes (or the checkpoint) hold. Nothing is written.
+    #[error("{}: {}", path.display(), crate::select::empty_selection_reason(unmatched, removed, nearest))]
+    EmptySelection {
+        /// The checkpoint the selection was applied to.
+        path: PathBuf,
+        /// The include patterns that match no entry (empty when the excludes removed everything).
+        unmatched: Vec<String>,
+        /// How many entries the includes kept before the exclude patterns removed them all (0 when some
+        /// include pattern matches nothing).
+        removed: usize,
+        /// The checkpoint's entry names nearest the patterns that matched nothing, nearest first.
+        nearest: Vec<String>,
+    },
 }
 
 impl Error {
@@ -121,6 +135,7 @@ impl Error {
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
             Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
+            Error::EmptySelection { .. } => Fault::InvalidArgument,
         }
     }
 }

@@ -65,6 +65,11 @@ pub struct SourceOptions {
     /// such a copy through it (when opened and when a conversion reads it), fetching only what each read
     /// needs. Other formats are never left partial.
     pub fills: Vec<PathFill>,
+    /// deepspeed, megatron: a conversion reads the model's weights only (DeepSpeed's consolidated fp32 state
+    /// dict, as `zero_to_fp32` writes it; Megatron's model tensors), not the optimizer state, the 16-bit
+    /// module copies, the engine and client state or `common.pt`'s values: what a model loader (Hugging
+    /// Face `transformers`) takes. Default: every entry the checkpoint lists. Listing is not affected.
+    pub model_only: bool,
 }
 
 impl SourceOptions {
@@ -103,6 +108,13 @@ impl SourceOptions {
     /// The fill hook of the checkpoint at `path`, if it is a partial copy.
     pub fn fill_for(&self, path: &Path) -> Option<Arc<dyn RangeFill>> {
         self.fills.iter().find(|f| f.path == path).map(|f| Arc::clone(&f.fill))
+    }
+
+    /// Converts a training checkpoint's model weights only ([`SourceOptions::model_only`]).
+    #[must_use]
+    pub fn with_model_only(mut self, on: bool) -> Self {
+        self.model_only = on;
+        self
     }
 
     /// Maps a Megatron model's names onto a Hugging Face model family's.

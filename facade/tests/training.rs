@@ -119,7 +119,9 @@ fn convert_deepspeed_to_hf_equals_zero_to_fp32() {
         deepspeed_cases().into_iter().filter(|c| !c.file_name().unwrap().to_str().unwrap().starts_with("universal"))
     {
         let out = tmp.path().join(case.file_name().unwrap());
-        let (code, stdout, err) = ckpt(&[&"convert", &case, &out, &"--to", &"hf", &"--max-shard-size", &"600"]);
+        // The weights alone, as transformers loads them (by default the optimizer state and the rest go too).
+        let (code, stdout, err) =
+            ckpt(&[&"convert", &case, &out, &"--to", &"hf", &"--max-shard-size", &"600", &"--model-only"]);
         assert_eq!(code, 0, "{}: {stdout}{err}", case.display());
         assert!(out.join("model.safetensors.index.json").is_file(), "sharded, with the index");
         run_python("deepspeed/check_convert.py", &[&out, &case]);
@@ -127,8 +129,18 @@ fn convert_deepspeed_to_hf_equals_zero_to_fp32() {
     // bf16, chosen tag, renamed.
     let case = fixtures("deepspeed").join("zero3_w2");
     let out = tmp.path().join("bf16");
-    let (code, _, err) =
-        ckpt(&[&"convert", &case, &out, &"--to", &"hf", &"--dtype", &"bf16", &"--tag", &"global_step2"]);
+    let (code, _, err) = ckpt(&[
+        &"convert",
+        &case,
+        &out,
+        &"--to",
+        &"hf",
+        &"--dtype",
+        &"bf16",
+        &"--tag",
+        &"global_step2",
+        &"--model-only",
+    ]);
     assert_eq!(code, 0, "{err}");
     run_python("deepspeed/check_convert.py", &[&out, &case, Path::new("--dtype"), Path::new("bf16")]);
     let out = tmp.path().join("renamed");
@@ -157,7 +169,7 @@ fn convert_megatron_to_hf_equals_dist_checkpointing_load() {
         let dir = fixtures("megatron").join(case);
         let ckpt_dir = dir.join("ckpt");
         let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
-            vec![&"convert", &ckpt_dir, &out, &"--to", &"hf", &"--name-map", &"llama"];
+            vec![&"convert", &ckpt_dir, &out, &"--to", &"hf", &"--name-map", &"llama", &"--model-only"];
         args.extend([&"--max-shard-size" as &dyn AsRef<std::ffi::OsStr>, &"2KB"]);
         if let Some(d) = &dtype {
             args.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, d]);
@@ -173,7 +185,7 @@ fn convert_megatron_to_hf_equals_dist_checkpointing_load() {
     // Without a name map: Megatron's own names, layers unstacked on request, model tensors only.
     let out = tmp.path().join("plain");
     let dir = fixtures("megatron").join("gpt_tp2/ckpt");
-    let (code, _, err) = ckpt(&[&"convert", &dir, &out, &"--to", &"hf", &"--unstack-layers"]);
+    let (code, _, err) = ckpt(&[&"convert", &dir, &out, &"--to", &"hf", &"--unstack-layers", &"--model-only"]);
     assert_eq!(code, 0, "{err}");
     let ck = ckpt::open(&out).unwrap();
     let names: Vec<String> = ck.entries().into_iter().map(|e| e.name).collect();
@@ -261,8 +273,9 @@ fn bf16_optimizer_inspect_verify_convert_diff() {
         (tmp.path().join("model.safetensors"), "safetensors", None),
         (tmp.path().join("model.pt"), "torch", None),
     ];
+    // The weights alone (--model-only), as DeepSpeed gathers them.
     for (out, to, dtype) in &outputs {
-        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &case, out, &"--to", to];
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &case, out, &"--to", to, &"--model-only"];
         if let Some(d) = dtype {
             args.extend([&"--dtype" as &dyn AsRef<std::ffi::OsStr>, d]);
         }
@@ -274,9 +287,12 @@ fn bf16_optimizer_inspect_verify_convert_diff() {
         }
         run_python("deepspeed/check_bf16_convert.py", &py);
     }
-    let pt = tmp.path().join("model.pt");
-    let (code, out, err) = ckpt(&[&"diff", &case, &pt]);
-    assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = ckpt(&[&"diff", &case, &tmp.path().join("model.safetensors")]);
-    assert_eq!(code, 0, "{out}{err}");
+    // Without it, everything inspect lists: diff finds the conversion equal to its source.
+    for (file, to) in [("all.pt", "torch"), ("all.safetensors", "safetensors")] {
+        let out = tmp.path().join(file);
+        let (code, stdout, err) = ckpt(&[&"convert", &case, &out, &"--to", &to]);
+        assert_eq!(code, 0, "{to}: {stdout}{err}");
+        let (code, stdout, err) = ckpt(&[&"diff", &case, &out]);
+        assert_eq!(code, 0, "{to}: {stdout}{err}");
+    }
 }

@@ -526,7 +526,8 @@ class ConvertSummary:
     tensors: int
     bytes: int
     values: int
-    #: entries the target format cannot hold, by name
+    #: every entry of the source the target format cannot hold, by name (a DeepSpeed checkpoint's optimizer
+    #: state to torch is kept; safetensors keeps values in its metadata; what is left here was lost)
     dropped: List[str] = field(default_factory=list)
 
 
@@ -628,7 +629,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
             storage_options: StorageOptions = None, dense: bool = False, quant: Optional[str] = None,
-            **limits: Any) -> ConvertSummary:
+            model_only: bool = False, **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
@@ -636,7 +637,11 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
     ``"f16"``, ``"f32"``, ``"f64"``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
-    dequantized to float32 as torch's ``dequantize()``, ``to_dense()``). A spinner shows on stderr when it is a terminal (``progress``).
+    dequantized to float32 as torch's ``dequantize()``, ``to_dense()``), ``model_only`` (DeepSpeed and Megatron:
+    the model's weights only, what ``transformers`` loads, as ``--model-only``; by default every entry
+    :func:`inspect` lists is converted). A selection that selects nothing (an ``include`` pattern that matches
+    no entry, excludes that remove every entry) raises :class:`UsageError` naming the nearest names; what the
+    target cannot hold is named in the summary's ``dropped``. A spinner shows on stderr when it is a terminal (``progress``).
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
     failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
     safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
@@ -659,7 +664,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
                       exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
-                      _storage(storage_options), dense, quant)
+                      _storage(storage_options), dense, quant, model_only)
     return ConvertSummary(*s)
 
 

@@ -76,7 +76,8 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
         | ckpt::Error::Format { path, .. }
         | ckpt::Error::InvalidArgument { path, .. }
         | ckpt::Error::AlreadyExists { path, .. }
-        | ckpt::Error::LimitExceeded { path, .. } => Some(path),
+        | ckpt::Error::LimitExceeded { path, .. }
+        | ckpt::Error::EmptySelection { path, .. } => Some(path),
         _ => None,
     }
 }

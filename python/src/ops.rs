@@ -240,7 +240,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
     limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false,
-    quant = None))]
+    quant = None, model_only = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -267,6 +267,7 @@ pub(crate) fn convert(
     storage_options: Option<&Bound<'_, PyDict>>,
     dense: bool,
     quant: Option<String>,
+    model_only: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
@@ -287,7 +288,8 @@ pub(crate) fn convert(
         selection,
         read_limits(limits)?,
         durability(sync, checksums),
-    )?;
+    )?
+    .with_source(ckpt::SourceOptions::default().with_model_only(model_only));
     // As `ckpt convert`: the source fetched, the target streamed to.
     let what = format!("converting {} to {to}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;

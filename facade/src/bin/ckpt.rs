@@ -303,8 +303,8 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         }
         Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
             Ok(options) => {
-                let options =
-                    options.with_selection(select.selection()).with_limits(*limits).with_source(source.clone());
+                let source = source.clone().with_model_only(select.model_only);
+                let options = options.with_selection(select.selection()).with_limits(*limits).with_source(source);
                 convert(src, dst, *to, *from, &options, storage, quiet, group)
             }
             Err(usage) => {
@@ -597,6 +597,11 @@ struct SelectArgs {
     /// Leave out entries whose name matches this glob (repeatable; applied after --include).
     #[arg(long, value_name = "GLOB")]
     exclude: Vec<String>,
+    /// deepspeed, megatron: convert the model's weights only (DeepSpeed's consolidated fp32 state dict,
+    /// Megatron's model tensors), what transformers loads: not the optimizer state, the 16-bit module.*
+    /// copies, the engine and client state (default: every entry `ckpt inspect` lists).
+    #[arg(long)]
+    model_only: bool,
     /// Remove this prefix from entry names that start with it (DDP's `module.`, Lightning's `model.`).
     #[arg(long, value_name = "PREFIX")]
     strip_prefix: Option<String>,
@@ -720,13 +725,22 @@ fn convert(
     }
     let mut out = std::io::stdout().lock();
     if !summary.dropped.is_empty() && group.rank() == 0 {
-        // One line, the first names and a count: a big optimizer state can drop thousands of values.
+        // One line, the count and the first names (a big optimizer state can drop thousands of values);
+        // `--verbose`: every name, one a line.
         const SHOWN: usize = 12;
-        let names: Vec<&str> = summary.dropped.iter().take(SHOWN).map(String::as_str).collect();
-        let more = summary.dropped.len().saturating_sub(SHOWN);
-        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
-        writeln!(out, "dropped (a {to} checkpoint cannot hold them): {}{tail}", names.join(", "))
-            .map_err(stdout_err)?;
+        let n = summary.dropped.len();
+        let entries = if n == 1 { "entry" } else { "entries" };
+        if storage.verbose {
+            writeln!(out, "dropped {n} {entries} a {to} checkpoint cannot hold:").map_err(stdout_err)?;
+            for name in &summary.dropped {
+                writeln!(out, "  {name}").map_err(stdout_err)?;
+            }
+        } else {
+            let names: Vec<&str> = summary.dropped.iter().take(SHOWN).map(String::as_str).collect();
+            let tail = if n > SHOWN { ", ... (--verbose lists all)" } else { "" };
+            writeln!(out, "dropped {n} {entries} a {to} checkpoint cannot hold: {}{tail}", names.join(", "))
+                .map_err(stdout_err)?;
+        }
     }
     if !quiet {
         writeln!(
@@ -847,6 +861,8 @@ fn human_bytes(n: u64) -> String {
 const LONG_DETAILS: usize = 8;
 
 fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection) -> ckpt::Result<()> {
+    let entries = c.entries();
+    selection.check_selects(&entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), shown)?;
     let mut report = ckpt::inspect(c, selection);
     // The path or URL as given, not the local copy a URL was fetched into.
     shown.clone_into(&mut report.path);
@@ -982,7 +998,8 @@ struct StorageArgs {
     /// `allow_http=true`; repeatable). Values are never printed.
     #[arg(long = "storage-option", global = true, value_name = "KEY=VALUE")]
     storage_option: Vec<String>,
-    /// Report what object storage moved: objects, bytes and requests of each URL read or written.
+    /// Report what object storage moved: objects, bytes and requests of each URL read or written; and
+    /// list every entry a conversion drops (by default the count and the first names).
     #[arg(long, short, global = true)]
     verbose: bool,
 }

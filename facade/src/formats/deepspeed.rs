@@ -5,7 +5,7 @@ use std::path::Path;
 use ckpt_tensor::{PathItem, Value};
 
 use crate::adaptor::read_all;
-use crate::adaptor::{Adaptor, Content, Layout, Leaf, Source};
+use crate::adaptor::{Adaptor, Content, Leaf, Source};
 use crate::checkpoint::{Checkpoint, Reader};
 use crate::error::{At, Cause, Error, Result};
 use crate::format::Format;
@@ -49,9 +49,12 @@ impl Adaptor for DeepSpeed {
         Ok(Box::new(open(path, limits, source)?))
     }
 
-    /// The model a conversion takes: the consolidated fp32 state dict, as DeepSpeed's `zero_to_fp32` writes
-    /// it (the optimizer state and the 16-bit copies stay in the checkpoint: `ckpt inspect` lists them). Its
-    /// tensors split over ranks are made from the ranks' files one piece at a time as the target writes them.
+    /// Every entry `ckpt inspect` lists, in its order ([`ckpt_deepspeed::DeepSpeedReader::items`]): the
+    /// consolidated fp32 state dict, as DeepSpeed's `zero_to_fp32` writes it, then the module's 16-bit copies
+    /// (`module.*`), the optimizer state (`optimizer.*`) and the engine and client state, each a top-level
+    /// key of the state dict under its entry name. Its tensors split over ranks are made from the ranks'
+    /// files one piece at a time as the target writes them. With [`SourceOptions::model_only`], the
+    /// consolidated state dict alone (`--model-only`: what `transformers` loads).
     fn read_source(
         &self,
         path: &Path,
@@ -60,15 +63,13 @@ impl Adaptor for DeepSpeed {
         _selection: &Selection,
     ) -> Result<Content> {
         let reader = open(path, limits, source)?;
-        let leaves = reader
-            .model()
-            .iter()
-            .map(|(name, t)| Leaf {
-                name: name.clone(),
-                path: vec![PathItem::Key(name.clone())],
-                value: Value::Tensor(t.clone()),
-            })
-            .collect();
+        let leaf =
+            |name: &String, value: Value| Leaf { name: name.clone(), path: vec![PathItem::Key(name.clone())], value };
+        let leaves = if source.model_only {
+            reader.model().iter().map(|(name, t)| leaf(name, Value::Tensor(t.clone()))).collect()
+        } else {
+            reader.items().iter().map(|(name, value)| leaf(name, value.clone())).collect()
+        };
         Content::from_leaves(leaves, path)
     }
 
@@ -91,23 +92,6 @@ impl Adaptor for DeepSpeed {
         }
         read_all(&Checkpoint::new(Format::DeepSpeed, path, Box::new(reader)), depth, report, progress);
         Ok(())
-    }
-
-    /// The state a DeepSpeed checkpoint carries is its consolidated state dict, what a conversion takes
-    /// ([`Adaptor::read_source`]); the module's 16-bit copies, the optimizer state and the engine and client
-    /// state are layout keys, set apart (`ckpt diff --raw` compares them too). So a conversion diffs equal to
-    /// its source.
-    fn layout(&self, ck: &Checkpoint, limits: &ReadLimits) -> Result<Layout> {
-        let keys = |reader: &ckpt_deepspeed::DeepSpeedReader| {
-            let model: std::collections::HashSet<&str> = reader.model().iter().map(|(n, _)| n.as_str()).collect();
-            reader.items().iter().filter(|(n, _)| !model.contains(n.as_str())).map(|(n, _)| n.clone()).collect()
-        };
-        // The reader the checkpoint was opened with (its tag), else reopened.
-        if let Some(reader) = ck.downcast_ref::<ckpt_deepspeed::DeepSpeedReader>() {
-            return Ok(Layout { keys: keys(reader), ..Layout::default() });
-        }
-        let reader = open(ck.path(), limits, &SourceOptions::default())?;
-        Ok(Layout { keys: keys(&reader), ..Layout::default() })
     }
 
     fn write(&self, source: &Source<'_>, _: &Path, _: &ConvertOptions) -> Result<ConvertSummary> {

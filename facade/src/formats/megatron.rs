@@ -43,9 +43,11 @@ impl Adaptor for Megatron {
         Ok(Box::new(open(path, limits, source)?))
     }
 
-    /// The model a conversion takes: the model's tensors (not the optimizer's, not `common.pt`'s values or
-    /// the `_extra_state` objects), read when the target writes them: a layer of a stacked tensor, or the
-    /// rows of a split one, one at a time.
+    /// Every entry `ckpt inspect` lists, in its order: the model's and the optimizer's tensors, read when the
+    /// target writes them (a layer of a stacked tensor, or the rows of a split one, one at a time),
+    /// `common.pt`'s values and the `_extra_state` objects, each a top-level key of the state dict under its
+    /// entry name. With [`SourceOptions::model_only`], the model's tensors alone (`--model-only`: what
+    /// `transformers` loads).
     fn read_source(
         &self,
         path: &Path,
@@ -56,11 +58,14 @@ impl Adaptor for Megatron {
         let reader = open(path, limits, source)?;
         let mut leaves = Vec::new();
         for e in ckpt_tensor::CheckpointRead::entries(&reader) {
-            if !reader.is_model_tensor(&e.name) {
+            if source.model_only && !reader.is_model_tensor(&e.name) {
                 continue;
             }
-            let t = reader.read_tensor(&e.name).at(path)?;
-            leaves.push(Leaf { path: vec![PathItem::Key(e.name.clone())], name: e.name, value: Value::Tensor(t) });
+            let value = match e.kind {
+                ckpt_tensor::EntryKind::Tensor(_) => Value::Tensor(reader.read_tensor(&e.name).at(path)?),
+                _ => ckpt_tensor::CheckpointRead::value(&reader, &e.name).at(path)?,
+            };
+            leaves.push(Leaf { path: vec![PathItem::Key(e.name.clone())], name: e.name, value });
         }
         Content::from_leaves(leaves, path)
     }
