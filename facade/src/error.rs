@@ -107,6 +107,23 @@ pub enum Error {
         /// Its error, as text: it crossed the process group as bytes, so its source chain is this message.
         message: String,
     },
+    /// A write's destination holds something that is not a checkpoint of the target format (a file that is
+    /// not a checkpoint, a directory of other files, a checkpoint of another format): a write replaces only
+    /// a checkpoint of its own format, or replaces anything when asked to overwrite.
+    #[error(
+        "{}: {what} is there, which writing {to} would replace; pass --overwrite (Python: overwrite=True) to \
+         replace it whole, or write to another path",
+        path.display()
+    )]
+    DestinationTaken {
+        /// The destination.
+        path: PathBuf,
+        /// What is there, in words ("a text file", "an hfai checkpoint", "a directory of 3 files that is not
+        /// a checkpoint (notes.txt, ...)").
+        what: String,
+        /// The format the write would have written.
+        to: Format,
+    },
 }
 
 impl Error {
@@ -121,6 +138,7 @@ impl Error {
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
             Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
+            Error::DestinationTaken { .. } => Fault::InvalidArgument,
         }
     }
 }

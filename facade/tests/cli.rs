@@ -289,11 +289,17 @@ fn reshard_then_the_entries_are_the_source_entries() {
                 assert!(details.contains(&("shards".to_owned(), n.to_string())), "{details:?}");
             }
         }
-        // A destination that is not empty is refused.
+        // A checkpoint of the format is replaced whole; a directory of other files is refused.
         // The caller's mistake: exit 2, as every error of Fault::InvalidArgument.
         let (code, _, err) = run(&[&"reshard", &src, &dst, &"--world-size", &"2"]);
+        assert_eq!(code, 0, "{err}");
+        let notes = tmp.path().join(format!("notes-{}", format.name()));
+        std::fs::create_dir(&notes).unwrap();
+        std::fs::write(notes.join("notes.txt"), "x").unwrap();
+        let (code, _, err) = run(&[&"reshard", &src, &notes, &"--world-size", &"2"]);
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains("not empty"), "{err}");
+        assert!(err.contains("a directory of 1 file that is not a checkpoint (notes.txt)"), "{err}");
+        assert!(err.contains("--overwrite"), "{err}");
     }
 }
 
@@ -318,7 +324,21 @@ fn export_tsv_equals_torchbiggraph_export_to_tsv() {
     let (code, _, err) =
         run(&[&"export-tsv", &pbg.join("ckpt"), &"--entities-output", &e, &"--relation-types-output", &r]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("already exists"), "{err}");
+    assert!(err.contains("the output exists") && err.contains("--overwrite"), "{err}");
+    // --overwrite replaces them whole.
+    std::fs::write(&e, "old").unwrap();
+    let (code, _, err) = run(&[
+        &"export-tsv",
+        &pbg.join("ckpt"),
+        &"--entities-output",
+        &e,
+        &"--relation-types-output",
+        &r,
+        &"--overwrite",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&e).unwrap(), std::fs::read(pbg.join("export/entities.tsv")).unwrap());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "nothing left beside the outputs");
     // A checkpoint directory works too (its config.json).
     let (e2, r2) = (tmp.path().join("e2.tsv"), tmp.path().join("r2.tsv"));
     let (code, _, err) =
