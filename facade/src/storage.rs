@@ -457,7 +457,10 @@ pub fn check_destination(
         objects.iter().map(|o| o.name.split('/').next().unwrap_or_default().to_owned()).collect();
     names.dedup();
     let found = crate::format::recognise(&crate::format::Probe::Dir(Path::new(url.as_given()), &names));
-    if found == Some(to) && !overwrite {
+    // A checkpoint of `to`, or what a save of `to` that did not commit left (its objects only, which the
+    // next save removes).
+    let owned = layout(to).owned;
+    if (found == Some(to) || objects.iter().all(|o| owned(&o.name))) && !overwrite {
         return Ok(None);
     }
     if overwrite {

@@ -380,6 +380,48 @@ fn exit_codes_and_help() {
     }
 }
 
+/// Issue 41.1: `convert` writes over nothing or a checkpoint of the target format; anything else is refused
+/// (exit 2, the message naming what is there and `--overwrite`), and `--overwrite` replaces it whole.
+#[test]
+fn convert_refuses_what_is_not_a_checkpoint_of_the_target_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d215 = fixtures().join("distcp/golden/d215");
+    let dir = tmp.path().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "hi\n").unwrap();
+    let (code, out, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("a directory of 1 file that is not a checkpoint (notes.txt)"), "{err}");
+    assert!(err.contains("--overwrite") && err.matches(&dir.display().to_string()).count() == 1, "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    let (code, out, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp", &"--overwrite"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!dir.join("notes.txt").exists() && dir.join(".metadata").exists());
+    // An hfai checkpoint converted over: refused; with --overwrite no PART file is left.
+    let hfai = tmp.path().join("hfai");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"hfai"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"distcp"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("an hfai checkpoint is there"), "{err}");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"distcp", &"--overwrite"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(sorted(&hfai, |p| p.to_string_lossy().contains("PART_")).is_empty());
+    // A text file is refused for a file target too, and kept; --overwrite replaces it.
+    let precious = tmp.path().join("precious.txt");
+    std::fs::write(&precious, "keep\n").unwrap();
+    let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a text file is there"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep\n");
+    let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch", &"--overwrite"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ckpt::detect(&precious).unwrap(), Format::Torch);
+    // Re-converting over a checkpoint of the target format replaces it, as before.
+    let (code, _, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 #[test]
 fn convert_prints_its_summary() {
     let tmp = tempfile::tempdir().unwrap();
