@@ -1209,4 +1209,45 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn replace_whole_swaps_a_file_for_a_directory_and_back_leaving_nothing_beside() {
+        let _g = failpoint::tests::ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        for fallback in [false, true] {
+            swap_fallback_for_test(fallback);
+            let root = tempfile::tempdir().unwrap();
+            let dst = root.path().join("ck");
+            fs::write(&dst, "a text file").unwrap();
+            // A directory over a file.
+            let staging = overwrite_staging(&dst).unwrap();
+            fs::create_dir(&staging).unwrap();
+            fs::write(staging.join(".metadata"), "new").unwrap();
+            replace_whole(&staging, &dst, true).unwrap();
+            assert_eq!(fs::read_to_string(dst.join(".metadata")).unwrap(), "new");
+            // A file over a directory of other files.
+            fs::write(dst.join("notes.txt"), "x").unwrap();
+            let staging = overwrite_staging(&dst).unwrap();
+            fs::write(&staging, "model").unwrap();
+            replace_whole(&staging, &dst, true).unwrap();
+            assert_eq!(fs::read_to_string(&dst).unwrap(), "model");
+            // Nothing there: renamed into place. A leftover staging path is emptied first.
+            let new = root.path().join("new");
+            let staging = overwrite_staging(&new).unwrap();
+            fs::create_dir(&staging).unwrap();
+            fs::write(staging.join("stale"), "x").unwrap();
+            let staging = overwrite_staging(&new).unwrap();
+            assert!(!staging.exists());
+            fs::write(&staging, "fresh").unwrap();
+            replace_whole(&staging, &new, false).unwrap();
+            assert_eq!(fs::read_to_string(&new).unwrap(), "fresh");
+            let mut left: Vec<String> = fs::read_dir(root.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            left.retain(|n| !n.ends_with("ckpt-lock"));
+            left.sort();
+            assert_eq!(left, ["ck", "new"], "fallback {fallback}");
+            swap_fallback_for_test(false);
+        }
+    }
 }
