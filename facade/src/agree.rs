@@ -110,6 +110,20 @@ impl Wire for () {
     }
 }
 
+/// One byte: 1 for `true`.
+impl Wire for bool {
+    fn to_wire(&self) -> Vec<u8> {
+        vec![u8::from(*self)]
+    }
+
+    fn from_wire(bytes: &[u8]) -> Option<Self> {
+        match bytes {
+            [b] => Some(*b == 1),
+            _ => None,
+        }
+    }
+}
+
 impl Wire for ConvertSummary {
     /// Three counts, then each dropped name length-prefixed (names may hold any character).
     fn to_wire(&self) -> Vec<u8> {

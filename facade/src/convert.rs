@@ -103,6 +103,7 @@ use std::path::Path;
 use ckpt_tensor::Value;
 
 use crate::adaptor::{Adaptor, Source};
+use crate::destination::write_checked;
 use crate::error::{Error, Result};
 use crate::format::{Format, unsupported_reason};
 use crate::formats::adaptor;
@@ -114,7 +115,10 @@ use crate::source::SourceOptions;
 
 /// Converts the checkpoint at `src` (format detected unless `from` is given) to `to` at `dst`.
 ///
-/// `dst` is a file for torch and safetensors targets and a directory (created if needed) for the others.
+/// `dst` is a file for torch, safetensors and gguf targets and a directory (created if needed) for the
+/// others. It is new, an empty directory (for a directory target), or a checkpoint of `to`, which is replaced
+/// whole (crash-safe); anything else there is refused unless [`ConvertOptions::overwrite`] is set, which
+/// replaces it whole.
 /// The module documentation of `convert` lists the pairs and what each keeps.
 ///
 /// ```
@@ -144,7 +148,9 @@ use crate::source::SourceOptions;
 ///
 /// # Errors
 /// [`Error::UnsupportedConversion`] when the target cannot hold the source's data (see the table above),
-/// [`Error::FeatureDisabled`] when this build lacks a format, or the formats' own errors.
+/// [`Error::FeatureDisabled`] when this build lacks a format, [`Error::DestinationTaken`] when `dst` holds
+/// something else than a checkpoint of `to` (without [`ConvertOptions::overwrite`]), or the formats' own
+/// errors.
 pub fn convert(
     src: impl AsRef<Path>,
     from: Option<Format>,
@@ -154,7 +160,8 @@ pub fn convert(
 ) -> Result<ConvertSummary> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
     let (source, target) = plan(src, from, dst, to, options)?;
-    target.write(&Source::new(src, source, &options.selection, &options.limits, &options.source), dst, options)
+    let source = Source::new(src, source, &options.selection, &options.limits, &options.source);
+    write_checked(dst, to, options.overwrite, options.durability.sync, |at| target.write(&source, at, options))
 }
 
 /// Writes the state dict `state_dict` (a nested [`Value`], as `torch.save` would hold it) as a checkpoint
@@ -177,11 +184,8 @@ pub fn convert(
 pub fn save(state_dict: &Value, dst: impl AsRef<Path>, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
     let dst = dst.as_ref();
     let (_, target) = plan(dst, Some(Format::Torch), dst, to, options)?;
-    target.write(
-        &Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source),
-        dst,
-        options,
-    )
+    let source = Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source);
+    write_checked(dst, to, options.overwrite, options.durability.sync, |at| target.write(&source, at, options))
 }
 
 /// About how many bytes converting `src` (of `from`, or detected) writes: every tensor the selection keeps,

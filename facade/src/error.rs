@@ -121,6 +121,23 @@ pub enum Error {
         /// The checkpoint's entry names nearest the patterns that matched nothing, nearest first.
         nearest: Vec<String>,
     },
+    /// A write's destination holds something that is not a checkpoint of the target format (a file that is
+    /// not a checkpoint, a directory of other files, a checkpoint of another format): a write replaces only
+    /// a checkpoint of its own format, or replaces anything when asked to overwrite.
+    #[error(
+        "{}: {what} is there, which writing {to} would replace; pass --overwrite (Python: overwrite=True) to \
+         replace it whole, or write to another path",
+        path.display()
+    )]
+    DestinationTaken {
+        /// The destination.
+        path: PathBuf,
+        /// What is there, in words ("a text file", "an hfai checkpoint", "a directory of 3 files that is not
+        /// a checkpoint (notes.txt, ...)").
+        what: String,
+        /// The format the write would have written.
+        to: Format,
+    },
 }
 
 impl Error {
@@ -136,6 +153,7 @@ impl Error {
             Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
             Error::EmptySelection { .. } => Fault::InvalidArgument,
+            Error::DestinationTaken { .. } => Fault::InvalidArgument,
         }
     }
 }

@@ -84,7 +84,7 @@
 
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format; 1 error; 2 limits, select, source, display, outline, suggest; 3 checkpoint; 4 options, report;
-// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open; 9 convert, diff,
+// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
 // inspect, reshard, storage, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
 mod format;
 
@@ -108,6 +108,7 @@ mod adaptor;
 
 mod formats;
 
+mod destination;
 mod open;
 
 mod convert;
@@ -125,6 +126,7 @@ mod ranks;
 pub use checkpoint::Checkpoint;
 pub use ckpt_tensor::{CheckpointRead, DType, Entry, EntryKind, Fault, Tensor, TensorInfo, Value};
 pub use convert::{convert, output_estimate, save, state_dict};
+pub use destination::{Standing, standing};
 pub use diff::{DiffError, DiffOptions, DiffReport, diff, diff_with_progress};
 pub use error::{Error, Result};
 pub use format::{Format, UnknownFormatName, unsupported_reason};
@@ -136,9 +138,9 @@ pub use inspect::{InspectReport, inspect};
 pub use limits::ReadLimits;
 pub use open::{open, open_as, open_as_with, open_source, open_with};
 pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
-pub use ranks::{convert_in, reshard_in, reshard_in_with};
+pub use ranks::{convert_in, reshard_in, reshard_in_with, reshard_in_with_options};
 pub use report::{ConvertSummary, Problem, ProblemKind, Progress, Severity, VerifyReport, error_chain};
-pub use reshard::{ReshardSummary, reshard, reshard_formats, reshard_with};
+pub use reshard::{ReshardOptions, ReshardSummary, reshard, reshard_formats, reshard_with, reshard_with_options};
 pub use select::Selection;
 pub use source::{NameMap, PathFill, SourceOptions};
 pub use verify::{VerifyOptions, verify, verify_with, verify_with_progress};

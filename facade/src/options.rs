@@ -54,6 +54,11 @@ pub struct ConvertOptions {
     /// [`Durability`]), the target format's `WriteOptions::durability` (`ckpt convert --no-sync`,
     /// `--no-checksums`).
     pub durability: Durability,
+    /// Replace whatever stands at the destination, whole (default `false`: a destination must be new, an
+    /// empty directory, or a checkpoint of the target format, else the write is refused with
+    /// [`crate::Error::DestinationTaken`]). Crash-safe: the old content is removed only after the new is
+    /// committed, and nothing of it is kept (`ckpt convert --overwrite`).
+    pub overwrite: bool,
 }
 
 impl Default for ConvertOptions {
@@ -65,6 +70,7 @@ impl Default for ConvertOptions {
             limits: ReadLimits::default(),
             source: SourceOptions::default(),
             durability: Durability::default(),
+            overwrite: false,
         }
     }
 }
@@ -122,6 +128,13 @@ impl ConvertOptions {
     #[must_use]
     pub fn with_source(mut self, source: SourceOptions) -> Self {
         self.source = source;
+        self
+    }
+
+    /// Sets whether whatever stands at the destination is replaced whole ([`ConvertOptions::overwrite`]).
+    #[must_use]
+    pub fn with_overwrite(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
         self
     }
 }

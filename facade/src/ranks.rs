@@ -7,10 +7,12 @@ use ckpt_collective::Collective;
 
 use crate::adaptor::Source;
 use crate::agree::{agree, agree_with_root};
-use crate::error::Result;
+use crate::destination::{self, Plan};
+use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::options::ConvertOptions;
 use crate::report::ConvertSummary;
+use crate::reshard::ReshardOptions;
 
 /// [`crate::convert`] split over the processes of `group`: every process calls it with the same arguments.
 ///
@@ -64,12 +66,52 @@ pub fn convert_in(
     }
     let prepared = crate::convert::plan(src, from, dst, to, options);
     let (source, target) = agree(group, prepared)?;
-    target.write_in(
+    let plan = destination_plan(group, dst, to, options.overwrite)?;
+    let written = target.write_in(
         &Source::new(src, source, &options.selection, &options.limits, &options.source),
-        dst,
+        plan.path(dst),
         options,
         group,
-    )
+    );
+    finish(group, &plan, dst, options.durability.sync, written)
+}
+
+/// Rank 0 checks the destination ([`destination::check`]); every process learns the verdict and the plan.
+fn destination_plan(group: &dyn Collective, dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
+    let own = (group.rank() == 0).then(|| destination::check(dst, to, overwrite));
+    let replace = own.as_ref().map(|r| r.as_ref().map(|p| matches!(p, Plan::Replace(_))).map_err(clone_error));
+    let replace = agree_with_root(group, replace, dst)?;
+    match own {
+        Some(plan) => plan,
+        None => destination::plan_of_root(dst, replace),
+    }
+}
+
+/// An error to broadcast, as text with its fault (the original stays with the caller).
+fn clone_error(e: &Error) -> Error {
+    Error::RankFailed { rank: 0, fault: e.fault(), message: e.to_string() }
+}
+
+/// After every process wrote (`written`, the same verdict everywhere): rank 0 swaps a replacing write's
+/// staging path in ([`destination::commit`]), or removes it when the write failed; every process learns
+/// the outcome.
+fn finish<T>(group: &dyn Collective, plan: &Plan, dst: &Path, sync: bool, written: Result<T>) -> Result<T> {
+    if matches!(plan, Plan::Direct) {
+        return written;
+    }
+    let out = match written {
+        Ok(out) => out,
+        Err(e) => {
+            if group.rank() == 0 {
+                destination::abandon(plan);
+            }
+            return Err(e);
+        }
+    };
+    let committed =
+        (group.rank() == 0).then(|| destination::commit(plan, dst, sync).inspect_err(|_| destination::abandon(plan)));
+    agree_with_root(group, committed, dst)?;
+    Ok(out)
 }
 
 /// [`crate::reshard`] split over the processes of `group`, as [`convert_in`] splits a conversion, the
@@ -101,14 +143,36 @@ pub fn reshard_in_with(
     limits: &crate::limits::ReadLimits,
     group: &dyn Collective,
 ) -> Result<crate::reshard::ReshardSummary> {
+    reshard_in_with_options(src, dst, world_size, &ReshardOptions::default().with_limits(*limits), group)
+}
+
+/// [`reshard_in`] with its options ([`ReshardOptions`]: the read limits, and whether to replace what
+/// stands at `dst`).
+///
+/// # Errors
+/// As [`reshard_in`].
+pub fn reshard_in_with_options(
+    src: &Path,
+    dst: &Path,
+    world_size: usize,
+    options: &ReshardOptions,
+    group: &dyn Collective,
+) -> Result<crate::reshard::ReshardSummary> {
     if group.world_size() == 1 {
-        return crate::reshard::reshard_with(src, dst, world_size, limits);
+        return crate::reshard::reshard_with_options(src, dst, world_size, options);
     }
+    let limits = &options.limits;
     // Rank 0 checks the request and the destination; everyone learns the outcome before anything is written.
-    let checked = if group.rank() == 0 { Some(crate::reshard::check(src, dst, world_size)) } else { None };
-    agree_with_root(group, checked.map(|r| r.map(|_| ())), dst)?;
+    let checked = (group.rank() == 0).then(|| crate::reshard::check(src, dst, world_size, options.overwrite));
+    let replace = checked.as_ref().map(|r| r.as_ref().map(|c| matches!(c.2, Plan::Replace(_))).map_err(clone_error));
+    let replace = agree_with_root(group, replace, dst)?;
+    let plan = match checked {
+        Some(checked) => checked?.2,
+        None => destination::plan_of_root(dst, replace)?,
+    };
     let (format, adaptor) = crate::reshard::check_format(src)?;
     let (tensors, bytes) = crate::reshard::count(adaptor, src, limits)?;
-    adaptor.reshard_in(src, dst, world_size, limits, group)?;
+    let written = adaptor.reshard_in(src, plan.path(dst), world_size, limits, group);
+    finish(group, &plan, dst, true, written)?;
     Ok(crate::reshard::ReshardSummary { format, world_size, tensors, bytes })
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::adaptor::Adaptor;
-use crate::error::At;
+use crate::destination::{self, Plan};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::limits::ReadLimits;
@@ -31,8 +31,35 @@ pub fn reshard_formats() -> &'static [Format] {
     SHARDED.get_or_init(|| Format::ALL.into_iter().filter(|f| f.is_sharded()).collect())
 }
 
-/// Rewrites the sharded checkpoint at `src` (format detected) in `dst` (new or empty) for `world_size`
-/// ranks, in the format's own layout:
+/// How [`reshard_with_options`] reads its source and treats its destination.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ReshardOptions {
+    /// The resource limits the source is read under (default [`ReadLimits::default`]).
+    pub limits: ReadLimits,
+    /// Replace whatever stands at the destination, whole (default `false`: the destination must be new,
+    /// an empty directory or a checkpoint of the source's format, else [`Error::DestinationTaken`]).
+    pub overwrite: bool,
+}
+
+impl ReshardOptions {
+    /// Sets the resource limits the source is read under.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ReadLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Sets whether whatever stands at the destination is replaced whole ([`ReshardOptions::overwrite`]).
+    #[must_use]
+    pub fn with_overwrite(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
+        self
+    }
+}
+
+/// Rewrites the sharded checkpoint at `src` (format detected) in `dst` for `world_size` ranks, in the
+/// format's own layout:
 ///
 /// - distcp: every tensor sharded on its first dimension as `Shard(0)` over `world_size` ranks, each rank's
 ///   box read from the items it overlaps (scalars and non-tensor values replicated, written once);
@@ -40,9 +67,12 @@ pub fn reshard_formats() -> &'static [Format] {
 /// - recis: ids re-partitioned by RecIS's loader rule, `model.pt` and `extra.pt` copied; a directory with a
 ///   `checkpoint` list reshards its latest checkpoint.
 ///
+/// `dst` is new, an empty directory, or a checkpoint of the source's format, which is replaced whole
+/// (crash-safe); anything else there is refused unless [`ReshardOptions::overwrite`] is set.
+///
 /// # Errors
-/// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::AlreadyExists`] for a
-/// non-empty `dst`; the format's own errors.
+/// [`Error::InvalidArgument`] for other formats or a `world_size` of 0, [`Error::DestinationTaken`] for
+/// a destination holding something else; the format's own errors.
 pub fn reshard(src: impl AsRef<Path>, dst: impl AsRef<Path>, world_size: usize) -> Result<ReshardSummary> {
     reshard_with(src, dst, world_size, &ReadLimits::default())
 }
@@ -57,10 +87,25 @@ pub fn reshard_with(
     world_size: usize,
     limits: &ReadLimits,
 ) -> Result<ReshardSummary> {
+    reshard_with_options(src, dst, world_size, &ReshardOptions::default().with_limits(*limits))
+}
+
+/// [`reshard`] with its options: the read limits, and whether to replace what stands at `dst`.
+///
+/// # Errors
+/// As [`reshard`].
+pub fn reshard_with_options(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    world_size: usize,
+    options: &ReshardOptions,
+) -> Result<ReshardSummary> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
-    let (format, adaptor) = check(src, dst, world_size)?;
-    let (tensors, bytes) = count(adaptor, src, limits)?;
-    adaptor.reshard(src, dst, world_size, limits)?;
+    let (format, adaptor, plan) = check(src, dst, world_size, options.overwrite)?;
+    let (tensors, bytes) = count(adaptor, src, &options.limits)?;
+    let at = plan.path(dst);
+    adaptor.reshard(src, at, world_size, &options.limits).inspect_err(|_| destination::abandon(&plan))?;
+    destination::commit(&plan, dst, true).inspect_err(|_| destination::abandon(&plan))?;
     Ok(ReshardSummary { format, world_size, tensors, bytes })
 }
 
@@ -81,8 +126,14 @@ pub(crate) fn check_format(src: &Path) -> Result<(Format, &'static dyn Adaptor)>
     Ok((format, crate::formats::adaptor(format, src)?))
 }
 
-/// [`check_format`], then the world size and the destination (new or empty).
-pub(crate) fn check(src: &Path, dst: &Path, world_size: usize) -> Result<(Format, &'static dyn Adaptor)> {
+/// [`check_format`], then the world size and the destination ([`destination::check`]: new, empty, or a
+/// checkpoint of the format, or anything with `overwrite`).
+pub(crate) fn check(
+    src: &Path,
+    dst: &Path,
+    world_size: usize,
+    overwrite: bool,
+) -> Result<(Format, &'static dyn Adaptor, Plan)> {
     let (format, adaptor) = check_format(src)?;
     if world_size == 0 {
         return Err(Error::InvalidArgument {
@@ -90,13 +141,8 @@ pub(crate) fn check(src: &Path, dst: &Path, world_size: usize) -> Result<(Format
             reason: "the world size must be at least 1".into(),
         });
     }
-    if dst.exists() && std::fs::read_dir(dst).at(dst)?.next().is_some() {
-        return Err(Error::AlreadyExists {
-            path: dst.to_path_buf(),
-            reason: "the destination exists and is not empty".into(),
-        });
-    }
-    Ok((format, adaptor))
+    let plan = destination::check(dst, format, overwrite)?;
+    Ok((format, adaptor, plan))
 }
 
 /// Tensor entries of `src` and their bytes.

@@ -422,6 +422,82 @@ fn commit_error(path: &Path, e: ckpt_io::CommitError) -> Error {
     }
 }
 
+/// A URL destination checked for a write ([`check_destination`]): with `overwrite`, the objects that stood
+/// there before, which [`RemoteDestination::remove_stale`] removes once the new checkpoint is committed.
+#[derive(Debug)]
+pub struct RemoteDestination {
+    store: Store,
+    before: Vec<ObjectInfo>,
+}
+
+/// Checks what stands under the URL `location` before a write of format `to`, as
+/// a local destination is checked: nothing, or a checkpoint of `to` (by its object names), is written
+/// over; anything else is refused with [`Error::DestinationTaken`], unless `overwrite`, which returns what
+/// to remove after the commit. A local `location`, or a one-file target (replaced by one `PUT`), returns
+/// `None`: the writers check local paths themselves.
+///
+/// # Errors
+/// [`Error::DestinationTaken`]; [`Error::Storage`] for the listing.
+pub fn check_destination(
+    location: &Location,
+    to: Format,
+    overwrite: bool,
+    options: &StorageOptions,
+) -> Result<Option<RemoteDestination>> {
+    let Location::Remote(url) = location else { return Ok(None) };
+    if crate::destination::is_one_file(to) {
+        return Ok(None);
+    }
+    let store = Store::open(url, options)?;
+    let objects: Vec<ObjectInfo> = store.list()?.into_iter().filter(|o| !is_lock(&o.name)).collect();
+    if objects.is_empty() {
+        return Ok(None);
+    }
+    let mut names: Vec<String> =
+        objects.iter().map(|o| o.name.split('/').next().unwrap_or_default().to_owned()).collect();
+    names.dedup();
+    let found = crate::format::recognise(&crate::format::Probe::Dir(Path::new(url.as_given()), &names));
+    // A checkpoint of `to`, or what a save of `to` that did not commit left (its objects only, which the
+    // next save removes).
+    let owned = layout(to).owned;
+    if (found == Some(to) || objects.iter().all(|o| owned(&o.name))) && !overwrite {
+        return Ok(None);
+    }
+    if overwrite {
+        return Ok(Some(RemoteDestination { store, before: objects }));
+    }
+    let what = match found {
+        Some(f) => {
+            let article = if f.name().starts_with(['a', 'e', 'i', 'o', 'u', 'h']) { "an" } else { "a" };
+            format!("{article} {f} checkpoint")
+        }
+        None => {
+            let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+            let more = if names.len() > 3 { ", ..." } else { "" };
+            format!("{} objects that are not a checkpoint ({}{more})", objects.len(), shown.join(", "))
+        }
+    };
+    Err(Error::DestinationTaken { path: PathBuf::from(url.redacted()), what, to })
+}
+
+impl RemoteDestination {
+    /// After the new checkpoint is committed: removes every object that stood there before and was not
+    /// rewritten by the write (same name and entity tag as before), so nothing of the old content stays.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] for the listing or a removal.
+    pub fn remove_stale(&self) -> Result<()> {
+        let now = self.store.list()?;
+        for old in &self.before {
+            let unchanged = now.iter().any(|o| o.name == old.name && o.etag.is_some() && o.etag == old.etag);
+            if unchanged {
+                self.store.delete(&old.name)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How a directory of `format` lies on an object store: the format crate's layout, or (for a format
 /// without one) every object owned and no commit point.
 pub fn layout(format: Format) -> ObjectLayout {

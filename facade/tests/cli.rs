@@ -289,11 +289,17 @@ fn reshard_then_the_entries_are_the_source_entries() {
                 assert!(details.contains(&("shards".to_owned(), n.to_string())), "{details:?}");
             }
         }
-        // A destination that is not empty is refused.
+        // A checkpoint of the format is replaced whole; a directory of other files is refused.
         // The caller's mistake: exit 2, as every error of Fault::InvalidArgument.
         let (code, _, err) = run(&[&"reshard", &src, &dst, &"--world-size", &"2"]);
+        assert_eq!(code, 0, "{err}");
+        let notes = tmp.path().join(format!("notes-{}", format.name()));
+        std::fs::create_dir(&notes).unwrap();
+        std::fs::write(notes.join("notes.txt"), "x").unwrap();
+        let (code, _, err) = run(&[&"reshard", &src, &notes, &"--world-size", &"2"]);
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains("not empty"), "{err}");
+        assert!(err.contains("a directory of 1 file that is not a checkpoint (notes.txt)"), "{err}");
+        assert!(err.contains("--overwrite"), "{err}");
     }
 }
 
@@ -318,7 +324,21 @@ fn export_tsv_equals_torchbiggraph_export_to_tsv() {
     let (code, _, err) =
         run(&[&"export-tsv", &pbg.join("ckpt"), &"--entities-output", &e, &"--relation-types-output", &r]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("already exists"), "{err}");
+    assert!(err.contains("the output exists") && err.contains("--overwrite"), "{err}");
+    // --overwrite replaces them whole.
+    std::fs::write(&e, "old").unwrap();
+    let (code, _, err) = run(&[
+        &"export-tsv",
+        &pbg.join("ckpt"),
+        &"--entities-output",
+        &e,
+        &"--relation-types-output",
+        &r,
+        &"--overwrite",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&e).unwrap(), std::fs::read(pbg.join("export/entities.tsv")).unwrap());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "nothing left beside the outputs");
     // A checkpoint directory works too (its config.json).
     let (e2, r2) = (tmp.path().join("e2.tsv"), tmp.path().join("r2.tsv"));
     let (code, _, err) =
@@ -358,6 +378,48 @@ fn exit_codes_and_help() {
         assert_eq!(code, 0, "{sub}");
         assert!(out.contains("Examples:\n  ckpt "), "{sub}: {out}");
     }
+}
+
+/// Issue 41.1: `convert` writes over nothing or a checkpoint of the target format; anything else is refused
+/// (exit 2, the message naming what is there and `--overwrite`), and `--overwrite` replaces it whole.
+#[test]
+fn convert_refuses_what_is_not_a_checkpoint_of_the_target_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d215 = fixtures().join("distcp/golden/d215");
+    let dir = tmp.path().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "hi\n").unwrap();
+    let (code, out, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("a directory of 1 file that is not a checkpoint (notes.txt)"), "{err}");
+    assert!(err.contains("--overwrite") && err.matches(&dir.display().to_string()).count() == 1, "{err}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    let (code, out, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp", &"--overwrite"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!dir.join("notes.txt").exists() && dir.join(".metadata").exists());
+    // An hfai checkpoint converted over: refused; with --overwrite no PART file is left.
+    let hfai = tmp.path().join("hfai");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"hfai"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"distcp"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("an hfai checkpoint is there"), "{err}");
+    let (code, _, err) = run(&[&"convert", &d215, &hfai, &"--to", &"distcp", &"--overwrite"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(sorted(&hfai, |p| p.to_string_lossy().contains("PART_")).is_empty());
+    // A text file is refused for a file target too, and kept; --overwrite replaces it.
+    let precious = tmp.path().join("precious.txt");
+    std::fs::write(&precious, "keep\n").unwrap();
+    let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a text file is there"), "{err}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep\n");
+    let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch", &"--overwrite"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ckpt::detect(&precious).unwrap(), Format::Torch);
+    // Re-converting over a checkpoint of the target format replaces it, as before.
+    let (code, _, err) = run(&[&"convert", &d215, &dir, &"--to", &"distcp"]);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["agree"],
     &["adaptor"],
     &["formats"],
-    &["open"],
+    &["open", "destination"],
     &["convert", "diff", "inspect", "reshard", "storage", "verify"],
     &["ranks", "progress"],
 ];

@@ -382,9 +382,9 @@ fn an_error_ends_every_process() {
     std::fs::create_dir(&dst).unwrap();
     std::fs::write(dst.join("keep"), b"x").unwrap();
     let r = run(mpirun(2, &ckpt_bin(), &[&"reshard", &dcp3(), &dst, &"--world-size", &"4"]), LIMIT);
-    // A destination that is not empty is the caller's mistake: exit 2 (Fault::InvalidArgument).
+    // A destination that is not a checkpoint is the caller's mistake: exit 2 (Fault::InvalidArgument).
     assert_eq!(r.code, Some(2), "{}", r.out);
-    assert!(r.out.contains("the destination exists and is not empty"), "{}", r.out);
+    assert!(r.out.contains("a directory of 1 file that is not a checkpoint (keep)"), "{}", r.out);
     assert!(r.out.contains("process 0 failed"), "rank 1 reports rank 0's failure: {}", r.out);
 }
 

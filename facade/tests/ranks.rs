@@ -77,8 +77,8 @@ fn processes_as_threads_write_what_one_process_writes() {
                     reshard_in(recis, &out("recis_re"), 3, &g).unwrap();
                     reshard_in(one_hfai, &out("hfai_re"), 3, &g).unwrap();
                     // A failure on rank 0's checks reaches every process.
-                    let e = reshard_in(one_dcp, &out("re"), 3, &g).unwrap_err();
-                    assert!(e.to_string().contains("not empty"), "{e}");
+                    let e = reshard_in(one_dcp, pt, 3, &g).unwrap_err();
+                    assert!(e.to_string().contains("a torch checkpoint is there"), "{e}");
                 });
             }
         });

@@ -257,6 +257,37 @@ fn commits_on_the_object_store() {
     let _ = etag;
 }
 
+/// Issue 41.1 at a URL: a prefix holding objects that are not a checkpoint of the target format is refused
+/// (exit 2, naming them), and `--overwrite` replaces them whole; a checkpoint of the format is replaced.
+#[test]
+fn a_url_destination_is_a_checkpoint_of_the_target_format_or_new() {
+    let server = MotoServer::start();
+    server.create_bucket("ckpt");
+    let e = &server.endpoint();
+    let dcp = fixture("distcp/torch213/m2");
+    let url = "s3://ckpt/runs/notes";
+    let s = store(e, url);
+    s.put("notes.txt", bytes::Bytes::from_static(b"hi"), PutCondition::Overwrite).unwrap();
+    let (code, said) = fails(e, &["convert", &dcp, url, "--to", "distcp"]);
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("1 objects that are not a checkpoint (notes.txt)") && said.contains("--overwrite"), "{said}");
+    assert_eq!(names(e, url), ["notes.txt"]);
+    ok(e, &["convert", &dcp, url, "--to", "distcp", "--overwrite"]);
+    let written = names(e, url);
+    assert!(!written.contains(&"notes.txt".to_owned()) && written.contains(&".metadata".to_owned()), "{written:?}");
+    ok(e, &["verify", "--deep", url]);
+    // An hfai checkpoint there: refused for distcp; a distcp checkpoint is replaced.
+    let hfai = "s3://ckpt/runs/hfai";
+    ok(e, &["convert", &dcp, hfai, "--to", "hfai"]);
+    let (code, said) = fails(e, &["convert", &dcp, hfai, "--to", "distcp"]);
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("an hfai checkpoint is there"), "{said}");
+    ok(e, &["convert", &dcp, url, "--to", "distcp"]);
+    ok(e, &["convert", &dcp, hfai, "--to", "distcp", "--overwrite"]);
+    assert!(!names(e, hfai).iter().any(|n| n.starts_with("PART_")), "{:?}", names(e, hfai));
+    ok(e, &["verify", "--deep", hfai]);
+}
+
 /// A `rows × cols` f32 tensor counting up from `from`.
 fn f32s(rows: usize, cols: usize, from: f32) -> ckpt::Tensor {
     let v: Vec<f32> = (0..rows * cols).map(|i| from + i as f32).collect();

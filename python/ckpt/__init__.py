@@ -603,13 +603,15 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
          recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
          pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
          progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-         storage_options: StorageOptions = None, quant: Optional[str] = None) -> ConvertSummary:
+         storage_options: StorageOptions = None, quant: Optional[str] = None,
+         overwrite: bool = False) -> ConvertSummary:
     """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
     ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
     :func:`convert`'s, ``sync`` and ``checksums`` included, and ``path`` may be an object-storage URL (see
-    :func:`convert`).
+    :func:`convert`). ``path`` must be new, an empty directory, or a checkpoint of ``format`` (replaced whole);
+    anything else there raises :class:`UsageError` unless ``overwrite=True``, which replaces it whole.
 
     >>> ckpt.save({"model": {"w": np.ones((2, 2), np.float32)}, "step": 3}, "out_dcp", format="distcp")
     ConvertSummary(tensors=1, bytes=16, values=1, dropped=[])
@@ -617,7 +619,7 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: 
     fmt = format
     s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
                    recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
-                   progress, sync, checksums, _storage(storage_options), quant)
+                   progress, sync, checksums, _storage(storage_options), quant, overwrite)
     return ConvertSummary(*s)
 
 
@@ -629,7 +631,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
             storage_options: StorageOptions = None, dense: bool = False, quant: Optional[str] = None,
-            model_only: bool = False, **limits: Any) -> ConvertSummary:
+            model_only: bool = False, overwrite: bool = False, **limits: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
     targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
@@ -645,6 +647,11 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
     failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
     safetensors CRC32Cs), as ``ckpt convert --no-sync --no-checksums``.
+
+    ``dst`` must be new, an empty directory, or a checkpoint of ``to``, which is replaced whole (crash-safe,
+    never merged); anything else there (a file that is not a checkpoint, a directory of other files, a
+    checkpoint of another format) raises :class:`UsageError` naming it, unless ``overwrite=True``, which
+    replaces it whole, as ``ckpt convert --overwrite``.
 
     ``src`` and ``dst`` may be object-storage URLs, as ``ckpt convert`` takes them: a source is fetched whole
     into a temporary directory; a target is streamed to (each file straight to its object, the format's
@@ -664,7 +671,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
                       exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
-                      _storage(storage_options), dense, quant, model_only)
+                      _storage(storage_options), dense, quant, model_only, overwrite)
     return ConvertSummary(*s)
 
 
@@ -683,16 +690,17 @@ def verify(path: PathLike, deep: bool = False, *, progress: Optional[bool] = Non
 
 
 def reshard(src: PathLike, dst: PathLike, world_size: int, *, progress: Optional[bool] = None,
-            storage_options: StorageOptions = None, **limits: Any) -> ReshardSummary:
+            storage_options: StorageOptions = None, overwrite: bool = False, **limits: Any) -> ReshardSummary:
     """Rewrites a sharded checkpoint (distcp, hfai, recis) for ``world_size`` ranks, parts or shards, in a new
     directory ``dst``, as ``ckpt reshard`` does; ``src`` and ``dst`` may be object-storage URLs (see
-    :func:`convert`).
+    :func:`convert`). ``dst`` must be new, empty, or a checkpoint of the same format (replaced whole), unless
+    ``overwrite=True``.
 
     >>> ckpt.reshard("dcp_8ranks/", "dcp_4ranks/", 4).world_size
     4
     """
     return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits), progress,
-                                         _storage(storage_options)))
+                                         _storage(storage_options), overwrite))
 
 
 def diff(a: PathLike, b: PathLike, *, rtol: float = 1e-5, atol: float = 1e-8, progress: Optional[bool] = None,

@@ -240,7 +240,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
     recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
     include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
     limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false,
-    quant = None, model_only = false))]
+    quant = None, model_only = false, overwrite = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -268,6 +268,7 @@ pub(crate) fn convert(
     dense: bool,
     quant: Option<String>,
     model_only: bool,
+    overwrite: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
@@ -289,16 +290,19 @@ pub(crate) fn convert(
         read_limits(limits)?,
         durability(sync, checksums),
     )?
-    .with_source(ckpt::SourceOptions::default().with_model_only(model_only));
+    .with_source(ckpt::SourceOptions::default().with_model_only(model_only))
+    .with_overwrite(overwrite);
     // As `ckpt convert`: the source fetched, the target streamed to.
     let what = format!("converting {} to {to}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
     let target = target(&dst, &storage).py()?;
+    let remote = py.detach(|| remote_destination(&dst, to, overwrite, &storage)).py()?;
     let estimate = || ckpt::output_estimate(staged.path(), from, &options).ok();
     let s =
         with_progress(py, progress, what, estimate, || ckpt::convert(staged.path(), from, target.path(), to, &options))
             .py()?;
     py.detach(|| published(target)).py()?;
+    py.detach(|| removed_stale(remote, &dst)).py()?;
     Ok(summary(s))
 }
 
@@ -307,7 +311,8 @@ pub(crate) fn convert(
 #[pyfunction]
 #[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
     hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
-    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None, quant = None))]
+    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None, quant = None,
+    overwrite = false))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save(
     py: Python<'_>,
@@ -326,6 +331,7 @@ pub(crate) fn save(
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
     quant: Option<String>,
+    overwrite: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(format, &path)?;
@@ -344,13 +350,38 @@ pub(crate) fn save(
         Selection::default(),
         ReadLimits::default(),
         durability(sync, checksums),
-    )?;
+    )?
+    .with_overwrite(overwrite);
     let what = format!("saving {} as {to}", shown(&path).display());
     let target = target(&path, &storage).py()?;
+    let remote = py.detach(|| remote_destination(&path, to, overwrite, &storage)).py()?;
     let estimate = || Some(tensor_bytes(&tree));
     let s = with_progress(py, progress, what, estimate, || ckpt::save(&tree, target.path(), to, &options)).py()?;
     py.detach(|| published(target)).py()?;
+    py.detach(|| removed_stale(remote, &path)).py()?;
     Ok(summary(s))
+}
+
+/// What stands at a URL destination `dst` before a write of `to` ([`ckpt::storage::check_destination`]).
+fn remote_destination(
+    dst: &Path,
+    to: Format,
+    overwrite: bool,
+    storage: &ckpt::storage::StorageOptions,
+) -> Result<Option<ckpt::storage::RemoteDestination>, About> {
+    let location = crate::remote::place(dst)?;
+    ckpt::storage::check_destination(&location, to, overwrite, storage).map_err(|e| About::at(e, &location))
+}
+
+/// After a write with `overwrite=True` to a URL is committed, the objects of what stood there removed.
+fn removed_stale(remote: Option<ckpt::storage::RemoteDestination>, dst: &Path) -> Result<(), About> {
+    match remote {
+        Some(remote) => {
+            let location = crate::remote::place(dst)?;
+            remote.remove_stale().map_err(|e| About::at(e, &location))
+        }
+        None => Ok(()),
+    }
 }
 
 /// A verification's report as `(format, checked, bytes, problems, warnings)`.
@@ -402,7 +433,8 @@ pub(crate) fn verify(
 
 /// `ckpt.reshard`: `(format, world_size, tensors, bytes)`.
 #[pyfunction]
-#[pyo3(signature = (src, dst, world_size, limits = None, progress = None, storage_options = None))]
+#[pyo3(signature = (src, dst, world_size, limits = None, progress = None, storage_options = None, overwrite = false))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn reshard(
     py: Python<'_>,
     src: PathBuf,
@@ -411,21 +443,26 @@ pub(crate) fn reshard(
     limits: Option<&Bound<'_, PyDict>>,
     progress: Option<bool>,
     storage_options: Option<&Bound<'_, PyDict>>,
+    overwrite: bool,
 ) -> PyResult<(&'static str, usize, usize, u64)> {
     let limits = read_limits(limits)?;
     let storage = self::storage_options(storage_options)?;
     let what = format!("resharding {} for {world_size}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
     let target = target(&dst, &storage).py()?;
+    let format = ckpt::detect(staged.path()).map_err(About::from).py()?;
+    let remote = py.detach(|| remote_destination(&dst, format, overwrite, &storage)).py()?;
     let estimate = || {
         let options = ckpt::ConvertOptions::default().with_limits(limits);
         ckpt::output_estimate(staged.path(), None, &options).ok()
     };
     let s = with_progress(py, progress, what, estimate, || {
-        ckpt::reshard_with(staged.path(), target.path(), world_size, &limits)
+        let options = ckpt::ReshardOptions::default().with_limits(limits).with_overwrite(overwrite);
+        ckpt::reshard_with_options(staged.path(), target.path(), world_size, &options)
     })
     .py()?;
     py.detach(|| published(target)).py()?;
+    py.detach(|| removed_stale(remote, &dst)).py()?;
     Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
 }
 

@@ -946,6 +946,61 @@ fn recover_locked(target: &Path, sync: bool) -> Result<(), CommitError> {
     Ok(())
 }
 
+/// Where a save that replaces whatever stands at `target` whole (a file, a directory, a checkpoint of
+/// another format) writes first: `.<name>.ckpt-overwrite` beside `target`, emptied of what a crashed
+/// replace left there. The save writes its file or directory at this path (by its own commit), then
+/// [`replace_whole`] swaps it in.
+///
+/// # Errors
+/// [`CommitError::Refused`] when `target` has no file name; I/O errors removing a leftover.
+pub fn overwrite_staging(target: &Path) -> Result<PathBuf, CommitError> {
+    let staging = sibling(target, "ckpt-overwrite")?;
+    remove_any(&staging)?;
+    Ok(staging)
+}
+
+/// Replaces whatever stands at `target` (a file or a directory of any content, or nothing) with `staged`,
+/// a file or directory written completely beside it ([`overwrite_staging`]), crash-safe as a
+/// [`DirCommit`]: under the destination's lock, `staged` is made durable, exchanged with `target`
+/// (`renameat2(RENAME_EXCHANGE)`, which swaps a file with a directory as well; where unsupported the three
+/// renames of [`DirCommit`], which [`recover`] completes after a crash), the parent fsync'd, and only then
+/// the old content removed. Nothing of the old content is kept: this is a replace, never a merge.
+///
+/// # Errors
+/// [`CommitError::Locked`] while another save to `target` runs; I/O errors (the old content then stays).
+pub fn replace_whole(staged: &Path, target: &Path, sync: bool) -> Result<(), CommitError> {
+    let _lock = DestinationLock::acquire(target)?;
+    let parent = parent_of(target);
+    if sync {
+        sync_dir(parent)?;
+    }
+    let old = match fs::symlink_metadata(target) {
+        Ok(_) => Some(swap(staged, target, sync)?),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            rename_noreplace(staged, target).map_err(|e| CommitError::from_io(target, e))?;
+            None
+        }
+        Err(e) => return Err(CommitError::from_io(target, e)),
+    };
+    if sync {
+        sync_dir(parent)?;
+    }
+    match old {
+        Some(old) => remove_any(&old),
+        None => Ok(()),
+    }
+}
+
+/// Removes the file, symlink or directory tree at `path`, if any.
+fn remove_any(path: &Path) -> Result<(), CommitError> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path).map_err(at(path)),
+        Ok(_) => fs::remove_file(path).map_err(at(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CommitError::from_io(path, e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
@@ -1152,6 +1207,47 @@ mod tests {
             } else {
                 std::env::remove_var("CKPT_COMMIT_NO_EXCHANGE");
             }
+        }
+    }
+
+    #[test]
+    fn replace_whole_swaps_a_file_for_a_directory_and_back_leaving_nothing_beside() {
+        let _g = failpoint::tests::ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        for fallback in [false, true] {
+            swap_fallback_for_test(fallback);
+            let root = tempfile::tempdir().unwrap();
+            let dst = root.path().join("ck");
+            fs::write(&dst, "a text file").unwrap();
+            // A directory over a file.
+            let staging = overwrite_staging(&dst).unwrap();
+            fs::create_dir(&staging).unwrap();
+            fs::write(staging.join(".metadata"), "new").unwrap();
+            replace_whole(&staging, &dst, true).unwrap();
+            assert_eq!(fs::read_to_string(dst.join(".metadata")).unwrap(), "new");
+            // A file over a directory of other files.
+            fs::write(dst.join("notes.txt"), "x").unwrap();
+            let staging = overwrite_staging(&dst).unwrap();
+            fs::write(&staging, "model").unwrap();
+            replace_whole(&staging, &dst, true).unwrap();
+            assert_eq!(fs::read_to_string(&dst).unwrap(), "model");
+            // Nothing there: renamed into place. A leftover staging path is emptied first.
+            let new = root.path().join("new");
+            let staging = overwrite_staging(&new).unwrap();
+            fs::create_dir(&staging).unwrap();
+            fs::write(staging.join("stale"), "x").unwrap();
+            let staging = overwrite_staging(&new).unwrap();
+            assert!(!staging.exists());
+            fs::write(&staging, "fresh").unwrap();
+            replace_whole(&staging, &new, false).unwrap();
+            assert_eq!(fs::read_to_string(&new).unwrap(), "fresh");
+            let mut left: Vec<String> = fs::read_dir(root.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            left.retain(|n| !n.ends_with("ckpt-lock"));
+            left.sort();
+            assert_eq!(left, ["ck", "new"], "fallback {fallback}");
+            swap_fallback_for_test(false);
         }
     }
 }

@@ -137,6 +137,10 @@ enum Command {
         /// The source format (detected when omitted).
         #[arg(long, value_parser = format_parser())]
         from: Option<Format>,
+        /// Replace whatever is at DST, whole (by default DST must be new, an empty directory, or a
+        /// checkpoint of the target format).
+        #[arg(long)]
+        overwrite: bool,
         #[command(flatten)]
         layout: LayoutArgs,
         #[command(flatten)]
@@ -149,14 +153,17 @@ enum Command {
     Reshard {
         /// The source checkpoint directory.
         path: PathBuf,
-        /// The destination directory (new or empty).
+        /// The destination directory (new, empty, or a checkpoint of the source's format).
         dst: PathBuf,
         /// The new number of ranks, parts or shards.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         world_size: u32,
+        /// Replace whatever is at DST, whole.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Export a PyTorch-BigGraph checkpoint's embeddings and relation parameters as TSV, as
-    /// torchbiggraph_export_to_tsv does (outputs must not exist).
+    /// torchbiggraph_export_to_tsv does (outputs must not exist, unless --overwrite).
     #[command(
         name = "export-tsv",
         after_help = "CONFIG is PBG's config file (checkpoint_path and entity_path resolved against the working\n\
@@ -174,6 +181,9 @@ enum Command {
         /// Where to write the relation type parameters.
         #[arg(long)]
         relation_types_output: PathBuf,
+        /// Replace the outputs if they exist.
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
@@ -301,10 +311,11 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             let layout = if *raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
             diff(a, b, *rtol, *atol, *all, layout, limits, source, storage, quiet)
         }
-        Command::Convert { src, dst, to, from, layout, select } => match layout.options(*to) {
+        Command::Convert { src, dst, to, from, overwrite, layout, select } => match layout.options(*to) {
             Ok(options) => {
                 let source = source.clone().with_model_only(select.model_only);
                 let options = options.with_selection(select.selection()).with_limits(*limits).with_source(source);
+                let options = options.with_overwrite(*overwrite);
                 convert(src, dst, *to, *from, &options, storage, quiet, group)
             }
             Err(usage) => {
@@ -312,9 +323,13 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 return EXIT_USAGE;
             }
         },
-        Command::Reshard { path, dst, world_size } => reshard(path, dst, *world_size, limits, storage, quiet, group),
-        Command::ExportTsv { config, entities_output, relation_types_output } => {
-            export_tsv(config, entities_output, relation_types_output, limits, storage, quiet)
+        Command::Reshard { path, dst, world_size, overwrite } => {
+            let options = ckpt::ReshardOptions::default().with_limits(*limits).with_overwrite(*overwrite);
+            reshard(path, dst, *world_size, &options, storage, quiet, group)
+        }
+        Command::ExportTsv { config, entities_output, relation_types_output, overwrite } => {
+            let outputs = (entities_output.as_path(), relation_types_output.as_path());
+            export_tsv(config, outputs, *overwrite, limits, storage, quiet)
         }
     };
     match result {
@@ -712,6 +727,7 @@ fn convert(
         fetched_for(src, storage, if lazy { ckpt::storage::Fetch::Lazy } else { ckpt::storage::Fetch::Whole })?;
     let options = &options.clone().with_source(options.source.clone().with_fill(staged.path(), staged.fill()));
     let target = target(dst, storage)?;
+    let remote = ckpt::storage::check_destination(&place(dst)?, to, options.overwrite, &storage.options)?;
     let summary = write_progress(
         quiet,
         group,
@@ -720,6 +736,7 @@ fn convert(
         || ckpt::convert_in(staged.path(), from, target.path(), to, options, group),
     )?;
     published(target, storage, group)?;
+    removed_stale(remote, group)?;
     if group.rank() == 0 {
         report_lazy(src, storage, &staged)?;
     }
@@ -762,7 +779,7 @@ fn reshard(
     src: &Path,
     dst: &Path,
     world: u32,
-    limits: &ckpt::ReadLimits,
+    options: &ckpt::ReshardOptions,
     storage: &Storage,
     quiet: bool,
     group: &dyn Collective,
@@ -770,11 +787,15 @@ fn reshard(
     let what = format!("resharding {} for {world}", src.display());
     let staged = fetched(src, storage)?;
     let target = target(dst, storage)?;
-    let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(*limits));
+    let format = ckpt::detect(staged.path())?;
+    let remote = ckpt::storage::check_destination(&place(dst)?, format, options.overwrite, &storage.options)?;
+    let limits = options.limits;
+    let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(limits));
     let summary = write_progress(quiet, group, &what, estimate, || {
-        ckpt::reshard_in_with(staged.path(), target.path(), world as usize, limits, group)
+        ckpt::reshard_in_with_options(staged.path(), target.path(), world as usize, options, group)
     })?;
     published(target, storage, group)?;
+    removed_stale(remote, group)?;
     if !quiet {
         writeln!(
             std::io::stdout().lock(),
@@ -792,15 +813,22 @@ fn reshard(
 }
 
 #[cfg(not(feature = "pbg"))]
-fn export_tsv(config: &Path, _: &Path, _: &Path, _: &ckpt::ReadLimits, _: &Storage, _: bool) -> ckpt::Result<bool> {
+fn export_tsv(
+    config: &Path,
+    _: (&Path, &Path),
+    _: bool,
+    _: &ckpt::ReadLimits,
+    _: &Storage,
+    _: bool,
+) -> ckpt::Result<bool> {
     Err(ckpt::Error::FeatureDisabled { path: config.to_path_buf(), format: ckpt::Format::Pbg, feature: "pbg" })
 }
 
 #[cfg(feature = "pbg")]
 fn export_tsv(
     config: &Path,
-    entities_output: &Path,
-    relation_types_output: &Path,
+    (entities_output, relation_types_output): (&Path, &Path),
+    overwrite: bool,
     limits: &ckpt::ReadLimits,
     storage: &Storage,
     quiet: bool,
@@ -810,7 +838,10 @@ fn export_tsv(
     let config = staged.path();
     let entities = ckpt::storage::staged_target(&place(entities_output)?, &storage.options)?;
     let relations = ckpt::storage::staged_target(&place(relation_types_output)?, &storage.options)?;
-    let (entities_output, relation_types_output) = (entities.path(), relations.path());
+    // An output that exists is refused, or with --overwrite written beside it and swapped in whole.
+    let entities_tsv = TsvOutput::new(entities.path(), overwrite)?;
+    let relations_tsv = TsvOutput::new(relations.path(), overwrite)?;
+    let (entities_output, relation_types_output) = (entities_tsv.path(), relations_tsv.path());
     let pbg = |path: &Path| {
         let path = path.to_path_buf();
         move |source: ckpt::pbg::Error| ckpt::Error::Format { path, source: source.into() }
@@ -829,6 +860,8 @@ fn export_tsv(
     });
     pb.finish_and_clear();
     let version = result?;
+    entities_tsv.commit()?;
+    relations_tsv.commit()?;
     let group = ckpt::collective::SingleProcess;
     published(entities, storage, &group)?;
     published(relations, storage, &group)?;
@@ -843,6 +876,46 @@ fn export_tsv(
         .map_err(stdout_err)?;
     }
     Ok(true)
+}
+
+/// One TSV output of `export-tsv`: new, or (with `--overwrite`) written at a staging path beside what is
+/// there and swapped in whole by [`TsvOutput::commit`].
+#[cfg(feature = "pbg")]
+struct TsvOutput {
+    target: std::path::PathBuf,
+    staging: Option<std::path::PathBuf>,
+}
+
+#[cfg(feature = "pbg")]
+impl TsvOutput {
+    fn new(target: &Path, overwrite: bool) -> ckpt::Result<TsvOutput> {
+        let commit = |e: ckpt::io::CommitError| ckpt::Error::Io {
+            path: target.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        };
+        if std::fs::symlink_metadata(target).is_err() {
+            return Ok(TsvOutput { target: target.to_path_buf(), staging: None });
+        }
+        if !overwrite {
+            return Err(ckpt::Error::AlreadyExists {
+                path: target.to_path_buf(),
+                reason: "the output exists; pass --overwrite to replace it, or write to another path".into(),
+            });
+        }
+        let staging = ckpt::io::overwrite_staging(target).map_err(commit)?;
+        Ok(TsvOutput { target: target.to_path_buf(), staging: Some(staging) })
+    }
+
+    /// Where the export writes.
+    fn path(&self) -> &Path {
+        self.staging.as_deref().unwrap_or(&self.target)
+    }
+
+    fn commit(&self) -> ckpt::Result<()> {
+        let Some(staging) = &self.staging else { return Ok(()) };
+        ckpt::io::replace_whole(staging, &self.target, true)
+            .map_err(|e| ckpt::Error::Io { path: self.target.clone(), source: std::io::Error::other(e.to_string()) })
+    }
 }
 
 fn human_bytes(n: u64) -> String {
@@ -1059,6 +1132,14 @@ fn published(target: ckpt::storage::Target, storage: &Storage, group: &dyn Colle
         eprintln!("published {location}: {t}");
     }
     Ok(())
+}
+
+/// After a write with `--overwrite` to a URL is committed: rank 0 removes the objects of what stood there.
+fn removed_stale(remote: Option<ckpt::storage::RemoteDestination>, group: &dyn Collective) -> ckpt::Result<()> {
+    match remote {
+        Some(remote) if group.rank() == 0 => remote.remove_stale(),
+        _ => Ok(()),
+    }
 }
 
 /// The storage options and `--verbose`, as every command uses them.
