@@ -26,7 +26,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The format of a path could not be recognised.
-    #[error("{}: unknown checkpoint format ({reason})", path.display())]
+    #[error("{}: unknown checkpoint format: {reason}", path.display())]
     UnknownFormat {
         /// The path.
         path: PathBuf,
@@ -107,6 +107,28 @@ pub enum Error {
         /// Its error, as text: it crossed the process group as bytes, so its source chain is this message.
         message: String,
     },
+    /// A file that no format recognises, with what it looks like ([`crate::looks_like`]: a text file, an
+    /// empty file, a gzip file, ...).
+    #[error(
+        "{}: not a checkpoint: this is {looks_like}; ckpt reads torch.save, safetensors, GGUF and pickle files and \
+         checkpoint directories (if it is one, name its format: `--from`; Python: `format=`, `from_=` in convert)",
+        path.display()
+    )]
+    NotACheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What it looks like.
+        looks_like: String,
+    },
+    /// A path that is neither a regular file nor a directory (a named pipe, a socket, a device): refused at
+    /// once, since reading it could block or never end.
+    #[error("{}: this is {kind}, not a checkpoint file or directory; give the path of a file or a directory", path.display())]
+    SpecialFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: `a named pipe (FIFO)`, `a socket`, `a character device`, `a block device`.
+        kind: &'static str,
+    },
 }
 
 impl Error {
@@ -121,6 +143,8 @@ impl Error {
             Error::InvalidArgument { .. } | Error::AlreadyExists { .. } => Fault::InvalidArgument,
             Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
+            Error::NotACheckpoint { .. } => Fault::Malformed,
+            Error::SpecialFile { .. } => Fault::InvalidArgument,
         }
     }
 }

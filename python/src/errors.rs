@@ -76,7 +76,9 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
         | ckpt::Error::Format { path, .. }
         | ckpt::Error::InvalidArgument { path, .. }
         | ckpt::Error::AlreadyExists { path, .. }
-        | ckpt::Error::LimitExceeded { path, .. } => Some(path),
+        | ckpt::Error::LimitExceeded { path, .. }
+        | ckpt::Error::NotACheckpoint { path, .. }
+        | ckpt::Error::SpecialFile { path, .. } => Some(path),
         _ => None,
     }
 }

@@ -127,10 +127,13 @@ impl Adaptor for Torch {
         Ok(())
     }
 
-    /// The torch codec names the wrong-file cases: a git-LFS pointer, an HTML page, a TAR-era archive, an
-    /// empty file.
+    /// The torch codec names the torch files of old that it does not read: a TAR-era archive, a preview
+    /// release's (what other files look like, detection says: [`crate::looks_like`]).
     fn explain(&self, head: &[u8], path: &Path) -> Option<Error> {
-        ckpt_torch::detect(head).err().map(|e| Cause::at(e, path))
+        match ckpt_torch::detect(head) {
+            Err(e @ (ckpt_torch::Error::TarFormat | ckpt_torch::Error::PreviewFormat)) => Some(Cause::at(e, path)),
+            _ => None,
+        }
     }
 }
 
