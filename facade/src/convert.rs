@@ -145,6 +145,7 @@ pub fn convert(
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
+    crate::formats::refuse_special(src)?;
     let (source, target) = plan(src, from, dst, to, options)?;
     target.write(&Source::new(src, source, &options.selection, &options.limits, &options.source), dst, options)
 }

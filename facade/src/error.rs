@@ -129,6 +129,31 @@ pub enum Error {
         /// What it is: `a named pipe (FIFO)`, `a socket`, `a character device`, `a block device`.
         kind: &'static str,
     },
+    /// No entry of the checkpoint has the name asked for: the names near it, or the number of entries under
+    /// it when it is a prefix of names (`state_dict` of `state_dict.model.w`).
+    #[error("{}: no entry {name:?}{}", path.display(), no_entry_hint(did_you_mean, *under))]
+    NoEntry {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+        /// The entry names near it ([`crate::suggest::did_you_mean`]).
+        did_you_mean: Vec<String>,
+        /// How many entries are under it (`<name>.*`).
+        under: usize,
+    },
+}
+
+/// What [`Error::NoEntry`] adds to "no entry X": the entries under it, or the names near it.
+fn no_entry_hint(did_you_mean: &[String], under: usize) -> String {
+    if under > 0 {
+        let (n, are) = if under == 1 { ("entry", "is") } else { ("entries", "are") };
+        format!(" ({under} {n} {are} under it: `ckpt cat` and Python's `ck[name]` give them all)")
+    } else if did_you_mean.is_empty() {
+        "; `ckpt inspect` lists the entries".into()
+    } else {
+        format!("; did you mean: {}?", did_you_mean.join(", "))
+    }
 }
 
 impl Error {
@@ -144,7 +169,7 @@ impl Error {
             Error::RankFailed { fault, .. } => *fault,
             Error::LimitExceeded { .. } => Fault::Limit,
             Error::NotACheckpoint { .. } => Fault::Malformed,
-            Error::SpecialFile { .. } => Fault::InvalidArgument,
+            Error::SpecialFile { .. } | Error::NoEntry { .. } => Fault::InvalidArgument,
         }
     }
 }

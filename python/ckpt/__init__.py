@@ -212,8 +212,20 @@ class Checkpoint:
         self.entries
         e = (self._by_name or {}).get(name)
         if e is None:
-            raise EntryNotFoundError(f"{self.path}: no entry {name!r}", fault="usage", path=self.path)
+            under = self._under(name)
+            if under:
+                hint = f" ({len(under)} entr{'y is' if len(under) == 1 else 'ies are'} under it: ck[{name!r}] gives them)"
+            else:
+                # The entries' names and the prefixes they are under, as `ckpt cat` suggests them.
+                names = dict.fromkeys(p for n in self.keys() for p in _prefixes(n))
+                near = _ckpt.did_you_mean(name, list(names), 3)
+                hint = f"; did you mean: {', '.join(near)}?" if near else ""
+            raise EntryNotFoundError(f"{self.path}: no entry {name!r}{hint}", fault="usage", path=self.path)
         return e
+
+    def _under(self, prefix: str) -> List[str]:
+        """The names of the entries under ``prefix`` (``state_dict.*``), in the checkpoint's order."""
+        return [n for n in self.keys() if n.startswith(prefix + ".")] if prefix not in self else []
 
     # --- reading -----------------------------------------------------------------------------------------
     def _torch(self, framework: str) -> Any:
@@ -225,7 +237,12 @@ class Checkpoint:
 
     def __getitem__(self, name: str) -> Any:
         """The entry ``name``: a tensor (a numpy array, or a torch tensor with ``framework="pt"``) or any other
-        value, read now."""
+        value, read now. A prefix of entries (``ck["state_dict"]`` of ``state_dict.model.w``, ...) gives a dict of
+        every entry under it, by the rest of its name (``{"model.w": ...}``), as ``ckpt cat`` prints them all; a
+        name that is neither raises :class:`EntryNotFoundError` with the names near it."""
+        under = self._under(name)
+        if under:
+            return {n[len(name) + 1:]: self[n] for n in under}
         if self.entry(name).kind == "tensor":
             return self.tensor(name)
         return self.value(name)
@@ -280,6 +297,12 @@ class Checkpoint:
         if self._native is None:
             return "<ckpt.Checkpoint (closed)>"
         return f"<ckpt.Checkpoint {self.format} {self.path!r}, {len(self.entries)} entries>"
+
+
+def _prefixes(name: str) -> List[str]:
+    """``name`` and the dotted prefixes it is under: ``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def open(path: PathLike, *, format: Optional[str] = None, framework: Framework = "np",

@@ -78,7 +78,8 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
         | ckpt::Error::AlreadyExists { path, .. }
         | ckpt::Error::LimitExceeded { path, .. }
         | ckpt::Error::NotACheckpoint { path, .. }
-        | ckpt::Error::SpecialFile { path, .. } => Some(path),
+        | ckpt::Error::SpecialFile { path, .. }
+        | ckpt::Error::NoEntry { path, .. } => Some(path),
         _ => None,
     }
 }

@@ -534,3 +534,10 @@ pub(crate) fn detect(
 pub(crate) fn formats() -> Vec<(&'static str, &'static str, bool)> {
     Format::ALL.iter().map(|f| (f.name(), f.about(), ckpt::reshard_formats().contains(f))).collect()
 }
+
+/// `ckpt.Checkpoint`'s did-you-mean: the names of `names` near `wanted`, best first, at most `n`
+/// (`ckpt::suggest::did_you_mean`, the CLI's ranking).
+#[pyfunction]
+pub(crate) fn did_you_mean(wanted: &str, names: Vec<String>, n: usize) -> Vec<String> {
+    ckpt::suggest::did_you_mean(wanted, names.iter().map(String::as_str), n).into_iter().map(str::to_owned).collect()
+}

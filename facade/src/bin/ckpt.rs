@@ -856,6 +856,18 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
 }
 
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
+    // A prefix of entries (`state_dict` of `state_dict.model.w`): every entry under it, each after its name.
+    let under = c.entries_under(name);
+    if !under.is_empty() {
+        for (i, full) in under.iter().enumerate() {
+            let mut out = std::io::stdout().lock();
+            let gap = if i == 0 { "" } else { "\n" };
+            write!(out, "{gap}{full}:\n").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })?;
+            drop(out);
+            cat(c, full, limit)?;
+        }
+        return Ok(());
+    }
     // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
     let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
         || c.value(name).is_ok_and(|v| ckpt::tensor::value::numpy_unsupported(&v).is_some());
