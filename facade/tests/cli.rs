@@ -253,7 +253,7 @@ fn diff_of_a_conversion_names_layout_keys_and_exits_0() {
     ckpt::torch::save(&sd, &changed, &ckpt::torch::WriteOptions::default()).unwrap();
     let (code, o, _) = run(&[&"diff", &changed, &out]);
     assert_eq!(code, 1, "{o}");
-    assert!(o.contains("value differs: obj.rank: 1 vs 0") && o.contains("DIFFERENT: 1 difference"), "{o}");
+    assert!(o.contains("value differs: obj.rank: 2 vs 1") && o.contains("DIFFERENT: 1 difference"), "{o}");
 }
 
 #[test]
