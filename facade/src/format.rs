@@ -449,6 +449,10 @@ pub fn looks_like(head: &[u8]) -> String {
     let first = trimmed.lines().next().unwrap_or_default();
     let mut shown: String = first.chars().take(24).collect();
     if shown.len() < first.len() {
+        // Cut at a word's end where there is one.
+        if let Some(space) = shown.rfind(' ') {
+            shown.truncate(space);
+        }
         shown.push_str(" ...");
     }
     format!("a text file (starts with {shown:?})")
@@ -531,7 +535,7 @@ mod tests {
         assert_eq!(looks_like(b"# ckpt\n\nRead, write"), "a text file (starts with \"# ckpt\")");
         assert_eq!(
             looks_like(b"a long first line of text that goes on"),
-            "a text file (starts with \"a long first line of text ...\")"
+            "a text file (starts with \"a long first line of ...\")"
         );
         assert_eq!(looks_like(b" {\"a\": 1}"), "a JSON file");
         assert_eq!(looks_like(b"\x89HDF\r\n\x1a\nrest"), "an HDF5 file");
