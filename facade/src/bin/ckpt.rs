@@ -862,7 +862,7 @@ fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
         for (i, full) in under.iter().enumerate() {
             let mut out = std::io::stdout().lock();
             let gap = if i == 0 { "" } else { "\n" };
-            write!(out, "{gap}{full}:\n").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })?;
+            writeln!(out, "{gap}{full}:").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })?;
             drop(out);
             cat(c, full, limit)?;
         }
