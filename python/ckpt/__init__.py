@@ -214,7 +214,8 @@ class Checkpoint:
         if e is None:
             under = self._under(name)
             if under:
-                hint = f" ({len(under)} entr{'y is' if len(under) == 1 else 'ies are'} under it: ck[{name!r}] gives them)"
+                n = f"{len(under)} entr{'y is' if len(under) == 1 else 'ies are'}"
+                hint = f" ({n} under it: ck[{name!r}] gives them)"
             else:
                 # The entries' names and the prefixes they are under, as `ckpt cat` suggests them.
                 names = dict.fromkeys(p for n in self.keys() for p in _prefixes(n))
@@ -727,7 +728,8 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
     ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
-    ``"f16"``, ``"f32"``, ``"f64"``; or a numpy or torch dtype: ``np.float16``, ``torch.bfloat16``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
+    ``"f16"``, ``"f32"``, ``"f64"``; or a numpy or torch dtype: ``np.float16``, ``torch.bfloat16``), ``dense``
+    (quantized and sparse tensors made dense, as ``--dense``:
     dequantized to float32 as torch's ``dequantize()``, ``to_dense()``). A spinner shows on stderr when it is a terminal (``progress``).
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
     failure may lose it); ``checksums=False`` writes no checksums (``ckpt.checksums.json``, record CRC-32s,
