@@ -111,7 +111,7 @@ pub enum Error {
     /// empty file, a gzip file, ...).
     #[error(
         "{}: not a checkpoint: this is {looks_like}; ckpt reads torch.save, safetensors, GGUF and pickle files and \
-         checkpoint directories (if it is one, name its format: `--from`; Python: `format=`, `from_=` in convert)",
+         checkpoint directories (if it is one, name its format: `ckpt convert --from`, Python `ckpt.open(path, format=...)`)",
         path.display()
     )]
     NotACheckpoint {

@@ -181,8 +181,8 @@ pub fn detect(path: &Path) -> Result<Format> {
         return recognise(&Probe::Dir(path, &names)).ok_or_else(|| Error::UnknownFormat {
             path: path.to_path_buf(),
             reason: format!(
-                "{}: looked for {}; if it is one, name its format: `--from` (Python: `format=`, `from_=` in \
-                 convert)",
+                "{}: looked for {}; if it is one, name its format: `ckpt convert --from`, Python \
+                 `ckpt.open(path, format=...)`",
                 if names.is_empty() { "the directory is empty" } else { "no marker file in the directory" },
                 crate::format::markers_looked_for()
             ),

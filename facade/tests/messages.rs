@@ -103,6 +103,21 @@ fn every_message_class_names_the_path_once_and_says_what_to_do() {
             says: strs(&["not a checkpoint", "this is a text file (starts with \"# ckpt\")", "--from"]),
         },
         Case {
+            what: "a text file converted as torch",
+            args: vec![
+                "convert".into(),
+                readme.clone(),
+                t.join("out.safetensors"),
+                "--from".into(),
+                "torch".into(),
+                "--to".into(),
+                "safetensors".into(),
+            ],
+            path: readme.clone(),
+            code: 3,
+            says: strs(&["this is a text file (starts with \"# ckpt\")"]),
+        },
+        Case {
             what: "an empty file",
             args: vec!["inspect".into(), empty.clone()],
             path: empty.clone(),
@@ -242,9 +257,14 @@ fn every_message_class_names_the_path_once_and_says_what_to_do() {
 #[test]
 fn the_library_refuses_special_files_and_names_what_files_look_like() {
     let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let e = ckpt::open(&readme).err().unwrap();
-    assert!(matches!(e, ckpt::Error::NotACheckpoint { .. }), "{e:?}");
-    assert_eq!(e.fault(), ckpt::Fault::Malformed);
+    // Detected, or read as torch: what it looks like.
+    for e in [ckpt::open(&readme).err().unwrap(), ckpt::open_as(&readme, ckpt::Format::Torch).err().unwrap()] {
+        assert!(
+            matches!(&e, ckpt::Error::NotACheckpoint { looks_like, .. } if looks_like.starts_with("a text file")),
+            "{e:?}"
+        );
+        assert_eq!(e.fault(), ckpt::Fault::Malformed);
+    }
     #[cfg(unix)]
     {
         let tmp = tempfile::tempdir().unwrap();
