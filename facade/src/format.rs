@@ -429,11 +429,11 @@ pub fn looks_like(head: &[u8]) -> String {
         if e.error_len().is_none() { std::str::from_utf8(valid) } else { Err(e) }
     }) else {
         let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        return format!("binary data that no format ckpt knows starts with (first bytes {})", shown.join(" "));
+        return format!("binary data of no format ckpt knows (first bytes {})", shown.join(" "));
     };
     if text.chars().any(|c| c.is_control() && !c.is_whitespace()) {
         let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        return format!("binary data that no format ckpt knows starts with (first bytes {})", shown.join(" "));
+        return format!("binary data of no format ckpt knows (first bytes {})", shown.join(" "));
     }
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
