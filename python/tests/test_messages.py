@@ -76,6 +76,13 @@ def test_every_message_class_names_the_path_once(tmp_path: Path) -> None:
         assert info.value.path == str(path), what
 
 
+def test_a_file_read_as_a_declared_format_says_what_it_looks_like() -> None:
+    with pytest.raises(ckpt.MalformedError) as info:
+        ckpt.open(README, format="torch")
+    assert 'this is a text file (starts with "# ckpt")' in str(info.value)
+    assert str(info.value).count(str(README)) == 1
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
 def test_special_files_are_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
