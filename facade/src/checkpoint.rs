@@ -59,7 +59,7 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::Format`](crate::Error::Format) naming the path.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.inner.tensor(name).at(&self.path)
+        self.inner.tensor(name).at(&self.path).map_err(|e| self.missing(name).unwrap_or(e))
     }
 
     /// Reads the non-tensor entry `name`.
@@ -67,7 +67,45 @@ impl Checkpoint {
     /// # Errors
     /// [`Error::Format`](crate::Error::Format) naming the path.
     pub fn value(&self, name: &str) -> Result<Value> {
-        self.inner.value(name).at(&self.path)
+        self.inner.value(name).at(&self.path).map_err(|e| self.missing(name).unwrap_or(e))
+    }
+
+    /// The names of the entries under `prefix` (`state_dict` holds `state_dict.model.w`, ...), in the
+    /// checkpoint's order; empty when `prefix` is an entry itself or no entry is under it.
+    pub fn entries_under(&self, prefix: &str) -> Vec<String> {
+        let entries = self.entries();
+        if entries.iter().any(|e| e.name == prefix) {
+            return Vec::new();
+        }
+        let dotted = format!("{prefix}.");
+        entries.into_iter().filter(|e| e.name.starts_with(&dotted)).map(|e| e.name).collect()
+    }
+
+    /// [`Error::NoEntry`](crate::Error::NoEntry) for `name` when the checkpoint lists no such entry, with the
+    /// names near it ([`crate::suggest::did_you_mean`]) and the entries under it when it is a prefix of
+    /// some; `None` when it is an entry.
+    pub fn missing(&self, name: &str) -> Option<crate::Error> {
+        let entries = self.entries();
+        if entries.iter().any(|e| e.name == name) {
+            return None;
+        }
+        // The entries' names and the prefixes they are under (`state_dic`: did you mean `state_dict`).
+        let mut names: Vec<&str> = Vec::new();
+        for e in &entries {
+            let dots = e.name.match_indices('.').map(|(i, _)| i);
+            for prefix in dots.filter_map(|i| e.name.get(..i)).chain([e.name.as_str()]) {
+                if !names.contains(&prefix) {
+                    names.push(prefix);
+                }
+            }
+        }
+        let near = crate::suggest::did_you_mean(name, names, 3).into_iter().map(str::to_owned).collect();
+        Some(crate::Error::NoEntry {
+            path: self.path.clone(),
+            name: name.to_owned(),
+            did_you_mean: near,
+            under: self.entries_under(name).len(),
+        })
     }
 
     /// The format's reader behind the generic interface.

@@ -159,6 +159,7 @@ pub fn convert(
     options: &ConvertOptions,
 ) -> Result<ConvertSummary> {
     let (src, dst) = (src.as_ref(), dst.as_ref());
+    crate::formats::refuse_special(src)?;
     let (source, target) = plan(src, from, dst, to, options)?;
     let source = Source::new(src, source, &options.selection, &options.limits, &options.source);
     write_checked(dst, to, options.overwrite, options.durability.sync, |at| target.write(&source, at, options))

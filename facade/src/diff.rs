@@ -116,12 +116,47 @@ pub struct TensorDiff {
     pub numel: usize,
     /// Whether the values were compared as bytes (packed, quantized and opaque dtypes).
     pub bytewise: bool,
+    /// The first element outside the tolerance, as an index into the (common) shape; `None` when every
+    /// element is within it or the shapes differ.
+    pub first_index: Option<Vec<usize>>,
+    /// The values of both sides at [`TensorDiff::first_index`] (`None` for values compared as bytes).
+    pub first_values: Option<(f64, f64)>,
 }
 
 impl TensorDiff {
     /// Whether the two tensors are equal within the tolerance: same dtype, same shape, no mismatch.
     pub fn is_equal(&self) -> bool {
         self.dtype.0 == self.dtype.1 && self.shape.0 == self.shape.1 && self.mismatched == 0
+    }
+
+    /// How the tensors compare, as `ckpt diff` says it: `dtype float32 vs float64`, `shape [2] vs [3]`, the
+    /// largest differences (`max abs diff 0.25, max rel diff 0.2, 1 of 4 elements outside tolerance`) and
+    /// the first element outside the tolerance (`first at [1, 0]: 1.0 vs 1.25`).
+    pub fn shown(&self) -> String {
+        let mut notes = Vec::new();
+        if self.dtype.0 != self.dtype.1 {
+            notes.push(format!("dtype {} vs {}", self.dtype.0.torch_name(), self.dtype.1.torch_name()));
+        }
+        if self.shape.0 != self.shape.1 {
+            notes.push(format!("shape {:?} vs {:?} (values not compared)", self.shape.0, self.shape.1));
+            return notes.join("; ");
+        }
+        if self.bytewise {
+            notes.push(format!("{} of {} elements differ (compared as bytes)", self.mismatched, self.numel));
+        } else {
+            notes.push(format!(
+                "max abs diff {}, max rel diff {}, {} of {} elements outside tolerance",
+                shown_number(self.max_abs),
+                shown_number(self.max_rel),
+                self.mismatched,
+                self.numel
+            ));
+        }
+        if let Some(index) = &self.first_index {
+            let values = self.first_values.map_or_else(String::new, |(a, b)| format!(": {a:?} vs {b:?}"));
+            notes.push(format!("first at {index:?}{values}"));
+        }
+        notes.join("; ")
     }
 }
 
@@ -137,8 +172,8 @@ pub struct DiffReport {
     pub kind_changes: Vec<(String, String, String)>,
     /// Every tensor on both sides, compared.
     pub tensors: Vec<TensorDiff>,
-    /// Non-tensor values on both sides that differ.
-    pub values_differ: Vec<String>,
+    /// Non-tensor values on both sides that differ, with both values.
+    pub values_differ: Vec<ValueDiff>,
     /// Non-tensor values compared equal.
     pub values_equal: usize,
     /// Entries that failed to read on either side: name, error.
@@ -150,6 +185,68 @@ pub struct DiffReport {
     pub layout_a: LayoutKeys,
     /// The second checkpoint's layout.
     pub layout_b: LayoutKeys,
+}
+
+/// A non-tensor value present on both sides that differs ([`DiffReport::values_differ`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ValueDiff {
+    /// Entry name.
+    pub name: String,
+    /// The first checkpoint's value.
+    pub a: Value,
+    /// The second checkpoint's value.
+    pub b: Value,
+}
+
+impl ValueDiff {
+    /// A difference of `name`: `a` in the first checkpoint, `b` in the second.
+    pub fn new(name: impl Into<String>, a: Value, b: Value) -> Self {
+        ValueDiff { name: name.into(), a, b }
+    }
+
+    /// Both values as Python's `repr` shows them, each shortened when long: `0.0 vs 0.01`, with the types when
+    /// they differ (`1 (int) vs 1.0 (float)`).
+    ///
+    /// ```
+    /// use ckpt::diff::ValueDiff;
+    /// use ckpt::tensor::Value;
+    /// assert_eq!(ValueDiff::new("wd", Value::Float(0.0), Value::Float(0.01)).shown(), "0.0 vs 0.01");
+    /// assert_eq!(ValueDiff::new("n", Value::Int(1), Value::Float(1.0)).shown(), "1 (int) vs 1.0 (float)");
+    /// ```
+    pub fn shown(&self) -> String {
+        let (ta, tb) = (self.a.type_name(), self.b.type_name());
+        let (a, b) = (shown_value(&self.a, &self.name), shown_value(&self.b, &self.name));
+        if ta == tb { format!("{a} vs {b}") } else { format!("{a} ({ta}) vs {b} ({tb})") }
+    }
+}
+
+/// The most characters of one value [`ValueDiff::shown`] prints.
+const SHOWN_CHARS: usize = 60;
+
+/// `v` as Python's `repr` on one line, shortened to [`SHOWN_CHARS`] characters (`...` where cut).
+fn shown_value(v: &Value, name: &str) -> String {
+    let text = ckpt_tensor::flatten::python_repr_of(v).unwrap_or_else(|| {
+        let text = crate::outline::format_value(v, name);
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        lines.join(" ").replace(", }", " }").replace(", ]", " ]").replace(", )", " )")
+    });
+    if text.chars().count() <= SHOWN_CHARS {
+        return text;
+    }
+    let cut: String = text.chars().take(SHOWN_CHARS - 3).collect();
+    format!("{cut}...")
+}
+
+/// A number as a diff prints it: `0`, `0.25`, `1.5e-7`, `inf`.
+pub fn shown_number(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if !x.is_finite() || (1e-4..1e6).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
 }
 
 /// One side's layout in a [`DiffReport`]: the entries its format keeps as bookkeeping beside the state
@@ -183,6 +280,66 @@ impl DiffReport {
             && self.values_differ.is_empty()
             && self.unreadable.is_empty()
             && self.tensors.iter().all(TensorDiff::is_equal)
+    }
+
+    /// How many differences the report holds: entries on one side only, kind changes, tensors and values
+    /// that differ, unreadable entries.
+    pub fn differences(&self) -> usize {
+        self.only_a.len()
+            + self.only_b.len()
+            + self.kind_changes.len()
+            + self.tensors.iter().filter(|t| !t.is_equal()).count()
+            + self.values_differ.len()
+            + self.unreadable.len()
+    }
+
+    /// The report as `ckpt diff` prints it, one line each: every difference with both sides (`value differs:
+    /// lr: 0.001 vs 0.01`, `differs: w: max abs diff 0.5, ...`), the equal tensors too when `all`, each side's
+    /// layout keys unless `quiet`, then the verdict (`equal: ...` unless `quiet`, or `DIFFERENT: N
+    /// differences; ...`). `a` and `b` name the two checkpoints; `options` are the diff's (its tolerances).
+    pub fn lines(&self, a: &str, b: &str, options: &DiffOptions, all: bool, quiet: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        out.extend(self.only_a.iter().map(|n| format!("only in {a}: {n}")));
+        out.extend(self.only_b.iter().map(|n| format!("only in {b}: {n}")));
+        out.extend(self.kind_changes.iter().map(|(n, ka, kb)| format!("kind changed: {n}: {ka} vs {kb}")));
+        for t in self.tensors.iter().filter(|t| all || !t.is_equal()) {
+            out.push(format!("{}: {}: {}", if t.is_equal() { "equal" } else { "differs" }, t.name, t.shown()));
+        }
+        out.extend(self.values_differ.iter().map(|v| format!("value differs: {}: {}", v.name, v.shown())));
+        out.extend(self.unreadable.iter().map(|(n, e)| format!("unreadable: {n}: {e}")));
+        if !quiet && !self.aligned_by_id.is_empty() {
+            out.push(format!("rows compared by id (another shard layout): {}", self.aligned_by_id.join(", ")));
+        }
+        // Each side's layout: its format's bookkeeping (not compared) and the prefix it nests the state under.
+        for (side, l) in [("a", &self.layout_a), ("b", &self.layout_b)] {
+            if quiet || l.is_empty() {
+                continue;
+            }
+            let format = l.format.map_or_else(String::new, |f| format!(" ({f})"));
+            if !l.keys.is_empty() {
+                out.push(format!("layout keys: {side}: {}{format}", l.keys.join(", ")));
+            }
+            if let Some(prefix) = &l.nested_under {
+                out.push(format!("state nested under: {side}: {prefix}{format}"));
+            }
+        }
+        let equal = self.is_equal();
+        if !quiet || !equal {
+            let compared = format!(
+                "{} tensors, {} values compared (rtol {}, atol {})",
+                self.tensors.len(),
+                self.values_equal + self.values_differ.len(),
+                shown_number(options.rtol),
+                shown_number(options.atol),
+            );
+            if equal {
+                out.push(format!("equal: {compared}"));
+            } else {
+                let n = self.differences();
+                out.push(format!("DIFFERENT: {n} difference{}; {compared}", if n == 1 { "" } else { "s" }));
+            }
+        }
+        out
     }
 }
 
@@ -280,7 +437,14 @@ fn diff_checkpoints(
                 match (ca.value(na), cb.value(nb)) {
                     (Ok(Value::Composite(a)), Ok(Value::Composite(b))) => {
                         if a.axis != b.axis {
-                            report.values_differ.push(format!("{name} (axis)"));
+                            let axis = |x: Option<usize>| {
+                                x.and_then(|x| i64::try_from(x).ok()).map_or(Value::None, Value::Int)
+                            };
+                            report.values_differ.push(ValueDiff::new(
+                                format!("{name} (axis)"),
+                                axis(a.axis),
+                                axis(b.axis),
+                            ));
                         }
                         for ((component, ta), tb) in a.named_components().zip(&b.components) {
                             let at = format!("{name}.{component}");
@@ -324,7 +488,7 @@ fn diff_checkpoints(
                     if va.same(&vb) {
                         report.values_equal += 1;
                     } else {
-                        report.values_differ.push(name);
+                        report.values_differ.push(ValueDiff::new(name, va, vb));
                     }
                 }
                 (Err(err), _) | (_, Err(err)) => report.unreadable.push((name, err.to_string())),
@@ -397,7 +561,10 @@ fn expand(ca: &Checkpoint, cb: &Checkpoint, la: &Layout, lb: &Layout, options: &
                     }
                     (None, false) => match cy.value(y) {
                         Ok(v) if v.same(item.value) => report.values_equal += 1,
-                        Ok(_) => report.values_differ.push(name),
+                        Ok(v) => {
+                            let (va, vb) = if flip { (v, item.value.clone()) } else { (item.value.clone(), v) };
+                            report.values_differ.push(ValueDiff::new(name, va, vb));
+                        }
                         Err(err) => report.unreadable.push((name, err.to_string())),
                     },
                     (_, _) => report.kind_changes.push((name, "value".into(), "tensor".into())),
@@ -659,6 +826,8 @@ fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_te
         mismatched: 0,
         numel: 0,
         bytewise: false,
+        first_index: None,
+        first_values: None,
     };
     if a.shape() != b.shape() {
         d.mismatched = a.numel().max(b.numel());
@@ -678,11 +847,17 @@ fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_te
             // Blocks of elements decoded to f64 (one dtype dispatch per block), then compared.
             const BLOCK: usize = 1 << 14;
             let (mut va, mut vb) = (Vec::with_capacity(BLOCK), Vec::with_capacity(BLOCK));
-            for (ba, bb) in da.chunks(BLOCK * sa).zip(db.chunks(BLOCK * sb)) {
+            // Complex elements decode as two components each.
+            let per_element = if complex.0 { 2 } else { 1 };
+            for (block, (ba, bb)) in da.chunks(BLOCK * sa).zip(db.chunks(BLOCK * sb)).enumerate() {
                 decode(xa, ba, &mut va);
                 decode(xb, bb, &mut vb);
-                for (&x, &y) in va.iter().zip(&vb) {
+                for (k, (&x, &y)) in va.iter().zip(&vb).enumerate() {
                     let (abs, ok) = close(x, y, options);
+                    if !ok && d.first_index.is_none() {
+                        d.first_index = Some(unravel((block * BLOCK + k) / per_element, a.shape()));
+                        d.first_values = Some((x, y));
+                    }
                     d.mismatched += usize::from(!ok);
                     d.max_abs = d.max_abs.max(abs);
                     if abs != 0.0 {
@@ -697,7 +872,12 @@ fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_te
                 d.mismatched = d.numel;
             } else {
                 let es = a.dtype().size().max(1);
-                d.mismatched = da.chunks(es).zip(db.chunks(es)).filter(|(x, y)| x != y).count();
+                let mut differing = da.chunks(es).zip(db.chunks(es)).enumerate().filter(|(_, (x, y))| x != y);
+                if let Some((first, _)) = differing.next() {
+                    // Packed dtypes hold several elements a byte: the index only where bytes are elements.
+                    d.first_index = (da.len() / es == d.numel).then(|| unravel(first, a.shape()));
+                    d.mismatched = 1 + differing.count();
+                }
             }
             if d.mismatched > 0 {
                 d.max_abs = f64::INFINITY;
@@ -706,6 +886,20 @@ fn compare(name: &str, a: &Tensor, b: &Tensor, options: &DiffOptions) -> ckpt_te
         }
     }
     Ok(d)
+}
+
+/// The index into `shape` of the `flat`-th element in row-major order.
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (i, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            if let Some(slot) = index.get_mut(i) {
+                *slot = flat % n;
+            }
+            flat /= n;
+        }
+    }
+    index
 }
 
 /// Decodes little-endian elements of a numeric dtype into `out` (cleared first).

@@ -26,7 +26,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The format of a path could not be recognised.
-    #[error("{}: unknown checkpoint format ({reason})", path.display())]
+    #[error("{}: unknown checkpoint format: {reason}", path.display())]
     UnknownFormat {
         /// The path.
         path: PathBuf,
@@ -138,6 +138,53 @@ pub enum Error {
         /// The format the write would have written.
         to: Format,
     },
+    /// A file that no format recognises, with what it looks like ([`crate::looks_like`]: a text file, an
+    /// empty file, a gzip file, ...).
+    #[error(
+        "{}: not a checkpoint: this is {looks_like}; ckpt reads torch.save, safetensors, GGUF and pickle files and \
+         checkpoint directories (if it is one, name its format: `ckpt convert --from`, Python `ckpt.open(path, format=...)`)",
+        path.display()
+    )]
+    NotACheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What it looks like.
+        looks_like: String,
+    },
+    /// A path that is neither a regular file nor a directory (a named pipe, a socket, a device): refused at
+    /// once, since reading it could block or never end.
+    #[error("{}: this is {kind}, not a checkpoint file or directory; give the path of a file or a directory", path.display())]
+    SpecialFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: `a named pipe (FIFO)`, `a socket`, `a character device`, `a block device`.
+        kind: &'static str,
+    },
+    /// No entry of the checkpoint has the name asked for: the names near it, or the number of entries under
+    /// it when it is a prefix of names (`state_dict` of `state_dict.model.w`).
+    #[error("{}: no entry {name:?}{}", path.display(), no_entry_hint(did_you_mean, *under))]
+    NoEntry {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The name asked for.
+        name: String,
+        /// The entry names near it ([`crate::suggest::did_you_mean`]).
+        did_you_mean: Vec<String>,
+        /// How many entries are under it (`<name>.*`).
+        under: usize,
+    },
+}
+
+/// What [`Error::NoEntry`] adds to "no entry X": the entries under it, or the names near it.
+fn no_entry_hint(did_you_mean: &[String], under: usize) -> String {
+    if under > 0 {
+        let (n, are) = if under == 1 { ("entry", "is") } else { ("entries", "are") };
+        format!(" ({under} {n} {are} under it: `ckpt cat` and Python's `ck[name]` give them all)")
+    } else if did_you_mean.is_empty() {
+        "; `ckpt inspect` lists the entries".into()
+    } else {
+        format!("; did you mean: {}?", did_you_mean.join(", "))
+    }
 }
 
 impl Error {
@@ -154,6 +201,8 @@ impl Error {
             Error::LimitExceeded { .. } => Fault::Limit,
             Error::EmptySelection { .. } => Fault::InvalidArgument,
             Error::DestinationTaken { .. } => Fault::InvalidArgument,
+            Error::NotACheckpoint { .. } => Fault::Malformed,
+            Error::SpecialFile { .. } | Error::NoEntry { .. } => Fault::InvalidArgument,
         }
     }
 }

@@ -374,6 +374,96 @@ fn marker_matches(pattern: &str, name: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
+/// The file names each format's detection looks for in a directory (as `*` patterns), for the message that
+/// lists them when none is there.
+const DIR_MARKERS: &[(Format, &[&str])] = &[
+    (Format::Distcp, &[".metadata", "__*.metadata", "shard-*-model-*-of-*.safetensors"]),
+    (Format::Megatron, &["metadata.json"]),
+    (Format::Hfai, &["PART_*.pt"]),
+    (Format::Pbg, &["checkpoint_version.txt"]),
+    (Format::Recis, &["tensorkey.json", "index", "checkpoint"]),
+    (Format::DeepSpeed, &["latest", "*_model_states.pt"]),
+    (Format::Hf, &HF_MARKERS),
+];
+
+/// What a directory holding none of the formats' marker files was searched for: `.metadata, __*.metadata, ...
+/// (distcp), PART_*.pt (hfai), ...`.
+pub(crate) fn markers_looked_for() -> String {
+    let each = DIR_MARKERS.iter().map(|(format, names)| format!("{} ({format})", names.join(", ")));
+    each.collect::<Vec<_>>().join("; ")
+}
+
+/// What a file that is no checkpoint looks like, from its leading bytes: `an empty file`, `a text file
+/// (starts with "# ckpt ...")`, `a gzip file`, `a ZIP archive`, `an HDF5 file`, `a JSON file`, or its first
+/// bytes. Every "not a checkpoint" message of detection says it.
+///
+/// ```
+/// use ckpt::looks_like;
+/// assert_eq!(looks_like(b""), "an empty file");
+/// assert_eq!(looks_like(b"# ckpt\n\nRead, write"), "a text file (starts with \"# ckpt\")");
+/// assert_eq!(looks_like(b"\x1f\x8b\x08\x00"), "a gzip file");
+/// ```
+pub fn looks_like(head: &[u8]) -> String {
+    let starts = |magic: &[u8]| head.starts_with(magic);
+    if head.is_empty() {
+        return "an empty file".into();
+    }
+    let named = [
+        (&b"\x1f\x8b"[..], "a gzip file"),
+        (b"PK\x03\x04", "a ZIP archive"),
+        (b"PK\x05\x06", "an empty ZIP archive"),
+        (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+        (b"BZh", "a bzip2 file"),
+        (b"\xfd7zXZ\x00", "an xz file"),
+        (b"\x28\xb5\x2f\xfd", "a zstd file"),
+        (b"7z\xbc\xaf\x27\x1c", "a 7-zip archive"),
+        (b"\x93NUMPY", "a numpy .npy file"),
+        (b"\x7fELF", "an executable (ELF)"),
+        (b"%PDF", "a PDF document"),
+        (b"\x89PNG", "a PNG image"),
+        (b"\xff\xd8\xff", "a JPEG image"),
+    ];
+    if let Some((_, what)) = named.iter().find(|(magic, _)| starts(magic)) {
+        return (*what).into();
+    }
+    if head.get(257..262) == Some(b"ustar") {
+        return "a tar archive".into();
+    }
+    let Ok(text) = std::str::from_utf8(head).or_else(|e| {
+        // A text cut inside a multi-byte character at the end of the probe is still text.
+        let valid = head.get(..e.valid_up_to()).unwrap_or_default();
+        if e.error_len().is_none() { std::str::from_utf8(valid) } else { Err(e) }
+    }) else {
+        let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        return format!("binary data of no format ckpt knows (first bytes {})", shown.join(" "));
+    };
+    if text.chars().any(|c| c.is_control() && !c.is_whitespace()) {
+        let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        return format!("binary data of no format ckpt knows (first bytes {})", shown.join(" "));
+    }
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        return "a JSON file".into();
+    }
+    if trimmed.starts_with("version https://git-lfs") {
+        return "a git-LFS pointer (run `git lfs pull` to fetch the real file)".into();
+    }
+    let lower = trimmed.get(..15).unwrap_or(trimmed).to_ascii_lowercase();
+    if lower.starts_with("<!doctype html") || lower.starts_with("<html") {
+        return "an HTML page (a download that returned a web page?)".into();
+    }
+    let first = trimmed.lines().next().unwrap_or_default();
+    let mut shown: String = first.chars().take(24).collect();
+    if shown.len() < first.len() {
+        // Cut at a word's end where there is one.
+        if let Some(space) = shown.rfind(' ') {
+            shown.truncate(space);
+        }
+        shown.push_str(" ...");
+    }
+    format!("a text file (starts with {shown:?})")
+}
+
 /// The format whose recogniser accepts `probe`, trying them in [`Format::ALL`]'s order.
 pub(crate) fn recognise(probe: &Probe<'_>) -> Option<Format> {
     KNOWN.iter().find(|k| (k.detect)(probe)).map(|k| k.format)
@@ -424,5 +514,41 @@ mod tests {
             assert!(!Probe::File(head).plain_pickle(), "{head:?}");
         }
         assert_eq!(recognise(&Probe::File(&LEGACY_TORCH_MAGIC)), Some(Format::Torch));
+    }
+
+    #[test]
+    fn every_marker_listed_is_its_formats() {
+        for (format, names) in DIR_MARKERS {
+            for name in *names {
+                // Megatron's `metadata.json` needs its content (`sharded_backend`); a DeepSpeed root needs a tag
+                // directory beside `latest`.
+                let alone = [name.replace('*', "0")];
+                let found = recognise(&Probe::Dir(Path::new("."), &alone));
+                let expected = match (*format, *name) {
+                    (Format::Megatron, _) => None,
+                    (Format::DeepSpeed, "latest") => None,
+                    (f, _) => Some(f),
+                };
+                assert_eq!(found, expected, "{name}");
+            }
+        }
+        assert!(markers_looked_for().contains("PART_*.pt (hfai)"));
+    }
+
+    #[test]
+    fn what_files_look_like() {
+        assert_eq!(looks_like(b""), "an empty file");
+        assert_eq!(looks_like(b"# ckpt\n\nRead, write"), "a text file (starts with \"# ckpt\")");
+        assert_eq!(
+            looks_like(b"a long first line of text that goes on"),
+            "a text file (starts with \"a long first line of ...\")"
+        );
+        assert_eq!(looks_like(b" {\"a\": 1}"), "a JSON file");
+        assert_eq!(looks_like(b"\x89HDF\r\n\x1a\nrest"), "an HDF5 file");
+        assert_eq!(looks_like(b"\x1f\x8b\x08"), "a gzip file");
+        assert!(looks_like(b"\x00\x01\x02").starts_with("binary data"));
+        assert!(looks_like(b"<!DOCTYPE html>").starts_with("an HTML page"));
+        // Cut inside a multi-byte character: still text.
+        assert!(looks_like("héllo wörld".as_bytes().get(..8).unwrap_or_default()).starts_with("a text file"));
     }
 }

@@ -167,9 +167,12 @@ pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adapto
 /// one names the feature to enable.
 ///
 /// # Errors
-/// [`Error::Io`] if the path cannot be read, [`Error::UnknownFormat`] if nothing matches (or the torch
-/// codec's error naming what the file is instead: a git-LFS pointer, an HTML page, ...).
+/// [`Error::Io`] if the path cannot be read, [`Error::SpecialFile`] for a named pipe, a socket or a device,
+/// [`Error::UnknownFormat`] for a directory no format recognises (listing the marker files looked for),
+/// [`Error::NotACheckpoint`] for a file (saying what it looks like: [`crate::looks_like`]), or the torch
+/// codec's error for a torch file of old (TAR-era).
 pub fn detect(path: &Path) -> Result<Format> {
+    refuse_special(path)?;
     if path.is_dir() {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(path).at(path)? {
@@ -177,7 +180,12 @@ pub fn detect(path: &Path) -> Result<Format> {
         }
         return recognise(&Probe::Dir(path, &names)).ok_or_else(|| Error::UnknownFormat {
             path: path.to_path_buf(),
-            reason: "no marker file in the directory".into(),
+            reason: format!(
+                "{}: looked for {}; if it is one, name its format: `ckpt convert --from`, Python \
+                 `ckpt.open(path, format=...)`",
+                if names.is_empty() { "the directory is empty" } else { "no marker file in the directory" },
+                crate::format::markers_looked_for()
+            ),
         });
     }
     let mut head = Vec::new();
@@ -190,11 +198,44 @@ pub fn detect(path: &Path) -> Result<Format> {
         }
         return Ok(format);
     }
-    // Let an adaptor name the wrong-file cases (git-LFS pointer, HTML, TAR-era, empty ...).
+    // A torch file of old that ckpt does not read (TAR-era, preview release) says so.
     if let Some(e) = ADAPTORS.iter().find_map(|a| a.explain(&head, path)) {
         return Err(e);
     }
-    Err(Error::UnknownFormat { path: path.to_path_buf(), reason: "unrecognised leading bytes".into() })
+    // What the file looks like instead: a text file, an empty file, a gzip file, ...
+    Err(Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::format::looks_like(&head) })
+}
+
+/// Refuses at once a path that is neither a regular file nor a directory, which a read could block on (a
+/// named pipe) or never finish (a device): [`Error::SpecialFile`]. A path that does not exist passes (its
+/// open says so).
+///
+/// # Errors
+/// [`Error::SpecialFile`] naming what the path is.
+pub(crate) fn refuse_special(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    let kind = meta.file_type();
+    if kind.is_file() || kind.is_dir() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    let what = {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            "a named pipe (FIFO)"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else {
+            "a special file"
+        }
+    };
+    #[cfg(not(unix))]
+    let what = "a special file";
+    Err(Error::SpecialFile { path: path.to_path_buf(), kind: what })
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ pub use convert::{convert, output_estimate, save, state_dict};
 pub use destination::{Standing, standing};
 pub use diff::{DiffError, DiffOptions, DiffReport, diff, diff_with_progress};
 pub use error::{Error, Result};
-pub use format::{Format, UnknownFormatName, unsupported_reason};
+pub use format::{Format, UnknownFormatName, looks_like, unsupported_reason};
 #[cfg(feature = "cli")]
 pub use formats::TargetArgs;
 pub use formats::crates::*;

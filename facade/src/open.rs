@@ -69,6 +69,7 @@ pub fn open_source(
     source: &SourceOptions,
 ) -> Result<Checkpoint> {
     let path = path.as_ref();
+    formats::refuse_special(path)?;
     let format = match format {
         Some(f) => f,
         None => detect(path)?,

@@ -64,7 +64,7 @@ pub fn convert_in(
     if group.world_size() == 1 {
         return crate::convert::convert(src, from, dst, to, options);
     }
-    let prepared = crate::convert::plan(src, from, dst, to, options);
+    let prepared = crate::formats::refuse_special(src).and_then(|()| crate::convert::plan(src, from, dst, to, options));
     let (source, target) = agree(group, prepared)?;
     let plan = destination_plan(group, dst, to, options.overwrite)?;
     let written = target.write_in(

@@ -160,7 +160,14 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
     assert!(out.starts_with("equal: 1 tensors, 1 values"), "{out}");
     let (code, out, _) = run(&[&"diff", &a, &b]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("differs: w: max abs diff 2.5e-1") && out.contains("1 of 4 elements"), "{out}");
+    // How it differs: the largest differences and the first element outside the tolerance, both values.
+    assert!(
+        out.contains(
+            "differs: w: max abs diff 0.25, max rel diff 0.07692307692307693, 1 of 4 elements outside tolerance; \
+             first at [1, 0]: 3.0 vs 3.25"
+        ),
+        "{out}"
+    );
     assert_eq!(run(&[&"diff", &a, &b, &"--atol", &"0.25"]).0, 0);
     assert_eq!(run(&[&"diff", &a, &b, &"--rtol", &"0.08", &"--atol", &"0"]).0, 0);
     assert_eq!(run(&[&"diff", &a, &b, &"--rtol", &"0.08", &"--atol", &"0", &"-q"]).1, "");
@@ -187,8 +194,25 @@ fn diff_reports_max_abs_difference_and_respects_tolerances() {
     .unwrap();
     let (code, out, _) = run(&[&"diff", &a, &c]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("differs: w: dtype float32 -> float64; max abs diff 0e0"), "{out}");
-    assert!(out.contains("kind changed: step: value -> tensor int64 [1]"), "{out}");
+    // Zero differences as 0, the dtype change said as such.
+    assert!(out.contains("differs: w: dtype float32 vs float64; max abs diff 0, max rel diff 0,"), "{out}");
+    assert!(out.contains("kind changed: step: value vs tensor int64 [1]"), "{out}");
+    // A shape change, said as such; a value with both sides, their types where they differ.
+    let e = dir.path().join("e.pt");
+    ckpt::torch::save(
+        &Value::dict([
+            ("w", Value::Tensor(Tensor::from_slice(&[1.0f32, 2.0, 3.0, f32::NAN], &[4]).unwrap())),
+            ("step", Value::Float(3.0)),
+        ]),
+        &e,
+        &ckpt::torch::WriteOptions::default(),
+    )
+    .unwrap();
+    let (code, out, _) = run(&[&"diff", &a, &e]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("differs: w: shape [2, 2] vs [4] (values not compared)"), "{out}");
+    assert!(out.contains("value differs: step: 3 (int) vs 3.0 (float)"), "{out}");
+    assert!(out.contains("DIFFERENT: 2 differences; 1 tensors, 1 values compared (rtol 1e-5, atol 1e-8)"), "{out}");
 }
 
 /// A conversion diffs equal to its source: `ckpt convert dcp/ out --to hfai --world-size 4` nests the state
@@ -229,7 +253,7 @@ fn diff_of_a_conversion_names_layout_keys_and_exits_0() {
     ckpt::torch::save(&sd, &changed, &ckpt::torch::WriteOptions::default()).unwrap();
     let (code, o, _) = run(&[&"diff", &changed, &out]);
     assert_eq!(code, 1, "{o}");
-    assert!(o.contains("value differs: obj.rank") && o.contains("DIFFERENT: 1 difference"), "{o}");
+    assert!(o.contains("value differs: obj.rank: 2 vs 1") && o.contains("DIFFERENT: 1 difference"), "{o}");
 }
 
 #[test]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import (Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union)
 
 from . import _ckpt, _torch
-from ._dtypes import dtype_name
+from ._dtypes import dtype_arg, dtype_name
 from ._errors import (BadInputError, EntryNotFoundError, Error, IoError, LimitError, MalformedError, NotFoundError,
                       UnsupportedError, UsageError)
 from ._values import CompositeTensor, Device, Global, Object, OpaqueTensor, Storage, TorchDType, Unknown
@@ -46,7 +46,7 @@ __all__ = [
     "Checkpoint", "Entry", "SafeOpen", "Slice", "ConvertSummary", "VerifyReport", "ReshardSummary", "DiffReport",
     "TensorDiff", "Error", "BadInputError", "MalformedError", "UnsupportedError", "LimitError", "IoError",
     "NotFoundError", "UsageError", "EntryNotFoundError", "TorchDType", "Device", "Global", "Object",
-    "OpaqueTensor", "CompositeTensor", "Storage", "Unknown", "dcp",
+    "ValueDiff", "Difference", "OpaqueTensor", "CompositeTensor", "Storage", "Unknown", "dcp",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -212,8 +212,21 @@ class Checkpoint:
         self.entries
         e = (self._by_name or {}).get(name)
         if e is None:
-            raise EntryNotFoundError(f"{self.path}: no entry {name!r}", fault="usage", path=self.path)
+            under = self._under(name)
+            if under:
+                n = f"{len(under)} entr{'y is' if len(under) == 1 else 'ies are'}"
+                hint = f" ({n} under it: ck[{name!r}] gives them)"
+            else:
+                # The entries' names and the prefixes they are under, as `ckpt cat` suggests them.
+                names = dict.fromkeys(p for n in self.keys() for p in _prefixes(n))
+                near = _ckpt.did_you_mean(name, list(names), 3)
+                hint = f"; did you mean: {', '.join(near)}?" if near else ""
+            raise EntryNotFoundError(f"{self.path}: no entry {name!r}{hint}", fault="usage", path=self.path)
         return e
+
+    def _under(self, prefix: str) -> List[str]:
+        """The names of the entries under ``prefix`` (``state_dict.*``), in the checkpoint's order."""
+        return [n for n in self.keys() if n.startswith(prefix + ".")] if prefix not in self else []
 
     # --- reading -----------------------------------------------------------------------------------------
     def _torch(self, framework: str) -> Any:
@@ -225,7 +238,12 @@ class Checkpoint:
 
     def __getitem__(self, name: str) -> Any:
         """The entry ``name``: a tensor (a numpy array, or a torch tensor with ``framework="pt"``) or any other
-        value, read now."""
+        value, read now. A prefix of entries (``ck["state_dict"]`` of ``state_dict.model.w``, ...) gives a dict of
+        every entry under it, by the rest of its name (``{"model.w": ...}``), as ``ckpt cat`` prints them all; a
+        name that is neither raises :class:`EntryNotFoundError` with the names near it."""
+        under = self._under(name)
+        if under:
+            return {n[len(name) + 1:]: self[n] for n in under}
         if self.entry(name).kind == "tensor":
             return self.tensor(name)
         return self.value(name)
@@ -280,6 +298,12 @@ class Checkpoint:
         if self._native is None:
             return "<ckpt.Checkpoint (closed)>"
         return f"<ckpt.Checkpoint {self.format} {self.path!r}, {len(self.entries)} entries>"
+
+
+def _prefixes(name: str) -> List[str]:
+    """``name`` and the dotted prefixes it is under: ``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def open(path: PathLike, *, format: Optional[str] = None, framework: Framework = "np",
@@ -561,7 +585,10 @@ class ReshardSummary:
 
 @dataclass
 class TensorDiff:
-    """How one tensor on both sides compares (``max_abs``, ``max_rel``, ``mismatched`` of ``numel``)."""
+    """How one tensor on both sides compares (``max_abs``, ``max_rel``, ``mismatched`` of ``numel``);
+    ``first_index`` is the first element outside the tolerance (an index into the shape, ``None`` when there is
+    none or the shapes differ), ``first_values`` both sides' values there. ``str()`` says it as ``ckpt diff``
+    does."""
 
     name: str
     dtype: Tuple[str, str]
@@ -572,19 +599,57 @@ class TensorDiff:
     numel: int
     bytewise: bool
     equal: bool
+    first_index: Optional[List[int]] = None
+    first_values: Optional[Tuple[float, float]] = None
+    shown: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        return f"{'equal' if self.equal else 'differs'}: {self.name}: {self.shown}"
+
+
+@dataclass
+class ValueDiff:
+    """A non-tensor value on both sides that differs: ``a`` and ``b`` are the values (as :func:`load` gives
+    them); ``str()`` shows both as ``ckpt diff`` does (``lr: 0.001 vs 0.01``)."""
+
+    name: str
+    a: Any
+    b: Any
+    shown: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        return f"value differs: {self.name}: {self.shown}"
+
+
+@dataclass
+class Difference:
+    """One difference of a :class:`DiffReport`, whatever its kind: ``"only_a"``/``"only_b"`` (an entry on one
+    side only), ``"kind"`` (a tensor on one side, a value on the other: ``a`` and ``b`` name the kinds),
+    ``"dtype"``, ``"shape"`` (``a`` and ``b`` the dtypes, the shapes), ``"tensor"`` (values outside the
+    tolerance: ``a`` and ``b`` the values at ``first_index``), ``"value"`` (``a`` and ``b`` the values),
+    ``"unreadable"`` (``a`` the error)."""
+
+    name: str
+    kind: str
+    a: Any = None
+    b: Any = None
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    first_index: Optional[List[int]] = None
 
 
 @dataclass
 class DiffReport:
     """What :func:`diff` found; ``equal`` when both hold the same entries with values equal within the
-    tolerance."""
+    tolerance. ``str(report)`` is what ``ckpt diff`` prints (each difference with both sides, then the
+    verdict); ``differences`` lists them one by one, structured."""
 
     equal: bool
     only_a: List[str]
     only_b: List[str]
     kind_changes: List[Tuple[str, str, str]]
     tensors: List[TensorDiff]
-    values_differ: List[str]
+    values_differ: List[ValueDiff]
     values_equal: int
     unreadable: List[Tuple[str, str]]
     aligned_by_id: List[str]
@@ -593,9 +658,37 @@ class DiffReport:
     #: under which the format nests the whole state. Empty with ``raw=True``.
     layout_a: Dict[str, Any]
     layout_b: Dict[str, Any]
+    #: The report as ``ckpt diff`` prints it (``str(report)``).
+    text: str = field(default="", repr=False)
 
     def __bool__(self) -> bool:
         return self.equal
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        n = len(self.differences)
+        return f"<DiffReport {'equal' if self.equal else f'{n} difference' + ('' if n == 1 else 's')}>"
+
+    @property
+    def differences(self) -> List[Difference]:
+        """Every difference, structured (:class:`Difference`), in the order ``str()`` lists them."""
+        out = [Difference(n, "only_a") for n in self.only_a] + [Difference(n, "only_b") for n in self.only_b]
+        out += [Difference(n, "kind", ka, kb) for n, ka, kb in self.kind_changes]
+        for t in self.tensors:
+            if t.equal:
+                continue
+            if t.shape[0] != t.shape[1]:
+                out.append(Difference(t.name, "shape", list(t.shape[0]), list(t.shape[1])))
+            elif t.dtype[0] != t.dtype[1]:
+                out.append(Difference(t.name, "dtype", t.dtype[0], t.dtype[1], t.max_abs, t.max_rel, t.first_index))
+            else:
+                a, b = t.first_values if t.first_values is not None else (None, None)
+                out.append(Difference(t.name, "tensor", a, b, t.max_abs, t.max_rel, t.first_index))
+        out += [Difference(v.name, "value", v.a, v.b) for v in self.values_differ]
+        out += [Difference(n, "unreadable", e) for n, e in self.unreadable]
+        return out
 
 
 def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: int = 1,
@@ -628,7 +721,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
             recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
             pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
             include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
-            strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Optional[str] = None,
+            strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Any = None,
             progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
             storage_options: StorageOptions = None, dense: bool = False, quant: Optional[str] = None,
             model_only: bool = False, overwrite: bool = False, **limits: Any) -> ConvertSummary:
@@ -638,7 +731,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
     ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
-    ``"f16"``, ``"f32"``, ``"f64"``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
+    ``"f16"``, ``"f32"``, ``"f64"``; or a numpy or torch dtype: ``np.float16``, ``torch.bfloat16``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
     dequantized to float32 as torch's ``dequantize()``, ``to_dense()``), ``model_only`` (DeepSpeed and Megatron:
     the model's weights only, what ``transformers`` loads, as ``--model-only``; by default every entry
     :func:`inspect` lists is converted). A selection that selects nothing (an ``include`` pattern that matches
@@ -670,7 +763,7 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
     exc = [exclude] if isinstance(exclude, str) else list(exclude)
     s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
                       recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
-                      exc, strip_prefix, add_prefix, dtype, _limits(limits), progress, sync, checksums,
+                      exc, strip_prefix, add_prefix, dtype_arg(dtype), _limits(limits), progress, sync, checksums,
                       _storage(storage_options), dense, quant, model_only, overwrite)
     return ConvertSummary(*s)
 
@@ -716,6 +809,7 @@ def diff(a: PathLike, b: PathLike, *, rtol: float = 1e-5, atol: float = 1e-8, pr
     """
     r = _ckpt.diff(_path(a), _path(b), rtol, atol, _limits(limits), progress, raw, _storage(storage_options))
     r["tensors"] = [TensorDiff(**t) for t in r["tensors"]]
+    r["values_differ"] = [ValueDiff(**v) for v in r["values_differ"]]
     return DiffReport(**r)
 
 

@@ -122,3 +122,27 @@ def dtype_name(array: Any) -> str:
     'float32'
     """
     return torch_name(array.dtype)
+
+
+def dtype_arg(dtype: Any, where: str = "dtype") -> Any:
+    """A ``dtype=`` argument as the name ckpt takes: a string as it is (``"bf16"``, ``"float16"``), a numpy
+    dtype or scalar type (``np.float16``, ``np.dtype("float16")``, ml_dtypes' ``bfloat16``) and a torch dtype
+    (``torch.bfloat16``) by their name; ``None`` as it is.
+
+    Raises:
+        TypeError: for anything else, naming the forms accepted.
+    """
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    module = type(dtype).__module__
+    if module.startswith("torch") and type(dtype).__name__ == "dtype":
+        return str(dtype).removeprefix("torch.")
+    if module.startswith("numpy") or isinstance(dtype, type):
+        import numpy as np  # noqa: PLC0415
+
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            pass
+    raise TypeError(f"{where}={dtype!r}: expected a dtype name (\"bf16\", \"float16\"), a numpy dtype "
+                    f"(np.float16, np.dtype(\"float16\")) or a torch dtype (torch.bfloat16)")

@@ -25,6 +25,7 @@ import io
 import os
 import uuid
 from typing import TYPE_CHECKING, Any, List, Sequence
+from ._dtypes import dtype_arg
 
 __all__ = ["Reader", "Writer"]
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # what type checkers see; the class itself is made on first u
         def __init__(self, path: "str | os.PathLike[str] | None" = None, *, to: str = "dcp",
                      dcp_profile: "str | None" = None, storage_options: "dict[str, str] | None" = None,
                      sync: bool = True, checksums: bool = True, max_shard_size: "int | str | None" = None,
-                     dtype: "str | None" = None, include: "str | Sequence[str]" = (),
+                     dtype: Any = None, include: "str | Sequence[str]" = (),
                      exclude: "str | Sequence[str]" = (), strip_prefix: "str | None" = None,
                      add_prefix: "str | None" = None) -> None: ...
 
@@ -527,7 +528,7 @@ def _writer_class() -> Any:
         def __init__(self, path: "str | os.PathLike[str] | None" = None, *, to: str = "dcp",
                      dcp_profile: "str | None" = None, storage_options: "dict[str, str] | None" = None,
                      sync: bool = True, checksums: bool = True, max_shard_size: "int | str | None" = None,
-                     dtype: "str | None" = None, include: "str | Sequence[str]" = (),
+                     dtype: Any = None, include: "str | Sequence[str]" = (),
                      exclude: "str | Sequence[str]" = (), strip_prefix: "str | None" = None,
                      add_prefix: "str | None" = None) -> None:
             super().__init__()
@@ -551,7 +552,7 @@ def _writer_class() -> Any:
             self.sync = sync
             self.checksums = checksums
             self.max_shard_size = None if max_shard_size is None else _ckpt.hf_parse_size(max_shard_size)
-            self.dtype = dtype
+            self.dtype = dtype_arg(dtype)
             self.include = [include] if isinstance(include, str) else list(include)
             self.exclude = [exclude] if isinstance(exclude, str) else list(exclude)
             self.strip_prefix = strip_prefix

@@ -77,7 +77,11 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
         | ckpt::Error::InvalidArgument { path, .. }
         | ckpt::Error::AlreadyExists { path, .. }
         | ckpt::Error::LimitExceeded { path, .. }
-        | ckpt::Error::EmptySelection { path, .. } => Some(path),
+        | ckpt::Error::EmptySelection { path, .. }
+        | ckpt::Error::DestinationTaken { path, .. }
+        | ckpt::Error::NotACheckpoint { path, .. }
+        | ckpt::Error::SpecialFile { path, .. }
+        | ckpt::Error::NoEntry { path, .. } => Some(path),
         _ => None,
     }
 }

@@ -516,10 +516,26 @@ pub(crate) fn diff<'py>(
         d.set_item("numel", t.numel)?;
         d.set_item("bytewise", t.bytewise)?;
         d.set_item("equal", t.is_equal())?;
+        d.set_item("first_index", t.first_index.clone())?;
+        d.set_item("first_values", t.first_values)?;
+        d.set_item("shown", t.shown())?;
         tensors.append(d)?;
     }
     out.set_item("tensors", tensors)?;
-    out.set_item("values_differ", r.values_differ.clone())?;
+    // Each differing value with both sides, as numpy values.
+    let to = ToPy::new(Framework::Numpy, None);
+    let values = PyList::empty(py);
+    for v in &r.values_differ {
+        let d = PyDict::new(py);
+        d.set_item("name", &v.name)?;
+        d.set_item("a", to.value(py, &v.a)?)?;
+        d.set_item("b", to.value(py, &v.b)?)?;
+        d.set_item("shown", v.shown())?;
+        values.append(d)?;
+    }
+    out.set_item("values_differ", values)?;
+    let text = r.lines(&shown(&a).display().to_string(), &shown(&b).display().to_string(), &options, false, false);
+    out.set_item("text", text.join("\n"))?;
     out.set_item("values_equal", r.values_equal)?;
     out.set_item("unreadable", r.unreadable.clone())?;
     out.set_item("aligned_by_id", r.aligned_by_id.clone())?;
@@ -556,4 +572,11 @@ pub(crate) fn detect(
 #[pyfunction]
 pub(crate) fn formats() -> Vec<(&'static str, &'static str, bool)> {
     Format::ALL.iter().map(|f| (f.name(), f.about(), ckpt::reshard_formats().contains(f))).collect()
+}
+
+/// `ckpt.Checkpoint`'s did-you-mean: the names of `names` near `wanted`, best first, at most `n`
+/// (`ckpt::suggest::did_you_mean`, the CLI's ranking).
+#[pyfunction]
+pub(crate) fn did_you_mean(wanted: &str, names: Vec<String>, n: usize) -> Vec<String> {
+    ckpt::suggest::did_you_mean(wanted, names.iter().map(String::as_str), n).into_iter().map(str::to_owned).collect()
 }

@@ -30,7 +30,10 @@ pub enum GgufError {
         version: u32,
     },
     /// The file ends inside the header.
-    #[error("malformed data: GGUF file truncated: {what} at byte {at} needs {needed} bytes, {available} remain")]
+    #[error(
+        "malformed data: GGUF file truncated: {what} at byte {at} needs {needed} bytes, {available} remain (a copy or \
+         download cut short?)"
+    )]
     Truncated {
         /// What was being read.
         what: String,
@@ -44,7 +47,7 @@ pub enum GgufError {
     /// A count (of keys, tensors, array elements or string bytes) larger than the rest of the file could hold.
     #[error(
         "malformed data: GGUF {what} counts {count}, but the {available} bytes left in the file hold at most \
-         {most} (a corrupt or hostile file)"
+         {most} (the file is truncated, or corrupt)"
     )]
     CountTooLarge {
         /// What is counted.

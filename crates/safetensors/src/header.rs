@@ -57,7 +57,10 @@ pub enum HeaderError {
         limit: u64,
     },
     /// The header length points past the end of the file.
-    #[error("header length {header_len} runs past the end of the {file_len}-byte file")]
+    #[error(
+        "header length {header_len} runs past the end of the {file_len}-byte file: the file is truncated (a copy or \
+         download cut short?) or not a safetensors file"
+    )]
     PastEnd {
         /// The header length read from the first 8 bytes.
         header_len: u64,
@@ -337,7 +340,9 @@ fn check_tiling(entries: &[HeaderEntry], data_len: usize) -> Result<(), HeaderEr
             )));
         }
         if end > data_len {
-            return Err(bad(format!("data_offsets [{b}, {end}] run past the {data_len}-byte data region")));
+            return Err(bad(format!(
+                "data_offsets [{b}, {end}] run past the {data_len}-byte data region (the file is truncated?)"
+            )));
         }
         cursor = end;
     }

@@ -102,9 +102,15 @@ const METHOD_DEFLATE: u16 = 8;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ZipError {
-    /// No end of central directory signature in the last 65 557 bytes: not a ZIP archive.
-    #[error("not a ZIP archive: no end of central directory record found")]
-    NotZip,
+    /// No end of central directory signature in the last 65 557 bytes: a ZIP archive cut short, or not one.
+    #[error(
+        "no end of central directory record found: the file is truncated ({len} bytes; a copy or download cut \
+         short?) or not a ZIP archive"
+    )]
+    NotZip {
+        /// The archive's length in bytes.
+        len: u64,
+    },
 
     /// A structure extends past the end of the available bytes.
     #[error("truncated archive: {what} at offset {offset} needs {needed} bytes, only {available} available")]

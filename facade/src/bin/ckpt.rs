@@ -493,80 +493,10 @@ fn diff(
     report_lazy(b, storage, &b_staged)?;
     let report = report?;
     let mut out = std::io::stdout().lock();
-    let mut w = |line: String| writeln!(out, "{line}").map_err(stdout_err);
-    for n in &report.only_a {
-        w(format!("only in {}: {n}", a.display()))?;
-    }
-    for n in &report.only_b {
-        w(format!("only in {}: {n}", b.display()))?;
-    }
-    for (n, ka, kb) in &report.kind_changes {
-        w(format!("kind changed: {n}: {ka} -> {kb}"))?;
-    }
-    let mut differing = 0usize;
-    for t in &report.tensors {
-        let equal = t.is_equal();
-        if equal && !all {
-            continue;
-        }
-        differing += usize::from(!equal);
-        let mut notes = Vec::new();
-        if t.dtype.0 != t.dtype.1 {
-            notes.push(format!("dtype {} -> {}", t.dtype.0.torch_name(), t.dtype.1.torch_name()));
-        }
-        if t.shape.0 != t.shape.1 {
-            notes.push(format!("shape {:?} -> {:?}", t.shape.0, t.shape.1));
-        } else if t.bytewise {
-            notes.push(format!("{} of {} elements differ (compared as bytes)", t.mismatched, t.numel));
-        } else {
-            notes.push(format!(
-                "max abs diff {:e}, max rel diff {:e}, {} of {} elements outside tolerance",
-                t.max_abs, t.max_rel, t.mismatched, t.numel
-            ));
-        }
-        w(format!("{}: {}: {}", if equal { "equal" } else { "differs" }, t.name, notes.join("; ")))?;
-    }
-    for n in &report.values_differ {
-        w(format!("value differs: {n}"))?;
-    }
-    for (n, e) in &report.unreadable {
-        w(format!("unreadable: {n}: {e}"))?;
+    for line in report.lines(&a.display().to_string(), &b.display().to_string(), &options, all, quiet) {
+        writeln!(out, "{line}").map_err(stdout_err)?;
     }
     let equal = report.is_equal();
-    if !quiet && !report.aligned_by_id.is_empty() {
-        w(format!("rows compared by id (another shard layout): {}", report.aligned_by_id.join(", ")))?;
-    }
-    // Each side's layout: its format's bookkeeping (not compared) and the prefix it nests the state under.
-    for (side, l) in [("a", &report.layout_a), ("b", &report.layout_b)] {
-        if quiet || l.is_empty() {
-            continue;
-        }
-        let format = l.format.map_or_else(String::new, |f| format!(" ({f})"));
-        if !l.keys.is_empty() {
-            w(format!("layout keys: {side}: {}{format}", l.keys.join(", ")))?;
-        }
-        if let Some(prefix) = &l.nested_under {
-            w(format!("state nested under: {side}: {prefix}{format}"))?;
-        }
-    }
-    if !quiet || !equal {
-        let compared = format!(
-            "{} tensors, {} values compared (rtol {rtol:e}, atol {atol:e})",
-            report.tensors.len(),
-            report.values_equal + report.values_differ.len()
-        );
-        if equal {
-            w(format!("equal: {compared}"))?;
-        } else {
-            let n = report.only_a.len()
-                + report.only_b.len()
-                + report.kind_changes.len()
-                + differing
-                + report.values_differ.len()
-                + report.unreadable.len();
-            w(format!("DIFFERENT: {n} difference{}; {compared}", if n == 1 { "" } else { "s" }))?;
-        }
-    }
     Ok(equal)
 }
 
@@ -1029,6 +959,18 @@ fn inspect(c: &Checkpoint, shown: &Path, json: bool, selection: &ckpt::Selection
 }
 
 fn cat(c: &Checkpoint, name: &str, limit: usize) -> ckpt::Result<()> {
+    // A prefix of entries (`state_dict` of `state_dict.model.w`): every entry under it, each after its name.
+    let under = c.entries_under(name);
+    if !under.is_empty() {
+        for (i, full) in under.iter().enumerate() {
+            let mut out = std::io::stdout().lock();
+            let gap = if i == 0 { "" } else { "\n" };
+            writeln!(out, "{gap}{full}:").map_err(|e| ckpt::Error::Io { path: "<stdout>".into(), source: e })?;
+            drop(out);
+            cat(c, full, limit)?;
+        }
+        return Ok(());
+    }
     // A numpy value of a dtype with no tensor counterpart is asked as a tensor, whose error names the dtype.
     let is_tensor = c.entries().iter().find(|e| e.name == name).is_none_or(|e| e.tensor_info().is_some())
         || c.value(name).is_ok_and(|v| ckpt::tensor::value::numpy_unsupported(&v).is_some());

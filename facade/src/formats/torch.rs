@@ -19,9 +19,14 @@ use ckpt_tensor::Value;
 
 pub(crate) struct Torch;
 
+/// A file the torch codec does not recognise (nor detection any other format) says what it looks like
+/// ([`crate::looks_like`]); any other error is the codec's.
 impl Cause for ckpt_torch::Error {
     fn at(self, path: &Path) -> Error {
-        ckpt_tensor::Error::from(self).at(path)
+        match unrecognized(&self) {
+            Some(head) => Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::looks_like(head) },
+            None => ckpt_tensor::Error::from(self).at(path),
+        }
     }
 }
 
@@ -127,10 +132,13 @@ impl Adaptor for Torch {
         Ok(())
     }
 
-    /// The torch codec names the wrong-file cases: a git-LFS pointer, an HTML page, a TAR-era archive, an
-    /// empty file.
+    /// The torch codec names the torch files of old that it does not read: a TAR-era archive, a preview
+    /// release's (what other files look like, detection says: [`crate::looks_like`]).
     fn explain(&self, head: &[u8], path: &Path) -> Option<Error> {
-        ckpt_torch::detect(head).err().map(|e| Cause::at(e, path))
+        match ckpt_torch::detect(head) {
+            Err(e @ (ckpt_torch::Error::TarFormat | ckpt_torch::Error::PreviewFormat)) => Some(Cause::at(e, path)),
+            _ => None,
+        }
     }
 }
 
@@ -144,6 +152,16 @@ fn script_selected(state_dict: &ckpt_tensor::Dict, selection: &Selection) -> ckp
         !ckpt_torch::Script::is_extra(name) || (!selection.include.is_empty() && selection.keeps(name))
     });
     out
+}
+
+/// The leading bytes of a file the torch codec did not recognise (an empty one: none), when that is the error.
+fn unrecognized(e: &ckpt_torch::Error) -> Option<&[u8]> {
+    match e {
+        ckpt_torch::Error::At { source, .. } => unrecognized(source),
+        ckpt_torch::Error::Unrecognized { head } => Some(head),
+        ckpt_torch::Error::Empty => Some(&[]),
+        _ => None,
+    }
 }
 
 /// The `torch.save` reader's options under `limits` (its pickle limits); the formats made of `torch.save`

@@ -423,7 +423,7 @@ impl Archive {
     /// # Errors
     /// [`ZipError::NotZip`] without end records; their own errors.
     pub fn central_directory_range(bytes: &[u8]) -> Result<Range<u64>, ZipError> {
-        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip)?;
+        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip { len: bytes.len() as u64 })?;
         let end = read_end_records(bytes, eocd_pos)?;
         let cd_end = end.cd_offset.checked_add(end.cd_size).ok_or(ZipError::CentralDirectoryMisplaced {
             cd_offset: end.cd_offset,
@@ -528,7 +528,7 @@ impl Archive {
     /// The central directory, each record's data offset read from its local header or predicted.
     fn parse_central(bytes: &[u8], locals: LocalHeaders) -> Result<Archive, ZipError> {
         let len = bytes.len() as u64;
-        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip)?;
+        let eocd_pos = find_eocd(bytes).ok_or(ZipError::NotZip { len: bytes.len() as u64 })?;
         let end = read_end_records(bytes, eocd_pos)?;
 
         let misplaced = || ZipError::CentralDirectoryMisplaced {
