@@ -28,7 +28,7 @@ fn matches_tag(tag: &str, e: &Error) -> bool {
         "out_of_bounds" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::StoredSizeMismatch { .. })),
         "record_too_short" => matches!(e, Error::StorageSize { .. }),
         "tar_legacy" => matches!(e, Error::TarFormat),
-        "truncated" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::NotZip)),
+        "truncated" => matches!(e, Error::Zip(ZipError::Truncated { .. } | ZipError::NotZip { .. })),
         "view_out_of_bounds" => matches!(e, Error::BadView { .. }),
         other => panic!("unknown tag {other} in EXPECTED.json"),
     }

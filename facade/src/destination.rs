@@ -16,7 +16,8 @@ use crate::format::Format;
 /// What stands at a destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Standing {
-    /// Nothing: no file, or an empty directory where the target is a directory.
+    /// Nothing: no file, or an empty directory where the target is a directory (for `hf`, also a model
+    /// directory of config and tokenizer files alone, [`ckpt_safetensors::hf::MODEL_FILES`]).
     Nothing,
     /// A checkpoint of the target format, which the write replaces (its writer's crash-safe replace).
     Same,
@@ -26,7 +27,7 @@ pub enum Standing {
 
 /// How a write reaches its destination once [`check`] allowed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Plan {
+pub enum Plan {
     /// Write at the destination itself: it is new, or a checkpoint of the target format.
     Direct,
     /// Write at this staging path beside the destination, then [`commit`] swaps it in whole.
@@ -35,7 +36,7 @@ pub(crate) enum Plan {
 
 impl Plan {
     /// Where the writer writes.
-    pub(crate) fn path<'a>(&'a self, dst: &'a Path) -> &'a Path {
+    pub fn path<'a>(&'a self, dst: &'a Path) -> &'a Path {
         match self {
             Plan::Direct => dst,
             Plan::Replace(staging) => staging,
@@ -65,6 +66,11 @@ pub fn standing(dst: &Path, to: Format) -> Result<Standing> {
         }
         if names.is_empty() {
             return Ok(if is_one_file(to) { Standing::Other("an empty directory".into()) } else { Standing::Nothing });
+        }
+        // A Hugging Face model directory without its weights yet (config.json, the tokenizer): shards go in
+        // beside them.
+        if to == Format::Hf && names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str())) {
+            return Ok(Standing::Nothing);
         }
         return Ok(match crate::formats::detect(dst) {
             Ok(found) if found == to => Standing::Same,
@@ -117,7 +123,7 @@ fn a_checkpoint(format: Format) -> String {
 /// [`Error::InvalidArgument`] for a path ending in `/` where `to` writes one file;
 /// [`Error::DestinationTaken`] for anything else than a checkpoint of `to` at `dst` without `overwrite`;
 /// I/O errors reading the destination.
-pub(crate) fn check(dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
+pub fn check(dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
     if is_one_file(to) && dst.as_os_str().to_string_lossy().ends_with('/') {
         return Err(Error::InvalidArgument {
             path: dst.to_path_buf(),
@@ -154,7 +160,7 @@ pub(crate) fn check(dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
 ///
 /// # Errors
 /// The commit's errors, about `dst`.
-pub(crate) fn commit(plan: &Plan, dst: &Path, sync: bool) -> Result<()> {
+pub fn commit(plan: &Plan, dst: &Path, sync: bool) -> Result<()> {
     match plan {
         Plan::Direct => Ok(()),
         Plan::Replace(staging) => ckpt_io::replace_whole(staging, dst, sync).map_err(|e| commit_error(dst, e)),
@@ -174,7 +180,7 @@ pub(crate) fn plan_of_root(dst: &Path, replace: bool) -> Result<Plan> {
 }
 
 /// Removes what a failed [`Plan::Replace`] write left at its staging path (the destination is untouched).
-pub(crate) fn abandon(plan: &Plan) {
+pub fn abandon(plan: &Plan) {
     if let Plan::Replace(staging) = plan {
         let _ = std::fs::remove_dir_all(staging).or_else(|_| std::fs::remove_file(staging));
     }

@@ -108,7 +108,7 @@ mod adaptor;
 
 mod formats;
 
-mod destination;
+pub mod destination;
 mod open;
 
 mod convert;

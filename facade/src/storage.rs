@@ -460,7 +460,10 @@ pub fn check_destination(
     // A checkpoint of `to`, or what a save of `to` that did not commit left (its objects only, which the
     // next save removes).
     let owned = layout(to).owned;
-    if (found == Some(to) || objects.iter().all(|o| owned(&o.name))) && !overwrite {
+    // A Hugging Face model directory without its weights yet (config.json, the tokenizer): shards go in
+    // beside them, as on a local path.
+    let model_files = to == Format::Hf && names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str()));
+    if (found == Some(to) || model_files || objects.iter().all(|o| owned(&o.name))) && !overwrite {
         return Ok(None);
     }
     if overwrite {

@@ -274,3 +274,31 @@ fn convert_in_checks_the_destination_on_every_process() {
     assert!(!dst.join("notes.txt").exists());
     assert!(dst.join(".metadata").exists() && dst.join("__1_0.distcp").exists());
 }
+
+#[test]
+fn hf_shards_go_into_a_model_directory_waiting_for_its_weights() {
+    // config.json and the tokenizer's files, as transformers writes them before the weights: the shards go in
+    // beside them, which stay; a file of another kind there is still refused.
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("model");
+    std::fs::create_dir(&dst).unwrap();
+    for name in ["config.json", "tokenizer.json", "generation_config.json"] {
+        std::fs::write(dst.join(name), "{}").unwrap();
+    }
+    write(Format::Hf, &dst, false, false).unwrap();
+    let names = listing(&dst);
+    for name in ["config.json", "tokenizer.json", "generation_config.json", "model.safetensors"] {
+        assert!(names.contains(name), "{name}: {names:?}");
+    }
+    assert_eq!(ckpt::open(&dst).unwrap().format(), Format::Hf);
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("config.json"), "{}").unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    assert!(matches!(write(Format::Hf, &other, false, false), Err(Error::DestinationTaken { .. })));
+    // For another target, config.json alone is a directory that is not a checkpoint.
+    let dcp = tmp.path().join("dcp");
+    std::fs::create_dir(&dcp).unwrap();
+    std::fs::write(dcp.join("config.json"), "{}").unwrap();
+    assert!(matches!(write(Format::Distcp, &dcp, false, false), Err(Error::DestinationTaken { .. })));
+}

@@ -181,6 +181,7 @@ class _RankTicket:
     save it began, which each rank joins to write into the same staging area."""
 
     ticket: bytes
+    path: "str | None" = None  # where the ranks write: the destination, or an overwrite's staging path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +215,7 @@ class _HfLayout:
     entries: list
     ticket: bytes = b""
     files: list = dataclasses.field(default_factory=list)
+    path: "str | None" = None  # where the ranks write: the destination, or an overwrite's staging path
 
 
 def _nbytes(dtype: str, size: "list[int]") -> int:
@@ -353,7 +355,7 @@ def _hf_write(writer: Any, plan: Any, planner: Any) -> list:
     if writer.is_coordinator and writer._save is not None:
         save = writer._save
     else:
-        save = _ckpt.hf_join(writer._path(), lay.ticket, rank, writer.sync, writer.checksums,
+        save = _ckpt.hf_join(lay.path or writer._path(), lay.ticket, rank, writer.sync, writer.checksums,
                              writer.storage_options)
     error: "BaseException | None" = None
     local: dict = {}
@@ -519,6 +521,10 @@ def _writer_class() -> Any:
         beside the destination; the coordinator commits in ``finish``, once every rank's results are in:
         ``.metadata`` last, then the directory swapped in whole (or, for a URL, the object-store commit). A
         save killed at any moment leaves the previous checkpoint whole; the next save removes what it left.
+        The destination is a checkpoint of the same kind (replaced) or new: anything else there (a file, a
+        directory of other files, another format) fails the save with ``ckpt.UsageError`` on every rank,
+        unless ``overwrite=True``, which writes the checkpoint beside it and swaps it in whole once
+        committed (under a URL: removes the objects that stood there once the new checkpoint is committed).
         The ranks must share the destination's file system (or save to a URL).
 
         >>> dcp.save(state_dict, storage_writer=ckpt.dcp.Writer("step-1000/"))
@@ -530,7 +536,7 @@ def _writer_class() -> Any:
                      sync: bool = True, checksums: bool = True, max_shard_size: "int | str | None" = None,
                      dtype: Any = None, include: "str | Sequence[str]" = (),
                      exclude: "str | Sequence[str]" = (), strip_prefix: "str | None" = None,
-                     add_prefix: "str | None" = None) -> None:
+                     add_prefix: "str | None" = None, overwrite: bool = False) -> None:
             super().__init__()
             if to not in ("dcp", "distcp", "hf"):
                 raise ckpt.UsageError(f"ckpt.dcp.Writer: to={to!r}: \"dcp\" (a DCP checkpoint) or \"hf\" "
@@ -557,6 +563,7 @@ def _writer_class() -> Any:
             self.exclude = [exclude] if isinstance(exclude, str) else list(exclude)
             self.strip_prefix = strip_prefix
             self.add_prefix = add_prefix
+            self.overwrite = overwrite
             self.save_id = str(uuid.uuid4())
             self.rank = 0
             self.is_coordinator = True
@@ -619,16 +626,17 @@ def _writer_class() -> Any:
             if self.to == "hf":
                 layout = _hf_layout(self, plans)
                 self._save = _ckpt.hf_begin(self._path(), len(plans), self.sync, self.checksums,
-                                            self.storage_options)
+                                            self.storage_options, self.overwrite)
                 _open_saves[self._path()] = self._save
                 shared: Any = dataclasses.replace(layout, ticket=self._save.ticket(),
-                                                  files=self._save.shard_names(len(layout.shards)))
+                                                  files=self._save.shard_names(len(layout.shards)),
+                                                  path=self._save.write_path())
                 self._layout = shared
             else:
                 self._save = _ckpt.dcp_begin(self._path(), len(plans), self.dcp_profile, self.sync,
-                                             self.checksums, self.storage_options)
+                                             self.checksums, self.storage_options, self.overwrite)
                 _open_saves[self._path()] = self._save
-                shared = _RankTicket(self._save.ticket())
+                shared = _RankTicket(self._save.ticket(), self._save.write_path())
             return [dataclasses.replace(plan, storage_data=shared) for plan in plans]
 
         def write_data(self, plan: Any, planner: Any) -> Future:
@@ -643,8 +651,8 @@ def _writer_class() -> Any:
             if self.is_coordinator and self._save is not None:
                 save = self._save
             else:
-                save = _ckpt.dcp_join(self._path(), ticket.ticket, self.rank, self.dcp_profile, self.sync,
-                                      self.checksums, self.storage_options)
+                save = _ckpt.dcp_join(ticket.path or self._path(), ticket.ticket, self.rank, self.dcp_profile,
+                                      self.sync, self.checksums, self.storage_options)
             items = []
             for item in plan.items:
                 data = planner.resolve_data(item)

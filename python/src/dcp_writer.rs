@@ -15,10 +15,11 @@ use ckpt::distcp::{
 use ckpt::io::Durability;
 use ckpt::storage::Target;
 use ckpt::tensor::PathItem;
-use ckpt::{DType, Tensor, Value};
+use ckpt::{DType, Format, Tensor, Value};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::destination::Destination;
 use crate::errors::{IntoPy, usage};
 use crate::remote::{shown, storage_options, target};
 use crate::values::FromPy;
@@ -33,6 +34,11 @@ pub(crate) struct DcpRankSave {
     checkpoint_id: String,
     /// A URL destination's target, kept open until the commit.
     target: Mutex<Option<Target>>,
+    /// The coordinator's check of the destination, completed after the commit (a staged overwrite swapped
+    /// in); `None` on the other ranks.
+    destination: Mutex<Option<Destination>>,
+    /// Where the ranks write: the destination, or the staging path of an overwrite.
+    write_path: PathBuf,
 }
 
 fn options(profile: Option<&str>, sync: bool, checksums: bool, path: &Path) -> PyResult<(WriteOptions, Profile)> {
@@ -49,9 +55,12 @@ fn failed(path: &Path, e: ckpt::distcp::Error) -> PyErr {
     crate::errors::to_py(ckpt::Error::Format { path: path.to_path_buf(), source: e.into() })
 }
 
-/// `ckpt._ckpt.dcp_begin`: the coordinator begins a save of `world_size` ranks to `path`.
+/// `ckpt._ckpt.dcp_begin`: the coordinator begins a save of `world_size` ranks to `path`, after checking
+/// what stands there (`overwrite`: replace anything, whole).
 #[pyfunction]
-#[pyo3(signature = (path, world_size, dcp_profile = None, sync = true, checksums = true, storage_options = None))]
+#[pyo3(signature = (path, world_size, dcp_profile = None, sync = true, checksums = true, storage_options = None,
+    overwrite = false))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn dcp_begin(
     py: Python<'_>,
     path: PathBuf,
@@ -60,9 +69,11 @@ pub(crate) fn dcp_begin(
     sync: bool,
     checksums: bool,
     storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
+    overwrite: bool,
 ) -> PyResult<DcpRankSave> {
     let how = (dcp_profile, sync, checksums);
-    DcpRankSave::start(py, path, how, storage_options, |at, options| RankSave::begin(at, world_size, options))
+    let begin = Some(overwrite);
+    DcpRankSave::start(py, path, how, storage_options, begin, |at, options| RankSave::begin(at, world_size, options))
 }
 
 /// `ckpt._ckpt.dcp_join`: rank `rank` joins the save the coordinator's `ticket` describes.
@@ -80,7 +91,7 @@ pub(crate) fn dcp_join(
     storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
 ) -> PyResult<DcpRankSave> {
     let how = (dcp_profile, sync, checksums);
-    DcpRankSave::start(py, path, how, storage_options, |at, options| RankSave::join(at, ticket, rank, options))
+    DcpRankSave::start(py, path, how, storage_options, None, |at, options| RankSave::join(at, ticket, rank, options))
 }
 
 /// A row of `Metadata.state_dict_metadata` as `ckpt.dcp.Writer.finish` passes it: the key, then for a
@@ -96,18 +107,28 @@ type StorageRow = (String, Option<Vec<usize>>, Option<usize>, String, u64, u64, 
 
 impl DcpRankSave {
     /// Opens `path` for writing (a URL's store with `storage_options`) and starts this rank's part with
-    /// `start` (begin or join), with the GIL released. `how`: the DCP profile, sync and checksums.
+    /// `start` (begin or join), with the GIL released. `how`: the DCP profile, sync and checksums. `begin`:
+    /// on the coordinator, whether to overwrite what stands at `path` (checked first); on the other ranks
+    /// `None`, and `path` is where the coordinator writes ([`DcpRankSave::write_path`]).
     fn start(
         py: Python<'_>,
         path: PathBuf,
         how: (Option<&str>, bool, bool),
         storage_options: Option<&Bound<'_, pyo3::types::PyDict>>,
+        begin: Option<bool>,
         start: impl FnOnce(&Path, &WriteOptions) -> ckpt::distcp::Result<RankSave> + Send,
     ) -> PyResult<DcpRankSave> {
         let storage = self::storage_options(storage_options)?;
         let (options, profile) = options(how.0, how.1, how.2, &path)?;
         let shown = shown(&path);
-        let target = target(&path, &storage).py()?;
+        let destination = match begin {
+            Some(overwrite) => {
+                Some(py.detach(|| Destination::check(&path, Format::Distcp, overwrite, how.1, &storage)).py()?)
+            }
+            None => None,
+        };
+        let write_path = destination.as_ref().map_or(path.as_path(), |d| d.write_path(&path)).to_path_buf();
+        let target = target(&write_path, &storage).py()?;
         let at = target.path().to_path_buf();
         let save = py.detach(|| start(&at, &options)).map_err(|e| failed(&shown, e))?;
         Ok(DcpRankSave {
@@ -116,6 +137,8 @@ impl DcpRankSave {
             profile,
             checkpoint_id: path.to_string_lossy().into_owned(),
             target: Mutex::new(Some(target)),
+            destination: Mutex::new(destination),
+            write_path,
         })
     }
 
@@ -267,6 +290,10 @@ impl DcpRankSave {
         if let Some(target) = self.target.lock().ok().and_then(|mut t| t.take()) {
             py.detach(|| crate::remote::published(target)).py()?;
         }
+        if let Some(destination) = self.destination.lock().ok().and_then(|mut d| d.take()) {
+            let path = PathBuf::from(&self.checkpoint_id);
+            py.detach(|| destination.commit(&path)).py()?;
+        }
         Ok((report.tensors, report.bytes, report.values))
     }
 
@@ -275,5 +302,14 @@ impl DcpRankSave {
         if let Some(s) = self.save.lock().ok().and_then(|mut s| s.take()) {
             s.abort();
         }
+        if let Some(destination) = self.destination.lock().ok().and_then(|mut d| d.take()) {
+            destination.abandon();
+        }
+    }
+
+    /// Where every rank writes (the other ranks join the save there): the destination, or the staging path
+    /// of `overwrite=True`.
+    fn write_path(&self) -> String {
+        self.write_path.to_string_lossy().into_owned()
     }
 }

@@ -12,10 +12,11 @@ use ckpt::hf::{RankSave, WriteOptions};
 use ckpt::io::Durability;
 use ckpt::storage::Target;
 use ckpt::tensor::{Buffer, PathItem};
-use ckpt::{DType, Tensor, Value};
+use ckpt::{DType, Format, Tensor, Value};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use crate::destination::Destination;
 use crate::errors::{IntoPy, core_to_py, usage};
 use crate::remote::{shown, storage_options, target};
 use crate::values::FromPy;
@@ -28,6 +29,13 @@ pub(crate) struct HfRankSave {
     shown: PathBuf,
     /// A URL destination's target, kept open until the commit.
     target: Mutex<Option<Target>>,
+    /// The coordinator's check of the destination, completed after the commit (a staged overwrite swapped
+    /// in); `None` on the other ranks.
+    destination: Mutex<Option<Destination>>,
+    /// The destination as given (a path or a URL).
+    path: PathBuf,
+    /// Where the ranks write: the destination, or the staging path of an overwrite.
+    write_path: PathBuf,
 }
 
 /// An entry as `ckpt.dcp.Writer` describes it: its name, its path in the nested state dict, and either a
@@ -171,7 +179,7 @@ pub(crate) fn hf_parse_size(size: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 /// `ckpt._ckpt.hf_begin`: the coordinator begins a save of `world_size` ranks to `path`.
 #[pyfunction]
-#[pyo3(signature = (path, world_size, sync = true, checksums = true, storage_options = None))]
+#[pyo3(signature = (path, world_size, sync = true, checksums = true, storage_options = None, overwrite = false))]
 pub(crate) fn hf_begin(
     py: Python<'_>,
     path: PathBuf,
@@ -179,8 +187,10 @@ pub(crate) fn hf_begin(
     sync: bool,
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
+    overwrite: bool,
 ) -> PyResult<HfRankSave> {
-    HfRankSave::start(py, path, (sync, checksums), storage_options, |at, o| RankSave::begin(at, world_size, o))
+    let how = (sync, checksums);
+    HfRankSave::start(py, path, how, storage_options, Some(overwrite), |at, o| RankSave::begin(at, world_size, o))
 }
 
 /// `ckpt._ckpt.hf_join`: rank `rank` joins the save the coordinator's `ticket` describes.
@@ -195,7 +205,7 @@ pub(crate) fn hf_join(
     checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<HfRankSave> {
-    HfRankSave::start(py, path, (sync, checksums), storage_options, |at, o| RankSave::join(at, ticket, rank, o))
+    HfRankSave::start(py, path, (sync, checksums), storage_options, None, |at, o| RankSave::join(at, ticket, rank, o))
 }
 
 impl HfRankSave {
@@ -206,15 +216,32 @@ impl HfRankSave {
         path: PathBuf,
         how: (bool, bool),
         storage_options: Option<&Bound<'_, PyDict>>,
+        begin: Option<bool>,
         start: impl FnOnce(&Path, &WriteOptions) -> ckpt::hf::Result<RankSave> + Send,
     ) -> PyResult<HfRankSave> {
         let storage = self::storage_options(storage_options)?;
         let options = write_options(None, how.0, how.1);
         let shown = shown(&path);
-        let target = target(&path, &storage).py()?;
+        // The coordinator (`begin`: whether to overwrite) checks the destination; the other ranks write where
+        // it writes.
+        let destination = match begin {
+            Some(overwrite) => {
+                Some(py.detach(|| Destination::check(&path, Format::Hf, overwrite, how.0, &storage)).py()?)
+            }
+            None => None,
+        };
+        let write_path = destination.as_ref().map_or(path.as_path(), |d| d.write_path(&path)).to_path_buf();
+        let target = target(&write_path, &storage).py()?;
         let at = target.path().to_path_buf();
         let save = py.detach(|| start(&at, &options)).map_err(|e| core_to_py(e.into(), &shown))?;
-        Ok(HfRankSave { save: Mutex::new(Some(save)), shown, target: Mutex::new(Some(target)) })
+        Ok(HfRankSave {
+            save: Mutex::new(Some(save)),
+            shown,
+            target: Mutex::new(Some(target)),
+            destination: Mutex::new(destination),
+            path,
+            write_path,
+        })
     }
 
     fn with<T>(&self, f: impl FnOnce(&RankSave) -> PyResult<T>) -> PyResult<T> {
@@ -292,6 +319,9 @@ impl HfRankSave {
         if let Some(target) = self.target.lock().ok().and_then(|mut t| t.take()) {
             py.detach(|| crate::remote::published(target)).py()?;
         }
+        if let Some(destination) = self.destination.lock().ok().and_then(|mut d| d.take()) {
+            py.detach(|| destination.commit(&self.path)).py()?;
+        }
         Ok(())
     }
 
@@ -300,5 +330,14 @@ impl HfRankSave {
         if let Some(s) = self.save.lock().ok().and_then(|mut s| s.take()) {
             s.abort();
         }
+        if let Some(destination) = self.destination.lock().ok().and_then(|mut d| d.take()) {
+            destination.abandon();
+        }
+    }
+
+    /// Where every rank writes (the other ranks join the save there): the destination, or the staging path
+    /// of `overwrite=True`.
+    fn write_path(&self) -> String {
+        self.write_path.to_string_lossy().into_owned()
     }
 }

@@ -16,6 +16,7 @@ mod checkpoint;
 mod cli;
 mod dcp;
 mod dcp_writer;
+mod destination;
 mod errors;
 mod hf_writer;
 mod ops;

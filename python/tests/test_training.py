@@ -101,6 +101,42 @@ def test_a_destination_that_is_not_a_checkpoint_directory_is_refused_and_left_al
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "nothing staged or committed"
 
 
+def test_overwrite_replaces_what_is_not_a_checkpoint_whole(tmp_path: Path) -> None:
+    # One process: a text file, then a directory of other files (an hfai checkpoint's names), replaced whole.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    dcp.save({"w": torch.ones(3)}, storage_writer=ckpt.dcp.Writer(notes, overwrite=True), no_dist=True)
+    assert notes.is_dir() and torch.equal(whole(notes)["w"], torch.ones(3))
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("PART_000.pt", "README.md"):
+        (other / name).write_text("not ours")
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException) as e:
+        dcp.save({"w": torch.ones(3)}, storage_writer=ckpt.dcp.Writer(other), no_dist=True)
+    cause = e.value.failures[0][0]
+    assert isinstance(cause, ckpt.UsageError) and "overwrite=True" in str(cause), repr(cause)
+    assert sorted(p.name for p in other.iterdir()) == ["PART_000.pt", "README.md"]
+    dcp.save({"w": torch.full((2,), 5.0)}, storage_writer=ckpt.dcp.Writer(other, overwrite=True), no_dist=True)
+    assert sorted(p.name for p in other.iterdir()) == [".metadata", "__0_0.distcp", "ckpt.checksums.json"]
+    assert torch.equal(whole(other)["w"], torch.full((2,), 5.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "other"], "no staging path left"
+
+
+def test_overwrite_from_a_sharded_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every rank writes where the coordinator staged the replacement; the old directory's files are gone.
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "notes.txt").write_text("not a checkpoint")
+    monkeypatch.setenv("CKPT_TRAINING_OVERWRITE", "1")
+    job("save", tmp_path, 2)
+    ours, theirs = whole(tmp_path / "ckpt"), whole(tmp_path / "torch")
+    job_module.compare(ours, theirs, "state")
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "ckpt.checksums.json"], names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "torch"], "no staging path left"
+
+
 def test_a_torch_without_distributed_checkpoint_gets_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import ckpt.dcp as module
 

@@ -118,6 +118,16 @@ def test_a_rank_failing_mid_save_fails_it_everywhere_and_keeps_the_previous_shar
     assert not list(tmp_path.glob(".hf.ckpt-staging*"))
 
 
+def test_overwrite_replaces_a_directory_of_other_files_from_two_ranks(tmp_path: Path) -> None:
+    (tmp_path / "hf").mkdir()
+    for name in ("notes.txt", "PART_000.pt"):
+        (tmp_path / "hf" / name).write_text("not ours")
+    job("save", tmp_path, 2, {"max_shard_size": "1KB", "overwrite": True})
+    files = assert_same_as_convert(tmp_path, {"max_shard_size": "1KB"})  # nothing of the old directory left
+    assert "model.safetensors.index.json" in files and "notes.txt" not in files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "hf", "torch"], "no staging path left"
+
+
 def test_options_that_do_not_apply_are_refused() -> None:
     import ckpt.dcp
 

@@ -156,7 +156,9 @@ def rank_main(rank: int, world: int, port: int, scenario: str, out: str) -> None
             _, _, sd = build(rank, world, trained=True)
             # CKPT_TRAINING_URL: save to that object-store URL instead of OUT/ckpt.
             dest = os.environ.get("CKPT_TRAINING_URL") or out_dir / "ckpt"
-            meta = dcp.save(sd, storage_writer=ckpt.dcp.Writer(dest))
+            # CKPT_TRAINING_OVERWRITE=1: replace whatever stands there (Writer(overwrite=True)).
+            overwrite = os.environ.get("CKPT_TRAINING_OVERWRITE") == "1"
+            meta = dcp.save(sd, storage_writer=ckpt.dcp.Writer(dest, overwrite=overwrite))
             assert not any(str(k.fqn).startswith("ckpt.") for k in meta.storage_data), "a rank report leaked"
             dcp.save(sd, storage_writer=dcp.FileSystemWriter(out_dir / "torch"))
         elif scenario in ("async_thread", "async_process"):

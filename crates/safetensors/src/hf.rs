@@ -47,3 +47,24 @@ pub use write::{OBJECT_LAYOUT, WriteOptions, save, save_entries, save_entries_ra
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// The file of a checkpoint in one shard.
 pub const SINGLE_FILE: &str = "model.safetensors";
+
+/// The files a Hugging Face model directory holds beside its weights, as `transformers` and
+/// `huggingface_hub` write them (the model's and the generation's config, the tokenizer's files, the chat
+/// template, the model card): a directory of these alone is a model waiting for its weights, which a save
+/// of shards completes (the writers carry them into the new directory).
+pub const MODEL_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "README.md",
+];
