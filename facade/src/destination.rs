@@ -93,22 +93,13 @@ pub fn standing(dst: &Path, to: Format) -> Result<Standing> {
         Err(_) => {
             let mut head = Vec::new();
             File::open(dst).at(dst)?.take(4096).read_to_end(&mut head).at(dst)?;
-            Ok(Standing::Other(
-                if head.is_empty() {
-                    "an empty file"
-                } else if !head.contains(&0) && std::str::from_utf8(&head).is_ok() {
-                    "a text file"
-                } else {
-                    "a file that is not a checkpoint"
-                }
-                .into(),
-            ))
+            Ok(Standing::Other(crate::format::looks_like(&head)))
         }
     }
 }
 
 /// "a torch checkpoint", "an hfai checkpoint".
-fn a_checkpoint(format: Format) -> String {
+pub(crate) fn a_checkpoint(format: Format) -> String {
     let name = format.name();
     // Read aloud: "an hfai", "an hf", "a gguf", "a safetensors".
     let article = if name.starts_with(['a', 'e', 'i', 'o', 'u', 'h']) { "an" } else { "a" };

@@ -470,10 +470,7 @@ pub fn check_destination(
         return Ok(Some(RemoteDestination { store, before: objects }));
     }
     let what = match found {
-        Some(f) => {
-            let article = if f.name().starts_with(['a', 'e', 'i', 'o', 'u', 'h']) { "an" } else { "a" };
-            format!("{article} {f} checkpoint")
-        }
+        Some(f) => crate::destination::a_checkpoint(f),
         None => {
             let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
             let more = if names.len() > 3 { ", ..." } else { "" };

@@ -436,7 +436,7 @@ fn convert_refuses_what_is_not_a_checkpoint_of_the_target_format() {
     std::fs::write(&precious, "keep\n").unwrap();
     let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("a text file is there"), "{err}");
+    assert!(err.contains("a text file (starts with \"keep\") is there"), "{err}");
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep\n");
     let (code, _, err) = run(&[&"convert", &d215, &precious, &"--to", &"torch", &"--overwrite"]);
     assert_eq!(code, 0, "{err}");

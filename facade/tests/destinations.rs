@@ -104,12 +104,12 @@ fn standings(to: Format) -> Vec<Standing> {
         Standing {
             label: "a text file".into(),
             make: Box::new(|p| std::fs::write(p, "precious notes\n").unwrap()),
-            refused: Some("a text file".into()),
+            refused: Some("a text file (starts with \"precious notes\")".into()),
         },
         Standing {
             label: "a binary file".into(),
             make: Box::new(|p| std::fs::write(p, [0u8, 1, 2, 3, 0xff, 0xfe, 0, 9]).unwrap()),
-            refused: Some("a file that is not a checkpoint".into()),
+            refused: Some("binary data of no format ckpt knows (first bytes 00 01 02 03 ff fe 00 09)".into()),
         },
         Standing {
             label: "a directory of other files".into(),
