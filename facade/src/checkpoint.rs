@@ -84,7 +84,7 @@ impl Checkpoint {
     /// [`Error::NoEntry`](crate::Error::NoEntry) for `name` when the checkpoint lists no such entry, with the
     /// names near it ([`crate::suggest::did_you_mean`]) and the entries under it when it is a prefix of
     /// some; `None` when it is an entry.
-    pub fn missing(&self, name: &str) -> Option<crate::Error> {
+    pub fn missing(&self, name: &str) -> Option<crate::error::Error> {
         let entries = self.entries();
         if entries.iter().any(|e| e.name == name) {
             return None;
@@ -100,7 +100,7 @@ impl Checkpoint {
             }
         }
         let near = crate::suggest::did_you_mean(name, names, 3).into_iter().map(str::to_owned).collect();
-        Some(crate::Error::NoEntry {
+        Some(crate::error::Error::NoEntry {
             path: self.path.clone(),
             name: name.to_owned(),
             did_you_mean: near,

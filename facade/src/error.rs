@@ -109,7 +109,7 @@ pub enum Error {
     },
     /// A selection selects nothing it names: an include pattern matches no entry of the checkpoint, or the
     /// exclude patterns remove every entry the includes (or the checkpoint) hold. Nothing is written.
-    #[error("{}: {}", path.display(), crate::select::empty_selection_reason(unmatched, removed, nearest))]
+    #[error("{}: {}", path.display(), empty_selection_reason(unmatched, removed, nearest))]
     EmptySelection {
         /// The checkpoint the selection was applied to.
         path: PathBuf,
@@ -138,7 +138,7 @@ pub enum Error {
         /// The format the write would have written.
         to: Format,
     },
-    /// A file that no format recognises, with what it looks like ([`crate::looks_like`]: a text file, an
+    /// A file that no format recognises, with what it looks like ([`crate::format::looks_like`]: a text file, an
     /// empty file, a gzip file, ...).
     #[error(
         "{}: not a checkpoint: this is {looks_like}; ckpt reads torch.save, safetensors, GGUF and pickle files and \
@@ -173,6 +173,29 @@ pub enum Error {
         /// How many entries are under it (`<name>.*`).
         under: usize,
     },
+}
+
+/// Why a selection selects nothing ([`Error::EmptySelection`]): the include patterns that match no
+/// entry with the names nearest them, or how many entries the exclude patterns removed.
+fn empty_selection_reason(unmatched: &[String], removed: &usize, nearest: &[String]) -> String {
+    if unmatched.is_empty() {
+        return format!(
+            "the exclude patterns remove every entry the selection would otherwise keep ({removed}), so it \
+             selects nothing; loosen --exclude (`ckpt inspect --include ...` lists what each pattern matches)"
+        );
+    }
+    let patterns: Vec<String> = unmatched.iter().map(|p| format!("{p:?}")).collect();
+    let (what, verb) =
+        if unmatched.len() == 1 { ("include pattern", "matches") } else { ("include patterns", "match") };
+    let hint = if nearest.is_empty() {
+        "the checkpoint has no entries".to_owned()
+    } else {
+        format!("the nearest names are {}", nearest.join(", "))
+    };
+    format!(
+        "the {what} {} {verb} no entry ({hint}; `ckpt inspect` lists every name, and `*` matches dots too)",
+        patterns.join(", ")
+    )
 }
 
 /// What [`Error::NoEntry`] adds to "no entry X": the entries under it, or the names near it.

@@ -169,7 +169,7 @@ pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adapto
 /// # Errors
 /// [`Error::Io`] if the path cannot be read, [`Error::SpecialFile`] for a named pipe, a socket or a device,
 /// [`Error::UnknownFormat`] for a directory no format recognises (listing the marker files looked for),
-/// [`Error::NotACheckpoint`] for a file (saying what it looks like: [`crate::looks_like`]), or the torch
+/// [`Error::NotACheckpoint`] for a file (saying what it looks like: [`crate::format::looks_like`]), or the torch
 /// codec's error for a torch file of old (TAR-era).
 pub fn detect(path: &Path) -> Result<Format> {
     refuse_special(path)?;

@@ -83,7 +83,7 @@
 #![forbid(unsafe_code)]
 
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
-// 0 format; 1 error; 2 limits, select, source, display, outline, suggest; 3 checkpoint; 4 options, report;
+// 0 format, suggest; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
 // 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
 // inspect, reshard, storage, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
 mod format;

@@ -27,29 +27,6 @@ use ckpt_tensor::{DType, Fault, PathItem, Result};
 /// How many names nearest each include pattern that matched nothing an empty selection's error lists.
 const NEAREST: usize = 5;
 
-/// Why a selection selects nothing ([`crate::Error::EmptySelection`]): the include patterns that match no
-/// entry with the names nearest them, or how many entries the exclude patterns removed.
-pub(crate) fn empty_selection_reason(unmatched: &[String], removed: &usize, nearest: &[String]) -> String {
-    if unmatched.is_empty() {
-        return format!(
-            "the exclude patterns remove every entry the selection would otherwise keep ({removed}), so it \
-             selects nothing; loosen --exclude (`ckpt inspect --include ...` lists what each pattern matches)"
-        );
-    }
-    let patterns: Vec<String> = unmatched.iter().map(|p| format!("{p:?}")).collect();
-    let (what, verb) =
-        if unmatched.len() == 1 { ("include pattern", "matches") } else { ("include patterns", "match") };
-    let hint = if nearest.is_empty() {
-        "the checkpoint has no entries".to_owned()
-    } else {
-        format!("the nearest names are {}", nearest.join(", "))
-    };
-    format!(
-        "the {what} {} {verb} no entry ({hint}; `ckpt inspect` lists every name, and `*` matches dots too)",
-        patterns.join(", ")
-    )
-}
-
 /// A [`Selection`] whose options cannot be applied, one variant per rule; it converts into the core error
 /// as [`ckpt_tensor::Error::Format`] of [`Fault::InvalidArgument`].
 #[derive(Debug, thiserror::Error)]
@@ -230,7 +207,7 @@ impl Selection {
     /// ```
     ///
     /// # Errors
-    /// [`crate::Error::EmptySelection`] naming the include patterns that match nothing and the names nearest
+    /// [`crate::error::Error::EmptySelection`] naming the include patterns that match nothing and the names nearest
     /// them ([`crate::suggest::nearest`]), or how many entries the excludes removed.
     pub fn check_selects(&self, names: &[&str], path: &Path) -> crate::error::Result<()> {
         if !self.filters() || (self.include.is_empty() && names.is_empty()) {
@@ -247,14 +224,19 @@ impl Selection {
                     }
                 }
             }
-            return Err(crate::Error::EmptySelection { path: path.to_path_buf(), unmatched, removed: 0, nearest });
+            return Err(crate::error::Error::EmptySelection {
+                path: path.to_path_buf(),
+                unmatched,
+                removed: 0,
+                nearest,
+            });
         }
         if names.iter().any(|n| self.keeps(n)) {
             return Ok(());
         }
         let included = |n: &&&str| self.include.is_empty() || self.include.iter().any(|g| glob_match(g, n));
         let removed = names.iter().filter(included).count();
-        Err(crate::Error::EmptySelection { path: path.to_path_buf(), unmatched, removed, nearest: Vec::new() })
+        Err(crate::error::Error::EmptySelection { path: path.to_path_buf(), unmatched, removed, nearest: Vec::new() })
     }
 
     /// Whether the entry `name` is kept: it matches an include glob (or there are none) and no exclude glob.

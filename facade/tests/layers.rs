@@ -8,9 +8,9 @@ use std::path::Path;
 
 /// The layers, bottom first, as `src/lib.rs` lists them.
 const LAYERS: &[&[&str]] = &[
-    &["format"],
+    &["format", "suggest"],
     &["error"],
-    &["limits", "select", "source", "display", "outline", "suggest"],
+    &["limits", "select", "source", "display", "outline"],
     &["checkpoint"],
     &["options", "report"],
     &["agree"],

@@ -21,7 +21,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use crate::destination::Destination;
 use crate::errors::{IntoPy, usage};
-use crate::remote::{shown, storage_options, target};
+use crate::remote::{shown, storage_options};
 use crate::values::FromPy;
 
 /// One rank's part of a DCP save through ckpt (see the module docs).
@@ -121,14 +121,8 @@ impl DcpRankSave {
         let storage = self::storage_options(storage_options)?;
         let (options, profile) = options(how.0, how.1, how.2, &path)?;
         let shown = shown(&path);
-        let destination = match begin {
-            Some(overwrite) => {
-                Some(py.detach(|| Destination::check(&path, Format::Distcp, overwrite, how.1, &storage)).py()?)
-            }
-            None => None,
-        };
-        let write_path = destination.as_ref().map_or(path.as_path(), |d| d.write_path(&path)).to_path_buf();
-        let target = target(&write_path, &storage).py()?;
+        let (destination, write_path, target) =
+            Destination::for_rank(py, &path, Format::Distcp, begin, how.1, &storage)?;
         let at = target.path().to_path_buf();
         let save = py.detach(|| start(&at, &options)).map_err(|e| failed(&shown, e))?;
         Ok(DcpRankSave {

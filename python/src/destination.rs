@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 
 use ckpt::Format;
 use ckpt::destination::Plan;
-use ckpt::storage::{Location, RemoteDestination, StorageOptions};
+use ckpt::storage::{Location, RemoteDestination, StorageOptions, Target};
+use pyo3::prelude::*;
 
-use crate::errors::About;
-use crate::remote::place;
+use crate::errors::{About, IntoPy};
+use crate::remote::{place, target};
 
 /// The coordinator's decision about a save's destination.
 pub(crate) enum Destination {
@@ -44,6 +45,26 @@ impl Destination {
                 Ok(Destination::Remote(remote.map(Box::new)))
             }
         }
+    }
+
+    /// What a rank of a save of format `to` to `path` needs before it starts: on the coordinator (`begin`:
+    /// whether to overwrite) the destination checked; on the other ranks (`None`) nothing, `path` being
+    /// where the coordinator writes. Returns the check and where this rank writes, and the target to write.
+    pub(crate) fn for_rank(
+        py: Python<'_>,
+        path: &Path,
+        to: Format,
+        begin: Option<bool>,
+        sync: bool,
+        storage: &StorageOptions,
+    ) -> PyResult<(Option<Destination>, PathBuf, Target)> {
+        let destination = match begin {
+            Some(overwrite) => Some(py.detach(|| Destination::check(path, to, overwrite, sync, storage)).py()?),
+            None => None,
+        };
+        let write_path = destination.as_ref().map_or(path, |d| d.write_path(path)).to_path_buf();
+        let target = target(&write_path, storage).py()?;
+        Ok((destination, write_path, target))
     }
 
     /// Where every rank writes: the destination, or the staging path that replaces it.

@@ -18,7 +18,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::destination::Destination;
 use crate::errors::{IntoPy, core_to_py, usage};
-use crate::remote::{shown, storage_options, target};
+use crate::remote::{shown, storage_options};
 use crate::values::FromPy;
 
 /// One rank's part of a Hugging Face save through ckpt (see the module docs).
@@ -222,16 +222,7 @@ impl HfRankSave {
         let storage = self::storage_options(storage_options)?;
         let options = write_options(None, how.0, how.1);
         let shown = shown(&path);
-        // The coordinator (`begin`: whether to overwrite) checks the destination; the other ranks write where
-        // it writes.
-        let destination = match begin {
-            Some(overwrite) => {
-                Some(py.detach(|| Destination::check(&path, Format::Hf, overwrite, how.0, &storage)).py()?)
-            }
-            None => None,
-        };
-        let write_path = destination.as_ref().map_or(path.as_path(), |d| d.write_path(&path)).to_path_buf();
-        let target = target(&write_path, &storage).py()?;
+        let (destination, write_path, target) = Destination::for_rank(py, &path, Format::Hf, begin, how.0, &storage)?;
         let at = target.path().to_path_buf();
         let save = py.detach(|| start(&at, &options)).map_err(|e| core_to_py(e.into(), &shown))?;
         Ok(HfRankSave {

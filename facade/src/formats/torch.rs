@@ -20,11 +20,11 @@ use ckpt_tensor::Value;
 pub(crate) struct Torch;
 
 /// A file the torch codec does not recognise (nor detection any other format) says what it looks like
-/// ([`crate::looks_like`]); any other error is the codec's.
+/// ([`crate::format::looks_like`]); any other error is the codec's.
 impl Cause for ckpt_torch::Error {
     fn at(self, path: &Path) -> Error {
         match unrecognized(&self) {
-            Some(head) => Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::looks_like(head) },
+            Some(head) => Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::format::looks_like(head) },
             None => ckpt_tensor::Error::from(self).at(path),
         }
     }
@@ -133,7 +133,7 @@ impl Adaptor for Torch {
     }
 
     /// The torch codec names the torch files of old that it does not read: a TAR-era archive, a preview
-    /// release's (what other files look like, detection says: [`crate::looks_like`]).
+    /// release's (what other files look like, detection says: [`crate::format::looks_like`]).
     fn explain(&self, head: &[u8], path: &Path) -> Option<Error> {
         match ckpt_torch::detect(head) {
             Err(e @ (ckpt_torch::Error::TarFormat | ckpt_torch::Error::PreviewFormat)) => Some(Cause::at(e, path)),
