@@ -51,7 +51,7 @@ fn members(root: &Path) -> Vec<PathBuf> {
 #[test]
 #[cfg_attr(
     not(feature = "full"),
-    ignore = "needs --features full; cargo skipped the integration tests cli, cli_crash, composite, convert_memory, dtypes, gguf, layouts, matrix, open, packages, pickles, ranks, real_files, s3 and training"
+    ignore = "needs --features full; cargo skipped the integration tests cli, cli_crash, composite, convert_memory, destinations, dropped, dtypes, gguf, layouts, matrix, messages, open, packages, pickles, ranks, real_files, s3 and training"
 )]
 fn feature_gated_tests_are_declared_not_compiled_out() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

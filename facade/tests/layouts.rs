@@ -124,9 +124,15 @@ fn pbg_from_tensors_only_rebuilds_the_optimizer_state() {
         assert_eq!(m.sum(i), want.sum(i));
     }
     assert_eq!(m.lr(0), Some(lr));
-    // Converting into a directory that holds a checkpoint is refused.
-    let e = convert(&st, None, &dst, Format::Pbg, &options).unwrap_err();
-    assert!(e.to_string().contains("already holds"), "{e}");
+    // Converting into a directory that holds a PBG checkpoint replaces it whole (issue 41: a checkpoint of the
+    // target format is replaced, crash-safe), and anything else there is refused.
+    convert(&st, None, &dst, Format::Pbg, &options).unwrap();
+    assert_eq!(ckpt::pbg::PbgReader::open(&dst).unwrap().version(), 1);
+    let taken = tmp.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("notes.txt"), "mine").unwrap();
+    let e = convert(&st, None, &taken, Format::Pbg, &options).unwrap_err();
+    assert!(matches!(e, ckpt::Error::DestinationTaken { .. }), "{e}");
     python_loads(tmp.path(), &[(Format::Pbg, &dst)]);
 }
 

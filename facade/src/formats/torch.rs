@@ -24,7 +24,9 @@ pub(crate) struct Torch;
 impl Cause for ckpt_torch::Error {
     fn at(self, path: &Path) -> Error {
         match unrecognized(&self) {
-            Some(head) => Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::format::looks_like(head) },
+            Some(head) => {
+                Error::NotACheckpoint { path: path.to_path_buf(), looks_like: crate::format::looks_like(head) }
+            }
             None => ckpt_tensor::Error::from(self).at(path),
         }
     }
