@@ -6,8 +6,6 @@
 //! staging path beside it and is swapped in whole ([`ckpt_io::replace_whole`]). Every write path of the
 //! facade (`convert`, `save`, `reshard` and their `_in` variants) asks [`check`] first.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::error::{At, Error, Result};
@@ -72,10 +70,11 @@ pub fn standing(dst: &Path, to: Format) -> Result<Standing> {
         if to == Format::Hf && names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str())) {
             return Ok(Standing::Nothing);
         }
-        return Ok(match crate::formats::detect(dst) {
-            Ok(found) if found == to => Standing::Same,
-            Ok(found) => Standing::Other(a_checkpoint(found)),
-            Err(_) => {
+        // The names already read say which format it is, as detection would from them.
+        return Ok(match crate::format::recognise(&crate::format::Probe::Dir(dst, &names)) {
+            Some(found) if found == to => Standing::Same,
+            Some(found) => Standing::Other(a_checkpoint(found)),
+            None => {
                 names.sort();
                 let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
                 let more = if names.len() > 3 { ", ..." } else { "" };
@@ -84,17 +83,15 @@ pub fn standing(dst: &Path, to: Format) -> Result<Standing> {
             }
         });
     }
-    if !meta.is_file() {
-        return Ok(Standing::Other("a special file (not a regular file or directory)".into()));
-    }
+    // Detection reads the file's head once and says what anything else is (a special file, a text file, ...).
     match crate::formats::detect(dst) {
         Ok(found) if found == to => Ok(Standing::Same),
         Ok(found) => Ok(Standing::Other(a_checkpoint(found))),
-        Err(_) => {
-            let mut head = Vec::new();
-            File::open(dst).at(dst)?.take(4096).read_to_end(&mut head).at(dst)?;
-            Ok(Standing::Other(crate::format::looks_like(&head)))
-        }
+        Err(Error::NotACheckpoint { looks_like, .. }) => Ok(Standing::Other(looks_like)),
+        Err(Error::SpecialFile { kind, .. }) => Ok(Standing::Other(kind.into())),
+        Err(Error::Io { path, source }) => Err(Error::Io { path, source }),
+        // A file of a format ckpt recognises but does not read (a TAR-era torch file).
+        Err(_) => Ok(Standing::Other("a file that is not a checkpoint ckpt reads".into())),
     }
 }
 

@@ -78,7 +78,12 @@ pub fn convert_in(
 
 /// Rank 0 checks the destination ([`destination::check`]); every process learns the verdict and the plan.
 fn destination_plan(group: &dyn Collective, dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
-    let own = (group.rank() == 0).then(|| destination::check(dst, to, overwrite));
+    shared_plan(group, dst, (group.rank() == 0).then(|| destination::check(dst, to, overwrite)))
+}
+
+/// Rank 0's verdict on a write (`own`, `None` elsewhere: the plan, or why not), shared: every process gets
+/// the error or the same plan.
+fn shared_plan(group: &dyn Collective, dst: &Path, own: Option<Result<Plan>>) -> Result<Plan> {
     let replace = own.as_ref().map(|r| r.as_ref().map(|p| matches!(p, Plan::Replace(_))).map_err(clone_error));
     let replace = agree_with_root(group, replace, dst)?;
     match own {
@@ -164,12 +169,7 @@ pub fn reshard_in_with_options(
     let limits = &options.limits;
     // Rank 0 checks the request and the destination; everyone learns the outcome before anything is written.
     let checked = (group.rank() == 0).then(|| crate::reshard::check(src, dst, world_size, options.overwrite));
-    let replace = checked.as_ref().map(|r| r.as_ref().map(|c| matches!(c.2, Plan::Replace(_))).map_err(clone_error));
-    let replace = agree_with_root(group, replace, dst)?;
-    let plan = match checked {
-        Some(checked) => checked?.2,
-        None => destination::plan_of_root(dst, replace)?,
-    };
+    let plan = shared_plan(group, dst, checked.map(|r| r.map(|c| c.2)))?;
     let (format, adaptor) = crate::reshard::check_format(src)?;
     let (tensors, bytes) = crate::reshard::count(adaptor, src, limits)?;
     let written = adaptor.reshard_in(src, plan.path(dst), world_size, limits, group);

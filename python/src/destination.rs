@@ -19,7 +19,8 @@ use crate::remote::{place, target};
 pub(crate) enum Destination {
     /// A local destination: written directly or at a staging path ([`Plan`]).
     Local { dst: PathBuf, plan: Plan, sync: bool },
-    /// A URL: with `overwrite`, what stood there, removed after the commit.
+    /// A URL (with `overwrite`, what stood there, removed after the commit), or a local path the facade's
+    /// write checks itself ([`Destination::remote`]).
     Remote(Option<Box<RemoteDestination>>),
 }
 
@@ -39,12 +40,23 @@ impl Destination {
                 let plan = ckpt::destination::check(dst, to, overwrite).map_err(|e| About::at(e, &location))?;
                 Ok(Destination::Local { dst: dst.clone(), plan, sync })
             }
-            Location::Remote(_) => {
-                let remote = ckpt::storage::check_destination(&location, to, overwrite, storage)
-                    .map_err(|e| About::at(e, &location))?;
-                Ok(Destination::Remote(remote.map(Box::new)))
-            }
+            Location::Remote(_) => Destination::remote(path, to, overwrite, storage),
         }
+    }
+
+    /// For a write whose local destination the facade checks itself (`ckpt.convert`, `ckpt.save`,
+    /// `ckpt.reshard`): a URL's objects checked ([`ckpt::storage::check_destination`]); a local path passes,
+    /// and its [`Destination::commit`] does nothing.
+    pub(crate) fn remote(
+        path: &Path,
+        to: Format,
+        overwrite: bool,
+        storage: &StorageOptions,
+    ) -> Result<Destination, About> {
+        let location = place(path)?;
+        let remote =
+            ckpt::storage::check_destination(&location, to, overwrite, storage).map_err(|e| About::at(e, &location))?;
+        Ok(Destination::Remote(remote.map(Box::new)))
     }
 
     /// What a rank of a save of format `to` to `path` needs before it starts: on the coordinator (`begin`:

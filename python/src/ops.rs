@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::destination::Destination;
 use crate::errors::{About, IntoPy, usage};
 use crate::remote::{fetched, published, shown, storage_options, target};
 use crate::values::{Framework, FromPy, ToPy};
@@ -296,13 +297,13 @@ pub(crate) fn convert(
     let what = format!("converting {} to {to}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
     let target = target(&dst, &storage).py()?;
-    let remote = py.detach(|| remote_destination(&dst, to, overwrite, &storage)).py()?;
+    let remote = py.detach(|| Destination::remote(&dst, to, overwrite, &storage)).py()?;
     let estimate = || ckpt::output_estimate(staged.path(), from, &options).ok();
     let s =
         with_progress(py, progress, what, estimate, || ckpt::convert(staged.path(), from, target.path(), to, &options))
             .py()?;
     py.detach(|| published(target)).py()?;
-    py.detach(|| removed_stale(remote, &dst)).py()?;
+    py.detach(|| remote.commit(&dst)).py()?;
     Ok(summary(s))
 }
 
@@ -354,34 +355,12 @@ pub(crate) fn save(
     .with_overwrite(overwrite);
     let what = format!("saving {} as {to}", shown(&path).display());
     let target = target(&path, &storage).py()?;
-    let remote = py.detach(|| remote_destination(&path, to, overwrite, &storage)).py()?;
+    let remote = py.detach(|| Destination::remote(&path, to, overwrite, &storage)).py()?;
     let estimate = || Some(tensor_bytes(&tree));
     let s = with_progress(py, progress, what, estimate, || ckpt::save(&tree, target.path(), to, &options)).py()?;
     py.detach(|| published(target)).py()?;
-    py.detach(|| removed_stale(remote, &path)).py()?;
+    py.detach(|| remote.commit(&path)).py()?;
     Ok(summary(s))
-}
-
-/// What stands at a URL destination `dst` before a write of `to` ([`ckpt::storage::check_destination`]).
-fn remote_destination(
-    dst: &Path,
-    to: Format,
-    overwrite: bool,
-    storage: &ckpt::storage::StorageOptions,
-) -> Result<Option<ckpt::storage::RemoteDestination>, About> {
-    let location = crate::remote::place(dst)?;
-    ckpt::storage::check_destination(&location, to, overwrite, storage).map_err(|e| About::at(e, &location))
-}
-
-/// After a write with `overwrite=True` to a URL is committed, the objects of what stood there removed.
-fn removed_stale(remote: Option<ckpt::storage::RemoteDestination>, dst: &Path) -> Result<(), About> {
-    match remote {
-        Some(remote) => {
-            let location = crate::remote::place(dst)?;
-            remote.remove_stale().map_err(|e| About::at(e, &location))
-        }
-        None => Ok(()),
-    }
 }
 
 /// A verification's report as `(format, checked, bytes, problems, warnings)`.
@@ -451,7 +430,7 @@ pub(crate) fn reshard(
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
     let target = target(&dst, &storage).py()?;
     let format = ckpt::detect(staged.path()).map_err(About::from).py()?;
-    let remote = py.detach(|| remote_destination(&dst, format, overwrite, &storage)).py()?;
+    let remote = py.detach(|| Destination::remote(&dst, format, overwrite, &storage)).py()?;
     let estimate = || {
         let options = ckpt::ConvertOptions::default().with_limits(limits);
         ckpt::output_estimate(staged.path(), None, &options).ok()
@@ -462,7 +441,7 @@ pub(crate) fn reshard(
     })
     .py()?;
     py.detach(|| published(target)).py()?;
-    py.detach(|| removed_stale(remote, &dst)).py()?;
+    py.detach(|| remote.commit(&dst)).py()?;
     Ok((s.format.name(), s.world_size, s.tensors, s.bytes))
 }
 
