@@ -721,14 +721,14 @@ fn python_round_trips() {
     // DCP -> torch.save / safetensors / HF shards (ckpt's conversions of torch-written checkpoints).
     for case in ["s_mixed", "s_optim", "s_dtypes", "m3"] {
         let out = t.join(format!("{case}.pt"));
-        convert::dcp_to_torch_save(&t213(case), &out).unwrap();
+        convert::dcp_to_torch_save(&t213(case), &out, &ckpt_torch::WriteOptions::default()).unwrap();
         job(
             serde_json::json!({"kind": "pt_equals_dcp", "name": format!("dcp_to_torch_save {case}"), "pt": s(&out), "dir": s(&t213(case))}),
         );
     }
     for case in ["s_mixed", "m3"] {
         let out = t.join(format!("{case}.safetensors"));
-        let report = convert::dcp_to_safetensors(&t213(case), &out).unwrap();
+        let report = convert::dcp_to_safetensors(&t213(case), &out, &ckpt_io::Durability::default()).unwrap();
         // Lossless: every value goes into `ckpt.values`; only a value holding tensors would be skipped.
         let src = open(&t213(case));
         let values: Vec<String> =
@@ -748,7 +748,12 @@ fn python_round_trips() {
             serde_json::json!({"kind": "safetensors_equals_dcp", "name": format!("dcp_to_safetensors {case}"), "files": [s(&out)], "dir": s(&t213(case))}),
         );
         let hf = t.join(format!("{case}-hf"));
-        let report = convert::dcp_to_hf(&t213(case), &hf, 100).unwrap();
+        let report = convert::dcp_to_hf(
+            &t213(case),
+            &hf,
+            &ckpt_safetensors::hf::WriteOptions::default().with_max_shard_size(100),
+        )
+        .unwrap();
         assert!(report.files.len() > 2, "{case}: several shards expected");
         let shards: Vec<String> =
             report.files.iter().filter(|f| f.extension().is_some_and(|e| e == "safetensors")).map(|f| s(f)).collect();

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use ckpt_collective::Collective;
+use ckpt_io::storage::ObjectLayout;
 use ckpt_tensor::flatten::python_str;
 use ckpt_tensor::{Dict, EntryKind, PathItem, Value, unflatten};
 
@@ -22,7 +23,7 @@ use crate::source::SourceOptions;
 /// registry (`formats.rs`); nothing else in the facade names a format crate.
 ///
 /// Call protocol: [`open`](Adaptor::open), [`read_source`](Adaptor::read_source), [`verify`](Adaptor::verify),
-/// [`reshard`](Adaptor::reshard) and [`stream_to_torch_save`](Adaptor::stream_to_torch_save) take a path
+/// [`reshard`](Adaptor::reshard) and [`object_for_torch_save`](Adaptor::object_for_torch_save) take a path
 /// detected (or declared) as this adaptor's format; [`write`](Adaptor::write) takes a [`Source`] of any
 /// format and writes this format at `dst`; [`explain`](Adaptor::explain) takes any file no format
 /// recognised. Capabilities a format lacks have defaults: the generic reading of every entry, no streaming,
@@ -80,11 +81,14 @@ pub(crate) trait Adaptor: Sync {
     /// [`ConvertSummary::dropped`], or refused with [`Error::UnsupportedConversion`].
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary>;
 
-    /// Writes the checkpoint at `src` as one `torch.save` file at `dst` without building its state dict in
-    /// memory, when the format can (`None`: it cannot, and the torch target reads the content whole).
+    /// The object a `torch.save` target writes for the whole checkpoint at `src` instead of its content's
+    /// state dict, and what writing it counts, when the format holds more than its content (a whole pickled
+    /// module: its module objects, not only their state dict). `None`: the torch target writes the content.
+    /// A choice of what to write, not of how: the target writes either through its writer with the
+    /// conversion's options.
     // Asked by the torch target only.
     #[cfg(feature = "torch")]
-    fn stream_to_torch_save(&self, _src: &Path, _dst: &Path, _: &ReadLimits) -> Option<Result<ConvertSummary>> {
+    fn object_for_torch_save(&self, _src: &Path, _: &ReadLimits) -> Option<Result<(Value, ConvertSummary)>> {
         None
     }
 
@@ -157,6 +161,34 @@ pub(crate) trait Adaptor: Sync {
     /// every entry is state, under its own name.
     fn layout(&self, _ck: &Checkpoint, _: &ReadLimits) -> Result<Layout> {
         Ok(Layout::default())
+    }
+
+    /// How a checkpoint of this format lies on an object store: the objects under its prefix that are its
+    /// own and its commit points (the format crate's `OBJECT_LAYOUT`). Default: `None`, every object its
+    /// own and no commit point (a file format, or a directory format that commits no objects last).
+    fn object_layout(&self) -> Option<ObjectLayout> {
+        None
+    }
+
+    /// Whether this format's reader reads a partial local copy of a checkpoint on an object store (its
+    /// safetensors headers and ZIP indexes fetched, the rest sparse) through the copy's fill hook, fetching
+    /// each tensor's bytes as it reads them. Default: no; such a copy is fetched whole before it is read.
+    fn reads_partial_copy(&self) -> bool {
+        false
+    }
+
+    /// Whether a directory holding only the files `names` takes a checkpoint of this format beside them as
+    /// an empty directory would (a Hugging Face model directory of config and tokenizer files takes its
+    /// shards). Default: no.
+    fn joins_directory(&self, _names: &[String]) -> bool {
+        false
+    }
+
+    /// Whether this format's writer writes over a checkpoint of its own in place (it replaces what it
+    /// rewrites); when not, such a checkpoint is replaced whole by a staging copy swapped in. Default: in
+    /// place.
+    fn writes_over_itself(&self) -> bool {
+        true
     }
 
     /// `path` opened as this format.
@@ -245,7 +277,7 @@ impl<'a> Source<'a> {
         Source { path, origin: Origin::File(adaptor), selection, limits, options }
     }
 
-    /// The state dict `tree` held in memory, as `torch.save` would hold it (its format is [`Format::Torch`]),
+    /// The state dict `tree` held in memory, as `torch.save` would hold it (its format is [`Format::IN_MEMORY`]),
     /// to be written at `dst` (the path its errors name), the entries `selection` keeps.
     pub fn in_memory(
         tree: &'a Value,
@@ -257,7 +289,7 @@ impl<'a> Source<'a> {
         Source { path: dst, origin: Origin::Memory(tree), selection, limits, options }
     }
 
-    /// Its format: its adaptor's, or [`Format::Torch`] for a state dict in memory. Asked by the targets
+    /// Its format: its adaptor's, or [`Format::IN_MEMORY`] for a state dict in memory. Asked by the targets
     /// that name their source in what they write or report.
     #[cfg(any(
         feature = "safetensors",
@@ -273,7 +305,7 @@ impl<'a> Source<'a> {
     pub fn format(&self) -> Format {
         match self.origin {
             Origin::File(adaptor) => adaptor.format(),
-            Origin::Memory(_) => Format::Torch,
+            Origin::Memory(_) => Format::IN_MEMORY,
         }
     }
 
@@ -309,15 +341,15 @@ impl<'a> Source<'a> {
         matches!(self.origin, Origin::File(_)) && self.selection.is_identity()
     }
 
-    /// Writes it as a `torch.save` file at `dst` streaming, when its format can
-    /// ([`Adaptor::stream_to_torch_save`]) and nothing is selected.
+    /// The object a `torch.save` target writes instead of [`Source::content`]'s state dict, when its format
+    /// holds more than its content ([`Adaptor::object_for_torch_save`]) and nothing is selected.
     #[cfg(feature = "torch")]
-    pub fn stream_to_torch_save(&self, dst: &Path) -> Option<Result<ConvertSummary>> {
+    pub fn object_for_torch_save(&self) -> Option<Result<(Value, ConvertSummary)>> {
         let Origin::File(adaptor) = self.origin else { return None };
         if !self.is_whole() {
             return None;
         }
-        adaptor.stream_to_torch_save(self.path, dst, self.limits)
+        adaptor.object_for_torch_save(self.path, self.limits)
     }
 
     /// The top-level mapping of its state dict, or the reason a `to` checkpoint, which holds one, cannot
@@ -597,20 +629,6 @@ pub(crate) fn read_all(ck: &Checkpoint, depth: Depth, report: &mut VerifyReport,
     }
 }
 
-/// Checks the per-tensor checksums ckpt records in a safetensors header
-/// ([`ckpt_safetensors::checksums`]) of the file at `file`, reading every byte of its tensors; a file
-/// without them (written by another library) has nothing to check.
-#[cfg(any(feature = "safetensors", feature = "hf"))]
-pub(crate) fn check_safetensors_checksums(file: &Path, report: &mut VerifyReport) {
-    match ckpt_safetensors::SafetensorsReader::open(file).and_then(|r| ckpt_safetensors::checksums(&r)) {
-        Ok(None) => {}
-        Ok(Some(problems)) => report
-            .problems
-            .extend(problems.into_iter().map(|p| Problem::new(ProblemKind::ChecksumMismatch, p).in_file(file))),
-        Err(e) => report.push(Problem::from_error(ProblemKind::Unreadable, &e).in_file(file)),
-    }
-}
-
 /// Reads one byte of every page of `bytes` (mapped data reaches the disk), returning its length.
 fn touch(bytes: &[u8]) -> usize {
     let mut x = 0u8;
@@ -619,38 +637,4 @@ fn touch(bytes: &[u8]) -> usize {
     }
     std::hint::black_box(x);
     bytes.len()
-}
-
-/// [`Error::LimitExceeded`] when the safetensors file `path`, or a `.safetensors` file of the directory
-/// `path`, declares a header longer than [`ReadLimits::max_header_bytes`] of `limits`; checked from the 8-byte length
-/// prefix, before anything parses the header. Files too short to have a prefix are left to the parser.
-#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
-pub(crate) fn check_safetensors_headers(limits: &ReadLimits, path: &Path) -> Result<()> {
-    if !path.is_dir() {
-        return check_safetensors_header(limits, path);
-    }
-    for entry in std::fs::read_dir(path).at(path)? {
-        let file = entry.at(path)?.path();
-        if file.extension().is_some_and(|e| e == "safetensors") && file.is_file() {
-            check_safetensors_header(limits, &file)?;
-        }
-    }
-    Ok(())
-}
-
-#[cfg(any(feature = "safetensors", feature = "hf", feature = "distcp"))]
-fn check_safetensors_header(limits: &ReadLimits, path: &Path) -> Result<()> {
-    let mut file = std::fs::File::open(path).at(path)?;
-    // A file too short to have a length prefix is left to the parser, which names the rule it breaks.
-    let Some(len) = ckpt_safetensors::header::declared_len(&mut file).at(path)? else { return Ok(()) };
-    if len > limits.max_header_bytes {
-        return Err(Error::LimitExceeded {
-            path: path.to_path_buf(),
-            limit: "max_header_bytes",
-            what: "safetensors header",
-            value: len,
-            max: limits.max_header_bytes,
-        });
-    }
-    Ok(())
 }

@@ -43,7 +43,9 @@
 //!    dicts, indices make lists), else the file becomes a flat `dict` of name → tensor (what
 //!    `torch.save(safetensors.torch.load_file(f))` writes); `ckpt.values` entries come back as the values
 //!    they were.
-//! 5. distcp to torch streams tensor by tensor ([`crate::distcp::convert::dcp_to_torch_save`]).
+//! 5. every target writes through its format's writer with the options' durability and the source read
+//!    lazily: a distcp source's tensor is assembled from its items when the writer writes it and dropped
+//!    after, so a conversion holds about its largest tensor whatever the options.
 //! 6. recis to recis re-shards the sparse tables into [`ConvertOptions::world_size`] shards of
 //!    [`ConvertOptions::recis_parallel`] data files ([`crate::recis::reshard`]), each table keeping its
 //!    `slice_size` unless [`ConvertOptions::recis_slice_size`] sets one; `model.pt` and `extra.pt` are
@@ -184,7 +186,7 @@ pub fn convert(
 /// As [`convert`]: [`Error::UnsupportedConversion`] when `to` cannot hold the state dict, the writers' own.
 pub fn save(state_dict: &Value, dst: impl AsRef<Path>, to: Format, options: &ConvertOptions) -> Result<ConvertSummary> {
     let dst = dst.as_ref();
-    let (_, target) = plan(dst, Some(Format::Torch), dst, to, options)?;
+    let (_, target) = plan(dst, Some(Format::IN_MEMORY), dst, to, options)?;
     let source = Source::in_memory(state_dict, dst, &options.selection, &options.limits, &options.source);
     write_checked(dst, to, options.overwrite, options.durability.sync, |at| target.write(&source, at, options))
 }

@@ -44,7 +44,14 @@ impl Plan {
 
 /// Whether `to` writes one file (torch, safetensors, gguf) rather than a directory.
 pub(crate) fn is_one_file(to: Format) -> bool {
-    matches!(to, Format::Torch | Format::Safetensors | Format::Gguf | Format::Pickle | Format::Package)
+    to.one_file_name().is_some()
+}
+
+/// Whether a directory holding only the files `names` takes a checkpoint of `to` beside them as an empty
+/// directory would ([`Adaptor::joins_directory`](crate::adaptor::Adaptor::joins_directory): a Hugging Face
+/// model directory of config and tokenizer files takes its shards).
+pub(crate) fn joins_directory(to: Format, names: &[String]) -> bool {
+    crate::formats::enabled(to).is_some_and(|a| a.joins_directory(names))
 }
 
 /// What stands at `dst`, for a write of format `to`.
@@ -67,7 +74,7 @@ pub fn standing(dst: &Path, to: Format) -> Result<Standing> {
         }
         // A Hugging Face model directory without its weights yet (config.json, the tokenizer): shards go in
         // beside them.
-        if to == Format::Hf && names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str())) {
+        if joins_directory(to, &names) {
             return Ok(Standing::Nothing);
         }
         // The names already read say which format it is, as detection would from them.
@@ -118,21 +125,16 @@ pub fn check(dst: &Path, to: Format, overwrite: bool) -> Result<Plan> {
             reason: format!(
                 "a directory path, and a {to} checkpoint is one file: name a file (such as {}), or pick a \
                  directory format",
-                dst.join(match to {
-                    Format::Safetensors => "model.safetensors",
-                    Format::Gguf => "model.gguf",
-                    _ => "model.pt",
-                })
-                .display()
+                dst.join(to.one_file_name().unwrap_or("model.pt")).display()
             ),
         });
     }
     let standing = standing(dst, to)?;
     match (standing, overwrite) {
         (Standing::Nothing, _) => Ok(Plan::Direct),
-        // ckpt_pbg::save writes a new directory only (a PBG checkpoint's next version is PBG's own commit,
-        // `begin_commit`): a PBG checkpoint is replaced by the swap instead.
-        (Standing::Same, false) if to == Format::Pbg => {
+        // A writer that writes a new directory only (PyTorch-BigGraph's: a checkpoint's next version is its
+        // own commit) replaces a checkpoint of its format by the swap instead.
+        (Standing::Same, false) if crate::formats::enabled(to).is_some_and(|a| !a.writes_over_itself()) => {
             Ok(Plan::Replace(ckpt_io::overwrite_staging(dst).map_err(|e| commit_error(dst, e))?))
         }
         (Standing::Same, false) => Ok(Plan::Direct),

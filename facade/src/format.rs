@@ -56,6 +56,9 @@ struct Known {
     sharded: bool,
     /// Whether ckpt writes this format (a conversion to a format it only reads is refused).
     writable: bool,
+    /// For a format whose checkpoint is one file, the name such a file usually has (what a message
+    /// suggests for a directory path); `None` for a directory format.
+    file: Option<&'static str>,
     /// Whether a file's leading bytes, or a directory's file names, are this format's.
     detect: fn(&Probe<'_>) -> bool,
     /// Whether this build has the format's adaptor (its feature is on).
@@ -70,6 +73,7 @@ const KNOWN: [Known; 12] = [
         about: "torch.save files (.pt, .pth, .bin)",
         sharded: false,
         writable: true,
+        file: Some("model.pt"),
         detect: |p| p.magic(0, b"PK\x03\x04") || p.magic(0, &LEGACY_TORCH_MAGIC),
         enabled: cfg!(feature = "torch"),
     },
@@ -79,6 +83,7 @@ const KNOWN: [Known; 12] = [
         about: ".safetensors files",
         sharded: false,
         writable: true,
+        file: Some("model.safetensors"),
         detect: |p| p.safetensors_header(),
         enabled: cfg!(feature = "safetensors"),
     },
@@ -88,6 +93,7 @@ const KNOWN: [Known; 12] = [
         about: "Megatron-Core torch_dist checkpoints (metadata.json, common.pt, DCP files)",
         sharded: false,
         writable: false,
+        file: None,
         // Before distcp: the same `.metadata`, with Megatron's `metadata.json` beside it.
         detect: |p| p.marker("metadata.json") && p.json_field("metadata.json", "sharded_backend").is_some(),
         enabled: cfg!(feature = "megatron"),
@@ -98,6 +104,7 @@ const KNOWN: [Known; 12] = [
         about: "torch.distributed.checkpoint directories",
         sharded: true,
         writable: true,
+        file: None,
         // DCP's own metadata, or its Hugging Face storage layout (`HuggingFaceStorageWriter`: per-rank
         // `shard-*` files, or transformers' names with `DCP_SHARDING_INFO` in the files' metadata).
         detect: |p| {
@@ -112,6 +119,7 @@ const KNOWN: [Known; 12] = [
         about: "hfai PART_*.pt directories",
         sharded: true,
         writable: true,
+        file: None,
         detect: |p| p.marker("PART_*.pt"),
         enabled: cfg!(feature = "hfai"),
     },
@@ -121,6 +129,7 @@ const KNOWN: [Known; 12] = [
         about: "PyTorch-BigGraph checkpoints",
         sharded: false,
         writable: true,
+        file: None,
         detect: |p| p.marker("checkpoint_version.txt"),
         enabled: cfg!(feature = "pbg"),
     },
@@ -130,6 +139,7 @@ const KNOWN: [Known; 12] = [
         about: "RecIS checkpoints (or an output root with a `checkpoint` list)",
         sharded: true,
         writable: true,
+        file: None,
         detect: |p| ["tensorkey.json", "index", "checkpoint"].iter().any(|m| p.marker(m)),
         enabled: cfg!(feature = "recis"),
     },
@@ -139,6 +149,7 @@ const KNOWN: [Known; 12] = [
         about: "DeepSpeed ZeRO checkpoints (latest + global_stepN/, or a tag directory; universal checkpoints)",
         sharded: false,
         writable: false,
+        file: None,
         // A root (`latest`, and its tag directories) or a tag directory (model states files, or a universal
         // checkpoint's `zero/` with model states beside it). Before hf: a Trainer's checkpoint directory holds
         // both.
@@ -154,6 +165,7 @@ const KNOWN: [Known; 12] = [
         about: "Hugging Face sharded safetensors directories (model-0000i-of-0000n.safetensors + index)",
         sharded: false,
         writable: true,
+        file: None,
         detect: |p| HF_MARKERS.iter().any(|m| p.marker(m)),
         enabled: cfg!(feature = "hf"),
     },
@@ -163,6 +175,7 @@ const KNOWN: [Known; 12] = [
         about: "plain pickles of models and tensors (pickle.dump, .pkl)",
         sharded: false,
         writable: false,
+        file: Some("model.pkl"),
         // After torch: a legacy torch.save stream starts with a pickle too.
         detect: |p| p.plain_pickle(),
         enabled: cfg!(feature = "pickle"),
@@ -173,6 +186,7 @@ const KNOWN: [Known; 12] = [
         about: "torch.package archives (PackageExporter: pickled resources, code listed, never run)",
         sharded: false,
         writable: false,
+        file: Some("model.pt"),
         // A ZIP archive as torch.save's: told apart by its central directory (`.data/extern_modules`), which
         // the registry's detection reads for a file recognised as torch.
         detect: |_| false,
@@ -184,6 +198,7 @@ const KNOWN: [Known; 12] = [
         about: "GGUF files of llama.cpp and ggml (.gguf; quantized tensors dequantized, written with --quant)",
         sharded: false,
         writable: true,
+        file: Some("model.gguf"),
         detect: |p| p.magic(0, b"GGUF"),
         enabled: cfg!(feature = "gguf"),
     },
@@ -257,6 +272,15 @@ impl Format {
     pub fn is_sharded(self) -> bool {
         self.known().sharded
     }
+
+    /// For a format whose checkpoint is one file (torch, safetensors, gguf, ...), the name such a file
+    /// usually has (`model.pt`); `None` for a directory format.
+    pub(crate) fn one_file_name(self) -> Option<&'static str> {
+        self.known().file
+    }
+
+    /// The format of a state dict held in memory ([`crate::save`]): what `torch.save` would hold.
+    pub(crate) const IN_MEMORY: Format = Format::Torch;
 }
 
 impl fmt::Display for Format {

@@ -36,8 +36,10 @@ mod pickle;
 mod recis;
 #[cfg(feature = "safetensors")]
 mod safetensors;
+#[cfg(any(feature = "safetensors", feature = "distcp"))]
+mod safetensors_checks;
 #[cfg(feature = "torch")]
-mod torch;
+pub(crate) mod torch;
 
 /// The crates of the tensor model (`ckpt::tensor`) and of every format, each re-exported under the format's
 /// name behind its feature (`ckpt::torch`, ...).
@@ -153,9 +155,14 @@ impl TargetArgs {
     }
 }
 
+/// The adaptor of `format`, or `None` when this build lacks it.
+pub(crate) fn enabled(format: Format) -> Option<&'static dyn Adaptor> {
+    ADAPTORS.iter().copied().find(|a| a.format() == format)
+}
+
 /// The adaptor of `format`, or [`Error::FeatureDisabled`] naming `path` when this build lacks it.
 pub(crate) fn adaptor(format: Format, path: &Path) -> Result<&'static dyn Adaptor> {
-    ADAPTORS.iter().copied().find(|a| a.format() == format).ok_or_else(|| Error::FeatureDisabled {
+    enabled(format).ok_or_else(|| Error::FeatureDisabled {
         path: path.to_path_buf(),
         format,
         feature: format.feature(),

@@ -184,7 +184,7 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         let fetched_whole = present.first() == Some(&(0..object.size));
         if what == Fetch::Lazy && part.is_some() && !fetched_whole {
             // Lazy only where the reader the copy is opened with fills what it reads.
-            if lazy_reader(&local, &[Format::Safetensors, Format::Torch]) {
+            if lazy_reader(&local) {
                 let mut mirror = SparseMirror::new(store.clone());
                 mirror.add_partial("", object.size, &local, present);
                 fill = Some(Arc::new(OneObject(mirror)));
@@ -228,17 +228,10 @@ pub fn fetch_with(location: &Location, options: &StorageOptions, what: Fetch) ->
         }
         objects += 1;
     }
-    // Shards are read lazily by the Hugging Face reader alone (another format's reader of safetensors
-    // files, DCP's Hugging Face layout, would read the zeros), parts by hfai's, a RecIS directory by
-    // RecIS's: anything else gets them whole.
-    let reader = if parts {
-        Format::Hfai
-    } else if recis {
-        Format::Recis
-    } else {
-        Format::Hf
-    };
-    if what == Fetch::Lazy && !dcp && !lazy_reader(&local, &[reader]) {
+    // Shards, parts and a RecIS directory are read lazily by the readers that fill what they read (the
+    // Hugging Face reader's, hfai's, RecIS's; another format's reader of safetensors files, DCP's Hugging
+    // Face layout, would read the zeros): anything else gets them whole.
+    if what == Fetch::Lazy && !dcp && !lazy_reader(&local) {
         for (name, size, dst) in &partial {
             store.download(name, *size, dst)?;
         }
@@ -259,10 +252,10 @@ const RECIS_INDEX: &str = "index";
 /// A RecIS output root's checkpoint list (`ckpt_recis::CHECKPOINT_LIST`).
 const RECIS_LIST: &str = "checkpoint";
 
-/// Whether the partial local copy at `path` is of one of `formats`, whose readers fill what they read
-/// (`SourceOptions::with_fill`).
-fn lazy_reader(path: &Path, formats: &[Format]) -> bool {
-    crate::formats::detect(path).is_ok_and(|f| formats.contains(&f))
+/// Whether the partial local copy at `path` is of a format whose reader fills what it reads
+/// ([`Adaptor::reads_partial_copy`](crate::adaptor::Adaptor::reads_partial_copy)).
+fn lazy_reader(path: &Path) -> bool {
+    crate::formats::detect(path).ok().and_then(crate::formats::enabled).is_some_and(|a| a.reads_partial_copy())
 }
 
 /// The fill hook of a copy of one object (a URL naming a file, not a prefix): every file name a reader
@@ -329,7 +322,7 @@ const ZIP_TAIL: u64 = (64 << 10) + 98;
 /// (`SourceOptions::listing_only`). An object that is not such an archive is fetched whole.
 #[cfg(feature = "torch")]
 fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std::fs::File) -> Result<Vec<Range<u64>>> {
-    use ckpt_torch::zip::Archive;
+    use crate::formats::torch::{zip_central_directory, zip_records_but_tensors};
     use std::os::unix::fs::FileExt;
     let io = |source| Error::Io { path: dst.to_path_buf(), source };
     let map = |dst: &Path| {
@@ -344,19 +337,13 @@ fn fetch_zip_index(store: &Store, name: &str, size: u64, dst: &Path, file: &std:
         store.download(name, size, dst)?;
         Ok(std::iter::once(0..size).collect())
     };
-    let Ok(cd) = Archive::central_directory_range(map(dst)?.as_bytes()) else { return whole() };
+    let Some(cd) = zip_central_directory(map(dst)?.as_bytes()) else { return whole() };
     if cd.start < tail_start && cd.end <= size {
         let rest = store.read(name, cd.start..tail_start)?;
         file.write_all_at(&rest, cd.start).map_err(io)?;
         present.push(cd.start..cd.start + rest.len() as u64);
     }
-    let Ok(archive) = Archive::parse_predicted(map(dst)?.as_bytes()) else { return whole() };
-    let wanted: Vec<std::ops::Range<u64>> = archive
-        .records()
-        .iter()
-        .filter(|r| !r.short_name().starts_with("data/"))
-        .map(|r| r.local_header_offset()..r.data_offset().saturating_add(r.compressed_size()).min(size))
-        .collect();
+    let Some(wanted) = zip_records_but_tensors(map(dst)?.as_bytes(), size) else { return whole() };
     for (range, bytes) in wanted.iter().zip(store.read_ranges(name, &wanted)?) {
         file.write_all_at(&bytes, range.start).map_err(io)?;
         present.push(range.start..range.start + bytes.len() as u64);
@@ -462,7 +449,7 @@ pub fn check_destination(
     let owned = layout(to).owned;
     // A Hugging Face model directory without its weights yet (config.json, the tokenizer): shards go in
     // beside them, as on a local path.
-    let model_files = to == Format::Hf && names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str()));
+    let model_files = crate::destination::joins_directory(to, &names);
     if (found == Some(to) || model_files || objects.iter().all(|o| owned(&o.name))) && !overwrite {
         return Ok(None);
     }
@@ -498,21 +485,15 @@ impl RemoteDestination {
     }
 }
 
-/// How a directory of `format` lies on an object store: the format crate's layout, or (for a format
-/// without one) every object owned and no commit point.
+/// How a directory of `format` lies on an object store: its adaptor's layout (the format crate's,
+/// [`Adaptor::object_layout`](crate::adaptor::Adaptor::object_layout)), or (for a format without one, or
+/// one this build lacks) every object owned and no commit point.
 pub fn layout(format: Format) -> ObjectLayout {
-    match format {
-        #[cfg(feature = "distcp")]
-        Format::Distcp => ckpt_distcp::OBJECT_LAYOUT,
-        #[cfg(feature = "hfai")]
-        Format::Hfai => ckpt_hfai::OBJECT_LAYOUT,
-        #[cfg(feature = "pbg")]
-        Format::Pbg => ckpt_pbg::OBJECT_LAYOUT,
-        #[cfg(feature = "recis")]
-        Format::Recis => ckpt_recis::OBJECT_LAYOUT,
-        Format::Hf => ckpt_safetensors::hf::OBJECT_LAYOUT,
-        other => ObjectLayout { format: other.name(), owned: |_| true, commit_points: &[] },
-    }
+    crate::formats::enabled(format).and_then(|a| a.object_layout()).unwrap_or(ObjectLayout {
+        format: format.name(),
+        owned: |_| true,
+        commit_points: &[],
+    })
 }
 
 impl Target {

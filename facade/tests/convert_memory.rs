@@ -489,3 +489,153 @@ fn deepspeed_zero3_to_hf_holds_at_most_the_largest_parameter_plus_64_mib() {
     println!("{table}");
     assert!(measured.iter().all(|m| m.peak <= BOUND), "{table}");
 }
+
+/// Read limits other than the defaults, generous enough for the generated checkpoints: a conversion under
+/// them reads through the same path as under the defaults (issue 40).
+fn other_limits() -> ckpt::ReadLimits {
+    ckpt::ReadLimits::default()
+        .with_max_header_bytes(1 << 20)
+        .with_max_metadata_bytes(64 << 20)
+        .with_max_inflated_bytes(1 << 30)
+}
+
+/// The conversions of issue 40's side path (distcp to torch, safetensors and hf, torch to distcp), each
+/// with `options(to)` changed by `change`.
+const SIDE_PATHS: [(Format, Format); 4] = [
+    (Format::Distcp, Format::Torch),
+    (Format::Distcp, Format::Safetensors),
+    (Format::Distcp, Format::Hf),
+    (Format::Torch, Format::Distcp),
+];
+
+/// Every file under `path` (itself, for a file) with its bytes, by its path under `path`, sorted.
+fn files_of(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    if path.is_file() {
+        return vec![(PathBuf::new(), std::fs::read(path).unwrap())];
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(path).unwrap() {
+        let p = entry.unwrap().path();
+        let name = PathBuf::from(p.file_name().unwrap());
+        out.extend(files_of(&p).into_iter().map(|(rel, bytes)| (name.join(rel), bytes)));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// A safetensors file's header, parsed, and the bytes after it.
+fn safetensors_parts(file: &[u8]) -> (serde_json::Value, &[u8]) {
+    let len = usize::try_from(u64::from_le_bytes(file[..8].try_into().unwrap())).unwrap();
+    (serde_json::from_slice(&file[8..8 + len]).unwrap(), &file[8 + len..])
+}
+
+/// The state dict as a 2-rank distcp checkpoint and a torch file in `dir`: (distcp, torch).
+fn side_path_sources(dir: &Path) -> (PathBuf, PathBuf) {
+    let pt = dir.join("dense.pt");
+    ckpt::torch::save(&state_dict(), &pt, &ckpt::torch::WriteOptions::default()).unwrap();
+    let dcp = dir.join("dense_dcp");
+    ckpt::convert(&pt, None, &dcp, Format::Distcp, &options(Format::Distcp)).unwrap();
+    (dcp, pt)
+}
+
+/// Issue 40: every conversion goes through its target's writer whatever the options, so one with fsync and
+/// checksums off and other read limits holds the same bounded heap as one with the defaults (the
+/// streaming conversions of old were taken with the defaults only; other options read the source whole).
+#[test]
+fn non_default_durability_and_limits_hold_the_same_bound_as_the_defaults() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (dcp, pt) = side_path_sources(dir.path());
+    let durabilities = [
+        ("defaults", ckpt::io::Durability::default(), ckpt::ReadLimits::default()),
+        ("no sync, other limits", ckpt::io::Durability::default().with_sync(false), other_limits()),
+        (
+            "no sync, no checksums, other limits",
+            ckpt::io::Durability::default().with_sync(false).with_checksums(false),
+            other_limits(),
+        ),
+    ];
+    let mut measured = Vec::new();
+    let mut peaks_by_pair = Vec::new();
+    for (from, to) in SIDE_PATHS {
+        let src = if from == Format::Distcp { &dcp } else { &pt };
+        let mut peaks = Vec::new();
+        for (label, durability, limits) in &durabilities {
+            let dst = path_for(dir.path(), &format!("{from}_to_{to}"), to);
+            let options = options(to).with_durability(*durability).with_limits(limits.clone());
+            let peak = pool.install(|| {
+                peak_growth(|| {
+                    ckpt::convert(src, None, &dst, to, &options).unwrap_or_else(|e| panic!("{from} → {to}: {e}"));
+                })
+            });
+            remove(&dst);
+            peaks.push(peak);
+            measured.push(Measured { from: from.to_string(), to: format!("{to} ({label})"), peak });
+        }
+        peaks_by_pair.push((format!("{from} → {to}"), peaks));
+    }
+    let table = table(&measured);
+    println!("{table}");
+    // The same path: no option costs more than a write buffer's worth beyond the defaults.
+    for (pair, peaks) in &peaks_by_pair {
+        let (default, others) = peaks.split_first().unwrap();
+        for p in others {
+            assert!(*p <= default + 16 * MIB, "{pair}: {p} against {default} under the defaults\n{table}");
+        }
+    }
+    assert_eq!(measured.len(), SIDE_PATHS.len() * durabilities.len());
+    assert!(measured.iter().all(|m| m.peak <= BOUND), "over {} MiB:\n{table}", BOUND / MIB);
+}
+
+/// Issue 40: durability is how a conversion is written, not what: without fsync and under other read limits
+/// (checksums kept, which are part of what is written), every conversion of the side path writes the
+/// same bytes as with the defaults.
+#[test]
+fn no_sync_and_other_limits_write_the_same_bytes_as_the_defaults() {
+    // Its conversions' heap is not measured, but would count in another test's measure.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (dcp, pt) = side_path_sources(dir.path());
+    // The same file name in two directories: a torch file's archive is named after its file.
+    let (defaults, others) = (dir.path().join("defaults"), dir.path().join("others"));
+    std::fs::create_dir(&defaults).unwrap();
+    std::fs::create_dir(&others).unwrap();
+    for (from, to) in SIDE_PATHS {
+        let src = if from == Format::Distcp { &dcp } else { &pt };
+        let default = path_for(&defaults, &format!("{from}_to_{to}"), to);
+        ckpt::convert(src, None, &default, to, &options(to)).unwrap();
+        let other = path_for(&others, &format!("{from}_to_{to}"), to);
+        let options = options(to)
+            .with_durability(ckpt::io::Durability::default().with_sync(false).with_direct_io(false))
+            .with_limits(other_limits());
+        ckpt::convert(src, None, &other, to, &options).unwrap();
+        let (a, b) = (files_of(&default), files_of(&other));
+        assert!(!a.is_empty());
+        assert_eq!(a.iter().map(|f| &f.0).collect::<Vec<_>>(), b.iter().map(|f| &f.0).collect::<Vec<_>>());
+        for ((name, x), (_, y)) in a.iter().zip(&b) {
+            let (x, y) = if to == Format::Safetensors || name.extension().is_some_and(|e| e == "safetensors") {
+                // The `__metadata__` map is written in hash order (as the `safetensors` crate writes it),
+                // which differs between any two runs: the header is compared as JSON, the data as bytes.
+                let (hx, dx) = safetensors_parts(x);
+                let (hy, dy) = safetensors_parts(y);
+                assert_eq!(hx, hy, "{from} → {to}: {} header", name.display());
+                (dx, dy)
+            } else {
+                (x.as_slice(), y.as_slice())
+            };
+            let at = x.iter().zip(y).position(|(a, b)| a != b).unwrap_or(x.len().min(y.len()));
+            let around =
+                |v: &[u8]| String::from_utf8_lossy(&v[at.saturating_sub(60)..(at + 60).min(v.len())]).into_owned();
+            assert!(
+                x == y,
+                "{from} → {to}: {} differs at byte {at}: {:?} against {:?}",
+                name.display(),
+                around(x),
+                around(y)
+            );
+        }
+        remove(&default);
+        remove(&other);
+    }
+}

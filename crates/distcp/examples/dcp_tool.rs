@@ -76,16 +76,21 @@ fn main() {
             println!("save: {}", mib(n, t.elapsed().as_secs_f64()));
         }
         Some("to-pt") => {
-            let r = convert::dcp_to_torch_save(p(2), p(3)).unwrap();
+            let r = convert::dcp_to_torch_save(p(2), p(3), &ckpt_torch::WriteOptions::default()).unwrap();
             println!("dcp_to_torch_save: {} tensors, {}", r.tensors, mib(r.tensor_bytes, t.elapsed().as_secs_f64()));
         }
         Some("to-safetensors") => {
-            let r = convert::dcp_to_safetensors(p(2), p(3)).unwrap();
+            let r = convert::dcp_to_safetensors(p(2), p(3), &ckpt_io::Durability::default()).unwrap();
             println!("dcp_to_safetensors: {} tensors, {}", r.tensors, mib(r.tensor_bytes, t.elapsed().as_secs_f64()));
         }
         Some("to-hf") => {
             let shard: u64 = a[4].parse().unwrap();
-            let r = convert::dcp_to_hf(p(2), p(3), shard << 20).unwrap();
+            let r = convert::dcp_to_hf(
+                p(2),
+                p(3),
+                &ckpt_safetensors::hf::WriteOptions::default().with_max_shard_size(shard << 20),
+            )
+            .unwrap();
             println!("dcp_to_hf: {} files, {}", r.files.len(), mib(r.tensor_bytes, t.elapsed().as_secs_f64()));
         }
         Some("from-pt") => {

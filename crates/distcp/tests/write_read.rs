@@ -347,7 +347,7 @@ fn conversions() {
     let out = tempfile::tempdir().unwrap();
 
     let pt = out.path().join("model.pt");
-    let report = convert::dcp_to_torch_save(d.path(), &pt).unwrap();
+    let report = convert::dcp_to_torch_save(d.path(), &pt, &ckpt_torch::WriteOptions::default()).unwrap();
     assert_eq!(report.tensors, 5);
     let back = ckpt_torch::load(&pt).unwrap();
     let flat = |v: &Value| -> Vec<(String, Vec<u8>)> {
@@ -371,15 +371,15 @@ fn conversions() {
     convert::torch_save_to_dcp(&pt, &again, &WriteOptions::default()).unwrap();
     assert_eq!(flat(&DcpReader::open(&again).unwrap().state_dict().unwrap()), flat(&sd));
 
-    // a value the streaming pickler does not model falls back to the in-memory writer
+    // a value of any kind goes through the one torch writer
     let odd = tempfile::tempdir().unwrap();
     let with_set = Value::dict([("w", Value::Tensor(f32s(3, &[3]))), ("tags", Value::Set(vec![Value::from("a")]))]);
     save(&with_set, odd.path(), &WriteOptions::default()).unwrap();
-    convert::dcp_to_torch_save(odd.path(), &out.path().join("odd.pt")).unwrap();
+    convert::dcp_to_torch_save(odd.path(), &out.path().join("odd.pt"), &ckpt_torch::WriteOptions::default()).unwrap();
     assert_eq!(ckpt_torch::load(&out.path().join("odd.pt")).unwrap(), with_set);
 
     let st = out.path().join("model.safetensors");
-    let report = convert::dcp_to_safetensors(d.path(), &st).unwrap();
+    let report = convert::dcp_to_safetensors(d.path(), &st, &ckpt_io::Durability::default()).unwrap();
     // ckpt's safetensors convention: every value is kept in `ckpt.values`, in its typed encoding.
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(ckpt_safetensors::read_file(&st).unwrap().value("opt.names").unwrap(), r_value(d.path(), "opt.names"));
@@ -392,7 +392,9 @@ fn conversions() {
     }
 
     let hf = out.path().join("hf");
-    let report = convert::dcp_to_hf(d.path(), &hf, 64).unwrap();
+    let report =
+        convert::dcp_to_hf(d.path(), &hf, &ckpt_safetensors::hf::WriteOptions::default().with_max_shard_size(64))
+            .unwrap();
     assert!(report.files.len() >= 3);
     let index: serde_json::Value =
         serde_json::from_slice(&fs::read(hf.join("model.safetensors.index.json")).unwrap()).unwrap();
@@ -408,7 +410,7 @@ fn conversions() {
     )
     .unwrap();
     assert!(
-        matches!(convert::dcp_to_safetensors(c.path(), &out.path().join("c.safetensors")), Err(Error::Unwritable { key, .. }) if key == "z")
+        matches!(convert::dcp_to_safetensors(c.path(), &out.path().join("c.safetensors"), &Default::default()), Err(Error::Unwritable { key, .. }) if key == "z")
     );
 }
 

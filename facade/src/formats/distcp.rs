@@ -36,6 +36,11 @@ impl Adaptor for Distcp {
         Format::Distcp
     }
 
+    /// The objects of `ckpt_distcp` and its commit points.
+    fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
+        Some(ckpt_distcp::OBJECT_LAYOUT)
+    }
+
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(open(path, limits)?))
     }
@@ -123,26 +128,6 @@ impl Adaptor for Distcp {
         Ok(s)
     }
 
-    /// Tensor by tensor ([`ckpt_distcp::convert::dcp_to_torch_save`]).
-    fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
-        if *limits != ReadLimits::default() {
-            // The streaming conversion reads with the default options; under other limits the content is
-            // read through `read`, which applies them.
-            return None;
-        }
-        let streamed = || -> Result<ConvertSummary> {
-            let report = ckpt_distcp::convert::dcp_to_torch_save(src, dst).at(src)?;
-            let entries = ckpt_distcp::DcpReader::open(src).at(src)?.keys().count();
-            Ok(ConvertSummary {
-                tensors: report.tensors,
-                bytes: report.tensor_bytes,
-                values: entries.saturating_sub(report.tensors),
-                dropped: report.skipped,
-            })
-        };
-        Some(streamed())
-    }
-
     /// [`ckpt_distcp::verify`]: chunks covering their tensors, items inside their files, CRCs, contents.
     fn verify(
         &self,
@@ -207,7 +192,7 @@ fn content_of(reader: &ckpt_distcp::DcpReader, path: &Path, selection: &Selectio
 /// The reader options of the checkpoint at `path` under `limits` (pickle limits, `.metadata` size, inflated
 /// item size), once the headers of its safetensors files (the Hugging Face layout) are within theirs.
 pub(crate) fn read_options(path: &Path, limits: &ReadLimits) -> Result<ckpt_distcp::ReadOptions> {
-    crate::adaptor::check_safetensors_headers(limits, path)?;
+    super::safetensors_checks::check_safetensors_headers(limits, path)?;
     Ok(ckpt_distcp::ReadOptions::default()
         .with_limits(limits.pickle)
         .with_max_metadata_bytes(limits.max_metadata_bytes)

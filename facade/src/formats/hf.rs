@@ -4,8 +4,9 @@ use std::path::Path;
 
 use ckpt_collective::Collective;
 
+use super::safetensors_checks::check_safetensors_checksums;
+use crate::adaptor::read_all;
 use crate::adaptor::{Adaptor, Content, Leaf, Source};
-use crate::adaptor::{check_safetensors_checksums, read_all};
 use crate::agree::agree;
 use crate::checkpoint::Reader;
 use crate::error::{At, Cause, Error, Result};
@@ -31,16 +32,32 @@ impl Adaptor for Hf {
         Format::Hf
     }
 
+    /// The objects of `ckpt_safetensors::hf` and its commit points.
+    fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
+        Some(ckpt_safetensors::hf::OBJECT_LAYOUT)
+    }
+
+    /// Its reader fills what it reads: each shard's tensors as they are read.
+    fn reads_partial_copy(&self) -> bool {
+        true
+    }
+
+    /// A model directory of config and tokenizer files alone ([`ckpt_safetensors::hf::MODEL_FILES`]) takes
+    /// its shards beside them.
+    fn joins_directory(&self, names: &[String]) -> bool {
+        names.iter().all(|n| ckpt_safetensors::hf::MODEL_FILES.contains(&n.as_str()))
+    }
+
     /// Every shard's header length checked against [`ReadLimits::max_header_bytes`] first.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         Ok(Box::new(ckpt_safetensors::hf::HfReader::open(path).at(path)?))
     }
 
     /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each shard's tensors are filled as they are read.
     fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
         Ok(Box::new(ckpt_safetensors::hf::HfReader::open_with(path, &options).at(path)?))
     }
@@ -56,7 +73,7 @@ impl Adaptor for Hf {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            crate::adaptor::check_safetensors_headers(limits, path)?;
+            super::safetensors_checks::check_safetensors_headers(limits, path)?;
             let reader = ckpt_safetensors::hf::HfReader::open(path).at(path)?;
             for file in reader.files() {
                 check_safetensors_checksums(file, report);
@@ -78,7 +95,7 @@ impl Adaptor for Hf {
         source: &SourceOptions,
         _selection: &Selection,
     ) -> Result<Content> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
         let reader = ckpt_safetensors::hf::HfReader::open_with(path, &options).at(path)?;
         let leaves = reader.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();

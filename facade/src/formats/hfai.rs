@@ -32,6 +32,16 @@ impl Adaptor for Hfai {
         Format::Hfai
     }
 
+    /// The objects of `ckpt_hfai` and its commit points.
+    fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
+        Some(ckpt_hfai::OBJECT_LAYOUT)
+    }
+
+    /// Its reader fills what it reads: each part's tensor records as they are read.
+    fn reads_partial_copy(&self) -> bool {
+        true
+    }
+
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_hfai::HfaiReader::open_with(path, &super::torch::read_options(limits)).at(path)?))
     }

@@ -31,6 +31,17 @@ impl Adaptor for Pbg {
         Format::Pbg
     }
 
+    /// The objects of `ckpt_pbg` and its commit points.
+    fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
+        Some(ckpt_pbg::OBJECT_LAYOUT)
+    }
+
+    /// `ckpt_pbg::save` writes a new directory only (a checkpoint's next version is PBG's own commit,
+    /// `begin_commit`).
+    fn writes_over_itself(&self) -> bool {
+        false
+    }
+
     /// The optimizer blobs decoded under the pickle limits (no other limit applies to PBG).
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         let options = ckpt_pbg::ReadOptions::default().with_limits(limits.pickle);

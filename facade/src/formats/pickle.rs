@@ -56,12 +56,11 @@ impl Adaptor for Pickle {
 
     /// The pickled object written whole by `torch.save` (its classes named, never imported): what
     /// `torch.load` of the result gives is what `pickle.load` of the pickle gives.
-    fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
+    fn object_for_torch_save(&self, src: &Path, limits: &ReadLimits) -> Option<Result<(Value, ConvertSummary)>> {
         Some((|| {
             let reader = ckpt_torch::TorchReader::open_with(src, &read_options(limits)).at(src)?;
             let content = self.read_source(src, limits, &SourceOptions::default(), &Selection::default())?;
-            ckpt_torch::save(reader.value(), dst, &ckpt_torch::WriteOptions::default()).at(dst)?;
-            Ok(count(&content.leaves))
+            Ok((reader.value().clone(), count(&content.leaves)))
         })())
     }
 

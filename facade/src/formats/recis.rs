@@ -33,6 +33,16 @@ impl Adaptor for Recis {
         Format::Recis
     }
 
+    /// The objects of `ckpt_recis` and its commit points.
+    fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
+        Some(ckpt_recis::OBJECT_LAYOUT)
+    }
+
+    /// Its reader fills what it reads: its data files' and `.pt` files' bytes as they are read.
+    fn reads_partial_copy(&self) -> bool {
+        true
+    }
+
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(open(path, limits)?))
     }

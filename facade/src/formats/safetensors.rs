@@ -5,8 +5,9 @@ use std::path::Path;
 
 use ckpt_safetensors::{SafetensorsReader, metadata};
 
+use super::safetensors_checks::check_safetensors_checksums;
+use crate::adaptor::read_all;
 use crate::adaptor::{Adaptor, Content, Leaf, Source};
-use crate::adaptor::{check_safetensors_checksums, read_all};
 use crate::checkpoint::Reader;
 use crate::error::{At, Result};
 use crate::format::Format;
@@ -25,16 +26,21 @@ impl Adaptor for Safetensors {
         Format::Safetensors
     }
 
+    /// Its reader fills what it reads: each tensor's bytes as they are read.
+    fn reads_partial_copy(&self) -> bool {
+        true
+    }
+
     /// The header's length checked against [`ReadLimits::max_header_bytes`] first.
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         Ok(Box::new(SafetensorsReader::open(path).at(path)?))
     }
 
     /// As [`open`](Adaptor::open), a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each tensor's bytes are filled as they are read.
     fn open_source(&self, path: &Path, limits: &ReadLimits, source: &SourceOptions) -> Result<Box<dyn Reader>> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
         Ok(Box::new(SafetensorsReader::open_with(path, &options).at(path)?))
     }
@@ -50,7 +56,7 @@ impl Adaptor for Safetensors {
         progress: Progress<'_>,
     ) -> Result<()> {
         if depth == Depth::Deep {
-            crate::adaptor::check_safetensors_headers(limits, path)?;
+            super::safetensors_checks::check_safetensors_headers(limits, path)?;
             check_safetensors_checksums(path, report);
         }
         read_all(&self.checkpoint(path, limits)?, depth, report, progress);
@@ -69,7 +75,7 @@ impl Adaptor for Safetensors {
         source: &SourceOptions,
         _selection: &Selection,
     ) -> Result<Content> {
-        crate::adaptor::check_safetensors_headers(limits, path)?;
+        super::safetensors_checks::check_safetensors_headers(limits, path)?;
         let options = ckpt_safetensors::ReadOptions::default().with_fill(source.fill_for(path));
         let file = SafetensorsReader::open_with(path, &options).at(path)?;
         let leaves = file.leaves().into_iter().map(|(name, path, value)| Leaf { name, path, value }).collect();

@@ -37,6 +37,11 @@ impl Adaptor for Torch {
         Format::Torch
     }
 
+    /// Its reader fills what it reads: each tensor record as it is read (its ZIP index fetched first).
+    fn reads_partial_copy(&self) -> bool {
+        true
+    }
+
     fn open(&self, path: &Path, limits: &ReadLimits) -> Result<Box<dyn Reader>> {
         Ok(Box::new(ckpt_torch::TorchReader::open_with(path, &read_options(limits)).at(path)?))
     }
@@ -51,7 +56,7 @@ impl Adaptor for Torch {
 
     /// The saved object, and its leaves; for a whole pickled module (`torch.save(model)`), its state dict as
     /// `model.state_dict()` returns it (the whole object goes only to a torch target, through
-    /// [`Adaptor::stream_to_torch_save`]).
+    /// [`Adaptor::object_for_torch_save`]).
     ///
     /// Read as `source` says: a partial copy read through its fill hook ([`SourceOptions::fills`]):
     /// each tensor record filled when its bytes are read (a selection's dropped tensors never are).
@@ -87,7 +92,7 @@ impl Adaptor for Torch {
 
     /// A whole pickled module is written back whole (the module objects, not only their state dict); any
     /// other file, a TorchScript archive among them (its weights), goes through its content.
-    fn stream_to_torch_save(&self, src: &Path, dst: &Path, limits: &ReadLimits) -> Option<Result<ConvertSummary>> {
+    fn object_for_torch_save(&self, src: &Path, limits: &ReadLimits) -> Option<Result<(Value, ConvertSummary)>> {
         let reader = match ckpt_torch::TorchReader::open_with(src, &read_options(limits)).at(src) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
@@ -97,23 +102,22 @@ impl Adaptor for Torch {
             return None;
         }
         let state_dict = reader.module_state_dict()?;
-        Some((|| {
-            let summary = count(&Content::from_tree(state_dict.clone(), src)?.leaves);
-            ckpt_torch::save(reader.value(), dst, &ckpt_torch::WriteOptions::default()).at(dst)?;
-            Ok(summary)
-        })())
+        Some(Content::from_tree(state_dict.clone(), src).map(|c| (reader.value().clone(), count(&c.leaves))))
     }
 
-    /// The source's state dict, as `torch.save` writes it; a source that can streams itself instead.
+    /// The source's state dict, as `torch.save` writes it (or the object its format holds beyond it,
+    /// [`Adaptor::object_for_torch_save`]), through the torch writer with the conversion's durability.
+    /// Tensors are written as the source gives them: a lazily read source's (a DCP checkpoint's tensors
+    /// assembled from several items) are made when the writer writes them and dropped after, whatever the
+    /// options.
     fn write(&self, source: &Source<'_>, dst: &Path, options: &ConvertOptions) -> Result<ConvertSummary> {
-        // The streaming writers write with the default durability; another goes through the content.
-        if options.durability == ckpt_io::Durability::default() {
-            if let Some(streamed) = source.stream_to_torch_save(dst) {
-                return streamed;
-            }
+        let write = ckpt_torch::WriteOptions::default().with_durability(options.durability);
+        if let Some(object) = source.object_for_torch_save() {
+            let (object, summary) = object?;
+            ckpt_torch::save(&object, dst, &write).at(dst)?;
+            return Ok(summary);
         }
         let content = source.content()?;
-        let write = ckpt_torch::WriteOptions::default().with_durability(options.durability);
         ckpt_torch::save(&content.tree, dst, &write).at(dst)?;
         Ok(count(&content.leaves))
     }
@@ -170,4 +174,27 @@ fn unrecognized(e: &ckpt_torch::Error) -> Option<&[u8]> {
 /// files (hfai parts, RecIS `.pt` files, DeepSpeed's) read them with these too.
 pub(crate) fn read_options(limits: &ReadLimits) -> ckpt_torch::ReadOptions {
     ckpt_torch::ReadOptions::default().with_limits(limits.pickle)
+}
+
+/// Where the central directory of the `torch.save` ZIP archive whose bytes (its tail at least) are `bytes`
+/// lies, or `None` when they are not such an archive's. For a fetch of an archive's listing alone.
+#[cfg(feature = "remote")]
+pub(crate) fn zip_central_directory(bytes: &[u8]) -> Option<std::ops::Range<u64>> {
+    ckpt_torch::zip::Archive::central_directory_range(bytes).ok()
+}
+
+/// The byte ranges (each with its local header, within the archive's `size`) of every record but the
+/// tensors' (`data/<key>`) of the `torch.save` ZIP archive whose central directory `bytes` hold, or `None`
+/// when it does not parse. For a fetch of an archive's listing alone.
+#[cfg(feature = "remote")]
+pub(crate) fn zip_records_but_tensors(bytes: &[u8], size: u64) -> Option<Vec<std::ops::Range<u64>>> {
+    let archive = ckpt_torch::zip::Archive::parse_predicted(bytes).ok()?;
+    Some(
+        archive
+            .records()
+            .iter()
+            .filter(|r| !r.short_name().starts_with("data/"))
+            .map(|r| r.local_header_offset()..r.data_offset().saturating_add(r.compressed_size()).min(size))
+            .collect(),
+    )
 }

@@ -1,0 +1,124 @@
+//! A format is named only where the facade keeps it (issue 40): outside `format.rs` (the enum and its
+//! table), `formats.rs` (the registry), `formats/` (each format's adaptor) and `options.rs` (a format's
+//! options, in its variant), no module of `src/` names a format crate (`ckpt_distcp`, ...) or a variant of
+//! `Format` (`Format::Hf`) in its code: what differs by format is asked of its adaptor or of the registry.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+
+/// The files of `src/` that may name formats.
+const ALLOWED: &[&str] = &["format.rs", "formats.rs", "options.rs"];
+
+/// The facade's dependencies that are not format crates: the tensor model, the commit path, process groups,
+/// the pickle decoder.
+const NOT_FORMATS: &[&str] = &["ckpt_tensor", "ckpt_io", "ckpt_collective", "ckpt_pickle"];
+
+/// The code of `text` without comments (doc comments included) and string literals.
+fn code(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let chars: Vec<char> = line.chars().collect();
+        let (mut in_str, mut prev) = (false, ' ');
+        for (i, &c) in chars.iter().enumerate() {
+            if !in_str && c == '/' && chars.get(i + 1) == Some(&'/') {
+                break;
+            }
+            if c == '"' && prev != '\\' {
+                in_str = !in_str;
+            } else if !in_str {
+                out.push(c);
+            }
+            prev = c;
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The identifiers of `code`, each with the identifier it follows by `::` (`Format::Hf` gives `("Hf",
+/// Some("Format"))`).
+fn words(code: &str) -> Vec<(String, Option<String>)> {
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    let mut word = String::new();
+    let mut after_path = false;
+    let mut previous: Option<String> = None;
+    for c in code.chars().chain([' ']) {
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        if !word.is_empty() {
+            let qualifier = if after_path { previous.clone() } else { None };
+            previous = Some(word.clone());
+            out.push((std::mem::take(&mut word), qualifier));
+            after_path = false;
+        }
+        if c == ':' {
+            after_path = true;
+        } else if !c.is_whitespace() {
+            after_path = false;
+            previous = None;
+        }
+    }
+    out
+}
+
+/// The format crates: the facade's `ckpt-*` dependencies less [`NOT_FORMATS`], as identifiers.
+fn format_crates() -> Vec<String> {
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
+    deps.lines()
+        .filter_map(|l| l.split_once(|c: char| c == '.' || c == ' ' || c == '=').map(|(name, _)| name.trim()))
+        .filter(|name| name.starts_with("ckpt-"))
+        .map(|name| name.replace('-', "_"))
+        .filter(|name| !NOT_FORMATS.contains(&name.as_str()))
+        .collect()
+}
+
+/// Every name of a format in `text`'s code: a format crate, or `Format::<Variant>`.
+fn format_names(text: &str, crates: &[String], variants: &[String]) -> Vec<String> {
+    words(&code(text))
+        .into_iter()
+        .filter_map(|(word, qualifier)| {
+            if crates.contains(&word) {
+                return Some(word);
+            }
+            (qualifier.as_deref() == Some("Format") && variants.contains(&word)).then(|| format!("Format::{word}"))
+        })
+        .collect()
+}
+
+#[test]
+fn formats_are_named_only_in_the_enum_the_registry_the_adaptors_and_options() {
+    let crates = format_crates();
+    assert!(crates.len() >= 8 && crates.iter().any(|c| c == "ckpt_distcp"), "{crates:?}");
+    let variants: Vec<String> = ckpt::Format::ALL.iter().map(|f| format!("{f:?}")).collect();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offending = Vec::new();
+    let mut scanned = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".rs") || ALLOWED.contains(&name.as_str()) {
+            continue;
+        }
+        scanned += 1;
+        for found in format_names(&std::fs::read_to_string(&path).unwrap(), &crates, &variants) {
+            offending.push(format!("src/{name}: {found}"));
+        }
+    }
+    assert!(scanned >= 15, "only {scanned} files scanned: the scan is broken");
+    assert!(offending.is_empty(), "formats named outside their adaptor: {offending:#?}");
+}
+
+#[test]
+fn the_scan_sees_format_names_in_code_only() {
+    let crates = vec!["ckpt_distcp".to_owned(), "ckpt_safetensors".to_owned()];
+    let variants = vec!["Hf".to_owned(), "Hfai".to_owned(), "Torch".to_owned()];
+    let text = "use ckpt_distcp::{A, B};\n\
+                // Format::Torch, ckpt_safetensors::x\n\
+                /// [`ckpt_distcp::save`]\n\
+                let a = Format::Hf; let b = Format::ALL; let c = format :: Hfai; let d = \"Format::Torch\";\n\
+                let e = crate::format::Format::Hfai; let f = my_ckpt_distcp; let g = ckpt_tensor::Value;\n";
+    assert_eq!(format_names(text, &crates, &variants), ["ckpt_distcp", "Format::Hf", "Format::Hfai"]);
+}
