@@ -563,7 +563,7 @@ fn non_default_durability_and_limits_hold_the_same_bound_as_the_defaults() {
         let mut peaks = Vec::new();
         for (label, durability, limits) in &durabilities {
             let dst = path_for(dir.path(), &format!("{from}_to_{to}"), to);
-            let options = options(to).with_durability(*durability).with_limits(limits.clone());
+            let options = options(to).with_durability(*durability).with_limits(*limits);
             let peak = pool.install(|| {
                 peak_growth(|| {
                     ckpt::convert(src, None, &dst, to, &options).unwrap_or_else(|e| panic!("{from} → {to}: {e}"));

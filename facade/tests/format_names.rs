@@ -68,7 +68,7 @@ fn format_crates() -> Vec<String> {
     let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
     let deps = manifest.split("[dependencies]").nth(1).unwrap().split("\n[").next().unwrap();
     deps.lines()
-        .filter_map(|l| l.split_once(|c: char| c == '.' || c == ' ' || c == '=').map(|(name, _)| name.trim()))
+        .filter_map(|l| l.split_once(['.', ' ', '=']).map(|(name, _)| name.trim()))
         .filter(|name| name.starts_with("ckpt-"))
         .map(|name| name.replace('-', "_"))
         .filter(|name| !NOT_FORMATS.contains(&name.as_str()))

@@ -150,8 +150,7 @@ pub fn dcp_to_safetensors(dir: &Path, out: &Path, durability: &ckpt_io::Durabili
         // As the reader gives it: a window of a map, or assembled from its items when the writer writes it.
         tensors.push((t.key.clone(), reader.read_tensor(&t.key)?));
     }
-    ckpt_safetensors::write_file_with(&tensors, Some(metadata.into_map()), out, durability)
-        .map_err(|e| Error::Core(e.into()))?;
+    ckpt_safetensors::write_file_with(&tensors, Some(metadata.into_map()), out, durability).map_err(Error::Core)?;
     let tensor_bytes = entries.iter().map(|t| t.bytes).sum();
     Ok(ConvertReport { tensors: entries.len(), tensor_bytes, skipped, files: vec![out.to_path_buf()] })
 }
