@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use ckpt_collective::Collective;
+#[cfg(feature = "remote")]
 use ckpt_io::storage::ObjectLayout;
 use ckpt_tensor::flatten::python_str;
 use ckpt_tensor::{Dict, EntryKind, PathItem, Value, unflatten};
@@ -166,6 +167,7 @@ pub(crate) trait Adaptor: Sync {
     /// How a checkpoint of this format lies on an object store: the objects under its prefix that are its
     /// own and its commit points (the format crate's `OBJECT_LAYOUT`). Default: `None`, every object its
     /// own and no commit point (a file format, or a directory format that commits no objects last).
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ObjectLayout> {
         None
     }
@@ -173,6 +175,7 @@ pub(crate) trait Adaptor: Sync {
     /// Whether this format's reader reads a partial local copy of a checkpoint on an object store (its
     /// safetensors headers and ZIP indexes fetched, the rest sparse) through the copy's fill hook, fetching
     /// each tensor's bytes as it reads them. Default: no; such a copy is fetched whole before it is read.
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         false
     }

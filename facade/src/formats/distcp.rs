@@ -37,6 +37,7 @@ impl Adaptor for Distcp {
     }
 
     /// The objects of `ckpt_distcp` and its commit points.
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
         Some(ckpt_distcp::OBJECT_LAYOUT)
     }

@@ -33,11 +33,13 @@ impl Adaptor for Hf {
     }
 
     /// The objects of `ckpt_safetensors::hf` and its commit points.
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
         Some(ckpt_safetensors::hf::OBJECT_LAYOUT)
     }
 
     /// Its reader fills what it reads: each shard's tensors as they are read.
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         true
     }

@@ -33,11 +33,13 @@ impl Adaptor for Hfai {
     }
 
     /// The objects of `ckpt_hfai` and its commit points.
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
         Some(ckpt_hfai::OBJECT_LAYOUT)
     }
 
     /// Its reader fills what it reads: each part's tensor records as they are read.
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         true
     }

@@ -32,6 +32,7 @@ impl Adaptor for Pbg {
     }
 
     /// The objects of `ckpt_pbg` and its commit points.
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
         Some(ckpt_pbg::OBJECT_LAYOUT)
     }

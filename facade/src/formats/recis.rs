@@ -34,11 +34,13 @@ impl Adaptor for Recis {
     }
 
     /// The objects of `ckpt_recis` and its commit points.
+    #[cfg(feature = "remote")]
     fn object_layout(&self) -> Option<ckpt_io::storage::ObjectLayout> {
         Some(ckpt_recis::OBJECT_LAYOUT)
     }
 
     /// Its reader fills what it reads: its data files' and `.pt` files' bytes as they are read.
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         true
     }

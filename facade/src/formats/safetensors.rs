@@ -27,6 +27,7 @@ impl Adaptor for Safetensors {
     }
 
     /// Its reader fills what it reads: each tensor's bytes as they are read.
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         true
     }

@@ -38,6 +38,7 @@ impl Adaptor for Torch {
     }
 
     /// Its reader fills what it reads: each tensor record as it is read (its ZIP index fetched first).
+    #[cfg(feature = "remote")]
     fn reads_partial_copy(&self) -> bool {
         true
     }
