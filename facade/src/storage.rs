@@ -485,9 +485,9 @@ impl RemoteDestination {
     }
 }
 
-/// How a directory of `format` lies on an object store: its adaptor's layout (the format crate's,
-/// [`Adaptor::object_layout`](crate::adaptor::Adaptor::object_layout)), or (for a format without one, or
-/// one this build lacks) every object owned and no commit point.
+/// How a directory of `format` lies on an object store: the layout its adaptor gives (the format crate's
+/// `OBJECT_LAYOUT`), or (for a format without one, or one this build lacks) every object owned and no
+/// commit point.
 pub fn layout(format: Format) -> ObjectLayout {
     crate::formats::enabled(format).and_then(|a| a.object_layout()).unwrap_or(ObjectLayout {
         format: format.name(),
