@@ -25,7 +25,8 @@
 //! per item, several files per rank, zstd items; multi-rank saves coordinate through
 //! [`ckpt_collective::Collective`] and write replicated items once. [`reshard`] and [`save_sharded`] write a
 //! checkpoint for another world size, tensors split on their first dimension (`Shard(0)`). [`verify`] checks a checkpoint end to end;
-//! [`convert`] turns checkpoints into `torch.save`, safetensors and Hugging Face shards, streaming.
+//! [`convert`] turns checkpoints into `torch.save`, safetensors and Hugging Face shards and back, each one call
+//! of the target format's writer with its write options, reading the checkpoint lazily.
 //!
 //! Open, read a tensor, save:
 //!
