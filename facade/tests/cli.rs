@@ -1033,3 +1033,46 @@ fn each_format_cap_flag_is_enforced_with_exit_3() {
         assert_eq!(code, 0, "{flag} 16777216: {out}{err}");
     }
 }
+
+/// An option that does not apply to the source or the target is refused (exit 2) with the reason, and
+/// nothing is written: a world size to a torch target, a DeepSpeed tag and a Megatron name map to a DCP
+/// source (issue 40).
+#[test]
+fn options_that_do_not_apply_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dcp = fixtures().join("distcp/golden/d215");
+    let dst = tmp.path().join("out.pt");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--to", "torch", "--world-size", "4"], "option world_size does not apply: a torch target has no ranks"),
+        (
+            &["--to", "torch", "--tag", "global_step2"],
+            "option tag does not apply: it is read by deepspeed sources alone",
+        ),
+        (
+            &["--to", "torch", "--name-map", "llama"],
+            "option name_map does not apply: it is read by megatron sources alone",
+        ),
+        (
+            &["--to", "torch", "--hfai-large-size", "16"],
+            "option --hfai-large-size does not apply: it is an option of hfai targets",
+        ),
+    ];
+    for (flags, said) in cases {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &dcp, &dst];
+        args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 2, "{flags:?}: {out}{err}");
+        assert!(err.contains(said), "{flags:?}: {err}");
+        assert!(!dst.exists(), "{flags:?}");
+    }
+    // Reading commands too: inspect with a tag on a DCP checkpoint.
+    let (code, _, err) = run(&[&"inspect", &dcp, &"--tag", &"global_step2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("this source is distcp"), "{err}");
+    // Where they apply they are taken: a tag on a DeepSpeed root, a world size on a sharded target.
+    let ds = fixtures().join("deepspeed/zero2_w2");
+    let (code, out, err) = run(&[&"inspect", &ds, &"--tag", &"global_step2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&[&"convert", &dcp, &tmp.path().join("d4"), &"--to", &"distcp", &"--world-size", &"4"]);
+    assert_eq!(code, 0, "{out}{err}");
+}
