@@ -41,10 +41,11 @@ NOT_APPLICABLE: Dict[str, Dict[str, str]] = {
 
 
 def _flags(command: str) -> Set[str]:
-    """The long flags ``ckpt <command> --help`` lists (the package's ``ckpt`` command is the Rust tool)."""
+    """The long flags ``ckpt <command> --help`` defines, one a line (the package's ``ckpt`` command is the Rust
+    tool)."""
     out = subprocess.run([sys.executable, "-m", "ckpt._cli", command, "--help"], capture_output=True, text=True,
                          check=True)
-    return set(re.findall(r"--([a-z][a-z0-9-]*)", out.stdout))
+    return set(re.findall(r"^\s+(?:-\w, )?--([a-z][a-z0-9-]*)", out.stdout, re.M))
 
 
 def _kwargs(command: str) -> Set[str]:
