@@ -469,6 +469,7 @@ pub fn check_source(source: &SourceOptions, from: Format) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     /// A value each option reads.
