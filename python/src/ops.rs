@@ -212,6 +212,7 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
 /// the `ckpt convert` flags (`(name, text)` pairs, read by the facade's parser).
 #[pyfunction]
 #[pyo3(signature = (src, dst, to, from_ = None, options = Vec::new(), progress = None, storage_options = None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
     src: PathBuf,
