@@ -358,7 +358,10 @@ def open(path: PathLike, *, format: Optional[str] = None, framework: Framework =
 
     ``framework``: what tensors come back as, numpy arrays (``"np"``) or torch tensors (``"pt"``).
     ``limits``: the read limits (:data:`LIMITS`), e.g. ``max_nodes=10**8`` or ``trusted=True`` for large input
-    you trust.
+    you trust; and how the source is read, as the ``ckpt`` command's flags of the same names: ``tag`` (a
+    DeepSpeed root's save), ``unstack_layers`` and ``name_map`` (Megatron). One that does not apply to the
+    checkpoint raises :class:`UsageError` saying why; an unknown name ``TypeError`` with the names near it
+    (``map_location`` and ``weights_only`` say what ckpt does instead).
 
     >>> ck = ckpt.open("checkpoint.pt")
     >>> ck.entries[0]
@@ -741,7 +744,9 @@ def save(state_dict: Any, path: PathLike, format: str = "torch", *, progress: Op
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
     ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
-    :func:`convert`'s, ``sync`` and ``checksums`` included, and ``path`` may be an object-storage URL (see
+    :func:`convert`'s target and write options (``world_size`` for distcp, hfai and recis alone,
+    ``dcp_profile``, ``hfai_large_size``, ``parallel``, ``slice_size``, ``pbg_config``, ``max_shard_size``,
+    ``quant``, ``sync``, ``checksums``, ``overwrite``), and ``path`` may be an object-storage URL (see
     :func:`convert`). ``path`` must be new, an empty directory, or a checkpoint of ``format`` (replaced whole);
     anything else there raises :class:`UsageError` unless ``overwrite=True``, which replaces it whole.
 
