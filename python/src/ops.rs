@@ -7,8 +7,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckpt::storage::Fetch;
 use ckpt::named_options::{self, Command};
+use ckpt::storage::Fetch;
 use ckpt::{ConvertOptions, DiffOptions, Format, ReadLimits, Selection, Value, VerifyOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
