@@ -1078,6 +1078,11 @@ fn options_that_do_not_apply_are_refused() {
     let (code, _, err) = run(&[&"inspect", &dcp, &"--tag", &"global_step2"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("this source is distcp"), "{err}");
+    // reshard's sources (distcp, hfai, recis) take no source flag.
+    let (code, _, err) = run(&[&"reshard", &dcp, &tmp.path().join("r"), &"--world-size", &"2", &"--unstack-layers"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("option unstack_layers does not apply"), "{err}");
+    assert!(!tmp.path().join("r").exists());
     // Where they apply they are taken: a tag on a DeepSpeed root, a world size on a sharded target.
     let ds = fixtures().join("deepspeed/zero2_w2");
     let (code, out, err) = run(&[&"inspect", &ds, &"--tag", &"global_step2"]);

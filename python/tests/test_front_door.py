@@ -34,7 +34,8 @@ CLI_ONLY: Dict[str, str] = {
 #: Per command: flags the CLI takes that do not apply to it, which Python's function does not take.
 NOT_APPLICABLE: Dict[str, Dict[str, str]] = {
     "reshard": {
-        flag: "a global flag of how a source is read; reshard's sources (distcp, hfai, recis) take none"
+        flag: "a global flag of how a source is read, which `ckpt reshard` refuses: its sources (distcp, hfai, "
+              "recis) take none"
         for flag in ("tag", "unstack-layers", "name-map")
     },
 }

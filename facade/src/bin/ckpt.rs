@@ -331,7 +331,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         },
         Command::Reshard { path, dst, world_size, overwrite } => {
             let options = ckpt::ReshardOptions::default().with_limits(*limits).with_overwrite(*overwrite);
-            reshard(path, dst, *world_size, &options, storage, quiet, group)
+            reshard(path, dst, *world_size, &options, source, storage, quiet, group)
         }
         Command::ExportTsv { config, entities_output, relation_types_output, overwrite } => {
             let outputs = (entities_output.as_path(), relation_types_output.as_path());
@@ -710,11 +710,13 @@ fn convert(
     Ok(true)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn reshard(
     src: &Path,
     dst: &Path,
     world: u32,
     options: &ckpt::ReshardOptions,
+    source: &ckpt::SourceOptions,
     storage: &Storage,
     quiet: bool,
     group: &dyn Collective,
@@ -723,6 +725,8 @@ fn reshard(
     let staged = fetched(src, storage)?;
     let target = target(dst, storage)?;
     let format = ckpt::detect(staged.path())?;
+    // The global flags of how a source is read apply to no format reshard takes: refused, not ignored.
+    ckpt::named_options::check_source(source, format)?;
     let remote = ckpt::storage::check_destination(&place(dst)?, format, options.overwrite, &storage.options)?;
     let limits = options.limits;
     let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(limits));
