@@ -365,9 +365,12 @@ pub fn read_limits<'a>(command: Command, named: impl IntoIterator<Item = (&'a st
                 reason: "it is not a read limit; this call takes the limits alone".into(),
             });
         }
-        #[cfg(feature = "torch")]
+        // Without the torch format there is no pickle decoder to trust; the value is still checked.
         if name == "trusted" && flag(name, value)? {
-            l.pickle = ckpt_pickle::Limits::trusted();
+            #[cfg(feature = "torch")]
+            {
+                l.pickle = ckpt_pickle::Limits::trusted();
+            }
         }
     }
     for (name, value) in named {
