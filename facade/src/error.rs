@@ -72,6 +72,38 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// An option given that does not apply to this source or target (`--world-size` to a torch file, `--tag`
+    /// to a DCP checkpoint, `--hfai-large-size` to a distcp target); [`crate::named_options`].
+    #[error("option {option} does not apply: {reason}; leave it out")]
+    OptionNotApplicable {
+        /// The option, as the caller named it (`world_size`, `--world-size`).
+        option: String,
+        /// Why it does not apply.
+        reason: String,
+    },
+    /// An option name no command takes (`world_sizes`), with the names near it or what ckpt does instead
+    /// (`map_location`); [`crate::named_options::unknown_option`].
+    #[error("unknown option {option}{hint}")]
+    UnknownOption {
+        /// The name given.
+        option: String,
+        /// The names near it, or what ckpt does instead, as a sentence's end.
+        hint: String,
+    },
+    /// An option's value that does not parse.
+    #[error("option {option}: {value:?} is not {expected}")]
+    InvalidOptionValue {
+        /// The option.
+        option: String,
+        /// The value given.
+        value: String,
+        /// What it takes.
+        expected: String,
+    },
+    /// A storage option that is not `KEY=VALUE`, or a value of ckpt's own keys it cannot read (the key
+    /// named, never the value); [`crate::place::storage_options`].
+    #[error(transparent)]
+    StorageOption(#[from] ckpt_io::storage::OptionSyntax),
     /// The destination already holds what a write would replace or mix with.
     #[error("{}: {reason}", path.display())]
     AlreadyExists {
@@ -226,6 +258,10 @@ impl Error {
             Error::DestinationTaken { .. } => Fault::InvalidArgument,
             Error::NotACheckpoint { .. } => Fault::Malformed,
             Error::SpecialFile { .. } | Error::NoEntry { .. } => Fault::InvalidArgument,
+            Error::OptionNotApplicable { .. } | Error::UnknownOption { .. } | Error::InvalidOptionValue { .. } => {
+                Fault::InvalidArgument
+            }
+            Error::StorageOption(_) => Fault::InvalidArgument,
         }
     }
 }

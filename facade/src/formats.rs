@@ -135,8 +135,8 @@ impl TargetArgs {
     /// given.
     ///
     /// # Errors
-    /// A message naming a flag given for another format than `to`.
-    pub fn options(&self, to: Format) -> std::result::Result<crate::options::TargetOptions, String> {
+    /// [`Error::OptionNotApplicable`] naming a flag given for another format than `to`.
+    pub fn options(&self, to: Format) -> Result<crate::options::TargetOptions> {
         let offered: [(crate::options::TargetOptions, Option<&'static str>); 0] = [];
         let offered = offered.into_iter();
         #[cfg(feature = "distcp")]

@@ -84,8 +84,8 @@
 
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format, suggest; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
-// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
-// inspect, reshard, storage, verify; 10 ranks, progress. Only this file re-exports, and no module imports through it.
+// 5 agree, named_options; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
+// inspect, reshard, storage, verify; 10 ranks, progress, place. Only this file re-exports, and no module imports through it.
 mod format;
 
 mod error;
@@ -103,6 +103,7 @@ mod options;
 mod report;
 
 mod agree;
+pub mod named_options;
 
 mod adaptor;
 
@@ -119,6 +120,8 @@ mod reshard;
 pub mod storage;
 mod verify;
 
+#[cfg(feature = "remote")]
+pub mod place;
 #[cfg(feature = "cli")]
 pub mod progress;
 mod ranks;

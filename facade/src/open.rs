@@ -58,10 +58,11 @@ pub fn open_as_with(path: impl AsRef<Path>, format: Format, limits: &ReadLimits)
 }
 
 /// Opens a checkpoint (of `format`, or detected) under `limits`, read as `source` says: a DeepSpeed root's
-/// tag, Megatron's layers unstacked, a name map ([`SourceOptions`]; formats they do not apply to ignore them).
+/// tag, Megatron's layers unstacked, a name map ([`SourceOptions`]).
 ///
 /// # Errors
-/// As [`open_with`].
+/// As [`open_with`]; [`crate::Error::OptionNotApplicable`] for a source option of another format than the
+/// checkpoint's ([`crate::named_options::check_source`]).
 pub fn open_source(
     path: impl AsRef<Path>,
     format: Option<Format>,
@@ -74,6 +75,7 @@ pub fn open_source(
         Some(f) => f,
         None => detect(path)?,
     };
+    crate::named_options::check_source(source, format)?;
     let inner = formats::adaptor(format, path)?.open_source(path, limits, source)?;
     Ok(Checkpoint::new(format, path, inner))
 }

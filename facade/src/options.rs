@@ -200,28 +200,35 @@ impl TargetOptions {
     /// The options of a conversion to `to`, from those offered for every format, each with the name of the
     /// first of its options the caller set (`None`: all left to their defaults): `to`'s own, or
     /// [`TargetOptions::Defaults`] when none is offered. How the `ckpt` tool's flags and the Python
-    /// package's keyword arguments become options.
+    /// package's keyword arguments become options ([`crate::named_options`]).
     ///
     /// ```
     /// use ckpt::{Format, TargetOptions};
     /// let offered = [(TargetOptions::Hfai { large_size: Some(16) }, Some("--hfai-large-size"))];
-    /// assert_eq!(TargetOptions::pick(Format::Hfai, offered.clone()), Ok(offered[0].0.clone()));
+    /// assert_eq!(TargetOptions::pick(Format::Hfai, offered.clone()).unwrap(), offered[0].0.clone());
     /// let refused = TargetOptions::pick(Format::Distcp, offered).unwrap_err();
-    /// assert_eq!(refused, "--hfai-large-size is an option of hfai targets; this conversion writes distcp");
+    /// assert!(matches!(refused, ckpt::Error::OptionNotApplicable { .. }));
+    /// assert_eq!(
+    ///     refused.to_string(),
+    ///     "option --hfai-large-size does not apply: it is an option of hfai targets; this conversion writes distcp; leave it out"
+    /// );
     /// ```
     ///
     /// # Errors
-    /// A message naming an option set for another format than `to`.
+    /// [`crate::Error::OptionNotApplicable`] naming an option set for another format than `to`.
     pub fn pick<'a>(
         to: Format,
         offered: impl IntoIterator<Item = (TargetOptions, Option<&'a str>)>,
-    ) -> Result<TargetOptions, String> {
+    ) -> crate::error::Result<TargetOptions> {
         let mut chosen = TargetOptions::Defaults;
         for (options, given) in offered {
             match (options.format(), given) {
                 (Some(f), _) if f == to => chosen = options,
                 (Some(f), Some(name)) => {
-                    return Err(format!("{name} is an option of {f} targets; this conversion writes {to}"));
+                    return Err(crate::error::Error::OptionNotApplicable {
+                        option: name.to_owned(),
+                        reason: format!("it is an option of {f} targets; this conversion writes {to}"),
+                    });
                 }
                 _ => {}
             }

@@ -669,7 +669,12 @@ fn help_lists_formats_and_profiles_from_the_library() {
     let other = tmp.path().join("other");
     let (code, _, err) = run(&[&"convert", &src, &other, &"--to", &"distcp", &"--hfai-large-size", &"16"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--hfai-large-size is an option of hfai targets; this conversion writes distcp"), "{err}");
+    assert!(
+        err.contains(
+            "option --hfai-large-size does not apply: it is an option of hfai targets; this conversion writes distcp"
+        ),
+        "{err}"
+    );
     assert!(!other.exists());
 }
 
@@ -867,7 +872,9 @@ fn verify_deep_reports_a_flipped_bit_of_tensor_data_in_every_format() {
     let mut outputs: Vec<(&str, PathBuf)> = Vec::new();
     for to in ["torch", "safetensors", "hf", "distcp", "hfai", "recis"] {
         let dst = dir.path().join(format!("out_{to}"));
-        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
+        // Two ranks where the target has ranks (a world size does not apply to the others).
+        let ranks = if ["distcp", "hfai", "recis"].contains(&to) { "2" } else { "1" };
+        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &ranks]);
         assert_eq!(code, 0, "{to}: {err}");
         outputs.push((to, dst));
     }
@@ -935,7 +942,9 @@ fn plain_verify_checks_files_and_sizes_without_reading_data() {
     ckpt_conformance::crash::save("torch", &src, 1, 1).unwrap();
     for to in ["distcp", "hfai", "recis", "hf"] {
         let dst = dir.path().join(format!("out_{to}"));
-        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &"2"]);
+        // Two ranks where the target has ranks (a world size does not apply to the others).
+        let ranks = if ["distcp", "hfai", "recis"].contains(&to) { "2" } else { "1" };
+        let (code, _, err) = run(&[&"convert", &src, &dst, &"--to", &to, &"--world-size", &ranks]);
         assert_eq!(code, 0, "{to}: {err}");
         let mut files: Vec<PathBuf> = std::fs::read_dir(&dst).unwrap().map(|e| e.unwrap().path()).collect();
         files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
@@ -1032,4 +1041,52 @@ fn each_format_cap_flag_is_enforced_with_exit_3() {
         let (code, out, err) = run(&raised);
         assert_eq!(code, 0, "{flag} 16777216: {out}{err}");
     }
+}
+
+/// An option that does not apply to the source or the target is refused (exit 2) with the reason, and
+/// nothing is written: a world size to a torch target, a DeepSpeed tag and a Megatron name map to a DCP
+/// source (issue 40).
+#[test]
+fn options_that_do_not_apply_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dcp = fixtures().join("distcp/golden/d215");
+    let dst = tmp.path().join("out.pt");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--to", "torch", "--world-size", "4"], "option world_size does not apply: a torch target has no ranks"),
+        (
+            &["--to", "torch", "--tag", "global_step2"],
+            "option tag does not apply: it is read by deepspeed sources alone",
+        ),
+        (
+            &["--to", "torch", "--name-map", "llama"],
+            "option name_map does not apply: it is read by megatron sources alone",
+        ),
+        (
+            &["--to", "torch", "--hfai-large-size", "16"],
+            "option --hfai-large-size does not apply: it is an option of hfai targets",
+        ),
+    ];
+    for (flags, said) in cases {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"convert", &dcp, &dst];
+        args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 2, "{flags:?}: {out}{err}");
+        assert!(err.contains(said), "{flags:?}: {err}");
+        assert!(!dst.exists(), "{flags:?}");
+    }
+    // Reading commands too: inspect with a tag on a DCP checkpoint.
+    let (code, _, err) = run(&[&"inspect", &dcp, &"--tag", &"global_step2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("this source is distcp"), "{err}");
+    // reshard's sources (distcp, hfai, recis) take no source flag.
+    let (code, _, err) = run(&[&"reshard", &dcp, &tmp.path().join("r"), &"--world-size", &"2", &"--unstack-layers"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("option unstack_layers does not apply"), "{err}");
+    assert!(!tmp.path().join("r").exists());
+    // Where they apply they are taken: a tag on a DeepSpeed root, a world size on a sharded target.
+    let ds = fixtures().join("deepspeed/zero2_w2");
+    let (code, out, err) = run(&[&"inspect", &ds, &"--tag", &"global_step2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&[&"convert", &dcp, &tmp.path().join("d4"), &"--to", &"distcp", &"--world-size", &"4"]);
+    assert_eq!(code, 0, "{out}{err}");
 }

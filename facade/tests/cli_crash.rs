@@ -45,7 +45,11 @@ fn source(scratch: &Path, g: u32) -> PathBuf {
 /// `ckpt convert` of generation `g` into `dst` as `to`.
 fn convert(scratch: &Path, dst: &Path, to: &str, g: u32) -> Command {
     let mut c = ckpt();
-    c.arg("convert").arg(source(scratch, g)).arg(dst).args(["--to", to, "--world-size", "2"]);
+    c.arg("convert").arg(source(scratch, g)).arg(dst).args(["--to", to]);
+    // Two ranks where the target has ranks (a world size does not apply to the others).
+    if matches!(to, "distcp" | "hfai" | "recis") {
+        c.args(["--world-size", "2"]);
+    }
     if to == "hfai" {
         c.args(["--hfai-large-size", "65536"]);
     }

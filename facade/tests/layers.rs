@@ -13,12 +13,12 @@ const LAYERS: &[&[&str]] = &[
     &["limits", "select", "source", "display", "outline"],
     &["checkpoint"],
     &["options", "report"],
-    &["agree"],
+    &["agree", "named_options"],
     &["adaptor"],
     &["formats"],
     &["open", "destination"],
     &["convert", "diff", "inspect", "reshard", "storage", "verify"],
-    &["ranks", "progress"],
+    &["ranks", "progress", "place"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

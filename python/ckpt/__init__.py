@@ -104,11 +104,48 @@ def _storage(options: StorageOptions) -> Optional[Dict[str, str]]:
     return out
 
 
-def _limits(limits: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    unknown = set(limits) - set(LIMITS)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}; the limits are {', '.join(LIMITS)}")
+def _unknown(command: str, given: Dict[str, Any], also: Sequence[str] = ()) -> None:
+    """Raises ``TypeError`` for a keyword argument ``command`` does not take (the facade's table of options,
+    :data:`OPTIONS`), with the names near it, or what ckpt does instead of ``torch.load``'s
+    ``map_location``/``weights_only``."""
+    taken = set(_ckpt.option_names(command)) | set(also)
+    for name in given:
+        if name not in taken:
+            raise TypeError(_ckpt.unknown_option(command, name))
+
+
+def _limits(limits: Dict[str, Any], command: str = "read") -> Optional[Dict[str, Any]]:
+    """The read limits among the keyword arguments, checked by name (:func:`_unknown`); the extension reads
+    their values with the facade's parser, as the ``ckpt`` command reads its flags."""
+    _unknown(command, limits)
     return limits or None
+
+
+def _named(command: str, options: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The keyword arguments of ``command`` as ``(name, text)`` pairs, as the ``ckpt`` command passes its flags'
+    values to the facade's one parser of options: ``None`` left out (the default), a list of ``include``,
+    ``exclude`` or ``rename`` values one pair each (``rename``: ``"FROM=TO"`` strings, ``(from, to)`` pairs or a
+    dict), ``dtype`` by name (numpy and torch dtypes too), booleans as ``true``/``false``."""
+    _unknown(command, options)
+    out: List[Tuple[str, str]] = []
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "dtype":
+            value = dtype_arg(value)
+        if name == "rename" and isinstance(value, dict):
+            value = list(value.items())
+        many = name in ("include", "exclude", "rename") and not isinstance(value, str)
+        for v in (list(value) if many else [value]):
+            if name == "rename" and isinstance(v, tuple) and len(v) == 2:
+                v = f"{v[0]}={v[1]}"
+            if isinstance(v, bool):
+                out.append((name, "true" if v else "false"))
+            elif isinstance(v, (str, int)) or isinstance(v, os.PathLike):
+                out.append((name, os.fspath(v) if isinstance(v, os.PathLike) else str(v)))
+            else:
+                raise TypeError(f"{name}={v!r}: expected a str, an int or a bool")
+    return out
 
 
 def _framework(framework: str) -> str:
@@ -272,11 +309,11 @@ class Checkpoint:
         self.entry(name)
         return self._n().region(name, list(offsets), list(sizes), fw, self._torch(fw))
 
-    def load(self, include: Sequence[str] = (), exclude: Sequence[str] = (),
+    def load(self, include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
              framework: Optional[Framework] = None) -> Any:
-        """The nested state dict (see :func:`load`)."""
+        """The nested state dict (see :func:`load`; ``include``/``exclude`` a glob or a list of globs)."""
         fw = _framework(framework) if framework else self._framework
-        return _ckpt.load(os.fspath(self._n().local_path), fw, list(include), list(exclude), self._torch(fw))
+        return _state_dict(os.fspath(self._n().local_path), fw, include, exclude, self._torch(fw))
 
     # --- lifetime ----------------------------------------------------------------------------------------
     def _n(self) -> Any:
@@ -321,7 +358,10 @@ def open(path: PathLike, *, format: Optional[str] = None, framework: Framework =
 
     ``framework``: what tensors come back as, numpy arrays (``"np"``) or torch tensors (``"pt"``).
     ``limits``: the read limits (:data:`LIMITS`), e.g. ``max_nodes=10**8`` or ``trusted=True`` for large input
-    you trust.
+    you trust; and how the source is read, as the ``ckpt`` command's flags of the same names: ``tag`` (a
+    DeepSpeed root's save), ``unstack_layers`` and ``name_map`` (Megatron). One that does not apply to the
+    checkpoint raises :class:`UsageError` saying why; an unknown name ``TypeError`` with the names near it
+    (``map_location`` and ``weights_only`` say what ckpt does instead).
 
     >>> ck = ckpt.open("checkpoint.pt")
     >>> ck.entries[0]
@@ -363,15 +403,22 @@ def load(path: PathLike, *, framework: Framework = "np", include: Union[str, Seq
     """
     p = _path(path)
     fw = _framework(framework)
-    inc = [include] if isinstance(include, str) else list(include)
-    exc = [exclude] if isinstance(exclude, str) else list(exclude)
     converter = None
     if fw == "pt":
         if _is_url(p):  # fetched into a temporary directory that is gone when load returns: copies
             converter = _torch.Converter(p, "", None)
         else:
             converter = _torch.Converter(p, _ckpt.detect(p), _torch.identity(p))
-    return _ckpt.load(p, fw, inc, exc, converter, _limits(limits), _storage(storage_options))
+    return _state_dict(p, fw, include, exclude, converter, _limits(limits), _storage(storage_options))
+
+
+def _state_dict(path: str, fw: str, include: Union[str, Sequence[str]], exclude: Union[str, Sequence[str]],
+                converter: Any, limits: Optional[Dict[str, Any]] = None,
+                storage: Optional[Dict[str, str]] = None) -> Any:
+    """The one implementation of :func:`load` and :meth:`Checkpoint.load`: a glob or a list of globs each."""
+    inc = [include] if isinstance(include, str) else list(include)
+    exc = [exclude] if isinstance(exclude, str) else list(exclude)
+    return _ckpt.load(path, fw, inc, exc, converter, limits, storage)
 
 
 # --- safetensors' API over every format -------------------------------------------------------------------
@@ -691,50 +738,44 @@ class DiffReport:
         return out
 
 
-def save(state_dict: Any, path: PathLike, format: str = "torch", *, world_size: int = 1,
-         dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
-         recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
-         pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
-         progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-         storage_options: StorageOptions = None, quant: Optional[str] = None,
-         overwrite: bool = False) -> ConvertSummary:
+def save(state_dict: Any, path: PathLike, format: str = "torch", *, progress: Optional[bool] = None,
+         storage_options: StorageOptions = None, **options: Any) -> ConvertSummary:
     """Writes ``state_dict`` — nested dicts, lists and tuples of numpy arrays, torch tensors (any device: copied
     to the CPU) and Python values — as a checkpoint of ``format`` at ``path``, durably (temporary file, fsync,
     rename): ``torch`` (loadable by ``torch.load(weights_only=True)``), ``safetensors``, ``hf``, ``distcp`` (by
     ``dcp.load``, as ``world_size`` ranks would write it), ``hfai``, ``recis``, ``pbg``. The options are
-    :func:`convert`'s, ``sync`` and ``checksums`` included, and ``path`` may be an object-storage URL (see
+    :func:`convert`'s target and write options (``world_size`` for distcp, hfai and recis alone,
+    ``dcp_profile``, ``hfai_large_size``, ``parallel``, ``slice_size``, ``pbg_config``, ``max_shard_size``,
+    ``quant``, ``sync``, ``checksums``, ``overwrite``), and ``path`` may be an object-storage URL (see
     :func:`convert`). ``path`` must be new, an empty directory, or a checkpoint of ``format`` (replaced whole);
     anything else there raises :class:`UsageError` unless ``overwrite=True``, which replaces it whole.
 
     >>> ckpt.save({"model": {"w": np.ones((2, 2), np.float32)}, "step": 3}, "out_dcp", format="distcp")
     ConvertSummary(tensors=1, bytes=16, values=1, dropped=[])
     """
-    fmt = format
-    s = _ckpt.save(state_dict, _path(path), fmt, world_size, dcp_profile, hfai_large_size, recis_parallel,
-                   recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size,
-                   progress, sync, checksums, _storage(storage_options), quant, overwrite)
+    s = _ckpt.save(state_dict, _path(path), format, _named("save", options), progress, _storage(storage_options))
     return ConvertSummary(*s)
 
 
-def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = None, world_size: int = 1,
-            dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
-            recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
-            pbg_config: Optional[PathLike] = None, max_shard_size: Union[int, str, None] = None,
-            include: Union[str, Sequence[str]] = (), exclude: Union[str, Sequence[str]] = (),
-            strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None, dtype: Any = None,
-            progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-            storage_options: StorageOptions = None, dense: bool = False, quant: Optional[str] = None,
-            model_only: bool = False, overwrite: bool = False, **limits: Any) -> ConvertSummary:
+def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = None, progress: Optional[bool] = None,
+            storage_options: StorageOptions = None, **options: Any) -> ConvertSummary:
     """Converts the checkpoint at ``src`` (format detected, or ``from_``) into format ``to`` at ``dst``, as
     ``ckpt convert`` does, with its options: ``world_size`` (ranks, parts or shards of distcp, hfai and recis
-    targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``recis_parallel``,
-    ``recis_slice_size``, ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
+    targets), ``dcp_profile`` (``"max-compat"``, ``"torch213"``), ``hfai_large_size``, ``parallel`` and
+    ``slice_size`` (recis), ``pbg_config``, ``max_shard_size`` (hf: bytes or ``"5GB"``), ``quant`` (gguf:
     ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``, ``"mxfp4"``), and the selection:
     ``include``/``exclude`` globs, ``strip_prefix``/``add_prefix``, ``dtype`` (floats cast to ``"bf16"``,
     ``"f16"``, ``"f32"``, ``"f64"``; or a numpy or torch dtype: ``np.float16``, ``torch.bfloat16``), ``dense`` (quantized and sparse tensors made dense, as ``--dense``:
     dequantized to float32 as torch's ``dequantize()``, ``to_dense()``), ``model_only`` (DeepSpeed and Megatron:
     the model's weights only, what ``transformers`` loads, as ``--model-only``; by default every entry
-    :func:`inspect` lists is converted). A selection that selects nothing (an ``include`` pattern that matches
+    :func:`inspect` lists is converted), ``rename`` (``"FROM=TO"`` rules, ``(from, to)`` pairs or a dict, as
+    ``--rename``), and how the source is read: ``tag`` (a DeepSpeed root's save, as ``--tag``),
+    ``unstack_layers`` and ``name_map`` (Megatron: ``name_map="llama"`` names a GPT model's tensors as Llama
+    does). Every option is the ``ckpt convert`` flag of the same name (``--world-size`` is ``world_size``),
+    read by the same parser; one that does not apply to the source or the target (``world_size`` for a
+    ``torch`` target, ``tag`` for a DCP source, ``hfai_large_size`` for a distcp target) raises
+    :class:`UsageError` saying why, and a name it does not take raises ``TypeError`` with the names near it.
+    The read limits (:data:`LIMITS`) are options too. A selection that selects nothing (an ``include`` pattern that matches
     no entry, excludes that remove every entry) raises :class:`UsageError` naming the nearest names; what the
     target cannot hold is named in the summary's ``dropped``. A spinner shows on stderr when it is a terminal (``progress``).
     ``sync=False`` skips the fsyncs (the new checkpoint still replaces the old one atomically, but a power
@@ -759,12 +800,8 @@ def convert(src: PathLike, dst: PathLike, to: str, *, from_: Optional[str] = Non
         ...              dtype="bf16", max_shard_size="5GB")
         ConvertSummary(tensors=291, bytes=16060522496, values=0, dropped=[])
     """
-    inc = [include] if isinstance(include, str) else list(include)
-    exc = [exclude] if isinstance(exclude, str) else list(exclude)
-    s = _ckpt.convert(_path(src), _path(dst), to, from_, world_size, dcp_profile, hfai_large_size, recis_parallel,
-                      recis_slice_size, None if pbg_config is None else os.fspath(pbg_config), max_shard_size, inc,
-                      exc, strip_prefix, add_prefix, dtype_arg(dtype), _limits(limits), progress, sync, checksums,
-                      _storage(storage_options), dense, quant, model_only, overwrite)
+    s = _ckpt.convert(_path(src), _path(dst), to, from_, _named("convert", options), progress,
+                      _storage(storage_options))
     return ConvertSummary(*s)
 
 
@@ -792,7 +829,7 @@ def reshard(src: PathLike, dst: PathLike, world_size: int, *, progress: Optional
     >>> ckpt.reshard("dcp_8ranks/", "dcp_4ranks/", 4).world_size
     4
     """
-    return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits), progress,
+    return ReshardSummary(*_ckpt.reshard(_path(src), _path(dst), world_size, _limits(limits, "reshard"), progress,
                                          _storage(storage_options), overwrite))
 
 

@@ -45,21 +45,15 @@ def open(path: _Path, format: Optional[str] = None, limits: _Limits = None,
          storage_options: _Storage = None, lazy: bool = False) -> Checkpoint: ...
 def load(path: _Path, framework: str = "np", include: Sequence[str] = ..., exclude: Sequence[str] = ...,
          torch: Any = None, limits: _Limits = None, storage_options: _Storage = None) -> Any: ...
-def save(state_dict: Any, path: _Path, format: str = "torch", world_size: int = 1, dcp_profile: Optional[str] = None,
-         hfai_large_size: Optional[int] = None, recis_parallel: Optional[int] = None,
-         recis_slice_size: Optional[int] = None, pbg_config: Optional[_Path] = None,
-         max_shard_size: Union[int, str, None] = None, progress: Optional[bool] = None, sync: bool = True,
-         checksums: bool = True, storage_options: _Storage = None, quant: Optional[str] = None,
-         overwrite: bool = False) -> _Summary: ...
-def convert(src: _Path, dst: _Path, to: str, from_: Optional[str] = None, world_size: int = 1,
-            dcp_profile: Optional[str] = None, hfai_large_size: Optional[int] = None,
-            recis_parallel: Optional[int] = None, recis_slice_size: Optional[int] = None,
-            pbg_config: Optional[_Path] = None, max_shard_size: Union[int, str, None] = None,
-            include: Sequence[str] = ..., exclude: Sequence[str] = ..., strip_prefix: Optional[str] = None,
-            add_prefix: Optional[str] = None, dtype: Optional[str] = None, limits: _Limits = None,
-            progress: Optional[bool] = None, sync: bool = True, checksums: bool = True,
-            storage_options: _Storage = None, dense: bool = False, quant: Optional[str] = None,
-            overwrite: bool = False) -> _Summary: ...
+# (name, text) pairs of the options of `ckpt convert`/`save`, as the facade's table names them
+# (`option_names`): read by the facade's one parser, as the `ckpt` command's flags are.
+_Options = List[Tuple[str, str]]
+def save(state_dict: Any, path: _Path, format: str = "torch", options: _Options = ..., progress: Optional[bool] = None,
+         storage_options: _Storage = None) -> _Summary: ...
+def convert(src: _Path, dst: _Path, to: str, from_: Optional[str] = None, options: _Options = ...,
+            progress: Optional[bool] = None, storage_options: _Storage = None) -> _Summary: ...
+def option_names(command: str) -> List[str]: ...
+def unknown_option(command: str, option: str) -> str: ...
 def verify(path: _Path, deep: bool = False, limits: _Limits = None, progress: Optional[bool] = None,
            storage_options: _Storage = None) -> Tuple[str, int, int, List[str], List[str]]: ...
 def reshard(src: _Path, dst: _Path, world_size: int, limits: _Limits = None, progress: Optional[bool] = None,

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::errors::{About, IntoPy, core_to_py, usage};
-use crate::ops::read_limits;
+use crate::ops::read_options;
 use crate::remote::{fetched, shown, storage_options};
 use crate::values::{Framework, ToPy};
 
@@ -51,7 +51,7 @@ pub(crate) fn open(
     storage_options: Option<&Bound<'_, PyDict>>,
     lazy: bool,
 ) -> PyResult<Checkpoint> {
-    let limits = read_limits(limits)?;
+    let (limits, read) = read_options(limits)?;
     let storage = self::storage_options(storage_options)?;
     let shown = shown(&path);
     let format = format.map(|f| f.parse::<Format>().map_err(|e| usage(e.to_string(), Some(&shown)))).transpose()?;
@@ -60,15 +60,12 @@ pub(crate) fn open(
             if lazy {
                 // A URL's bytes fetched as they are read (a local path reads as it is).
                 let source = fetched(&path, &storage, ckpt::storage::Fetch::Lazy)?;
-                let fill = ckpt::SourceOptions::default().with_fill(source.path(), source.fill());
+                let fill = read.clone().with_fill(source.path(), source.fill());
                 let inner = ckpt::open_source(source.path(), format, &limits, &fill)?;
                 return Ok((inner, source));
             }
             let source = fetched(&path, &storage, ckpt::storage::Fetch::Whole)?;
-            let inner = match format {
-                Some(f) => ckpt::open_as_with(source.path(), f, &limits),
-                None => ckpt::open_with(source.path(), &limits),
-            }?;
+            let inner = ckpt::open_source(source.path(), format, &limits, &read)?;
             Ok((inner, source))
         })
         .py()?;

@@ -41,6 +41,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::formats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::detect, m)?)?;
     m.add_function(wrap_pyfunction!(ops::did_you_mean, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::option_names, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::unknown_option, m)?)?;
     m.add_class::<dcp_writer::DcpRankSave>()?;
     m.add_function(wrap_pyfunction!(dcp_writer::dcp_begin, m)?)?;
     m.add_function(wrap_pyfunction!(dcp_writer::dcp_join, m)?)?;

@@ -3,15 +3,13 @@
 //! stderr when it is a terminal. Every path may be an object-storage URL, read and written as the command
 //! does (`remote`), with the command's `--storage-option`s as the `storage_options` keyword argument.
 
-use ckpt::io::Durability;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ckpt::named_options::{self, Command};
 use ckpt::storage::Fetch;
-use ckpt::{
-    ConvertOptions, DcpProfile, DiffOptions, Format, ReadLimits, Selection, TargetOptions, Value, VerifyOptions,
-};
+use ckpt::{ConvertOptions, DiffOptions, Format, ReadLimits, Selection, Value, VerifyOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -21,41 +19,52 @@ use crate::errors::{About, IntoPy, usage};
 use crate::remote::{fetched, published, shown, storage_options, target};
 use crate::values::{Framework, FromPy, ToPy};
 
-/// The read limits named in `limits` (the `ckpt` command's `--max-*` and `--trusted` flags, without `--`,
-/// with `_` for `-`); the defaults for those not named.
-pub(crate) fn read_limits(limits: Option<&Bound<'_, PyDict>>) -> PyResult<ReadLimits> {
-    let mut l = ReadLimits::default();
-    let Some(limits) = limits else { return Ok(l) };
-    let mut pickle = l.pickle;
-    if let Some(trusted) = limits.get_item("trusted")? {
-        if trusted.is_truthy()? {
-            pickle = ckpt::pickle::Limits::trusted();
-        }
+/// A keyword argument's value as the option text the facade's parser reads ([`ckpt::named_options`]):
+/// `True`/`False` as `true`/`false`, numbers and strings as they print, paths as paths.
+pub(crate) fn option_text(name: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(b) = value.extract::<bool>() {
+        return Ok(if b { "true" } else { "false" }.into());
     }
-    for (k, v) in limits.iter() {
-        let key: String = k.extract()?;
-        if v.is_none() || key == "trusted" {
-            continue;
-        }
-        match key.as_str() {
-            "max_depth" => pickle.max_depth = v.extract()?,
-            "max_memo" => pickle.max_memo = v.extract()?,
-            "max_container_len" => pickle.max_container_len = v.extract()?,
-            "max_nodes" => pickle.max_nodes = v.extract()?,
-            "max_alloc_bytes" => pickle.max_alloc_bytes = v.extract()?,
-            "max_int_digits" => pickle.max_int_digits = v.extract()?,
-            "max_header_bytes" => l.max_header_bytes = v.extract()?,
-            "max_data_header_bytes" => l.max_data_header_bytes = v.extract()?,
-            "max_metadata_bytes" => l.max_metadata_bytes = v.extract()?,
-            "max_inflated_bytes" => l.max_inflated_bytes = v.extract()?,
-            other => return Err(usage(format!("unknown limit {other:?}"), None)),
-        }
+    if let Ok(n) = value.extract::<i128>() {
+        return Ok(n.to_string());
     }
-    l.pickle = pickle;
-    Ok(l)
+    if let Ok(p) = value.extract::<PathBuf>() {
+        return Ok(p.to_string_lossy().into_owned());
+    }
+    Err(usage(format!("{name}: expected a str, a number or a bool, not {}", value.get_type().name()?), None))
 }
 
-/// The selection of `include`/`exclude` globs, prefixes and float dtype.
+/// The read limits named in `limits` (the `ckpt` command's `--max-*` and `--trusted` flags, without `--`,
+/// with `_` for `-`), read by the facade's parser as the command's flags are; the defaults for those not
+/// named.
+pub(crate) fn read_limits(limits: Option<&Bound<'_, PyDict>>) -> PyResult<ReadLimits> {
+    let named = option_pairs(limits)?;
+    let named = named.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    named_options::read_limits(Command::Read, named).map_err(|e| usage(e.to_string(), None))
+}
+
+/// The read limits and the source options (`tag`, `unstack_layers`, `name_map`, `model_only`) named in
+/// `options`, as the reading commands take them ([`ckpt::named_options::read_options`]).
+pub(crate) fn read_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<(ReadLimits, ckpt::SourceOptions)> {
+    let named = option_pairs(options)?;
+    named_options::read_options(named.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| usage(e.to_string(), None))
+}
+
+/// The keyword arguments in `options` as `(name, text)` pairs ([`option_text`]), `None` values left out.
+fn option_pairs(options: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, String)>> {
+    let mut named = Vec::new();
+    for (k, v) in options.map(|l| l.iter()).into_iter().flatten() {
+        let key: String = k.extract()?;
+        if !v.is_none() {
+            let text = option_text(&key, &v)?;
+            named.push((key, text));
+        }
+    }
+    Ok(named)
+}
+
+/// The selection of `include`/`exclude` globs, prefixes and float dtype, read by the facade's parser.
 pub(crate) fn selection(
     include: Vec<String>,
     exclude: Vec<String>,
@@ -63,24 +72,45 @@ pub(crate) fn selection(
     add_prefix: Option<String>,
     dtype: Option<&str>,
 ) -> PyResult<Selection> {
-    let mut s = Selection::default();
-    s.include = include;
-    s.exclude = exclude;
-    s.strip_prefix = strip_prefix;
-    s.add_prefix = add_prefix;
-    if let Some(name) = dtype {
-        let d = match name {
-            "bf16" | "bfloat16" => ckpt::DType::BF16,
-            "f16" | "fp16" | "float16" | "half" => ckpt::DType::F16,
-            "f32" | "fp32" | "float32" | "float" => ckpt::DType::F32,
-            "f64" | "fp64" | "float64" | "double" => ckpt::DType::F64,
-            other => {
-                return Err(usage(format!("dtype {other:?}: floats are cast to bf16, f16, f32 or f64"), None));
-            }
-        };
-        s.dtype = Some(d);
-    }
-    Ok(s)
+    let mut named: Vec<(&str, &str)> = include.iter().map(|g| ("include", g.as_str())).collect();
+    named.extend(exclude.iter().map(|g| ("exclude", g.as_str())));
+    named.extend(strip_prefix.as_deref().map(|p| ("strip_prefix", p)));
+    named.extend(add_prefix.as_deref().map(|p| ("add_prefix", p)));
+    named.extend(dtype.map(|d| ("dtype", d)));
+    let options = named_options::convert_options(Command::Convert, Format::Torch, named);
+    Ok(options.map_err(|e| usage(e.to_string(), None))?.selection)
+}
+
+/// The command whose options `ckpt.option_names` and `ckpt.unknown_option` are about, by name.
+fn command(name: &str) -> PyResult<Command> {
+    Ok(match name {
+        "convert" => Command::Convert,
+        "save" => Command::Save,
+        "reshard" => Command::Reshard,
+        "read" => Command::Read,
+        other => return Err(usage(format!("{other:?}: the commands are convert, save, reshard and read"), None)),
+    })
+}
+
+/// The names of the options `command` takes (`"convert"`, `"save"`, `"reshard"`, `"read"`), as the
+/// facade's table has them ([`ckpt::named_options::OPTIONS`]).
+#[pyfunction]
+pub(crate) fn option_names(name: &str) -> PyResult<Vec<&'static str>> {
+    Ok(command(name)?.names().collect())
+}
+
+/// What a keyword argument `command` does not take is told ([`ckpt::named_options::unknown_option`]):
+/// the names near it, or what ckpt does instead of a `torch.load` habit.
+#[pyfunction]
+pub(crate) fn unknown_option(name: &str, option: &str) -> PyResult<String> {
+    Ok(named_options::unknown_option(command(name)?, option).to_string())
+}
+
+/// The options `named` (`(name, text)` pairs, [`ckpt::named_options::convert_options`]) of a `command`
+/// to `to`.
+fn convert_options(command: Command, to: Format, named: &[(String, String)], path: &Path) -> PyResult<ConvertOptions> {
+    let named = named.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    named_options::convert_options(command, to, named).map_err(|e| usage(e.to_string(), Some(path)))
 }
 
 fn format_of(name: &str, path: &Path) -> PyResult<Format> {
@@ -171,63 +201,6 @@ pub(crate) fn load<'py>(
     to.value(py, &tree)
 }
 
-/// The target layout and selection of `convert` and `save` to `to`: the keyword arguments of `to`'s format
-/// make its [`TargetOptions`]; one given for another format is a usage error, as in the `ckpt` command.
-#[allow(clippy::too_many_arguments)]
-fn convert_options(
-    path: &Path,
-    to: Format,
-    world_size: usize,
-    dcp_profile: Option<&str>,
-    hfai_large_size: Option<u64>,
-    recis_parallel: Option<usize>,
-    recis_slice_size: Option<u32>,
-    pbg_config: Option<PathBuf>,
-    max_shard_size: Option<&Bound<'_, PyAny>>,
-    quant: Option<String>,
-    selection: Selection,
-    limits: ReadLimits,
-    durability: Durability,
-) -> PyResult<ConvertOptions> {
-    let profile = match dcp_profile {
-        None | Some("max-compat") | Some("max_compat") => DcpProfile::MaxCompat,
-        Some("torch213") => DcpProfile::Torch213,
-        Some(other) => return Err(usage(format!("dcp_profile {other:?}: max-compat or torch213"), Some(path))),
-    };
-    let max_shard_size = match max_shard_size {
-        None => None,
-        Some(size) => Some(match size.extract::<u64>() {
-            Ok(n) => n,
-            Err(_) => {
-                let text: String = size.extract()?;
-                ckpt::hf::parse_size(&text).map_err(|e| usage(e.to_string(), Some(path)))?
-            }
-        }),
-    };
-    // Each format's keyword arguments, with the name of the first one given.
-    let recis_given = recis_parallel.map(|_| "recis_parallel").or(recis_slice_size.map(|_| "recis_slice_size"));
-    let offered = [
-        (TargetOptions::Distcp { profile }, dcp_profile.map(|_| "dcp_profile")),
-        (TargetOptions::Hfai { large_size: hfai_large_size }, hfai_large_size.map(|_| "hfai_large_size")),
-        (TargetOptions::Recis { parallel: recis_parallel, slice_size: recis_slice_size }, recis_given),
-        (TargetOptions::Pbg { config: pbg_config.clone() }, pbg_config.as_ref().map(|_| "pbg_config")),
-        (TargetOptions::Hf { max_shard_size }, max_shard_size.map(|_| "max_shard_size")),
-        (TargetOptions::Gguf { quant: quant.clone() }, quant.as_ref().map(|_| "quant")),
-    ];
-    let target = TargetOptions::pick(to, offered).map_err(|e| usage(e, Some(path)))?;
-    Ok(ConvertOptions::default()
-        .with_world_size(world_size)
-        .with_target(target)
-        .with_selection(selection)
-        .with_limits(limits)
-        .with_durability(durability))
-}
-
-/// The `sync` and `checksums` keyword arguments of `convert` and `save`.
-fn durability(sync: bool, checksums: bool) -> Durability {
-    Durability::default().with_sync(sync).with_checksums(checksums)
-}
-
 /// A conversion's summary as `(tensors, bytes, values, dropped)`.
 type Summary = (usize, u64, usize, Vec<String>);
 
@@ -235,13 +208,10 @@ fn summary(s: ckpt::ConvertSummary) -> Summary {
     (s.tensors, s.bytes, s.values, s.dropped)
 }
 
-/// `ckpt.convert`: the checkpoint at `src` converted to `to` at `dst`.
+/// `ckpt.convert`: the checkpoint at `src` converted to `to` at `dst`, with the options `options` named as
+/// the `ckpt convert` flags (`(name, text)` pairs, read by the facade's parser).
 #[pyfunction]
-#[pyo3(signature = (src, dst, to, from_ = None, world_size = 1, dcp_profile = None, hfai_large_size = None,
-    recis_parallel = None, recis_slice_size = None, pbg_config = None, max_shard_size = None,
-    include = Vec::new(), exclude = Vec::new(), strip_prefix = None, add_prefix = None, dtype = None,
-    limits = None, progress = None, sync = true, checksums = true, storage_options = None, dense = false,
-    quant = None, model_only = false, overwrite = false))]
+#[pyo3(signature = (src, dst, to, from_ = None, options = Vec::new(), progress = None, storage_options = None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn convert(
     py: Python<'_>,
@@ -249,50 +219,15 @@ pub(crate) fn convert(
     dst: PathBuf,
     to: &str,
     from_: Option<&str>,
-    world_size: usize,
-    dcp_profile: Option<&str>,
-    hfai_large_size: Option<u64>,
-    recis_parallel: Option<usize>,
-    recis_slice_size: Option<u32>,
-    pbg_config: Option<PathBuf>,
-    max_shard_size: Option<&Bound<'_, PyAny>>,
-    include: Vec<String>,
-    exclude: Vec<String>,
-    strip_prefix: Option<String>,
-    add_prefix: Option<String>,
-    dtype: Option<&str>,
-    limits: Option<&Bound<'_, PyDict>>,
+    options: Vec<(String, String)>,
     progress: Option<bool>,
-    sync: bool,
-    checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
-    dense: bool,
-    quant: Option<String>,
-    model_only: bool,
-    overwrite: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(to, &dst)?;
     let from = from_.map(|f| format_of(f, &src)).transpose()?;
-    let selection = selection(include, exclude, strip_prefix, add_prefix, dtype)?;
-    let selection = if dense { selection.with_dense() } else { selection };
-    let options = convert_options(
-        &dst,
-        to,
-        world_size,
-        dcp_profile,
-        hfai_large_size,
-        recis_parallel,
-        recis_slice_size,
-        pbg_config,
-        max_shard_size,
-        quant,
-        selection,
-        read_limits(limits)?,
-        durability(sync, checksums),
-    )?
-    .with_source(ckpt::SourceOptions::default().with_model_only(model_only))
-    .with_overwrite(overwrite);
+    let options = convert_options(Command::Convert, to, &options, &dst)?;
+    let overwrite = options.overwrite;
     // As `ckpt convert`: the source fetched, the target streamed to.
     let what = format!("converting {} to {to}", shown(&src).display());
     let staged = py.detach(|| fetched(&src, &storage, Fetch::Whole)).py()?;
@@ -308,51 +243,24 @@ pub(crate) fn convert(
 }
 
 /// `ckpt.save`: the state dict `state_dict` (nested dicts, lists, tuples, numpy arrays, torch tensors, Python
-/// values) written as a checkpoint of `format` at `path`.
+/// values) written as a checkpoint of `format` at `path`, with `convert`'s target options (`options`).
 #[pyfunction]
-#[pyo3(signature = (state_dict, path, format = "torch", world_size = 1, dcp_profile = None,
-    hfai_large_size = None, recis_parallel = None, recis_slice_size = None, pbg_config = None,
-    max_shard_size = None, progress = None, sync = true, checksums = true, storage_options = None, quant = None,
-    overwrite = false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (state_dict, path, format = "torch", options = Vec::new(), progress = None,
+    storage_options = None))]
 pub(crate) fn save(
     py: Python<'_>,
     state_dict: &Bound<'_, PyAny>,
     path: PathBuf,
     format: &str,
-    world_size: usize,
-    dcp_profile: Option<&str>,
-    hfai_large_size: Option<u64>,
-    recis_parallel: Option<usize>,
-    recis_slice_size: Option<u32>,
-    pbg_config: Option<PathBuf>,
-    max_shard_size: Option<&Bound<'_, PyAny>>,
+    options: Vec<(String, String)>,
     progress: Option<bool>,
-    sync: bool,
-    checksums: bool,
     storage_options: Option<&Bound<'_, PyDict>>,
-    quant: Option<String>,
-    overwrite: bool,
 ) -> PyResult<Summary> {
     let storage = self::storage_options(storage_options)?;
     let to = format_of(format, &path)?;
     let tree = FromPy::new(py)?.value(state_dict)?;
-    let options = convert_options(
-        &path,
-        to,
-        world_size,
-        dcp_profile,
-        hfai_large_size,
-        recis_parallel,
-        recis_slice_size,
-        pbg_config,
-        max_shard_size,
-        quant,
-        Selection::default(),
-        ReadLimits::default(),
-        durability(sync, checksums),
-    )?
-    .with_overwrite(overwrite);
+    let options = convert_options(Command::Save, to, &options, &path)?;
+    let overwrite = options.overwrite;
     let what = format!("saving {} as {to}", shown(&path).display());
     let target = target(&path, &storage).py()?;
     let remote = py.detach(|| Destination::remote(&path, to, overwrite, &storage)).py()?;
@@ -463,8 +371,13 @@ pub(crate) fn diff<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let storage = self::storage_options(storage_options)?;
     let layout = if raw { ckpt::diff::DiffLayout::Raw } else { ckpt::diff::DiffLayout::State };
-    let options =
-        DiffOptions::default().with_rtol(rtol).with_atol(atol).with_limits(read_limits(limits)?).with_layout(layout);
+    let (limits, source) = read_options(limits)?;
+    let options = DiffOptions::default()
+        .with_rtol(rtol)
+        .with_atol(atol)
+        .with_limits(limits)
+        .with_source(source)
+        .with_layout(layout);
     let (a_staged, b_staged) = py
         .detach(|| Ok::<_, About>((fetched(&a, &storage, Fetch::Whole)?, fetched(&b, &storage, Fetch::Whole)?)))
         .py()?;

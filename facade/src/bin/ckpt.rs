@@ -252,13 +252,19 @@ fn main() -> ExitCode {
 /// (`python/src/cli.rs`) and passes it `sys.argv`.
 pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     let cli = Cli::parse_from(args);
-    let limits = &cli.limits.read_limits();
+    let limits = &match cli.limits.read_limits() {
+        Ok(limits) => limits,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit_code(&e);
+        }
+    };
     let source = &cli.source.options();
     let storage = &match cli.storage.options() {
         Ok(options) => Storage { options, verbose: cli.storage.verbose },
-        Err(usage) => {
-            eprintln!("error: {usage}");
-            return EXIT_USAGE;
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit_code(&e);
         }
     };
     let group = match Launch::start() {
@@ -318,14 +324,14 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 let options = options.with_overwrite(*overwrite);
                 convert(src, dst, *to, *from, &options, storage, quiet, group)
             }
-            Err(usage) => {
-                eprintln!("error: {usage}");
-                return EXIT_USAGE;
+            Err(e) => {
+                eprintln!("error: {e}");
+                return exit_code(&e);
             }
         },
         Command::Reshard { path, dst, world_size, overwrite } => {
             let options = ckpt::ReshardOptions::default().with_limits(*limits).with_overwrite(*overwrite);
-            reshard(path, dst, *world_size, &options, storage, quiet, group)
+            reshard(path, dst, *world_size, &options, source, storage, quiet, group)
         }
         Command::ExportTsv { config, entities_output, relation_types_output, overwrite } => {
             let outputs = (entities_output.as_path(), relation_types_output.as_path());
@@ -521,7 +527,8 @@ struct LayoutArgs {
 
 impl LayoutArgs {
     /// The conversion's options for a target of format `to`, or why the flags do not fit it.
-    fn options(&self, to: ckpt::Format) -> Result<ckpt::ConvertOptions, String> {
+    fn options(&self, to: ckpt::Format) -> ckpt::Result<ckpt::ConvertOptions> {
+        ckpt::named_options::check_target(to, self.world_size as usize)?;
         let target = self.target.options(to)?;
         let durability = ckpt::io::Durability::default().with_sync(!self.no_sync).with_checksums(!self.no_checksums);
         Ok(ckpt::ConvertOptions::default()
@@ -569,11 +576,9 @@ struct SelectArgs {
     rename: Vec<(String, String)>,
 }
 
-/// `--rename FROM=TO`.
+/// `--rename FROM=TO`, read by the facade's parser ([`ckpt::named_options::rename_rule`]).
 fn rename_rule(text: &str) -> Result<(String, String), String> {
-    let (from, to) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected FROM=TO"))?;
-    ckpt::Selection::default().with_rename(from, to).validate().map_err(|e| e.to_string())?;
-    Ok((from.to_owned(), to.to_owned()))
+    ckpt::named_options::rename_rule(text).map_err(|e| e.to_string())
 }
 
 /// How a checkpoint is read (every command): a DeepSpeed root's tag, Megatron's layers, a name map.
@@ -705,11 +710,13 @@ fn convert(
     Ok(true)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn reshard(
     src: &Path,
     dst: &Path,
     world: u32,
     options: &ckpt::ReshardOptions,
+    source: &ckpt::SourceOptions,
     storage: &Storage,
     quiet: bool,
     group: &dyn Collective,
@@ -718,6 +725,8 @@ fn reshard(
     let staged = fetched(src, storage)?;
     let target = target(dst, storage)?;
     let format = ckpt::detect(staged.path())?;
+    // The global flags of how a source is read apply to no format reshard takes: refused, not ignored.
+    ckpt::named_options::check_source(source, format)?;
     let remote = ckpt::storage::check_destination(&place(dst)?, format, options.overwrite, &storage.options)?;
     let limits = options.limits;
     let estimate = || ckpt::output_estimate(staged.path(), None, &ckpt::ConvertOptions::default().with_limits(limits));
@@ -1020,19 +1029,14 @@ struct StorageArgs {
 }
 
 impl StorageArgs {
-    fn options(&self) -> Result<ckpt::storage::StorageOptions, String> {
-        self.storage_option
-            .iter()
-            .try_fold(ckpt::storage::StorageOptions::default(), |o, pair| o.with_pair(pair).map_err(|e| e.to_string()))
+    fn options(&self) -> ckpt::Result<ckpt::storage::StorageOptions> {
+        ckpt::place::storage_options(self.storage_option.iter().map(String::as_str))
     }
 }
 
-/// A command's path argument as a place: a URL when it has a scheme, else a local path.
+/// A command's path argument as a place ([`ckpt::place::place`]).
 fn place(path: &Path) -> ckpt::Result<ckpt::storage::Location> {
-    match path.to_str() {
-        Some(text) => Ok(ckpt::storage::Location::parse(text)?),
-        None => Ok(ckpt::storage::Location::Local(path.to_path_buf())),
-    }
+    ckpt::place::place(path)
 }
 
 /// The checkpoint at `path` ready to read (a URL's objects fetched), reporting the transfer if `verbose`.
@@ -1042,7 +1046,7 @@ fn fetched(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Source
 
 /// [`fetched`], fetching what `what` says (`inspect`: the metadata alone where the format allows).
 fn fetched_for(path: &Path, storage: &Storage, what: ckpt::storage::Fetch) -> ckpt::Result<ckpt::storage::Source> {
-    let source = ckpt::storage::fetch_with(&place(path)?, &storage.options, what)?;
+    let source = ckpt::place::fetched(path, &storage.options, what)?;
     if let (true, Some(t), None) = (storage.verbose, source.transfer(), source.fill()) {
         eprintln!("fetched {}: {t}", place(path)?);
     }
@@ -1061,7 +1065,7 @@ fn report_lazy(path: &Path, storage: &Storage, source: &ckpt::storage::Source) -
 /// Where to write `path` (a URL: the writers stream to it; [`published`] reports the transfer). Under
 /// mpirun every process writes its own files to it and rank 0 commits.
 fn target(path: &Path, storage: &Storage) -> ckpt::Result<ckpt::storage::Target> {
-    ckpt::storage::target(&place(path)?, &storage.options)
+    ckpt::place::target(path, &storage.options)
 }
 
 /// Reports what writing `target` moved (rank 0 only) if `verbose`.
@@ -1130,31 +1134,28 @@ struct LimitArgs {
 }
 
 impl LimitArgs {
-    /// The limits of every read of this run: the pickle limits (the process's default, [`LimitArgs::apply`])
-    /// and the format caps.
-    fn read_limits(&self) -> ckpt::ReadLimits {
-        let mut l = ckpt::ReadLimits::default();
-        l.max_header_bytes = self.max_header_bytes.unwrap_or(l.max_header_bytes);
-        l.max_data_header_bytes = self.max_data_header_bytes.unwrap_or(l.max_data_header_bytes);
-        l.max_metadata_bytes = self.max_metadata_bytes.unwrap_or(l.max_metadata_bytes);
-        l.max_inflated_bytes = self.max_inflated_bytes.unwrap_or(l.max_inflated_bytes);
-        // The tool always has the torch format (feature `cli` needs it), hence the pickle decoder.
-        l.pickle = self.pickle_limits();
-        l
-    }
-
-    /// The pickle decoder's limits: the built-in ones (all but depth lifted with `--trusted`), each flag
-    /// given replacing its own.
-    fn pickle_limits(&self) -> ckpt::pickle::Limits {
-        use ckpt::pickle::Limits;
-        let mut l = if self.trusted { Limits::trusted() } else { Limits::BUILTIN };
-        l.max_depth = self.max_depth.unwrap_or(l.max_depth);
-        l.max_memo = self.max_memo.unwrap_or(l.max_memo);
-        l.max_container_len = self.max_container_len.unwrap_or(l.max_container_len);
-        l.max_nodes = self.max_nodes.unwrap_or(l.max_nodes);
-        l.max_alloc_bytes = self.max_alloc_bytes.unwrap_or(l.max_alloc_bytes);
-        l.max_int_digits = self.max_int_digits.unwrap_or(l.max_int_digits);
-        l
+    /// The limits of every read of this run, the flags given passed by name to the facade's parser
+    /// ([`ckpt::named_options::read_limits`]), as the Python package passes its keyword arguments.
+    fn read_limits(&self) -> ckpt::Result<ckpt::ReadLimits> {
+        let numbers = [
+            ("max_depth", self.max_depth.map(|n| n as u64)),
+            ("max_memo", self.max_memo.map(|n| n as u64)),
+            ("max_container_len", self.max_container_len.map(|n| n as u64)),
+            ("max_nodes", self.max_nodes.map(|n| n as u64)),
+            ("max_alloc_bytes", self.max_alloc_bytes.map(|n| n as u64)),
+            ("max_int_digits", self.max_int_digits.map(|n| n as u64)),
+            ("max_header_bytes", self.max_header_bytes),
+            ("max_data_header_bytes", self.max_data_header_bytes),
+            ("max_metadata_bytes", self.max_metadata_bytes),
+            ("max_inflated_bytes", self.max_inflated_bytes),
+        ];
+        let mut named: Vec<(&str, String)> =
+            numbers.iter().filter_map(|(name, n)| n.map(|n| (*name, n.to_string()))).collect();
+        if self.trusted {
+            named.push(("trusted", "true".into()));
+        }
+        let named = named.iter().map(|(name, value)| (*name, value.as_str()));
+        ckpt::named_options::read_limits(ckpt::named_options::Command::Read, named)
     }
 }
 
