@@ -263,7 +263,7 @@ pub(crate) fn plan(
             reason: "world size 0: a target needs at least one rank".into(),
         });
     }
-    crate::named_options::check_source(&options.source, from)?;
+    crate::options::named::check_source(&options.source, from)?;
     if let Some(theirs) = options.target.format().filter(|&f| f != to) {
         return Err(Error::InvalidArgument {
             path: dst.to_path_buf(),

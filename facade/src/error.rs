@@ -82,7 +82,7 @@ pub enum Error {
         reason: String,
     },
     /// An option name no command takes (`world_sizes`), with the names near it or what ckpt does instead
-    /// (`map_location`); [`crate::named_options::unknown_option`].
+    /// (`map_location`); [`crate::options::named::unknown_option`].
     #[error("unknown option {option}{hint}")]
     UnknownOption {
         /// The name given.

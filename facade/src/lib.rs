@@ -84,7 +84,7 @@
 
 // Modules in layers, each importing only from the layers above it in this list (tests/layers.rs checks it):
 // 0 format, suggest; 1 error; 2 limits, select, source, display, outline; 3 checkpoint; 4 options, report;
-// 5 agree, named_options; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
+// 5 agree; 6 adaptor; 7 formats (the registry and formats/<format>.rs); 8 open, destination; 9 convert, diff,
 // inspect, reshard, storage, verify; 10 ranks, progress, place. Only this file re-exports, and no module imports through it.
 mod format;
 
@@ -103,7 +103,6 @@ mod options;
 mod report;
 
 mod agree;
-pub mod named_options;
 
 mod adaptor;
 
@@ -140,6 +139,7 @@ pub use formats::detect;
 pub use inspect::{InspectReport, inspect};
 pub use limits::ReadLimits;
 pub use open::{open, open_as, open_as_with, open_source, open_with};
+pub use options::named as named_options;
 pub use options::{ConvertOptions, DcpProfile, Depth, TargetOptions};
 pub use ranks::{convert_in, reshard_in, reshard_in_with, reshard_in_with_options};
 pub use report::{ConvertSummary, Problem, ProblemKind, Progress, Severity, VerifyReport, error_chain};

@@ -62,7 +62,7 @@ pub fn open_as_with(path: impl AsRef<Path>, format: Format, limits: &ReadLimits)
 ///
 /// # Errors
 /// As [`open_with`]; [`crate::Error::OptionNotApplicable`] for a source option of another format than the
-/// checkpoint's ([`crate::named_options::check_source`]).
+/// checkpoint's ([`crate::options::named::check_source`]).
 pub fn open_source(
     path: impl AsRef<Path>,
     format: Option<Format>,
@@ -75,7 +75,7 @@ pub fn open_source(
         Some(f) => f,
         None => detect(path)?,
     };
-    crate::named_options::check_source(source, format)?;
+    crate::options::named::check_source(source, format)?;
     let inner = formats::adaptor(format, path)?.open_source(path, limits, source)?;
     Ok(Checkpoint::new(format, path, inner))
 }

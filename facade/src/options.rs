@@ -1,5 +1,7 @@
 //! What the operations take that adaptors see too: a conversion's options ([`ConvertOptions`]: the
-//! target's layout, the selection, the limits, how the source is read) and a verification's depth.
+//! target's layout, the selection, the limits, how the source is read) and a verification's depth; and
+//! [`named`], the one table of every option by name and the one parser from `(name, text)` pairs to them, which
+//! the `ckpt` tool and the Python package share (a format's options are named here, beside its variant).
 
 use ckpt_io::Durability;
 use std::path::PathBuf;
@@ -8,6 +10,8 @@ use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::select::Selection;
 use crate::source::SourceOptions;
+
+pub mod named;
 
 /// The `.metadata` layout of distcp targets (`ckpt convert --dcp-profile`: `max-compat`, `torch213`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

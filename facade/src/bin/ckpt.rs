@@ -255,6 +255,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     let limits = &match cli.limits.read_limits() {
         Ok(limits) => limits,
         Err(e) => {
+            let e = as_flags(e);
             eprintln!("error: {e}");
             return exit_code(&e);
         }
@@ -263,6 +264,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     let storage = &match cli.storage.options() {
         Ok(options) => Storage { options, verbose: cli.storage.verbose },
         Err(e) => {
+            let e = as_flags(e);
             eprintln!("error: {e}");
             return exit_code(&e);
         }
@@ -325,6 +327,7 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
                 convert(src, dst, *to, *from, &options, storage, quiet, group)
             }
             Err(e) => {
+                let e = as_flags(e);
                 eprintln!("error: {e}");
                 return exit_code(&e);
             }
@@ -344,9 +347,27 @@ pub fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         // `ckpt inspect x --json | head`: the reader went away; that is not an error.
         Err(ckpt::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => EXIT_SUCCESS,
         Err(e) => {
+            let e = as_flags(e);
             eprintln!("error: {}", ckpt::error_chain(&e, "\n  caused by: "));
             exit_code(&e)
         }
+    }
+}
+
+/// An option error in the words of the command line: the facade's parser names options as Python does
+/// (`world_size`), the tool as its flags (`--world-size`).
+fn as_flags(e: ckpt::Error) -> ckpt::Error {
+    let flag = |option: String| {
+        if option.starts_with('-') { option } else { format!("--{}", option.replace('_', "-")) }
+    };
+    match e {
+        ckpt::Error::OptionNotApplicable { option, reason } => {
+            ckpt::Error::OptionNotApplicable { option: flag(option), reason }
+        }
+        ckpt::Error::InvalidOptionValue { option, value, expected } => {
+            ckpt::Error::InvalidOptionValue { option: flag(option), value, expected }
+        }
+        e => e,
     }
 }
 
