@@ -1052,14 +1052,14 @@ fn options_that_do_not_apply_are_refused() {
     let dcp = fixtures().join("distcp/golden/d215");
     let dst = tmp.path().join("out.pt");
     let cases: [(&[&str], &str); 4] = [
-        (&["--to", "torch", "--world-size", "4"], "option world_size does not apply: a torch target has no ranks"),
+        (&["--to", "torch", "--world-size", "4"], "option --world-size does not apply: a torch target has no ranks"),
         (
             &["--to", "torch", "--tag", "global_step2"],
-            "option tag does not apply: it is read by deepspeed sources alone",
+            "option --tag does not apply: it is read by deepspeed sources alone",
         ),
         (
             &["--to", "torch", "--name-map", "llama"],
-            "option name_map does not apply: it is read by megatron sources alone",
+            "option --name-map does not apply: it is read by megatron sources alone",
         ),
         (
             &["--to", "torch", "--hfai-large-size", "16"],
@@ -1081,7 +1081,7 @@ fn options_that_do_not_apply_are_refused() {
     // reshard's sources (distcp, hfai, recis) take no source flag.
     let (code, _, err) = run(&[&"reshard", &dcp, &tmp.path().join("r"), &"--world-size", &"2", &"--unstack-layers"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("option unstack_layers does not apply"), "{err}");
+    assert!(err.contains("option --unstack-layers does not apply"), "{err}");
     assert!(!tmp.path().join("r").exists());
     // Where they apply they are taken: a tag on a DeepSpeed root, a world size on a sharded target.
     let ds = fixtures().join("deepspeed/zero2_w2");
