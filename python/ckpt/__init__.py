@@ -30,6 +30,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import (Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union)
 
@@ -121,11 +122,31 @@ def _limits(limits: Dict[str, Any], command: str = "read") -> Optional[Dict[str,
     return limits or None
 
 
+#: Keyword arguments renamed to the ``ckpt`` command's names (issue 40), still taken with a
+#: ``DeprecationWarning``: old name -> new name.
+_RENAMED = {"recis_parallel": "parallel", "recis_slice_size": "slice_size"}
+
+
+def _renamed(options: Dict[str, Any]) -> Dict[str, Any]:
+    """``options`` with the old names of :data:`_RENAMED` under their new ones, each with a warning; both
+    names at once is a ``TypeError``."""
+    out = dict(options)
+    for old, new in _RENAMED.items():
+        if old in out:
+            if new in out:
+                raise TypeError(f"{old} and {new} are one option: pass {new} alone")
+            warnings.warn(f"{old}= is now {new}=, as the ckpt command's --{new.replace('_', '-')}",
+                          DeprecationWarning, stacklevel=4)
+            out[new] = out.pop(old)
+    return out
+
+
 def _named(command: str, options: Dict[str, Any]) -> List[Tuple[str, str]]:
     """The keyword arguments of ``command`` as ``(name, text)`` pairs, as the ``ckpt`` command passes its flags'
     values to the facade's one parser of options: ``None`` left out (the default), a list of ``include``,
     ``exclude`` or ``rename`` values one pair each (``rename``: ``"FROM=TO"`` strings, ``(from, to)`` pairs or a
     dict), ``dtype`` by name (numpy and torch dtypes too), booleans as ``true``/``false``."""
+    options = _renamed(options)
     _unknown(command, options)
     out: List[Tuple[str, str]] = []
     for name, value in options.items():

@@ -132,6 +132,24 @@ def test_options_that_do_not_apply_are_refused(tmp_path: Path) -> None:
     ckpt.save(_state(), tmp_path / "s_recis", format="recis", parallel=1, slice_size=4096)
 
 
+def test_renamed_keywords_still_work_with_a_warning(tmp_path: Path) -> None:
+    """``recis_parallel``/``recis_slice_size`` became the CLI's ``parallel``/``slice_size``: the old names
+    still write the same checkpoint, with a DeprecationWarning naming the new one; both at once is refused."""
+    with pytest.warns(DeprecationWarning) as warned:
+        ckpt.save(_state(), tmp_path / "old", format="recis", recis_parallel=1, recis_slice_size=4096)
+    assert sorted(str(w.message) for w in warned) == [
+        "recis_parallel= is now parallel=, as the ckpt command's --parallel",
+        "recis_slice_size= is now slice_size=, as the ckpt command's --slice-size",
+    ]
+    assert all(w.filename == __file__ for w in warned)  # the warning points at the caller's line
+    ckpt.save(_state(), tmp_path / "new", format="recis", parallel=1, slice_size=4096)
+    old = sorted(p.relative_to(tmp_path / "old") for p in (tmp_path / "old").rglob("*") if p.is_file())
+    new = sorted(p.relative_to(tmp_path / "new") for p in (tmp_path / "new").rglob("*") if p.is_file())
+    assert old == new and old
+    with pytest.raises(TypeError, match="pass parallel alone"):
+        ckpt.save(_state(), tmp_path / "both", format="recis", recis_parallel=1, parallel=1)
+
+
 def test_unknown_keywords_get_the_names_near_them(tmp_path: Path) -> None:
     dcp = FIXTURES / "distcp" / "golden" / "d215"
     with pytest.raises(TypeError, match=r"unknown option world_sizes; did you mean: world_size\?"):
