@@ -207,4 +207,3 @@ impl Checkpoint {
         format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.shown.display())
     }
 }
-
