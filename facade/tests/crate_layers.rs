@@ -545,9 +545,9 @@ impl Crate {
     }
 }
 
-/// The strongly connected components of two or more nodes, each as a shortest cycle through its first node, in
-/// order, that node again at the end.
-fn cycles(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
+/// The strongly connected components of two or more nodes, each as its nodes (in order) and a shortest cycle
+/// through its first node, in order, that node again at the end.
+fn components(edges: &[BTreeSet<usize>]) -> Vec<(Vec<usize>, Vec<usize>)> {
     // Tarjan's algorithm.
     struct State<'a> {
         edges: &'a [BTreeSet<usize>],
@@ -602,7 +602,8 @@ fn cycles(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
         }
     }
     let mut out = Vec::new();
-    for component in s.components.into_iter().filter(|c| c.len() > 1) {
+    for mut component in s.components.into_iter().filter(|c| c.len() > 1) {
+        component.sort_unstable();
         // The shortest way from the component's first node back to it, within the component.
         let start = *component.iter().min().unwrap();
         let mut came_from: BTreeMap<usize, usize> = BTreeMap::new();
@@ -631,10 +632,37 @@ fn cycles(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
         }
         cycle.push(start);
         cycle.reverse();
-        out.push(cycle);
+        out.push((component, cycle));
     }
     out
 }
+
+/// The cycles of the graph [`components`] finds, one through each component.
+fn cycles(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
+    components(edges).into_iter().map(|(_, cycle)| cycle).collect()
+}
+
+/// Import cycles not broken yet (issue 40, point 3), each as all the files of its component, so that the test
+/// holds the line everywhere else: it fails when any other cycle appears, when one of these grows, and when
+/// one is gone (then remove it here).
+///
+/// - pickle: the template reader (`machine/template.rs`) works on the machine's own state (`Machine`, `Meta`,
+///   `Children`, `usize_u64`) and the machine calls it and holds its `Index` and `Tally`; breaking it means
+///   moving the machine's state into a module beneath both.
+/// - torch: `torch.load` of a `_load_from_bytes` call reads a whole nested `torch.save` file, so the rebuilder
+///   calls `TorchReader::from_buffer`, which reaches the rebuilder through every container's reader; breaking
+///   it means handing the rebuilder the nested reader (a function of the caller) instead of naming it.
+const NOT_BROKEN_YET: &[&[&str]] = &[
+    &["crates/pickle/src/machine.rs", "crates/pickle/src/machine/memo.rs", "crates/pickle/src/machine/template.rs"],
+    &[
+        "crates/torch/src/legacy.rs",
+        "crates/torch/src/package.rs",
+        "crates/torch/src/plain_pickle.rs",
+        "crates/torch/src/read.rs",
+        "crates/torch/src/rebuild.rs",
+        "crates/torch/src/zip_storages.rs",
+    ],
+];
 
 /// The workspace's root directory.
 fn workspace() -> PathBuf {
@@ -670,6 +698,7 @@ fn crate_roots(root: &Path) -> Vec<PathBuf> {
 fn no_crate_has_an_import_cycle() {
     let root = workspace();
     let mut found = Vec::new();
+    let mut still = BTreeSet::new();
     let mut files = 0;
     let mut imports = 0;
     for crate_root in crate_roots(&root) {
@@ -677,8 +706,16 @@ fn no_crate_has_an_import_cycle() {
         let via = krate.imports();
         files += krate.files.len();
         imports += via.iter().map(BTreeMap::len).sum::<usize>();
-        for cycle in cycles(&krate.edges()) {
+        for (component, cycle) in components(&krate.edges()) {
             let name = |f: usize| krate.files[f].path.strip_prefix(&root).unwrap().display().to_string();
+            let files: BTreeSet<String> = component.iter().map(|&f| name(f)).collect();
+            if let Some(known) = NOT_BROKEN_YET
+                .iter()
+                .position(|k| k.iter().copied().collect::<BTreeSet<_>>() == files.iter().map(String::as_str).collect())
+            {
+                still.insert(known);
+                continue;
+            }
             let mut text = name(cycle[0]);
             for pair in cycle.windows(2) {
                 text.push_str(&format!(" → ({}) {}", via[pair[0]][&pair[1]], name(pair[1])));
@@ -692,6 +729,9 @@ fn no_crate_has_an_import_cycle() {
         "import cycles between modules (move what both need down into the module that owns it):\n  {}",
         found.join("\n  ")
     );
+    for (i, known) in NOT_BROKEN_YET.iter().enumerate() {
+        assert!(still.contains(&i), "the cycle among {known:?} is broken: remove it from NOT_BROKEN_YET");
+    }
 }
 
 /// The Python modules a Python file imports (`import ckpt.x`, `from . import x`, `from .x import y`,
