@@ -245,8 +245,8 @@ pub(crate) fn read(
         }
     }
     match stage {
-        1 | 2 => read_stage12(dir, stage, &optim_files, &optim, options),
-        3 => read_stage3(dir, &optim_files, &optim, options),
+        1 | 2 => read_stage12(dir, stage, optim_files, optim, options),
+        3 => read_stage3(dir, optim_files, optim, options),
         _ => Err(Error::Unsupported {
             path: optim_files[0].path.clone(),
             what: format!("ZeRO stage {stage} (stages 1, 2 and 3 are read)"),

@@ -24,7 +24,7 @@ pub struct Durability {
     /// `true`). Off only for scratch output that may be lost.
     pub sync: bool,
     /// Compute checksums while writing (default `true`): the chunk checksums of a directory commit's
-    /// `ckpt.checksums.json` ([`DurableWriter::mark`]), or a single-file format's own checksums.
+    /// `ckpt.checksums.json` ([`DurableWriter::mark`](crate::DurableWriter::mark)), or a single-file format's own checksums.
     pub checksums: bool,
     /// Use `O_DIRECT` for files larger than one buffer where the file system supports it (default
     /// `true`).

@@ -14,7 +14,7 @@ use crate::checksum::{ChunkHasher, FileDigest};
 use crate::durability::Durability;
 use crate::failpoint;
 
-/// The parts of a [`DurableWriter`] writing to an object store: a multipart upload whose parts may be sent
+/// The parts of a [`DurableWriter`](crate::DurableWriter) writing to an object store: a multipart upload whose parts may be sent
 /// in any order (`object_store`'s `MultipartStore`). The writer sends parts `1..` as they fill and part 0
 /// (where a header's patches land) last, at [`PartSink::finish`]. Dropping a sink without finishing it
 /// abandons the upload: nothing becomes visible.

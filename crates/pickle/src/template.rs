@@ -46,11 +46,11 @@ pub enum Pattern {
     /// alternative's own captures.
     Choice(&'static [Pattern]),
     /// A GET of any memoized value: captured as [`Capture::Value`], the builder's own reference to it
-    /// ([`Builder::share`]).
+    /// ([`Builder::share`](crate::Builder::share)).
     Memo,
 }
 
-/// A fast path a [`Builder`] declares ([`Builder::templates`]): a [`Pattern::Reduce`] or
+/// A fast path a [`Builder`](crate::Builder) declares ([`Builder::templates`](crate::Builder::templates)): a [`Pattern::Reduce`] or
 /// [`Pattern::Object`] whose callable or class is a [`Pattern::Global`], read at each GET of that global.
 #[derive(Debug, Clone, Copy)]
 pub struct Template {
@@ -135,7 +135,7 @@ pub(crate) enum Cap<'a> {
     Taken,
 }
 
-/// What a template captured, in order, for [`Builder::template`].
+/// What a template captured, in order, for [`Builder::template`](crate::Builder::template).
 #[derive(Debug)]
 pub struct Captures<'a, 'c, V> {
     pub(crate) caps: &'c [Cap<'a>],

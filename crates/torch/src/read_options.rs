@@ -21,7 +21,7 @@ pub struct ReadOptions {
     /// other writers compress them). Default [`DEFAULT_MAX_INFLATED_BYTES`].
     pub max_inflated_bytes: u64,
     /// Take each ZIP record's data offset from torch's layout rule instead of reading every local header
-    /// ([`Archive::parse_predicted`]; `data.pkl`'s header is still checked). For listing a partial copy of a
+    /// ([`Archive::parse_predicted`](crate::zip::Archive::parse_predicted); `data.pkl`'s header is still checked). For listing a partial copy of a
     /// file, as `ckpt inspect` of an object-store URL fetches it (central directory, `data.pkl` and the
     /// small records, no tensor data): tensors read from such a reader come from where the rule says. Off
     /// by default.
@@ -36,7 +36,7 @@ pub struct ReadOptions {
     /// whose storages are windows of the map.
     pub fill: Option<Arc<dyn RangeFill>>,
     /// The file's name as [`ReadOptions::fill`] knows it (its path relative to the checkpoint). `None`:
-    /// the last component of the path [`TorchReader::open_with`] opens (empty for a buffer).
+    /// the last component of the path [`TorchReader::open_with`](crate::TorchReader::open_with) opens (empty for a buffer).
     pub fill_file: Option<String>,
     /// How deep inside `torch.storage._load_from_bytes` streams the buffer read is (0: a file).
     pub(crate) nesting: usize,
