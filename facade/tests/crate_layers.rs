@@ -202,8 +202,11 @@ fn ident(t: Option<&Token>) -> Option<&str> {
     }
 }
 
-/// Parses a use tree or path at `i`; returns the paths (segments, alias, glob) and the index after it.
-fn tree(toks: &[Token], mut i: usize, prefix: &[String]) -> (Vec<(Vec<String>, Option<String>, bool)>, usize) {
+/// One path of a use tree: its segments, its `as` alias, whether it ends in `*`.
+type TreePath = (Vec<String>, Option<String>, bool);
+
+/// Parses a use tree or path at `i`; returns its paths and the index after it.
+fn tree(toks: &[Token], mut i: usize, prefix: &[String]) -> (Vec<TreePath>, usize) {
     let mut segments = prefix.to_vec();
     let mut out = Vec::new();
     loop {
