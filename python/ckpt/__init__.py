@@ -34,11 +34,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import (Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union)
 
-from . import _ckpt, _torch
+from . import _ckpt, _dtypes, _errors, _torch, _values
 from ._dtypes import dtype_arg, dtype_name
 from ._errors import (BadInputError, EntryNotFoundError, Error, IoError, LimitError, MalformedError, NotFoundError,
                       UnsupportedError, UsageError)
 from ._values import CompositeTensor, Device, Global, Object, OpaqueTensor, Storage, TorchDType, Unknown
+
+# The extension calls these helpers; it imports no module of this package (each would import it back).
+_ckpt._hand_over(_values, _errors.make, _dtypes.numpy_dtypes)
 
 __version__: str = _ckpt.__version__
 

@@ -57,7 +57,7 @@ static DTYPES: PyOnceLock<Vec<Py<PyAny>>> = PyOnceLock::new();
 pub(crate) fn numpy_dtype<'py>(py: Python<'py>, dtype: DType) -> PyResult<Bound<'py, PyAny>> {
     let table = DTYPES.get_or_try_init(py, || -> PyResult<Vec<Py<PyAny>>> {
         let names: Vec<&str> = DType::ALL.iter().map(|d| d.torch_name()).collect();
-        py.import("ckpt._dtypes")?.getattr("numpy_dtypes")?.call1((names,))?.extract()
+        crate::helpers::numpy_dtypes(py)?.call1((names,))?.extract()
     })?;
     let i = DType::ALL.iter().position(|d| *d == dtype).unwrap_or(0);
     table.get(i).map(|d| d.bind(py).clone()).ok_or_else(|| crate::errors::usage("no numpy dtype", None))

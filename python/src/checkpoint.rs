@@ -8,7 +8,7 @@ use ckpt::{EntryKind, Format};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::errors::{About, IntoPy, core_to_py, usage};
+use crate::errors::{About, IntoPy, usage};
 use crate::ops::read_options;
 use crate::remote::{fetched, shown, storage_options};
 use crate::values::{Framework, ToPy};
@@ -24,11 +24,6 @@ pub(crate) struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The facade's checkpoint.
-    pub(crate) fn inner(&self) -> &ckpt::Checkpoint {
-        &self.inner
-    }
-
     /// The tensor `name`, read with the GIL released.
     pub(crate) fn read_tensor(&self, py: Python<'_>, name: &str) -> PyResult<ckpt::Tensor> {
         py.detach(|| self.inner.tensor(name)).py()
@@ -174,7 +169,7 @@ impl Checkpoint {
         torch: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let to = Self::to_py(framework, torch)?;
-        let t = crate::dcp::region(py, self, name, &offsets, &sizes)?;
+        let t = crate::dcp::region(py, &self.inner, &self.shown, name, &offsets, &sizes)?;
         to.tensor(py, &t)
     }
 
@@ -196,21 +191,16 @@ impl Checkpoint {
     /// dtype, size, chunks)` (chunks as `(offsets, sizes)`: a DCP checkpoint's own, one whole chunk for other
     /// formats) or `(fqn, "bytes", None, None, None)`, and DCP's `planner_data` (fqn → path) when there is one.
     fn dcp_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        crate::dcp::metadata(py, self)
+        crate::dcp::metadata(py, &self.inner)
     }
 
     /// Copies boxes of tensors into torch tensors' memory (`ckpt.dcp.Reader.read_data`): each
     /// `(name, offsets, sizes, address, strides, element_size, (storage_start, storage_end))`.
     fn read_into(&self, py: Python<'_>, copies: Vec<crate::dcp::Copy>) -> PyResult<()> {
-        crate::dcp::read_into(py, self, copies)
+        crate::dcp::read_into(py, &self.inner, copies)
     }
 
     fn __repr__(&self) -> String {
         format!("<ckpt.Checkpoint {} {}>", self.inner.format().name(), self.shown.display())
     }
-}
-
-/// A core error about this checkpoint.
-pub(crate) fn core_err(ck: &Checkpoint, e: ckpt::tensor::Error) -> PyErr {
-    core_to_py(e, &ck.shown)
 }

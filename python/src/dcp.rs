@@ -6,32 +6,32 @@ use ckpt::EntryKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::checkpoint::{Checkpoint, core_err};
-use crate::errors::IntoPy;
+use crate::errors::{IntoPy, core_to_py};
 
 /// The region `offsets .. offsets + sizes` of tensor `name`, read with the GIL released.
 pub(crate) fn region(
     py: Python<'_>,
-    ck: &Checkpoint,
+    ck: &ckpt::Checkpoint,
+    shown: &std::path::Path,
     name: &str,
     offsets: &[usize],
     sizes: &[usize],
 ) -> PyResult<ckpt::Tensor> {
-    if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
-        let path = ck.inner().path().to_path_buf();
+    if let Some(dcp) = ck.downcast_ref::<ckpt::distcp::DcpReader>() {
+        let path = ck.path().to_path_buf();
         return py
             .detach(|| dcp.read_region(name, offsets, sizes))
             .map_err(|e| ckpt::Error::Format { path, source: e.into() })
             .py();
     }
-    let t = ck.read_tensor(py, name)?;
-    t.region(offsets, sizes).map_err(|e| core_err(ck, e))
+    let t = py.detach(|| ck.tensor(name)).py()?;
+    t.region(offsets, sizes).map_err(|e| core_to_py(e, shown))
 }
 
 /// `(entries, planner_data)` (see `Checkpoint.dcp_metadata`).
-pub(crate) fn metadata<'py>(py: Python<'py>, ck: &Checkpoint) -> PyResult<Bound<'py, PyTuple>> {
+pub(crate) fn metadata<'py>(py: Python<'py>, ck: &ckpt::Checkpoint) -> PyResult<Bound<'py, PyTuple>> {
     let rows = PyList::empty(py);
-    if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
+    if let Some(dcp) = ck.downcast_ref::<ckpt::distcp::DcpReader>() {
         let md = dcp.metadata();
         for (fqn, storage) in &md.state_dict_metadata {
             match storage.as_tensor() {
@@ -58,7 +58,7 @@ pub(crate) fn metadata<'py>(py: Python<'py>, ck: &Checkpoint) -> PyResult<Bound<
         }
         return (rows, planner).into_pyobject(py);
     }
-    let entries = py.detach(|| ck.inner().entries());
+    let entries = py.detach(|| ck.entries());
     for e in entries {
         match e.kind {
             EntryKind::Tensor(info) => {
@@ -80,21 +80,21 @@ pub(crate) type Copy = (String, Vec<usize>, Vec<usize>, usize, Vec<usize>, usize
 /// Copies each box into its destination (torch tensors' memory, `ckpt.dcp.Reader.read_data`), from the map
 /// without an intermediate copy, in parallel, with the GIL released. The caller holds the destination
 /// tensors for the call; boxes of one call go to disjoint destinations (DCP's load plans never overlap).
-pub(crate) fn read_into(py: Python<'_>, ck: &Checkpoint, copies: Vec<Copy>) -> PyResult<()> {
+pub(crate) fn read_into(py: Python<'_>, ck: &ckpt::Checkpoint, copies: Vec<Copy>) -> PyResult<()> {
     use rayon::prelude::*;
-    let path = ck.inner().path().to_path_buf();
+    let path = ck.path().to_path_buf();
     let failed = |e: String| ckpt::Error::InvalidArgument { path: path.clone(), reason: e };
     let read = |name: &str, o: &[usize], s: &[usize]| -> ckpt::Result<ckpt::Tensor> {
-        if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
+        if let Some(dcp) = ck.downcast_ref::<ckpt::distcp::DcpReader>() {
             return dcp
                 .read_region(name, o, s)
                 .map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() });
         }
-        ck.inner().tensor(name)?.region(o, s).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e })
+        ck.tensor(name)?.region(o, s).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e })
     };
     py.detach(|| {
         // A lazy copy (a URL) fetches each chunk this rank reads whole as part of one range per file first.
-        if let Some(dcp) = ck.inner().downcast_ref::<ckpt::distcp::DcpReader>() {
+        if let Some(dcp) = ck.downcast_ref::<ckpt::distcp::DcpReader>() {
             let regions: Vec<(&str, &[usize], &[usize])> =
                 copies.iter().map(|(name, o, s, ..)| (name.as_str(), &o[..], &s[..])).collect();
             dcp.prefetch_regions(&regions).map_err(|e| ckpt::Error::Format { path: path.clone(), source: e.into() })?;

@@ -90,7 +90,7 @@ fn path_of(e: &ckpt::Error) -> Option<&Path> {
 fn exception(fault: Fault, message: String, path: Option<&Path>, errno: Option<i32>) -> PyErr {
     Python::attach(|py| {
         let made = MAKE
-            .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(py.import("ckpt._errors")?.getattr("make")?.unbind()) })
+            .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(crate::helpers::make_error(py)?.unbind()) })
             // The path as a str (`pathlib.Path` would fold a URL's `//`).
             .and_then(|make| make.bind(py).call1((fault_name(fault), message, path.map(Path::as_os_str), errno)));
         match made {

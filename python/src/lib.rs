@@ -18,6 +18,7 @@ mod dcp;
 mod dcp_writer;
 mod destination;
 mod errors;
+mod helpers;
 mod hf_writer;
 mod ops;
 mod remote;
@@ -52,5 +53,6 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hf_writer::hf_begin, m)?)?;
     m.add_function(wrap_pyfunction!(hf_writer::hf_join, m)?)?;
     m.add_function(wrap_pyfunction!(cli::main, m)?)?;
+    m.add_function(wrap_pyfunction!(helpers::hand_over, m)?)?;
     Ok(())
 }

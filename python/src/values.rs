@@ -52,7 +52,7 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
         Ok(Classes {
             ordered_dict: collections.getattr("OrderedDict")?.unbind(),
             counter: collections.getattr("Counter")?.unbind(),
-            values: py.import("ckpt._values")?.unbind(),
+            values: crate::helpers::values(py)?.unbind(),
         })
     })
 }

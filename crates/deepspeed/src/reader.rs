@@ -112,7 +112,17 @@ impl DeepSpeedReader {
         let c = if universal {
             crate::universal::read(&dir, &options.torch)?
         } else {
-            crate::zero::read(&dir, &options.torch)?
+            // ZeRO's optimizer states, or BF16_Optimizer's: the first rank's file says which.
+            let (files, optim) = crate::zero::optim_states(&dir, &options.torch)?;
+            let bf16 = match crate::zero::rank_osds(&files, &optim)?.first() {
+                Some(osd0) => crate::bf16_optimizer::is_bf16_optimizer(*osd0)?,
+                None => false,
+            };
+            if bf16 {
+                crate::bf16_optimizer::read(&dir, &files, &optim, &options.torch)?
+            } else {
+                crate::zero::read(&dir, &files, &optim, &options.torch)?
+            }
         };
         let kind = if universal {
             Kind::Universal

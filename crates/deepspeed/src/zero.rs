@@ -19,7 +19,7 @@ use std::path::Path;
 use ckpt_tensor::{DType, Tensor, Value};
 
 use crate::error::{Error, Result};
-use crate::files::{At, groups, load, rank_files};
+use crate::files::{At, RankFile, groups, load, rank_files};
 use crate::gather::{assemble, run, short, zero3_partition};
 
 /// Keys of the model states file that describe the layout (read, not exposed as entries).
@@ -182,20 +182,36 @@ pub(crate) fn frozen_shapes(states: At<'_>) -> Result<Vec<(String, Vec<usize>)>>
     }
 }
 
-/// Reads and consolidates the ZeRO checkpoint in the tag directory `dir`.
-pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Consolidated> {
+/// A tag directory without optimizer states files.
+fn no_optim_states(dir: &Path) -> Error {
+    Error::MissingFile {
+        path: dir.join("zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+        why: "a ZeRO checkpoint has one *_optim_states.pt file per data-parallel rank".into(),
+    }
+}
+
+/// The optimizer states files of the checkpoint in the tag directory `dir` (ZeRO's or `BF16_Optimizer`'s, one
+/// per data-parallel rank, in rank order), and each one read.
+pub(crate) fn optim_states(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<(Vec<RankFile>, Vec<Value>)> {
     let optim_files = rank_files(dir, "optim_states")?;
     if optim_files.is_empty() {
-        return Err(Error::MissingFile {
-            path: dir.join("zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-            why: "a ZeRO checkpoint has one *_optim_states.pt file per data-parallel rank".into(),
-        });
+        return Err(no_optim_states(dir));
     }
     let optim: Vec<Value> = optim_files.iter().map(|f| load(&f.path, options)).collect::<Result<_>>()?;
-    let osd0 = At::top(&optim_files[0].path, &optim[0]).get("optimizer_state_dict", "optimizer_state_dict")?;
-    if crate::bf16_optimizer::is_bf16_optimizer(osd0)? {
-        return crate::bf16_optimizer::read(dir, &optim_files, &optim, options);
-    }
+    Ok((optim_files, optim))
+}
+
+/// Consolidates the ZeRO checkpoint in the tag directory `dir`, whose optimizer states files (one per rank, in
+/// rank order, at least one) are `optim_files`, read as `optim`.
+pub(crate) fn read(
+    dir: &Path,
+    optim_files: &[RankFile],
+    optim: &[Value],
+    options: &ckpt_torch::ReadOptions,
+) -> Result<Consolidated> {
+    let Some(osd0) = rank_osds(optim_files, optim)?.into_iter().next() else {
+        return Err(no_optim_states(dir));
+    };
     let stage = osd0.get("zero_stage", "optimizer_state_dict.zero_stage")?.count()?;
     let pc = osd0.get("partition_count", "optimizer_state_dict.partition_count")?;
     let world = match pc.value {
@@ -209,7 +225,7 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
         return Err(Error::RankCount { dir: dir.to_path_buf(), expected: world, found: optim_files.len() });
     }
     // Every rank's file must come from the same save: the same stage and world size.
-    for (f, v) in optim_files.iter().zip(&optim).skip(1) {
+    for (f, v) in optim_files.iter().zip(optim).skip(1) {
         let osd = At::top(&f.path, v).get("optimizer_state_dict", "optimizer_state_dict")?;
         let s = osd.get("zero_stage", "optimizer_state_dict.zero_stage")?.count()?;
         let pc = osd.get("partition_count", "optimizer_state_dict.partition_count")?;
@@ -229,8 +245,8 @@ pub(crate) fn read(dir: &Path, options: &ckpt_torch::ReadOptions) -> Result<Cons
         }
     }
     match stage {
-        1 | 2 => read_stage12(dir, stage, &optim_files, &optim, options),
-        3 => read_stage3(dir, &optim_files, &optim, options),
+        1 | 2 => read_stage12(dir, stage, optim_files, optim, options),
+        3 => read_stage3(dir, optim_files, optim, options),
         _ => Err(Error::Unsupported {
             path: optim_files[0].path.clone(),
             what: format!("ZeRO stage {stage} (stages 1, 2 and 3 are read)"),

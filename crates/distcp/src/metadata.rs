@@ -5,6 +5,9 @@
 //! struct when its state is set (`__setstate__`), the three objects of every chunk read straight from their
 //! bytes (a large job's 400,000 chunks in about 1.8 µs each), holding only what is still open.
 //!
+//! The types are here; [`Metadata::from_pickle`] is in the decoder's module, [`Metadata::to_pickle`] in the
+//! encoder's (they use the types, the types do not use them).
+//!
 //! | Python class | Rust type |
 //! |---|---|
 //! | `torch.distributed.checkpoint.metadata.Metadata` | [`Metadata`] |
@@ -229,53 +232,6 @@ pub struct StorageMeta {
 }
 
 impl Metadata {
-    /// Decodes a `.metadata` pickle (protocols 2 to 5). `path` names the file in errors.
-    ///
-    /// # Errors
-    /// [`crate::Error::MetadataPickle`] for a truncated or corrupt pickle; [`crate::Error::UnexpectedClass`]
-    /// when an unknown class appears where a DCP class is expected; [`crate::Error::BadField`],
-    /// [`crate::Error::MissingField`] and [`crate::Error::UnknownDType`] for malformed fields.
-    pub fn from_pickle(bytes: &[u8], path: &std::path::Path) -> crate::Result<Metadata> {
-        Self::from_pickle_with(bytes, path, &ckpt_pickle::Limits::default())
-    }
-
-    /// [`Metadata::from_pickle`] with explicit pickle decoder limits (for metadata of tens of millions of
-    /// chunks, beyond the defaults).
-    ///
-    /// # Errors
-    /// As [`Metadata::from_pickle`].
-    pub fn from_pickle_with(
-        bytes: &[u8],
-        path: &std::path::Path,
-        limits: &ckpt_pickle::Limits,
-    ) -> crate::Result<Metadata> {
-        decode::decode(bytes, path, limits)
-    }
-
-    /// The fuzz targets' oracle: `bytes` decoded with the per-chunk objects read straight from the bytes
-    /// (templates) and all made by the pickle machine; panics unless both give the same metadata or the same
-    /// error (`cargo fuzz` builds with `--cfg fuzzing`; not API).
-    #[cfg(fuzzing)]
-    #[doc(hidden)]
-    pub fn templates_agree(bytes: &[u8], limits: &ckpt_pickle::Limits) {
-        let path = std::path::Path::new(".metadata");
-        let render = |r: crate::Result<Metadata>| match r {
-            Ok(m) => format!("{m:?}"),
-            Err(e) => format!("{e:?}"),
-        };
-        let with = render(decode::decode_with(bytes, path, limits, true));
-        let without = render(decode::decode_with(bytes, path, limits, false));
-        assert_eq!(with, without, "the chunk templates and the machine decode differently");
-    }
-
-    /// Encodes this metadata as a `.metadata` pickle in `profile`.
-    ///
-    /// # Errors
-    /// [`crate::Error::Unwritable`] for values the pickle cannot hold.
-    pub fn to_pickle(&self, profile: Profile) -> crate::Result<Vec<u8>> {
-        encode::encode(self, profile)
-    }
-
     /// What `key` stores.
     pub fn get(&self, key: &str) -> Option<&StorageMetadata> {
         self.state_dict_metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod cursor;
 pub mod dequantize;
 mod error;
 mod ggml_type;

@@ -1,7 +1,7 @@
 //! GGUF metadata: the key-value pairs of the header (`gguf_type` in ggml's gguf.h, `GGUFValueType` in gguf-py).
 
 use crate::GgufError;
-use crate::header::Cursor;
+use crate::cursor::Cursor;
 
 /// Arrays nested deeper than this are refused ([`GgufError::NestingTooDeep`]): each level costs the parser a
 /// stack frame, and no writer nests more than two.

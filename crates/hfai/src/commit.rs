@@ -4,56 +4,14 @@
 //! directory is swapped in ([`ckpt_io::DirCommit`]); every rank then gets the same verdict. Ranks
 //! opening a checkpoint together use the same fingerprints to agree that they read the same files.
 
-use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom};
+use std::fs;
 use std::path::Path;
 
 use ckpt_collective::Collective;
 
 use crate::error::{Error, Result};
-use crate::part::{PartName, classify, part_file_name};
-
-/// Bytes at the end of a part that the fingerprint covers: the ZIP end records and the end of the
-/// central directory, whose entries carry every record's CRC-32 (the last one is `.data/serialization_id`,
-/// itself derived from all records' CRCs).
-pub(crate) const TAIL: u64 = 64 * 1024;
-
-/// Identity of a part file: its length and the CRC-32 of its tail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fingerprint {
-    len: u64,
-    tail_crc: u32,
-}
-
-impl Fingerprint {
-    pub(crate) fn of_bytes(bytes: &[u8]) -> Self {
-        let len = bytes.len() as u64;
-        let tail = bytes.get(bytes.len().saturating_sub(TAIL as usize)..).unwrap_or_default();
-        Fingerprint { len, tail_crc: crc32fast::hash(tail) }
-    }
-
-    pub(crate) fn of_file(path: &Path) -> Result<Self> {
-        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        let start = len.saturating_sub(TAIL);
-        f.seek(SeekFrom::Start(start)).map_err(|e| Error::io(path, e))?;
-        let mut tail = Vec::new();
-        f.take(TAIL).read_to_end(&mut tail).map_err(|e| Error::io(path, e))?;
-        if tail.len() as u64 != len - start {
-            return Err(Error::io(path, std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        Ok(Fingerprint { len, tail_crc: crc32fast::hash(&tail) })
-    }
-
-    pub(crate) fn encode(&self) -> String {
-        format!("{}:{}", self.len, self.tail_crc)
-    }
-
-    pub(crate) fn decode(s: &str) -> Option<Self> {
-        let (len, crc) = s.split_once(':')?;
-        Some(Fingerprint { len: len.parse().ok()?, tail_crc: crc.parse().ok()? })
-    }
-}
+use crate::fingerprint::Fingerprint;
+use crate::part_name::{PartName, classify, part_file_name};
 
 /// What a rank tells the others: the fingerprints of the parts it wrote or read, or its error.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,42 +7,14 @@ use ckpt_tensor::flatten::python_str;
 use ckpt_tensor::{Buffer, Dict, Tensor, Value};
 use ckpt_torch::{ReadOptions, TorchReader};
 
-use crate::commit::Fingerprint;
 use crate::error::{Error, Result};
+use crate::fingerprint::{self, Fingerprint};
 
 /// hfai's layout version, the `__version__` of every part.
 pub const VERSION: &str = "2.0.0";
 
-/// The file name of rank `rank`'s part: `PART_{rank:03d}.pt` (three digits, more from rank 1000 on).
-///
-/// ```
-/// assert_eq!(ckpt_hfai::part_file_name(7), "PART_007.pt");
-/// assert_eq!(ckpt_hfai::part_file_name(1234), "PART_1234.pt");
-/// ```
-pub fn part_file_name(rank: usize) -> String {
-    format!("PART_{rank:03}.pt")
-}
-
-/// What a directory entry's name is to hfai's loader, which counts `PART_*.pt` (Python's glob: hidden
-/// names never match).
-pub(crate) enum PartName {
-    /// `PART_{rank:03d}.pt` exactly.
-    Rank(usize),
-    /// Matches `PART_*.pt` but is not a part name hfai writes (`PART_1.pt`, `PART_x.pt`).
-    Foreign,
-    /// Not matched by `PART_*.pt`.
-    Other,
-}
-
-pub(crate) fn classify(name: &str) -> PartName {
-    let Some(middle) = name.strip_prefix("PART_").and_then(|n| n.strip_suffix(".pt")) else {
-        return PartName::Other;
-    };
-    match middle.parse::<usize>() {
-        Ok(rank) if middle.bytes().all(|b| b.is_ascii_digit()) && part_file_name(rank) == name => PartName::Rank(rank),
-        _ => PartName::Foreign,
-    }
-}
+/// Keys of the part header; every other top-level key of PART_000.pt is one of `others`.
+pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model", "optimizer"];
 
 /// A large tensor's share in one part: the stored `torch.Size` and this rank's flat chunk.
 #[derive(Debug, Clone)]
@@ -152,7 +124,7 @@ impl Part {
             Some(fill) if options.fill_file.is_none() => {
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 let len = buffer.len() as u64;
-                fill.fill(&name, len.saturating_sub(crate::commit::TAIL)..len)
+                fill.fill(&name, len.saturating_sub(fingerprint::TAIL)..len)
                     .map_err(|source| Error::Io { path: path.to_owned(), source })?;
                 named = options.clone().with_fill_file(Some(name));
                 &named
@@ -212,22 +184,5 @@ impl Part {
             optimizers.push(OptimizerPart { dict, state, large });
         }
         Ok(Part { path: path.to_path_buf(), fingerprint, world_size, top, models, optimizers })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names() {
-        assert!(matches!(classify("PART_000.pt"), PartName::Rank(0)));
-        assert!(matches!(classify("PART_1000.pt"), PartName::Rank(1000)));
-        assert!(matches!(classify("PART_0.pt"), PartName::Foreign));
-        assert!(matches!(classify("PART_+01.pt"), PartName::Foreign));
-        assert!(matches!(classify("PART_0001.pt"), PartName::Foreign));
-        assert!(matches!(classify("PART_.pt"), PartName::Foreign));
-        assert!(matches!(classify(".PART_000.pt.tmp.12"), PartName::Other));
-        assert!(matches!(classify("PART_000.pt.tmp"), PartName::Other));
     }
 }

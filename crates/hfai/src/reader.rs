@@ -13,14 +13,13 @@ use ckpt_torch::ReadOptions;
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;
-use crate::commit::{Fingerprint, Report};
+use crate::commit::Report;
 use crate::contents::{Contents, Item, ModelContents, OptimizerContents, StateEntry};
 use crate::error::{Error, Result};
-use crate::part::{LargeChunk, Part, PartName, VERSION, classify, part_file_name, show};
+use crate::fingerprint::Fingerprint;
+use crate::part::{HEADER_KEYS, LargeChunk, Part, VERSION, show};
+use crate::part_name::{PartName, classify, part_file_name};
 use crate::partition::chunk_ranges;
-
-/// Keys of the part header; every other top-level key of PART_000.pt is one of `others`.
-pub(crate) const HEADER_KEYS: [&str; 4] = ["__nshards__", "__version__", "model", "optimizer"];
 
 /// An hfai checkpoint, read: the value hfai's `load` returns, and facts about the parts.
 ///

@@ -12,12 +12,13 @@ use ckpt_tensor::{Dict, DictKind, Tensor, Value};
 use rayon::prelude::*;
 
 use crate::chunked::Chunked;
-use crate::commit::{Fingerprint, Report, check_staged};
+use crate::commit::{Report, check_staged};
 use crate::contents::{Contents, Item, ModelContents, OptimizerContents, StateEntry, optimizer_value};
 use crate::error::{Error, Result};
-use crate::part::{PartName, VERSION, classify, part_file_name, show};
+use crate::fingerprint::Fingerprint;
+use crate::part::{HEADER_KEYS, VERSION, show};
+use crate::part_name::{PartName, classify, part_file_name};
 use crate::partition::{assign, chunk_ranges};
-use crate::reader::HEADER_KEYS;
 
 /// hfai's `LARGE_SIZE`: tensors of strictly more bytes are split across the parts (256 MiB).
 pub const LARGE_SIZE: u64 = 256 * (1 << 20);

@@ -136,7 +136,7 @@ pub struct FileDigest {
 }
 
 impl FileDigest {
-    /// The digest of the file at `path` as it is on disk, in chunks of [`CHUNK`](crate::CHUNK) bytes named
+    /// The digest of the file at `path` as it is on disk, in chunks of [`CHUNK`](crate::chunk::CHUNK) bytes named
     /// by their number: for files another library wrote (HDF5), which ckpt could not hash while writing.
     ///
     /// # Errors
@@ -155,8 +155,8 @@ impl FileDigest {
             let mut rest = buf.get(..n).unwrap_or_default();
             while !rest.is_empty() {
                 if pos == next_mark {
-                    h.mark(format!("{}", pos / crate::CHUNK as u64), pos);
-                    next_mark += crate::CHUNK as u64;
+                    h.mark(format!("{}", pos / crate::chunk::CHUNK as u64), pos);
+                    next_mark += crate::chunk::CHUNK as u64;
                 }
                 let take = rest.len().min(usize::try_from(next_mark - pos).unwrap_or(usize::MAX));
                 let (now, later) = rest.split_at(take);

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::checksum::{FileDigest, MANIFEST_NAME, Manifest};
+use crate::durability::Durability;
 use crate::error::{CommitError, at};
 use crate::file::{open_path, parent_of};
 use crate::lock::DestinationLock;
-use crate::writer::{Durability, DurableWriter};
+use crate::writer::DurableWriter;
 use crate::{failpoint, release, sibling, sync_dir};
 use ckpt_collective::Collective;
 

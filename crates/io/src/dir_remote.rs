@@ -14,10 +14,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::checksum::MANIFEST_NAME;
+use crate::durability::Durability;
 use crate::error::CommitError;
 use crate::storage::remote_commit::{self, LOCK_NAME, RemoteCommit};
 use crate::storage::{ObjectInfo, RemoteUrl, StorageOptions, Store};
-use crate::writer::{Durability, DurableWriter};
+use crate::writer::DurableWriter;
 
 /// The object-store side of a [`DirCommit`](crate::DirCommit).
 #[derive(Debug)]

@@ -6,9 +6,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::durability::Durability;
 use crate::error::{CommitError, at};
 use crate::lock::DestinationLock;
-use crate::writer::{Durability, DurableWriter};
+use crate::writer::DurableWriter;
 use crate::{failpoint, release, sibling, sync_dir};
 
 /// Options of a [`FileCommit`].

@@ -69,9 +69,11 @@
 //! RecIS readers read again when the path names another directory after they are done.
 
 pub mod checksum;
+mod chunk;
 mod dir;
 #[cfg(feature = "remote")]
 mod dir_remote;
+mod durability;
 mod error;
 pub mod failpoint;
 mod file;
@@ -88,15 +90,18 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub use checksum::{Algorithm, ChunkDigest, FileDigest, MANIFEST_NAME, Manifest, ManifestError, Mismatch};
+pub use chunk::CHUNK;
 pub use dir::{CommitTicket, DirCommit, DirOptions, StagedFile, overwrite_staging, recover, replace_whole};
+pub use durability::Durability;
 pub use error::CommitError;
 pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
+pub use part_writer::PartSink;
 pub use pinned::PinnedDir;
 pub use release::wait_for_releases;
 pub use report::{Problem, ProblemKind, ReshardReport, SaveReport, Severity, VerifyReport};
 pub use unfinished::{Unfinished, unfinished};
-pub use writer::{CHUNK, Durability, DurableWriter, PartSink, bytes_written, release_idle_buffers};
+pub use writer::{DurableWriter, bytes_written, release_idle_buffers};
 
 /// The files of the directory `dir` whose names `owned` claims (a format's names, as
 /// [`DirOptions::owned`] takes them), in name order: what a save that committed `dir` reports as written.

@@ -11,8 +11,29 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::checksum::{ChunkHasher, FileDigest};
+use crate::durability::Durability;
 use crate::failpoint;
-use crate::writer::{Durability, PartSink};
+
+/// The parts of a [`DurableWriter`](crate::DurableWriter) writing to an object store: a multipart upload whose parts may be sent
+/// in any order (`object_store`'s `MultipartStore`). The writer sends parts `1..` as they fill and part 0
+/// (where a header's patches land) last, at [`PartSink::finish`]. Dropping a sink without finishing it
+/// abandons the upload: nothing becomes visible.
+pub trait PartSink: Send {
+    /// The size of every part but the last (at least 5 MiB on S3).
+    fn part_size(&self) -> usize;
+    /// Sends part `index` (its place in the object: part 0 holds the first bytes, and is never sent here),
+    /// returning once it is under way; blocks while the sink's bound of parts in flight is reached.
+    ///
+    /// # Errors
+    /// The failure of this part or of an earlier one.
+    fn send(&mut self, index: usize, part: Vec<u8>) -> io::Result<()>;
+    /// Completes the object: `first` is part 0, `parts` the number of parts (1: `first` is the whole
+    /// object, sent as one put).
+    ///
+    /// # Errors
+    /// The failure of any part or of the completion; nothing becomes visible then.
+    fn finish(self: Box<Self>, first: Vec<u8>, parts: usize) -> io::Result<()>;
+}
 
 /// The remote writer of a [`DurableWriter`](crate::DurableWriter).
 pub(crate) struct PartWriter {

@@ -39,10 +39,11 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use crate::checksum::{ChunkHasher, FileDigest};
+use crate::chunk::CHUNK;
+use crate::durability::Durability;
 use crate::failpoint;
+use crate::part_writer::PartSink;
 
-/// Size of one write buffer, and of each write handed to the kernel.
-pub const CHUNK: usize = 8 << 20;
 /// Alignment of `O_DIRECT` buffers, offsets and lengths.
 const BLOCK: usize = 4096;
 /// Buffers per writer: one being filled, up to two queued or being written.
@@ -61,66 +62,6 @@ const POOL_MAX: usize = 2 * BUFFERS;
 /// still overlaps with the other two). Measured: `ckpt reshard` of a 2-rank DCP checkpoint to 3 ranks
 /// held nine buffers (72 MiB) with three ranks writing at once, over its bound of largest tensor + 64 MiB.
 const LIVE_MAX: usize = 2 * BUFFERS;
-
-/// How durably a save writes: the one set of knobs every format crate's `WriteOptions` carries as its
-/// `durability` field, and the commits of this crate ([`FileOptions`](crate::FileOptions),
-/// [`DirOptions`](crate::DirOptions)) take.
-///
-/// The default is the crash-safe save: everything on. Each knob trades safety for speed on its own:
-///
-/// | knob | on (default) | off |
-/// |---|---|---|
-/// | [`sync`](Durability::sync) | `fdatasync` every file and fsync the directories before the save returns | the swap stays atomic for readers, but a power failure may lose the new checkpoint (torch's `sync_files=False`) |
-/// | [`checksums`](Durability::checksums) | checksums computed while writing, for `verify --deep`: `ckpt.checksums.json` beside directory formats, the format's own in single files (torch's record CRC-32s, CRC32C in safetensors headers) | none written (torch's `set_crc32_options(False)`) |
-/// | [`direct_io`](Durability::direct_io) | `O_DIRECT` for files larger than one buffer, where the file system allows it: the page cache is not filled with a checkpoint nobody reads back | buffered writes |
-///
-/// ```
-/// use ckpt_io::Durability;
-/// let scratch = Durability::default().with_sync(false);
-/// assert!(!scratch.sync && scratch.checksums && scratch.direct_io);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Durability {
-    /// `fdatasync` every file and fsync the directories that name them before the save returns (default
-    /// `true`). Off only for scratch output that may be lost.
-    pub sync: bool,
-    /// Compute checksums while writing (default `true`): the chunk checksums of a directory commit's
-    /// `ckpt.checksums.json` ([`DurableWriter::mark`]), or a single-file format's own checksums.
-    pub checksums: bool,
-    /// Use `O_DIRECT` for files larger than one buffer where the file system supports it (default
-    /// `true`).
-    pub direct_io: bool,
-}
-
-impl Default for Durability {
-    fn default() -> Self {
-        Durability { sync: true, checksums: true, direct_io: true }
-    }
-}
-
-impl Durability {
-    /// This durability with `fdatasync` on or off ([`Durability::sync`]).
-    #[must_use]
-    pub fn with_sync(mut self, sync: bool) -> Self {
-        self.sync = sync;
-        self
-    }
-
-    /// This durability with checksums on or off ([`Durability::checksums`]).
-    #[must_use]
-    pub fn with_checksums(mut self, checksums: bool) -> Self {
-        self.checksums = checksums;
-        self
-    }
-
-    /// This durability with `O_DIRECT` allowed or not ([`Durability::direct_io`]).
-    #[must_use]
-    pub fn with_direct_io(mut self, direct_io: bool) -> Self {
-        self.direct_io = direct_io;
-        self
-    }
-}
 
 /// An owned, 4 KiB-aligned buffer of [`CHUNK`] bytes.
 struct AlignedBuf {
@@ -443,27 +384,6 @@ impl Write for DurableWriter {
             None => Ok(()),
         }
     }
-}
-
-/// The parts of a [`DurableWriter`] writing to an object store: a multipart upload whose parts may be sent
-/// in any order (`object_store`'s `MultipartStore`). The writer sends parts `1..` as they fill and part 0
-/// (where a header's patches land) last, at [`PartSink::finish`]. Dropping a sink without finishing it
-/// abandons the upload: nothing becomes visible.
-pub trait PartSink: Send {
-    /// The size of every part but the last (at least 5 MiB on S3).
-    fn part_size(&self) -> usize;
-    /// Sends part `index` (its place in the object: part 0 holds the first bytes, and is never sent here),
-    /// returning once it is under way; blocks while the sink's bound of parts in flight is reached.
-    ///
-    /// # Errors
-    /// The failure of this part or of an earlier one.
-    fn send(&mut self, index: usize, part: Vec<u8>) -> io::Result<()>;
-    /// Completes the object: `first` is part 0, `parts` the number of parts (1: `first` is the whole
-    /// object, sent as one put).
-    ///
-    /// # Errors
-    /// The failure of any part or of the completion; nothing becomes visible then.
-    fn finish(self: Box<Self>, first: Vec<u8>, parts: usize) -> io::Result<()>;
 }
 
 impl DiskWriter {

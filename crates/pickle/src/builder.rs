@@ -179,7 +179,7 @@ pub trait Builder<'a> {
     fn share(&mut self, v: &mut Self::Value) -> Result<Self::Value, Self::Error>;
 
     /// The fast paths this builder declares (see [`Template`](crate::Template)); none by default.
-    fn templates(&self) -> &'static [crate::Template] {
+    fn templates(&self) -> &'static [crate::template::Template] {
         &[]
     }
 

@@ -60,6 +60,7 @@ mod machine;
 pub mod opcode;
 mod pickler;
 mod shelf;
+mod template;
 mod text;
 mod tree;
 mod value;
@@ -69,10 +70,10 @@ pub use builders::{Graph, GraphBuilder, Item, Node, ValueBuilder};
 pub use encode::{EncodeOptions, Sharing, encode, encode_into, encode_with};
 pub use error::{Error, ErrorKind};
 pub use limits::Limits;
-pub use machine::template::{Capture, Captures, Ints, Pattern, Template};
 pub use machine::{Options, Py2Strings, run};
 pub use pickler::Pickler;
 pub use shelf::{Shelf, Tree};
+pub use template::{Capture, Captures, Ints, Pattern, Template};
 pub use value::{Object, ObjectKind, Value, normalize_global};
 
 /// Decodes one pickle into a [`Value`] with [`Limits::default`] (Python 2 strings as UTF-8 text). Bytes after

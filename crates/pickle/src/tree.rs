@@ -2,7 +2,7 @@
 //! from them. Used by the materialiser (children come from the VM arena), [`Value::desugar`] and the encoder, so
 //! that no traversal recurses on data-controlled depth.
 
-use crate::value::{Object, ObjectKind, Value};
+use crate::value::{Object, ObjectKind, Value, normalize_global};
 
 /// What a container is, minus its children.
 #[derive(Debug, PartialEq, Eq)]
@@ -251,6 +251,19 @@ fn clone_leaf(v: &Value) -> Value {
     }
 }
 
+// Clone and equality walk the tree with an explicit stack, so deep values cannot overflow the call stack.
+impl Clone for Value {
+    fn clone(&self) -> Self {
+        deep_clone(self)
+    }
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        deep_eq(self, other)
+    }
+}
+
 /// A deep copy without recursion.
 pub(crate) fn deep_clone(v: &Value) -> Value {
     post_order(v, |v| split_ref(v).ok_or_else(|| clone_leaf(v)), |v| v)
@@ -291,4 +304,206 @@ pub(crate) fn deep_eq(a: &Value, b: &Value) -> bool {
         }
     }
     true
+}
+
+// The walks of a whole value that its API offers.
+impl Value {
+    /// This value as a tree, every shared object copied into each place that refers to it (what a value was
+    /// before identity was kept), or `None` when an object refers to itself (a cycle has no tree), or when
+    /// the copies would take more than `max_nodes` values.
+    ///
+    /// ```
+    /// use ckpt_pickle::Value;
+    /// let inner = Value::List(vec![Value::Int(1)]);
+    /// let v = Value::Tuple(vec![Value::Shared { id: 0, value: Box::new(inner.clone()) }, Value::Ref(0)]);
+    /// assert_eq!(v.unshare(1000), Some(Value::Tuple(vec![inner.clone(), inner])));
+    /// let cycle = Value::Shared { id: 0, value: Box::new(Value::List(vec![Value::Ref(0)])) };
+    /// assert_eq!(cycle.unshare(1000), None);
+    /// ```
+    #[must_use]
+    pub fn unshare(self, max_nodes: usize) -> Option<Value> {
+        let mut defined: std::collections::HashMap<u32, Value> = std::collections::HashMap::new();
+        let mut nodes = 0usize;
+        let mut ok = true;
+        let v = map_post_order(self, |v| {
+            nodes = nodes.saturating_add(1);
+            match v {
+                Value::Shared { id, value } => {
+                    defined.insert(id, (*value).clone());
+                    *value
+                }
+                Value::Ref(id) => match defined.get(&id) {
+                    Some(d) => {
+                        nodes = nodes.saturating_add(d.node_count());
+                        if nodes > max_nodes {
+                            ok = false;
+                            return Value::None;
+                        }
+                        d.clone()
+                    }
+                    None => {
+                        ok = false;
+                        Value::None
+                    }
+                },
+                other => other,
+            }
+        });
+        (ok && nodes <= max_nodes).then_some(v)
+    }
+
+    /// The number of values in this tree (each container and each leaf counts one).
+    #[must_use]
+    pub fn node_count(&self) -> usize {
+        let mut n = 0usize;
+        let mut stack = vec![self];
+        while let Some(v) = stack.pop() {
+            n += 1;
+            if let Some((_, children)) = split_ref(v) {
+                stack.extend(children);
+            }
+        }
+        n
+    }
+
+    /// Rewrites the REDUCE forms CPython uses for builtin types that have no opcode in older protocols back into
+    /// the direct variants, recursively (bottom-up):
+    ///
+    /// | REDUCE form (after [`normalize_global`]) | becomes |
+    /// |---|---|
+    /// | `_codecs.encode(s: str, 'latin1')` with every char of `s` below U+0100 | `Bytes` (protocols 0-2) |
+    /// | `builtins.bytes()` | `Bytes([])` (protocols 0-2) |
+    /// | `builtins.bytearray()` / `builtins.bytearray(b: bytes)` | `ByteArray` (protocols 0-4) |
+    /// | `builtins.set([items])` / `builtins.frozenset([items])` | `Set` / `FrozenSet` (protocols 0-3) |
+    ///
+    /// Only plain REDUCE objects with no BUILD state and no appended/set items are rewritten. After this,
+    /// `decode(&encode(v, p)?)?.desugar() == v` holds for every protocol (for canonical `v`).
+    ///
+    /// An object the pickle shared that becomes a string or bytes this way is no longer shared: it is a copy
+    /// at each of its places, as the decoder makes every immutable value.
+    ///
+    /// Unsharing can make a form exact that was not (`bytearray(b)` where `b` was a shared object that became
+    /// bytes), so the two steps repeat until nothing more is unshared; each round removes shared objects, so
+    /// there are at most as many rounds as the pickle shared leaves, and one in the common case.
+    #[must_use]
+    pub fn desugar(self) -> Value {
+        let mut v = self;
+        loop {
+            v = map_post_order(v, |v| match v {
+                Value::Object(obj) => desugar_object(*obj),
+                other => other,
+            });
+            match unshare_leaves(v) {
+                (done, false) => return done,
+                (more, true) => v = more,
+            }
+        }
+    }
+}
+
+/// `v` with every [`Value::Shared`] whose object is a leaf that nothing can change (a string, bytes, a
+/// number) replaced by the object, and every [`Value::Ref`] to it by a copy; and whether there was one.
+fn unshare_leaves(v: Value) -> (Value, bool) {
+    let is_leaf = |v: &Value| {
+        matches!(
+            v,
+            Value::None
+                | Value::Bool(_)
+                | Value::Int(_)
+                | Value::BigInt(_)
+                | Value::Float(_)
+                | Value::Str(_)
+                | Value::Bytes(_)
+        )
+    };
+    let mut leaves: std::collections::HashMap<u32, Value> = std::collections::HashMap::new();
+    let mut stack = vec![&v];
+    while let Some(x) = stack.pop() {
+        if let Value::Shared { id, value } = x {
+            if is_leaf(value) {
+                leaves.insert(*id, (**value).clone());
+            }
+        }
+        if let Some((_, children)) = split_ref(x) {
+            stack.extend(children);
+        }
+    }
+    if leaves.is_empty() {
+        return (v, false);
+    }
+    // The shared objects that stay, numbered again from 0 in the order a depth-first walk meets them.
+    let mut renumber: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    let mut stack = vec![&v];
+    while let Some(x) = stack.pop() {
+        if let Value::Shared { id, .. } = x {
+            if !leaves.contains_key(id) {
+                let next = u32::try_from(renumber.len()).unwrap_or(u32::MAX);
+                renumber.entry(*id).or_insert(next);
+            }
+        }
+        if let Some((_, children)) = split_ref(x) {
+            stack.extend(children.into_iter().rev());
+        }
+    }
+    let v = map_post_order(v, |x| match x {
+        Value::Shared { id, value } if leaves.contains_key(&id) => *value,
+        Value::Shared { id, value } => Value::Shared { id: renumber.get(&id).copied().unwrap_or(id), value },
+        Value::Ref(id) => match leaves.get(&id) {
+            Some(leaf) => leaf.clone(),
+            None => Value::Ref(renumber.get(&id).copied().unwrap_or(id)),
+        },
+        other => other,
+    });
+    (v, true)
+}
+
+/// Rewrites one object whose children are already desugared.
+fn desugar_object(obj: Object) -> Value {
+    enum Rewrite {
+        Bytes(Vec<u8>),
+        ByteArrayEmpty,
+        ByteArrayFrom,
+        Set,
+        FrozenSet,
+    }
+    let plain =
+        obj.kind == ObjectKind::Reduce && obj.state.is_none() && obj.list_items.is_empty() && obj.dict_items.is_empty();
+    let target = obj.callable.as_global().filter(|_| plain).map(|(m, n)| normalize_global(m, n));
+    let rewrite = match (target, &obj.args) {
+        (Some((m, n)), Value::Tuple(args)) => match (m.as_str(), n.as_str(), args.as_slice()) {
+            ("_codecs", "encode", [Value::Str(s), Value::Str(enc)]) if enc == "latin1" => {
+                s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect::<Option<Vec<u8>>>().map(Rewrite::Bytes)
+            }
+            ("builtins", "bytes", []) => Some(Rewrite::Bytes(Vec::new())),
+            ("builtins", "bytearray", []) => Some(Rewrite::ByteArrayEmpty),
+            ("builtins", "bytearray", [Value::Bytes(_)]) => Some(Rewrite::ByteArrayFrom),
+            ("builtins", "set", [Value::List(_)]) => Some(Rewrite::Set),
+            ("builtins", "frozenset", [Value::List(_)]) => Some(Rewrite::FrozenSet),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(rewrite) = rewrite else {
+        return Value::Object(Box::new(obj));
+    };
+    let only_arg = || match obj.args {
+        Value::Tuple(args) => args.into_iter().next().unwrap_or_default(),
+        _ => Value::None,
+    };
+    match rewrite {
+        Rewrite::Bytes(b) => Value::Bytes(b),
+        Rewrite::ByteArrayEmpty => Value::ByteArray(Vec::new()),
+        Rewrite::ByteArrayFrom => match only_arg() {
+            Value::Bytes(b) => Value::ByteArray(b),
+            _ => Value::None,
+        },
+        Rewrite::Set => match only_arg() {
+            Value::List(items) => Value::Set(items),
+            _ => Value::None,
+        },
+        Rewrite::FrozenSet => match only_arg() {
+            Value::List(items) => Value::FrozenSet(items),
+            _ => Value::None,
+        },
+    }
 }

@@ -20,11 +20,8 @@ use ckpt_tensor::{Buffer, DType, Tensor};
 
 use crate::dtype;
 use crate::error::{Error, Result};
+pub use crate::options::MAX_HEADER_LEN;
 use crate::options::ReadOptions;
-
-/// The largest header accepted by default (as the safetensors library: 100 MB); [`DataFile::open_with`]
-/// takes another.
-pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// One block as a data-file header describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,12 +20,7 @@ use crate::error::{Error, Result};
 use crate::name::Shard;
 use crate::writer::{Target, write_text};
 
-/// The dense model state dict.
-pub const MODEL_FILE: &str = "model.pt";
-/// The extra state.
-pub const EXTRA_FILE: &str = "extra.pt";
-/// The io-state shard count.
-pub const IO_STATE_COUNT_FILE: &str = "io_state_count";
+pub use crate::files::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE};
 
 /// The io-state file of shard `shard`: `io_state_<shard>.pt`.
 pub fn io_state_file(shard: usize) -> String {

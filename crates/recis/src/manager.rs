@@ -44,7 +44,6 @@ use ckpt_io::DirCommit;
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, io_state_file, write_torch_to};
 use crate::error::{Error, Result};
 use crate::name::Shard;
-use crate::reader::RecisReader;
 use crate::table::HashTable;
 use crate::writer::{
     ShardMeta, Target, WriteOptions, commit_shards, from_commit, is_checkpoint_file, shard_blocks,
@@ -68,7 +67,7 @@ pub fn checkpoint_step(id: &str) -> Option<i64> {
 }
 
 /// The checkpoint directory `path` names, by one rule used wherever ckpt-recis takes a path to read
-/// ([`RecisReader::open`], [`crate::reshard`], [`crate::verify`]):
+/// ([`RecisReader::open`](crate::RecisReader::open), [`crate::reshard`], [`crate::verify`]):
 ///
 /// * a directory holding a `checkpoint` list and no `index` of its own is an output root of RecIS's
 ///   checkpoint manager (`output_dir`), and names its latest listed checkpoint, `<root>/<last id>`, which is
@@ -205,23 +204,6 @@ impl CheckpointManager {
     pub fn path_of(&self, id: &str) -> Result<PathBuf> {
         check_id(id)?;
         Ok(self.root.join(id))
-    }
-
-    /// Opens checkpoint `id` (listed or not, as RecIS's `load(ckpt_id=…)`).
-    ///
-    /// # Errors
-    /// [`Error::BadCheckpointId`], and the errors of [`RecisReader::open`].
-    pub fn open(&self, id: &str) -> Result<RecisReader> {
-        RecisReader::open(&self.path_of(id)?)
-    }
-
-    /// Opens the latest listed checkpoint.
-    ///
-    /// # Errors
-    /// [`Error::NoCheckpoint`] when none is listed; as [`CheckpointManager::open`].
-    pub fn open_latest(&self) -> Result<RecisReader> {
-        let id = self.latest()?.ok_or_else(|| Error::NoCheckpoint { path: self.root.join(CHECKPOINT_LIST) })?;
-        self.open(&id)
     }
 
     /// Saves checkpoint `id`: every rank of `collective` calls it with its own state (rank r is shard r of

@@ -6,6 +6,10 @@ use std::sync::Arc;
 
 use ckpt_io::storage::RangeFill;
 
+/// The largest header accepted by default (as the safetensors library: 100 MB); [`DataFile::open_with`](crate::DataFile::open_with)
+/// takes another.
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
 /// How a RecIS checkpoint is read: its `torch.save` files (`model.pt`, `extra.pt`, io states) and its data
 /// files' headers; for a partial local copy, the hook that fills what is read.
 #[derive(Debug, Clone)]
@@ -36,7 +40,7 @@ impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {
             torch: ckpt_torch::ReadOptions::default(),
-            max_header_len: crate::data_file::MAX_HEADER_LEN,
+            max_header_len: MAX_HEADER_LEN,
             fill: None,
             fill_dir: String::new(),
         }

@@ -10,6 +10,7 @@ use ckpt_tensor::{CheckpointRead, Dict, DictKind, Entry, EntryKind, Tensor, Tens
 use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE, read_io_state_count};
 use crate::error::{Error, Result};
 use crate::index::INDEX_FILE;
+use crate::manager::{CHECKPOINT_LIST, CheckpointManager, checkpoint_dir};
 use crate::options::ReadOptions;
 use crate::sparse::SparseCheckpoint;
 
@@ -55,7 +56,7 @@ impl RecisReader {
     /// records but their tensors') is an error.
     pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<Self> {
         let path = path.as_ref();
-        let dir = &crate::manager::checkpoint_dir(path)?;
+        let dir = &checkpoint_dir(path)?;
         let options = &options.for_dir(path, dir);
         // The files are opened one by one, by path: a save swapping a new checkpoint in meanwhile could
         // hand this reader files of two generations. The directory is pinned first and checked after; if
@@ -275,5 +276,25 @@ impl CheckpointRead for RecisReader {
             return Ok(Value::Tensor(self.sparse.read_tensor(name)?));
         }
         self.torch_leaf(name).ok_or_else(|| Error::NotFound { what: "entry", name: name.into() }.into())
+    }
+}
+
+// Opening a managed checkpoint is reading it: the manager's readers are made here.
+impl CheckpointManager {
+    /// Opens checkpoint `id` (listed or not, as RecIS's `load(ckpt_id=…)`).
+    ///
+    /// # Errors
+    /// [`Error::BadCheckpointId`], and the errors of [`RecisReader::open`].
+    pub fn open(&self, id: &str) -> Result<RecisReader> {
+        RecisReader::open(&self.path_of(id)?)
+    }
+
+    /// Opens the latest listed checkpoint.
+    ///
+    /// # Errors
+    /// [`Error::NoCheckpoint`] when none is listed; as [`CheckpointManager::open`].
+    pub fn open_latest(&self) -> Result<RecisReader> {
+        let id = self.latest()?.ok_or_else(|| Error::NoCheckpoint { path: self.root().join(CHECKPOINT_LIST) })?;
+        self.open(&id)
     }
 }

@@ -24,9 +24,9 @@ use rayon::prelude::*;
 use serde_json::{Value as Json, json};
 
 use crate::data_file;
-use crate::dense::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE};
 use crate::dtype;
 use crate::error::{Error, Result};
+use crate::files::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
     BlockSlice, DEFAULT_SLICE_SIZE, ID_SLOT, Shard, SliceInfo, block_name, check_name, data_file_name, dense_key,

@@ -59,7 +59,7 @@ use ckpt_tensor::{PathItem, leaves};
 use ckpt_tensor::{Tensor, Value};
 use values::{Decoder, Encoder};
 
-use super::write_file_with;
+use crate::write::write_file_with;
 
 /// `__metadata__` key of the format tag.
 pub const FORMAT_KEY: &str = "format";

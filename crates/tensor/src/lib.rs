@@ -40,6 +40,7 @@ pub mod composite;
 mod dtype;
 mod error;
 pub mod flatten;
+mod layout;
 #[cfg(feature = "tch")]
 pub mod tch_interop;
 pub mod tensor;
@@ -51,7 +52,8 @@ pub use brief::brief;
 pub use buffer::Buffer;
 pub use cast::cast_float;
 pub use checkpoint::{CheckpointRead, CompositeInfo, Entry, EntryKind, TensorInfo, entry_kind};
-pub use composite::{Composite, Layout};
+pub use composite::Composite;
+pub use layout::Layout;
 pub use dtype::{DType, StorageClass};
 pub use error::error_chain;
 pub use error::{Error, Fault, Result};

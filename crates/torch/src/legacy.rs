@@ -8,7 +8,7 @@ use ckpt_pickle::Value as P;
 use ckpt_tensor::{Buffer, DType, Value};
 
 use crate::error::{Error, Result};
-use crate::read::ReadOptions;
+use crate::read_options::ReadOptions;
 use crate::rebuild::{StorageSource, rebuild, storage_class_dtype};
 
 /// torch's legacy `MAGIC_NUMBER`, 0x1950A86A20F9469CFC6C, as little-endian two's complement bytes.

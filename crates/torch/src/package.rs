@@ -13,9 +13,10 @@
 use ckpt_tensor::{Buffer, DType, Dict, DictKind, Value};
 
 use crate::error::{Error, Result};
-use crate::read::{ReadOptions, ZipStorages};
+use crate::read_options::ReadOptions;
 use crate::rebuild::{StorageSource, rebuild};
 use crate::zip::Archive;
+use crate::zip_storages::ZipStorages;
 
 /// What a torch.package archive holds besides its tensors ([`crate::TorchReader::package`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

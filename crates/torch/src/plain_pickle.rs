@@ -7,7 +7,7 @@
 use ckpt_tensor::{Buffer, DType, Value};
 
 use crate::error::{Error, Result};
-use crate::read::ReadOptions;
+use crate::read_options::ReadOptions;
 use crate::rebuild::{StorageSource, rebuild};
 
 /// A plain pickle has no storage records: a persistent id in it is not something `pickle.load` reads.

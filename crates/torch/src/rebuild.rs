@@ -18,7 +18,7 @@ use ckpt_pickle::{Builder, Call, CallKind, Captures, Items, Pairs, Pattern, Sequ
 use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
 
 use crate::error::Error;
-use crate::read::ReadOptions;
+use crate::read_options::ReadOptions;
 
 /// Where the bytes of the storages a pickle refers to come from.
 pub(crate) trait StorageSource {

@@ -26,6 +26,47 @@ use super::{
 };
 use crate::error::{Error, Result};
 
+impl Metadata {
+    /// Decodes a `.metadata` pickle (protocols 2 to 5). `path` names the file in errors.
+    ///
+    /// # Errors
+    /// [`crate::Error::MetadataPickle`] for a truncated or corrupt pickle; [`crate::Error::UnexpectedClass`]
+    /// when an unknown class appears where a DCP class is expected; [`crate::Error::BadField`],
+    /// [`crate::Error::MissingField`] and [`crate::Error::UnknownDType`] for malformed fields.
+    pub fn from_pickle(bytes: &[u8], path: &std::path::Path) -> crate::Result<Metadata> {
+        Self::from_pickle_with(bytes, path, &ckpt_pickle::Limits::default())
+    }
+
+    /// [`Metadata::from_pickle`] with explicit pickle decoder limits (for metadata of tens of millions of
+    /// chunks, beyond the defaults).
+    ///
+    /// # Errors
+    /// As [`Metadata::from_pickle`].
+    pub fn from_pickle_with(
+        bytes: &[u8],
+        path: &std::path::Path,
+        limits: &ckpt_pickle::Limits,
+    ) -> crate::Result<Metadata> {
+        decode(bytes, path, limits)
+    }
+
+    /// The fuzz targets' oracle: `bytes` decoded with the per-chunk objects read straight from the bytes
+    /// (templates) and all made by the pickle machine; panics unless both give the same metadata or the same
+    /// error (`cargo fuzz` builds with `--cfg fuzzing`; not API).
+    #[cfg(fuzzing)]
+    #[doc(hidden)]
+    pub fn templates_agree(bytes: &[u8], limits: &ckpt_pickle::Limits) {
+        let path = std::path::Path::new(".metadata");
+        let render = |r: crate::Result<Metadata>| match r {
+            Ok(m) => format!("{m:?}"),
+            Err(e) => format!("{e:?}"),
+        };
+        let with = render(decode_with(bytes, path, limits, true));
+        let without = render(decode_with(bytes, path, limits, false));
+        assert_eq!(with, without, "the chunk templates and the machine decode differently");
+    }
+}
+
 /// Decodes a `.metadata` pickle; `path` names the file in errors.
 pub(super) fn decode(bytes: &[u8], path: &Path, limits: &ckpt_pickle::Limits) -> Result<Metadata> {
     decode_with(bytes, path, limits, true)

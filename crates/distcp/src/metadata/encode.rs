@@ -34,6 +34,16 @@ pub enum Profile {
     Torch213,
 }
 
+impl Metadata {
+    /// Encodes this metadata as a `.metadata` pickle in `profile`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unwritable`] for values the pickle cannot hold.
+    pub fn to_pickle(&self, profile: Profile) -> crate::Result<Vec<u8>> {
+        encode(self, profile)
+    }
+}
+
 pub(super) fn encode(md: &Metadata, profile: Profile) -> Result<Vec<u8>> {
     match profile {
         Profile::MaxCompat => MaxCompat::new()?.metadata(md),

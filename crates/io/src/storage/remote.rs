@@ -14,7 +14,6 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use super::options::redact;
-use super::upload::ObjectUpload;
 use super::{Registry, RemoteUrl, StorageError, StorageOptions};
 
 /// Gaps up to this size between two wanted ranges are fetched rather than split into two requests.
@@ -478,12 +477,6 @@ impl Store {
                 Err(self.classify(name, e))
             }
         }
-    }
-
-    /// A streaming upload of the object `name` ([`ObjectUpload`]): the sink of a
-    /// [`DurableWriter`](crate::DurableWriter) writing straight to the store.
-    pub fn upload(&self, name: &str) -> ObjectUpload {
-        ObjectUpload::new(self.clone(), name)
     }
 
     /// Removes the object `name`; a missing one is not an error.

@@ -17,7 +17,15 @@ use object_store::{MultipartId, PutPayload};
 use tokio::task::JoinHandle;
 
 use super::{PutCondition, StorageError, Store};
-use crate::writer::PartSink;
+use crate::part_writer::PartSink;
+
+impl Store {
+    /// A streaming upload of the object `name` ([`ObjectUpload`]): the sink of a
+    /// [`DurableWriter`](crate::DurableWriter) writing straight to the store.
+    pub fn upload(&self, name: &str) -> ObjectUpload {
+        ObjectUpload::new(self.clone(), name)
+    }
+}
 
 /// A part on its way: its index and the task sending it.
 type InFlight = (usize, JoinHandle<Result<PartId, object_store::Error>>);

@@ -20,72 +20,13 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ckpt_io::{CommitError, CommitTicket, DirCommit, DirOptions, SaveReport};
-use ckpt_tensor::{PathItem, Tensor, Value};
+use ckpt_io::{CommitError, CommitTicket, DirCommit, SaveReport};
+use ckpt_tensor::Tensor;
 
 use crate::hf::error::Result;
-use crate::hf::shard;
-use crate::hf::write::{OBJECT_LAYOUT, WriteOptions, index_json, shard_file_name};
-use crate::metadata::{self, FORMAT_KEY, FORMAT_PT};
-
-/// The planned files of a save: every tensor the shards hold and which shard holds it, and the first shard's
-/// `__metadata__` (ckpt's records of paths and values, [`crate::metadata`]).
-#[derive(Debug, Clone)]
-pub struct Layout {
-    /// Every tensor the files hold, in the entries' order: its name and the tensor as given (an outline
-    /// stays an outline), or a tensor a value holds.
-    pub tensors: Vec<(String, Tensor)>,
-    /// The indices into [`Layout::tensors`] of each shard, shards in file order (at least one shard).
-    pub shards: Vec<Vec<usize>>,
-    /// The first shard's `__metadata__`.
-    pub records: HashMap<String, String>,
-    /// What the save holds: tensors, values, bytes, entries that cannot be stored.
-    pub report: SaveReport,
-}
-
-impl Layout {
-    /// The `(name, file)` pairs of the index, for `names`, the files of the shards in order.
-    pub fn weight_map<'a>(&'a self, names: &'a [String]) -> Vec<(&'a str, String)> {
-        let mut out = Vec::with_capacity(self.tensors.len());
-        for (members, file) in self.shards.iter().zip(names) {
-            for &k in members {
-                if let Some((name, _)) = self.tensors.get(k) {
-                    out.push((name.as_str(), file.clone()));
-                }
-            }
-        }
-        out
-    }
-
-    /// Bytes of tensor data in all shards.
-    pub fn total_size(&self) -> u64 {
-        self.tensors.iter().map(|(_, t)| t.nbytes() as u64).sum()
-    }
-}
-
-/// The shards of `entries` (name, path in the nested state dict, value) as [`crate::hf::save_entries`] plans
-/// them with `options`: every tensor in the entries' order, plain tensors under their names, other values
-/// recorded in the first shard's `__metadata__` with the tensors they hold; shards filled as `huggingface_hub`
-/// fills them. The tensors may be outlines: only their dtypes and shapes are read.
-///
-/// # Errors
-/// A duplicate entry name.
-pub fn layout<'a>(
-    entries: impl IntoIterator<Item = (&'a str, &'a [PathItem], &'a Value)>,
-    options: &WriteOptions,
-) -> Result<Layout> {
-    let mut st_options = metadata::WriteOptions::default().with_durability(options.durability);
-    if let Some(s) = &options.source {
-        st_options = st_options.with_source(s);
-    }
-    let (tensors, records, report) = metadata::prepare(entries, &st_options)?;
-    let sizes: Vec<u64> = tensors.iter().map(|(_, t)| t.nbytes() as u64).collect();
-    let mut shards = shard::plan(&sizes, options.max_shard_size);
-    if shards.is_empty() {
-        shards.push(Vec::new()); // no tensor: one file with the records
-    }
-    Ok(Layout { tensors, shards, records, report })
-}
+pub use crate::hf::write::{Layout, layout};
+use crate::hf::write::{WriteOptions, dir_options, index_json, shard_file_name};
+use crate::metadata::{FORMAT_KEY, FORMAT_PT};
 
 /// One rank's part of a Hugging Face save whose plan and data travel by other means (see the module docs).
 #[derive(Debug)]
@@ -211,16 +152,11 @@ impl RankSave {
     }
 }
 
-/// The commit's options: the shards carry their own checksums (CRC32C in each header), so no manifest.
-pub(crate) fn dir_options(options: &WriteOptions) -> DirOptions {
-    DirOptions::default().with_durability(options.durability.with_checksums(false)).with_layout(OBJECT_LAYOUT)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
-    use ckpt_tensor::CheckpointRead;
+    use ckpt_tensor::{CheckpointRead, PathItem, Value};
 
     fn entry(name: &str, v: Value) -> (String, Vec<PathItem>, Value) {
         (name.to_owned(), vec![PathItem::Key(name.to_owned())], v)

@@ -695,7 +695,7 @@ impl Archive {
     /// `torch.serialization.set_crc32_options(False)` and `skip_data`) and is accepted without
     /// reading the data; an empty record, whose true CRC is 0, is therefore always accepted too.
     pub fn verify_crc(&self, bytes: &[u8], rec: &Record) -> Result<(), ZipError> {
-        let data = self.record_bytes(bytes, rec, crate::read::DEFAULT_MAX_INFLATED_BYTES)?;
+        let data = self.record_bytes(bytes, rec, crate::read_options::DEFAULT_MAX_INFLATED_BYTES)?;
         if rec.crc32 == 0 {
             return Ok(());
         }
