@@ -1,5 +1,6 @@
 //! Errors of the commit protocol, split by what the caller can do about them.
 
+use ckpt_tensor::FormatError;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -138,25 +139,6 @@ impl CommitError {
         }
     }
 
-    /// Who is at fault: the caller for a destination that cannot be replaced this way
-    /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
-    pub fn fault(&self) -> ckpt_tensor::Fault {
-        match self {
-            CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
-                ckpt_tensor::Fault::InvalidArgument
-            }
-            CommitError::TicketUnreadable { .. } => ckpt_tensor::Fault::Io,
-            CommitError::Storage { source } => source.fault(),
-            CommitError::DiskFull { .. }
-            | CommitError::ReadOnly { .. }
-            | CommitError::PermissionDenied { .. }
-            | CommitError::Locked { .. }
-            | CommitError::RankFailed { .. }
-            | CommitError::Group { .. }
-            | CommitError::Io { .. } => ckpt_tensor::Fault::Io,
-        }
-    }
-
     /// The path the error names, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -181,14 +163,33 @@ impl CommitError {
     }
 }
 
-impl From<CommitError> for ckpt_tensor::Error {
+impl FormatError for CommitError {
+    /// Who is at fault: the caller for a destination that cannot be replaced this way
+    /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
+    fn fault(&self) -> ckpt_tensor::Fault {
+        match self {
+            CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
+                ckpt_tensor::Fault::InvalidArgument
+            }
+            CommitError::TicketUnreadable { .. } => ckpt_tensor::Fault::Io,
+            CommitError::Storage { source } => source.fault(),
+            CommitError::DiskFull { .. }
+            | CommitError::ReadOnly { .. }
+            | CommitError::PermissionDenied { .. }
+            | CommitError::Locked { .. }
+            | CommitError::RankFailed { .. }
+            | CommitError::Group { .. }
+            | CommitError::Io { .. } => ckpt_tensor::Fault::Io,
+        }
+    }
+
     /// A commit's plain I/O error becomes [`ckpt_tensor::Error::Io`]; every other kind (disk full, locked,
     /// a failed rank, ...) stays whole as the source of a [`ckpt_tensor::Error::Format`] with its fault, where
     /// [`ckpt_tensor::Error::format_error`] finds it.
-    fn from(e: CommitError) -> Self {
-        match e {
-            CommitError::Io { path, source } => ckpt_tensor::Error::Io { path, source },
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            CommitError::Io { path, source } => Ok(ckpt_tensor::Error::Io { path, source }),
+            e => Err(e),
         }
     }
 }

@@ -31,6 +31,7 @@ pub use ckpt_io::SaveReport;
 pub use dtype::{safetensors_dtype, torch_dtype};
 pub use error::SafetensorsError;
 
+use ckpt_tensor::FormatError;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;

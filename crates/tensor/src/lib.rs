@@ -54,7 +54,7 @@ pub use checkpoint::{CheckpointRead, CompositeInfo, Entry, EntryKind, TensorInfo
 pub use composite::{Composite, Layout};
 pub use dtype::{DType, StorageClass};
 pub use error::error_chain;
-pub use error::{Error, Fault, Result};
+pub use error::{Error, Fault, FormatError, Result};
 pub use flatten::{FlatEntry, PathItem, flatten, leaves, unflatten};
 pub use tensor::{Element, Tensor, checked_numel};
 pub use value::{Dict, DictKind, Numpy, Object, OpaqueTensorKind, Value, ValueShape};
