@@ -4,6 +4,50 @@ use ckpt_tensor::FormatError;
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// Why one rank of a multi-rank save failed, as it tells rank 0 in its report ([`crate::DirCommit::commit`],
+/// [`crate::DirCommit::report`]): the failing rank's error in words.
+///
+/// It crosses the process group as its message alone, in the same bytes as before it had a type of its own
+/// (a report of tag 0 followed by the message), so ranks agree on it whatever their build. Rank 0 answers
+/// every rank with [`CommitError::RankFailed`], which names the rank and carries this message; the rank that
+/// failed keeps its own error, source intact, for itself.
+///
+/// ```
+/// let e = std::io::Error::other("no space left on the device");
+/// let failure = ckpt_io::RankFailure::from(e);
+/// assert_eq!(failure.message(), "no space left on the device");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFailure {
+    message: String,
+}
+
+impl RankFailure {
+    /// A failure told in words that come from outside this library's errors (a Python exception's text).
+    pub fn new(message: impl Into<String>) -> Self {
+        RankFailure { message: message.into() }
+    }
+
+    /// What went wrong, as the other ranks are told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Any error as a rank's failure: its message (`to_string`), the text the other ranks get. Works on a
+/// borrowed error too (`result.as_ref().map_err(RankFailure::from)`).
+impl<E: std::error::Error> From<E> for RankFailure {
+    fn from(e: E) -> Self {
+        RankFailure { message: e.to_string() }
+    }
+}
+
 /// Why a durable commit failed. Every variant names the destination (or the file inside a staging
 /// directory) and keeps the operating system's error as its [`source`](std::error::Error::source), so
 /// callers can match the cause (`DiskFull` → free space and retry; `Locked` → another save is running).

@@ -199,9 +199,9 @@ pub(crate) fn commit_shards(
 ) -> Result<()> {
     let payload = match &local {
         Ok(m) => Ok(m.to_bytes()),
-        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
-        // returns its own error, source intact.
-        Err(e) => Err(e.to_string()),
+        // As its message (a RankFailure): it crosses the process group as bytes (the other ranks report it as a
+        // rank failure); this rank returns its own error, source intact.
+        Err(e) => Err(ckpt_io::RankFailure::from(e)),
     };
     let mut failure = None;
     let committed = commit.commit_gathered(group, payload, |c, payloads| {

@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{DirCommit, DirOptions, prepare};
-use crate::error::CommitError;
+use crate::error::{CommitError, RankFailure};
 use crate::sibling;
 
 /// What a rank needs to join a save that rank 0 [prepared](DirCommit::prepare): the destination, the
@@ -200,7 +200,7 @@ impl DirCommit {
     ///
     /// # Errors
     /// The upload's error (this rank failed: it reports nothing, rank 0 must not commit).
-    pub fn report(&self, own: Result<Vec<u8>, String>) -> Result<Vec<u8>, CommitError> {
+    pub fn report(&self, own: Result<Vec<u8>, RankFailure>) -> Result<Vec<u8>, CommitError> {
         #[cfg(feature = "remote")]
         if let (Ok(_), Some(remote)) = (&own, &self.remote) {
             remote.upload_staged(&self.staging)?;
@@ -315,7 +315,10 @@ mod tests {
         let c0 = DirCommit::prepare(&dst, 2, &options).unwrap();
         let c1 = DirCommit::join(&dst, &c0.ticket(), 1, &options).unwrap();
         write(&c1, "part1", b"half");
-        let reports = vec![c0.report(Ok(Vec::new())).unwrap(), c1.report(Err("disk on fire".into())).unwrap()];
+        let failed = c1.report(Err(RankFailure::new("disk on fire"))).unwrap();
+        // The wire format of a failure is the tag 0 and the message, as before the failure had a type.
+        assert_eq!(failed, b"\0disk on fire");
+        let reports = vec![c0.report(Ok(Vec::new())).unwrap(), failed];
         let e = c0.commit_reports(reports, |_, _| Ok(())).unwrap_err();
         assert!(matches!(&e, CommitError::RankFailed { rank: 1, message } if message == "disk on fire"), "{e}");
         assert_eq!(std::fs::read(dst.join("part0")).unwrap(), b"previous");
