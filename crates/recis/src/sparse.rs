@@ -8,7 +8,7 @@ use ckpt_tensor::{Buffer, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::data_file::DataFile;
-use crate::error::{Error, Result};
+use crate::error::{Error, IndexRule, Result};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
     BlockSlice, ID_SLOT, IdPartition, SliceInfo, check_name, parse_block_name, parse_data_file_name, part_shard,
@@ -112,10 +112,7 @@ impl SparseCheckpoint {
         let mut paths = Vec::with_capacity(names.len());
         for (&id, &name) in &names {
             if !is_plain_file_name(name) {
-                return Err(Error::BadIndex {
-                    path: index_path,
-                    reason: format!("data file name {name:?} is not a plain file name in the checkpoint directory"),
-                });
+                return Err(Error::BadIndex { path: index_path, rule: IndexRule::DataFileName { name: name.into() } });
             }
             let path = dir.join(name);
             if !path.is_file() {

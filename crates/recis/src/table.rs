@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use ckpt_tensor::{Buffer, DType, Tensor};
 use zerocopy::IntoBytes;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, NameRule, Result};
 use crate::name::{ID_SLOT, SliceInfo, check_name};
 
 /// Bits of a coalesced id that hold the user id (`ChildrenInfo::IdBitsNum`).
@@ -474,10 +474,7 @@ impl TableChild {
 pub(crate) fn check_slot_name(name: &str) -> Result<()> {
     check_name(name, "slot")?;
     if name.contains('@') || name == ID_SLOT {
-        return Err(Error::BadName {
-            name: name.into(),
-            reason: "slot names may not contain `@` or be `id` (the id block's slot)".into(),
-        });
+        return Err(Error::BadName { name: name.into(), rule: NameRule::SlotReserved });
     }
     Ok(())
 }
