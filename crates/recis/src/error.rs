@@ -231,14 +231,14 @@ pub enum Error {
         shape: Vec<usize>,
     },
     /// A slot's dtype or row shape differs between slices of one table, or is not what the caller expects.
-    #[error("table {child:?} slot {slot:?}: {reason}")]
+    #[error("table {child:?} slot {slot:?}: {rule}")]
     SlotMismatch {
         /// The child table.
         child: String,
         /// The slot.
         slot: String,
         /// What differs.
-        reason: String,
+        rule: SlotRule,
     },
     /// An id occurs twice in one table.
     #[error("table {child:?}: id {id} occurs more than once")]
@@ -538,6 +538,35 @@ pub enum SliceRule {
     /// Parsed bounds out of order, or a size of 0.
     #[error("expected begin <= end <= size and size > 0")]
     Bounds,
+}
+
+/// How a slot's slices or places differ ([`Error::SlotMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SlotRule {
+    /// The slot is in one slice of the table and not in another.
+    #[error("present in one slice, missing in another")]
+    MissingInSlice,
+    /// Two places hold rows of another dtype or row shape.
+    #[error("{} rows of {:?} in one place, {} rows of {:?} in another", first.0, first.1, second.0, second.1)]
+    RowsDiffer {
+        /// The dtype and row shape of one place.
+        first: (ckpt_tensor::DType, Vec<usize>),
+        /// The dtype and row shape of the other.
+        second: (ckpt_tensor::DType, Vec<usize>),
+    },
+    /// A slice whose dtype or shape is not the first slice's rows.
+    #[error("slices of {dtype} rows of {row_shape:?} and of {other_dtype} of {other_shape:?}")]
+    SlicesDiffer {
+        /// The first slice's dtype.
+        dtype: ckpt_tensor::DType,
+        /// The first slice's row shape.
+        row_shape: Vec<usize>,
+        /// The other slice's dtype.
+        other_dtype: ckpt_tensor::DType,
+        /// The other slice's whole shape.
+        other_shape: Vec<usize>,
+    },
 }
 
 /// Why a name cannot be used ([`Error::BadName`]).
