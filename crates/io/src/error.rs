@@ -48,6 +48,36 @@ impl<E: std::error::Error> From<E> for RankFailure {
     }
 }
 
+/// How a rank's part in a save does not match the save rank 0 prepared ([`CommitError::TicketMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TicketRule {
+    /// A rank that is rank 0, or not below the save's number of ranks, joins.
+    #[error("rank {rank} cannot join a save of {world} ranks prepared by rank 0")]
+    RankOutside {
+        /// The rank that joins.
+        rank: usize,
+        /// The save's number of ranks.
+        world: usize,
+    },
+    /// A rank joins a save to another destination.
+    #[error("rank 0 saves to {}", target.display())]
+    OtherDestination {
+        /// Rank 0's destination.
+        target: PathBuf,
+    },
+    /// A commit on a rank other than 0, or with a number of reports other than the number of ranks.
+    #[error("rank {rank} committed with {reports} reports; rank 0 commits with one report from each of {world} ranks")]
+    ReportCount {
+        /// The rank that commits.
+        rank: usize,
+        /// The reports it has.
+        reports: usize,
+        /// The save's number of ranks.
+        world: usize,
+    },
+}
+
 /// Why a durable commit failed. Every variant names the destination (or the file inside a staging
 /// directory) and keeps the operating system's error as its [`source`](std::error::Error::source), so
 /// callers can match the cause (`DiskFull` → free space and retry; `Locked` → another save is running).
@@ -123,19 +153,27 @@ pub enum CommitError {
     },
     /// A commit ticket ([`crate::CommitTicket`]) that is not one: the message between the ranks was damaged
     /// or is not a ticket.
-    #[error("the commit ticket from rank 0 is unreadable ({reason})")]
+    #[error("the commit ticket from rank 0 is unreadable ({field})")]
     TicketUnreadable {
-        /// What is missing or wrong.
-        reason: String,
+        /// The field that is missing or not of its type.
+        field: &'static str,
+    },
+    /// A commit ticket ([`crate::CommitTicket`]) that is not JSON: the message between the ranks was damaged
+    /// or is not a ticket.
+    #[error("the commit ticket from rank 0 is unreadable ({source})")]
+    TicketNotJson {
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// A rank joined or committed a save that is not its own: another destination, a rank outside the
     /// save, or a commit with the wrong number of reports.
-    #[error("{}: {reason}", path.display())]
+    #[error("{}: {rule}", path.display())]
     TicketMismatch {
         /// This rank's destination.
         path: PathBuf,
         /// What does not match.
-        reason: String,
+        rule: TicketRule,
     },
     /// A rank does not see the staging directory rank 0 made: the ranks of a multi-rank save to a local path
     /// must share its file system.
@@ -197,7 +235,8 @@ impl CommitError {
             CommitError::RankFailed { .. }
             | CommitError::Group { .. }
             | CommitError::Storage { .. }
-            | CommitError::TicketUnreadable { .. } => None,
+            | CommitError::TicketUnreadable { .. }
+            | CommitError::TicketNotJson { .. } => None,
         }
     }
 
@@ -215,7 +254,7 @@ impl FormatError for CommitError {
             CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
                 ckpt_tensor::Fault::InvalidArgument
             }
-            CommitError::TicketUnreadable { .. } => ckpt_tensor::Fault::Io,
+            CommitError::TicketUnreadable { .. } | CommitError::TicketNotJson { .. } => ckpt_tensor::Fault::Io,
             CommitError::Storage { source } => source.fault(),
             CommitError::DiskFull { .. }
             | CommitError::ReadOnly { .. }

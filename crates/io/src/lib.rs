@@ -89,7 +89,7 @@ use std::path::{Path, PathBuf};
 
 pub use checksum::{Algorithm, ChunkDigest, FileDigest, MANIFEST_NAME, Manifest, ManifestError, Mismatch};
 pub use dir::{CommitTicket, DirCommit, DirOptions, StagedFile, overwrite_staging, recover, replace_whole};
-pub use error::{CommitError, RankFailure};
+pub use error::{CommitError, RankFailure, TicketRule};
 pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
 pub use pinned::PinnedDir;
