@@ -80,7 +80,6 @@ pub fn torch_dtype(d: safetensors::Dtype) -> Result<DType> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use ckpt_tensor::FormatError;
 
     #[test]
     fn every_safetensors_code_round_trips() {
