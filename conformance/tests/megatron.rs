@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use ckpt_tensor::FormatError;
 use std::path::Path;
 
 use ckpt_conformance::fixtures;

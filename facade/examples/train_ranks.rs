@@ -305,7 +305,7 @@ pub fn save(group: &dyn Collective, dir: &Path, own: &[Shard]) -> Result<(), Fai
     let (written, message) = match &joined {
         Ok(save) => {
             let written = write_own(save, own).map_err(|e| e.to_string());
-            match save.report(written.as_ref().map(|_| ()).map_err(Clone::clone)) {
+            match save.report(written.as_ref().map(|_| ()).map_err(|e| ckpt::io::RankFailure::new(e.as_str()))) {
                 Ok(report) => (written.clone(), Message { report, items: written }),
                 Err(e) => failed(e.to_string()),
             }

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::format::Format;
 use crate::limits::ReadLimits;
 use crate::report::Progress;
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{DType, Entry, EntryKind, Tensor, Value};
 
 /// Tolerances of [`diff`]: two tensor elements `a` (first checkpoint) and `b` (second) are equal when
@@ -758,19 +759,12 @@ pub enum DiffError {
     },
 }
 
-impl DiffError {
+impl FormatError for DiffError {
     /// Who is at fault.
-    pub fn fault(&self) -> ckpt_tensor::Fault {
+    fn fault(&self) -> ckpt_tensor::Fault {
         match self {
             DiffError::RowBeyond { .. } => ckpt_tensor::Fault::InvalidArgument,
         }
-    }
-}
-
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<DiffError> for ckpt_tensor::Error {
-    fn from(e: DiffError) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_tensor::Fault;
+use ckpt_tensor::{Fault, FormatError};
 
 use crate::format::Format;
 

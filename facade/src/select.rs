@@ -21,6 +21,7 @@
 
 use std::path::Path;
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::flatten::join_path;
 use ckpt_tensor::{DType, Fault, PathItem, Result};
 
@@ -56,21 +57,14 @@ pub enum SelectionError {
     },
 }
 
-impl SelectionError {
+impl FormatError for SelectionError {
     /// Who is at fault: the caller, for every rule.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             SelectionError::BadDtype { .. } | SelectionError::EmptyPattern | SelectionError::BadRename { .. } => {
                 Fault::InvalidArgument
             }
         }
-    }
-}
-
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<SelectionError> for ckpt_tensor::Error {
-    fn from(e: SelectionError) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }
 

@@ -260,7 +260,7 @@ impl DcpRankSave {
     fn report<'py>(&self, py: Python<'py>, error: Option<String>) -> PyResult<Bound<'py, PyBytes>> {
         let own = match error {
             None => Ok(()),
-            Some(e) => Err(e),
+            Some(e) => Err(ckpt::io::RankFailure::new(e)),
         };
         let bytes = self.with(|s| py.detach(|| s.report(own)).map_err(|e| failed(&self.shown, e)))?;
         Ok(PyBytes::new(py, &bytes))

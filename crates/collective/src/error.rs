@@ -1,6 +1,7 @@
 //! The rules of the process groups, one variant each.
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// An error of a process group: one variant per rule.
 ///
@@ -106,9 +107,9 @@ pub enum Error {
     LockPoisoned,
 }
 
-impl Error {
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::BadRoot { .. }
             | Error::Aborted
@@ -127,12 +128,5 @@ impl Error {
             | Error::Watchdog { .. }
             | Error::LockPoisoned => Fault::InvalidArgument,
         }
-    }
-}
-
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }

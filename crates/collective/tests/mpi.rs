@@ -133,11 +133,11 @@ fn failing_rank_fails_every_rank() {
         let target = std::path::Path::new(&dir).join("ckpt");
         let commit = DirCommit::begin(&target, &mpi, &DirOptions::default()).unwrap();
         let own = if mpi.rank() == 2 {
-            Err("no space left on the device (injected)".to_string())
+            Err(ckpt_io::RankFailure::new("no space left on the device (injected)"))
         } else {
             let mut f = commit.create_file(&format!("part{}", mpi.rank())).unwrap();
             std::io::Write::write_all(f.writer(), b"data").unwrap();
-            f.finish().map(|_| ()).map_err(|e| e.to_string())
+            f.finish().map(|_| ()).map_err(ckpt_io::RankFailure::from)
         };
         match commit.commit(&mpi, own, |_| Ok(())) {
             Err(CommitError::RankFailed { rank, message }) => {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{DType, Fault};
 
 /// What went wrong reading a DeepSpeed checkpoint.
@@ -157,9 +158,9 @@ pub enum Error {
     Core(#[from] ckpt_tensor::Error),
 }
 
-impl Error {
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
             Error::Torch(e) => e.fault(),
@@ -178,13 +179,12 @@ impl Error {
             Error::Core(e) => e.fault(),
         }
     }
-}
 
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

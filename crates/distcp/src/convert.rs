@@ -180,9 +180,6 @@ pub fn dcp_to_hf(dir: &Path, out_dir: &Path, options: &ckpt_safetensors::hf::Wri
         out_dir,
         &options,
     )
-    .map_err(|e| match e {
-        ckpt_safetensors::hf::Error::Core(c) => Error::Core(c),
-        other => Error::Core(ckpt_tensor::Error::format(other.fault(), other)),
-    })?;
+    .map_err(|e| Error::Core(e.into()))?;
     Ok(ConvertReport { tensors: report.tensors, tensor_bytes: report.bytes, skipped, files: report.files })
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// What went wrong reading, verifying, writing or converting a DCP checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -435,9 +436,9 @@ impl Error {
     }
 }
 
-impl Error {
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
             Error::Fetch { source, .. } if source.kind() == std::io::ErrorKind::UnexpectedEof => Fault::Malformed,
@@ -493,14 +494,12 @@ impl Error {
             | Error::MegatronLayout { .. } => Fault::Malformed,
         }
     }
-}
 
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

@@ -579,6 +579,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use ckpt_tensor::Fault;
+    use ckpt_tensor::FormatError;
 
     #[test]
     fn stacked_keys() {

@@ -146,12 +146,12 @@ impl RankSave {
         Ok(out)
     }
 
-    /// This rank's report for the coordinator (`own`: whether it wrote its items; the error as text if
-    /// not), to travel with its write results. After it, the rank writes nothing more.
+    /// This rank's report for the coordinator (`own`: whether it wrote its items; why not, if it did not),
+    /// to travel with its write results. After it, the rank writes nothing more.
     ///
     /// # Errors
     /// For an object store, the upload of what this rank wrote by path.
-    pub fn report(&self, own: std::result::Result<(), String>) -> Result<Vec<u8>> {
+    pub fn report(&self, own: std::result::Result<(), ckpt_io::RankFailure>) -> Result<Vec<u8>> {
         self.commit.report(own.map(|()| Vec::new())).map_err(from_commit)
     }
 

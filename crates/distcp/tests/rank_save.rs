@@ -99,7 +99,10 @@ fn a_rank_that_fails_leaves_the_previous_checkpoint() {
     coordinator
         .write(&[RankItem { fqn: "model.w".into(), offsets: Some(vec![0, 0]), data: ItemData::Tensor(&t) }])
         .unwrap();
-    let reports = vec![coordinator.report(Ok(())).unwrap(), other.report(Err("CUDA out of memory".into())).unwrap()];
+    let reports = vec![
+        coordinator.report(Ok(())).unwrap(),
+        other.report(Err(ckpt_io::RankFailure::new("CUDA out of memory"))).unwrap(),
+    ];
     let e = coordinator.commit(&metadata(2, 2), reports).unwrap_err();
     assert!(matches!(&e, Error::RankFailed { rank: 1, message } if message.contains("out of memory")), "{e}");
     assert_eq!(DcpReader::open(&dir).unwrap().read_tensor("w").unwrap(), before);

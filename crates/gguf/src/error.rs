@@ -1,6 +1,7 @@
 //! The rules a GGUF file, a tensor or a request can break, one variant each.
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 use crate::GgmlType;
 
@@ -244,9 +245,9 @@ pub enum GgufError {
     },
 }
 
-impl GgufError {
+impl FormatError for GgufError {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             GgufError::NotGguf { .. }
             | GgufError::Truncated { .. }
@@ -275,12 +276,5 @@ impl GgufError {
             | GgufError::NoSuchEntry { .. }
             | GgufError::NoSuchTensor { .. } => Fault::InvalidArgument,
         }
-    }
-}
-
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<GgufError> for ckpt_tensor::Error {
-    fn from(e: GgufError) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }

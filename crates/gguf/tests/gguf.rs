@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use ckpt_tensor::FormatError;
 use std::path::PathBuf;
 
 use ckpt_gguf::{GgmlType, GgufError, MetadataValue, Reader, ValueType, summarize};

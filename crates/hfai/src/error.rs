@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// What went wrong reading, writing or resharding an hfai checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -311,9 +312,9 @@ impl Error {
 /// `Result` with the hfai [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
@@ -347,14 +348,12 @@ impl Error {
             | Error::ForeignFiles { .. } => Fault::Malformed,
         }
     }
-}
 
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

@@ -779,9 +779,9 @@ pub(crate) fn write_rank(
     let own = plan.and_then(|plan| plan.write_part(&commit, group.rank(), options, resolve));
     let payload = match &own {
         Ok(f) => Ok(f.encode().into_bytes()),
-        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
-        // returns its own error, source intact.
-        Err(e) => Err(e.to_string()),
+        // As its message (a RankFailure): it crosses the process group as bytes (the other ranks report it as a
+        // rank failure); this rank returns its own error, source intact.
+        Err(e) => Err(ckpt_io::RankFailure::from(e)),
     };
     let mut failure = None;
     let committed = commit.commit_gathered(group, payload, |c, payloads| {

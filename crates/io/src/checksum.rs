@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value as Json, json};
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{Error, Fault, Result};
 
 /// The manifest's file name.
@@ -353,9 +354,9 @@ pub enum ManifestError {
     },
 }
 
-impl ManifestError {
+impl FormatError for ManifestError {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             ManifestError::UnsupportedVersion { .. } | ManifestError::UnsupportedAlgorithm { .. } => Fault::Unsupported,
             ManifestError::NotJson { .. }
@@ -370,13 +371,6 @@ impl ManifestError {
             | ManifestError::ChunksIncomplete { .. }
             | ManifestError::UnsafeName { .. } => Fault::Malformed,
         }
-    }
-}
-
-/// The core error, keeping the manifest's error as its source ([`Error::Format`]).
-impl From<ManifestError> for Error {
-    fn from(e: ManifestError) -> Self {
-        Error::format(e.fault(), e)
     }
 }
 

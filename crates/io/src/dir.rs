@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use crate::checksum::{FileDigest, MANIFEST_NAME, Manifest};
 use crate::durability::Durability;
-use crate::error::{CommitError, at};
+use crate::error::{CommitError, RankFailure, at};
 use crate::file::{open_path, parent_of};
 use crate::lock::DestinationLock;
 use crate::writer::DurableWriter;
@@ -453,14 +453,14 @@ impl DirCommit {
         false
     }
 
-    /// Step 3, called by every rank of `group` once it has finished its files (`own`: its outcome, the
-    /// error as text). Rank 0 runs `finalize` (writing the format's final files into the staging directory)
+    /// Step 3, called by every rank of `group` once it has finished its files (`own`: its outcome, a
+    /// failure as the [`RankFailure`] the other ranks are told). Rank 0 runs `finalize` (writing the format's final files into the staging directory)
     /// and swaps the directory in. Every rank returns the same verdict.
     ///
     /// # Errors
     /// On rank 0 its own error, or [`CommitError::RankFailed`] naming the first rank that failed; on the
     /// others [`CommitError::RankFailed`] (a rank that passed `Err` gets its own message back).
-    pub fn commit<F>(self, group: &dyn Collective, own: Result<(), String>, finalize: F) -> Result<(), CommitError>
+    pub fn commit<F>(self, group: &dyn Collective, own: Result<(), RankFailure>, finalize: F) -> Result<(), CommitError>
     where
         F: FnOnce(&DirCommit) -> Result<(), CommitError>,
     {
@@ -504,7 +504,7 @@ impl DirCommit {
     pub fn commit_gathered<F>(
         mut self,
         group: &dyn Collective,
-        own: Result<Vec<u8>, String>,
+        own: Result<Vec<u8>, RankFailure>,
         finalize: F,
     ) -> Result<(), CommitError>
     where
@@ -518,7 +518,7 @@ impl DirCommit {
         if let (Ok(_), Some(remote)) = (&own, &self.remote) {
             // Files written by path go up before the report: rank 0 commits only once every rank's are there.
             if let Err(e) = remote.upload_staged(&self.staging) {
-                own = Err(e.to_string());
+                own = Err(RankFailure::from(&e));
                 own_error = Some(e);
             }
         }
@@ -554,7 +554,9 @@ impl DirCommit {
         }
         self.finished = true;
         if verdict.is_empty() {
-            return own.map(|_| ()).map_err(|message| CommitError::RankFailed { rank: self.rank, message });
+            return own
+                .map(|_| ())
+                .map_err(|failure| CommitError::RankFailed { rank: self.rank, message: failure.message().to_owned() });
         }
         let text = String::from_utf8_lossy(&verdict);
         let (rank, message) = text.split_once('\n').unwrap_or(("0", &text));
@@ -564,7 +566,7 @@ impl DirCommit {
     /// This rank's report to rank 0 (after recording that its files are done, when it succeeded): 1, the
     /// length of the checksum digests (u64 LE), the digests, the length of the names of the files this rank
     /// sent to an object store (u64 LE), those names (`\n`-separated), the payload; or 0 and the error message.
-    fn report_bytes(&self, own: &Result<Vec<u8>, String>) -> Vec<u8> {
+    fn report_bytes(&self, own: &Result<Vec<u8>, RankFailure>) -> Vec<u8> {
         if own.is_ok() {
             self.files_done();
         }
@@ -585,7 +587,7 @@ impl DirCommit {
                 r.extend_from_slice(payload);
                 r
             }
-            Err(message) => [&[0u8][..], message.as_bytes()].concat(),
+            Err(failure) => [&[0u8][..], failure.message().as_bytes()].concat(),
         }
     }
 
@@ -1027,7 +1029,7 @@ mod tests {
 
     fn save(dst: &Path, options: &DirOptions, files: &[(&str, &[u8])]) -> Result<(), CommitError> {
         let c = DirCommit::begin(dst, &SingleProcess, options)?;
-        let own = files.iter().try_for_each(|(n, b)| write(&c, n, b).map(|_| ())).map_err(|e| e.to_string());
+        let own = files.iter().try_for_each(|(n, b)| write(&c, n, b).map(|_| ())).map_err(RankFailure::from);
         c.commit(&SingleProcess, own, |c| write(c, ".metadata", b"meta").map(|_| ()))
     }
 
@@ -1098,11 +1100,11 @@ mod tests {
                     s.spawn(move || {
                         let c = DirCommit::begin(dst, &g, &DirOptions::default())?;
                         let own = if g.rank() == 1 {
-                            Err("disk on fire".to_string())
+                            Err(RankFailure::new("disk on fire"))
                         } else {
                             write(&c, &format!("__{}_0.distcp", g.rank()), b"new")
                                 .map(|_| ())
-                                .map_err(|e| e.to_string())
+                                .map_err(RankFailure::from)
                         };
                         c.commit(&g, own, |c| write(c, ".metadata", b"meta").map(|_| ()))
                     })

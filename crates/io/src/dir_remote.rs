@@ -360,7 +360,11 @@ mod tests {
                             let mut f = c.create_file(&format!("__{}_0.distcp", g.rank()))?;
                             f.writer().write_all(&[g.rank() as u8; 1000]).unwrap();
                             f.finish()?;
-                            let own = if fail && g.rank() == 2 { Err("disk on fire".to_owned()) } else { Ok(()) };
+                            let own = if fail && g.rank() == 2 {
+                                Err(crate::RankFailure::new("disk on fire"))
+                            } else {
+                                Ok(())
+                            };
                             c.commit(&g, own, |c| {
                                 let mut m = c.create_file(".metadata")?;
                                 m.writer().write_all(b"meta").unwrap();

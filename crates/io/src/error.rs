@@ -1,7 +1,82 @@
 //! Errors of the commit protocol, split by what the caller can do about them.
 
+use ckpt_tensor::FormatError;
 use std::io;
 use std::path::{Path, PathBuf};
+
+/// Why one rank of a multi-rank save failed, as it tells rank 0 in its report ([`crate::DirCommit::commit`],
+/// [`crate::DirCommit::report`]): the failing rank's error in words.
+///
+/// It crosses the process group as its message alone, in the same bytes as before it had a type of its own
+/// (a report of tag 0 followed by the message), so ranks agree on it whatever their build. Rank 0 answers
+/// every rank with [`CommitError::RankFailed`], which names the rank and carries this message; the rank that
+/// failed keeps its own error, source intact, for itself.
+///
+/// ```
+/// let e = std::io::Error::other("no space left on the device");
+/// let failure = ckpt_io::RankFailure::from(e);
+/// assert_eq!(failure.message(), "no space left on the device");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFailure {
+    message: String,
+}
+
+impl RankFailure {
+    /// A failure told in words that come from outside this library's errors (a Python exception's text).
+    pub fn new(message: impl Into<String>) -> Self {
+        RankFailure { message: message.into() }
+    }
+
+    /// What went wrong, as the other ranks are told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Any error as a rank's failure: its message (`to_string`), the text the other ranks get. Works on a
+/// borrowed error too (`result.as_ref().map_err(RankFailure::from)`).
+impl<E: std::error::Error> From<E> for RankFailure {
+    fn from(e: E) -> Self {
+        RankFailure { message: e.to_string() }
+    }
+}
+
+/// How a rank's part in a save does not match the save rank 0 prepared ([`CommitError::TicketMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TicketRule {
+    /// A rank that is rank 0, or not below the save's number of ranks, joins.
+    #[error("rank {rank} cannot join a save of {world} ranks prepared by rank 0")]
+    RankOutside {
+        /// The rank that joins.
+        rank: usize,
+        /// The save's number of ranks.
+        world: usize,
+    },
+    /// A rank joins a save to another destination.
+    #[error("rank 0 saves to {}", target.display())]
+    OtherDestination {
+        /// Rank 0's destination.
+        target: PathBuf,
+    },
+    /// A commit on a rank other than 0, or with a number of reports other than the number of ranks.
+    #[error("rank {rank} committed with {reports} reports; rank 0 commits with one report from each of {world} ranks")]
+    ReportCount {
+        /// The rank that commits.
+        rank: usize,
+        /// The reports it has.
+        reports: usize,
+        /// The save's number of ranks.
+        world: usize,
+    },
+}
 
 /// Why a durable commit failed. Every variant names the destination (or the file inside a staging
 /// directory) and keeps the operating system's error as its [`source`](std::error::Error::source), so
@@ -78,19 +153,27 @@ pub enum CommitError {
     },
     /// A commit ticket ([`crate::CommitTicket`]) that is not one: the message between the ranks was damaged
     /// or is not a ticket.
-    #[error("the commit ticket from rank 0 is unreadable ({reason})")]
+    #[error("the commit ticket from rank 0 is unreadable ({field})")]
     TicketUnreadable {
-        /// What is missing or wrong.
-        reason: String,
+        /// The field that is missing or not of its type.
+        field: &'static str,
+    },
+    /// A commit ticket ([`crate::CommitTicket`]) that is not JSON: the message between the ranks was damaged
+    /// or is not a ticket.
+    #[error("the commit ticket from rank 0 is unreadable ({source})")]
+    TicketNotJson {
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// A rank joined or committed a save that is not its own: another destination, a rank outside the
     /// save, or a commit with the wrong number of reports.
-    #[error("{}: {reason}", path.display())]
+    #[error("{}: {rule}", path.display())]
     TicketMismatch {
         /// This rank's destination.
         path: PathBuf,
         /// What does not match.
-        reason: String,
+        rule: TicketRule,
     },
     /// A rank does not see the staging directory rank 0 made: the ranks of a multi-rank save to a local path
     /// must share its file system.
@@ -138,25 +221,6 @@ impl CommitError {
         }
     }
 
-    /// Who is at fault: the caller for a destination that cannot be replaced this way
-    /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
-    pub fn fault(&self) -> ckpt_tensor::Fault {
-        match self {
-            CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
-                ckpt_tensor::Fault::InvalidArgument
-            }
-            CommitError::TicketUnreadable { .. } => ckpt_tensor::Fault::Io,
-            CommitError::Storage { source } => source.fault(),
-            CommitError::DiskFull { .. }
-            | CommitError::ReadOnly { .. }
-            | CommitError::PermissionDenied { .. }
-            | CommitError::Locked { .. }
-            | CommitError::RankFailed { .. }
-            | CommitError::Group { .. }
-            | CommitError::Io { .. } => ckpt_tensor::Fault::Io,
-        }
-    }
-
     /// The path the error names, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -171,7 +235,8 @@ impl CommitError {
             CommitError::RankFailed { .. }
             | CommitError::Group { .. }
             | CommitError::Storage { .. }
-            | CommitError::TicketUnreadable { .. } => None,
+            | CommitError::TicketUnreadable { .. }
+            | CommitError::TicketNotJson { .. } => None,
         }
     }
 
@@ -181,14 +246,33 @@ impl CommitError {
     }
 }
 
-impl From<CommitError> for ckpt_tensor::Error {
+impl FormatError for CommitError {
+    /// Who is at fault: the caller for a destination that cannot be replaced this way
+    /// ([`CommitError::Refused`]), the operating system or the environment for everything else.
+    fn fault(&self) -> ckpt_tensor::Fault {
+        match self {
+            CommitError::Refused { .. } | CommitError::TicketMismatch { .. } | CommitError::StagingNotShared { .. } => {
+                ckpt_tensor::Fault::InvalidArgument
+            }
+            CommitError::TicketUnreadable { .. } | CommitError::TicketNotJson { .. } => ckpt_tensor::Fault::Io,
+            CommitError::Storage { source } => source.fault(),
+            CommitError::DiskFull { .. }
+            | CommitError::ReadOnly { .. }
+            | CommitError::PermissionDenied { .. }
+            | CommitError::Locked { .. }
+            | CommitError::RankFailed { .. }
+            | CommitError::Group { .. }
+            | CommitError::Io { .. } => ckpt_tensor::Fault::Io,
+        }
+    }
+
     /// A commit's plain I/O error becomes [`ckpt_tensor::Error::Io`]; every other kind (disk full, locked,
     /// a failed rank, ...) stays whole as the source of a [`ckpt_tensor::Error::Format`] with its fault, where
     /// [`ckpt_tensor::Error::format_error`] finds it.
-    fn from(e: CommitError) -> Self {
-        match e {
-            CommitError::Io { path, source } => ckpt_tensor::Error::Io { path, source },
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            CommitError::Io { path, source } => Ok(ckpt_tensor::Error::Io { path, source }),
+            e => Err(e),
         }
     }
 }

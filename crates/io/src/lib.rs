@@ -93,7 +93,7 @@ pub use checksum::{Algorithm, ChunkDigest, FileDigest, MANIFEST_NAME, Manifest, 
 pub use chunk::CHUNK;
 pub use dir::{CommitTicket, DirCommit, DirOptions, StagedFile, overwrite_staging, recover, replace_whole};
 pub use durability::Durability;
-pub use error::CommitError;
+pub use error::{CommitError, RankFailure, TicketRule};
 pub use file::{FileCommit, FileOptions, write_file};
 pub use lock::DestinationLock;
 pub use part_writer::PartSink;

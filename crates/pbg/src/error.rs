@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// What went wrong reading, writing or checking a PyTorch-BigGraph checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -299,9 +300,9 @@ impl Error {
     }
 }
 
-impl Error {
+impl FormatError for Error {
     /// Who is at fault: bad files are malformed, missing files and OS errors I/O, bad arguments the caller's.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } | Error::CouldNotLoad { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
@@ -339,14 +340,12 @@ impl Error {
             | Error::RelationNameMismatch { .. } => Fault::Malformed,
         }
     }
-}
 
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

@@ -612,9 +612,9 @@ pub fn save_rank(
     });
     let own = match &local {
         Ok(_) => Ok(()),
-        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
-        // returns its own error, source intact.
-        Err(e) => Err(e.to_string()),
+        // As its message (a RankFailure): it crosses the process group as bytes (the other ranks report it as a
+        // rank failure); this rank returns its own error, source intact.
+        Err(e) => Err(ckpt_io::RankFailure::from(e)),
     };
     let mut failure = None;
     let committed = staged.commit(group, own, |c| {

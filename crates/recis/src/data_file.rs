@@ -273,6 +273,7 @@ pub(crate) fn from_core(e: ckpt_tensor::Error) -> Error {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use ckpt_tensor::FormatError;
 
     fn file(bytes: Vec<u8>) -> Result<DataFile> {
         DataFile::from_buffer(Buffer::from_vec(bytes), Path::new("x.safetensors"))

@@ -112,10 +112,7 @@ pub fn read_io_state_count(dir: &Path) -> Result<Option<usize>> {
     let parsed = std::str::from_utf8(&text).ok().map(str::trim).and_then(|t| t.parse::<usize>().ok());
     match parsed {
         Some(n) => Ok(Some(n)),
-        None => Err(Error::IoStateCount {
-            path,
-            reason: format!("holds {:?}, not a shard count", String::from_utf8_lossy(&text)),
-        }),
+        None => Err(Error::IoStateCount { path, text: String::from_utf8_lossy(&text).into_owned() }),
     }
 }
 
@@ -124,7 +121,7 @@ pub fn read_io_state_count(dir: &Path) -> Result<Option<usize>> {
 /// state.
 ///
 /// # Errors
-/// [`Error::MissingFile`] if the io state exists but the count does not; [`Error::IoStateCount`] if the
+/// [`Error::MissingFile`] if the io state exists but the count does not; [`Error::IoStateWorkers`] if the
 /// count differs from `shard.num()`; as [`read_model`].
 pub fn read_io_state(dir: &Path, shard: Shard) -> Result<Option<Value>> {
     let path = dir.join(io_state_file(shard.index()));
@@ -137,13 +134,7 @@ pub fn read_io_state(dir: &Path, shard: Shard) -> Result<Option<Value>> {
         what: "io states are loaded only with the worker count they were saved with",
     })?;
     if count != shard.num() {
-        return Err(Error::IoStateCount {
-            path: count_path,
-            reason: format!(
-                "io states were saved by {count} workers; this job has {} (RecIS cannot reshard io states)",
-                shard.num()
-            ),
-        });
+        return Err(Error::IoStateWorkers { path: count_path, saved: count, running: shard.num() });
     }
     load(&path)
 }
@@ -173,7 +164,10 @@ mod tests {
         assert_eq!(std::fs::read(d.join(IO_STATE_COUNT_FILE)).unwrap(), b"2");
         assert_eq!(read_io_state(d, s).unwrap().unwrap(), io);
         assert_eq!(read_io_state(d, Shard::new(0, 2).unwrap()).unwrap(), None);
-        assert!(matches!(read_io_state(d, Shard::new(1, 3).unwrap()), Err(Error::IoStateCount { .. })));
+        assert!(matches!(
+            read_io_state(d, Shard::new(1, 3).unwrap()),
+            Err(Error::IoStateWorkers { saved: 2, running: 3, .. })
+        ));
         std::fs::write(d.join(IO_STATE_COUNT_FILE), b"two").unwrap();
         assert!(matches!(read_io_state_count(d), Err(Error::IoStateCount { .. })));
     }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// What went wrong reading, writing or resharding a RecIS checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +47,12 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
     /// `index` is JSON, but not `{"block_index": {key: file id}, "file_index": {file name: file id}}`.
-    #[error("{}: not a RecIS index: {reason}", path.display())]
+    #[error("{}: not a RecIS index: {rule}", path.display())]
     BadIndex {
         /// The `index` file.
         path: PathBuf,
-        /// What is wrong.
-        reason: String,
+        /// The rule it breaks.
+        rule: IndexRule,
     },
     /// `index` is a newline-separated list of data files: the pre-`tensorkey.json` ("v1") layout.
     #[error(
@@ -64,12 +65,12 @@ pub enum Error {
         path: PathBuf,
     },
     /// `tensorkey.json` is JSON, but not an object of strings.
-    #[error("{}: not a RecIS tensorkey.json: {reason}", path.display())]
+    #[error("{}: not a RecIS tensorkey.json: {rule}", path.display())]
     BadTensorKey {
         /// The file.
         path: PathBuf,
-        /// What is wrong.
-        reason: String,
+        /// The rule it breaks.
+        rule: TensorKeyRule,
     },
     /// A block of `index` refers to a file id that `file_index` does not define.
     #[error("block {key:?} is in file id {file_id}, which file_index does not define")]
@@ -98,20 +99,20 @@ pub enum Error {
         name: String,
     },
     /// A slice string is not `begin@end@size` with `0 <= begin <= end <= size`, `0 < size <= i32::MAX`.
-    #[error("slice string {slice:?}: {reason}")]
+    #[error("slice string {slice:?}: {rule}")]
     BadSlice {
         /// The slice string.
         slice: String,
-        /// What is wrong.
-        reason: String,
+        /// The rule it breaks.
+        rule: SliceRule,
     },
     /// A name cannot be used: a sparse tensor name without `child@slot`, a name containing `^`, ...
-    #[error("name {name:?}: {reason}")]
+    #[error("name {name:?}: {rule}")]
     BadName {
         /// The name.
         name: String,
-        /// Why.
-        reason: String,
+        /// The rule it breaks.
+        rule: NameRule,
     },
     /// A data file is shorter than its 8-byte header length.
     #[error("{}: {len} bytes, too short for the 8-byte header length", path.display())]
@@ -230,14 +231,14 @@ pub enum Error {
         shape: Vec<usize>,
     },
     /// A slot's dtype or row shape differs between slices of one table, or is not what the caller expects.
-    #[error("table {child:?} slot {slot:?}: {reason}")]
+    #[error("table {child:?} slot {slot:?}: {rule}")]
     SlotMismatch {
         /// The child table.
         child: String,
         /// The slot.
         slot: String,
         /// What differs.
-        reason: String,
+        rule: SlotRule,
     },
     /// An id occurs twice in one table.
     #[error("table {child:?}: id {id} occurs more than once")]
@@ -413,13 +414,26 @@ pub enum Error {
         /// The `checkpoint` list file.
         path: PathBuf,
     },
-    /// `io_state_count` does not hold a shard count, or differs from the count the caller runs with.
-    #[error("{}: {reason}", path.display())]
+    /// `io_state_count` does not hold a shard count.
+    #[error("{}: holds {text:?}, not a shard count", path.display())]
     IoStateCount {
         /// The `io_state_count` file.
         path: PathBuf,
-        /// What is wrong.
-        reason: String,
+        /// What it holds (lossily decoded).
+        text: String,
+    },
+    /// `io_state_count` differs from the count the caller runs with.
+    #[error(
+        "{}: io states were saved by {saved} workers; this job has {running} (RecIS cannot reshard io states)",
+        path.display()
+    )]
+    IoStateWorkers {
+        /// The `io_state_count` file.
+        path: PathBuf,
+        /// The workers that saved the io states.
+        saved: usize,
+        /// The workers of this job.
+        running: usize,
     },
     /// A `model.pt` / `extra.pt` / `io_state_*.pt` file could not be read or written.
     #[error(transparent)]
@@ -439,9 +453,155 @@ impl Error {
 /// `Result` with the RecIS codec's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
+/// How `index` breaks its layout ([`Error::BadIndex`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexRule {
+    /// The top level is not an object.
+    #[error("the top level is not a JSON object")]
+    NotAnObject,
+    /// A section (`block_index`, `file_index`) is missing or not an object.
+    #[error("no `{section}` object")]
+    NoSection {
+        /// The section.
+        section: &'static str,
+    },
+    /// A section maps a name to something other than a file id.
+    #[error("`{section}` maps {key:?} to {value}, not a file id")]
+    NotAFileId {
+        /// The section.
+        section: &'static str,
+        /// The name.
+        key: String,
+        /// The value, as JSON.
+        value: String,
+    },
+    /// A data file name that is not a plain file name in the checkpoint directory.
+    #[error("data file name {name:?} is not a plain file name in the checkpoint directory")]
+    DataFileName {
+        /// The name.
+        name: String,
+    },
+}
+
+/// How `tensorkey.json` breaks its layout ([`Error::BadTensorKey`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorKeyRule {
+    /// The top level is not an object.
+    #[error("the top level is not a JSON object")]
+    NotAnObject,
+    /// A key maps to something other than a string.
+    #[error("{key:?} maps to {value}, not a string")]
+    NotAString {
+        /// The key.
+        key: String,
+        /// The value, as JSON.
+        value: String,
+    },
+}
+
+/// How a slice string breaks `begin@end@size` ([`Error::BadSlice`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SliceRule {
+    /// A `slice_size` of 0.
+    #[error("slice_size must be positive")]
+    SizeZero,
+    /// A `slice_size` above `i32::MAX`.
+    #[error("slice_size must fit in int32 (RecIS parses it with std::stoi)")]
+    SizeTooLarge,
+    /// Bounds out of order.
+    #[error("expected begin <= end <= size")]
+    Order,
+    /// Not three `@`-separated parts.
+    #[error("expected three `@`-separated numbers begin@end@size")]
+    NotThreeNumbers,
+    /// A part that is not decimal digits.
+    #[error("{token:?} is not a decimal number")]
+    NotDecimal {
+        /// The part.
+        token: String,
+    },
+    /// A part too large for `u64`.
+    #[error("{token:?} is too large")]
+    TooLarge {
+        /// The part.
+        token: String,
+    },
+    /// A part above `i32::MAX`.
+    #[error("{token} does not fit in int32")]
+    NotInt32 {
+        /// The part.
+        token: String,
+    },
+    /// Parsed bounds out of order, or a size of 0.
+    #[error("expected begin <= end <= size and size > 0")]
+    Bounds,
+}
+
+/// How a slot's slices or places differ ([`Error::SlotMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SlotRule {
+    /// The slot is in one slice of the table and not in another.
+    #[error("present in one slice, missing in another")]
+    MissingInSlice,
+    /// Two places hold rows of another dtype or row shape.
+    #[error("{} rows of {:?} in one place, {} rows of {:?} in another", first.0, first.1, second.0, second.1)]
+    RowsDiffer {
+        /// The dtype and row shape of one place.
+        first: (ckpt_tensor::DType, Vec<usize>),
+        /// The dtype and row shape of the other.
+        second: (ckpt_tensor::DType, Vec<usize>),
+    },
+    /// A slice whose dtype or shape is not the first slice's rows.
+    #[error("slices of {dtype} rows of {row_shape:?} and of {other_dtype} of {other_shape:?}")]
+    SlicesDiffer {
+        /// The first slice's dtype.
+        dtype: ckpt_tensor::DType,
+        /// The first slice's row shape.
+        row_shape: Vec<usize>,
+        /// The other slice's dtype.
+        other_dtype: ckpt_tensor::DType,
+        /// The other slice's whole shape.
+        other_shape: Vec<usize>,
+    },
+}
+
+/// Why a name cannot be used ([`Error::BadName`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameRule {
+    /// A table tensor name that is not `child@slot`.
+    #[error("a table tensor name must be `child@slot`")]
+    NotChildAtSlot,
+    /// An empty name.
+    #[error("{what} name is empty")]
+    Empty {
+        /// What the name names (`table`, `slot`, `tensor`).
+        what: &'static str,
+    },
+    /// A name with `^`.
+    #[error("{what} name contains `^`, which separates tensor and slice in RecIS block names")]
+    Caret {
+        /// What the name names (`table`, `slot`, `tensor`).
+        what: &'static str,
+    },
+    /// A slot name with `@`.
+    #[error("slot names may not contain `@`")]
+    SlotWithAt,
+    /// A slot name with `@`, or the id block's slot `id`.
+    #[error("slot names may not contain `@` or be `id` (the id block's slot)")]
+    SlotReserved,
+    /// A dense name with `/part_`.
+    #[error("dense names may not contain `/part_` (RecIS writes such a block under a key it cannot load)")]
+    DensePart,
+}
+
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Io { .. } => Fault::Io,
             Error::Core(c) => c.fault(),
@@ -493,17 +653,16 @@ impl Error {
             | Error::ShardFailed { .. }
             | Error::BadShardMeta(_)
             | Error::NoCheckpoint { .. }
-            | Error::IoStateCount { .. } => Fault::Malformed,
+            | Error::IoStateCount { .. }
+            | Error::IoStateWorkers { .. } => Fault::Malformed,
         }
     }
-}
 
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

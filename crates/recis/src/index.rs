@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IndexRule, Result};
 
 /// The name of the index file.
 pub const INDEX_FILE: &str = "index";
@@ -40,15 +40,16 @@ impl Index {
             return Err(Error::LegacyIndex { path: path.into() });
         }
         let json: Json = serde_json::from_str(text).map_err(|e| Error::Json { path: path.into(), source: e.into() })?;
-        let bad = |reason: String| Error::BadIndex { path: path.into(), reason };
-        let obj = json.as_object().ok_or_else(|| bad("the top level is not a JSON object".into()))?;
-        let section = |name: &str| -> Result<BTreeMap<String, u64>> {
-            let map = obj.get(name).and_then(Json::as_object).ok_or_else(|| bad(format!("no `{name}` object")))?;
+        let bad = |rule: IndexRule| Error::BadIndex { path: path.into(), rule };
+        let obj = json.as_object().ok_or_else(|| bad(IndexRule::NotAnObject))?;
+        let section = |section: &'static str| -> Result<BTreeMap<String, u64>> {
+            let map =
+                obj.get(section).and_then(Json::as_object).ok_or_else(|| bad(IndexRule::NoSection { section }))?;
             map.iter()
                 .map(|(k, v)| {
                     v.as_u64()
                         .map(|id| (k.clone(), id))
-                        .ok_or_else(|| bad(format!("`{name}` maps {k:?} to {v}, not a file id")))
+                        .ok_or_else(|| bad(IndexRule::NotAFileId { section, key: k.clone(), value: v.to_string() }))
                 })
                 .collect()
         };

@@ -100,7 +100,7 @@ pub use ckpt_io::Durability;
 pub use ckpt_io::{Problem, ProblemKind, ReshardReport, SaveReport, VerifyReport};
 pub use data_file::{DataFile, HeaderEntry};
 pub use dense::{EXTRA_FILE, MODEL_FILE};
-pub use error::{Error, Result};
+pub use error::{Error, IndexRule, NameRule, Result, SliceRule, SlotRule, TensorKeyRule};
 pub use index::{INDEX_FILE, Index};
 pub use manager::{CHECKPOINT_LIST, CheckpointManager, checkpoint_dir};
 pub use name::{DEFAULT_SLICE_SIZE, Shard};

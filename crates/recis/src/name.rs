@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, NameRule, Result, SliceRule};
 
 /// The default `slice_size` of every RecIS table (`kSliceSize`, `gen_slice`'s default).
 pub const DEFAULT_SLICE_SIZE: u32 = 65536;
@@ -45,15 +45,15 @@ impl SliceInfo {
     /// [`Error::BadSlice`] unless `begin <= end <= size` and `0 < size <= i32::MAX` (RecIS parses slice
     /// strings with `std::stoi`).
     pub fn new(begin: u32, end: u32, size: u32) -> Result<Self> {
-        let bad = |reason: &str| Error::BadSlice { slice: format!("{begin}@{end}@{size}"), reason: reason.into() };
+        let bad = |rule: SliceRule| Error::BadSlice { slice: format!("{begin}@{end}@{size}"), rule };
         if size == 0 {
-            return Err(bad("slice_size must be positive"));
+            return Err(bad(SliceRule::SizeZero));
         }
         if i32::try_from(size).is_err() {
-            return Err(bad("slice_size must fit in int32 (RecIS parses it with std::stoi)"));
+            return Err(bad(SliceRule::SizeTooLarge));
         }
         if begin > end || end > size {
-            return Err(bad("expected begin <= end <= size"));
+            return Err(bad(SliceRule::Order));
         }
         Ok(SliceInfo { begin, end, size })
     }
@@ -105,22 +105,22 @@ impl std::str::FromStr for SliceInfo {
 
     /// Parses `begin@end@size` (decimal digits only; padding optional).
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |reason: &str| Error::BadSlice { slice: s.to_owned(), reason: reason.into() };
+        let bad = |rule: SliceRule| Error::BadSlice { slice: s.to_owned(), rule };
         let parts: Vec<&str> = s.split('@').collect();
         let [b, e, z] = parts.as_slice() else {
-            return Err(bad("expected three `@`-separated numbers begin@end@size"));
+            return Err(bad(SliceRule::NotThreeNumbers));
         };
         let num = |t: &str| -> Result<u32> {
             if t.is_empty() || !t.bytes().all(|c| c.is_ascii_digit()) {
-                return Err(bad(&format!("{t:?} is not a decimal number")));
+                return Err(bad(SliceRule::NotDecimal { token: t.to_owned() }));
             }
-            let v: u64 = t.parse().map_err(|_| bad(&format!("{t:?} is too large")))?;
+            let v: u64 = t.parse().map_err(|_| bad(SliceRule::TooLarge { token: t.to_owned() }))?;
             u32::try_from(v)
                 .ok()
                 .filter(|v| i32::try_from(*v).is_ok())
-                .ok_or_else(|| bad(&format!("{t} does not fit in int32")))
+                .ok_or_else(|| bad(SliceRule::NotInt32 { token: t.to_owned() }))
         };
-        SliceInfo::new(num(b)?, num(e)?, num(z)?).map_err(|_| bad("expected begin <= end <= size and size > 0"))
+        SliceInfo::new(num(b)?, num(e)?, num(z)?).map_err(|_| bad(SliceRule::Bounds))
     }
 }
 
@@ -258,7 +258,7 @@ pub fn slot_tensor_name(child: &str, slot: &str) -> String {
 pub fn split_tensor_name(name: &str) -> Result<(&str, &str)> {
     match name.rsplit_once('@') {
         Some((child, slot)) if !child.is_empty() && !slot.is_empty() => Ok((child, slot)),
-        _ => Err(Error::BadName { name: name.to_owned(), reason: "a table tensor name must be `child@slot`".into() }),
+        _ => Err(Error::BadName { name: name.to_owned(), rule: NameRule::NotChildAtSlot }),
     }
 }
 
@@ -325,15 +325,12 @@ pub fn parse_data_file_name(name: &str) -> Option<(usize, usize)> {
 }
 
 /// Checks a name the writer is given: non-empty, no `^` (it separates tensor and slice in block names).
-pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str, what: &'static str) -> Result<()> {
     if name.is_empty() {
-        return Err(Error::BadName { name: name.into(), reason: format!("{what} name is empty") });
+        return Err(Error::BadName { name: name.into(), rule: NameRule::Empty { what } });
     }
     if name.contains('^') {
-        return Err(Error::BadName {
-            name: name.into(),
-            reason: format!("{what} name contains `^`, which separates tensor and slice in RecIS block names"),
-        });
+        return Err(Error::BadName { name: name.into(), rule: NameRule::Caret { what } });
     }
     Ok(())
 }

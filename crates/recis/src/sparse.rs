@@ -8,7 +8,7 @@ use ckpt_tensor::{Buffer, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::data_file::DataFile;
-use crate::error::{Error, Result};
+use crate::error::{Error, IndexRule, Result, SlotRule};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
     BlockSlice, ID_SLOT, IdPartition, SliceInfo, check_name, parse_block_name, parse_data_file_name, part_shard,
@@ -112,10 +112,7 @@ impl SparseCheckpoint {
         let mut paths = Vec::with_capacity(names.len());
         for (&id, &name) in &names {
             if !is_plain_file_name(name) {
-                return Err(Error::BadIndex {
-                    path: index_path,
-                    reason: format!("data file name {name:?} is not a plain file name in the checkpoint directory"),
-                });
+                return Err(Error::BadIndex { path: index_path, rule: IndexRule::DataFileName { name: name.into() } });
             }
             let path = dir.join(name);
             if !path.is_file() {
@@ -225,7 +222,7 @@ impl SparseCheckpoint {
                         a.slots.iter().find(|(s, _)| b.slot(s).is_none()).map(|(s, _)| Error::SlotMismatch {
                             child: child.clone(),
                             slot: (*s).into(),
-                            reason: "present in one slice, missing in another".into(),
+                            rule: SlotRule::MissingInSlice,
                         })
                     };
                     if let Some(e) = missing(first, other).or_else(|| missing(other, first)) {
@@ -526,7 +523,12 @@ fn concat_rows(name: &str, parts: Vec<Tensor>) -> Result<Tensor> {
             return Err(Error::SlotMismatch {
                 child: name.into(),
                 slot: name.into(),
-                reason: format!("slices of {dtype} rows of {row_shape:?} and of {} of {:?}", p.dtype(), p.shape()),
+                rule: SlotRule::SlicesDiffer {
+                    dtype,
+                    row_shape: row_shape.clone(),
+                    other_dtype: p.dtype(),
+                    other_shape: p.shape().to_vec(),
+                },
             });
         }
         rows = rows.saturating_add(*r);

@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use ckpt_tensor::{Buffer, DType, Tensor};
 use zerocopy::IntoBytes;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, NameRule, Result, SlotRule};
 use crate::name::{ID_SLOT, SliceInfo, check_name};
 
 /// Bits of a coalesced id that hold the user id (`ChildrenInfo::IdBitsNum`).
@@ -450,7 +450,7 @@ impl TableChild {
                 let o = p.slot(&s.name).ok_or_else(|| Error::SlotMismatch {
                     child: first.name.clone(),
                     slot: s.name.clone(),
-                    reason: "present in one slice, missing in another".into(),
+                    rule: SlotRule::MissingInSlice,
                 })?;
                 check_same_slot(&first.name, s, o)?;
                 same.push(o);
@@ -460,11 +460,7 @@ impl TableChild {
         if let Some(p) = parts.iter().find(|p| p.slots.len() != first.slots.len()) {
             let extra =
                 p.slots.iter().find(|s| first.slot(&s.name).is_none()).map(|s| s.name.clone()).unwrap_or_default();
-            return Err(Error::SlotMismatch {
-                child: first.name.clone(),
-                slot: extra,
-                reason: "present in one slice, missing in another".into(),
-            });
+            return Err(Error::SlotMismatch { child: first.name.clone(), slot: extra, rule: SlotRule::MissingInSlice });
         }
         TableChild::new(first.name.clone(), ids, slots)
     }
@@ -474,10 +470,7 @@ impl TableChild {
 pub(crate) fn check_slot_name(name: &str) -> Result<()> {
     check_name(name, "slot")?;
     if name.contains('@') || name == ID_SLOT {
-        return Err(Error::BadName {
-            name: name.into(),
-            reason: "slot names may not contain `@` or be `id` (the id block's slot)".into(),
-        });
+        return Err(Error::BadName { name: name.into(), rule: NameRule::SlotReserved });
     }
     Ok(())
 }
@@ -493,7 +486,7 @@ pub(crate) fn check_same_rows(child: &str, slot: &str, a: (DType, &[usize]), b: 
         return Err(Error::SlotMismatch {
             child: child.into(),
             slot: slot.into(),
-            reason: format!("{} rows of {:?} in one place, {} rows of {:?} in another", a.0, a.1, b.0, b.1),
+            rule: SlotRule::RowsDiffer { first: (a.0, a.1.to_vec()), second: (b.0, b.1.to_vec()) },
         });
     }
     Ok(())

@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TensorKeyRule};
 
 /// The name of the file.
 pub const TENSORKEY_FILE: &str = "tensorkey.json";
@@ -36,14 +36,14 @@ impl TensorKey {
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Self> {
         let json: Json =
             serde_json::from_slice(bytes).map_err(|e| Error::Json { path: path.into(), source: e.into() })?;
-        let bad = |reason: String| Error::BadTensorKey { path: path.into(), reason };
-        let obj = json.as_object().ok_or_else(|| bad("the top level is not a JSON object".into()))?;
+        let bad = |rule: TensorKeyRule| Error::BadTensorKey { path: path.into(), rule };
+        let obj = json.as_object().ok_or_else(|| bad(TensorKeyRule::NotAnObject))?;
         let map = obj
             .iter()
             .map(|(k, v)| {
                 v.as_str()
                     .map(|s| (k.clone(), s.to_owned()))
-                    .ok_or_else(|| bad(format!("{k:?} maps to {v}, not a string")))
+                    .ok_or_else(|| bad(TensorKeyRule::NotAString { key: k.clone(), value: v.to_string() }))
             })
             .collect::<Result<_>>()?;
         Ok(TensorKey { map })

@@ -25,7 +25,7 @@ use serde_json::{Value as Json, json};
 
 use crate::data_file;
 use crate::dtype;
-use crate::error::{Error, Result};
+use crate::error::{Error, NameRule, Result};
 use crate::files::{EXTRA_FILE, IO_STATE_COUNT_FILE, MODEL_FILE};
 use crate::index::{INDEX_FILE, Index};
 use crate::name::{
@@ -199,9 +199,9 @@ pub(crate) fn commit_shards(
 ) -> Result<()> {
     let payload = match &local {
         Ok(m) => Ok(m.to_bytes()),
-        // As text: it crosses the process group as bytes (the other ranks report it as a rank failure); this rank
-        // returns its own error, source intact.
-        Err(e) => Err(e.to_string()),
+        // As its message (a RankFailure): it crosses the process group as bytes (the other ranks report it as a
+        // rank failure); this rank returns its own error, source intact.
+        Err(e) => Err(ckpt_io::RankFailure::from(e)),
     };
     let mut failure = None;
     let committed = commit.commit_gathered(group, payload, |c, payloads| {
@@ -257,7 +257,7 @@ impl Block {
         check_name(child, "table")?;
         check_name(slot, "slot")?;
         if slot.contains('@') {
-            return Err(Error::BadName { name: slot.into(), reason: "slot names may not contain `@`".into() });
+            return Err(Error::BadName { name: slot.into(), rule: NameRule::SlotWithAt });
         }
         let tensor_name = slot_tensor_name(child, slot);
         dtype::to_header(tensor.dtype(), &tensor_name)?;
@@ -272,11 +272,7 @@ impl Block {
     pub fn dense(name: &str, tensor: Tensor) -> Result<Self> {
         check_name(name, "tensor")?;
         if name.contains("/part_") {
-            return Err(Error::BadName {
-                name: name.into(),
-                reason: "dense names may not contain `/part_` (RecIS writes such a block under a key it cannot load)"
-                    .into(),
-            });
+            return Err(Error::BadName { name: name.into(), rule: NameRule::DensePart });
         }
         dtype::to_header(tensor.dtype(), name)?;
         Ok(Block { tensor_name: name.into(), slice: BlockSlice::Dense, tensor })

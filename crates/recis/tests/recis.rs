@@ -641,7 +641,7 @@ fn many_ranks_save_dense_and_io_state() {
     }
     assert!(matches!(
         ckpt_recis::dense::read_io_state(c.dir(), Shard::new(0, 2).unwrap()),
-        Err(Error::IoStateCount { .. })
+        Err(Error::IoStateWorkers { saved: 3, running: 2, .. })
     ));
     assert_eq!(c.sparse().child("t").unwrap().len(), 90);
     assert_eq!(c.sparse().shard_num(), Some(3));

@@ -1,6 +1,7 @@
 //! The rules of reading and writing safetensors files beyond the header's ([`crate::header::HeaderError`]),
 //! one variant each.
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{DType, Fault};
 
 /// A safetensors rule that a file, a tensor or a request breaks.
@@ -111,9 +112,9 @@ pub enum SafetensorsError {
     },
 }
 
-impl SafetensorsError {
+impl FormatError for SafetensorsError {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             SafetensorsError::DataSizeOverflow => Fault::Limit,
             SafetensorsError::Fetch { .. } => Fault::Io,
@@ -130,12 +131,5 @@ impl SafetensorsError {
             | SafetensorsError::NoSuchEntry { .. }
             | SafetensorsError::DuplicateEntry { .. } => Fault::InvalidArgument,
         }
-    }
-}
-
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<SafetensorsError> for ckpt_tensor::Error {
-    fn from(e: SafetensorsError) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }

@@ -29,6 +29,7 @@
 
 use std::io::Read;
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{DType, Fault, checked_numel};
 use serde_json::Value as Json;
 
@@ -123,9 +124,9 @@ pub enum HeaderError {
     },
 }
 
-impl HeaderError {
+impl FormatError for HeaderError {
     /// Who is at fault: the reader's limit for [`HeaderError::TooLarge`], the file for every other rule.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             HeaderError::TooLarge { .. } => Fault::Limit,
             HeaderError::PackedShape { .. } => Fault::Unsupported,

@@ -42,6 +42,7 @@ use std::sync::Arc;
 use ckpt_io::Algorithm;
 use ckpt_io::storage::RangeFill;
 use ckpt_tensor::Buffer;
+use ckpt_tensor::FormatError;
 use ckpt_tensor::Tensor;
 use ckpt_tensor::Value;
 use ckpt_tensor::{CheckpointRead, Entry};

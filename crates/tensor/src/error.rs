@@ -39,7 +39,7 @@ impl std::fmt::Display for Fault {
 /// Errors raised by `ckpt-tensor` operations, split by who is at fault: the file (malformed), the library
 /// (unsupported), a resource cap (limit), the operating system (I/O), or the caller (invalid argument).
 ///
-/// Format crates have their own precise error enums. They convert into this one (`From<their Error>`) as
+/// Format crates have their own precise error enums. They convert into this one ([`FormatError`]) as
 /// [`Error::Format`], which keeps their error whole as the [source](std::error::Error::source) together with
 /// its fault class, so nothing is lost when an error passes through [`crate::CheckpointRead`]:
 ///
@@ -402,6 +402,70 @@ impl Error {
             Error::Format { source, .. } => source.downcast_ref::<E>(),
             Error::DeferredFill { source } => source.format_error(),
             _ => None,
+        }
+    }
+}
+
+/// An error of a ckpt crate other than the tensor model's own: it says who is at fault, and so converts into
+/// the core [`Error`] as [`Error::Format`], kept whole as the source.
+///
+/// A crate writes only its fault table (an exhaustive `match` over its variants, in `fn fault`); the
+/// conversion into [`Error`] (`From`, so `?` works) is written once here, for every implementor. The blanket
+/// `impl<E: FormatError> From<E> for Error` is coherent with `impl<T> From<T> for T` because this trait is
+/// this crate's own and [`Error`] never implements it (the compiler may rely on that, as `anyhow` does with
+/// `std::error::Error`). An error that carries a core error through unchanged (a crate's `Core` variant, a
+/// commit's plain I/O error) hands it back in [`FormatError::into_core`], so no core error is ever wrapped
+/// in another.
+///
+/// ```
+/// use ckpt_tensor::{Error, Fault, FormatError};
+/// #[derive(Debug, thiserror::Error)]
+/// enum RecordError {
+///     #[error("record {0:?} is truncated")]
+///     Truncated(String),
+///     #[error(transparent)]
+///     Core(#[from] Error),
+/// }
+///
+/// impl FormatError for RecordError {
+///     fn fault(&self) -> Fault {
+///         match self {
+///             RecordError::Truncated(_) => Fault::Malformed,
+///             RecordError::Core(c) => c.fault(),
+///         }
+///     }
+///     fn into_core(self) -> Result<Error, Self> {
+///         match self {
+///             RecordError::Core(c) => Ok(c),
+///             e => Err(e),
+///         }
+///     }
+/// }
+///
+/// let e = Error::from(RecordError::Truncated("data/0".into()));
+/// assert_eq!(e.fault(), Fault::Malformed);
+/// assert!(e.format_error::<RecordError>().is_some());
+/// let core = Error::from(RecordError::Core(Error::EmptyPath));
+/// assert!(matches!(core, Error::EmptyPath));
+/// ```
+pub trait FormatError: std::error::Error + Send + Sync + Sized + 'static {
+    /// Who is at fault.
+    fn fault(&self) -> Fault;
+
+    /// The core error this one only carries through, given back as it is (`Ok`), or this error (`Err`) to be
+    /// kept whole as the source of an [`Error::Format`]. By default every error is kept whole.
+    fn into_core(self) -> std::result::Result<Error, Self> {
+        Err(self)
+    }
+}
+
+/// Every ckpt crate's error into the core one: its core error when it carries one, otherwise
+/// [`Error::Format`] with its fault and the error kept whole as the source.
+impl<E: FormatError> From<E> for Error {
+    fn from(e: E) -> Self {
+        match e.into_core() {
+            Ok(core) => core,
+            Err(e) => Error::Format { fault: e.fault(), source: Box::new(e) },
         }
     }
 }

@@ -136,9 +136,9 @@ pub enum TchError {
     },
 }
 
-impl TchError {
+impl crate::FormatError for TchError {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             TchError::QuantizedDtype { .. }
             | TchError::NoKind { .. }
@@ -154,13 +154,6 @@ impl TchError {
             | TchError::Libtorch { .. }
             | TchError::TooLargeForLibtorch { .. } => Fault::InvalidArgument,
         }
-    }
-}
-
-/// The core error, keeping the conversion's error as its source ([`Error::Format`]).
-impl From<TchError> for Error {
-    fn from(e: TchError) -> Self {
-        Error::format(e.fault(), e)
     }
 }
 

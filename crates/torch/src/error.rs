@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 use crate::zip::ZipError;
 
@@ -264,9 +265,11 @@ impl Error {
             e => e,
         }
     }
+}
 
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::At { source, .. } => source.fault(),
             Error::Io { .. } | Error::Fetch { .. } => Fault::Io,
@@ -310,14 +313,12 @@ impl Error {
             Error::PackageMissingModule { .. } => Fault::Malformed,
         }
     }
-}
 
-/// The core error, keeping this error as its source ([`ckpt_tensor::Error::Format`]).
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            e => ckpt_tensor::Error::format(e.fault(), e),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

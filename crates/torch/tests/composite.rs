@@ -3,6 +3,7 @@
 //! lies outside its storage is refused as damage.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use ckpt_tensor::FormatError;
 use ckpt_tensor::{Buffer, Composite, DType, Dict, DictKind, Fault, Layout, Object, Tensor, Value};
 
 fn global(module: &str, name: &str) -> Value {

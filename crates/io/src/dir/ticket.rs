@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{DirCommit, DirOptions, prepare};
-use crate::error::CommitError;
+use crate::error::{CommitError, RankFailure, TicketRule};
 use crate::sibling;
 
 /// What a rank needs to join a save that rank 0 [prepared](DirCommit::prepare): the destination, the
@@ -46,9 +46,10 @@ impl CommitTicket {
     /// # Errors
     /// [`CommitError::TicketUnreadable`] for anything else.
     pub fn from_bytes(bytes: &[u8]) -> Result<CommitTicket, CommitError> {
-        let bad = |reason: &str| CommitError::TicketUnreadable { reason: reason.to_owned() };
-        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
-        let text = |key: &str| json.get(key).and_then(serde_json::Value::as_str).ok_or_else(|| bad(key));
+        let bad = |field: &'static str| CommitError::TicketUnreadable { field };
+        let json: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|source| CommitError::TicketNotJson { source })?;
+        let text = |key: &'static str| json.get(key).and_then(serde_json::Value::as_str).ok_or_else(|| bad(key));
         let world = json.get("world").and_then(serde_json::Value::as_u64).ok_or_else(|| bad("world"))?;
         let save_id = match json.get("save_id") {
             None | Some(serde_json::Value::Null) => None,
@@ -138,12 +139,9 @@ impl DirCommit {
         rank: usize,
         options: &DirOptions,
     ) -> Result<DirCommit, CommitError> {
-        let mismatch = |reason: String| CommitError::TicketMismatch { path: target.to_path_buf(), reason };
+        let mismatch = |rule: TicketRule| CommitError::TicketMismatch { path: target.to_path_buf(), rule };
         if rank == 0 || rank >= ticket.world {
-            return Err(mismatch(format!(
-                "rank {rank} cannot join a save of {} ranks prepared by rank 0",
-                ticket.world
-            )));
+            return Err(mismatch(TicketRule::RankOutside { rank, world: ticket.world }));
         }
         if let Some(url) = crate::storage::url_of_path(target)? {
             return Self::join_remote(&url, ticket, rank, options);
@@ -156,7 +154,7 @@ impl DirCommit {
             || (fs::canonicalize(parent_or_dot(&mine)).ok().zip(fs::canonicalize(parent_or_dot(&ticket.target)).ok()))
                 .is_some_and(|(a, b)| a == b && mine.file_name() == ticket.target.file_name());
         if !same {
-            return Err(mismatch(format!("rank 0 saves to {}", ticket.target.display())));
+            return Err(mismatch(TicketRule::OtherDestination { target: ticket.target.clone() }));
         }
         if !ticket.staging.join(crate::unfinished::SAVE_MARKER).is_file() {
             return Err(CommitError::StagingNotShared { path: ticket.target.clone(), staging: ticket.staging.clone() });
@@ -175,7 +173,7 @@ impl DirCommit {
         let Some(id) = ticket.save_id.clone().filter(|_| target == ticket.target) else {
             return Err(CommitError::TicketMismatch {
                 path: target,
-                reason: format!("rank 0 saves to {}", ticket.target.display()),
+                rule: TicketRule::OtherDestination { target: ticket.target.clone() },
             });
         };
         let remote = crate::dir_remote::RemoteDir::begin(url, false, options.commit_points, id)?;
@@ -200,7 +198,7 @@ impl DirCommit {
     ///
     /// # Errors
     /// The upload's error (this rank failed: it reports nothing, rank 0 must not commit).
-    pub fn report(&self, own: Result<Vec<u8>, String>) -> Result<Vec<u8>, CommitError> {
+    pub fn report(&self, own: Result<Vec<u8>, RankFailure>) -> Result<Vec<u8>, CommitError> {
         #[cfg(feature = "remote")]
         if let (Ok(_), Some(remote)) = (&own, &self.remote) {
             remote.upload_staged(&self.staging)?;
@@ -224,12 +222,7 @@ impl DirCommit {
         if self.rank != 0 || reports.len() != self.world {
             return Err(CommitError::TicketMismatch {
                 path: self.target.clone(),
-                reason: format!(
-                    "rank {} committed with {} reports; rank 0 commits with one report from each of {} ranks",
-                    self.rank,
-                    reports.len(),
-                    self.world
-                ),
+                rule: TicketRule::ReportCount { rank: self.rank, reports: reports.len(), world: self.world },
             });
         }
         let r = self.commit_as_root(reports, finalize);
@@ -315,7 +308,10 @@ mod tests {
         let c0 = DirCommit::prepare(&dst, 2, &options).unwrap();
         let c1 = DirCommit::join(&dst, &c0.ticket(), 1, &options).unwrap();
         write(&c1, "part1", b"half");
-        let reports = vec![c0.report(Ok(Vec::new())).unwrap(), c1.report(Err("disk on fire".into())).unwrap()];
+        let failed = c1.report(Err(RankFailure::new("disk on fire"))).unwrap();
+        // The wire format of a failure is the tag 0 and the message, as before the failure had a type.
+        assert_eq!(failed, b"\0disk on fire");
+        let reports = vec![c0.report(Ok(Vec::new())).unwrap(), failed];
         let e = c0.commit_reports(reports, |_, _| Ok(())).unwrap_err();
         assert!(matches!(&e, CommitError::RankFailed { rank: 1, message } if message == "disk on fire"), "{e}");
         assert_eq!(std::fs::read(dst.join("part0")).unwrap(), b"previous");

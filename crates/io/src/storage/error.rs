@@ -1,6 +1,7 @@
 //! Why a storage operation failed, one variant per cause a caller can act on. Messages name the redacted
 //! URL and never a credential.
 
+use ckpt_tensor::FormatError;
 use std::path::PathBuf;
 
 /// Why reading or writing object storage failed.
@@ -164,9 +165,22 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// Whether retrying later may succeed (throttling, server failures, timeouts, broken connections).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Throttled { .. }
+                | StorageError::Server { .. }
+                | StorageError::Timeout { .. }
+                | StorageError::Connection { .. }
+        )
+    }
+}
+
+impl FormatError for StorageError {
     /// Who is at fault: the caller for a bad URL, option or scheme; the data for a truncated object; this
     /// build for a missing feature; the storage (I/O) for everything else.
-    pub fn fault(&self) -> ckpt_tensor::Fault {
+    fn fault(&self) -> ckpt_tensor::Fault {
         use ckpt_tensor::Fault;
         match self {
             StorageError::InvalidUrl { .. } | StorageError::UnknownScheme { .. } | StorageError::Option { .. } => {
@@ -188,22 +202,5 @@ impl StorageError {
             | StorageError::Other { .. }
             | StorageError::Local { .. } => Fault::Io,
         }
-    }
-
-    /// Whether retrying later may succeed (throttling, server failures, timeouts, broken connections).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            StorageError::Throttled { .. }
-                | StorageError::Server { .. }
-                | StorageError::Timeout { .. }
-                | StorageError::Connection { .. }
-        )
-    }
-}
-
-impl From<StorageError> for ckpt_tensor::Error {
-    fn from(e: StorageError) -> Self {
-        ckpt_tensor::Error::format(e.fault(), e)
     }
 }

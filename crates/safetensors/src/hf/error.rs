@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use ckpt_tensor::Fault;
+use ckpt_tensor::FormatError;
 
 /// Errors of reading and writing Hugging Face sharded checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +47,14 @@ pub enum Error {
 }
 
 impl Error {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Io { path: path.to_path_buf(), source }
+    }
+}
+
+impl FormatError for Error {
     /// Who is at fault.
-    pub fn fault(&self) -> Fault {
+    fn fault(&self) -> Fault {
         match self {
             Error::Malformed { .. } | Error::IndexJson { .. } => Fault::Malformed,
             Error::BadSize { .. } => Fault::InvalidArgument,
@@ -56,16 +63,11 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
-        Error::Io { path: path.to_path_buf(), source }
-    }
-}
-
-impl From<Error> for ckpt_tensor::Error {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Core(c) => c,
-            other => ckpt_tensor::Error::format(other.fault(), other),
+    /// A core error carried through ([`Error::Core`]) is given back as it was.
+    fn into_core(self) -> std::result::Result<ckpt_tensor::Error, Self> {
+        match self {
+            Error::Core(c) => Ok(c),
+            e => Err(e),
         }
     }
 }

@@ -103,12 +103,12 @@ impl RankSave {
         Ok(())
     }
 
-    /// This rank's report for the coordinator (`own`: whether it wrote its shards; the error as text if
+    /// This rank's report for the coordinator (`own`: whether it wrote its shards; why not, if it did
     /// not), to travel with its write results. After it, the rank writes nothing more.
     ///
     /// # Errors
     /// For an object store, the upload of what this rank wrote by path.
-    pub fn report(&self, own: std::result::Result<(), String>) -> Result<Vec<u8>> {
+    pub fn report(&self, own: std::result::Result<(), ckpt_io::RankFailure>) -> Result<Vec<u8>> {
         Ok(self.commit.report(own.map(|()| Vec::new())).map_err(ckpt_tensor::Error::from)?)
     }
 
@@ -226,7 +226,10 @@ mod tests {
         let other = RankSave::join(&dst, &coordinator.ticket(), 1, &options).unwrap();
         let new = Tensor::from_slice(&[2.0f32; 4], &[4]).unwrap();
         coordinator.write_shard("model.safetensors", &[("w".into(), new)], None).unwrap();
-        let reports = vec![coordinator.report(Ok(())).unwrap(), other.report(Err("out of memory".into())).unwrap()];
+        let reports = vec![
+            coordinator.report(Ok(())).unwrap(),
+            other.report(Err(ckpt_io::RankFailure::new("out of memory"))).unwrap(),
+        ];
         let err = coordinator.commit(None, &["model.safetensors".into()], reports).unwrap_err();
         assert!(err.to_string().contains("out of memory"), "{err}");
         let back = crate::hf::HfReader::open(&dst).unwrap();

@@ -186,7 +186,7 @@ pub fn save_entries_rank<'a>(
         Ok(())
     })();
     // Every process learns every outcome in the commit: a failed one passes its error, and gets it back.
-    let own = written.as_ref().map(|&()| ()).map_err(ToString::to_string);
+    let own = written.as_ref().map(|&()| ()).map_err(ckpt_io::RankFailure::from);
     let index = (n > 1).then(|| index_json(plan.total_size(), &plan.weight_map(&names)));
     let committed = commit.commit(group, own, |c| {
         if let Some(text) = &index {
