@@ -102,6 +102,8 @@ impl TorchReader {
 
     /// Reads `buffer`, which maps the whole of `file` when there is one.
     fn read(buffer: &Buffer, file: Option<&std::fs::File>, options: &ReadOptions) -> Result<Self> {
+        // The rebuilder reads the `torch.save` streams nested in a pickle with this reader.
+        let options = &ReadOptions { nested_read: Some(read_nested), ..options.clone() };
         match detect(buffer.as_bytes())? {
             Container::Zip => read_zip(buffer, file, options),
             container @ (Container::Legacy | Container::Pickle) => {
@@ -288,7 +290,13 @@ pub fn templates_agree(buffer: &Buffer) {
     };
     let options = ckpt_pickle::Options::default();
     let run = |templates| {
-        let (r, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(&archive, buffer), templates);
+        let (r, _) = crate::rebuild::rebuild_with(
+            pkl,
+            &options,
+            &mut ZipStorages::new(&archive, buffer),
+            templates,
+            read_nested,
+        );
         match r {
             Ok(v) => format!("{v:?}"),
             Err(e) => format!("{e:?}"),
@@ -404,6 +412,12 @@ fn decode_zip(archive: &Archive, buffer: &Buffer, options: &ReadOptions) -> Resu
     Ok(Decoded { value, version, script: None, package: None })
 }
 
+/// A `torch.save` stream inside a pickle (`torch.storage._load_from_bytes`), read whole: the reader the
+/// rebuilder is handed in [`ReadOptions`] (it cannot name this module, which calls it).
+pub(crate) fn read_nested(buffer: &Buffer, options: &ReadOptions) -> Result<Value> {
+    Ok(TorchReader::from_buffer(buffer, options)?.into_value())
+}
+
 /// Reads a `torch.save` file and returns the saved object (a convenience for [`TorchReader::open`]).
 ///
 /// # Errors
@@ -429,8 +443,10 @@ mod tests {
     /// whether it read.
     fn agree(buffer: &Buffer, archive: &Archive, pkl: &[u8]) -> bool {
         let options = ckpt_pickle::Options::default();
-        let (fast, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), true);
-        let (slow, _) = crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), false);
+        let (fast, _) =
+            crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), true, read_nested);
+        let (slow, _) =
+            crate::rebuild::rebuild_with(pkl, &options, &mut ZipStorages::new(archive, buffer), false, read_nested);
         let render = |r: &std::result::Result<Value, crate::rebuild::Failure>| match r {
             Ok(v) => format!("{v:?}"),
             Err(e) => format!("{e:?}"),
@@ -902,9 +918,9 @@ mod tests {
     ) -> (Option<String>, Option<String>, usize) {
         let options = ckpt_pickle::Options::from(*limits);
         let mut storages = ZipStorages::new(archive, b);
-        let (fast, read) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, true);
+        let (fast, read) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, true, read_nested);
         let mut storages = ZipStorages::new(archive, b);
-        let (slow, none) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, false);
+        let (slow, none) = crate::rebuild::rebuild_with(pkl, &options, &mut storages, false, read_nested);
         assert_eq!(none, 0);
         (fast.ok().map(|v| format!("{v:?}")), slow.ok().map(|v| format!("{v:?}")), read)
     }

@@ -4,6 +4,14 @@
 use std::sync::Arc;
 
 use ckpt_io::storage::RangeFill;
+use ckpt_tensor::{Buffer, Value};
+
+use crate::error::Error;
+
+/// How a `torch.save` stream inside a pickle (`torch.storage._load_from_bytes`) is read: by the reader's entry
+/// point, which hands itself down in the options ([`ReadOptions::nested_read`]) to the rebuilder beneath it,
+/// so that the rebuilder never names the reader (no import cycle between them).
+pub(crate) type NestedRead = fn(&Buffer, &ReadOptions) -> Result<Value, Error>;
 
 /// Options for reading.
 #[derive(Debug, Clone)]
@@ -40,6 +48,9 @@ pub struct ReadOptions {
     pub fill_file: Option<String>,
     /// How deep inside `torch.storage._load_from_bytes` streams the buffer read is (0: a file).
     pub(crate) nesting: usize,
+    /// The reader of the streams nested in this one's pickle, set by the reader's entry point (`None`
+    /// before it: the rebuilder then refuses a nested stream).
+    pub(crate) nested_read: Option<NestedRead>,
 }
 
 /// The default bound on one DEFLATE record's inflated size: 4 GiB.
@@ -56,6 +67,7 @@ impl Default for ReadOptions {
             fill: None,
             fill_file: None,
             nesting: 0,
+            nested_read: None,
         }
     }
 }

@@ -18,7 +18,7 @@ use ckpt_pickle::{Builder, Call, CallKind, Captures, Items, Pairs, Pattern, Sequ
 use ckpt_tensor::{Buffer, DType, Dict, DictKind, Object, OpaqueTensorKind, Tensor, Value};
 
 use crate::error::Error;
-use crate::read_options::ReadOptions;
+use crate::read_options::{NestedRead, ReadOptions};
 
 /// Where the bytes of the storages a pickle refers to come from.
 pub(crate) trait StorageSource {
@@ -83,36 +83,40 @@ pub(crate) fn rebuild(
     storages: &mut dyn StorageSource,
     part: &'static str,
 ) -> Result<Value, Error> {
-    let nested = Nested { options: options.pickle(), depth: options.nesting };
+    let nested = Nested { options: options.pickle(), depth: options.nesting, read: options.nested_read };
     rebuild_in(pkl, nested, storages, true).0.map_err(|e| e.into_error(part))
 }
 
 #[cfg(any(test, fuzzing))]
 /// [`rebuild`], with tensor records read straight from the bytes (`templates`) or all run by the machine (for
-/// tests that compare the two); and how many records were read from the bytes.
+/// tests that compare the two), nested streams read by `read`; and how many records were read from the bytes.
 pub(crate) fn rebuild_with(
     pkl: &[u8],
     options: &ckpt_pickle::Options,
     storages: &mut dyn StorageSource,
     templates: bool,
+    read: NestedRead,
 ) -> (R<Value>, usize) {
-    rebuild_in(pkl, Nested { options: *options, depth: 0 }, storages, templates)
+    rebuild_in(pkl, Nested { options: *options, depth: 0, read: Some(read) }, storages, templates)
 }
 
 /// The most `torch.storage._load_from_bytes` streams nested inside each other (a pickled storage holds one
 /// stream, which holds the storage alone).
 pub(crate) const MAX_NESTING: usize = 4;
 
-/// How a pickle is read: the machine's options, and how deep inside `_load_from_bytes` streams it is.
+/// How a pickle is read: the machine's options, how deep inside `_load_from_bytes` streams it is, and the
+/// reader of the streams nested in it.
 struct Nested {
     options: ckpt_pickle::Options,
     depth: usize,
+    read: Option<NestedRead>,
 }
 
 fn rebuild_in(pkl: &[u8], nested: Nested, storages: &mut dyn StorageSource, templates: bool) -> (R<Value>, usize) {
     let options = &nested.options;
     let mut b = TorchBuilder {
         nesting: nested.depth,
+        nested_read: nested.read,
         pickle: *options,
         storages,
         globals: Vec::new(),
@@ -262,6 +266,8 @@ pub(crate) enum T<'a> {
 struct TorchBuilder<'s, 'a> {
     /// How deep inside `_load_from_bytes` streams this pickle is (0: the file's own).
     nesting: usize,
+    /// The reader of the streams inside `_load_from_bytes` (the file reader's entry point).
+    nested_read: Option<NestedRead>,
     /// The machine's options, for the streams inside `_load_from_bytes`.
     pickle: ckpt_pickle::Options,
     storages: &'s mut dyn StorageSource,
@@ -972,11 +978,14 @@ impl<'a> TorchBuilder<'_, 'a> {
             Err(e) => return Err(fail(e)),
             Ok(_) => {}
         }
+        let Some(read) = self.nested_read else {
+            return Err(bad(name, "a torch.save stream inside a pickle read without a torch.save reader"));
+        };
         let mut options =
             ReadOptions::default().with_limits(self.pickle.limits).with_py2_strings(self.pickle.py2_strings);
         options.nesting = self.nesting + 1;
         let buffer = Buffer::from_vec(bytes);
-        let value = crate::TorchReader::from_buffer(&buffer, &options).map_err(fail)?.into_value();
+        let value = read(&buffer, &options).map_err(fail)?;
         Ok(match value {
             Value::Storage { dtype, data } => T::Storage(dtype, data),
             other => T::V(Box::new(other)),
