@@ -44,7 +44,7 @@ use crate::tensor::{Tensor, required_storage_elements};
 
 /// The rules of a conversion between [`Tensor`] and [`tch::Tensor`], one variant each.
 ///
-/// They convert into the core error as [`Error::Format`] with their [`TchError::fault`], keeping this error
+/// They convert into the core error as [`Error::Format`] with their fault ([`crate::FormatError::fault`]), keeping this error
 /// as the source ([`Error::format_error`] finds it).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

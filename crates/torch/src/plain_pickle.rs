@@ -59,8 +59,11 @@ mod tests {
         })
     }
 
+    /// A plain pickle read with the reader of the streams nested in it, as the reader's entry point hands it
+    /// down.
     fn read_bytes(bytes: Vec<u8>) -> Result<Value> {
-        read(&Buffer::from_vec(bytes), &ReadOptions::default())
+        let options = ReadOptions { nested_read: Some(crate::read::read_nested), ..ReadOptions::default() };
+        read(&Buffer::from_vec(bytes), &options)
     }
 
     /// `_load_from_bytes` streams inside each other read to the bound, and beyond it are refused.
