@@ -7,6 +7,9 @@
 
 use std::path::Path;
 
+mod scan;
+use scan::code;
+
 /// The files of `src/` that may name formats.
 const ALLOWED: &[&str] = &["format.rs", "formats.rs", "options.rs"];
 
@@ -20,28 +23,6 @@ const ALLOWED_NAMES: &[(&str, &str, &str)] = &[("bin/ckpt.rs", "Pbg", "export-ts
 /// The facade's dependencies that are not format crates: the tensor model, the commit path, process groups,
 /// the pickle decoder.
 const NOT_FORMATS: &[&str] = &["ckpt_tensor", "ckpt_io", "ckpt_collective", "ckpt_pickle"];
-
-/// The code of `text` without comments (doc comments included) and string literals.
-fn code(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let chars: Vec<char> = line.chars().collect();
-        let (mut in_str, mut prev) = (false, ' ');
-        for (i, &c) in chars.iter().enumerate() {
-            if !in_str && c == '/' && chars.get(i + 1) == Some(&'/') {
-                break;
-            }
-            if c == '"' && prev != '\\' {
-                in_str = !in_str;
-            } else if !in_str {
-                out.push(c);
-            }
-            prev = c;
-        }
-        out.push('\n');
-    }
-    out
-}
 
 /// The identifiers of `code`, each with the identifier it follows by `::` (`Format::Hf` gives `("Hf",
 /// Some("Format"))`).

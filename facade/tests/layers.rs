@@ -6,6 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+mod scan;
+use scan::code;
+
 /// The layers, bottom first, as `src/lib.rs` lists them.
 const LAYERS: &[&[&str]] = &[
     &["format", "suggest"],
@@ -23,34 +26,6 @@ const LAYERS: &[&[&str]] = &[
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))
-}
-
-/// The code of `text` without comments (doc comments included, which may link anywhere) and strings.
-fn code(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let mut in_str = false;
-        let mut prev = ' ';
-        let mut kept = String::new();
-        let chars: Vec<char> = line.chars().collect();
-        let mut i = 0;
-        while i < chars.len() {
-            let c = chars[i];
-            if !in_str && c == '/' && chars.get(i + 1) == Some(&'/') {
-                break;
-            }
-            if c == '"' && prev != '\\' {
-                in_str = !in_str;
-            } else if !in_str {
-                kept.push(c);
-            }
-            prev = c;
-            i += 1;
-        }
-        out.push_str(&kept);
-        out.push('\n');
-    }
-    out
 }
 
 /// Every `crate::<name>` a file's code refers to.
